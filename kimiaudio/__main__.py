@@ -1,0 +1,3 @@
+from kimiaudio.cli import main
+
+raise SystemExit(main())

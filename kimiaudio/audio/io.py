@@ -1,0 +1,162 @@
+"""Audio file and buffer I/O: decode anything to float32 mono, resample, write WAV, validate.
+
+Decoding uses PyAV (FFmpeg), so every common container and codec works (wav, flac, ogg/vorbis,
+opus, mp3, m4a, webm). Channels are mixed to mono by averaging. Resampling uses FFmpeg's
+libswresample through `av.AudioResampler`, both one-shot (`resample`) and for streams of
+chunks (`StreamResampler`, e.g. 48 kHz WebRTC frames -> 16 kHz, 24 kHz speech -> 48 kHz),
+where chunk boundaries are seamless because one resampler keeps its filter state.
+The official Kimi code loads audio with librosa (soxr); the resampler differs in the last
+bits, which the models do not notice. Every failure is an AudioInputError naming the input.
+"""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from kimiaudio.errors import AudioInputError
+
+SAMPLE_RATE = 16000  # what both speech encoders expect
+
+
+class StreamResampler:
+    """Resample a stream of mono float32 chunks; `push` returns what is ready (delay ~16 samples).
+
+    The concatenation of every `push` output and the final `flush` equals the one-shot
+    `resample` of the whole signal.
+    """
+
+    def __init__(self, from_sr: int, to_sr: int):
+        import av
+
+        if from_sr <= 0 or to_sr <= 0:
+            raise AudioInputError(f"sample rates must be positive (got {from_sr} -> {to_sr})")
+        self.from_sr = int(from_sr)
+        self.to_sr = int(to_sr)
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.to_sr)
+        self._num_samples_in = 0  # running pts of the input, in input samples
+
+    def push(self, pcm: np.ndarray) -> np.ndarray:
+        import av
+
+        pcm = _as_mono_float32(pcm)
+        if pcm.size == 0:
+            return np.zeros(0, dtype=np.float32)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm[None, :]), format="flt", layout="mono")
+        frame.sample_rate = self.from_sr
+        frame.time_base = Fraction(1, self.from_sr)
+        frame.pts = self._num_samples_in
+        self._num_samples_in += pcm.size
+        return _frames_to_pcm(self._resampler.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        """The samples still held in the filter; the resampler cannot be used afterwards."""
+        return _frames_to_pcm(self._resampler.resample(None))
+
+
+def resample(pcm: np.ndarray, from_sr: int, to_sr: int) -> np.ndarray:
+    """One-shot resampling of a mono float32 signal (a copy when the rates are equal)."""
+    pcm = _as_mono_float32(pcm)
+    if from_sr == to_sr:
+        return pcm.copy()
+    stream = StreamResampler(from_sr, to_sr)
+    return np.concatenate([stream.push(pcm), stream.flush()])
+
+
+def load_audio(path: str | Path, sr: int = SAMPLE_RATE) -> np.ndarray:
+    """Decode an audio file to float32 mono at `sr` Hz."""
+    path = Path(path)
+    if not path.is_file():
+        raise AudioInputError(f"{path}: audio file not found")
+    return _decode(str(path), str(path), sr)
+
+
+def decode_audio_bytes(data: bytes, sr: int = SAMPLE_RATE, name: str = "audio data") -> np.ndarray:
+    """Decode an encoded audio file held in memory (e.g. an upload) to float32 mono at `sr` Hz."""
+    if not data:
+        raise AudioInputError(f"{name}: empty (0 bytes)")
+    return _decode(io.BytesIO(data), name, sr)
+
+
+def write_wav(path: str | Path, pcm: np.ndarray, sr: int) -> None:
+    """Write mono float audio as 16-bit PCM WAV (clipped to [-1, 1])."""
+    import soundfile
+
+    soundfile.write(str(path), _to_pcm16_range(pcm), int(sr), subtype="PCM_16", format="WAV")
+
+
+def wav_bytes(pcm: np.ndarray, sr: int) -> bytes:
+    """The bytes of a 16-bit PCM WAV file holding mono float audio."""
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, _to_pcm16_range(pcm), int(sr), subtype="PCM_16", format="WAV")
+    return buffer.getvalue()
+
+
+def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SAMPLE_RATE) -> None:
+    """Refuse input the models cannot use: empty, non-finite, silent or too long."""
+    pcm = np.asarray(pcm)
+    if pcm.size == 0:
+        raise AudioInputError("audio input is empty (0 samples)")
+    if not np.all(np.isfinite(pcm)):
+        raise AudioInputError("audio input contains NaN or infinite samples")
+    seconds = pcm.size / sr
+    if seconds > audio_cfg.max_input_seconds:
+        raise AudioInputError(
+            f"audio input is {seconds:.1f} s long; the limit is {audio_cfg.max_input_seconds:g} s "
+            f"(config key audio.max_input_seconds)"
+        )
+    peak = float(np.max(np.abs(pcm)))
+    if peak < audio_cfg.silence_peak:
+        raise AudioInputError(
+            f"audio input is silent (peak {peak:.2g} is below audio.silence_peak = {audio_cfg.silence_peak:g})"
+        )
+
+
+def _decode(source, name: str, sr: int) -> np.ndarray:
+    import av
+
+    try:
+        with av.open(source, mode="r") as container:
+            stream = next((s for s in container.streams if s.type == "audio"), None)
+            if stream is None:
+                raise AudioInputError(f"{name}: no audio stream found")
+            # Format conversion only (same rate and layout): any sample format -> planar float.
+            to_float = av.AudioResampler(format="fltp")
+            chunks: list[np.ndarray] = []
+            rate = None
+            for frame in container.decode(stream):
+                if rate is not None and frame.sample_rate != rate:
+                    raise AudioInputError(f"{name}: the sample rate changes inside the stream")
+                rate = frame.sample_rate
+                chunks += [f.to_ndarray().mean(axis=0) for f in to_float.resample(frame)]  # [channels, n] -> [n]
+            chunks += [f.to_ndarray().mean(axis=0) for f in to_float.resample(None)]
+    except AudioInputError:
+        raise
+    except (av.FFmpegError, OSError, ValueError, EOFError, RuntimeError) as exc:
+        raise AudioInputError(f"{name}: not a readable audio file ({type(exc).__name__}: {exc})") from None
+    if not chunks:
+        return np.zeros(0, dtype=np.float32)
+    pcm = np.concatenate(chunks).astype(np.float32, copy=False)
+    return resample(pcm, rate, sr) if rate != sr else pcm
+
+
+def _frames_to_pcm(frames) -> np.ndarray:
+    if not frames:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
+
+
+def _as_mono_float32(pcm: np.ndarray) -> np.ndarray:
+    pcm = np.asarray(pcm, dtype=np.float32)
+    if pcm.ndim != 1:
+        raise AudioInputError(f"expected mono audio as a 1-D array, got shape {pcm.shape}")
+    return pcm
+
+
+def _to_pcm16_range(pcm: np.ndarray) -> np.ndarray:
+    return np.clip(_as_mono_float32(pcm), -1.0, 1.0)

@@ -1,0 +1,90 @@
+"""Whisper log-mel spectrogram shared by both speech encoders.
+
+Follows the official `log_mel_spectrogram` of Kimi-Audio's whisper_Lv3/whisper.py and the
+torch path of transformers' `WhisperFeatureExtractor` (used by GLM-4-Voice), which are the
+same computation: STFT with a periodic Hann window (center, reflect), power spectrum without
+the last frame, Slaney mel filters, log10 clamped at 1e-10, a floor 8 below the maximum of
+each waveform, then (x + 4) / 4. The official Kimi file `mel_filters.npz` is librosa's Slaney
+filter bank; transformers' `mel_filter_bank(norm="slaney", mel_scale="slaney")` gives the
+same matrix (within 4e-9), so both paths use this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kimiaudio.checkpoint import config_value, read_json
+from kimiaudio.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class MelSettings:
+    """The front-end constants of a Whisper-style preprocessor_config.json."""
+
+    sample_rate: int = 16000
+    n_fft: int = 400
+    hop_length: int = 160
+    num_mel_bins: int = 128
+    chunk_seconds: int = 30  # the encoders see at most 30 s per segment
+
+    @property
+    def segment_samples(self) -> int:
+        return self.chunk_seconds * self.sample_rate
+
+    @classmethod
+    def from_preprocessor_config(cls, path, num_mel_bins: int) -> "MelSettings":
+        """Read preprocessor_config.json if present; the official Whisper values otherwise."""
+        if not path.is_file():
+            return cls(num_mel_bins=num_mel_bins)
+        cfg = read_json(path)
+        feature_size = int(config_value(cfg, "feature_size", path, num_mel_bins))
+        if feature_size != num_mel_bins:
+            raise CheckpointError(f"{path}: feature_size {feature_size} differs from the model's num_mel_bins {num_mel_bins}")
+        return cls(
+            sample_rate=int(config_value(cfg, "sampling_rate", path, cls.sample_rate)),
+            n_fft=int(config_value(cfg, "n_fft", path, cls.n_fft)),
+            hop_length=int(config_value(cfg, "hop_length", path, cls.hop_length)),
+            num_mel_bins=num_mel_bins,
+            chunk_seconds=int(config_value(cfg, "chunk_length", path, cls.chunk_seconds)),
+        )
+
+    def filters(self) -> torch.Tensor:
+        """Slaney-normalised mel filter bank, float32 [num_mel_bins, n_fft // 2 + 1]."""
+        from transformers.audio_utils import mel_filter_bank
+
+        bank = mel_filter_bank(
+            num_frequency_bins=self.n_fft // 2 + 1,
+            num_mel_filters=self.num_mel_bins,
+            min_frequency=0.0,
+            max_frequency=self.sample_rate / 2,
+            sampling_rate=self.sample_rate,
+            norm="slaney",
+            mel_scale="slaney",
+        )  # float64 [freq, mel]
+        return torch.from_numpy(np.ascontiguousarray(bank.T)).to(torch.float32)
+
+
+def split_segments(pcm: np.ndarray, segment_samples: int) -> list[np.ndarray]:
+    """Official 30 s cut: pcm[k*seg : (k+1)*seg] while k*seg < len (so empty input gives [])."""
+    return [pcm[start : start + segment_samples] for start in range(0, len(pcm), segment_samples)]
+
+
+def log_mel_spectrogram(waveforms: torch.Tensor, filters: torch.Tensor, settings: MelSettings) -> torch.Tensor:
+    """Log-mel of float32 waveforms [B, N] -> [B, num_mel_bins, N // hop_length].
+
+    The max-8 floor is taken per waveform over its whole (padded) length, as both official
+    paths do; padding therefore belongs to the caller, who must pad like the official code.
+    """
+    window = torch.hann_window(settings.n_fft, device=waveforms.device)  # periodic
+    stft = torch.stft(
+        waveforms, settings.n_fft, settings.hop_length, window=window, center=True, pad_mode="reflect", return_complex=True
+    )  # [B, freq, N // hop + 1]
+    power = stft[..., :-1].abs() ** 2
+    mel = filters.to(waveforms.device) @ power  # [B, mel, frames]
+    log_spec = torch.clamp(mel, min=1e-10).log10()
+    peak = log_spec.amax(dim=(1, 2), keepdim=True)
+    log_spec = torch.maximum(log_spec, peak - 8.0)
+    return (log_spec + 4.0) / 4.0

@@ -1,0 +1,212 @@
+"""`python -m kimiaudio bench`: throughput and latency of the serving pipeline.
+
+For each concurrency N it runs N synthetic conversations (one or more spoken turns each)
+through the real pipeline in this process (no network), then the same turns through the
+offline batch-1 reference loop, and prints per N: aggregate and per-session generated
+tokens/s, engine step time p50/p95, submit -> first audio chunk p50/p95, per-session
+real-time factor, KV blocks used, prefix-cache hit rate, and the speed-up over the reference.
+The same seeds are used on both sides, so both generate the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
+from kimiaudio.pipeline_events import AudioChunk, TurnDone
+from kimiaudio.sampling import SamplingParams
+
+REFERENCE_SAMPLE = 4  # sessions timed through the reference loop (its rate does not depend on N)
+
+
+@dataclass
+class BenchRow:
+    sessions: int
+    turns: int
+    generated_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    tokens_per_s_per_session: float
+    step_ms_p50: float
+    step_ms_p95: float
+    first_audio_ms_p50: float
+    first_audio_ms_p95: float
+    rtf_p50: float  # per-session generation time / audio seconds produced (< 1: faster than real time)
+    kv_blocks_used_peak: int
+    kv_blocks_total: int
+    prefix_cache_hit_rate: float
+    reference_tokens_per_s: float | None = None
+    speedup_vs_reference: float | None = None
+
+
+def synthetic_speech(seconds: float, seed: int, sr: int = 16000) -> np.ndarray:
+    """A voiced, speech-like signal: a glottal-pulse harmonic series with a wandering pitch
+    and syllable-rate amplitude envelope (distinct per seed, so encoders see real variety)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    f0 = 110 + 40 * rng.random() + 20 * np.sin(2 * np.pi * 0.7 * t + rng.random() * 6)
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    voice = sum(np.sin(k * phase) / k for k in range(1, 12))
+    envelope = np.clip(np.sin(2 * np.pi * 3.5 * t + rng.random() * 6), 0, None) ** 0.5
+    pcm = 0.3 * voice * envelope / np.max(np.abs(voice)) + 0.003 * rng.standard_normal(t.size)
+    return pcm.astype(np.float32)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values), q))
+
+
+async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int) -> dict:
+    history: list[HistoryTurn] = []
+    stats = {"tokens": 0, "first_audio": [], "rtf": []}
+    for turn, pcm in enumerate(inputs):
+        handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params))
+        samples, done = 0, None
+        async for event in handle:
+            if isinstance(event, AudioChunk):
+                samples += event.pcm.size
+            elif isinstance(event, TurnDone):
+                done = event
+        if done is None or done.status != "completed":
+            raise KimiAudioError(f"bench turn failed: {done.error if done else 'no result'}")
+        stats["tokens"] += max(len(done.text_tokens), 1)
+        if "first_pcm_s" in done.timings:
+            stats["first_audio"].append(done.timings["first_pcm_s"])
+        if samples:
+            busy = done.timings["done_s"] - done.timings.get("encoded_s", 0.0)
+            stats["rtf"].append(busy / (samples / sr_out))
+        history += [HistoryTurn("user", audio=pcm), HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens)]
+    return stats
+
+
+async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> BenchRow:
+    pipeline = Pipeline(stack, config)
+    pipeline.record_step_times = True
+    await pipeline.start()
+    try:
+        start = time.perf_counter()
+        results = await asyncio.gather(*[
+            _run_session(pipeline, inputs[i], params[i], stack.detokenizer.sample_rate) for i in range(n)])
+        wall = time.perf_counter() - start
+        s = pipeline.stats()
+    finally:
+        await pipeline.stop()
+    tokens = sum(r["tokens"] for r in results)
+    first = [x for r in results for x in r["first_audio"]]
+    rtf = [x for r in results for x in r["rtf"]]
+    steps = pipeline.step_times
+    cached, computed = s["prefill_tokens_cached"], s["prefill_tokens_computed"]
+    return BenchRow(
+        sessions=n, turns=len(inputs[0]), generated_tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
+        tokens_per_s_per_session=tokens / wall / n,
+        step_ms_p50=1000 * _percentile(steps, 50), step_ms_p95=1000 * _percentile(steps, 95),
+        first_audio_ms_p50=1000 * _percentile(first, 50), first_audio_ms_p95=1000 * _percentile(first, 95),
+        rtf_p50=_percentile(rtf, 50),
+        kv_blocks_used_peak=s["kv_blocks_total"] - pipeline.min_free_blocks, kv_blocks_total=s["kv_blocks_total"],
+        prefix_cache_hit_rate=cached / max(cached + computed, 1),
+    )
+
+
+def _bench_reference(stack, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> float:
+    """Generated tokens/s of the batch-1 reference loop (+ offline detokenizer) on the same turns."""
+    from kimiaudio.offline import answer
+    from kimiaudio.text.prompt import Message
+
+    tokens, start = 0, time.perf_counter()
+    for session, p in zip(inputs, params):
+        history: list[Message] = []
+        for pcm in session:
+            codes, features = stack.encode_speech(pcm)
+            history.append(Message("user", "audio", audio_tokens=codes, features=features))
+            turn = answer(stack, history, p, "both")
+            tokens += max(len(turn.text_tokens), 1)
+            offset = stack.specials.token_offset
+            reply = [t - offset for t in turn.audio_tokens if t >= offset]
+            history.append(Message("assistant", "audio-text", text=turn.text, audio_tokens=reply)
+                           if reply else Message("assistant", "text", text=turn.text))
+    return tokens / (time.perf_counter() - start)
+
+
+def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
+              speech: list[np.ndarray] | None = None, reference: bool = True, progress: bool = True) -> list[BenchRow]:
+    rows = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(sessions) * (2 if reference else 1), desc="bench", unit="run")
+    for n in sessions:
+        inputs = [[speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
+                   for k in range(turns)] for i in range(n)]
+        # Ignore stop tokens' randomness across runs: fixed per-session seeds on both sides.
+        params = [SamplingParams.from_config(config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens)
+                  for i in range(n)]
+        row = asyncio.run(_bench_pipeline(stack, config, n, inputs, params))
+        if bar:
+            bar.update()
+        if reference:
+            k = min(n, REFERENCE_SAMPLE)
+            row.reference_tokens_per_s = _bench_reference(stack, inputs[:k], params[:k])
+            row.speedup_vs_reference = row.tokens_per_s / row.reference_tokens_per_s
+            if bar:
+                bar.update()
+        rows.append(row)
+    if bar:
+        bar.close()
+    return rows
+
+
+def format_rows(rows: list[BenchRow]) -> str:
+    head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'step p50':>9} {'step p95':>9} {'1st audio p50':>13} "
+            f"{'p95':>8} {'RTF p50':>8} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8}")
+    lines = [head]
+    for r in rows:
+        ref = f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x" if r.reference_tokens_per_s else ""
+        lines.append(
+            f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.step_ms_p50:7.1f}ms "
+            f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
+            f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
+    return "\n".join(lines)
+
+
+def run_bench_command(config, args) -> int:
+    from kimiaudio.audio.io import load_audio
+    from kimiaudio.model_stack import DEMO_NOTICE, ModelStack
+
+    try:
+        sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
+    except ValueError:
+        raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
+    if not sessions or min(sessions) < 1 or args.turns < 1:
+        raise KimiAudioError("--sessions and --turns must be positive")
+    if args.random_weights:
+        from kimiaudio.bench_7b import run_random_7b
+
+        return run_random_7b(config, sessions, args)
+    stack = ModelStack.load(config, progress=not args.json)
+    if stack.detokenizer is None:
+        raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
+    speech = [load_audio(path) for path in args.speech] or None
+    rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
+                     reference=not args.no_reference, progress=not args.json)
+    info = {"device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""), "demo_weights": stack.is_demo,
+            "model": str(stack.paths.root), "max_new_tokens": args.max_new_tokens, "turns": args.turns,
+            "reference_sessions_timed": REFERENCE_SAMPLE}
+    if args.json:
+        print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
+    else:
+        if stack.is_demo:
+            print(DEMO_NOTICE)
+        print(f"device {info['device']} dtype {info['dtype']}, {args.max_new_tokens} new positions per turn, "
+              f"{args.turns} turn(s) per session; reference = batch-1 loop on {REFERENCE_SAMPLE} sessions")
+        print(format_rows(rows))
+    return 0

@@ -1,0 +1,134 @@
+"""Command line: `python -m kimiaudio {serve,chat,transcribe,bench,demo-checkpoint}`.
+
+Every user mistake (bad flag, missing file, bad config key) ends in one line on stderr and
+exit status 2; an interrupted command exits 130. `--debug` shows tracebacks of internal errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kimiaudio.config import Config, load_config
+from kimiaudio.errors import KimiAudioError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage + exits 2; keep it to one line
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="config TOML file (default: built-in defaults)")
+    p.add_argument("--model", help="Kimi-Audio-7B-Instruct directory (default: the demo checkpoint)")
+    p.add_argument("--glm-tokenizer", help="glm-4-voice-tokenizer directory (default: MODEL/glm-4-voice-tokenizer)")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--data-dir", help="where the demo checkpoint and the history database live")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+
+
+def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--greedy", action="store_true", help="greedy decoding of both streams")
+    p.add_argument("--seed", type=int, help="seed of the sampler")
+    p.add_argument("--max-new-tokens", type=int, help="generation limit (default: the official one)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kimiaudio", description="Kimi-Audio speech-to-speech server and tools")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("serve", help="start the real-time server and demo page")
+    _add_model_options(p)
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8080)")
+
+    p = sub.add_parser("chat", help="answer one or more spoken user turns, write the spoken reply")
+    _add_model_options(p)
+    _add_sampling_options(p)
+    p.add_argument("inputs", nargs="+", metavar="IN", help="audio file of a user turn (wav, flac, ogg, mp3)")
+    p.add_argument("--text", action="append", default=[], help="a user text message before the first audio turn (repeatable)")
+    p.add_argument("--out", default="reply.wav", help="WAV file for the last reply (24 kHz); earlier replies go to OUT.turnN.wav")
+    p.add_argument("--json", action="store_true", help="print text, token ids and timings as JSON")
+
+    p = sub.add_parser("transcribe", help="speech to text (no detokenizer loaded)")
+    _add_model_options(p)
+    _add_sampling_options(p)
+    p.add_argument("input", metavar="IN", help="audio file")
+    p.add_argument("--json", action="store_true", help="print text, token ids and timings as JSON")
+
+    p = sub.add_parser("bench", help="throughput and latency of the serving pipeline")
+    _add_model_options(p)
+    p.add_argument("--sessions", default="1,4,16,64", help="comma-separated concurrent session counts")
+    p.add_argument("--turns", type=int, default=1, help="turns per session")
+    p.add_argument("--speech", action="append", default=[], help="speech file(s) to use instead of synthetic input")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="generated positions per turn")
+    p.add_argument("--random-weights", choices=["7b"], help="real 7B shapes with random weights (GPU)")
+    p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+    p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides: dict[str, dict] = {"model": {}, "storage": {}, "server": {}}
+    for flag, key in (("model", "path"), ("glm_tokenizer", "glm_tokenizer_path"), ("device", "device"), ("dtype", "dtype")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides["model"][key] = value
+    if getattr(args, "data_dir", None):
+        overrides["storage"]["data_dir"] = args.data_dir
+    for flag in ("host", "port"):
+        if getattr(args, flag, None) is not None:
+            overrides["server"][flag] = getattr(args, flag)
+    config = load_config(getattr(args, "config", None), {})
+    # Paths given on the command line are relative to the current directory, not the config file.
+    for section, key in (("model", "path"), ("model", "glm_tokenizer_path"), ("storage", "data_dir")):
+        if key in overrides[section]:
+            from pathlib import Path
+
+            overrides[section][key] = str(Path(overrides[section][key]).expanduser().resolve())
+    from kimiaudio.config import apply_overrides
+
+    return apply_overrides(config, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "demo-checkpoint":
+            from kimiaudio.demo_checkpoint import write_demo_checkpoint
+
+            path = write_demo_checkpoint(args.dir, seed=args.seed, progress=True)
+            print(f"wrote demo checkpoint (random weights) to {path}")
+            return 0
+        config = config_from_args(args)
+        if args.command == "serve":
+            from kimiaudio.server.app import run_server
+
+            return run_server(config) or 0
+        if args.command == "bench":
+            from kimiaudio.bench import run_bench_command
+
+            return run_bench_command(config, args)
+        from kimiaudio.offline import run_chat_command, run_transcribe_command
+
+        if args.command == "chat":
+            return run_chat_command(config, args)
+        return run_transcribe_command(config, args)
+    except KimiAudioError as exc:
+        print(f"kimiaudio: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kimiaudio: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an internal bug: one line unless --debug
+        if getattr(args, "debug", False):
+            raise
+        print(f"kimiaudio: internal error: {type(exc).__name__}: {exc} (run with --debug for details)", file=sys.stderr)
+        return 1

@@ -1,0 +1,146 @@
+"""Semantic tokens -> 24 kHz speech: the DiT flow matcher and the BigVGAN vocoder, batched.
+
+`detokenize` is the official KimiAudio.detokenize_audio (chunks of first_chunk_tokens, then
+chunk_tokens, through detokenize_streaming with look-ahead and cross-fade). `step_batch` is what
+the serving loop calls each step: it runs every chunk that is due across many sessions, the
+DiT for all of them in one padded forward per ODE step, the vocoder once per group of equal mel
+lengths (replicate padding sees the edges, so only equal lengths share a forward). Each
+session's output equals running it alone.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.config import DetokConfig
+from kimiaudio.detok.flow_matching import FlowMatcher
+from kimiaudio.detok.streaming import MAX_POSITION, UPSAMPLE, DetokSession, StreamParams
+from kimiaudio.errors import ConfigError, KimiAudioError
+from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
+from kimiaudio.models.dit import DiTPrefix, load_dit
+
+
+class Detokenizer:
+    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig):
+        self.dit, self.vocoder, self.cfg = dit, vocoder, cfg
+        self.device = dit.input_linear.weight.device
+        _check_config(cfg, self._max_position())
+        self.flow = FlowMatcher(dit, cfg.ode_steps)
+
+    @classmethod
+    def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
+        device = torch.device(device)
+        dit = load_dit(paths.detokenizer, device, dtype)
+        vocoder = load_vocoder(paths.vocoder, device, dtype)
+        if vocoder.cfg.num_mels != dit.cfg.input_size:
+            raise KimiAudioError(f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} != DiT input_size {dit.cfg.input_size}")
+        return cls(dit, vocoder, detok_cfg)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.vocoder.cfg.sampling_rate
+
+    def _max_position(self) -> int:
+        cfg = self.dit.cfg
+        limit = MAX_POSITION
+        if cfg.use_rope:
+            limit = min(limit, cfg.rope_max_positions, cfg.max_seq_len)
+        if cfg.position_embedding_type == "learnable":
+            limit = min(limit, cfg.max_seq_len + 1)
+        return limit
+
+    def _params(self, offline: bool) -> StreamParams:
+        c = self.cfg
+        return StreamParams(
+            first_chunk_tokens=c.first_chunk_tokens,
+            chunk_tokens=c.chunk_tokens,
+            chunk_growth=1.0 if offline else c.chunk_growth,
+            max_chunk_tokens=c.chunk_tokens if offline else max(c.chunk_tokens, c.max_chunk_tokens),
+            look_ahead_tokens=c.look_ahead_tokens,
+            max_kv_cache_frames=c.max_kv_cache_frames,
+            mel_bins=self.dit.cfg.input_size,
+            hop_size=self.vocoder.cfg.hop_size,
+            vocab_size=self.dit.cfg.semantic_vocab_size,
+            max_position=self._max_position(),
+        )
+
+    def new_session(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None) -> DetokSession:
+        """A streaming session; its CPU generator (seeded) draws each chunk's noise."""
+        return DetokSession(self._params(offline=False), seed, noise_fn)
+
+    def detokenize(
+        self, tokens: Sequence[int] | Tensor, seed: int | None = None,
+        noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None,
+    ) -> Tensor:
+        """Official detokenize_audio: all tokens -> float32 wav [n_tokens * 4 * hop] on the CPU."""
+        tokens = tokens.reshape(-1).tolist() if isinstance(tokens, Tensor) else list(tokens)
+        session = DetokSession(self._params(offline=True), seed, noise_fn)
+        session.trace = trace
+        return self.step_batch([(session, tokens, True)])[0]
+
+    @torch.inference_mode()
+    def step_batch(self, items: list[tuple[DetokSession, list[int], bool]]) -> list[Tensor]:
+        """Push each session's new tokens and run every chunk now due (all of them when final).
+
+        Returns per item the float32 CPU wav produced now (empty when no chunk was due)."""
+        if len({id(s) for s, _, _ in items}) != len(items):
+            raise KimiAudioError("step_batch: a session appears twice in one call")
+        for session, tokens, _ in items:
+            session.push(tokens)
+        pieces: list[list[Tensor]] = [[] for _ in items]
+        while True:
+            due = [i for i, (s, _, final) in enumerate(items) if s.ready(final)]
+            if not due:
+                break
+            jobs = [items[i][0].next_job(items[i][2], self.device) for i in due]
+            outs = self.flow.infer_chunks(jobs)
+            mels = [items[i][0].finish_dit(out) for i, out in zip(due, outs)]
+            for i, wav in zip(due, self._vocode(mels)):
+                pieces[i].append(items[i][0].finish_vocoder(wav))
+        # one device->host copy for the whole step
+        flat = [torch.cat(p) if p else torch.zeros(0, device=self.device) for p in pieces]
+        sizes = [w.numel() for w in flat]
+        host = torch.cat(flat).float().cpu() if flat else torch.zeros(0)
+        return list(torch.split(host, sizes))
+
+    def _vocode(self, mels: list[Tensor]) -> list[Tensor]:
+        """[frames, mel_bins] each -> wav [frames * hop]; one forward per distinct length."""
+        wavs: list[Tensor | None] = [None] * len(mels)
+        groups: dict[int, list[int]] = {}
+        for i, mel in enumerate(mels):
+            groups.setdefault(mel.shape[0], []).append(i)
+        for length, rows in groups.items():
+            if length == 0:
+                for i in rows:
+                    wavs[i] = mels[i].new_zeros(0)
+                continue
+            batch = torch.stack([mels[i] for i in rows]).transpose(1, 2)  # [B, mel_bins, T]
+            out = self.vocoder(batch)[:, 0]  # [B, T * hop]
+            for j, i in enumerate(rows):
+                wavs[i] = out[j]
+        return wavs
+
+
+def _check_config(cfg: DetokConfig, max_position: int) -> None:
+    def bad(key: str, value, expected: str) -> ConfigError:
+        return ConfigError(f"detok.{key} = {value!r}: expected {expected}")
+
+    if cfg.ode_steps < 2:
+        raise bad("ode_steps", cfg.ode_steps, "at least 2 (official 30)")
+    if cfg.look_ahead_tokens < 0:
+        raise bad("look_ahead_tokens", cfg.look_ahead_tokens, ">= 0")
+    if cfg.first_chunk_tokens <= cfg.look_ahead_tokens:
+        raise bad("first_chunk_tokens", cfg.first_chunk_tokens, f"more than look_ahead_tokens ({cfg.look_ahead_tokens})")
+    if cfg.chunk_tokens < 1:
+        raise bad("chunk_tokens", cfg.chunk_tokens, ">= 1")
+    if cfg.chunk_growth < 1.0:
+        raise bad("chunk_growth", cfg.chunk_growth, ">= 1.0")
+    if cfg.max_kv_cache_frames < 1:
+        raise bad("max_kv_cache_frames", cfg.max_kv_cache_frames, ">= 1 (official 900)")
+    biggest = UPSAMPLE * (cfg.look_ahead_tokens + max(cfg.first_chunk_tokens, cfg.chunk_tokens, cfg.max_chunk_tokens))
+    if biggest > max_position:
+        raise bad("max_chunk_tokens", cfg.max_chunk_tokens, f"chunks of at most {max_position} frames with look-ahead")

@@ -1,0 +1,167 @@
+"""Per-session streaming detokenizer state: the official `detokenize_streaming` as bookkeeping.
+
+Follows PrefixStreamingFlowMatchingDetokenizer.detokenize_streaming (kimia_infer/models/
+detokenizer/__init__.py) with its StreamingSemanticFMWrapper state, but owns no model: the
+Detokenizer asks a session for its next ChunkJob, runs the DiT and the vocoder for many sessions
+at once, and hands the results back (`finish_dit`, then `finish_vocoder`).
+Per chunk: tokens x4 (12.5 Hz -> 50 Hz frames), prefixed by the previous chunk's carried
+look-ahead frames; the last look_ahead_tokens*4 frames are dropped (and carried) unless final;
+the DiT prefix K/V grows by the kept frames and keeps the last max_kv_cache_frames; positions
+restart at 0 (empty K/V) before they would pass 4096. Vocoder overlap: the first chunk returns
+half its wav and holds the rest (pre_wav) with the mel tail (pre_mel); each later chunk vocodes
+cat(pre_mel, mel), returns twice the held length (or half) with the first half Hamming
+cross-faded against pre_wav; a final chunk returns its whole wav and resets the session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from kimiaudio.detok.flow_matching import ChunkJob, ChunkOutput
+from kimiaudio.errors import KimiAudioError
+
+UPSAMPLE = 4  # mel frames per semantic token (official upsample_factor)
+MAX_POSITION = 4096  # official max_pos_size of the DiT positions
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    first_chunk_tokens: int
+    chunk_tokens: int
+    chunk_growth: float  # each later chunk is this many times the previous one ...
+    max_chunk_tokens: int  # ... up to this many tokens
+    look_ahead_tokens: int
+    max_kv_cache_frames: int
+    mel_bins: int
+    hop_size: int  # wav samples per mel frame
+    vocab_size: int  # valid token ids are 0..vocab_size-1
+    max_position: int = MAX_POSITION
+
+
+class DetokSession:
+    """One stream of semantic tokens -> 24 kHz wav pieces. Not thread-safe; one owner."""
+
+    def __init__(self, params: StreamParams, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None):
+        self.params = params
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self.noise_fn = noise_fn  # tests inject captured noise: noise_fn(n_frames) -> [n_frames, mel_bins]
+        self.trace: list[dict] | None = None  # set to a list to record every chunk (tests, debugging)
+        self.pending: list[int] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        """The official clear_states: a fresh stream."""
+        self.start_position = 0
+        self.kv: Tensor | None = None  # [depth, 2, frames, heads, head_dim]
+        self.look_ahead_ids: Tensor | None = None  # [look_ahead_tokens*4] carried frame ids
+        self.pre_mel: Tensor | None = None  # [frames, mel_bins]
+        self.pre_wav: Tensor | None = None  # [samples]
+        self.num_chunks = 0
+        self._later_size = float(self.params.chunk_tokens)
+        self._job: ChunkJob | None = None
+        self._final = False
+        self._mel: Tensor | None = None
+
+    @property
+    def next_chunk_tokens(self) -> int:
+        p = self.params
+        if self.num_chunks == 0:
+            return p.first_chunk_tokens
+        return max(1, min(p.max_chunk_tokens, int(self._later_size)))
+
+    @property
+    def is_started(self) -> bool:
+        return self.num_chunks > 0
+
+    def push(self, tokens: list[int]) -> None:
+        bad = [t for t in tokens if not 0 <= int(t) < self.params.vocab_size]
+        if bad:
+            raise KimiAudioError(f"detokenizer: token id {bad[0]} out of range 0..{self.params.vocab_size - 1}")
+        self.pending.extend(int(t) for t in tokens)
+
+    def ready(self, final: bool) -> bool:
+        """True when a chunk is due: enough tokens buffered, or anything left to flush when final."""
+        if final:
+            return bool(self.pending) or self.is_started
+        return len(self.pending) >= self.next_chunk_tokens
+
+    def next_job(self, final: bool, device: torch.device) -> ChunkJob:
+        """Take the next chunk's tokens off the buffer (call only when `ready(final)`)."""
+        size = self.next_chunk_tokens
+        is_final = final and len(self.pending) <= size
+        take, self.pending = self.pending[:size], self.pending[size:]
+        ids = torch.tensor(take, dtype=torch.long, device=device).repeat_interleave(UPSAMPLE)
+        if self.look_ahead_ids is not None:
+            ids = torch.cat([self.look_ahead_ids, ids])
+        look_ahead = 0 if is_final else self.params.look_ahead_tokens * UPSAMPLE
+        if not is_final and ids.numel() <= look_ahead:
+            raise KimiAudioError(f"detokenizer: a chunk of {ids.numel()} frames leaves nothing after {look_ahead} look-ahead frames")
+        noise = self.noise_fn(ids.numel()) if self.noise_fn else torch.randn(ids.numel(), self.params.mel_bins, generator=self.generator)
+        self._job = ChunkJob(ids, noise, self.start_position, self.kv, look_ahead, keep_kv=not is_final)
+        self._final = is_final
+        return self._job
+
+    def finish_dit(self, out: ChunkOutput) -> Tensor:
+        """Take this chunk's mel and K/V; returns the mel to vocode [frames, mel_bins]."""
+        job, p = self._job, self.params
+        kept = out.mel.shape[0]
+        if job.look_ahead > 0:
+            self.look_ahead_ids = job.token_ids[-job.look_ahead :]
+        if out.kv is not None:
+            kv = out.kv if self.kv is None else torch.cat([self.kv, out.kv], dim=2)
+            self.kv = kv[:, :, -p.max_kv_cache_frames :] if kv.shape[2] > p.max_kv_cache_frames else kv
+        self.start_position += kept
+        self._mel = out.mel
+        return out.mel if self.pre_mel is None else torch.cat([self.pre_mel, out.mel])
+
+    def finish_vocoder(self, wav: Tensor) -> Tensor:
+        """wav [samples] of the mel from finish_dit -> the float32 piece to play now."""
+        mel, job, hop = self._mel, self._job, self.params.hop_size
+        if self._final:
+            out = wav
+        elif self.pre_wav is None:
+            half = hop * mel.shape[0] // 2
+            out, self.pre_wav = wav[:half], wav[-half:]
+            self.pre_mel = mel[-mel.shape[0] // 2 :]  # (-c)//2: one frame more than pre_wav for odd c
+        else:
+            out = self._cross_fade(wav, mel)
+        if self.trace is not None:
+            self.trace.append(
+                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(), look_ahead=job.look_ahead,
+                     is_final=self._final, semantic_tokens=job.token_ids, noise=job.noise, mel=mel, wav=out.float())
+            )
+        if self._final:
+            self._reset()  # the final chunk took every pending token
+        else:
+            self._advance(mel.shape[0])
+        return out.float()
+
+    def _cross_fade(self, wav: Tensor, mel: Tensor) -> Tensor:
+        held = self.pre_wav.shape[0]
+        gen = 2 * held if wav.shape[0] > 2 * held else wav.shape[0] // 2
+        out = wav[:gen].clone()
+        half = gen // 2
+        window = torch.hamming_window(gen).to(device=wav.device, dtype=wav.dtype)  # periodic, fp32 then cast
+        out[:half] = self.pre_wav[:half] * window[-half:] + out[:half] * window[:half]
+        rest = wav.shape[0] - gen
+        self.pre_wav = wav[-rest:]
+        self.pre_mel = mel[-(rest // self.params.hop_size) :]  # python slicing: 0 keeps the whole mel
+        return out
+
+    def _advance(self, kept: int) -> None:
+        """After a non-final chunk: next chunk size, and the official position reset."""
+        if self.num_chunks > 0:
+            self._later_size *= self.params.chunk_growth
+        self.num_chunks += 1
+        # official test: start + 2*kept > 4096; the second term only matters for growing chunks
+        next_frames = self.params.look_ahead_tokens * UPSAMPLE + self.next_chunk_tokens * UPSAMPLE
+        if self.start_position + max(2 * kept, next_frames) > self.params.max_position:
+            self.start_position, self.kv = 0, None  # look-ahead, pre_mel and pre_wav carry on

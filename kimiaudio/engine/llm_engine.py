@@ -1,0 +1,197 @@
+"""The synchronous engine: requests in, one (text, audio) token pair per request per step out.
+
+Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest into a
+Sequence, `step` = schedule, run the model, apply each request's official generation rules
+(generation.StreamRules) to its samples, feed the tokens back, free finished sequences.
+A bad request fails alone (RequestError from add_request); a step that raises fails only the
+sequences it ran. Not thread-safe: one owner thread (see async_engine.AsyncEngine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kimiaudio.engine.block_manager import BlockManager
+from kimiaudio.engine.model_runner import ModelRunner
+from kimiaudio.engine.scheduler import Scheduler
+from kimiaudio.engine.sequence import EngineRequest, RequestError, Sequence, SequenceStatus, StepOutput
+from kimiaudio.generation import OUTPUT_TYPES, RuleTokens, StreamRules, official_max_new_tokens
+from kimiaudio.models.kimia_lm import KimiAudioLM
+from kimiaudio.sampling import RequestRandom, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_blocks_total: int
+    num_blocks_free: int
+    num_running: int
+    num_waiting: int
+    num_prefill_tokens_computed: int  # prompt (and re-prefill) positions run through the model
+    num_prefill_tokens_cached: int  # prompt positions served from the prefix cache instead
+    num_decode_tokens: int
+    num_preemptions: int
+    num_steps: int
+
+
+def feature_digests(features: torch.Tensor) -> list[str]:
+    """One digest per feature row [N, D] (over its float32 bytes): the prefix-cache key part."""
+    data = features.detach().to("cpu", torch.float32).contiguous().numpy()
+    return [hashlib.blake2b(row.tobytes(), digest_size=16).hexdigest() for row in data]
+
+
+class LLMEngine:
+    def __init__(self, lm: KimiAudioLM, config, device: torch.device | str, dtype: torch.dtype):
+        self.lm = lm
+        self.config = config  # config.EngineConfig
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.runner = ModelRunner(lm, config, self.device, dtype)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.seqs: dict[int, Sequence] = {}
+        self._seq_ids = itertools.count()
+        self._pending: list[StepOutput] = []  # outputs decided outside a step (e.g. zero-length)
+        self._num_prefill_computed = 0
+        self._num_decode = 0
+        self._num_steps = 0
+
+    def add_request(self, request: EngineRequest) -> int:
+        """Validate and queue a request; raises RequestError (for this request only)."""
+        seq = self._make_sequence(request)
+        if seq.rules.is_finished:  # the length limit allows no step at all
+            self._pending.append(StepOutput(request.request_id, seq.seq_id, None, None, True, seq.rules.finish_reason))
+            return seq.seq_id
+        self.scheduler.add(seq)
+        self.seqs[seq.seq_id] = seq
+        return seq.seq_id
+
+    def abort(self, seq_id: int) -> bool:
+        """Stop a request and free its KV blocks now; False if it is not (or no longer) live."""
+        seq = self.seqs.pop(seq_id, None)
+        if seq is None:
+            return False
+        self.scheduler.abort(seq)
+        seq.finish_reason = "abort"
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_work
+
+    def step(self) -> list[StepOutput]:
+        outputs, self._pending = self._pending, []
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            return outputs
+        self._num_steps += 1
+        for seq in seqs:
+            if seq.is_prefilling:
+                self._num_prefill_computed += seq.num_scheduled_tokens
+            else:
+                self._num_decode += seq.num_scheduled_tokens
+        try:
+            samples = self.runner.run(seqs)
+        except Exception as exc:  # a broken step fails the requests in it, not the server
+            log.exception("engine step failed")
+            for seq in seqs:
+                outputs.append(self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}"))
+            return outputs
+        for seq, (sampled_text, sampled_audio) in zip(self.scheduler.postprocess(seqs), samples):
+            text, audio, finished, reason = seq.rules.step(sampled_text, sampled_audio)
+            seq.append_token(text, audio)
+            if finished:
+                seq.finish_reason = reason
+                self.scheduler.finish(seq)
+                del self.seqs[seq.seq_id]
+            outputs.append(StepOutput(seq.request_id, seq.seq_id, text, audio, finished, reason))
+        return outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_blocks_total=self.block_manager.num_blocks,
+            num_blocks_free=self.block_manager.num_free_blocks,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_prefill_tokens_computed=self._num_prefill_computed,
+            num_prefill_tokens_cached=self.scheduler.num_cached_prefill_tokens,
+            num_decode_tokens=self._num_decode,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self._num_steps,
+        )
+
+    def _fail(self, seq: Sequence, error: str) -> StepOutput:
+        self.seqs.pop(seq.seq_id, None)
+        if seq.status != SequenceStatus.FINISHED:
+            self.scheduler.abort(seq)
+        seq.finish_reason, seq.error = "error", error
+        return StepOutput(seq.request_id, seq.seq_id, None, None, True, "error", error)
+
+    def _make_sequence(self, request: EngineRequest) -> Sequence:
+        rid = request.request_id
+        n = len(request.audio_ids)
+        if n == 0:
+            raise RequestError(f"request {rid}: empty prompt")
+        if len(request.text_ids) != n or len(request.continuous_mask) != n:
+            raise RequestError(f"request {rid}: audio_ids, text_ids and continuous_mask must have one entry per "
+                               f"position (got {n}, {len(request.text_ids)}, {len(request.continuous_mask)})")
+        if request.output_type not in OUTPUT_TYPES:
+            raise RequestError(f"request {rid}: output_type must be 'text' or 'both', got {request.output_type!r}")
+        if not isinstance(request.params, SamplingParams):
+            raise RequestError(f"request {rid}: params must be a SamplingParams")
+        vocab = self.lm.config.vocab_size
+        for name, ids in (("audio_ids", request.audio_ids), ("text_ids", request.text_ids)):
+            if any(not 0 <= int(t) < vocab for t in ids):
+                raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
+        if n > self.config.max_model_len:
+            raise RequestError(f"request {rid}: prompt of {n} positions exceeds engine.max_model_len "
+                               f"({self.config.max_model_len})")
+        mask = [bool(m) for m in request.continuous_mask]
+        features = self._check_features(rid, request.features, sum(mask))
+        if features is None:
+            mask = [False] * n  # nothing to add at those positions: plain embeddings, as the reference
+        digests: list[str | None] = [None] * n
+        if features is not None:
+            rows = iter(feature_digests(features))
+            digests = [next(rows) if m else None for m in mask]
+        audio_ids = [int(t) for t in request.audio_ids]
+        text_ids = [int(t) for t in request.text_ids]
+        use_text = [sum(text_ids) != 0] * n  # the reference prefill: one decision for the prompt
+        seq = Sequence(next(self._seq_ids), rid, audio_ids, text_ids, use_text, mask, digests, self.config.block_size)
+        limit = official_max_new_tokens(request.output_type, n, request.params.max_new_tokens)
+        limit = min(limit, self.config.max_model_len - n + 1)  # the last sample's position needs no K/V
+        try:
+            tokens = RuleTokens.from_specials(request.specials)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise RequestError(f"request {rid}: specials lack a generation-rule token id ({exc})") from None
+        seq.rules = StreamRules(request.output_type, tokens, self.lm.config.kimia_mimo_audiodelaytokens, limit)
+        seq.max_num_tokens = n + max(limit, 1) - 1
+        seq.params = request.params
+        seq.random = RequestRandom(request.params.seed)
+        seq.features = None if features is None else features.to(self.device, self.dtype)
+        return seq
+
+    def _check_features(self, rid: str, features, num_continuous: int) -> torch.Tensor | None:
+        """None, a [N, D] / [1, N, D] tensor or a list of them -> [N, D] or None, validated."""
+        if features is None:
+            return None
+        parts = [features] if isinstance(features, torch.Tensor) else list(features)
+        if not parts:
+            return None
+        if any(not isinstance(p, torch.Tensor) or not p.is_floating_point() for p in parts):
+            raise RequestError(f"request {rid}: features must be float tensors")
+        dim = self.lm.config.kimia_adaptor_input_dim
+        if any(p.dim() not in (2, 3) or p.shape[-1] != dim or (p.dim() == 3 and p.shape[0] != 1) for p in parts):
+            raise RequestError(f"request {rid}: features must be [N, {dim}] tensors, got "
+                               f"{[tuple(p.shape) for p in parts]}")
+        if not self.lm.config.use_whisper_feature:
+            raise RequestError(f"request {rid}: this checkpoint does not use continuous features")
+        rows = torch.cat([p.reshape(-1, dim) for p in parts])
+        if rows.shape[0] != num_continuous:
+            raise RequestError(f"request {rid}: {rows.shape[0]} feature rows for {num_continuous} continuous positions")
+        return rows

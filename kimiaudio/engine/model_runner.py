@@ -1,0 +1,93 @@
+"""Turns one scheduled step into tensors, runs the LM over the paged KV pool, samples.
+
+Follows nano-vllm's ModelRunner, for Kimi-Audio's two streams: the batch is flat and
+token-major (every scheduled sequence's positions concatenated), each position carrying
+its audio id, text id, use_text flag and position id; continuous features enter only for
+prompt positions computed in this step (rows in position order). Logits are taken only for
+the last position of each sequence that completes its pending positions this step; both
+heads of the whole batch are sampled in one `sample_tokens` call with each request's params,
+histories (the tokens fed back so far) and its own uniforms (text, then audio, one pair per
+generated step, as the reference loop draws them). The step ends with exactly one
+host-device synchronisation: the `.tolist()` of the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks
+from kimiaudio.engine.sequence import Sequence
+from kimiaudio.errors import ConfigError
+from kimiaudio.models.kimia_lm import KimiAudioLM
+from kimiaudio.sampling import sample_tokens
+
+
+class ModelRunner:
+    def __init__(self, lm: KimiAudioLM, engine_config, device: torch.device | str, dtype: torch.dtype):
+        self.lm = lm
+        self.config = lm.config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = engine_config.block_size
+        cfg = self.config
+        per_block = KVPool.bytes_per_block(cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads,
+                                           cfg.head_dim, dtype)
+        blocks_per_seq = -(-engine_config.max_model_len // self.block_size)
+        self.num_blocks = pool_num_blocks(engine_config.num_kv_blocks, engine_config.memory_fraction, per_block,
+                                          engine_config.max_num_seqs * blocks_per_seq, self.device)
+        if self.num_blocks < 1:
+            raise ConfigError(f"engine: no room for a KV pool ({per_block} bytes per block of "
+                              f"{self.block_size} positions); lower engine.block_size or set engine.num_kv_blocks")
+        self.pool = KVPool(cfg.num_kv_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads,
+                           cfg.head_dim, self.device, dtype)
+        lm.rotary.ensure_length(engine_config.max_model_len, self.device)
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        """Compute every scheduled position; return (text, audio) samples, one per sequence
+        that completes its pending positions this step, in batch order."""
+        audio, text, use_text, continuous, positions = [], [], [], [], []
+        features: list[torch.Tensor] = []
+        entries: list[tuple[list[int], int, int]] = []
+        logits_rows: list[int] = []
+        sampling: list[Sequence] = []
+        for seq in seqs:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
+            audio += seq.audio_ids[start:end]
+            text += seq.text_ids[start:end]
+            use_text += seq.use_text[start:end]
+            continuous += seq.continuous_mask[start:end]
+            positions += range(start, end)
+            rows = [r for r in seq.feature_rows[start:end] if r >= 0]
+            if rows:  # a sequence's continuous rows are consecutive: slice its feature tensor
+                features.append(seq.features[rows[0]:rows[-1] + 1])
+            entries.append((seq.block_table, start, end - start))
+            if end == seq.num_tokens:
+                logits_rows.append(len(audio) - 1)
+                sampling.append(seq)
+
+        # Without features the mask is left out: embed's nonzero() on it would sync the device.
+        hidden = self.lm.embed(self._long(audio), self._long(text), self._bool(use_text),
+                               torch.cat(features) if features else None,
+                               self._bool(continuous) if features else None)
+        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device))
+        text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
+        if not sampling:
+            return []
+        return self._sample(sampling, text_logits, audio_logits)
+
+    def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[tuple[int, int]]:
+        # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.
+        uniforms = torch.stack([seq.random.next_uniforms() for seq in seqs])  # [B, 2] on the CPU
+        params = [seq.params.text for seq in seqs] + [seq.params.audio for seq in seqs]
+        histories = [seq.rules.text_history for seq in seqs] + [seq.rules.audio_history for seq in seqs]
+        tokens = sample_tokens(torch.cat([text_logits, audio_logits]), params, histories,
+                               torch.cat([uniforms[:, 0], uniforms[:, 1]]))
+        flat = tokens.tolist()  # the step's one host-device synchronisation
+        return list(zip(flat[: len(seqs)], flat[len(seqs):]))
+
+    def _long(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
+
+    def _bool(self, values: list[bool]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.bool).to(self.device, non_blocking=True)

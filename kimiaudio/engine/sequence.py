@@ -1,0 +1,165 @@
+"""One request inside the engine: its two token streams, KV bookkeeping and outcome.
+
+Follows nano-vllm's `Sequence`, widened to Kimi-Audio's input: every position carries an
+audio id and a text id (the two parallel streams), a `use_text` flag (the official embedding
+skips the text embedding of a forward call whose text ids sum to 0; storing the decision per
+position keeps results independent of how the engine chunks and batches), a continuous flag
+and a digest of the continuous feature row placed there (None elsewhere). The prefix cache
+hashes blocks of these per-position keys, so two prompts share KV only when both streams,
+the flags and the features agree.
+
+No torch here: the request's feature tensor, RNG and rules are opaque attributes that the
+model runner and the engine use. Also holds the request/response values of the engine API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any
+
+from kimiaudio.errors import KimiAudioError
+
+
+class RequestError(KimiAudioError):
+    """A request the engine cannot run (bad input, or too long for the KV pool)."""
+
+
+@dataclass
+class EngineRequest:
+    """What a caller submits: a prompt of two streams plus features, params and stop rules.
+
+    audio_ids / text_ids / continuous_mask have one entry per prompt position; `features` is a
+    Tensor [N, adaptor_dim] whose rows fill the N continuous positions in order (or None).
+    `specials` is the `SpecialTokens`-like object StreamRules reads its ids from.
+    """
+
+    request_id: str
+    audio_ids: list[int]
+    text_ids: list[int]
+    continuous_mask: list[int]
+    features: Any  # torch.Tensor [N, adaptor_dim] | None
+    params: Any  # kimiaudio.sampling.SamplingParams
+    output_type: str  # "text" | "both"
+    specials: Any
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One generated step of one request (or its end: finished, reason, error)."""
+
+    request_id: str
+    seq_id: int
+    text_token: int | None
+    audio_token: int | None
+    finished: bool
+    finish_reason: str | None = None  # StreamRules' reason, "abort", "length" or "error"
+    error: str | None = None
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+# One position's cache key: (audio id, text id, use_text, feature digest or None).
+PositionKey = tuple[int, int, bool, "str | None"]
+
+
+class Sequence:
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        audio_ids: list[int],
+        text_ids: list[int],
+        use_text: list[bool],
+        continuous_mask: list[bool],
+        feature_digests: list[str | None],
+        block_size: int,
+    ):
+        n = len(audio_ids)
+        if not (len(text_ids) == len(use_text) == len(continuous_mask) == len(feature_digests) == n):
+            raise RequestError(f"request {request_id}: per-position lists differ in length")
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.block_size = block_size
+        self.audio_ids = list(audio_ids)
+        self.text_ids = list(text_ids)
+        self.use_text = list(use_text)
+        self.continuous_mask = list(continuous_mask)
+        self.feature_digests = list(feature_digests)
+        self.num_prompt_tokens = n
+        self.status = SequenceStatus.WAITING
+        # KV bookkeeping: positions [0, num_computed_tokens) have K/V in the pool; a step
+        # computes [num_computed_tokens, num_computed_tokens + num_scheduled_tokens).
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_scheduled_tokens = 0
+        self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
+        self.is_prefilling = True  # from admission until its first sample after admission
+        self.max_num_tokens = n  # positions whose K/V may ever be needed (set by the engine)
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        # Set by the engine/runner (torch objects are opaque here).
+        self.params: Any = None
+        self.rules: Any = None
+        self.random: Any = None
+        self.features: Any = None
+        self.feature_rows: list[int] = _feature_rows(self.continuous_mask)
+
+    def __len__(self) -> int:
+        return len(self.audio_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.audio_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Positions still to compute before the next token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def generated_text_ids(self) -> list[int]:
+        return self.text_ids[self.num_prompt_tokens:]
+
+    @property
+    def generated_audio_ids(self) -> list[int]:
+        return self.audio_ids[self.num_prompt_tokens:]
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_key(self, index: int) -> tuple[PositionKey, ...]:
+        """The cache key of full block `index`: one PositionKey per position in it."""
+        start, end = index * self.block_size, (index + 1) * self.block_size
+        return tuple(zip(self.audio_ids[start:end], self.text_ids[start:end],
+                         self.use_text[start:end], self.feature_digests[start:end]))
+
+    def append_token(self, text_token: int, audio_token: int) -> None:
+        """Feed back one generated step: both tokens at the next position, no features."""
+        self.text_ids.append(text_token)
+        self.audio_ids.append(audio_token)
+        self.use_text.append(text_token != 0)  # the reference decode call's `text ids sum != 0`
+        self.continuous_mask.append(False)
+        self.feature_digests.append(None)
+        self.feature_rows.append(-1)
+
+
+def _feature_rows(continuous_mask: list[bool]) -> list[int]:
+    """Per position: the row of the request's feature tensor placed there, or -1."""
+    rows, row = [], 0
+    for flag in continuous_mask:
+        rows.append(row if flag else -1)
+        row += bool(flag)
+    return rows

@@ -1,0 +1,125 @@
+"""The official per-sequence generation rules, as a small state machine (no torch).
+
+Follows KimiAudio._generate_loop (kimia_infer/api/kimia.py). Per step, given the raw sampled
+text and audio tokens:
+- text: once the text stream has finished, force the text blank; a sampled text EOS finishes
+  the stream (the EOS itself is fed back once, not counted); any other token is counted;
+- audio: the first `audio_delay` steps, and every step in "text" mode, force the text blank;
+  otherwise the token is counted (including a terminating msg_end/media_end);
+- stop: "text" mode when the text EOS is sampled, "both" mode when the (unforced) audio token
+  is msg_end or media_end, and either mode after `max_new_tokens` steps.
+The forced tokens are what is fed back at the next step and what the repetition penalty sees.
+`text_tokens`/`audio_tokens` are the loop's official return values (raw ids, offsets kept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+OUTPUT_TYPES = ("text", "both")
+# Official limits: "both" -> 1500 positions in all (120 s of 12.5 Hz audio); "text" -> 7500.
+BOTH_MAX_POSITIONS = int(12.5 * 120)
+TEXT_MAX_POSITIONS = 7500
+
+
+def official_max_new_tokens(output_type: str, prompt_len: int, override: int = 0) -> int:
+    """Steps the official generate() allows; a positive `override` replaces the official limit."""
+    check_output_type(output_type)
+    if override > 0:
+        return override
+    return (BOTH_MAX_POSITIONS if output_type == "both" else TEXT_MAX_POSITIONS) - prompt_len
+
+
+def check_output_type(output_type: str) -> None:
+    if output_type not in OUTPUT_TYPES:
+        raise ValueError(f"output_type must be 'text' or 'both', got {output_type!r}")
+
+
+@dataclass(frozen=True)
+class RuleTokens:
+    """The special ids the rules need (from the tokenizer / config)."""
+
+    text_blank: int
+    text_eos: int
+    msg_end: int
+    media_end: int
+
+    @classmethod
+    def from_specials(cls, specials: Any) -> "RuleTokens":
+        """From any object with these four attributes (e.g. text.SpecialTokens)."""
+        return cls(int(specials.text_blank), int(specials.text_eos), int(specials.msg_end), int(specials.media_end))
+
+
+class StreamRules:
+    def __init__(self, output_type: str, tokens: RuleTokens, audio_delay: int, max_new_tokens: int):
+        check_output_type(output_type)
+        self.output_type = output_type
+        self.tokens = tokens
+        self.audio_delay = audio_delay
+        self.max_new_tokens = max_new_tokens
+        self.text_history: list[int] = []  # tokens fed back, after the rules
+        self.audio_history: list[int] = []
+        self.num_valid_text = 0
+        self.num_valid_audio = 0
+        self.is_text_finished = False
+        self.finish_reason: str | None = "length" if max_new_tokens <= 0 else None
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.text_history)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def step(self, sampled_text: int, sampled_audio: int) -> tuple[int, int, bool, str | None]:
+        """Apply the rules to one step's raw samples -> (text, audio, finished, reason).
+
+        reason: "stop" (text EOS in text mode, audio msg_end/media_end in both mode) or
+        "length" (max_new_tokens reached).
+        """
+        if self.is_finished:
+            raise RuntimeError("StreamRules.step called after the sequence finished")
+        blank = self.tokens.text_blank
+        text = int(sampled_text)
+        if self.is_text_finished:
+            text = blank
+        elif text == self.tokens.text_eos:
+            self.is_text_finished = True
+        else:
+            self.num_valid_text += 1
+
+        audio = int(sampled_audio)
+        if self.num_steps < self.audio_delay or self.output_type == "text":
+            audio = blank
+        else:
+            self.num_valid_audio += 1
+
+        self.text_history.append(text)
+        self.audio_history.append(audio)
+        if self.output_type == "text" and self.is_text_finished:
+            self.finish_reason = "stop"
+        elif self.output_type == "both" and audio in (self.tokens.msg_end, self.tokens.media_end):
+            self.finish_reason = "stop"
+        elif self.num_steps >= self.max_new_tokens:
+            self.finish_reason = "length"
+        return text, audio, self.is_finished, self.finish_reason
+
+    @property
+    def text_tokens(self) -> list[int]:
+        """Official return value: the counted text tokens (everything before the text EOS)."""
+        return self.text_history[: self.num_valid_text]
+
+    @property
+    def audio_tokens(self) -> list[int]:
+        """Official return value: the counted audio tokens after the delay (ids with offset)."""
+        return self.audio_history[self.audio_delay : self.audio_delay + self.num_valid_audio]
+
+    def audio_codes(self, token_offset: int) -> list[int]:
+        """VQ codes as official generate() keeps them: ids >= offset, minus the offset."""
+        return [t - token_offset for t in self.audio_tokens if t >= token_offset]
+
+    def text_ids(self, token_offset: int) -> list[int]:
+        """Text ids as official generate() decodes them: ids < offset (EOS already excluded)."""
+        return [t for t in self.text_tokens if t < token_offset]

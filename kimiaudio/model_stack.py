@@ -1,0 +1,114 @@
+"""The loaded model stack: tokenizer, speech encoders, LM and (unless text-only) detokenizer.
+
+`ModelStack.load(config)` resolves the checkpoint (a configured directory, or the embedded
+demo checkpoint created once under the data dir), validates its files and loads every part
+through the same loaders whatever the checkpoint. It is the one place that knows which part
+lives in which file; the CLI, the pipeline and the server only hold a ModelStack.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kimiaudio.checkpoint import CheckpointPaths, find_checkpoint, read_json, resolve_device, resolve_dtype
+from kimiaudio.config import Config
+
+log = logging.getLogger(__name__)
+
+DEMO_NOTICE = (
+    "DEMO WEIGHTS: the embedded tiny checkpoint has random weights, so its speech is noise and its "
+    "text is gibberish. For real answers download moonshotai/Kimi-Audio-7B-Instruct and "
+    "THUDM/glm-4-voice-tokenizer and start with --model DIR (or set [model] path in config.toml)."
+)
+
+
+@dataclass
+class ModelStack:
+    config: Config
+    paths: CheckpointPaths
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: object
+    specials: object
+    lm: object
+    whisper: object
+    glm4: object
+    detokenizer: object | None
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def is_demo(self) -> bool:
+        return self.paths.is_demo
+
+    @property
+    def lm_config(self):
+        return self.lm.config
+
+    @classmethod
+    def load(cls, config: Config, progress: bool = False, text_only: bool | None = None) -> "ModelStack":
+        from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer
+        from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
+        from kimiaudio.models.kimia_lm import load_lm
+        from kimiaudio.text.special_tokens import SpecialTokens
+        from kimiaudio.text.tokenizer import KimiTokenizer
+
+        text_only = config.model.text_only if text_only is None else text_only
+        paths = resolve_checkpoint(config, text_only)
+        device = resolve_device(config.model.device)
+        dtype = resolve_dtype(config.model.dtype, device)
+        if paths.is_demo:
+            log.warning(DEMO_NOTICE)
+        seconds: dict[str, float] = {}
+
+        def timed(name, fn):
+            start = time.perf_counter()
+            value = fn()
+            seconds[name] = time.perf_counter() - start
+            return value
+
+        tokenizer = timed("tokenizer", lambda: KimiTokenizer.from_checkpoint(paths))
+        specials = SpecialTokens.from_tokenizer(tokenizer, read_json(paths.lm_config))
+        lm = timed("lm", lambda: load_lm(paths, device, dtype, progress=progress))
+        whisper = timed("whisper", lambda: WhisperFeatureEncoder.load(paths, device, dtype))
+        glm4 = timed("glm4_tokenizer", lambda: Glm4SpeechTokenizer.load(paths, device))
+        detok = None
+        if not text_only:
+            from kimiaudio.detok.detokenizer import Detokenizer
+
+            detok = timed("detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok))
+        return cls(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
+
+    def encode_speech(self, pcm16k: np.ndarray) -> tuple[list[int], torch.Tensor]:
+        """One utterance -> (VQ codes without offset, Whisper features [T, adaptor_dim])."""
+        tokens, features = self.encode_speech_batch([pcm16k])[0]
+        return tokens, features
+
+    def encode_speech_batch(self, pcms: list[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
+        """Several utterances in one batch per encoder; equal to encoding them one by one."""
+        token_lists = self.glm4.tokenize_batch(pcms)
+        feature_list = self.whisper.features_batch(pcms)
+        out = []
+        for tokens, features in zip(token_lists, feature_list):
+            # Both encoders yield ceil(samples/1280) positions; keep them aligned if a rounding
+            # edge ever disagrees, since each code position needs exactly one feature row.
+            n = min(len(tokens), features.shape[0])
+            out.append((list(tokens[:n]), features[:n]))
+        return out
+
+
+def resolve_checkpoint(config: Config, text_only: bool = False) -> CheckpointPaths:
+    """The configured checkpoint, or the demo checkpoint (written once under the data dir)."""
+    if config.model.path:
+        model_dir = config.resolve(config.model.path)
+    else:
+        from kimiaudio.demo_checkpoint import ensure_demo_checkpoint
+
+        model_dir = ensure_demo_checkpoint(config.data_dir)
+    glm = config.resolve(config.model.glm_tokenizer_path) if config.model.glm_tokenizer_path else None
+    return find_checkpoint(Path(model_dir), glm, text_only=text_only)

@@ -1,0 +1,1 @@
+"""Model definitions in plain PyTorch: Qwen2 layers, the Kimi-Audio LM, the detokenizer models."""

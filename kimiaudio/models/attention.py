@@ -1,0 +1,80 @@
+"""The attention seam between the model and its KV cache.
+
+The model computes q/k/v (k already RoPE'd) for the T tokens of one forward and hands them to
+an `AttentionBackend`, which stores k/v in its own cache and attends causally over each
+sequence's cached history plus these tokens. The model never sees the cache layout, so the
+batch-1 contiguous cache here (the reference loop's) and the engine's paged cache plug into
+the same model code. layer_idx 0..L-1 are the trunk layers, L..L+M-1 the MIMO layers (the
+official 34-entry past_key_values order).
+
+`ContiguousKVCache` follows the official HF code: one sequence, per-layer [Hkv, S, D] caches
+grown by torch.cat, exact softmax(q k^T / sqrt(D)) v with the causal mask aligned to the
+bottom-right corner when q_len < kv_len (flash-attn >= 2.1 semantics).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from kimiaudio.models.kimia_config import KimiaConfig
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] (k post-RoPE) -> attention output [T, Hq, D]."""
+        ...
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal GQA attention of the last Tq positions of one sequence over all S of its keys.
+
+    q [Tq, Hq, D], k/v [S, Hkv, D] with Tq <= S; query i sits at position S - Tq + i and sees
+    keys 0..S-Tq+i (bottom-right aligned mask). Returns [Tq, Hq, D]. Scale 1/sqrt(D).
+    """
+    num_queries, num_heads, _ = q.shape
+    num_keys, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    # [H, T, D] layout for sdpa; kv heads repeated so q head h uses kv head h // group.
+    qh = q.transpose(0, 1)
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0) if group > 1 else k.transpose(0, 1)
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0) if group > 1 else v.transpose(0, 1)
+    if num_queries == 1:
+        out = F.scaled_dot_product_attention(qh, kh, vh)  # one query sees every key
+    elif num_queries == num_keys:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+    else:
+        offset = num_keys - num_queries
+        rows = torch.arange(num_queries, device=q.device)[:, None] + offset
+        mask = torch.arange(num_keys, device=q.device)[None, :] <= rows  # [Tq, S], True = attend
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    return out.transpose(0, 1)
+
+
+class ContiguousKVCache:
+    """Batch-1 KV cache: all T tokens of every call belong to one sequence, appended in order."""
+
+    def __init__(self, config: KimiaConfig, device: torch.device | str, dtype: torch.dtype):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_layers = config.num_kv_layers
+        self.keys: list[torch.Tensor | None] = [None] * self.num_layers  # each [S, Hkv, D]
+        self.values: list[torch.Tensor | None] = [None] * self.num_layers
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens cached so far (the next token's position when positions start at 0)."""
+        return 0 if self.keys[0] is None else self.keys[0].shape[0]
+
+    def reset(self) -> None:
+        self.keys = [None] * self.num_layers
+        self.values = [None] * self.num_layers
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.keys[layer_idx] is not None:
+            k = torch.cat([self.keys[layer_idx], k], dim=0)
+            v = torch.cat([self.values[layer_idx], v], dim=0)
+        self.keys[layer_idx], self.values[layer_idx] = k, v
+        return causal_attention(q, k, v)

@@ -1,0 +1,145 @@
+"""The Kimi-Audio LM: Qwen2 trunk, MIMO audio branch, VQ adaptor, text and audio heads.
+
+Follows the official MoonshotKimiaForCausalLM (modeling_moonshot_kimia.py):
+- input embedding: embed(audio ids); at continuous positions (embed + VQAdaptor(whisper
+  feature)) * sqrt(2), with sqrt(2) a tensor in the model dtype; then + embed(text ids), but
+  only where `use_text` is set (the official code skips the text embedding of a whole forward
+  call whose text ids sum to 0; the caller decides this per call and passes it per token);
+- trunk layers 0..L-1, then norm and lm_head -> text logits;
+- MIMO branch: the trunk hidden state after layer `kimia_mimo_transformer_from_layer_index`
+  runs through the mimo layers, mimo_norm and mimo_output -> audio logits.
+Token-major layout ([T, H], all sequences of a batch packed along T); the attention backend
+owns the KV cache (trunk layers are slots 0..L-1, MIMO layers L..L+M-1).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kimiaudio.checkpoint import CheckpointPaths, load_into, load_safetensors
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.models.attention import AttentionBackend
+from kimiaudio.models.kimia_config import KimiaConfig
+from kimiaudio.models.qwen2 import Qwen2DecoderLayer, RMSNorm, RotaryEmbedding
+
+
+class VQAdaptor(nn.Module):
+    """Whisper feature [N, adaptor_dim] -> [N, H]; indices 0..4 as in the checkpoint."""
+
+    def __init__(self, config: KimiaConfig):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(config.kimia_adaptor_input_dim, config.hidden_size, bias=True),
+            nn.SiLU(),
+            nn.Dropout(0.0),
+            nn.Linear(config.hidden_size, config.hidden_size, bias=True),
+            nn.LayerNorm(config.hidden_size, eps=config.rms_norm_eps),  # eps is rms_norm_eps, as official
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class KimiaModel(nn.Module):
+    """The `model.*` part of the checkpoint."""
+
+    def __init__(self, config: KimiaConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mimo_layers = nn.ModuleList(
+            Qwen2DecoderLayer(config, config.num_hidden_layers + i) for i in range(config.kimia_mimo_layers)
+        )
+        self.mimo_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.vq_adaptor = VQAdaptor(config) if config.use_whisper_feature else None
+
+
+class KimiAudioLM(nn.Module):
+    def __init__(self, config: KimiaConfig):
+        super().__init__()
+        self.config = config
+        self.model = KimiaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.mimo_output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def embed(
+        self,
+        audio_ids: torch.Tensor,
+        text_ids: torch.Tensor,
+        use_text: torch.Tensor,
+        features: torch.Tensor | None = None,
+        continuous_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """audio_ids, text_ids [T] long, use_text [T] bool -> input embeddings [T, H].
+
+        features [N, adaptor_dim] fill the N positions where continuous_mask [T] is True, in order.
+        """
+        hidden = self.model.embed_tokens(audio_ids)  # [T, H]
+        if features is not None and features.shape[0] > 0:
+            if self.model.vq_adaptor is None:
+                raise KimiAudioError("this checkpoint has use_whisper_feature=false: continuous features cannot be used")
+            if continuous_mask is None:
+                raise KimiAudioError("continuous features were given without a continuous_mask")
+            index = continuous_mask.nonzero().squeeze(1)  # [N]
+            if index.shape[0] != features.shape[0]:
+                raise KimiAudioError(
+                    f"{features.shape[0]} continuous feature rows for {index.shape[0]} continuous positions"
+                )
+            adapted = self.model.vq_adaptor(features.to(hidden.dtype))  # [N, H]
+            sqrt2 = torch.sqrt(torch.tensor(2.0, dtype=hidden.dtype, device=hidden.device))
+            hidden = hidden.index_copy(0, index, (hidden[index] + adapted) * sqrt2)
+        text = self.model.embed_tokens(text_ids)
+        return torch.where(use_text[:, None], hidden + text, hidden)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        logits_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, H], positions [T] -> (text_logits, audio_logits), each [R, V].
+
+        Every token runs through every layer (the KV cache needs them all); only the R rows of
+        `logits_rows` (default: all T) go through the final norms and heads.
+        """
+        cos, sin = self.rotary(positions, hidden.dtype)
+        branch_after = self.config.kimia_mimo_transformer_from_layer_index
+        mimo = hidden
+        for i, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, cos, sin, attn)
+            if i == branch_after:
+                mimo = hidden
+        for layer in self.model.mimo_layers:
+            mimo = layer(mimo, cos, sin, attn)
+        if logits_rows is not None:
+            hidden, mimo = hidden[logits_rows], mimo[logits_rows]
+        text_logits = self.lm_head(self.model.norm(hidden))
+        audio_logits = self.mimo_output(self.model.mimo_norm(mimo))
+        return text_logits, audio_logits
+
+
+def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, progress: bool = False) -> KimiAudioLM:
+    """Build the LM from config.json and load the safetensors weights by name."""
+    config = KimiaConfig.from_file(paths.lm_config)
+    with torch.device("meta"):
+        lm = KimiAudioLM(config)
+    lm = lm.to(dtype).to_empty(device=device)  # allocate once, in the target dtype
+    # Read on the CPU in the target dtype, then copy into the device parameters: one copy of
+    # the weights on the device. The checkpoint's rotary inv_freq buffers are recomputed.
+    state = load_safetensors(paths.root, keep=("model.", "lm_head.", "mimo_output."), dtype=dtype, progress=progress)
+    index = paths.root / "model.safetensors.index.json"
+    source = index if index.is_file() else paths.root / "model.safetensors"
+    load_into(lm, state, source, ignore=("rotary_emb.inv_freq",))
+    return lm.eval().requires_grad_(False)

@@ -1,0 +1,126 @@
+"""Qwen2 decoder building blocks, shared by the Kimi-Audio trunk and its MIMO branch.
+
+Follows transformers' Qwen2 (and the official modeling_moonshot_kimia.py, which reuses it):
+pre-norm layers `h += o_proj(attn(rms(h)))`, `h += down(silu(gate(x)) * up(x))`; q/k/v have a
+bias, o_proj and the MLP none; GQA; non-interleaved RoPE (rotate_half). Numerics as official:
+RMSNorm computes in fp32 and casts back before the weight multiply; cos/sin are computed in
+fp32 and cast to the model dtype before they are applied. Tensors are token-major [T, ...]:
+the tokens of every sequence in a batch are packed along T and the attention backend knows
+which sequence each belongs to. Attribute names equal the checkpoint's tensor names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kimiaudio.models.attention import AttentionBackend
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for arbitrary positions from an fp32 table built lazily on the positions' device.
+
+    The table covers max_position_embeddings positions (the official cache length); a caller
+    that needs more (the engine, from its max_model_len) calls `ensure_length` up front.
+    """
+
+    def __init__(self, head_dim: int, base: float, max_position_embeddings: int):
+        super().__init__()
+        self.head_dim = head_dim
+        self.base = base
+        self.max_position_embeddings = max_position_embeddings
+        self._cos: torch.Tensor | None = None  # fp32 [P, D]
+        self._sin: torch.Tensor | None = None
+
+    def ensure_length(self, length: int, device: torch.device) -> None:
+        if self._cos is not None and self._cos.device == device and self._cos.shape[0] >= length:
+            return
+        length = max(length, self.max_position_embeddings)
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
+        t = torch.arange(length, device=device, dtype=torch.float32)
+        freqs = t[:, None] * inv_freq[None, :]  # [P, D/2], the official einsum("i,j->ij")
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self._cos, self._sin = emb.cos(), emb.sin()
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] long -> cos, sin [T, 1, D] in `dtype` (broadcast over heads)."""
+        self.ensure_length(self.max_position_embeddings, positions.device)
+        # fp32 values rounded to the model dtype, as the official cos_cached.to(x.dtype).
+        return self._cos[positions].to(dtype)[:, None, :], self._sin[positions].to(dtype)[:, None, :]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], cos/sin [T, 1, D] -> x rotated (in x's dtype)."""
+    return x * cos + rotate_half(x) * sin
+
+
+class Qwen2Attention(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=True)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionBackend, layer_idx: int) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = attn(layer_idx, q, k, v)  # [T, Hq, D]
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class Qwen2MLP(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2DecoderLayer(nn.Module):
+    """One pre-norm decoder layer; `layer_idx` is its KV-cache slot in the attention backend."""
+
+    def __init__(self, config: Any, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.self_attn = Qwen2Attention(config)
+        self.mlp = Qwen2MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """h [T, H] -> [T, H]."""
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, self.layer_idx)
+        return h + self.mlp(self.post_attention_layernorm(h))

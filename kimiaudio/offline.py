@@ -1,0 +1,159 @@
+"""Offline use of the model stack: spoken chat and transcription, batch 1.
+
+This runs the plain reference loop (kimiaudio/reference_loop.py) and the offline
+detokenizer, exactly the official way; the server uses the batched engine instead. It backs
+the `chat` and `transcribe` commands and reports the timings a user compares between machines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
+from kimiaudio.errors import AudioInputError, KimiAudioError
+from kimiaudio.model_stack import DEMO_NOTICE, ModelStack
+from kimiaudio.reference_loop import generate_reference
+from kimiaudio.sampling import SamplingParams
+from kimiaudio.text.prompt import Message, build_prompt
+
+# The instruction of the official ASR example (infer.py).
+ASR_INSTRUCTION = "请将音频内容转换为文字。"
+OUTPUT_SAMPLE_RATE = 24000
+
+
+@dataclass
+class TurnResult:
+    text: str
+    text_tokens: list[int]  # raw ids as the official loop returns them
+    audio_tokens: list[int]  # raw ids (with the token offset)
+    finish_reason: str | None
+    audio: np.ndarray | None = None  # 24 kHz reply, None for text output
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def user_audio_message(stack: ModelStack, pcm: np.ndarray) -> tuple[Message, dict[str, float]]:
+    start = time.perf_counter()
+    codes, features = stack.encode_speech(pcm)
+    seconds = time.perf_counter() - start
+    return Message("user", "audio", audio_tokens=codes, features=features), {"encode_s": seconds}
+
+
+def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, output_type: str) -> TurnResult:
+    """Generate the assistant's answer to `messages` (and speak it when output_type is both)."""
+    prompt = build_prompt(messages, output_type, stack.tokenizer, stack.specials)
+    start = time.perf_counter()
+    result = generate_reference(
+        stack.lm, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
+        params, output_type, stack.specials, device=stack.device,
+    )
+    gen_s = time.perf_counter() - start
+    offset = stack.specials.token_offset
+    steps = max(len(result.text_tokens), len(result.audio_tokens) + stack.lm.config.kimia_mimo_audiodelaytokens, 1)
+    timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s, "steps_per_s": steps / max(gen_s, 1e-9)}
+    text_ids = [t for t in result.text_tokens if t < offset]
+    turn = TurnResult(stack.tokenizer.decode(text_ids), result.text_tokens, result.audio_tokens, result.finish_reason,
+                      timings=timings)
+    codes = [t - offset for t in result.audio_tokens if t >= offset]
+    if output_type == "both" and stack.detokenizer is not None:
+        start = time.perf_counter()
+        audio = stack.detokenizer.detokenize(codes) if codes else np.zeros(0, dtype=np.float32)
+        detok_s = time.perf_counter() - start
+        turn.audio = np.asarray(audio.detach().cpu().float().numpy() if hasattr(audio, "detach") else audio,
+                                dtype=np.float32).reshape(-1)
+        seconds = len(turn.audio) / OUTPUT_SAMPLE_RATE
+        timings.update(detok_s=detok_s, audio_s=seconds, detok_rtf=detok_s / seconds if seconds else 0.0)
+    return turn
+
+
+def _params(stack: ModelStack, args) -> SamplingParams:
+    overrides = {}
+    if getattr(args, "seed", None) is not None:
+        overrides["seed"] = args.seed
+    if getattr(args, "max_new_tokens", None) is not None:
+        overrides["max_new_tokens"] = args.max_new_tokens
+    if getattr(args, "greedy", False):
+        return SamplingParams.greedy(**overrides)
+    return SamplingParams.from_config(stack.config.sampling, **overrides)
+
+
+def _load_inputs(stack: ModelStack, files: list[str]) -> list[np.ndarray]:
+    pcms = []
+    for file in files:
+        pcm = load_audio(file)
+        try:
+            check_speech_input(pcm, stack.config.audio)
+        except AudioInputError as exc:
+            raise AudioInputError(f"{file}: {exc}") from None
+        pcms.append(pcm)
+    return pcms
+
+
+def _reply_path(out: Path, index: int, count: int) -> Path:
+    return out if index == count - 1 else out.with_name(f"{out.stem}.turn{index + 1}{out.suffix or '.wav'}")
+
+
+def run_chat_command(config, args) -> int:
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise KimiAudioError(f"--out {out}: directory {out.parent} does not exist")
+    start = time.perf_counter()
+    stack = ModelStack.load(config, progress=True)
+    load_s = time.perf_counter() - start
+    pcms = _load_inputs(stack, args.inputs)
+    params = _params(stack, args)
+    history: list[Message] = [Message("user", "text", text=t) for t in args.text]
+    turns = []
+    for index, (file, pcm) in enumerate(zip(args.inputs, pcms)):
+        message, encode_timings = user_audio_message(stack, pcm)
+        history.append(message)
+        turn = answer(stack, history, params, "both")
+        turn.timings.update(encode_timings, input_audio_s=len(pcm) / 16000)
+        path = _reply_path(out, index, len(pcms))
+        write_wav(path, turn.audio if turn.audio is not None else np.zeros(0, np.float32), OUTPUT_SAMPLE_RATE)
+        codes = [t - stack.specials.token_offset for t in turn.audio_tokens if t >= stack.specials.token_offset]
+        history.append(Message("assistant", "audio-text", text=turn.text, audio_tokens=codes or None)
+                       if codes else Message("assistant", "text", text=turn.text))
+        turns.append({"input": file, "reply_wav": str(path), **_turn_json(turn)})
+    _report(args, stack, {"load_s": load_s, **stack.load_seconds}, turns)
+    return 0
+
+
+def run_transcribe_command(config, args) -> int:
+    start = time.perf_counter()
+    stack = ModelStack.load(config, progress=True, text_only=True)
+    load_s = time.perf_counter() - start
+    pcm = _load_inputs(stack, [args.input])[0]
+    message, encode_timings = user_audio_message(stack, pcm)
+    messages = [Message("user", "text", text=ASR_INSTRUCTION), message]
+    turn = answer(stack, messages, _params(stack, args), "text")
+    turn.timings.update(encode_timings, input_audio_s=len(pcm) / 16000)
+    if args.json:
+        _report(args, stack, {"load_s": load_s, **stack.load_seconds}, [{"input": args.input, **_turn_json(turn)}])
+    else:
+        if stack.is_demo:
+            print(DEMO_NOTICE, flush=True)
+        print(turn.text)
+    return 0
+
+
+def _turn_json(turn: TurnResult) -> dict:
+    data = asdict(turn)
+    data.pop("audio")
+    return data
+
+
+def _report(args, stack: ModelStack, load_timings: dict, turns: list[dict]) -> None:
+    if args.json:
+        print(json.dumps({"demo_weights": stack.is_demo, "model": str(stack.paths.root),
+                          "device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""),
+                          "load_timings": load_timings, "turns": turns}, ensure_ascii=False, indent=1))
+        return
+    if stack.is_demo:
+        print(DEMO_NOTICE)
+    for turn in turns:
+        print(f"{turn['input']} -> {turn.get('reply_wav', '')}: {turn['text']!r}")

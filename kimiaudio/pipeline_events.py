@@ -1,0 +1,43 @@
+"""Events a turn produces, in order: UserEncoded, then TextDelta / AudioChunk as they are
+generated, then exactly one TurnDone. They cross from the GPU worker thread to the asyncio
+loop, so they are plain immutable values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class UserEncoded:
+    audio_tokens: list[int]  # VQ codes of the user's audio (no token offset), kept for history
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    pcm: np.ndarray  # float32 mono 24 kHz
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    status: str  # completed | cancelled | failed
+    text: str = ""
+    text_tokens: list[int] = field(default_factory=list)
+    audio_tokens: list[int] = field(default_factory=list)  # VQ codes (no offset)
+    # Seconds since submit: queued_s, encoded_s, prefill_done_s, first_text_s,
+    # first_audio_token_s, first_pcm_s, done_s.
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    finish_reason: str | None = None
+    prefill_tokens_computed: int = 0
+    prefill_tokens_cached: int = 0
+
+
+PipelineEvent = UserEncoded | TextDelta | AudioChunk | TurnDone

@@ -1,0 +1,127 @@
+"""One turn's state on the GPU worker: its handle, its detokenizer session, its timings.
+
+The worker thread owns TurnState; the asyncio side only sees the TurnHandle, which receives
+events through `loop.call_soon_threadsafe`. Text is decoded incrementally from the valid text
+ids (before the text EOS, below the audio token offset) so multi-byte characters are emitted
+whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kimiaudio.pipeline_events import AudioChunk, PipelineEvent, TextDelta, TurnDone
+
+
+class TurnHandle:
+    """Async iterator of one turn's events; the last one is TurnDone."""
+
+    def __init__(self, turn_id: str, loop: asyncio.AbstractEventLoop):
+        self.turn_id = turn_id
+        self.loop = loop
+        self.submitted_at = time.perf_counter()
+        self._queue: asyncio.Queue[PipelineEvent] = asyncio.Queue()
+        self._ended = False
+        self.done: TurnDone | None = None  # set on the loop thread when TurnDone arrives
+
+    def deliver(self, event: PipelineEvent) -> bool:
+        """From the worker thread; False if the handle's loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self._put, event)
+            return True
+        except RuntimeError:
+            return False
+
+    def _put(self, event: PipelineEvent) -> None:
+        if self.done is not None:
+            return
+        if isinstance(event, TurnDone):
+            self.done = event
+        self._queue.put_nowait(event)
+
+    def __aiter__(self) -> "TurnHandle":
+        return self
+
+    async def __anext__(self) -> PipelineEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        self._ended = isinstance(event, TurnDone)
+        return event
+
+
+@dataclass
+class TurnState:
+    handle: TurnHandle
+    request_id: str
+    token_offset: int
+    text_eos: int
+    seq_id: int | None = None
+    detok: object | None = None  # DetokSession, None for text output
+    prompt_len: int = 0
+    cached_at_submit: int = 0
+
+    def __post_init__(self) -> None:
+        self.text_ids: list[int] = []
+        self.audio_codes: list[int] = []
+        self.raw_text: list[int] = []
+        self.raw_audio: list[int] = []
+        self.pending_codes: list[int] = []
+        self.emitted_text = ""
+        self.text_done = False
+        self.llm_done = False
+        self.finish_reason: str | None = None
+        self.timings: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        if name not in self.timings:
+            self.timings[name] = time.perf_counter() - self.handle.submitted_at
+
+    def add_tokens(self, text_token: int | None, audio_token: int | None) -> None:
+        """Record one step's tokens (after the official rules, which already force the delay
+        blanks; ids below the offset, such as the terminating msg_end, are not speech)."""
+        if text_token is not None:
+            self.raw_text.append(text_token)
+            if not self.text_done:
+                if text_token == self.text_eos:
+                    self.text_done = True
+                elif text_token < self.token_offset:
+                    self.text_ids.append(text_token)
+        if audio_token is not None:
+            self.raw_audio.append(audio_token)
+            if audio_token >= self.token_offset:
+                code = audio_token - self.token_offset
+                self.audio_codes.append(code)
+                if self.detok is not None:
+                    self.pending_codes.append(code)
+                self.mark("first_audio_token_s")
+
+    def text_delta(self, tokenizer) -> TextDelta | None:
+        text = tokenizer.decode(self.text_ids)
+        # A trailing U+FFFD is a multi-byte character still being generated: wait for it.
+        stable = text.rstrip("\ufffd") if not self.text_done else text
+        if len(stable) <= len(self.emitted_text) or not stable.startswith(self.emitted_text):
+            return None
+        delta, self.emitted_text = stable[len(self.emitted_text):], stable
+        self.mark("first_text_s")
+        return TextDelta(delta)
+
+    def audio_chunk(self, wav) -> AudioChunk | None:
+        pcm = np.asarray(wav.numpy() if hasattr(wav, "numpy") else wav, dtype=np.float32).reshape(-1)
+        if pcm.size == 0:
+            return None
+        self.mark("first_pcm_s")
+        return AudioChunk(pcm)
+
+    def finish(self, status: str, error: str | None, computed: int, cached: int) -> TurnDone:
+        self.mark("done_s")
+        return TurnDone(
+            status=status, text=self.emitted_text,
+            text_tokens=list(self.raw_text), audio_tokens=list(self.audio_codes), timings=dict(self.timings),
+            error=error, finish_reason=self.finish_reason,
+            prefill_tokens_computed=computed, prefill_tokens_cached=cached,
+        )

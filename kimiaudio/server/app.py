@@ -1,0 +1,119 @@
+"""The aiohttp application: factory, lifetime of its parts, and `run_server` for the CLI.
+
+`create_app(config, stack, pipeline=None)` builds the app with typed AppKeys (no module
+globals). Things that start and must stop are cleanup contexts: the conversation store (its
+writer/reader threads) and, unless the caller passes one it owns, the pipeline (the GPU
+worker). `on_shutdown` closes every peer connection first, so interrupted turns are stored
+before the store and the pipeline go away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from kimiaudio.config import Config
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.store import ConversationStore
+
+log = logging.getLogger(__name__)
+
+config_key = web.AppKey("config", Config)
+stack_key = web.AppKey("stack", Any)  # ModelStack | None
+pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
+store_key = web.AppKey("store", ConversationStore)
+sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession (None while it is set up)
+
+
+def create_app(config: Config, stack, pipeline=None) -> web.Application:
+    """The server app. A `pipeline` passed in is used as it is (the caller starts and stops it)."""
+    from kimiaudio.server.routes import error_middleware, setup_routes
+
+    if stack is None and pipeline is None:
+        raise KimiAudioError("create_app needs a model stack or a pipeline")
+    app = web.Application(middlewares=[error_middleware], client_max_size=1024 * 1024)
+    app[config_key] = config
+    app[stack_key] = stack
+    app[sessions_key] = {}
+    app.cleanup_ctx.append(_store_context)
+    app.cleanup_ctx.append(_pipeline_context(pipeline))
+    app.on_shutdown.append(_close_sessions)
+    setup_routes(app)
+    return app
+
+
+async def _store_context(app: web.Application):
+    config = app[config_key]
+    store = ConversationStore(config.data_dir / config.storage.database)
+    await store.open()
+    app[store_key] = store
+    yield
+    await store.close()
+
+
+def _pipeline_context(pipeline):
+    async def context(app: web.Application):
+        if pipeline is not None:
+            app[pipeline_key] = pipeline
+            yield
+            return
+        from kimiaudio.pipeline import Pipeline
+
+        owned = Pipeline(app[stack_key], app[config_key])
+        await owned.start()
+        app[pipeline_key] = owned
+        yield
+        await owned.stop()
+
+    return context
+
+
+async def _close_sessions(app: web.Application) -> None:
+    sessions = [s for s in app[sessions_key].values() if s is not None]
+    await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+    app[sessions_key].clear()
+
+
+def _banner(config: Config, stack) -> str:
+    from kimiaudio.model_stack import DEMO_NOTICE
+
+    host = config.server.host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    lines = [
+        "",
+        f"  kimiaudio is ready: open http://{shown}:{config.server.port}/ and press Connect",
+        f"  model: {stack.paths.root}",
+        f"  conversations: {config.data_dir / config.storage.database}",
+    ]
+    if stack.is_demo:
+        lines += ["", "  " + DEMO_NOTICE]
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages"]
+    lines += ["", "  Press Ctrl-C to stop.", ""]
+    return "\n".join(lines)
+
+
+def run_server(config: Config) -> int:
+    """`python -m kimiaudio serve`: load the model, serve until Ctrl-C; returns the exit code."""
+    from kimiaudio.model_stack import ModelStack
+
+    print("Loading the model (first run creates the demo checkpoint)...", flush=True)
+    try:
+        stack = ModelStack.load(config, progress=True)
+    except KeyboardInterrupt:
+        print("\nInterrupted while loading the model.")
+        return 130
+    app = create_app(config, stack)
+    try:
+        web.run_app(app, host=config.server.host, port=config.server.port, access_log=None,
+                    print=lambda _: print(_banner(config, stack), flush=True), shutdown_timeout=5.0)
+    except OSError as exc:
+        raise KimiAudioError(
+            f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
+            "is another server running? choose another port with --port"
+        ) from None
+    print("kimiaudio stopped.")
+    return 0

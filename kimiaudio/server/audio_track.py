@@ -1,0 +1,167 @@
+"""The outgoing audio track of a session: assistant speech to the client over WebRTC.
+
+`PlaybackTrack` is an aiortc MediaStreamTrack whose `recv()` hands out 20 ms frames of 48 kHz
+mono s16, paced by their pts like aiortc's own AudioStreamTrack (frame n is due at
+start + n * 20 ms). Pipeline PCM (24 kHz float32) is resampled to 48 kHz and goes through a
+small jitter buffer: a response starts playing once `prebuffer_ms` is buffered (or the
+response has ended), and after an underrun it waits for that much again instead of
+stuttering. When idle it sends silence; `flush()` (barge-in) drops the buffer at once while
+pts keeps advancing by one frame per frame, so the receiver sees no timestamp jump.
+
+The track counts what it has actually sent for the current response, which is what an
+interrupted turn is truncated to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections import deque
+from typing import Callable
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from kimiaudio.audio.io import StreamResampler
+
+SAMPLE_RATE = 48000
+FRAME_SAMPLES = 960  # 20 ms at 48 kHz
+PIPELINE_SAMPLE_RATE = 24000
+_TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+_MAX_LAG_S = 0.1  # further behind than this, re-anchor the clock instead of sending a burst
+
+
+class PlaybackTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(
+        self,
+        prebuffer_ms: float = 60.0,
+        on_playback_started: Callable[[str], None] | None = None,
+        on_playback_finished: Callable[[str], None] | None = None,
+    ):
+        super().__init__()
+        self._prebuffer = int(prebuffer_ms * SAMPLE_RATE / 1000)
+        self._on_started = on_playback_started
+        self._on_finished = on_playback_finished
+        self._chunks: deque[np.ndarray] = deque()  # int16 48 kHz pieces
+        self._num_buffered = 0
+        self._resampler: StreamResampler | None = None
+        self.response_id: str | None = None
+        self._input_ended = False  # no more audio will come for the current response
+        self._playing = False  # prebuffer reached, frames are being drawn from the buffer
+        self._num_played = 0  # 48 kHz samples of the current response sent so far
+        self._start: float | None = None
+        self._pts = 0
+        self.is_consumed = False  # set by the first recv(): someone is sending this track
+
+    # ----- producer side (the session) -----
+    def begin(self, response_id: str) -> None:
+        """Start a new response (anything still buffered is dropped)."""
+        self.flush()
+        self.response_id = response_id
+        self._resampler = StreamResampler(PIPELINE_SAMPLE_RATE, SAMPLE_RATE)
+
+    def push(self, pcm24k: np.ndarray) -> None:
+        if self._resampler is not None:
+            self._append(self._resampler.push(pcm24k))
+
+    def end(self) -> None:
+        """The current response will send no more audio; play out what is buffered."""
+        if self._resampler is not None:
+            self._append(self._resampler.flush())
+            self._resampler = None
+        self._input_ended = True
+
+    def flush(self) -> int:
+        """Drop the current response at once; returns its samples played, in 24 kHz samples."""
+        played = self.played_samples_24k
+        self._chunks.clear()
+        self._num_buffered = 0
+        self._resampler = None
+        self.response_id = None
+        self._input_ended = False
+        self._playing = False
+        self._num_played = 0
+        return played
+
+    @property
+    def played_samples_24k(self) -> int:
+        return self._num_played * PIPELINE_SAMPLE_RATE // SAMPLE_RATE
+
+    @property
+    def buffered_seconds(self) -> float:
+        return self._num_buffered / SAMPLE_RATE
+
+    def _append(self, pcm48k: np.ndarray) -> None:
+        if pcm48k.size:
+            self._chunks.append((np.clip(pcm48k, -1.0, 1.0) * 32767.0).astype(np.int16))
+            self._num_buffered += pcm48k.size
+
+    # ----- consumer side (aiortc's RTP sender) -----
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        self.is_consumed = True
+        await self._wait_for_next_frame()
+        samples = self._next_samples()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(samples.tobytes())
+        frame.pts = self._pts
+        frame.sample_rate = SAMPLE_RATE
+        frame.time_base = _TIME_BASE
+        return frame
+
+    async def _wait_for_next_frame(self) -> None:
+        # Pacing: frame n is due at start + n * 20 ms; pts always advances by one frame.
+        if self._start is None:
+            self._start = time.monotonic()
+            self._pts = 0
+            return
+        self._pts += FRAME_SAMPLES
+        wait = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        elif wait < -_MAX_LAG_S:
+            # The loop was stalled: move the anchor rather than burst frames to catch up.
+            self._start = time.monotonic() - self._pts / SAMPLE_RATE
+
+    def _next_samples(self) -> np.ndarray:
+        out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        if self.response_id is None:
+            return out
+        if not self._playing:
+            if self._input_ended and self._num_buffered == 0:
+                self._finish()  # a response without (more) audio
+                return out
+            if self._num_buffered < self._prebuffer and not self._input_ended:
+                return out
+            self._playing = True
+            if self._num_played == 0 and self._on_started is not None:
+                self._on_started(self.response_id)
+        filled = 0
+        while filled < FRAME_SAMPLES and self._chunks:
+            chunk = self._chunks[0]
+            n = min(FRAME_SAMPLES - filled, chunk.size)
+            out[filled : filled + n] = chunk[:n]
+            filled += n
+            if n == chunk.size:
+                self._chunks.popleft()
+            else:
+                self._chunks[0] = chunk[n:]
+        self._num_buffered -= filled
+        self._num_played += filled
+        if self._num_buffered == 0:
+            if self._input_ended:
+                self._finish()
+            else:
+                self._playing = False  # underrun: wait for the prebuffer again
+        return out
+
+    def _finish(self) -> None:
+        response_id, self.response_id, self._playing = self.response_id, None, False
+        if self._on_finished is not None:
+            self._on_finished(response_id)

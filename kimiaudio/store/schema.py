@@ -1,0 +1,104 @@
+"""SQLite schema of the conversation store and its migrations.
+
+One database file under the data dir, opened in WAL mode with foreign keys on. The schema
+version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes a database from version i to
+i + 1 inside one transaction, so a crash mid-migration leaves the old version intact.
+
+Tables:
+- conversations(id, title, created_at, updated_at): id is unguessable (secrets.token_urlsafe).
+- turns(id, conversation_id, turn_index, role, text, text_tokens, audio_tokens, timings,
+  interrupted, created_at): token lists and timings are JSON text.
+- turn_audio(turn_id, sample_rate, num_samples, wav): the turn's audio as a WAV blob
+  (user 16 kHz, assistant 24 kHz), apart so that listing turns never reads audio.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import sqlite_utils
+
+from kimiaudio.errors import KimiAudioError
+
+_V1 = """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE turns (
+    id INTEGER PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    turn_index INTEGER NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    text TEXT NOT NULL DEFAULT '',
+    text_tokens TEXT,
+    audio_tokens TEXT,
+    timings TEXT,
+    interrupted INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    UNIQUE (conversation_id, turn_index)
+);
+CREATE TABLE turn_audio (
+    turn_id INTEGER PRIMARY KEY REFERENCES turns(id) ON DELETE CASCADE,
+    sample_rate INTEGER NOT NULL,
+    num_samples INTEGER NOT NULL,
+    wav BLOB NOT NULL
+);
+CREATE INDEX conversations_by_update ON conversations(updated_at);
+"""
+
+# MIGRATIONS[i] migrates from user_version i to i + 1.
+MIGRATIONS: list[str] = [_V1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema to SCHEMA_VERSION; returns the version found before."""
+    found = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise KimiAudioError(
+            f"database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
+            "upgrade kimiaudio or point storage.data_dir at another directory"
+        )
+    for version in range(found, SCHEMA_VERSION):
+        # executescript would commit on its own; run the statements in one explicit
+        # transaction so a migration is all or nothing.
+        conn.execute("BEGIN")
+        try:
+            for statement in MIGRATIONS[version].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return found
+
+
+def open_database(path: str | Path) -> sqlite_utils.Database:
+    """Open (creating if needed) and migrate the store database at `path`."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are explicit (sqlite-utils `db.atomic()`).
+        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise KimiAudioError(f"{path}: cannot open the conversation database ({exc})") from None
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        # NORMAL is durable against a killed process in WAL mode (only a power cut can
+        # lose the last transactions), and much cheaper than FULL.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrate(conn)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise KimiAudioError(f"{path}: not a usable conversation database ({exc})") from None
+    except BaseException:
+        conn.close()
+        raise
+    return sqlite_utils.Database(conn)

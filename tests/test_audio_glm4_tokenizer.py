@@ -1,0 +1,127 @@
+"""GLM-4-Voice speech tokenizer against the official goldens (tiny checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer, _encoder_state
+from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
+from kimiaudio.checkpoint import CheckpointPaths
+
+GOLDEN = Path(__file__).parent / "data" / "golden_a"
+GLM_DIR = GOLDEN / "checkpoint" / "glm-4-voice-tokenizer"
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return load_file(str(GOLDEN / "golden.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Glm4SpeechTokenizer.load(CheckpointPaths(GOLDEN / "checkpoint", GLM_DIR), "cpu")
+
+
+def mel_and_mask(tokenizer, pcm: np.ndarray):
+    mels = tokenizer._utterance_mels([pcm])
+    mask = torch.arange(mels.shape[-1])[None] < -(-len(pcm) // 160)
+    return mels, mask
+
+
+def test_input_features_and_mask_match_official(tokenizer, golden):
+    mels, mask = mel_and_mask(tokenizer, golden["wav16k"][0].numpy())
+    assert mels.shape == golden["glm4.input_features"].shape  # padded to a multiple of 1280 samples
+    torch.testing.assert_close(mels, golden["glm4.input_features"], atol=1e-4, rtol=1e-4)
+    assert torch.equal(mask.long(), golden["glm4.attention_mask"])
+
+
+def test_hidden_state_and_tokens_match_official(tokenizer, golden):
+    wav = golden["wav16k"][0].numpy()
+    tokens, hidden, token_mask = tokenizer.model(*mel_and_mask(tokenizer, wav))
+    torch.testing.assert_close(hidden, golden["glm4.last_hidden_state"], atol=1e-4, rtol=1e-4)
+    assert tokenizer.tokenize(wav) == golden["glm4.tokens"][0].tolist()
+    assert int(token_mask.sum()) == golden["glm4.tokens"].shape[1] == -(-len(wav) // 1280)
+
+
+def test_mels_match_transformers_extractor_for_multi_segment_input(tokenizer):
+    # The official call: all 30 s segments of one utterance in one extractor batch,
+    # padding="longest", pad_to_multiple_of=1280, mask every hop.
+    from transformers import WhisperFeatureExtractor
+
+    extractor = WhisperFeatureExtractor.from_pretrained(str(GLM_DIR))
+    rng = np.random.default_rng(5)
+    pcm = (0.1 * rng.standard_normal(16000 * 30 + 3333)).astype(np.float32)
+    segments = [pcm[: 16000 * 30], pcm[16000 * 30 :]]
+    ref = extractor(segments, sampling_rate=16000, return_attention_mask=True, return_tensors="pt",
+                    padding="longest", pad_to_multiple_of=1280)
+    mels = tokenizer._utterance_mels(segments)
+    torch.testing.assert_close(mels, ref["input_features"], atol=1e-4, rtol=1e-4)
+    lengths = ref["attention_mask"].sum(dim=1).tolist()
+    assert lengths == [-(-len(s) // 160) for s in segments]
+
+
+def test_batch_equals_single(tokenizer, golden):
+    rng = np.random.default_rng(11)
+    wav = golden["wav16k"][0].numpy()
+    inputs = [wav[:25000], (0.2 * rng.standard_normal(16000 * 31)).astype(np.float32), wav]
+    # Also compare the pre-quantization hidden states of the valid frames (more sensitive than ids).
+    captured = []
+    hook = tokenizer.model.layers[-1].register_forward_hook(lambda module, args, out: captured.append(out))
+    try:
+        batch = tokenizer.tokenize_batch(inputs)
+        batch_hidden = captured[-1]  # [segments, T, d]: rows 0, (1, 2), 3
+        singles = []
+        for row, pcm in zip([0, 1, 3], inputs):
+            singles.append(tokenizer.tokenize(pcm))
+            valid = -(-min(len(pcm), 16000 * 30) // 320)  # conv frames of the first segment
+            torch.testing.assert_close(batch_hidden[row, :valid], captured[-1][0, :valid], atol=1e-5, rtol=1e-5)
+    finally:
+        hook.remove()
+    assert batch == singles
+    assert [len(codes) for codes in batch] == [-(-25000 // 1280), 375 + 13, 47]
+    assert all(0 <= c < 64 for codes in batch for c in codes)
+
+
+def test_nearest_code_picks_first_minimum():
+    config = WhisperVQConfig.from_file(GLM_DIR / "config.json")
+    model = WhisperVQEncoder(config)
+    with torch.no_grad():
+        model.codebook.weight.zero_()
+        model.codebook.weight[3] = 1.0
+        model.codebook.weight[5] = 1.0  # duplicate of row 3
+    x = torch.ones(1, 2, config.d_model)
+    x[0, 1] = 0.0  # nearest: rows 0,1,2,4,... (all zero) -> first is 0
+    assert model._nearest_code(x).tolist() == [[3, 0]]
+
+
+def test_block_causal_mask():
+    mask = torch.tensor([[True, True, True, True, True, False]])
+    additive = WhisperVQEncoder._block_causal_mask(mask, 2, torch.float32)[0, 0]
+    allowed = (additive == 0).int()
+    expected = torch.tensor([
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],  # key 5 is padding
+        [1, 1, 1, 1, 1, 0],
+    ])
+    assert torch.equal(allowed, expected)
+
+
+def test_state_selection_accepts_prefixed_names():
+    config = WhisperVQConfig.from_file(GLM_DIR / "config.json")
+    state = {
+        "model.encoder.conv1.weight": torch.zeros(1),
+        "model.encoder.layers.1.fc1.weight": torch.zeros(1),
+        "model.encoder.layers.2.fc1.weight": torch.zeros(1),  # >= quantize_position (2): dropped
+        "model.encoder.layer_norm.weight": torch.zeros(1),
+        "model.encoder.ema_count": torch.zeros(1),
+        "model.decoder.embed_tokens.weight": torch.zeros(1),
+    }
+    assert sorted(_encoder_state(state, config)) == ["conv1.weight", "layers.1.fc1.weight"]

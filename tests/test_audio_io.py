@@ -1,0 +1,165 @@
+"""kimiaudio.audio.io: decoding of common formats, resampling, WAV writing, input checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile
+
+from kimiaudio.audio.io import (
+    StreamResampler,
+    check_speech_input,
+    decode_audio_bytes,
+    load_audio,
+    resample,
+    wav_bytes,
+    write_wav,
+)
+from kimiaudio.config import AudioConfig
+from kimiaudio.errors import AudioInputError
+
+
+def sine(freq: float, sr: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:
+    t = np.arange(int(round(sr * seconds))) / sr
+    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def peak_frequency(pcm: np.ndarray, sr: int) -> float:
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(len(pcm))))
+    return float(np.argmax(spectrum) * sr / len(pcm))
+
+
+def test_wav_round_trip(tmp_path):
+    pcm = sine(440, 16000, 0.5)
+    path = tmp_path / "a.wav"
+    write_wav(path, pcm, 16000)
+    info = soundfile.info(str(path))
+    assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
+    back = load_audio(path)
+    assert back.dtype == np.float32 and back.shape == pcm.shape
+    np.testing.assert_allclose(back, pcm, atol=1.5 / 32768)
+    np.testing.assert_allclose(decode_audio_bytes(wav_bytes(pcm, 16000)), back, atol=0)
+
+
+def test_write_wav_clips_instead_of_wrapping(tmp_path):
+    path = tmp_path / "loud.wav"
+    write_wav(path, np.array([2.0, -2.0, 0.5], dtype=np.float32), 16000)
+    data, _ = soundfile.read(str(path), dtype="float32")
+    assert data[0] > 0.99 and data[1] < -0.99
+
+
+def test_stereo_flac_44k_is_mixed_to_mono_16k(tmp_path):
+    left, right = sine(440, 44100, 1.0, 0.5), sine(440, 44100, 1.0, 0.3)
+    path = tmp_path / "stereo.flac"
+    soundfile.write(str(path), np.stack([left, right], axis=1), 44100, format="FLAC")
+    pcm = load_audio(path)
+    assert pcm.dtype == np.float32 and pcm.ndim == 1
+    assert abs(len(pcm) - 16000) <= 1
+    assert abs(peak_frequency(pcm, 16000) - 440) < 2
+    # averaging the channels: amplitude (0.5 + 0.3) / 2
+    assert abs(np.max(np.abs(pcm[1000:-1000])) - 0.4) < 0.01
+
+
+@pytest.mark.parametrize(
+    "fmt,subtype,sr",
+    [("MP3", "MPEG_LAYER_III", 48000), ("OGG", "VORBIS", 22050), ("OGG", "OPUS", 48000)],
+)
+def test_compressed_formats_decode_to_16k(tmp_path, fmt, subtype, sr):
+    path = tmp_path / f"a.{fmt.lower()}"
+    soundfile.write(str(path), sine(1000, sr, 1.0), sr, format=fmt, subtype=subtype)
+    pcm = load_audio(path)
+    # Codecs add a little priming/padding; the length must still be 1 s at 16 kHz.
+    assert abs(len(pcm) - 16000) < 0.06 * 16000
+    assert abs(peak_frequency(pcm, 16000) - 1000) < 3
+    assert 0.3 < np.max(np.abs(pcm)) < 0.7
+    from_bytes = decode_audio_bytes(path.read_bytes())
+    np.testing.assert_allclose(from_bytes, pcm, atol=1e-6)
+
+
+@pytest.mark.parametrize("from_sr,to_sr,freq", [(48000, 16000, 1000.0), (24000, 48000, 3000.0), (44100, 16000, 440.0)])
+def test_resample_keeps_frequency_and_length(from_sr, to_sr, freq):
+    pcm = sine(freq, from_sr, 1.0)
+    out = resample(pcm, from_sr, to_sr)
+    assert out.dtype == np.float32 and len(out) == to_sr
+    assert abs(peak_frequency(out, to_sr) - freq) < 2
+    # aligned in time (no filter delay left in the output)
+    np.testing.assert_allclose(out[200:-200], sine(freq, to_sr, 1.0)[200:-200], atol=2e-3)
+
+
+def test_resample_same_rate_is_a_copy():
+    pcm = sine(100, 16000, 0.1)
+    out = resample(pcm, 16000, 16000)
+    np.testing.assert_array_equal(out, pcm)
+    assert out is not pcm
+
+
+@pytest.mark.parametrize("from_sr,to_sr", [(48000, 16000), (24000, 48000)])
+def test_stream_resampler_matches_one_shot(from_sr, to_sr):
+    rng = np.random.default_rng(0)
+    pcm = (0.3 * rng.standard_normal(from_sr)).astype(np.float32)
+    one_shot = resample(pcm, from_sr, to_sr)
+    stream = StreamResampler(from_sr, to_sr)
+    pieces, start = [], 0
+    while start < len(pcm):
+        size = int(rng.integers(1, 1500))
+        pieces.append(stream.push(pcm[start : start + size]))
+        start += size
+    pieces.append(stream.flush())
+    chunked = np.concatenate(pieces)
+    assert len(chunked) == len(one_shot)
+    np.testing.assert_allclose(chunked, one_shot, atol=1e-5)
+
+
+def test_stream_resampler_low_latency():
+    stream = StreamResampler(48000, 16000)
+    out = [len(stream.push(np.zeros(960, np.float32))) for _ in range(3)]  # 20 ms frames
+    assert out[0] >= 300 and out[1:] == [320, 320]
+
+
+def test_check_speech_input_accepts_speech_like_audio():
+    check_speech_input(sine(200, 16000, 1.0, 0.1), AudioConfig())
+
+
+@pytest.mark.parametrize(
+    "pcm,cfg,words",
+    [
+        (np.zeros(0, np.float32), AudioConfig(), "empty"),
+        (np.zeros(16000, np.float32), AudioConfig(), "silent"),
+        (sine(200, 16000, 1.0, 1e-4), AudioConfig(silence_peak=1e-3), "audio.silence_peak"),
+        (sine(200, 16000, 2.5), AudioConfig(max_input_seconds=2.0), "audio.max_input_seconds"),
+        (np.array([0.5, np.nan], np.float32), AudioConfig(), "NaN"),
+    ],
+)
+def test_check_speech_input_refuses(pcm, cfg, words):
+    with pytest.raises(AudioInputError, match=words):
+        check_speech_input(pcm, cfg)
+
+
+def test_too_long_message_names_the_limit():
+    with pytest.raises(AudioInputError) as info:
+        check_speech_input(sine(200, 16000, 2.5), AudioConfig(max_input_seconds=2.0))
+    assert "2.5 s" in str(info.value) and "limit is 2 s" in str(info.value)
+
+
+def test_garbage_bytes_and_files(tmp_path):
+    garbage = bytes(np.random.default_rng(1).integers(0, 256, 4000, dtype=np.uint8))
+    with pytest.raises(AudioInputError, match="not a readable audio file"):
+        decode_audio_bytes(garbage, name="upload.wav")
+    with pytest.raises(AudioInputError, match="empty"):
+        decode_audio_bytes(b"")
+    path = tmp_path / "broken.wav"
+    path.write_bytes(garbage)
+    with pytest.raises(AudioInputError, match="broken.wav"):
+        load_audio(path)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(AudioInputError, match="nothere.flac: audio file not found"):
+        load_audio(tmp_path / "nothere.flac")
+
+
+def test_file_without_audio_stream(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello, this is not audio\n" * 50)
+    with pytest.raises(AudioInputError, match="notes.txt"):
+        load_audio(path)

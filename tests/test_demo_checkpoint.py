@@ -1,0 +1,154 @@
+"""The demo checkpoint has exactly the golden (official) layout, is small and deterministic."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+
+from kimiaudio.checkpoint import DEMO_MARKER, find_checkpoint, read_json
+from kimiaudio.demo_audio_parts import kaiser_sinc_lowpass
+from kimiaudio.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
+from kimiaudio.errors import CheckpointError
+from kimiaudio.text.special_tokens import SpecialTokens
+from kimiaudio.text.tokenizer import KimiTokenizer
+
+GOLDEN = Path(__file__).parent / "data" / "golden_a" / "checkpoint"
+GOLDEN_ONLY = {"TINY_CHECKPOINT.json"}  # the golden generator's own note, not part of the layout
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return write_demo_checkpoint(tmp_path_factory.mktemp("demo") / "ckpt")
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def _tensor_names(path: Path) -> set[str]:
+    if path.suffix == ".safetensors":
+        with safe_open(str(path), framework="pt") as f:
+            return set(f.keys())
+    obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    (key,) = obj.keys()
+    return {f"{key}/{name}" for name in obj[key]}
+
+
+def _keys(path: Path) -> set[str]:
+    data = yaml.safe_load(path.read_text()) if path.suffix == ".yaml" else json.loads(path.read_text())
+
+    def walk(d, prefix=""):
+        out = set()
+        for k, v in d.items():
+            out.add(prefix + k)
+            if isinstance(v, dict) and k != "added_tokens_decoder":
+                out |= walk(v, prefix + k + ".")
+        return out
+
+    return walk(data)
+
+
+def test_same_files_as_golden(demo):
+    assert _files(demo) == (_files(GOLDEN) - GOLDEN_ONLY) | {DEMO_MARKER}
+
+
+def test_same_config_keys_as_golden(demo):
+    for rel in sorted(_files(GOLDEN) - GOLDEN_ONLY):
+        if rel.endswith((".json", ".yaml")):
+            assert _keys(demo / rel) == _keys(GOLDEN / rel), rel
+
+
+def test_same_tensor_names_as_golden(demo):
+    for rel in sorted(_files(GOLDEN)):
+        if rel.endswith((".safetensors", ".pt")):
+            assert _tensor_names(demo / rel) == _tensor_names(GOLDEN / rel), rel
+
+
+def test_shapes_follow_configs(demo):
+    config = read_json(demo / "config.json")
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    with safe_open(str(demo / "model.safetensors"), framework="pt") as f:
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [vocab, h]
+        assert f.get_slice("model.vq_adaptor.layers.0.weight").get_shape() == [h, config["kimia_adaptor_input_dim"]]
+    glm = read_json(demo / "glm-4-voice-tokenizer" / "config.json")
+    with safe_open(str(demo / "glm-4-voice-tokenizer" / "model.safetensors"), framework="pt") as f:
+        assert f.get_slice("codebook.weight").get_shape() == [glm["quantize_vocab_size"], glm["d_model"]]
+    assert vocab - config["kimia_token_offset"] == glm["quantize_vocab_size"]
+    whisper = read_json(demo / "whisper-large-v3" / "config.json")
+    assert config["kimia_adaptor_input_dim"] == 4 * whisper["d_model"]
+    dit = yaml.safe_load((demo / "audio_detokenizer" / "config.yaml").read_text())["model"]["dit"]
+    state = torch.load(str(demo / "audio_detokenizer" / "model.pt"), weights_only=True)["state_dict"]
+    assert state["speech_model.semantic_token_embedding.weight"].shape == (dit["semantic_vocab_size"] + 1, dit["hidden_size"])
+
+
+def test_tokenizer_and_specials_load(demo):
+    paths = find_checkpoint(demo)
+    assert paths.is_demo
+    tok = KimiTokenizer.from_checkpoint(paths)
+    specials = SpecialTokens.from_tokenizer(tok, read_json(paths.lm_config))
+    golden_tok = KimiTokenizer.from_checkpoint(find_checkpoint(GOLDEN))
+    for name in ("<|im_msg_end|>", "<|im_media_begin|>", "<|im_kimia_speech_ctd_id|>", "<|reserved_token_49|>"):
+        assert tok.special_id(name) == golden_tok.special_id(name)
+    assert specials.num_audio_codes == read_json(paths.glm_tokenizer / "config.json")["quantize_vocab_size"]
+
+
+def test_antialias_filters_match_official_bigvgan(demo):
+    # The golden checkpoint's filters were computed by the official BigVGAN code.
+    golden = torch.load(str(GOLDEN / "vocoder" / "model.pt"), weights_only=True)["generator"]
+    ours = torch.load(str(demo / "vocoder" / "model.pt"), weights_only=True)["generator"]
+    reference = golden["activation_post.upsample.filter"]
+    torch.testing.assert_close(kaiser_sinc_lowpass(0.25, 0.3, 12), reference, atol=1e-7, rtol=0)
+    for name, value in ours.items():
+        if name.endswith("filter"):
+            torch.testing.assert_close(value, reference, atol=1e-7, rtol=0)
+
+
+def test_weight_norm_g_is_norm_of_v(demo):
+    state = torch.load(str(demo / "vocoder" / "model.pt"), weights_only=True)["generator"]
+    v, g = state["resblocks.0.convs1.0.weight_v"], state["resblocks.0.convs1.0.weight_g"]
+    torch.testing.assert_close(g.flatten(), v.flatten(1).norm(dim=1))
+
+
+def test_small(demo):
+    assert sum((demo / rel).stat().st_size for rel in _files(demo)) < 30 * 2**20
+
+
+def test_marker_says_random(demo):
+    marker = read_json(demo / DEMO_MARKER)
+    assert marker["random_weights"] is True and "Kimi-Audio-7B-Instruct" in marker["use_real_weights"]
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in _files(root)}
+
+
+def test_deterministic(demo, tmp_path):
+    again = write_demo_checkpoint(tmp_path / "again", seed=0)
+    assert _hashes(again) == _hashes(demo)
+    other = write_demo_checkpoint(tmp_path / "other", seed=1)
+    assert _hashes(other)["model.safetensors"] != _hashes(demo)["model.safetensors"]
+
+
+def test_ensure_writes_once_and_reuses(tmp_path, monkeypatch):
+    first = ensure_demo_checkpoint(tmp_path)
+    assert first == tmp_path / "demo-checkpoint" and find_checkpoint(first).is_demo
+    stamp = (first / "config.json").stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("rewrote a complete demo checkpoint")
+
+    monkeypatch.setattr("kimiaudio.demo_checkpoint.write_demo_checkpoint", fail)
+    assert ensure_demo_checkpoint(tmp_path) == first
+    assert (first / "config.json").stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-checkpoint"]  # no temp dirs left
+
+
+def test_ensure_refuses_incomplete_directory(tmp_path):
+    (tmp_path / "demo-checkpoint").mkdir()
+    (tmp_path / "demo-checkpoint" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="incomplete"):
+        ensure_demo_checkpoint(tmp_path)

@@ -1,0 +1,131 @@
+"""DiT, Euler schedule and BigVGAN against the official goldens (tests/data/golden_a)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
+from kimiaudio.errors import CheckpointError
+from kimiaudio.models.bigvgan import load_vocoder
+from kimiaudio.models.dit import load_dit
+
+GOLDEN = Path(__file__).parent / "data" / "golden_a"
+CKPT = GOLDEN / "checkpoint"
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return load_file(str(GOLDEN / "golden.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def dit():
+    return load_dit(CKPT / "audio_detokenizer", torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def vocoder():
+    return load_vocoder(CKPT / "vocoder", torch.device("cpu"), torch.float32)
+
+
+@torch.inference_mode()
+def test_dit_step_velocity(golden, dit):
+    ids, pos = golden["detok.dit_step.cond"], golden["detok.dit_step.position_ids"]
+    ctx = dit.prepare(ids, pos, torch.ones_like(ids, dtype=torch.bool), [None])
+    v = dit(golden["detok.dit_step.x"], timestep_ids(golden["detok.dit_step.t"]), ctx)
+    torch.testing.assert_close(v, golden["detok.dit_step.velocity"], **TOL)
+
+
+def test_euler_schedule_matches_torchdyn_t(golden):
+    t, dt = euler_schedule(30)
+    ode_t = golden["detok.s37.ode_t"]  # chunk 0: 29 Euler t, then the 0.999 refresh; chunk 1 (final): 29
+    assert torch.equal(t, ode_t[:29]) and torch.equal(t, ode_t[30:])
+    assert ode_t[29].item() == torch.tensor(REFRESH_T).item()
+    assert timestep_ids(t).tolist()[:4] == [0, 34, 68, 103] and timestep_ids(torch.tensor([REFRESH_T])).item() == 999
+    assert torch.allclose(t + dt, torch.cat([t[1:], torch.ones(1)]))
+
+
+def test_infer_chunk_mel(golden, dit):
+    flow = FlowMatcher(dit, 30)
+    job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"], 0, None, 0, False)
+    (out,) = flow.infer_chunks([job])
+    torch.testing.assert_close(out.mel, golden["detok.infer_chunk.mel"], **TOL)
+    assert out.kv is None
+
+
+def test_infer_chunk_batched_equals_alone(golden, dit):
+    """Different lengths, positions and prefixes padded into one batch change nothing."""
+    flow = FlowMatcher(dit, 5)
+    g = torch.Generator().manual_seed(0)
+    heads, hd = dit.kv_shape
+    jobs = [
+        ChunkJob(torch.randint(0, 64, (n,), generator=g), torch.randn(n, 80, generator=g), start,
+                 None if p == 0 else torch.randn(dit.cfg.depth, 2, p, heads, hd, generator=g), la, keep)
+        for n, start, p, la, keep in [(40, 0, 0, 8, True), (24, 100, 30, 0, True), (33, 7, 12, 0, False)]
+    ]
+    together = flow.infer_chunks(jobs)
+    for job, out in zip(jobs, together):
+        (alone,) = flow.infer_chunks([job])
+        torch.testing.assert_close(out.mel, alone.mel, **TOL)
+        if job.keep_kv:
+            torch.testing.assert_close(out.kv, alone.kv, **TOL)
+            assert out.kv.shape[2] == job.token_ids.numel() - job.look_ahead
+
+
+@torch.inference_mode()
+def test_vocoder_wav(golden, vocoder):
+    wav = vocoder(golden["detok.vocoder.mel"].T[None])
+    torch.testing.assert_close(wav[0], golden["detok.vocoder.wav"], **TOL)
+
+
+@torch.inference_mode()
+def test_vocoder_batch_equals_alone(golden, vocoder):
+    mel = golden["detok.vocoder.mel"].T[None]
+    batch = torch.cat([mel, mel.flip(-1) * 0.5 - 2.0])
+    out = vocoder(batch)
+    torch.testing.assert_close(out[1:], vocoder(batch[1:]), **TOL)
+    torch.testing.assert_close(out[0, 0], golden["detok.vocoder.wav"][0], **TOL)
+
+
+def _copy_dir(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_speech_model_key(tmp_path):
+    d = _copy_dir(CKPT / "audio_detokenizer", tmp_path / "audio_detokenizer")
+    state = torch.load(d / "model.pt", weights_only=True)
+    del state["state_dict"]["speech_model.blocks.1.attn.qkv.weight"]
+    torch.save(state, d / "model.pt")
+    with pytest.raises(CheckpointError, match=r"model\.pt.*blocks\.1\.attn\.qkv\.weight"):
+        load_dit(d, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [("ffn_type: vanilla_mlp", "ffn_type: conv1d_conv1d"), ("position_embedding_type: skip", "position_embedding_type: alibi"),
+     ("    hidden_size: 64\n", ""), ("depth: 2", "depth: two")],
+)
+def test_bad_config_yaml(tmp_path, old, new):
+    d = _copy_dir(CKPT / "audio_detokenizer", tmp_path / "audio_detokenizer")
+    text = (d / "config.yaml").read_text()
+    assert old in text
+    (d / "config.yaml").write_text(text.replace(old, new))
+    with pytest.raises(CheckpointError, match=r"config\.yaml"):
+        load_dit(d, torch.device("cpu"), torch.float32)
+
+
+def test_vocoder_errors(tmp_path):
+    d = _copy_dir(CKPT / "vocoder", tmp_path / "vocoder")
+    state = torch.load(d / "model.pt", weights_only=True)
+    del state["generator"]["resblocks.0.activations.3.upsample.filter"]
+    torch.save(state, d / "model.pt")
+    with pytest.raises(CheckpointError, match=r"model\.pt.*upsample\.filter"):
+        load_vocoder(d, torch.device("cpu"), torch.float32)
+    (d / "config.json").write_text((d / "config.json").read_text().replace('"resblock": "1"', '"resblock": "3"'))
+    with pytest.raises(CheckpointError, match=r"config\.json.*resblock"):
+        load_vocoder(d, torch.device("cpu"), torch.float32)

@@ -1,0 +1,274 @@
+"""The engine end to end on the golden tiny checkpoint (float32, CPU) against the batch-1
+reference loop (kimiaudio.reference_loop), run one request at a time.
+
+Prompts are the golden LM inputs and variations of them (truncated audio, random codes and
+features, joined prompts). A tiny pool (12 blocks of 8) and a small token budget force
+chunked prefill, preemption by recompute and batching of prefill with decode; greedy and
+seeded sampled outputs must be token-identical to the reference, aborted requests must stop
+with the pool drained, and a follow-up prompt must be served from the prefix cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+import asyncio
+import threading
+
+import pytest
+
+from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.config import EngineConfig
+from kimiaudio.engine import AsyncEngine, LLMEngine, RequestError
+from kimiaudio.engine.sequence import EngineRequest
+from kimiaudio.generation import RuleTokens
+from kimiaudio.models.kimia_lm import load_lm
+from kimiaudio.reference_loop import iter_reference
+from kimiaudio.sampling import SamplingParams
+
+GOLDEN = Path(__file__).parent / "data" / "golden_a"
+CHECKPOINT = GOLDEN / "checkpoint"
+
+
+def load_golden():
+    tensors = load_file(str(GOLDEN / "golden.safetensors"))
+    ids = json.loads((GOLDEN / "golden.meta.json").read_text())["special_tokens"]
+    rules = RuleTokens(ids["kimia_text_blank"], ids["kimia_text_eos"], ids["msg_end"], ids["media_end"])
+    return tensors, rules
+
+
+def load_tiny_lm():
+    return load_lm(CheckpointPaths(root=CHECKPOINT, glm_tokenizer=CHECKPOINT / "glm-4-voice-tokenizer"), "cpu",
+                   torch.float32)
+
+
+def golden_prompt(tensors, section: str) -> dict:
+    return dict(
+        audio_ids=tensors[f"{section}.input.audio_input_ids"][0].tolist(),
+        text_ids=tensors[f"{section}.input.text_input_ids"][0].tolist(),
+        continuous_mask=tensors[f"{section}.input.is_continuous_mask"][0].tolist(),
+        features=tensors[f"{section}.input.whisper_feature"][0],
+    )
+
+
+def truncated(prompt: dict, keep_audio: int) -> dict:
+    """Drop the continuous (audio-code) positions after the first `keep_audio`, and their rows."""
+    cont = [i for i, m in enumerate(prompt["continuous_mask"]) if m]
+    drop = set(cont[keep_audio:])
+    keep = [i for i in range(len(prompt["audio_ids"])) if i not in drop]
+    return dict(
+        audio_ids=[prompt["audio_ids"][i] for i in keep],
+        text_ids=[prompt["text_ids"][i] for i in keep],
+        continuous_mask=[prompt["continuous_mask"][i] for i in keep],
+        features=prompt["features"][:keep_audio],
+    )
+
+
+def shuffled(prompt: dict, seed: int, token_offset: int, vocab: int) -> dict:
+    """Same layout, random audio codes and random features at the continuous positions."""
+    gen = torch.Generator().manual_seed(seed)
+    audio = list(prompt["audio_ids"])
+    for i, m in enumerate(prompt["continuous_mask"]):
+        if m:
+            audio[i] = int(torch.randint(token_offset, vocab, (1,), generator=gen))
+    features = torch.randn(prompt["features"].shape, generator=gen)
+    return dict(prompt, audio_ids=audio, features=features)
+
+
+def joined(first: dict, second: dict, first_len: int) -> dict:
+    """first's leading positions (no continuous ones among them), then all of second."""
+    if any(first["continuous_mask"][:first_len]):
+        raise ValueError("joined() expects no continuous positions in the leading part")
+    return dict(
+        audio_ids=first["audio_ids"][:first_len] + second["audio_ids"],
+        text_ids=first["text_ids"][:first_len] + second["text_ids"],
+        continuous_mask=first["continuous_mask"][:first_len] + second["continuous_mask"],
+        features=second["features"],
+    )
+
+
+def make_request(request_id: str, prompt: dict, params, output_type: str, rules: RuleTokens) -> EngineRequest:
+    return EngineRequest(request_id, prompt["audio_ids"], prompt["text_ids"], prompt["continuous_mask"],
+                         prompt["features"], params, output_type, rules)
+
+
+def reference_steps(lm, request: EngineRequest) -> tuple[list[tuple[int, int]], str | None]:
+    """(text, audio) after the rules for every step of the batch-1 reference loop, and its reason."""
+    steps = list(iter_reference(lm, request.audio_ids, request.text_ids, request.continuous_mask, request.features,
+                                request.params, request.output_type, request.specials))
+    return [(s.text_token, s.audio_token) for s in steps], steps[-1].reason
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tensors, rules = load_golden()
+    return load_tiny_lm(), tensors, rules
+
+
+def engine_for(lm, num_blocks=12, block_size=8, budget=24, max_num_seqs=8):
+    config = EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, max_num_batched_tokens=budget,
+                          max_num_seqs=max_num_seqs)
+    return LLMEngine(lm, config, "cpu", torch.float32)
+
+
+def build_requests(lm, tensors, rules):
+    both, text, e2e = (golden_prompt(tensors, s) for s in ("lm.both", "lm.text", "lm_e2e"))
+    offset, vocab = lm.config.kimia_token_offset, lm.config.vocab_size
+    greedy = SamplingParams.greedy(max_new_tokens=20)
+    sampled = SamplingParams(seed=11, text_temperature=0.7, max_new_tokens=24)
+    penalised = SamplingParams(seed=5, text_temperature=1.0, text_top_k=0, text_repetition_penalty=1.2,
+                               text_repetition_window=3, audio_repetition_penalty=1.3, audio_repetition_window=4,
+                               max_new_tokens=18)
+    specs = [  # (arrival step, request id, prompt, params, output type)
+        (0, "both", both, greedy, "both"),
+        (0, "text", text, greedy, "text"),
+        (0, "e2e", e2e, greedy, "both"),
+        (2, "trunc", truncated(e2e, 20), greedy, "both"),
+        (2, "random-codes", shuffled(both, 1, offset, vocab), greedy, "both"),
+        (5, "joined", joined(text, both, 9), greedy, "text"),
+        (5, "sampled", e2e, sampled, "both"),
+        (9, "penalised", shuffled(both, 2, offset, vocab), penalised, "both"),
+        (9, "abort-running", truncated(e2e, 30), greedy, "both"),
+        (9, "abort-waiting", e2e, greedy, "both"),
+    ]
+    return [(step, make_request(rid, prompt, params, kind, rules)) for step, rid, prompt, params, kind in specs]
+
+
+def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
+    lm, tensors, rules = setup
+    arrivals = build_requests(lm, tensors, rules)
+    expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals if req.request_id != "abort-waiting"}
+    engine = engine_for(lm)
+    seq_ids, outputs, finished = {}, {req.request_id: [] for _, req in arrivals}, {}
+    step = 0
+    while step < 400 and (arrivals or engine.has_work()):
+        for arrival, req in [a for a in arrivals if a[0] <= step]:
+            seq_ids[req.request_id] = engine.add_request(req)
+            arrivals.remove((arrival, req))
+        if "abort-waiting" in seq_ids and "abort-waiting" not in finished:
+            assert engine.abort(seq_ids["abort-waiting"])
+            finished["abort-waiting"] = "abort"
+        if len(outputs["abort-running"]) == 5 and "abort-running" not in finished:
+            assert engine.abort(seq_ids["abort-running"])
+            finished["abort-running"] = "abort"
+            assert not engine.abort(seq_ids["abort-running"])  # already gone
+        for out in engine.step():
+            assert out.error is None and out.request_id not in finished
+            outputs[out.request_id].append((out.text_token, out.audio_token))
+            if out.finished:
+                finished[out.request_id] = out.finish_reason
+        step += 1
+    stats = engine.stats()
+    assert stats.num_preemptions > 0  # the tiny pool forced recompute
+    assert stats.num_blocks_free == stats.num_blocks_total == 12  # nothing leaked
+    assert all(b.ref_count == 0 for b in engine.block_manager.blocks)
+    assert outputs["abort-waiting"] == []
+    assert outputs["abort-running"] == expected["abort-running"][0][:5]
+    for rid, (steps, reason) in expected.items():
+        if rid.startswith("abort"):
+            continue
+        assert outputs[rid] == steps, rid
+        assert finished[rid] == reason, rid
+
+
+def test_follow_up_prompt_is_served_from_prefix_cache(setup):
+    lm, tensors, rules = setup
+    engine = engine_for(lm, num_blocks=32, budget=64)
+    first = make_request("first", golden_prompt(tensors, "lm_e2e"), SamplingParams.greedy(max_new_tokens=20),
+                         "both", rules)
+    engine.add_request(first)
+    generated = []
+    while engine.has_work():
+        generated += [(o.text_token, o.audio_token) for o in engine.step()]
+    before = engine.stats()
+    # The follow-up: the first prompt, the generated steps as history, three more positions.
+    prompt = golden_prompt(tensors, "lm_e2e")
+    prompt = dict(prompt, audio_ids=prompt["audio_ids"] + [a for _, a in generated] + prompt["audio_ids"][-3:],
+                  text_ids=prompt["text_ids"] + [t for t, _ in generated] + prompt["text_ids"][-3:],
+                  continuous_mask=prompt["continuous_mask"] + [0] * (len(generated) + 3))
+    second = make_request("second", prompt, SamplingParams.greedy(max_new_tokens=6), "both", rules)
+    engine.add_request(second)
+    outputs = []
+    while engine.has_work():
+        outputs += [(o.text_token, o.audio_token) for o in engine.step()]
+    after = engine.stats()
+    # The first request computed K/V for 66 + 20 - 1 = 85 positions: 10 full blocks of 8.
+    num_positions = len(prompt["audio_ids"])
+    assert after.num_prefill_tokens_cached - before.num_prefill_tokens_cached == 80
+    assert after.num_prefill_tokens_computed - before.num_prefill_tokens_computed == num_positions - 80
+    assert outputs == reference_steps(lm, second)[0]  # the cached K/V is the right K/V
+    assert after.num_blocks_free == after.num_blocks_total
+
+
+def test_bad_requests_fail_alone(setup):
+    lm, tensors, rules = setup
+    engine = engine_for(lm)
+    good = golden_prompt(tensors, "lm.both")
+    params = SamplingParams.greedy(max_new_tokens=4)
+    bad = [
+        dict(good, features=good["features"][:5]),  # rows != continuous positions
+        dict(good, text_ids=good["text_ids"][:-1]),  # streams of different lengths
+        dict(good, audio_ids=[lm.config.vocab_size] + good["audio_ids"][1:]),  # id out of range
+        dict(good, features=torch.randn(12, 3)),  # wrong feature width
+    ]
+    for i, prompt in enumerate(bad):
+        with pytest.raises(RequestError):
+            engine.add_request(make_request(f"bad{i}", prompt, params, "both", rules))
+    with pytest.raises(RequestError, match="do not fit"):  # 31 + 70 - 1 positions > 96
+        engine.add_request(make_request("long", good, SamplingParams.greedy(max_new_tokens=70), "both", rules))
+    request = make_request("good", good, params, "both", rules)
+    engine.add_request(request)
+    outputs = []
+    while engine.has_work():
+        outputs += [(o.text_token, o.audio_token) for o in engine.step()]
+    assert outputs == reference_steps(lm, request)[0]
+    assert engine.stats().num_blocks_free == 12
+
+
+async def test_async_engine_streams_aborts_and_runs_hooks(setup):
+    lm, tensors, rules = setup
+    calls, loop_thread = {"before": set(), "after": 0}, threading.get_ident()
+
+    def before_step():
+        calls["before"].add(threading.get_ident())
+
+    def after_step(outputs):
+        calls["after"] += len(outputs)
+
+    engine = AsyncEngine(engine_for(lm), before_step, after_step)
+    try:
+        sampled = make_request("sampled", golden_prompt(tensors, "lm.both"),
+                               SamplingParams(seed=3, max_new_tokens=12), "both", rules)
+        text = make_request("text", golden_prompt(tensors, "lm.text"), SamplingParams.greedy(max_new_tokens=20),
+                            "text", rules)
+        aborted = make_request("aborted", golden_prompt(tensors, "lm_e2e"), SamplingParams.greedy(max_new_tokens=20),
+                               "both", rules)
+        bad = make_request("bad", dict(golden_prompt(tensors, "lm.both"), features=None), SamplingParams(), "x", rules)
+
+        async def collect(handle, abort_after=None):
+            got = []
+            async for out in handle:
+                got.append(out)
+                if len(got) == abort_after:
+                    engine.abort(handle)
+            return got
+
+        handles = [engine.submit(r) for r in (sampled, text, aborted, bad)]
+        results = await asyncio.wait_for(
+            asyncio.gather(collect(handles[0]), collect(handles[1]), collect(handles[2], 3), collect(handles[3])), 60)
+        for request, got in zip((sampled, text), results):
+            assert [(o.text_token, o.audio_token) for o in got] == reference_steps(lm, request)[0]
+            assert got[-1].finished and got[-1].error is None
+        assert [o.finish_reason for o in results[2]][-1] == "abort" and len(results[2]) == 4
+        assert results[3][-1].finish_reason == "error" and "output_type" in results[3][-1].error
+        await asyncio.sleep(0.05)
+        assert engine.stats().num_blocks_free == 12 and engine.stats().num_running == 0
+        assert calls["before"] and loop_thread not in calls["before"]  # hooks ran on the worker
+        assert calls["after"] >= len(results[0]) + len(results[1])
+    finally:
+        engine.stop()
+    assert not engine._thread.is_alive()

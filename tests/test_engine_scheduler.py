@@ -1,0 +1,263 @@
+"""Block manager and scheduler without a model.
+
+A fake runner plays the model: it writes, for every computed position, a key of that
+position's whole causal context into a dict "KV pool" at the slot the block table gives, and
+before each sample checks that every position of the sequence holds its own key. So shared
+prefix blocks, preemption, chunking and abort are checked for wrong K/V, not only counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kimiaudio.engine.block_manager import BlockManager
+from kimiaudio.engine.scheduler import Scheduler
+from kimiaudio.engine.sequence import RequestError, Sequence, SequenceStatus
+
+BS = 4
+
+
+def make_seq(seq_id, audio, max_new=3, digests=None, use_text=None, text=None):
+    n = len(audio)
+    seq = Sequence(seq_id, f"r{seq_id}", audio, text or [7] * n, use_text or [True] * n,
+                   [d is not None for d in digests] if digests else [False] * n, digests or [None] * n, BS)
+    seq.max_num_tokens = n + max_new - 1
+    seq.max_new = max_new
+    return seq
+
+
+def next_token(audio, text):
+    """The fake model's deterministic "sample": a function of the whole context."""
+    return (sum((i + 1) * (a * 31 + t) for i, (a, t) in enumerate(zip(audio, text))) % 97) + 1
+
+
+def expected_tokens(prompt, max_new, text=7):
+    audio, texts, out = list(prompt), [text] * len(prompt), []
+    for _ in range(max_new):
+        tok = next_token(audio, texts)
+        out.append(tok)
+        audio.append(tok + 1)
+        texts.append(tok)
+    return out
+
+
+class FakeRunner:
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.bm = scheduler.block_manager
+        self.pool: dict[int, tuple] = {}
+        self.generated: dict[int, list[int]] = {}
+        self.steps: list[list[tuple[int, int]]] = []  # per step: (seq_id, num_scheduled)
+
+    def slot(self, seq, p):
+        return seq.block_table[p // BS] * BS + p % BS
+
+    def step(self):
+        scheduled = self.scheduler.schedule()
+        self.steps.append([(s.seq_id, s.num_scheduled_tokens) for s in scheduled])
+        for seq in scheduled:
+            keys = list(zip(seq.audio_ids, seq.text_ids))
+            for p in range(seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens):
+                self.pool[self.slot(seq, p)] = tuple(keys[: p + 1])
+        for seq in self.scheduler.postprocess(scheduled):
+            keys = list(zip(seq.audio_ids, seq.text_ids))
+            for p in range(seq.num_tokens):
+                assert self.pool[self.slot(seq, p)] == tuple(keys[: p + 1]), f"seq {seq.seq_id} pos {p}"
+            tok = next_token(seq.audio_ids, seq.text_ids)
+            self.generated.setdefault(seq.seq_id, []).append(tok)
+            seq.append_token(tok, tok + 1)
+            if seq.num_generated_tokens == seq.max_new:
+                self.scheduler.finish(seq)
+        return scheduled
+
+    def run(self, max_steps=500):
+        for _ in range(max_steps):
+            if not self.scheduler.has_work:
+                return
+            self.step()
+        raise AssertionError("scheduler did not finish")
+
+
+def assert_pool_idle(bm: BlockManager):
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_refcounts_prefix_hits_and_free():
+    bm = BlockManager(16, BS)
+    a = make_seq(0, list(range(1, 12)))  # 11 positions: 2 full blocks + 3
+    bm.allocate(a, bm.match_prefix(a))
+    assert len(a.block_table) == 3 and bm.num_free_blocks == 13 and a.num_computed_tokens == 0
+    a.num_computed_tokens = 11
+    bm.hash_blocks(a)
+    assert a.num_hashed_blocks == 2
+    b = make_seq(1, list(range(1, 12)) + [50, 51])  # extends a's prompt
+    matched = bm.match_prefix(b)
+    assert matched == a.block_table[:2]
+    bm.allocate(b, matched)
+    assert b.num_computed_tokens == 2 * BS
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    assert bm.num_free_blocks == 16 - 3 - 2
+    bm.free(a)
+    assert [bm.blocks[i].ref_count for i in b.block_table[:2]] == [1, 1]
+    bm.free(b)
+    assert_pool_idle(bm)
+
+
+def test_match_leaves_one_position_to_compute():
+    bm = BlockManager(8, BS)
+    a = make_seq(0, list(range(1, 9)))  # exactly 2 full blocks
+    bm.allocate(a, [])
+    a.num_computed_tokens = 8
+    bm.hash_blocks(a)
+    bm.free(a)
+    assert len(bm.match_prefix(make_seq(1, list(range(1, 9))))) == 1
+    assert len(bm.match_prefix(make_seq(2, list(range(1, 10))))) == 2
+
+
+@pytest.mark.parametrize("change", ["audio", "text", "use_text", "digest"])
+def test_prefix_key_covers_both_streams_flags_and_features(change):
+    bm = BlockManager(8, BS)
+    digests = [None, "f1", "f2", None, None, None, None, None, None]
+    a = make_seq(0, list(range(1, 10)), digests=digests)
+    bm.allocate(a, [])
+    a.num_computed_tokens = 9
+    bm.hash_blocks(a)
+    audio, text, use_text, dig = list(range(1, 10)), [7] * 9, [True] * 9, list(digests)
+    if change == "audio":
+        audio[5] = 99
+    elif change == "text":
+        text[5] = 8
+    elif change == "use_text":
+        use_text[5] = False
+    else:
+        dig[2] = "other"
+    b = make_seq(1, audio, digests=dig, use_text=use_text, text=text)
+    # The change is in block 1 (digest: block 0); earlier blocks still hit.
+    assert len(bm.match_prefix(b)) == (0 if change == "digest" else 1)
+    assert len(bm.match_prefix(make_seq(2, list(range(1, 10)), digests=digests))) == 2
+
+
+def test_hash_collision_is_a_miss():
+    bm = BlockManager(8, BS)
+    bm.compute_hash = lambda prefix, key: b"same-hash-for-everything"
+    a = make_seq(0, [1, 2, 3, 4, 5])
+    bm.allocate(a, [])
+    a.num_computed_tokens = 5
+    bm.hash_blocks(a)
+    assert bm.match_prefix(make_seq(1, [9, 9, 9, 9, 5])) == []  # same hash, other contents
+    assert bm.match_prefix(make_seq(2, [1, 2, 3, 4, 6])) == a.block_table[:1]
+
+
+def test_lazy_eviction_reuses_empty_blocks_first_then_least_recently_freed():
+    bm = BlockManager(4, BS)
+    a = make_seq(0, list(range(1, 10)))  # 3 blocks, 2 full
+    bm.allocate(a, [])
+    a.num_computed_tokens = 9
+    bm.hash_blocks(a)
+    full = a.block_table[:2]
+    bm.free(a)
+    assert bm.num_free_blocks == 4 and len(bm.cached_free_ids) == 2
+    c = make_seq(1, [60, 61, 62])  # one block: taken from never-hashed blocks
+    bm.allocate(c, [])
+    assert c.block_table[0] not in full
+    assert bm.match_prefix(make_seq(2, list(range(1, 10)))) == full  # still cached
+    d = make_seq(3, [70, 71, 72, 73, 74, 75])  # 2 blocks: one empty, then evict one cached
+    bm.allocate(d, [])
+    # a's blocks were freed tail first, so block 1 (the later one) is evicted before block 0.
+    assert full[1] in d.block_table and full[0] not in d.block_table
+    assert bm.match_prefix(make_seq(4, list(range(1, 10)))) == full[:1]
+    bm.free(c)
+    bm.free(d)
+    assert_pool_idle(bm)
+
+
+def test_chunked_prefill_respects_budget():
+    sched = Scheduler(BlockManager(32, BS), max_num_seqs=8, max_num_batched_tokens=10)
+    runner = FakeRunner(sched)
+    sched.add(make_seq(0, list(range(1, 26)), max_new=2))
+    runner.run()
+    assert runner.steps[:3] == [[(0, 10)], [(0, 10)], [(0, 5)]]
+    assert runner.generated[0] == expected_tokens(range(1, 26), 2)
+    assert_pool_idle(sched.block_manager)
+
+
+def test_decodes_first_and_long_prefill_is_chunked():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=6)
+    runner = FakeRunner(sched)
+    for i in range(3):
+        sched.add(make_seq(i, [i + 1, 2, 3], max_new=12))
+    runner.step()  # prefills of 3 + 3 positions fill the budget
+    runner.step()
+    sched.add(make_seq(9, list(range(1, 41)), max_new=2))
+    num_chunks = 0
+    while sched.has_work:
+        decoding = [s.seq_id for s in sched.running if not s.is_prefilling]
+        runner.step()
+        step = dict(runner.steps[-1])
+        if step.get(9, 0) > 1:  # while the long prompt prefills...
+            # ...every live decode ran in the same step, the prompt got only the leftover budget.
+            num_chunks += 1
+            assert all(step.get(s) == 1 for s in decoding)
+            assert sum(step.values()) <= 6 and step[9] <= 6 - len(decoding)
+    assert num_chunks >= 5  # 40 positions in pieces of at most 6 - live decodes
+    assert max(sum(n for _, n in seq_steps) for seq_steps in runner.steps) <= 6
+    for i in range(3):
+        assert runner.generated[i] == expected_tokens([i + 1, 2, 3], 12)
+    assert runner.generated[9] == expected_tokens(range(1, 41), 2)
+    assert_pool_idle(sched.block_manager)
+
+
+def test_preemption_when_pool_runs_out_keeps_results():
+    sched = Scheduler(BlockManager(8, BS), max_num_seqs=8, max_num_batched_tokens=16)
+    runner = FakeRunner(sched)
+    prompts = {i: [i + 1] * (5 + i) for i in range(4)}
+    for i, prompt in prompts.items():
+        sched.add(make_seq(i, prompt, max_new=10))
+    runner.run()
+    assert sched.num_preemptions > 0
+    for i, prompt in prompts.items():
+        assert runner.generated[i] == expected_tokens(prompt, 10)
+    assert_pool_idle(sched.block_manager)
+
+
+def test_abort_frees_blocks_at_once():
+    bm = BlockManager(16, BS)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    runner = FakeRunner(sched)
+    running, waiting = make_seq(0, list(range(1, 10)), max_new=20), make_seq(1, [5] * 30, max_new=20)
+    sched.add(running)
+    runner.step()
+    runner.step()
+    sched.add(waiting)
+    assert running.status == SequenceStatus.RUNNING and bm.num_free_blocks < 16
+    sched.abort(running)
+    assert running.status == SequenceStatus.FINISHED and running.block_table == []
+    assert bm.num_free_blocks == 16
+    sched.abort(waiting)
+    assert not sched.has_work
+    assert_pool_idle(bm)
+
+
+def test_request_longer_than_pool_fails_alone():
+    sched = Scheduler(BlockManager(4, BS), max_num_seqs=8, max_num_batched_tokens=64)
+    with pytest.raises(RequestError, match="do not fit"):
+        sched.add(make_seq(0, list(range(1, 15)), max_new=4))  # 17 positions > 16
+    ok = make_seq(1, list(range(1, 14)), max_new=4)  # 16 positions: fits exactly
+    sched.add(ok)
+    runner = FakeRunner(sched)
+    runner.run()
+    assert runner.generated[1] == expected_tokens(range(1, 14), 4)
+    assert_pool_idle(sched.block_manager)
+
+
+def test_max_num_seqs_limits_running():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=2, max_num_batched_tokens=64)
+    runner = FakeRunner(sched)
+    for i in range(5):
+        sched.add(make_seq(i, [i + 1] * 3, max_new=4))
+    while sched.has_work:
+        runner.step()
+        assert len(sched.running) <= 2
+    assert all(runner.generated[i] == expected_tokens([i + 1] * 3, 4) for i in range(5))
+    assert_pool_idle(sched.block_manager)

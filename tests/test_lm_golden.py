@@ -1,0 +1,155 @@
+"""Kimi-Audio LM against the official goldens (tiny random checkpoint, fp32 CPU).
+
+Full-prompt forward logits on every position, and the greedy reference loop reproducing every
+recorded step of the official _generate_loop (logits, raw argmaxes, tokens after the rules,
+positions, return values). Ids come from golden.meta.json, never from constants.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.errors import CheckpointError
+from kimiaudio.generation import RuleTokens
+from kimiaudio.models.attention import ContiguousKVCache
+from kimiaudio.models.kimia_config import KimiaConfig
+from kimiaudio.models.kimia_lm import load_lm
+from kimiaudio.reference_loop import generate_reference, iter_reference
+from kimiaudio.sampling import SamplingParams
+
+GOLDEN = Path(__file__).parent / "data" / "golden_a"
+CHECKPOINT = GOLDEN / "checkpoint"
+SECTIONS = ["lm.text", "lm.both", "lm_e2e"]
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, torch.Tensor]:
+    return load_file(str(GOLDEN / "golden.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def meta() -> dict:
+    return json.loads((GOLDEN / "golden.meta.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_lm(CheckpointPaths(root=CHECKPOINT, glm_tokenizer=CHECKPOINT / "glm-4-voice-tokenizer"), "cpu", torch.float32)
+
+
+def _inputs(golden, section):
+    return (
+        golden[f"{section}.input.audio_input_ids"][0],
+        golden[f"{section}.input.text_input_ids"][0],
+        golden[f"{section}.input.is_continuous_mask"][0].bool(),
+        golden[f"{section}.input.whisper_feature"][0],
+    )
+
+
+def _rule_tokens(meta) -> RuleTokens:
+    ids = meta["special_tokens"]
+    return RuleTokens(ids["kimia_text_blank"], ids["kimia_text_eos"], ids["msg_end"], ids["media_end"])
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_full_prompt_forward_matches_golden(lm, golden, section):
+    audio_ids, text_ids, mask, features = _inputs(golden, section)
+    positions = golden[f"{section}.input.position_ids"][0]
+    use_text = torch.full(mask.shape, bool(text_ids.sum() != 0))
+    with torch.inference_mode():
+        hidden = lm.embed(audio_ids, text_ids, use_text, features, mask)
+        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config, "cpu", torch.float32))
+    torch.testing.assert_close(text_logits, golden[f"{section}.forward.text_logits"][0], **TOL)
+    torch.testing.assert_close(audio_logits, golden[f"{section}.forward.audio_logits"][0], **TOL)
+
+
+def test_logits_rows_select_rows(lm, golden):
+    audio_ids, text_ids, mask, features = _inputs(golden, "lm.both")
+    positions = torch.arange(audio_ids.shape[0])
+    rows = torch.tensor([0, 7, audio_ids.shape[0] - 1])
+    with torch.inference_mode():
+        hidden = lm.embed(audio_ids, text_ids, torch.ones_like(mask), features, mask)
+        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config, "cpu", torch.float32), rows)
+    torch.testing.assert_close(text_logits, golden["lm.both.forward.text_logits"][0][rows], **TOL)
+    torch.testing.assert_close(audio_logits, golden["lm.both.forward.audio_logits"][0][rows], **TOL)
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_greedy_generation_matches_golden(lm, golden, meta, section):
+    info = meta["sections"][section]
+    audio_ids, text_ids, mask, features = _inputs(golden, section)
+    result = generate_reference(
+        lm, audio_ids, text_ids, mask, [features], SamplingParams.greedy(max_new_tokens=info["max_new_tokens"]),
+        info["output_type"], _rule_tokens(meta), "cpu", record_steps=True,
+    )
+    steps = result.steps
+    gen = f"{section}.gen"
+    assert len(steps) == info["steps_run"]
+    assert [s.position for s in steps] == golden[f"{gen}.step_position_ids"].tolist()
+    torch.testing.assert_close(torch.stack([s.text_logits for s in steps]), golden[f"{gen}.step_text_logits"], **TOL)
+    torch.testing.assert_close(torch.stack([s.audio_logits for s in steps]), golden[f"{gen}.step_audio_logits"], **TOL)
+    assert [s.sampled_text for s in steps] == golden[f"{gen}.step_sampled_text"].tolist()
+    assert [s.sampled_audio for s in steps] == golden[f"{gen}.step_sampled_audio"].tolist()
+    assert [s.text_token for s in steps] == golden[f"{gen}.step_text_tokens"].tolist()
+    assert [s.audio_token for s in steps] == golden[f"{gen}.step_audio_tokens"].tolist()
+    assert result.text_tokens == golden[f"{gen}.text_tokens"].tolist()
+    assert result.audio_tokens == golden[f"{gen}.audio_tokens"].tolist()
+    expected_reason = "stop" if info["steps_run"] < info["max_new_tokens"] else "length"
+    assert result.finish_reason == expected_reason
+    assert steps[-1].finished and not any(s.finished for s in steps[:-1])
+
+
+def test_streaming_iterator_yields_the_same_steps(lm, golden, meta):
+    audio_ids, text_ids, mask, features = _inputs(golden, "lm.both")
+    streamed = [(s.text_token, s.audio_token) for s in iter_reference(
+        lm, audio_ids, text_ids, mask, features, SamplingParams.greedy(max_new_tokens=20), "both", _rule_tokens(meta))]
+    assert streamed == list(zip(golden["lm.both.gen.step_text_tokens"].tolist(),
+                                golden["lm.both.gen.step_audio_tokens"].tolist()))
+
+
+def test_config_errors_name_the_file(tmp_path):
+    data = json.loads((CHECKPOINT / "config.json").read_text())
+    del data["hidden_size"]
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"config\.json.*hidden_size"):
+        KimiaConfig.from_file(bad)
+    data["hidden_size"] = "64"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"config\.json.*'hidden_size' must be of type int"):
+        KimiaConfig.from_file(bad)
+
+
+def test_missing_tensor_is_a_checkpoint_error(tmp_path):
+    shutil.copy(CHECKPOINT / "config.json", tmp_path / "config.json")
+    state = load_file(str(CHECKPOINT / "model.safetensors"))
+    del state["model.mimo_norm.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*mimo_norm\.weight"):
+        load_lm(CheckpointPaths(root=tmp_path, glm_tokenizer=tmp_path), "cpu", torch.float32)
+
+
+def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, meta):
+    audio_ids, _, mask, features = _inputs(golden, "lm.both")
+    zeros = torch.zeros_like(audio_ids)
+    positions = torch.arange(audio_ids.shape[0])
+    last = torch.tensor([audio_ids.shape[0] - 1])
+    with torch.inference_mode():
+        skipped = lm.embed(audio_ids, zeros, torch.zeros_like(mask), features, mask)
+        added = lm.embed(audio_ids, zeros, torch.ones_like(mask), features, mask)
+        # Per-token rule: a row without use_text is the audio embedding alone.
+        assert not torch.equal(skipped, added)
+        torch.testing.assert_close(lm.embed(audio_ids[:1], zeros[:1], torch.zeros(1, dtype=torch.bool)),
+                                   lm.model.embed_tokens(audio_ids[:1]))
+        expected, _ = lm(skipped, positions, ContiguousKVCache(lm.config, "cpu", torch.float32), last)
+    step = next(iter_reference(lm, audio_ids, zeros, mask, features, SamplingParams.greedy(), "both",
+                               _rule_tokens(meta), record_steps=True))
+    torch.testing.assert_close(step.text_logits, expected[0], atol=1e-6, rtol=1e-6)

@@ -1,0 +1,260 @@
+"""Shared helpers for the server tests (no tests here): real speech made with espeak-ng + sox,
+and WAV writing. Imported by tests/test_server_*.py and tests/test_browser_*.py."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kimiaudio.audio.io import load_audio, write_wav
+
+SENTENCES = [
+    "Hello, can you tell me what the weather is like today?",
+    "Please stop talking and listen to me for a moment.",
+]
+
+
+def speech_16k(tmp_dir: Path, text: str, name: str) -> np.ndarray:
+    """`text` spoken by espeak-ng, as float32 mono 16 kHz (skips the test if tools are missing)."""
+    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
+        pytest.skip("espeak-ng and sox are needed to make test speech")
+    raw, wav = tmp_dir / f"{name}.raw.wav", tmp_dir / f"{name}.wav"
+    if not wav.exists():
+        subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), text], check=True, capture_output=True)
+        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", str(wav)], check=True, capture_output=True)
+    return load_audio(wav)
+
+
+def silence(seconds: float, sr: int = 16000) -> np.ndarray:
+    return np.zeros(int(seconds * sr), dtype=np.float32)
+
+
+def write_clip(path: Path, pieces: list[np.ndarray], sr: int = 16000) -> Path:
+    write_wav(path, np.concatenate(pieces), sr)
+    return path
+
+
+# ----------------------------------------------------------------- WebRTC test client
+import asyncio
+import fractions
+import json
+import time
+
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+
+class ScriptedMic(MediaStreamTrack):
+    """A microphone the test controls: silence, or the clips given to `say` (16 kHz), in
+    20 ms frames paced in real time. `hang()` stops producing frames (a vanished client)."""
+
+    kind = "audio"
+
+    def __init__(self):
+        super().__init__()
+        self._queue: list[np.ndarray] = []
+        self._pts = 0
+        self._start = None
+        self._hung = False
+        self.finished_speaking = asyncio.Event()
+
+    def say(self, pcm16k: np.ndarray) -> None:
+        self._queue.append(np.asarray(pcm16k, dtype=np.float32))
+        self.finished_speaking.clear()
+
+    def hang(self) -> None:
+        self._hung = True
+
+    async def recv(self):
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._hung:
+            await asyncio.Event().wait()
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += 320
+            await asyncio.sleep(max(0.0, self._start + self._pts / 16000 - time.monotonic()))
+        samples = np.zeros(320, dtype=np.float32)
+        filled = 0
+        while filled < 320 and self._queue:
+            clip = self._queue[0]
+            n = min(320 - filled, clip.size)
+            samples[filled:filled + n] = clip[:n]
+            filled += n
+            self._queue[0] = clip[n:]
+            if self._queue[0].size == 0:
+                self._queue.pop(0)
+                if not self._queue:
+                    self.finished_speaking.set()
+        frame = AudioFrame(format="s16", layout="mono", samples=320)
+        frame.planes[0].update((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+        frame.pts, frame.sample_rate, frame.time_base = self._pts, 16000, fractions.Fraction(1, 16000)
+        return frame
+
+
+class RtcClient:
+    """A real aiortc peer talking to the server: sends `mic`, records events and audio."""
+
+    def __init__(self, mic: MediaStreamTrack):
+        self.pc = RTCPeerConnection()
+        self.mic = mic
+        self.events: list[dict] = []
+        self._new_event = asyncio.Condition()
+        self.frames_rms: list[float] = []  # one per received 20 ms frame
+        self.channel = None
+        self._tasks = []
+
+    async def connect(self, http, **body) -> tuple[int, dict]:
+        self.channel = self.pc.createDataChannel("events")
+        self.channel.on("message", self._on_message)
+        self.pc.addTrack(self.mic)
+        self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._consume(track))))
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        resp = await http.post("/api/rtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer", **body})
+        answer = await resp.json()
+        if resp.status == 200:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        return resp.status, answer
+
+    def _on_message(self, message):
+        event = json.loads(message)
+        self.events.append(event)
+
+        async def notify():
+            async with self._new_event:
+                self._new_event.notify_all()
+
+        asyncio.ensure_future(notify())
+
+    async def _consume(self, track):
+        try:
+            while True:
+                frame = await track.recv()
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                self.frames_rms.append(float(np.sqrt(np.mean(pcm**2))))
+        except MediaStreamError:
+            pass
+
+    def send(self, event: dict) -> None:
+        self.channel.send(json.dumps(event))
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 20.0, where=None) -> dict:
+        """The `count`-th event of type `kind` (optionally also matching `where(event)`)."""
+        def matches():
+            found = [e for e in self.of_type(kind) if where is None or where(e)]
+            return found[count - 1] if len(found) >= count else None
+
+        async def wait():
+            async with self._new_event:
+                while matches() is None:
+                    await self._new_event.wait()
+            return matches()
+
+        try:
+            return await asyncio.wait_for(wait(), timeout)
+        except asyncio.TimeoutError:
+            got = [e["type"] for e in self.events]
+            raise AssertionError(f"no {kind} #{count} within {timeout} s; events so far: {got}") from None
+
+    async def close(self):
+        for t in self._tasks:
+            t.cancel()
+        await self.pc.close()
+
+
+# ----------------------------------------------------------------- a scripted pipeline
+import sys
+import types
+from dataclasses import dataclass
+
+
+def ensure_pipeline_module() -> None:
+    """Until kimiaudio/pipeline.py exists, provide its two request types so the server imports."""
+    try:
+        import kimiaudio.pipeline  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("kimiaudio.pipeline")
+
+        @dataclass
+        class HistoryTurn:
+            role: str
+            text: str = ""
+            audio: np.ndarray | None = None
+            audio_tokens: list[int] | None = None
+
+        @dataclass
+        class TurnRequest:
+            conversation_id: str
+            history: list
+            user_audio: np.ndarray
+            sampling: object = None
+            output_type: str = "both"
+
+        stub.HistoryTurn, stub.TurnRequest = HistoryTurn, TurnRequest
+        sys.modules["kimiaudio.pipeline"] = stub
+
+
+class FakeHandle:
+    def __init__(self, pipeline, request, turn_id):
+        self.turn_id, self.request, self.pipeline = turn_id, request, pipeline
+        self.cancelled = asyncio.Event()
+
+    def __aiter__(self):
+        return self._events()
+
+    async def _events(self):
+        from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
+
+        p = self.pipeline
+        p.running += 1
+        try:
+            yield UserEncoded(audio_tokens=[7] * 5, seconds=self.request.user_audio.size / 16000)
+            sent_text, sent_audio = [], []
+            for i in range(p.num_chunks):
+                if i < len(p.words):
+                    sent_text.append(p.words[i])
+                    yield TextDelta(p.words[i])
+                t = np.arange(p.chunk_samples) / 24000
+                pcm = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+                sent_audio += [100 + i] * (p.chunk_samples // 1920)
+                yield AudioChunk(pcm)
+                try:
+                    await asyncio.wait_for(self.cancelled.wait(), p.chunk_interval_s)
+                except asyncio.TimeoutError:
+                    continue
+                yield TurnDone(status="cancelled", text="".join(sent_text), audio_tokens=sent_audio)
+                return
+            yield TurnDone(status="completed", text="".join(sent_text), text_tokens=[1, 2], audio_tokens=sent_audio,
+                           timings={"queued_s": 0.001, "first_pcm_s": 0.01},
+                           prefill_tokens_cached=10 * len(self.request.history))
+        finally:
+            p.running -= 1
+
+
+class FakePipeline:
+    """The pipeline interface with scripted output: words as text deltas, tone chunks as audio."""
+
+    def __init__(self, words=("Hello ", "from ", "the ", "fake."), num_chunks=6, chunk_samples=9600, chunk_interval_s=0.2):
+        self.words, self.num_chunks = list(words), num_chunks
+        self.chunk_samples, self.chunk_interval_s = chunk_samples, chunk_interval_s
+        self.requests, self.cancelled, self.running = [], [], 0
+
+    def submit(self, request):
+        self.requests.append(request)
+        return FakeHandle(self, request, len(self.requests))
+
+    def cancel(self, handle):
+        self.cancelled.append(handle.turn_id)
+        handle.cancelled.set()
+
+    def stats(self):
+        return {"running": self.running, "waiting": 0, "kv_blocks_total": 8, "kv_blocks_free": 8}

@@ -1,0 +1,118 @@
+"""Conversation store queries (kimiaudio/store/conversation_store.py)."""
+
+import asyncio
+import io
+import sqlite3
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.store import ConversationStore
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = ConversationStore(tmp_path / "k.db")
+    await s.open()
+    yield s
+    await s.close()
+
+
+def _tone(seconds, sr, freq=220.0):
+    t = np.arange(int(seconds * sr)) / sr
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+async def test_conversation_ids_are_unguessable(store):
+    a = await store.create_conversation()
+    b = await store.create_conversation()
+    assert a["id"] != b["id"] and len(a["id"]) >= 20
+    assert set(a["id"]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+async def test_turns_round_trip_with_audio_at_their_rates(store):
+    conv = await store.create_conversation()
+    user = _tone(1.0, 16000)
+    reply = _tone(0.5, 24000, 440.0)
+    i0 = await store.add_turn(conv["id"], "user", audio=user, audio_tokens=[1, 2, 3], timings={"speech_s": 1.0})
+    i1 = await store.add_turn(
+        conv["id"], "assistant", "Hello there, how are you?", text_tokens=[5, 6], audio_tokens=[7, 8], audio=reply
+    )
+    assert (i0, i1) == (0, 1)
+    got = await store.get_conversation(conv["id"])
+    assert got["title"] == "Hello there, how are you?"
+    t0, t1 = got["turns"]
+    assert (t0["role"], t0["audio_tokens"], t0["timings"], t0["has_audio"]) == ("user", [1, 2, 3], {"speech_s": 1.0}, True)
+    assert t0["duration_s"] == pytest.approx(1.0)
+    assert (t1["role"], t1["text_tokens"], t1["audio_tokens"], t1["interrupted"]) == ("assistant", [5, 6], [7, 8], False)
+    assert t1["duration_s"] == pytest.approx(0.5)
+
+    pcm, sr = sf.read(io.BytesIO(await store.turn_audio_wav(conv["id"], 1)), dtype="float32")
+    assert sr == 24000 and np.max(np.abs(pcm - reply)) < 1.0 / 16000
+    pcm, sr = sf.read(io.BytesIO(await store.turn_audio_wav(conv["id"], 0)), dtype="float32")
+    assert sr == 16000 and pcm.shape == user.shape
+    assert await store.turn_audio_wav(conv["id"], 7) is None
+
+    history = await store.load_history(conv["id"])
+    assert [h.role for h in history] == ["user", "assistant"]
+    assert history[0].sample_rate == 16000 and np.max(np.abs(history[0].audio - user)) < 1.0 / 16000
+    assert history[1].text == "Hello there, how are you?"
+
+
+async def test_update_marks_interrupted_and_replaces_audio(store):
+    conv = await store.create_conversation()
+    await store.add_turn(conv["id"], "user", audio=_tone(0.5, 16000))
+    await store.add_turn(conv["id"], "assistant", "long answer", audio=_tone(2.0, 24000), audio_tokens=list(range(25)))
+    await store.update_turn(conv["id"], 1, interrupted=True, audio=_tone(0.4, 24000), audio_tokens=list(range(5)))
+    turn = (await store.get_conversation(conv["id"]))["turns"][1]
+    assert turn["interrupted"] is True and turn["audio_tokens"] == list(range(5))
+    assert turn["duration_s"] == pytest.approx(0.4)
+    with pytest.raises(KimiAudioError, match="no turn 9"):
+        await store.update_turn(conv["id"], 9, text="x")
+
+
+async def test_unknown_conversation(store):
+    assert await store.get_conversation("nope") is None
+    assert await store.load_history("nope") is None
+    assert await store.delete_conversation("nope") is False
+    with pytest.raises(KimiAudioError, match="does not exist"):
+        await store.add_turn("nope", "user")
+    conv = await store.create_conversation()
+    with pytest.raises(KimiAudioError, match="role"):
+        await store.add_turn(conv["id"], "system")
+
+
+async def test_concurrent_writes_get_distinct_indices(store):
+    conv = await store.create_conversation()
+    indices = await asyncio.gather(*(store.add_turn(conv["id"], "user", f"t{i}") for i in range(40)))
+    assert sorted(indices) == list(range(40))
+    listed = await store.list_conversations()
+    assert listed[0]["id"] == conv["id"] and listed[0]["num_turns"] == 40
+
+
+async def test_delete_cascades_to_turns_and_audio(store, tmp_path):
+    conv = await store.create_conversation()
+    keep = await store.create_conversation()
+    await store.add_turn(conv["id"], "user", audio=_tone(0.2, 16000))
+    await store.add_turn(keep["id"], "user", audio=_tone(0.2, 16000))
+    assert await store.delete_conversation(conv["id"]) is True
+    conn = sqlite3.connect(tmp_path / "k.db")
+    assert conn.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 1
+    assert conn.execute("SELECT COUNT(*) FROM turn_audio").fetchone()[0] == 1
+    conn.close()
+    assert [c["id"] for c in await store.list_conversations()] == [keep["id"]]
+
+
+async def test_committed_data_survives_reopen(tmp_path):
+    s = ConversationStore(tmp_path / "k.db")
+    await s.open()
+    conv = await s.create_conversation()
+    await s.add_turn(conv["id"], "user", audio=_tone(0.3, 16000))
+    await s.close()
+    s = ConversationStore(tmp_path / "k.db")
+    await s.open()
+    history = await s.load_history(conv["id"])
+    await s.close()
+    assert len(history) == 1 and history[0].audio.shape == (4800,)
