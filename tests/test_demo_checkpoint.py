@@ -152,3 +152,44 @@ def test_ensure_refuses_incomplete_directory(tmp_path):
     (tmp_path / "demo-checkpoint" / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="incomplete"):
         ensure_demo_checkpoint(tmp_path)
+
+
+def test_loads_through_the_real_loaders(demo):
+    from kimiaudio.audio.glm4_tokenizer import load_glm4_tokenizer
+    from kimiaudio.audio.whisper_features import load_whisper_encoder
+    from kimiaudio.config import DetokConfig
+    from kimiaudio.detok.detokenizer import Detokenizer
+    from kimiaudio.models.kimia_lm import load_lm
+
+    paths = find_checkpoint(demo)
+    load_lm(paths, "cpu", torch.float32)
+    load_whisper_encoder(paths)
+    load_glm4_tokenizer(paths)
+    Detokenizer.load(paths, "cpu", torch.float32, DetokConfig())
+
+
+def test_demo_replies_end_after_a_few_seconds(demo):
+    # The tuned msg_end row: with the default sampling, speech replies stop on their own.
+    from kimiaudio.models.kimia_lm import load_lm
+    from kimiaudio.reference_loop import generate_reference
+    from kimiaudio.sampling import SamplingParams
+    from kimiaudio.text.prompt import Message, build_prompt
+
+    paths = find_checkpoint(demo)
+    tok = KimiTokenizer.from_checkpoint(paths)
+    specials = SpecialTokens.from_tokenizer(tok, read_json(paths.lm_config))
+    lm = load_lm(paths, "cpu", torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    steps = []
+    for seed in range(6):
+        n = 20 + 10 * seed
+        codes = torch.randint(0, specials.num_audio_codes, (n,), generator=gen).tolist()
+        features = torch.randn(n, lm.config.kimia_adaptor_input_dim, generator=gen)
+        prompt = build_prompt([Message("user", "audio", audio_tokens=codes, features=features)], "both", tok, specials)
+        params = SamplingParams(seed=seed, max_new_tokens=300)  # default sampling: audio T 0.8, top-k 10
+        result = generate_reference(lm, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features,
+                                    params, "both", specials, record_steps=True)
+        assert result.finish_reason != "length"
+        steps.append(len(result.steps))
+    steps.sort()
+    assert 15 <= steps[len(steps) // 2] <= 100, steps

@@ -129,3 +129,36 @@ def test_vocoder_errors(tmp_path):
     (d / "config.json").write_text((d / "config.json").read_text().replace('"resblock": "1"', '"resblock": "3"'))
     with pytest.raises(CheckpointError, match=r"config\.json.*resblock"):
         load_vocoder(d, torch.device("cpu"), torch.float32)
+
+
+def _dit_variant(tmp_path, kind, extra):
+    d = _copy_dir(CKPT / "audio_detokenizer", tmp_path / kind)
+    (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("position_embedding_type: skip", f"position_embedding_type: {kind}"))
+    state = torch.load(d / "model.pt", weights_only=True)
+    state["state_dict"].update(extra)
+    torch.save(state, d / "model.pt")
+    return load_dit(d, torch.device("cpu"), torch.float32)
+
+
+def test_sincos_positions_are_chunk_relative(tmp_path):
+    """fairseq make_positions(padding_idx=0): ids s..s+n-1 -> rows 1..n (s>0); id 0 -> zero row."""
+    dit = _dit_variant(tmp_path, "sincos", {"speech_model.position_embedding._float_tensor": torch.zeros(1)})
+    half = 32
+    freqs = torch.exp(torch.arange(half) * -(torch.log(torch.tensor(10000.0)) / (half - 1)))
+
+    def row(p):
+        return torch.zeros(64) if p == 0 else torch.cat([torch.sin(p * freqs), torch.cos(p * freqs)])
+
+    later = dit._position_embedding(torch.arange(7, 47)[None], torch.float32)[0]
+    torch.testing.assert_close(later, torch.stack([row(p) for p in range(1, 41)]), atol=1e-5, rtol=1e-5)
+    first = dit._position_embedding(torch.arange(0, 40)[None], torch.float32)[0]
+    torch.testing.assert_close(first, torch.stack([row(p) for p in range(0, 40)]), atol=1e-5, rtol=1e-5)
+
+
+def test_learnable_positions_index_the_table(tmp_path):
+    table = torch.randn(4097, 64)
+    dit = _dit_variant(tmp_path, "learnable", {"speech_model.position_embedding.weight": table})
+    pos = torch.arange(7, 47)[None]
+    torch.testing.assert_close(dit._position_embedding(pos, torch.float32), table[pos])
+    with pytest.raises(CheckpointError, match="position_embedding.weight"):
+        _dit_variant(tmp_path / "b", "learnable", {})

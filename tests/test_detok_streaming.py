@@ -27,6 +27,12 @@ def detok():
     return Detokenizer.load(paths, "cpu", torch.float32, DetokConfig())
 
 
+@pytest.fixture(scope="module")
+def fast(detok):
+    """Same weights, fewer ODE steps: for tests that compare the code with itself."""
+    return Detokenizer(detok.dit, detok.vocoder, DetokConfig(ode_steps=8))
+
+
 @pytest.mark.parametrize("name", ["s37", "s75"])
 def test_detokenize_matches_official(golden, detok, name):
     info = golden[f"detok.{name}.chunk_info"]
@@ -64,9 +70,10 @@ def _drive(detok, plans, together: bool):
     return out
 
 
-def test_batched_sessions_equal_alone(detok):
+def test_batched_sessions_equal_alone(fast):
+    detok = fast
     calls = []
-    detok.vocoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
+    hook = detok.vocoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
     g = torch.Generator().manual_seed(3)
     toks = lambda n: torch.randint(0, 64, (n,), generator=g).tolist()  # noqa: E731
     plans = [  # three sessions of different lengths, staggered; chunks of 120/168/final frames mix
@@ -74,12 +81,14 @@ def test_batched_sessions_equal_alone(detok):
         (22, {1: (toks(10), False), 2: (toks(25), False), 3: (toks(0), True)}),
         (33, {1: (toks(33), True)}),
         (44, {1: (toks(33), True)}),  # same shape as the previous one: they share a vocoder forward
+        (55, {2: (toks(20), True)}),  # a first chunk that is also the final one
     ]
     alone = _drive(detok, plans, together=False)
     calls.clear()
     batched = _drive(detok, plans, together=True)
+    hook.remove()
     assert max(calls) == 2  # equal mel lengths were vocoded together
-    totals = [65, 35, 33, 33]
+    totals = [65, 35, 33, 33, 20]
     for a, b, n in zip(alone, batched, totals):
         assert [w.numel() for w in a] == [w.numel() for w in b]
         for wa, wb in zip(a, b):
@@ -87,7 +96,8 @@ def test_batched_sessions_equal_alone(detok):
         assert sum(w.numel() for w in a) == n * 4 * detok.vocoder.cfg.hop_size
 
 
-def test_streaming_session_equals_offline(detok):
+def test_streaming_session_equals_offline(fast):
+    detok = fast
     """Pushing tokens bit by bit with official chunk sizes gives detokenize's wav."""
     tokens = torch.randint(0, 64, (45,), generator=torch.Generator().manual_seed(5)).tolist()
     session = detok.new_session(seed=9)

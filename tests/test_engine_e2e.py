@@ -10,16 +10,14 @@ with the pool drained, and a follow-up prompt must be served from the prefix cac
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
-
-import asyncio
-import threading
-
-import pytest
 
 from kimiaudio.checkpoint import CheckpointPaths
 from kimiaudio.config import EngineConfig
@@ -191,8 +189,9 @@ def test_follow_up_prompt_is_served_from_prefix_cache(setup):
                   text_ids=prompt["text_ids"] + [t for t, _ in generated] + prompt["text_ids"][-3:],
                   continuous_mask=prompt["continuous_mask"] + [0] * (len(generated) + 3))
     second = make_request("second", prompt, SamplingParams.greedy(max_new_tokens=6), "both", rules)
-    engine.add_request(second)
-    outputs = []
+    seq_id = engine.add_request(second)
+    outputs = [(o.text_token, o.audio_token) for o in engine.step()]
+    assert engine.seqs[seq_id].num_cached_tokens == 80
     while engine.has_work():
         outputs += [(o.text_token, o.audio_token) for o in engine.step()]
     after = engine.stats()
@@ -220,6 +219,15 @@ def test_bad_requests_fail_alone(setup):
             engine.add_request(make_request(f"bad{i}", prompt, params, "both", rules))
     with pytest.raises(RequestError, match="do not fit"):  # 31 + 70 - 1 positions > 96
         engine.add_request(make_request("long", good, SamplingParams.greedy(max_new_tokens=70), "both", rules))
+    # A step that raises fails the requests it ran (blocks freed), and the engine keeps going.
+    engine.add_request(make_request("doomed", good, params, "both", rules))
+    run = engine.runner.run
+    engine.runner.run = lambda seqs: 1 / 0
+    failed = engine.step()
+    engine.runner.run = run
+    assert [(o.request_id, o.finished, o.finish_reason) for o in failed] == [("doomed", True, "error")]
+    assert "ZeroDivisionError" in failed[0].error and not engine.has_work()
+    assert engine.stats().num_blocks_free == 12
     request = make_request("good", good, params, "both", rules)
     engine.add_request(request)
     outputs = []

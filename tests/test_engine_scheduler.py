@@ -55,6 +55,9 @@ class FakeRunner:
     def step(self):
         scheduled = self.scheduler.schedule()
         self.steps.append([(s.seq_id, s.num_scheduled_tokens) for s in scheduled])
+        if sum(s.num_scheduled_tokens for s in scheduled) < self.scheduler.max_num_batched_tokens:
+            # Budget left over: nobody scheduled may have been cut short.
+            assert all(s.num_scheduled_tokens == s.num_pending_tokens for s in scheduled)
         for seq in scheduled:
             keys = list(zip(seq.audio_ids, seq.text_ids))
             for p in range(seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens):
@@ -219,6 +222,14 @@ def test_preemption_when_pool_runs_out_keeps_results():
     for i, prompt in prompts.items():
         assert runner.generated[i] == expected_tokens(prompt, 10)
     assert_pool_idle(sched.block_manager)
+
+
+def test_generated_positions_use_text_unless_token_is_zero():
+    seq = make_seq(0, [1, 2, 3])
+    seq.append_token(5, 6)
+    seq.append_token(0, 6)  # the reference decode call's text ids sum to 0: no text embedding
+    assert seq.use_text == [True, True, True, True, False]
+    assert seq.feature_digests[3:] == [None, None] and seq.continuous_mask[3:] == [False, False]
 
 
 def test_abort_frees_blocks_at_once():

@@ -13,8 +13,8 @@ import pytest
 from kimiaudio.audio.io import load_audio, write_wav
 
 SENTENCES = [
-    "Hello, can you tell me what the weather is like today?",
-    "Please stop talking and listen to me for a moment.",
+    "Hello, what is the weather like today?",
+    "Please stop and listen to me.",
 ]
 
 

@@ -2,7 +2,7 @@
 
 `SileroVad` wraps the silero VAD model from the silero-vad package: one speech probability
 per 512-sample window at 16 kHz (32 ms), with the model's recurrent state kept per stream,
-so every session owns its own instance. `TurnDetector` is the state machine on top of it:
+so every session owns its own instance. `TurnDetector` is the state machine on top of it (run both in `vad_executor()`):
 
     silence --p>=threshold--> pending --speech for min_speech_ms--> speaking
     pending --silence_ms of silence--> silence (too short: a click, a cough)
@@ -17,6 +17,7 @@ most as much of the trailing silence, so word edges are not clipped.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +40,22 @@ def _load_silero_model():
         return load_silero_vad()
     finally:
         torch.set_num_threads(threads)
+
+
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # per thread: only this executor's thread is affected
+
+
+def vad_executor() -> ThreadPoolExecutor:
+    """The thread that runs VAD inference for every session (callers shut it down).
+
+    The model is tiny (about 0.2 ms per window on one core); with several intra-op threads it
+    gets slower, and the spinning pool threads steal CPU from the event loop and the GPU
+    worker. So VAD runs here, off the event loop, with one torch thread.
+    """
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="kimiaudio-vad", initializer=_one_torch_thread)
 
 
 class SileroVad:

@@ -19,7 +19,7 @@ from kimiaudio.checkpoint import CheckpointPaths
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.streaming import MAX_POSITION, UPSAMPLE, DetokSession, StreamParams
-from kimiaudio.errors import ConfigError, KimiAudioError
+from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
 
@@ -37,12 +37,17 @@ class Detokenizer:
         dit = load_dit(paths.detokenizer, device, dtype)
         vocoder = load_vocoder(paths.vocoder, device, dtype)
         if vocoder.cfg.num_mels != dit.cfg.input_size:
-            raise KimiAudioError(f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} != DiT input_size {dit.cfg.input_size}")
+            raise CheckpointError(f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} != DiT input_size {dit.cfg.input_size}")
         return cls(dit, vocoder, detok_cfg)
 
     @property
     def sample_rate(self) -> int:
         return self.vocoder.cfg.sampling_rate
+
+    @property
+    def samples_per_token(self) -> int:
+        """Output samples per semantic token (4 mel frames x hop: 1920 at 24 kHz)."""
+        return UPSAMPLE * self.vocoder.cfg.hop_size
 
     def _max_position(self) -> int:
         cfg = self.dit.cfg

@@ -75,11 +75,9 @@ class FlowMatcher:
         dtype = self.dit.input_linear.weight.dtype
         dev = self.dit.input_linear.weight.device
         mel_bins = self.dit.cfg.input_size
-        outputs: list[ChunkOutput | None] = [None] * len(jobs)
+        # a final chunk with no frames left (no look-ahead carried) has nothing for the DiT to do
+        outputs = [ChunkOutput(torch.zeros(0, mel_bins, device=dev, dtype=dtype), None) for _ in jobs]
         live = [i for i, job in enumerate(jobs) if job.token_ids.numel() > 0]
-        for i, job in enumerate(jobs):
-            if i not in live:  # a final chunk with no frames left: nothing for the DiT to do
-                outputs[i] = ChunkOutput(torch.zeros(0, mel_bins, device=dev, dtype=dtype), None)
         if not live:
             return outputs
         batch = [jobs[i] for i in live]

@@ -117,7 +117,8 @@ class DetokSession:
             self.look_ahead_ids = job.token_ids[-job.look_ahead :]
         if out.kv is not None:
             kv = out.kv if self.kv is None else torch.cat([self.kv, out.kv], dim=2)
-            self.kv = kv[:, :, -p.max_kv_cache_frames :] if kv.shape[2] > p.max_kv_cache_frames else kv
+            kv = kv[:, :, -p.max_kv_cache_frames :] if kv.shape[2] > p.max_kv_cache_frames else kv
+            self.kv = kv.contiguous()  # own storage: do not pin the whole batch's K/V
         self.start_position += kept
         self._mel = out.mel
         return out.mel if self.pre_mel is None else torch.cat([self.pre_mel, out.mel])
@@ -129,8 +130,8 @@ class DetokSession:
             out = wav
         elif self.pre_wav is None:
             half = hop * mel.shape[0] // 2
-            out, self.pre_wav = wav[:half], wav[-half:]
-            self.pre_mel = mel[-mel.shape[0] // 2 :]  # (-c)//2: one frame more than pre_wav for odd c
+            out, self.pre_wav = wav[:half], wav[-half:].clone()
+            self.pre_mel = mel[-mel.shape[0] // 2 :].clone()  # (-c)//2: one frame more than pre_wav for odd c
         else:
             out = self._cross_fade(wav, mel)
         if self.trace is not None:
@@ -152,8 +153,8 @@ class DetokSession:
         window = torch.hamming_window(gen).to(device=wav.device, dtype=wav.dtype)  # periodic, fp32 then cast
         out[:half] = self.pre_wav[:half] * window[-half:] + out[:half] * window[:half]
         rest = wav.shape[0] - gen
-        self.pre_wav = wav[-rest:]
-        self.pre_mel = mel[-(rest // self.params.hop_size) :]  # python slicing: 0 keeps the whole mel
+        self.pre_wav = wav[-rest:].clone()
+        self.pre_mel = mel[-(rest // self.params.hop_size) :].clone()  # python slicing: 0 keeps the whole mel
         return out
 
     def _advance(self, kept: int) -> None:

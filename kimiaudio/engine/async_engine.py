@@ -75,6 +75,9 @@ class AsyncEngine:
         """Queue a request; iterate the handle for its outputs. From the loop or any thread
         (then pass the loop the outputs are for)."""
         handle = RequestHandle(request.request_id, loop or asyncio.get_running_loop())
+        if self._stopping:
+            self._send(handle, StepOutput(request.request_id, -1, None, None, True, "error", "engine stopped"))
+            return handle
         self._inbox.put(("add", handle, request))
         self._wake.set()
         return handle

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kimiaudio.config import EngineConfig
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
@@ -47,9 +48,9 @@ def feature_digests(features: torch.Tensor) -> list[str]:
 
 
 class LLMEngine:
-    def __init__(self, lm: KimiAudioLM, config, device: torch.device | str, dtype: torch.dtype):
+    def __init__(self, lm: KimiAudioLM, config: EngineConfig, device: torch.device | str, dtype: torch.dtype):
         self.lm = lm
-        self.config = config  # config.EngineConfig
+        self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
         self.runner = ModelRunner(lm, config, self.device, dtype)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from kimiaudio.config import EngineConfig
 from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
@@ -23,7 +24,7 @@ from kimiaudio.sampling import sample_tokens
 
 
 class ModelRunner:
-    def __init__(self, lm: KimiAudioLM, engine_config, device: torch.device | str, dtype: torch.dtype):
+    def __init__(self, lm: KimiAudioLM, engine_config: EngineConfig, device: torch.device | str, dtype: torch.dtype):
         self.lm = lm
         self.config = lm.config
         self.device = torch.device(device)

@@ -104,7 +104,7 @@ class AttentionMetadata:
             tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables]).to(device)
             lens = torch.tensor(decode_lens).to(device)
             key_slots = (tables[:, :, None] * block_size + torch.arange(block_size, device=device)).flatten(1)
-            mask = torch.arange(key_slots.shape[1], device=device)[None, :] <= lens[:, None]
+            mask = torch.arange(key_slots.shape[1], device=device)[None, :] < lens[:, None]
             decode = (torch.tensor(decode_rows).to(device), key_slots, mask[:, None, None, :])
         return cls(torch.tensor(slot_mapping).to(device), *decode, prefills)
 

@@ -28,7 +28,8 @@ class Scheduler:
         if max_num_seqs <= 0 or max_num_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         self.block_manager = block_manager
-        self.max_num_seqs = max_num_seqs
+        # Never more running sequences than budget tokens: every decode runs in every step.
+        self.max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order, oldest first
@@ -100,7 +101,8 @@ class Scheduler:
                 break  # first come, first served: later arrivals wait behind it
             self.waiting.popleft()
             self.block_manager.allocate(seq, matched)
-            self.num_cached_prefill_tokens += seq.num_computed_tokens
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.num_cached_prefill_tokens += seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             seq.is_prefilling = True
             self.running.append(seq)

@@ -98,6 +98,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_scheduled_tokens = 0
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
+        self.num_cached_tokens = 0  # positions served from the prefix cache at the last admission
         self.is_prefilling = True  # from admission until its first sample after admission
         self.max_num_tokens = n  # positions whose K/V may ever be needed (set by the engine)
         self.finish_reason: str | None = None

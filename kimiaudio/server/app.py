@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Executor
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +27,7 @@ stack_key = web.AppKey("stack", Any)  # ModelStack | None
 pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
 store_key = web.AppKey("store", ConversationStore)
 sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession (None while it is set up)
+vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
 
 def create_app(config: Config, stack, pipeline=None) -> web.Application:
@@ -39,6 +41,7 @@ def create_app(config: Config, stack, pipeline=None) -> web.Application:
     app[stack_key] = stack
     app[sessions_key] = {}
     app.cleanup_ctx.append(_store_context)
+    app.cleanup_ctx.append(_vad_context)
     app.cleanup_ctx.append(_pipeline_context(pipeline))
     app.on_shutdown.append(_close_sessions)
     setup_routes(app)
@@ -52,6 +55,14 @@ async def _store_context(app: web.Application):
     app[store_key] = store
     yield
     await store.close()
+
+
+async def _vad_context(app: web.Application):
+    from kimiaudio.audio.vad import vad_executor
+
+    app[vad_executor_key] = executor = vad_executor()
+    yield
+    executor.shutdown(wait=True)
 
 
 def _pipeline_context(pipeline):

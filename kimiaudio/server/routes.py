@@ -15,6 +15,7 @@ not foresee is logged with its traceback and answered with a 500 that shows none
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -27,7 +28,7 @@ from aiortc import RTCSessionDescription
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server import events
-from kimiaudio.server.app import config_key, pipeline_key, sessions_key, stack_key, store_key
+from kimiaudio.server.app import config_key, pipeline_key, sessions_key, stack_key, store_key, vad_executor_key
 from kimiaudio.server.rtc_session import RtcSession
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ async def status(request: web.Request) -> web.Response:
         "model": {"path": str(stack.paths.root) if stack is not None else None, "is_demo": is_demo},
         "demo_weights": is_demo,
         "demo_message": _demo_message() if is_demo else None,
+        "ice_servers": list(config.server.ice_servers),
         "sessions": {"active": sum(s is not None for s in app[sessions_key].values()), "max": config.server.max_sessions},
         "pipeline": pipeline.stats() if pipeline is not None else None,
     }
@@ -127,15 +129,21 @@ async def offer(request: web.Request) -> web.Response:
     sessions[session_id] = None  # hold the slot while the session is being set up
     session = None
     try:
-        vad = await request.loop.run_in_executor(None, SileroVad)
-        session = RtcSession(session_id, config, app[pipeline_key], app[store_key], vad, conversation_id,
-                             on_closed=lambda s: sessions.pop(s.id, None))
+        vad = await asyncio.get_running_loop().run_in_executor(app[vad_executor_key], SileroVad)
+        session = RtcSession(session_id, config, app[pipeline_key], app[store_key], vad, app[vad_executor_key],
+                             conversation_id, on_closed=lambda s: sessions.pop(s.id, None))
         if update is not None:
-            session.apply_update(update, announce=False)
+            try:
+                session.apply_update(update, announce=False)
+            except KimiAudioError as exc:
+                raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await session.accept(RTCSessionDescription(sdp=sdp, type="offer"))
+    except ApiError:
+        await _discard(sessions, session_id, session)
+        raise
     except KimiAudioError as exc:
         await _discard(sessions, session_id, session)
-        raise ApiError(400, "bad_session", str(exc)) from None
+        raise ApiError(400, "bad_offer", str(exc)) from None
     except Exception as exc:
         await _discard(sessions, session_id, session)
         raise ApiError(400, "bad_offer", f"the SDP offer could not be used ({type(exc).__name__}: {exc})") from None

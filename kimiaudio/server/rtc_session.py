@@ -27,6 +27,7 @@ import logging
 import math
 import secrets
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -78,8 +79,8 @@ def _vad_settings(config: Config) -> TurnSettings:
 
 
 class RtcSession:
-    def __init__(self, session_id: str, config: Config, pipeline, store: ConversationStore,
-                 vad: SileroVad, conversation_id: str | None, on_closed: Callable[["RtcSession"], None]):
+    def __init__(self, session_id: str, config: Config, pipeline, store: ConversationStore, vad: SileroVad,
+                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcSession"], None]):
         self.id = session_id
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.output_type = "both"
@@ -91,7 +92,8 @@ class RtcSession:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = PlaybackTrack(on_playback_started=self._playback_started,
                                    on_playback_finished=self._playback_finished)
-        self.detector = TurnDetector(vad, _vad_settings(self.config))
+        self.detector = TurnDetector(vad, _vad_settings(self.config))  # used only in the VAD thread
+        self._vad_executor = vad_executor
         self.response: _Response | None = None
         self._ids = events.EventIds()
         self._channel = None
@@ -108,6 +110,8 @@ class RtcSession:
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
         await self.pc.setRemoteDescription(offer)
+        if not self._has_audio_track:
+            raise KimiAudioError("the offer has no audio track: send the microphone with the offer")
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         return self.pc.localDescription
 
@@ -154,6 +158,7 @@ class RtcSession:
     # ----- audio in -----
     async def _read_audio(self, track) -> None:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        loop = asyncio.get_running_loop()
         timeout = FIRST_FRAME_TIMEOUT_S
         try:
             while True:
@@ -169,7 +174,7 @@ class RtcSession:
                     pcm = out.to_ndarray().reshape(-1)  # [n] float32 16 kHz
                     if self.response is not None and not self.config.vad.barge_in:
                         continue  # half duplex: the assistant is speaking, input is ignored
-                    for turn_event in self.detector.push(pcm):
+                    for turn_event in await loop.run_in_executor(self._vad_executor, self.detector.push, pcm):
                         await self._on_turn_event(turn_event)
         finally:
             self._spawn(self.close(), "close")
@@ -378,7 +383,8 @@ class RtcSession:
         self.config = config
         if event.output_type is not None:
             self.output_type = event.output_type
-        self.detector.configure(_vad_settings(config))
+        # Through the VAD thread, so the change lands between two pushes.
+        self._vad_executor.submit(self.detector.configure, _vad_settings(config))
         if announce:
             self.send(events.session_updated(self.id, self.conversation_id, self.settings()))
 

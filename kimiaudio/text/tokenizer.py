@@ -45,6 +45,7 @@ class KimiTokenizer:
         )
         self._special = dict(special_tokens)
         self._special_ids = frozenset(special_tokens.values())
+        self._text_ids = frozenset(mergeable_ranks.values())  # what decode keeps
         self.num_base_tokens = len(mergeable_ranks)
         # Text ids the model may emit: ranks and specials (= kimia_token_offset on real checkpoints).
         self.vocab_size = self._encoding.max_token_value + 1
@@ -66,9 +67,9 @@ class KimiTokenizer:
         return ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of the BPE ids; special ids and ids outside the text vocabulary (e.g. audio
-        ids) are dropped. Invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
-        keep = [int(i) for i in ids if 0 <= int(i) < self.vocab_size and int(i) not in self._special_ids]
+        """Text of the BPE ids; every other id (special tokens, audio ids, unused ids) is
+        dropped. Invalid UTF-8 (a cut multi-byte character) becomes U+FFFD."""
+        keep = [i for i in map(int, ids) if i in self._text_ids]
         return self._encoding.decode(keep, errors="replace")
 
     def special_id(self, content: str) -> int:

@@ -1,0 +1,65 @@
+"""Shared fixtures: the official goldens, a demo checkpoint, and real speech made by espeak-ng."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+DATA = Path(__file__).parent / "data"
+GOLDEN_DIR = DATA / "golden_a"
+
+
+@pytest.fixture(scope="session")
+def golden() -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(GOLDEN_DIR / "golden.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def golden_checkpoint() -> Path:
+    return GOLDEN_DIR / "checkpoint"
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory) -> Path:
+    """The embedded demo checkpoint, written once per test session (as `serve` does)."""
+    from kimiaudio.demo_checkpoint import ensure_demo_checkpoint
+
+    return ensure_demo_checkpoint(tmp_path_factory.mktemp("data"))
+
+
+def make_speech(path: Path, text: str, rate: int = 16000, pad_silence_s: float = 0.0) -> Path:
+    """Speak `text` with espeak-ng into a mono WAV at `rate`, optionally followed by silence."""
+    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
+        pytest.skip("espeak-ng and sox are needed to make test speech (apt-get install espeak-ng sox)")
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+    cmd = ["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)]
+    if pad_silence_s:
+        cmd += ["pad", "0", str(pad_silence_s)]
+    subprocess.run(cmd, check=True)
+    raw.unlink()
+    return path
+
+
+@pytest.fixture(scope="session")
+def speech_wav(tmp_path_factory) -> Path:
+    """About 2 s of English speech at 22.05 kHz (espeak's own rate: loaders must resample)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is needed to make test speech")
+    path = tmp_path_factory.mktemp("speech") / "hello.wav"
+    subprocess.run(["espeak-ng", "-w", str(path), "Hello there, how are you doing today?"], check=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def speech_16k(speech_wav) -> np.ndarray:
+    from kimiaudio.audio.io import load_audio
+
+    return load_audio(speech_wav)

@@ -1,0 +1,139 @@
+"""The demo page in headless Chromium against the real server and pipeline (demo weights):
+connect with a fake microphone playing espeak speech, complete a turn, see the assistant's
+text, the demo banner and the readable errors (server full, microphone denied)."""
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_server_support import RtcClient, ScriptedMic, silence, speech_16k, write_clip
+
+from kimiaudio.config import Config
+from kimiaudio.server.app import create_app, store_key
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                       reason="headless Chromium and chromedriver are needed"),
+]
+
+
+def _browser(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = True):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--no-first-run", "--autoplay-policy=no-user-gesture-required", "--window-size=1200,900",
+                 f"--user-data-dir={tmp_path / 'chrome-profile'}"):
+        options.add_argument(flag)
+    options.add_argument("--use-fake-device-for-media-stream")
+    if fake_audio is not None:
+        options.add_argument(f"--use-file-for-fake-audio-capture={fake_audio}%noloop")
+    # Grant the microphone without asking, or answer the permission prompt with "block".
+    options.add_argument("--use-fake-ui-for-media-stream" if allow_mic else "--deny-permission-prompts")
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def _wait(driver, script: str, timeout: float):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+
+
+@pytest.fixture
+async def server(aiohttp_client, demo_checkpoint, tmp_path):
+    from kimiaudio.model_stack import ModelStack
+    from kimiaudio.pipeline import Pipeline
+
+    config = Config()
+    config.model.path, config.model.device = str(demo_checkpoint), "cpu"
+    config.storage.data_dir = str(tmp_path / "data")
+    config.engine.num_kv_blocks = 256
+    config.sampling.max_new_tokens = 60
+    config.vad.silence_ms = 400
+    config.server.max_sessions = 1
+    stack = await asyncio.to_thread(ModelStack.load, config)
+    pipeline = Pipeline(stack, config)
+    await pipeline.start()
+    http = await aiohttp_client(create_app(config, stack, pipeline))
+    yield http
+    await http.close()
+    await pipeline.stop()
+
+
+async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path):
+    # Two utterances far apart: the random demo weights sometimes answer with no text at
+    # all (an immediate end of text), so the test waits for an answer that has some.
+    speech = speech_16k(tmp_path, "Hello, what is the weather like today?", "hello")
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.0), speech, silence(6.0), speech, silence(20.0)])
+    url = str(server.make_url("/"))
+
+    def drive():
+        driver = _browser(tmp_path, wav)
+        try:
+            driver.get(url)
+            _wait(driver, "return !document.getElementById('demo-banner').hidden", 10)
+            driver.find_element("id", "connect").click()
+            _wait(driver, """
+                return [...document.querySelectorAll('#transcript .turn.assistant[data-status="completed"]')]
+                    .some((r) => r.querySelector('.text').textContent !== '(no text)');""", 60)
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0", 10)
+            ARTIFACTS.mkdir(exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "browser_turn.png"))
+            return {
+                "assistant": driver.execute_script("""
+                    return [...document.querySelectorAll('#transcript .turn.assistant[data-status]')].map((r) => [
+                        r.dataset.status, r.querySelector('.text').textContent, r.querySelector('.meta').textContent]);"""),
+                "user_turns": len(driver.find_elements("css selector", "#transcript .turn.user")),
+                "banner": driver.find_element("id", "demo-banner").text,
+                "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden"),
+            }
+        finally:
+            driver.quit()
+
+    result = await asyncio.to_thread(drive)
+    assert "Demo weights" in result["banner"] and "--model" in result["banner"]
+    assert result["error_hidden"]
+    assert result["user_turns"] >= 1
+    store = server.app[store_key]
+    conversations = await store.list_conversations()
+    assert len(conversations) == 1
+    stored = [t for t in (await store.get_conversation(conversations[0]["id"]))["turns"] if t["role"] == "assistant"]
+    # What the page shows is what the server generated and stored, streamed delta by delta.
+    for (status, text, meta), turn in zip(result["assistant"], stored):
+        assert status == "completed" and "first audio after" in meta
+        assert text == (turn["text"] or "(no text)")
+    assert any(text != "(no text)" for _, text, _ in result["assistant"])
+
+
+async def test_page_explains_server_full_and_mic_denied(server, tmp_path):
+    # Occupy the only session slot with another client.
+    holder = RtcClient(ScriptedMic())
+    assert (await holder.connect(server))[0] == 200
+    url = str(server.make_url("/"))
+
+    def error_after_connect(allow_mic: bool) -> str:
+        driver = _browser(tmp_path, None, allow_mic=allow_mic)
+        try:
+            driver.get(url)
+            driver.find_element("id", "connect").click()
+            return _wait(driver, """
+                const b = document.getElementById('error-banner');
+                return !b.hidden && b.textContent;""", 20)
+        finally:
+            driver.quit()
+
+    full = await asyncio.to_thread(error_after_connect, True)
+    assert "server is full" in full and "Try again in" in full
+    denied = await asyncio.to_thread(error_after_connect, False)
+    assert "Microphone access was denied" in denied
+    await holder.close()

@@ -1,0 +1,114 @@
+"""The command line as a user runs it: `python -m kimiaudio ...` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kimiaudio(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-m", "kimiaudio", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, env=env, timeout=300)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_chat_writes_24k_reply_and_prints_token_ids(demo_checkpoint, speech_wav, tmp_path):
+    out = tmp_path / "reply.wav"
+    result = kimiaudio("chat", str(speech_wav), "--model", str(demo_checkpoint), "--out", str(out),
+                       "--json", "--seed", "3", "--max-new-tokens", "48")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["demo_weights"] is True
+    turn = report["turns"][0]
+    assert turn["audio_tokens"] and all(isinstance(t, int) for t in turn["audio_tokens"])
+    assert all(isinstance(t, int) for t in turn["text_tokens"])
+    for key in ("encode_s", "generate_s", "steps_per_s", "detok_rtf"):
+        assert turn["timings"][key] > 0
+    audio, rate = soundfile.read(out)
+    assert rate == 24000
+    codes = [t for t in turn["audio_tokens"] if t >= 320]  # demo checkpoint token offset: codes above it
+    assert len(audio) == len(codes) * 4 * 480  # 12.5 Hz codes -> 50 Hz frames -> 480 samples each
+    assert np.abs(audio).max() > 0.01
+
+
+def test_chat_two_turns_same_seed_is_reproducible(demo_checkpoint, speech_wav, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.wav"
+        result = kimiaudio("chat", str(speech_wav), str(speech_wav), "--model", str(demo_checkpoint),
+                           "--out", str(out), "--json", "--seed", "5", "--max-new-tokens", "40")
+        assert result.returncode == 0, result.stderr
+        runs.append(json.loads(result.stdout))
+        assert (tmp_path / f"{name}.turn1.wav").exists() and out.exists()
+    assert len(runs[0]["turns"]) == 2
+    assert [t["audio_tokens"] for t in runs[0]["turns"]] == [t["audio_tokens"] for t in runs[1]["turns"]]
+
+
+def test_transcribe_prints_text_without_detokenizer(demo_checkpoint, speech_wav):
+    result = kimiaudio("transcribe", str(speech_wav), "--model", str(demo_checkpoint), "--json")
+    assert result.returncode == 0, result.stderr
+    turn = json.loads(result.stdout)["turns"][0]
+    assert isinstance(turn["text"], str)
+    assert turn["audio_tokens"] == []  # text output: the audio stream stays blank
+    assert "detok_s" not in turn["timings"]
+    plain = kimiaudio("transcribe", str(speech_wav), "--model", str(demo_checkpoint))
+    assert plain.returncode == 0 and "DEMO WEIGHTS" in plain.stdout
+
+
+@pytest.mark.parametrize("kind", ["missing", "garbage", "silent", "empty"])
+def test_bad_audio_input_is_one_line(kind, demo_checkpoint, tmp_path):
+    path = tmp_path / f"{kind}.wav"
+    if kind == "garbage":
+        path.write_bytes(b"this is not audio" * 100)
+    elif kind == "silent":
+        soundfile.write(path, np.zeros(16000, dtype=np.float32), 16000)
+    elif kind == "empty":
+        soundfile.write(path, np.zeros(0, dtype=np.float32), 16000)
+    result = kimiaudio("transcribe", str(path), "--model", str(demo_checkpoint))
+    assert_one_line_error(result, str(path.name))
+
+
+def test_too_long_input_names_the_limit(demo_checkpoint, speech_wav, tmp_path):
+    config = tmp_path / "short.toml"
+    config.write_text("[audio]\nmax_input_seconds = 1.0\n")
+    result = kimiaudio("transcribe", str(speech_wav), "--model", str(demo_checkpoint), "--config", str(config))
+    assert_one_line_error(result, "audio.max_input_seconds")
+
+
+def test_bad_model_dir_and_bad_config_key(tmp_path, speech_wav):
+    result = kimiaudio("transcribe", str(speech_wav), "--model", str(tmp_path / "nowhere"))
+    assert_one_line_error(result, "nowhere")
+    broken = tmp_path / "ckpt"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    result = kimiaudio("transcribe", str(speech_wav), "--model", str(broken))
+    assert_one_line_error(result, str(broken))
+    config = tmp_path / "bad.toml"
+    config.write_text("[vad]\ntreshold = 0.5\n")
+    result = kimiaudio("transcribe", str(speech_wav), "--config", str(config))
+    assert_one_line_error(result, "vad.treshold", "bad.toml")
+
+
+def test_bad_arguments_are_one_line():
+    result = kimiaudio("chat")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    result = kimiaudio("bench", "--sessions", "one,two")
+    assert_one_line_error(result, "--sessions")

@@ -1,0 +1,105 @@
+"""The streaming state machine against a plain transcription of the official batch-1 code.
+
+The goldens cover two or three chunks; this reference (official detokenize_audio ->
+detokenize_streaming -> infer_chunk -> torchdyn Euler, written out with plain tensors, one
+session, K/V grown by cat) also covers the K/V cap (max_kv_cache_tokens) and the position reset
+(max_pos_size), shrunk here to 100 frames and 400 positions so that a few chunks reach them.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from kimiaudio.checkpoint import find_checkpoint
+from kimiaudio.config import DetokConfig
+from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.detok.streaming import DetokSession
+
+CKPT = Path(__file__).parent / "data" / "golden_a" / "checkpoint"
+MAX_KV, MAX_POS, STEPS = 100, 400, 4
+
+
+def _euler(dit, x, ids, positions, prev, steps):
+    """torchdyn 1.0.6 fixed-step Euler over linspace(0, 1, steps); K/V of the last call."""
+    ctx = dit.prepare(ids[None], positions[None], torch.ones(1, len(ids), dtype=torch.bool), [prev])
+    t_span = torch.linspace(0, 1, steps)
+    t, dt = t_span[0], t_span[1] - t_span[0]
+    for k in range(1, steps):
+        v, kv = dit(x, (t * 1000).long().view(1), ctx, return_kv=True)
+        x = x + dt * v
+        t = t + dt
+        if k < steps - 1:
+            dt = t_span[k + 1] - t
+    return x, kv[:, :, 0]
+
+
+def _reference(dit, vocoder, tokens, noises, first=30, chunk=30, look_ahead=12, hop=480):
+    pieces, start, prev, left, pre_mel, pre_wav = [], 0, None, None, None, None
+    chunks = [(tokens[:first], len(tokens) <= first)]
+    rest = tokens[first:]
+    chunks += [(rest[i : i + chunk], i + chunk >= len(rest)) for i in range(0, len(rest), chunk)]
+    for toks, final in chunks:
+        ids = torch.tensor(toks).repeat_interleave(4)
+        if left is not None:
+            ids = torch.cat([left, ids])
+        x0 = next(noises)[None]
+        positions = torch.arange(start, start + len(ids))
+        x, cur = _euler(dit, x0, ids, positions, prev, STEPS)
+        la = 0 if final else look_ahead * 4
+        if la:
+            left, mel = ids[-la:], x[0, :-la]
+            ctx = dit.prepare(ids[None, :-la], positions[None, :-la], torch.ones(1, len(mel), dtype=torch.bool), [prev])
+            _, kv = dit(mel[None], (torch.tensor([0.999]) * 1000).long(), ctx, return_kv=True)
+            cur = kv[:, :, 0]
+        else:
+            mel = x[0]
+        prev = cur if prev is None else torch.cat([prev, cur], dim=2)
+        if prev.shape[2] > MAX_KV:
+            prev = prev[:, :, -MAX_KV:]
+        c = mel.shape[0]
+        start += c
+        if pre_mel is None:
+            wav = vocoder(mel.T[None])[0, 0]
+            if final:
+                out = wav
+            else:
+                out, pre_wav, pre_mel = wav[: hop * c // 2], wav[-(hop * c // 2) :], mel[-c // 2 :]
+        else:
+            wav = vocoder(torch.cat([pre_mel, mel]).T[None])[0, 0]
+            if final:
+                out = wav
+            else:
+                held = pre_wav.shape[0]
+                gen = held * 2 if wav.shape[0] > held * 2 else wav.shape[0] // 2
+                out = wav[:gen].clone()
+                w = torch.hamming_window(gen)
+                out[: gen // 2] = pre_wav[: gen // 2] * w[-(gen // 2) :] + out[: gen // 2] * w[: gen // 2]
+                res = wav.shape[0] - gen
+                pre_wav, pre_mel = wav[-res:], mel[-(res // hop) :]
+        pieces.append(out)
+        if not final and start + 2 * c > MAX_POS:
+            start, prev = 0, None
+    return pieces
+
+
+@torch.inference_mode()
+def test_kv_cap_and_position_reset_match_reference():
+    detok = Detokenizer.load(find_checkpoint(CKPT), "cpu", torch.float32, DetokConfig(ode_steps=STEPS))
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, 64, (100,), generator=g).tolist()
+    noises = [torch.randn(n, 80, generator=g) for n in (120, 168, 168, 88)]
+    expected = _reference(detok.dit, detok.vocoder, tokens, iter(noises))
+
+    feed = iter(noises)
+    params = replace(detok.new_session().params, max_kv_cache_frames=MAX_KV, max_position=MAX_POS)
+    session = DetokSession(params, noise_fn=lambda n: next(feed))
+    session.trace = []
+    got = [detok.step_batch([(session, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]
+    got.append(detok.step_batch([(session, [], True)])[0])
+    starts = [rec["start_position"] for rec in session.trace]
+    assert starts == [0, 72, 0, 120]  # the reset after chunk 2 (192 + 2*120 > 400)
+    got = [w for w in got if w.numel()]
+    assert len(got) == len(expected) == 4
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

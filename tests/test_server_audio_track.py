@@ -1,0 +1,80 @@
+"""The outgoing track (kimiaudio/server/audio_track.py): 20 ms 48 kHz frames paced by pts,
+24 kHz -> 48 kHz, jitter-buffer prebuffering, silence when idle, flush without pts jumps,
+and the count of what was actually played."""
+
+import time
+
+import numpy as np
+import pytest
+
+from kimiaudio.audio.io import resample
+from kimiaudio.server.audio_track import FRAME_SAMPLES, PlaybackTrack
+
+
+def _tone(seconds, sr=24000, freq=440.0):
+    t = np.arange(int(seconds * sr)) / sr
+    return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+async def _frames(track, n):
+    out = []
+    for _ in range(n):
+        frame = await track.recv()
+        out.append((frame.pts, frame.sample_rate, frame.to_ndarray().reshape(-1).astype(np.float32) / 32767))
+    return out
+
+
+async def test_idle_track_sends_paced_silence():
+    track = PlaybackTrack()
+    start = time.monotonic()
+    frames = await _frames(track, 10)
+    elapsed = time.monotonic() - start
+    assert [pts for pts, _, _ in frames] == [i * FRAME_SAMPLES for i in range(10)]
+    assert all(sr == 48000 and pcm.size == FRAME_SAMPLES and not pcm.any() for _, sr, pcm in frames)
+    assert 0.15 <= elapsed <= 0.5  # nine 20 ms intervals
+
+
+async def test_response_is_resampled_and_played_in_order():
+    events = []
+    track = PlaybackTrack(prebuffer_ms=40, on_playback_started=lambda r: events.append(("start", r)),
+                          on_playback_finished=lambda r: events.append(("end", r)))
+    pcm = _tone(0.3)
+    track.begin("r1")
+    track.push(pcm[:3000])
+    track.push(pcm[3000:])
+    track.end()
+    frames = await _frames(track, 20)  # 400 ms: the 300 ms response, then silence
+    played = np.concatenate([p for _, _, p in frames])
+    expected = resample(pcm, 24000, 48000)
+    n = expected.size
+    assert np.max(np.abs(played[:n] - expected)) < 2e-3  # only int16 rounding
+    assert not played[n:].any()
+    assert events == [("start", "r1"), ("end", "r1")]
+    assert track.played_samples_24k == pytest.approx(pcm.size, abs=2)
+
+
+async def test_prebuffer_waits_and_flush_keeps_pts_running():
+    track = PlaybackTrack(prebuffer_ms=60)
+    track.begin("r1")
+    track.push(_tone(0.02))  # 20 ms < 60 ms prebuffer, response not ended: wait
+    frames = await _frames(track, 2)
+    assert not frames[0][2].any() and not frames[1][2].any()
+    track.push(_tone(1.0))
+    frames += await _frames(track, 5)
+    assert all(np.abs(p).max() > 0.3 for _, _, p in frames[2:])
+    played = track.flush()
+    assert played == 5 * FRAME_SAMPLES // 2  # 5 frames heard = 100 ms at 24 kHz
+    frames += await _frames(track, 3)
+    assert not any(p.any() for _, _, p in frames[7:])  # silence at once after the flush
+    pts = [f[0] for f in frames]
+    assert pts == [i * FRAME_SAMPLES for i in range(len(frames))]  # no jump, no restart
+
+
+async def test_response_without_audio_finishes_without_starting():
+    events = []
+    track = PlaybackTrack(on_playback_started=lambda r: events.append("start"),
+                          on_playback_finished=lambda r: events.append("end"))
+    track.begin("r1")
+    track.end()
+    await _frames(track, 2)
+    assert events == ["end"]

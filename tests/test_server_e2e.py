@@ -1,0 +1,142 @@
+"""End to end with the real pipeline on the demo checkpoint: a real aiortc client speaks,
+the server detects, stores, generates, streams and plays; history is reused from the KV
+prefix cache; barge-in cancels and frees the KV pool; two clients are served at once."""
+
+import asyncio
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from test_server_support import SENTENCES, RtcClient, ScriptedMic, silence, speech_16k
+
+from kimiaudio.config import Config
+from kimiaudio.server.app import create_app, store_key
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory):
+    d = tmp_path_factory.mktemp("speech")
+    return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
+
+
+@pytest.fixture(scope="module")
+def stack(demo_checkpoint, tmp_path_factory):
+    from kimiaudio.model_stack import ModelStack
+
+    return ModelStack.load(_config(demo_checkpoint, tmp_path_factory.mktemp("unused")))
+
+
+def _config(checkpoint, data_dir):
+    config = Config()
+    config.model.path = str(checkpoint)
+    config.model.device = "cpu"
+    config.storage.data_dir = str(data_dir)
+    config.engine.num_kv_blocks = 256
+    config.sampling.max_new_tokens = 60  # about 2 s of (noise) speech from the demo weights
+    config.vad.silence_ms = 400
+    return config
+
+
+@pytest.fixture
+async def server(aiohttp_client, stack, demo_checkpoint, tmp_path):
+    from kimiaudio.pipeline import Pipeline
+
+    config = _config(demo_checkpoint, tmp_path)
+    pipeline = Pipeline(stack, config)
+    await pipeline.start()
+    http = await aiohttp_client(create_app(config, stack, pipeline))
+    yield http, pipeline
+    await http.close()
+    await pipeline.stop()
+
+
+async def _kv_pool_full_again(pipeline, timeout=5.0):
+    stats = pipeline.stats()
+    for _ in range(int(timeout / 0.05)):
+        stats = pipeline.stats()
+        if stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0:
+            return stats
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"KV pool not released: {stats}")
+
+
+async def test_two_turns_with_history_reuse(server, speech):
+    http, pipeline = server
+    mic = ScriptedMic()
+    client = RtcClient(mic)
+    assert (await client.connect(http))[0] == 200
+    status = await (await http.get("/api/status")).json()
+    assert status["demo_weights"] is True and "random weights" in status["demo_message"]
+
+    mic.say(np.concatenate([speech[0], silence(1.0)]))
+    for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                 "input_audio_buffer.committed", "response.created", "response.text.delta",
+                 "response.audio.started"):
+        await client.wait_for(kind, timeout=30)
+    done = await client.wait_for("response.done", timeout=30)
+    assert done["response"]["status"] == "completed", done
+    timings = done["response"]["timings"]
+    assert 0 < timings["commit_to_first_audio_s"] < 10 and "first_pcm_s" in timings
+    text = "".join(e["delta"] for e in client.of_type("response.text.delta"))
+    assert text and text == done["response"]["text"]
+    # The generated speech came back over WebRTC: well above the silence floor.
+    assert sum(r > 0.01 for r in client.frames_rms) >= 25, max(client.frames_rms)
+
+    conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
+    store = http.app[store_key]
+    user, assistant = (await store.get_conversation(conversation_id))["turns"]
+    assert user["role"] == "user" and user["has_audio"] and user["audio_tokens"]
+    assert assistant["text"] == text and assistant["audio_tokens"] and not assistant["interrupted"]
+    wav = await (await http.get(f"/api/conversations/{conversation_id}/turns/1/audio")).read()
+    pcm, sr = sf.read(io.BytesIO(wav), dtype="float32")
+    assert sr == 24000 and pcm.size > 24000 * 0.5 and np.sqrt(np.mean(pcm**2)) > 0.01
+
+    # Second turn: the history (first user + assistant turn) comes from the prefix cache.
+    mic.say(np.concatenate([speech[1], silence(1.0)]))
+    second = await client.wait_for("response.done", count=2, timeout=40)
+    assert second["response"]["status"] == "completed"
+    assert second["response"]["prefill_tokens_cached"] > 0, second
+    assert len((await store.get_conversation(conversation_id))["turns"]) == 4
+    await client.close()
+    await _kv_pool_full_again(pipeline)
+
+
+async def test_barge_in_with_the_real_pipeline(server, speech):
+    http, pipeline = server
+    mic = ScriptedMic()
+    client = RtcClient(mic)
+    await client.connect(http)
+    mic.say(np.concatenate([speech[0], silence(0.8)]))
+    await client.wait_for("response.audio.started", timeout=30)
+    await asyncio.sleep(0.2)
+    mic.say(np.concatenate([speech[1], silence(1.0)]))  # talk over the answer
+    done = await client.wait_for("response.done", timeout=30)
+    assert done["response"]["status"] == "cancelled", done
+    conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
+    turns = (await http.app[store_key].get_conversation(conversation_id))["turns"]
+    assert turns[1]["role"] == "assistant" and turns[1]["interrupted"] is True
+    assert turns[1]["duration_s"] == pytest.approx(done["response"]["timings"]["played_s"], abs=0.05)
+    # The interrupting utterance is answered in turn.
+    assert (await client.wait_for("response.done", count=2, timeout=40))["response"]["status"] == "completed"
+    await client.close()
+    await _kv_pool_full_again(pipeline)
+
+
+async def test_two_clients_at_once(server, speech):
+    http, pipeline = server
+    clients = [RtcClient(ScriptedMic()) for _ in range(2)]
+    for client in clients:
+        assert (await client.connect(http))[0] == 200
+    for client, clip in zip(clients, speech):
+        client.mic.say(np.concatenate([clip, silence(1.0)]))
+    dones = await asyncio.gather(*(c.wait_for("response.done", timeout=40) for c in clients))
+    assert [d["response"]["status"] for d in dones] == ["completed", "completed"]
+    ids = {c.of_type("input_audio_buffer.committed")[0]["conversation_id"] for c in clients}
+    assert len(ids) == 2
+    for client in clients:
+        await client.close()
+    await _kv_pool_full_again(pipeline)

@@ -1,0 +1,105 @@
+"""REST routes and their errors (kimiaudio/server/routes.py): status, offer validation and the
+session cap, the conversation API, the static page. Bad input gets a JSON 4xx, never a traceback."""
+
+import io
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from test_server_support import FakePipeline, RtcClient, ScriptedMic, ensure_pipeline_module
+
+ensure_pipeline_module()
+
+from kimiaudio.config import Config  # noqa: E402
+from kimiaudio.server.app import create_app, store_key  # noqa: E402
+
+
+@pytest.fixture
+async def http(aiohttp_client, tmp_path):
+    config = Config()
+    config.storage.data_dir = str(tmp_path)
+    config.server.max_sessions = 1
+    return await aiohttp_client(create_app(config, stack=None, pipeline=FakePipeline()))
+
+
+async def _error(resp, status, code):
+    assert resp.status == status, await resp.text()
+    body = await resp.json()
+    assert body["error"]["code"] == code and body["error"]["message"]
+    assert "Traceback" not in body["error"]["message"]
+    return body["error"]["message"]
+
+
+async def test_page_static_files_and_status(http):
+    resp = await http.get("/")
+    assert resp.status == 200 and "<script src=\"/static/app.js\">" in await resp.text()
+    for name in ("app.js", "style.css"):
+        assert (await http.get(f"/static/{name}")).status == 200
+    status = await (await http.get("/api/status")).json()
+    assert status["status"] == "ok" and status["demo_weights"] is False
+    assert status["sessions"] == {"active": 0, "max": 1}
+    assert status["pipeline"]["kv_blocks_total"] == 8
+
+
+@pytest.mark.parametrize("body, code, status", [
+    ("not json at all", "invalid_json", 400),
+    ("[1, 2]", "invalid_json", 400),
+    ('{"sdp": "", "type": "offer"}', "bad_offer", 400),
+    ('{"sdp": "v=0", "type": "answer"}', "bad_offer", 400),
+    ('{"sdp": "v=0\\r\\nm=video 9 UDP 96", "type": "offer"}', "bad_offer", 400),
+    ('{"sdp": "garbage m=audio garbage", "type": "offer"}', "bad_offer", 400),
+    ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "conversation_id": "nope"}', "conversation_not_found", 404),
+    ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": 3}}', "invalid_event", 400),
+    ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": {"threshold": 7}}}',
+     "invalid_value", 400),
+])
+async def test_bad_offers_are_4xx_with_a_message(http, body, code, status):
+    resp = await http.post("/api/rtc/offer", data=body, headers={"Content-Type": "application/json"})
+    await _error(resp, status, code)
+    # A refused offer leaves no session behind.
+    assert (await (await http.get("/api/status")).json())["sessions"]["active"] == 0
+
+
+async def test_session_cap_gives_503_with_retry_after(http):
+    first = RtcClient(ScriptedMic())
+    status, _ = await first.connect(http)
+    assert status == 200
+    second = RtcClient(ScriptedMic())
+    resp = await http.post("/api/rtc/offer", json={"sdp": "v=0\r\nm=audio 9 UDP 111\r\n", "type": "offer"})
+    assert "full" in await _error(resp, 503, "server_full")
+    assert int(resp.headers["Retry-After"]) > 0
+    await first.close()
+    await second.close()
+
+
+async def test_conversation_api(http):
+    store = http.app[store_key]
+    conv = await store.create_conversation()
+    tone = (0.2 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 200)).astype(np.float32)
+    await store.add_turn(conv["id"], "user", audio=np.zeros(8000, np.float32) + 0.1)
+    await store.add_turn(conv["id"], "assistant", "Hi there.", audio=tone, interrupted=True)
+
+    listed = await (await http.get("/api/conversations")).json()
+    assert [c["id"] for c in listed["conversations"]] == [conv["id"]]
+    assert listed["conversations"][0]["title"] == "Hi there." and listed["conversations"][0]["num_turns"] == 2
+    detail = await (await http.get(f"/api/conversations/{conv['id']}")).json()
+    assert [(t["role"], t["interrupted"]) for t in detail["turns"]] == [("user", False), ("assistant", True)]
+
+    resp = await http.get(f"/api/conversations/{conv['id']}/turns/1/audio")
+    assert resp.status == 200 and resp.content_type == "audio/wav"
+    pcm, sr = sf.read(io.BytesIO(await resp.read()), dtype="float32")
+    assert sr == 24000 and np.max(np.abs(pcm - tone)) < 1e-3
+    pcm, sr = sf.read(io.BytesIO(await (await http.get(f"/api/conversations/{conv['id']}/turns/0/audio")).read()))
+    assert sr == 16000 and pcm.size == 8000
+
+    await _error(await http.get(f"/api/conversations/{conv['id']}/turns/5/audio"), 404, "audio_not_found")
+    await _error(await http.get(f"/api/conversations/{conv['id']}/turns/x/audio"), 400, "bad_request")
+    await _error(await http.get("/api/conversations/unknown"), 404, "conversation_not_found")
+    await _error(await http.get("/api/conversations/..%2F..%2Fetc"), 404, "conversation_not_found")
+    await _error(await http.get("/api/conversations?limit=abc"), 400, "bad_request")
+    await _error(await http.get("/api/nothing-here"), 404, "not_found")
+
+    assert (await http.delete(f"/api/conversations/{conv['id']}")).status == 200
+    await _error(await http.delete(f"/api/conversations/{conv['id']}"), 404, "conversation_not_found")
+    assert (await (await http.get("/api/conversations")).json())["conversations"] == []
