@@ -192,7 +192,7 @@ class Pipeline:
                 seq = self.engine.seqs.get(output.seq_id)
                 state.cached_at_submit = getattr(seq, "num_cached_tokens", 0) if seq is not None else 0
             state.add_tokens(output.text_token, output.audio_token)
-            delta = state.text_delta(self.stack.tokenizer)
+            delta = state.text_delta(self.stack.tokenizer, final=output.finished)
             if delta is not None:
                 state.handle.deliver(delta)
             if output.finished:

@@ -100,10 +100,11 @@ class TurnState:
                     self.pending_codes.append(code)
                 self.mark("first_audio_token_s")
 
-    def text_delta(self, tokenizer) -> TextDelta | None:
+    def text_delta(self, tokenizer, final: bool = False) -> TextDelta | None:
         text = tokenizer.decode(self.text_ids)
-        # A trailing U+FFFD is a multi-byte character still being generated: wait for it.
-        stable = text.rstrip("\ufffd") if not self.text_done else text
+        # A trailing U+FFFD may be a multi-byte character still being generated: wait for it
+        # unless no more text can come.
+        stable = text if (self.text_done or final) else text.rstrip("\ufffd")
         if len(stable) <= len(self.emitted_text) or not stable.startswith(self.emitted_text):
             return None
         delta, self.emitted_text = stable[len(self.emitted_text):], stable

@@ -1,0 +1,160 @@
+"""The GPU-worker pipeline on the demo checkpoint: turns in, text deltas and PCM out.
+
+Its streamed output must equal the offline path (batch-1 reference loop + offline
+detokenizer) with the same seed, whatever the batching; follow-up turns must reuse their
+history's KV through the prefix cache; cancelling must free everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from kimiaudio.config import load_config
+from kimiaudio.model_stack import ModelStack
+from kimiaudio.offline import answer
+from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
+from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
+from kimiaudio.sampling import SamplingParams
+from kimiaudio.text.prompt import Message
+
+
+@pytest.fixture(scope="module")
+def stack(demo_checkpoint):
+    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"},
+                                "engine": {"num_kv_blocks": 256, "block_size": 8}})
+    return ModelStack.load(config)
+
+
+def voices(speech_16k: np.ndarray, n: int) -> list[np.ndarray]:
+    """n different utterances cut from real speech (different lengths and gains)."""
+    return [np.ascontiguousarray(speech_16k[: len(speech_16k) - 1600 * i] * (0.6 + 0.1 * i)) for i in range(n)]
+
+
+async def run_turn(pipeline: Pipeline, request: TurnRequest) -> dict:
+    events = [event async for event in pipeline.submit(request)]
+    done = events[-1]
+    assert isinstance(done, TurnDone) and sum(isinstance(e, TurnDone) for e in events) == 1
+    pcm = [e.pcm for e in events if isinstance(e, AudioChunk)]
+    return {
+        "events": events, "done": done,
+        "text": "".join(e.text for e in events if isinstance(e, TextDelta)),
+        "pcm": np.concatenate(pcm) if pcm else np.zeros(0, np.float32),
+        "codes": next((e.audio_tokens for e in events if isinstance(e, UserEncoded)), None),
+    }
+
+
+def offline_answer(stack: ModelStack, pcm: np.ndarray, params: SamplingParams):
+    codes, features = stack.encode_speech(pcm)
+    turn = answer(stack, [Message("user", "audio", audio_tokens=codes, features=features)], params, "both")
+    offset = stack.specials.token_offset
+    speech = [t - offset for t in turn.audio_tokens if t >= offset]
+    wav = stack.detokenizer.detokenize(speech, seed=params.seed).numpy()
+    return turn, speech, wav
+
+
+def test_concurrent_turns_equal_offline_reference(stack, speech_16k):
+    inputs = voices(speech_16k, 4)
+    params = [SamplingParams.from_config(stack.config.sampling, seed=10 + i, max_new_tokens=60) for i in range(4)]
+
+    async def main():
+        pipeline = Pipeline(stack, stack.config)
+        await pipeline.start()
+        try:
+            results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p))
+                                             for x, p in zip(inputs, params)])
+            return results, pipeline.stats()
+        finally:
+            await pipeline.stop()
+
+    results, stats = asyncio.run(main())
+    assert stats["max_batch_sizes"]["encode"] == 4  # committed together -> encoded in one batch
+    assert stats["max_batch_sizes"]["llm"] >= 2 and stats["max_batch_sizes"]["detok"] >= 2
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    for pcm, p, got in zip(inputs, params, results):
+        turn, speech, wav = offline_answer(stack, pcm, p)
+        done = got["done"]
+        assert done.status == "completed" and done.error is None
+        assert done.audio_tokens == speech and speech
+        assert got["text"] == turn.text == done.text
+        assert got["pcm"].shape == wav.shape
+        np.testing.assert_allclose(got["pcm"], wav, atol=1e-4, rtol=1e-4)
+        order = [type(e).__name__ for e in got["events"]]
+        assert order[0] == "UserEncoded" and order[-1] == "TurnDone"
+        t = done.timings
+        assert 0 < t["encoded_s"] <= t["prefill_done_s"] <= t["first_audio_token_s"] <= t["first_pcm_s"] <= t["done_s"]
+
+
+def test_follow_up_turn_is_served_from_prefix_cache(stack, speech_16k):
+    first, second = voices(speech_16k, 2)
+    params = SamplingParams.from_config(stack.config.sampling, seed=3, max_new_tokens=40)
+
+    async def main():
+        pipeline = Pipeline(stack, stack.config)
+        await pipeline.start()
+        try:
+            one = await run_turn(pipeline, TurnRequest("c", [], first, params))
+            history = [HistoryTurn("user", audio=first),
+                       HistoryTurn("assistant", text=one["done"].text, audio_tokens=one["done"].audio_tokens)]
+            two = await run_turn(pipeline, TurnRequest("c", history, second, params))
+            return one, two
+        finally:
+            await pipeline.stop()
+
+    one, two = asyncio.run(main())
+    assert one["done"].prefill_tokens_cached == 0
+    # The whole first prompt (user audio + role markers) is in full blocks of the first turn.
+    first_prompt = one["done"].prefill_tokens_computed
+    assert two["done"].prefill_tokens_cached >= (first_prompt // 8) * 8 > 0
+    # The reply's history form (audio-text, no text EOS) departs from the generated stream at
+    # the EOS position, so the reply and the new user audio are computed, not cached.
+    assert two["done"].prefill_tokens_computed > 0
+
+
+def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
+    a, b = voices(speech_16k, 2)
+    params = SamplingParams.from_config(stack.config.sampling, seed=1, max_new_tokens=300)
+
+    async def main():
+        pipeline = Pipeline(stack, stack.config)
+        await pipeline.start()
+        try:
+            doomed = pipeline.submit(TurnRequest("x", [], a, params))
+            survivor = asyncio.create_task(run_turn(pipeline, TurnRequest("y", [], b, SamplingParams(
+                seed=2, max_new_tokens=30))))
+            seen = []
+            async for event in doomed:
+                seen.append(event)
+                if isinstance(event, (TextDelta, AudioChunk)) or len(seen) > 3:
+                    pipeline.cancel(doomed)
+            other = await survivor
+            await asyncio.sleep(0.2)
+            return seen, other, pipeline.stats()
+        finally:
+            await pipeline.stop()
+
+    seen, other, stats = asyncio.run(main())
+    assert isinstance(seen[-1], TurnDone) and seen[-1].status == "cancelled"
+    assert other["done"].status == "completed"
+    assert stats["turns"] == 0 and stats["running"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_bad_turn_fails_alone(stack, speech_16k):
+    params = SamplingParams(seed=1, max_new_tokens=20)
+
+    async def main():
+        pipeline = Pipeline(stack, stack.config)
+        await pipeline.start()
+        try:
+            bad = TurnRequest("c", [], speech_16k, params, output_type="video")
+            good = TurnRequest("c", [], speech_16k, params)
+            return await asyncio.gather(run_turn(pipeline, bad), run_turn(pipeline, good))
+        finally:
+            await pipeline.stop()
+
+    bad, good = asyncio.run(main())
+    assert bad["done"].status == "failed" and "output_type" in bad["done"].error
+    assert good["done"].status == "completed"
