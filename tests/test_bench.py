@@ -1,0 +1,43 @@
+"""The bench command's plumbing (no timing assertions: speed is reported, not tested)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kimiaudio.bench_7b import KIMI_AUDIO_7B, run_random_7b
+from kimiaudio.config import load_config
+from tests.test_cli import assert_one_line_error, kimiaudio
+
+
+def test_bench_reports_every_figure(demo_checkpoint):
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--sessions", "1,3", "--turns", "2",
+                       "--max-new-tokens", "12", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["demo_weights"] is True
+    rows = {row["sessions"]: row for row in report["rows"]}
+    assert set(rows) == {1, 3}
+    for n, row in rows.items():
+        assert row["generated_tokens"] >= n * 2  # every turn of every session produced tokens
+        assert row["tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
+        assert row["speedup_vs_reference"] == row["tokens_per_s"] / row["reference_tokens_per_s"]
+        assert 0 < row["kv_blocks_used_peak"] <= row["kv_blocks_total"]
+        assert row["prefix_cache_hit_rate"] > 0  # second turns reuse their history's KV
+        assert row["step_ms_p50"] <= row["step_ms_p95"]
+
+
+def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
+    shape = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "kimia_mimo_layers": 1,
+             "kimia_mimo_transformer_from_layer_index": 1, "kimia_adaptor_input_dim": 32}
+    config = load_config(None, {"model": {"device": "cpu"}, "engine": {"num_kv_blocks": 256}})
+    assert run_random_7b(config, [1, 4], argparse.Namespace(json=True), shape=shape) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["batch"] for r in report["rows"]] == [1, 4]
+    assert all(r["step_ms_p50"] > 0 and r["ratio_to_floor"] > 0 for r in report["rows"])
+
+
+def test_random_weights_without_gpu_is_a_clear_error():
+    result = kimiaudio("bench", "--random-weights", "7b", "--device", "cpu")
+    assert_one_line_error(result, "CUDA")
