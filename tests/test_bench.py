@@ -7,7 +7,7 @@ import json
 
 from kimiaudio.bench_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.config import load_config
-from tests.test_cli import assert_one_line_error, kimiaudio
+from test_cli import assert_one_line_error, kimiaudio
 
 
 def test_bench_reports_every_figure(demo_checkpoint):
