@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass
 

@@ -14,44 +14,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kimiaudio.event_stream import EventStream
 from kimiaudio.pipeline_events import AudioChunk, PipelineEvent, TextDelta, TurnDone
 
 
-class TurnHandle:
+class TurnHandle(EventStream[PipelineEvent]):
     """Async iterator of one turn's events; the last one is TurnDone."""
 
     def __init__(self, turn_id: str, loop: asyncio.AbstractEventLoop):
+        super().__init__(loop, lambda event: isinstance(event, TurnDone))
         self.turn_id = turn_id
-        self.loop = loop
         self.submitted_at = time.perf_counter()
-        self._queue: asyncio.Queue[PipelineEvent] = asyncio.Queue()
-        self._ended = False
-        self.done: TurnDone | None = None  # set on the loop thread when TurnDone arrives
 
-    def deliver(self, event: PipelineEvent) -> bool:
-        """From the worker thread; False if the handle's loop is gone."""
-        try:
-            self.loop.call_soon_threadsafe(self._put, event)
-            return True
-        except RuntimeError:
-            return False
-
-    def _put(self, event: PipelineEvent) -> None:
-        if self.done is not None:
-            return
-        if isinstance(event, TurnDone):
-            self.done = event
-        self._queue.put_nowait(event)
-
-    def __aiter__(self) -> "TurnHandle":
-        return self
-
-    async def __anext__(self) -> PipelineEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event = await self._queue.get()
-        self._ended = isinstance(event, TurnDone)
-        return event
+    @property
+    def done(self) -> TurnDone | None:
+        """The TurnDone, once it reached the loop (None while the turn runs)."""
+        return self.last
 
 
 @dataclass

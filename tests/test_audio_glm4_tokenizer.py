@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer, _encoder_state
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
@@ -15,11 +14,6 @@ from kimiaudio.checkpoint import CheckpointPaths
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 GLM_DIR = GOLDEN / "checkpoint" / "glm-4-voice-tokenizer"
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return load_file(str(GOLDEN / "golden.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
 from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
@@ -15,11 +14,6 @@ from kimiaudio.checkpoint import CheckpointPaths
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 TOL = dict(atol=1e-4, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return load_file(str(GOLDEN / "golden.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
 from kimiaudio.errors import CheckpointError
@@ -15,11 +14,6 @@ from kimiaudio.models.dit import load_dit
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 CKPT = GOLDEN / "checkpoint"
 TOL = dict(atol=1e-4, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return load_file(str(GOLDEN / "golden.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from kimiaudio.checkpoint import find_checkpoint
 from kimiaudio.config import DetokConfig
@@ -14,11 +13,6 @@ from kimiaudio.errors import ConfigError, KimiAudioError
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 TOL = dict(atol=1e-4, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return load_file(str(GOLDEN / "golden.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -31,11 +31,6 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
-def golden() -> dict[str, torch.Tensor]:
-    return load_file(str(GOLDEN / "golden.safetensors"))
-
-
-@pytest.fixture(scope="module")
 def meta() -> dict:
     return json.loads((GOLDEN / "golden.meta.json").read_text())
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from kimiaudio.audio.vad import WINDOW, SileroVad, SpeechStarted, SpeechStopped, TurnDetector, TurnSettings
+from kimiaudio.audio.vad import (WINDOW, SileroVad, SpeechStarted, SpeechStopped, TurnDetector, TurnSettings,
+                                 vad_executor)
 from test_server_support import SENTENCES, silence, speech_16k
 
 
@@ -15,12 +16,17 @@ def speech(tmp_path_factory):
 
 
 def _feed(detector, pcm, rng):
-    events, pos = [], 0
-    while pos < pcm.size:  # ragged chunks, like network frames
-        n = int(rng.integers(100, 1500))
-        events += [(pos + n, e) for e in detector.push(pcm[pos : pos + n])]
-        pos += n
-    return events
+    def run():
+        events, pos = [], 0
+        while pos < pcm.size:  # ragged chunks, like network frames
+            n = int(rng.integers(100, 1500))
+            events.extend((pos + n, e) for e in detector.push(pcm[pos : pos + n]))
+            pos += n
+        return events
+
+    # As the server does: on the VAD thread, which runs torch with one intra-op thread.
+    with vad_executor() as executor:
+        return executor.submit(run).result()
 
 
 def test_loading_silero_does_not_change_torch_threads():
@@ -43,8 +49,8 @@ def test_two_utterances_give_two_turns_with_padding(speech):
     b_on = voiced[voiced >= 16000 + a.size][0]
     assert abs(s1.audio_start_ms - a_on / 16) <= 100
     assert abs(s2.audio_start_ms - b_on / 16) <= 100
-    # The end is decided about silence_ms after the voice ends (within a window or so).
-    assert a_off + 0.4 * 16000 <= at1 <= a_off + 0.5 * 16000 + 2 * WINDOW + 1500
+    # The end is decided about silence_ms after the voice ends (the model's own decay aside).
+    assert a_off + 0.4 * 16000 <= at1 <= a_off + 0.8 * 16000 + 1500
     for event, clip in ((e1, a), (e2, b)):
         # padding (<= 300 ms) + speech + at most 300 ms of trailing silence
         assert clip.size * 0.8 <= event.audio.size <= clip.size + 0.6 * 16000 + 2 * WINDOW

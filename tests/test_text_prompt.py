@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from kimiaudio.checkpoint import find_checkpoint, read_json
 from kimiaudio.errors import AudioInputError, KimiAudioError
@@ -13,11 +12,6 @@ from kimiaudio.text.special_tokens import SpecialTokens
 from kimiaudio.text.tokenizer import KimiTokenizer
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
-
-
-@pytest.fixture(scope="module")
-def golden():
-    return load_file(str(GOLDEN / "golden.safetensors"))
 
 
 @pytest.fixture(scope="module")

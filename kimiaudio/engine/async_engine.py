@@ -19,38 +19,19 @@ from typing import Callable
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sequence import EngineRequest, StepOutput
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.event_stream import EventStream
 
 log = logging.getLogger(__name__)
 
 
-class RequestHandle:
+class RequestHandle(EventStream[StepOutput]):
     """Async iterator of one request's StepOutputs; it ends after the one with finished=True."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop):
+        super().__init__(loop, lambda output: output.finished)
         self.request_id = request_id
         self.seq_id: int | None = None  # set by the worker once the engine accepted it
-        self.loop = loop
-        self._queue: asyncio.Queue[StepOutput] = asyncio.Queue()
-        self._closed = False  # loop side: the final output is queued, later ones are dropped
-        self._ended = False  # loop side: the consumer has taken the final output
         self.aborted = False
-
-    def _deliver(self, output: StepOutput) -> None:
-        """Runs on the loop thread."""
-        if self._closed:
-            return
-        self._closed = output.finished
-        self._queue.put_nowait(output)
-
-    def __aiter__(self) -> "RequestHandle":
-        return self
-
-    async def __anext__(self) -> StepOutput:
-        if self._ended:
-            raise StopAsyncIteration
-        output = await self._queue.get()
-        self._ended = output.finished
-        return output
 
 
 Hook = Callable[..., object]
@@ -156,11 +137,7 @@ class AsyncEngine:
             self.engine.abort(output.seq_id)
 
     def _send(self, handle: RequestHandle, output: StepOutput) -> bool:
-        try:
-            handle.loop.call_soon_threadsafe(handle._deliver, output)
-            return True
-        except RuntimeError:  # the handle's event loop is closed
-            return False
+        return handle.deliver(output)  # False: the handle's event loop is closed
 
     def _fail_all(self, error: str) -> None:
         for seq_id, handle in list(self._handles.items()):
