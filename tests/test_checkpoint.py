@@ -1,0 +1,101 @@
+"""Checkpoint discovery and loading: sharded weights, text-only mode, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from kimiaudio.checkpoint import find_checkpoint, load_safetensors
+from kimiaudio.config import load_config
+from kimiaudio.errors import CheckpointError, ConfigError
+from kimiaudio.models.attention import ContiguousKVCache
+from kimiaudio.models.kimia_lm import load_lm
+
+
+def shard(checkpoint, tmp_path):
+    """Copy `checkpoint` with model.safetensors split into two shards + index, as HF writes it."""
+    out = tmp_path / "sharded"
+    shutil.copytree(checkpoint, out)
+    state = load_file(str(out / "model.safetensors"))
+    (out / "model.safetensors").unlink()
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, keys in halves.items():
+        save_file({k: state[k] for k in keys}, str(out / file))
+        weight_map.update({k: file for k in keys})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                  "weight_map": weight_map}))
+    return out
+
+
+def last_logits(lm, golden):
+    ids = golden["lm.text.input.audio_input_ids"][0]
+    text = golden["lm.text.input.text_input_ids"][0]
+    mask = golden["lm.text.input.is_continuous_mask"][0].bool()
+    hidden = lm.embed(ids, text, torch.ones_like(mask), golden["lm.text.input.whisper_feature"][0], mask)
+    return lm(hidden, torch.arange(len(ids)), ContiguousKVCache(lm.config, "cpu", torch.float32))
+
+
+def test_sharded_checkpoint_loads_the_same_weights(golden_checkpoint, golden, tmp_path):
+    sharded = find_checkpoint(shard(golden_checkpoint, tmp_path))
+    single = find_checkpoint(golden_checkpoint)
+    assert load_safetensors(sharded.root).keys() == load_safetensors(single.root).keys()
+    text_a, audio_a = last_logits(load_lm(sharded, "cpu", torch.float32), golden)
+    torch.testing.assert_close(text_a, golden["lm.text.forward.text_logits"][0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(audio_a, golden["lm.text.forward.audio_logits"][0], atol=1e-4, rtol=1e-4)
+
+
+def test_missing_shard_and_missing_files_name_the_file(golden_checkpoint, tmp_path):
+    sharded = shard(golden_checkpoint, tmp_path)
+    (sharded / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors: missing"):
+        load_safetensors(sharded)
+    shutil.rmtree(sharded / "vocoder")
+    with pytest.raises(CheckpointError, match="vocoder/config.json: missing"):
+        find_checkpoint(sharded)
+    assert find_checkpoint(sharded, text_only=True).text_only  # text-only needs no detokenizer files
+
+
+def test_corrupt_weights_are_one_line_errors(golden_checkpoint, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(golden_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file") as info:
+        load_lm(find_checkpoint(broken), "cpu", torch.float32)
+    assert "\n" not in str(info.value)
+    (broken / "config.json").write_text('{"hidden_size": 64}')
+    with pytest.raises(CheckpointError, match="config.json: missing key"):
+        load_lm(find_checkpoint(broken), "cpu", torch.float32)
+
+
+def test_config_file_errors_name_file_and_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[engine]\nblock_size = 'big'\n")
+    with pytest.raises(ConfigError, match=r"c.toml: engine.block_size: expected a number"):
+        load_config(path)
+    path.write_text("[nonsense]\nx = 1\n")
+    with pytest.raises(ConfigError, match=r"\[nonsense\]: unknown section"):
+        load_config(path)
+    path.write_text("[model\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_repository_config_toml_is_the_defaults():
+    """config.toml documents every setting with its default value."""
+    from pathlib import Path
+
+    from kimiaudio.config import Config
+
+    repo = load_config(Path(__file__).resolve().parents[1] / "config.toml")
+    defaults = Config()
+    for section in ("model", "sampling", "audio", "detok", "engine", "server", "vad", "storage"):
+        assert getattr(repo, section) == getattr(defaults, section), section
