@@ -41,8 +41,11 @@ class BenchRow:
     kv_blocks_used_peak: int
     kv_blocks_total: int
     prefix_cache_hit_rate: float
-    reference_tokens_per_s: float | None = None
+    reference_tokens_per_s: float | None = None  # offline path: encode, reference loop, detokenize
     speedup_vs_reference: float | None = None
+    lm_tokens_per_s: float | None = None  # LM alone: the engine ...
+    lm_reference_tokens_per_s: float | None = None  # ... and the batch-1 reference loop
+    lm_speedup: float | None = None
 
 
 def synthetic_speech(seconds: float, seed: int, sr: int = 16000) -> np.ndarray:
@@ -77,7 +80,7 @@ async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: Sam
                 done = event
         if done is None or done.status != "completed":
             raise KimiAudioError(f"bench turn failed: {done.error if done else 'no result'}")
-        stats["tokens"] += max(len(done.text_tokens), 1)
+        stats["tokens"] += len(done.text_tokens)  # one text token per generated position
         if "first_pcm_s" in done.timings:
             stats["first_audio"].append(done.timings["first_pcm_s"])
         if samples:
@@ -127,12 +130,38 @@ def _bench_reference(stack, inputs: list[list[np.ndarray]], params: list[Samplin
             codes, features = stack.encode_speech(pcm)
             history.append(Message("user", "audio", audio_tokens=codes, features=features))
             turn = answer(stack, history, p, "both")
-            tokens += max(len(turn.text_tokens), 1)
+            tokens += turn.num_steps
             offset = stack.specials.token_offset
             reply = [t - offset for t in turn.audio_tokens if t >= offset]
             history.append(Message("assistant", "audio-text", text=turn.text, audio_tokens=reply)
                            if reply else Message("assistant", "text", text=turn.text))
     return tokens / (time.perf_counter() - start)
+
+
+def _bench_lm(stack, config, pcms: list[np.ndarray], params: list[SamplingParams]) -> tuple[float, float]:
+    """Generated positions/s of the engine (all prompts at once) and of the batch-1 reference
+    loop (REFERENCE_SAMPLE prompts, one after another), on the same encoded prompts and seeds."""
+    from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.engine.sequence import EngineRequest
+    from kimiaudio.reference_loop import generate_reference
+    from kimiaudio.text.prompt import Message, build_prompt
+
+    prompts = [build_prompt([Message("user", "audio", audio_tokens=c, features=f)], "both", stack.tokenizer,
+                            stack.specials) for c, f in stack.encode_speech_batch(pcms)]
+    engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
+    start = time.perf_counter()
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(EngineRequest(str(i), prompt.audio_ids, prompt.text_ids, prompt.continuous_mask,
+                                         prompt.features_tensor(), p, "both", stack.specials))
+    tokens = 0
+    while engine.has_work():
+        tokens += sum(1 for out in engine.step() if out.text_token is not None)
+    engine_rate = tokens / (time.perf_counter() - start)
+    tokens, start = 0, time.perf_counter()
+    for prompt, p in list(zip(prompts, params))[:REFERENCE_SAMPLE]:
+        tokens += generate_reference(stack.lm, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask,
+                                     prompt.features_tensor(), p, "both", stack.specials).num_steps
+    return engine_rate, tokens / (time.perf_counter() - start)
 
 
 def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
@@ -156,6 +185,9 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
             k = min(n, REFERENCE_SAMPLE)
             row.reference_tokens_per_s = _bench_reference(stack, inputs[:k], params[:k])
             row.speedup_vs_reference = row.tokens_per_s / row.reference_tokens_per_s
+            row.lm_tokens_per_s, row.lm_reference_tokens_per_s = _bench_lm(
+                stack, config, [session[0] for session in inputs], params)
+            row.lm_speedup = row.lm_tokens_per_s / row.lm_reference_tokens_per_s
             if bar:
                 bar.update()
         rows.append(row)
@@ -166,10 +198,12 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
 
 def format_rows(rows: list[BenchRow]) -> str:
     head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'step p50':>9} {'step p95':>9} {'1st audio p50':>13} "
-            f"{'p95':>8} {'RTF p50':>8} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8}")
+            f"{'p95':>8} {'RTF p50':>8} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
+            f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}")
     lines = [head]
     for r in rows:
-        ref = f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x" if r.reference_tokens_per_s else ""
+        ref = (f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x {r.lm_tokens_per_s:9.1f} "
+               f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x") if r.reference_tokens_per_s else ""
         lines.append(
             f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.step_ms_p50:7.1f}ms "
             f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
@@ -208,4 +242,6 @@ def run_bench_command(config, args) -> int:
         print(f"device {info['device']} dtype {info['dtype']}, {args.max_new_tokens} new positions per turn, "
               f"{args.turns} turn(s) per session; reference = batch-1 loop on {REFERENCE_SAMPLE} sessions")
         print(format_rows(rows))
+        print("tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "
+              "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop alone.")
     return 0

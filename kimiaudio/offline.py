@@ -32,6 +32,7 @@ class TurnResult:
     text_tokens: list[int]  # raw ids as the official loop returns them
     audio_tokens: list[int]  # raw ids (with the token offset)
     finish_reason: str | None
+    num_steps: int = 0  # generated positions
     audio: np.ndarray | None = None  # 24 kHz reply, None for text output
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -53,11 +54,11 @@ def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, o
     )
     gen_s = time.perf_counter() - start
     offset = stack.specials.token_offset
-    steps = max(len(result.text_tokens), len(result.audio_tokens) + stack.lm.config.kimia_mimo_audiodelaytokens, 1)
-    timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s, "steps_per_s": steps / max(gen_s, 1e-9)}
+    timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s,
+               "steps_per_s": result.num_steps / max(gen_s, 1e-9)}
     text_ids = [t for t in result.text_tokens if t < offset]
     turn = TurnResult(stack.tokenizer.decode(text_ids), result.text_tokens, result.audio_tokens, result.finish_reason,
-                      timings=timings)
+                      result.num_steps, timings=timings)
     codes = [t - offset for t in result.audio_tokens if t >= offset]
     if output_type == "both" and stack.detokenizer is not None:
         start = time.perf_counter()

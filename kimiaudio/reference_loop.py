@@ -44,6 +44,7 @@ class GenerationResult:
     audio_tokens: list[int]
     finish_reason: str | None
     steps: list[ReferenceStep] = field(default_factory=list)  # every step with record_steps
+    num_steps: int = 0  # generated positions: one per forward (the prefill, then each decode)
 
 
 def _as_long(values: Any, device: torch.device) -> torch.Tensor:
@@ -150,4 +151,4 @@ def generate_reference(
     steps = list(iter_reference(lm, prompt_audio_ids, prompt_text_ids, continuous_mask, features, params,
                                 output_type, specials, device, record_steps, rules))
     return GenerationResult(rules.text_tokens, rules.audio_tokens, rules.finish_reason,
-                            steps if record_steps else [])
+                            steps if record_steps else [], rules.num_steps)

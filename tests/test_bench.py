@@ -22,6 +22,7 @@ def test_bench_reports_every_figure(demo_checkpoint):
         assert row["generated_tokens"] >= n * 2  # every turn of every session produced tokens
         assert row["tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
         assert row["speedup_vs_reference"] == row["tokens_per_s"] / row["reference_tokens_per_s"]
+        assert row["lm_speedup"] == row["lm_tokens_per_s"] / row["lm_reference_tokens_per_s"] > 0
         assert 0 < row["kv_blocks_used_peak"] <= row["kv_blocks_total"]
         assert row["prefix_cache_hit_rate"] > 0  # second turns reuse their history's KV
         assert row["step_ms_p50"] <= row["step_ms_p95"]

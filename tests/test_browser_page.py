@@ -6,7 +6,6 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from test_server_support import RtcClient, ScriptedMic, silence, speech_16k, write_clip

@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from test_server_support import FakePipeline, RtcClient, ScriptedMic, ensure_pipeline_module
+from test_server_support import FakePipeline, RtcClient, ScriptedMic
 
-ensure_pipeline_module()
-
-from kimiaudio.config import Config  # noqa: E402
-from kimiaudio.server.app import create_app, store_key  # noqa: E402
+from kimiaudio.config import Config
+from kimiaudio.server.app import create_app, store_key
 
 
 @pytest.fixture

@@ -6,13 +6,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from test_server_support import (SENTENCES, FakePipeline, RtcClient, ScriptedMic, ensure_pipeline_module, silence,
-                                 speech_16k)
+from test_server_support import SENTENCES, FakePipeline, RtcClient, ScriptedMic, silence, speech_16k
 
-ensure_pipeline_module()
-
-from kimiaudio.config import Config  # noqa: E402
-from kimiaudio.server.app import create_app, sessions_key, store_key  # noqa: E402
+from kimiaudio.config import Config
+from kimiaudio.server.app import create_app, sessions_key, store_key
 
 
 @pytest.fixture(scope="module")
@@ -143,15 +140,12 @@ async def test_response_cancel_and_session_update(server, speech):
     client.send({"type": "response.cancel"})
     done = await client.wait_for("response.done")
     assert done["response"]["status"] == "cancelled" and pipeline.cancelled == [1]
-    assert sampling_of(pipeline.requests[0]).audio_temperature == 0.5
+    assert pipeline.requests[0].sampling.audio_temperature == 0.5
     await client.close()
 
 
-def sampling_of(request):
-    return request.sampling
-
-
-async def test_continue_conversation_by_select(server, speech):
+@pytest.mark.parametrize("how", ["select", "offer"])
+async def test_continue_a_stored_conversation(server, speech, how):
     http, pipeline = await server()
     store = http.app[store_key]
     conv = await store.create_conversation()
@@ -159,11 +153,16 @@ async def test_continue_conversation_by_select(server, speech):
     await store.add_turn(conv["id"], "assistant", "Earlier answer.", audio_tokens=[5])
     mic = ScriptedMic()
     client = RtcClient(mic)
-    await client.connect(http)
-    await client.wait_for("session.created")
-    client.send({"type": "conversation.select", "conversation_id": conv["id"]})
-    updated = await client.wait_for("session.updated")
-    assert updated["session"]["conversation_id"] == conv["id"]
+    if how == "offer":
+        await client.connect(http, conversation_id=conv["id"])
+        created = await client.wait_for("session.created")
+        assert created["session"]["conversation_id"] == conv["id"]
+    else:
+        await client.connect(http)
+        await client.wait_for("session.created")
+        client.send({"type": "conversation.select", "conversation_id": conv["id"]})
+        updated = await client.wait_for("session.updated")
+        assert updated["session"]["conversation_id"] == conv["id"]
     mic.say(np.concatenate([speech[0], silence(0.8)]))
     await client.wait_for("response.done")
     history = pipeline.requests[0].history

@@ -172,35 +172,6 @@ class RtcClient:
 
 
 # ----------------------------------------------------------------- a scripted pipeline
-import sys
-import types
-from dataclasses import dataclass
-
-
-def ensure_pipeline_module() -> None:
-    """Until kimiaudio/pipeline.py exists, provide its two request types so the server imports."""
-    try:
-        import kimiaudio.pipeline  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("kimiaudio.pipeline")
-
-        @dataclass
-        class HistoryTurn:
-            role: str
-            text: str = ""
-            audio: np.ndarray | None = None
-            audio_tokens: list[int] | None = None
-
-        @dataclass
-        class TurnRequest:
-            conversation_id: str
-            history: list
-            user_audio: np.ndarray
-            sampling: object = None
-            output_type: str = "both"
-
-        stub.HistoryTurn, stub.TurnRequest = HistoryTurn, TurnRequest
-        sys.modules["kimiaudio.pipeline"] = stub
 
 
 class FakeHandle:

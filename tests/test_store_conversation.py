@@ -116,3 +116,39 @@ async def test_committed_data_survives_reopen(tmp_path):
     history = await s.load_history(conv["id"])
     await s.close()
     assert len(history) == 1 and history[0].audio.shape == (4800,)
+
+
+def test_kill_9_right_after_a_write_loses_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = f"""
+import asyncio, os, signal
+import numpy as np
+from kimiaudio.store import ConversationStore
+async def main():
+    s = ConversationStore({str(tmp_path / 'k.db')!r})
+    await s.open()
+    conv = await s.create_conversation()
+    await s.add_turn(conv["id"], "user", audio=np.full(1600, 0.25, np.float32))
+    print(conv["id"], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no close, no checkpoint
+asyncio.run(main())
+"""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == -9, proc.stderr
+    conversation_id = proc.stdout.strip()
+
+    async def check():
+        s = ConversationStore(tmp_path / "k.db")
+        await s.open()
+        history = await s.load_history(conversation_id)
+        await s.close()
+        return history
+
+    history = asyncio.run(check())
+    assert len(history) == 1 and np.allclose(history[0].audio, 0.25, atol=1e-4)

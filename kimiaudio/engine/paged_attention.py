@@ -73,7 +73,7 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: pool slot of every new token
     decode_rows: torch.Tensor | None  # [B] long: batch rows that are a sequence's only query
-    decode_slots: torch.Tensor | None  # [B, K] long: key slots of those sequences (padded)
+    decode_tables: torch.Tensor | None  # [B, W] long: block tables of those sequences (padded)
     decode_mask: torch.Tensor | None  # [B, 1, 1, K] bool: True = a real key
     prefills: list[PrefillChunk]
 
@@ -103,9 +103,8 @@ class AttentionMetadata:
             width = max(len(t) for t in decode_tables)
             tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables]).to(device)
             lens = torch.tensor(decode_lens).to(device)
-            key_slots = (tables[:, :, None] * block_size + torch.arange(block_size, device=device)).flatten(1)
-            mask = torch.arange(key_slots.shape[1], device=device)[None, :] < lens[:, None]
-            decode = (torch.tensor(decode_rows).to(device), key_slots, mask[:, None, None, :])
+            mask = torch.arange(width * block_size, device=device)[None, :] < lens[:, None]
+            decode = (torch.tensor(decode_rows).to(device), tables, mask[:, None, None, :])
         return cls(torch.tensor(slot_mapping).to(device), *decode, prefills)
 
 
@@ -129,7 +128,7 @@ class PagedAttention:
         out = torch.empty_like(q)
         if self.meta.decode_rows is not None:
             rows = self.meta.decode_rows
-            out[rows] = self._decode(q[rows], keys, values)
+            out[rows] = self._decode(layer_idx, q[rows])
         for chunk in self.meta.prefills:
             rows = slice(chunk.row_start, chunk.row_start + chunk.num_rows)
             if chunk.slots is None:  # nothing cached before: the chunk's own keys suffice
@@ -138,15 +137,16 @@ class PagedAttention:
                 out[rows] = causal_attention(q[rows], keys[chunk.slots], values[chunk.slots])
         return out
 
-    def _decode(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def _decode(self, layer_idx: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D], one query per sequence at its last position -> [B, Hq, D]."""
         batch, num_heads, head_dim = q.shape
-        num_kv_heads = keys.shape[1]
+        # Gather whole blocks, keys and values at once: one index per block, not per slot.
+        kv = self.pool.kv[:, layer_idx][:, self.meta.decode_tables]  # [2, B, W, block, Hkv, D]
+        kv = kv.flatten(2, 3).transpose(2, 3)  # [2, B, Hkv, K, D]
+        num_kv_heads = kv.shape[2]
         group = num_heads // num_kv_heads
         # A sequence's single query sees all its keys, so the `group` query heads sharing a kv
         # head can ride in sdpa's query-length axis: q [B, Hkv, group, D] vs k [B, Hkv, K, D].
         qg = q.reshape(batch, num_kv_heads, group, head_dim)
-        kg = keys[self.meta.decode_slots].transpose(1, 2)  # [B, Hkv, K, D]
-        vg = values[self.meta.decode_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=self.meta.decode_mask)
+        out = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=self.meta.decode_mask)
         return out.reshape(batch, num_heads, head_dim)

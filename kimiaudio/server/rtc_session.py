@@ -24,11 +24,9 @@ import copy
 import dataclasses
 import json
 import logging
-import math
 import secrets
 import time
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import av
@@ -45,6 +43,7 @@ from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncod
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.server import events
 from kimiaudio.server.audio_track import PlaybackTrack
+from kimiaudio.server.response import Response
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -52,25 +51,6 @@ log = logging.getLogger(__name__)
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 CANCEL_GRACE_S = 3.0  # how long a cancelled pipeline turn may take to report TurnDone
-_SAMPLES_PER_AUDIO_TOKEN = 1920  # 24 kHz samples per 12.5 Hz audio token
-
-
-@dataclass
-class _Response:
-    id: str
-    handle: Any  # pipeline TurnHandle
-    user_index: int
-    user_turn: HistoryTurn
-    committed_at: float
-    text: str = ""
-    pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated
-    cancelled: bool = False
-    generation_ended: bool = False
-    played_24k: int | None = None  # set when playback was cut short
-    first_played_at: float | None = None
-    stored_index: int | None = None
-    playback_done: asyncio.Future | None = None
-    task: asyncio.Task | None = None
 
 
 def _vad_settings(config: Config) -> TurnSettings:
@@ -94,12 +74,11 @@ class RtcSession:
                                    on_playback_finished=self._playback_finished)
         self.detector = TurnDetector(vad, _vad_settings(self.config))  # used only in the VAD thread
         self._vad_executor = vad_executor
-        self.response: _Response | None = None
+        self.response: Response | None = None
         self._ids = events.EventIds()
         self._channel = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._tasks: set[asyncio.Task] = set()
-        self._input_task: asyncio.Task | None = None
         self._has_audio_track = False
         self.closed = False
 
@@ -120,7 +99,7 @@ class RtcSession:
             return
         self._has_audio_track = True
         self.pc.addTrack(self.track)
-        self._input_task = self._spawn(self._read_audio(track), "audio input")
+        self._spawn(self._read_audio(track), "audio input")
 
     def _on_datachannel(self, channel) -> None:
         if self._channel is not None:
@@ -221,20 +200,20 @@ class RtcSession:
                 log.exception("session %s: submitting the turn failed", self.id)
             self.send(events.error("response_failed", f"the turn could not be started ({exc})"))
             return
-        response = _Response(f"resp_{secrets.token_hex(6)}", handle, index, user_turn, committed_at)
-        response.playback_done = asyncio.get_running_loop().create_future()
+        response = Response(f"resp_{secrets.token_hex(6)}", handle, index, user_turn, committed_at,
+                            playback_done=asyncio.get_running_loop().create_future())
         self.response = response
         self.track.begin(response.id)
         self.send(events.response_created(response.id, conversation_id))
         response.task = self._spawn(self._run_response(response), "response")
 
-    async def _run_response(self, r: _Response) -> None:
+    async def _run_response(self, r: Response) -> None:
         done: TurnDone | None = None
         try:
             async for event in r.handle:
                 if isinstance(event, UserEncoded):
                     r.user_turn.audio_tokens = list(event.audio_tokens)
-                    await self.store.update_turn(self.conversation_id, r.user_index, audio_tokens=event.audio_tokens)
+                    await self._store_user_codes(r, event.audio_tokens)
                 elif isinstance(event, TextDelta) and event.text:
                     r.text += event.text
                     if not r.cancelled:
@@ -257,36 +236,35 @@ class RtcSession:
             self.track.end()
         await self._finish_response(r, done)
 
-    async def _finish_response(self, r: _Response, done: TurnDone) -> None:
+    async def _finish_response(self, r: Response, done: TurnDone) -> None:
         if done.status == "failed" and not r.cancelled:
             self.track.flush()
         elif not r.cancelled:
             await self._store_assistant(r, done)  # stored as soon as generation ends
             if self.track.is_consumed:
-                audio_s = sum(c.size for c in r.pcm) / 24000
                 try:  # cut short by interrupt(); bounded in case nobody is receiving
-                    await asyncio.wait_for(asyncio.shield(r.playback_done), audio_s + 5.0)
+                    await asyncio.wait_for(asyncio.shield(r.playback_done), r.audio_seconds + 5.0)
                 except asyncio.TimeoutError:
                     pass
         if r.cancelled:
             await self._store_assistant(r, done)  # insert or update: interrupted, truncated
         status = "cancelled" if r.cancelled else done.status
-        self.send(events.response_done(r.id, status, r.text or done.text, self._timings(r, done), done.error,
+        self.send(events.response_done(r.id, status, r.text or done.text, r.timings(done), done.error,
                                        prefill_tokens_cached=done.prefill_tokens_cached,
                                        prefill_tokens_computed=done.prefill_tokens_computed))
         if self.response is r:
             self.response = None
 
-    async def _store_assistant(self, r: _Response, done: TurnDone) -> None:
-        pcm = np.concatenate(r.pcm) if r.pcm else np.zeros(0, dtype=np.float32)
-        tokens = list(done.audio_tokens)
-        if r.cancelled:
-            played = min(r.played_24k or 0, pcm.size)
-            # Keep the tokens of the audio that was heard (each token is 80 ms of audio).
-            keep = math.ceil(len(tokens) * played / pcm.size) if pcm.size else 0
-            tokens, pcm = tokens[:keep], pcm[:played]
-        text = r.text or done.text
-        timings = self._timings(r, done)
+    async def _store_user_codes(self, r: Response, codes: list[int]) -> None:
+        try:
+            await self.store.update_turn(self.conversation_id, r.user_index, audio_tokens=codes)
+        except Exception:  # e.g. the conversation was deleted meanwhile: the answer goes on
+            log.exception("session %s: storing the user turn's codes failed", self.id)
+
+    async def _store_assistant(self, r: Response, done: TurnDone) -> None:
+        """Insert the assistant turn when generation ends; after a cut-in, mark it interrupted."""
+        pcm, tokens = r.heard(done)
+        text, timings = r.text or done.text, r.timings(done)
         try:
             if r.stored_index is None:
                 r.stored_index = await self.store.add_turn(
@@ -295,21 +273,14 @@ class RtcSession:
                 self.send(events.item_created(self.conversation_id, {
                     "index": r.stored_index, "role": "assistant", "text": text,
                     "interrupted": r.cancelled, "has_audio": pcm.size > 0}))
-                self._history.append(HistoryTurn(role="assistant", text=text, audio_tokens=tokens))
+                r.history_turn = HistoryTurn(role="assistant", text=text, audio_tokens=tokens)
+                self._history.append(r.history_turn)
             else:
                 await self.store.update_turn(self.conversation_id, r.stored_index, interrupted=True,
                                              audio_tokens=tokens, timings=timings, audio=pcm)
-                self._history[-1].audio_tokens = tokens
+                r.history_turn.audio_tokens = tokens
         except Exception:
             log.exception("session %s: storing the assistant turn failed", self.id)
-
-    def _timings(self, r: _Response, done: TurnDone) -> dict[str, float]:
-        timings = {k: round(float(v), 4) for k, v in done.timings.items()}
-        if r.first_played_at is not None:
-            timings["commit_to_first_audio_s"] = round(r.first_played_at - r.committed_at, 4)
-        if r.played_24k is not None:
-            timings["played_s"] = round(r.played_24k / 24000, 3)
-        return timings
 
     def interrupt(self) -> None:
         """Barge-in / response.cancel: silence now, cancel generation, keep what was heard."""
@@ -392,10 +363,8 @@ class RtcSession:
         if conversation_id is not None and await self.store.get_conversation(conversation_id) is None:
             raise events.ProtocolError("conversation_not_found", f"no conversation with id {conversation_id!r}")
         await self._settle_response()
-        self.conversation_id, self._history = conversation_id, None
-        if conversation_id is None:
-            self._history = []
-        else:
+        self.conversation_id, self._history = conversation_id, (None if conversation_id else [])
+        if conversation_id is not None:
             await self._load_history()
         self.send(events.session_updated(self.id, self.conversation_id, self.settings()))
 

@@ -110,11 +110,16 @@ async function openSession() {
   session.channel.onmessage = (e) => onEvent(JSON.parse(e.data));
   session.mic.getTracks().forEach((track) => pc.addTrack(track, session.mic));
   pc.ontrack = (e) => { $("remote-audio").srcObject = e.streams[0] || new MediaStream([e.track]); };
+  const lost = () => {
+    if (pc !== session.pc) return; // we hung up ourselves
+    showError("The connection to the server was lost. Press Connect to start again.");
+    disconnect();
+  };
+  session.channel.onclose = lost; // the server closed the session (or stopped)
   pc.onconnectionstatechange = () => {
-    if (pc === session.pc && (pc.connectionState === "failed" || pc.connectionState === "disconnected")) {
-      showError("The connection to the server was lost. Press Connect to start again.");
-      disconnect();
-    }
+    if (pc.connectionState === "failed" || pc.connectionState === "closed") lost();
+    // "disconnected" may heal by itself; give it a few seconds.
+    if (pc.connectionState === "disconnected") setTimeout(() => { if (pc.connectionState === "disconnected") lost(); }, 5000);
   };
   await pc.setLocalDescription(await pc.createOffer());
   await iceGatheringComplete(pc);

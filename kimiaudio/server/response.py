@@ -1,0 +1,63 @@
+"""One assistant response of a real-time session: what was generated, what was heard.
+
+The session (rtc_session.py) owns the flow; this holds the response's state and the two
+derived values it stores: the audio and tokens that were actually heard (all of them, or,
+after a barge-in, the played prefix) and the timings reported in response.done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kimiaudio.pipeline_events import TurnDone
+
+PIPELINE_SAMPLE_RATE = 24000
+
+
+@dataclass
+class Response:
+    id: str
+    handle: Any  # the pipeline's TurnHandle
+    user_index: int  # stored index of the user turn it answers
+    user_turn: Any  # that turn's HistoryTurn (its VQ codes arrive with UserEncoded)
+    committed_at: float  # time.monotonic() of the commit
+    playback_done: asyncio.Future
+    text: str = ""
+    pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated
+    cancelled: bool = False
+    generation_ended: bool = False
+    played_24k: int | None = None  # samples heard, set when playback was cut short
+    first_played_at: float | None = None
+    stored_index: int | None = None  # the assistant turn, once stored
+    history_turn: Any = None  # its HistoryTurn, once stored
+    task: asyncio.Task | None = None
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(chunk.size for chunk in self.pcm) / PIPELINE_SAMPLE_RATE
+
+    def heard(self, done: TurnDone) -> tuple[np.ndarray, list[int]]:
+        """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix."""
+        pcm = np.concatenate(self.pcm) if self.pcm else np.zeros(0, dtype=np.float32)
+        tokens = list(done.audio_tokens)
+        if not self.cancelled:
+            return pcm, tokens
+        played = min(self.played_24k or 0, pcm.size)
+        # Codes in proportion to the audio heard (each code is 80 ms of speech), rounded up
+        # so the code being spoken when the user cut in is kept.
+        keep = math.ceil(len(tokens) * played / pcm.size) if pcm.size else 0
+        return pcm[:played], tokens[:keep]
+
+    def timings(self, done: TurnDone) -> dict[str, float]:
+        """The pipeline's timings (seconds since submit) plus commit -> first audio played."""
+        timings = {key: round(float(value), 4) for key, value in done.timings.items()}
+        if self.first_played_at is not None:
+            timings["commit_to_first_audio_s"] = round(self.first_played_at - self.committed_at, 4)
+        if self.played_24k is not None:
+            timings["played_s"] = round(self.played_24k / PIPELINE_SAMPLE_RATE, 3)
+        return timings
