@@ -59,7 +59,7 @@ async function loadStatus() {
   const s = session.status;
   $("model-info").textContent = s.model && s.model.path ? `model: ${s.model.path}` : "";
   if (s.demo_weights) {
-    $("demo-text").textContent = (s.demo_message || "").replace(/^DEMO WEIGHTS:\s*/, "") ||
+    $("demo-text").textContent = (s.demo_message || "").replace(/^DEMO WEIGHTS:\s*(.)/, (_, c) => c.toUpperCase()) ||
       "The server runs random demo weights: speech is noise. Start it with --model DIR for real answers.";
     $("demo-banner").hidden = false;
   }
