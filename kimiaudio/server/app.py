@@ -110,7 +110,11 @@ def _banner(config: Config, stack) -> str:
 def run_server(config: Config) -> int:
     """`python -m kimiaudio serve`: load the model, serve until Ctrl-C; returns the exit code."""
     from kimiaudio.model_stack import ModelStack
+    from kimiaudio.server.routes import STATIC_DIR
 
+    if not (STATIC_DIR / "index.html").is_file():
+        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; install from a checkout "
+                             "of the repository with `pip install -e .`")
     print("Loading the model (first run creates the demo checkpoint)...", flush=True)
     try:
         stack = ModelStack.load(config, progress=True)

@@ -33,7 +33,8 @@ from kimiaudio.server.rtc_session import RtcSession
 
 log = logging.getLogger(__name__)
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+# The demo page lives in the repository's top-level static/ (install with `pip install -e .`).
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 RETRY_AFTER_S = 10
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
