@@ -23,7 +23,7 @@ from kimiaudio.demo_audio_parts import NUM_CODES, WHISPER, SeededInit
 from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.text.special_tokens import official_special_names
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # bump when the written weights change: older demo checkpoints are rewritten
 DEMO_DIR_NAME = "demo-checkpoint"
 
 NUM_BYTE_TOKENS = 256  # the text vocabulary: one BPE rank per byte, no merges
@@ -35,6 +35,10 @@ LM = dict(hidden=128, ffn=256, layers=4, heads=4, kv_heads=2, mimo_layers=2, mim
 # measured over 8 prompts x 5 seeds, 10..80 audio steps (median ~40 = 3 s). 1.0 gives a median
 # of ~75 steps with a long tail, 2.0 ~17. An ordinary weight; the marker file records it.
 MSG_END_ROW_SCALE = 1.5
+# Likewise the lm_head row of <|im_kimia_text_eos|>: text is decoded greedily by default, and
+# at 1.0 the demo LM never picks EOS, so a transcription ran to the official 7500-position
+# limit. At 2.0, over 6 inputs: ASR answers 3..85 text tokens, spoken answers' text 7..19.
+TEXT_EOS_ROW_SCALE = 2.0
 
 
 def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = False) -> Path:
@@ -54,7 +58,9 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
     crash never leaves a half-written checkpoint behind) and reused when complete."""
     target = Path(data_dir) / DEMO_DIR_NAME
     if _is_complete(target):
-        return target
+        if _generator_version(target) == GENERATOR_VERSION:
+            return target
+        shutil.rmtree(target)  # our own random weights from an older writer: replace them
     if target.exists():
         raise CheckpointError(f"{target}: incomplete demo checkpoint (no {DEMO_MARKER}); delete the directory to rewrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -70,6 +76,13 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _generator_version(root: Path) -> int | None:
+    try:
+        return json.loads((root / DEMO_MARKER).read_text()).get("generator_version")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _is_complete(root: Path) -> bool:
@@ -192,7 +205,9 @@ def _lm_tensors(seed: int) -> dict[str, torch.Tensor]:
     t["model.vq_adaptor.layers.3.bias"] = init.bias(h)
     t["model.vq_adaptor.layers.4.weight"] = torch.ones(h)
     t["model.vq_adaptor.layers.4.bias"] = torch.zeros(h)
-    t["lm_head.weight"] = init.weight(vocab, h)
+    lm_head = init.weight(vocab, h)
+    lm_head[_special("<|im_kimia_text_eos|>")] *= TEXT_EOS_ROW_SCALE
+    t["lm_head.weight"] = lm_head
     mimo_output = init.weight(vocab, h)
     mimo_output[_special("<|im_msg_end|>")] *= MSG_END_ROW_SCALE
     t["mimo_output.weight"] = mimo_output
@@ -260,9 +275,11 @@ def _write_marker(out: Path, seed: int) -> None:
         "generator_version": GENERATOR_VERSION,
         "tuning": {
             "mimo_output_msg_end_row_scale": MSG_END_ROW_SCALE,
+            "lm_head_text_eos_row_scale": TEXT_EOS_ROW_SCALE,
             "why": (
                 "the mimo_output row of <|im_msg_end|> is scaled so that, with the default sampling, speech "
-                "replies end after about 20-80 audio tokens (a few seconds) instead of running to the length limit"
+                "replies end after about 20-80 audio tokens (a few seconds) instead of running to the length limit; "
+                "the lm_head row of <|im_kimia_text_eos|> likewise, so text answers end"
             ),
         },
     }

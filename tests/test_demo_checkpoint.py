@@ -193,3 +193,19 @@ def test_demo_replies_end_after_a_few_seconds(demo):
         steps.append(len(result.steps))
     steps.sort()
     assert 15 <= steps[len(steps) // 2] <= 100, steps
+
+
+def test_ensure_rewrites_a_demo_checkpoint_from_an_older_writer(tmp_path):
+    import json
+
+    from kimiaudio.checkpoint import DEMO_MARKER
+    from kimiaudio.demo_checkpoint import GENERATOR_VERSION, ensure_demo_checkpoint
+
+    root = ensure_demo_checkpoint(tmp_path)
+    marker = root / DEMO_MARKER
+    old = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**old, "generator_version": GENERATOR_VERSION - 1}))
+    (root / "stale-file").write_text("from the old writer")
+    again = ensure_demo_checkpoint(tmp_path)
+    assert again == root and not (root / "stale-file").exists()
+    assert json.loads(marker.read_text())["generator_version"] == GENERATOR_VERSION
