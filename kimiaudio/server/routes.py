@@ -3,7 +3,7 @@
     GET    /                                        the demo page (static/index.html)
     GET    /static/...                              its scripts and styles
     GET    /api/status                              model, demo flag, sessions, pipeline stats
-    POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?} -> {sdp, type, session_id}
+    POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?} -> {sdp, type, session_id, conversation_id}
     GET    /api/conversations                       newest first
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
@@ -149,7 +149,10 @@ async def offer(request: web.Request) -> web.Response:
         await _discard(sessions, session_id, session)
         raise ApiError(400, "bad_offer", f"the SDP offer could not be used ({type(exc).__name__}: {exc})") from None
     sessions[session_id] = session
-    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id})
+    # A new conversation is created at its first committed turn (announced by conversation.created),
+    # so connecting without speaking leaves no empty conversation behind: null until then.
+    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id,
+                              "conversation_id": conversation_id})
 
 
 async def _discard(sessions: dict, session_id: str, session: RtcSession | None) -> None:

@@ -1,0 +1,96 @@
+"""Crash safety: `kill -9` of a real `serve` process while it answers; after a restart every
+committed turn (with its audio) is there and the conversation continues from the store."""
+
+import asyncio
+import io
+import os
+import signal
+import threading
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+
+from test_server_serve import _free_port, _serve
+from test_server_support import SENTENCES, RtcClient, ScriptedMic, silence, speech_16k
+
+pytestmark = pytest.mark.slow
+
+
+def start_server(data_dir, port):
+    """`python -m kimiaudio serve` on `port`; returns once it listens (its output is drained)."""
+    proc = _serve(data_dir, port)
+    ready = threading.Event()
+
+    def drain():
+        for line in proc.stdout:
+            if "Press Ctrl-C" in line:
+                ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not ready.wait(120):
+        proc.kill()
+        raise AssertionError("server did not start")
+    return proc
+
+
+async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path):
+    speech = [speech_16k(tmp_path, s, f"s{i}") for i, s in enumerate(SENTENCES[:2])]
+    port = _free_port()
+    proc = start_server(tmp_path, port)
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            mic = ScriptedMic()
+            client = RtcClient(mic)
+            status, first = await client.connect(http)
+            assert status == 200 and first["conversation_id"] is None  # created at the first commit
+            mic.say(np.concatenate([speech[0], silence(1.0)]))
+            committed = await client.wait_for("input_audio_buffer.committed", timeout=30)
+            await client.wait_for("response.created", timeout=30)
+            os.kill(proc.pid, signal.SIGKILL)  # mid-response: no shutdown, no database close
+            proc.wait(10)
+            await client.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    conversation_id = committed["conversation_id"]
+    port = _free_port()
+    proc = start_server(tmp_path, port)
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            conversation = await (await http.get(f"/api/conversations/{conversation_id}")).json()
+            turns = conversation["turns"]
+            assert turns[0]["role"] == "user" and turns[0]["has_audio"], conversation
+            wav = await (await http.get(f"/api/conversations/{conversation_id}/turns/0/audio")).read()
+            pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+            assert rate == 16000 and pcm.size >= speech[0].size * 0.9  # the utterance incl. padding
+
+            # Continue the same conversation: its history is re-encoded from the store.
+            mic = ScriptedMic()
+            client = RtcClient(mic)
+            status, answer = await client.connect(http, conversation_id=conversation_id)
+            assert status == 200 and answer["conversation_id"] == conversation_id
+            mic.say(np.concatenate([speech[1], silence(1.0)]))
+            done = await client.wait_for("response.done", timeout=60)
+            assert done["response"]["status"] == "completed", done
+            await client.close()
+            for _ in range(50):  # the assistant turn is written when the answer ends
+                after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+                if len(after) > len(turns) + 1:
+                    break
+                await asyncio.sleep(0.1)
+            roles = [t["role"] for t in after]
+            assert roles[: len(turns)] == [t["role"] for t in turns]
+            assert roles[len(turns):] == ["user", "assistant"], roles
+            # The new prompt held the first utterance too: more prefill than the new turn alone.
+            assert done["response"]["prefill_tokens_computed"] > 2 * len(after[-2]["audio_tokens"])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except Exception:
+            proc.kill()
+        time.sleep(0.1)
