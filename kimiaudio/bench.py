@@ -229,6 +229,13 @@ def run_bench_command(config, args) -> int:
     if stack.detokenizer is None:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
     speech = [load_audio(path) for path in args.speech] or None
+    if args.webrtc:
+        from kimiaudio.bench_webrtc import print_rows, run_webrtc_bench
+
+        if stack.is_demo and not args.json:
+            print(DEMO_NOTICE)
+        print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech), args.json)
+        return 0
     rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
                      reference=not args.no_reference, progress=not args.json)
     info = {"device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""), "demo_weights": stack.is_demo,

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="generated positions per turn")
     p.add_argument("--random-weights", choices=["7b"], help="real 7B shapes with random weights (GPU)")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
+    p.add_argument("--webrtc", action="store_true",
+                   help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")

@@ -34,20 +34,6 @@ def demo_checkpoint(tmp_path_factory) -> Path:
     return ensure_demo_checkpoint(tmp_path_factory.mktemp("data"))
 
 
-def make_speech(path: Path, text: str, rate: int = 16000, pad_silence_s: float = 0.0) -> Path:
-    """Speak `text` with espeak-ng into a mono WAV at `rate`, optionally followed by silence."""
-    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
-        pytest.skip("espeak-ng and sox are needed to make test speech (apt-get install espeak-ng sox)")
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
-    cmd = ["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)]
-    if pad_silence_s:
-        cmd += ["pad", "0", str(pad_silence_s)]
-    subprocess.run(cmd, check=True)
-    raw.unlink()
-    return path
-
-
 @pytest.fixture(scope="session")
 def speech_wav(tmp_path_factory) -> Path:
     """About 2 s of English speech at 22.05 kHz (espeak's own rate: loaders must resample)."""

@@ -42,3 +42,13 @@ def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
 def test_random_weights_without_gpu_is_a_clear_error():
     result = kimiaudio("bench", "--random-weights", "7b", "--device", "cpu")
     assert_one_line_error(result, "CUDA")
+
+
+def test_webrtc_bench_measures_first_audio_through_the_server(demo_checkpoint, speech_wav):
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--webrtc", "--sessions", "2", "--turns", "1",
+                       "--speech", str(speech_wav), "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["webrtc"]
+    assert row["clients"] == 2 and row["turns"] == 2  # one response.done with timings per client turn
+    assert 0 < row["commit_to_first_audio_ms_p50"] <= row["commit_to_first_audio_ms_p95"]
+    assert row["max_llm_batch"] >= 1

@@ -1,0 +1,115 @@
+"""`bench --webrtc`: latency as a user feels it, through the real server on loopback.
+
+For each client count N it starts the server (aiohttp + aiortc + VAD + pipeline + a scratch
+SQLite store) on 127.0.0.1, connects N real WebRTC clients that each speak several turns, and
+reports the server's commit -> first audio frame sent (from each response.done) p50/p95,
+and how many sequences the engine ran in one step at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from kimiaudio.errors import KimiAudioError
+
+SILENCE_S = 1.2  # after each utterance: longer than the VAD's end-of-speech silence
+
+
+def espeak_speech(texts: list[str], directory: Path) -> list[np.ndarray]:
+    """Speech made with espeak-ng + sox (Debian packages), as float32 16 kHz."""
+    from kimiaudio.audio.io import load_audio
+
+    if shutil.which("espeak-ng") is None:
+        raise KimiAudioError("bench --webrtc needs speech: install espeak-ng or pass --speech FILE")
+    clips = []
+    for i, text in enumerate(texts):
+        path = directory / f"speech{i}.wav"
+        subprocess.run(["espeak-ng", "-s", "150", "-w", str(path), text], check=True, capture_output=True)
+        clips.append(load_audio(path))
+    return clips
+
+
+async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offset: int) -> list[float]:
+    import aiohttp
+
+    from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+
+    latencies = []
+    async with aiohttp.ClientSession(base_url=base_url) as http:
+        mic = ScriptedMic()
+        client = RtcClient(mic)
+        status, answer = await client.connect(http)
+        if status != 200:
+            raise KimiAudioError(f"bench client could not connect: {answer}")
+        try:
+            for turn in range(turns):
+                clip = clips[(offset + turn) % len(clips)]
+                mic.say(np.concatenate([clip, np.zeros(int(SILENCE_S * 16000), np.float32)]))
+                done = await client.wait_for("response.done", count=turn + 1, timeout=120)
+                timing = done["response"].get("timings", {}).get("commit_to_first_audio_s")
+                if timing is not None:
+                    latencies.append(timing)
+        finally:
+            await client.close()
+    return latencies
+
+
+async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarray]) -> dict:
+    from aiohttp import web
+
+    from kimiaudio.pipeline import Pipeline
+    from kimiaudio.server.app import create_app
+
+    pipeline = Pipeline(stack, config)
+    await pipeline.start()
+    runner = web.AppRunner(create_app(config, stack, pipeline), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        results = await asyncio.gather(*[_client_turns(f"http://127.0.0.1:{port}", clips, turns, i)
+                                         for i in range(n)])
+    finally:
+        await runner.cleanup()
+        await pipeline.stop()
+    latencies = [x for r in results for x in r]
+    return {
+        "clients": n, "turns": len(latencies),
+        "commit_to_first_audio_ms_p50": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
+        "commit_to_first_audio_ms_p95": 1000 * float(np.percentile(latencies, 95)) if latencies else None,
+        "max_llm_batch": pipeline.max_batch["llm"], "max_detok_batch": pipeline.max_batch["detok"],
+    }
+
+
+def run_webrtc_bench(stack, config, clients: list[int], turns: int, speech: list[np.ndarray] | None) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kimiaudio-bench-") as tmp:
+        config = copy.deepcopy(config)
+        config.storage.data_dir = tmp  # a scratch history database, not the user's
+        config.server.max_sessions = max(config.server.max_sessions, max(clients))
+        clips = speech or espeak_speech(
+            ["Hello, what is the weather like today?", "Tell me a story about a small boat.",
+             "Please speak a little more slowly.", "What time does the museum open?"], Path(tmp))
+        for n in clients:
+            rows.append(asyncio.run(_bench_clients(stack, config, n, turns, clips)))
+    return rows
+
+
+def print_rows(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"webrtc": rows}, indent=1))
+        return
+    print(f"{'clients':>7} {'turns':>5} {'commit->first audio p50':>24} {'p95':>8} {'max LLM batch':>13}")
+    for r in rows:
+        p50, p95 = r["commit_to_first_audio_ms_p50"], r["commit_to_first_audio_ms_p95"]
+        print(f"{r['clients']:>7} {r['turns']:>5} {p50 or float('nan'):22.0f}ms {p95 or float('nan'):6.0f}ms "
+              f"{r['max_llm_batch']:>13}")

@@ -1,0 +1,137 @@
+"""A real WebRTC client for loopback use: the bench drives the server with it, and so do the
+tests. It speaks 16 kHz clips through an aiortc audio track paced in real time, and records
+the server's data-channel events and the loudness of every audio frame it receives."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+
+
+class ScriptedMic(MediaStreamTrack):
+    """A microphone the test controls: silence, or the clips given to `say` (16 kHz), in
+    20 ms frames paced in real time. `hang()` stops producing frames (a vanished client)."""
+
+    kind = "audio"
+
+    def __init__(self):
+        super().__init__()
+        self._queue: list[np.ndarray] = []
+        self._pts = 0
+        self._start = None
+        self._hung = False
+        self.finished_speaking = asyncio.Event()
+
+    def say(self, pcm16k: np.ndarray) -> None:
+        self._queue.append(np.asarray(pcm16k, dtype=np.float32))
+        self.finished_speaking.clear()
+
+    def hang(self) -> None:
+        self._hung = True
+
+    async def recv(self):
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._hung:
+            await asyncio.Event().wait()
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += 320
+            await asyncio.sleep(max(0.0, self._start + self._pts / 16000 - time.monotonic()))
+        samples = np.zeros(320, dtype=np.float32)
+        filled = 0
+        while filled < 320 and self._queue:
+            clip = self._queue[0]
+            n = min(320 - filled, clip.size)
+            samples[filled:filled + n] = clip[:n]
+            filled += n
+            self._queue[0] = clip[n:]
+            if self._queue[0].size == 0:
+                self._queue.pop(0)
+                if not self._queue:
+                    self.finished_speaking.set()
+        frame = AudioFrame(format="s16", layout="mono", samples=320)
+        frame.planes[0].update((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+        frame.pts, frame.sample_rate, frame.time_base = self._pts, 16000, fractions.Fraction(1, 16000)
+        return frame
+
+
+class RtcClient:
+    """A real aiortc peer talking to the server: sends `mic`, records events and audio."""
+
+    def __init__(self, mic: MediaStreamTrack):
+        self.pc = RTCPeerConnection()
+        self.mic = mic
+        self.events: list[dict] = []
+        self._new_event = asyncio.Condition()
+        self.frames_rms: list[float] = []  # one per received 20 ms frame
+        self.channel = None
+        self._tasks = []
+
+    async def connect(self, http, **body) -> tuple[int, dict]:
+        self.channel = self.pc.createDataChannel("events")
+        self.channel.on("message", self._on_message)
+        self.pc.addTrack(self.mic)
+        self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._consume(track))))
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        resp = await http.post("/api/rtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer", **body})
+        answer = await resp.json()
+        if resp.status == 200:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+        return resp.status, answer
+
+    def _on_message(self, message):
+        event = json.loads(message)
+        self.events.append(event)
+
+        async def notify():
+            async with self._new_event:
+                self._new_event.notify_all()
+
+        asyncio.ensure_future(notify())
+
+    async def _consume(self, track):
+        try:
+            while True:
+                frame = await track.recv()
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                self.frames_rms.append(float(np.sqrt(np.mean(pcm**2))))
+        except MediaStreamError:
+            pass
+
+    def send(self, event: dict) -> None:
+        self.channel.send(json.dumps(event))
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 20.0, where=None) -> dict:
+        """The `count`-th event of type `kind` (optionally also matching `where(event)`)."""
+        def matches():
+            found = [e for e in self.of_type(kind) if where is None or where(e)]
+            return found[count - 1] if len(found) >= count else None
+
+        async def wait():
+            async with self._new_event:
+                while matches() is None:
+                    await self._new_event.wait()
+            return matches()
+
+        try:
+            return await asyncio.wait_for(wait(), timeout)
+        except asyncio.TimeoutError:
+            got = [e["type"] for e in self.events]
+            raise AssertionError(f"no {kind} #{count} within {timeout} s; events so far: {got}") from None
+
+    async def close(self):
+        for t in self._tasks:
+            t.cancel()
+        await self.pc.close()
