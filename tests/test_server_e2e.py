@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from test_server_support import SENTENCES, RtcClient, ScriptedMic, silence, speech_16k
+from test_server_support import (SENTENCES, RtcClient, ScriptedMic, demo_server, kv_pool_full_again, silence,
+                                 speech_16k)
 
-from kimiaudio.config import Config
-from kimiaudio.server.app import create_app, store_key
+from kimiaudio.server.app import store_key
 
 pytestmark = pytest.mark.slow
 
@@ -23,45 +23,10 @@ def speech(tmp_path_factory):
     return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
 
 
-@pytest.fixture(scope="module")
-def stack(demo_checkpoint, tmp_path_factory):
-    from kimiaudio.model_stack import ModelStack
-
-    return ModelStack.load(_config(demo_checkpoint, tmp_path_factory.mktemp("unused")))
-
-
-def _config(checkpoint, data_dir):
-    config = Config()
-    config.model.path = str(checkpoint)
-    config.model.device = "cpu"
-    config.storage.data_dir = str(data_dir)
-    config.engine.num_kv_blocks = 256
-    config.sampling.max_new_tokens = 60  # about 2 s of (noise) speech from the demo weights
-    config.vad.silence_ms = 400
-    return config
-
-
 @pytest.fixture
-async def server(aiohttp_client, stack, demo_checkpoint, tmp_path):
-    from kimiaudio.pipeline import Pipeline
-
-    config = _config(demo_checkpoint, tmp_path)
-    pipeline = Pipeline(stack, config)
-    await pipeline.start()
-    http = await aiohttp_client(create_app(config, stack, pipeline))
-    yield http, pipeline
-    await http.close()
-    await pipeline.stop()
-
-
-async def _kv_pool_full_again(pipeline, timeout=5.0):
-    stats = pipeline.stats()
-    for _ in range(int(timeout / 0.05)):
-        stats = pipeline.stats()
-        if stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0:
-            return stats
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"KV pool not released: {stats}")
+async def server(aiohttp_client, demo_checkpoint, tmp_path):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as started:
+        yield started
 
 
 async def test_two_turns_with_history_reuse(server, speech):
@@ -105,7 +70,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     assert second["response"]["prefill_tokens_cached"] > 0, second
     assert len((await store.get_conversation(conversation_id))["turns"]) == 4
     await client.close()
-    await _kv_pool_full_again(pipeline)
+    await kv_pool_full_again(pipeline)
 
 
 async def test_barge_in_with_the_real_pipeline(server, speech):
@@ -133,7 +98,7 @@ async def test_barge_in_with_the_real_pipeline(server, speech):
     after = await client.wait_for("response.done", count=attempt + 1, timeout=40)
     assert after["response"]["status"] in ("completed", "cancelled")
     await client.close()
-    await _kv_pool_full_again(pipeline)
+    await kv_pool_full_again(pipeline)
 
 
 async def test_two_clients_at_once(server, speech):
@@ -149,4 +114,4 @@ async def test_two_clients_at_once(server, speech):
     assert len(ids) == 2
     for client in clients:
         await client.close()
-    await _kv_pool_full_again(pipeline)
+    await kv_pool_full_again(pipeline)

@@ -7,18 +7,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from test_server_support import FakePipeline, RtcClient, ScriptedMic
+from test_server_support import RtcClient, ScriptedMic, demo_server
 
-from kimiaudio.config import Config
-from kimiaudio.server.app import create_app, store_key
+from kimiaudio.server.app import store_key
 
 
 @pytest.fixture
-async def http(aiohttp_client, tmp_path):
-    config = Config()
-    config.storage.data_dir = str(tmp_path)
-    config.server.max_sessions = 1
-    return await aiohttp_client(create_app(config, stack=None, pipeline=FakePipeline()))
+async def http(aiohttp_client, demo_checkpoint, tmp_path):
+    """The server with the real pipeline on the demo checkpoint, and room for one session."""
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=1) as (client, _):
+        yield client
 
 
 async def _error(resp, status, code):
@@ -35,9 +33,10 @@ async def test_page_static_files_and_status(http):
     for name in ("app.js", "style.css"):
         assert (await http.get(f"/static/{name}")).status == 200
     status = await (await http.get("/api/status")).json()
-    assert status["status"] == "ok" and status["demo_weights"] is False
+    assert status["status"] == "ok" and status["demo_weights"] is True and status["demo_message"]
     assert status["sessions"] == {"active": 0, "max": 1}
-    assert status["pipeline"]["kv_blocks_total"] == 8
+    pool = status["pipeline"]
+    assert pool["kv_blocks_total"] == 256 and pool["kv_blocks_free"] == 256 and pool["running"] == 0
 
 
 @pytest.mark.parametrize("body, code, status", [

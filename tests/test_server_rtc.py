@@ -1,15 +1,21 @@
-"""WebRTC plumbing with a real aiortc client against the real server and a scripted pipeline:
-VAD events, storing before generation, streaming, barge-in, cancel, vanished clients."""
+"""WebRTC plumbing with a real aiortc client against the real server and the real pipeline on
+the demo checkpoint: VAD events, storing before generation, streaming, barge-in, cancel,
+vanished clients. The demo weights answer with seeded noise, so the assertions are about
+what the pipeline produced, not about particular words."""
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
 
-from test_server_support import SENTENCES, FakePipeline, RtcClient, ScriptedMic, silence, speech_16k
+from test_server_support import (LONG_ANSWER, SENTENCES, RtcClient, ScriptedMic, demo_server, kv_pool_full_again,
+                                 silence, speech_16k)
 
-from kimiaudio.config import Config
-from kimiaudio.server.app import create_app, sessions_key, store_key
+from kimiaudio.server import rtc_session
+from kimiaudio.server.app import sessions_key, store_key
+
+SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 
 
 @pytest.fixture(scope="module")
@@ -18,23 +24,36 @@ def speech(tmp_path_factory):
     return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
 
 
-def make_config(tmp_path, **server):
-    config = Config()
-    config.storage.data_dir = str(tmp_path)
-    config.vad.silence_ms = 400
-    for key, value in server.items():
-        setattr(config.server, key, value)
-    return config
-
-
 @pytest.fixture
-async def server(aiohttp_client, tmp_path):
-    async def start(pipeline=None, **server_settings):
-        pipeline = pipeline or FakePipeline()
-        app = create_app(make_config(tmp_path, **server_settings), stack=None, pipeline=pipeline)
-        return await aiohttp_client(app), pipeline
+async def server(aiohttp_client, demo_checkpoint, tmp_path):
+    """start(**server settings) -> (test client, RecordingPipeline); stopped after the test."""
+    async with contextlib.AsyncExitStack() as stack:
+        async def start(**server_settings):
+            return await stack.enter_async_context(
+                demo_server(aiohttp_client, demo_checkpoint, tmp_path, **server_settings))
 
-    return start
+        yield start
+
+
+async def long_answer_playing(client, pipeline, mic, clip, seconds: float) -> int:
+    """Say `clip` (one user turn per attempt) until the answer has at least `seconds` of audio,
+    and return the attempt number once that answer has been generated (faster than real
+    time) and is playing. Even with LONG_ANSWER sampling the demo weights sometimes stop
+    after a fraction of a second (the captured user audio differs a little from run to run);
+    such a short answer is let finish and the user speaks again."""
+    for attempt in range(1, 7):
+        mic.say(np.concatenate([clip, silence(0.8)]))
+        await client.wait_for("response.audio.started", count=attempt, timeout=30)
+        handle = pipeline.handles[attempt - 1]
+        for _ in range(400):
+            if handle.done is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert handle.done is not None, "the demo answer took more than 8 s to generate"
+        if len(handle.done.audio_tokens) * SECONDS_PER_CODE >= seconds:
+            return attempt
+        await client.wait_for("response.done", count=attempt, timeout=30)
+    raise AssertionError(f"no answer of {seconds} s in 6 attempts: {client.of_type('response.done')}")
 
 
 async def test_turn_is_detected_stored_answered_and_played(server, speech):
@@ -62,68 +81,81 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     await client.wait_for("response.created")
     await client.wait_for("response.audio.started")
     done = await client.wait_for("response.done")
-    assert done["response"]["status"] == "completed"
-    assert done["response"]["text"] == "Hello from the fake."
+    assert done["response"]["status"] == "completed", done
     assert "commit_to_first_audio_s" in done["response"]["timings"]
-    deltas = "".join(e["delta"] for e in client.of_type("response.text.delta"))
-    assert deltas == "Hello from the fake."
-    # Non-silent audio came back over RTP (the tone has RMS ~0.21).
-    assert sum(r > 0.1 for r in client.frames_rms) >= 20
+    # What was streamed is what was generated and stored (the demo text may be empty).
+    text = done["response"]["text"]
+    assert "".join(e["delta"] for e in client.of_type("response.text.delta")) == text
 
     conv = await store.get_conversation(conversation_id)
     user, assistant = conv["turns"]
-    assert user["role"] == "user" and user["audio_tokens"] == [7] * 5 and user["has_audio"]
-    assert assistant["text"] == "Hello from the fake." and not assistant["interrupted"]
-    assert assistant["duration_s"] == pytest.approx(6 * 9600 / 24000, abs=0.01)
+    assert user["role"] == "user" and user["has_audio"] and len(user["audio_tokens"]) > 10
+    assert assistant["text"] == text and not assistant["interrupted"] and assistant["audio_tokens"]
+    assert assistant["duration_s"] == pytest.approx(len(assistant["audio_tokens"]) * SECONDS_PER_CODE, abs=0.01)
+    # The generated (noise) speech came back over RTP: most of its 20 ms frames are not silent.
+    loud = sum(r > 0.01 for r in client.frames_rms)
+    assert loud >= 0.5 * assistant["duration_s"] / 0.02 and loud >= 3, (loud, assistant["duration_s"])
     items = client.of_type("conversation.item.created")
     assert [i["item"]["role"] for i in items] == ["user", "assistant"]
 
-    # A second turn carries the history (user audio + tokens, assistant text + tokens).
+    # A second turn carries the history (user audio + codes, assistant text + codes).
     mic.say(np.concatenate([speech[1], silence(1.0)]))
-    await client.wait_for("response.done", count=2)
+    second = await client.wait_for("response.done", count=2, timeout=30)
+    assert second["response"]["status"] == "completed", second
     history = pipeline.requests[1].history
     assert [h.role for h in history] == ["user", "assistant"]
-    assert history[0].audio_tokens == [7] * 5 and history[1].text == "Hello from the fake."
+    assert history[0].audio is not None and history[0].audio_tokens == user["audio_tokens"]
+    assert history[1].text == text and history[1].audio_tokens == assistant["audio_tokens"]
+    assert len((await store.get_conversation(conversation_id))["turns"]) == 4
     await client.close()
+    await kv_pool_full_again(pipeline)
 
 
 async def test_barge_in_cancels_and_stores_truncated_interrupted_turn(server, speech):
-    # Long answer: 10 chunks of 0.4 s, produced faster than real time.
-    http, pipeline = await server(FakePipeline(num_chunks=10, chunk_interval_s=0.05))
+    # A long answer (several seconds, played in real time): still playing when the user talks.
+    http, pipeline = await server()
     mic = ScriptedMic()
     client = RtcClient(mic)
-    await client.connect(http)
-    mic.say(np.concatenate([speech[0], silence(0.8)]))
-    await client.wait_for("response.audio.started")
-    await asyncio.sleep(0.6)
+    await client.connect(http, session={"sampling": LONG_ANSWER})
+    n = await long_answer_playing(client, pipeline, mic, speech[0], 3.0)
+    answer_s = len(pipeline.handles[n - 1].done.audio_tokens) * SECONDS_PER_CODE
+    await asyncio.sleep(0.3)
     mic.say(speech[1])  # talk over the assistant
-    await client.wait_for("input_audio_buffer.speech_started", count=2)
-    done = await client.wait_for("response.done")
+    await client.wait_for("input_audio_buffer.speech_started", count=n + 1)
+    client.send({"type": "session.update", "session": {"sampling": {"audio_top_k": 10, "max_new_tokens": 60}}})
+    done = await client.wait_for("response.done", count=n)
     assert done["response"]["status"] == "cancelled"
+    assert pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
     played_s = done["response"]["timings"]["played_s"]
-    assert 0.3 < played_s < 3.0
+    assert 0.3 < played_s < answer_s - 0.5
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
-    turn = (await http.app[store_key].get_conversation(conversation_id))["turns"][1]
-    assert turn["interrupted"] is True
+    turn = (await http.app[store_key].get_conversation(conversation_id))["turns"][2 * n - 1]
+    assert turn["role"] == "assistant" and turn["interrupted"] is True
     assert turn["duration_s"] == pytest.approx(played_s, abs=0.05)
-    # Truncated tokens: 0.4 s chunk = 5 tokens, keep those of the audio heard.
-    assert 0 < len(turn["audio_tokens"]) <= int(played_s * 12.5) + 2
+    # Truncated codes: those of the audio heard (80 ms each, the one cut into included).
+    assert 0 < len(turn["audio_tokens"]) <= int(played_s / SECONDS_PER_CODE) + 2
     # The barge-in utterance becomes the next turn, with the interrupted turn in its history.
-    await client.wait_for("response.done", count=2, timeout=30)
-    assert [h.role for h in pipeline.requests[1].history] == ["user", "assistant"]
-    assert pipeline.running == 0
+    after = await client.wait_for("response.done", count=n + 1, timeout=30)
+    assert after["response"]["status"] == "completed", after
+    history = pipeline.requests[n].history
+    assert [h.role for h in history] == ["user", "assistant"] * n
+    assert history[-1].audio_tokens == turn["audio_tokens"]
+    assert pipeline.requests[n].sampling.max_new_tokens == 60
     await client.close()
+    await kv_pool_full_again(pipeline)
 
 
 async def test_response_cancel_and_session_update(server, speech):
-    http, pipeline = await server(FakePipeline(num_chunks=20, chunk_interval_s=0.3))
+    http, pipeline = await server()
     mic = ScriptedMic()
     client = RtcClient(mic)
     await client.connect(http, session={"vad": {"silence_ms": 300}})
     await client.wait_for("session.created")
-    client.send({"type": "session.update", "session": {"vad": {"threshold": 0.6}, "sampling": {"audio_temperature": 0.5}}})
+    client.send({"type": "session.update", "session": {"vad": {"threshold": 0.6},
+                                                       "sampling": {"audio_temperature": 0.5, **LONG_ANSWER}}})
     updated = await client.wait_for("session.updated")
     assert updated["session"]["vad"]["threshold"] == 0.6 and updated["session"]["vad"]["silence_ms"] == 300
+    assert updated["session"]["sampling"]["audio_temperature"] == 0.5
     client.send({"type": "session.update", "session": {"vad": {"threshold": "high"}}})
     err = await client.wait_for("error")
     assert err["error"]["code"] == "invalid_value" and "vad.threshold" in err["error"]["message"]
@@ -134,14 +166,18 @@ async def test_response_cancel_and_session_update(server, speech):
     err = await client.wait_for("error", count=3)
     assert err["error"]["code"] == "conversation_not_found"
 
-    mic.say(np.concatenate([speech[0], silence(0.8)]))
-    await client.wait_for("response.created")
-    await client.wait_for("response.text.delta")
+    n = await long_answer_playing(client, pipeline, mic, speech[0], 2.0)
     client.send({"type": "response.cancel"})
-    done = await client.wait_for("response.done")
-    assert done["response"]["status"] == "cancelled" and pipeline.cancelled == [1]
-    assert pipeline.requests[0].sampling.audio_temperature == 0.5
+    done = await client.wait_for("response.done", count=n)
+    assert done["response"]["status"] == "cancelled" and pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
+    assert done["response"]["timings"]["played_s"] < len(pipeline.handles[n - 1].done.audio_tokens) * SECONDS_PER_CODE
+    sampling = pipeline.requests[0].sampling
+    assert sampling.audio_temperature == 0.5 and sampling.max_new_tokens == LONG_ANSWER["max_new_tokens"]
+    conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
+    turn = (await http.app[store_key].get_conversation(conversation_id))["turns"][2 * n - 1]
+    assert turn["interrupted"] and turn["duration_s"] == pytest.approx(done["response"]["timings"]["played_s"], abs=0.05)
     await client.close()
+    await kv_pool_full_again(pipeline)
 
 
 @pytest.mark.parametrize("how", ["select", "offer"])
@@ -164,22 +200,26 @@ async def test_continue_a_stored_conversation(server, speech, how):
         updated = await client.wait_for("session.updated")
         assert updated["session"]["conversation_id"] == conv["id"]
     mic.say(np.concatenate([speech[0], silence(0.8)]))
-    await client.wait_for("response.done")
+    done = await client.wait_for("response.done", timeout=30)
+    assert done["response"]["status"] == "completed", done
     history = pipeline.requests[0].history
     assert [h.role for h in history] == ["user", "assistant"]
     assert history[0].audio is not None and history[0].audio_tokens == [3, 4]
     assert history[1].text == "Earlier answer." and history[1].audio_tokens == [5]
-    assert len((await store.get_conversation(conv["id"]))["turns"]) == 4
+    turns = (await store.get_conversation(conv["id"]))["turns"]
+    assert len(turns) == 4 and turns[3]["text"] == done["response"]["text"] and turns[3]["audio_tokens"]
     await client.close()
+    await kv_pool_full_again(pipeline)
 
 
-async def test_vanished_client_leaves_nothing_behind(server, speech):
-    http, pipeline = await server(FakePipeline(num_chunks=200, chunk_interval_s=0.05))
+async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch):
+    # A long answer, still playing when the session notices the silence (after 1 s here).
+    monkeypatch.setattr(rtc_session, "INPUT_TIMEOUT_S", 1.0)
+    http, pipeline = await server()
     mic = ScriptedMic()
     client = RtcClient(mic)
-    await client.connect(http)
-    mic.say(np.concatenate([speech[0], silence(0.8)]))
-    await client.wait_for("response.audio.started")
+    await client.connect(http, session={"sampling": LONG_ANSWER})
+    n = await long_answer_playing(client, pipeline, mic, speech[0], 3.0)
     mic.hang()  # the client stops sending anything, without a goodbye
     sessions = http.app[sessions_key]
     for _ in range(100):
@@ -187,8 +227,12 @@ async def test_vanished_client_leaves_nothing_behind(server, speech):
             break
         await asyncio.sleep(0.1)
     assert not sessions, "the session of a vanished client was not closed"
-    assert pipeline.running == 0 and pipeline.cancelled == [1]
+    assert pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
+    await kv_pool_full_again(pipeline)
+    # The answer was still in progress when the session closed (not completed before).
+    assert [d["response"]["status"] for d in client.of_type("response.done")][n - 1:] in ([], ["cancelled"])
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
     turns = (await http.app[store_key].get_conversation(conversation_id))["turns"]
-    assert [t["role"] for t in turns] == ["user", "assistant"] and turns[1]["interrupted"]
+    assert [t["role"] for t in turns] == ["user", "assistant"] * n and turns[-1]["interrupted"]
+    assert 0 < turns[-1]["duration_s"] < len(pipeline.handles[n - 1].done.audio_tokens) * SECONDS_PER_CODE
     await client.close()

@@ -1,5 +1,6 @@
 """Shared helpers for the server tests (no tests here): real speech made with espeak-ng + sox,
-and WAV writing. Imported by tests/test_server_*.py and tests/test_browser_*.py."""
+WAV writing, a WebRTC test client, and the server with the real pipeline on the demo
+checkpoint. Imported by tests/test_server_*.py and tests/test_browser_*.py."""
 
 from __future__ import annotations
 
@@ -38,194 +39,86 @@ def write_clip(path: Path, pieces: list[np.ndarray], sr: int = 16000) -> Path:
     return path
 
 
-# ----------------------------------------------------------------- WebRTC test client
+# ------------------------------------------ the WebRTC client (package code) and the real server
 import asyncio
-import fractions
-import json
-import time
+import contextlib
+import functools
 
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
+from kimiaudio.config import Config
+from kimiaudio.pipeline import Pipeline
+from kimiaudio.server.loopback_client import RtcClient, ScriptedMic  # noqa: F401  (the tests import them from here)
 
-
-class ScriptedMic(MediaStreamTrack):
-    """A microphone the test controls: silence, or the clips given to `say` (16 kHz), in
-    20 ms frames paced in real time. `hang()` stops producing frames (a vanished client)."""
-
-    kind = "audio"
-
-    def __init__(self):
-        super().__init__()
-        self._queue: list[np.ndarray] = []
-        self._pts = 0
-        self._start = None
-        self._hung = False
-        self.finished_speaking = asyncio.Event()
-
-    def say(self, pcm16k: np.ndarray) -> None:
-        self._queue.append(np.asarray(pcm16k, dtype=np.float32))
-        self.finished_speaking.clear()
-
-    def hang(self) -> None:
-        self._hung = True
-
-    async def recv(self):
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._hung:
-            await asyncio.Event().wait()
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += 320
-            await asyncio.sleep(max(0.0, self._start + self._pts / 16000 - time.monotonic()))
-        samples = np.zeros(320, dtype=np.float32)
-        filled = 0
-        while filled < 320 and self._queue:
-            clip = self._queue[0]
-            n = min(320 - filled, clip.size)
-            samples[filled:filled + n] = clip[:n]
-            filled += n
-            self._queue[0] = clip[n:]
-            if self._queue[0].size == 0:
-                self._queue.pop(0)
-                if not self._queue:
-                    self.finished_speaking.set()
-        frame = AudioFrame(format="s16", layout="mono", samples=320)
-        frame.planes[0].update((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
-        frame.pts, frame.sample_rate, frame.time_base = self._pts, 16000, fractions.Fraction(1, 16000)
-        return frame
+DEMO_MAX_NEW_TOKENS = 60  # about 2 s of (noise) speech from the demo weights
+# Sampling for a long answer from the demo weights: with greedy audio, most answers run for
+# 4-10 s (up to 400 positions), generated in a second or two and played in real time; but
+# some still stop within a second, depending on the captured user audio. For tests that need
+# a response still in progress (see long_answer_playing in test_server_rtc.py).
+LONG_ANSWER = {"audio_top_k": 1, "max_new_tokens": 400}
 
 
-class RtcClient:
-    """A real aiortc peer talking to the server: sends `mic`, records events and audio."""
-
-    def __init__(self, mic: MediaStreamTrack):
-        self.pc = RTCPeerConnection()
-        self.mic = mic
-        self.events: list[dict] = []
-        self._new_event = asyncio.Condition()
-        self.frames_rms: list[float] = []  # one per received 20 ms frame
-        self.channel = None
-        self._tasks = []
-
-    async def connect(self, http, **body) -> tuple[int, dict]:
-        self.channel = self.pc.createDataChannel("events")
-        self.channel.on("message", self._on_message)
-        self.pc.addTrack(self.mic)
-        self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._consume(track))))
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        resp = await http.post("/api/rtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer", **body})
-        answer = await resp.json()
-        if resp.status == 200:
-            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
-        return resp.status, answer
-
-    def _on_message(self, message):
-        event = json.loads(message)
-        self.events.append(event)
-
-        async def notify():
-            async with self._new_event:
-                self._new_event.notify_all()
-
-        asyncio.ensure_future(notify())
-
-    async def _consume(self, track):
-        try:
-            while True:
-                frame = await track.recv()
-                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
-                self.frames_rms.append(float(np.sqrt(np.mean(pcm**2))))
-        except MediaStreamError:
-            pass
-
-    def send(self, event: dict) -> None:
-        self.channel.send(json.dumps(event))
-
-    def of_type(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["type"] == kind]
-
-    async def wait_for(self, kind: str, count: int = 1, timeout: float = 20.0, where=None) -> dict:
-        """The `count`-th event of type `kind` (optionally also matching `where(event)`)."""
-        def matches():
-            found = [e for e in self.of_type(kind) if where is None or where(e)]
-            return found[count - 1] if len(found) >= count else None
-
-        async def wait():
-            async with self._new_event:
-                while matches() is None:
-                    await self._new_event.wait()
-            return matches()
-
-        try:
-            return await asyncio.wait_for(wait(), timeout)
-        except asyncio.TimeoutError:
-            got = [e["type"] for e in self.events]
-            raise AssertionError(f"no {kind} #{count} within {timeout} s; events so far: {got}") from None
-
-    async def close(self):
-        for t in self._tasks:
-            t.cancel()
-        await self.pc.close()
+def demo_config(checkpoint: Path, data_dir: Path, **server) -> Config:
+    config = Config()
+    config.model.path = str(checkpoint)
+    config.model.device = "cpu"
+    config.storage.data_dir = str(data_dir)
+    config.engine.num_kv_blocks = 256
+    config.sampling.max_new_tokens = DEMO_MAX_NEW_TOKENS
+    config.vad.silence_ms = 400
+    for key, value in server.items():
+        setattr(config.server, key, value)
+    return config
 
 
-# ----------------------------------------------------------------- a scripted pipeline
+@functools.lru_cache(maxsize=None)
+def demo_stack(checkpoint: Path):
+    """The model stack of the demo checkpoint, loaded once per test session (it is only read)."""
+    from kimiaudio.model_stack import ModelStack
+
+    return ModelStack.load(demo_config(checkpoint, checkpoint.parent / "unused"))
 
 
-class FakeHandle:
-    def __init__(self, pipeline, request, turn_id):
-        self.turn_id, self.request, self.pipeline = turn_id, request, pipeline
-        self.cancelled = asyncio.Event()
+class RecordingPipeline(Pipeline):
+    """The real pipeline, also keeping what the server asked of it: the turn requests and
+    their handles, and the turn ids it was told to cancel."""
 
-    def __aiter__(self):
-        return self._events()
-
-    async def _events(self):
-        from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
-
-        p = self.pipeline
-        p.running += 1
-        try:
-            yield UserEncoded(audio_tokens=[7] * 5, seconds=self.request.user_audio.size / 16000)
-            sent_text, sent_audio = [], []
-            for i in range(p.num_chunks):
-                if i < len(p.words):
-                    sent_text.append(p.words[i])
-                    yield TextDelta(p.words[i])
-                t = np.arange(p.chunk_samples) / 24000
-                pcm = (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
-                sent_audio += [100 + i] * (p.chunk_samples // 1920)
-                yield AudioChunk(pcm)
-                try:
-                    await asyncio.wait_for(self.cancelled.wait(), p.chunk_interval_s)
-                except asyncio.TimeoutError:
-                    continue
-                yield TurnDone(status="cancelled", text="".join(sent_text), audio_tokens=sent_audio)
-                return
-            yield TurnDone(status="completed", text="".join(sent_text), text_tokens=[1, 2], audio_tokens=sent_audio,
-                           timings={"queued_s": 0.001, "first_pcm_s": 0.01},
-                           prefill_tokens_cached=10 * len(self.request.history))
-        finally:
-            p.running -= 1
-
-
-class FakePipeline:
-    """The pipeline interface with scripted output: words as text deltas, tone chunks as audio."""
-
-    def __init__(self, words=("Hello ", "from ", "the ", "fake."), num_chunks=6, chunk_samples=9600, chunk_interval_s=0.2):
-        self.words, self.num_chunks = list(words), num_chunks
-        self.chunk_samples, self.chunk_interval_s = chunk_samples, chunk_interval_s
-        self.requests, self.cancelled, self.running = [], [], 0
+    def __init__(self, stack, config):
+        super().__init__(stack, config)
+        self.requests, self.handles, self.cancelled = [], [], []
 
     def submit(self, request):
+        handle = super().submit(request)
         self.requests.append(request)
-        return FakeHandle(self, request, len(self.requests))
+        self.handles.append(handle)
+        return handle
 
     def cancel(self, handle):
         self.cancelled.append(handle.turn_id)
-        handle.cancelled.set()
+        super().cancel(handle)
 
-    def stats(self):
-        return {"running": self.running, "waiting": 0, "kv_blocks_total": 8, "kv_blocks_free": 8}
+
+@contextlib.asynccontextmanager
+async def demo_server(aiohttp_client, checkpoint: Path, data_dir: Path, **server):
+    """(test client, pipeline): the server app with a real pipeline on the demo checkpoint."""
+    from kimiaudio.server.app import create_app
+
+    config = demo_config(checkpoint, data_dir, **server)
+    stack = demo_stack(checkpoint)
+    pipeline = RecordingPipeline(stack, config)
+    await pipeline.start()
+    try:
+        http = await aiohttp_client(create_app(config, stack, pipeline))
+        yield http, pipeline
+        await http.close()
+    finally:
+        await pipeline.stop()
+
+
+async def kv_pool_full_again(pipeline, timeout: float = 5.0) -> dict:
+    """Wait until no turn runs and every KV block is free again."""
+    stats = pipeline.stats()
+    for _ in range(int(timeout / 0.05)):
+        stats = pipeline.stats()
+        if stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0 and stats["turns"] == 0:
+            return stats
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"KV pool not released: {stats}")

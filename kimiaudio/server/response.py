@@ -17,6 +17,7 @@ import numpy as np
 from kimiaudio.pipeline_events import TurnDone
 
 PIPELINE_SAMPLE_RATE = 24000
+SAMPLES_PER_CODE = 1920  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 
 
 @dataclass
@@ -48,9 +49,10 @@ class Response:
         if not self.cancelled:
             return pcm, tokens
         played = min(self.played_24k or 0, pcm.size)
-        # Codes in proportion to the audio heard (each code is 80 ms of speech), rounded up
-        # so the code being spoken when the user cut in is kept.
-        keep = math.ceil(len(tokens) * played / pcm.size) if pcm.size else 0
+        # The codes of the audio heard (each code is 80 ms of speech), rounded up so the code
+        # being spoken when the user cut in is kept. Not in proportion to the audio generated:
+        # at a cut-in, codes generated but not yet detokenized are in `tokens` but not in `pcm`.
+        keep = min(len(tokens), math.ceil(played / SAMPLES_PER_CODE))
         return pcm[:played], tokens[:keep]
 
     def timings(self, done: TurnDone) -> dict[str, float]:
