@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from kimiaudio.pipeline_events import TurnDone
+from kimiaudio.server.audio_track import PIPELINE_SAMPLE_RATE
 
-PIPELINE_SAMPLE_RATE = 24000
-SAMPLES_PER_CODE = 1920  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 
 
 @dataclass
@@ -42,17 +41,18 @@ class Response:
     def audio_seconds(self) -> float:
         return sum(chunk.size for chunk in self.pcm) / PIPELINE_SAMPLE_RATE
 
-    def heard(self, done: TurnDone) -> tuple[np.ndarray, list[int]]:
+    def heard(self, done: TurnDone, samples_per_code: int) -> tuple[np.ndarray, list[int]]:
         """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix."""
         pcm = np.concatenate(self.pcm) if self.pcm else np.zeros(0, dtype=np.float32)
         tokens = list(done.audio_tokens)
         if not self.cancelled:
             return pcm, tokens
         played = min(self.played_24k or 0, pcm.size)
-        # The codes of the audio heard (each code is 80 ms of speech), rounded up so the code
+        # The codes of the audio heard (each code is `samples_per_code` samples, 80 ms of speech
+        # with the official detokenizer), rounded up so the code
         # being spoken when the user cut in is kept. Not in proportion to the audio generated:
         # at a cut-in, codes generated but not yet detokenized are in `tokens` but not in `pcm`.
-        keep = min(len(tokens), math.ceil(played / SAMPLES_PER_CODE))
+        keep = min(len(tokens), math.ceil(played / samples_per_code))
         return pcm[:played], tokens[:keep]
 
     def timings(self, done: TurnDone) -> dict[str, float]:

@@ -263,7 +263,7 @@ class RtcSession:
 
     async def _store_assistant(self, r: Response, done: TurnDone) -> None:
         """Insert the assistant turn when generation ends; after a cut-in, mark it interrupted."""
-        pcm, tokens = r.heard(done)
+        pcm, tokens = r.heard(done, self.pipeline.stack.detokenizer.samples_per_token)
         text, timings = r.text or done.text, r.timings(done)
         try:
             if r.stored_index is None:
