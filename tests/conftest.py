@@ -49,3 +49,12 @@ def speech_16k(speech_wav) -> np.ndarray:
     from kimiaudio.audio.io import load_audio
 
     return load_audio(speech_wav)
+
+
+@pytest.fixture(scope="session")
+def speech(tmp_path_factory):
+    """The server tests' sentences spoken by espeak-ng, float32 16 kHz (test_server_support)."""
+    from test_server_support import SENTENCES, speech_16k
+
+    d = tmp_path_factory.mktemp("sentences")
+    return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]

@@ -46,6 +46,19 @@ async def run_turn(pipeline: Pipeline, request: TurnRequest) -> dict:
     }
 
 
+def with_pipeline(stack, body):
+    """Run `await body(pipeline)` on a started pipeline; stop it afterwards."""
+    async def main():
+        pipeline = Pipeline(stack, stack.config)
+        await pipeline.start()
+        try:
+            return await body(pipeline)
+        finally:
+            await pipeline.stop()
+
+    return asyncio.run(main())
+
+
 def offline_answer(stack: ModelStack, pcm: np.ndarray, params: SamplingParams):
     codes, features = stack.encode_speech(pcm)
     turn = answer(stack, [Message("user", "audio", audio_tokens=codes, features=features)], params, "both")
@@ -59,17 +72,12 @@ def test_concurrent_turns_equal_offline_reference(stack, speech_16k):
     inputs = voices(speech_16k, 4)
     params = [SamplingParams.from_config(stack.config.sampling, seed=10 + i, max_new_tokens=60) for i in range(4)]
 
-    async def main():
-        pipeline = Pipeline(stack, stack.config)
-        await pipeline.start()
-        try:
-            results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p))
-                                             for x, p in zip(inputs, params)])
-            return results, pipeline.stats()
-        finally:
-            await pipeline.stop()
+    async def body(pipeline):
+        results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p))
+                                         for x, p in zip(inputs, params)])
+        return results, pipeline.stats()
 
-    results, stats = asyncio.run(main())
+    results, stats = with_pipeline(stack, body)
     assert stats["max_batch_sizes"]["encode"] == 4  # committed together -> encoded in one batch
     assert stats["max_batch_sizes"]["llm"] >= 2 and stats["max_batch_sizes"]["detok"] >= 2
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
@@ -91,19 +99,14 @@ def test_follow_up_turn_is_served_from_prefix_cache(stack, speech_16k):
     first, second = voices(speech_16k, 2)
     params = SamplingParams.from_config(stack.config.sampling, seed=3, max_new_tokens=40)
 
-    async def main():
-        pipeline = Pipeline(stack, stack.config)
-        await pipeline.start()
-        try:
-            one = await run_turn(pipeline, TurnRequest("c", [], first, params))
-            history = [HistoryTurn("user", audio=first),
-                       HistoryTurn("assistant", text=one["done"].text, audio_tokens=one["done"].audio_tokens)]
-            two = await run_turn(pipeline, TurnRequest("c", history, second, params))
-            return one, two
-        finally:
-            await pipeline.stop()
+    async def body(pipeline):
+        one = await run_turn(pipeline, TurnRequest("c", [], first, params))
+        history = [HistoryTurn("user", audio=first),
+                   HistoryTurn("assistant", text=one["done"].text, audio_tokens=one["done"].audio_tokens)]
+        two = await run_turn(pipeline, TurnRequest("c", history, second, params))
+        return one, two
 
-    one, two = asyncio.run(main())
+    one, two = with_pipeline(stack, body)
     assert one["done"].prefill_tokens_cached == 0
     # The whole first prompt (user audio + role markers) is in full blocks of the first turn.
     first_prompt = one["done"].prefill_tokens_computed
@@ -117,25 +120,20 @@ def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
     a, b = voices(speech_16k, 2)
     params = SamplingParams.from_config(stack.config.sampling, seed=1, max_new_tokens=300)
 
-    async def main():
-        pipeline = Pipeline(stack, stack.config)
-        await pipeline.start()
-        try:
-            doomed = pipeline.submit(TurnRequest("x", [], a, params))
-            survivor = asyncio.create_task(run_turn(pipeline, TurnRequest("y", [], b, SamplingParams(
-                seed=2, max_new_tokens=30))))
-            seen = []
-            async for event in doomed:
-                seen.append(event)
-                if isinstance(event, (TextDelta, AudioChunk)) or len(seen) > 3:
-                    pipeline.cancel(doomed)
-            other = await survivor
-            await asyncio.sleep(0.2)
-            return seen, other, pipeline.stats()
-        finally:
-            await pipeline.stop()
+    async def body(pipeline):
+        doomed = pipeline.submit(TurnRequest("x", [], a, params))
+        survivor = asyncio.create_task(run_turn(pipeline, TurnRequest("y", [], b, SamplingParams(
+            seed=2, max_new_tokens=30))))
+        seen = []
+        async for event in doomed:
+            seen.append(event)
+            if isinstance(event, (TextDelta, AudioChunk)) or len(seen) > 3:
+                pipeline.cancel(doomed)
+        other = await survivor
+        await asyncio.sleep(0.2)
+        return seen, other, pipeline.stats()
 
-    seen, other, stats = asyncio.run(main())
+    seen, other, stats = with_pipeline(stack, body)
     assert isinstance(seen[-1], TurnDone) and seen[-1].status == "cancelled"
     assert other["done"].status == "completed"
     assert stats["turns"] == 0 and stats["running"] == 0
@@ -145,16 +143,11 @@ def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
 def test_bad_turn_fails_alone(stack, speech_16k):
     params = SamplingParams(seed=1, max_new_tokens=20)
 
-    async def main():
-        pipeline = Pipeline(stack, stack.config)
-        await pipeline.start()
-        try:
-            bad = TurnRequest("c", [], speech_16k, params, output_type="video")
-            good = TurnRequest("c", [], speech_16k, params)
-            return await asyncio.gather(run_turn(pipeline, bad), run_turn(pipeline, good))
-        finally:
-            await pipeline.stop()
+    async def body(pipeline):
+        bad = TurnRequest("c", [], speech_16k, params, output_type="video")
+        good = TurnRequest("c", [], speech_16k, params)
+        return await asyncio.gather(run_turn(pipeline, bad), run_turn(pipeline, good))
 
-    bad, good = asyncio.run(main())
+    bad, good = with_pipeline(stack, body)
     assert bad["done"].status == "failed" and "output_type" in bad["done"].error
     assert good["done"].status == "completed"

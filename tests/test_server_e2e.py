@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from test_server_support import (SENTENCES, RtcClient, ScriptedMic, demo_server, kv_pool_full_again, silence,
-                                 speech_16k)
+from test_server_support import RtcClient, ScriptedMic, demo_server, kv_pool_full_again, silence
 
 from kimiaudio.server.app import store_key
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def speech(tmp_path_factory):
-    d = tmp_path_factory.mktemp("speech")
-    return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
 
 
 @pytest.fixture

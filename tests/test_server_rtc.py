@@ -9,19 +9,12 @@ import contextlib
 import numpy as np
 import pytest
 
-from test_server_support import (LONG_ANSWER, SENTENCES, RtcClient, ScriptedMic, demo_server, kv_pool_full_again,
-                                 silence, speech_16k)
+from test_server_support import LONG_ANSWER, RtcClient, ScriptedMic, demo_server, kv_pool_full_again, silence
 
 from kimiaudio.server import rtc_session
 from kimiaudio.server.app import sessions_key, store_key
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
-
-
-@pytest.fixture(scope="module")
-def speech(tmp_path_factory):
-    d = tmp_path_factory.mktemp("speech")
-    return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
 
 
 @pytest.fixture
