@@ -23,7 +23,6 @@ from kimiaudio.text.prompt import Message, build_prompt
 
 # The instruction of the official ASR example (infer.py).
 ASR_INSTRUCTION = "请将音频内容转换为文字。"
-OUTPUT_SAMPLE_RATE = 24000
 
 
 @dataclass
@@ -62,11 +61,9 @@ def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, o
     codes = [t - offset for t in result.audio_tokens if t >= offset]
     if output_type == "both" and stack.detokenizer is not None:
         start = time.perf_counter()
-        audio = stack.detokenizer.detokenize(codes) if codes else np.zeros(0, dtype=np.float32)
+        turn.audio = stack.detokenizer.detokenize(codes).numpy()  # float32 on the CPU; empty for no codes
         detok_s = time.perf_counter() - start
-        turn.audio = np.asarray(audio.detach().cpu().float().numpy() if hasattr(audio, "detach") else audio,
-                                dtype=np.float32).reshape(-1)
-        seconds = len(turn.audio) / OUTPUT_SAMPLE_RATE
+        seconds = len(turn.audio) / stack.detokenizer.sample_rate
         timings.update(detok_s=detok_s, audio_s=seconds, detok_rtf=detok_s / seconds if seconds else 0.0)
     return turn
 
@@ -103,7 +100,7 @@ def run_chat_command(config, args) -> int:
     if not out.parent.exists():
         raise KimiAudioError(f"--out {out}: directory {out.parent} does not exist")
     start = time.perf_counter()
-    stack = ModelStack.load(config, progress=True)
+    stack = ModelStack.load(config, progress=True, text_only=False)  # chat always speaks
     load_s = time.perf_counter() - start
     pcms = _load_inputs(stack, args.inputs)
     params = _params(stack, args)
@@ -115,7 +112,7 @@ def run_chat_command(config, args) -> int:
         turn = answer(stack, history, params, "both")
         turn.timings.update(encode_timings, input_audio_s=len(pcm) / 16000)
         path = _reply_path(out, index, len(pcms))
-        write_wav(path, turn.audio if turn.audio is not None else np.zeros(0, np.float32), OUTPUT_SAMPLE_RATE)
+        write_wav(path, turn.audio, stack.detokenizer.sample_rate)
         codes = [t - stack.specials.token_offset for t in turn.audio_tokens if t >= stack.specials.token_offset]
         history.append(Message("assistant", "audio-text", text=turn.text, audio_tokens=codes or None)
                        if codes else Message("assistant", "text", text=turn.text))

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from kimiaudio.engine.async_engine import AsyncEngine
 from kimiaudio.engine.llm_engine import LLMEngine
@@ -74,7 +75,7 @@ class Pipeline:
 
     async def start(self) -> None:
         self._worker = AsyncEngine(self.engine, before_step=self._before_step, after_step=self._after_step,
-                                   name="kimiaudio-gpu")
+                                   name="kimiaudio-gpu", on_start=self._configure_thread)
 
     async def stop(self) -> None:
         if self._worker is not None:
@@ -110,6 +111,12 @@ class Pipeline:
         }
 
     # ---- worker thread -------------------------------------------------------------------
+    def _configure_thread(self) -> None:
+        # Intra-op thread counts are per thread: this sets the worker's alone.
+        threads = self.config.engine.cpu_threads
+        if self.stack.device.type == "cpu" and threads > 0:
+            torch.set_num_threads(threads)
+
     def _before_step(self) -> bool:
         self._iteration_start = time.perf_counter()
         submits = []
@@ -204,19 +211,18 @@ class Pipeline:
             self.min_free_blocks = min(self.min_free_blocks, self.engine.block_manager.num_free_blocks)
             if self.record_step_times:
                 self.step_times.append(time.perf_counter() - self._iteration_start)
-        for state in [s for s in self._turns.values() if s.llm_done and not s.pending_codes]:
+        for state in [s for s in self._turns.values() if s.llm_done]:  # their last chunk ran above
             self._end(state, "cancelled" if state.finish_reason == "abort" else "completed", None)
         return bool(self._turns)
 
     def _run_detok(self) -> None:
-        items = [(s, s.pending_codes, s.llm_done) for s in self._turns.values()
-                 if s.detok is not None and (s.pending_codes or s.llm_done)]
-        if not items:
+        """The chunks now due, of every session, in one batch (a finished turn flushes all)."""
+        due = [s for s in self._turns.values() if s.detok is not None and s.detok.ready(s.llm_done)]
+        if not due:
             return
-        wavs = self.stack.detokenizer.step_batch([(s.detok, codes, final) for s, codes, final in items])
+        wavs = self.stack.detokenizer.step_batch([(s.detok, [], s.llm_done) for s in due])
         self._note_batch("detok", sum(1 for w in wavs if w.numel()))
-        for (state, _, _), wav in zip(items, wavs):
-            state.pending_codes = []
+        for state, wav in zip(due, wavs):
             chunk = state.audio_chunk(wav)
             if chunk is not None:
                 state.handle.deliver(chunk)

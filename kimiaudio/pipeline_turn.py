@@ -48,8 +48,8 @@ class TurnState:
         self.audio_codes: list[int] = []
         self.raw_text: list[int] = []
         self.raw_audio: list[int] = []
-        self.pending_codes: list[int] = []
         self.emitted_text = ""
+        self._num_decoded = 0  # text ids already decoded into emitted_text (or withheld)
         self.text_done = False
         self.llm_done = False
         self.finish_reason: str | None = None
@@ -75,10 +75,13 @@ class TurnState:
                 code = audio_token - self.token_offset
                 self.audio_codes.append(code)
                 if self.detok is not None:
-                    self.pending_codes.append(code)
+                    self.detok.push([code])  # buffered there until a chunk is due
                 self.mark("first_audio_token_s")
 
     def text_delta(self, tokenizer, final: bool = False) -> TextDelta | None:
+        if len(self.text_ids) == self._num_decoded and not final:
+            return None  # no new text id this step (e.g. blanks after the text EOS)
+        self._num_decoded = len(self.text_ids)
         text = tokenizer.decode(self.text_ids)
         # A trailing U+FFFD may be a multi-byte character still being generated: wait for it
         # unless no more text can come.

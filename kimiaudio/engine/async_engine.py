@@ -39,10 +39,12 @@ Hook = Callable[..., object]
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, before_step: Hook | None = None, after_step: Hook | None = None,
-                 name: str = "kimiaudio-engine"):
+                 name: str = "kimiaudio-engine", on_start: Hook | None = None):
         """before_step() and after_step(outputs) run on the worker thread every iteration; a
-        truthy return value means "I have more work", which keeps the worker from sleeping."""
+        truthy return value means "I have more work", which keeps the worker from sleeping.
+        on_start() runs once on the worker thread before the first iteration (thread settings)."""
         self.engine = engine
+        self.on_start = on_start
         self.before_step = before_step
         self.after_step = after_step
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -86,6 +88,7 @@ class AsyncEngine:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        self._call_hook(self.on_start)
         while not self._stopping:
             self._wake.clear()
             self._drain_inbox()
