@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
+from kimiaudio.engine.sequence import EngineRequest
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
 from kimiaudio.pipeline_events import AudioChunk, TurnDone
 from kimiaudio.sampling import SamplingParams
-
+from kimiaudio.text.prompt import Message, build_prompt
 
 
 @dataclass
@@ -41,9 +44,12 @@ class BenchRow:
     kv_blocks_total: int
     prefix_cache_hit_rate: float
     reference_tokens_per_s: float | None = None  # offline path: encode, reference loop, detokenize
+    reference_generated_tokens: int | None = None  # equal to generated_tokens when both sides agree
     speedup_vs_reference: float | None = None
     lm_tokens_per_s: float | None = None  # LM alone: the engine ...
     lm_reference_tokens_per_s: float | None = None  # ... and the batch-1 reference loop
+    lm_generated_tokens: int | None = None  # by the engine ...
+    lm_reference_generated_tokens: int | None = None  # ... and by the reference loop
     lm_speedup: float | None = None
 
 
@@ -117,50 +123,90 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
     )
 
 
-def _bench_reference(stack, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> float:
-    """Generated tokens/s of the batch-1 reference loop (+ offline detokenizer) on the same turns."""
-    from kimiaudio.offline import answer
-    from kimiaudio.text.prompt import Message
+def _bench_reference(stack, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> tuple[int, float]:
+    """Generated tokens and tokens/s of the offline path (encode, batch-1 reference loop, offline
+    detokenizer) on the same turns, one session after another."""
+    from kimiaudio.offline import answer, user_audio_message
 
     tokens, start = 0, time.perf_counter()
     for session, p in zip(inputs, params):
         history: list[Message] = []
         for pcm in session:
-            codes, features = stack.encode_speech(pcm)
-            history.append(Message("user", "audio", audio_tokens=codes, features=features))
+            history.append(user_audio_message(stack, pcm)[0])
             turn = answer(stack, history, p, "both")
             tokens += turn.num_steps
-            offset = stack.specials.token_offset
-            reply = [t - offset for t in turn.audio_tokens if t >= offset]
-            history.append(Message("assistant", "audio-text", text=turn.text, audio_tokens=reply)
-                           if reply else Message("assistant", "text", text=turn.text))
-    return tokens / (time.perf_counter() - start)
+            history.append(turn.history_message(stack.specials.token_offset))
+    return tokens, tokens / (time.perf_counter() - start)
 
 
-def _bench_lm(stack, config, pcms: list[np.ndarray], params: list[SamplingParams]) -> tuple[float, float]:
-    """Generated positions/s of the engine (all prompts at once) and of the batch-1 reference
-    loop (the same prompts, one after another), with the same seeds."""
+def _bench_lm(stack, config, inputs: list[list[np.ndarray]],
+              params: list[SamplingParams]) -> tuple[int, float, int, float]:
+    """Generated positions and positions/s of the LM alone on the same conversations: the engine with every
+    session submitting its next turn as soon as its answer ends (a closed loop, as users
+    talk), then the batch-1 reference loop, one turn after another. Speech is encoded
+    beforehand, outside both timings."""
     from kimiaudio.engine.llm_engine import LLMEngine
-    from kimiaudio.engine.sequence import EngineRequest
-    from kimiaudio.reference_loop import generate_reference
-    from kimiaudio.text.prompt import Message, build_prompt
+    from kimiaudio.offline import answer
 
-    prompts = [build_prompt([Message("user", "audio", audio_tokens=c, features=f)], "both", stack.tokenizer,
-                            stack.specials) for c, f in stack.encode_speech_batch(pcms)]
+    offset = stack.specials.token_offset
+    flat = stack.encode_speech_batch([pcm for session in inputs for pcm in session])
+    turns = len(inputs[0])
+    users = [[Message("user", "audio", audio_tokens=c, features=f) for c, f in flat[i * turns:(i + 1) * turns]]
+             for i in range(len(inputs))]
+
     engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
-    start = time.perf_counter()
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        engine.add_request(EngineRequest(str(i), prompt.audio_ids, prompt.text_ids, prompt.continuous_mask,
-                                         prompt.features_tensor(), p, "both", stack.specials))
-    tokens = 0
-    while engine.has_work():
-        tokens += sum(1 for out in engine.step() if out.text_token is not None)
-    engine_rate = tokens / (time.perf_counter() - start)
+    histories: list[list[Message]] = [[] for _ in inputs]
+    live: dict[str, tuple[int, object]] = {}  # request id -> (session, Sequence)
+
+    def submit(session: int) -> None:
+        turn = len(histories[session]) // 2
+        histories[session].append(users[session][turn])
+        prompt = build_prompt(histories[session], "both", stack.tokenizer, stack.specials)
+        request_id = f"{session}.{turn}"
+        seq_id = engine.add_request(EngineRequest(request_id, prompt.audio_ids, prompt.text_ids,
+                                                  prompt.continuous_mask, prompt.features_tensor(), params[session],
+                                                  "both", stack.specials))
+        live[request_id] = (session, engine.seqs[seq_id])
+
     tokens, start = 0, time.perf_counter()
-    for prompt, p in zip(prompts, params):
-        tokens += generate_reference(stack.lm, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask,
-                                     prompt.features_tensor(), p, "both", stack.specials).num_steps
-    return engine_rate, tokens / (time.perf_counter() - start)
+    for session in range(len(inputs)):
+        submit(session)
+    while engine.has_work():
+        for out in engine.step():
+            tokens += out.text_token is not None
+            if not out.finished:
+                continue
+            session, seq = live.pop(out.request_id)
+            if out.finish_reason == "error":
+                raise KimiAudioError(f"bench LM turn failed: {out.error}")
+            text = stack.tokenizer.decode(seq.rules.text_ids(offset))
+            histories[session].append(Message.assistant_reply(text, seq.rules.audio_codes(offset)))
+            if len(histories[session]) < 2 * turns:
+                submit(session)
+    engine_tokens, engine_rate = tokens, tokens / (time.perf_counter() - start)
+
+    tokens, start = 0, time.perf_counter()
+    for session, p in enumerate(params):
+        history: list[Message] = []
+        for user in users[session]:
+            history.append(user)
+            turn = answer(stack, history, p, "both", speak=False)
+            tokens += turn.num_steps
+            history.append(turn.history_message(offset))
+    return engine_tokens, engine_rate, tokens, tokens / (time.perf_counter() - start)
+
+
+@contextmanager
+def _torch_threads(device, threads: int):
+    """The worker thread's CPU thread count (engine.cpu_threads) for this thread's work too,
+    so both sides of a comparison run with the same setting."""
+    previous = torch.get_num_threads()
+    if device.type == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
@@ -182,10 +228,11 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
             bar.update()
         if reference:
             # Every session, not a sample: replies differ in how much speech each position carries.
-            row.reference_tokens_per_s = _bench_reference(stack, inputs, params)
+            with _torch_threads(stack.device, config.engine.cpu_threads):
+                row.reference_generated_tokens, row.reference_tokens_per_s = _bench_reference(stack, inputs, params)
+                (row.lm_generated_tokens, row.lm_tokens_per_s, row.lm_reference_generated_tokens,
+                 row.lm_reference_tokens_per_s) = _bench_lm(stack, config, inputs, params)
             row.speedup_vs_reference = row.tokens_per_s / row.reference_tokens_per_s
-            row.lm_tokens_per_s, row.lm_reference_tokens_per_s = _bench_lm(
-                stack, config, [session[0] for session in inputs], params)
             row.lm_speedup = row.lm_tokens_per_s / row.lm_reference_tokens_per_s
             if bar:
                 bar.update()

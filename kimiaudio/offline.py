@@ -35,6 +35,13 @@ class TurnResult:
     audio: np.ndarray | None = None  # 24 kHz reply, None for text output
     timings: dict[str, float] = field(default_factory=dict)
 
+    def codes(self, token_offset: int) -> list[int]:
+        """The reply's speech codes (no offset), as history and the detokenizer take them."""
+        return [t - token_offset for t in self.audio_tokens if t >= token_offset]
+
+    def history_message(self, token_offset: int) -> Message:
+        return Message.assistant_reply(self.text, self.codes(token_offset))
+
 
 def user_audio_message(stack: ModelStack, pcm: np.ndarray) -> tuple[Message, dict[str, float]]:
     start = time.perf_counter()
@@ -43,8 +50,10 @@ def user_audio_message(stack: ModelStack, pcm: np.ndarray) -> tuple[Message, dic
     return Message("user", "audio", audio_tokens=codes, features=features), {"encode_s": seconds}
 
 
-def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, output_type: str) -> TurnResult:
-    """Generate the assistant's answer to `messages` (and speak it when output_type is both)."""
+def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, output_type: str,
+           speak: bool = True) -> TurnResult:
+    """Generate the assistant's answer to `messages` (and speak it when output_type is both
+    and `speak`; speak=False leaves the codes undecoded, e.g. to time the LM alone)."""
     prompt = build_prompt(messages, output_type, stack.tokenizer, stack.specials)
     start = time.perf_counter()
     result = generate_reference(
@@ -58,8 +67,8 @@ def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, o
     text_ids = [t for t in result.text_tokens if t < offset]
     turn = TurnResult(stack.tokenizer.decode(text_ids), result.text_tokens, result.audio_tokens, result.finish_reason,
                       result.num_steps, timings=timings)
-    codes = [t - offset for t in result.audio_tokens if t >= offset]
-    if output_type == "both" and stack.detokenizer is not None:
+    codes = turn.codes(offset)
+    if speak and output_type == "both" and stack.detokenizer is not None:
         start = time.perf_counter()
         turn.audio = stack.detokenizer.detokenize(codes).numpy()  # float32 on the CPU; empty for no codes
         detok_s = time.perf_counter() - start
@@ -113,9 +122,7 @@ def run_chat_command(config, args) -> int:
         turn.timings.update(encode_timings, input_audio_s=len(pcm) / 16000)
         path = _reply_path(out, index, len(pcms))
         write_wav(path, turn.audio, stack.detokenizer.sample_rate)
-        codes = [t - stack.specials.token_offset for t in turn.audio_tokens if t >= stack.specials.token_offset]
-        history.append(Message("assistant", "audio-text", text=turn.text, audio_tokens=codes or None)
-                       if codes else Message("assistant", "text", text=turn.text))
+        history.append(turn.history_message(stack.specials.token_offset))
         turns.append({"input": file, "reply_wav": str(path), **_turn_json(turn)})
     _report(args, stack, {"load_s": load_s, **stack.load_seconds}, turns)
     return 0

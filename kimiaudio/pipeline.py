@@ -184,9 +184,7 @@ class Pipeline:
                 codes, features = self._encoded[_audio_key(turn.audio)]
                 return Message("user", "audio", audio_tokens=codes, features=features)
             return Message("user", "text", text=turn.text) if turn.text else None
-        if turn.audio_tokens:
-            return Message("assistant", "audio-text", text=turn.text, audio_tokens=list(turn.audio_tokens))
-        return Message("assistant", "text", text=turn.text) if turn.text else None
+        return Message.assistant_reply(turn.text, turn.audio_tokens) if turn.text or turn.audio_tokens else None
 
     def _after_step(self, outputs) -> bool:
         self._note_batch("llm", len(outputs))

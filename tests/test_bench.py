@@ -23,6 +23,9 @@ def test_bench_reports_every_figure(demo_checkpoint):
         assert row["tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
         assert row["speedup_vs_reference"] == row["tokens_per_s"] / row["reference_tokens_per_s"]
         assert row["lm_speedup"] == row["lm_tokens_per_s"] / row["lm_reference_tokens_per_s"] > 0
+        # The same workload on both sides: the same seeds generate the same tokens, turn after turn.
+        assert row["reference_generated_tokens"] == row["generated_tokens"]
+        assert row["lm_generated_tokens"] == row["lm_reference_generated_tokens"] == row["generated_tokens"]
         assert 0 < row["kv_blocks_used_peak"] <= row["kv_blocks_total"]
         assert row["prefix_cache_hit_rate"] > 0  # second turns reuse their history's KV
         assert row["step_ms_p50"] <= row["step_ms_p95"]

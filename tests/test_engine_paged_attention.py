@@ -33,13 +33,14 @@ def test_paged_matches_contiguous_causal_attention():
     gen = torch.Generator().manual_seed(0)
     pool = KVPool(LAYERS, 32, BS, HKV, D, "cpu", torch.float32)
     free = torch.randperm(32, generator=gen).tolist()  # scattered, non-monotonic blocks
-    lengths = [13, 6, 21]
+    lengths = [14, 6, 22]
     tables = [[free.pop() for _ in range(-(-n // BS))] for n in lengths]
     keys = [[torch.randn(n, HKV, D, generator=gen) for _ in range(LAYERS)] for n in lengths]
     values = [[torch.randn(n, HKV, D, generator=gen) for _ in range(LAYERS)] for n in lengths]
     queries = [[torch.randn(n, HQ, D, generator=gen) for _ in range(LAYERS)] for n in lengths]
     # Per step: how many positions each sequence computes (0 = not in this batch).
-    plan = [[5, 1, 8], [1, 2, 3], [7, 1, 1], [0, 1, 9], [0, 1, 0]]
+    # Decode rows first (a slice), after a prefill (gathered rows), and an all-decode step.
+    plan = [[5, 1, 8], [1, 2, 3], [7, 1, 1], [0, 1, 9], [0, 1, 0], [1, 0, 1]]
     done = [0, 0, 0]
     for step in plan:
         entries, spans = [], []
@@ -77,3 +78,13 @@ def test_pool_size_from_config():
     assert pool_num_blocks(12, 0.5, per_block, 10**9, torch.device("cpu")) == 12
     assert pool_num_blocks(0, 0.5, per_block, 100, torch.device("cpu")) == 100  # capped by use
     assert pool_num_blocks(0, 0.5, 1 << 30, 100, torch.device("cpu")) == 2  # the CPU budget
+
+
+def test_cpu_pool_starts_zeroed_in_any_dtype():
+    # Lazily zeroed through calloc on the CPU (see KVPool); bfloat16 goes through bytes.
+    for dtype in (torch.float32, torch.bfloat16):
+        pool = KVPool(LAYERS, 64, BS, HKV, D, "cpu", dtype)
+        assert pool.kv.dtype == dtype and pool.kv.shape == (2, LAYERS, 64, BS, HKV, D)
+        assert not pool.kv.any()
+        pool.keys(1)[5] = 1.0  # slot views write through to the pool
+        assert pool.kv[0, 1, 1, 1].eq(1).all() and int(pool.kv.ne(0).sum()) == HKV * D

@@ -76,10 +76,11 @@ def test_extreme_uniforms_stay_in_range():
 
 def test_seeded_uniforms_are_deterministic():
     a, b, c = RequestRandom(11), RequestRandom(11), RequestRandom(12)
-    seq_a = torch.stack([a.next_uniforms() for _ in range(5)])
-    seq_b = torch.stack([b.next_uniforms() for _ in range(5)])
-    assert torch.equal(seq_a, seq_b) and seq_a.shape == (5, 2)
-    assert not torch.equal(seq_a, torch.stack([c.next_uniforms() for _ in range(5)]))
+    seq_a = torch.tensor([a.next_uniforms() for _ in range(70)])  # crosses a drawn block
+    seq_b = torch.tensor([b.next_uniforms() for _ in range(70)])
+    assert torch.equal(seq_a, seq_b) and seq_a.shape == (70, 2)
+    assert 0 <= seq_a.min() and seq_a.max() < 1 and seq_a.unique().numel() == 140
+    assert not torch.equal(seq_a, torch.tensor([c.next_uniforms() for _ in range(70)]))
     assert RequestRandom(None).seed is not None
 
 

@@ -79,7 +79,7 @@ class ModelRunner:
 
     def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[tuple[int, int]]:
         # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.
-        uniforms = torch.stack([seq.random.next_uniforms() for seq in seqs])  # [B, 2] on the CPU
+        uniforms = torch.tensor([seq.random.next_uniforms() for seq in seqs])  # [B, 2] on the CPU
         params = [seq.params.text for seq in seqs] + [seq.params.audio for seq in seqs]
         histories = [seq.rules.text_history for seq in seqs] + [seq.rules.audio_history for seq in seqs]
         tokens = sample_tokens(torch.cat([text_logits, audio_logits]), params, histories,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +32,15 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         # Zeroed, not empty: padded key rows read unused slots, and 0 * NaN would poison them.
-        self.kv = torch.zeros(2, num_layers, num_blocks, block_size, num_kv_heads, head_dim, device=device, dtype=dtype)
+        shape = (2, num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        if torch.device(device).type == "cpu":
+            # numpy's zeros come from calloc: the OS maps pages on first write, so a large CPU
+            # pool costs neither start-up time (torch.zeros wrote 1.6 GB in about 1 s) nor
+            # resident memory until it is used. Bytes, then the dtype: numpy has no bfloat16.
+            nbytes = dtype.itemsize * num_layers * num_blocks * block_size * num_kv_heads * head_dim * 2
+            self.kv = torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+        else:
+            self.kv = torch.zeros(shape, device=device, dtype=dtype)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -43,6 +52,12 @@ class KVPool:
 
     def values(self, layer_idx: int) -> torch.Tensor:
         return self.kv[1, layer_idx].flatten(0, 1)
+
+    def blocks(self, kind: int, layer_idx: int) -> torch.Tensor:
+        """[num_blocks, block_size * Hkv * D] view of one layer's keys (kind 0) or values (1):
+        gathering whole rows of it with index_select is a few times faster on the CPU than
+        advanced indexing of the 6-d pool."""
+        return self.kv[kind, layer_idx].view(self.num_blocks, -1)
 
 
 def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block: int, max_useful_blocks: int,
@@ -72,10 +87,11 @@ class PrefillChunk:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: pool slot of every new token
-    decode_rows: torch.Tensor | None  # [B] long: batch rows that are a sequence's only query
-    decode_tables: torch.Tensor | None  # [B, W] long: block tables of those sequences (padded)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, K] bool: True = a real key
+    decode_rows: slice | torch.Tensor | None  # [B] batch rows that are a sequence's only query
+    decode_blocks: torch.Tensor | None  # [B * W] long: block tables of those sequences (padded to W)
+    decode_mask: torch.Tensor | None  # [B, 1, 1, W * block_size] float: 0 for a real key, -inf for padding
     prefills: list[PrefillChunk]
+    num_rows: int  # T, all rows of the batch
 
     @classmethod
     def build(cls, entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device) -> "AttentionMetadata":
@@ -101,11 +117,15 @@ class AttentionMetadata:
         decode = (None, None, None)
         if decode_rows:
             width = max(len(t) for t in decode_tables)
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables]).to(device)
+            blocks = torch.tensor([b for t in decode_tables for b in t + [0] * (width - len(t))]).to(device)
             lens = torch.tensor(decode_lens).to(device)
-            mask = torch.arange(width * block_size, device=device)[None, :] < lens[:, None]
-            decode = (torch.tensor(decode_rows).to(device), tables, mask[:, None, None, :])
-        return cls(torch.tensor(slot_mapping).to(device), *decode, prefills)
+            padding = torch.arange(width * block_size, device=device)[None, :] >= lens[:, None]
+            mask = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
+            # The scheduler puts decodes first: a slice then spares a gather and a scatter.
+            rows = (slice(0, len(decode_rows)) if decode_rows[-1] == len(decode_rows) - 1
+                    else torch.tensor(decode_rows).to(device))
+            decode = (rows, blocks, mask[:, None, None, :])
+        return cls(torch.tensor(slot_mapping).to(device), *decode, prefills, row)
 
 
 def _slots(table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
@@ -125,28 +145,33 @@ class PagedAttention:
         keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
         keys.index_copy_(0, self.meta.slot_mapping, k)
         values.index_copy_(0, self.meta.slot_mapping, v)
+        rows = self.meta.decode_rows
+        if not self.meta.prefills and isinstance(rows, slice):  # an all-decode step
+            return self._decode(layer_idx, q)
         out = torch.empty_like(q)
-        if self.meta.decode_rows is not None:
-            rows = self.meta.decode_rows
+        if rows is not None:
             out[rows] = self._decode(layer_idx, q[rows])
         for chunk in self.meta.prefills:
             rows = slice(chunk.row_start, chunk.row_start + chunk.num_rows)
             if chunk.slots is None:  # nothing cached before: the chunk's own keys suffice
                 out[rows] = causal_attention(q[rows], k[rows], v[rows])
             else:
-                out[rows] = causal_attention(q[rows], keys[chunk.slots], values[chunk.slots])
+                out[rows] = causal_attention(q[rows], keys.index_select(0, chunk.slots),
+                                             values.index_select(0, chunk.slots))
         return out
 
     def _decode(self, layer_idx: int, q: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, D], one query per sequence at its last position -> [B, Hq, D]."""
         batch, num_heads, head_dim = q.shape
-        # Gather whole blocks, keys and values at once: one index per block, not per slot.
-        kv = self.pool.kv[:, layer_idx][:, self.meta.decode_tables]  # [2, B, W, block, Hkv, D]
-        kv = kv.flatten(2, 3).transpose(2, 3)  # [2, B, Hkv, K, D]
-        num_kv_heads = kv.shape[2]
+        num_kv_heads = self.pool.kv.shape[-2]
+        # Gather whole blocks: one index per block, not per slot. -> [B, K, Hkv, D]
+        keys = self.pool.blocks(0, layer_idx).index_select(0, self.meta.decode_blocks)
+        values = self.pool.blocks(1, layer_idx).index_select(0, self.meta.decode_blocks)
+        keys = keys.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+        values = values.view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
         group = num_heads // num_kv_heads
         # A sequence's single query sees all its keys, so the `group` query heads sharing a kv
         # head can ride in sdpa's query-length axis: q [B, Hkv, group, D] vs k [B, Hkv, K, D].
         qg = q.reshape(batch, num_kv_heads, group, head_dim)
-        out = F.scaled_dot_product_attention(qg, kv[0], kv[1], attn_mask=self.meta.decode_mask)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=self.meta.decode_mask)
         return out.reshape(batch, num_heads, head_dim)

@@ -34,6 +34,13 @@ class Message:
     audio_tokens: list[int] | None = None  # VQ codes (no offset) for "audio" and "audio-text"
     features: torch.Tensor | None = None  # [N, adaptor_dim] whisper features of an "audio" message
 
+    @classmethod
+    def assistant_reply(cls, text: str, codes: Sequence[int] | None) -> "Message":
+        """An assistant answer as history: spoken (audio-text) when it has speech codes, else text."""
+        if codes:
+            return cls("assistant", "audio-text", text=text, audio_tokens=list(codes))
+        return cls("assistant", "text", text=text)
+
     def validate(self, index: int, specials: SpecialTokens) -> None:
         where = f"message {index} ({self.role} {self.kind})"
         if self.role not in ROLES:
