@@ -40,6 +40,7 @@ class BenchRow:
     first_audio_ms_p50: float
     first_audio_ms_p95: float
     rtf_p50: float  # per-session generation time / audio seconds produced (< 1: faster than real time)
+    stall_ms_p95: float  # per turn: silence a listener playing from the first chunk hears (0 = never ran dry)
     kv_blocks_used_peak: int
     kv_blocks_total: int
     prefix_cache_hit_rate: float
@@ -72,17 +73,39 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
+class PlaybackClock:
+    """A listener who starts playing at the first chunk and plays without pausing: the
+    seconds of silence it hears because a chunk came after the audio before it ran out."""
+
+    def __init__(self, sample_rate: int):
+        self.sample_rate = sample_rate
+        self.played_until: float | None = None
+        self.stall_s = 0.0
+        self.samples = 0
+
+    def arrive(self, now: float, num_samples: int) -> None:
+        if self.played_until is None:
+            self.played_until = now
+        elif now > self.played_until:
+            self.stall_s += now - self.played_until
+            self.played_until = now
+        self.played_until += num_samples / self.sample_rate
+        self.samples += num_samples
+
+
 async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int) -> dict:
     history: list[HistoryTurn] = []
-    stats = {"tokens": 0, "first_audio": [], "rtf": []}
+    stats = {"tokens": 0, "first_audio": [], "rtf": [], "stall": []}
     for turn, pcm in enumerate(inputs):
         handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params))
-        samples, done = 0, None
+        clock, done = PlaybackClock(sr_out), None
         async for event in handle:
             if isinstance(event, AudioChunk):
-                samples += event.pcm.size
+                clock.arrive(time.perf_counter(), event.pcm.size)
             elif isinstance(event, TurnDone):
                 done = event
+        samples = clock.samples
+        stats["stall"].append(clock.stall_s)
         if done is None or done.status != "completed":
             raise KimiAudioError(f"bench turn failed: {done.error if done else 'no result'}")
         stats["tokens"] += len(done.text_tokens)  # one text token per generated position
@@ -110,6 +133,7 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
     tokens = sum(r["tokens"] for r in results)
     first = [x for r in results for x in r["first_audio"]]
     rtf = [x for r in results for x in r["rtf"]]
+    stalls = [x for r in results for x in r["stall"]]
     steps = pipeline.step_times
     cached, computed = s["prefill_tokens_cached"], s["prefill_tokens_computed"]
     return BenchRow(
@@ -117,7 +141,7 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
         tokens_per_s_per_session=tokens / wall / n,
         step_ms_p50=1000 * _percentile(steps, 50), step_ms_p95=1000 * _percentile(steps, 95),
         first_audio_ms_p50=1000 * _percentile(first, 50), first_audio_ms_p95=1000 * _percentile(first, 95),
-        rtf_p50=_percentile(rtf, 50),
+        rtf_p50=_percentile(rtf, 50), stall_ms_p95=1000 * _percentile(stalls, 95),
         kv_blocks_used_peak=s["kv_blocks_total"] - pipeline.min_free_blocks, kv_blocks_total=s["kv_blocks_total"],
         prefix_cache_hit_rate=cached / max(cached + computed, 1),
     )
@@ -244,7 +268,7 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
 
 def format_rows(rows: list[BenchRow]) -> str:
     head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'step p50':>9} {'step p95':>9} {'1st audio p50':>13} "
-            f"{'p95':>8} {'RTF p50':>8} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
+            f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
             f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}")
     lines = [head]
     for r in rows:
@@ -252,7 +276,7 @@ def format_rows(rows: list[BenchRow]) -> str:
                f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x") if r.reference_tokens_per_s else ""
         lines.append(
             f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.step_ms_p50:7.1f}ms "
-            f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
+            f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} {r.stall_ms_p95:7.0f}ms "
             f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
     return "\n".join(lines)
 

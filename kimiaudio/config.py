@@ -64,6 +64,12 @@ class DetokConfig:
     look_ahead_tokens: int = 12
     ode_steps: int = 30
     max_kv_cache_frames: int = 900
+    # Most sessions whose chunks run in one worker iteration, most urgent first (see
+    # pipeline_turn.most_urgent); the rest wait one LLM step instead of stalling it.
+    max_batch_sessions: int = 8
+    # While the LLM has work, a session's next chunk waits until less than this much of its
+    # audio is left to play (a reply still waiting for its first audio never waits).
+    run_ahead_s: float = 0.5
 
 
 @dataclass

@@ -6,7 +6,10 @@ One worker thread (the AsyncEngine's) owns every model. Each iteration it
    engine (history KV is shared through the engine's prefix cache);
 2. runs one engine step over every running sequence (continuous batching);
 3. routes the step's tokens to their turns and runs the detokenizer chunks now due, batched
-   across sessions, then publishes events to each turn's handle on the asyncio loop.
+   across sessions, then publishes events to each turn's handle on the asyncio loop. Priority
+   is latency: the sessions whose playback runs dry soonest go first, at most
+   detok.max_batch_sessions per iteration, and while the LLM has work a session with more
+   than detok.run_ahead_s of audio left waits (its chunk would only delay everyone's tokens).
 The asyncio side only enqueues (submit, cancel) and reads handles; it never waits on the worker.
 """
 
@@ -29,7 +32,7 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sequence import EngineRequest
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline_events import TurnDone, UserEncoded
-from kimiaudio.pipeline_turn import TurnHandle, TurnState
+from kimiaudio.pipeline_turn import TurnHandle, TurnState, most_urgent
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
 
@@ -173,6 +176,7 @@ class Pipeline:
         state.mark("encoded_s")
         if request.output_type == "both" and self.stack.detokenizer is not None:
             state.detok = self.stack.detokenizer.new_session(seed=params.seed)
+            state.sample_rate = self.stack.detokenizer.sample_rate
         state.seq_id = self.engine.add_request(EngineRequest(
             handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
             params, request.output_type, self.stack.specials))
@@ -209,15 +213,24 @@ class Pipeline:
             self.min_free_blocks = min(self.min_free_blocks, self.engine.block_manager.num_free_blocks)
             if self.record_step_times:
                 self.step_times.append(time.perf_counter() - self._iteration_start)
-        for state in [s for s in self._turns.values() if s.llm_done]:  # their last chunk ran above
+        for state in [s for s in self._turns.values() if s.llm_done and not _has_audio_left(s)]:
             self._end(state, "cancelled" if state.finish_reason == "abort" else "completed", None)
         return bool(self._turns)
 
     def _run_detok(self) -> None:
-        """The chunks now due, of every session, in one batch (a finished turn flushes all)."""
+        """The chunks now due, of up to detok.max_batch_sessions sessions, most urgent first,
+        in one batch (a finished turn flushes all of its own)."""
         due = [s for s in self._turns.values() if s.detok is not None and s.detok.ready(s.llm_done)]
         if not due:
             return
+        if self.engine.has_work():
+            # Sessions with more than detok.run_ahead_s of audio still to play can wait: the LLM
+            # step they would delay is every other session's next token.
+            horizon = time.perf_counter() + self.config.detok.run_ahead_s
+            due = [s for s in due if s.playback_deadline <= horizon]
+            if not due:
+                return
+        due = most_urgent(due, self.config.detok.max_batch_sessions)
         wavs = self.stack.detokenizer.step_batch([(s.detok, [], s.llm_done) for s in due])
         self._note_batch("detok", sum(1 for w in wavs if w.numel()))
         for state, wav in zip(due, wavs):
@@ -242,6 +255,11 @@ class Pipeline:
         if size:
             self.last_batch[stage] = size
             self.max_batch[stage] = max(self.max_batch[stage], size)
+
+
+def _has_audio_left(state: TurnState) -> bool:
+    """A finished turn's last chunks have not run yet (its session was not among the most urgent)."""
+    return state.detok is not None and state.detok.ready(True)
 
 
 def _audio_key(pcm: np.ndarray) -> bytes:

@@ -42,6 +42,7 @@ class TurnState:
     detok: object | None = None  # DetokSession, None for text output
     prompt_len: int = 0
     cached_at_submit: int = 0
+    sample_rate: int = 0  # of the PCM this turn sends: the detokenizer's, set with `detok`
 
     def __post_init__(self) -> None:
         self.text_ids: list[int] = []
@@ -54,6 +55,16 @@ class TurnState:
         self.llm_done = False
         self.finish_reason: str | None = None
         self.timings: dict[str, float] = {}
+        self.samples_sent = 0
+
+    @property
+    def playback_deadline(self) -> float:
+        """perf_counter time at which the client's audio runs out if it plays from the first
+        chunk on: before any audio, the submit time (it is waiting already)."""
+        first = self.timings.get("first_pcm_s")
+        if first is None or not self.sample_rate:
+            return self.handle.submitted_at
+        return self.handle.submitted_at + first + self.samples_sent / self.sample_rate
 
     def mark(self, name: str) -> None:
         if name not in self.timings:
@@ -97,6 +108,7 @@ class TurnState:
         if pcm.size == 0:
             return None
         self.mark("first_pcm_s")
+        self.samples_sent += pcm.size
         return AudioChunk(pcm)
 
     def finish(self, status: str, error: str | None, computed: int, cached: int) -> TurnDone:
@@ -107,3 +119,10 @@ class TurnState:
             error=error, finish_reason=self.finish_reason,
             prefill_tokens_computed=computed, prefill_tokens_cached=cached,
         )
+
+
+def most_urgent(states: list[TurnState], limit: int) -> list[TurnState]:
+    """The `limit` turns whose playback runs dry soonest (ARCHITECTURE: priority is latency).
+    A turn left out keeps its deadline while the served ones move theirs later, so it comes
+    first next time: nobody starves."""
+    return sorted(states, key=lambda s: s.playback_deadline)[:limit]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from kimiaudio.bench import PlaybackClock
 from kimiaudio.bench_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.config import load_config
 from test_cli import assert_one_line_error, kimiaudio
@@ -29,6 +30,16 @@ def test_bench_reports_every_figure(demo_checkpoint):
         assert 0 < row["kv_blocks_used_peak"] <= row["kv_blocks_total"]
         assert row["prefix_cache_hit_rate"] > 0  # second turns reuse their history's KV
         assert row["step_ms_p50"] <= row["step_ms_p95"]
+        assert row["stall_ms_p95"] >= 0
+
+
+def test_playback_clock_counts_the_silence_between_late_chunks():
+    clock = PlaybackClock(sample_rate=100)
+    clock.arrive(10.0, 100)  # plays 10..11
+    clock.arrive(10.5, 100)  # in time: queued, plays 11..12
+    clock.arrive(13.0, 50)  # a second late
+    clock.arrive(13.2, 100)  # in time again
+    assert clock.stall_s == 1.0 and clock.samples == 350 and clock.played_until == 14.5
 
 
 def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):

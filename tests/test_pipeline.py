@@ -8,6 +8,7 @@ history's KV through the prefix cache; cancelling must free everything.
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from kimiaudio.model_stack import ModelStack
 from kimiaudio.offline import answer
 from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
 from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
+from kimiaudio.pipeline_turn import TurnHandle, TurnState, most_urgent
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message
 
@@ -46,10 +48,10 @@ async def run_turn(pipeline: Pipeline, request: TurnRequest) -> dict:
     }
 
 
-def with_pipeline(stack, body):
+def with_pipeline(stack, body, config=None):
     """Run `await body(pipeline)` on a started pipeline; stop it afterwards."""
     async def main():
-        pipeline = Pipeline(stack, stack.config)
+        pipeline = Pipeline(stack, config or stack.config)
         await pipeline.start()
         try:
             return await body(pipeline)
@@ -62,24 +64,28 @@ def with_pipeline(stack, body):
 def offline_answer(stack: ModelStack, pcm: np.ndarray, params: SamplingParams):
     codes, features = stack.encode_speech(pcm)
     turn = answer(stack, [Message("user", "audio", audio_tokens=codes, features=features)], params, "both")
-    offset = stack.specials.token_offset
-    speech = [t - offset for t in turn.audio_tokens if t >= offset]
+    speech = turn.codes(stack.specials.token_offset)
     wav = stack.detokenizer.detokenize(speech, seed=params.seed).numpy()
     return turn, speech, wav
 
 
-def test_concurrent_turns_equal_offline_reference(stack, speech_16k):
+# 1 session per detok batch: sessions take turns; run-ahead 0: chunks wait as long as they can.
+@pytest.mark.parametrize("detok_batch, run_ahead", [(8, 0.5), (1, 0.5), (8, 0.0)])
+def test_concurrent_turns_equal_offline_reference(stack, speech_16k, detok_batch, run_ahead):
     inputs = voices(speech_16k, 4)
     params = [SamplingParams.from_config(stack.config.sampling, seed=10 + i, max_new_tokens=60) for i in range(4)]
+    config = copy.deepcopy(stack.config)
+    config.detok.max_batch_sessions, config.detok.run_ahead_s = detok_batch, run_ahead
 
     async def body(pipeline):
         results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p))
                                          for x, p in zip(inputs, params)])
         return results, pipeline.stats()
 
-    results, stats = with_pipeline(stack, body)
+    results, stats = with_pipeline(stack, body, config)
     assert stats["max_batch_sizes"]["encode"] == 4  # committed together -> encoded in one batch
-    assert stats["max_batch_sizes"]["llm"] >= 2 and stats["max_batch_sizes"]["detok"] >= 2
+    assert stats["max_batch_sizes"]["llm"] >= 2
+    assert stats["max_batch_sizes"]["detok"] == 1 if detok_batch == 1 else stats["max_batch_sizes"]["detok"] >= 2
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     for pcm, p, got in zip(inputs, params, results):
         turn, speech, wav = offline_answer(stack, pcm, p)
@@ -151,3 +157,25 @@ def test_bad_turn_fails_alone(stack, speech_16k):
     bad, good = with_pipeline(stack, body)
     assert bad["done"].status == "failed" and "output_type" in bad["done"].error
     assert good["done"].status == "completed"
+
+
+def test_detokenizer_serves_the_session_about_to_run_dry_first():
+    loop = asyncio.new_event_loop()
+    try:
+        def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> TurnState:
+            handle = TurnHandle("t", loop)
+            handle.submitted_at = submitted_at
+            state = TurnState(handle, "t", 0, 0, sample_rate=24000)
+            if first_pcm_s is not None:
+                state.timings["first_pcm_s"] = first_pcm_s
+                state.samples_sent = int(seconds_sent * 24000)
+            return state
+
+        waiting = turn(10.0)  # no audio yet: due since it was submitted
+        buffered = turn(5.0, 0.5, 8.0)  # plays until 13.5
+        dry_soon = turn(6.0, 0.5, 3.0)  # plays until 9.5
+        assert [s.playback_deadline for s in (waiting, buffered, dry_soon)] == [10.0, 13.5, 9.5]
+        assert most_urgent([buffered, waiting, dry_soon], 2) == [dry_soon, waiting]
+        assert most_urgent([buffered], 8) == [buffered]
+    finally:
+        loop.close()
