@@ -233,6 +233,18 @@ def _torch_threads(device, threads: int):
         torch.set_num_threads(previous)
 
 
+def _warm_up(stack, config, reference: bool) -> None:
+    """One short untimed conversation through every timed path, so that lazy initialisation
+    (allocator growth, kernel selection) does not land in the first row."""
+    inputs = [[synthetic_speech(1.5, seed=99)]]
+    params = [SamplingParams.from_config(config.sampling, seed=99, max_new_tokens=16)]
+    asyncio.run(_bench_pipeline(stack, config, 1, inputs, params))
+    if reference:
+        with _torch_threads(stack.device, config.engine.cpu_threads):
+            _bench_reference(stack, inputs, params)
+            _bench_lm(stack, config, inputs, params)
+
+
 def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
               speech: list[np.ndarray] | None = None, reference: bool = True, progress: bool = True) -> list[BenchRow]:
     rows = []
@@ -241,6 +253,7 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
         from tqdm import tqdm
 
         bar = tqdm(total=len(sessions) * (2 if reference else 1), desc="bench", unit="run")
+    _warm_up(stack, config, reference)
     for n in sessions:
         inputs = [[speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
                    for k in range(turns)] for i in range(n)]
@@ -283,7 +296,7 @@ def format_rows(rows: list[BenchRow]) -> str:
 
 def run_bench_command(config, args) -> int:
     from kimiaudio.audio.io import load_audio
-    from kimiaudio.model_stack import DEMO_NOTICE, ModelStack
+    from kimiaudio.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
 
     try:
         sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
@@ -298,6 +311,7 @@ def run_bench_command(config, args) -> int:
     stack = ModelStack.load(config, progress=not args.json)
     if stack.detokenizer is None:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
+    freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
     if args.webrtc:
         from kimiaudio.bench_webrtc import print_rows, run_webrtc_bench

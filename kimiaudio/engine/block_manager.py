@@ -22,24 +22,18 @@ from collections import OrderedDict, deque
 from kimiaudio.engine.sequence import Sequence
 
 
-class Block:
-    def __init__(self, block_id: int):
-        self.block_id = block_id
-        self.ref_count = 0
-        self.hash: bytes | None = None
-        self.key: tuple | None = None  # the per-position keys it was hashed from
-
-    def __repr__(self) -> str:
-        return f"Block({self.block_id}, ref={self.ref_count}, hashed={self.hash is not None})"
-
-
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"need a positive number of blocks and block size, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Per block, in flat lists rather than one object each: a real pool has tens of
+        # thousands of blocks, and as many Python objects took 0.2 s to build and then cost
+        # a ~100 ms full garbage collection in the middle of serving.
+        self.ref_counts = [0] * num_blocks
+        self.hashes: list[bytes | None] = [None] * num_blocks
+        self.keys: list[tuple | None] = [None] * num_blocks  # the per-position keys each was hashed from
         self.hash_to_block_id: dict[bytes, int] = {}
         # Free blocks: never-hashed ones first (nothing to lose), then hashed ones in the order
         # they were freed (least recently freed is evicted first).
@@ -69,14 +63,14 @@ class BlockManager:
             key = seq.block_key(i)
             prefix = self.compute_hash(prefix, key)
             block_id = self.hash_to_block_id.get(prefix)
-            if block_id is None or self.blocks[block_id].key != key:  # miss, or a collision
+            if block_id is None or self.keys[block_id] != key:  # miss, or a collision
                 break
             matched.append(block_id)
         return matched
 
     def num_blocks_to_allocate(self, seq: Sequence, matched: list[int]) -> int:
         """Free blocks that allocate(seq, matched) would take (cached free blocks included)."""
-        revived = sum(1 for b in matched if self.blocks[b].ref_count == 0)
+        revived = sum(1 for b in matched if self.ref_counts[b] == 0)
         return seq.num_blocks_for(seq.num_tokens) - len(matched) + revived
 
     def can_allocate(self, seq: Sequence, matched: list[int]) -> bool:
@@ -89,10 +83,9 @@ class BlockManager:
         if not self.can_allocate(seq, matched):
             raise RuntimeError(f"not enough free blocks for sequence {seq.seq_id}")
         for block_id in matched:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
+            if self.ref_counts[block_id] == 0:
                 del self.cached_free_ids[block_id]
-            block.ref_count += 1
+            self.ref_counts[block_id] += 1
             seq.block_table.append(block_id)
         for _ in range(seq.num_blocks_for(seq.num_tokens) - len(matched)):
             seq.block_table.append(self._take_free_block())
@@ -112,12 +105,11 @@ class BlockManager:
         """Drop seq's references; blocks nobody uses become free (keeping their hash)."""
         # Tail blocks first, so they are evicted before the prefix blocks that others may share.
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count < 0:
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] < 0:
                 raise RuntimeError(f"block {block_id} freed more often than allocated")
-            if block.ref_count == 0:
-                if block.hash is None:
+            if self.ref_counts[block_id] == 0:
+                if self.hashes[block_id] is None:
                     self.empty_block_ids.append(block_id)
                 else:
                     self.cached_free_ids[block_id] = None
@@ -128,13 +120,13 @@ class BlockManager:
     def hash_blocks(self, seq: Sequence) -> None:
         """Register seq's newly completed full blocks (all positions computed) in the cache."""
         num_full = seq.num_computed_tokens // self.block_size
-        prefix = self.blocks[seq.block_table[seq.num_hashed_blocks - 1]].hash if seq.num_hashed_blocks else None
+        prefix = self.hashes[seq.block_table[seq.num_hashed_blocks - 1]] if seq.num_hashed_blocks else None
         for i in range(seq.num_hashed_blocks, num_full):
-            block = self.blocks[seq.block_table[i]]
+            block_id = seq.block_table[i]
             key = seq.block_key(i)
             prefix = self.compute_hash(prefix, key)
-            block.hash, block.key = prefix, key
-            self.hash_to_block_id[prefix] = block.block_id  # the newest copy wins
+            self.hashes[block_id], self.keys[block_id] = prefix, key
+            self.hash_to_block_id[prefix] = block_id  # the newest copy wins
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
     def _num_missing_blocks(self, seq: Sequence) -> int:
@@ -147,9 +139,9 @@ class BlockManager:
             block_id, _ = self.cached_free_ids.popitem(last=False)  # evict least recently freed
         else:
             raise RuntimeError("KV block pool exhausted")
-        block = self.blocks[block_id]
-        if block.hash is not None and self.hash_to_block_id.get(block.hash) == block_id:
-            del self.hash_to_block_id[block.hash]
-        block.hash = block.key = None
-        block.ref_count = 1
+        old = self.hashes[block_id]
+        if old is not None and self.hash_to_block_id.get(old) == block_id:
+            del self.hash_to_block_id[old]
+        self.hashes[block_id] = self.keys[block_id] = None
+        self.ref_counts[block_id] = 1
         return block_id

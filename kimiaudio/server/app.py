@@ -109,7 +109,7 @@ def _banner(config: Config, stack) -> str:
 
 def run_server(config: Config) -> int:
     """`python -m kimiaudio serve`: load the model, serve until Ctrl-C; returns the exit code."""
-    from kimiaudio.model_stack import ModelStack
+    from kimiaudio.model_stack import ModelStack, freeze_loaded_objects
     from kimiaudio.server.routes import STATIC_DIR
 
     if not (STATIC_DIR / "index.html").is_file():
@@ -122,6 +122,7 @@ def run_server(config: Config) -> int:
         print("\nInterrupted while loading the model.")
         return 130
     app = create_app(config, stack)
+    freeze_loaded_objects()
     try:
         web.run_app(app, host=config.server.host, port=config.server.port, access_log=None,
                     print=lambda _: print(_banner(config, stack), flush=True), shutdown_timeout=5.0)
