@@ -280,3 +280,25 @@ async def test_async_engine_streams_aborts_and_runs_hooks(setup):
     finally:
         engine.stop()
     assert not engine._thread.is_alive()
+
+
+def test_bfloat16_engine_serves_a_mixed_batch():
+    # The GPU dtype on the CPU: KV pool, additive decode mask and sampling all in bfloat16.
+    tensors, rules = load_golden()
+    lm = load_lm(CheckpointPaths(root=CHECKPOINT, glm_tokenizer=CHECKPOINT / "glm-4-voice-tokenizer"), "cpu",
+                 torch.bfloat16)
+    engine = LLMEngine(lm, EngineConfig(block_size=8, num_kv_blocks=40, max_num_batched_tokens=32), "cpu",
+                       torch.bfloat16)
+    assert engine.runner.pool.kv.dtype == torch.bfloat16
+    prompts = [golden_prompt(tensors, s) for s in ("lm.both", "lm.text", "lm_e2e")]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(make_request(str(i), prompt, SamplingParams(seed=i, max_new_tokens=12), "both", rules))
+    steps, seen = 0, {}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            seen[out.request_id] = seen.get(out.request_id, 0) + 1
+            assert 0 <= out.text_token < lm.config.vocab_size and 0 <= out.audio_token < lm.config.vocab_size
+        steps += 1
+    assert set(seen) == {"0", "1", "2"} and steps < sum(seen.values())  # decodes were batched
+    assert engine.stats().num_blocks_free == 40

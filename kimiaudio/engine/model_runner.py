@@ -71,7 +71,7 @@ class ModelRunner:
         hidden = self.lm.embed(self._long(audio), self._long(text), self._bool(use_text),
                                torch.cat(features) if features else None,
                                self._bool(continuous) if features else None)
-        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device))
+        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype))
         text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
         if not sampling:
             return []

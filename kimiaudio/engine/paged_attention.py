@@ -89,13 +89,15 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: pool slot of every new token
     decode_rows: slice | torch.Tensor | None  # [B] batch rows that are a sequence's only query
     decode_blocks: torch.Tensor | None  # [B * W] long: block tables of those sequences (padded to W)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, W * block_size] float: 0 for a real key, -inf for padding
+    decode_mask: torch.Tensor | None  # [B, 1, 1, W * block_size] in the queries' dtype: 0 for a real key, -inf for padding
     prefills: list[PrefillChunk]
     num_rows: int  # T, all rows of the batch
 
     @classmethod
-    def build(cls, entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device) -> "AttentionMetadata":
-        """entries: per sequence in batch order (block_table, num_computed, num_scheduled)."""
+    def build(cls, entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device,
+              dtype: torch.dtype = torch.float32) -> "AttentionMetadata":
+        """entries: per sequence in batch order (block_table, num_computed, num_scheduled);
+        dtype: the queries' (the additive mask's, which sdpa kernels may require to match)."""
         slot_mapping: list[int] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
@@ -120,7 +122,7 @@ class AttentionMetadata:
             blocks = torch.tensor([b for t in decode_tables for b in t + [0] * (width - len(t))]).to(device)
             lens = torch.tensor(decode_lens).to(device)
             padding = torch.arange(width * block_size, device=device)[None, :] >= lens[:, None]
-            mask = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
+            mask = torch.zeros(padding.shape, device=device, dtype=dtype).masked_fill_(padding, float("-inf"))
             # The scheduler puts decodes first: a slice then spares a gather and a scatter.
             rows = (slice(0, len(decode_rows)) if decode_rows[-1] == len(decode_rows) - 1
                     else torch.tensor(decode_rows).to(device))
