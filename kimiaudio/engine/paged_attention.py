@@ -91,7 +91,6 @@ class AttentionMetadata:
     decode_blocks: torch.Tensor | None  # [B * W] long: block tables of those sequences (padded to W)
     decode_mask: torch.Tensor | None  # [B, 1, 1, W * block_size] in the queries' dtype: 0 for a real key, -inf for padding
     prefills: list[PrefillChunk]
-    num_rows: int  # T, all rows of the batch
 
     @classmethod
     def build(cls, entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device,
@@ -127,7 +126,7 @@ class AttentionMetadata:
             rows = (slice(0, len(decode_rows)) if decode_rows[-1] == len(decode_rows) - 1
                     else torch.tensor(decode_rows).to(device))
             decode = (rows, blocks, mask[:, None, None, :])
-        return cls(torch.tensor(slot_mapping).to(device), *decode, prefills, row)
+        return cls(torch.tensor(slot_mapping).to(device), *decode, prefills)
 
 
 def _slots(table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
