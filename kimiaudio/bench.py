@@ -21,7 +21,7 @@ import torch
 
 from kimiaudio.engine.sequence import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
+from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest, set_worker_threads
 from kimiaudio.pipeline_events import AudioChunk, TurnDone
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
@@ -150,17 +150,27 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
 def _bench_reference(stack, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> tuple[int, float]:
     """Generated tokens and tokens/s of the offline path (encode, batch-1 reference loop, offline
     detokenizer) on the same turns, one session after another."""
-    from kimiaudio.offline import answer, user_audio_message
+    from kimiaudio.offline import user_audio_message
+
+    tokens, seconds = _reference_run(stack, inputs, params, lambda pcm: user_audio_message(stack, pcm)[0], speak=True)
+    return tokens, tokens / seconds
+
+
+def _reference_run(stack, sessions: list[list], params: list[SamplingParams], user_message,
+                   speak: bool) -> tuple[int, float]:
+    """(generated positions, seconds) of every session's turns through the batch-1 reference
+    loop, one session after another; `user_message(x)` makes each user turn's Message."""
+    from kimiaudio.offline import answer
 
     tokens, start = 0, time.perf_counter()
-    for session, p in zip(inputs, params):
+    for session, p in zip(sessions, params):
         history: list[Message] = []
-        for pcm in session:
-            history.append(user_audio_message(stack, pcm)[0])
-            turn = answer(stack, history, p, "both")
+        for x in session:
+            history.append(user_message(x))
+            turn = answer(stack, history, p, "both", speak=speak)
             tokens += turn.num_steps
             history.append(turn.history_message(stack.specials.token_offset))
-    return tokens, tokens / (time.perf_counter() - start)
+    return tokens, time.perf_counter() - start
 
 
 LM_REPEATS = 3  # the LM-alone runs are short: best of three on each side steadies the ratio
@@ -178,8 +188,8 @@ def _bench_lm(stack, config, inputs: list[list[np.ndarray]], params: list[Sampli
              for i in range(len(inputs))]
     engine_tokens, engine_s = min((_lm_engine_run(stack, config, users, params) for _ in range(repeats)),
                                   key=lambda run: run[1])
-    reference_tokens, reference_s = min((_lm_reference_run(stack, users, params) for _ in range(repeats)),
-                                        key=lambda run: run[1])
+    reference_tokens, reference_s = min((_reference_run(stack, users, params, lambda user: user, speak=False)
+                                         for _ in range(repeats)), key=lambda run: run[1])
     return engine_tokens, engine_tokens / engine_s, reference_tokens, reference_tokens / reference_s
 
 
@@ -220,28 +230,12 @@ def _lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampl
     return tokens, time.perf_counter() - start
 
 
-def _lm_reference_run(stack, users: list[list[Message]], params: list[SamplingParams]) -> tuple[int, float]:
-    """(generated positions, seconds) of the same turns through the batch-1 reference loop."""
-    from kimiaudio.offline import answer
-
-    tokens, start = 0, time.perf_counter()
-    for session, p in enumerate(params):
-        history: list[Message] = []
-        for user in users[session]:
-            history.append(user)
-            turn = answer(stack, history, p, "both", speak=False)
-            tokens += turn.num_steps
-            history.append(turn.history_message(stack.specials.token_offset))
-    return tokens, time.perf_counter() - start
-
-
 @contextmanager
 def _torch_threads(device, threads: int):
     """The worker thread's CPU thread count (engine.cpu_threads) for this thread's work too,
     so both sides of a comparison run with the same setting."""
     previous = torch.get_num_threads()
-    if device.type == "cpu" and threads > 0:
-        torch.set_num_threads(threads)
+    set_worker_threads(device, threads)
     try:
         yield
     finally:

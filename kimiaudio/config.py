@@ -65,7 +65,7 @@ class DetokConfig:
     ode_steps: int = 30
     max_kv_cache_frames: int = 900
     # Most sessions whose chunks run in one worker iteration, most urgent first (see
-    # pipeline_turn.most_urgent); the rest wait one LLM step instead of stalling it.
+    # pipeline_turn.chunks_to_run); the rest wait one LLM step instead of stalling it.
     max_batch_sessions: int = 8
     # While the LLM has work, a session's next chunk waits until less than this much of its
     # audio is left to play (a reply still waiting for its first audio never waits).
@@ -169,6 +169,7 @@ def _validate(config: Config) -> None:
         "detok.first_chunk_tokens": config.detok.first_chunk_tokens,
         "detok.chunk_tokens": config.detok.chunk_tokens,
         "detok.ode_steps": config.detok.ode_steps - 1,
+        "detok.max_batch_sessions": config.detok.max_batch_sessions,
         "engine.block_size": config.engine.block_size,
         "engine.max_num_seqs": config.engine.max_num_seqs,
         "engine.max_num_batched_tokens": config.engine.max_num_batched_tokens,
@@ -180,6 +181,8 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"{key}: must be positive (detok.ode_steps at least 2)")
     if config.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"model.dtype: expected auto, float32, bfloat16 or float16, got {config.model.dtype!r}")
+    if not config.detok.run_ahead_s >= 0:
+        raise ConfigError("detok.run_ahead_s: expected seconds >= 0")
     if config.engine.cpu_threads < 0:
         raise ConfigError("engine.cpu_threads: expected 0 (torch's default) or a positive thread count")
     if not (0.0 < config.engine.memory_fraction <= 1.0):

@@ -31,6 +31,16 @@ def official_max_new_tokens(output_type: str, prompt_len: int, override: int = 0
     return (BOTH_MAX_POSITIONS if output_type == "both" else TEXT_MAX_POSITIONS) - prompt_len
 
 
+def official_codes(audio_tokens: list[int], token_offset: int) -> list[int]:
+    """VQ codes as official generate() keeps them: ids >= offset, minus the offset."""
+    return [t - token_offset for t in audio_tokens if t >= token_offset]
+
+
+def official_text_ids(text_tokens: list[int], token_offset: int) -> list[int]:
+    """Text ids as official generate() decodes them: ids < offset (EOS already excluded)."""
+    return [t for t in text_tokens if t < token_offset]
+
+
 def check_output_type(output_type: str) -> None:
     if output_type not in OUTPUT_TYPES:
         raise ValueError(f"output_type must be 'text' or 'both', got {output_type!r}")
@@ -117,9 +127,7 @@ class StreamRules:
         return self.audio_history[self.audio_delay : self.audio_delay + self.num_valid_audio]
 
     def audio_codes(self, token_offset: int) -> list[int]:
-        """VQ codes as official generate() keeps them: ids >= offset, minus the offset."""
-        return [t - token_offset for t in self.audio_tokens if t >= token_offset]
+        return official_codes(self.audio_tokens, token_offset)
 
     def text_ids(self, token_offset: int) -> list[int]:
-        """Text ids as official generate() decodes them: ids < offset (EOS already excluded)."""
-        return [t for t in self.text_tokens if t < token_offset]
+        return official_text_ids(self.text_tokens, token_offset)

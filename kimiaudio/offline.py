@@ -16,6 +16,7 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
 from kimiaudio.errors import AudioInputError, KimiAudioError
+from kimiaudio.generation import official_codes, official_text_ids
 from kimiaudio.model_stack import DEMO_NOTICE, ModelStack
 from kimiaudio.reference_loop import generate_reference
 from kimiaudio.sampling import SamplingParams
@@ -37,7 +38,7 @@ class TurnResult:
 
     def codes(self, token_offset: int) -> list[int]:
         """The reply's speech codes (no offset), as history and the detokenizer take them."""
-        return [t - token_offset for t in self.audio_tokens if t >= token_offset]
+        return official_codes(self.audio_tokens, token_offset)
 
     def history_message(self, token_offset: int) -> Message:
         return Message.assistant_reply(self.text, self.codes(token_offset))
@@ -64,8 +65,7 @@ def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, o
     offset = stack.specials.token_offset
     timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s,
                "steps_per_s": result.num_steps / max(gen_s, 1e-9)}
-    text_ids = [t for t in result.text_tokens if t < offset]
-    turn = TurnResult(stack.tokenizer.decode(text_ids), result.text_tokens, result.audio_tokens, result.finish_reason,
+    turn = TurnResult(stack.tokenizer.decode(official_text_ids(result.text_tokens, offset)), result.text_tokens, result.audio_tokens, result.finish_reason,
                       result.num_steps, timings=timings)
     codes = turn.codes(offset)
     if speak and output_type == "both" and stack.detokenizer is not None:

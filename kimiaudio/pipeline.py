@@ -32,7 +32,7 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sequence import EngineRequest
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline_events import TurnDone, UserEncoded
-from kimiaudio.pipeline_turn import TurnHandle, TurnState, most_urgent
+from kimiaudio.pipeline_turn import TurnHandle, TurnState, chunks_to_run
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
 
@@ -115,10 +115,7 @@ class Pipeline:
 
     # ---- worker thread -------------------------------------------------------------------
     def _configure_thread(self) -> None:
-        # Intra-op thread counts are per thread: this sets the worker's alone.
-        threads = self.config.engine.cpu_threads
-        if self.stack.device.type == "cpu" and threads > 0:
-            torch.set_num_threads(threads)
+        set_worker_threads(self.stack.device, self.config.engine.cpu_threads)
 
     def _before_step(self) -> bool:
         self._iteration_start = time.perf_counter()
@@ -221,16 +218,12 @@ class Pipeline:
         """The chunks now due, of up to detok.max_batch_sessions sessions, most urgent first,
         in one batch (a finished turn flushes all of its own)."""
         due = [s for s in self._turns.values() if s.detok is not None and s.detok.ready(s.llm_done)]
+        if due:  # a session with audio buffered can wait: the LLM step it would delay is everyone's
+            cfg = self.config.detok
+            due = chunks_to_run(due, time.perf_counter(), self.engine.has_work(), cfg.run_ahead_s,
+                                cfg.max_batch_sessions)
         if not due:
             return
-        if self.engine.has_work():
-            # Sessions with more than detok.run_ahead_s of audio still to play can wait: the LLM
-            # step they would delay is every other session's next token.
-            horizon = time.perf_counter() + self.config.detok.run_ahead_s
-            due = [s for s in due if s.playback_deadline <= horizon]
-            if not due:
-                return
-        due = most_urgent(due, self.config.detok.max_batch_sessions)
         wavs = self.stack.detokenizer.step_batch([(s.detok, [], s.llm_done) for s in due])
         self._note_batch("detok", sum(1 for w in wavs if w.numel()))
         for state, wav in zip(due, wavs):
@@ -255,6 +248,13 @@ class Pipeline:
         if size:
             self.last_batch[stage] = size
             self.max_batch[stage] = max(self.max_batch[stage], size)
+
+
+def set_worker_threads(device: torch.device, threads: int) -> None:
+    """engine.cpu_threads (0 = torch's default) for the calling thread, on the CPU only. Torch's
+    intra-op thread count is per thread: this sets the caller's alone."""
+    if device.type == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
 
 
 def _has_audio_left(state: TurnState) -> bool:

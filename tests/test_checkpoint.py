@@ -87,6 +87,11 @@ def test_config_file_errors_name_file_and_key(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "absent.toml")
+    # Scheduling values are checked at load, even for a text-only server with no detokenizer.
+    for text, key in (("max_batch_sessions = 0", "detok.max_batch_sessions"), ("run_ahead_s = -1.0", "detok.run_ahead_s")):
+        path.write_text(f"[detok]\n{text}\n")
+        with pytest.raises(ConfigError, match=rf"c.toml: {key}"):
+            load_config(path)
 
 
 def test_repository_config_toml_is_the_defaults():

@@ -18,7 +18,7 @@ from kimiaudio.model_stack import ModelStack
 from kimiaudio.offline import answer
 from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
 from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.pipeline_turn import TurnHandle, TurnState, most_urgent
+from kimiaudio.pipeline_turn import TurnHandle, TurnState, chunks_to_run
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message
 
@@ -171,11 +171,16 @@ def test_detokenizer_serves_the_session_about_to_run_dry_first():
                 state.samples_sent = int(seconds_sent * 24000)
             return state
 
-        waiting = turn(10.0)  # no audio yet: due since it was submitted
+        waiting = turn(9.0)  # no audio yet: due since it was submitted
         buffered = turn(5.0, 0.5, 8.0)  # plays until 13.5
         dry_soon = turn(6.0, 0.5, 3.0)  # plays until 9.5
-        assert [s.playback_deadline for s in (waiting, buffered, dry_soon)] == [10.0, 13.5, 9.5]
-        assert most_urgent([buffered, waiting, dry_soon], 2) == [dry_soon, waiting]
-        assert most_urgent([buffered], 8) == [buffered]
+        assert [s.playback_deadline for s in (waiting, buffered, dry_soon)] == [9.0, 13.5, 9.5]
+        due = [buffered, dry_soon, waiting]
+        # The LLM is busy at t=9.2: the turn with 4.3 s left to play waits; the rest, soonest dry first.
+        assert chunks_to_run(due, 9.2, True, 0.5, 8) == [waiting, dry_soon]
+        assert chunks_to_run(due, 9.2, True, 0.5, 1) == [waiting]
+        assert chunks_to_run(due, 13.2, True, 0.5, 8) == [waiting, dry_soon, buffered]  # its turn came
+        # Nothing to wait for when the LLM is idle: every due chunk runs.
+        assert chunks_to_run(due, 9.2, False, 0.5, 8) == [waiting, dry_soon, buffered]
     finally:
         loop.close()

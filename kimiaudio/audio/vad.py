@@ -2,7 +2,8 @@
 
 `SileroVad` wraps the silero VAD model from the silero-vad package: one speech probability
 per 512-sample window at 16 kHz (32 ms), with the model's recurrent state kept per stream,
-so every session owns its own instance. `TurnDetector` is the state machine on top of it (run both in `vad_executor()`):
+so every session owns its own instance. `TurnDetector` is the state machine on top of it
+(both run on the one thread of `vad_executor()`):
 
     silence --p>=threshold--> pending --speech for min_speech_ms--> speaking
     pending --silence_ms of silence--> silence (too short: a click, a cough)

@@ -144,10 +144,6 @@ def _check_config(cfg: DetokConfig, max_position: int) -> None:
         raise bad("chunk_tokens", cfg.chunk_tokens, ">= 1")
     if cfg.chunk_growth < 1.0:
         raise bad("chunk_growth", cfg.chunk_growth, ">= 1.0")
-    if cfg.max_batch_sessions < 1:
-        raise bad("max_batch_sessions", cfg.max_batch_sessions, ">= 1")
-    if not cfg.run_ahead_s >= 0:
-        raise bad("run_ahead_s", cfg.run_ahead_s, ">= 0 seconds")
     if cfg.max_kv_cache_frames < 1:
         raise bad("max_kv_cache_frames", cfg.max_kv_cache_frames, ">= 1 (official 900)")
     biggest = UPSAMPLE * (cfg.look_ahead_tokens + max(cfg.first_chunk_tokens, cfg.chunk_tokens, cfg.max_chunk_tokens))

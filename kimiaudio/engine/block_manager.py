@@ -28,9 +28,9 @@ class BlockManager:
             raise ValueError(f"need a positive number of blocks and block size, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Per block, in flat lists rather than one object each: a real pool has tens of
-        # thousands of blocks, and as many Python objects took 0.2 s to build and then cost
-        # a ~100 ms full garbage collection in the middle of serving.
+        # Per block, in flat lists rather than one object each: a GPU pool has tens of
+        # thousands of blocks, and every object would be one more for each full garbage
+        # collection to scan.
         self.ref_counts = [0] * num_blocks
         self.hashes: list[bytes | None] = [None] * num_blocks
         self.keys: list[tuple | None] = [None] * num_blocks  # the per-position keys each was hashed from

@@ -146,10 +146,10 @@ class PagedAttention:
         keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
         keys.index_copy_(0, self.meta.slot_mapping, k)
         values.index_copy_(0, self.meta.slot_mapping, v)
-        rows = self.meta.decode_rows
-        if not self.meta.prefills and isinstance(rows, slice):  # an all-decode step
+        if not self.meta.prefills:  # an all-decode step: every row is a decode, in order
             return self._decode(layer_idx, q)
         out = torch.empty_like(q)
+        rows = self.meta.decode_rows
         if rows is not None:
             out[rows] = self._decode(layer_idx, q[rows])
         for chunk in self.meta.prefills:

@@ -18,7 +18,6 @@ from kimiaudio.pipeline_events import TurnDone
 from kimiaudio.server.audio_track import PIPELINE_SAMPLE_RATE
 
 
-
 @dataclass
 class Response:
     id: str
@@ -49,9 +48,9 @@ class Response:
             return pcm, tokens
         played = min(self.played_24k or 0, pcm.size)
         # The codes of the audio heard (each code is `samples_per_code` samples, 80 ms of speech
-        # with the official detokenizer), rounded up so the code
-        # being spoken when the user cut in is kept. Not in proportion to the audio generated:
-        # at a cut-in, codes generated but not yet detokenized are in `tokens` but not in `pcm`.
+        # with the official detokenizer), rounded up so the code being spoken when the user cut
+        # in is kept. Not in proportion to the audio generated: at a cut-in, codes generated
+        # but not yet detokenized are in `tokens` but not in `pcm`.
         keep = min(len(tokens), math.ceil(played / samples_per_code))
         return pcm[:played], tokens[:keep]
 
