@@ -7,7 +7,8 @@ text and audio tokens:
 - audio: the first `audio_delay` steps, and every step in "text" mode, force the text blank;
   otherwise the token is counted (including a terminating msg_end/media_end);
 - stop: "text" mode when the text EOS is sampled, "both" mode when the (unforced) audio token
-  is msg_end or media_end, and either mode after `max_new_tokens` steps.
+  is msg_end or media_end, and either mode after `max_new_tokens` steps. With `ignore_eos`
+  (not official; vLLM's name: the bench's fixed-length turns) only the length stops.
 The forced tokens are what is fed back at the next step and what the repetition penalty sees.
 `text_tokens`/`audio_tokens` are the loop's official return values (raw ids, offsets kept).
 """
@@ -62,8 +63,10 @@ class RuleTokens:
 
 
 class StreamRules:
-    def __init__(self, output_type: str, tokens: RuleTokens, audio_delay: int, max_new_tokens: int):
+    def __init__(self, output_type: str, tokens: RuleTokens, audio_delay: int, max_new_tokens: int,
+                 ignore_eos: bool = False):
         check_output_type(output_type)
+        self.ignore_eos = ignore_eos
         self.output_type = output_type
         self.tokens = tokens
         self.audio_delay = audio_delay
@@ -108,9 +111,9 @@ class StreamRules:
 
         self.text_history.append(text)
         self.audio_history.append(audio)
-        if self.output_type == "text" and self.is_text_finished:
-            self.finish_reason = "stop"
-        elif self.output_type == "both" and audio in (self.tokens.msg_end, self.tokens.media_end):
+        stopped = (self.is_text_finished if self.output_type == "text"
+                   else audio in (self.tokens.msg_end, self.tokens.media_end))
+        if stopped and not self.ignore_eos:
             self.finish_reason = "stop"
         elif self.num_steps >= self.max_new_tokens:
             self.finish_reason = "length"

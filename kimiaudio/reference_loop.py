@@ -65,7 +65,8 @@ def reference_rules(lm: KimiAudioLM, prompt_len: int, params: SamplingParams, ou
                     specials: Any) -> StreamRules:
     """The official rules for one request: delay from config.json, the official length limit."""
     limit = official_max_new_tokens(output_type, prompt_len, params.max_new_tokens)
-    return StreamRules(output_type, RuleTokens.from_specials(specials), lm.config.kimia_mimo_audiodelaytokens, limit)
+    return StreamRules(output_type, RuleTokens.from_specials(specials), lm.config.kimia_mimo_audiodelaytokens, limit,
+                       params.ignore_eos)
 
 
 def iter_reference(

@@ -18,6 +18,7 @@ batching never changes it. No host-device synchronisation inside `sample_tokens`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import torch
@@ -66,18 +67,23 @@ class SamplingParams:
     audio_repetition_window: int = 64
     seed: int | None = None
     max_new_tokens: int = 0  # 0 = the official limit for the output type
+    # Not official: generate exactly the length limit, past the stop tokens (as vLLM's
+    # ignore_eos). For fixed-length benchmark turns; the tokens after a stop mean nothing.
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         _ = self.text, self.audio  # validates both streams
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0 (0 = official limit), got {self.max_new_tokens}")
 
-    @property
+    # Cached: the engine reads both for every sequence at every step (building and validating
+    # one takes about 0.5 us: 16 us of a 2.7 ms CPU step at 16 sequences).
+    @cached_property
     def text(self) -> StreamSampling:
         return StreamSampling(self.text_temperature, self.text_top_k, self.text_repetition_penalty,
                               self.text_repetition_window)
 
-    @property
+    @cached_property
     def audio(self) -> StreamSampling:
         return StreamSampling(self.audio_temperature, self.audio_top_k, self.audio_repetition_penalty,
                               self.audio_repetition_window)

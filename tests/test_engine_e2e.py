@@ -132,6 +132,7 @@ def build_requests(lm, tensors, rules):
         (9, "penalised", shuffled(both, 2, offset, vocab), penalised, "both"),
         (9, "abort-running", truncated(e2e, 30), greedy, "both"),
         (9, "abort-waiting", e2e, greedy, "both"),
+        (9, "fixed-length", text, SamplingParams.greedy(max_new_tokens=30, ignore_eos=True), "text"),
     ]
     return [(step, make_request(rid, prompt, params, kind, rules)) for step, rid, prompt, params, kind in specs]
 
@@ -165,6 +166,10 @@ def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
     assert stats.num_blocks_free == stats.num_blocks_total == 12  # nothing leaked
     assert not any(engine.block_manager.ref_counts)
     assert outputs["abort-waiting"] == []
+    # ignore_eos runs past the stop where the same prompt ended, to the length limit, on both sides.
+    assert expected["text"][1] == "stop" and len(expected["text"][0]) < 30
+    assert len(outputs["fixed-length"]) == 30 and finished["fixed-length"] == "length"
+    assert outputs["fixed-length"][:len(expected["text"][0])] == expected["text"][0]
     assert outputs["abort-running"] == expected["abort-running"][0][:5]
     for rid, (steps, reason) in expected.items():
         if rid.startswith("abort"):

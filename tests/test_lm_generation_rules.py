@@ -60,6 +60,16 @@ def test_length_limit():
     assert StreamRules("text", TOKENS, 6, 0).is_finished
 
 
+def test_ignore_eos_runs_past_every_stop_token_to_the_length_limit():
+    both = StreamRules("both", TOKENS, audio_delay=0, max_new_tokens=4, ignore_eos=True)
+    out = _run(both, [(901, TOKENS.msg_end), (5, TOKENS.media_end), (6, 1003), (7, 1004)])
+    assert [o[2] for o in out] == [False, False, False, True]
+    assert both.finish_reason == "length"
+    assert [o[0] for o in out] == [901, 900, 900, 900]  # the text stream still ends at its EOS
+    text = StreamRules("text", TOKENS, audio_delay=0, max_new_tokens=3, ignore_eos=True)
+    assert [o[2:] for o in _run(text, [(901, 1), (5, 1), (6, 1)])] == [(False, None), (False, None), (True, "length")]
+
+
 def test_official_max_new_tokens():
     assert official_max_new_tokens("both", 100) == 1400
     assert official_max_new_tokens("text", 100) == 7400

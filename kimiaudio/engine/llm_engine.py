@@ -170,7 +170,8 @@ class LLMEngine:
             tokens = RuleTokens.from_specials(request.specials)
         except (AttributeError, TypeError, ValueError) as exc:
             raise RequestError(f"request {rid}: specials lack a generation-rule token id ({exc})") from None
-        seq.rules = StreamRules(request.output_type, tokens, self.lm.config.kimia_mimo_audiodelaytokens, limit)
+        seq.rules = StreamRules(request.output_type, tokens, self.lm.config.kimia_mimo_audiodelaytokens, limit,
+                                request.params.ignore_eos)
         seq.max_num_tokens = n + max(limit, 1) - 1
         seq.params = request.params
         seq.random = RequestRandom(request.params.seed)
