@@ -231,6 +231,8 @@ def resolve_device(name: str) -> torch.device:
         raise CheckpointError(f"model.device: unknown device {name!r} (expected auto, cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("model.device: cuda was asked for but no CUDA device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise CheckpointError(f"model.device: {name} does not exist ({torch.cuda.device_count()} CUDA devices)")
     return device
 
 

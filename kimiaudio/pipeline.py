@@ -151,8 +151,11 @@ class Pipeline:
                 for handle, _ in submits:
                     handle.deliver(TurnDone("failed", error=f"speech encoding failed: {exc}"))
                 return
-            for key, value in zip(missing, encoded):
-                self._remember(key, value)
+            for key, (codes, features) in zip(missing, encoded):
+                # Kept on the host: 512 utterances' [T, 5120] features would otherwise grow on
+                # the GPU outside the KV pool's budget (up to ~8 GB in bf16 at the input limit);
+                # the engine copies a prompt's features to the device once, at submit.
+                self._remember(key, (codes, features.cpu()))
         self._note_batch("encode", len(missing))
         for handle, request in submits:
             try:
@@ -224,7 +227,13 @@ class Pipeline:
                                 cfg.max_batch_sessions)
         if not due:
             return
-        wavs = self.stack.detokenizer.step_batch([(s.detok, [], s.llm_done) for s in due])
+        try:
+            wavs = self.stack.detokenizer.step_batch([(s.detok, [], s.llm_done) for s in due])
+        except Exception as exc:  # e.g. out of GPU memory: these turns fail, the server goes on
+            log.exception("detokenizer failed")
+            for state in due:  # their chunks' tokens are spent: the audio cannot be made whole
+                self._end(state, "failed", f"detokenizer failed: {exc}")
+            return
         self._note_batch("detok", sum(1 for w in wavs if w.numel()))
         for state, wav in zip(due, wavs):
             chunk = state.audio_chunk(wav)
@@ -251,10 +260,14 @@ class Pipeline:
 
 
 def set_worker_threads(device: torch.device, threads: int) -> None:
-    """engine.cpu_threads (0 = torch's default) for the calling thread, on the CPU only. Torch's
-    intra-op thread count is per thread: this sets the caller's alone."""
+    """The calling thread's torch settings for model work: engine.cpu_threads (0 = torch's
+    default) on the CPU (torch's intra-op thread count is per thread: this sets the caller's
+    alone); on cuda:N the current device, which is per thread too and which sdpa reads to
+    pick its kernel (every tensor names its device, so nothing else needs it)."""
     if device.type == "cpu" and threads > 0:
         torch.set_num_threads(threads)
+    elif device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
 
 
 def _has_audio_left(state: TurnState) -> bool:

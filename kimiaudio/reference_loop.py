@@ -115,9 +115,9 @@ def iter_reference(
     hidden = embed(audio_ids, text_ids, use_text, _prompt_features(features, device), mask)
     positions = torch.arange(prompt_len, device=device)
     last_row = torch.tensor([prompt_len - 1], device=device)
+    position = prompt_len - 1  # of the last input token; kept on the host (reading it back would sync)
     while not rules.is_finished:
         text_logits, audio_logits, sampled_text, sampled_audio = forward_and_sample(hidden, positions, last_row)
-        position = int(positions[-1])
         text, audio, finished, reason = rules.step(sampled_text, sampled_audio)
         yield ReferenceStep(
             position, sampled_text, sampled_audio, text, audio, finished, reason,
@@ -130,7 +130,8 @@ def iter_reference(
         # sum to nonzero (here: the single text token is not id 0), as official.
         next_text = torch.tensor([text], device=device)
         hidden = embed(torch.tensor([audio], device=device), next_text, next_text != 0)
-        positions = torch.tensor([position + 1], device=device)
+        position += 1
+        positions = torch.tensor([position], device=device)
         last_row = torch.zeros(1, dtype=torch.long, device=device)
 
 

@@ -159,6 +159,33 @@ def test_bad_turn_fails_alone(stack, speech_16k):
     assert good["done"].status == "completed"
 
 
+def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, speech_16k, monkeypatch):
+    real_step_batch = stack.detokenizer.step_batch
+    calls = []
+
+    def out_of_memory_once(jobs):
+        calls.append(len(jobs))
+        if len(calls) == 1:
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real_step_batch(jobs)
+
+    monkeypatch.setattr(stack.detokenizer, "step_batch", out_of_memory_once)
+    params = SamplingParams(seed=1, max_new_tokens=40)
+
+    async def body(pipeline):
+        failed = await asyncio.wait_for(run_turn(pipeline, TurnRequest("c", [], speech_16k, params)), 60)
+        stats_after_failure = pipeline.stats()
+        served = await asyncio.wait_for(run_turn(pipeline, TurnRequest("c", [], speech_16k, params)), 60)
+        return failed, stats_after_failure, served
+
+    failed, stats, served = with_pipeline(stack, body)
+    assert failed["done"].status == "failed" and "detokenizer failed" in failed["done"].error
+    assert "out of memory" in failed["done"].error
+    assert stats["turns"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]  # its sequence was freed
+    assert served["done"].status == "completed" and served["pcm"].size > 0
+    assert len(calls) >= 2
+
+
 def test_detokenizer_serves_the_session_about_to_run_dry_first():
     loop = asyncio.new_event_loop()
     try:

@@ -51,7 +51,7 @@ class WhisperFeatureEncoder:
             raise CheckpointError(f"{directory}: chunk_length and hop_length do not match max_source_positions")
         with torch.device("meta"):  # skip random init of ~640M parameters; weights come next
             encoder = WhisperEncoder(config)
-        encoder.to_empty(device=device).to(dtype)
+        encoder = encoder.to(dtype).to_empty(device=device)  # allocated once, in the target dtype
         state = _encoder_state(load_safetensors(directory, keep=_PREFIXES, dtype=dtype), directory)
         load_into(encoder, state, directory / "model.safetensors")
         encoder.eval()

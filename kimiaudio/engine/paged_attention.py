@@ -67,6 +67,9 @@ def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block:
     if num_kv_blocks > 0:
         return num_kv_blocks
     if device.type == "cuda":
+        # The driver's free memory counts what torch's allocator freed but keeps cached (a
+        # previous engine's pool, load-time temporaries) as used: hand that back first.
+        torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(device)
         budget = int(free * memory_fraction)
     else:
@@ -113,20 +116,27 @@ class AttentionMetadata:
                 decode_lens.append(context)
             else:
                 slots = _slots(torch.tensor(table[: -(-context // block_size)]), block_size, context) if start else None
-                prefills.append(PrefillChunk(row, count, start, None if slots is None else slots.to(device)))
+                prefills.append(PrefillChunk(row, count, start, None if slots is None else _to(slots, device)))
             row += count
         decode = (None, None, None)
         if decode_rows:
             width = max(len(t) for t in decode_tables)
-            blocks = torch.tensor([b for t in decode_tables for b in t + [0] * (width - len(t))]).to(device)
-            lens = torch.tensor(decode_lens).to(device)
+            blocks = _to(torch.tensor([b for t in decode_tables for b in t + [0] * (width - len(t))]), device)
+            lens = _to(torch.tensor(decode_lens), device)
             padding = torch.arange(width * block_size, device=device)[None, :] >= lens[:, None]
             mask = torch.zeros(padding.shape, device=device, dtype=dtype).masked_fill_(padding, float("-inf"))
             # The scheduler puts decodes first: a slice then spares a gather and a scatter.
             rows = (slice(0, len(decode_rows)) if decode_rows[-1] == len(decode_rows) - 1
-                    else torch.tensor(decode_rows).to(device))
+                    else _to(torch.tensor(decode_rows), device))
             decode = (rows, blocks, mask[:, None, None, :])
-        return cls(torch.tensor(slot_mapping).to(device), *decode, prefills)
+        return cls(_to(torch.tensor(slot_mapping), device), *decode, prefills)
+
+
+def _to(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fresh host tensor onto the device without a host-device synchronisation (a blocking
+    copy waits for the GPU; the runner's one sync per step is the sampled tokens'). Safe: the
+    host tensor is staged by CUDA before this returns and never written again."""
+    return values.to(device, non_blocking=True)
 
 
 def _slots(table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:

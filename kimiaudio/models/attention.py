@@ -37,10 +37,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     num_queries, num_heads, _ = q.shape
     num_keys, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
-    # [H, T, D] layout for sdpa; kv heads repeated so q head h uses kv head h // group.
-    qh = q.transpose(0, 1)
-    kh = k.transpose(0, 1).repeat_interleave(group, dim=0) if group > 1 else k.transpose(0, 1)
-    vh = v.transpose(0, 1).repeat_interleave(group, dim=0) if group > 1 else v.transpose(0, 1)
+    # [1, H, T, D] layout for sdpa: its fused kernels (flash and memory-efficient on CUDA, the
+    # flash kernel on the CPU) take only 4-d inputs; 3-d ones fall back to the math path, which
+    # materialises the fp32 score matrix (and on the CPU ran 1.6-4x slower: T = 100..400).
+    # kv heads repeated so q head h uses kv head h // group.
+    qh = q.transpose(0, 1)[None]
+    kh = k.transpose(0, 1)[None]
+    vh = v.transpose(0, 1)[None]
+    if group > 1:
+        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
     if num_queries == 1:
         out = F.scaled_dot_product_attention(qh, kh, vh)  # one query sees every key
     elif num_queries == num_keys:
@@ -50,7 +55,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         rows = torch.arange(num_queries, device=q.device)[:, None] + offset
         mask = torch.arange(num_keys, device=q.device)[None, :] <= rows  # [Tq, S], True = attend
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 class ContiguousKVCache:

@@ -97,7 +97,8 @@ class KimiAudioLM(nn.Module):
                     f"{features.shape[0]} continuous feature rows for {index.shape[0]} continuous positions"
                 )
             adapted = self.model.vq_adaptor(features.to(hidden.dtype))  # [N, H]
-            sqrt2 = torch.sqrt(torch.tensor(2.0, dtype=hidden.dtype, device=hidden.device))
+            # sqrt(2) rounded to the model dtype, as official; a fill, not a host-to-device copy.
+            sqrt2 = torch.full((), 2.0, dtype=hidden.dtype, device=hidden.device).sqrt()
             hidden = hidden.index_copy(0, index, (hidden[index] + adapted) * sqrt2)
         text = self.model.embed_tokens(text_ids)
         return torch.where(use_text[:, None], hidden + text, hidden)
