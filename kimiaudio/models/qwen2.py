@@ -27,10 +27,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        # F.rms_norm is the official x * rsqrt(mean(x^2) + eps) in one op (bit-identical on the
+        # CPU, checked in fp32 and bf16; one fused kernel on CUDA instead of five launches).
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
