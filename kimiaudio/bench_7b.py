@@ -44,7 +44,7 @@ def random_lm(config: KimiaConfig, device: torch.device, dtype: torch.dtype, see
     with torch.no_grad():
         for name, param in lm.named_parameters():
             if param.dim() == 1:
-                param.fill_(1.0 if "norm" in name or "layers.4" in name else 0.0)
+                param.fill_(1.0 if "norm" in name else 0.0)  # norm weights 1, biases 0
             else:
                 param.normal_(0.0, 0.02, generator=gen)
     return lm.eval().requires_grad_(False)
@@ -80,7 +80,8 @@ def time_decode(lm: KimiAudioLM, engine_cfg: EngineConfig, device, dtype, batch:
     """Step times (s) of `steps` decode steps with `batch` sequences running."""
     engine = LLMEngine(lm, engine_cfg, device, dtype)
     gen = np.random.default_rng(batch)
-    params = SamplingParams(audio_temperature=0.8, audio_top_k=10, seed=1, max_new_tokens=steps + 16)
+    # ignore_eos: random weights may sample msg_end, and every step must run the whole batch.
+    params = SamplingParams(audio_temperature=0.8, audio_top_k=10, seed=1, max_new_tokens=steps + 16, ignore_eos=True)
     blank = SPECIALS_7B.text_blank
     for i in range(batch):
         audio = gen.integers(152064, 152064 + 16384, PROMPT_LEN).tolist()
@@ -93,8 +94,8 @@ def time_decode(lm: KimiAudioLM, engine_cfg: EngineConfig, device, dtype, batch:
         start = time.perf_counter()
         outputs = engine.step()  # ends in one .tolist(): the step is synchronised
         times.append(time.perf_counter() - start)
-        if len(outputs) < batch:
-            break  # a sequence stopped early (random weights may emit msg_end)
+        if len(outputs) != batch:
+            raise KimiAudioError(f"decode bench: a step ran {len(outputs)} of {batch} sequences")
     return times
 
 
