@@ -21,7 +21,7 @@ import torch
 
 from kimiaudio.engine.sequence import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest, set_worker_threads
+from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest, configure_worker_thread
 from kimiaudio.pipeline_events import AudioChunk, TurnDone
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
@@ -242,7 +242,7 @@ def _torch_threads(device, threads: int):
     """The worker thread's CPU thread count (engine.cpu_threads) for this thread's work too,
     so both sides of a comparison run with the same setting."""
     previous = torch.get_num_threads()
-    set_worker_threads(device, threads)
+    configure_worker_thread(device, threads)
     try:
         yield
     finally:

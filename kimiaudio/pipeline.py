@@ -115,7 +115,7 @@ class Pipeline:
 
     # ---- worker thread -------------------------------------------------------------------
     def _configure_thread(self) -> None:
-        set_worker_threads(self.stack.device, self.config.engine.cpu_threads)
+        configure_worker_thread(self.stack.device, self.config.engine.cpu_threads)
 
     def _before_step(self) -> bool:
         self._iteration_start = time.perf_counter()
@@ -259,7 +259,7 @@ class Pipeline:
             self.max_batch[stage] = max(self.max_batch[stage], size)
 
 
-def set_worker_threads(device: torch.device, threads: int) -> None:
+def configure_worker_thread(device: torch.device, threads: int) -> None:
     """The calling thread's torch settings for model work: engine.cpu_threads (0 = torch's
     default) on the CPU (torch's intra-op thread count is per thread: this sets the caller's
     alone); on cuda:N the current device, which is per thread too and which sdpa reads to
