@@ -100,7 +100,7 @@ def test_pool_sized_from_memory_is_the_same_for_a_second_engine():
     # The second pool must not shrink by what the first one left in the allocator's cache.
     lm = golden_lm(torch.bfloat16)
     # A pool far below its useful maximum, so that free memory (not the cap) sizes it.
-    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.2, max_model_len=65536, max_num_seqs=4096)
+    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096)
     engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)
     first = engine.runner.num_blocks
     del engine
