@@ -345,9 +345,10 @@ def run_bench_command(config, args) -> int:
     else:
         if stack.is_demo:
             print(DEMO_NOTICE)
-        print(f"device {info['device']} dtype {info['dtype']}, {args.max_new_tokens} new positions per turn, "
+        print(f"device {info['device']} dtype {info['dtype']}, at most {args.max_new_tokens} new positions per turn, "
               f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one")
         print(format_rows(rows))
         print("tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "
-              "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop alone.")
+              "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop "
+              "alone, every turn running to its new-position limit (stop tokens ignored).")
     return 0
