@@ -93,8 +93,9 @@ def iter_reference(
     prompt_len = audio_ids.shape[0]
     if text_ids.shape[0] != prompt_len or prompt_len == 0:
         raise ValueError(f"prompt streams must be non-empty and of equal length ({prompt_len} vs {text_ids.shape[0]})")
-    mask = (torch.zeros(prompt_len, dtype=torch.bool, device=device) if continuous_mask is None
-            else torch.as_tensor(continuous_mask).reshape(-1).to(device=device, dtype=torch.bool))
+    mask = (torch.zeros(prompt_len, dtype=torch.bool) if continuous_mask is None
+            else torch.as_tensor(continuous_mask).reshape(-1).to("cpu", torch.bool))
+    feature_positions = mask.nonzero().squeeze(1).to(device)  # found on the host
     if rules is None:
         rules = reference_rules(lm, prompt_len, params, output_type, specials)
     rng = RequestRandom(params.seed)
@@ -112,7 +113,7 @@ def iter_reference(
 
     embed = torch.inference_mode()(lm.embed)
     use_text = torch.full((prompt_len,), bool(text_ids.sum() != 0), device=device)
-    hidden = embed(audio_ids, text_ids, use_text, _prompt_features(features, device), mask)
+    hidden = embed(audio_ids, text_ids, use_text, _prompt_features(features, device), feature_positions)
     positions = torch.arange(prompt_len, device=device)
     last_row = torch.tensor([prompt_len - 1], device=device)
     position = prompt_len - 1  # of the last input token; kept on the host (reading it back would sync)

@@ -44,15 +44,20 @@ def test_playback_clock_counts_the_silence_between_late_chunks():
     assert clock.stall_s == 1.0 and clock.samples == 350 and clock.played_until == 14.5
 
 
-def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
+def check_small_decode_bench(device: str, capsys) -> None:
+    """`bench --random-weights` on a small shape of the 7B config (the same code path)."""
     shape = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
              "num_attention_heads": 4, "num_key_value_heads": 2, "kimia_mimo_layers": 1,
              "kimia_mimo_transformer_from_layer_index": 1, "kimia_adaptor_input_dim": 32}
-    config = load_config(None, {"model": {"device": "cpu"}, "engine": {"num_kv_blocks": 256}})
+    config = load_config(None, {"model": {"device": device}, "engine": {"num_kv_blocks": 256}})
     assert run_random_7b(config, [1, 4], argparse.Namespace(json=True), shape=shape) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["batch"] for r in report["rows"]] == [1, 4]
     assert all(r["step_ms_p50"] > 0 and r["ratio_to_floor"] > 0 for r in report["rows"])
+
+
+def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
+    check_small_decode_bench("cpu", capsys)
 
 
 def test_random_weights_without_gpu_is_a_clear_error():

@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from kimiaudio.checkpoint import find_checkpoint, load_safetensors
 from kimiaudio.config import load_config
 from kimiaudio.errors import CheckpointError, ConfigError
-from kimiaudio.models.attention import ContiguousKVCache
 from kimiaudio.models.kimia_lm import load_lm
+from test_lm_golden import forward_logits
 
 
 def shard(checkpoint, tmp_path):
@@ -34,19 +34,11 @@ def shard(checkpoint, tmp_path):
     return out
 
 
-def last_logits(lm, golden):
-    ids = golden["lm.text.input.audio_input_ids"][0]
-    text = golden["lm.text.input.text_input_ids"][0]
-    mask = golden["lm.text.input.is_continuous_mask"][0].bool()
-    hidden = lm.embed(ids, text, torch.ones_like(mask), golden["lm.text.input.whisper_feature"][0], mask)
-    return lm(hidden, torch.arange(len(ids)), ContiguousKVCache(lm.config, "cpu", torch.float32))
-
-
 def test_sharded_checkpoint_loads_the_same_weights(golden_checkpoint, golden, tmp_path):
     sharded = find_checkpoint(shard(golden_checkpoint, tmp_path))
     single = find_checkpoint(golden_checkpoint)
     assert load_safetensors(sharded.root).keys() == load_safetensors(single.root).keys()
-    text_a, audio_a = last_logits(load_lm(sharded, "cpu", torch.float32), golden)
+    text_a, audio_a = forward_logits(load_lm(sharded, "cpu", torch.float32), golden, "lm.text")
     torch.testing.assert_close(text_a, golden["lm.text.forward.text_logits"][0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(audio_a, golden["lm.text.forward.audio_logits"][0], atol=1e-4, rtol=1e-4)
 
@@ -96,11 +88,18 @@ def test_config_file_errors_name_file_and_key(tmp_path):
 
 def test_repository_config_toml_is_the_defaults():
     """config.toml documents every setting with its default value."""
+    import dataclasses
+    import tomllib
     from pathlib import Path
 
     from kimiaudio.config import Config
 
-    repo = load_config(Path(__file__).resolve().parents[1] / "config.toml")
-    defaults = Config()
-    for section in ("model", "sampling", "audio", "detok", "engine", "server", "vad", "storage"):
+    path = Path(__file__).resolve().parents[1] / "config.toml"
+    written = tomllib.loads(path.read_text())
+    repo, defaults = load_config(path), Config()
+    sections = [f.name for f in dataclasses.fields(Config) if f.name != "base_dir"]
+    assert set(written) == set(sections)  # every section, no stray one
+    for section in sections:
+        names = {f.name for f in dataclasses.fields(getattr(defaults, section))}
+        assert set(written[section]) == names, section  # every key is written out, none unknown
         assert getattr(repo, section) == getattr(defaults, section), section

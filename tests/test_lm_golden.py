@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,9 +22,8 @@ from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import load_lm
 from kimiaudio.reference_loop import generate_reference, iter_reference
 from kimiaudio.sampling import SamplingParams
+from test_engine_e2e import CHECKPOINT, GOLDEN, load_tiny_lm
 
-GOLDEN = Path(__file__).parent / "data" / "golden_a"
-CHECKPOINT = GOLDEN / "checkpoint"
 SECTIONS = ["lm.text", "lm.both", "lm_e2e"]
 TOL = dict(atol=1e-4, rtol=1e-4)
 
@@ -37,7 +35,7 @@ def meta() -> dict:
 
 @pytest.fixture(scope="module")
 def lm():
-    return load_lm(CheckpointPaths(root=CHECKPOINT, glm_tokenizer=CHECKPOINT / "glm-4-voice-tokenizer"), "cpu", torch.float32)
+    return load_tiny_lm()
 
 
 def _inputs(golden, section):
@@ -54,25 +52,28 @@ def _rule_tokens(meta) -> RuleTokens:
     return RuleTokens(ids["kimia_text_blank"], ids["kimia_text_eos"], ids["msg_end"], ids["media_end"])
 
 
+def forward_logits(lm, golden, section, rows=None):
+    """One full-prompt forward of a golden section on lm's device -> (text, audio) logits on the CPU."""
+    audio_ids, text_ids, mask, features = (t.to(lm.device) for t in _inputs(golden, section))
+    positions = golden[f"{section}.input.position_ids"][0].to(lm.device)
+    use_text = torch.full(mask.shape, bool(text_ids.sum() != 0), device=lm.device)
+    with torch.inference_mode():
+        hidden = lm.embed(audio_ids, text_ids, use_text, features, mask.nonzero().squeeze(1))
+        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config, lm.device, lm.dtype),
+                                       None if rows is None else rows.to(lm.device))
+    return text_logits.cpu(), audio_logits.cpu()
+
+
 @pytest.mark.parametrize("section", SECTIONS)
 def test_full_prompt_forward_matches_golden(lm, golden, section):
-    audio_ids, text_ids, mask, features = _inputs(golden, section)
-    positions = golden[f"{section}.input.position_ids"][0]
-    use_text = torch.full(mask.shape, bool(text_ids.sum() != 0))
-    with torch.inference_mode():
-        hidden = lm.embed(audio_ids, text_ids, use_text, features, mask)
-        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config, "cpu", torch.float32))
+    text_logits, audio_logits = forward_logits(lm, golden, section)
     torch.testing.assert_close(text_logits, golden[f"{section}.forward.text_logits"][0], **TOL)
     torch.testing.assert_close(audio_logits, golden[f"{section}.forward.audio_logits"][0], **TOL)
 
 
 def test_logits_rows_select_rows(lm, golden):
-    audio_ids, text_ids, mask, features = _inputs(golden, "lm.both")
-    positions = torch.arange(audio_ids.shape[0])
-    rows = torch.tensor([0, 7, audio_ids.shape[0] - 1])
-    with torch.inference_mode():
-        hidden = lm.embed(audio_ids, text_ids, torch.ones_like(mask), features, mask)
-        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config, "cpu", torch.float32), rows)
+    rows = torch.tensor([0, 7, golden["lm.both.input.audio_input_ids"].shape[1] - 1])
+    text_logits, audio_logits = forward_logits(lm, golden, "lm.both", rows)
     torch.testing.assert_close(text_logits, golden["lm.both.forward.text_logits"][0][rows], **TOL)
     torch.testing.assert_close(audio_logits, golden["lm.both.forward.audio_logits"][0][rows], **TOL)
 
@@ -138,8 +139,9 @@ def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, me
     positions = torch.arange(audio_ids.shape[0])
     last = torch.tensor([audio_ids.shape[0] - 1])
     with torch.inference_mode():
-        skipped = lm.embed(audio_ids, zeros, torch.zeros_like(mask), features, mask)
-        added = lm.embed(audio_ids, zeros, torch.ones_like(mask), features, mask)
+        feature_positions = mask.nonzero().squeeze(1)
+        skipped = lm.embed(audio_ids, zeros, torch.zeros_like(mask), features, feature_positions)
+        added = lm.embed(audio_ids, zeros, torch.ones_like(mask), features, feature_positions)
         # Per-token rule: a row without use_text is the audio embedding alone.
         assert not torch.equal(skipped, added)
         torch.testing.assert_close(lm.embed(audio_ids[:1], zeros[:1], torch.zeros(1, dtype=torch.bool)),

@@ -67,10 +67,9 @@ class ModelRunner:
                 logits_rows.append(len(audio) - 1)
                 sampling.append(seq)
 
-        # Feature positions go as an index built here: embed's nonzero() on a mask would sync.
-        index = self._long([i for i, c in enumerate(continuous) if c]) if features else None
+        feature_positions = self._long([i for i, c in enumerate(continuous) if c]) if features else None
         hidden = self.lm.embed(self._long(audio), self._long(text), self._bool(use_text),
-                               torch.cat(features) if features else None, continuous_index=index)
+                               torch.cat(features) if features else None, feature_positions)
         attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype))
         text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
         if not sampling:

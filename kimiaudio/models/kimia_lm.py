@@ -79,22 +79,21 @@ class KimiAudioLM(nn.Module):
         text_ids: torch.Tensor,
         use_text: torch.Tensor,
         features: torch.Tensor | None = None,
-        continuous_mask: torch.Tensor | None = None,
-        continuous_index: torch.Tensor | None = None,
+        feature_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """audio_ids, text_ids [T] long, use_text [T] bool -> input embeddings [T, H].
 
-        features [N, adaptor_dim] fill the N positions where continuous_mask [T] is True, in order;
-        or give those positions as continuous_index [N] long (the mask's nonzero() would wait
-        for the GPU: the engine knows them on the host).
+        features [N, adaptor_dim] go to the N continuous positions `feature_positions` [N] long,
+        in order. Positions, not a [T] mask: finding a mask's positions on the GPU would wait for
+        it, and every caller knows them on the host.
         """
         hidden = self.model.embed_tokens(audio_ids)  # [T, H]
         if features is not None and features.shape[0] > 0:
             if self.model.vq_adaptor is None:
                 raise KimiAudioError("this checkpoint has use_whisper_feature=false: continuous features cannot be used")
-            if continuous_mask is None and continuous_index is None:
-                raise KimiAudioError("continuous features were given without a continuous_mask")
-            index = continuous_index if continuous_index is not None else continuous_mask.nonzero().squeeze(1)
+            if feature_positions is None:
+                raise KimiAudioError("continuous features were given without their positions")
+            index = feature_positions
             if index.shape[0] != features.shape[0]:
                 raise KimiAudioError(
                     f"{features.shape[0]} continuous feature rows for {index.shape[0]} continuous positions"
