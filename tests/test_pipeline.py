@@ -118,13 +118,15 @@ def test_follow_up_turn_is_served_from_prefix_cache(stack, speech_16k):
     first_prompt = one["done"].prefill_tokens_computed
     assert two["done"].prefill_tokens_cached >= (first_prompt // 8) * 8 > 0
     # The reply's history form (audio-text, no text EOS) departs from the generated stream at
-    # the EOS position, so the reply and the new user audio are computed, not cached.
-    assert two["done"].prefill_tokens_computed > 0
+    # the EOS position: the cache stops before the reply's end (a known limit, see README).
+    reply_positions = 6 + len(one["done"].audio_tokens)  # delay blanks + codes
+    assert two["done"].prefill_tokens_cached < first_prompt + reply_positions
 
 
 def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
     a, b = voices(speech_16k, 2)
-    params = SamplingParams.from_config(stack.config.sampling, seed=1, max_new_tokens=300)
+    # ignore_eos: the doomed turn cannot end by itself and free its blocks before the cancel.
+    params = SamplingParams.from_config(stack.config.sampling, seed=1, max_new_tokens=300, ignore_eos=True)
 
     async def body(pipeline):
         doomed = pipeline.submit(TurnRequest("x", [], a, params))
@@ -136,7 +138,6 @@ def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
             if isinstance(event, (TextDelta, AudioChunk)) or len(seen) > 3:
                 pipeline.cancel(doomed)
         other = await survivor
-        await asyncio.sleep(0.2)
         return seen, other, pipeline.stats()
 
     seen, other, stats = with_pipeline(stack, body)
@@ -170,7 +171,8 @@ def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, 
         return real_step_batch(jobs)
 
     monkeypatch.setattr(stack.detokenizer, "step_batch", out_of_memory_once)
-    params = SamplingParams(seed=1, max_new_tokens=40)
+    # Long enough that the first chunk (30 codes + look-ahead) fails while the LLM still runs.
+    params = SamplingParams(seed=1, max_new_tokens=120, ignore_eos=True)
 
     async def body(pipeline):
         failed = await asyncio.wait_for(run_turn(pipeline, TurnRequest("c", [], speech_16k, params)), 60)
