@@ -31,7 +31,7 @@ from kimiaudio.engine.async_engine import AsyncEngine
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sequence import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline_events import TurnDone, UserEncoded
+from kimiaudio.pipeline_events import PCM_SAMPLE_RATE, TurnDone, UserEncoded
 from kimiaudio.pipeline_turn import TurnHandle, TurnState, chunks_to_run
 from kimiaudio.sampling import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
@@ -60,6 +60,9 @@ class TurnRequest:
 
 class Pipeline:
     def __init__(self, stack, config):
+        if stack.detokenizer is not None and stack.detokenizer.sample_rate != PCM_SAMPLE_RATE:
+            raise KimiAudioError(f"vocoder/config.json: sampling_rate {stack.detokenizer.sample_rate}; the pipeline "
+                                 f"streams {PCM_SAMPLE_RATE} Hz, the official vocoder's rate")
         self.stack = stack
         self.config = config
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -176,7 +179,6 @@ class Pipeline:
         state.mark("encoded_s")
         if request.output_type == "both" and self.stack.detokenizer is not None:
             state.detok = self.stack.detokenizer.new_session(seed=params.seed)
-            state.sample_rate = self.stack.detokenizer.sample_rate
         state.seq_id = self.engine.add_request(EngineRequest(
             handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
             params, request.output_type, self.stack.specials))

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# The rate of AudioChunk.pcm: the official BigVGAN vocoder's (the pipeline refuses another).
+PCM_SAMPLE_RATE = 24000
+
 
 @dataclass(frozen=True)
 class UserEncoded:
@@ -22,7 +25,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    pcm: np.ndarray  # float32 mono 24 kHz
+    pcm: np.ndarray  # float32 mono at PCM_SAMPLE_RATE
 
 
 @dataclass(frozen=True)

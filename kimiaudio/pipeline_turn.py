@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kimiaudio.event_stream import EventStream
-from kimiaudio.pipeline_events import AudioChunk, PipelineEvent, TextDelta, TurnDone
+from kimiaudio.pipeline_events import PCM_SAMPLE_RATE, AudioChunk, PipelineEvent, TextDelta, TurnDone
 
 
 class TurnHandle(EventStream[PipelineEvent]):
@@ -42,7 +42,6 @@ class TurnState:
     detok: object | None = None  # DetokSession, None for text output
     prompt_len: int = 0
     cached_at_submit: int = 0
-    sample_rate: int = 0  # of the PCM this turn sends: the detokenizer's, set with `detok`
 
     def __post_init__(self) -> None:
         self.text_ids: list[int] = []
@@ -62,9 +61,9 @@ class TurnState:
         """perf_counter time at which the client's audio runs out if it plays from the first
         chunk on: before any audio, the submit time (it is waiting already)."""
         first = self.timings.get("first_pcm_s")
-        if first is None or not self.sample_rate:
+        if first is None:
             return self.handle.submitted_at
-        return self.handle.submitted_at + first + self.samples_sent / self.sample_rate
+        return self.handle.submitted_at + first + self.samples_sent / PCM_SAMPLE_RATE
 
     def mark(self, name: str) -> None:
         if name not in self.timings:

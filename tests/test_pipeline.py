@@ -194,7 +194,7 @@ def test_detokenizer_serves_the_session_about_to_run_dry_first():
         def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> TurnState:
             handle = TurnHandle("t", loop)
             handle.submitted_at = submitted_at
-            state = TurnState(handle, "t", 0, 0, sample_rate=24000)
+            state = TurnState(handle, "t", 0, 0)
             if first_pcm_s is not None:
                 state.timings["first_pcm_s"] = first_pcm_s
                 state.samples_sent = int(seconds_sent * 24000)

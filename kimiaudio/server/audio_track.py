@@ -26,10 +26,10 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from kimiaudio.audio.io import StreamResampler
+from kimiaudio.pipeline_events import PCM_SAMPLE_RATE
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
-PIPELINE_SAMPLE_RATE = 24000
 _TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 _MAX_LAG_S = 0.1  # further behind than this, re-anchor the clock instead of sending a burst
 
@@ -63,7 +63,7 @@ class PlaybackTrack(MediaStreamTrack):
         """Start a new response (anything still buffered is dropped)."""
         self.flush()
         self.response_id = response_id
-        self._resampler = StreamResampler(PIPELINE_SAMPLE_RATE, SAMPLE_RATE)
+        self._resampler = StreamResampler(PCM_SAMPLE_RATE, SAMPLE_RATE)
 
     def push(self, pcm24k: np.ndarray) -> None:
         if self._resampler is not None:
@@ -90,7 +90,7 @@ class PlaybackTrack(MediaStreamTrack):
 
     @property
     def played_samples_24k(self) -> int:
-        return self._num_played * PIPELINE_SAMPLE_RATE // SAMPLE_RATE
+        return self._num_played * PCM_SAMPLE_RATE // SAMPLE_RATE
 
     @property
     def buffered_seconds(self) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kimiaudio.pipeline_events import TurnDone
-from kimiaudio.server.audio_track import PIPELINE_SAMPLE_RATE
+from kimiaudio.pipeline_events import PCM_SAMPLE_RATE
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Response:
     pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated
     cancelled: bool = False
     generation_ended: bool = False
-    played_24k: int | None = None  # samples heard, set when playback was cut short
+    played_samples: int | None = None  # samples heard, set when playback was cut short
     first_played_at: float | None = None
     stored_index: int | None = None  # the assistant turn, once stored
     history_turn: Any = None  # its HistoryTurn, once stored
@@ -38,7 +38,7 @@ class Response:
 
     @property
     def audio_seconds(self) -> float:
-        return sum(chunk.size for chunk in self.pcm) / PIPELINE_SAMPLE_RATE
+        return sum(chunk.size for chunk in self.pcm) / PCM_SAMPLE_RATE
 
     def heard(self, done: TurnDone, samples_per_code: int) -> tuple[np.ndarray, list[int]]:
         """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix."""
@@ -46,7 +46,7 @@ class Response:
         tokens = list(done.audio_tokens)
         if not self.cancelled:
             return pcm, tokens
-        played = min(self.played_24k or 0, pcm.size)
+        played = min(self.played_samples or 0, pcm.size)
         # The codes of the audio heard (each code is `samples_per_code` samples, 80 ms of speech
         # with the official detokenizer), rounded up so the code being spoken when the user cut
         # in is kept. Not in proportion to the audio generated: at a cut-in, codes generated
@@ -59,6 +59,6 @@ class Response:
         timings = {key: round(float(value), 4) for key, value in done.timings.items()}
         if self.first_played_at is not None:
             timings["commit_to_first_audio_s"] = round(self.first_played_at - self.committed_at, 4)
-        if self.played_24k is not None:
-            timings["played_s"] = round(self.played_24k / PIPELINE_SAMPLE_RATE, 3)
+        if self.played_samples is not None:
+            timings["played_s"] = round(self.played_samples / PCM_SAMPLE_RATE, 3)
         return timings

@@ -288,7 +288,7 @@ class RtcSession:
         if r is None or r.cancelled:
             return
         r.cancelled = True
-        r.played_24k = self.track.flush()
+        r.played_samples = self.track.flush()
         self.pipeline.cancel(r.handle)
         if not r.playback_done.done():
             r.playback_done.set_result(None)

@@ -26,10 +26,11 @@ import sqlite_utils
 
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline_events import PCM_SAMPLE_RATE
 from kimiaudio.store.schema import open_database
 
 USER_SAMPLE_RATE = 16000
-ASSISTANT_SAMPLE_RATE = 24000
+ASSISTANT_SAMPLE_RATE = PCM_SAMPLE_RATE  # replies are stored as the pipeline streamed them
 
 
 def new_conversation_id() -> str:
