@@ -203,6 +203,7 @@ def _bench_lm(stack, config, inputs: list[list[np.ndarray]], params: list[Sampli
 def _lm_engine_run(stack, config, users: list[list[Message]], params: list[SamplingParams]) -> tuple[int, float]:
     """(generated positions, seconds) of every session's turns through a fresh engine."""
     from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.offline import TurnResult
 
     offset = stack.specials.token_offset
     engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
@@ -230,8 +231,9 @@ def _lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampl
             session, seq = live.pop(out.request_id)
             if out.finish_reason == "error":
                 raise KimiAudioError(f"bench LM turn failed: {out.error}")
-            text = stack.tokenizer.decode(seq.rules.text_ids(offset))
-            histories[session].append(Message.assistant_reply(text, seq.rules.audio_codes(offset)))
+            rules = seq.rules
+            reply = TurnResult.from_tokens(stack, rules.text_tokens, rules.audio_tokens, out.finish_reason, rules.num_steps)
+            histories[session].append(reply.history_message(offset))
             if len(histories[session]) < 2 * len(users[session]):
                 submit(session)
     return tokens, time.perf_counter() - start
@@ -305,7 +307,8 @@ def format_rows(rows: list[BenchRow]) -> str:
                f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x") if r.reference_tokens_per_s else ""
         lines.append(
             f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.step_ms_p50:7.1f}ms "
-            f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} {r.stall_ms_p95:7.0f}ms "
+            f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
+            f"{r.stall_ms_p95:7.0f}ms "
             f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
     return "\n".join(lines)
 
@@ -334,7 +337,7 @@ def run_bench_command(config, args) -> int:
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)
-        print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech), args.json)
+        print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
         return 0
     rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
                      reference=not args.no_reference, progress=not args.json)

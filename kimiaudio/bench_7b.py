@@ -84,7 +84,7 @@ def time_decode(lm: KimiAudioLM, engine_cfg: EngineConfig, device, dtype, batch:
     params = SamplingParams(audio_temperature=0.8, audio_top_k=10, seed=1, max_new_tokens=steps + 16, ignore_eos=True)
     blank = SPECIALS_7B.text_blank
     for i in range(batch):
-        audio = gen.integers(152064, 152064 + 16384, PROMPT_LEN).tolist()
+        audio = gen.integers(lm.config.kimia_token_offset, lm.config.vocab_size, PROMPT_LEN).tolist()  # speech codes
         engine.add_request(EngineRequest(f"r{i}", audio, [blank] * PROMPT_LEN, [0] * PROMPT_LEN, None, params,
                                          "both", SPECIALS_7B))
     while engine.stats().num_waiting or engine.stats().num_decode_tokens == 0:

@@ -3,7 +3,9 @@
 For each client count N it starts the server (aiohttp + aiortc + VAD + pipeline + a scratch
 SQLite store) on 127.0.0.1, connects N real WebRTC clients that each speak several turns, and
 reports the server's commit -> first audio frame sent (from each response.done) p50/p95,
-and how many sequences the engine ran in one step at most.
+and how many sequences the engine ran in one step at most. The clients share the server's
+process and event loop (their RTP and pacing work competes with the server's), so with many
+clients the figures are an upper bound of what separate users would see.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SILENCE_S = 1.2  # after each utterance: longer than the VAD's end-of-speech sil
 
 
 def espeak_speech(texts: list[str], directory: Path) -> list[np.ndarray]:
-    """Speech made with espeak-ng + sox (Debian packages), as float32 16 kHz."""
+    """`texts` spoken by espeak-ng (a Debian package), as float32 16 kHz (load_audio resamples)."""
     from kimiaudio.audio.io import load_audio
 
     if shutil.which("espeak-ng") is None:
@@ -90,10 +92,12 @@ async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarr
     }
 
 
-def run_webrtc_bench(stack, config, clients: list[int], turns: int, speech: list[np.ndarray] | None) -> list[dict]:
+def run_webrtc_bench(stack, config, clients: list[int], turns: int, speech: list[np.ndarray] | None,
+                     max_new_tokens: int) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="kimiaudio-bench-") as tmp:
         config = copy.deepcopy(config)
+        config.sampling.max_new_tokens = max_new_tokens  # as the in-process bench's turns
         config.storage.data_dir = tmp  # a scratch history database, not the user's
         config.server.max_sessions = max(config.server.max_sessions, max(clients))
         clips = speech or espeak_speech(

@@ -81,7 +81,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     # torch intra-op threads of the GPU worker thread when the model runs on the CPU (0 = torch's
-    # default). On small models a second thread per op costs more than it gives (measured 1.5x).
+    # default). On the 2-core demo machine, 2 sped up the LM alone (bench: 6.1-6.6x the reference
+    # loop at 16 sessions against about 5x) but halved the whole pipeline, whose event loop needs
+    # the other core (0.53-0.58x of the offline path against about 1.05x).
     cpu_threads: int = 1
 
 

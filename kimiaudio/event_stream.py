@@ -43,5 +43,5 @@ class EventStream(Generic[T]):
         if self._ended:
             raise StopAsyncIteration
         event = await self._queue.get()
-        self._ended = self._is_last(event)
+        self._ended = event is self.last  # _put judged it already
         return event

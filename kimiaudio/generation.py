@@ -128,9 +128,3 @@ class StreamRules:
     def audio_tokens(self) -> list[int]:
         """Official return value: the counted audio tokens after the delay (ids with offset)."""
         return self.audio_history[self.audio_delay : self.audio_delay + self.num_valid_audio]
-
-    def audio_codes(self, token_offset: int) -> list[int]:
-        return official_codes(self.audio_tokens, token_offset)
-
-    def text_ids(self, token_offset: int) -> list[int]:
-        return official_text_ids(self.text_tokens, token_offset)

@@ -36,6 +36,13 @@ class TurnResult:
     audio: np.ndarray | None = None  # 24 kHz reply, None for text output
     timings: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def from_tokens(cls, stack: ModelStack, text_tokens: list[int], audio_tokens: list[int],
+                    finish_reason: str | None, num_steps: int) -> "TurnResult":
+        """One generation's official return values, its text decoded as official generate() does."""
+        text = stack.tokenizer.decode(official_text_ids(text_tokens, stack.specials.token_offset))
+        return cls(text, text_tokens, audio_tokens, finish_reason, num_steps)
+
     def codes(self, token_offset: int) -> list[int]:
         """The reply's speech codes (no offset), as history and the detokenizer take them."""
         return official_codes(self.audio_tokens, token_offset)
@@ -65,8 +72,9 @@ def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, o
     offset = stack.specials.token_offset
     timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s,
                "steps_per_s": result.num_steps / max(gen_s, 1e-9)}
-    turn = TurnResult(stack.tokenizer.decode(official_text_ids(result.text_tokens, offset)), result.text_tokens, result.audio_tokens, result.finish_reason,
-                      result.num_steps, timings=timings)
+    turn = TurnResult.from_tokens(stack, result.text_tokens, result.audio_tokens, result.finish_reason,
+                                  result.num_steps)
+    turn.timings = timings
     codes = turn.codes(offset)
     if speak and output_type == "both" and stack.detokenizer is not None:
         start = time.perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimiaudio.generation import RuleTokens, StreamRules, official_max_new_tokens
+from kimiaudio.generation import RuleTokens, StreamRules, official_codes, official_max_new_tokens
 
 TOKENS = RuleTokens(text_blank=900, text_eos=901, msg_end=902, media_end=903)
 OFFSET = 1000
@@ -37,7 +37,7 @@ def test_both_mode_stops_on_audio_end_tokens_and_keeps_the_terminator():
         out = _run(rules, [(1, 1), (2, 1), (3, 1005), (4, 17), (5, stop)])
         assert out[-1] == (5, stop, True, "stop")
         assert rules.audio_tokens == [1005, 17, stop]
-        assert rules.audio_codes(OFFSET) == [5]  # specials and ids below the offset dropped
+        assert official_codes(rules.audio_tokens, OFFSET) == [5]  # specials and ids below the offset dropped
         assert rules.text_tokens == [1, 2, 3, 4, 5]
         with pytest.raises(RuntimeError):
             rules.step(1, 1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks
+from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.kimia_lm import KimiAudioLM
@@ -78,16 +78,16 @@ class ModelRunner:
 
     def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[tuple[int, int]]:
         # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.
-        uniforms = torch.tensor([seq.random.next_uniforms() for seq in seqs])  # [B, 2] on the CPU
+        pairs = [seq.random.next_uniforms() for seq in seqs]  # (text, audio) per sequence
+        uniforms = torch.tensor([text for text, _ in pairs] + [audio for _, audio in pairs])  # on the CPU
         params = [seq.params.text for seq in seqs] + [seq.params.audio for seq in seqs]
         histories = [seq.rules.text_history for seq in seqs] + [seq.rules.audio_history for seq in seqs]
-        tokens = sample_tokens(torch.cat([text_logits, audio_logits]), params, histories,
-                               torch.cat([uniforms[:, 0], uniforms[:, 1]]))
+        tokens = sample_tokens(torch.cat([text_logits, audio_logits]), params, histories, uniforms)
         flat = tokens.tolist()  # the step's one host-device synchronisation
         return list(zip(flat[: len(seqs)], flat[len(seqs):]))
 
     def _long(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
+        return to_device(torch.tensor(values, dtype=torch.long), self.device)
 
     def _bool(self, values: list[bool]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.bool).to(self.device, non_blocking=True)
+        return to_device(torch.tensor(values, dtype=torch.bool), self.device)

@@ -116,26 +116,27 @@ class AttentionMetadata:
                 decode_lens.append(context)
             else:
                 slots = _slots(torch.tensor(table[: -(-context // block_size)]), block_size, context) if start else None
-                prefills.append(PrefillChunk(row, count, start, None if slots is None else _to(slots, device)))
+                prefills.append(PrefillChunk(row, count, start, None if slots is None else to_device(slots, device)))
             row += count
         decode = (None, None, None)
         if decode_rows:
             width = max(len(t) for t in decode_tables)
-            blocks = _to(torch.tensor([b for t in decode_tables for b in t + [0] * (width - len(t))]), device)
-            lens = _to(torch.tensor(decode_lens), device)
+            blocks = to_device(torch.tensor([b for t in decode_tables for b in t + [0] * (width - len(t))]), device)
+            lens = to_device(torch.tensor(decode_lens), device)
             padding = torch.arange(width * block_size, device=device)[None, :] >= lens[:, None]
             mask = torch.zeros(padding.shape, device=device, dtype=dtype).masked_fill_(padding, float("-inf"))
             # The scheduler puts decodes first: a slice then spares a gather and a scatter.
             rows = (slice(0, len(decode_rows)) if decode_rows[-1] == len(decode_rows) - 1
-                    else _to(torch.tensor(decode_rows), device))
+                    else to_device(torch.tensor(decode_rows), device))
             decode = (rows, blocks, mask[:, None, None, :])
-        return cls(_to(torch.tensor(slot_mapping), device), *decode, prefills)
+        return cls(to_device(torch.tensor(slot_mapping), device), *decode, prefills)
 
 
-def _to(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A fresh host tensor onto the device without a host-device synchronisation (a blocking
     copy waits for the GPU; the runner's one sync per step is the sampled tokens'). Safe: the
-    host tensor is staged by CUDA before this returns and never written again."""
+    host tensor is staged by CUDA before this returns and never written again. Every per-step
+    input of the engine goes through here."""
     return values.to(device, non_blocking=True)
 
 
