@@ -53,8 +53,11 @@ def speech_16k(speech_wav) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def speech(tmp_path_factory):
-    """The server tests' sentences spoken by espeak-ng, float32 16 kHz (test_server_support)."""
-    from test_server_support import SENTENCES, speech_16k
+    """The server tests' sentences spoken by espeak-ng, float32 16 kHz, as bench --webrtc makes
+    its speech (test_server_support.SENTENCES)."""
+    from kimiaudio.bench_webrtc import espeak_speech
+    from test_server_support import SENTENCES
 
-    d = tmp_path_factory.mktemp("sentences")
-    return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is needed to make test speech")
+    return espeak_speech(SENTENCES, tmp_path_factory.mktemp("sentences"))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from test_server_support import RtcClient, ScriptedMic, silence, speech_16k, write_clip
+from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from test_server_support import silence, write_clip
 
 from kimiaudio.config import Config
 from kimiaudio.server.app import create_app, store_key
@@ -69,11 +70,11 @@ async def server(aiohttp_client, demo_checkpoint, tmp_path):
     await pipeline.stop()
 
 
-async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path):
+async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech):
     # Two utterances far apart: the random demo weights sometimes answer with no text at
     # all (an immediate end of text), so the test waits for an answer that has some.
-    speech = speech_16k(tmp_path, "Hello, what is the weather like today?", "hello")
-    wav = write_clip(tmp_path / "mic.wav", [silence(1.0), speech, silence(6.0), speech, silence(20.0)])
+    hello = speech[0]
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.0), hello, silence(6.0), hello, silence(20.0)])
     url = str(server.make_url("/"))
 
     def drive():

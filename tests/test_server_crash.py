@@ -14,7 +14,8 @@ import pytest
 import soundfile as sf
 
 from test_server_serve import _free_port, _serve
-from test_server_support import SENTENCES, RtcClient, ScriptedMic, silence, speech_16k
+from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from test_server_support import silence
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +37,7 @@ def start_server(data_dir, port):
     return proc
 
 
-async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path):
-    speech = [speech_16k(tmp_path, s, f"s{i}") for i, s in enumerate(SENTENCES[:2])]
+async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech):
     port = _free_port()
     proc = start_server(tmp_path, port)
     try:

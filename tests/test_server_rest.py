@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from test_server_support import RtcClient, ScriptedMic, demo_server
+from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from test_server_support import demo_server
 
 from kimiaudio.server.app import store_key
 

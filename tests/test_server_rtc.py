@@ -9,7 +9,8 @@ import contextlib
 import numpy as np
 import pytest
 
-from test_server_support import LONG_ANSWER, RtcClient, ScriptedMic, demo_server, kv_pool_full_again, silence
+from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from test_server_support import LONG_ANSWER, demo_server, kv_pool_full_again, silence
 
 from kimiaudio.server import rtc_session
 from kimiaudio.server.app import sessions_key, store_key

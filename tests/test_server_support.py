@@ -1,33 +1,20 @@
-"""Shared helpers for the server tests (no tests here): real speech made with espeak-ng + sox,
-WAV writing, a WebRTC test client, and the server with the real pipeline on the demo
-checkpoint. Imported by tests/test_server_*.py and tests/test_browser_*.py."""
+"""Shared helpers for the server tests (no tests here): the sentences of the `speech` fixture,
+WAV writing, and the server with the real pipeline on the demo checkpoint. The WebRTC test
+client is package code (kimiaudio.server.loopback_client, also used by bench --webrtc).
+Imported by tests/test_server_*.py and tests/test_browser_*.py."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from kimiaudio.audio.io import load_audio, write_wav
+from kimiaudio.audio.io import write_wav
 
 SENTENCES = [
     "Hello, what is the weather like today?",
     "Please stop and listen to me.",
 ]
-
-
-def speech_16k(tmp_dir: Path, text: str, name: str) -> np.ndarray:
-    """`text` spoken by espeak-ng, as float32 mono 16 kHz (skips the test if tools are missing)."""
-    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
-        pytest.skip("espeak-ng and sox are needed to make test speech")
-    raw, wav = tmp_dir / f"{name}.raw.wav", tmp_dir / f"{name}.wav"
-    if not wav.exists():
-        subprocess.run(["espeak-ng", "-s", "150", "-w", str(raw), text], check=True, capture_output=True)
-        subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", str(wav)], check=True, capture_output=True)
-    return load_audio(wav)
 
 
 def silence(seconds: float, sr: int = 16000) -> np.ndarray:
@@ -39,14 +26,13 @@ def write_clip(path: Path, pieces: list[np.ndarray], sr: int = 16000) -> Path:
     return path
 
 
-# ------------------------------------------ the WebRTC client (package code) and the real server
+# ------------------------------------------------------------- the real server on the demo checkpoint
 import asyncio
 import contextlib
 import functools
 
 from kimiaudio.config import Config
 from kimiaudio.pipeline import Pipeline
-from kimiaudio.server.loopback_client import RtcClient, ScriptedMic  # noqa: F401  (the tests import them from here)
 
 DEMO_MAX_NEW_TOKENS = 60  # about 2 s of (noise) speech from the demo weights
 # Sampling for a long answer from the demo weights: with greedy audio, most answers run for

@@ -1,18 +1,11 @@
 """Silero VAD + turn detection (kimiaudio/audio/vad.py) on real speech made by espeak-ng."""
 
 import numpy as np
-import pytest
 import torch
 
 from kimiaudio.audio.vad import (WINDOW, SileroVad, SpeechStarted, SpeechStopped, TurnDetector, TurnSettings,
                                  vad_executor)
-from test_server_support import SENTENCES, silence, speech_16k
-
-
-@pytest.fixture(scope="module")
-def speech(tmp_path_factory):
-    d = tmp_path_factory.mktemp("speech")
-    return [speech_16k(d, s, f"s{i}") for i, s in enumerate(SENTENCES)]
+from test_server_support import silence
 
 
 def _feed(detector, pcm, rng):

@@ -27,11 +27,9 @@ class ScriptedMic(MediaStreamTrack):
         self._pts = 0
         self._start = None
         self._hung = False
-        self.finished_speaking = asyncio.Event()
 
     def say(self, pcm16k: np.ndarray) -> None:
         self._queue.append(np.asarray(pcm16k, dtype=np.float32))
-        self.finished_speaking.clear()
 
     def hang(self) -> None:
         self._hung = True
@@ -56,8 +54,6 @@ class ScriptedMic(MediaStreamTrack):
             self._queue[0] = clip[n:]
             if self._queue[0].size == 0:
                 self._queue.pop(0)
-                if not self._queue:
-                    self.finished_speaking.set()
         frame = AudioFrame(format="s16", layout="mono", samples=320)
         frame.planes[0].update((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
         frame.pts, frame.sample_rate, frame.time_base = self._pts, 16000, fractions.Fraction(1, 16000)
