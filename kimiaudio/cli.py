@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "demo-checkpoint":
-            from kimiaudio.demo_checkpoint import write_demo_checkpoint
+            from kimiaudio.checkpoint.demo import write_demo_checkpoint
 
             path = write_demo_checkpoint(args.dir, seed=args.seed, progress=True)
             print(f"wrote demo checkpoint (random weights) to {path}")
@@ -115,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_server(config) or 0
         if args.command == "bench":
-            from kimiaudio.bench import run_bench_command
+            from kimiaudio.bench.pipeline_bench import run_bench_command
 
             return run_bench_command(config, args)
-        from kimiaudio.offline import run_chat_command, run_transcribe_command
+        from kimiaudio.pipeline.offline import run_chat_command, run_transcribe_command
 
         if args.command == "chat":
             return run_chat_command(config, args)

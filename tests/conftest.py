@@ -29,7 +29,7 @@ def golden_checkpoint() -> Path:
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory) -> Path:
     """The embedded demo checkpoint, written once per test session (as `serve` does)."""
-    from kimiaudio.demo_checkpoint import ensure_demo_checkpoint
+    from kimiaudio.checkpoint.demo import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(tmp_path_factory.mktemp("data"))
 
@@ -55,7 +55,7 @@ def speech_16k(speech_wav) -> np.ndarray:
 def speech(tmp_path_factory):
     """The server tests' sentences spoken by espeak-ng, float32 16 kHz, as bench --webrtc makes
     its speech (test_server_support.SENTENCES)."""
-    from kimiaudio.bench_webrtc import espeak_speech
+    from kimiaudio.bench.webrtc import espeak_speech
     from test_server_support import SENTENCES
 
     if shutil.which("espeak-ng") is None:

@@ -10,7 +10,7 @@ import torch
 
 from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer, _encoder_state
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
-from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.checkpoint.paths import CheckpointPaths
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 GLM_DIR = GOLDEN / "checkpoint" / "glm-4-voice-tokenizer"

@@ -10,7 +10,7 @@ import torch
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
 from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
-from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.checkpoint.paths import CheckpointPaths
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 TOL = dict(atol=1e-4, rtol=1e-4)

@@ -6,8 +6,8 @@ import argparse
 import json
 import math
 
-from kimiaudio.bench import PlaybackClock
-from kimiaudio.bench_7b import KIMI_AUDIO_7B, run_random_7b
+from kimiaudio.bench.pipeline_bench import PlaybackClock
+from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.config import load_config
 from test_cli import assert_one_line_error, kimiaudio
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import silence, write_clip
 
 from kimiaudio.config import Config
@@ -51,8 +51,8 @@ def _wait(driver, script: str, timeout: float):
 
 @pytest.fixture
 async def server(aiohttp_client, demo_checkpoint, tmp_path):
-    from kimiaudio.model_stack import ModelStack
-    from kimiaudio.pipeline import Pipeline
+    from kimiaudio.pipeline.model_stack import ModelStack
+    from kimiaudio.pipeline.pipeline import Pipeline
 
     config = Config()
     config.model.path, config.model.device = str(demo_checkpoint), "cpu"

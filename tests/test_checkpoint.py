@@ -9,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from kimiaudio.checkpoint import find_checkpoint, load_safetensors
+from kimiaudio.checkpoint.files import load_safetensors
+
+from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import load_config
 from kimiaudio.errors import CheckpointError, ConfigError
 from kimiaudio.models.kimia_lm import load_lm

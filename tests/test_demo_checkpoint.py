@@ -9,9 +9,11 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from kimiaudio.checkpoint import DEMO_MARKER, find_checkpoint, read_json
-from kimiaudio.demo_audio_parts import kaiser_sinc_lowpass
-from kimiaudio.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
+from kimiaudio.checkpoint.files import read_json
+
+from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
+from kimiaudio.checkpoint.demo_audio import kaiser_sinc_lowpass
+from kimiaudio.checkpoint.demo import ensure_demo_checkpoint, write_demo_checkpoint
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens
 from kimiaudio.text.tokenizer import KimiTokenizer
@@ -141,7 +143,7 @@ def test_ensure_writes_once_and_reuses(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("rewrote a complete demo checkpoint")
 
-    monkeypatch.setattr("kimiaudio.demo_checkpoint.write_demo_checkpoint", fail)
+    monkeypatch.setattr("kimiaudio.checkpoint.demo.write_demo_checkpoint", fail)
     assert ensure_demo_checkpoint(tmp_path) == first
     assert (first / "config.json").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["demo-checkpoint"]  # no temp dirs left
@@ -171,8 +173,8 @@ def test_loads_through_the_real_loaders(demo):
 def test_demo_replies_end_after_a_few_seconds(demo):
     # The tuned msg_end row: with the default sampling, speech replies stop on their own.
     from kimiaudio.models.kimia_lm import load_lm
-    from kimiaudio.reference_loop import generate_reference
-    from kimiaudio.sampling import SamplingParams
+    from kimiaudio.engine.reference_loop import generate_reference
+    from kimiaudio.engine.sampling_params import SamplingParams
     from kimiaudio.text.prompt import Message, build_prompt
 
     paths = find_checkpoint(demo)
@@ -198,8 +200,8 @@ def test_demo_replies_end_after_a_few_seconds(demo):
 def test_ensure_rewrites_a_demo_checkpoint_from_an_older_writer(tmp_path):
     import json
 
-    from kimiaudio.checkpoint import DEMO_MARKER
-    from kimiaudio.demo_checkpoint import GENERATOR_VERSION, ensure_demo_checkpoint
+    from kimiaudio.checkpoint.paths import DEMO_MARKER
+    from kimiaudio.checkpoint.demo import GENERATOR_VERSION, ensure_demo_checkpoint
 
     root = ensure_demo_checkpoint(tmp_path)
     marker = root / DEMO_MARKER

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from kimiaudio.checkpoint import find_checkpoint
+from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.streaming import DetokSession

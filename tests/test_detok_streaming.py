@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kimiaudio.checkpoint import find_checkpoint
+from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.errors import ConfigError, KimiAudioError

@@ -1,5 +1,5 @@
 """The engine end to end on the golden tiny checkpoint (float32, CPU) against the batch-1
-reference loop (kimiaudio.reference_loop), run one request at a time.
+reference loop (kimiaudio.engine.reference_loop), run one request at a time.
 
 Prompts are the golden LM inputs and variations of them (truncated audio, random codes and
 features, joined prompts). A tiny pool (12 blocks of 8) and a small token budget force
@@ -19,15 +19,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine import AsyncEngine, LLMEngine, RequestError
 from kimiaudio.engine.paged_attention import AttentionMetadata
-from kimiaudio.engine.sequence import EngineRequest
-from kimiaudio.generation import RuleTokens
+from kimiaudio.engine.request import EngineRequest
+from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_lm import load_lm
-from kimiaudio.reference_loop import iter_reference
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.engine.reference_loop import iter_reference
+from kimiaudio.engine.sampling_params import SamplingParams
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
 CHECKPOINT = GOLDEN / "checkpoint"

@@ -12,7 +12,8 @@ import pytest
 
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.scheduler import Scheduler
-from kimiaudio.engine.sequence import RequestError, Sequence, SequenceStatus
+from kimiaudio.engine.sequence import Sequence, SequenceStatus
+from kimiaudio.engine.request import RequestError
 
 BS = 4
 

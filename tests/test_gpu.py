@@ -16,9 +16,9 @@ import torch
 
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine import LLMEngine
-from kimiaudio.model_stack import ModelStack
-from kimiaudio.pipeline import TurnRequest
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.pipeline.model_stack import ModelStack
+from kimiaudio.pipeline.pipeline import TurnRequest
+from kimiaudio.engine.sampling_params import SamplingParams
 from test_bench import check_small_decode_bench
 from test_engine_e2e import build_requests, check_bfloat16_engine, load_golden, load_tiny_lm, reference_steps
 from test_lm_golden import SECTIONS, TOL, forward_logits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kimiaudio.generation import RuleTokens, StreamRules, official_codes, official_max_new_tokens
+from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_codes, official_max_new_tokens
 
 TOKENS = RuleTokens(text_blank=900, text_eos=901, msg_end=902, media_end=903)
 OFFSET = 1000

@@ -14,14 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import CheckpointError
-from kimiaudio.generation import RuleTokens
-from kimiaudio.models.attention import ContiguousKVCache
+from kimiaudio.engine.stop_rules import RuleTokens
+from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import load_lm
-from kimiaudio.reference_loop import generate_reference, iter_reference
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.engine.reference_loop import generate_reference, iter_reference
+from kimiaudio.engine.sampling_params import SamplingParams
 from test_engine_e2e import CHECKPOINT, GOLDEN, load_tiny_lm
 
 SECTIONS = ["lm.text", "lm.both", "lm_e2e"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from kimiaudio.models.attention import ContiguousKVCache
+from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
 

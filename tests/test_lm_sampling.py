@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from kimiaudio.config import SamplingConfig
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams, StreamSampling
 from kimiaudio.errors import ConfigError
-from kimiaudio.sampling import (
-    RequestRandom, SamplingParams, StreamSampling, apply_repetition_penalty, sample_tokens,
-)
+from kimiaudio.layers.sampler import apply_repetition_penalty, sample_tokens
 
 
 def _logits(rows: int, vocab: int, seed: int) -> torch.Tensor:

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from kimiaudio.config import load_config
-from kimiaudio.model_stack import ModelStack
-from kimiaudio.offline import answer
-from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest
-from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.pipeline_turn import TurnHandle, TurnState, chunks_to_run
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.pipeline.model_stack import ModelStack
+from kimiaudio.pipeline.offline import answer
+from kimiaudio.pipeline.pipeline import HistoryTurn, Pipeline, TurnRequest
+from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
+from kimiaudio.pipeline.turn import TurnHandle, TurnState, chunks_to_run
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message
 
 

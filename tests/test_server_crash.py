@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from test_server_serve import _free_port, _serve
-from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import silence
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import demo_server, kv_pool_full_again, silence
 
 from kimiaudio.server.app import store_key

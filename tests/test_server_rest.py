@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import demo_server
 
 from kimiaudio.server.app import store_key

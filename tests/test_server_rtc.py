@@ -9,7 +9,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import LONG_ANSWER, demo_server, kv_pool_full_again, silence
 
 from kimiaudio.server import rtc_session

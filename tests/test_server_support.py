@@ -1,6 +1,6 @@
 """Shared helpers for the server tests (no tests here): the sentences of the `speech` fixture,
 WAV writing, and the server with the real pipeline on the demo checkpoint. The WebRTC test
-client is package code (kimiaudio.server.loopback_client, also used by bench --webrtc).
+client is package code (kimiaudio.bench.loopback_client, also used by bench --webrtc).
 Imported by tests/test_server_*.py and tests/test_browser_*.py."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import contextlib
 import functools
 
 from kimiaudio.config import Config
-from kimiaudio.pipeline import Pipeline
+from kimiaudio.pipeline.pipeline import Pipeline
 
 DEMO_MAX_NEW_TOKENS = 60  # about 2 s of (noise) speech from the demo weights
 # Sampling for a long answer from the demo weights: with greedy audio, most answers run for
@@ -58,7 +58,7 @@ def demo_config(checkpoint: Path, data_dir: Path, **server) -> Config:
 @functools.lru_cache(maxsize=None)
 def demo_stack(checkpoint: Path):
     """The model stack of the demo checkpoint, loaded once per test session (it is only read)."""
-    from kimiaudio.model_stack import ModelStack
+    from kimiaudio.pipeline.model_stack import ModelStack
 
     return ModelStack.load(demo_config(checkpoint, checkpoint.parent / "unused"))
 

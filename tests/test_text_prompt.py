@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kimiaudio.checkpoint import find_checkpoint, read_json
+from kimiaudio.checkpoint.files import read_json
+
+from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.text.prompt import Message, Prompt, build_prompt
 from kimiaudio.text.special_tokens import SpecialTokens

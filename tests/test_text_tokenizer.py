@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kimiaudio.checkpoint import CheckpointPaths, find_checkpoint, read_json
+from kimiaudio.checkpoint.files import read_json
+
+from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens, official_special_names
 from kimiaudio.text.tokenizer import KimiTokenizer

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
-from kimiaudio.checkpoint import CheckpointPaths, load_into, load_safetensors
+from kimiaudio.checkpoint.files import load_into, load_safetensors
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import AudioInputError
 
 

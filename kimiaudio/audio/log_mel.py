@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kimiaudio.checkpoint import config_value, read_json
+from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError
 
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
-from kimiaudio.checkpoint import CheckpointPaths, load_into, load_safetensors, read_json
+from kimiaudio.checkpoint.files import load_into, load_safetensors, read_json
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import AudioInputError, CheckpointError
 
 # Official constant: 4 encoder frames (50 Hz) are stacked into one 12.5 Hz feature row.

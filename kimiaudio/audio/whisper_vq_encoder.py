@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kimiaudio.checkpoint import config_value, read_json
+from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError
 
 

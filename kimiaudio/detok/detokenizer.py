@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from kimiaudio.checkpoint import CheckpointPaths
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.streaming import MAX_POSITION, UPSAMPLE, DetokSession, StreamParams

@@ -5,7 +5,7 @@ paged attention backend and the engines do. The torch side is imported lazily he
 importing the bookkeeping modules never pulls in torch.
 """
 
-from kimiaudio.engine.sequence import EngineRequest, RequestError, StepOutput
+from kimiaudio.engine.request import EngineRequest, RequestError, StepOutput
 
 __all__ = ["AsyncEngine", "EngineRequest", "EngineStats", "LLMEngine", "RequestError", "RequestHandle", "StepOutput"]
 

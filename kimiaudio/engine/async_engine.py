@@ -17,9 +17,9 @@ import threading
 from typing import Callable
 
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.sequence import EngineRequest, StepOutput
+from kimiaudio.engine.request import EngineRequest, StepOutput
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.event_stream import EventStream
+from kimiaudio.pipeline.event_stream import EventStream
 
 log = logging.getLogger(__name__)
 

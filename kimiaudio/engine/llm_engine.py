@@ -20,10 +20,11 @@ from kimiaudio.config import EngineConfig
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
-from kimiaudio.engine.sequence import EngineRequest, RequestError, Sequence, SequenceStatus, StepOutput
-from kimiaudio.generation import OUTPUT_TYPES, RuleTokens, StreamRules, official_max_new_tokens
+from kimiaudio.engine.sequence import Sequence, SequenceStatus
+from kimiaudio.engine.request import EngineRequest, RequestError, StepOutput
+from kimiaudio.engine.stop_rules import OUTPUT_TYPES, RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.sampling import RequestRandom, SamplingParams
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 
 log = logging.getLogger(__name__)
 

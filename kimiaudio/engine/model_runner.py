@@ -20,7 +20,7 @@ from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAtt
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.sampling import sample_tokens
+from kimiaudio.layers.sampler import sample_tokens
 
 
 class ModelRunner:

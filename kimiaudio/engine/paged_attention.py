@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kimiaudio.models.attention import causal_attention
+from kimiaudio.layers.attention import causal_attention
 
 CPU_KV_BUDGET_BYTES = 2 << 30  # the pool budget on the CPU (config: engine.memory_fraction note)
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections import deque
 
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.sequence import RequestError, Sequence, SequenceStatus
+from kimiaudio.engine.sequence import Sequence, SequenceStatus
+from kimiaudio.engine.request import RequestError
 
 
 class Scheduler:

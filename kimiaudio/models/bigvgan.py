@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kimiaudio.checkpoint import config_value, load_into, load_torch_file, read_json
+from kimiaudio.checkpoint.files import config_value, load_into, load_torch_file, read_json
 from kimiaudio.errors import CheckpointError
 
 FILTER_TAPS = 12  # Activation1d's fixed up/down kernel size (ratio 2) in the official code

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kimiaudio.checkpoint import config_value, load_into, load_torch_file, read_yaml
+from kimiaudio.checkpoint.files import config_value, load_into, load_torch_file, read_yaml
 from kimiaudio.errors import CheckpointError
 
 POSITION_EMBEDDINGS = ("skip", "sincos", "learnable")

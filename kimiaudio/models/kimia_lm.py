@@ -17,11 +17,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kimiaudio.checkpoint import CheckpointPaths, load_into, load_safetensors
+from kimiaudio.checkpoint.files import load_into, load_safetensors
+
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.models.attention import AttentionBackend
+from kimiaudio.layers.attention import AttentionBackend
 from kimiaudio.models.kimia_config import KimiaConfig
-from kimiaudio.models.qwen2 import Qwen2DecoderLayer, RMSNorm, RotaryEmbedding
+from kimiaudio.models.qwen2 import Qwen2DecoderLayer
+from kimiaudio.layers.rotary import RotaryEmbedding
+from kimiaudio.layers.norm import RMSNorm
 
 
 class VQAdaptor(nn.Module):

@@ -17,61 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kimiaudio.models.attention import AttentionBackend
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # F.rms_norm is the official x * rsqrt(mean(x^2) + eps) in one op (bit-identical on the
-        # CPU, checked in fp32 and bf16; one fused kernel on CUDA instead of five launches).
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin for arbitrary positions from an fp32 table built lazily on the positions' device.
-
-    The table covers max_position_embeddings positions (the official cache length); a caller
-    that needs more (the engine, from its max_model_len) calls `ensure_length` up front.
-    """
-
-    def __init__(self, head_dim: int, base: float, max_position_embeddings: int):
-        super().__init__()
-        self.head_dim = head_dim
-        self.base = base
-        self.max_position_embeddings = max_position_embeddings
-        self._cos: torch.Tensor | None = None  # fp32 [P, D]
-        self._sin: torch.Tensor | None = None
-
-    def ensure_length(self, length: int, device: torch.device) -> None:
-        if self._cos is not None and self._cos.device == device and self._cos.shape[0] >= length:
-            return
-        length = max(length, self.max_position_embeddings)
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
-        t = torch.arange(length, device=device, dtype=torch.float32)
-        freqs = t[:, None] * inv_freq[None, :]  # [P, D/2], the official einsum("i,j->ij")
-        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        self._cos, self._sin = emb.cos(), emb.sin()
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] long -> cos, sin [T, 1, D] in `dtype` (broadcast over heads)."""
-        self.ensure_length(self.max_position_embeddings, positions.device)
-        # fp32 values rounded to the model dtype, as the official cos_cached.to(x.dtype).
-        return self._cos[positions].to(dtype)[:, None, :], self._sin[positions].to(dtype)[:, None, :]
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D], cos/sin [T, 1, D] -> x rotated (in x's dtype)."""
-    return x * cos + rotate_half(x) * sin
+from kimiaudio.layers.attention import AttentionBackend
+from kimiaudio.layers.norm import RMSNorm
+from kimiaudio.layers.rotary import apply_rotary
 
 
 class Qwen2Attention(nn.Module):

@@ -71,7 +71,7 @@ def _pipeline_context(pipeline):
             app[pipeline_key] = pipeline
             yield
             return
-        from kimiaudio.pipeline import Pipeline
+        from kimiaudio.pipeline.pipeline import Pipeline
 
         owned = Pipeline(app[stack_key], app[config_key])
         await owned.start()
@@ -89,7 +89,7 @@ async def _close_sessions(app: web.Application) -> None:
 
 
 def _banner(config: Config, stack) -> str:
-    from kimiaudio.model_stack import DEMO_NOTICE
+    from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 
     host = config.server.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -109,12 +109,12 @@ def _banner(config: Config, stack) -> str:
 
 def run_server(config: Config) -> int:
     """`python -m kimiaudio serve`: load the model, serve until Ctrl-C; returns the exit code."""
-    from kimiaudio.model_stack import ModelStack, freeze_loaded_objects
+    from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
     from kimiaudio.server.routes import STATIC_DIR
 
     if not (STATIC_DIR / "index.html").is_file():
-        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; install from a checkout "
-                             "of the repository with `pip install -e .`")
+        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
+                             "without its data files (reinstall with `pip install .`)")
     print("Loading the model (first run creates the demo checkpoint)...", flush=True)
     try:
         stack = ModelStack.load(config, progress=True)

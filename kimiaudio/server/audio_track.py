@@ -26,7 +26,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from kimiaudio.audio.io import StreamResampler
-from kimiaudio.pipeline_events import PCM_SAMPLE_RATE
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from kimiaudio.pipeline_events import TurnDone
-from kimiaudio.pipeline_events import PCM_SAMPLE_RATE
+from kimiaudio.pipeline.events import TurnDone
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 
 
 @dataclass

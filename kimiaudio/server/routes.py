@@ -33,8 +33,8 @@ from kimiaudio.server.rtc_session import RtcSession
 
 log = logging.getLogger(__name__)
 
-# The demo page lives in the repository's top-level static/ (install with `pip install -e .`).
-STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+# The demo page ships inside the package (package data), so any install serves it.
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 RETRY_AFTER_S = 10
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -96,7 +96,7 @@ async def status(request: web.Request) -> web.Response:
 
 
 def _demo_message() -> str:
-    from kimiaudio.model_stack import DEMO_NOTICE
+    from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 
     return DEMO_NOTICE
 

@@ -38,9 +38,9 @@ from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.vad import SileroVad, SpeechStarted, SpeechStopped, TurnDetector, TurnSettings
 from kimiaudio.config import Config, apply_overrides
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline import HistoryTurn, TurnRequest
-from kimiaudio.pipeline_events import AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.pipeline.pipeline import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.server import events
 from kimiaudio.server.audio_track import PlaybackTrack
 from kimiaudio.server.response import Response

@@ -26,7 +26,7 @@ import sqlite_utils
 
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline_events import PCM_SAMPLE_RATE
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 from kimiaudio.store.schema import open_database
 
 USER_SAMPLE_RATE = 16000

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import tiktoken
 
-from kimiaudio.checkpoint import CheckpointPaths, read_json
+from kimiaudio.checkpoint.files import read_json
+
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import official_special_names
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kimiaudio.event_stream import EventStream
-from kimiaudio.pipeline_events import PCM_SAMPLE_RATE, AudioChunk, PipelineEvent, TextDelta, TurnDone
+from kimiaudio.pipeline.event_stream import EventStream
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, PipelineEvent, TextDelta, TurnDone
 
 
 class TurnHandle(EventStream[PipelineEvent]):

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kimiaudio.checkpoint import CheckpointPaths, find_checkpoint, read_json, resolve_device, resolve_dtype
+from kimiaudio.checkpoint.files import read_json
+
+from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
 
 log = logging.getLogger(__name__)
@@ -130,7 +132,7 @@ def resolve_checkpoint(config: Config, text_only: bool = False) -> CheckpointPat
     if config.model.path:
         model_dir = config.resolve(config.model.path)
     else:
-        from kimiaudio.demo_checkpoint import ensure_demo_checkpoint
+        from kimiaudio.checkpoint.demo import ensure_demo_checkpoint
 
         model_dir = ensure_demo_checkpoint(config.data_dir)
     glm = config.resolve(config.model.glm_tokenizer_path) if config.model.glm_tokenizer_path else None

@@ -17,12 +17,12 @@ import torch
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.sequence import EngineRequest
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.generation import RuleTokens
+from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.engine.sampling_params import SamplingParams
 
 # config.json of moonshotai/Kimi-Audio-7B-Instruct (shapes only; ids from the official defaults).
 KIMI_AUDIO_7B = dict(
@@ -100,7 +100,7 @@ def time_decode(lm: KimiAudioLM, engine_cfg: EngineConfig, device, dtype, batch:
 
 
 def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) -> int:
-    from kimiaudio.checkpoint import resolve_device, resolve_dtype
+    from kimiaudio.checkpoint.paths import resolve_device, resolve_dtype
 
     device = resolve_device(config.model.device)
     if device.type != "cuda" and shape is None:

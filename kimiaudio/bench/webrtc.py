@@ -42,7 +42,7 @@ def espeak_speech(texts: list[str], directory: Path) -> list[np.ndarray]:
 async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offset: int) -> list[float]:
     import aiohttp
 
-    from kimiaudio.server.loopback_client import RtcClient, ScriptedMic
+    from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 
     latencies = []
     async with aiohttp.ClientSession(base_url=base_url) as http:
@@ -67,7 +67,7 @@ async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offs
 async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarray]) -> dict:
     from aiohttp import web
 
-    from kimiaudio.pipeline import Pipeline
+    from kimiaudio.pipeline.pipeline import Pipeline
     from kimiaudio.server.app import create_app
 
     pipeline = Pipeline(stack, config)

@@ -17,10 +17,11 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from kimiaudio.generation import RuleTokens, StreamRules, official_max_new_tokens
-from kimiaudio.models.attention import ContiguousKVCache
+from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
+from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.sampling import RequestRandom, SamplingParams, sample_tokens
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
+from kimiaudio.layers.sampler import sample_tokens
 
 
 @dataclass

@@ -16,10 +16,10 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
 from kimiaudio.errors import AudioInputError, KimiAudioError
-from kimiaudio.generation import official_codes, official_text_ids
-from kimiaudio.model_stack import DEMO_NOTICE, ModelStack
-from kimiaudio.reference_loop import generate_reference
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.engine.stop_rules import official_codes, official_text_ids
+from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
+from kimiaudio.engine.reference_loop import generate_reference
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
 
 # The instruction of the official ASR example (infer.py).

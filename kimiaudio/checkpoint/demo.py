@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from kimiaudio import demo_audio_parts as parts
-from kimiaudio.checkpoint import DEMO_MARKER, find_checkpoint
-from kimiaudio.demo_audio_parts import NUM_CODES, WHISPER, SeededInit
+from kimiaudio.checkpoint import demo_audio as parts
+from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
+from kimiaudio.checkpoint.demo_audio import NUM_CODES, WHISPER, SeededInit
 from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.text.special_tokens import official_special_names
 
@@ -219,7 +219,7 @@ def _write_lm(out: Path, seed: int) -> None:
     _save_safetensors(_lm_tensors(seed), out / "model.safetensors")
 
 
-# ---- audio parts (configs and tensors: demo_audio_parts.py) ---------------------------------
+# ---- audio parts (configs and tensors: demo_audio.py) ---------------------------------
 
 
 def _write_whisper(out: Path, seed: int) -> None:

@@ -29,11 +29,11 @@ import torch
 
 from kimiaudio.engine.async_engine import AsyncEngine
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.sequence import EngineRequest
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline_events import PCM_SAMPLE_RATE, TurnDone, UserEncoded
-from kimiaudio.pipeline_turn import TurnHandle, TurnState, chunks_to_run
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, TurnDone, UserEncoded
+from kimiaudio.pipeline.turn import TurnHandle, TurnState, chunks_to_run
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
 
 log = logging.getLogger(__name__)

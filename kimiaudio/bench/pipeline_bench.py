@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
-from kimiaudio.engine.sequence import EngineRequest
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline import HistoryTurn, Pipeline, TurnRequest, configure_worker_thread
-from kimiaudio.pipeline_events import AudioChunk, TurnDone
-from kimiaudio.sampling import SamplingParams
+from kimiaudio.pipeline.pipeline import HistoryTurn, Pipeline, TurnRequest, configure_worker_thread
+from kimiaudio.pipeline.events import AudioChunk, TurnDone
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
 
 
@@ -150,7 +150,7 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
 def _bench_reference(stack, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> tuple[int, float]:
     """Generated tokens and tokens/s of the offline path (encode, batch-1 reference loop, offline
     detokenizer) on the same turns, one session after another."""
-    from kimiaudio.offline import user_audio_message
+    from kimiaudio.pipeline.offline import user_audio_message
 
     tokens, seconds = _reference_run(stack, inputs, params, lambda pcm: user_audio_message(stack, pcm)[0], speak=True)
     return tokens, tokens / seconds
@@ -160,7 +160,7 @@ def _reference_run(stack, sessions: list[list], params: list[SamplingParams], us
                    speak: bool) -> tuple[int, float]:
     """(generated positions, seconds) of every session's turns through the batch-1 reference
     loop, one session after another; `user_message(x)` makes each user turn's Message."""
-    from kimiaudio.offline import answer
+    from kimiaudio.pipeline.offline import answer
 
     tokens, start = 0, time.perf_counter()
     for session, p in zip(sessions, params):
@@ -203,7 +203,7 @@ def _bench_lm(stack, config, inputs: list[list[np.ndarray]], params: list[Sampli
 def _lm_engine_run(stack, config, users: list[list[Message]], params: list[SamplingParams]) -> tuple[int, float]:
     """(generated positions, seconds) of every session's turns through a fresh engine."""
     from kimiaudio.engine.llm_engine import LLMEngine
-    from kimiaudio.offline import TurnResult
+    from kimiaudio.pipeline.offline import TurnResult
 
     offset = stack.specials.token_offset
     engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
@@ -315,7 +315,7 @@ def format_rows(rows: list[BenchRow]) -> str:
 
 def run_bench_command(config, args) -> int:
     from kimiaudio.audio.io import load_audio
-    from kimiaudio.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
+    from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
 
     try:
         sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
@@ -324,7 +324,7 @@ def run_bench_command(config, args) -> int:
     if not sessions or min(sessions) < 1 or args.turns < 1:
         raise KimiAudioError("--sessions and --turns must be positive")
     if args.random_weights:
-        from kimiaudio.bench_7b import run_random_7b
+        from kimiaudio.bench.decode_7b import run_random_7b
 
         return run_random_7b(config, sessions, args)
     stack = ModelStack.load(config, progress=not args.json)
@@ -333,7 +333,7 @@ def run_bench_command(config, args) -> int:
     freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
     if args.webrtc:
-        from kimiaudio.bench_webrtc import print_rows, run_webrtc_bench
+        from kimiaudio.bench.webrtc import print_rows, run_webrtc_bench
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)

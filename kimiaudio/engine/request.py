@@ -1,0 +1,44 @@
+"""The engine's API values: what a caller submits (EngineRequest), what each step reports
+(StepOutput), and the error for a request the engine cannot run. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kimiaudio.errors import KimiAudioError
+
+class RequestError(KimiAudioError):
+    """A request the engine cannot run (bad input, or too long for the KV pool)."""
+
+
+@dataclass
+class EngineRequest:
+    """What a caller submits: a prompt of two streams plus features, params and stop rules.
+
+    audio_ids / text_ids / continuous_mask have one entry per prompt position; `features` is a
+    Tensor [N, adaptor_dim] whose rows fill the N continuous positions in order (or None).
+    `specials` is the `SpecialTokens`-like object StreamRules reads its ids from.
+    """
+
+    request_id: str
+    audio_ids: list[int]
+    text_ids: list[int]
+    continuous_mask: list[int]
+    features: Any  # torch.Tensor [N, adaptor_dim] | None
+    params: Any  # kimiaudio.engine.sampling_params.SamplingParams
+    output_type: str  # "text" | "both"
+    specials: Any
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One generated step of one request (or its end: finished, reason, error)."""
+
+    request_id: str
+    seq_id: int
+    text_token: int | None
+    audio_token: int | None
+    finished: bool
+    finish_reason: str | None = None  # StreamRules' reason, "abort", "length" or "error"
+    error: str | None = None
