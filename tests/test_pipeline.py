@@ -18,7 +18,8 @@ from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.offline import answer
 from kimiaudio.pipeline.pipeline import HistoryTurn, Pipeline, TurnRequest
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.pipeline.turn import TurnHandle, TurnState, chunks_to_run
+from kimiaudio.detok.scheduling import chunks_to_run
+from kimiaudio.pipeline.turn import TurnHandle, TurnState
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message
 

@@ -32,7 +32,8 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import EngineRequest
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, TurnDone, UserEncoded
-from kimiaudio.pipeline.turn import TurnHandle, TurnState, chunks_to_run
+from kimiaudio.detok.scheduling import chunks_to_run
+from kimiaudio.pipeline.turn import TurnHandle, TurnState
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
 

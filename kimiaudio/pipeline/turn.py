@@ -118,15 +118,3 @@ class TurnState:
             error=error, finish_reason=self.finish_reason,
             prefill_tokens_computed=computed, prefill_tokens_cached=cached,
         )
-
-
-def chunks_to_run(due: list[TurnState], now: float, llm_busy: bool, run_ahead_s: float,
-                  limit: int) -> list[TurnState]:
-    """Which of the turns with a detokenizer chunk due run now (ARCHITECTURE: priority is
-    latency): while the LLM has work, only those with less than `run_ahead_s` of audio left to
-    play (a turn still waiting for its first audio always qualifies: its deadline has passed),
-    and at most `limit`, soonest to run dry first. A turn left out keeps its deadline while the
-    served ones move theirs later, so it comes first next time: nobody starves."""
-    if llm_busy:
-        due = [s for s in due if s.playback_deadline <= now + run_ahead_s]
-    return sorted(due, key=lambda s: s.playback_deadline)[:limit]
