@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from kimiaudio.config import EngineConfig, load_config
-from kimiaudio.engine import LLMEngine
+from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.pipeline.model_stack import ModelStack
-from kimiaudio.pipeline.pipeline import TurnRequest
+from kimiaudio.pipeline.encode_cache import EncodeCache
+from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from test_bench import check_small_decode_bench
 from test_engine_e2e import build_requests, check_bfloat16_engine, load_golden, load_tiny_lm, reference_steps
@@ -81,7 +82,10 @@ def test_pool_sized_from_memory_is_the_same_for_a_second_engine():
     assert first > 0 and second >= 0.95 * first
 
 
-def test_pipeline_turn_on_device(demo_checkpoint, speech_16k):
+def test_pipeline_turn_on_device(demo_checkpoint, speech_16k, monkeypatch):
+    cached = []
+    put = EncodeCache.put
+    monkeypatch.setattr(EncodeCache, "put", lambda self, key, value: (cached.append(value), put(self, key, value)))
     config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": str(DEVICE)},
                                 "engine": {"num_kv_blocks": 256}})
     stack = ModelStack.load(config)
@@ -89,14 +93,14 @@ def test_pipeline_turn_on_device(demo_checkpoint, speech_16k):
 
     async def body(pipeline):
         turn = await run_turn(pipeline, TurnRequest("c", [], speech_16k, SamplingParams(seed=3, max_new_tokens=60)))
-        return turn, pipeline.stats(), list(pipeline._encoded.values())
+        return turn, pipeline.stats()
 
-    turn, stats, encoded = with_pipeline(stack, body)
+    turn, stats = with_pipeline(stack, body)
     assert turn["done"].status == "completed", turn["done"]
     assert turn["text"] == turn["done"].text and turn["pcm"].size > 0 and abs(turn["pcm"]).max() <= 1.0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     if DEVICE.type == "cuda":
-        assert all(features.device.type == "cpu" for _, features in encoded)  # history cache off the GPU
+        assert cached and all(features.device.type == "cpu" for _, features in cached)  # history cache off the GPU
 
 
 def test_random_weight_decode_bench_on_device(capsys):

@@ -16,10 +16,12 @@ import pytest
 from kimiaudio.config import load_config
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.offline import answer
-from kimiaudio.pipeline.pipeline import HistoryTurn, Pipeline, TurnRequest
+from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.speech_turn import SpeechTurn
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.detok.scheduling import chunks_to_run
-from kimiaudio.pipeline.turn import TurnHandle, TurnState
+from kimiaudio.pipeline.turn import TurnHandle
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message
 
@@ -62,6 +64,19 @@ def with_pipeline(stack, body, config=None):
     return asyncio.run(main())
 
 
+async def settled_stats(pipeline: Pipeline, timeout: float = 5.0) -> dict:
+    """The pipeline's stats once no turn is left on its workers: a turn's TurnDone can reach
+    the loop a moment before the other worker has dropped its state (KV blocks are freed by
+    the LM worker at its next iteration)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        stats = pipeline.stats()
+        idle = stats["turns"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
+        if idle or asyncio.get_running_loop().time() > deadline:
+            return stats
+        await asyncio.sleep(0.01)
+
+
 def offline_answer(stack: ModelStack, pcm: np.ndarray, params: SamplingParams):
     codes, features = stack.encode_speech(pcm)
     turn = answer(stack, [Message("user", "audio", audio_tokens=codes, features=features)], params, "both")
@@ -81,7 +96,7 @@ def test_concurrent_turns_equal_offline_reference(stack, speech_16k, detok_batch
     async def body(pipeline):
         results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p))
                                          for x, p in zip(inputs, params)])
-        return results, pipeline.stats()
+        return results, await settled_stats(pipeline)
 
     results, stats = with_pipeline(stack, body, config)
     assert stats["max_batch_sizes"]["encode"] == 4  # committed together -> encoded in one batch
@@ -139,7 +154,7 @@ def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
             if isinstance(event, (TextDelta, AudioChunk)) or len(seen) > 3:
                 pipeline.cancel(doomed)
         other = await survivor
-        return seen, other, pipeline.stats()
+        return seen, other, await settled_stats(pipeline)
 
     seen, other, stats = with_pipeline(stack, body)
     assert isinstance(seen[-1], TurnDone) and seen[-1].status == "cancelled"
@@ -177,7 +192,7 @@ def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, 
 
     async def body(pipeline):
         failed = await asyncio.wait_for(run_turn(pipeline, TurnRequest("c", [], speech_16k, params)), 60)
-        stats_after_failure = pipeline.stats()
+        stats_after_failure = await settled_stats(pipeline)
         served = await asyncio.wait_for(run_turn(pipeline, TurnRequest("c", [], speech_16k, params)), 60)
         return failed, stats_after_failure, served
 
@@ -192,12 +207,12 @@ def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, 
 def test_detokenizer_serves_the_session_about_to_run_dry_first():
     loop = asyncio.new_event_loop()
     try:
-        def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> TurnState:
+        def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> SpeechTurn:
             handle = TurnHandle("t", loop)
             handle.submitted_at = submitted_at
-            state = TurnState(handle, "t", 0, 0)
+            state = SpeechTurn(handle, session=None)
             if first_pcm_s is not None:
-                state.timings["first_pcm_s"] = first_pcm_s
+                state.first_pcm_s = first_pcm_s
                 state.samples_sent = int(seconds_sent * 24000)
             return state
 

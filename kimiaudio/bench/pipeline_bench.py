@@ -21,7 +21,9 @@ import torch
 
 from kimiaudio.engine.request import EngineRequest
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.pipeline import HistoryTurn, Pipeline, TurnRequest, configure_worker_thread
+from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.worker import configure_worker_thread
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message, build_prompt
@@ -35,8 +37,9 @@ class BenchRow:
     wall_s: float
     tokens_per_s: float
     tokens_per_s_per_session: float
-    step_ms_p50: float
-    step_ms_p95: float
+    lm_step_ms_p50: float  # one engine step on the LM worker, measured while the detokenizer runs
+    lm_step_ms_p95: float
+    detok_ms_p50: float  # one detokenizer batch (every chunk due in it)
     first_audio_ms_p50: float
     first_audio_ms_p95: float
     rtf_p50: float  # per-session generation time / audio seconds produced (< 1: faster than real time)
@@ -120,7 +123,6 @@ async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: Sam
 
 async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> BenchRow:
     pipeline = Pipeline(stack, config)
-    pipeline.record_step_times = True
     await pipeline.start()
     try:
         start = time.perf_counter()
@@ -134,15 +136,16 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
     first = [x for r in results for x in r["first_audio"]]
     rtf = [x for r in results for x in r["rtf"]]
     stalls = [x for r in results for x in r["stall"]]
-    steps = pipeline.step_times
+    m = pipeline.metrics
     cached, computed = s["prefill_tokens_cached"], s["prefill_tokens_computed"]
     return BenchRow(
         sessions=n, turns=len(inputs[0]), generated_tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
         tokens_per_s_per_session=tokens / wall / n,
-        step_ms_p50=1000 * _percentile(steps, 50), step_ms_p95=1000 * _percentile(steps, 95),
+        lm_step_ms_p50=1000 * m.lm_step_s.percentile(50), lm_step_ms_p95=1000 * m.lm_step_s.percentile(95),
+        detok_ms_p50=1000 * m.detok_batch_s.percentile(50),
         first_audio_ms_p50=1000 * _percentile(first, 50), first_audio_ms_p95=1000 * _percentile(first, 95),
         rtf_p50=_percentile(rtf, 50), stall_ms_p95=1000 * _percentile(stalls, 95),
-        kv_blocks_used_peak=s["kv_blocks_total"] - pipeline.min_free_blocks, kv_blocks_total=s["kv_blocks_total"],
+        kv_blocks_used_peak=s["kv_blocks_total"] - (m.min_free_blocks if m.min_free_blocks is not None else s["kv_blocks_total"]), kv_blocks_total=s["kv_blocks_total"],
         prefix_cache_hit_rate=cached / max(cached + computed, 1),
     )
 
@@ -208,17 +211,17 @@ def _lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampl
     offset = stack.specials.token_offset
     engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
     histories: list[list[Message]] = [[] for _ in users]
-    live: dict[str, tuple[int, object]] = {}  # request id -> (session, Sequence)
+    live: dict[str, int] = {}  # request id -> session
 
     def submit(session: int) -> None:
         turn = len(histories[session]) // 2
         histories[session].append(users[session][turn])
         prompt = build_prompt(histories[session], "both", stack.tokenizer, stack.specials)
         request_id = f"{session}.{turn}"
-        seq_id = engine.add_request(EngineRequest(request_id, prompt.audio_ids, prompt.text_ids,
+        engine.add_request(EngineRequest(request_id, prompt.audio_ids, prompt.text_ids,
                                                   prompt.continuous_mask, prompt.features_tensor(), params[session],
                                                   "both", stack.specials))
-        live[request_id] = (session, engine.seqs[seq_id])
+        live[request_id] = session
 
     tokens, start = 0, time.perf_counter()
     for session in range(len(users)):
@@ -228,11 +231,11 @@ def _lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampl
             tokens += out.text_token is not None
             if not out.finished:
                 continue
-            session, seq = live.pop(out.request_id)
+            session = live.pop(out.request_id)
             if out.finish_reason == "error":
                 raise KimiAudioError(f"bench LM turn failed: {out.error}")
-            rules = seq.rules
-            reply = TurnResult.from_tokens(stack, rules.text_tokens, rules.audio_tokens, out.finish_reason, rules.num_steps)
+            done = out.completion
+            reply = TurnResult.from_tokens(stack, done.text_tokens, done.audio_tokens, out.finish_reason, done.num_steps)
             histories[session].append(reply.history_message(offset))
             if len(histories[session]) < 2 * len(users[session]):
                 submit(session)
@@ -298,7 +301,7 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
 
 
 def format_rows(rows: list[BenchRow]) -> str:
-    head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'step p50':>9} {'step p95':>9} {'1st audio p50':>13} "
+    head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'LM step p50':>11} {'p95':>8} {'detok p50':>9} {'1st audio p50':>13} "
             f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
             f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}")
     lines = [head]
@@ -306,8 +309,8 @@ def format_rows(rows: list[BenchRow]) -> str:
         ref = (f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x {r.lm_tokens_per_s:9.1f} "
                f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x") if r.reference_tokens_per_s else ""
         lines.append(
-            f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.step_ms_p50:7.1f}ms "
-            f"{r.step_ms_p95:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
+            f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.lm_step_ms_p50:9.1f}ms "
+            f"{r.lm_step_ms_p95:6.1f}ms {r.detok_ms_p50:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
             f"{r.stall_ms_p95:7.0f}ms "
             f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import asyncio
 import copy
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -74,9 +75,10 @@ async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarr
     await pipeline.start()
     runner = web.AppRunner(create_app(config, stack, pipeline), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))  # a free loopback port, known before the site starts
+    port = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
     try:
         results = await asyncio.gather(*[_client_turns(f"http://127.0.0.1:{port}", clips, turns, i)
                                          for i in range(n)])
@@ -88,7 +90,7 @@ async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarr
         "clients": n, "turns": len(latencies),
         "commit_to_first_audio_ms_p50": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
         "commit_to_first_audio_ms_p95": 1000 * float(np.percentile(latencies, 95)) if latencies else None,
-        "max_llm_batch": pipeline.max_batch["llm"], "max_detok_batch": pipeline.max_batch["detok"],
+        "max_llm_batch": pipeline.metrics.max_batch["llm"], "max_detok_batch": pipeline.metrics.max_batch["detok"],
     }
 
 

@@ -4,7 +4,9 @@ Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest int
 Sequence, `step` = schedule, run the model, apply each request's official generation rules
 (generation.StreamRules) to its samples, feed the tokens back, free finished sequences.
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
-sequences it ran. Not thread-safe: one owner thread (see async_engine.AsyncEngine).
+sequences it ran. Each StepOutput carries what callers need (see engine/request.py), so they
+never read the engine's sequences or block manager. Not thread-safe: one owner thread (the
+pipeline's LM worker).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.request import EngineRequest, RequestError, StepOutput
+from kimiaudio.engine.request import Completion, EngineRequest, RequestError, StepOutput
 from kimiaudio.engine.stop_rules import OUTPUT_TYPES, RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
@@ -68,7 +70,7 @@ class LLMEngine:
         """Validate and queue a request; raises RequestError (for this request only)."""
         seq = self._make_sequence(request)
         if seq.rules.is_finished:  # the length limit allows no step at all
-            self._pending.append(StepOutput(request.request_id, seq.seq_id, None, None, True, seq.rules.finish_reason))
+            self._pending.append(self._output(seq, None, None, True, seq.rules.finish_reason))
             return seq.seq_id
         self.scheduler.add(seq)
         self.seqs[seq.seq_id] = seq
@@ -111,7 +113,7 @@ class LLMEngine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
                 del self.seqs[seq.seq_id]
-            outputs.append(StepOutput(seq.request_id, seq.seq_id, text, audio, finished, reason))
+            outputs.append(self._output(seq, text, audio, finished, reason))
         return outputs
 
     def stats(self) -> EngineStats:
@@ -132,7 +134,17 @@ class LLMEngine:
         if seq.status != SequenceStatus.FINISHED:
             self.scheduler.abort(seq)
         seq.finish_reason, seq.error = "error", error
-        return StepOutput(seq.request_id, seq.seq_id, None, None, True, "error", error)
+        return self._output(seq, None, None, True, "error", error)
+
+    @staticmethod
+    def _output(seq: Sequence, text: int | None, audio: int | None, finished: bool, reason: str | None,
+                error: str | None = None) -> StepOutput:
+        completion = None
+        if finished and error is None:
+            rules = seq.rules
+            completion = Completion(rules.text_tokens, rules.audio_tokens, rules.num_steps)
+        return StepOutput(seq.request_id, seq.seq_id, text, audio, finished, reason, error,
+                          seq.num_prompt_tokens, seq.num_cached_tokens, completion)
 
     def _make_sequence(self, request: EngineRequest) -> Sequence:
         rid = request.request_id

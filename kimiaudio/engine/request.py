@@ -8,6 +8,7 @@ from typing import Any
 
 from kimiaudio.errors import KimiAudioError
 
+
 class RequestError(KimiAudioError):
     """A request the engine cannot run (bad input, or too long for the KV pool)."""
 
@@ -32,8 +33,22 @@ class EngineRequest:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """A finished request's official return values (KimiAudio._generate_loop's): the counted
+    text tokens (before the text EOS) and audio tokens (after the delay, offsets kept)."""
+
+    text_tokens: list[int]
+    audio_tokens: list[int]
+    num_steps: int  # generated positions
+
+
+@dataclass(frozen=True)
 class StepOutput:
-    """One generated step of one request (or its end: finished, reason, error)."""
+    """One generated step of one request (or its end: finished, reason, error).
+
+    Carries everything a caller needs, so nobody reads the engine's sequences: the prompt
+    positions served from the prefix cache (at the request's last admission) and, on the
+    finishing output of a request that generated, its Completion."""
 
     request_id: str
     seq_id: int
@@ -42,3 +57,6 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None  # StreamRules' reason, "abort", "length" or "error"
     error: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    completion: Completion | None = None

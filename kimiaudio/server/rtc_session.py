@@ -38,7 +38,7 @@ from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.vad import SileroVad, SpeechStarted, SpeechStopped, TurnDetector, TurnSettings
 from kimiaudio.config import Config, apply_overrides
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.pipeline import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.server import events
@@ -263,7 +263,7 @@ class RtcSession:
 
     async def _store_assistant(self, r: Response, done: TurnDone) -> None:
         """Insert the assistant turn when generation ends; after a cut-in, mark it interrupted."""
-        pcm, tokens = r.heard(done, self.pipeline.stack.detokenizer.samples_per_token)
+        pcm, tokens = r.heard(done, self.pipeline.samples_per_code)
         text, timings = r.text or done.text, r.timings(done)
         try:
             if r.stored_index is None:

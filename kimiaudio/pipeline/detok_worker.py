@@ -1,0 +1,153 @@
+"""The detokenizer worker: speech codes in, 24 kHz PCM chunks out, each turn ended here.
+
+One thread (and on CUDA one stream) owns the detokenizer and every turn's streaming session.
+The LM worker posts, in order per turn: `open` (a new speaking turn), `push_codes` (the codes
+of one LM step, all turns at once), `end` (the LM is done: its TurnDone so far). Each
+iteration runs the chunks now due as one batch across sessions, most urgent first
+(detok/scheduling.py: the sessions whose playback runs dry soonest; while the LM has work, a
+session with more than detok.run_ahead_s of audio left waits, so the GPU time goes to the
+tokens everyone needs), at most detok.max_batch_sessions of them. An LM step never waits for
+a batch here, and a batch waits for no LM step: the two threads run side by side.
+
+A failing batch fails its turns alone (their tokens are spent: their audio cannot be made
+whole) and tells the LM worker to stop generating for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable
+
+from kimiaudio.detok.scheduling import chunks_to_run
+from kimiaudio.pipeline.events import TurnDone
+from kimiaudio.pipeline.lm_worker import failure_message
+from kimiaudio.pipeline.metrics import PipelineMetrics
+from kimiaudio.pipeline.speech_turn import SpeechTurn
+from kimiaudio.pipeline.turn import TurnHandle, deliver_done
+from kimiaudio.pipeline.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class DetokWorker(Worker):
+    def __init__(self, detokenizer, config, device, metrics: PipelineMetrics, llm_busy: Callable[[], bool],
+                 on_failed: Callable[[str], None]):
+        super().__init__("kimiaudio-detok", device, config.engine.cpu_threads)
+        self.detokenizer, self.cfg, self.metrics = detokenizer, config.detok, metrics
+        self._llm_busy = llm_busy
+        self._on_failed = on_failed  # turn id -> stop its generation (the LM worker's drop)
+        self.num_turns = 0  # for stats
+        self._turns: dict[str, SpeechTurn] = {}
+
+    # ---- any thread (the LM worker) --------------------------------------------------------
+    def open(self, handle: TurnHandle, seed: int | None) -> None:
+        self.post("open", handle, seed)
+
+    def push_codes(self, codes: list[tuple[str, int]]) -> None:
+        self.post("codes", codes)
+
+    def end(self, turn_id: str, result: TurnDone) -> None:
+        self.post("end", turn_id, result)
+
+    def cancel(self, turn_id: str) -> None:
+        self.post("cancel", turn_id)
+
+    # ---- worker thread -----------------------------------------------------------------------
+    def handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "open":
+            _, handle, seed = message
+            self._turns[handle.turn_id] = SpeechTurn(handle, self.detokenizer.new_session(seed=seed))
+        elif kind == "codes":
+            by_turn: dict[str, list[int]] = {}
+            for turn_id, code in message[1]:
+                by_turn.setdefault(turn_id, []).append(code)
+            for turn_id, codes in by_turn.items():
+                turn = self._turns.get(turn_id)
+                if turn is None:
+                    continue  # cancelled or failed meanwhile
+                try:
+                    turn.session.push(codes)
+                except Exception as exc:
+                    self._fail([turn], failure_message("detokenizer", exc))
+        elif kind == "end":
+            _, turn_id, result = message
+            turn = self._turns.get(turn_id)
+            if turn is not None:
+                turn.result = result
+                if result.status != "completed":  # cancelled or failed: no more audio is wanted
+                    self._close(turn, result.status)
+        elif kind == "cancel":
+            turn = self._turns.get(message[1])
+            if turn is not None:
+                self._close(turn, "cancelled")
+        self.num_turns = len(self._turns)
+
+    def iterate(self) -> float | None:
+        due = [t for t in self._turns.values() if t.has_chunk_due]
+        now = time.perf_counter()
+        busy = self._llm_busy()
+        batch = chunks_to_run(due, now, busy, self.cfg.run_ahead_s, self.cfg.max_batch_sessions)
+        if batch:
+            self._run(batch)
+        for turn in [t for t in self._turns.values() if t.final and not t.has_chunk_due]:
+            self._close(turn, turn.result.status)  # every chunk flushed
+        self.num_turns = len(self._turns)
+        if any(t.has_chunk_due for t in self._turns.values()):
+            if batch:
+                return 0
+            # Held back while the LM is busy: wake when the first of them gets close to running dry.
+            soonest = min(t.playback_deadline for t in self._turns.values() if t.has_chunk_due)
+            return max(soonest - self.cfg.run_ahead_s - time.perf_counter(), 0.0005)
+        return None
+
+    def on_stop(self) -> None:
+        for turn in list(self._turns.values()):
+            self._close(turn, "failed", "server shutting down")
+
+    def on_error(self, message: tuple | None, exc: Exception) -> None:
+        error = failure_message("detokenizer", exc)
+        kind = message[0] if message is not None else None
+        if kind == "open":  # the session could not be made: the turn ends before its audio
+            deliver_done(message[1], TurnDone("failed", error=error), self.metrics)
+            self._on_failed(message[1].turn_id)
+        elif kind in ("end", "cancel") and message[1] in self._turns:
+            self._fail([self._turns[message[1]]], error)
+        else:  # a bug past any one turn: fail them all, keep serving
+            self._fail(list(self._turns.values()), error)
+
+    # ---- chunks --------------------------------------------------------------------------
+    def _run(self, batch: list[SpeechTurn]) -> None:
+        start = time.perf_counter()
+        try:
+            wavs = self.detokenizer.step_batch([(t.session, [], t.final) for t in batch])
+        except Exception as exc:  # e.g. out of GPU memory: these turns fail, the server goes on
+            log.exception("detokenizer batch of %d failed", len(batch))
+            self._fail(batch, failure_message("detokenizer", exc))
+            return
+        self.metrics.detok_batch_s.observe(time.perf_counter() - start)
+        ran = sum(1 for w in wavs if w.numel())
+        self.metrics.detok_chunks += ran
+        self.metrics.note_batch("detok", ran)
+        for turn, wav in zip(batch, wavs):
+            chunk = turn.chunk(wav)
+            if chunk is not None:
+                turn.handle.deliver(chunk)
+
+    def _fail(self, turns: list[SpeechTurn], error: str) -> None:
+        for turn in turns:
+            if turn.turn_id in self._turns:
+                self._close(turn, "failed", error)
+                self._on_failed(turn.turn_id)
+
+    def _close(self, turn: SpeechTurn, status: str, error: str | None = None) -> None:
+        """End the turn here: its session is dropped, its TurnDone delivered."""
+        self._turns.pop(turn.turn_id, None)
+        result = turn.result or TurnDone(status)
+        timings = dict(result.timings)
+        if turn.first_pcm_s is not None:
+            timings["first_pcm_s"] = turn.first_pcm_s
+        done = dataclasses.replace(result, status=status, timings=timings, error=error or result.error)
+        deliver_done(turn.handle, done, self.metrics)

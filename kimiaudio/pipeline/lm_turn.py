@@ -1,0 +1,77 @@
+"""One turn on the LM worker: its engine request, the tokens generated so far, its text.
+
+The LM worker owns LmTurn. Text is decoded incrementally from the valid text ids (before the
+text EOS, below the audio token offset), so multi-byte characters are emitted whole. Speech
+codes (audio ids at or above the offset, minus it) are handed on to the detokenizer worker.
+"""
+
+from __future__ import annotations
+
+from kimiaudio.pipeline.events import TextDelta, TurnDone
+from kimiaudio.pipeline.turn import TurnHandle
+
+
+class LmTurn:
+    def __init__(self, handle: TurnHandle, token_offset: int, text_eos: int, speaks: bool):
+        self.handle = handle
+        self.token_offset = token_offset
+        self.text_eos = text_eos
+        self.speaks = speaks  # its codes go to the detokenizer worker
+        self.seq_id: int | None = None
+        self.prompt_len = 0
+        self.num_cached = 0  # prompt positions served from the prefix cache
+        self.raw_text: list[int] = []  # every text token fed back
+        self.text_ids: list[int] = []  # the valid ones, for decoding
+        self.codes: list[int] = []
+        self.emitted_text = ""
+        self._num_decoded = 0  # text ids already decoded into emitted_text
+        self.text_done = False
+        self.timings: dict[str, float] = {}
+
+    @property
+    def turn_id(self) -> str:
+        return self.handle.turn_id
+
+    def mark(self, name: str) -> None:
+        if name not in self.timings:
+            self.timings[name] = self.handle.seconds()
+
+    def add_tokens(self, text_token: int | None, audio_token: int | None) -> int | None:
+        """Record one step's tokens (after the official rules, which already force the delay
+        blanks; ids below the offset, such as the terminating msg_end, are not speech).
+        Returns the step's speech code, if any."""
+        if text_token is not None:
+            self.raw_text.append(text_token)
+            if not self.text_done:
+                if text_token == self.text_eos:
+                    self.text_done = True
+                elif text_token < self.token_offset:
+                    self.text_ids.append(text_token)
+        if audio_token is None or audio_token < self.token_offset:
+            return None
+        code = audio_token - self.token_offset
+        self.codes.append(code)
+        self.mark("first_audio_token_s")
+        return code
+
+    def text_delta(self, tokenizer, final: bool = False) -> TextDelta | None:
+        if len(self.text_ids) == self._num_decoded and not final:
+            return None  # no new text id this step (e.g. blanks after the text EOS)
+        self._num_decoded = len(self.text_ids)
+        text = tokenizer.decode(self.text_ids)
+        # A trailing U+FFFD may be a multi-byte character still being generated: wait for it
+        # unless no more text can come.
+        stable = text if (self.text_done or final) else text.rstrip("\ufffd")
+        if len(stable) <= len(self.emitted_text) or not stable.startswith(self.emitted_text):
+            return None
+        delta, self.emitted_text = stable[len(self.emitted_text):], stable
+        self.mark("first_text_s")
+        return TextDelta(delta)
+
+    def result(self, status: str, error: str | None = None, finish_reason: str | None = None) -> TurnDone:
+        """The turn's TurnDone as far as the LM knows it (the detokenizer adds its timings)."""
+        return TurnDone(
+            status=status, text=self.emitted_text, text_tokens=list(self.raw_text), audio_tokens=list(self.codes),
+            timings=dict(self.timings), error=error, finish_reason=finish_reason,
+            prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
+        )

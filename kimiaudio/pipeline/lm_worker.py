@@ -1,0 +1,295 @@
+"""The LM worker: committed turns in; text deltas out, speech codes on to the detokenizer.
+
+One thread (and on CUDA one stream) owns the speech encoders, prompt building and the engine.
+Each iteration it
+1. encodes new user audio (Whisper features + GLM-4 VQ codes) in one batch of at most
+   `audio.encode_batch_size` utterances while answers are being generated (every utterance
+   fills a Whisper window, so a big batch would hold every running answer back by its whole
+   encode time), all of them when idle;
+2. admits turns whose audio is all encoded: prompt (history KV is shared through the engine's
+   prefix cache), engine request, detokenizer session;
+3. runs one engine step over every running sequence and routes its outputs: text deltas to
+   the turn's handle, speech codes to the detokenizer worker (one message per step), the end
+   of a turn to the detokenizer worker (which flushes its audio and ends it) or, for a turn
+   without speech, straight to the handle.
+Any failure handling one turn fails that turn alone: its KV blocks are freed, its TurnDone
+says why. The event loop only posts here (submit, cancel); it never waits on this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.request import EngineRequest
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded, audio_key
+from kimiaudio.pipeline.events import TurnDone, UserEncoded
+from kimiaudio.pipeline.lm_turn import LmTurn
+from kimiaudio.pipeline.metrics import PipelineMetrics
+from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.turn import TurnHandle, deliver_done
+from kimiaudio.pipeline.worker import Worker
+from kimiaudio.text.prompt import Message, build_prompt
+
+log = logging.getLogger(__name__)
+
+ENCODE_CACHE_SIZE = 512  # utterances whose (codes, features) stay cached for history reuse
+MAX_IDLE_ENCODE_BATCH = 64  # when nothing is generating: one batch, but a bounded one
+
+
+@dataclass
+class PendingTurn:
+    """A submitted turn waiting for its audio to be encoded; it holds its own results."""
+
+    handle: TurnHandle
+    request: TurnRequest
+    audio: dict[bytes, object]  # key -> 16 kHz pcm of every user utterance it needs
+    queued_s: float  # seconds from submit until this worker took it
+    encoded: dict[bytes, Encoded] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[bytes]:
+        return [key for key in self.audio if key not in self.encoded]
+
+
+def failure_message(stage: str, exc: Exception) -> str:
+    """What a client is told: a KimiAudioError says itself; anything else names its type."""
+    if isinstance(exc, KimiAudioError):
+        return f"{stage}: {exc}"
+    return f"{stage} failed ({type(exc).__name__}: {exc})"
+
+
+class LmWorker(Worker):
+    def __init__(self, stack, config, engine: LLMEngine, detok, metrics: PipelineMetrics):
+        super().__init__("kimiaudio-lm", stack.device, config.engine.cpu_threads)
+        self.stack, self.config, self.engine, self.metrics = stack, config, engine, metrics
+        self.detok = detok  # DetokWorker, or None when the stack has no detokenizer
+        self.busy = False  # read by the detokenizer worker: the engine has work
+        self.num_turns = 0  # turns on this worker (pending or generating), for stats
+        self._pending: list[PendingTurn] = []
+        self._turns: dict[str, LmTurn] = {}  # request id (= turn id) -> turn
+        self._cache = EncodeCache(ENCODE_CACHE_SIZE)
+
+    # ---- any thread ------------------------------------------------------------------------
+    def submit(self, handle: TurnHandle, request: TurnRequest) -> None:
+        self.post("submit", handle, request)
+
+    def cancel(self, turn_id: str) -> None:
+        """End the turn now, status cancelled, wherever it is (also past the LM)."""
+        self.post("cancel", turn_id)
+
+    def drop(self, turn_id: str) -> None:
+        """Stop generating for a turn that already ended downstream (its detokenizer failed)."""
+        self.post("drop", turn_id)
+
+    # ---- worker thread -----------------------------------------------------------------------
+    def handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "submit":
+            _, handle, request = message
+            audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
+            audio[audio_key(request.user_audio)] = request.user_audio
+            self._pending.append(PendingTurn(handle, request, audio, handle.seconds()))
+        elif kind == "cancel":
+            self._cancel(message[1])
+        elif kind == "drop":
+            turn = self._turns.pop(message[1], None)
+            if turn is not None and turn.seq_id is not None:
+                self.engine.abort(turn.seq_id)
+        self._count()
+
+    def iterate(self) -> float | None:
+        if self._pending:
+            self._encode_some()
+            self._admit_ready()
+        if self.engine.has_work():
+            self._step()
+        was_busy, self.busy = self.busy, self.engine.has_work()
+        if was_busy and not self.busy and self.detok is not None:
+            self.detok.wake()  # chunks held back while the LM was busy may run now
+        self._count()
+        return 0 if (self.busy or self._pending) else None
+
+    def on_stop(self) -> None:
+        for pending in self._pending:
+            deliver_done(pending.handle, TurnDone("failed", error="server shutting down"), self.metrics)
+        self._pending.clear()
+        for turn in list(self._turns.values()):
+            self._finish(turn, "failed", "server shutting down")
+
+    def on_error(self, message: tuple | None, exc: Exception) -> None:
+        if message is not None and message[0] == "submit":
+            deliver_done(message[1], TurnDone("failed", error=failure_message("starting the turn", exc)),
+                         self.metrics)
+            return
+        # A bug past any one turn (e.g. in the engine's bookkeeping): fail every turn, keep serving.
+        error = failure_message("generation", exc)
+        for pending in self._pending:
+            deliver_done(pending.handle, TurnDone("failed", error=error), self.metrics)
+        self._pending.clear()
+        for turn in list(self._turns.values()):
+            self._finish(turn, "failed", error)
+
+    # ---- stages --------------------------------------------------------------------------
+    def _encode_some(self) -> None:
+        """One bounded batch of the utterances pending turns still need (oldest turn first)."""
+        wanted: dict[bytes, object] = {}
+        for pending in self._pending:
+            for key in pending.missing:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    pending.encoded[key] = hit
+                else:
+                    wanted.setdefault(key, pending.audio[key])
+        if not wanted:
+            return
+        limit = self.config.audio.encode_batch_size if self.engine.has_work() else MAX_IDLE_ENCODE_BATCH
+        batch = dict(list(wanted.items())[:limit])
+        start = time.perf_counter()
+        results = self._encode(list(batch.values()))
+        self.metrics.encode_batch_s.observe(time.perf_counter() - start)
+        self.metrics.note_batch("encode", len(batch))
+        for key, result in zip(batch, results):
+            if isinstance(result, Exception):
+                self._fail_pending(key, failure_message("speech encoding", result))
+                continue
+            self._cache.put(key, result)
+            for pending in self._pending:
+                if key in pending.audio:
+                    pending.encoded[key] = result
+
+    def _encode(self, pcms: list) -> list:
+        """Encode a batch; if the batch fails, each utterance alone, so one bad input fails only
+        its own turns. -> (codes, host features) or the exception, per utterance."""
+        try:
+            return [(codes, features.cpu()) for codes, features in self.stack.encode_speech_batch(pcms)]
+        except Exception as exc:
+            if len(pcms) == 1:
+                return [exc]
+            log.warning("speech encoding of a batch of %d failed (%s); encoding one by one", len(pcms), exc)
+        results = []
+        for pcm in pcms:
+            try:
+                codes, features = self.stack.encode_speech_batch([pcm])[0]
+                results.append((codes, features.cpu()))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _fail_pending(self, key: bytes, error: str) -> None:
+        for pending in [p for p in self._pending if key in p.audio]:
+            self._pending.remove(pending)
+            deliver_done(pending.handle, TurnDone("failed", error=error), self.metrics)
+
+    def _admit_ready(self) -> None:
+        for pending in [p for p in self._pending if not p.missing]:
+            self._pending.remove(pending)
+            try:
+                self._admit(pending)
+            except Exception as exc:
+                if not isinstance(exc, KimiAudioError):
+                    log.exception("starting turn %s failed", pending.handle.turn_id)
+                turn = self._turns.get(pending.handle.turn_id)
+                if turn is not None:
+                    self._finish(turn, "failed", failure_message("starting the turn", exc))
+                else:
+                    deliver_done(pending.handle, TurnDone("failed", error=failure_message("starting the turn", exc)),
+                                 self.metrics)
+
+    def _admit(self, pending: PendingTurn) -> None:
+        handle, request = pending.handle, pending.request
+        if request.output_type not in ("both", "text"):
+            raise KimiAudioError(f"output_type must be 'both' or 'text', got {request.output_type!r}")
+        speaks = request.output_type == "both" and self.detok is not None
+        output_type = "both" if speaks else "text"
+        messages = [m for m in (self._history_message(t, pending.encoded) for t in request.history) if m is not None]
+        codes, features = pending.encoded[audio_key(request.user_audio)]
+        messages.append(Message("user", "audio", audio_tokens=codes, features=features))
+        prompt = build_prompt(messages, output_type, self.stack.tokenizer, self.stack.specials)
+        params = request.sampling or SamplingParams.from_config(self.config.sampling)
+        specials = self.stack.specials
+        turn = LmTurn(handle, specials.token_offset, specials.text_eos, speaks)
+        turn.timings["queued_s"] = pending.queued_s
+        turn.mark("encoded_s")
+        handle.deliver(UserEncoded(list(codes), len(request.user_audio) / 16000))
+        turn.seq_id = self.engine.add_request(EngineRequest(
+            handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
+            params, output_type, specials))
+        self._turns[handle.turn_id] = turn
+        if speaks:
+            self.detok.open(handle, params.seed)
+
+    @staticmethod
+    def _history_message(turn: HistoryTurn, encoded: dict[bytes, Encoded]) -> Message | None:
+        if turn.role == "user":
+            if turn.audio is not None:
+                codes, features = encoded[audio_key(turn.audio)]
+                return Message("user", "audio", audio_tokens=codes, features=features)
+            return Message("user", "text", text=turn.text) if turn.text else None
+        return Message.assistant_reply(turn.text, turn.audio_tokens) if turn.text or turn.audio_tokens else None
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        outputs = self.engine.step()
+        if outputs:
+            self.metrics.lm_step_s.observe(time.perf_counter() - start)
+            self.metrics.lm_batch.observe(len(outputs))
+            self.metrics.note_batch("llm", len(outputs))
+        self.metrics.note_free_blocks(self.engine.stats().num_blocks_free)
+        codes: list[tuple[str, int]] = []
+        ended: list[tuple[LmTurn, str, str | None, str | None]] = []
+        for out in outputs:
+            turn = self._turns.get(out.request_id)
+            if turn is None:
+                continue
+            try:
+                if "prefill_done_s" not in turn.timings:
+                    turn.mark("prefill_done_s")
+                    turn.prompt_len, turn.num_cached = out.num_prompt_tokens, out.num_cached_tokens
+                code = turn.add_tokens(out.text_token, out.audio_token)
+                delta = turn.text_delta(self.stack.tokenizer, final=out.finished)
+                if delta is not None:
+                    turn.handle.deliver(delta)
+                if code is not None and turn.speaks:
+                    codes.append((turn.turn_id, code))
+                if out.finished:
+                    turn.seq_id = None  # the engine is done with it
+                    ended.append((turn, "failed" if out.error else "completed", out.error, out.finish_reason))
+            except Exception as exc:
+                log.exception("routing the output of turn %s failed", turn.turn_id)
+                ended.append((turn, "failed", failure_message("generation", exc), None))
+        if codes:
+            self.detok.push_codes(codes)  # before any end below: a turn's codes precede its end
+        for turn, status, error, reason in ended:
+            self._finish(turn, status, error, reason)
+
+    def _finish(self, turn: LmTurn, status: str, error: str | None, reason: str | None = None) -> None:
+        """The LM is done with the turn: free its KV, hand its end on."""
+        self._turns.pop(turn.turn_id, None)
+        if turn.seq_id is not None:
+            self.engine.abort(turn.seq_id)
+            turn.seq_id = None
+        result = turn.result(status, error, reason)
+        if turn.speaks:
+            self.detok.end(turn.turn_id, result)
+        else:
+            deliver_done(turn.handle, result, self.metrics)
+
+    def _cancel(self, turn_id: str) -> None:
+        for pending in self._pending:
+            if pending.handle.turn_id == turn_id:
+                self._pending.remove(pending)
+                deliver_done(pending.handle, TurnDone("cancelled"), self.metrics)
+                return
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            self._finish(turn, "cancelled", None, "abort")
+        elif self.detok is not None:
+            self.detok.cancel(turn_id)  # past the LM: only its audio is still being made
+
+    def _count(self) -> None:
+        self.num_turns = len(self._pending) + len(self._turns)

@@ -1,0 +1,92 @@
+"""What the pipeline's workers measure while serving: counters and timing distributions.
+
+Workers record; the server's /metrics, /api/status and the benches read. Each `Timing` keeps
+cumulative histogram buckets (for Prometheus: bounded memory however long the server runs)
+and a window of the most recent values (for percentiles in the benches). Recording is a few
+appends under the GIL, cheap enough for every LM step; readers get a snapshot that may be one
+step old.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter, deque
+
+import numpy as np
+
+# Seconds: from a fraction of a GPU decode step to a stalled multi-second turn.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
+                   0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+RECENT = 4096  # values kept for percentiles
+# TurnDone.timings keys, in the order a turn passes them (seconds since submit).
+TURN_STAGES = ("queued_s", "encoded_s", "prefill_done_s", "first_text_s", "first_audio_token_s", "first_pcm_s",
+               "done_s")
+
+
+class Timing:
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.buckets = buckets
+        self.bucket_counts = [0] * (len(buckets) + 1)  # last one: above the largest bound
+        self.count = 0
+        self.sum = 0.0
+        self.recent: deque[float] = deque(maxlen=RECENT)
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self.bucket_counts[bisect.bisect_left(self.buckets, value)] += 1
+            self.count += 1
+            self.sum += value
+            self.recent.append(value)
+
+    def reset_recent(self) -> None:
+        with self._lock:
+            self.recent.clear()
+
+    def percentile(self, q: float) -> float:
+        """q-th percentile of the recent values (nan when there are none)."""
+        with self._lock:
+            values = list(self.recent)
+        return float(np.percentile(values, q)) if values else float("nan")
+
+    def snapshot(self) -> tuple[list[int], int, float]:
+        """(per-bucket counts, count, sum), consistent with each other."""
+        with self._lock:
+            return list(self.bucket_counts), self.count, self.sum
+
+
+class PipelineMetrics:
+    def __init__(self) -> None:
+        self.lm_step_s = Timing()  # one engine step (prefill and/or decode of the batch)
+        self.lm_batch = Timing(buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256))  # sequences per step
+        self.encode_batch_s = Timing()  # one Whisper + GLM-4 batch
+        self.detok_batch_s = Timing()  # one detokenizer batch (all chunks due in it)
+        self.detok_chunks = 0  # chunks detokenized
+        self.detok_guard_actions = 0  # chunks whose ODE steps the real-time guard lowered
+        self.turns = Counter()  # by final status
+        self.turn_stage_s = {stage: Timing() for stage in TURN_STAGES}  # per finished turn
+        self.min_free_blocks: int | None = None  # KV pool low-water mark since the last reset
+        self.max_batch = Counter()  # largest batch seen per stage: encode, llm, detok
+
+    def note_batch(self, stage: str, size: int) -> None:
+        if size > self.max_batch[stage]:
+            self.max_batch[stage] = size
+
+    def note_free_blocks(self, free: int) -> None:
+        if self.min_free_blocks is None or free < self.min_free_blocks:
+            self.min_free_blocks = free
+
+    def note_turn(self, status: str, timings: dict[str, float]) -> None:
+        self.turns[status] += 1
+        for stage, timing in self.turn_stage_s.items():
+            if stage in timings:
+                timing.observe(timings[stage])
+
+    def reset_recent(self) -> None:
+        """Start a new measurement window (the benches call this between rows)."""
+        for timing in (self.lm_step_s, self.lm_batch, self.encode_batch_s, self.detok_batch_s,
+                       *self.turn_stage_s.values()):
+            timing.reset_recent()
+        self.min_free_blocks = None
+        self.max_batch.clear()

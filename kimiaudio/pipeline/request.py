@@ -1,0 +1,26 @@
+"""What a caller submits to the pipeline: one user turn with the conversation before it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kimiaudio.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class HistoryTurn:
+    role: str  # "user" | "assistant"
+    text: str = ""
+    audio: np.ndarray | None = None  # user turns: float32 mono 16 kHz (re-encoded when not cached)
+    audio_tokens: list[int] | None = None  # assistant turns: generated VQ codes (no offset)
+
+
+@dataclass
+class TurnRequest:
+    conversation_id: str
+    history: list[HistoryTurn]
+    user_audio: np.ndarray  # float32 mono 16 kHz
+    sampling: SamplingParams | None = None  # None: config [sampling]
+    output_type: str = "both"  # "both" (text + speech) | "text"

@@ -1,0 +1,52 @@
+"""One turn on the detokenizer worker: its streaming session, its playback clock, its end.
+
+The detokenizer worker owns SpeechTurn. Codes arrive from the LM worker as they are
+generated; `result` arrives once the LM is done with the turn (its TurnDone so far), after
+which the remaining chunks are flushed and the TurnDone is delivered.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
+from kimiaudio.pipeline.turn import TurnHandle
+
+
+class SpeechTurn:
+    def __init__(self, handle: TurnHandle, session):
+        self.handle = handle
+        self.session = session  # detok.DetokSession
+        self.result: TurnDone | None = None  # set when the LM has finished the turn
+        self.first_pcm_s: float | None = None  # seconds since submit
+        self.samples_sent = 0
+
+    @property
+    def turn_id(self) -> str:
+        return self.handle.turn_id
+
+    @property
+    def final(self) -> bool:
+        """No more codes will come: every buffered one is to be flushed."""
+        return self.result is not None
+
+    @property
+    def has_chunk_due(self) -> bool:
+        return self.session.ready(self.final)
+
+    @property
+    def playback_deadline(self) -> float:
+        """perf_counter time at which the listener's audio runs out if it plays from the first
+        chunk on: before any audio, the submit time (it is waiting already)."""
+        if self.first_pcm_s is None:
+            return self.handle.submitted_at
+        return self.handle.submitted_at + self.first_pcm_s + self.samples_sent / PCM_SAMPLE_RATE
+
+    def chunk(self, wav) -> AudioChunk | None:
+        pcm = np.asarray(wav.numpy() if hasattr(wav, "numpy") else wav, dtype=np.float32).reshape(-1)
+        if pcm.size == 0:
+            return None
+        if self.first_pcm_s is None:
+            self.first_pcm_s = self.handle.seconds()
+        self.samples_sent += pcm.size
+        return AudioChunk(pcm)

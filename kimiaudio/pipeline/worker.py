@@ -1,0 +1,124 @@
+"""A model worker: one thread that owns some device work, fed through an inbox.
+
+The pipeline has two (ARCHITECTURE: "Processes and threads"): the LM worker and the
+detokenizer worker. Each runs `iterate()` in a loop on its own thread and, on CUDA, on its own
+stream, so neither waits for the other's kernels; they meet only through each other's inbox.
+Messages are posted from any thread (the event loop, the other worker) and handled on the
+worker's thread in arrival order, so a worker's state has exactly one owner.
+
+A worker sleeps when `iterate()` reports no work and no message is waiting, until a message
+arrives or the deadline `iterate()` asked for passes. An exception escaping a handler is
+the worker's own bug: `on_error` is told (it fails the turns involved) and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def configure_worker_thread(device: torch.device, threads: int) -> None:
+    """The calling thread's torch settings for model work: engine.cpu_threads (0 = torch's
+    default) on the CPU (torch's intra-op thread count is per thread: this sets the caller's
+    alone); on cuda:N the current device, which is per thread too and which sdpa reads to
+    pick its kernel."""
+    if device.type == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
+    elif device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
+class Worker:
+    def __init__(self, name: str, device: torch.device, cpu_threads: int):
+        self.name = name
+        self.device = device
+        self._cpu_threads = cpu_threads
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    # ---- any thread --------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def post(self, *message: Any) -> None:
+        self._inbox.put(message)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the current iteration, run `on_stop` on the worker thread, and end it."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- worker thread: subclasses fill these in -------------------------------------------
+    def on_start(self) -> None:
+        """Once, on the worker thread, before the first message (thread and stream set)."""
+
+    def handle(self, message: tuple) -> None:
+        raise NotImplementedError
+
+    def iterate(self) -> float | None:
+        """One round of work. Returns 0 to be called again at once, a number of seconds to
+        sleep at most (a deadline of its own), or None to sleep until a message arrives."""
+        return None
+
+    def on_stop(self) -> None:
+        """Once, on the worker thread, after the last iteration: end whatever is in flight."""
+
+    def on_error(self, message: tuple | None, exc: Exception) -> None:
+        """A handler or iterate() raised: contain it (fail the turns involved)."""
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        configure_worker_thread(self.device, self._cpu_threads)
+        if self.device.type == "cuda":
+            # Its own stream: this worker's kernels never queue behind the other worker's. Weights
+            # and pools were made on the default stream at load: wait for them once.
+            torch.cuda.synchronize(self.device)
+            torch.cuda.set_stream(torch.cuda.Stream(self.device))
+        self._guard(None, self.on_start)
+        while not self._stopping:
+            self._wake.clear()
+            self._drain()
+            sleep = self._guard(None, self.iterate)
+            if self._stopping or not self._inbox.empty() or sleep == 0:
+                continue
+            self._wake.wait(sleep if sleep is not None else None)
+        self._drain()
+        self._guard(None, self.on_stop)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._guard(message, self.handle, message)
+
+    def _guard(self, message: tuple | None, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:
+            log.exception("%s: %s failed", self.name, getattr(fn, "__name__", fn))
+            try:
+                self.on_error(message, exc)
+            except Exception:
+                log.exception("%s: containing the failure failed", self.name)
+            time.sleep(0.001)  # a failure repeating every iteration must not spin a core
+            return 0
