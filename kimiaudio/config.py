@@ -53,6 +53,9 @@ class AudioConfig:
     max_input_seconds: float = 120.0  # longer user audio is refused with a clear error
     # Audio whose peak stays below this (full scale = 1.0) counts as silence and is refused.
     silence_peak: float = 1e-3
+    # Most utterances the speech encoders take in one batch while answers are being generated:
+    # each fills a 30 s Whisper window, and every running answer waits for the whole batch.
+    encode_batch_size: int = 4
 
 
 @dataclass
@@ -177,6 +180,7 @@ def _validate(config: Config) -> None:
         "engine.max_num_batched_tokens": config.engine.max_num_batched_tokens,
         "server.max_sessions": config.server.max_sessions,
         "audio.max_input_seconds": config.audio.max_input_seconds,
+        "audio.encode_batch_size": config.audio.encode_batch_size,
     }
     for key, value in positive.items():
         if value <= 0:

@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from kimiaudio.audio.io import check_speech_input
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -91,6 +92,11 @@ class LmWorker(Worker):
         kind = message[0]
         if kind == "submit":
             _, handle, request = message
+            try:
+                check_speech_input(request.user_audio, self.config.audio)
+            except KimiAudioError as exc:
+                deliver_done(handle, TurnDone("failed", error=str(exc)), self.metrics)
+                return
             audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
             audio[audio_key(request.user_audio)] = request.user_audio
             self._pending.append(PendingTurn(handle, request, audio, handle.seconds()))

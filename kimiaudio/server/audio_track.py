@@ -45,8 +45,9 @@ class PlaybackTrack(MediaStreamTrack):
     ):
         super().__init__()
         self._prebuffer = int(prebuffer_ms * SAMPLE_RATE / 1000)
-        self._on_started = on_playback_started
-        self._on_finished = on_playback_finished
+        # Told the response id when its first frame is sent and when its last one was.
+        self.on_playback_started = on_playback_started
+        self.on_playback_finished = on_playback_finished
         self._chunks: deque[np.ndarray] = deque()  # int16 48 kHz pieces
         self._num_buffered = 0
         self._resampler: StreamResampler | None = None
@@ -140,8 +141,8 @@ class PlaybackTrack(MediaStreamTrack):
             if self._num_buffered < self._prebuffer and not self._input_ended:
                 return out
             self._playing = True
-            if self._num_played == 0 and self._on_started is not None:
-                self._on_started(self.response_id)
+            if self._num_played == 0 and self.on_playback_started is not None:
+                self.on_playback_started(self.response_id)
         filled = 0
         while filled < FRAME_SAMPLES and self._chunks:
             chunk = self._chunks[0]
@@ -163,5 +164,5 @@ class PlaybackTrack(MediaStreamTrack):
 
     def _finish(self) -> None:
         response_id, self.response_id, self._playing = self.response_id, None, False
-        if self._on_finished is not None:
-            self._on_finished(response_id)
+        if self.on_playback_finished is not None:
+            self.on_playback_finished(response_id)

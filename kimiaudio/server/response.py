@@ -32,20 +32,22 @@ class Response:
     generation_ended: bool = False
     played_samples: int | None = None  # samples heard, set when playback was cut short
     first_played_at: float | None = None
-    stored_index: int | None = None  # the assistant turn, once stored
-    history_turn: Any = None  # its HistoryTurn, once stored
+    stored: tuple[int, Any] | None = None  # the assistant turn once stored: (index, its HistoryTurn)
     task: asyncio.Task | None = None
 
     @property
     def audio_seconds(self) -> float:
         return sum(chunk.size for chunk in self.pcm) / PCM_SAMPLE_RATE
 
-    def heard(self, done: TurnDone, samples_per_code: int) -> tuple[np.ndarray, list[int]]:
-        """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix."""
+    def heard(self, done: TurnDone, samples_per_code: int | None) -> tuple[np.ndarray, list[int]]:
+        """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix
+        (samples_per_code None: a text-only server, no speech at all)."""
         pcm = np.concatenate(self.pcm) if self.pcm else np.zeros(0, dtype=np.float32)
         tokens = list(done.audio_tokens)
         if not self.cancelled:
             return pcm, tokens
+        if samples_per_code is None:
+            return pcm[:0], []
         played = min(self.played_samples or 0, pcm.size)
         # The codes of the audio heard (each code is `samples_per_code` samples, 80 ms of speech
         # with the official detokenizer), rounded up so the code being spoken when the user cut

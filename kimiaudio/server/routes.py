@@ -135,7 +135,7 @@ async def offer(request: web.Request) -> web.Response:
                              conversation_id, on_closed=lambda s: sessions.pop(s.id, None))
         if update is not None:
             try:
-                session.apply_update(update, announce=False)
+                session.session.apply_update(update, announce=False)
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await session.accept(RTCSessionDescription(sdp=sdp, type="offer"))

@@ -152,7 +152,8 @@ class ConversationStore:
         interrupted: bool | None = None,
         audio: np.ndarray | None = None,
     ) -> None:
-        """Change the given fields of a stored turn (None = leave as it is)."""
+        """Change the given fields of a stored turn (None = leave as it is; audio with no samples
+        removes the turn's audio)."""
         fields: dict[str, Any] = {}
         if text is not None:
             fields["text"] = text
@@ -190,7 +191,9 @@ def _json_or_none(tokens: list[int] | None) -> str | None:
 
 
 def _audio_record(audio: np.ndarray | None, role: str) -> dict[str, Any] | None:
-    if audio is None:
+    """The turn_audio row of `audio`; None for no audio (None, or no samples: a text answer,
+    or an answer cut before anything was heard)."""
+    if audio is None or np.size(audio) == 0:
         return None
     sample_rate = USER_SAMPLE_RATE if role == "user" else ASSISTANT_SAMPLE_RATE
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -248,7 +251,11 @@ def _update_turn(db: sqlite_utils.Database, conversation_id: str, index: int, fi
             db["turns"].update(turn_id, fields)
         if audio is not None:
             role = db.execute("SELECT role FROM turns WHERE id = ?", [turn_id]).fetchone()[0]
-            db["turn_audio"].insert({"turn_id": turn_id, **_audio_record(audio, role)}, replace=True)
+            record = _audio_record(audio, role)
+            if record is None:
+                db.execute("DELETE FROM turn_audio WHERE turn_id = ?", [turn_id])
+            else:
+                db["turn_audio"].insert({"turn_id": turn_id, **record}, replace=True)
         db["conversations"].update(conversation_id, {"updated_at": time.time()})
 
 

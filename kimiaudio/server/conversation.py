@@ -1,0 +1,72 @@
+"""The conversation a real-time session is talking in: its id, its history, its stored turns.
+
+A session (realtime_session.py) speaks through this and never touches the store directly.
+A new conversation is created at its first committed turn, so connecting without speaking
+leaves nothing behind. The history (what the pipeline's prompts are built from) is loaded
+lazily from the store and kept in step with every turn stored afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kimiaudio.pipeline.request import HistoryTurn
+from kimiaudio.store import ConversationStore
+
+
+class Conversation:
+    def __init__(self, store: ConversationStore, conversation_id: str | None):
+        self.store = store
+        self.id = conversation_id
+        self._history: list[HistoryTurn] | None = None if conversation_id else []
+
+    async def ensure(self) -> bool:
+        """Create the conversation if there is none yet; True if it was created now."""
+        if self.id is not None:
+            return False
+        self.id = (await self.store.create_conversation())["id"]
+        self._history = []
+        return True
+
+    async def exists(self, conversation_id: str) -> bool:
+        return await self.store.get_conversation(conversation_id) is not None
+
+    async def select(self, conversation_id: str | None) -> None:
+        """Continue another stored conversation (None: start a new one at the next turn)."""
+        self.id, self._history = conversation_id, (None if conversation_id else [])
+        if conversation_id is not None:
+            await self.history()
+
+    async def history(self) -> list[HistoryTurn]:
+        if self._history is None:
+            stored = await self.store.load_history(self.id) or []
+            self._history = [HistoryTurn(role=t.role, text=t.text, audio_tokens=t.audio_tokens,
+                                         audio=t.audio if t.role == "user" else None) for t in stored]
+        return self._history
+
+    async def add_user(self, audio: np.ndarray) -> tuple[int, HistoryTurn]:
+        """Store a committed user turn (before the model starts on it); (its index, history turn)."""
+        history = await self.history()
+        index = await self.store.add_turn(self.id, "user", audio=audio, timings={"speech_s": audio.size / 16000})
+        turn = HistoryTurn(role="user", audio=audio)
+        history.append(turn)
+        return index, turn
+
+    async def set_user_codes(self, index: int, turn: HistoryTurn, codes: list[int]) -> None:
+        turn.audio_tokens = list(codes)
+        await self.store.update_turn(self.id, index, audio_tokens=codes)
+
+    async def add_assistant(self, text: str, text_tokens: list[int], codes: list[int], timings: dict,
+                            interrupted: bool, audio: np.ndarray) -> tuple[int, HistoryTurn]:
+        index = await self.store.add_turn(self.id, "assistant", text, text_tokens=text_tokens, audio_tokens=codes,
+                                          timings=timings, interrupted=interrupted, audio=audio)
+        turn = HistoryTurn(role="assistant", text=text, audio_tokens=codes)
+        (await self.history()).append(turn)
+        return index, turn
+
+    async def update_assistant(self, index: int, turn: HistoryTurn, codes: list[int], timings: dict,
+                               audio: np.ndarray) -> None:
+        """After a cut-in: the stored answer keeps only what was heard, marked interrupted."""
+        await self.store.update_turn(self.id, index, interrupted=True, audio_tokens=codes, timings=timings,
+                                     audio=audio)
+        turn.audio_tokens = list(codes)

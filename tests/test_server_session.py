@@ -1,0 +1,152 @@
+"""RealtimeSession without a transport: the real pipeline (demo checkpoint), the real store,
+silero VAD, a PlaybackTrack nobody plays, and a list for the events it sends.
+
+- The microphone reader never waits on a turn: while the store takes seconds to write the
+  user turn, `push_audio` returns as fast as the VAD does, and later speech is still heard.
+- A text-only server (model.text_only) answers in text and stores the turns, without audio.
+- A failing store ends the turn with an error event instead of leaving it hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from kimiaudio.audio.vad import SileroVad, vad_executor
+from kimiaudio.pipeline.model_stack import ModelStack
+from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.server.audio_track import PlaybackTrack
+from kimiaudio.server.realtime_session import RealtimeSession
+from kimiaudio.store import ConversationStore
+from test_server_support import demo_config, demo_stack, silence
+
+FRAME = 320  # 20 ms at 16 kHz, as a WebRTC client delivers it
+
+
+class Session:
+    """A RealtimeSession with its parts, started; `events` collects what it sent."""
+
+    def __init__(self, stack, config, tmp_path):
+        self.pipeline = Pipeline(stack, config)
+        self.store = ConversationStore(tmp_path / "history.db")
+        self.executor = vad_executor()
+        self.events: list[dict] = []
+        self.config = config
+        self.stack = stack
+
+    async def __aenter__(self) -> "Session":
+        await self.pipeline.start()
+        await self.store.open()
+        vad = await asyncio.get_running_loop().run_in_executor(self.executor, SileroVad)
+        self.session = RealtimeSession("sess_test", self.config, self.pipeline, self.store, vad, self.executor, None,
+                                       send=self.events.append, playback=PlaybackTrack())
+        self.session.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.session.close()
+        await self.pipeline.stop()
+        await self.store.close()
+        self.executor.shutdown(wait=True)
+
+    async def say(self, pcm: np.ndarray) -> list[float]:
+        """Push `pcm` in 20 ms frames at real-time pace; the seconds each push took."""
+        took = []
+        for start in range(0, pcm.size, FRAME):
+            began = time.perf_counter()
+            await self.session.push_audio(pcm[start:start + FRAME])
+            took.append(time.perf_counter() - began)
+            await asyncio.sleep(max(0.0, FRAME / 16000 - took[-1]))
+        return took
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while len(self.of_type(kind)) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {kind} (x{count}) in {timeout} s: {[e['type'] for e in self.events]}")
+            await asyncio.sleep(0.02)
+        return self.of_type(kind)[count - 1]
+
+
+async def test_microphone_reader_never_waits_on_the_turn(demo_checkpoint, tmp_path, speech, monkeypatch):
+    config = demo_config(demo_checkpoint, tmp_path)
+    slow_write_s = 2.0
+    real_add_turn = ConversationStore.add_turn
+
+    async def slow_add_turn(self, *args, **kwargs):
+        await asyncio.sleep(slow_write_s)
+        return await real_add_turn(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConversationStore, "add_turn", slow_add_turn)
+    async with Session(demo_stack(demo_checkpoint), config, tmp_path) as s:
+        took = await s.say(np.concatenate([silence(0.3), speech[0], silence(0.8)]))
+        await s.wait_for("input_audio_buffer.speech_stopped")
+        # The user speaks again while the first turn is still being stored.
+        assert not s.of_type("input_audio_buffer.committed")
+        took += await s.say(np.concatenate([speech[1], silence(0.8)]))
+        assert len(s.of_type("input_audio_buffer.speech_started")) == 2
+        assert max(took) < slow_write_s / 4, max(took)  # the mic loop only waited for the VAD
+        # Both turns are stored; the first one, overtaken by the second utterance, is history.
+        await s.wait_for("input_audio_buffer.committed", count=2, timeout=30)
+        done = await s.wait_for("response.done", timeout=60)
+        assert done["response"]["status"] == "completed"
+        assert len(s.of_type("response.created")) == 1
+
+
+async def test_text_only_server_answers_in_text(demo_checkpoint, tmp_path, speech):
+    config = demo_config(demo_checkpoint, tmp_path)
+    config.model.text_only = True
+    stack = ModelStack.load(config)
+    assert stack.detokenizer is None
+    async with Session(stack, config, tmp_path) as s:
+        assert s.session.settings()["output_type"] == "text" and not s.session.settings()["can_speak"]
+        await s.say(np.concatenate([silence(0.3), speech[0], silence(0.8)]))
+        done = await s.wait_for("response.done", timeout=60)
+        assert done["response"]["status"] == "completed", done
+        assert not s.of_type("response.audio.started") and not s.of_type("error")
+        deltas = "".join(e["delta"] for e in s.of_type("response.text.delta"))
+        assert deltas == done["response"]["text"]
+        conversation = await s.store.get_conversation(s.session.conversation.id)
+        user, assistant = conversation["turns"]
+        assert user["has_audio"] and assistant["role"] == "assistant" and not assistant["has_audio"]
+        assert assistant["text"] == deltas and not assistant["audio_tokens"]
+        # Asking for speech is refused with a message, and the session keeps answering.
+        await s.session.handle_message('{"type": "session.update", "session": {"output_type": "both"}}')
+        assert "text only" in s.of_type("error")[-1]["error"]["message"]
+        await s.say(np.concatenate([speech[1], silence(0.8)]))
+        second = await s.wait_for("response.done", count=2, timeout=60)
+        assert second["response"]["status"] == "completed"
+
+
+@pytest.mark.parametrize("role", ["user", "assistant"])
+async def test_store_failure_ends_the_turn_with_an_error(demo_checkpoint, tmp_path, speech, monkeypatch, role):
+    config = demo_config(demo_checkpoint, tmp_path)
+    real_add_turn = ConversationStore.add_turn
+    failures = []
+
+    async def failing_add_turn(self, conversation_id, turn_role, *args, **kwargs):
+        if turn_role == role and not failures:
+            failures.append(turn_role)
+            raise OSError("injected: disk full")
+        return await real_add_turn(self, conversation_id, turn_role, *args, **kwargs)
+
+    monkeypatch.setattr(ConversationStore, "add_turn", failing_add_turn)
+    async with Session(demo_stack(demo_checkpoint), config, tmp_path) as s:
+        await s.say(np.concatenate([silence(0.3), speech[0], silence(0.8)]))
+        error = await s.wait_for("error", timeout=60)
+        assert error["error"]["code"] == "storage_failed" and "disk full" in error["error"]["message"]
+        if role == "assistant":  # the answer was made and played; only its record failed
+            assert (await s.wait_for("response.done"))["response"]["status"] == "completed"
+        else:  # not stored, so not answered
+            assert not s.of_type("response.created")
+        await s.say(np.concatenate([speech[1], silence(0.8)]))  # the session goes on
+        done = await s.wait_for("response.done", count=2 if role == "assistant" else 1, timeout=60)
+        assert done["response"]["status"] == "completed"
+        stats = s.pipeline.stats()
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
