@@ -56,8 +56,8 @@ class ModelStack:
     @classmethod
     def load(cls, config: Config, progress: bool = False, text_only: bool | None = None) -> "ModelStack":
         # Loading allocates hundreds of thousands of long-lived objects (imports, modules) and
-        # no garbage cycles worth finding: the collector's passes over them cost about 0.7 s of
-        # a 3 s start on the demo (2.9-3.1 s -> 2.2-2.3 s). Paused for the load only.
+        # no garbage cycles worth finding: the collector's repeated passes over them are a
+        # large part of the demo's start-up. Paused for the load only.
         enabled = gc.isenabled()
         gc.disable()
         try:
