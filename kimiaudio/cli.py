@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_server(config) or 0
         if args.command == "bench":
-            from kimiaudio.bench.pipeline_bench import run_bench_command
+            from kimiaudio.bench.command import run_bench_command
 
             return run_bench_command(config, args)
         from kimiaudio.pipeline.offline import run_chat_command, run_transcribe_command

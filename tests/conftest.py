@@ -55,7 +55,7 @@ def speech_16k(speech_wav) -> np.ndarray:
 def speech(tmp_path_factory):
     """The server tests' sentences spoken by espeak-ng, float32 16 kHz, as bench --webrtc makes
     its speech (test_server_support.SENTENCES)."""
-    from kimiaudio.bench.webrtc import espeak_speech
+    from kimiaudio.bench.speech import espeak_speech
     from test_server_support import SENTENCES
 
     if shutil.which("espeak-ng") is None:

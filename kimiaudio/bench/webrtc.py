@@ -13,31 +13,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import shutil
 import socket
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from kimiaudio.bench.speech import espeak_speech
 from kimiaudio.errors import KimiAudioError
 
 SILENCE_S = 1.2  # after each utterance: longer than the VAD's end-of-speech silence
-
-
-def espeak_speech(texts: list[str], directory: Path) -> list[np.ndarray]:
-    """`texts` spoken by espeak-ng (a Debian package), as float32 16 kHz (load_audio resamples)."""
-    from kimiaudio.audio.io import load_audio
-
-    if shutil.which("espeak-ng") is None:
-        raise KimiAudioError("bench --webrtc needs speech: install espeak-ng or pass --speech FILE")
-    clips = []
-    for i, text in enumerate(texts):
-        path = directory / f"speech{i}.wav"
-        subprocess.run(["espeak-ng", "-s", "150", "-w", str(path), text], check=True, capture_output=True)
-        clips.append(load_audio(path))
-    return clips
 
 
 async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offset: int) -> list[float]:

@@ -1,0 +1,68 @@
+"""`python -m kimiaudio bench`: parse the options, load the stack, run the chosen bench, print."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
+from kimiaudio.errors import KimiAudioError
+
+def format_rows(rows: list[BenchRow]) -> str:
+    head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'LM step p50':>11} {'p95':>8} {'detok p50':>9} {'1st audio p50':>13} "
+            f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
+            f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}")
+    lines = [head]
+    for r in rows:
+        ref = (f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x {r.lm_tokens_per_s:9.1f} "
+               f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x") if r.reference_tokens_per_s else ""
+        lines.append(
+            f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.lm_step_ms_p50:9.1f}ms "
+            f"{r.lm_step_ms_p95:6.1f}ms {r.detok_ms_p50:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
+            f"{r.stall_ms_p95:7.0f}ms "
+            f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
+    return "\n".join(lines)
+
+
+def run_bench_command(config, args) -> int:
+    from kimiaudio.audio.io import load_audio
+    from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
+
+    try:
+        sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
+    except ValueError:
+        raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
+    if not sessions or min(sessions) < 1 or args.turns < 1:
+        raise KimiAudioError("--sessions and --turns must be positive")
+    if args.random_weights:
+        from kimiaudio.bench.decode_7b import run_random_7b
+
+        return run_random_7b(config, sessions, args)
+    stack = ModelStack.load(config, progress=not args.json)
+    if stack.detokenizer is None:
+        raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
+    freeze_loaded_objects()
+    speech = [load_audio(path) for path in args.speech] or None
+    if args.webrtc:
+        from kimiaudio.bench.webrtc import print_rows, run_webrtc_bench
+
+        if stack.is_demo and not args.json:
+            print(DEMO_NOTICE)
+        print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
+        return 0
+    rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
+                     reference=not args.no_reference, progress=not args.json)
+    info = {"device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""), "demo_weights": stack.is_demo,
+            "model": str(stack.paths.root), "max_new_tokens": args.max_new_tokens, "turns": args.turns}
+    if args.json:
+        print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
+    else:
+        if stack.is_demo:
+            print(DEMO_NOTICE)
+        print(f"device {info['device']} dtype {info['dtype']}, at most {args.max_new_tokens} new positions per turn, "
+              f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one")
+        print(format_rows(rows))
+        print("tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "
+              "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop "
+              "alone, every turn running to its new-position limit (stop tokens ignored).")
+    return 0
