@@ -1,5 +1,5 @@
 """Settings: every config key is type- and range-checked where it enters (config file, CLI
-overrides), with an error naming the key.
+overrides, session.update, SamplingParams built in code), with an error naming the key.
 
 The table below is built from the dataclasses' declared bounds, so a new field is covered
 without touching this file."""
@@ -7,6 +7,7 @@ without touching this file."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import tomllib
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from kimiaudio.bounds import Bounds, check_fields, declared
-from kimiaudio.config import Config, apply_overrides, check_setting, load_config
+from kimiaudio.config import Config, SamplingConfig, apply_overrides, check_setting, load_config
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams, StreamSampling
 from kimiaudio.errors import ConfigError
+from kimiaudio.server.events import ProtocolError, SessionUpdate, parse_client_event
 
 SECTIONS = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config) if f.name != "base_dir"}
 FIELDS = [(section, key, expected, bounds) for section, cls in SECTIONS.items()
@@ -137,6 +140,79 @@ def test_out_of_range_top_k_in_a_file_fails_at_load(tmp_path):
     path.write_text("[sampling]\naudio_top_k = -3\n")
     with pytest.raises(ConfigError, match=r"c.toml: sampling.audio_top_k: expected an integer in \[0, 1048576\], got -3"):
         load_config(path)
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, -1, "5", 5.0, True, None])
+def test_a_bad_seed_is_refused_by_config_and_session_update(seed):
+    with pytest.raises(ConfigError, match="sampling.seed: expected an integer in"):
+        apply_overrides(Config(), {"sampling": {"seed": seed}})
+    message = json.dumps({"type": "session.update", "session": {"sampling": {"seed": seed}}})
+    with pytest.raises(ProtocolError, match="session.update.session.sampling.seed: expected") as info:
+        parse_client_event(message)
+    assert info.value.code == "invalid_value"
+
+
+def test_the_largest_seed_reaches_the_generators():
+    update = parse_client_event(json.dumps({"type": "session.update", "session": {"sampling": {"seed": 2**64 - 1}}}))
+    config = apply_overrides(Config(), {"sampling": update.sampling})
+    params = SamplingParams.from_config(config.sampling)
+    assert RequestRandom(params.seed).seed == 2**64 - 1 and RequestRandom(0).next_uniforms() != RequestRandom(1).next_uniforms()
+    with pytest.raises(ConfigError, match="seed"):
+        RequestRandom(2**64)
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"sampling": {"audio_temperature": True}}, "sampling.audio_temperature: expected a finite number"),
+    ({"sampling": {"audio_top_k": 10**30}}, "sampling.audio_top_k: expected an integer"),
+    ({"sampling": {"audio_top_k": {"k": 3}}}, "sampling.audio_top_k"),
+    ({"sampling": {"nonsense": 1}}, "sampling.nonsense: unknown setting"),
+    ({"vad": {"threshold": [0.5]}}, "vad.threshold"),
+    ({"vad": {"silence_ms": 10**6}}, "vad.silence_ms: expected an integer in [0, 60000]"),
+])
+def test_session_update_values_of_the_wrong_type_are_protocol_errors(body, words):
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(json.dumps({"type": "session.update", "session": body}))
+    assert info.value.code == "invalid_value" and words in str(info.value)
+
+
+@pytest.mark.parametrize("raw", ['{"type": "session.update", "session": {"sampling": {"text_temperature": NaN}}}',
+                                 '{"type": "session.update", "session": {"vad": {"threshold": 1e999}}}',
+                                 '{"type": "session.update", "session": {"sampling": {"seed": ' + "9" * 5000 + "}}}",
+                                 '{"type": "session.update", "session": ' + "[" * 30000 + "]" * 30000 + "}"])
+def test_json_oddities_are_protocol_errors(raw):
+    with pytest.raises(ProtocolError):
+        parse_client_event(raw)
+
+
+def test_session_update_values_come_back_checked():
+    update = parse_client_event(json.dumps({"type": "session.update", "session": {"vad": {"threshold": 0.6, "silence_ms": 400},
+                                                                                 "sampling": {"audio_temperature": 1}}}))
+    assert update == SessionUpdate({"threshold": 0.6, "silence_ms": 400}, {"audio_temperature": 1.0})
+
+
+@pytest.mark.parametrize("values, key", [
+    ({"seed": 2**64}, "sampling.seed"), ({"seed": -1}, "sampling.seed"), ({"seed": "1"}, "sampling.seed"),
+    ({"text_temperature": math.nan}, "sampling.text_temperature"), ({"audio_temperature": math.inf}, "sampling.audio_temperature"),
+    ({"text_top_k": -1}, "sampling.text_top_k"), ({"audio_top_k": 2**40}, "sampling.audio_top_k"),
+    ({"audio_repetition_penalty": 0.0}, "sampling.audio_repetition_penalty"),
+    ({"text_repetition_window": 0}, "sampling.text_repetition_window"),
+    ({"max_new_tokens": -1}, "sampling.max_new_tokens"), ({"ignore_eos": "yes"}, "sampling.ignore_eos"),
+])
+def test_sampling_params_built_in_code_have_the_config_ranges(values, key):
+    with pytest.raises(ConfigError, match=rf"^{key}: expected"):
+        SamplingParams(**values)
+
+
+def test_sampling_params_share_the_declared_ranges():
+    config_fields, params_fields = declared(SamplingConfig), declared(SamplingParams)
+    for name, (_, bounds) in config_fields.items():
+        assert params_fields[name][1] == bounds, name
+    stream = declared(StreamSampling)
+    for name, (_, bounds) in stream.items():
+        assert config_fields[f"text_{name}"][1] == config_fields[f"audio_{name}"][1] == bounds, name
+    with pytest.raises(ConfigError, match="temperature: expected a finite number"):
+        StreamSampling(temperature=math.nan)
+    assert SamplingParams(seed=None).seed is None and SamplingParams(seed=2**64 - 1).audio == StreamSampling(0.8, 10, 1.0, 64)
 
 
 def test_config_file_errors_name_file_and_key(tmp_path):
