@@ -149,9 +149,12 @@ def declared(cls: type) -> dict[str, tuple[Any, Bounds]]:
     return {f.name: (hints[f.name], f.metadata.get("bounds", NO_BOUNDS)) for f in dataclasses.fields(cls)}
 
 
-def check_fields(obj: Any, prefix: str = "") -> None:
-    """Check every field of the dataclass `obj` (frozen or not) in place, as plain values."""
+def check_fields(obj: Any, prefix: str = "", like: type | None = None) -> None:
+    """Check every field of the dataclass `obj` (frozen or not) in place, as plain values.
+    `like`: a dataclass whose declared bounds hold for `obj`'s fields of the same name."""
+    shared = declared(like) if like is not None else {}
     for name, (expected, bounds) in declared(type(obj)).items():
+        bounds = shared[name][1] if name in shared else bounds
         value = getattr(obj, name)
         checked = check_value(prefix + name, value, expected, bounds)
         if checked is not value:

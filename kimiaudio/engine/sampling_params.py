@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kimiaudio.bounds import check_fields, check_value, setting
-from kimiaudio.config import MAX_NEW_TOKENS, REPETITION_PENALTY, REPETITION_WINDOW, SEED, TEMPERATURE, TOP_K
+from kimiaudio.config import REPETITION_PENALTY, REPETITION_WINDOW, SEED, TEMPERATURE, TOP_K, SamplingConfig
 
 GREEDY_TEMPERATURE = 1e-6  # official: temperatures at or below this are greedy
 
@@ -44,23 +44,24 @@ class StreamSampling:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    # The ranges of config [sampling], whose keys these are (a request may also be built in code).
-    text_temperature: float = setting(0.0, TEMPERATURE)
-    text_top_k: int = setting(5, TOP_K)
-    text_repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
-    text_repetition_window: int = setting(16, REPETITION_WINDOW)
-    audio_temperature: float = setting(0.8, TEMPERATURE)
-    audio_top_k: int = setting(10, TOP_K)
-    audio_repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
-    audio_repetition_window: int = setting(64, REPETITION_WINDOW)
-    seed: int | None = setting(None, SEED)  # None = a fresh random seed
-    max_new_tokens: int = setting(0, MAX_NEW_TOKENS)  # 0 = the official limit for the output type
+    text_temperature: float = 0.0
+    text_top_k: int = 5
+    text_repetition_penalty: float = 1.0
+    text_repetition_window: int = 16
+    audio_temperature: float = 0.8
+    audio_top_k: int = 10
+    audio_repetition_penalty: float = 1.0
+    audio_repetition_window: int = 64
+    seed: int | None = None  # None = a fresh random seed
+    max_new_tokens: int = 0  # 0 = the official limit for the output type
     # Not official: generate exactly the length limit, past the stop tokens (as vLLM's
     # ignore_eos). For fixed-length benchmark turns; the tokens after a stop mean nothing.
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        check_fields(self, "sampling.")
+        # The ranges of config [sampling], whose keys these are: a request built in code is
+        # held to them as a config file is.
+        check_fields(self, "sampling.", like=SamplingConfig)
 
     # Cached: the engine reads both for every sequence at every step (building and validating
     # one takes about 7 us: 0.2 ms of a 2.7 ms CPU step at 16 sequences).
