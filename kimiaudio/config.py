@@ -1,8 +1,10 @@
 """Typed, validated configuration.
 
 `config.toml` at the repository root documents every key; `load_config` reads such a file,
-checks every key and type against the dataclasses below, and applies CLI overrides. An
-unknown key or a value of the wrong type is a ConfigError naming `section.key`.
+checks every key against the dataclasses below, and applies CLI overrides. Each field
+declares its range next to its default (`setting`, see bounds.py); an unknown key, a value of
+the wrong type or out of range is a ConfigError `section.key: expected <what>, got <value>`.
+session.update (server/events.py) and SamplingParams are checked against the same ranges.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from kimiaudio.bounds import Bounds, check_fields, check_value, declared, setting
 from kimiaudio.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -21,96 +25,116 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
+# Ranges shared with engine/sampling_params.py, which checks requests built in code the same way.
+TEMPERATURE = Bounds(min=0.0)  # 0 (or below 1e-6) = greedy
+TOP_K = Bounds(0, 1 << 20)  # 0 = the whole vocabulary; more than the vocabulary = all of it
+REPETITION_PENALTY = Bounds(min=0.0, min_open=True)  # 1 = off
+REPETITION_WINDOW = Bounds(1, 8192)
+MAX_NEW_TOKENS = Bounds(0, 1 << 20)  # 0 = the official limit
+SEED = Bounds(0, 2**64 - 1)  # what torch.Generator.manual_seed accepts
+MILLISECONDS = Bounds(0, 60_000)
+CHUNK_TOKENS = Bounds(1, 512)  # 41 s of speech; the DiT's positions cap a chunk anyway
+
+
 @dataclass
 class ModelConfig:
     # Kimi-Audio-7B-Instruct directory; empty = the embedded demo checkpoint under data_dir.
     path: str = ""
     # THUDM/glm-4-voice-tokenizer directory; empty = `<path>/glm-4-voice-tokenizer`.
     glm_tokenizer_path: str = ""
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (bf16 on GPU, float32 on CPU) | float32 | bfloat16 | float16
+    device: str = setting("auto", Bounds(pattern=r"auto|cpu|cuda(:\d+)?", means="auto, cpu, cuda or cuda:N"))
+    # auto = bf16 on GPU, float32 on CPU
+    dtype: str = setting("auto", Bounds(choices=("auto", "float32", "bfloat16", "float16")))
     text_only: bool = False  # skip the detokenizer and vocoder entirely
 
 
 @dataclass
 class SamplingConfig:
     # Defaults of the official infer.py / README.
-    text_temperature: float = 0.0
-    text_top_k: int = 5
-    text_repetition_penalty: float = 1.0
-    text_repetition_window: int = 16
-    audio_temperature: float = 0.8
-    audio_top_k: int = 10
-    audio_repetition_penalty: float = 1.0
-    audio_repetition_window: int = 64
+    text_temperature: float = setting(0.0, TEMPERATURE)
+    text_top_k: int = setting(5, TOP_K)
+    text_repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
+    text_repetition_window: int = setting(16, REPETITION_WINDOW)
+    audio_temperature: float = setting(0.8, TEMPERATURE)
+    audio_top_k: int = setting(10, TOP_K)
+    audio_repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
+    audio_repetition_window: int = setting(64, REPETITION_WINDOW)
     # 0 = the official limits: 1500 positions in all for speech out, 7500 for text out.
-    max_new_tokens: int = 0
-    seed: int = 0
+    max_new_tokens: int = setting(0, MAX_NEW_TOKENS)
+    seed: int = setting(0, SEED)
 
 
 @dataclass
 class AudioConfig:
-    max_input_seconds: float = 120.0  # longer user audio is refused with a clear error
+    # Longer user audio is refused with a clear error.
+    max_input_seconds: float = setting(120.0, Bounds(0.0, 3600.0, min_open=True))
     # Audio whose peak stays below this (full scale = 1.0) counts as silence and is refused.
-    silence_peak: float = 1e-3
+    silence_peak: float = setting(1e-3, Bounds(0.0, 1.0, max_open=True))
     # Most utterances the speech encoders take in one batch while answers are being generated:
     # each fills a 30 s Whisper window, and every running answer waits for the whole batch.
-    encode_batch_size: int = 4
+    encode_batch_size: int = setting(4, Bounds(1, 256))
 
 
 @dataclass
 class DetokConfig:
-    first_chunk_tokens: int = 30  # official: 30; smaller gives lower first-audio latency
-    chunk_tokens: int = 30
-    chunk_growth: float = 1.0  # each later chunk is this many times the previous (capped)
-    max_chunk_tokens: int = 60
-    look_ahead_tokens: int = 12
-    ode_steps: int = 30
-    max_kv_cache_frames: int = 900
+    # official: 30; smaller gives lower first-audio latency. Must exceed look_ahead_tokens.
+    first_chunk_tokens: int = setting(30, CHUNK_TOKENS)
+    chunk_tokens: int = setting(30, CHUNK_TOKENS)
+    # Each later chunk is this many times the previous (capped at max_chunk_tokens).
+    chunk_growth: float = setting(1.0, Bounds(1.0, 16.0))
+    max_chunk_tokens: int = setting(60, CHUNK_TOKENS)
+    look_ahead_tokens: int = setting(12, Bounds(0, 511))  # fewer than first_chunk_tokens
+    ode_steps: int = setting(30, Bounds(2, 1000))  # the Euler grid needs both ends
+    max_kv_cache_frames: int = setting(900, Bounds(1, 1 << 16))
     # Most sessions whose chunks run in one worker iteration, most urgent first (see
-    # pipeline_turn.chunks_to_run); the rest wait one LLM step instead of stalling it.
-    max_batch_sessions: int = 8
+    # detok/scheduling.chunks_to_run); the rest wait one LLM step instead of stalling it.
+    max_batch_sessions: int = setting(8, Bounds(1, 1024))
     # While the LLM has work, a session's next chunk waits until less than this much of its
     # audio is left to play (a reply still waiting for its first audio never waits).
-    run_ahead_s: float = 0.5
+    run_ahead_s: float = setting(0.5, Bounds(0.0, 600.0))
 
 
 @dataclass
 class EngineConfig:
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int = 0  # 0 = size the pool from memory_fraction
-    memory_fraction: float = 0.85  # of free device memory (or, on CPU, a 2 GiB budget)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
+    # Tokens per KV block: a power of two up to 256, the sizes paged-attention kernels take.
+    block_size: int = setting(16, Bounds(choices=tuple(2**i for i in range(9))))
+    num_kv_blocks: int = setting(0, Bounds(0, 1 << 24))  # 0 = size the pool from memory_fraction
+    # Of free device memory (or, on CPU, a 2 GiB budget).
+    memory_fraction: float = setting(0.85, Bounds(0.0, 1.0, min_open=True))
+    max_num_seqs: int = setting(64, Bounds(1, 4096))
+    max_num_batched_tokens: int = setting(2048, Bounds(1, 1 << 20))
+    max_model_len: int = setting(8192, Bounds(1, 1 << 20))
     # torch intra-op threads of the GPU worker thread when the model runs on the CPU (0 = torch's
     # default). On the 2-core demo machine, 2 sped up the LM alone (bench: 6.1-6.6x the reference
     # loop at 16 sessions against about 5x) but halved the whole pipeline, whose event loop needs
     # the other core (0.53-0.58x of the offline path against about 1.05x).
-    cpu_threads: int = 1
+    cpu_threads: int = setting(1, Bounds(0, 1024))
 
 
 @dataclass
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_sessions: int = 16
-    ice_servers: list = field(default_factory=list)  # e.g. ["stun:stun.l.google.com:19302"]
+    host: str = setting("127.0.0.1", Bounds(pattern=r"\S+", means="a host name or address"))
+    port: int = setting(8080, Bounds(1, 65535))
+    max_sessions: int = setting(16, Bounds(1, 4096))
+    # e.g. ["stun:stun.l.google.com:19302"]
+    ice_servers: list[str] = setting(factory=list, bounds=Bounds(pattern=r"(stun|turns?):\S+",
+                                                                  means="a stun:, turn: or turns: URL"))
 
 
 @dataclass
 class VadConfig:
-    threshold: float = 0.5
-    min_speech_ms: int = 250
-    silence_ms: int = 500  # end-of-speech silence that commits the turn
-    prefix_padding_ms: int = 300
+    threshold: float = setting(0.5, Bounds(0.0, 1.0, min_open=True, max_open=True))  # speech probability
+    min_speech_ms: int = setting(250, MILLISECONDS)
+    silence_ms: int = setting(500, MILLISECONDS)  # end-of-speech silence that commits the turn
+    prefix_padding_ms: int = setting(300, MILLISECONDS)
     barge_in: bool = True
 
 
 @dataclass
 class StorageConfig:
-    data_dir: str = "data"  # relative paths are relative to the config file's directory
-    database: str = "kimiaudio.db"  # inside data_dir
+    # Relative paths are relative to the config file's directory.
+    data_dir: str = setting("data", Bounds(pattern=r".+", means="a non-empty path"))
+    database: str = setting("kimiaudio.db", Bounds(pattern=r".+", means="a non-empty file name"))  # inside data_dir
 
 
 @dataclass
@@ -135,66 +159,50 @@ class Config:
         return self.resolve(self.storage.data_dir)
 
 
-def _check_value(where: str, value: Any, expected: type) -> Any:
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is bool and not isinstance(value, bool):
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if expected in (int, float) and (isinstance(value, bool) or not isinstance(value, expected)):
-        raise ConfigError(f"{where}: expected a number ({expected.__name__}), got {value!r}")
-    if expected in (str, list) and not isinstance(value, expected):
-        raise ConfigError(f"{where}: expected a {expected.__name__}, got {value!r}")
-    return value
+@cache
+def _sections() -> dict[str, type]:
+    """{section name: its dataclass}."""
+    hints = get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config) if f.name != "base_dir"}
 
 
-def _apply_section(section: Any, name: str, values: dict) -> None:
-    if not isinstance(values, dict):
-        raise ConfigError(f"[{name}]: expected a table of settings, got {values!r}")
-    hints = get_type_hints(type(section))
-    for key, value in values.items():
-        if key not in hints:
-            known = ", ".join(hints)
-            raise ConfigError(f"{name}.{key}: unknown setting (known: {known})")
-        setattr(section, key, _check_value(f"{name}.{key}", value, hints[key]))
+def _section(name: str) -> type:
+    sections = _sections()
+    if name not in sections:
+        raise ConfigError(f"[{name}]: unknown section (known: {', '.join(sorted(sections))})")
+    return sections[name]
+
+
+def check_setting(section: str, key: str, value: Any) -> Any:
+    """`value` checked (type and range) as the setting `section.key`, as a plain value."""
+    fields = declared(_section(section))
+    if key not in fields:
+        raise ConfigError(f"{section}.{key}: unknown setting (known: {', '.join(fields)})")
+    expected, bounds = fields[key]
+    return check_value(f"{section}.{key}", value, expected, bounds)
 
 
 def apply_overrides(config: Config, overrides: dict[str, dict]) -> Config:
     """Apply {"section": {"key": value}} on top of `config` with the same validation."""
-    sections = {f.name for f in dataclasses.fields(Config) if f.name != "base_dir"}
     for name, values in overrides.items():
-        if name not in sections:
-            raise ConfigError(f"[{name}]: unknown section (known: {', '.join(sorted(sections))})")
-        _apply_section(getattr(config, name), name, values)
+        _section(name)
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{name}]: expected a table of settings, got {values!r}")
+        for key, value in values.items():
+            setattr(getattr(config, name), key, check_setting(name, key, value))
     _validate(config)
     return config
 
 
 def _validate(config: Config) -> None:
-    positive = {
-        "detok.first_chunk_tokens": config.detok.first_chunk_tokens,
-        "detok.chunk_tokens": config.detok.chunk_tokens,
-        "detok.ode_steps": config.detok.ode_steps - 1,
-        "detok.max_batch_sessions": config.detok.max_batch_sessions,
-        "engine.block_size": config.engine.block_size,
-        "engine.max_num_seqs": config.engine.max_num_seqs,
-        "engine.max_num_batched_tokens": config.engine.max_num_batched_tokens,
-        "server.max_sessions": config.server.max_sessions,
-        "audio.max_input_seconds": config.audio.max_input_seconds,
-        "audio.encode_batch_size": config.audio.encode_batch_size,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key}: must be positive (detok.ode_steps at least 2)")
-    if config.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise ConfigError(f"model.dtype: expected auto, float32, bfloat16 or float16, got {config.model.dtype!r}")
-    if not config.detok.run_ahead_s >= 0:
-        raise ConfigError("detok.run_ahead_s: expected seconds >= 0")
-    if config.engine.cpu_threads < 0:
-        raise ConfigError("engine.cpu_threads: expected 0 (torch's default) or a positive thread count")
-    if not (0.0 < config.engine.memory_fraction <= 1.0):
-        raise ConfigError("engine.memory_fraction: expected a value in (0, 1]")
-    if not (0.0 < config.vad.threshold < 1.0):
-        raise ConfigError("vad.threshold: expected a value in (0, 1)")
+    """Every setting in its declared range, then the rules that tie settings together."""
+    for name in _sections():
+        check_fields(getattr(config, name), f"{name}.")
+    detok = config.detok
+    if detok.first_chunk_tokens <= detok.look_ahead_tokens:
+        # A first chunk that is all look-ahead would emit no audio.
+        raise ConfigError(f"detok.first_chunk_tokens: expected more than detok.look_ahead_tokens "
+                          f"({detok.look_ahead_tokens}), got {detok.first_chunk_tokens}")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, dict] | None = None) -> Config:

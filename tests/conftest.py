@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,19 +12,49 @@ import pytest
 import torch
 
 DATA = Path(__file__).parent / "data"
-GOLDEN_DIR = DATA / "golden_a"
+# Every golden folder present: variant a ships with the project; other variants (other sizes,
+# flags and token ids, same layout) dropped in beside it run the same tests.
+GOLDEN_DIRS = sorted(p for p in DATA.glob("golden_*") if (p / "golden.safetensors").is_file())
+
+
+@pytest.fixture(scope="session", params=GOLDEN_DIRS, ids=[p.name for p in GOLDEN_DIRS])
+def golden_dir(request) -> Path:
+    return request.param
 
 
 @pytest.fixture(scope="session")
-def golden() -> dict[str, torch.Tensor]:
+def golden(golden_dir) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(str(GOLDEN_DIR / "golden.safetensors"))
+    return load_file(str(golden_dir / "golden.safetensors"))
 
 
 @pytest.fixture(scope="session")
-def golden_checkpoint() -> Path:
-    return GOLDEN_DIR / "checkpoint"
+def golden_meta(golden_dir) -> dict:
+    """golden.meta.json: special token ids, prompt layouts, steps run, detokenizer constants."""
+    return json.loads((golden_dir / "golden.meta.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def golden_rules(golden_meta):
+    """The generation rules' token ids, from golden.meta.json (never from constants)."""
+    from kimiaudio.engine.stop_rules import RuleTokens
+
+    ids = golden_meta["special_tokens"]
+    return RuleTokens(ids["kimia_text_blank"], ids["kimia_text_eos"], ids["msg_end"], ids["media_end"])
+
+
+@pytest.fixture(scope="session")
+def golden_checkpoint(golden_dir) -> Path:
+    return golden_dir / "checkpoint"
+
+
+@pytest.fixture(scope="session")
+def golden_paths(golden_checkpoint):
+    """The golden checkpoint found as `serve` finds a real one."""
+    from kimiaudio.checkpoint.paths import find_checkpoint
+
+    return find_checkpoint(golden_checkpoint)
 
 
 @pytest.fixture(scope="session")

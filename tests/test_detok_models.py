@@ -1,29 +1,30 @@
-"""DiT, Euler schedule and BigVGAN against the official goldens (tests/data/golden_a)."""
+"""DiT, Euler schedule and BigVGAN against the official goldens (tests/data/golden_*)."""
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder
-from kimiaudio.models.dit import load_dit
+from kimiaudio.models.dit import DiTConfig, load_dit
 
-GOLDEN = Path(__file__).parent / "data" / "golden_a"
-CKPT = GOLDEN / "checkpoint"
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
-def dit():
-    return load_dit(CKPT / "audio_detokenizer", torch.device("cpu"), torch.float32)
+def dit(golden_checkpoint):
+    return load_dit(golden_checkpoint / "audio_detokenizer", torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="module")
-def vocoder():
-    return load_vocoder(CKPT / "vocoder", torch.device("cpu"), torch.float32)
+def vocoder(golden_checkpoint):
+    return load_vocoder(golden_checkpoint / "vocoder", torch.device("cpu"), torch.float32)
 
 
 @torch.inference_mode()
@@ -34,18 +35,26 @@ def test_dit_step_velocity(golden, dit):
     torch.testing.assert_close(v, golden["detok.dit_step.velocity"], **TOL)
 
 
-def test_euler_schedule_matches_torchdyn_t(golden):
-    t, dt = euler_schedule(30)
-    ode_t = golden["detok.s37.ode_t"]  # chunk 0: 29 Euler t, then the 0.999 refresh; chunk 1 (final): 29
-    assert torch.equal(t, ode_t[:29]) and torch.equal(t, ode_t[30:])
-    assert ode_t[29].item() == torch.tensor(REFRESH_T).item()
-    assert timestep_ids(t).tolist()[:4] == [0, 34, 68, 103] and timestep_ids(torch.tensor([REFRESH_T])).item() == 999
+def test_euler_schedule_matches_torchdyn_t(golden, golden_meta):
+    detok = golden_meta["sections"]["detok"]
+    t, dt = euler_schedule(detok["ode_steps"])
+    # Per chunk: the Euler t values, then the refresh call after a chunk that is not final.
+    final_column = detok["detok.s37"]["chunk_info_columns"].index("is_final")
+    expected = []
+    for is_final in golden["detok.s37.chunk_info"][:, final_column].tolist():
+        expected += t.tolist() + ([] if is_final else [torch.tensor(REFRESH_T).item()])
+    assert golden["detok.s37.ode_t"].tolist() == expected
+    # The DiT receives int64 (t * 1000).long() (golden README).
+    assert torch.equal(timestep_ids(t), (t * 1000).long()) and timestep_ids(torch.tensor([REFRESH_T])).item() == 999
     assert torch.allclose(t + dt, torch.cat([t[1:], torch.ones(1)]))
 
 
-def test_infer_chunk_mel(golden, dit):
-    flow = FlowMatcher(dit, 30)
-    job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"], 0, None, 0, False)
+def test_infer_chunk_mel(golden, golden_meta, dit):
+    info = golden_meta["sections"]["detok"]["infer_chunk"]
+    flow = FlowMatcher(dit, info["ode_steps"])
+    look_ahead = info["look_ahead_tokens"] * golden_meta["sections"]["detok"]["upsample_factor"]
+    job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"],
+                   info["start_position_id"], None, look_ahead, False)
     (out,) = flow.infer_chunks([job])
     torch.testing.assert_close(out.mel, golden["detok.infer_chunk.mel"], **TOL)
     assert out.kv is None
@@ -56,8 +65,9 @@ def test_infer_chunk_batched_equals_alone(golden, dit):
     flow = FlowMatcher(dit, 5)
     g = torch.Generator().manual_seed(0)
     heads, hd = dit.kv_shape
+    codebook, mel_bins = dit.cfg.semantic_vocab_size, dit.cfg.input_size
     jobs = [
-        ChunkJob(torch.randint(0, 64, (n,), generator=g), torch.randn(n, 80, generator=g), start,
+        ChunkJob(torch.randint(0, codebook, (n,), generator=g), torch.randn(n, mel_bins, generator=g), start,
                  None if p == 0 else torch.randn(dit.cfg.depth, 2, p, heads, hd, generator=g), la, keep)
         for n, start, p, la, keep in [(40, 0, 0, 8, True), (24, 100, 30, 0, True), (33, 7, 12, 0, False)]
     ]
@@ -90,58 +100,67 @@ def _copy_dir(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_missing_speech_model_key(tmp_path):
-    d = _copy_dir(CKPT / "audio_detokenizer", tmp_path / "audio_detokenizer")
+def test_missing_speech_model_key(golden_checkpoint, tmp_path):
+    d = _copy_dir(golden_checkpoint / "audio_detokenizer", tmp_path / "audio_detokenizer")
+    last = DiTConfig.from_yaml(d / "config.yaml").depth - 1
     state = torch.load(d / "model.pt", weights_only=True)
-    del state["state_dict"]["speech_model.blocks.1.attn.qkv.weight"]
+    del state["state_dict"][f"speech_model.blocks.{last}.attn.qkv.weight"]
     torch.save(state, d / "model.pt")
-    with pytest.raises(CheckpointError, match=r"model\.pt.*blocks\.1\.attn\.qkv\.weight"):
+    with pytest.raises(CheckpointError, match=rf"model\.pt.*blocks\.{last}\.attn\.qkv\.weight"):
         load_dit(d, torch.device("cpu"), torch.float32)
 
 
-@pytest.mark.parametrize(
-    "old,new",
-    [("ffn_type: vanilla_mlp", "ffn_type: conv1d_conv1d"), ("position_embedding_type: skip", "position_embedding_type: alibi"),
-     ("    hidden_size: 64\n", ""), ("depth: 2", "depth: two")],
-)
-def test_bad_config_yaml(tmp_path, old, new):
-    d = _copy_dir(CKPT / "audio_detokenizer", tmp_path / "audio_detokenizer")
-    text = (d / "config.yaml").read_text()
-    assert old in text
-    (d / "config.yaml").write_text(text.replace(old, new))
-    with pytest.raises(CheckpointError, match=r"config\.yaml"):
+def _edit_yaml(path: Path, edit) -> None:
+    """Rewrite config.yaml with `edit` applied to its `model.dit` mapping."""
+    raw = yaml.safe_load(path.read_text())
+    edit(raw["model"]["dit"])
+    path.write_text(yaml.safe_dump(raw))
+
+
+@pytest.mark.parametrize("key,bad", [("ffn_type", "conv1d_conv1d"), ("position_embedding_type", "alibi"),
+                                     ("hidden_size", None), ("depth", "two")])
+def test_bad_config_yaml(golden_checkpoint, tmp_path, key, bad):
+    """bad None: the key is missing."""
+    d = _copy_dir(golden_checkpoint / "audio_detokenizer", tmp_path / "audio_detokenizer")
+    _edit_yaml(d / "config.yaml", lambda dit: dit.pop(key) if bad is None else dit.update({key: bad}))
+    with pytest.raises(CheckpointError, match=rf"config\.yaml.*{key}"):
         load_dit(d, torch.device("cpu"), torch.float32)
 
 
-def test_vocoder_errors(tmp_path):
-    d = _copy_dir(CKPT / "vocoder", tmp_path / "vocoder")
+def test_vocoder_errors(golden_checkpoint, tmp_path):
+    d = _copy_dir(golden_checkpoint / "vocoder", tmp_path / "vocoder")
     state = torch.load(d / "model.pt", weights_only=True)
-    del state["generator"]["resblocks.0.activations.3.upsample.filter"]
+    name = next(k for k in state["generator"] if k.endswith("upsample.filter"))
+    del state["generator"][name]
     torch.save(state, d / "model.pt")
-    with pytest.raises(CheckpointError, match=r"model\.pt.*upsample\.filter"):
+    with pytest.raises(CheckpointError, match=rf"model\.pt.*{re.escape(name)}"):
         load_vocoder(d, torch.device("cpu"), torch.float32)
-    (d / "config.json").write_text((d / "config.json").read_text().replace('"resblock": "1"', '"resblock": "3"'))
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "resblock": "3"}))
     with pytest.raises(CheckpointError, match=r"config\.json.*resblock"):
         load_vocoder(d, torch.device("cpu"), torch.float32)
 
 
-def _dit_variant(tmp_path, kind, extra):
-    d = _copy_dir(CKPT / "audio_detokenizer", tmp_path / kind)
-    (d / "config.yaml").write_text((d / "config.yaml").read_text().replace("position_embedding_type: skip", f"position_embedding_type: {kind}"))
+def _dit_variant(checkpoint: Path, tmp_path, kind, extra):
+    """The golden DiT with another position embedding: `extra` replaces its position tensors."""
+    d = _copy_dir(checkpoint / "audio_detokenizer", tmp_path / kind)
+    _edit_yaml(d / "config.yaml", lambda dit: dit.update(position_embedding_type=kind))
     state = torch.load(d / "model.pt", weights_only=True)
+    state["state_dict"] = {k: v for k, v in state["state_dict"].items() if ".position_embedding." not in k}
     state["state_dict"].update(extra)
     torch.save(state, d / "model.pt")
     return load_dit(d, torch.device("cpu"), torch.float32)
 
 
-def test_sincos_positions_are_chunk_relative(tmp_path):
+def test_sincos_positions_are_chunk_relative(golden_checkpoint, tmp_path):
     """fairseq make_positions(padding_idx=0): ids s..s+n-1 -> rows 1..n (s>0); id 0 -> zero row."""
-    dit = _dit_variant(tmp_path, "sincos", {"speech_model.position_embedding._float_tensor": torch.zeros(1)})
-    half = 32
+    dit = _dit_variant(golden_checkpoint, tmp_path, "sincos",
+                       {"speech_model.position_embedding._float_tensor": torch.zeros(1)})
+    half = dit.cfg.hidden_size // 2
     freqs = torch.exp(torch.arange(half) * -(torch.log(torch.tensor(10000.0)) / (half - 1)))
 
     def row(p):
-        return torch.zeros(64) if p == 0 else torch.cat([torch.sin(p * freqs), torch.cos(p * freqs)])
+        return torch.zeros(dit.cfg.hidden_size) if p == 0 else torch.cat([torch.sin(p * freqs), torch.cos(p * freqs)])
 
     later = dit._position_embedding(torch.arange(7, 47)[None], torch.float32)[0]
     torch.testing.assert_close(later, torch.stack([row(p) for p in range(1, 41)]), atol=1e-5, rtol=1e-5)
@@ -149,10 +168,11 @@ def test_sincos_positions_are_chunk_relative(tmp_path):
     torch.testing.assert_close(first, torch.stack([row(p) for p in range(0, 40)]), atol=1e-5, rtol=1e-5)
 
 
-def test_learnable_positions_index_the_table(tmp_path):
-    table = torch.randn(4097, 64)
-    dit = _dit_variant(tmp_path, "learnable", {"speech_model.position_embedding.weight": table})
+def test_learnable_positions_index_the_table(golden_checkpoint, tmp_path):
+    cfg = DiTConfig.from_yaml(golden_checkpoint / "audio_detokenizer" / "config.yaml")
+    table = torch.randn(cfg.max_seq_len + 1, cfg.hidden_size)  # official nn.Embedding(max_seq_len + 1, hidden)
+    dit = _dit_variant(golden_checkpoint, tmp_path, "learnable", {"speech_model.position_embedding.weight": table})
     pos = torch.arange(7, 47)[None]
     torch.testing.assert_close(dit._position_embedding(pos, torch.float32), table[pos])
     with pytest.raises(CheckpointError, match="position_embedding.weight"):
-        _dit_variant(tmp_path / "b", "learnable", {})
+        _dit_variant(golden_checkpoint, tmp_path / "b", "learnable", {})

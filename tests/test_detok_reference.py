@@ -7,16 +7,14 @@ session, K/V grown by cat) also covers the K/V cap (max_kv_cache_tokens) and the
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
-from kimiaudio.detok.streaming import DetokSession
+from kimiaudio.detok.flow_matching import REFRESH_T
+from kimiaudio.detok.streaming import UPSAMPLE, DetokSession
 
-CKPT = Path(__file__).parent / "data" / "golden_a" / "checkpoint"
 MAX_KV, MAX_POS, STEPS = 100, 400, 4
 
 
@@ -34,26 +32,31 @@ def _euler(dit, x, ids, positions, prev, steps):
     return x, kv[:, :, 0]
 
 
-def _reference(dit, vocoder, tokens, noises, first=30, chunk=30, look_ahead=12, hop=480):
-    pieces, start, prev, left, pre_mel, pre_wav = [], 0, None, None, None, None
+def _reference(dit, vocoder, tokens, noises, first, chunk, look_ahead):
+    """The wav pieces and each chunk's start position."""
+    hop = vocoder.cfg.hop_size
+    pieces, starts, start, prev, left, pre_mel, pre_wav = [], [], 0, None, None, None, None
     chunks = [(tokens[:first], len(tokens) <= first)]
     rest = tokens[first:]
     chunks += [(rest[i : i + chunk], i + chunk >= len(rest)) for i in range(0, len(rest), chunk)]
     for toks, final in chunks:
-        ids = torch.tensor(toks).repeat_interleave(4)
+        ids = torch.tensor(toks).repeat_interleave(UPSAMPLE)
         if left is not None:
             ids = torch.cat([left, ids])
         x0 = next(noises)[None]
+        starts.append(start)
         positions = torch.arange(start, start + len(ids))
         x, cur = _euler(dit, x0, ids, positions, prev, STEPS)
-        la = 0 if final else look_ahead * 4
+        la = 0 if final else look_ahead * UPSAMPLE
         if la:
             left, mel = ids[-la:], x[0, :-la]
             ctx = dit.prepare(ids[None, :-la], positions[None, :-la], torch.ones(1, len(mel), dtype=torch.bool), [prev])
-            _, kv = dit(mel[None], (torch.tensor([0.999]) * 1000).long(), ctx, return_kv=True)
+            _, kv = dit(mel[None], (torch.tensor([REFRESH_T]) * 1000).long(), ctx, return_kv=True)
             cur = kv[:, :, 0]
         else:
             mel = x[0]
+        if dit.cfg.normalize_mel:  # the DiT works on normalised mels; infer_chunk returns them undone
+            mel = mel * dit.cfg.mel_std + dit.cfg.mel_mean
         prev = cur if prev is None else torch.cat([prev, cur], dim=2)
         if prev.shape[2] > MAX_KV:
             prev = prev[:, :, -MAX_KV:]
@@ -80,26 +83,31 @@ def _reference(dit, vocoder, tokens, noises, first=30, chunk=30, look_ahead=12, 
         pieces.append(out)
         if not final and start + 2 * c > MAX_POS:
             start, prev = 0, None
-    return pieces
+    return pieces, starts
 
 
 @torch.inference_mode()
-def test_kv_cap_and_position_reset_match_reference():
-    detok = Detokenizer.load(find_checkpoint(CKPT), "cpu", torch.float32, DetokConfig(ode_steps=STEPS))
+def test_kv_cap_and_position_reset_match_reference(golden_paths):
+    config = DetokConfig(ode_steps=STEPS)
+    detok = Detokenizer.load(golden_paths, "cpu", torch.float32, config)
     g = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, 64, (100,), generator=g).tolist()
-    noises = [torch.randn(n, 80, generator=g) for n in (120, 168, 168, 88)]
-    expected = _reference(detok.dit, detok.vocoder, tokens, iter(noises))
+    tokens = torch.randint(0, detok.dit.cfg.semantic_vocab_size, (100,), generator=g).tolist()
+    noises = []  # drawn as the session asks for them, replayed to the reference
 
-    feed = iter(noises)
+    def noise(frames: int) -> torch.Tensor:
+        noises.append(torch.randn(frames, detok.dit.cfg.input_size, generator=g))
+        return noises[-1]
+
     params = replace(detok.new_session().params, max_kv_cache_frames=MAX_KV, max_position=MAX_POS)
-    session = DetokSession(params, noise_fn=lambda n: next(feed))
+    session = DetokSession(params, noise_fn=noise)
     session.trace = []
     got = [detok.step_batch([(session, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]
     got.append(detok.step_batch([(session, [], True)])[0])
+    expected, expected_starts = _reference(detok.dit, detok.vocoder, tokens, iter(noises),
+                                           config.first_chunk_tokens, config.chunk_tokens, config.look_ahead_tokens)
     starts = [rec["start_position"] for rec in session.trace]
-    assert starts == [0, 72, 0, 120]  # the reset after chunk 2 (192 + 2*120 > 400)
+    assert starts == expected_starts and 0 in starts[1:]  # positions were reset at least once
     got = [w for w in got if w.numel()]
-    assert len(got) == len(expected) == 4
+    assert len(got) == len(expected) == len(starts)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

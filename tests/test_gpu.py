@@ -21,7 +21,7 @@ from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from test_bench import check_small_decode_bench
-from test_engine_e2e import build_requests, check_bfloat16_engine, load_golden, load_tiny_lm, reference_steps
+from test_engine_e2e import build_requests, check_bfloat16_engine, load_tiny_lm, reference_steps
 from test_lm_golden import SECTIONS, TOL, forward_logits
 from test_pipeline import run_turn, with_pipeline
 
@@ -32,18 +32,17 @@ cuda_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="means something on
 
 
 @pytest.mark.parametrize("section", SECTIONS)
-def test_full_prompt_forward_matches_golden_on_device(golden, section):
-    text_logits, audio_logits = forward_logits(load_tiny_lm(DEVICE), golden, section)
+def test_full_prompt_forward_matches_golden_on_device(golden_checkpoint, golden, section):
+    text_logits, audio_logits = forward_logits(load_tiny_lm(golden_checkpoint, DEVICE), golden, section)
     torch.testing.assert_close(text_logits, golden[f"{section}.forward.text_logits"][0], **TOL)
     torch.testing.assert_close(audio_logits, golden[f"{section}.forward.audio_logits"][0], **TOL)
 
 
-def test_engine_equals_reference_loop_on_device_in_fp32():
+def test_engine_equals_reference_loop_on_device_in_fp32(golden_checkpoint, golden, golden_rules):
     # Greedy, sampled, penalised, text and fixed-length requests, a pool small enough to preempt,
     # chunked prefill: token for token what the batch-1 loop gives one request at a time.
-    lm = load_tiny_lm(DEVICE)
-    tensors, rules = load_golden()
-    requests = [req for _, req in build_requests(lm, tensors, rules) if not req.request_id.startswith("abort")]
+    lm = load_tiny_lm(golden_checkpoint, DEVICE)
+    requests = [req for _, req in build_requests(lm, golden, golden_rules) if not req.request_id.startswith("abort")]
     expected = {req.request_id: reference_steps(lm, req) for req in requests}
     config = EngineConfig(block_size=8, num_kv_blocks=12, max_num_batched_tokens=24, max_num_seqs=8)
     engine = LLMEngine(lm, config, DEVICE, torch.float32)
@@ -64,14 +63,14 @@ def test_engine_equals_reference_loop_on_device_in_fp32():
     assert engine.stats().num_blocks_free == 12
 
 
-def test_bfloat16_engine_on_device(monkeypatch):
-    check_bfloat16_engine(DEVICE, monkeypatch)
+def test_bfloat16_engine_on_device(monkeypatch, golden_checkpoint, golden, golden_rules):
+    check_bfloat16_engine(DEVICE, monkeypatch, golden_checkpoint, golden, golden_rules)
 
 
 @cuda_only
-def test_pool_sized_from_memory_is_the_same_for_a_second_engine():
+def test_pool_sized_from_memory_is_the_same_for_a_second_engine(golden_checkpoint):
     # The second pool must not shrink by what the first one left in the allocator's cache.
-    lm = load_tiny_lm(DEVICE, torch.bfloat16)
+    lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
     # A pool far below its useful maximum, so that free memory (not the cap) sizes it.
     config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096)
     engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)

@@ -16,26 +16,20 @@ from safetensors.torch import load_file, save_file
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import CheckpointError
-from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import load_lm
 from kimiaudio.engine.reference_loop import generate_reference, iter_reference
 from kimiaudio.engine.sampling_params import SamplingParams
-from test_engine_e2e import CHECKPOINT, GOLDEN, load_tiny_lm
+from test_engine_e2e import load_tiny_lm
 
 SECTIONS = ["lm.text", "lm.both", "lm_e2e"]
 TOL = dict(atol=1e-4, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")
-def meta() -> dict:
-    return json.loads((GOLDEN / "golden.meta.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return load_tiny_lm()
+def lm(golden_checkpoint):
+    return load_tiny_lm(golden_checkpoint)
 
 
 def _inputs(golden, section):
@@ -45,11 +39,6 @@ def _inputs(golden, section):
         golden[f"{section}.input.is_continuous_mask"][0].bool(),
         golden[f"{section}.input.whisper_feature"][0],
     )
-
-
-def _rule_tokens(meta) -> RuleTokens:
-    ids = meta["special_tokens"]
-    return RuleTokens(ids["kimia_text_blank"], ids["kimia_text_eos"], ids["msg_end"], ids["media_end"])
 
 
 def forward_logits(lm, golden, section, rows=None):
@@ -72,19 +61,20 @@ def test_full_prompt_forward_matches_golden(lm, golden, section):
 
 
 def test_logits_rows_select_rows(lm, golden):
-    rows = torch.tensor([0, 7, golden["lm.both.input.audio_input_ids"].shape[1] - 1])
+    length = golden["lm.both.input.audio_input_ids"].shape[1]
+    rows = torch.tensor([0, length // 3, length - 1])
     text_logits, audio_logits = forward_logits(lm, golden, "lm.both", rows)
     torch.testing.assert_close(text_logits, golden["lm.both.forward.text_logits"][0][rows], **TOL)
     torch.testing.assert_close(audio_logits, golden["lm.both.forward.audio_logits"][0][rows], **TOL)
 
 
 @pytest.mark.parametrize("section", SECTIONS)
-def test_greedy_generation_matches_golden(lm, golden, meta, section):
-    info = meta["sections"][section]
+def test_greedy_generation_matches_golden(lm, golden, golden_meta, golden_rules, section):
+    info = golden_meta["sections"][section]
     audio_ids, text_ids, mask, features = _inputs(golden, section)
     result = generate_reference(
         lm, audio_ids, text_ids, mask, [features], SamplingParams.greedy(max_new_tokens=info["max_new_tokens"]),
-        info["output_type"], _rule_tokens(meta), "cpu", record_steps=True,
+        info["output_type"], golden_rules, "cpu", record_steps=True,
     )
     steps = result.steps
     gen = f"{section}.gen"
@@ -103,37 +93,38 @@ def test_greedy_generation_matches_golden(lm, golden, meta, section):
     assert steps[-1].finished and not any(s.finished for s in steps[:-1])
 
 
-def test_streaming_iterator_yields_the_same_steps(lm, golden, meta):
+def test_streaming_iterator_yields_the_same_steps(lm, golden, golden_meta, golden_rules):
     audio_ids, text_ids, mask, features = _inputs(golden, "lm.both")
+    params = SamplingParams.greedy(max_new_tokens=golden_meta["sections"]["lm.both"]["max_new_tokens"])
     streamed = [(s.text_token, s.audio_token) for s in iter_reference(
-        lm, audio_ids, text_ids, mask, features, SamplingParams.greedy(max_new_tokens=20), "both", _rule_tokens(meta))]
+        lm, audio_ids, text_ids, mask, features, params, "both", golden_rules)]
     assert streamed == list(zip(golden["lm.both.gen.step_text_tokens"].tolist(),
                                 golden["lm.both.gen.step_audio_tokens"].tolist()))
 
 
-def test_config_errors_name_the_file(tmp_path):
-    data = json.loads((CHECKPOINT / "config.json").read_text())
-    del data["hidden_size"]
+def test_config_errors_name_the_file(golden_checkpoint, tmp_path):
+    data = json.loads((golden_checkpoint / "config.json").read_text())
+    hidden_size = data.pop("hidden_size")
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match=r"config\.json.*hidden_size"):
         KimiaConfig.from_file(bad)
-    data["hidden_size"] = "64"
+    data["hidden_size"] = str(hidden_size)
     bad.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match=r"config\.json.*'hidden_size' must be of type int"):
         KimiaConfig.from_file(bad)
 
 
-def test_missing_tensor_is_a_checkpoint_error(tmp_path):
-    shutil.copy(CHECKPOINT / "config.json", tmp_path / "config.json")
-    state = load_file(str(CHECKPOINT / "model.safetensors"))
+def test_missing_tensor_is_a_checkpoint_error(golden_checkpoint, tmp_path):
+    shutil.copy(golden_checkpoint / "config.json", tmp_path / "config.json")
+    state = load_file(str(golden_checkpoint / "model.safetensors"))
     del state["model.mimo_norm.weight"]
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"model\.safetensors.*mimo_norm\.weight"):
         load_lm(CheckpointPaths(root=tmp_path, glm_tokenizer=tmp_path), "cpu", torch.float32)
 
 
-def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, meta):
+def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, golden_rules):
     audio_ids, _, mask, features = _inputs(golden, "lm.both")
     zeros = torch.zeros_like(audio_ids)
     positions = torch.arange(audio_ids.shape[0])
@@ -148,5 +139,5 @@ def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, me
                                    lm.model.embed_tokens(audio_ids[:1]))
         expected, _ = lm(skipped, positions, ContiguousKVCache(lm.config, "cpu", torch.float32), last)
     step = next(iter_reference(lm, audio_ids, zeros, mask, features, SamplingParams.greedy(), "both",
-                               _rule_tokens(meta), record_steps=True))
+                               golden_rules, record_steps=True))
     torch.testing.assert_close(step.text_logits, expected[0], atol=1e-6, rtol=1e-6)

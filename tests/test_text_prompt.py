@@ -1,29 +1,29 @@
 """Prompt builder: rebuild the official golden prompts exactly, and check multi-turn layout."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from kimiaudio.checkpoint.files import read_json
 
-from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.text.prompt import Message, Prompt, build_prompt
 from kimiaudio.text.special_tokens import SpecialTokens
 from kimiaudio.text.tokenizer import KimiTokenizer
 
-GOLDEN = Path(__file__).parent / "data" / "golden_a"
+
+@pytest.fixture(scope="module")
+def tok(golden_paths):
+    return KimiTokenizer.from_checkpoint(golden_paths)
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return KimiTokenizer.from_checkpoint(find_checkpoint(GOLDEN / "checkpoint"))
+def sp(tok, golden_paths):
+    return SpecialTokens.from_tokenizer(tok, read_json(golden_paths.lm_config))
 
 
-@pytest.fixture(scope="module")
-def sp(tok):
-    return SpecialTokens.from_tokenizer(tok, read_json(GOLDEN / "checkpoint" / "config.json"))
+def golden_instruction(tok, golden, section: str) -> str:
+    """The user text of a golden prompt: its text stream without the blanks around it."""
+    return tok.decode(golden[f"{section}.input.text_input_ids"][0].tolist())
 
 
 def _codes_between_markers(audio_ids: list[int], sp: SpecialTokens) -> list[int]:
@@ -37,7 +37,7 @@ def test_rebuilds_official_golden_prompt(golden, tok, sp, prefix, output_type):
     feature = golden[f"{prefix}.input.whisper_feature"]  # [1, N, adaptor_dim]
     codes = _codes_between_markers(audio, sp)
     messages = [
-        Message("user", "text", text="ASR 请转写"),
+        Message("user", "text", text=golden_instruction(tok, golden, prefix)),
         Message("user", "audio", audio_tokens=codes, features=feature[0]),
     ]
     prompt = build_prompt(messages, output_type, tok, sp)

@@ -9,18 +9,15 @@ import pytest
 
 from kimiaudio.checkpoint.files import read_json
 
-from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint
+from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens, official_special_names
 from kimiaudio.text.tokenizer import KimiTokenizer
 
-GOLDEN = Path(__file__).parent / "data" / "golden_a"
-CHECKPOINT = GOLDEN / "checkpoint"
-
 
 @pytest.fixture(scope="module")
-def paths():
-    return find_checkpoint(CHECKPOINT)
+def paths(golden_paths):
+    return golden_paths
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +25,18 @@ def tok(paths):
     return KimiTokenizer.from_checkpoint(paths)
 
 
-def _copy_tokenizer_files(tmp_path: Path) -> CheckpointPaths:
+def _copy_tokenizer_files(paths: CheckpointPaths, tmp_path: Path) -> CheckpointPaths:
     for name in ("tiktoken.model", "tokenizer_config.json", "config.json"):
-        shutil.copy(CHECKPOINT / name, tmp_path / name)
+        shutil.copy(paths.root / name, tmp_path / name)
     return CheckpointPaths(root=tmp_path, glm_tokenizer=tmp_path / "glm-4-voice-tokenizer")
 
 
-def test_special_ids_follow_tokenizer_config(tok, paths):
+def test_special_ids_follow_tokenizer_config(tok, paths, golden_meta):
     decoder = read_json(paths.tokenizer_config)["added_tokens_decoder"]
     for key, entry in decoder.items():
         assert tok.special_id(entry["content"]) == int(key)
     specials = SpecialTokens.from_tokenizer(tok, read_json(paths.lm_config))
-    meta = json.loads((GOLDEN / "golden.meta.json").read_text())
-    expected = meta["special_tokens"]
+    expected = golden_meta["special_tokens"]
     assert specials.msg_end == expected["msg_end"]
     assert specials.media_begin == expected["media_begin"]
     assert specials.media_end == expected["media_end"]
@@ -50,28 +46,27 @@ def test_special_ids_follow_tokenizer_config(tok, paths):
     assert specials.assistant_msg_start == expected["kimia_assistant_msg_start"]
     assert specials.speech_ct == expected["kimia_speech_ct_id"]
     assert specials.speech_ctd == expected["kimia_speech_ctd_id"]
-    assert specials.token_offset == meta["kimia_token_offset"]
-    assert tok.vocab_size == meta["kimia_token_offset"]
+    assert specials.token_offset == golden_meta["kimia_token_offset"]
+    assert tok.vocab_size == golden_meta["kimia_token_offset"]
 
 
-def test_golden_special_order_is_the_official_one(tok):
-    # The tiny golden tokenizer numbers its 64 specials in the official order after 256 bytes.
-    for i, name in enumerate(official_special_names(64)):
-        assert tok.special_id(name) == 256 + i
+def test_golden_special_order_is_the_official_one(tok, paths):
+    # A tiny golden tokenizer numbers its specials in the official order after its ranks.
+    count = len(read_json(paths.tokenizer_config)["added_tokens_decoder"])
+    for i, name in enumerate(official_special_names(count)):
+        assert tok.special_id(name) == tok.num_base_tokens + i
 
 
 def test_official_count_matches_real_offset():
     assert 151643 + len(official_special_names()) == 152064
 
 
-def test_encode_matches_golden_prompt_text(tok):
-    from safetensors.torch import load_file
-
-    text_stream = load_file(str(GOLDEN / "golden.safetensors"))["lm.text.input.text_input_ids"][0].tolist()
-    # [blank] + instruction tokens + blanks: the instruction is 'ASR 请转写'
-    ids = tok.encode("ASR 请转写")
-    assert text_stream[1 : 1 + len(ids)] == ids
-    assert ids == list("ASR 请转写".encode("utf-8"))  # byte-level tiny vocabulary
+def test_encode_matches_golden_prompt_text(tok, golden):
+    text_stream = golden["lm.text.input.text_input_ids"][0].tolist()
+    # [blank] + instruction tokens + blanks; decode drops the blanks
+    instruction = tok.decode(text_stream)
+    ids = tok.encode(instruction)
+    assert instruction and text_stream[1 : 1 + len(ids)] == ids
 
 
 @pytest.mark.parametrize("text", ["Hello, world! It's 2025.", "请转写这段话。", "mixed 中文 and English\n\ttabs  "])
@@ -97,8 +92,8 @@ def test_missing_special_names_the_file(tok):
         tok.special_id("<|nope|>")
 
 
-def test_malformed_tiktoken_names_file_and_line(tmp_path):
-    paths = _copy_tokenizer_files(tmp_path)
+def test_malformed_tiktoken_names_file_and_line(paths, tmp_path):
+    paths = _copy_tokenizer_files(paths, tmp_path)
     lines = paths.tiktoken_model.read_text().splitlines()
     lines[4] = "not-base64!! 4"
     paths.tiktoken_model.write_text("\n".join(lines) + "\n")
@@ -106,8 +101,8 @@ def test_malformed_tiktoken_names_file_and_line(tmp_path):
         KimiTokenizer.from_checkpoint(paths)
 
 
-def test_special_id_inside_ranks_is_refused(tmp_path):
-    paths = _copy_tokenizer_files(tmp_path)
+def test_special_id_inside_ranks_is_refused(paths, tmp_path):
+    paths = _copy_tokenizer_files(paths, tmp_path)
     config = json.loads(paths.tokenizer_config.read_text())
     config["added_tokens_decoder"]["12"] = {"content": "<|bad|>"}
     paths.tokenizer_config.write_text(json.dumps(config))
@@ -115,14 +110,15 @@ def test_special_id_inside_ranks_is_refused(tmp_path):
         KimiTokenizer.from_checkpoint(paths)
 
 
-def test_without_added_tokens_decoder_uses_official_numbering(tmp_path):
-    paths = _copy_tokenizer_files(tmp_path)
+def test_without_added_tokens_decoder_uses_official_numbering(paths, tmp_path):
+    paths = _copy_tokenizer_files(paths, tmp_path)
     config = json.loads(paths.tokenizer_config.read_text())
     del config["added_tokens_decoder"]
     paths.tokenizer_config.write_text(json.dumps(config))
     tok = KimiTokenizer.from_checkpoint(paths)
-    assert tok.special_id("<|im_kimia_text_blank|>") == 279
-    assert tok.vocab_size == 256 + 421
+    names = official_special_names()
+    assert tok.special_id("<|im_kimia_text_blank|>") == tok.num_base_tokens + names.index("<|im_kimia_text_blank|>")
+    assert tok.vocab_size == tok.num_base_tokens + len(names)
 
 
 def test_media_ids_must_agree_with_config(tok, paths):
@@ -134,7 +130,7 @@ def test_media_ids_must_agree_with_config(tok, paths):
 
 def test_offset_below_text_vocab_is_refused(tok, paths):
     config = read_json(paths.lm_config)
-    config["kimia_token_offset"] = 300
+    config["kimia_token_offset"] = tok.vocab_size - 1
     with pytest.raises(CheckpointError, match="kimia_token_offset"):
         SpecialTokens.from_tokenizer(tok, config)
 

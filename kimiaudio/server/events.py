@@ -20,7 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.config import check_setting
+from kimiaudio.errors import ConfigError, KimiAudioError
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed")
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024
@@ -153,7 +154,7 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
         raise ProtocolError("invalid_event", f"message too large ({len(message)} characters, limit {MAX_CLIENT_MESSAGE_BYTES})")
     try:
         data = json.loads(message)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
         raise ProtocolError("invalid_json", f"message is not valid JSON ({exc})") from None
     data = _object(data, "event")
     kind = data.get("type")
@@ -175,7 +176,16 @@ def parse_client_event(message: str | bytes) -> ClientEvent:
     if output_type is not None and output_type not in ("both", "text"):
         raise ProtocolError("invalid_event", f"{kind}.session.output_type: expected 'both' or 'text', got {output_type!r}")
     return SessionUpdate(
-        vad=dict(_object(session.get("vad", {}), f"{kind}.session.vad")),
-        sampling=dict(_object(session.get("sampling", {}), f"{kind}.session.sampling")),
+        vad=_settings(session.get("vad", {}), "vad", f"{kind}.session"),
+        sampling=_settings(session.get("sampling", {}), "sampling", f"{kind}.session"),
         output_type=output_type,
     )
+
+
+def _settings(value: Any, section: str, where: str) -> dict[str, Any]:
+    """Keys of config [section], each checked against its declared type and range here, so a
+    bad value is answered at once instead of failing a turn later."""
+    try:
+        return {key: check_setting(section, key, item) for key, item in _object(value, f"{where}.{section}").items()}
+    except ConfigError as exc:
+        raise ProtocolError("invalid_value", f"{where}.{exc}") from None

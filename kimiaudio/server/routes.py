@@ -168,7 +168,7 @@ def _session_update_json(session) -> str:
 async def _json_object(request: web.Request) -> dict:
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "the request body must be a JSON object")
