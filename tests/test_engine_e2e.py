@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.paged_attention import AttentionMetadata
 from kimiaudio.engine.request import EngineRequest, RequestError
 from kimiaudio.engine.stop_rules import RuleTokens
-from kimiaudio.models.kimia_lm import load_lm
+from kimiaudio.models.kimia_lm import KimiAudioLM, load_lm
 from kimiaudio.engine.reference_loop import generate_reference, iter_reference
 from kimiaudio.engine.sampling_params import SamplingParams
 
@@ -304,3 +306,26 @@ def check_bfloat16_engine(device, monkeypatch, checkpoint, tensors, rules):
 
 def test_bfloat16_engine_serves_a_mixed_batch(monkeypatch, golden_checkpoint, golden, golden_rules):
     check_bfloat16_engine("cpu", monkeypatch, golden_checkpoint, golden, golden_rules)
+
+
+def test_checkpoint_without_whisper_features_ignores_them(setup):
+    """use_whisper_feature = false (no VQ adaptor): the official model ignores the features it
+    is given; so do the engine and the reference loop, rather than failing every turn."""
+    lm, tensors, rules = setup
+    config = dataclasses.replace(lm.config, use_whisper_feature=False)
+    plain = KimiAudioLM(config).eval().requires_grad_(False)
+    state = {k: v for k, v in lm.state_dict().items() if "vq_adaptor" not in k}
+    plain.load_state_dict(state)
+    prompt = golden_prompt(tensors, "lm_e2e")
+    params = SamplingParams.greedy(max_new_tokens=8)
+    with_features = make_request("with", prompt, params, "both", rules)
+    without = make_request("without", dict(prompt, features=None, continuous_mask=[0] * len(prompt["audio_ids"])),
+                           params, "both", rules)
+    engine = engine_for(plain)
+    outputs = {}
+    for request in (with_features, without):
+        engine.add_request(request)
+        while engine.has_work():
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).append((out.text_token, out.audio_token))
+    assert outputs["with"] == outputs["without"] == reference_steps(plain, with_features)[0]

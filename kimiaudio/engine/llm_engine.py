@@ -193,8 +193,8 @@ class LLMEngine:
 
     def _check_features(self, rid: str, features, num_continuous: int) -> torch.Tensor | None:
         """None, a [N, D] / [1, N, D] tensor or a list of them -> [N, D] or None, validated."""
-        if features is None:
-            return None
+        if features is None or not self.lm.config.use_whisper_feature:
+            return None  # official: a checkpoint without the VQ adaptor ignores the features
         parts = [features] if isinstance(features, torch.Tensor) else list(features)
         if not parts:
             return None
@@ -204,8 +204,6 @@ class LLMEngine:
         if any(p.dim() not in (2, 3) or p.shape[-1] != dim or (p.dim() == 3 and p.shape[0] != 1) for p in parts):
             raise RequestError(f"request {rid}: features must be [N, {dim}] tensors, got "
                                f"{[tuple(p.shape) for p in parts]}")
-        if not self.lm.config.use_whisper_feature:
-            raise RequestError(f"request {rid}: this checkpoint does not use continuous features")
         rows = torch.cat([p.reshape(-1, dim) for p in parts])
         if rows.shape[0] != num_continuous:
             raise RequestError(f"request {rid}: {rows.shape[0]} feature rows for {num_continuous} continuous positions")

@@ -92,9 +92,8 @@ class KimiAudioLM(nn.Module):
         it, and every caller knows them on the host.
         """
         hidden = self.model.embed_tokens(audio_ids)  # [T, H]
-        if features is not None and features.shape[0] > 0:
-            if self.model.vq_adaptor is None:
-                raise KimiAudioError("this checkpoint has use_whisper_feature=false: continuous features cannot be used")
+        # Official: without the VQ adaptor (use_whisper_feature = false) features are ignored.
+        if features is not None and features.shape[0] > 0 and self.model.vq_adaptor is not None:
             if feature_positions is None:
                 raise KimiAudioError("continuous features were given without their positions")
             index = feature_positions
