@@ -47,7 +47,7 @@ def random_lm(config: KimiaConfig, device: torch.device, dtype: torch.dtype, see
                 param.fill_(1.0 if "norm" in name else 0.0)  # norm weights 1, biases 0
             else:
                 param.normal_(0.0, 0.02, generator=gen)
-    return lm.eval().requires_grad_(False)
+    return lm.fuse_projections().eval().requires_grad_(False)
 
 
 def decode_weight_bytes(lm: KimiAudioLM) -> int:

@@ -69,6 +69,14 @@ class KimiAudioLM(nn.Module):
         self.mimo_output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
 
+    def fuse_projections(self) -> "KimiAudioLM":
+        """Merge every layer's q/k/v and gate/up projections (see qwen2.fuse_linears); call
+        after the weights are loaded by their official names."""
+        for layer in [*self.model.layers, *self.model.mimo_layers]:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+        return self
+
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
@@ -149,4 +157,5 @@ def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dty
     index = paths.root / "model.safetensors.index.json"
     source = index if index.is_file() else paths.root / "model.safetensors"
     load_into(lm, state, source, ignore=("rotary_emb.inv_freq",))
-    return lm.eval().requires_grad_(False)
+    del state
+    return lm.fuse_projections().eval().requires_grad_(False)

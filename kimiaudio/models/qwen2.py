@@ -7,6 +7,12 @@ RMSNorm computes in fp32 and casts back before the weight multiply; cos/sin are 
 fp32 and cast to the model dtype before they are applied. Tensors are token-major [T, ...]:
 the tokens of every sequence in a batch are packed along T and the attention backend knows
 which sequence each belongs to. Attribute names equal the checkpoint's tensor names.
+
+`fuse_projections()` (called once the checkpoint is loaded by those names) replaces q/k/v_proj
+by one `qkv_proj` and gate/up_proj by one `gate_up_proj`, as nano-vllm's merged linears: one
+GEMM reads the concatenated weights instead of three (two) reading theirs, which matters at
+decode, where every GEMM is a pass over its weights. The concatenation is per layer, so the
+device never holds two copies of the model.
 """
 
 from __future__ import annotations
@@ -22,6 +28,24 @@ from kimiaudio.layers.norm import RMSNorm
 from kimiaudio.layers.rotary import apply_rotary
 
 
+def fuse_linears(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> None:
+    """Replace the Linear children `names` of `parent` by one Linear `fused_name` whose output
+    is theirs concatenated in that order; the originals are freed. No-op once fused."""
+    if getattr(parent, fused_name, None) is not None:
+        return
+    parts = [getattr(parent, name) for name in names]
+    has_bias = parts[0].bias is not None
+    weight = parts[0].weight
+    fused = nn.Linear(weight.shape[1], sum(p.weight.shape[0] for p in parts), bias=has_bias, device="meta")
+    with torch.no_grad():
+        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+        if has_bias:
+            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    for name in names:
+        setattr(parent, name, None)  # drops the only reference: the original weights are freed
+    setattr(parent, fused_name, fused)
+
+
 class Qwen2Attention(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
@@ -33,13 +57,25 @@ class Qwen2Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H] -> q [T, Hq*D], k, v [T, Hkv*D] (views of one GEMM's output once fused)."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.num_kv_heads * self.head_dim
+        return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend, layer_idx: int) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.project(x)
+        q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = attn(layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
@@ -51,9 +87,16 @@ class Qwen2MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Qwen2DecoderLayer(nn.Module):
