@@ -9,6 +9,12 @@ heads of the whole batch are sampled in one `sample_tokens` call with each reque
 histories (the tokens fed back so far) and its own uniforms (text, then audio, one pair per
 generated step, as the reference loop draws them). The step ends with exactly one
 host-device synchronisation: the `.tolist()` of the sampled tokens.
+
+An all-decode step (every sequence computes one position without features) takes the
+static-shape path: its inputs are written into fixed buffers padded to the next batch size
+of decode_batch.py, and the same decode forward runs over them, eagerly or (CUDA) replayed
+from the CUDA graph captured for that size. Every other step (prefill chunks, mixed with
+decodes or not) runs eagerly over a flat batch built for it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from kimiaudio.config import EngineConfig
+from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs
 from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
@@ -42,11 +49,40 @@ class ModelRunner:
         self.pool = KVPool(cfg.num_kv_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads,
                            cfg.head_dim, self.device, dtype)
         lm.rotary.ensure_length(engine_config.max_model_len, self.device)
+        self.use_kernels = False
+        max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
+        with torch.inference_mode():
+            self.decode_inputs = DecodeInputs(self.pool, max_batch, engine_config.max_model_len, dtype,
+                                              self.use_kernels, None)
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Compute every scheduled position; return (text, audio) samples, one per sequence
         that completes its pending positions this step, in batch order."""
+        if self.decode_inputs.fits(seqs):
+            return self._run_decode(seqs)
+        return self._run_mixed(seqs)
+
+    def _run_decode(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        batch = self.decode_inputs.prepare(seqs, full_width=False)
+        text_logits, audio_logits = self.decode_forward(batch)  # [Bp, V] each
+        sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
+        if not sampling:
+            return []
+        if len(sampling) == len(seqs):  # the usual case: a slice, no gather
+            text_logits, audio_logits = text_logits[:len(seqs)], audio_logits[:len(seqs)]
+        else:  # a one-position prefill chunk that does not end its prompt yet
+            rows = self._long(sampling)
+            text_logits, audio_logits = text_logits[rows], audio_logits[rows]
+        return self._sample([seqs[i] for i in sampling], text_logits, audio_logits)
+
+    def decode_forward(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The all-decode forward over static views: no host-device synchronisation, no shape
+        that depends on the data (what a CUDA graph captures). -> logits [Bp, V] of both heads."""
+        hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
+        return self.lm(hidden, batch.positions, batch.attention)
+
+    def _run_mixed(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         audio, text, use_text, continuous, positions = [], [], [], [], []
         features: list[torch.Tensor] = []
         entries: list[tuple[list[int], int, int]] = []
@@ -70,7 +106,8 @@ class ModelRunner:
         feature_positions = self._long([i for i, c in enumerate(continuous) if c]) if features else None
         hidden = self.lm.embed(self._long(audio), self._long(text), self._bool(use_text),
                                torch.cat(features) if features else None, feature_positions)
-        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype))
+        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype,
+                                                                 self.use_kernels))
         text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
         if not sampling:
             return []
