@@ -80,6 +80,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
+    # Decode steps replayed from CUDA graphs captured at start-up (CUDA only; needs triton).
+    cuda_graphs: bool = True
     # torch intra-op threads of the GPU worker thread when the model runs on the CPU (0 = torch's
     # default). On the 2-core demo machine, 2 sped up the LM alone (bench: 6.1-6.6x the reference
     # loop at 16 sessions against about 5x) but halved the whole pipeline, whose event loop needs

@@ -44,7 +44,9 @@ def test_prepare_writes_rows_then_padding():
     assert inputs.max_blocks == 10
     seqs = [decoding_seq(0, 6, [3, 9]), decoding_seq(1, 9, [1, 4, 12]), decoding_seq(2, 1, [0])]
     assert inputs.fits(seqs)
-    batch = inputs.prepare(seqs, full_width=False)
+    padded, width = inputs.prepare(seqs)
+    assert (padded, width) == (4, 3)
+    batch = inputs.batch(padded, width)
     assert batch.audio_ids.tolist() == [15, 18, 10, 0]  # padded to 4 rows
     assert batch.text_ids.tolist() == [7, 7, 7, 0] and batch.use_text.tolist() == [1, 0, 1, 0]
     assert batch.positions.tolist() == [5, 8, 0, 0]
@@ -56,8 +58,8 @@ def test_prepare_writes_rows_then_padding():
     assert meta.mask.shape == (4, 1, 1, 3 * BS)
     assert inputs.fields[POSITION, :4].tolist() == [5, 8, 0, 0]
     # Full width: the graph's view of the same buffers.
-    full = inputs.prepare(seqs[:1], full_width=True)
-    assert full.attention.meta.block_tables.shape == (1, 10)
+    assert inputs.prepare(seqs[:1]) == (1, 2)
+    assert inputs.batch(1, inputs.max_blocks).attention.meta.block_tables.shape == (1, 10)
     assert inputs.fields[SLOT, 1].item() == scratch and inputs.fields[CONTEXT, 1].item() == 1
     # Not a decode step: a prefill chunk, a continuous position, more rows than the buffers hold.
     chunk = decoding_seq(2, 5, [2, 5])
@@ -79,7 +81,8 @@ def test_padded_decode_attention_matches_reference():
     free = torch.randperm(24, generator=gen).tolist()
     lengths = [1, 7, 13, 4, 16]  # padded to 8 rows
     seqs = [decoding_seq(i, n, [free.pop() for _ in range(-(-n // BS))]) for i, n in enumerate(lengths)]
-    batch = inputs.prepare(seqs, full_width=True)
+    padded, _ = inputs.prepare(seqs)
+    batch = inputs.batch(padded, inputs.max_blocks)
     q = torch.randn(8, HQ, D, generator=gen)
     k, v = torch.randn(8, HKV, D, generator=gen), torch.randn(8, HKV, D, generator=gen)
     for layer in range(2):
@@ -140,10 +143,10 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
     padded_steps = []
     prepare = static.runner.decode_inputs.prepare
 
-    def recording_prepare(seqs, full_width):
-        batch = prepare(seqs, full_width)
-        padded_steps.append((len(seqs), batch.positions.shape[0]))
-        return batch
+    def recording_prepare(seqs):
+        padded, width = prepare(seqs)
+        padded_steps.append((len(seqs), padded))
+        return padded, width
 
     monkeypatch.setattr(static.runner.decode_inputs, "prepare", recording_prepare)
     outputs, finished = run_scenario(static, arrivals)

@@ -76,12 +76,9 @@ class DecodeInputs:
             seq.num_scheduled_tokens == 1 and not seq.continuous_mask[seq.num_computed_tokens]
             and len(seq.block_table) <= self.max_blocks for seq in seqs)
 
-    def prepare(self, seqs: list[Sequence], full_width: bool) -> DecodeBatch:
-        """Write the step's rows (then padding) into the buffers; return the padded views.
-
-        full_width: block tables of the fixed width W (what a graph was captured with), else
-        only as wide as the longest sequence needs (the torch path gathers every column).
-        """
+    def prepare(self, seqs: list[Sequence]) -> tuple[int, int]:
+        """Write the step's rows (then padding) into the buffers, on the current stream.
+        -> (padded batch size, block-table columns the rows use); `batch` gives the views."""
         padded, pad = self.padded_size(len(seqs)), self.max_batch - len(seqs)
         bs, scratch = self.block_size, self.pool.scratch_block
         positions = [seq.num_computed_tokens for seq in seqs]
@@ -100,9 +97,11 @@ class DecodeInputs:
         # Columns past `width` keep earlier steps' ids: valid blocks, never read (context_lens).
         self.fields.copy_(fields, non_blocking=True)
         self.block_tables[:padded, :width].copy_(tables, non_blocking=True)
-        return self.batch(padded, self.max_blocks if full_width else width)
+        return padded, width
 
     def batch(self, padded: int, width: int) -> DecodeBatch:
+        """Views of the first `padded` rows, block tables `width` columns wide: W for a graph,
+        else as wide as the rows need (the torch path gathers every column)."""
         f = self.fields[:, :padded]
         meta = DecodeMetadata.create(self.block_tables[:padded, :width], f[CONTEXT], self.block_size, self.dtype,
                                      self.use_kernel)

@@ -19,15 +19,20 @@ decodes or not) runs eagerly over a flat batch built for it.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs
+from kimiaudio.engine.cuda_graphs import DecodeGraphs
+from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.layers.sampler import sample_tokens
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -50,10 +55,30 @@ class ModelRunner:
                            cfg.head_dim, self.device, dtype)
         lm.rotary.ensure_length(engine_config.max_model_len, self.device)
         self.use_kernels = False
+        # Graphs need a decode attention that reads only a sequence's own blocks through
+        # fixed-width tables (the Triton kernel); the torch gather would read them all.
+        use_graphs = self.device.type == "cuda" and engine_config.cuda_graphs and self.use_kernels
+        if self.device.type == "cuda" and engine_config.cuda_graphs and not use_graphs:
+            log.warning("engine.cuda_graphs: no Triton paged attention for this device/model: decoding eagerly")
         max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
+        sizes = decode_batch_sizes(max_batch) if use_graphs else None
         with torch.inference_mode():
             self.decode_inputs = DecodeInputs(self.pool, max_batch, engine_config.max_model_len, dtype,
-                                              self.use_kernels, None)
+                                              self.use_kernels, sizes)
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            inputs = self.decode_inputs
+            self.graphs = DecodeGraphs(lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)),
+                                       sizes, self.device)
+            self.graphs.capture()
+
+    @property
+    def capture_seconds(self) -> float:
+        return 0.0 if self.graphs is None else self.graphs.capture_seconds
+
+    @property
+    def graph_memory_bytes(self) -> int:
+        return 0 if self.graphs is None else self.graphs.memory_bytes
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
@@ -64,8 +89,11 @@ class ModelRunner:
         return self._run_mixed(seqs)
 
     def _run_decode(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
-        batch = self.decode_inputs.prepare(seqs, full_width=False)
-        text_logits, audio_logits = self.decode_forward(batch)  # [Bp, V] each
+        padded, width = self.decode_inputs.prepare(seqs)
+        if self.graphs is not None:
+            text_logits, audio_logits = self.graphs.replay(padded)  # [Bp, V] each
+        else:
+            text_logits, audio_logits = self.decode_forward(self.decode_inputs.batch(padded, width))
         sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
         if not sampling:
             return []
