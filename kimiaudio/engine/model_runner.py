@@ -26,11 +26,13 @@ import torch
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
-from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks, to_device
+from kimiaudio.engine.paged_attention import (AttentionMetadata, KVPool, PagedAttention, attention_kernel_supports,
+                                               pool_num_blocks, to_device)
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.layers.sampler import sample_tokens
+from kimiaudio.layers.triton_support import use_triton
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ class ModelRunner:
         self.pool = KVPool(cfg.num_kv_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads,
                            cfg.head_dim, self.device, dtype)
         lm.rotary.ensure_length(engine_config.max_model_len, self.device)
-        self.use_kernels = False
+        # The Triton kernels for the pool (store K/V, decode attention): CUDA, or forced.
+        self.use_kernels = use_triton(self.device) and attention_kernel_supports(cfg.head_dim)
         # Graphs need a decode attention that reads only a sequence's own blocks through
         # fixed-width tables (the Triton kernel); the torch gather would read them all.
         use_graphs = self.device.type == "cuda" and engine_config.cuda_graphs and self.use_kernels

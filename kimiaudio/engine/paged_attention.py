@@ -25,6 +25,11 @@ from kimiaudio.engine.kv_pool import CPU_KV_BUDGET_BYTES, KVPool, pool_num_block
 from kimiaudio.layers.attention import causal_attention
 
 
+def attention_kernel_supports(head_dim: int) -> bool:
+    """Head sizes the Triton kernels take (tl.arange and tl.dot want powers of two >= 16)."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+
 @dataclass
 class DecodeMetadata:
     block_tables: torch.Tensor  # [B, W] int32; entries past a row's own blocks name any valid block
