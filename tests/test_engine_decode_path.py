@@ -26,6 +26,7 @@ def test_decode_batch_sizes():
     assert decode_batch_sizes(1) == [1]
     assert decode_batch_sizes(5) == [1, 2, 4, 5]
     assert decode_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert decode_batch_sizes(100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]
 
 
 def decoding_seq(seq_id: int, length: int, table: list[int]) -> Sequence:

@@ -1,7 +1,7 @@
 """Static input buffers of the all-decode step, padded to a fixed set of batch sizes.
 
 With CUDA graphs, a decode step of B sequences runs with the batch padded to the next size of
-`decode_batch_sizes` (1, 2, 4, 8, then every 8 up to max_num_seqs); without (the CPU), padding
+`decode_batch_sizes` (1, 2, 4, 8, then every 8 up to 64, every 16 beyond); without (the CPU), padding
 would only add work, so `batch_sizes` is None and B rows run (tests pad on the CPU too, to
 check the padded rows). Its inputs live in
 tensors allocated once: per row the audio id, text id, use_text flag, position, slot of the new
@@ -30,9 +30,9 @@ NUM_FIELDS = 6
 
 
 def decode_batch_sizes(max_num_seqs: int) -> list[int]:
-    """Padded batch sizes: 1, 2, 4, 8, 16, 24, ... and max_num_seqs itself."""
-    sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs] + list(range(16, max_num_seqs, 8))
-    return sizes + [max_num_seqs]
+    """Padded batch sizes: 1, 2, 4, 8, then every 8 to 64, every 16 beyond, and max_num_seqs."""
+    steps = [1, 2, 4, 8] + list(range(16, 64, 8)) + list(range(64, max(64, max_num_seqs), 16))
+    return [s for s in steps if s < max_num_seqs] + [max_num_seqs]
 
 
 @dataclass
