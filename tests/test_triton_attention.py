@@ -92,8 +92,8 @@ def test_decode_attention_matches_torch_gather(dtype, head_dim, num_heads, num_k
 
 
 def test_engine_through_the_kernels_equals_reference(monkeypatch):
-    # The golden scenario of test_engine_decode_path with the pool's kernels in every step
-    # (padded static decodes and flat mixed steps): token for token the reference loop's.
+    # The golden scenario of test_engine_decode_path with every kernel in every step (padded
+    # static decodes and flat mixed steps): token for token the reference loop's.
     from kimiaudio.config import EngineConfig
     from kimiaudio.engine import LLMEngine
     from kimiaudio.engine.decode_batch import decode_batch_sizes
@@ -103,7 +103,9 @@ def test_engine_through_the_kernels_equals_reference(monkeypatch):
 
     lm = load_tiny_lm(DEVICE)
     tensors, rules = load_golden()
-    arrivals = build_requests(lm, tensors, rules)
+    # A few of them (the interpreter runs every program of every kernel in Python).
+    keep = ("both", "trunc", "sampled", "penalised", "abort-running")
+    arrivals = [(step, req) for step, req in build_requests(lm, tensors, rules) if req.request_id in keep]
     expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals}
     monkeypatch.setenv("KIMIAUDIO_KERNELS", "triton")
     kernel_mode.cache_clear()
@@ -117,9 +119,7 @@ def test_engine_through_the_kernels_equals_reference(monkeypatch):
         monkeypatch.delenv("KIMIAUDIO_KERNELS")
         kernel_mode.cache_clear()
     for rid, (steps, reason) in expected.items():
-        if rid == "abort-waiting":
-            assert outputs[rid] == []
-        elif rid in ("abort-running", "fixed-length"):
-            assert outputs[rid][:min(5, len(steps))] == steps[:5]
+        if rid == "abort-running":
+            assert outputs[rid] == steps[:5]
         else:
             assert (outputs[rid], finished[rid]) == (steps, reason), rid

@@ -131,17 +131,18 @@ class KimiAudioLM(nn.Module):
         """
         cos, sin = self.rotary(positions, hidden.dtype)
         branch_after = self.config.kimia_mimo_transformer_from_layer_index
-        mimo = hidden
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, attn)
+            hidden, residual = layer(hidden, residual, cos, sin, attn)  # the state is hidden + residual
             if i == branch_after:
-                mimo = hidden
+                mimo, mimo_residual = hidden, residual  # the official mimo_h = h.clone()
         for layer in self.model.mimo_layers:
-            mimo = layer(mimo, cos, sin, attn)
+            mimo, mimo_residual = layer(mimo, mimo_residual, cos, sin, attn)
         if logits_rows is not None:
-            hidden, mimo = hidden[logits_rows], mimo[logits_rows]
-        text_logits = self.lm_head(self.model.norm(hidden))
-        audio_logits = self.mimo_output(self.model.mimo_norm(mimo))
+            hidden, residual = hidden[logits_rows], residual[logits_rows]
+            mimo, mimo_residual = mimo[logits_rows], mimo_residual[logits_rows]
+        text_logits = self.lm_head(self.model.norm(hidden, residual)[0])
+        audio_logits = self.mimo_output(self.model.mimo_norm(mimo, mimo_residual)[0])
         return text_logits, audio_logits
 
 

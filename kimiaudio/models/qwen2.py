@@ -1,7 +1,8 @@
 """Qwen2 decoder building blocks, shared by the Kimi-Audio trunk and its MIMO branch.
 
 Follows transformers' Qwen2 (and the official modeling_moonshot_kimia.py, which reuses it):
-pre-norm layers `h += o_proj(attn(rms(h)))`, `h += down(silu(gate(x)) * up(x))`; q/k/v have a
+pre-norm layers `h += o_proj(attn(rms(h)))`, `h += down(silu(gate(x)) * up(x))` (each add done
+by the next norm, fused with it: layers pass (block output, residual) pairs); q/k/v have a
 bias, o_proj and the MLP none; GQA; non-interleaved RoPE (rotate_half). Numerics as official:
 RMSNorm computes in fp32 and casts back before the weight multiply; cos/sin are computed in
 fp32 and cast to the model dtype before they are applied. Tensors are token-major [T, ...]:
@@ -20,12 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kimiaudio.layers.activation import silu_and_mul, silu_mul
 from kimiaudio.layers.attention import AttentionBackend
 from kimiaudio.layers.norm import RMSNorm
-from kimiaudio.layers.rotary import apply_rotary
+from kimiaudio.layers.rotary import apply_rotary_qk
 
 
 def fuse_linears(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> None:
@@ -76,7 +77,7 @@ class Qwen2Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = apply_rotary_qk(q, k, cos, sin)
         out = attn(layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -94,9 +95,8 @@ class Qwen2MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, H]
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -110,7 +110,15 @@ class Qwen2DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """h [T, H] -> [T, H]."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, self.layer_idx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) [T, H] each -> the same pair after this layer.
+
+        The residual stream is carried beside the block output and added by the next norm
+        (one fused add-and-norm): the layer's output hidden state is h + residual. residual
+        None: h is the input embedding.
+        """
+        x, residual = self.input_layernorm(h, residual)  # residual <- h + residual
+        h = self.self_attn(x, cos, sin, attn, self.layer_idx)
+        x, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(x), residual
