@@ -25,9 +25,12 @@ import triton.language as tl
 from kimiaudio.layers.triton_support import interpreting
 
 LOG2E = 1.4426950408889634
+# Integer arguments that vary between eager steps (the tables' width sets the partitions):
+# unspecialised, so a new value never compiles a new kernel variant in the middle of serving.
+VARYING = ["block_size", "partition_size", "num_partitions", "stride_bt"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
     scale_log2, block_size, partition_size, num_partitions,
@@ -92,7 +95,7 @@ def _decode_partition_kernel(
             tl.store(acc_ptr + index[:, None] * HEAD_DIM + d[None, :], acc, mask=rows[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["partition_size", "num_partitions"])
 def _merge_partitions_kernel(
     context_lens_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, partition_size, num_partitions, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PARTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
