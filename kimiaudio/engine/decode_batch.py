@@ -1,18 +1,17 @@
 """Static input buffers of the all-decode step, padded to a fixed set of batch sizes.
 
-With CUDA graphs, a decode step of B sequences runs with the batch padded to the next size of
-`decode_batch_sizes` (1, 2, 4, 8, then every 8 up to 64, every 16 beyond); without (the CPU), padding
-would only add work, so `batch_sizes` is None and B rows run (tests pad on the CPU too, to
-check the padded rows). Its inputs live in
-tensors allocated once: per row the audio id, text id, use_text flag, position, slot of the new
-token and context length ([NUM_FIELDS, max_batch] long), and a block table of fixed width
-ceil(max_model_len / block_size) ([max_batch, W] int32). Each step writes them in place (two
-host-to-device copies), so a CUDA graph captured over views of these buffers replays any
-later step of the same padded size; without graphs the same views run eagerly (the CPU).
+The step's inputs live in tensors allocated once: per row the audio id, text id, use_text
+flag, position, slot of the new token and context length ([NUM_FIELDS, max_batch] long), and
+a block table of fixed width W = ceil(max_model_len / block_size) ([max_batch, W] int32).
+Each step writes them in place (two host-to-device copies on the current stream), so a CUDA
+graph captured over views of these buffers replays any later step of the same padded size.
 
-Padded rows hold token 0 at position 0, write their K/V into the pool's scratch block and
-attend to its first slot only (context length 1): they read nothing of any sequence, and
-their logits are discarded.
+With CUDA graphs a step of B sequences is padded to the next of `decode_batch_sizes` (1, 2,
+4, 8, then every 8 up to 64, every 16 beyond). Without them (the CPU) padding would only add
+work: `batch_sizes` is None and the same views run eagerly with B rows (tests pad on the CPU
+too, to check the padded rows). Padded rows hold token 0 at position 0, write their K/V into
+the pool's scratch block and attend to its first slot only (context length 1): they read
+nothing of any sequence, and their logits are discarded.
 """
 
 from __future__ import annotations

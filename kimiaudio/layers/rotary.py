@@ -8,6 +8,7 @@ from torch import nn
 
 from kimiaudio.layers.triton_support import use_triton
 
+
 class RotaryEmbedding(nn.Module):
     """cos/sin for arbitrary positions from an fp32 table built lazily on the positions' device.
 
