@@ -25,8 +25,14 @@ class RMSNorm(nn.Module):
             from kimiaudio.layers import triton_ops
 
             return triton_ops.rms_norm(x, self.weight, self.eps, residual)
-        if residual is not None:
-            x = x + residual
-        # F.rms_norm is the official x * rsqrt(mean(x^2) + eps) in one op (bit-identical on the
-        # CPU, checked in fp32 and bf16; one fused kernel on CUDA instead of five launches).
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype), x
+        return rms_norm_reference(x, self.weight, self.eps, residual)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch path of RMSNorm.forward (the Triton kernel's reference)."""
+    if residual is not None:
+        x = x + residual
+    # F.rms_norm is the official x * rsqrt(mean(x^2) + eps) in one op (bit-identical on the
+    # CPU, checked in fp32 and bf16; one fused kernel on CUDA instead of five launches).
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype), x
