@@ -80,8 +80,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
-    # Prefill positions per step while sequences decode (a mixed step then costs about 1.3 decode
-    # steps on an H100 with the 7B); with nothing decoding, prefill takes max_num_batched_tokens.
+    # Prefill positions per step while sequences decode (aimed at a mixed step of at most ~1.3
+    # decode steps on an H100 with the 7B; bench --random-weights 7b prints mixed_step_ms_p50);
+    # with nothing decoding, prefill takes max_num_batched_tokens.
     max_prefill_tokens_while_decoding: int = 256
     # Decode steps replayed from CUDA graphs captured at start-up (CUDA only; needs triton).
     cuda_graphs: bool = True
