@@ -104,10 +104,15 @@ class EngineConfig:
     max_num_seqs: int = setting(64, Bounds(1, 4096))
     max_num_batched_tokens: int = setting(2048, Bounds(1, 1 << 20))
     max_model_len: int = setting(8192, Bounds(1, 1 << 20))
-    # torch intra-op threads of the GPU worker thread when the model runs on the CPU (0 = torch's
-    # default). On the 2-core demo machine, 2 sped up the LM alone (bench: 6.1-6.6x the reference
-    # loop at 16 sessions against about 5x) but halved the whole pipeline, whose event loop needs
-    # the other core (0.53-0.58x of the offline path against about 1.05x).
+    # Prefill positions per step while sequences decode (aimed at a mixed step of at most ~1.3
+    # decode steps on an H100 with the 7B; bench --random-weights 7b prints mixed_step_ms_p50);
+    # with nothing decoding, prefill takes max_num_batched_tokens.
+    max_prefill_tokens_while_decoding: int = setting(256, Bounds(1, 1 << 20))
+    # Decode steps replayed from CUDA graphs captured at start-up (CUDA only; needs triton).
+    cuda_graphs: bool = True
+    # torch intra-op threads of each model worker thread when the model runs on the CPU (0 =
+    # torch's default). One per worker leaves a core to the event loop: the LM and detokenizer
+    # workers and the loop all compute at once, and oversubscribed cores slow every LM step.
     cpu_threads: int = setting(1, Bounds(0, 1024))
 
 

@@ -49,11 +49,22 @@ def check_small_decode_bench(device: str, capsys) -> None:
     shape = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
              "num_attention_heads": 4, "num_key_value_heads": 2, "kimia_mimo_layers": 1,
              "kimia_mimo_transformer_from_layer_index": 1, "kimia_adaptor_input_dim": 32}
-    config = load_config(None, {"model": {"device": device}, "engine": {"num_kv_blocks": 256}})
+    config = load_config(None, {"model": {"device": device}, "engine": {"num_kv_blocks": 512}})
     assert run_random_7b(config, [1, 4], argparse.Namespace(json=True), shape=shape) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [r["batch"] for r in report["rows"]] == [1, 4]
-    assert all(r["step_ms_p50"] > 0 and r["ratio_to_floor"] > 0 for r in report["rows"])
+    on_gpu = device.startswith("cuda")
+    # Graphs on and off in the same run on CUDA (with triton); eager only on the CPU.
+    modes = [True, False] if on_gpu else [False]
+    assert [(r["batch"], r["graphs"]) for r in report["rows"]] == [(b, g) for g in modes for b in (1, 4)]
+    for r in report["rows"]:
+        assert r["step_ms_p50"] > 0 and r["ratio_to_floor"] > 0 and r["step_ms_p50"] <= r["step_ms_p95"]
+        assert r["mixed_step_ms_p50"] > 0 and r["mixed_prefill_tokens"] == 256
+    prefill = report["prefill"]
+    assert prefill["positions"] == 1000 and prefill["ms_p50"] > 0 and prefill["ratio_to_floor"] > 0
+    assert report["matmul_tflops"] > 0
+    if on_gpu:
+        assert report["capture_seconds"] > 0 and report["graph_memory_bytes"] >= 0
+        assert report["graph_batch_sizes"] == [1, 2, 4]
 
 
 def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):

@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks
+from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
+from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention
 
 HQ, HKV, D, BS, LAYERS = 4, 2, 8, 4, 2
 
@@ -84,7 +85,9 @@ def test_cpu_pool_starts_zeroed_in_any_dtype():
     # Lazily zeroed through calloc on the CPU (see KVPool); bfloat16 goes through bytes.
     for dtype in (torch.float32, torch.bfloat16):
         pool = KVPool(LAYERS, 64, BS, HKV, D, "cpu", dtype)
-        assert pool.kv.dtype == dtype and pool.kv.shape == (2, LAYERS, 64, BS, HKV, D)
+        # 64 blocks for the block manager, then the scratch block of padded decode rows.
+        assert pool.kv.dtype == dtype and pool.kv.shape == (2, LAYERS, 65, BS, HKV, D)
+        assert pool.scratch_block == 64 and pool.scratch_slot == 64 * BS
         assert not pool.kv.any()
         pool.keys(1)[5] = 1.0  # slot views write through to the pool
         assert pool.kv[0, 1, 1, 1].eq(1).all() and int(pool.kv.ne(0).sum()) == HKV * D

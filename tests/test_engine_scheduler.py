@@ -56,7 +56,14 @@ class FakeRunner:
     def step(self):
         scheduled = self.scheduler.schedule()
         self.steps.append([(s.seq_id, s.num_scheduled_tokens) for s in scheduled])
-        if sum(s.num_scheduled_tokens for s in scheduled) < self.scheduler.max_num_batched_tokens:
+        prefills = [s for s in scheduled if s.is_prefilling]
+        num_decodes = len(scheduled) - len(prefills)
+        budget = self.scheduler.max_num_batched_tokens - num_decodes
+        limit = self.scheduler.max_prefill_tokens_while_decoding
+        if num_decodes and limit is not None:
+            budget = min(budget, limit)
+        assert sum(s.num_scheduled_tokens for s in prefills) <= budget
+        if sum(s.num_scheduled_tokens for s in prefills) < budget:
             # Budget left over: nobody scheduled may have been cut short.
             assert all(s.num_scheduled_tokens == s.num_pending_tokens for s in scheduled)
         for seq in scheduled:
@@ -209,6 +216,30 @@ def test_decodes_first_and_long_prefill_is_chunked():
     for i in range(3):
         assert runner.generated[i] == expected_tokens([i + 1, 2, 3], 12)
     assert runner.generated[9] == expected_tokens(range(1, 41), 2)
+    assert_pool_idle(sched.block_manager)
+
+
+def test_prefill_while_decoding_is_limited():
+    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=32,
+                      max_prefill_tokens_while_decoding=5)
+    runner = FakeRunner(sched)
+    sched.add(make_seq(0, list(range(1, 30)), max_new=20))
+    runner.step()
+    assert runner.steps[-1] == [(0, 29)]  # nothing decodes: the whole budget
+    sched.add(make_seq(1, list(range(100, 140)), max_new=2))  # no prefix shared with seq 0
+    sched.add(make_seq(2, list(range(5, 8)), max_new=2))
+    while sched.running[-1].seq_id != 2 or sched.running[-1].is_prefilling:
+        runner.step()
+        step = dict(runner.steps[-1])
+        assert step[0] == 1 and sum(n for sid, n in step.items() if sid != 0) <= 5  # the decode, <= 5 prefill
+    chunks = [dict(s).get(1, 0) for s in runner.steps[1:]]
+    assert chunks[:8] == [5] * 8  # 40 positions in chunks of 5 beside the decode
+    runner.run()
+    assert runner.generated[0] == expected_tokens(range(1, 30), 20)
+    assert runner.generated[1] == expected_tokens(range(100, 140), 2)
+    assert runner.generated[2] == expected_tokens(range(5, 8), 2)
+    with pytest.raises(ValueError, match="max_prefill_tokens_while_decoding"):
+        Scheduler(BlockManager(4, BS), 8, 32, max_prefill_tokens_while_decoding=0)
     assert_pool_idle(sched.block_manager)
 
 

@@ -1,15 +1,21 @@
 """The device path: the CPU suite's main checks again, on a CUDA GPU (skipped without one).
 
-`python -m pytest tests/test_gpu.py` on a machine with a GPU is the first thing to run there.
+`python -m pytest tests/test_gpu.py` on a machine with a GPU is the first thing to run there
+(with tests/test_triton_attention.py: the kernels against their torch references).
 KIMIAUDIO_TEST_DEVICE picks the device (default cuda). `KIMIAUDIO_TEST_DEVICE=cpu` runs the
 tests that mean something on the CPU too (how this file was checked without a GPU); the
-CUDA-only ones (pool sizing from free memory, features kept off the GPU) then skip.
+CUDA-only ones (pool sizing from free memory, features kept off the GPU, CUDA graphs) then
+skip. On CUDA the engine decodes through CUDA graphs and the Triton kernels by default; the
+graph tests compare that with eager steps (same kernels), with the torch path and with the
+batch-1 reference loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import threading
 
 import pytest
 import torch
@@ -20,8 +26,11 @@ from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.layers.triton_support import kernel_mode
 from test_bench import check_small_decode_bench
-from test_engine_e2e import build_requests, check_bfloat16_engine, load_tiny_lm, reference_steps
+from test_engine_decode_path import run_scenario
+from test_engine_e2e import (build_requests, check_bfloat16_engine, golden_prompt, load_tiny_lm, make_request,
+                             reference_steps)
 from test_lm_golden import SECTIONS, TOL, forward_logits
 from test_pipeline import run_turn, with_pipeline
 
@@ -63,8 +72,108 @@ def test_engine_equals_reference_loop_on_device_in_fp32(golden_checkpoint, golde
     assert engine.stats().num_blocks_free == 12
 
 
+@contextlib.contextmanager
+def torch_kernels():
+    """The torch reference path everywhere (no Triton kernel, hence no CUDA graphs)."""
+    os.environ["KIMIAUDIO_KERNELS"] = "torch"
+    kernel_mode.cache_clear()
+    try:
+        yield
+    finally:
+        del os.environ["KIMIAUDIO_KERNELS"]
+        kernel_mode.cache_clear()
+
+
 def test_bfloat16_engine_on_device(monkeypatch, golden_checkpoint, golden, golden_rules):
-    check_bfloat16_engine(DEVICE, monkeypatch, golden_checkpoint, golden, golden_rules)
+    # The torch path in bf16 (the check records its additive decode masks, which the kernel
+    # path has none of); the kernels' bf16 path: test_graphs_in_bfloat16... below.
+    with torch_kernels():
+        check_bfloat16_engine(DEVICE, monkeypatch, golden_checkpoint, golden, golden_rules)
+
+
+def graph_config(**overrides) -> EngineConfig:
+    return EngineConfig(**{**dict(block_size=8, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8,
+                                  max_model_len=256), **overrides})
+
+
+@cuda_only
+def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, golden_rules):
+    # The golden scenario (chunked prefill, preemption-free pool of 40 blocks, aborts, mixed
+    # lengths, sampled and penalised requests): graphs, eager steps over the same padded
+    # buffers, and the batch-1 reference loop agree token for token.
+    lm = load_tiny_lm(golden_checkpoint, DEVICE)
+    tensors, rules = golden, golden_rules
+    arrivals = build_requests(lm, tensors, rules)
+    graphs = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
+    assert graphs.runner.graphs is not None and graphs.runner.use_kernels
+    assert graphs.runner.graphs.batch_sizes == [1, 2, 4, 8] and graphs.runner.capture_seconds > 0
+    replays = []
+    replay = graphs.runner.graphs.replay
+    graphs.runner.graphs.replay = lambda padded: replays.append(padded) or replay(padded)
+    with_graphs = run_scenario(graphs, arrivals)
+    assert len(replays) > 20 and set(replays) > {1}
+    eager = LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.float32)
+    assert eager.runner.graphs is None
+    eager.runner.decode_inputs.batch_sizes = [1, 2, 4, 8]  # the graphs' shapes, run eagerly
+    assert run_scenario(eager, arrivals) == with_graphs
+    outputs, finished = with_graphs
+    for _, req in arrivals:
+        rid = req.request_id
+        if rid.startswith("abort") or rid == "fixed-length":
+            continue
+        steps, reason = reference_steps(lm, req)
+        assert (outputs[rid], finished[rid]) == (steps, reason), rid
+
+
+@cuda_only
+def test_kernels_equal_torch_path_in_fp32(golden_checkpoint, golden, golden_rules):
+    lm = load_tiny_lm(golden_checkpoint, DEVICE)
+    tensors, rules = golden, golden_rules
+    arrivals = build_requests(lm, tensors, rules)
+    engine = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
+    assert engine.runner.use_kernels
+    with_kernels = run_scenario(engine, arrivals)
+    with torch_kernels():
+        engine = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
+        assert not engine.runner.use_kernels and engine.runner.graphs is None
+        assert run_scenario(engine, arrivals) == with_kernels
+
+
+@cuda_only
+def test_graphs_in_bfloat16_replay_on_another_thread_and_stream(golden_checkpoint, golden, golden_rules):
+    # Captured here, replayed by a worker thread on its own stream (as the pipeline's LM
+    # worker does): the same tokens as eager steps over the same padded shapes.
+    lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
+    tensors, rules = golden, golden_rules
+    sections = ("lm.both", "lm.text", "lm_e2e")
+
+    def run(engine):
+        for i, section in enumerate(sections):
+            params = SamplingParams(seed=i, max_new_tokens=16, ignore_eos=True)
+            engine.add_request(make_request(str(i), golden_prompt(tensors, section), params, "both", rules))
+        outputs = {}
+        while engine.has_work():
+            for out in engine.step():
+                assert out.error is None
+                outputs.setdefault(out.request_id, []).append((out.text_token, out.audio_token))
+        return outputs
+
+    graphs = LLMEngine(lm, graph_config(), DEVICE, torch.bfloat16)
+    assert graphs.runner.graphs is not None
+    result = {}
+
+    def worker():
+        with torch.cuda.stream(torch.cuda.Stream(DEVICE)):
+            result["outputs"] = run(graphs)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    eager = LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.bfloat16)
+    eager.runner.decode_inputs.batch_sizes = graphs.runner.graphs.batch_sizes
+    expected = run(eager)
+    assert result["outputs"] == expected and all(len(v) == 16 for v in expected.values())
+    assert graphs.stats().num_blocks_free == 40
 
 
 @cuda_only
@@ -72,7 +181,8 @@ def test_pool_sized_from_memory_is_the_same_for_a_second_engine(golden_checkpoin
     # The second pool must not shrink by what the first one left in the allocator's cache.
     lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
     # A pool far below its useful maximum, so that free memory (not the cap) sizes it.
-    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096)
+    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096,
+                          cuda_graphs=False)
     engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)
     first = engine.runner.num_blocks
     del engine

@@ -1,14 +1,20 @@
-"""`bench --random-weights 7b`: engine decode steps with the real Kimi-Audio-7B shapes.
+"""`bench --random-weights 7b`: engine steps with the real Kimi-Audio-7B shapes.
 
 Random bf16 weights in the official config's shapes (KIMI_AUDIO_REFERENCE.md §1), no files.
-For each batch size B it keeps B sequences decoding and times engine steps, then compares
-the step time with the weight-bandwidth floor: the bytes of weights one decode step must read
-(every trunk and MIMO layer plus both heads) divided by the device's measured copy bandwidth.
+- Decode: for each batch size B it keeps B sequences decoding and times engine steps, with
+  CUDA graphs and without (same run, one engine each; graphs only exist on CUDA), and
+  compares the step time with the weight-bandwidth floor: the bytes of weights one decode
+  step must read (every trunk and MIMO layer plus both heads) over the device's measured
+  copy bandwidth. Then a long prompt arrives and the steps that carry its prefill chunks
+  beside the B decodes are timed too (mixed steps: what the running streams see).
+- Prefill: a 1,000-position prompt with Whisper features at its media positions, alone,
+  against its compute floor: its matmul FLOPs over the device's measured matmul FLOP/s.
 Only the LM is built here; first-audio latency is measured by the pipeline bench.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 
@@ -32,7 +38,11 @@ KIMI_AUDIO_7B = dict(
     max_position_embeddings=8192,
 )
 SPECIALS_7B = RuleTokens(text_blank=151666, text_eos=151667, msg_end=151645, media_end=151663)
+USER_MSG_START, SPEECH_CTD, ASSISTANT_MSG_START = 151670, 151676, 151671  # KIMI_AUDIO_REFERENCE.md §3
 PROMPT_LEN = 128
+PREFILL_LEN = 1000  # the long prompt: media begin, PREFILL_LEN - 5 continuous positions, 4 markers
+DECODE_STEPS = 32
+WARMUP_STEPS = 4
 
 
 def random_lm(config: KimiaConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> KimiAudioLM:
@@ -47,7 +57,7 @@ def random_lm(config: KimiaConfig, device: torch.device, dtype: torch.dtype, see
                 param.fill_(1.0 if "norm" in name else 0.0)  # norm weights 1, biases 0
             else:
                 param.normal_(0.0, 0.02, generator=gen)
-    return lm.eval().requires_grad_(False)
+    return lm.fuse_projections().eval().requires_grad_(False)
 
 
 def decode_weight_bytes(lm: KimiAudioLM) -> int:
@@ -71,36 +81,122 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes * reps / (time.perf_counter() - start)
 
 
+def matmul_flops(device: torch.device, dtype: torch.dtype, n: int) -> float:
+    """FLOP/s of an n x n x n matmul in `dtype` (the compute roof prefill GEMMs can reach)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    for _ in range(2):
+        a @ b
+    _sync(device)
+    start, reps = time.perf_counter(), 10
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def prefill_flops(lm: KimiAudioLM, positions: int, continuous: int) -> float:
+    """Matmul FLOPs of one prompt's prefill: every layer's projections at every position, the
+    causal attention scores and sums, the VQ adaptor at the continuous positions, both heads
+    at the last position only."""
+    cfg = lm.config
+    layers = [*lm.model.layers, *lm.model.mimo_layers]
+    per_position = sum(p.numel() for layer in layers for n, p in layer.named_parameters() if n.endswith("weight")
+                       and p.dim() == 2)
+    attention = len(layers) * 2 * 2 * (positions * (positions + 1) // 2) * cfg.hidden_size  # q.k and p.v
+    adaptor = sum(p.numel() for p in lm.model.vq_adaptor.parameters() if p.dim() == 2)
+    heads = lm.lm_head.weight.numel() + lm.mimo_output.weight.numel()
+    return 2.0 * (per_position * positions + adaptor * continuous + heads) + attention
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def time_decode(lm: KimiAudioLM, engine_cfg: EngineConfig, device, dtype, batch: int, steps: int) -> list[float]:
-    """Step times (s) of `steps` decode steps with `batch` sequences running."""
-    engine = LLMEngine(lm, engine_cfg, device, dtype)
-    gen = np.random.default_rng(batch)
-    # ignore_eos: random weights may sample msg_end, and every step must run the whole batch.
-    params = SamplingParams(audio_temperature=0.8, audio_top_k=10, seed=1, max_new_tokens=steps + 16, ignore_eos=True)
-    blank = SPECIALS_7B.text_blank
-    for i in range(batch):
-        audio = gen.integers(lm.config.kimia_token_offset, lm.config.vocab_size, PROMPT_LEN).tolist()  # speech codes
-        engine.add_request(EngineRequest(f"r{i}", audio, [blank] * PROMPT_LEN, [0] * PROMPT_LEN, None, params,
-                                         "both", SPECIALS_7B))
-    while engine.stats().num_waiting or engine.stats().num_decode_tokens == 0:
-        engine.step()  # prefill (chunked) until every sequence decodes
+class Prompts:
+    """Distinct prompts (so the prefix cache never serves one from another) and their params."""
+
+    def __init__(self, config: KimiaConfig, steps: int):
+        self.config = config
+        self.gen = np.random.default_rng(0)
+        self.count = 0
+        # ignore_eos: random weights may sample msg_end, and every step must run the whole batch.
+        self.params = SamplingParams(audio_temperature=0.8, audio_top_k=10, seed=1, max_new_tokens=steps,
+                                     ignore_eos=True)
+
+    def codes(self, n: int) -> list[int]:
+        return self.gen.integers(self.config.kimia_token_offset, self.config.vocab_size, n).tolist()
+
+    def short(self) -> EngineRequest:
+        """PROMPT_LEN speech codes, no features."""
+        self.count += 1
+        return EngineRequest(f"r{self.count}", self.codes(PROMPT_LEN), [SPECIALS_7B.text_blank] * PROMPT_LEN,
+                             [0] * PROMPT_LEN, None, self.params, "both", SPECIALS_7B)
+
+    def long(self) -> EngineRequest:
+        """PREFILL_LEN positions: a user turn of speech codes with a Whisper feature each."""
+        self.count += 1
+        cfg, n = self.config, PREFILL_LEN - 5
+        audio = ([USER_MSG_START, cfg.kimia_media_begin] + self.codes(n)
+                 + [cfg.kimia_media_end, SPEECH_CTD, ASSISTANT_MSG_START])
+        mask = [0, 0] + [1] * n + [0, 0, 0]
+        features = torch.from_numpy(self.gen.standard_normal((n, cfg.kimia_adaptor_input_dim), dtype=np.float32))
+        return EngineRequest(f"r{self.count}", audio, [SPECIALS_7B.text_blank] * PREFILL_LEN, mask, features,
+                             SamplingParams(seed=1, max_new_tokens=4, ignore_eos=True), "both", SPECIALS_7B)
+
+
+def _timed_step(engine: LLMEngine) -> tuple[float, list]:
+    start = time.perf_counter()
+    outputs = engine.step()  # ends in one .tolist(): the step is synchronised
+    return time.perf_counter() - start, outputs
+
+
+def _steps_until_first_token(engine: LLMEngine, request: EngineRequest) -> list[float]:
+    """Times of the steps from `request`'s arrival to its first token (its prefill chunks)."""
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        outputs = engine.step()  # ends in one .tolist(): the step is synchronised
-        times.append(time.perf_counter() - start)
+    while True:
+        elapsed, outputs = _timed_step(engine)
+        times.append(elapsed)
+        if any(out.request_id == request.request_id for out in outputs):
+            return times
+
+
+def time_batch(engine: LLMEngine, prompts: Prompts, batch: int) -> dict:
+    """B sequences decoding: decode step times, then the mixed steps while a long prompt
+    prefills beside them. Every request is aborted afterwards (the pool is left empty)."""
+    seq_ids = [engine.add_request(prompts.short()) for _ in range(batch)]
+    while len(engine.step()) < batch:
+        pass  # prefill (chunked) until every sequence decodes
+    times = []
+    for _ in range(DECODE_STEPS):
+        elapsed, outputs = _timed_step(engine)
+        times.append(elapsed)
         if len(outputs) != batch:
             raise KimiAudioError(f"decode bench: a step ran {len(outputs)} of {batch} sequences")
-    return times
+    long = prompts.long()
+    seq_ids.append(engine.add_request(long))
+    mixed = _steps_until_first_token(engine, long)
+    for seq_id in seq_ids:
+        engine.abort(seq_id)
+    return {"times": times[WARMUP_STEPS:], "mixed": mixed}
+
+
+def time_prefill(engine: LLMEngine, prompts: Prompts, runs: int = 5) -> list[float]:
+    """Seconds from a long prompt's arrival, alone, to its first token (one step when it fits
+    engine.max_num_batched_tokens)."""
+    times = []
+    for _ in range(runs + 1):
+        long = prompts.long()
+        seq_id = engine.add_request(long)
+        times.append(sum(_steps_until_first_token(engine, long)))
+        engine.abort(seq_id)
+    return times[1:]  # the first one warms up
 
 
 def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) -> int:
     from kimiaudio.checkpoint.paths import resolve_device, resolve_dtype
+    from kimiaudio.pipeline.model_stack import freeze_loaded_objects
 
     device = resolve_device(config.model.device)
     if device.type != "cuda" and shape is None:
@@ -109,26 +205,59 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     lm_config = KimiaConfig.from_dict(shape or KIMI_AUDIO_7B, "random-weights-7b")
     lm = random_lm(lm_config, device, dtype)
     weight_bytes = decode_weight_bytes(lm)
-    bandwidth = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 1 << 24)
+    on_gpu = device.type == "cuda"
+    bandwidth = copy_bandwidth(device, 1 << 30 if on_gpu else 1 << 24)
     floor = weight_bytes / bandwidth
-    engine_cfg = EngineConfig(**{**vars(config.engine), "max_num_seqs": max(sessions),
-                                 "max_model_len": PROMPT_LEN + 256})
-    rows = []
-    for batch in sessions:
-        times = time_decode(lm, engine_cfg, device, dtype, batch, steps=32)[4:]  # skip warm-up steps
-        p50 = float(np.percentile(times, 50))
-        rows.append({"batch": batch, "step_ms_p50": 1e3 * p50, "step_ms_p95": 1e3 * float(np.percentile(times, 95)),
-                     "floor_ms": 1e3 * floor, "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50})
-    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    flops = matmul_flops(device, dtype, 8192 if on_gpu else 256)
+    prompts = Prompts(lm_config, DECODE_STEPS + 8)
+    freeze_loaded_objects()  # as the server does: no full garbage collection lands on a timed step
+    info = {"device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
             "dtype": str(dtype).replace("torch.", ""), "decode_weight_gb": weight_bytes / 1e9,
-            "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": rows}
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "matmul_tflops": flops / 1e12, "rows": []}
+    for graphs in ((True, False) if on_gpu else (False,)):
+        engine_cfg = EngineConfig(**{**vars(config.engine), "max_num_seqs": max(sessions), "cuda_graphs": graphs,
+                                     "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + 2 * DECODE_STEPS)})
+        engine = LLMEngine(lm, engine_cfg, device, dtype)
+        if engine.runner.graphs is not None:
+            info.update(capture_seconds=engine.runner.capture_seconds,
+                        graph_memory_bytes=engine.runner.graph_memory_bytes,
+                        graph_batch_sizes=engine.runner.graphs.batch_sizes)
+        if graphs or not on_gpu:  # prefill is eager either way: measured once
+            times = time_prefill(engine, prompts)
+            ms, floor_ms = 1e3 * float(np.median(times)), 1e3 * prefill_flops(lm, PREFILL_LEN, PREFILL_LEN - 5) / flops
+            info["prefill"] = {"positions": PREFILL_LEN, "continuous": PREFILL_LEN - 5, "ms_p50": ms,
+                               "floor_ms": floor_ms, "ratio_to_floor": ms / floor_ms}
+        for batch in sessions:
+            measured = time_batch(engine, prompts, batch)
+            p50 = float(np.percentile(measured["times"], 50))
+            info["rows"].append({
+                "batch": batch, "graphs": engine.runner.graphs is not None, "step_ms_p50": 1e3 * p50,
+                "step_ms_p95": 1e3 * float(np.percentile(measured["times"], 95)), "floor_ms": 1e3 * floor,
+                "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50,
+                "mixed_step_ms_p50": 1e3 * float(np.median(measured["mixed"])),
+                "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding})
+        del engine
+        gc.collect()  # the pool and the graphs go before the next engine sizes its pool
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    print(f"{info['device']} {info['dtype']}: {info['decode_weight_gb']:.2f} GB of weights per decode step, "
-          f"copy bandwidth {info['copy_bandwidth_gb_s']:.0f} GB/s -> floor {1e3 * floor:.2f} ms")
-    print(f"{'batch':>5} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9}")
-    for r in rows:
-        print(f"{r['batch']:>5} {r['step_ms_p50']:7.2f}ms {r['step_ms_p95']:7.2f}ms {r['ratio_to_floor']:8.2f} "
-              f"{r['tokens_per_s']:9.0f}")
+    print_report(info)
     return 0
+
+
+def print_report(info: dict) -> None:
+    print(f"{info['device']} {info['dtype']}: {info['decode_weight_gb']:.2f} GB of weights per decode step, "
+          f"copy bandwidth {info['copy_bandwidth_gb_s']:.0f} GB/s -> floor {info['rows'][0]['floor_ms']:.2f} ms; "
+          f"matmul {info['matmul_tflops']:.3g} TFLOP/s")
+    if "capture_seconds" in info:
+        print(f"CUDA graphs: {len(info['graph_batch_sizes'])} batch sizes captured in {info['capture_seconds']:.1f} s, "
+              f"{info['graph_memory_bytes'] / 2**30:.2f} GiB")
+    pre = info["prefill"]
+    print(f"prefill of {pre['positions']} positions ({pre['continuous']} with Whisper features): "
+          f"{pre['ms_p50']:.1f} ms, {pre['ratio_to_floor']:.2f}x its compute floor ({pre['floor_ms']:.1f} ms)")
+    print(f"{'batch':>5} {'graphs':>6} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9} {'mixed p50':>10}")
+    for r in info["rows"]:
+        print(f"{r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms {r['step_ms_p95']:7.2f}ms "
+              f"{r['ratio_to_floor']:8.2f} {r['tokens_per_s']:9.0f} {r['mixed_step_ms_p50']:8.2f}ms")
+    print(f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
+          f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding).")

@@ -58,7 +58,8 @@ class LLMEngine:
         self.dtype = dtype
         self.runner = ModelRunner(lm, config, self.device, dtype)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_prefill_tokens_while_decoding)
         self.seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
         self._pending: list[StepOutput] = []  # outputs decided outside a step (e.g. zero-length)

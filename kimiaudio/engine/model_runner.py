@@ -9,18 +9,32 @@ heads of the whole batch are sampled in one `sample_tokens` call with each reque
 histories (the tokens fed back so far) and its own uniforms (text, then audio, one pair per
 generated step, as the reference loop draws them). The step ends with exactly one
 host-device synchronisation: the `.tolist()` of the sampled tokens.
+
+An all-decode step (every sequence computes one position without features) takes the
+static-shape path: its inputs are written into fixed buffers padded to the next batch size
+of decode_batch.py, and the same decode forward runs over them, eagerly or (CUDA) replayed
+from the CUDA graph captured for that size. Every other step (prefill chunks, mixed with
+decodes or not) runs eagerly over a flat batch built for it.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.paged_attention import AttentionMetadata, KVPool, PagedAttention, pool_num_blocks, to_device
+from kimiaudio.engine.cuda_graphs import DecodeGraphs
+from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
+from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
+from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.layers.sampler import sample_tokens
+from kimiaudio.layers.triton_support import use_triton
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
@@ -42,11 +56,64 @@ class ModelRunner:
         self.pool = KVPool(cfg.num_kv_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads,
                            cfg.head_dim, self.device, dtype)
         lm.rotary.ensure_length(engine_config.max_model_len, self.device)
+        # The Triton kernels for the pool (store K/V, decode attention): CUDA, or forced.
+        self.use_kernels = use_triton(self.device) and attention_kernel_supports(cfg.head_dim)
+        # Graphs need a decode attention that reads only a sequence's own blocks through
+        # fixed-width tables (the Triton kernel); the torch gather would read them all.
+        use_graphs = self.device.type == "cuda" and engine_config.cuda_graphs and self.use_kernels
+        if self.device.type == "cuda" and engine_config.cuda_graphs and not use_graphs:
+            log.warning("engine.cuda_graphs: no Triton paged attention for this device/model: decoding eagerly")
+        max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
+        sizes = decode_batch_sizes(max_batch) if use_graphs else None
+        with torch.inference_mode():
+            self.decode_inputs = DecodeInputs(self.pool, max_batch, engine_config.max_model_len, dtype,
+                                              self.use_kernels, sizes)
+        self.graphs: DecodeGraphs | None = None
+        if use_graphs:
+            inputs = self.decode_inputs
+            self.graphs = DecodeGraphs(lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)),
+                                       sizes, self.device)
+            self.graphs.capture()
+
+    @property
+    def capture_seconds(self) -> float:
+        return 0.0 if self.graphs is None else self.graphs.capture_seconds
+
+    @property
+    def graph_memory_bytes(self) -> int:
+        return 0 if self.graphs is None else self.graphs.memory_bytes
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Compute every scheduled position; return (text, audio) samples, one per sequence
         that completes its pending positions this step, in batch order."""
+        if self.decode_inputs.fits(seqs):
+            return self._run_decode(seqs)
+        return self._run_mixed(seqs)
+
+    def _run_decode(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        padded, width = self.decode_inputs.prepare(seqs)
+        if self.graphs is not None:
+            text_logits, audio_logits = self.graphs.replay(padded)  # [Bp, V] each
+        else:
+            text_logits, audio_logits = self.decode_forward(self.decode_inputs.batch(padded, width))
+        sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
+        if not sampling:
+            return []
+        if len(sampling) == len(seqs):  # the usual case: a slice, no gather
+            text_logits, audio_logits = text_logits[:len(seqs)], audio_logits[:len(seqs)]
+        else:  # a one-position prefill chunk that does not end its prompt yet
+            rows = self._long(sampling)
+            text_logits, audio_logits = text_logits[rows], audio_logits[rows]
+        return self._sample([seqs[i] for i in sampling], text_logits, audio_logits)
+
+    def decode_forward(self, batch: DecodeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The all-decode forward over static views: no host-device synchronisation, no shape
+        that depends on the data (what a CUDA graph captures). -> logits [Bp, V] of both heads."""
+        hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
+        return self.lm(hidden, batch.positions, batch.attention)
+
+    def _run_mixed(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         audio, text, use_text, continuous, positions = [], [], [], [], []
         features: list[torch.Tensor] = []
         entries: list[tuple[list[int], int, int]] = []
@@ -70,7 +137,8 @@ class ModelRunner:
         feature_positions = self._long([i for i, c in enumerate(continuous) if c]) if features else None
         hidden = self.lm.embed(self._long(audio), self._long(text), self._bool(use_text),
                                torch.cat(features) if features else None, feature_positions)
-        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype))
+        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype,
+                                                                 self.use_kernels))
         text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
         if not sampling:
             return []

@@ -7,7 +7,9 @@ preemption done for a server:
 - the rest of the token budget (max_num_batched_tokens) goes to prefill chunks: running
   sequences part-way through their prefill, then waiting sequences in arrival order, each
   admitted only if the pool has free blocks for all its current positions (prefix-cache hits
-  count as already computed);
+  count as already computed); while any sequence decodes, prefill chunks get at most
+  max_prefill_tokens_while_decoding positions per step, so that a long prompt arriving does
+  not stretch the steps (and the token rate) of the streams already playing;
 - when a decoding sequence needs a new block and none is free, the newest running sequence
   is preempted by recompute: its blocks are freed (their prefix-cache hashes survive) and it
   goes back to the front of the waiting queue, to be prefilled again over its prompt plus
@@ -25,13 +27,18 @@ from kimiaudio.engine.request import RequestError
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_prefill_tokens_while_decoding: int | None = None):
+        """max_prefill_tokens_while_decoding: None = no limit beyond the step's budget."""
         if max_num_seqs <= 0 or max_num_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if max_prefill_tokens_while_decoding is not None and max_prefill_tokens_while_decoding <= 0:
+            raise ValueError("max_prefill_tokens_while_decoding must be positive (or None)")
         self.block_manager = block_manager
         # Never more running sequences than budget tokens: every decode runs in every step.
         self.max_num_seqs = min(max_num_seqs, max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_tokens_while_decoding = max_prefill_tokens_while_decoding
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order, oldest first
         self.num_preemptions = 0
@@ -90,6 +97,8 @@ class Scheduler:
                 scheduled.append(seq)
 
         # 2. Prefill chunks: sequences part-way through their prefill, then new admissions.
+        if scheduled and self.max_prefill_tokens_while_decoding is not None:
+            budget = min(budget, self.max_prefill_tokens_while_decoding)
         for seq in self.running:
             if seq.is_prefilling and budget > 0 and len(scheduled) < self.max_num_seqs:
                 budget -= self._schedule_chunk(seq, budget, scheduled)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kimiaudio.layers.triton_support import use_triton
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin for arbitrary positions from an fp32 table built lazily on the positions' device.
 
@@ -46,3 +49,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D], cos/sin [T, 1, D] -> x rotated (in x's dtype)."""
     return x * cos + rotate_half(x) * sin
+
+
+def apply_rotary_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] and k [T, Hkv, D] rotated: one Triton kernel for both on CUDA (torch
+    takes five ops per tensor)."""
+    if use_triton(q.device):
+        from kimiaudio.layers import triton_ops
+
+        return triton_ops.rotary(q, k, cos, sin)
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -69,6 +69,14 @@ class KimiAudioLM(nn.Module):
         self.mimo_output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
 
+    def fuse_projections(self) -> "KimiAudioLM":
+        """Merge every layer's q/k/v and gate/up projections (see qwen2.fuse_linears); call
+        after the weights are loaded by their official names."""
+        for layer in [*self.model.layers, *self.model.mimo_layers]:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+        return self
+
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
@@ -122,17 +130,18 @@ class KimiAudioLM(nn.Module):
         """
         cos, sin = self.rotary(positions, hidden.dtype)
         branch_after = self.config.kimia_mimo_transformer_from_layer_index
-        mimo = hidden
+        residual = None
         for i, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, attn)
+            hidden, residual = layer(hidden, residual, cos, sin, attn)  # the state is hidden + residual
             if i == branch_after:
-                mimo = hidden
+                mimo, mimo_residual = hidden, residual  # the official mimo_h = h.clone()
         for layer in self.model.mimo_layers:
-            mimo = layer(mimo, cos, sin, attn)
+            mimo, mimo_residual = layer(mimo, mimo_residual, cos, sin, attn)
         if logits_rows is not None:
-            hidden, mimo = hidden[logits_rows], mimo[logits_rows]
-        text_logits = self.lm_head(self.model.norm(hidden))
-        audio_logits = self.mimo_output(self.model.mimo_norm(mimo))
+            hidden, residual = hidden[logits_rows], residual[logits_rows]
+            mimo, mimo_residual = mimo[logits_rows], mimo_residual[logits_rows]
+        text_logits = self.lm_head(self.model.norm(hidden, residual)[0])
+        audio_logits = self.mimo_output(self.model.mimo_norm(mimo, mimo_residual)[0])
         return text_logits, audio_logits
 
 
@@ -148,4 +157,5 @@ def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dty
     index = paths.root / "model.safetensors.index.json"
     source = index if index.is_file() else paths.root / "model.safetensors"
     load_into(lm, state, source, ignore=("rotary_emb.inv_freq",))
-    return lm.eval().requires_grad_(False)
+    del state
+    return lm.fuse_projections().eval().requires_grad_(False)

@@ -1,12 +1,19 @@
 """Qwen2 decoder building blocks, shared by the Kimi-Audio trunk and its MIMO branch.
 
 Follows transformers' Qwen2 (and the official modeling_moonshot_kimia.py, which reuses it):
-pre-norm layers `h += o_proj(attn(rms(h)))`, `h += down(silu(gate(x)) * up(x))`; q/k/v have a
+pre-norm layers `h += o_proj(attn(rms(h)))`, `h += down(silu(gate(x)) * up(x))` (each add done
+by the next norm, fused with it: layers pass (block output, residual) pairs); q/k/v have a
 bias, o_proj and the MLP none; GQA; non-interleaved RoPE (rotate_half). Numerics as official:
 RMSNorm computes in fp32 and casts back before the weight multiply; cos/sin are computed in
 fp32 and cast to the model dtype before they are applied. Tensors are token-major [T, ...]:
 the tokens of every sequence in a batch are packed along T and the attention backend knows
 which sequence each belongs to. Attribute names equal the checkpoint's tensor names.
+
+`fuse_projections()` (called once the checkpoint is loaded by those names) replaces q/k/v_proj
+by one `qkv_proj` and gate/up_proj by one `gate_up_proj`, as nano-vllm's merged linears: one
+GEMM reads the concatenated weights instead of three (two) reading theirs, which matters at
+decode, where every GEMM is a pass over its weights. The concatenation is per layer, so the
+device never holds two copies of the model.
 """
 
 from __future__ import annotations
@@ -14,12 +21,30 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kimiaudio.layers.activation import silu_and_mul, silu_mul
 from kimiaudio.layers.attention import AttentionBackend
 from kimiaudio.layers.norm import RMSNorm
-from kimiaudio.layers.rotary import apply_rotary
+from kimiaudio.layers.rotary import apply_rotary_qk
+
+
+def fuse_linears(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> None:
+    """Replace the Linear children `names` of `parent` by one Linear `fused_name` whose output
+    is theirs concatenated in that order; the originals are freed. No-op once fused."""
+    if getattr(parent, fused_name, None) is not None:
+        return
+    parts = [getattr(parent, name) for name in names]
+    has_bias = parts[0].bias is not None
+    weight = parts[0].weight
+    fused = nn.Linear(weight.shape[1], sum(p.weight.shape[0] for p in parts), bias=has_bias, device="meta")
+    with torch.no_grad():
+        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+        if has_bias:
+            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    for name in names:
+        setattr(parent, name, None)  # drops the only reference: the original weights are freed
+    setattr(parent, fused_name, fused)
 
 
 class Qwen2Attention(nn.Module):
@@ -33,14 +58,26 @@ class Qwen2Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, H] -> q [T, Hq*D], k, v [T, Hkv*D] (views of one GEMM's output once fused)."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.num_kv_heads * self.head_dim
+        return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend, layer_idx: int) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self.project(x)
+        q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary_qk(q, k, cos, sin)
         out = attn(layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -51,9 +88,15 @@ class Qwen2MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, H]
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -67,7 +110,15 @@ class Qwen2DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        """h [T, H] -> [T, H]."""
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, self.layer_idx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) [T, H] each -> the same pair after this layer.
+
+        The residual stream is carried beside the block output and added by the next norm
+        (one fused add-and-norm): the layer's output hidden state is h + residual. residual
+        None: h is the input embedding.
+        """
+        x, residual = self.input_layernorm(h, residual)  # residual <- h + residual
+        h = self.self_attn(x, cos, sin, attn, self.layer_idx)
+        x, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(x), residual

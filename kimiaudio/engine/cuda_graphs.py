@@ -1,0 +1,69 @@
+"""CUDA graphs of the all-decode step: one per padded batch size, captured once at start-up.
+
+Follows nano-vllm's ModelRunner.capture_cudagraph: largest batch first, every graph in one
+shared memory pool (a smaller batch's activations fit in the blocks the larger one freed),
+one eager warm-up run before each capture (Triton compiles its kernels and cuBLAS picks its
+algorithms outside the capture). A graph replays the whole decode forward (embeddings, every
+trunk and MIMO layer, both heads) over the static buffers of decode_batch.py, which the
+caller rewrites before each replay; its logits stay in the tensors the capture produced.
+
+Replay runs on the caller's current CUDA stream: a worker thread with its own stream may
+replay graphs captured on another thread, as long as it writes the static buffers on that
+same stream first (DecodeInputs.prepare does: copies are issued on the current stream).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Logits = tuple[torch.Tensor, torch.Tensor]  # text, audio: [Bp, V] each
+
+
+class DecodeGraphs:
+    def __init__(self, forward: Callable[[int], Logits], batch_sizes: list[int], device: torch.device):
+        """forward(padded): the decode forward over the first `padded` rows of the static buffers."""
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
+        self.forward = forward
+        self.batch_sizes = list(batch_sizes)
+        self.device = device
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, Logits] = {}
+        self.capture_seconds = 0.0
+        self.memory_bytes = 0  # device memory the graphs hold (their pool and their own)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        sizes = sorted(self.batch_sizes, reverse=True)
+        log.info("capturing CUDA graphs of the decode step for %d batch sizes (%s)...", len(sizes),
+                 ", ".join(map(str, reversed(sizes))))
+        torch.cuda.synchronize(self.device)
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        start = time.perf_counter()
+        pool = None
+        for size in sizes:
+            self.forward(size)  # warm-up
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another thread's CUDA calls (a server's other worker) may go on
+            # during the capture without invalidating it.
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                self.outputs[size] = self.forward(size)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - start
+        self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
+        log.info("captured CUDA graphs for %d batch sizes in %.1f s, %.2f GiB", len(sizes), self.capture_seconds,
+                 self.memory_bytes / 2**30)
+
+    def replay(self, padded: int) -> Logits:
+        """Run the graph of this padded size over the buffers' current contents -> its logits
+        (tensors of the graph's own, rewritten by its next replay)."""
+        self.graphs[padded].replay()
+        return self.outputs[padded]

@@ -1,0 +1,72 @@
+"""The paged KV pool: one preallocated tensor for the keys and values of every layer.
+
+Layout [2, layers, num_blocks + 1, block_size, Hkv, D] (keys, then values; trunk layers
+0..L-1, then MIMO layers L..L+M-1, the model's layer_idx order). Blocks 0..num_blocks-1 are
+handed out by the BlockManager; the extra last one is the scratch block: the padded rows of
+a static-shape decode batch (CUDA graphs) write their K/V there and read only its first slot,
+so they never touch a sequence's blocks and never see an empty softmax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CPU_KV_BUDGET_BYTES = 2 << 30  # the pool budget on the CPU (config: engine.memory_fraction note)
+
+
+class KVPool:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device | str, dtype: torch.dtype):
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks  # usable blocks, without the scratch block
+        self.block_size = block_size
+        self.scratch_block = num_blocks
+        # Zeroed, not empty: padded key rows read unused slots, and 0 * NaN would poison them.
+        shape = (2, num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim)
+        if torch.device(device).type == "cpu":
+            # numpy's zeros come from calloc: the OS maps pages on first write, so a large CPU
+            # pool costs neither start-up time (torch.zeros wrote 1.6 GB in about 1 s) nor
+            # resident memory until it is used. Bytes, then the dtype: numpy has no bfloat16.
+            nbytes = dtype.itemsize * int(np.prod(shape))
+            self.kv = torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+        else:
+            self.kv = torch.zeros(shape, device=device, dtype=dtype)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.scratch_block * self.block_size
+
+    def keys(self, layer_idx: int) -> torch.Tensor:
+        """[num_slots, Hkv, D] view of one layer's keys (slot = block * block_size + offset)."""
+        return self.kv[0, layer_idx].flatten(0, 1)
+
+    def values(self, layer_idx: int) -> torch.Tensor:
+        return self.kv[1, layer_idx].flatten(0, 1)
+
+    def blocks(self, kind: int, layer_idx: int) -> torch.Tensor:
+        """[num_blocks + 1, block_size * Hkv * D] view of one layer's keys (kind 0) or values (1):
+        gathering whole rows of it with index_select is a few times faster on the CPU than
+        advanced indexing of the 6-d pool."""
+        return self.kv[kind, layer_idx].flatten(1)
+
+
+def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block: int, max_useful_blocks: int,
+                    device: torch.device) -> int:
+    """Blocks for the pool: the configured count, else memory_fraction of the free device
+    memory (a fixed budget on the CPU), never more than can ever be in use at once."""
+    if num_kv_blocks > 0:
+        return num_kv_blocks
+    if device.type == "cuda":
+        # The driver's free memory counts what torch's allocator freed but keeps cached (a
+        # previous engine's pool, load-time temporaries) as used: hand that back first.
+        torch.cuda.empty_cache()
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * memory_fraction)
+    else:
+        budget = CPU_KV_BUDGET_BYTES
+    return max(0, min(budget // bytes_per_block, max_useful_blocks))  # (+ the scratch block: noise)
