@@ -41,6 +41,7 @@ SPECIALS_7B = RuleTokens(text_blank=151666, text_eos=151667, msg_end=151645, med
 USER_MSG_START, SPEECH_CTD, ASSISTANT_MSG_START = 151670, 151676, 151671  # KIMI_AUDIO_REFERENCE.md §3
 PROMPT_LEN = 128
 PREFILL_LEN = 1000  # the long prompt: media begin, PREFILL_LEN - 5 continuous positions, 4 markers
+PREFILL_SLACK = 256  # steps a sequence may decode before its whole batch does
 DECODE_STEPS = 32
 WARMUP_STEPS = 4
 
@@ -209,14 +210,16 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     bandwidth = copy_bandwidth(device, 1 << 30 if on_gpu else 1 << 24)
     floor = weight_bytes / bandwidth
     flops = matmul_flops(device, dtype, 8192 if on_gpu else 256)
-    prompts = Prompts(lm_config, DECODE_STEPS + 8)
+    # Room for the steps taken while the last of a batch still prefill (the prefill cap while
+    # decoding admits a few prompts per step), so no sequence ends inside the timed steps.
+    prompts = Prompts(lm_config, DECODE_STEPS + PREFILL_SLACK)
     freeze_loaded_objects()  # as the server does: no full garbage collection lands on a timed step
     info = {"device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
             "dtype": str(dtype).replace("torch.", ""), "decode_weight_gb": weight_bytes / 1e9,
             "copy_bandwidth_gb_s": bandwidth / 1e9, "matmul_tflops": flops / 1e12, "rows": []}
     for graphs in ((True, False) if on_gpu else (False,)):
         engine_cfg = EngineConfig(**{**vars(config.engine), "max_num_seqs": max(sessions), "cuda_graphs": graphs,
-                                     "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + 2 * DECODE_STEPS)})
+                                     "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + DECODE_STEPS + PREFILL_SLACK + 8)})
         engine = LLMEngine(lm, engine_cfg, device, dtype)
         if engine.runner.graphs is not None:
             info.update(capture_seconds=engine.runner.capture_seconds,
