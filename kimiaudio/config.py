@@ -96,6 +96,8 @@ class ServerConfig:
     port: int = 8080
     max_sessions: int = 16
     ice_servers: list = field(default_factory=list)  # e.g. ["stun:stun.l.google.com:19302"]
+    # How long a spoken answer of POST /v1/chat/completions stays usable by its audio id.
+    audio_answer_ttl_s: float = 3600.0
 
 
 @dataclass

@@ -109,7 +109,7 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _typed(obj: dict, key: str, kinds: type | tuple, where: str, what: str) -> Any:
+def typed_field(obj: dict, key: str, kinds: type | tuple, where: str, what: str) -> Any:
     """obj[key] if it is None or of `kinds` (a bool is no number here), else a ProtocolError."""
     value = obj.get(key)
     kinds = kinds if isinstance(kinds, tuple) else (kinds,)
@@ -147,7 +147,7 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
         raise ProtocolError("unknown_event", f"unknown event type {kind!r}"[:200]
                             + f" (kimiaudio understands: {', '.join(CLIENT_EVENT_TYPES)})", "type")
     if kind in ("response.cancel", "output_audio_buffer.clear"):
-        return ResponseCancel(_typed(data, "response_id", str, kind, "a string"))
+        return ResponseCancel(typed_field(data, "response_id", str, kind, "a string"))
     if kind == "input_audio_buffer.append":
         return AudioAppend(decode_pcm16(data.get("audio"), f"{kind}.audio"))
     if kind == "input_audio_buffer.commit":
@@ -157,14 +157,14 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
     if kind == "conversation.item.create":
         return _item_create(_object(data.get("item"), "item"), "item")
     if kind == "conversation.item.truncate":
-        item_id = _typed(data, "item_id", str, kind, "an item id")
-        end_ms = _typed(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
+        item_id = typed_field(data, "item_id", str, kind, "an item id")
+        end_ms = typed_field(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
         if not item_id or end_ms is None or end_ms < 0:
             raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
         return ItemTruncate(item_id, end_ms)
     if kind == "response.create":
         response = _object(data.get("response") or {}, "response")
-        return ResponseCreate(_output_type(response, "response"), _typed(response, "instructions", str, "response", "text"))
+        return ResponseCreate(_output_type(response, "response"), typed_field(response, "instructions", str, "response", "text"))
     if kind == "conversation.select":
         conversation_id = data.get("conversation_id")
         if conversation_id is not None and (not isinstance(conversation_id, str) or not conversation_id):
@@ -189,7 +189,7 @@ def _item_create(item: dict, where: str) -> ItemCreate:
     for i, part in enumerate(content):
         part = _object(part, f"{where}.content[{i}]")
         if part.get("type") in ("input_text", "text", "output_text"):
-            texts.append(_typed(part, "text", str, f"{where}.content[{i}]", "text") or "")
+            texts.append(typed_field(part, "text", str, f"{where}.content[{i}]", "text") or "")
         elif part.get("type") == "input_audio" and role == "user":
             if audio is not None:
                 raise ProtocolError("invalid_value", f"{where}.content: at most one input_audio part", f"{where}.content")
@@ -199,7 +199,7 @@ def _item_create(item: dict, where: str) -> ItemCreate:
                                 f"{where}.content[{i}].type")
     if not texts and audio is None:
         raise ProtocolError("invalid_value", f"{where}.content: no text or audio", f"{where}.content")
-    return ItemCreate(role, "\n".join(texts), audio, _typed(item, "id", str, where, "a string"))
+    return ItemCreate(role, "\n".join(texts), audio, typed_field(item, "id", str, where, "a string"))
 
 
 def _output_type(obj: dict, where: str) -> str | None:
@@ -235,7 +235,7 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
             raise ProtocolError("invalid_value", f"{where}.{limit_key}: expected a positive integer or \"inf\"",
                                 f"{where}.{limit_key}")
         sampling.setdefault("max_new_tokens", limit)
-    voice = _typed(session, "voice", str, where, "a voice name") or _typed(audio_out, "voice", str, f"{where}.audio.output",
+    voice = typed_field(session, "voice", str, where, "a voice name") or typed_field(audio_out, "voice", str, f"{where}.audio.output",
                                                                             "a voice name")
     input_rate = _input_rate(session.get("input_audio_format"), f"{where}.input_audio_format")
     input_rate = _input_rate(audio_in.get("format"), f"{where}.audio.input.format") or input_rate
@@ -243,7 +243,7 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
     _input_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     return SessionUpdate(vad=vad, sampling=sampling, output_type=output_type, turn_detection=turn_detection,
                          create_response=create_response,
-                         instructions=_typed(session, "instructions", str, where, "text"), voice=voice,
+                         instructions=typed_field(session, "instructions", str, where, "text"), voice=voice,
                          input_rate=input_rate)
 
 
@@ -257,9 +257,9 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
         raise ProtocolError("invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type")
     for ours, theirs, kinds in (("threshold", "threshold", (int, float)), ("silence_ms", "silence_duration_ms", int),
                                 ("prefix_padding_ms", "prefix_padding_ms", int), ("barge_in", "interrupt_response", bool)):
-        if _typed(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
+        if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
             vad[ours] = value[theirs]
-    create = _typed(value, "create_response", bool, where, "true or false")
+    create = typed_field(value, "create_response", bool, where, "true or false")
     return ("none" if kind == "none" else "server_vad"), create
 
 

@@ -110,6 +110,14 @@ class ConversationStore:
         await self._writer.close()
         await self._reader.close()
 
+    async def write(self, fn: Callable, *args: Any) -> Any:
+        """Run `fn(db, *args)` on the writer thread (for the queries of other store modules)."""
+        return await self._writer.call(fn, *args)
+
+    async def read(self, fn: Callable, *args: Any) -> Any:
+        """Run `fn(db, *args)` on the reader thread."""
+        return await self._reader.call(fn, *args)
+
     # ----- writes (writer thread) -----
     async def create_conversation(self, title: str = "") -> dict[str, Any]:
         return await self._writer.call(_create_conversation, title)
