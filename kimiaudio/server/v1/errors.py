@@ -47,8 +47,7 @@ def openai_route(handler):
         except KimiAudioError as exc:
             return error_response(V1Error(400, str(exc), getattr(exc, "code", None) or "invalid_value"))
         except web.HTTPRequestEntityTooLarge as exc:
-            return error_response(V1Error(413, f"the request body is too large (the limit is {exc.max_size} bytes)",
-                                          "request_too_large"))
+            return error_response(V1Error(413, f"the request body is too large ({exc.text})", "request_too_large"))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
