@@ -39,11 +39,11 @@ async def long_answer_playing(client, pipeline, mic, clip, seconds: float) -> in
         mic.say(np.concatenate([clip, silence(0.8)]))
         created = await client.wait_for("response.created", count=attempt, timeout=30)
         handle = pipeline.handles[attempt - 1]
-        for _ in range(400):
+        for _ in range(1000):  # (encoding and prefill included; on a loaded machine they take seconds)
             if handle.done is not None:
                 break
             await asyncio.sleep(0.02)
-        assert handle.done is not None, "the demo answer took more than 8 s to generate"
+        assert handle.done is not None, "the demo answer took more than 20 s to generate"
         if len(handle.done.audio_tokens) * SECONDS_PER_CODE >= seconds:
             for _ in range(250):  # (an answer without audio has no response.audio.started)
                 if any(e["response_id"] == created["response"]["id"] for e in client.of_type("response.audio.started")):

@@ -12,6 +12,7 @@ import numpy as np
 
 from kimiaudio.pipeline.request import HistoryTurn
 from kimiaudio.store import ConversationStore
+from kimiaudio.store.heard_audio import append_heard
 
 
 class Conversation:
@@ -72,10 +73,15 @@ class Conversation:
         (await self.history()).append(turn)
         return index, turn
 
-    async def update_assistant(self, index: int, turn: HistoryTurn, codes: list[int], timings: dict,
-                               audio: np.ndarray, interrupted: bool = True) -> None:
-        """After a cut-in or a truncate: the stored answer keeps only what was heard, marked
-        interrupted."""
-        await self.store.update_turn(self.id, index, interrupted=interrupted, audio_tokens=codes, timings=timings,
-                                     audio=audio)
-        turn.audio_tokens = list(codes)
+    async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str) -> None:
+        """While an answer plays: append the audio heard since the last call, and its text so far."""
+        await append_heard(self.store, self.id, index, pcm, text)
+        turn.text = text
+
+    async def update_assistant(self, index: int, turn: HistoryTurn, text: str, text_tokens: list[int],
+                               codes: list[int], timings: dict, audio: np.ndarray, interrupted: bool) -> None:
+        """The answer's final record (after it ended, was cut, or truncated): what was heard,
+        interrupted or not."""
+        await self.store.update_turn(self.id, index, text=text, text_tokens=text_tokens, interrupted=interrupted,
+                                     audio_tokens=codes, timings=timings, audio=audio)
+        turn.text, turn.audio_tokens = text, list(codes)

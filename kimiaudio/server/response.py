@@ -39,6 +39,12 @@ class Response:
     first_played_at: float | None = None
     stored: tuple[int, Any] | None = None  # the assistant turn once stored: (index, its HistoryTurn)
     task: asyncio.Task | None = None
+    # Progressive storing (responses.py _record): set at the first audio played (the first
+    # text sent, for a text answer); set to stop; samples already stored; the recording task.
+    first_heard: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_recording: asyncio.Event = field(default_factory=asyncio.Event)
+    recorded_samples: int = 0
+    recorder: asyncio.Task | None = None
 
     @property
     def audio_seconds(self) -> float:

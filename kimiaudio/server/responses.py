@@ -9,6 +9,11 @@ while a response is generating or playing) and response.cancel flush the playbac
 cancel the pipeline turn, and store the assistant turn marked interrupted and truncated to
 the audio that was played; conversation.item.truncate (the client saying what it played)
 overrides that estimate, for the response in progress or one of the last ones stored.
+
+Nothing heard is lost: the assistant turn is stored when its first audio is played (its first
+text sent, for a text answer), marked interrupted, and what was heard since is added at least
+every RECORD_INTERVAL_S; the final record (everything, or the heard part of a cut answer,
+with the speech codes, which the pipeline reports at the end) replaces it when it ends.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from kimiaudio.server.response import Response
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0  # how long a cancelled pipeline turn may take to report TurnDone
+RECORD_INTERVAL_S = 1.0  # a playing answer's heard part is stored at least this often
 NUM_TRUNCATABLE = 8  # ended responses a conversation.item.truncate may still name
 
 
@@ -75,6 +81,7 @@ class Responses:
         s.send(events.response_created(r.id, s.conversation.id))
         s.send(events.output_item_added(r.id, self._item(r, status="in_progress")))
         r.task = s.spawn(self._run(r), "response")
+        r.recorder = s.spawn(self._record(r), "recording")
 
     def _item(self, r: Response, status: str = "completed", index: int | None = None) -> dict:
         return events.message_item(r.item_id, "assistant", r.text, r.output_type == "both", index,
@@ -93,6 +100,8 @@ class Responses:
                     r.text += event.text
                     if not r.cancelled:
                         s.send(delta(r.id, r.item_id, event.text))
+                        if r.output_type == "text":
+                            r.first_heard.set()
                 elif isinstance(event, AudioChunk):
                     r.pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
                     if not r.cancelled:
@@ -114,16 +123,16 @@ class Responses:
     async def _finish(self, r: Response, done: TurnDone) -> None:
         s = self.session
         if done.status == "failed" and not r.cancelled:
-            self.playback.flush()
-        elif not r.cancelled:
-            await self._store(r, done)  # stored as soon as generation ends
-            if r.pcm and self.playback.is_consumed:
-                try:  # cut short by interrupt(); bounded in case nobody is receiving
-                    await asyncio.wait_for(asyncio.shield(r.playback_done), r.audio_seconds + 5.0)
-                except asyncio.TimeoutError:
-                    pass
-        if r.cancelled:
-            await self._store(r, done)  # insert or update: interrupted, truncated
+            self.playback.flush()  # what was stored while it played stays, marked interrupted
+        elif not r.cancelled and r.pcm and self.playback.is_consumed:
+            try:  # cut short by interrupt(); bounded in case nobody is receiving
+                await asyncio.wait_for(asyncio.shield(r.playback_done), r.audio_seconds + 5.0)
+            except asyncio.TimeoutError:
+                pass
+        r.stop_recording.set()
+        await asyncio.wait([r.recorder])  # a write in flight lands before the final one
+        if done.status != "failed" or r.cancelled:
+            await self._store(r, done)  # final: everything, or what was heard, marked interrupted
         status = "cancelled" if r.cancelled else done.status
         text = r.text or done.text
         for event in events.text_done(r.id, r.item_id, text, r.output_type == "both"):
@@ -148,23 +157,56 @@ class Responses:
             log.exception("session %s: storing the user turn's codes failed", self.session.id)
 
     async def _store(self, r: Response, done: TurnDone) -> None:
-        """Insert the assistant turn when generation ends; after a cut-in, mark it interrupted."""
+        """The assistant turn's final record: inserted, or the progressive one updated."""
         s = self.session
         pcm, codes = r.heard(done, s.pipeline.samples_per_code)
         text, timings = r.text or done.text, r.timings(done)
         try:
             if r.stored is None:
-                index, turn = await s.conversation.add_assistant(text, list(done.text_tokens), codes, timings,
-                                                                 r.cancelled, pcm)
-                r.stored = (index, turn)
-                previous, s.last_item_id = s.last_item_id, r.item_id
-                s.send(events.item_created(s.conversation.id, events.message_item(
-                    r.item_id, "assistant", text, pcm.size > 0, index, r.cancelled), previous))
+                await self._insert(r, text, list(done.text_tokens), codes, timings, r.cancelled, pcm)
             else:
-                await s.conversation.update_assistant(*r.stored, codes, timings, pcm)
+                await s.conversation.update_assistant(*r.stored, text, list(done.text_tokens), codes, timings, pcm,
+                                                      r.cancelled)
         except Exception as exc:
             log.exception("session %s: storing the assistant turn failed", s.id)
             s.send_error("storage_failed", f"the answer could not be stored ({exc})")
+
+    async def _insert(self, r: Response, text: str, text_tokens: list[int], codes: list[int], timings: dict,
+                      interrupted: bool, pcm: np.ndarray) -> None:
+        s = self.session
+        index, turn = await s.conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
+        r.stored = (index, turn)
+        previous, s.last_item_id = s.last_item_id, r.item_id
+        s.send(events.item_created(s.conversation.id, events.message_item(
+            r.item_id, "assistant", text, r.output_type == "both", index, interrupted), previous))
+
+    async def _record(self, r: Response) -> None:
+        """Store the answer from its first audio played (or text sent) on, marked interrupted,
+        and add what was heard at least every RECORD_INTERVAL_S: after a crash, the store holds
+        what the user heard. (The codes come with the pipeline's TurnDone, at the final update.)"""
+        s, loop = self.session, asyncio.get_running_loop()
+        stop, heard = loop.create_task(r.stop_recording.wait()), loop.create_task(r.first_heard.wait())
+        await asyncio.wait([stop, heard], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            while not r.stop_recording.is_set():
+                heard = self._heard_samples(r)
+                pcm = np.concatenate(r.pcm)[r.recorded_samples:heard] if heard > r.recorded_samples else np.zeros(0)
+                if r.stored is None:
+                    await self._insert(r, r.text, [], [], {}, True, np.zeros(0, np.float32))
+                await s.conversation.record_heard(*r.stored, pcm, r.text)
+                r.recorded_samples = max(heard, r.recorded_samples)
+                await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
+        except Exception as exc:  # the answer goes on; its final record is attempted at the end
+            log.exception("session %s: storing the answer as it plays failed", s.id)
+            s.send_error("storage_failed", f"the answer could not be stored as it played ({exc})")
+        finally:
+            stop.cancel()
+            heard.cancel()
+
+    def _heard_samples(self, r: Response) -> int:
+        if r.output_type != "both" or self.playback.response_id != r.id:
+            return r.recorded_samples
+        return min(self.playback.played_samples_24k, int(sum(c.size for c in r.pcm)))
 
     # ----- interrupt -----
     def interrupt(self, reason: str, played_samples: int | None = None) -> None:
@@ -216,6 +258,7 @@ class Responses:
         r = self.current
         if r is not None and r.id == response_id:
             r.first_played_at = time.monotonic()
+            r.first_heard.set()
             self.session.send(events.audio_started(response_id))
 
     def _playback_finished(self, response_id: str) -> None:
