@@ -19,7 +19,6 @@ import asyncio
 import base64
 import copy
 import json
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -68,22 +67,13 @@ def _percentiles(values: list[float]) -> tuple[float | None, float | None]:
 
 async def _bench_n(stack, config, n: int, turns: int, clips: list[np.ndarray]) -> dict:
     import aiohttp
-    from aiohttp import web
 
-    from kimiaudio.pipeline.pipeline import Pipeline
-    from kimiaudio.server.app import create_app
+    from kimiaudio.bench.loopback_server import loopback_server
 
-    pipeline = Pipeline(stack, config)
-    await pipeline.start()
-    runner = web.AppRunner(create_app(config, stack, pipeline), access_log=None)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # a free loopback port, known before the site starts
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/chat/completions"
-    await web.SockSite(runner, sock).start()
     wavs = [base64.b64encode(wav_bytes(c, 16000)).decode() for c in clips]
     in_process, over_http = [], []
-    try:
+    async with loopback_server(stack, config) as (base_url, pipeline):
+        url = f"{base_url}/v1/chat/completions"
         # Untimed: every clip once, so both sides find its encoding and prompt prefix cached.
         await asyncio.gather(*[_pipeline_first_audio(pipeline, config, clip, 0) for clip in clips])
         for turn in range(turns):
@@ -96,9 +86,6 @@ async def _bench_n(stack, config, n: int, turns: int, clips: list[np.ndarray]) -
                                {"type": "input_audio", "input_audio": {"data": wavs[k], "format": "wav"}}]}]}
                           for i, k in enumerate(pick)]
                 over_http += await asyncio.gather(*[_http_first_audio(http, url, body) for body in bodies])
-    finally:
-        await runner.cleanup()
-        await pipeline.stop()
     p50, p95 = _percentiles([x for x in in_process if x is not None])
     h50, h95 = _percentiles([x for x in over_http if x is not None])
     return {"sessions": n, "turns": len(over_http),
