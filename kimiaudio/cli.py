@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument("--webrtc", action="store_true",
                    help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
+    p.add_argument("--http", action="store_true",
+                   help="through the real server on loopback: --sessions concurrent streaming chat requests (time to first audio byte)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")

@@ -124,6 +124,8 @@ class ServerConfig:
     # e.g. ["stun:stun.l.google.com:19302"]
     ice_servers: list[str] = setting(factory=list, bounds=Bounds(pattern=r"(stun|turns?):\S+",
                                                                   means="a stun:, turn: or turns: URL"))
+    # How long a spoken answer of POST /v1/chat/completions stays usable by its audio id.
+    audio_answer_ttl_s: float = setting(3600.0, Bounds(1.0, 30 * 86400.0))
 
 
 @dataclass

@@ -92,3 +92,15 @@ def speech(tmp_path_factory):
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is needed to make test speech")
     return espeak_speech(SENTENCES, tmp_path_factory.mktemp("sentences"))
+
+
+@pytest.fixture(scope="session")
+def v1_server(tmp_path_factory):
+    """A real `python -m kimiaudio serve` on the demo checkpoint for the /v1 tests: its base URL
+    (http://127.0.0.1:PORT); one process shared by every test that asks for it."""
+    from test_server_support import SERVE_CONFIG, free_port, start_serve, stop_serve
+
+    port = free_port()
+    proc = start_serve(tmp_path_factory.mktemp("v1-serve"), port, SERVE_CONFIG)
+    yield f"http://127.0.0.1:{port}"
+    stop_serve(proc)

@@ -84,3 +84,14 @@ def test_webrtc_bench_measures_first_audio_through_the_server(demo_checkpoint, s
     assert row["clients"] == 2 and row["turns"] == 2  # one response.done with timings per client turn
     assert 0 < row["commit_to_first_audio_ms_p50"] <= row["commit_to_first_audio_ms_p95"]
     assert row["max_llm_batch"] >= 1
+
+
+def test_http_bench_reports_first_audio_byte_beside_the_pipeline(demo_checkpoint, speech_wav):
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--http", "--sessions", "2", "--turns", "1",
+                       "--speech", str(speech_wav), "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["http"]
+    assert row["sessions"] == 2 and row["turns"] == 2 and row["turns_without_audio"] == 0, row
+    assert 0 < row["pipeline_first_audio_ms_p50"] <= row["pipeline_first_audio_ms_p95"]
+    assert 0 < row["http_first_audio_byte_ms_p50"] <= row["http_first_audio_byte_ms_p95"]
+    assert row["http_overhead_ms_p50"] == row["http_first_audio_byte_ms_p50"] - row["pipeline_first_audio_ms_p50"]

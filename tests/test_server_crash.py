@@ -94,3 +94,69 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
         except Exception:
             proc.kill()
         time.sleep(0.1)
+
+
+async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speech):
+    from test_server_support import LONG_ANSWER
+
+    port = _free_port()
+    proc = start_server(tmp_path, port)
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            mic = ScriptedMic()
+            client = RtcClient(mic)
+            await client.connect(http, session={"sampling": LONG_ANSWER})
+            for attempt in range(1, 7):  # until an answer is still playing after 1.8 s
+                mic.say(np.concatenate([speech[0], silence(1.0)]))
+                await client.wait_for("response.audio.started", count=attempt, timeout=60)
+                started = time.monotonic()
+                await asyncio.sleep(1.8)
+                if len(client.of_type("response.done")) < attempt:
+                    break
+                await client.wait_for("response.done", count=attempt, timeout=60)
+            else:
+                raise AssertionError("no answer played for 1.8 s in 6 attempts")
+            os.kill(proc.pid, signal.SIGKILL)  # mid-answer: no shutdown, no final record
+            killed = time.monotonic()
+            proc.wait(10)
+            conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
+            await client.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    port = _free_port()
+    proc = start_server(tmp_path, port)
+    try:
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+            assert [t["role"] for t in turns] == ["user", "assistant"] * attempt, turns
+            heard = turns[-1]
+            # Stored at its first audio and then every second: what was played, at most a second old.
+            assert heard["interrupted"] and heard["has_audio"], heard
+            assert 0.6 < heard["duration_s"] <= killed - started + 0.2, (heard["duration_s"], killed - started)
+            wav = await (await http.get(f"/api/conversations/{conversation_id}/turns/{2 * attempt - 1}/audio")).read()
+            pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+            assert rate == 24000 and pcm.size == round(heard["duration_s"] * rate) and np.abs(pcm).max() > 0.01
+
+            # The conversation goes on from the store, the interrupted answer in its history.
+            mic = ScriptedMic()
+            client = RtcClient(mic)
+            await client.connect(http, conversation_id=conversation_id)
+            mic.say(np.concatenate([speech[1], silence(1.0)]))
+            done = await client.wait_for("response.done", timeout=60)
+            assert done["response"]["status"] in ("completed", "cancelled"), done
+            await client.close()
+            for _ in range(50):
+                after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+                if len(after) == len(turns) + 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1)
+            assert after[len(turns) - 1]["duration_s"] == heard["duration_s"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except Exception:
+            proc.kill()

@@ -33,7 +33,7 @@ async def test_two_turns_with_history_reuse(server, speech):
 
     mic.say(np.concatenate([speech[0], silence(1.0)]))
     for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                 "input_audio_buffer.committed", "response.created", "response.text.delta",
+                 "input_audio_buffer.committed", "response.created", "response.audio_transcript.delta",
                  "response.audio.started"):
         await client.wait_for(kind, timeout=30)
     done = await client.wait_for("response.done", timeout=30)
@@ -42,7 +42,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     assert 0 < timings["commit_to_first_audio_s"] < 10 and "first_pcm_s" in timings
     # The random demo weights may end the text at once, so the deltas are compared with
     # the final text rather than required to be non-empty.
-    text = "".join(e["delta"] for e in client.of_type("response.text.delta"))
+    text = "".join(e["delta"] for e in client.of_type("response.audio_transcript.delta"))
     assert text == done["response"]["text"]
 
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]

@@ -105,7 +105,7 @@ async def test_text_only_server_answers_in_text(demo_checkpoint, tmp_path, speec
     stack = ModelStack.load(config)
     assert stack.detokenizer is None
     async with Session(stack, config, tmp_path) as s:
-        assert s.session.settings()["output_type"] == "text" and not s.session.settings()["can_speak"]
+        assert s.session.describe()["output_type"] == "text" and not s.session.describe()["can_speak"]
         await s.say(np.concatenate([silence(0.3), speech[0], silence(0.8)]))
         done = await s.wait_for("response.done", timeout=60)
         assert done["response"]["status"] == "completed", done

@@ -43,6 +43,13 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
     freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
+    if args.http:
+        from kimiaudio.bench.http_bench import print_rows, run_http_bench
+
+        if stack.is_demo and not args.json:
+            print(DEMO_NOTICE)
+        print_rows(run_http_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
+        return 0
     if args.webrtc:
         from kimiaudio.bench.webrtc import print_rows, run_webrtc_bench
 

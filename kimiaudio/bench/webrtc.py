@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import socket
 import tempfile
 from pathlib import Path
 
@@ -51,25 +50,10 @@ async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offs
 
 
 async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarray]) -> dict:
-    from aiohttp import web
+    from kimiaudio.bench.loopback_server import loopback_server
 
-    from kimiaudio.pipeline.pipeline import Pipeline
-    from kimiaudio.server.app import create_app
-
-    pipeline = Pipeline(stack, config)
-    await pipeline.start()
-    runner = web.AppRunner(create_app(config, stack, pipeline), access_log=None)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # a free loopback port, known before the site starts
-    port = sock.getsockname()[1]
-    await web.SockSite(runner, sock).start()
-    try:
-        results = await asyncio.gather(*[_client_turns(f"http://127.0.0.1:{port}", clips, turns, i)
-                                         for i in range(n)])
-    finally:
-        await runner.cleanup()
-        await pipeline.stop()
+    async with loopback_server(stack, config) as (base_url, pipeline):
+        results = await asyncio.gather(*[_client_turns(base_url, clips, turns, i) for i in range(n)])
     latencies = [x for r in results for x in r]
     return {
         "clients": n, "turns": len(latencies),

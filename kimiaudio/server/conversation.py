@@ -12,6 +12,7 @@ import numpy as np
 
 from kimiaudio.pipeline.request import HistoryTurn
 from kimiaudio.store import ConversationStore
+from kimiaudio.store.heard_audio import append_heard
 
 
 class Conversation:
@@ -44,13 +45,21 @@ class Conversation:
                                          audio=t.audio if t.role == "user" else None) for t in stored]
         return self._history
 
-    async def add_user(self, audio: np.ndarray) -> tuple[int, HistoryTurn]:
-        """Store a committed user turn (before the model starts on it); (its index, history turn)."""
+    async def add_user(self, audio: np.ndarray | None, text: str = "") -> tuple[int, HistoryTurn]:
+        """Store a user turn (spoken: before the model starts on it; or text, context for the next
+        spoken turn); (its index, history turn)."""
         history = await self.history()
-        index = await self.store.add_turn(self.id, "user", audio=audio, timings={"speech_s": audio.size / 16000})
-        turn = HistoryTurn(role="user", audio=audio)
+        timings = {"speech_s": audio.size / 16000} if audio is not None else {}
+        index = await self.store.add_turn(self.id, "user", text, audio=audio, timings=timings)
+        turn = HistoryTurn(role="user", text=text, audio=audio)
         history.append(turn)
         return index, turn
+
+    async def last_turn(self) -> tuple[int, HistoryTurn] | None:
+        """(index, turn) of the newest turn; the history mirrors every stored turn, so its
+        position is its stored index."""
+        history = await self.history()
+        return (len(history) - 1, history[-1]) if history else None
 
     async def set_user_codes(self, index: int, turn: HistoryTurn, codes: list[int]) -> None:
         turn.audio_tokens = list(codes)
@@ -64,9 +73,15 @@ class Conversation:
         (await self.history()).append(turn)
         return index, turn
 
-    async def update_assistant(self, index: int, turn: HistoryTurn, codes: list[int], timings: dict,
-                               audio: np.ndarray) -> None:
-        """After a cut-in: the stored answer keeps only what was heard, marked interrupted."""
-        await self.store.update_turn(self.id, index, interrupted=True, audio_tokens=codes, timings=timings,
-                                     audio=audio)
-        turn.audio_tokens = list(codes)
+    async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str) -> None:
+        """While an answer plays: append the audio heard since the last call, and its text so far."""
+        await append_heard(self.store, self.id, index, pcm, text)
+        turn.text = text
+
+    async def update_assistant(self, index: int, turn: HistoryTurn, text: str, text_tokens: list[int],
+                               codes: list[int], timings: dict, audio: np.ndarray, interrupted: bool) -> None:
+        """The answer's final record (after it ended, was cut, or truncated): what was heard,
+        interrupted or not."""
+        await self.store.update_turn(self.id, index, text=text, text_tokens=text_tokens, interrupted=interrupted,
+                                     audio_tokens=codes, timings=timings, audio=audio)
+        turn.text, turn.audio_tokens = text, list(codes)

@@ -1,8 +1,9 @@
 """One assistant response of a real-time session: what was generated, what was heard.
 
-The session (rtc_session.py) owns the flow; this holds the response's state and the two
+The session (realtime_session.py) owns the flow; this holds the response's state and the two
 derived values it stores: the audio and tokens that were actually heard (all of them, or,
-after a barge-in, the played prefix) and the timings reported in response.done.
+after a barge-in or a conversation.item.truncate, the played prefix) and the timings
+reported in response.done.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 @dataclass
 class Response:
     id: str
+    item_id: str  # the assistant item it makes
+    output_type: str  # "both" | "text"
     handle: Any  # the pipeline's TurnHandle
     user_index: int  # stored index of the user turn it answers
     user_turn: Any  # that turn's HistoryTurn (its VQ codes arrive with UserEncoded)
@@ -30,10 +33,18 @@ class Response:
     pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated
     cancelled: bool = False
     generation_ended: bool = False
-    played_samples: int | None = None  # samples heard, set when playback was cut short
+    played_samples: int | None = None  # samples heard, set when playback was cut short (None: all)
+    cancel_reason: str | None = None  # turn_detected (barge-in) | client_cancelled
+    done: TurnDone | None = None  # the pipeline's, once generation ended
     first_played_at: float | None = None
     stored: tuple[int, Any] | None = None  # the assistant turn once stored: (index, its HistoryTurn)
     task: asyncio.Task | None = None
+    # Progressive storing (responses.py _record): set at the first audio played (the first
+    # text sent, for a text answer); set to stop; samples already stored; the recording task.
+    first_heard: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_recording: asyncio.Event = field(default_factory=asyncio.Event)
+    recorded_samples: int = 0
+    recorder: asyncio.Task | None = None
 
     @property
     def audio_seconds(self) -> float:
@@ -44,7 +55,7 @@ class Response:
         (samples_per_code None: a text-only server, no speech at all)."""
         pcm = np.concatenate(self.pcm) if self.pcm else np.zeros(0, dtype=np.float32)
         tokens = list(done.audio_tokens)
-        if not self.cancelled:
+        if self.played_samples is None:
             return pcm, tokens
         if samples_per_code is None:
             return pcm[:0], []

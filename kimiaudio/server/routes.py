@@ -27,9 +27,10 @@ from aiortc import RTCSessionDescription
 
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server import events
+from kimiaudio.server import client_events
 from kimiaudio.server.app import config_key, pipeline_key, sessions_key, stack_key, store_key, vad_executor_key
 from kimiaudio.server.rtc_session import RtcSession
+from kimiaudio.server.v1 import setup_openai_routes
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/api/conversations/{id}", get_conversation)
     app.router.add_delete("/api/conversations/{id}", delete_conversation)
     app.router.add_get("/api/conversations/{id}/turns/{index}/audio", turn_audio)
+    setup_openai_routes(app)
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -120,8 +122,8 @@ async def offer(request: web.Request) -> web.Response:
     update = None
     if body.get("session") is not None:
         try:
-            update = events.parse_client_event(_session_update_json(body["session"]))
-        except events.ProtocolError as exc:
+            update = client_events.parse_client_event(_session_update_json(body["session"]))
+        except client_events.ProtocolError as exc:
             raise ApiError(400, exc.code, str(exc)) from None
 
     from kimiaudio.audio.vad import SileroVad

@@ -81,7 +81,7 @@ class RtcSession:
             return
         self._channel = channel
         channel.on("message", lambda message: self._spawn(self.session.handle_message(message)))
-        self.session.send(events.session_created(self.id, self.session.conversation.id, self.session.settings()))
+        self.session.send(events.session_created(self.session.describe()))
         outbox, self._outbox = self._outbox, []
         for event in outbox:
             self._send_now(event)

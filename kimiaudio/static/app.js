@@ -253,7 +253,8 @@ function onEvent(event) {
       session.responses.set(event.response.id, addTurn("assistant", ""));
       setState("thinking");
       break;
-    case "response.text.delta": {
+    case "response.text.delta": // a text answer
+    case "response.audio_transcript.delta": { // the text of a spoken answer
       const r = session.responses.get(event.response_id);
       if (r) r.text.textContent += event.delta;
       break;

@@ -102,13 +102,24 @@ class ConversationStore:
         self._reader = _DbThread(self.path, "kimiaudio-db-reader")
 
     async def open(self) -> None:
-        # The writer opens first: it creates and migrates the schema the reader relies on.
-        await self._writer.call(lambda db: None)
+        from kimiaudio.store.heard_audio import join_leftover_parts
+
+        # The writer opens first: it creates and migrates the schema the reader relies on,
+        # and joins the audio of answers a crash cut short (so readers see it whole).
+        await self._writer.call(join_leftover_parts)
         await self._reader.call(lambda db: None)
 
     async def close(self) -> None:
         await self._writer.close()
         await self._reader.close()
+
+    async def write(self, fn: Callable, *args: Any) -> Any:
+        """Run `fn(db, *args)` on the writer thread (for the queries of other store modules)."""
+        return await self._writer.call(fn, *args)
+
+    async def read(self, fn: Callable, *args: Any) -> Any:
+        """Run `fn(db, *args)` on the reader thread."""
+        return await self._reader.call(fn, *args)
 
     # ----- writes (writer thread) -----
     async def create_conversation(self, title: str = "") -> dict[str, Any]:
@@ -250,6 +261,7 @@ def _update_turn(db: sqlite_utils.Database, conversation_id: str, index: int, fi
         if fields:
             db["turns"].update(turn_id, fields)
         if audio is not None:
+            db.execute("DELETE FROM turn_audio_parts WHERE turn_id = ?", [turn_id])  # superseded (heard_audio.py)
             role = db.execute("SELECT role FROM turns WHERE id = ?", [turn_id]).fetchone()[0]
             record = _audio_record(audio, role)
             if record is None:

@@ -10,6 +10,12 @@ Tables:
   interrupted, created_at): token lists and timings are JSON text.
 - turn_audio(turn_id, sample_rate, num_samples, wav): the turn's audio as a WAV blob
   (user 16 kHz, assistant 24 kHz), apart so that listing turns never reads audio.
+- turn_audio_parts(turn_id, part_index, pcm): an assistant answer's audio as it is heard,
+  appended (raw 16-bit 24 kHz) at least once a second while it plays; replaced by the
+  turn_audio WAV when the answer ends, or, after a crash, when the store opens again.
+- audio_answers(id, created_at, expires_at, text, audio_tokens, sample_rate, wav): spoken
+  answers of POST /v1/chat/completions, kept until expires_at so that a later request can
+  name one as an earlier assistant turn (`{"role": "assistant", "audio": {"id": ...}}`).
 """
 
 from __future__ import annotations
@@ -50,8 +56,30 @@ CREATE TABLE turn_audio (
 CREATE INDEX conversations_by_update ON conversations(updated_at);
 """
 
+_V2 = """
+CREATE TABLE audio_answers (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    text TEXT NOT NULL DEFAULT '',
+    audio_tokens TEXT NOT NULL,
+    sample_rate INTEGER NOT NULL,
+    wav BLOB NOT NULL
+);
+CREATE INDEX audio_answers_by_expiry ON audio_answers(expires_at);
+"""
+
+_V3 = """
+CREATE TABLE turn_audio_parts (
+    turn_id INTEGER NOT NULL REFERENCES turns(id) ON DELETE CASCADE,
+    part_index INTEGER NOT NULL,
+    pcm BLOB NOT NULL,
+    PRIMARY KEY (turn_id, part_index)
+);
+"""
+
 # MIGRATIONS[i] migrates from user_version i to i + 1.
-MIGRATIONS: list[str] = [_V1]
+MIGRATIONS: list[str] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

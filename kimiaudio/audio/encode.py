@@ -1,0 +1,117 @@
+"""Encoding the assistant's 24 kHz speech for clients: wav, mp3, opus, aac, flac, raw pcm16.
+
+`StreamEncoder` takes float32 mono chunks as the pipeline makes them and returns the encoded
+bytes the container has ready after each one, so an answer can be streamed while it is being
+generated. PyAV (FFmpeg) encodes into a write-only sink, which FFmpeg treats as a
+non-seekable stream: mp3 (libmp3lame), opus in Ogg (pages of at most OGG_PAGE_US), aac in
+ADTS, FLAC and raw s16le all stream. WAV cannot be both streamed and exact (its header holds
+the length): a streamed WAV starts with a header whose sizes say "unknown" (0xFFFFFFFF, as
+FFmpeg and most players accept), and `encode_audio` (a whole answer) writes an exact one.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from kimiaudio.errors import KimiAudioError
+
+# format -> (container, codec, MIME type); "wav" and "pcm16" are written here without PyAV.
+FORMATS = {
+    "mp3": ("mp3", "libmp3lame", "audio/mpeg"),
+    "opus": ("ogg", "libopus", "audio/ogg"),
+    "aac": ("adts", "aac", "audio/aac"),
+    "flac": ("flac", "flac", "audio/flac"),
+    "wav": (None, None, "audio/wav"),
+    "pcm16": (None, None, "audio/pcm"),
+}
+OGG_PAGE_US = 100_000  # Ogg pages of 100 ms: opus streams instead of waiting for 1 s pages
+
+
+def pcm16_bytes(pcm: np.ndarray) -> bytes:
+    """Float audio in [-1, 1] as little-endian 16-bit samples."""
+    return (np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int, num_samples: int | None) -> bytes:
+    """A 44-byte 16-bit mono PCM WAV header; num_samples None: sizes unknown (streaming)."""
+    data = 0xFFFFFFFF if num_samples is None else 2 * num_samples
+    riff = 0xFFFFFFFF if num_samples is None else 36 + data
+    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1, sample_rate,
+                       2 * sample_rate, 2, 16, b"data", data)
+
+
+class _Sink:
+    """A write-only file for PyAV: what the muxer wrote since the last drain."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def drain(self) -> bytes:
+        out, self._parts = b"".join(self._parts), []
+        return out
+
+
+class StreamEncoder:
+    def __init__(self, fmt: str, sample_rate: int):
+        if fmt not in FORMATS:
+            raise KimiAudioError(f"unsupported audio format {fmt!r} (supported: {', '.join(FORMATS)})")
+        self.format = fmt
+        self.sample_rate = sample_rate
+        self.mime_type = FORMATS[fmt][2]
+        self._started = False
+        self._container = self._stream = None
+        container, codec, _ = FORMATS[fmt]
+        if container is not None:
+            import av
+
+            self._sink = _Sink()
+            options = {"page_duration": str(OGG_PAGE_US)} if container == "ogg" else {}
+            self._container = av.open(self._sink, "w", format=container, options=options)
+            self._stream = self._container.add_stream(codec, rate=sample_rate, layout="mono")
+
+    def push(self, pcm: np.ndarray) -> bytes:
+        """Encode one chunk; returns the bytes ready now (possibly none)."""
+        head = b""
+        if not self._started:
+            self._started = True
+            head = wav_header(self.sample_rate, None) if self.format == "wav" else b""
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        if self._container is None:
+            return head + pcm16_bytes(pcm)
+        if pcm.size:
+            self._mux(self._frame(pcm))
+        return head + self._sink.drain()
+
+    def finish(self) -> bytes:
+        """The rest: what the encoder held back, and the container's trailer."""
+        head = b"" if self._started else self.push(np.zeros(0, np.float32))
+        if self._container is None:
+            return head
+        self._mux(None)
+        self._container.close()
+        return head + self._sink.drain()
+
+    def _frame(self, pcm: np.ndarray):
+        import av
+
+        frame = av.AudioFrame.from_ndarray(np.clip(pcm, -1.0, 1.0)[None, :], format="flt", layout="mono")
+        frame.sample_rate = self.sample_rate
+        return frame
+
+    def _mux(self, frame) -> None:
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+
+def encode_audio(pcm: np.ndarray, fmt: str, sample_rate: int) -> bytes:
+    """A whole answer as one file (a WAV with exact sizes)."""
+    if fmt == "wav":
+        return wav_header(sample_rate, int(np.size(pcm))) + pcm16_bytes(pcm)
+    encoder = StreamEncoder(fmt, sample_rate)
+    return encoder.push(pcm) + encoder.finish()

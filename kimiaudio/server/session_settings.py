@@ -1,0 +1,81 @@
+"""What a real-time session's client may change with session.update, validated as one unit.
+
+The session keeps its own copy of the config ([vad] and [sampling]), the answer's modality
+(output_type: "both" = speech and its transcript, "text"), turn detection (server_vad: the
+silero VAD commits; none: the client commits), whether a VAD commit starts a response,
+instructions (a leading user text message of every prompt), the voice (reported; the model
+has one) and the sample rate of pcm16 input. `apply` changes nothing unless every value of
+the update is valid; `describe` is the `session` object of session.created / updated.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from kimiaudio.audio.vad import TurnSettings
+from kimiaudio.config import Config, apply_overrides
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.client_events import SessionUpdate
+
+DEFAULT_VOICE = "kimi"
+OPENAI_INPUT_RATE = 24000  # OpenAI's pcm16
+
+
+class SessionSettings:
+    def __init__(self, config: Config, can_speak: bool):
+        self.config = copy.deepcopy(config)  # session.update changes this copy only
+        self.can_speak = can_speak
+        self.output_type = "both" if can_speak else "text"
+        self.turn_detection = "server_vad"
+        self.create_response = True
+        self.instructions = ""
+        self.voice = DEFAULT_VOICE
+        self.input_rate = OPENAI_INPUT_RATE
+
+    def turn_settings(self) -> TurnSettings:
+        v = self.config.vad
+        return TurnSettings(v.threshold, v.min_speech_ms, v.silence_ms, v.prefix_padding_ms,
+                            self.config.audio.max_input_seconds)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.from_config(self.config.sampling)
+
+    def answer_type(self, requested: str | None) -> str:
+        """The output type of one response (a response.create may ask for text only)."""
+        output_type = requested or self.output_type
+        return output_type if self.can_speak else "text"
+
+    def apply(self, update: SessionUpdate) -> None:
+        """Apply a session.update; raises KimiAudioError (naming the key) and changes nothing
+        when a value is out of range."""
+        config = copy.deepcopy(self.config)
+        apply_overrides(config, {k: v for k, v in (("vad", update.vad), ("sampling", update.sampling)) if v})
+        SamplingParams.from_config(config.sampling)  # validates ranges before anything changes
+        if update.output_type == "both" and not self.can_speak:
+            raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
+        self.config = config
+        if update.output_type is not None:
+            self.output_type = update.output_type
+        for name in ("turn_detection", "create_response", "instructions", "voice", "input_rate"):
+            value = getattr(update, name)
+            if value is not None:
+                setattr(self, name, value)
+
+    def describe(self, session_id: str, conversation_id: str | None) -> dict[str, Any]:
+        vad = self.config.vad
+        turn_detection = None if self.turn_detection == "none" else {
+            "type": "server_vad", "threshold": vad.threshold, "prefix_padding_ms": vad.prefix_padding_ms,
+            "silence_duration_ms": vad.silence_ms, "create_response": self.create_response,
+            "interrupt_response": vad.barge_in}
+        return {
+            "id": session_id, "object": "realtime.session", "conversation_id": conversation_id,
+            "modalities": ["text", "audio"] if self.output_type == "both" else ["text"],
+            "instructions": self.instructions, "voice": self.voice,
+            "input_audio_format": "pcm16", "input_audio_rate": self.input_rate, "output_audio_format": "pcm16",
+            "turn_detection": turn_detection, "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",
+            "vad": dataclasses.asdict(vad), "sampling": dataclasses.asdict(self.config.sampling),
+            "output_type": self.output_type, "can_speak": self.can_speak,
+        }

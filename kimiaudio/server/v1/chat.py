@@ -1,0 +1,78 @@
+"""POST /v1/chat/completions: audio (and text) in; text, or speech and its transcript, out.
+
+The request becomes one pipeline turn (chat_request.py), run in the shared pipeline and
+cancelled at once if the client goes away (turn_guard.py). Without `stream` the answer is
+one chat.completion: `message.content` (text answers) or `message.audio` {id, data (the
+whole answer encoded in audio.format, base64), transcript, expires_at}. A spoken answer is
+kept in the answer store under its id until expires_at (server.audio_answer_ttl_s), so a
+later request can name it as history. `stream: true` answers with server-sent
+chat.completion.chunk events as the answer is generated (chat_stream.py).
+Bodies may hold up to MAX_BODY_BYTES (25 MB of audio, base64-encoded).
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import time
+
+import numpy as np
+from aiohttp import web
+
+from kimiaudio.audio.encode import encode_audio
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
+from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.server.app import config_key, pipeline_key, store_key
+from kimiaudio.server.json_input import JsonInputError, parse_json
+from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
+from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
+from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.models import MODEL_ID
+from kimiaudio.server.v1.turn_guard import guarded_turn
+from kimiaudio.store.answer_store import new_answer_id, save_answer
+
+MAX_BODY_BYTES = 34 * 1024 * 1024  # 25 MB of audio in base64, and the JSON around it
+
+
+@openai_route
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
+    try:
+        body = parse_json(await request.clone(client_max_size=MAX_BODY_BYTES).read(), MAX_BODY_BYTES)
+    except JsonInputError as exc:
+        raise V1Error(413 if exc.code == "too_large" else 400, str(exc), exc.code) from None
+    chat = await parse_chat_request(body, config, store, pipeline.can_speak)
+    turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
+                       sampling=chat.sampling, output_type=chat.output_type)
+    completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
+    async with guarded_turn(request, pipeline, turn) as handle:
+        if chat.stream:
+            return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
+        pcm, done = await _collect(handle)
+    if done.status != "completed":
+        raise V1Error(500, f"the answer failed ({done.error or done.status})", "generation_failed", kind="server_error")
+    message = {"role": "assistant", "content": done.text, "refusal": None}
+    if chat.output_type == "both":
+        message["content"] = None  # as OpenAI: a spoken answer's text is its transcript
+        message["audio"] = await _audio(chat, done, pcm, store, config.server.audio_answer_ttl_s)
+    return web.json_response({**completion, "object": "chat.completion", "choices": [
+        {"index": 0, "message": message, "finish_reason": finish_reason(done), "logprobs": None}],
+        "usage": usage(done)})
+
+
+async def _collect(handle) -> tuple[np.ndarray, TurnDone]:
+    chunks, done = [], None
+    async for event in handle:
+        if isinstance(event, AudioChunk):
+            chunks.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
+        elif isinstance(event, TurnDone):
+            done = event
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), done
+
+
+async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store, ttl_s: float) -> dict:
+    answer = await save_answer(store, new_answer_id(), done.text, done.audio_tokens, pcm, ttl_s)
+    data = encode_audio(pcm, chat.audio_format, PCM_SAMPLE_RATE)
+    return {"id": answer.id, "data": base64.b64encode(data).decode("ascii"), "transcript": done.text,
+            "expires_at": int(answer.expires_at)}

@@ -1,0 +1,170 @@
+"""A POST /v1/chat/completions body turned into one pipeline turn (validated, OpenAI's shapes).
+
+The model answers speech, so the last message must be a user message with an `input_audio`
+part (base64, format wav/mp3/... or pcm16); its text parts come just before the audio.
+Everything earlier becomes history: system/developer messages and user text as user text
+turns, user audio as spoken user turns, assistant text as text answers, and an assistant
+`audio: {"id": ...}` naming an answer this server produced (its transcript and speech codes,
+from the answer store) as a spoken answer. `modalities` ["text"] (the default) or
+["text", "audio"] with `audio: {"voice", "format"}`; `max_tokens` / `max_completion_tokens`,
+`temperature` (of the text stream) and `seed` map onto the sampling settings.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from kimiaudio.config import Config, apply_overrides
+from kimiaudio.audio.encode import FORMATS
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.request import HistoryTurn
+from kimiaudio.server.client_events import ProtocolError, typed_field
+from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
+from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.v1.models import check_model
+from kimiaudio.store.answer_store import load_answer
+
+
+@dataclass
+class ChatRequest:
+    history: list[HistoryTurn]
+    user_audio: np.ndarray  # 16 kHz
+    output_type: str  # "both" | "text"
+    audio_format: str | None  # of the spoken answer
+    voice: str | None
+    stream: bool
+    include_usage: bool
+    sampling: SamplingParams
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> V1Error:
+    return V1Error(400, message, code, param)
+
+
+def _option(body: dict, key: str, kinds, what: str):
+    try:
+        return typed_field(body, key, kinds, "", what)
+    except ProtocolError:
+        raise _bad(f"{key}: expected {what}", key) from None
+
+
+async def parse_chat_request(body, config: Config, store, can_speak: bool) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None, "invalid_json")
+    check_model(body.get("model"))
+    modalities = _option(body, "modalities", list, '["text"] or ["text", "audio"]') or ["text"]
+    if sorted(set(modalities)) not in (["text"], ["audio", "text"]):
+        raise _bad('modalities: expected ["text"] or ["text", "audio"]', "modalities")
+    output_type = "both" if "audio" in modalities else "text"
+    audio = _option(body, "audio", dict, 'an object {"voice", "format"}') or {}
+    audio_format = voice = None
+    if output_type == "both":
+        if not can_speak:
+            raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
+        audio_format, voice = audio.get("format"), audio.get("voice")
+        if audio_format not in FORMATS:
+            raise V1Error(400, f"audio.format: expected one of {', '.join(FORMATS)}", "unsupported_format", "audio.format")
+    if _option(body, "n", int, "1") not in (None, 1):
+        raise _bad("n: only one choice is generated", "n")
+    stream = bool(_option(body, "stream", bool, "true or false"))
+    stream_options = _option(body, "stream_options", dict, "an object") or {}
+    history, user_audio = await _messages(body.get("messages"), config, store)
+    return ChatRequest(history, user_audio, output_type, audio_format, voice, stream,
+                       bool(stream_options.get("include_usage")), _sampling(body, config))
+
+
+def _sampling(body: dict, config: Config) -> SamplingParams:
+    overrides = {}
+    limit = _option(body, "max_completion_tokens", int, "a positive integer") or _option(
+        body, "max_tokens", int, "a positive integer")
+    if limit is not None:
+        overrides["max_new_tokens"] = limit
+    for key, ours in (("temperature", "text_temperature"), ("seed", "seed")):
+        if _option(body, key, (int, float) if key == "temperature" else int, "a number") is not None:
+            overrides[ours] = body[key]
+    try:
+        sampling = apply_overrides(copy.deepcopy(config), {"sampling": overrides}).sampling
+        return SamplingParams.from_config(sampling)
+    except KimiAudioError as exc:
+        raise _bad(str(exc), next(iter(overrides), None)) from None
+
+
+async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn], np.ndarray]:
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages: expected a non-empty list of messages", "messages")
+    history: list[HistoryTurn] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _bad(f"{where}: expected a message object", where)
+        role = message.get("role")
+        if role in ("system", "developer", "user"):
+            history += _user_turns(message.get("content"), f"{where}.content", config)
+        elif role == "assistant":
+            history.append(await _assistant_turn(message, where, store))
+        else:
+            raise _bad(f"{where}.role: expected system, developer, user or assistant, got {str(role)[:40]!r}",
+                       f"{where}.role")
+    last = history[-1] if history else None
+    if messages[-1].get("role") != "user" or last is None or last.audio is None:
+        raise _bad("the last message must be a user message with an input_audio part: kimiaudio answers speech "
+                   "(text parts and earlier messages are context)", f"messages[{len(messages) - 1}].content",
+                   "audio_required")
+    return history[:-1], last.audio
+
+
+def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
+    """One message's turns: its text (joined) as a text turn, then its audio parts (joined) as
+    one spoken turn."""
+    if isinstance(content, str):
+        return [HistoryTurn("user", text=content)] if content else []
+    if not isinstance(content, list):
+        raise _bad(f"{where}: expected text or a list of content parts", where)
+    texts, audio = [], []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _bad(f"{where}[{j}]: expected a content part object", f"{where}[{j}]")
+        if part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                raise _bad(f"{where}[{j}].text: expected text", f"{where}[{j}].text")
+            texts.append(part["text"])
+        elif part.get("type") == "input_audio":
+            spec = part.get("input_audio")
+            if not isinstance(spec, dict):
+                raise _bad(f"{where}[{j}].input_audio: expected {{\"data\", \"format\"}}", f"{where}[{j}].input_audio")
+            param = f"{where}[{j}].input_audio"
+            audio.append(speech_from_bytes(decode_base64(spec.get("data"), f"{param}.data"), spec.get("format", "wav"),
+                                           config.audio, f"{param}.data"))
+        else:
+            raise V1Error(400, f"{where}[{j}].type: {str(part.get('type'))[:40]!r} is not supported (text, input_audio)",
+                          "unsupported_content", f"{where}[{j}].type")
+    turns = [HistoryTurn("user", text="\n".join(texts))] if any(texts) else []
+    if audio:
+        joined = np.concatenate(audio)
+        if joined.size / 16000 > config.audio.max_input_seconds:
+            raise _bad(f"{where}: the audio parts last {joined.size / 16000:.1f} s together; the limit is "
+                       f"{config.audio.max_input_seconds:g} s", where, "invalid_audio")
+        turns.append(HistoryTurn("user", audio=joined))
+    return turns
+
+
+async def _assistant_turn(message: dict, where: str, store) -> HistoryTurn:
+    audio = message.get("audio")
+    if audio is not None:
+        if not isinstance(audio, dict) or not isinstance(audio.get("id"), str):
+            raise _bad(f'{where}.audio: expected {{"id": "<id of an earlier answer>"}}', f"{where}.audio")
+        answer = await load_answer(store, audio["id"])
+        if answer is None:
+            raise _bad(f"{where}.audio.id: no answer {audio['id'][:60]!r} on this server (unknown or expired)",
+                       f"{where}.audio.id", "audio_not_found")
+        return HistoryTurn("assistant", text=answer.text, audio_tokens=answer.audio_tokens)
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    if not isinstance(content, str):
+        raise _bad(f"{where}.content: expected text (or an audio id)", f"{where}.content")
+    return HistoryTurn("assistant", text=content)

@@ -1,0 +1,86 @@
+"""The streamed answer of POST /v1/chat/completions: chat.completion.chunk server-sent events.
+
+As OpenAI streams them: a first chunk with the role, then for a text answer `delta.content`
+pieces; for a spoken one `delta.audio` pieces, each holding the answer's id and either
+`transcript` text or `data` (base64 of the next encoded bytes in audio.format, pcm16 being
+raw 24 kHz s16le), as the pipeline makes them, so the first audio leaves before the answer
+is finished; the last audio piece holds `expires_at`. Then a chunk with finish_reason, a
+usage chunk if stream_options.include_usage, and [DONE]. A failure after the first byte is
+an `error` event in the stream (the status line is sent already). A client that goes away
+ends the stream: its turn is cancelled by the guard and nothing more is written.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from aiohttp import web
+
+from kimiaudio.audio.encode import StreamEncoder
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone
+from kimiaudio.server.v1 import sse
+from kimiaudio.server.v1.turn_guard import client_gone
+from kimiaudio.store.answer_store import new_answer_id, save_answer
+
+
+async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
+    response = await sse.open_stream(request)
+
+    async def chunk(delta: dict, reason: str | None = None, **extra) -> None:
+        await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra})
+
+    spoken = chat.output_type == "both"
+    answer_id = new_answer_id()
+    encoder = StreamEncoder(chat.audio_format, PCM_SAMPLE_RATE) if spoken else None
+    pcm: list[np.ndarray] = []
+    done: TurnDone | None = None
+    try:
+        await chunk({"role": "assistant", "content": None if spoken else ""})
+        async for event in handle:
+            if client_gone(request):
+                return response  # the guard cancels the turn
+            if isinstance(event, TextDelta) and event.text:
+                await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text})
+            elif isinstance(event, AudioChunk) and encoder is not None:
+                pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
+                await _audio_data(chunk, answer_id, encoder.push(pcm[-1]))
+            elif isinstance(event, TurnDone):
+                done = event
+        if done is None or done.status != "completed":
+            error = done.error if done is not None else "the turn ended without a result"
+            await sse.send(response, {"error": {"message": f"the answer failed ({error})", "type": "server_error",
+                                                "param": None, "code": "generation_failed"}})
+            await sse.send_done(response)
+            return response
+        if encoder is not None:
+            await _audio_data(chunk, answer_id, encoder.finish())
+            audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+            answer = await save_answer(store, answer_id, done.text, done.audio_tokens, audio, ttl_s)
+            await chunk({"audio": {"id": answer_id, "expires_at": int(answer.expires_at)}})
+        await chunk({}, finish_reason(done))
+        if chat.include_usage:
+            await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [],
+                                      "usage": usage(done)})
+        await sse.send_done(response)
+    except ConnectionResetError:  # the client went away between two writes
+        pass
+    return response
+
+
+async def _audio_data(chunk, answer_id: str, data: bytes) -> None:
+    if data:
+        await chunk({"audio": {"id": answer_id, "data": base64.b64encode(data).decode("ascii")}})
+
+
+def finish_reason(done: TurnDone) -> str:
+    return "length" if done.finish_reason == "length" else "stop"
+
+
+def usage(done: TurnDone) -> dict:
+    """Prompt positions (computed + served from the prefix cache) and generated positions."""
+    prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
+    completion = len(done.text_tokens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": done.prefill_tokens_cached}}

@@ -1,0 +1,57 @@
+"""GET /v1/realtime: the OpenAI Realtime protocol over a WebSocket (see ws_session.py).
+
+`?model=` must name the served model when given (OpenAI's clients always send it). A
+WebSocket session takes one of the server's `server.max_sessions` slots, shared with WebRTC
+sessions; a full server answers 503 with Retry-After before the upgrade, as /api/rtc/offer does.
+Every connection starts a new conversation, stored like a WebRTC one (it appears on the
+demo page); `conversation.select` continues a stored one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+from aiohttp import web
+
+from kimiaudio.server.app import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
+from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.models import check_model
+from kimiaudio.server.ws_session import MAX_WS_MESSAGE_BYTES, WsSession
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 10
+HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connection
+
+
+@openai_route
+async def realtime(request: web.Request) -> web.StreamResponse:
+    app = request.app
+    if "model" in request.query:
+        check_model(request.query["model"])
+    sessions, config = app[sessions_key], app[config_key]
+    if len(sessions) >= config.server.max_sessions:
+        raise V1Error(503, f"the server is full ({config.server.max_sessions} sessions); try again in a few seconds",
+                      "server_full", kind="server_error")
+    ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S)
+    if not ws.can_prepare(request).ok:
+        raise V1Error(400, "GET /v1/realtime is a WebSocket: connect with a WebSocket client", "websocket_expected")
+    from kimiaudio.audio.vad import SileroVad
+
+    session_id = f"sess_{secrets.token_hex(8)}"
+    sessions[session_id] = None  # hold the slot while the session is being set up
+    try:
+        vad = await asyncio.get_running_loop().run_in_executor(app[vad_executor_key], SileroVad)
+        await ws.prepare(request)
+    except BaseException:
+        sessions.pop(session_id, None)
+        raise
+    session = WsSession(session_id, ws, config, app[pipeline_key], app[store_key], vad, app[vad_executor_key],
+                        on_closed=lambda s: sessions.pop(s.id, None))
+    sessions[session_id] = session
+    try:
+        await session.run()
+    except Exception:  # the upgrade is done: no HTTP error can be sent any more
+        log.exception("session %s failed", session_id)
+    return ws

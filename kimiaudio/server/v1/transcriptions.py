@@ -1,0 +1,122 @@
+"""POST /v1/audio/transcriptions: speech to text with the official ASR prompt.
+
+Multipart form as OpenAI's: `file` (any container PyAV reads, at most MAX_UPLOAD_BYTES),
+`model`, optional `response_format` (json | text | verbose_json | srt | vtt), `stream`
+(server-sent transcript.text.delta events, then transcript.text.done), `language`, `prompt`
+and `temperature`. The turn is the official ASR example's (a user text message holding
+ASR_INSTRUCTION, then the audio), generated as text only: no detokenizer work. `prompt` and
+`language` are accepted and not used (the official prompt is fixed; the model detects the
+language); srt/vtt hold one cue spanning the whole audio, as no word timestamps exist.
+"""
+
+from __future__ import annotations
+
+import math
+
+from aiohttp import web
+
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.pipeline.events import TextDelta, TurnDone
+from kimiaudio.pipeline.offline import ASR_INSTRUCTION
+from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.server.app import config_key, pipeline_key
+from kimiaudio.server.v1 import sse
+from kimiaudio.server.v1.audio_input import speech_from_bytes
+from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.models import check_model
+from kimiaudio.server.v1.turn_guard import guarded_turn
+
+MAX_UPLOAD_BYTES = 25 * 1024 * 1024 + 64 * 1024  # OpenAI's 25 MB file limit, plus the form around it
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+
+
+async def _form(request: web.Request) -> dict:
+    if not request.content_type.startswith("multipart/form-data"):
+        raise V1Error(415, "expected a multipart/form-data body with the audio as `file`", "unsupported_media_type")
+    form = await request.clone(client_max_size=MAX_UPLOAD_BYTES).post()
+    upload = form.get("file")
+    if upload is None or not hasattr(upload, "file"):
+        raise V1Error(400, "file is required (the audio, as a multipart file field)", "missing_required_parameter", "file")
+    fields = {key: value for key, value in form.items() if isinstance(value, str)}
+    fields["file"] = (upload.filename or "file", upload.file.read())
+    return fields
+
+
+def _flag(value: str | None, param: str) -> bool:
+    if value in (None, "", "false", "False", "0"):
+        return False
+    if value in ("true", "True", "1"):
+        return True
+    raise V1Error(400, f"{param}: expected true or false", "invalid_value", param)
+
+
+@openai_route
+async def transcriptions(request: web.Request) -> web.StreamResponse:
+    config, pipeline = request.app[config_key], request.app[pipeline_key]
+    fields = await _form(request)
+    check_model(fields.get("model"))
+    response_format = fields.get("response_format") or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise V1Error(400, f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}", "invalid_value",
+                      "response_format")
+    stream = _flag(fields.get("stream"), "stream")
+    name, data = fields["file"]
+    pcm = speech_from_bytes(data, None, config.audio, "file", name)
+    turn = TurnRequest(conversation_id="transcription", history=[HistoryTurn("user", text=ASR_INSTRUCTION)],
+                       user_audio=pcm, sampling=SamplingParams.from_config(config.sampling), output_type="text")
+    seconds = pcm.size / 16000
+    async with guarded_turn(request, pipeline, turn) as handle:
+        if stream:
+            return await _stream(request, handle)
+        done = await _last(handle)
+    if done.status != "completed":
+        raise V1Error(500, f"the transcription failed ({done.error or done.status})", "transcription_failed",
+                      kind="server_error")
+    return _formatted(done.text.strip(), response_format, seconds, fields.get("language"))
+
+
+async def _last(handle) -> TurnDone:
+    async for event in handle:
+        if isinstance(event, TurnDone):
+            return event
+    raise V1Error(500, "the turn ended without a result", "internal_error", kind="server_error")
+
+
+async def _stream(request: web.Request, handle) -> web.StreamResponse:
+    response = await sse.open_stream(request)
+    text = ""
+    async for event in handle:
+        if isinstance(event, TextDelta) and event.text:
+            text += event.text
+            await sse.send(response, {"type": "transcript.text.delta", "delta": event.text})
+        elif isinstance(event, TurnDone):
+            if event.status != "completed":  # the status line is sent already: say it in the stream
+                await sse.send(response, {"type": "error", "error": {
+                    "message": f"the transcription failed ({event.error or event.status})", "type": "server_error"}})
+            else:
+                await sse.send(response, {"type": "transcript.text.done", "text": text.strip()})
+    await sse.send_done(response)
+    return response
+
+
+def _timestamp(seconds: float, separator: str) -> str:
+    ms = int(round(seconds * 1000))
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
+
+
+def _formatted(text: str, response_format: str, seconds: float, language: str | None) -> web.Response:
+    usage = {"type": "duration", "seconds": math.ceil(seconds)}
+    if response_format == "json":
+        return web.json_response({"text": text, "usage": usage})
+    if response_format == "text":
+        return web.Response(text=text, content_type="text/plain")
+    if response_format == "verbose_json":
+        segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text, "tokens": [],
+                   "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 1.0, "no_speech_prob": 0.0}
+        return web.json_response({"task": "transcribe", "language": language or "unknown",
+                                  "duration": round(seconds, 3), "text": text, "segments": [segment], "usage": usage})
+    if response_format == "srt":
+        return web.Response(text=f"1\n{_timestamp(0, ',')} --> {_timestamp(seconds, ',')}\n{text}\n\n",
+                            content_type="application/x-subrip")
+    return web.Response(text=f"WEBVTT\n\n{_timestamp(0, '.')} --> {_timestamp(seconds, '.')}\n{text}\n\n",
+                        content_type="text/vtt")

@@ -1,0 +1,55 @@
+"""One pipeline turn for one HTTP request, cancelled the moment its client goes away.
+
+aiohttp does not cancel a handler when its client disconnects, and a write to a closed
+connection may only fail later, so a watcher polls the connection every WATCH_INTERVAL_S
+while the turn runs: a client that disconnects (mid-answer or while waiting for it) gets its
+turn cancelled at once, which frees its KV blocks and detokenizer state on the workers. The
+turn is also cancelled if the handler ends any other way before it is done (an error, a
+failed write, a handler cancelled by a shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.server.v1.errors import V1Error
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.05
+
+
+def client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+@contextlib.asynccontextmanager
+async def guarded_turn(request: web.Request, pipeline, turn: TurnRequest):
+    """Submit `turn`; yields its TurnHandle, cancelled on disconnect or early exit."""
+    try:
+        handle = pipeline.submit(turn)
+    except KimiAudioError as exc:  # the pipeline is not running (shutting down)
+        raise V1Error(503, f"the turn could not be started ({exc})", "unavailable", kind="server_error") from None
+
+    async def watch() -> None:
+        while handle.done is None:
+            if client_gone(request):
+                log.info("client of %s went away: cancelling %s", request.path, handle.turn_id)
+                pipeline.cancel(handle)
+                return
+            await asyncio.sleep(WATCH_INTERVAL_S)
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        yield handle
+    finally:
+        watcher.cancel()
+        if handle.done is None:
+            pipeline.cancel(handle)

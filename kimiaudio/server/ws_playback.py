@@ -1,0 +1,77 @@
+"""A session's playback over a WebSocket: PlaybackTrack's interface without a media track.
+
+Each chunk of a response's 24 kHz audio goes out at once as one `response.audio.delta`
+(base64 pcm16 24 kHz mono, OpenAI's format); the client buffers and plays it. The server
+cannot hear the client's speaker, so what has been played is estimated by a real-time clock
+started at the first delta: played = min(sent, elapsed * 24000). That estimate is what a
+barge-in truncates the stored answer to; a client's conversation.item.truncate (what it
+really played) overrides it. Playback counts as finished when the clock passes the end of
+the audio sent, so a response stays "playing" (and interruptible) as long as on WebRTC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import numpy as np
+
+from kimiaudio.audio.encode import pcm16_bytes
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
+
+
+class WsPlayback:
+    def __init__(self, send_audio: Callable[[str, bytes], None], clock: Callable[[], float] = time.monotonic):
+        self._send_audio = send_audio  # (response id, pcm16 bytes) -> sends one response.audio.delta
+        self._clock = clock
+        self.on_playback_started: Callable[[str], None] | None = None
+        self.on_playback_finished: Callable[[str], None] | None = None
+        self.is_consumed = True  # a WebSocket client receives what is sent
+        self.response_id: str | None = None
+        self._started_at: float | None = None  # clock at the first delta of the response
+        self._num_sent = 0  # 24 kHz samples sent for the current response
+        self._finish: asyncio.TimerHandle | None = None
+
+    def begin(self, response_id: str) -> None:
+        """Start a new response (anything of the previous one is forgotten)."""
+        self.flush()
+        self.response_id = response_id
+
+    def push(self, pcm24k: np.ndarray) -> None:
+        if self.response_id is None or pcm24k.size == 0:
+            return
+        self._send_audio(self.response_id, pcm16_bytes(pcm24k))
+        self._num_sent += pcm24k.size
+        if self._started_at is None:
+            self._started_at = self._clock()
+            if self.on_playback_started is not None:
+                self.on_playback_started(self.response_id)
+
+    def end(self) -> None:
+        """No more audio for this response: it finishes when the clock reaches its end."""
+        if self.response_id is None:
+            return
+        left = self._num_sent / PCM_SAMPLE_RATE - (self._clock() - self._started_at if self._started_at else 0.0)
+        self._finish = asyncio.get_running_loop().call_later(max(left, 0.0), self._finished, self.response_id)
+
+    def flush(self) -> int:
+        """Stop the current response now; returns its samples played (24 kHz), as estimated."""
+        played = self.played_samples_24k
+        if self._finish is not None:
+            self._finish.cancel()
+        self.response_id, self._started_at, self._num_sent, self._finish = None, None, 0, None
+        return played
+
+    @property
+    def played_samples_24k(self) -> int:
+        if self._started_at is None:
+            return 0
+        return min(self._num_sent, int((self._clock() - self._started_at) * PCM_SAMPLE_RATE))
+
+    def _finished(self, response_id: str) -> None:
+        if self.response_id != response_id:
+            return
+        self.response_id, self._finish = None, None
+        if self.on_playback_finished is not None:
+            self.on_playback_finished(response_id)

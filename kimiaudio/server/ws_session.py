@@ -1,0 +1,134 @@
+"""A real-time session over a WebSocket (GET /v1/realtime): the OpenAI Realtime transport.
+
+The same RealtimeSession as WebRTC's, fed by JSON text messages instead of RTP and a data
+channel: `input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session
+says so), resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
+`response.audio.delta` events through a WsPlayback. Events go out in order through one
+writer task; a client that reads too slowly to keep MAX_OUTBOX events in flight, or that
+disconnects, closes the session, which cancels its turn (KV and detokenizer state freed)
+and stores what was heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from concurrent.futures import Executor
+from typing import Callable
+
+from aiohttp import WSMsgType, web
+
+from kimiaudio.audio.io import StreamResampler
+from kimiaudio.config import Config
+from kimiaudio.server import client_events as ce
+from kimiaudio.server import events
+from kimiaudio.server.realtime_session import RealtimeSession
+from kimiaudio.server.ws_playback import WsPlayback
+
+log = logging.getLogger(__name__)
+
+MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # an append of up to ~4 min of base64 pcm16 24 kHz
+MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
+
+
+class WsSession:
+    def __init__(self, session_id: str, ws: web.WebSocketResponse, config: Config, pipeline, store, vad,
+                 vad_executor: Executor, on_closed: Callable[["WsSession"], None]):
+        self.id = session_id
+        self.ws = ws
+        self._on_closed = on_closed
+        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self.playback = WsPlayback(self._send_audio)
+        self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, None,
+                                       send=self._send, playback=self.playback)
+        self._resampler: StreamResampler | None = None
+        self._writer: asyncio.Task | None = None
+        self._dropped = False  # the client is gone or too slow: nothing more is sent
+        self.closed = False
+
+    async def run(self) -> None:
+        """Serve the connection until the client goes away (the route handler's body)."""
+        self._writer = asyncio.get_running_loop().create_task(self._write())
+        self.session.start()
+        self.session.send(events.session_created(self.session.describe()))
+        try:
+            async for message in self.ws:
+                if message.type == WSMsgType.TEXT:
+                    await self._receive(message.data)
+                elif message.type == WSMsgType.BINARY:
+                    self.session.send_error("invalid_event", "send events as JSON text messages")
+                elif message.type == WSMsgType.ERROR:
+                    break
+                if self._dropped:
+                    break
+        finally:
+            await self.close()
+
+    async def _receive(self, text: str) -> None:
+        try:
+            event = ce.parse_client_event(text, MAX_WS_MESSAGE_BYTES)
+            if isinstance(event, ce.AudioAppend):  # streamed: one resampler keeps chunk edges seamless
+                await self.session.push_audio(self._to_16k(event.pcm16))
+            else:
+                await self.session.handle_event(event)
+        except ce.ProtocolError as exc:
+            self.session.send_error(exc.code, str(exc), exc.param)
+        except Exception as exc:  # KimiAudioError from a setting, or a bug: the session goes on
+            if not isinstance(exc, ce.KimiAudioError):
+                log.exception("session %s: handling an event failed", self.id)
+            self.session.send_error("invalid_value", str(exc))
+
+    def _to_16k(self, pcm16: bytes):
+        rate = self.session.settings.input_rate
+        pcm = ce.pcm16_to_float(pcm16)
+        if rate == 16000:
+            return pcm
+        if self._resampler is None or self._resampler.from_sr != rate:
+            self._resampler = StreamResampler(rate, 16000)
+        return self._resampler.push(pcm)
+
+    # ----- events out -----
+    def _send(self, event: dict) -> None:
+        if self._dropped:
+            return
+        if self._outbox.qsize() >= MAX_OUTBOX:
+            log.info("session %s: the client reads too slowly, closing", self.id)
+            self._dropped = True
+            self._outbox.put_nowait(None)
+            return
+        self._outbox.put_nowait(json.dumps(event))
+
+    def _send_audio(self, response_id: str, pcm16: bytes) -> None:
+        r = self.session.response
+        item_id = r.item_id if r is not None and r.id == response_id else ""
+        self.session.send(events.audio_delta(response_id, item_id, base64.b64encode(pcm16).decode("ascii")))
+
+    async def _write(self) -> None:
+        try:
+            while (text := await self._outbox.get()) is not None:
+                await self.ws.send_str(text)
+        except (ConnectionError, RuntimeError) as exc:  # the client went away
+            log.debug("session %s: sending failed: %s", self.id, exc)
+        finally:
+            self._dropped = True
+            await self.ws.close()  # ends the reader loop too, if it is still waiting
+
+    # ----- lifetime -----
+    async def close(self) -> None:
+        """Cancel the turn in progress (storing what was heard), send the last events, close."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            await self.session.close()
+        finally:
+            self._outbox.put_nowait(None)  # the writer sends what is queued (response.done), then stops
+            if self._writer is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._writer), 2.0)
+                except asyncio.TimeoutError:
+                    self._writer.cancel()
+            await self.ws.close()
+            self._on_closed(self)

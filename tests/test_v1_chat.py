@@ -1,0 +1,130 @@
+"""POST /v1/chat/completions with the official `openai` client against a real `serve` process
+on the demo checkpoint: text answers, spoken answers in every format (decoded with PyAV,
+not silent), streaming (audio leaves before the answer ends), earlier answers named by
+audio id, and a client that disconnects mid-answer (its KV blocks are free within a second)."""
+
+import asyncio
+import base64
+import io
+import time
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+MODEL = "kimi-audio-7b-instruct"
+SEED = 3  # the demo weights speak for a second or more to the test sentence with this seed
+
+
+def client_for(base_url: str):
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def user_audio(wav: bytes, text: str | None = None) -> dict:
+    parts = [{"type": "text", "text": text}] if text else []
+    return {"role": "user", "content": parts + [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}]}
+
+
+def decode(data: bytes, fmt: str) -> np.ndarray:
+    """Float mono samples of an answer (pcm16: raw 24 kHz s16le)."""
+    if fmt == "pcm16":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        return np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(stream)])
+
+
+@pytest.fixture(scope="module")
+def question(speech_wav) -> bytes:
+    return speech_wav.read_bytes()
+
+
+async def status(base_url: str) -> dict:
+    async with aiohttp.ClientSession() as http:
+        return (await (await http.get(f"{base_url}/api/status")).json())["pipeline"]
+
+
+async def test_text_answer(v1_server, question):
+    completion = await client_for(v1_server).chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, user_audio(question, "Answer this:")],
+        max_tokens=30)
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.message.audio is None and choice.finish_reason in ("stop", "length")
+    # The prompt held the system text, the user text and the audio: more than the audio's codes.
+    assert completion.usage.prompt_tokens > 30 and 0 < completion.usage.completion_tokens <= 30
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac", "pcm16"])
+async def test_spoken_answer_in_every_format(v1_server, question, fmt):
+    completion = await client_for(v1_server).chat.completions.create(
+        model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": fmt}, seed=SEED)
+    message = completion.choices[0].message
+    assert message.content is None and message.audio.id.startswith("audio_")
+    assert message.audio.expires_at > time.time() + 3000
+    pcm = decode(base64.b64decode(message.audio.data), fmt)
+    assert pcm.size > 0.5 * 24000 and np.abs(pcm).max() > 0.01, (fmt, pcm.size)
+
+
+async def test_streamed_spoken_answer_and_audio_id_history(v1_server, question):
+    client = client_for(v1_server)
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"}, seed=SEED, stream=True, stream_options={"include_usage": True})
+    chunks, arrived = [], []
+    async for chunk in stream:
+        chunks.append(chunk)
+        arrived.append(time.monotonic())
+    audio = [(c.choices[0].delta.audio, t) for c, t in zip(chunks, arrived) if c.choices and c.choices[0].delta.audio]
+    data = [a for a, _ in audio if a.data]
+    pcm = decode(b"".join(base64.b64decode(a.data) for a in data), "pcm16")
+    assert pcm.size > 0.5 * 24000 and np.abs(pcm).max() > 0.01
+    # Audio left in pieces as it was made: the first before the answer was finished.
+    first_data = next(t for a, t in audio if a.data)
+    finished = next(t for c, t in zip(chunks, arrived) if c.choices and c.choices[0].finish_reason)
+    assert len(data) >= 2 and first_data < finished - 0.05, (len(data), finished - first_data)
+    answer_id = audio[0][0].id
+    assert {a.id for a, _ in audio} == {answer_id} and audio[-1][0].expires_at > time.time()
+    transcript = "".join(a.transcript or "" for a, _ in audio)
+    assert chunks[-1].usage.completion_tokens > 0 and not chunks[-1].choices
+
+    # The answer, named by its id, is the history of the next request.
+    follow = await client.chat.completions.create(
+        model=MODEL, messages=[user_audio(question), {"role": "assistant", "audio": {"id": answer_id}},
+                               user_audio(question)], max_tokens=10)
+    assert follow.usage.prompt_tokens > 2 * chunks[-1].usage.prompt_tokens - 10
+    assert isinstance(transcript, str)
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(model=MODEL, messages=[
+            user_audio(question), {"role": "assistant", "audio": {"id": "audio_unknown"}}, user_audio(question)])
+    assert info.value.body["code"] == "audio_not_found" and info.value.body["param"] == "messages[1].audio.id"
+
+
+async def test_client_disconnect_mid_answer_frees_its_kv_at_once(v1_server, question):
+    before = await status(v1_server)
+    body = {"model": MODEL, "messages": [user_audio(question)], "modalities": ["text", "audio"],
+            "audio": {"voice": "alloy", "format": "mp3"}, "stream": True, "max_tokens": 400}
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"{v1_server}/v1/chat/completions", json=body)
+        assert resp.status == 200
+        first = await resp.content.readuntil(b"\n\n")
+        assert first.startswith(b"data: ")
+        for _ in range(200):  # until the turn is in the engine
+            if (await status(v1_server))["running"]:
+                break
+            await asyncio.sleep(0.02)
+        resp.close()  # drop the connection mid-answer
+        dropped = time.monotonic()
+    while True:
+        now = await status(v1_server)
+        if now["kv_blocks_free"] == now["kv_blocks_total"] and now["turns"] == 0:
+            break
+        assert time.monotonic() - dropped < 1.0, now
+        await asyncio.sleep(0.02)
+    assert now["turns_by_status"].get("cancelled", 0) == before["turns_by_status"].get("cancelled", 0) + 1

@@ -1,0 +1,118 @@
+"""GET /v1/models and POST /v1/audio/transcriptions with the official `openai` client against
+a real `serve` process on the demo checkpoint: every response_format, streaming, uploads in
+several containers, and a burst of concurrent requests batched by the engine. The demo
+weights transcribe into gibberish, so the checks compare the formats with each other and
+with the greedy (deterministic) json answer, not with words."""
+
+import asyncio
+import io
+import re
+import shutil
+import subprocess
+
+import aiohttp
+import numpy as np
+import pytest
+
+from kimiaudio.audio.io import wav_bytes
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+MODEL = "kimi-audio-7b-instruct"
+
+
+def client_for(base_url: str):
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def speech_files(speech_wav, tmp_path_factory):
+    """The same speech as WAV (22.05 kHz, espeak's own), MP3 and Ogg/Opus (made by sox/ffmpeg-free PyAV)."""
+    import av
+
+    from kimiaudio.audio.io import load_audio
+
+    pcm = load_audio(speech_wav, sr=24000)
+    files = {"wav": speech_wav.read_bytes()}
+    for fmt, codec in (("mp3", "libmp3lame"), ("ogg", "libopus")):
+        out = io.BytesIO()
+        with av.open(out, "w", format=fmt) as container:
+            stream = container.add_stream(codec, rate=24000, layout="mono")
+            frame = av.AudioFrame.from_ndarray(pcm[None, :], format="flt", layout="mono")
+            frame.sample_rate = 24000
+            for packet in stream.encode(frame):
+                container.mux(packet)
+            for packet in stream.encode(None):
+                container.mux(packet)
+        files[fmt] = out.getvalue()
+    return files
+
+
+async def test_models_lists_the_served_model(v1_server):
+    models = await client_for(v1_server).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+async def test_every_response_format(v1_server, speech_files):
+    client = client_for(v1_server)
+    audio = ("hello.wav", speech_files["wav"])
+    as_json = await client.audio.transcriptions.create(model=MODEL, file=audio)
+    text = as_json.text
+    assert as_json.usage.seconds >= 2
+    # Greedy ASR of the same audio: every format carries the same text.
+    plain = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="text")
+    assert plain.strip() == text
+    verbose = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="verbose_json",
+                                                       language="en", prompt="ignored")
+    assert verbose.text == text and verbose.language == "en" and 2.0 < verbose.duration < 4.0
+    assert verbose.segments[0].end == verbose.duration
+    srt = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="srt")
+    assert re.fullmatch(r"1\n00:00:00,000 --> 00:00:0\d,\d{3}\n(.*)\n\n", srt, re.S).group(1) == text
+    vtt = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="vtt")
+    assert re.fullmatch(r"WEBVTT\n\n00:00:00\.000 --> 00:00:0\d\.\d{3}\n(.*)\n\n", vtt, re.S).group(1) == text
+
+    events = [e async for e in await client.audio.transcriptions.create(model=MODEL, file=audio, stream=True)]
+    assert events[-1].type == "transcript.text.done" and events[-1].text == text
+    assert "".join(e.delta for e in events[:-1]).strip() == text
+
+
+async def test_containers_and_concurrent_requests_batch(v1_server, speech_files):
+    client = client_for(v1_server)
+    texts = await asyncio.gather(*[
+        client.audio.transcriptions.create(model=MODEL, file=(f"speech.{fmt}", data))
+        for fmt, data in list(speech_files.items()) * 3])
+    assert all(isinstance(t.text, str) for t in texts)
+    async with aiohttp.ClientSession() as http:
+        status = await (await http.get(f"{v1_server}/api/status")).json()
+    # Nine requests at once: the engine ran several of them in one step.
+    assert status["pipeline"]["max_batch_sizes"]["llm"] >= 2, status["pipeline"]
+    assert status["pipeline"]["kv_blocks_free"] == status["pipeline"]["kv_blocks_total"]
+
+
+async def test_bad_uploads_are_openai_errors(v1_server, speech_files):
+    client = client_for(v1_server)
+    silent = wav_bytes(np.zeros(16000, np.float32), 16000)
+    cases = [
+        (dict(model="whisper-1", file=("a.wav", speech_files["wav"])), openai.NotFoundError, "model_not_found", "model"),
+        (dict(model=MODEL, file=("a.wav", b"not audio at all")), openai.BadRequestError, "invalid_audio", "file"),
+        (dict(model=MODEL, file=("a.wav", silent)), openai.BadRequestError, "invalid_audio", "file"),
+        (dict(model=MODEL, file=("a.wav", speech_files["wav"]), response_format="docx"), openai.BadRequestError,
+         "invalid_value", "response_format"),
+    ]
+    for kwargs, error, code, param in cases:
+        with pytest.raises(error) as info:
+            await client.audio.transcriptions.create(**kwargs)
+        body = info.value.body
+        assert body["code"] == code and body["param"] == param and body["type"] == "invalid_request_error", body
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.audio.transcriptions.create(model=MODEL, file=("a.wav", silent))
+    assert "silent" in info.value.body["message"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_example_from_the_readme(v1_server, speech_wav):
+    out = subprocess.run(["curl", "-sS", f"{v1_server}/v1/audio/transcriptions", "-F", f"file=@{speech_wav}",
+                          "-F", f"model={MODEL}", "-F", "response_format=text"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "error" not in out.stdout, out
