@@ -3,6 +3,7 @@ committed turn (with its audio) is there and the conversation continues from the
 
 import asyncio
 import io
+import math
 import os
 import signal
 import threading
@@ -138,6 +139,8 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             wav = await (await http.get(f"/api/conversations/{conversation_id}/turns/{2 * attempt - 1}/audio")).read()
             pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
             assert rate == 24000 and pcm.size == round(heard["duration_s"] * rate) and np.abs(pcm).max() > 0.01
+            # ... and the codes of that audio (1920 samples each: 4 mel frames of 480), for its history.
+            assert len(heard["audio_tokens"] or []) == math.ceil(pcm.size / 1920), (heard["audio_tokens"], pcm.size)
 
             # The conversation goes on from the store, the interrupted answer in its history.
             mic = ScriptedMic()

@@ -69,7 +69,7 @@ class DetokWorker(Worker):
                 if turn is None:
                     continue  # cancelled or failed meanwhile
                 try:
-                    turn.session.push(codes)
+                    turn.push(codes)
                 except Exception as exc:
                     self._fail([turn], failure_message("detokenizer", exc))
         elif kind == "end":

@@ -26,6 +26,10 @@ class TextDelta:
 @dataclass(frozen=True)
 class AudioChunk:
     pcm: np.ndarray  # float32 mono at PCM_SAMPLE_RATE
+    # Speech codes (no offset) that reached the detokenizer since the previous chunk: joined over
+    # a turn's chunks they are its codes so far, so what was heard can be kept as codes while
+    # the answer plays (samples_per_code samples each), before TurnDone brings them all.
+    codes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

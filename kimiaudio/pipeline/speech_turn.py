@@ -20,6 +20,8 @@ class SpeechTurn:
         self.result: TurnDone | None = None  # set when the LM has finished the turn
         self.first_pcm_s: float | None = None  # seconds since submit
         self.samples_sent = 0
+        self.codes: list[int] = []  # every code pushed so far
+        self._codes_sent = 0  # of which this many went out with a chunk
 
     @property
     def turn_id(self) -> str:
@@ -42,6 +44,10 @@ class SpeechTurn:
             return self.handle.submitted_at
         return self.handle.submitted_at + self.first_pcm_s + self.samples_sent / PCM_SAMPLE_RATE
 
+    def push(self, codes: list[int]) -> None:
+        self.session.push(codes)
+        self.codes += codes
+
     def chunk(self, wav) -> AudioChunk | None:
         pcm = np.asarray(wav.numpy() if hasattr(wav, "numpy") else wav, dtype=np.float32).reshape(-1)
         if pcm.size == 0:
@@ -49,4 +55,5 @@ class SpeechTurn:
         if self.first_pcm_s is None:
             self.first_pcm_s = self.handle.seconds()
         self.samples_sent += pcm.size
-        return AudioChunk(pcm)
+        codes, self._codes_sent = tuple(self.codes[self._codes_sent:]), len(self.codes)
+        return AudioChunk(pcm, codes)

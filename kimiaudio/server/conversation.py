@@ -73,10 +73,12 @@ class Conversation:
         (await self.history()).append(turn)
         return index, turn
 
-    async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str) -> None:
-        """While an answer plays: append the audio heard since the last call, and its text so far."""
-        await append_heard(self.store, self.id, index, pcm, text)
-        turn.text = text
+    async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str,
+                           codes: list[int]) -> None:
+        """While an answer plays: append the audio heard since the last call; its text and the
+        codes of everything heard so far."""
+        await append_heard(self.store, self.id, index, pcm, text, codes)
+        turn.text, turn.audio_tokens = text, list(codes)
 
     async def update_assistant(self, index: int, turn: HistoryTurn, text: str, text_tokens: list[int],
                                codes: list[int], timings: dict, audio: np.ndarray, interrupted: bool) -> None:

@@ -31,6 +31,7 @@ class Response:
     playback_done: asyncio.Future
     text: str = ""
     pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated
+    codes: list[int] = field(default_factory=list)  # speech codes of those chunks, as they came
     cancelled: bool = False
     generation_ended: bool = False
     played_samples: int | None = None  # samples heard, set when playback was cut short (None: all)
@@ -46,6 +47,12 @@ class Response:
     recorded_samples: int = 0
     recorder: asyncio.Task | None = None
 
+    def codes_heard(self, samples: int, samples_per_code: int | None) -> list[int]:
+        """The codes of the first `samples` heard, rounded up so the code being spoken is kept."""
+        if samples_per_code is None:
+            return []
+        return self.codes[:math.ceil(samples / samples_per_code)]
+
     @property
     def audio_seconds(self) -> float:
         return sum(chunk.size for chunk in self.pcm) / PCM_SAMPLE_RATE
@@ -54,7 +61,7 @@ class Response:
         """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix
         (samples_per_code None: a text-only server, no speech at all)."""
         pcm = np.concatenate(self.pcm) if self.pcm else np.zeros(0, dtype=np.float32)
-        tokens = list(done.audio_tokens)
+        tokens = list(done.audio_tokens) or list(self.codes)  # a cancel unconfirmed by TurnDone: the chunks' codes
         if self.played_samples is None:
             return pcm, tokens
         if samples_per_code is None:

@@ -104,6 +104,7 @@ class Responses:
                             r.first_heard.set()
                 elif isinstance(event, AudioChunk):
                     r.pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
+                    r.codes += event.codes
                     if not r.cancelled:
                         self.playback.push(r.pcm[-1])
                 elif isinstance(event, TurnDone):
@@ -183,7 +184,7 @@ class Responses:
     async def _record(self, r: Response) -> None:
         """Store the answer from its first audio played (or text sent) on, marked interrupted,
         and add what was heard at least every RECORD_INTERVAL_S: after a crash, the store holds
-        what the user heard. (The codes come with the pipeline's TurnDone, at the final update.)"""
+        what the user heard, as audio and as the codes of that audio (history after a restart)."""
         s, loop = self.session, asyncio.get_running_loop()
         stop, heard = loop.create_task(r.stop_recording.wait()), loop.create_task(r.first_heard.wait())
         await asyncio.wait([stop, heard], return_when=asyncio.FIRST_COMPLETED)
@@ -193,7 +194,8 @@ class Responses:
                 pcm = np.concatenate(r.pcm)[r.recorded_samples:heard] if heard > r.recorded_samples else np.zeros(0)
                 if r.stored is None:
                     await self._insert(r, r.text, [], [], {}, True, np.zeros(0, np.float32))
-                await s.conversation.record_heard(*r.stored, pcm, r.text)
+                codes = r.codes_heard(max(heard, r.recorded_samples), s.pipeline.samples_per_code)
+                await s.conversation.record_heard(*r.stored, pcm, r.text, codes)
                 r.recorded_samples = max(heard, r.recorded_samples)
                 await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
         except Exception as exc:  # the answer goes on; its final record is attempted at the end

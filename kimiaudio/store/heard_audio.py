@@ -10,6 +10,7 @@ opens) turns them into the turn's WAV, so the conversation holds what was heard.
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -21,20 +22,21 @@ from kimiaudio.store.conversation_store import ASSISTANT_SAMPLE_RATE, Conversati
 
 
 async def append_heard(store: ConversationStore, conversation_id: str, index: int, pcm: np.ndarray, text: str,
-                       timings: dict | None = None) -> None:
-    """Append `pcm` (24 kHz float, may be empty) to the turn's heard audio and set its text."""
-    await store.write(_append, conversation_id, index, pcm16_bytes(pcm) if np.size(pcm) else b"", text, timings)
+                       codes: list[int] | None = None, timings: dict | None = None) -> None:
+    """Append `pcm` (24 kHz float, may be empty) to the turn's heard audio; set its text and
+    (if given) the codes heard so far."""
+    await store.write(_append, conversation_id, index, pcm16_bytes(pcm) if np.size(pcm) else b"", text,
+                      None if codes is None else [int(c) for c in codes], timings)
 
 
-def _append(db: sqlite_utils.Database, conversation_id: str, index: int, pcm: bytes, text: str, timings) -> None:
-    import json
-
+def _append(db: sqlite_utils.Database, conversation_id: str, index: int, pcm: bytes, text: str, codes, timings) -> None:
     with db.atomic():
         row = db.execute("SELECT id FROM turns WHERE conversation_id = ? AND turn_index = ?",
                          [conversation_id, index]).fetchone()
         if row is None:
             return  # deleted meanwhile: nothing to keep
-        fields = {"text": text, **({"timings": json.dumps(timings)} if timings is not None else {})}
+        fields = {"text": text, **({"timings": json.dumps(timings)} if timings is not None else {}),
+                  **({"audio_tokens": json.dumps(codes)} if codes is not None else {})}
         db["turns"].update(row[0], fields)
         if pcm:
             part = db.execute("SELECT COALESCE(MAX(part_index) + 1, 0) FROM turn_audio_parts WHERE turn_id = ?",
