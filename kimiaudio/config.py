@@ -57,19 +57,31 @@ class AudioConfig:
 
 @dataclass
 class DetokConfig:
-    first_chunk_tokens: int = 30  # official: 30; smaller gives lower first-audio latency
-    chunk_tokens: int = 30
-    chunk_growth: float = 1.0  # each later chunk is this many times the previous (capped)
-    max_chunk_tokens: int = 60
-    look_ahead_tokens: int = 12
-    ode_steps: int = 30
-    max_kv_cache_frames: int = 900
+    # "official": the official Kimi-Audio streaming exactly (chunks of 30 tokens, 12 look-ahead,
+    # 30 ODE steps, no guard), whatever the per-chunk values below say; "low_latency": the
+    # per-chunk values below. Cross-field checks: kimiaudio/detok/settings.py.
+    preset: str = "low_latency"
+    first_chunk_tokens: int = 8  # official: 30; tokens the first chunk waits for
+    first_look_ahead_tokens: int = 2  # official: 12; of those, held back as the next chunk's context
+    first_ode_steps: int = 10  # official: 30; Euler grid points of the first chunk's ODE
+    chunk_tokens: int = 8  # official: 30; the second chunk ...
+    chunk_growth: float = 1.5  # ... and each later one this many times the previous (official 1)
+    max_chunk_tokens: int = 40  # ... up to this many tokens (official: 30)
+    look_ahead_tokens: int = 4  # official: 12
+    ode_steps: int = 16  # official: 30
+    max_kv_cache_frames: int = 900  # official: 900
+    # Real-time guard: later chunks of sessions about to run dry run with fewer ODE steps, down
+    # to this floor; first chunks keep first_ode_steps unless guard_lowers_first_chunk.
+    min_ode_steps: int = 8
+    guard_lowers_first_chunk: bool = False
     # Most sessions whose chunks run in one worker iteration, most urgent first (see
-    # pipeline_turn.chunks_to_run); the rest wait one LLM step instead of stalling it.
-    max_batch_sessions: int = 8
+    # detok/scheduling.py); the rest wait one LLM step instead of stalling it.
+    max_batch_sessions: int = 16
     # While the LLM has work, a session's next chunk waits until less than this much of its
     # audio is left to play (a reply still waiting for its first audio never waits).
     run_ahead_s: float = 0.5
+    # On CUDA: replay the DiT steps and the vocoder from CUDA graphs captured per bucket shape.
+    cuda_graphs: bool = True
 
 
 @dataclass

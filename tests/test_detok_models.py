@@ -44,8 +44,8 @@ def test_euler_schedule_matches_torchdyn_t(golden):
 
 
 def test_infer_chunk_mel(golden, dit):
-    flow = FlowMatcher(dit, 30)
-    job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"], 0, None, 0, False)
+    flow = FlowMatcher(dit)
+    job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"], 0, None, 0, False, 30)
     (out,) = flow.infer_chunks([job])
     torch.testing.assert_close(out.mel, golden["detok.infer_chunk.mel"], **TOL)
     assert out.kv is None
@@ -53,13 +53,14 @@ def test_infer_chunk_mel(golden, dit):
 
 def test_infer_chunk_batched_equals_alone(golden, dit):
     """Different lengths, positions and prefixes padded into one batch change nothing."""
-    flow = FlowMatcher(dit, 5)
+    flow = FlowMatcher(dit)
     g = torch.Generator().manual_seed(0)
     heads, hd = dit.kv_shape
     jobs = [
         ChunkJob(torch.randint(0, 64, (n,), generator=g), torch.randn(n, 80, generator=g), start,
-                 None if p == 0 else torch.randn(dit.cfg.depth, 2, p, heads, hd, generator=g), la, keep)
-        for n, start, p, la, keep in [(40, 0, 0, 8, True), (24, 100, 30, 0, True), (33, 7, 12, 0, False)]
+                 None if p == 0 else torch.randn(dit.cfg.depth, 2, p, heads, hd, generator=g), la, keep, steps)
+        for n, start, p, la, keep, steps in [(40, 0, 0, 8, True, 5), (24, 100, 30, 0, True, 5), (33, 7, 12, 0, False, 5),
+                                             (20, 3, 9, 4, True, 3)]
     ]
     together = flow.infer_chunks(jobs)
     for job, out in zip(jobs, together):

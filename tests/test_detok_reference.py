@@ -85,14 +85,18 @@ def _reference(dit, vocoder, tokens, noises, first=30, chunk=30, look_ahead=12, 
 
 @torch.inference_mode()
 def test_kv_cap_and_position_reset_match_reference():
-    detok = Detokenizer.load(find_checkpoint(CKPT), "cpu", torch.float32, DetokConfig(ode_steps=STEPS))
+    official_but_steps = DetokConfig(preset="low_latency", first_chunk_tokens=30, first_look_ahead_tokens=12,
+                                     first_ode_steps=STEPS, chunk_tokens=30, chunk_growth=1.0, max_chunk_tokens=30,
+                                     look_ahead_tokens=12, ode_steps=STEPS, min_ode_steps=STEPS)
+    detok = Detokenizer.load(find_checkpoint(CKPT), "cpu", torch.float32, official_but_steps)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, 64, (100,), generator=g).tolist()
     noises = [torch.randn(n, 80, generator=g) for n in (120, 168, 168, 88)]
     expected = _reference(detok.dit, detok.vocoder, tokens, iter(noises))
 
     feed = iter(noises)
-    params = replace(detok.new_session().params, max_kv_cache_frames=MAX_KV, max_position=MAX_POS)
+    params = detok.new_session().params
+    params = replace(params, schedule=replace(params.schedule, max_kv_cache_frames=MAX_KV), max_position=MAX_POS)
     session = DetokSession(params, noise_fn=lambda n: next(feed))
     session.trace = []
     got = [detok.step_batch([(session, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]

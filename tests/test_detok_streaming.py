@@ -1,4 +1,5 @@
-"""Streaming detokenizer: official detokenize_audio goldens, batched sessions == alone, RTF."""
+"""Streaming detokenizer: official detokenize_audio goldens (preset "official"), the low-latency
+chunk schedule, batched sessions == alone, RTF."""
 
 import time
 from pathlib import Path
@@ -9,6 +10,8 @@ import torch
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.detok.flow_matching import euler_schedule
+from kimiaudio.detok.settings import ChunkSchedule
 from kimiaudio.errors import ConfigError, KimiAudioError
 
 GOLDEN = Path(__file__).parent / "data" / "golden_a"
@@ -17,22 +20,30 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 
 @pytest.fixture(scope="module")
 def detok():
+    """The official preset: official chunking, look-ahead and ODE steps."""
     paths = find_checkpoint(GOLDEN / "checkpoint")
-    return Detokenizer.load(paths, "cpu", torch.float32, DetokConfig())
+    return Detokenizer.load(paths, "cpu", torch.float32, DetokConfig(preset="official"))
 
 
 @pytest.fixture(scope="module")
 def fast(detok):
-    """Same weights, fewer ODE steps: for tests that compare the code with itself."""
-    return Detokenizer(detok.dit, detok.vocoder, DetokConfig(ode_steps=8))
+    """Same weights, the low-latency preset with fewer ODE steps: for tests that compare the
+    code with itself (first chunks of 8 tokens, later ones of 8, 12, 18, ... up to 40)."""
+    return Detokenizer(detok.dit, detok.vocoder, DetokConfig(ode_steps=6, first_ode_steps=4, min_ode_steps=3))
 
 
-@pytest.mark.parametrize("name", ["s37", "s75"])
-def test_detokenize_matches_official(golden, detok, name):
+@pytest.mark.parametrize("name, low_latency_config", [("s37", False), ("s75", False), ("s75", True)])
+def test_detokenize_matches_official(golden, detok, fast, name, low_latency_config):
+    """preset = "official" reproduces the official streaming; so does detokenize(preset="official")
+    on a detokenizer configured for low latency."""
     info = golden[f"detok.{name}.chunk_info"]
     captured = iter(golden[f"detok.{name}.chunk{i}.noise"] for i in range(info.shape[0]))
     trace = []
-    wav = detok.detokenize(golden[f"detok.{name}.tokens"], noise_fn=lambda n: next(captured), trace=trace)
+    tokens = golden[f"detok.{name}.tokens"]
+    if low_latency_config:
+        wav = fast.detokenize(tokens, noise_fn=lambda n: next(captured), trace=trace, preset="official")
+    else:
+        wav = detok.detokenize(tokens, noise_fn=lambda n: next(captured), trace=trace)
     assert len(trace) == info.shape[0]
     ode_t = []
     for i, rec in enumerate(trace):
@@ -42,7 +53,8 @@ def test_detokenize_matches_official(golden, detok, name):
         assert torch.equal(rec["semantic_tokens"], golden[f"detok.{name}.chunk{i}.semantic_tokens"])
         torch.testing.assert_close(rec["mel"], golden[f"detok.{name}.chunk{i}.mel"], **TOL)
         torch.testing.assert_close(rec["wav"], golden[f"detok.{name}.chunk{i}.wav"][0], **TOL)
-        ode_t += list(detok.flow.schedule_t) + ([0.999] if rec["look_ahead"] else [])
+        assert rec["ode_steps"] == 30
+        ode_t += euler_schedule(30)[0].tolist() + ([0.999] if rec["look_ahead"] else [])
     torch.testing.assert_close(torch.tensor(ode_t), golden[f"detok.{name}.ode_t"], atol=0, rtol=0)
     assert wav.dtype == torch.float32 and wav.device.type == "cpu"
     torch.testing.assert_close(wav, golden[f"detok.{name}.wav"][0], **TOL)
@@ -70,19 +82,20 @@ def test_batched_sessions_equal_alone(fast):
     hook = detok.vocoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
     g = torch.Generator().manual_seed(3)
     toks = lambda n: torch.randint(0, 64, (n,), generator=g).tolist()  # noqa: E731
-    plans = [  # three sessions of different lengths, staggered; chunks of 120/168/final frames mix
+    plans = [  # sessions of different lengths, staggered: first, later and final chunks mix
         (11, {0: (toks(31), False), 1: (toks(30), False), 2: (toks(4), True)}),
         (22, {1: (toks(10), False), 2: (toks(25), False), 3: (toks(0), True)}),
         (33, {1: (toks(33), True)}),
-        (44, {1: (toks(33), True)}),  # same shape as the previous one: they share a vocoder forward
-        (55, {2: (toks(20), True)}),  # a first chunk that is also the final one
+        (44, {1: (toks(33), True)}),  # same shapes as the previous one: they share vocoder forwards
+        (55, {2: (toks(20), True)}),
+        (66, {2: (toks(6), True)}),  # a first chunk that is also the final one
     ]
     alone = _drive(detok, plans, together=False)
     calls.clear()
     batched = _drive(detok, plans, together=True)
     hook.remove()
-    assert max(calls) == 2  # equal mel lengths were vocoded together
-    totals = [65, 35, 33, 33, 20]
+    assert max(calls) >= 2  # equal mel lengths were vocoded together
+    totals = [65, 35, 33, 33, 20, 6]
     for a, b, n in zip(alone, batched, totals):
         assert [w.numel() for w in a] == [w.numel() for w in b]
         for wa, wb in zip(a, b):
@@ -108,7 +121,7 @@ def test_bad_inputs(detok):
     with pytest.raises(KimiAudioError, match="twice"):
         detok.step_batch([(s, [1], False), (s, [2], False)])
     with pytest.raises(ConfigError, match="detok.first_chunk_tokens"):
-        Detokenizer(detok.dit, detok.vocoder, DetokConfig(first_chunk_tokens=12))
+        Detokenizer(detok.dit, detok.vocoder, DetokConfig(first_chunk_tokens=2))
     assert detok.detokenize([]).numel() == 0
 
 
@@ -120,3 +133,36 @@ def test_real_time_factor(detok):
     seconds = wav.numel() / detok.sample_rate
     print(f"\ndetokenize RTF on the tiny golden checkpoint (CPU, {torch.get_num_threads()} threads): "
           f"{elapsed:.3f} s for {seconds:.1f} s of audio = RTF {elapsed / seconds:.4f}")
+
+
+def test_low_latency_schedule_is_what_the_config_says(fast):
+    """First chunk: 8 tokens, 2 look-ahead, 4 ODE points; then 8, 12, 18, 27, 40, 40 tokens with
+    4 look-ahead (carried into the next chunk) and 6 points; a final chunk takes the rest."""
+    tokens = torch.randint(0, 64, (150,), generator=torch.Generator().manual_seed(2)).tolist()
+    trace = []
+    wav = fast.detokenize(tokens, seed=1, trace=trace)
+    sizes = [8, 8, 12, 18, 27, 40, 37]
+    assert sum(sizes) == len(tokens)
+    carried = [0, 2, 4, 4, 4, 4, 4]
+    look_ahead = [2, 4, 4, 4, 4, 4, 0]
+    assert [r["n_frames_in"] for r in trace] == [4 * (c + n) for c, n in zip(carried, sizes)]
+    assert [r["look_ahead"] for r in trace] == [4 * la for la in look_ahead]
+    assert [r["ode_steps"] for r in trace] == [4, 6, 6, 6, 6, 6, 6]
+    assert [r["start_position"] for r in trace] == [0, 24, 48, 96, 168, 276, 436]
+    assert wav.numel() == len(tokens) * fast.samples_per_token
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(preset="fast"), "detok.preset"), (dict(min_ode_steps=20), "detok.min_ode_steps"),
+    (dict(first_ode_steps=1), "detok.first_ode_steps"), (dict(first_look_ahead_tokens=-1), "detok.first_look_ahead_tokens"),
+    (dict(first_look_ahead_tokens=0, chunk_tokens=4, look_ahead_tokens=4), "detok.chunk_tokens"),
+    (dict(max_chunk_tokens=4), "detok.max_chunk_tokens"), (dict(chunk_growth=0.5), "detok.chunk_growth"),
+    (dict(max_chunk_tokens=2000), "detok.max_chunk_tokens"), (dict(max_kv_cache_frames=0), "detok.max_kv_cache_frames"),
+])
+def test_schedule_errors_name_the_key(change, key):
+    with pytest.raises(ConfigError, match=key):
+        ChunkSchedule.from_config(DetokConfig(**change), 4096)
+    # the official preset ignores the per-chunk values it replaces
+    if key not in ("detok.preset",):
+        official = ChunkSchedule.from_config(DetokConfig(preset="official", **change), 4096)
+        assert (official.first_chunk_tokens, official.look_ahead_tokens, official.ode_steps) == (30, 12, 30)

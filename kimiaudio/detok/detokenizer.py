@@ -1,7 +1,8 @@
 """Semantic tokens -> 24 kHz speech: the DiT flow matcher and the BigVGAN vocoder, batched.
 
-`detokenize` is the official KimiAudio.detokenize_audio (chunks of first_chunk_tokens, then
-chunk_tokens, through detokenize_streaming with look-ahead and cross-fade). `step_batch` is what
+`detokenize` streams all tokens at once through a session's chunk schedule: with
+`preset = "official"` (detok/settings.py) that is the official KimiAudio.detokenize_audio
+(chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade). `step_batch` is what
 the serving loop calls each step: it runs every chunk that is due across many sessions, the
 DiT for all of them in one padded forward per ODE step, the vocoder once per group of equal mel
 lengths (replicate padding sees the edges, so only equal lengths share a forward). Each
@@ -10,6 +11,7 @@ session's output equals running it alone.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
@@ -18,8 +20,9 @@ from torch import Tensor
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.flow_matching import FlowMatcher
-from kimiaudio.detok.streaming import MAX_POSITION, UPSAMPLE, DetokSession, StreamParams
-from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
+from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
+from kimiaudio.detok.streaming import MAX_POSITION, DetokSession, StreamParams
+from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
 
@@ -28,8 +31,8 @@ class Detokenizer:
     def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig):
         self.dit, self.vocoder, self.cfg = dit, vocoder, cfg
         self.device = dit.input_linear.weight.device
-        _check_config(cfg, self._max_position())
-        self.flow = FlowMatcher(dit, cfg.ode_steps)
+        self.schedule = ChunkSchedule.from_config(cfg, self._max_position())
+        self.flow = FlowMatcher(dit)
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
@@ -58,15 +61,9 @@ class Detokenizer:
             limit = min(limit, cfg.max_seq_len + 1)
         return limit
 
-    def _params(self, offline: bool) -> StreamParams:
-        c = self.cfg
+    def _params(self, schedule: ChunkSchedule) -> StreamParams:
         return StreamParams(
-            first_chunk_tokens=c.first_chunk_tokens,
-            chunk_tokens=c.chunk_tokens,
-            chunk_growth=1.0 if offline else c.chunk_growth,
-            max_chunk_tokens=c.chunk_tokens if offline else max(c.chunk_tokens, c.max_chunk_tokens),
-            look_ahead_tokens=c.look_ahead_tokens,
-            max_kv_cache_frames=c.max_kv_cache_frames,
+            schedule=schedule,
             mel_bins=self.dit.cfg.input_size,
             hop_size=self.vocoder.cfg.hop_size,
             vocab_size=self.dit.cfg.semantic_vocab_size,
@@ -75,15 +72,20 @@ class Detokenizer:
 
     def new_session(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None) -> DetokSession:
         """A streaming session; its CPU generator (seeded) draws each chunk's noise."""
-        return DetokSession(self._params(offline=False), seed, noise_fn)
+        return DetokSession(self._params(self.schedule), seed, noise_fn)
 
     def detokenize(
         self, tokens: Sequence[int] | Tensor, seed: int | None = None,
-        noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None,
+        noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None, preset: str | None = None,
     ) -> Tensor:
-        """Official detokenize_audio: all tokens -> float32 wav [n_tokens * 4 * hop] on the CPU."""
+        """All tokens -> float32 wav [n_tokens * 4 * hop] on the CPU, chunked as a session with
+        the same seed would be (`preset="official"`: the official detokenize_audio whatever the
+        config says)."""
         tokens = tokens.reshape(-1).tolist() if isinstance(tokens, Tensor) else list(tokens)
-        session = DetokSession(self._params(offline=True), seed, noise_fn)
+        schedule = self.schedule
+        if preset is not None:
+            schedule = ChunkSchedule.from_config(replace(self.cfg, preset=preset), self._max_position())
+        session = DetokSession(self._params(schedule), seed, noise_fn)
         session.trace = trace
         return self.step_batch([(session, tokens, True)])[0]
 
@@ -128,24 +130,3 @@ class Detokenizer:
             for j, i in enumerate(rows):
                 wavs[i] = out[j]
         return wavs
-
-
-def _check_config(cfg: DetokConfig, max_position: int) -> None:
-    def bad(key: str, value, expected: str) -> ConfigError:
-        return ConfigError(f"detok.{key} = {value!r}: expected {expected}")
-
-    if cfg.ode_steps < 2:
-        raise bad("ode_steps", cfg.ode_steps, "at least 2 (official 30)")
-    if cfg.look_ahead_tokens < 0:
-        raise bad("look_ahead_tokens", cfg.look_ahead_tokens, ">= 0")
-    if cfg.first_chunk_tokens <= cfg.look_ahead_tokens:
-        raise bad("first_chunk_tokens", cfg.first_chunk_tokens, f"more than look_ahead_tokens ({cfg.look_ahead_tokens})")
-    if cfg.chunk_tokens < 1:
-        raise bad("chunk_tokens", cfg.chunk_tokens, ">= 1")
-    if cfg.chunk_growth < 1.0:
-        raise bad("chunk_growth", cfg.chunk_growth, ">= 1.0")
-    if cfg.max_kv_cache_frames < 1:
-        raise bad("max_kv_cache_frames", cfg.max_kv_cache_frames, ">= 1 (official 900)")
-    biggest = UPSAMPLE * (cfg.look_ahead_tokens + max(cfg.first_chunk_tokens, cfg.chunk_tokens, cfg.max_chunk_tokens))
-    if biggest > max_position:
-        raise bad("max_chunk_tokens", cfg.max_chunk_tokens, f"chunks of at most {max_position} frames with look-ahead")

@@ -49,6 +49,7 @@ class ChunkJob:
     prefix_kv: Tensor | None  # [depth, 2, p, heads, head_dim] cached K/V of earlier chunks
     look_ahead: int  # trailing frames to drop (0 for a final chunk)
     keep_kv: bool  # False when the session's DiT state is discarded after this chunk
+    ode_steps: int = 30  # points of the Euler grid linspace(0, 1, ode_steps)
 
 
 @dataclass
@@ -58,20 +59,30 @@ class ChunkOutput:
 
 
 class FlowMatcher:
-    def __init__(self, dit: DiTPrefix, steps: int):
+    def __init__(self, dit: DiTPrefix):
         self.dit = dit
-        self.steps = steps
-        dev = dit.input_linear.weight.device
-        t, dt = euler_schedule(steps)
-        self.schedule_t = t.tolist()  # fp32 t of every Euler call (for tracing / tests)
-        # Per-step [1] timestep ids and 0-dim fp32 dt on the device, as torchdyn hands them over.
-        self._t_ids = [tid.view(1).to(dev) for tid in timestep_ids(t)]
-        self._dts = [d.to(dev) for d in dt]
-        self._refresh_id = timestep_ids(torch.tensor([REFRESH_T])).to(dev)
+        self._schedules: dict[int, tuple[list[Tensor], list[Tensor]]] = {}
+        self._refresh_id = timestep_ids(torch.tensor([REFRESH_T])).to(dit.input_linear.weight.device)
+
+    def schedule(self, steps: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Per Euler call: [1] timestep ids and 0-dim fp32 dt on the device, as torchdyn hands them over."""
+        if steps not in self._schedules:
+            dev = self.dit.input_linear.weight.device
+            t, dt = euler_schedule(steps)
+            self._schedules[steps] = ([tid.view(1).to(dev) for tid in timestep_ids(t)], [d.to(dev) for d in dt])
+        return self._schedules[steps]
 
     @torch.inference_mode()
     def infer_chunks(self, jobs: list[ChunkJob]) -> list[ChunkOutput]:
-        """Run the ODE for every job in one batch; results equal running each job alone."""
+        """Run the ODE for every job, one batch per step count; results equal running each job alone."""
+        outputs: list[ChunkOutput | None] = [None] * len(jobs)
+        for steps in sorted({job.ode_steps for job in jobs}):
+            rows = [i for i, job in enumerate(jobs) if job.ode_steps == steps]
+            for i, out in zip(rows, self._infer_group([jobs[i] for i in rows], steps)):
+                outputs[i] = out
+        return outputs
+
+    def _infer_group(self, jobs: list[ChunkJob], steps: int) -> list[ChunkOutput]:
         dtype = self.dit.input_linear.weight.dtype
         dev = self.dit.input_linear.weight.device
         mel_bins = self.dit.cfg.input_size
@@ -85,8 +96,9 @@ class FlowMatcher:
         ctx, x = self._batch_inputs(batch, lengths, dtype, dev)
         want_last_kv = any(job.keep_kv and job.look_ahead == 0 for job in batch)
         last_kv = None
-        for step, (t_id, dt) in enumerate(zip(self._t_ids, self._dts)):
-            last = step == len(self._dts) - 1
+        t_ids, dts = self.schedule(steps)
+        for step, (t_id, dt) in enumerate(zip(t_ids, dts)):
+            last = step == len(dts) - 1
             if last and want_last_kv:
                 v, last_kv = self.dit(x, t_id, ctx, return_kv=True)
             else:
