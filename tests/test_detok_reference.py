@@ -15,23 +15,38 @@ from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.streaming import DetokSession
+from kimiaudio.models.dit import DiTContext
 
 CKPT = Path(__file__).parent / "data" / "golden_a" / "checkpoint"
 MAX_KV, MAX_POS, STEPS = 100, 400, 4
 
 
+def _context(dit, ids, positions, prev):
+    """Batch-1 DiT inputs, nothing padded: K/V buffers [1, heads, p + n, head_dim] per block
+    holding the prefix `prev` [depth, 2, heads, p, head_dim]."""
+    p, n = 0 if prev is None else prev.shape[3], len(ids)
+    heads, hd = dit.kv_shape
+    kv = torch.zeros(dit.cfg.depth, 2, 1, heads, p + n, hd)
+    if prev is not None:
+        kv[:, :, 0, :, :p] = prev
+    pos_emb, rope = dit.position_inputs(positions[None])
+    ctx = DiTContext(dit.semantic_token_embedding(ids[None]), pos_emb, rope, list(kv[:, 0]), list(kv[:, 1]), p,
+                     torch.ones(1, 1, 1, p + n, dtype=torch.bool))
+    return ctx, lambda: kv[:, :, 0, :, p:].clone()  # the last call's chunk K/V
+
+
 def _euler(dit, x, ids, positions, prev, steps):
     """torchdyn 1.0.6 fixed-step Euler over linspace(0, 1, steps); K/V of the last call."""
-    ctx = dit.prepare(ids[None], positions[None], torch.ones(1, len(ids), dtype=torch.bool), [prev])
+    ctx, chunk_kv = _context(dit, ids, positions, prev)
     t_span = torch.linspace(0, 1, steps)
     t, dt = t_span[0], t_span[1] - t_span[0]
     for k in range(1, steps):
-        v, kv = dit(x, (t * 1000).long().view(1), ctx, return_kv=True)
+        v = dit(x, (t * 1000).long().view(1), ctx)
         x = x + dt * v
         t = t + dt
         if k < steps - 1:
             dt = t_span[k + 1] - t
-    return x, kv[:, :, 0]
+    return x, chunk_kv()
 
 
 def _reference(dit, vocoder, tokens, noises, first=30, chunk=30, look_ahead=12, hop=480):
@@ -49,14 +64,14 @@ def _reference(dit, vocoder, tokens, noises, first=30, chunk=30, look_ahead=12, 
         la = 0 if final else look_ahead * 4
         if la:
             left, mel = ids[-la:], x[0, :-la]
-            ctx = dit.prepare(ids[None, :-la], positions[None, :-la], torch.ones(1, len(mel), dtype=torch.bool), [prev])
-            _, kv = dit(mel[None], (torch.tensor([0.999]) * 1000).long(), ctx, return_kv=True)
-            cur = kv[:, :, 0]
+            ctx, chunk_kv = _context(dit, ids[:-la], positions[:-la], prev)
+            dit(mel[None], (torch.tensor([0.999]) * 1000).long(), ctx)
+            cur = chunk_kv()
         else:
             mel = x[0]
-        prev = cur if prev is None else torch.cat([prev, cur], dim=2)
-        if prev.shape[2] > MAX_KV:
-            prev = prev[:, :, -MAX_KV:]
+        prev = cur if prev is None else torch.cat([prev, cur], dim=3)
+        if prev.shape[3] > MAX_KV:
+            prev = prev[:, :, :, -MAX_KV:]
         c = mel.shape[0]
         start += c
         if pre_mel is None:

@@ -19,20 +19,27 @@ from torch import Tensor
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
+from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.streaming import MAX_POSITION, DetokSession, StreamParams
-from kimiaudio.errors import CheckpointError, KimiAudioError
+from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
 
 
 class Detokenizer:
-    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig):
+    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None):
+        """`bucketed`: pad batches to the planned bucket shapes (default: on CUDA, where graphs
+        need fixed shapes; the CPU runs each batch at its own shape, through the same code)."""
         self.dit, self.vocoder, self.cfg = dit, vocoder, cfg
         self.device = dit.input_linear.weight.device
         self.schedule = ChunkSchedule.from_config(cfg, self._max_position())
-        self.flow = FlowMatcher(dit)
+        if cfg.max_batch_sessions < 1:
+            raise ConfigError(f"detok.max_batch_sessions = {cfg.max_batch_sessions}: expected >= 1")
+        bucketed = self.device.type == "cuda" if bucketed is None else bucketed
+        self.buckets = Buckets.for_schedule(self.schedule, cfg.max_batch_sessions, exact=not bucketed)
+        self.flow = FlowMatcher(dit, self.buckets)
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
@@ -103,7 +110,7 @@ class Detokenizer:
             due = [i for i, (s, _, final) in enumerate(items) if s.ready(final)]
             if not due:
                 break
-            jobs = [items[i][0].next_job(items[i][2], self.device) for i in due]
+            jobs = [items[i][0].next_job(items[i][2]) for i in due]
             outs = self.flow.infer_chunks(jobs)
             mels = [items[i][0].finish_dit(out) for i, out in zip(due, outs)]
             for i, wav in zip(due, self._vocode(mels)):

@@ -79,6 +79,14 @@ class ChunkSchedule:
         return _checked(cls(**values, lower_first_chunk=cfg.guard_lowers_first_chunk), max_position)
 
 
+def must_reset_positions(start: int, kept: int, next_frames: int, max_position: int) -> bool:
+    """After a chunk that kept `kept` frames with positions now at `start`: restart positions
+    at 0 (and drop the prefix K/V) before the next chunk? The official test is
+    start + 2 * kept > max_position; next_frames (the next chunk's frames) only matters when
+    chunks grow."""
+    return start + max(2 * kept, next_frames) > max_position
+
+
 def _checked(s: ChunkSchedule, max_position: int) -> ChunkSchedule:
     def bad(key: str, expected: str) -> ConfigError:
         return ConfigError(f"detok.{key} = {getattr(s, key)!r}: expected {expected}")

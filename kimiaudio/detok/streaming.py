@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from kimiaudio.detok.flow_matching import ChunkJob, ChunkOutput
-from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
+from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule, must_reset_positions
 from kimiaudio.errors import KimiAudioError
 
 MAX_POSITION = 4096  # official max_pos_size of the DiT positions
@@ -56,8 +56,8 @@ class DetokSession:
     def _reset(self) -> None:
         """The official clear_states: a fresh stream."""
         self.start_position = 0
-        self.kv: Tensor | None = None  # [depth, 2, frames, heads, head_dim]
-        self.look_ahead_ids: Tensor | None = None  # [look_ahead_tokens*4] carried frame ids
+        self.kv: Tensor | None = None  # [depth, 2, heads, frames, head_dim] on the model's device
+        self.look_ahead_ids: Tensor | None = None  # [look-ahead frames] carried frame ids (CPU)
         self.pre_mel: Tensor | None = None  # [frames, mel_bins]
         self.pre_wav: Tensor | None = None  # [samples]
         self.num_chunks = 0
@@ -85,14 +85,14 @@ class DetokSession:
             return bool(self.pending) or self.is_started
         return len(self.pending) >= self.next_chunk_tokens
 
-    def next_job(self, final: bool, device: torch.device, ode_steps: int | None = None) -> ChunkJob:
+    def next_job(self, final: bool, ode_steps: int | None = None) -> ChunkJob:
         """Take the next chunk's tokens off the buffer (call only when `ready(final)`);
         `ode_steps` overrides the schedule's steps for this chunk (the real-time guard)."""
         schedule = self.params.schedule
         size = self.next_chunk_tokens
         is_final = final and len(self.pending) <= size
         take, self.pending = self.pending[:size], self.pending[size:]
-        ids = torch.tensor(take, dtype=torch.long, device=device).repeat_interleave(UPSAMPLE)
+        ids = torch.tensor(take, dtype=torch.long).repeat_interleave(UPSAMPLE)
         if self.look_ahead_ids is not None:
             ids = torch.cat([self.look_ahead_ids, ids])
         look_ahead = 0 if is_final else schedule.look_ahead(self.num_chunks) * UPSAMPLE
@@ -111,9 +111,9 @@ class DetokSession:
         # carried into the next chunk (none after a chunk without look-ahead)
         self.look_ahead_ids = job.token_ids[-job.look_ahead :] if job.look_ahead > 0 else None
         if out.kv is not None:
-            kv = out.kv if self.kv is None else torch.cat([self.kv, out.kv], dim=2)
+            kv = out.kv if self.kv is None else torch.cat([self.kv, out.kv], dim=3)
             cap = p.schedule.max_kv_cache_frames
-            kv = kv[:, :, -cap:] if kv.shape[2] > cap else kv
+            kv = kv[:, :, :, -cap:] if kv.shape[3] > cap else kv
             self.kv = kv.contiguous()  # own storage: do not pin the whole batch's K/V
         self.start_position += kept
         self._mel = out.mel
@@ -157,8 +157,7 @@ class DetokSession:
     def _advance(self, kept: int) -> None:
         """After a non-final chunk: the official position reset."""
         self.num_chunks += 1
-        # official test: start + 2*kept > 4096; the second term only matters for growing chunks
         carried = 0 if self.look_ahead_ids is None else self.look_ahead_ids.numel()
         next_frames = carried + self.next_chunk_tokens * UPSAMPLE
-        if self.start_position + max(2 * kept, next_frames) > self.params.max_position:
+        if must_reset_positions(self.start_position, kept, next_frames, self.params.max_position):
             self.start_position, self.kv = 0, None  # look-ahead, pre_mel and pre_wav carry on
