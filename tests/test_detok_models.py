@@ -11,6 +11,7 @@ from kimiaudio.detok.buckets import BucketShape, Buckets
 from kimiaudio.detok.dit_batch import DiTBatch, StaticArena
 from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
 from kimiaudio.detok.settings import ChunkSchedule
+from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder
 from kimiaudio.models.dit import load_dit
@@ -100,6 +101,32 @@ def test_infer_chunk_batched_equals_alone(dit, bucketed):
 def test_vocoder_wav(golden, vocoder):
     wav = vocoder(golden["detok.vocoder.mel"].T[None])
     torch.testing.assert_close(wav[0], golden["detok.vocoder.wav"], **TOL)
+
+
+@torch.inference_mode()
+def test_folded_weight_norm_equals_per_call(golden, vocoder):
+    unfolded = load_vocoder(CKPT / "vocoder", torch.device("cpu"), torch.float32, fold=False)
+    assert not any(name.endswith("weight_g") for name, _ in vocoder.named_parameters())
+    mel = golden["detok.vocoder.mel"].T[None]
+    assert torch.equal(vocoder(mel), unfolded(mel))
+
+
+@torch.inference_mode()
+def test_vocoder_batcher_pads_rows_only(golden, vocoder):
+    """Equal lengths share a forward (rows padded to a bucket); other lengths run apart."""
+    mel = golden["detok.vocoder.mel"]  # [T, 80]
+    mels = [mel, mel[:20] * 0.5, mel.flip(0) - 1.0, mel[:20] + 0.25, mel[:0], mel[:7]]
+    calls = []
+    batcher = VocoderBatcher(vocoder, (1, 2, 4), padded=True)
+    hook = vocoder.register_forward_hook(lambda m, args, out: calls.append(tuple(args[0].shape)))
+    wavs = batcher.vocode(mels)
+    hook.remove()
+    assert sorted(calls) == sorted([(2, 80, mel.shape[0]), (2, 80, 20), (1, 80, 7)])
+    for m, wav in zip(mels, wavs):
+        alone = vocoder(m.T[None])[0, 0] if m.shape[0] else torch.zeros(0)
+        torch.testing.assert_close(wav, alone, **TOL)
+    three = VocoderBatcher(vocoder, (1, 2, 4), padded=True).vocode([mel[:9], mel[:9] * 0.9, mel[:9] * 0.8])
+    assert [w.numel() for w in three] == [9 * 480] * 3
 
 
 @torch.inference_mode()

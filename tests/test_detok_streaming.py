@@ -77,7 +77,11 @@ def _drive(detok, plans, together: bool):
 
 
 def test_batched_sessions_equal_alone(fast):
+    """Sessions batched at padded bucket shapes (as on CUDA) equal each session run alone at its
+    own shapes (as on the CPU)."""
     detok = fast
+    bucketed = Detokenizer(detok.dit, detok.vocoder, detok.cfg, bucketed=True)
+    assert bucketed.buckets.frame_sizes[0] == 32 and bucketed.vocoders.padded and not detok.vocoders.padded
     calls = []
     hook = detok.vocoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
     g = torch.Generator().manual_seed(3)
@@ -92,7 +96,7 @@ def test_batched_sessions_equal_alone(fast):
     ]
     alone = _drive(detok, plans, together=False)
     calls.clear()
-    batched = _drive(detok, plans, together=True)
+    batched = _drive(bucketed, plans, together=True)
     hook.remove()
     assert max(calls) >= 2  # equal mel lengths were vocoded together
     totals = [65, 35, 33, 33, 20, 6]

@@ -23,6 +23,7 @@ from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.streaming import MAX_POSITION, DetokSession, StreamParams
+from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
@@ -40,6 +41,7 @@ class Detokenizer:
         bucketed = self.device.type == "cuda" if bucketed is None else bucketed
         self.buckets = Buckets.for_schedule(self.schedule, cfg.max_batch_sessions, exact=not bucketed)
         self.flow = FlowMatcher(dit, self.buckets)
+        self.vocoders = VocoderBatcher(vocoder, self.buckets.batch_sizes, padded=bucketed)
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
@@ -113,27 +115,10 @@ class Detokenizer:
             jobs = [items[i][0].next_job(items[i][2]) for i in due]
             outs = self.flow.infer_chunks(jobs)
             mels = [items[i][0].finish_dit(out) for i, out in zip(due, outs)]
-            for i, wav in zip(due, self._vocode(mels)):
+            for i, wav in zip(due, self.vocoders.vocode(mels)):
                 pieces[i].append(items[i][0].finish_vocoder(wav))
         # one device->host copy for the whole step
         flat = [torch.cat(p) if p else torch.zeros(0, device=self.device) for p in pieces]
         sizes = [w.numel() for w in flat]
         host = torch.cat(flat).float().cpu() if flat else torch.zeros(0)
         return list(torch.split(host, sizes))
-
-    def _vocode(self, mels: list[Tensor]) -> list[Tensor]:
-        """[frames, mel_bins] each -> wav [frames * hop]; one forward per distinct length."""
-        wavs: list[Tensor | None] = [None] * len(mels)
-        groups: dict[int, list[int]] = {}
-        for i, mel in enumerate(mels):
-            groups.setdefault(mel.shape[0], []).append(i)
-        for length, rows in groups.items():
-            if length == 0:
-                for i in rows:
-                    wavs[i] = mels[i].new_zeros(0)
-                continue
-            batch = torch.stack([mels[i] for i in rows]).transpose(1, 2)  # [B, mel_bins, T]
-            out = self.vocoder(batch)[:, 0]  # [B, T * hop]
-            for j, i in enumerate(rows):
-                wavs[i] = out[j]
-        return wavs
