@@ -1,13 +1,15 @@
-"""Bucket shapes of the batched DiT (pure bookkeeping, no model)."""
+"""Bucket shapes of the batched DiT and the rehearsal that plans them."""
 
 import pytest
 import torch
 
 from kimiaudio.config import DetokConfig
-from kimiaudio.detok.buckets import BucketShape, Buckets, stream_shapes
-from kimiaudio.detok.flow_matching import ChunkOutput
+from kimiaudio.checkpoint.paths import find_checkpoint
+from kimiaudio.detok.buckets import BucketShape, Buckets
+from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.detok.rehearsal import rehearse
 from kimiaudio.detok.settings import ChunkSchedule
-from kimiaudio.detok.streaming import DetokSession, StreamParams
+from kimiaudio.detok.streaming import StreamParams
 
 
 def test_default_buckets():
@@ -30,33 +32,39 @@ def test_default_buckets():
 def test_serving_shapes_cover_every_stream_chunk():
     schedule = ChunkSchedule.from_config(DetokConfig(), 4096)
     buckets = Buckets.for_schedule(schedule, 4)
-    shapes = buckets.serving_shapes(schedule, 4096)
+    stream = [(c.frames, c.prefix) for c in rehearse(_params(schedule, 4096))]
+    shapes = buckets.serving_shapes(stream)
     pairs = {(s.frames, s.prefix) for s in shapes}
-    for n, p in stream_shapes(schedule, 4096):
+    for n, p in stream:
         assert (buckets.shape(1, n, p).frames, buckets.shape(1, n, p).prefix) in pairs
     assert {(176, p) for p in buckets.prefix_sizes} <= pairs
     assert {s.rows for s in shapes} == {1, 2, 4} and len(shapes) == 3 * len(pairs)
 
 
-def _drive(session: DetokSession, steps: int, kv_shape=(1, 2, 1, 0, 1)):
-    """Run the session's bookkeeping with stand-in model outputs: (frames, prefix) per chunk."""
-    seen = []
-    session.push([1] * 4000)
-    for _ in range(steps):
-        job = session.next_job(False)
-        seen.append((job.token_ids.numel(), job.prefix_frames))
-        kept = job.token_ids.numel() - job.look_ahead
-        kv = torch.zeros(*kv_shape[:3], kept, kv_shape[4])
-        mel = session.finish_dit(ChunkOutput(torch.zeros(kept, 2), kv))
-        session.finish_vocoder(torch.zeros(mel.shape[0] * 3))
-    return seen
+def _params(schedule, max_position):
+    return StreamParams(schedule, mel_bins=80, hop_size=480, vocab_size=64, max_position=max_position)
 
 
 @pytest.mark.parametrize("preset", ["official", "low_latency"])
-def test_stream_shapes_follow_the_session(preset):
-    """The planned shapes are the ones a session produces, K/V cap and position reset included."""
-    schedule = ChunkSchedule.from_config(DetokConfig(preset=preset, max_kv_cache_frames=900), 1000)
-    session = DetokSession(StreamParams(schedule, mel_bins=2, hop_size=3, vocab_size=8, max_position=1000), seed=0)
-    seen = _drive(session, 40)
-    assert seen == stream_shapes(schedule, 1000, chunks=40)
-    assert (seen[0][1], min(p for _, p in seen[1:])) == (0, 0)  # positions were reset along the way
+def test_rehearsal_restarts_positions(preset):
+    schedule = ChunkSchedule.from_config(DetokConfig(preset=preset), 1000)
+    shapes = rehearse(_params(schedule, 1000), chunks=40)
+    assert shapes[0].prefix == 0 and min(c.prefix for c in shapes[1:]) == 0  # restarted along the way
+    assert max(c.prefix for c in shapes) <= schedule.max_kv_cache_frames
+
+
+@torch.inference_mode()
+def test_rehearsal_shapes_are_the_real_ones(golden_checkpoint):
+    """A real stream's DiT shapes (frames, prefix) and vocoder lengths, chunk by chunk, are the
+    rehearsed ones (the final chunk aside)."""
+    cfg = DetokConfig(first_ode_steps=2, ode_steps=2, min_ode_steps=2, max_kv_cache_frames=100)
+    detok = Detokenizer.load(find_checkpoint(golden_checkpoint), "cpu", torch.float32, cfg)
+    lengths = []
+    hook = detok.vocoder.register_forward_hook(lambda m, args, out: lengths.append(args[0].shape[2]))
+    trace = []
+    detok.detokenize(torch.randint(0, 64, (230,)).tolist(), seed=0, trace=trace)
+    hook.remove()
+    shapes = rehearse(detok.new_session().params, chunks=len(trace) - 1)
+    assert [(c.frames, c.prefix, c.vocoder_frames) for c in shapes] == [
+        (r["n_frames_in"], r["prefix_frames"], n) for r, n in zip(trace[:-1], lengths)]
+    assert max(c.prefix for c in shapes) == 100

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule, must_reset_positions
+from kimiaudio.detok.settings import ChunkSchedule
 
 FRAME_ALIGN = 16  # frames and keys in multiples of 16: aligned attention masks
 PREFIX_STEP = 256  # prefix buckets: masked keys cost little next to the chunk's GEMMs
@@ -62,11 +62,11 @@ class Buckets:
         return BucketShape(_pick(self.batch_sizes, rows, 1), _pick(self.frame_sizes, frames, FRAME_ALIGN),
                            _pick(self.prefix_sizes, prefix, FRAME_ALIGN))
 
-    def serving_shapes(self, schedule: ChunkSchedule, max_position: int) -> list[BucketShape]:
-        """Every bucket a stream of chunks lands in (each stream alone, and the longest chunks
-        with any prefix: batches mix streams at different points), for every batch size; the
-        ones to capture before serving. First chunks run apart (their own ODE steps)."""
-        pairs = {(self.shape(1, n, p).frames, self.shape(1, n, p).prefix) for n, p in stream_shapes(schedule, max_position)}
+    def serving_shapes(self, stream: list[tuple[int, int]]) -> list[BucketShape]:
+        """The buckets to capture before serving, for every batch size: those of a stream's
+        (frames, prefix) chunks (detok/rehearsal.py), and the longest chunks with any prefix
+        (batches mix streams at different points). First chunks run apart (their own steps)."""
+        pairs = {(self.shape(1, n, p).frames, self.shape(1, n, p).prefix) for n, p in stream}
         longest = max(n for n, _ in pairs)
         pairs |= {(longest, p) for p in self.prefix_sizes}
         return [BucketShape(b, n, p) for b in self.batch_sizes for n, p in sorted(pairs)]
@@ -77,18 +77,3 @@ def _pick(sizes: tuple[int, ...], n: int, align: int) -> int:
         if size >= n:
             return size
     return _round_up(n, align)  # beyond the planned buckets: its own aligned shape
-
-
-def stream_shapes(schedule: ChunkSchedule, max_position: int, chunks: int = 400) -> list[tuple[int, int]]:
-    """(frames, cached prefix frames) of the first `chunks` non-final chunks of one stream, with
-    the K/V cap and the position reset that detok/streaming.py applies."""
-    shapes, start, prefix = [], 0, 0
-    for index in range(chunks):
-        frames = schedule.frames(index)
-        shapes.append((frames, prefix))
-        kept = frames - UPSAMPLE * schedule.look_ahead(index)
-        start += kept
-        prefix = min(prefix + kept, schedule.max_kv_cache_frames)
-        if must_reset_positions(start, kept, schedule.frames(index + 1), max_position):
-            start, prefix = 0, 0
-    return shapes

@@ -11,6 +11,7 @@ session's output equals running it alone.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -20,8 +21,10 @@ from torch import Tensor
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.buckets import Buckets
+from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
+from kimiaudio.detok.rehearsal import rehearse
 from kimiaudio.detok.streaming import MAX_POSITION, DetokSession, StreamParams
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
@@ -30,18 +33,31 @@ from kimiaudio.models.dit import DiTPrefix, load_dit
 
 
 class Detokenizer:
-    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None):
-        """`bucketed`: pad batches to the planned bucket shapes (default: on CUDA, where graphs
-        need fixed shapes; the CPU runs each batch at its own shape, through the same code)."""
+    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None,
+                 capture_fn: Callable | None = None):
+        """`bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
+        on, which need fixed shapes; otherwise each batch runs at its own shape, same code).
+        `capture_fn`: a stand-in for cuda_graphs.capture, to run the graph path on the CPU."""
         self.dit, self.vocoder, self.cfg = dit, vocoder, cfg
         self.device = dit.input_linear.weight.device
         self.schedule = ChunkSchedule.from_config(cfg, self._max_position())
         if cfg.max_batch_sessions < 1:
             raise ConfigError(f"detok.max_batch_sessions = {cfg.max_batch_sessions}: expected >= 1")
-        bucketed = self.device.type == "cuda" if bucketed is None else bucketed
+        on_cuda = self.device.type == "cuda"
+        self.uses_graphs = capture_fn is not None or (on_cuda and cfg.cuda_graphs)
+        bucketed = self.uses_graphs if bucketed is None else bucketed
+        if self.uses_graphs and not bucketed:
+            raise KimiAudioError("Detokenizer: CUDA graphs need bucketed shapes")
         self.buckets = Buckets.for_schedule(self.schedule, cfg.max_batch_sessions, exact=not bucketed)
-        self.flow = FlowMatcher(dit, self.buckets)
-        self.vocoders = VocoderBatcher(vocoder, self.buckets.batch_sizes, padded=bucketed)
+        self.dit_graphs = self.vocoder_graphs = None
+        if self.uses_graphs:  # one pool and one capture stream for every graph of this detokenizer
+            pool = torch.cuda.graph_pool_handle() if on_cuda else None
+            stream = torch.cuda.Stream(self.device) if on_cuda else None
+            capture = {} if capture_fn is None else dict(capture_fn=capture_fn)
+            self.dit_graphs = DiTStepGraphs(pool, stream, **capture)
+            self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, **capture)
+        self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)
+        self.vocoders = VocoderBatcher(vocoder, self.buckets.batch_sizes, bucketed, self.vocoder_graphs)
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
@@ -60,6 +76,38 @@ class Detokenizer:
     def samples_per_token(self) -> int:
         """Output samples per semantic token (4 mel frames x hop: 1920 at 24 kHz)."""
         return UPSAMPLE * self.vocoder.cfg.hop_size
+
+    @torch.inference_mode()
+    def prepare_for_serving(self) -> dict:
+        """Capture the CUDA graphs of every shape a stream is planned to produce: the DiT step
+        of each bucket, the vocoder of each (rows, mel length). Call once before serving, on
+        the detokenizer worker thread with its CUDA stream current (graphs replay there);
+        shapes not planned (e.g. final chunks' vocoder lengths) are captured when first met.
+        Without CUDA graphs (the CPU, or detok.cuda_graphs = false) it does nothing.
+        Returns what it captured, how long it took and the device memory it added."""
+        info = dict(cuda_graphs=self.uses_graphs, dit_graphs=0, vocoder_graphs=0, seconds=0.0, added_bytes=0,
+                    static_buffer_bytes=self.flow.arena.nbytes)
+        if not self.uses_graphs:
+            return info
+        on_cuda = self.device.type == "cuda"
+        start, before = time.perf_counter(), torch.cuda.memory_reserved(self.device) if on_cuda else 0
+        stream = rehearse(self._params(self.schedule))
+        for shape in self.buckets.serving_shapes([(c.frames, c.prefix) for c in stream]):
+            batch = self.flow.batch(shape)
+            batch.load([])  # harmless inputs (padded rows: zeros, all keys valid) for the warm-up calls
+            self.dit_graphs.capture(batch)
+        lengths = sorted({c.vocoder_frames for c in stream})
+        # room for the planned shapes and as many more (final chunks' lengths) before any is dropped
+        self.vocoder_graphs.cache.capacity = max(self.vocoder_graphs.cache.capacity, 2 * len(lengths) * len(self.buckets.batch_sizes))
+        for length in lengths:
+            for rows in self.buckets.batch_sizes:
+                self.vocoder_graphs.capture((rows, self.dit.cfg.input_size, length))
+        if on_cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+            info.update(added_bytes=torch.cuda.memory_reserved(self.device) - before)
+        info.update(dit_graphs=len(self.dit_graphs.cache), vocoder_graphs=len(self.vocoder_graphs.cache),
+                    seconds=time.perf_counter() - start, static_buffer_bytes=self.flow.arena.nbytes)
+        return info
 
     def _max_position(self) -> int:
         cfg = self.dit.cfg

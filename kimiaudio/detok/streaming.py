@@ -17,6 +17,7 @@ cross-faded against pre_wav; a final chunk returns its whole wav and resets the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -132,7 +133,8 @@ class DetokSession:
             out = self._cross_fade(wav, mel)
         if self.trace is not None:
             self.trace.append(
-                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(), look_ahead=job.look_ahead,
+                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(), prefix_frames=job.prefix_frames,
+                     look_ahead=job.look_ahead,
                      is_final=self._final, ode_steps=job.ode_steps, semantic_tokens=job.token_ids, noise=job.noise,
                      mel=mel, wav=out.float())
             )
@@ -147,7 +149,7 @@ class DetokSession:
         gen = 2 * held if wav.shape[0] > 2 * held else wav.shape[0] // 2
         out = wav[:gen].clone()
         half = gen // 2
-        window = torch.hamming_window(gen).to(device=wav.device, dtype=wav.dtype)  # periodic, fp32 then cast
+        window = _hamming(gen, wav.device, wav.dtype)
         out[:half] = self.pre_wav[:half] * window[-half:] + out[:half] * window[:half]
         rest = wav.shape[0] - gen
         self.pre_wav = wav[-rest:].clone()
@@ -161,3 +163,11 @@ class DetokSession:
         next_frames = carried + self.next_chunk_tokens * UPSAMPLE
         if must_reset_positions(self.start_position, kept, next_frames, self.params.max_position):
             self.start_position, self.kv = 0, None  # look-ahead, pre_mel and pre_wav carry on
+
+
+@lru_cache(maxsize=64)
+def _hamming(length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The official cross-fade window: periodic Hamming made in fp32 on the CPU, then cast. A
+    pure function of its arguments, kept because chunk lengths repeat (one CPU window and one
+    host-to-device copy per length, not per chunk)."""
+    return torch.hamming_window(length).to(device=device, dtype=dtype)
