@@ -9,7 +9,7 @@ import torch
 
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
-from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.detok.detokenizer import DetokItem, Detokenizer
 from kimiaudio.detok.flow_matching import euler_schedule
 from kimiaudio.detok.settings import ChunkSchedule
 from kimiaudio.errors import ConfigError, KimiAudioError
@@ -170,3 +170,17 @@ def test_schedule_errors_name_the_key(change, key):
     if key not in ("detok.preset",):
         official = ChunkSchedule.from_config(DetokConfig(preset="official", **change), 4096)
         assert (official.first_chunk_tokens, official.look_ahead_tokens, official.ode_steps) == (30, 12, 30)
+
+
+def test_guard_steps_reach_the_chunks(fast):
+    """DetokItem.ode_steps (the guard's choice) sets the steps of the chunks run in that call;
+    step_batch feeds the cost estimate the guard forecasts with."""
+    tokens = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(8)).tolist()
+    session = fast.new_session(seed=0)
+    session.trace = []
+    assert session.next_chunk_seconds == pytest.approx((8 - 2) * 4 // 2 * 480 / 24000)  # half held back
+    fast.step_batch([DetokItem(session, tokens[:8], False)])
+    assert session.next_chunk_seconds == pytest.approx(8 * 4 * 480 / 24000)
+    fast.step_batch([DetokItem(session, tokens[8:], False, ode_steps=3)])
+    assert [r["ode_steps"] for r in session.trace] == [4, 3]
+    assert fast.cost.seconds_per_call > 0

@@ -4,10 +4,11 @@ settings.py is the chunk schedule (first chunk vs later ones, the official prese
 streaming.py keeps one session's official streaming state (look-ahead, prefix K/V, positions,
 vocoder cross-fade), flow_matching.py runs the DiT's Euler ODE for a batch of chunks in bucket
 shapes (buckets.py) on static buffers (dit_batch.py), detokenizer.py loads the models and
-batches the due chunks of many sessions.
+batches the due chunks of many sessions, cuda_graphs.py replays them from CUDA graphs, and
+scheduling.py picks the sessions to serve first and the real-time guard's step counts.
 """
 
-from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.detok.detokenizer import DetokItem, Detokenizer
 from kimiaudio.detok.streaming import DetokSession, StreamParams
 
-__all__ = ["Detokenizer", "DetokSession", "StreamParams"]
+__all__ = ["DetokItem", "Detokenizer", "DetokSession", "StreamParams"]

@@ -4,15 +4,17 @@
 `preset = "official"` (detok/settings.py) that is the official KimiAudio.detokenize_audio
 (chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade). `step_batch` is what
 the serving loop calls each step: it runs every chunk that is due across many sessions, the
-DiT for all of them in one padded forward per ODE step, the vocoder once per group of equal mel
-lengths (replicate padding sees the edges, so only equal lengths share a forward). Each
-session's output equals running it alone.
+DiT for all chunks with the same ODE step count in one padded forward per step (bucket shapes,
+CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padding sees the
+ends, so only equal lengths share a forward). Each session's output equals running it alone.
+`prepare_for_serving` captures the graphs before serving; `guard_settings` and `cost` feed the
+real-time guard (detok/scheduling.py), whose step counts come back in DetokItem.ode_steps.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -25,6 +27,7 @@ from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.rehearsal import rehearse
+from kimiaudio.detok.scheduling import CostEstimate, GuardSettings
 from kimiaudio.detok.streaming import MAX_POSITION, DetokSession, StreamParams
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
@@ -57,6 +60,7 @@ class Detokenizer:
             self.dit_graphs = DiTStepGraphs(pool, stream, **capture)
             self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, **capture)
         self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)
+        self.cost = CostEstimate()
         self.vocoders = VocoderBatcher(vocoder, self.buckets.batch_sizes, bucketed, self.vocoder_graphs)
 
     @classmethod
@@ -123,6 +127,7 @@ class Detokenizer:
             schedule=schedule,
             mel_bins=self.dit.cfg.input_size,
             hop_size=self.vocoder.cfg.hop_size,
+            sample_rate=self.vocoder.cfg.sampling_rate,
             vocab_size=self.dit.cfg.semantic_vocab_size,
             max_position=self._max_position(),
         )
@@ -146,27 +151,49 @@ class Detokenizer:
         session.trace = trace
         return self.step_batch([(session, tokens, True)])[0]
 
-    @torch.inference_mode()
-    def step_batch(self, items: list[tuple[DetokSession, list[int], bool]]) -> list[Tensor]:
-        """Push each session's new tokens and run every chunk now due (all of them when final).
+    @property
+    def guard_settings(self) -> GuardSettings:
+        """What the real-time guard (scheduling.plan_chunks) needs from the config."""
+        s = self.schedule
+        return GuardSettings(self.cfg.max_batch_sessions, self.cfg.run_ahead_s, s.first_ode_steps, s.ode_steps,
+                             s.min_ode_steps, s.lower_first_chunk)
 
-        Returns per item the float32 CPU wav produced now (empty when no chunk was due)."""
-        if len({id(s) for s, _, _ in items}) != len(items):
+    @torch.inference_mode()
+    def step_batch(self, items: Sequence[DetokItem | tuple[DetokSession, list[int], bool]]) -> list[Tensor]:
+        """Push each session's new tokens and run every chunk now due (all of them when final).
+        Items are DetokItems or (session, tokens, final) tuples.
+
+        Returns per item the float32 CPU wav produced now (empty when no chunk was due). Also
+        feeds `self.cost` (seconds per DiT call, for the guard's forecasts)."""
+        items = [item if isinstance(item, DetokItem) else DetokItem(*item) for item in items]
+        if len({id(item.session) for item in items}) != len(items):
             raise KimiAudioError("step_batch: a session appears twice in one call")
-        for session, tokens, _ in items:
-            session.push(tokens)
+        start, calls = time.perf_counter(), self.flow.num_calls
+        for item in items:
+            item.session.push(item.tokens)
         pieces: list[list[Tensor]] = [[] for _ in items]
         while True:
-            due = [i for i, (s, _, final) in enumerate(items) if s.ready(final)]
+            due = [i for i, item in enumerate(items) if item.session.ready(item.final)]
             if not due:
                 break
-            jobs = [items[i][0].next_job(items[i][2]) for i in due]
+            jobs = [items[i].session.next_job(items[i].final, items[i].ode_steps) for i in due]
             outs = self.flow.infer_chunks(jobs)
-            mels = [items[i][0].finish_dit(out) for i, out in zip(due, outs)]
+            mels = [items[i].session.finish_dit(out) for i, out in zip(due, outs)]
             for i, wav in zip(due, self.vocoders.vocode(mels)):
-                pieces[i].append(items[i][0].finish_vocoder(wav))
-        # one device->host copy for the whole step
+                pieces[i].append(items[i].session.finish_vocoder(wav))
+        # one device->host copy for the whole step (it also waits for the work: the time is real)
         flat = [torch.cat(p) if p else torch.zeros(0, device=self.device) for p in pieces]
         sizes = [w.numel() for w in flat]
         host = torch.cat(flat).float().cpu() if flat else torch.zeros(0)
+        self.cost.observe(time.perf_counter() - start, self.flow.num_calls - calls)
         return list(torch.split(host, sizes))
+
+
+@dataclass
+class DetokItem:
+    """One session's part in a step_batch call."""
+
+    session: DetokSession
+    tokens: list[int]  # new tokens to push (may be empty)
+    final: bool  # no more tokens will come: flush every chunk left
+    ode_steps: int | None = None  # the real-time guard's step count for the chunks run now; None = the schedule's

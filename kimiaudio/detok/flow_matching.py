@@ -75,6 +75,7 @@ class FlowMatcher:
         self.run_step = run_step or DiTBatch.step
         self.arena = StaticArena(dit.input_linear.weight.device)
         self._batches: dict = {}
+        self.num_calls = 0  # DiT calls (batched) so far
         self.batch(buckets.max_shape)  # the arena at its planned size before any graph takes views
 
     def batch(self, shape) -> DiTBatch:
@@ -115,6 +116,7 @@ class FlowMatcher:
         for t_id, dt in zip(timestep_ids(t_ids).tolist(), dts.tolist()):
             batch.set_time(t_id, dt)
             self.run_step(batch)
+        self.num_calls += len(dts)
         kept = [job.token_ids.numel() - job.look_ahead for job in todo]
         mels = [batch.mel(j, k) for j, k in enumerate(kept)]
         kvs: list[Tensor | None] = [None] * len(todo)
@@ -126,6 +128,7 @@ class FlowMatcher:
             batch.restrict_keys(refresh, [kept[j] for j in refresh])
             batch.set_time(REFRESH_ID, 0.0)
             self.run_step(batch)
+            self.num_calls += 1
             for j in refresh:
                 kvs[j] = batch.chunk_kv(j, kept[j])
         for j, i in enumerate(live):

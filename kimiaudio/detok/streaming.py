@@ -37,6 +37,7 @@ class StreamParams:
     hop_size: int  # wav samples per mel frame
     vocab_size: int  # valid token ids are 0..vocab_size-1
     max_position: int = MAX_POSITION
+    sample_rate: int = 24000
 
 
 class DetokSession:
@@ -69,6 +70,16 @@ class DetokSession:
     @property
     def next_chunk_tokens(self) -> int:
         return self.params.schedule.tokens(self.num_chunks)
+
+    @property
+    def next_chunk_seconds(self) -> float:
+        """Audio its next (non-final) chunk releases: the kept frames, of which a first chunk
+        holds half back for the cross-fade (for the real-time guard's forecasts)."""
+        schedule, index = self.params.schedule, self.num_chunks
+        frames = UPSAMPLE * (schedule.tokens(index) - (schedule.look_ahead(index) if index == 0 else 0))
+        if index == 0:
+            frames //= 2
+        return frames * self.params.hop_size / self.params.sample_rate
 
     @property
     def is_started(self) -> bool:
