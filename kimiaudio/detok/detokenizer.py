@@ -151,6 +151,14 @@ class Detokenizer:
         session.trace = trace
         return self.step_batch([(session, tokens, True)])[0]
 
+    def state_bytes_per_session(self) -> int:
+        """Device memory one session holds at most: its prefix K/V at the cap, and the vocoder
+        overlap (held mel and wav; at most a chunk's worth, the largest chunk counted)."""
+        cfg, element = self.dit.cfg, self.dit.input_linear.weight.element_size()
+        kv = cfg.depth * 2 * cfg.hidden_size * self.schedule.max_kv_cache_frames * element
+        frames = max(self.buckets.frame_sizes)
+        return kv + frames * (cfg.input_size + self.vocoder.cfg.hop_size) * element
+
     @property
     def guard_settings(self) -> GuardSettings:
         """What the real-time guard (scheduling.plan_chunks) needs from the config."""

@@ -97,8 +97,9 @@ class DiTConfig:
 def rope_table(cfg: DiTConfig) -> Tensor:
     """complex64 [rows, head_dim/2]: polar(1, pos/interp * base^(-2i/head_dim)) (official table)."""
     dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
-    pos = torch.arange(cfg.rope_max_positions).float() * (1.0 / float(cfg.rope_interpolation_factor))
+    # on the CPU whatever the default device (a model built on "meta" still gets real tables)
+    inv = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, device="cpu")[: dim // 2].float() / dim))
+    pos = torch.arange(cfg.rope_max_positions, device="cpu").float() * (1.0 / float(cfg.rope_interpolation_factor))
     freqs = torch.outer(pos, inv).float()
     table = torch.polar(torch.ones_like(freqs), freqs)
     return table[: cfg.max_seq_len] if cfg.max_seq_len < cfg.rope_max_positions else table
@@ -108,10 +109,10 @@ def sincos_table(rows: int, dim: int) -> Tensor:
     """fp32 [rows, dim] fairseq sinusoidal table ([sin | cos], row 0 = padding = zeros)."""
     half = dim // 2
     scale = math.log(10000) / (half - 1)
-    freqs = torch.exp(torch.arange(half, dtype=torch.float) * -scale)
-    args = torch.arange(rows, dtype=torch.float).unsqueeze(1) * freqs.unsqueeze(0)
+    freqs = torch.exp(torch.arange(half, dtype=torch.float, device="cpu") * -scale)
+    args = torch.arange(rows, dtype=torch.float, device="cpu").unsqueeze(1) * freqs.unsqueeze(0)
     table = torch.cat([torch.sin(args), torch.cos(args)], dim=1).view(rows, -1)
     if dim % 2 == 1:
-        table = torch.cat([table, torch.zeros(rows, 1)], dim=1)
+        table = torch.cat([table, torch.zeros(rows, 1, device="cpu")], dim=1)
     table[0, :] = 0
     return table
