@@ -20,7 +20,8 @@ def memory_budget(stack, sessions: int, device_bytes: int | None = None, graphs:
                   headroom_bytes: int = 4 * GIB) -> dict:
     """Bytes by item for `sessions` concurrent sessions. `device_bytes`: the card's total (None:
     no KV pool line); `graphs`: Detokenizer.prepare_for_serving()'s report."""
-    weights = {"lm": _bytes(stack.lm), "whisper": _bytes(stack.whisper.encoder), "glm4_tokenizer": _bytes(stack.glm4.model)}
+    weights = {"lm": _bytes(stack.lm), "whisper": _bytes(stack.whisper.encoder),
+               "glm4_tokenizer": _bytes(stack.glm4.model)}
     detok = stack.detokenizer
     plan: dict = {"weights": weights, "sessions": sessions}
     fixed = sum(weights.values())

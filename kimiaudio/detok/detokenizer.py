@@ -2,8 +2,8 @@
 
 `detokenize` streams all tokens at once through a session's chunk schedule: with
 `preset = "official"` (detok/settings.py) that is the official KimiAudio.detokenize_audio
-(chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade). `step_batch` is what
-the serving loop calls each step: it runs every chunk that is due across many sessions, the
+(chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade).
+`step_batch` is what the serving loop calls each step: it runs every chunk due across sessions, the
 DiT for all chunks with the same ODE step count in one padded forward per step (bucket shapes,
 CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padding sees the
 ends, so only equal lengths share a forward). Each session's output equals running it alone.
@@ -25,9 +25,9 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
-from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.rehearsal import rehearse
 from kimiaudio.detok.scheduling import CostEstimate, GuardSettings
+from kimiaudio.detok.settings import UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.streaming import MAX_POSITION, DetokSession, StreamParams
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
@@ -36,6 +36,9 @@ from kimiaudio.models.dit import DiTPrefix, load_dit
 
 
 class Detokenizer:
+    """Not thread-safe: every call shares its static buffers and CUDA graphs, so one thread at a
+    time (the pipeline's detokenizer worker; the offline `detokenize` only when that is idle)."""
+
     def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None,
                  capture_fn: Callable | None = None):
         """`bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
@@ -61,7 +64,10 @@ class Detokenizer:
             self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, **capture)
         self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)
         self.cost = CostEstimate()
-        self.vocoders = VocoderBatcher(vocoder, self.buckets.batch_sizes, bucketed, self.vocoder_graphs)
+        # On the CPU one mel per vocoder call: batches of 8 equal mels took 2-2.5x as long as 8
+        # single calls there (demo vocoder, one thread: the activations outgrow the caches).
+        rows = self.buckets.batch_sizes if on_cuda or bucketed else (1,)
+        self.vocoders = VocoderBatcher(vocoder, rows, bucketed, self.vocoder_graphs)
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
@@ -102,7 +108,8 @@ class Detokenizer:
             self.dit_graphs.capture(batch)
         lengths = sorted({c.vocoder_frames for c in stream})
         # room for the planned shapes and as many more (final chunks' lengths) before any is dropped
-        self.vocoder_graphs.cache.capacity = max(self.vocoder_graphs.cache.capacity, 2 * len(lengths) * len(self.buckets.batch_sizes))
+        planned = len(lengths) * len(self.buckets.batch_sizes)
+        self.vocoder_graphs.cache.capacity = max(self.vocoder_graphs.cache.capacity, 2 * planned)
         for length in lengths:
             for rows in self.buckets.batch_sizes:
                 self.vocoder_graphs.capture((rows, self.dit.cfg.input_size, length))

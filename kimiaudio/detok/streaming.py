@@ -144,8 +144,8 @@ class DetokSession:
             out = self._cross_fade(wav, mel)
         if self.trace is not None:
             self.trace.append(
-                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(), prefix_frames=job.prefix_frames,
-                     look_ahead=job.look_ahead,
+                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(),
+                     prefix_frames=job.prefix_frames, look_ahead=job.look_ahead,
                      is_final=self._final, ode_steps=job.ode_steps, semantic_tokens=job.token_ids, noise=job.noise,
                      mel=mel, wav=out.float())
             )
