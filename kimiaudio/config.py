@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from kimiaudio.bounds import Bounds, check_fields, check_value, declared, setting
+from kimiaudio.detok.settings import MAX_POSITION, ChunkSchedule
 from kimiaudio.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -33,6 +34,7 @@ REPETITION_WINDOW = Bounds(1, 8192)
 MAX_NEW_TOKENS = Bounds(0, 1 << 20)  # 0 = the official limit
 SEED = Bounds(0, 2**64 - 1)  # what torch.Generator.manual_seed accepts
 MILLISECONDS = Bounds(0, 60_000)
+ODE_STEPS = Bounds(2, 1000)  # the Euler grid needs both ends
 CHUNK_TOKENS = Bounds(1, 512)  # 41 s of speech; the DiT's positions cap a chunk anyway
 
 
@@ -77,21 +79,33 @@ class AudioConfig:
 
 @dataclass
 class DetokConfig:
-    # official: 30; smaller gives lower first-audio latency. Must exceed look_ahead_tokens.
-    first_chunk_tokens: int = setting(30, CHUNK_TOKENS)
-    chunk_tokens: int = setting(30, CHUNK_TOKENS)
-    # Each later chunk is this many times the previous (capped at max_chunk_tokens).
-    chunk_growth: float = setting(1.0, Bounds(1.0, 16.0))
-    max_chunk_tokens: int = setting(60, CHUNK_TOKENS)
-    look_ahead_tokens: int = setting(12, Bounds(0, 511))  # fewer than first_chunk_tokens
-    ode_steps: int = setting(30, Bounds(2, 1000))  # the Euler grid needs both ends
-    max_kv_cache_frames: int = setting(900, Bounds(1, 1 << 16))
+    # "official": the official Kimi-Audio streaming exactly (chunks of 30 tokens, 12 look-ahead,
+    # 30 ODE steps, no guard), whatever the per-chunk values below say; "low_latency": the
+    # per-chunk values below. Cross-field checks: kimiaudio/detok/settings.py.
+    preset: str = setting("low_latency", Bounds(choices=("low_latency", "official")))
+    first_chunk_tokens: int = setting(8, CHUNK_TOKENS)  # official: 30; tokens the first chunk waits for
+    # official: 12; of those, held back as the next chunk's context
+    first_look_ahead_tokens: int = setting(2, Bounds(0, 511))
+    first_ode_steps: int = setting(10, ODE_STEPS)  # official: 30; Euler grid points of the first chunk's ODE
+    chunk_tokens: int = setting(8, CHUNK_TOKENS)  # official: 30; the second chunk ...
+    # ... and each later one this many times the previous (official 1) ...
+    chunk_growth: float = setting(1.5, Bounds(1.0, 16.0))
+    max_chunk_tokens: int = setting(40, CHUNK_TOKENS)  # ... up to this many tokens (official: 30)
+    look_ahead_tokens: int = setting(4, Bounds(0, 511))  # official: 12
+    ode_steps: int = setting(16, ODE_STEPS)  # official: 30
+    max_kv_cache_frames: int = setting(900, Bounds(1, 1 << 16))  # official: 900
+    # Real-time guard: later chunks of sessions about to run dry run with fewer ODE steps, down
+    # to this floor; first chunks keep first_ode_steps unless guard_lowers_first_chunk.
+    min_ode_steps: int = setting(8, ODE_STEPS)
+    guard_lowers_first_chunk: bool = False
     # Most sessions whose chunks run in one worker iteration, most urgent first (see
-    # detok/scheduling.chunks_to_run); the rest wait one LLM step instead of stalling it.
-    max_batch_sessions: int = setting(8, Bounds(1, 1024))
+    # detok/scheduling.py); the rest wait for the next iteration. Also the largest batch captured.
+    max_batch_sessions: int = setting(16, Bounds(1, 1024))
     # While the LLM has work, a session's next chunk waits until less than this much of its
     # audio is left to play (a reply still waiting for its first audio never waits).
     run_ahead_s: float = setting(0.5, Bounds(0.0, 600.0))
+    # On CUDA: replay the DiT steps and the vocoder from CUDA graphs captured per bucket shape.
+    cuda_graphs: bool = True
 
 
 @dataclass
@@ -205,11 +219,9 @@ def _validate(config: Config) -> None:
     """Every setting in its declared range, then the rules that tie settings together."""
     for name in _sections():
         check_fields(getattr(config, name), f"{name}.")
-    detok = config.detok
-    if detok.first_chunk_tokens <= detok.look_ahead_tokens:
-        # A first chunk that is all look-ahead would emit no audio.
-        raise ConfigError(f"detok.first_chunk_tokens: expected more than detok.look_ahead_tokens "
-                          f"({detok.look_ahead_tokens}), got {detok.first_chunk_tokens}")
+    # The chunk schedule's own rules (e.g. a first chunk longer than its look-ahead), within the
+    # official DiT position limit; a checkpoint allowing fewer positions is checked at its load.
+    ChunkSchedule.from_config(config.detok, MAX_POSITION)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, dict] | None = None) -> Config:

@@ -129,10 +129,14 @@ def test_a_field_without_bounds_is_still_type_checked():
         check_fields(Section(count=2**63), "x.")
 
 
-def test_cross_field_rule_names_both_keys():
-    with pytest.raises(ConfigError, match=r"detok.first_chunk_tokens: expected more than detok.look_ahead_tokens \(12\)"):
-        apply_overrides(Config(), {"detok": {"first_chunk_tokens": 12}})
-    apply_overrides(Config(), {"detok": {"first_chunk_tokens": 13}})
+def test_cross_field_rule_names_both_keys_at_load():
+    look_ahead = Config().detok.first_look_ahead_tokens
+    with pytest.raises(ConfigError, match=rf"detok.first_chunk_tokens = {look_ahead}: expected more than "
+                                          rf"first_look_ahead_tokens \({look_ahead}\)"):
+        apply_overrides(Config(), {"detok": {"first_chunk_tokens": look_ahead}})
+    apply_overrides(Config(), {"detok": {"first_chunk_tokens": look_ahead + 1}})
+    with pytest.raises(ConfigError, match="detok.min_ode_steps"):
+        apply_overrides(Config(), {"detok": {"min_ode_steps": Config().detok.ode_steps + 1}})
 
 
 def test_out_of_range_top_k_in_a_file_fails_at_load(tmp_path):

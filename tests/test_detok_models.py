@@ -9,7 +9,12 @@ import pytest
 import torch
 import yaml
 
+from kimiaudio.config import DetokConfig
+from kimiaudio.detok.buckets import BucketShape, Buckets
+from kimiaudio.detok.dit_batch import DiTBatch, StaticArena
 from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
+from kimiaudio.detok.settings import ChunkSchedule
+from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder
 from kimiaudio.models.dit import DiTConfig, load_dit
@@ -28,11 +33,17 @@ def vocoder(golden_checkpoint):
 
 
 @torch.inference_mode()
-def test_dit_step_velocity(golden, dit):
-    ids, pos = golden["detok.dit_step.cond"], golden["detok.dit_step.position_ids"]
-    ctx = dit.prepare(ids, pos, torch.ones_like(ids, dtype=torch.bool), [None])
-    v = dit(golden["detok.dit_step.x"], timestep_ids(golden["detok.dit_step.t"]), ctx)
-    torch.testing.assert_close(v, golden["detok.dit_step.velocity"], **TOL)
+@pytest.mark.parametrize("padded", [False, True])
+def test_dit_step_velocity(golden, dit, padded):
+    """One DiT call on static batch buffers (exactly the chunk, or a padded bucket) = official."""
+    ids, pos, x = golden["detok.dit_step.cond"], golden["detok.dit_step.position_ids"], golden["detok.dit_step.x"]
+    n = ids.shape[1]
+    shape = BucketShape(3, n + 13, 32) if padded else BucketShape(1, n, 0)
+    batch = DiTBatch(dit, shape, StaticArena(torch.device("cpu")))
+    batch.load([ChunkJob(ids[0], x[0], int(pos[0, 0]), None, 0, False)])
+    batch.t.fill_(int(timestep_ids(golden["detok.dit_step.t"])))
+    v = dit(batch.x, batch.t, batch.ctx)
+    torch.testing.assert_close(v[:1, :n], golden["detok.dit_step.velocity"], **TOL)
 
 
 def test_euler_schedule_matches_torchdyn_t(golden, golden_meta):
@@ -51,39 +62,82 @@ def test_euler_schedule_matches_torchdyn_t(golden, golden_meta):
 
 def test_infer_chunk_mel(golden, golden_meta, dit):
     info = golden_meta["sections"]["detok"]["infer_chunk"]
-    flow = FlowMatcher(dit, info["ode_steps"])
+    flow = FlowMatcher(dit, _buckets(exact=True))
     look_ahead = info["look_ahead_tokens"] * golden_meta["sections"]["detok"]["upsample_factor"]
     job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"],
-                   info["start_position_id"], None, look_ahead, False)
+                   info["start_position_id"], None, look_ahead, False, info["ode_steps"])
     (out,) = flow.infer_chunks([job])
     torch.testing.assert_close(out.mel, golden["detok.infer_chunk.mel"], **TOL)
     assert out.kv is None
 
 
-def test_infer_chunk_batched_equals_alone(golden, dit):
-    """Different lengths, positions and prefixes padded into one batch change nothing."""
-    flow = FlowMatcher(dit, 5)
+def _buckets(exact: bool, max_batch: int = 4) -> Buckets:
+    schedule = ChunkSchedule.from_config(DetokConfig(chunk_tokens=6, look_ahead_tokens=3, max_chunk_tokens=9,
+                                                     max_kv_cache_frames=40), 4096)
+    return Buckets.for_schedule(schedule, max_batch, exact=exact)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_infer_chunk_batched_equals_alone(dit, bucketed):
+    """Different lengths, positions, prefixes and step counts in padded batches (and split
+    beyond the largest batch) give each job what it gets alone, unpadded."""
     g = torch.Generator().manual_seed(0)
     heads, hd = dit.kv_shape
     codebook, mel_bins = dit.cfg.semantic_vocab_size, dit.cfg.input_size
     jobs = [
         ChunkJob(torch.randint(0, codebook, (n,), generator=g), torch.randn(n, mel_bins, generator=g), start,
-                 None if p == 0 else torch.randn(dit.cfg.depth, 2, p, heads, hd, generator=g), la, keep)
-        for n, start, p, la, keep in [(40, 0, 0, 8, True), (24, 100, 30, 0, True), (33, 7, 12, 0, False)]
+                 None if p == 0 else torch.randn(dit.cfg.depth, 2, heads, p, hd, generator=g), la, keep, steps)
+        for n, start, p, la, keep, steps in [
+            (40, 0, 0, 8, True, 5), (24, 100, 30, 0, True, 5), (33, 7, 12, 0, False, 5), (20, 3, 9, 4, True, 3),
+            (36, 50, 40, 12, True, 5), (8, 9, 0, 4, True, 5), (0, 4, 20, 0, False, 5)]
     ]
-    together = flow.infer_chunks(jobs)
+    batched = FlowMatcher(dit, _buckets(exact=not bucketed, max_batch=4))
+    assert batched.buckets.frame_sizes == (32, 48) and batched.buckets.prefix_sizes == (0, 48)
+    alone = FlowMatcher(dit, _buckets(exact=True, max_batch=1))
+    together = batched.infer_chunks(jobs)
     for job, out in zip(jobs, together):
-        (alone,) = flow.infer_chunks([job])
-        torch.testing.assert_close(out.mel, alone.mel, **TOL)
-        if job.keep_kv:
-            torch.testing.assert_close(out.kv, alone.kv, **TOL)
-            assert out.kv.shape[2] == job.token_ids.numel() - job.look_ahead
+        (single,) = alone.infer_chunks([job])
+        kept = job.token_ids.numel() - job.look_ahead
+        assert out.mel.shape == (kept, mel_bins)
+        torch.testing.assert_close(out.mel, single.mel, **TOL)
+        if job.keep_kv and kept:
+            torch.testing.assert_close(out.kv, single.kv, **TOL)
+            assert out.kv.shape == (dit.cfg.depth, 2, heads, kept, hd)
+        else:
+            assert out.kv is None and single.kv is None
 
 
 @torch.inference_mode()
 def test_vocoder_wav(golden, vocoder):
     wav = vocoder(golden["detok.vocoder.mel"].T[None])
     torch.testing.assert_close(wav[0], golden["detok.vocoder.wav"], **TOL)
+
+
+@torch.inference_mode()
+def test_folded_weight_norm_equals_per_call(golden, golden_checkpoint, vocoder):
+    unfolded = load_vocoder(golden_checkpoint / "vocoder", torch.device("cpu"), torch.float32, fold=False)
+    assert not any(name.endswith("weight_g") for name, _ in vocoder.named_parameters())
+    mel = golden["detok.vocoder.mel"].T[None]
+    assert torch.equal(vocoder(mel), unfolded(mel))
+
+
+@torch.inference_mode()
+def test_vocoder_batcher_pads_rows_only(golden, vocoder):
+    """Equal lengths share a forward (rows padded to a bucket); other lengths run apart."""
+    mel = golden["detok.vocoder.mel"]  # [T, mel bins]
+    bins = mel.shape[1]
+    mels = [mel, mel[:20] * 0.5, mel.flip(0) - 1.0, mel[:20] + 0.25, mel[:0], mel[:7]]
+    calls = []
+    batcher = VocoderBatcher(vocoder, (1, 2, 4), padded=True)
+    hook = vocoder.register_forward_hook(lambda m, args, out: calls.append(tuple(args[0].shape)))
+    wavs = batcher.vocode(mels)
+    hook.remove()
+    assert sorted(calls) == sorted([(2, bins, mel.shape[0]), (2, bins, 20), (1, bins, 7)])
+    for m, wav in zip(mels, wavs):
+        alone = vocoder(m.T[None])[0, 0] if m.shape[0] else torch.zeros(0)
+        torch.testing.assert_close(wav, alone, **TOL)
+    three = VocoderBatcher(vocoder, (1, 2, 4), padded=True).vocode([mel[:9], mel[:9] * 0.9, mel[:9] * 0.8])
+    assert [w.numel() for w in three] == [9 * vocoder.cfg.hop_size] * 3
 
 
 @torch.inference_mode()
@@ -162,9 +216,9 @@ def test_sincos_positions_are_chunk_relative(golden_checkpoint, tmp_path):
     def row(p):
         return torch.zeros(dit.cfg.hidden_size) if p == 0 else torch.cat([torch.sin(p * freqs), torch.cos(p * freqs)])
 
-    later = dit._position_embedding(torch.arange(7, 47)[None], torch.float32)[0]
+    later = dit._position_embedding(torch.arange(7, 47)[None])[0]
     torch.testing.assert_close(later, torch.stack([row(p) for p in range(1, 41)]), atol=1e-5, rtol=1e-5)
-    first = dit._position_embedding(torch.arange(0, 40)[None], torch.float32)[0]
+    first = dit._position_embedding(torch.arange(0, 40)[None])[0]
     torch.testing.assert_close(first, torch.stack([row(p) for p in range(0, 40)]), atol=1e-5, rtol=1e-5)
 
 
@@ -173,6 +227,6 @@ def test_learnable_positions_index_the_table(golden_checkpoint, tmp_path):
     table = torch.randn(cfg.max_seq_len + 1, cfg.hidden_size)  # official nn.Embedding(max_seq_len + 1, hidden)
     dit = _dit_variant(golden_checkpoint, tmp_path, "learnable", {"speech_model.position_embedding.weight": table})
     pos = torch.arange(7, 47)[None]
-    torch.testing.assert_close(dit._position_embedding(pos, torch.float32), table[pos])
+    torch.testing.assert_close(dit._position_embedding(pos), table[pos])
     with pytest.raises(CheckpointError, match="position_embedding.weight"):
         _dit_variant(golden_checkpoint, tmp_path / "b", "learnable", {})

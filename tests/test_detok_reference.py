@@ -13,23 +13,39 @@ import torch
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.flow_matching import REFRESH_T
-from kimiaudio.detok.streaming import UPSAMPLE, DetokSession
+from kimiaudio.detok.settings import UPSAMPLE
+from kimiaudio.detok.streaming import DetokSession
+from kimiaudio.models.dit import DiTContext
 
 MAX_KV, MAX_POS, STEPS = 100, 400, 4
 
 
+def _context(dit, ids, positions, prev):
+    """Batch-1 DiT inputs, nothing padded: K/V buffers [1, heads, p + n, head_dim] per block
+    holding the prefix `prev` [depth, 2, heads, p, head_dim]."""
+    p, n = 0 if prev is None else prev.shape[3], len(ids)
+    heads, hd = dit.kv_shape
+    kv = torch.zeros(dit.cfg.depth, 2, 1, heads, p + n, hd)
+    if prev is not None:
+        kv[:, :, 0, :, :p] = prev
+    pos_emb, rope = dit.position_inputs(positions[None])
+    ctx = DiTContext(dit.semantic_token_embedding(ids[None]), pos_emb, rope, list(kv[:, 0]), list(kv[:, 1]), p,
+                     torch.ones(1, 1, 1, p + n, dtype=torch.bool))
+    return ctx, lambda: kv[:, :, 0, :, p:].clone()  # the last call's chunk K/V
+
+
 def _euler(dit, x, ids, positions, prev, steps):
     """torchdyn 1.0.6 fixed-step Euler over linspace(0, 1, steps); K/V of the last call."""
-    ctx = dit.prepare(ids[None], positions[None], torch.ones(1, len(ids), dtype=torch.bool), [prev])
+    ctx, chunk_kv = _context(dit, ids, positions, prev)
     t_span = torch.linspace(0, 1, steps)
     t, dt = t_span[0], t_span[1] - t_span[0]
     for k in range(1, steps):
-        v, kv = dit(x, (t * 1000).long().view(1), ctx, return_kv=True)
+        v = dit(x, (t * 1000).long().view(1), ctx)
         x = x + dt * v
         t = t + dt
         if k < steps - 1:
             dt = t_span[k + 1] - t
-    return x, kv[:, :, 0]
+    return x, chunk_kv()
 
 
 def _reference(dit, vocoder, tokens, noises, first, chunk, look_ahead):
@@ -50,16 +66,16 @@ def _reference(dit, vocoder, tokens, noises, first, chunk, look_ahead):
         la = 0 if final else look_ahead * UPSAMPLE
         if la:
             left, mel = ids[-la:], x[0, :-la]
-            ctx = dit.prepare(ids[None, :-la], positions[None, :-la], torch.ones(1, len(mel), dtype=torch.bool), [prev])
-            _, kv = dit(mel[None], (torch.tensor([REFRESH_T]) * 1000).long(), ctx, return_kv=True)
-            cur = kv[:, :, 0]
+            ctx, chunk_kv = _context(dit, ids[:-la], positions[:-la], prev)
+            dit(mel[None], (torch.tensor([REFRESH_T]) * 1000).long(), ctx)
+            cur = chunk_kv()
         else:
             mel = x[0]
         if dit.cfg.normalize_mel:  # the DiT works on normalised mels; infer_chunk returns them undone
             mel = mel * dit.cfg.mel_std + dit.cfg.mel_mean
-        prev = cur if prev is None else torch.cat([prev, cur], dim=2)
-        if prev.shape[2] > MAX_KV:
-            prev = prev[:, :, -MAX_KV:]
+        prev = cur if prev is None else torch.cat([prev, cur], dim=3)
+        if prev.shape[3] > MAX_KV:
+            prev = prev[:, :, :, -MAX_KV:]
         c = mel.shape[0]
         start += c
         if pre_mel is None:
@@ -88,7 +104,10 @@ def _reference(dit, vocoder, tokens, noises, first, chunk, look_ahead):
 
 @torch.inference_mode()
 def test_kv_cap_and_position_reset_match_reference(golden_paths):
-    config = DetokConfig(ode_steps=STEPS)
+    # The official chunking (every chunk 30 tokens, 12 look-ahead) with a few ODE steps.
+    config = DetokConfig(first_chunk_tokens=30, first_look_ahead_tokens=12, first_ode_steps=STEPS, chunk_tokens=30,
+                         chunk_growth=1.0, max_chunk_tokens=30, look_ahead_tokens=12, ode_steps=STEPS,
+                         min_ode_steps=STEPS)
     detok = Detokenizer.load(golden_paths, "cpu", torch.float32, config)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, detok.dit.cfg.semantic_vocab_size, (100,), generator=g).tolist()
@@ -98,7 +117,8 @@ def test_kv_cap_and_position_reset_match_reference(golden_paths):
         noises.append(torch.randn(frames, detok.dit.cfg.input_size, generator=g))
         return noises[-1]
 
-    params = replace(detok.new_session().params, max_kv_cache_frames=MAX_KV, max_position=MAX_POS)
+    params = detok.new_session().params
+    params = replace(params, schedule=replace(params.schedule, max_kv_cache_frames=MAX_KV), max_position=MAX_POS)
     session = DetokSession(params, noise_fn=noise)
     session.trace = []
     got = [detok.step_batch([(session, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]

@@ -1,12 +1,14 @@
-"""Streaming detokenizer: official detokenize_audio goldens, batched sessions == alone, RTF."""
+"""Streaming detokenizer: official detokenize_audio goldens (preset "official"), the low-latency
+chunk schedule, batched sessions == alone, RTF."""
 
 import time
 import pytest
 import torch
 
 from kimiaudio.config import DetokConfig
-from kimiaudio.detok.detokenizer import Detokenizer
-from kimiaudio.detok.flow_matching import REFRESH_T
+from kimiaudio.detok.detokenizer import DetokItem, Detokenizer
+from kimiaudio.detok.flow_matching import REFRESH_T, euler_schedule
+from kimiaudio.detok.settings import ChunkSchedule
 from kimiaudio.errors import ConfigError, KimiAudioError
 
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -15,33 +17,43 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 def official_detok_config(meta: dict) -> DetokConfig:
     """The chunking the golden was streamed with (official detokenize_audio), from its meta."""
     d = meta["sections"]["detok"]
-    return DetokConfig(first_chunk_tokens=d["first_chunk_size"], chunk_tokens=d["chunk_size"],
+    return DetokConfig(first_chunk_tokens=d["first_chunk_size"], first_look_ahead_tokens=d["look_ahead_tokens"],
+                       first_ode_steps=d["ode_steps"], chunk_tokens=d["chunk_size"], chunk_growth=1.0,
                        max_chunk_tokens=d["chunk_size"], look_ahead_tokens=d["look_ahead_tokens"],
-                       ode_steps=d["ode_steps"], max_kv_cache_frames=d["max_kv_cache_tokens"])
+                       ode_steps=d["ode_steps"], min_ode_steps=d["ode_steps"],
+                       max_kv_cache_frames=d["max_kv_cache_tokens"])
 
 
 @pytest.fixture(scope="module")
 def detok(golden_paths, golden_meta):
+    """The official chunking, look-ahead and ODE steps, as the golden's meta records them."""
     return Detokenizer.load(golden_paths, "cpu", torch.float32, official_detok_config(golden_meta))
 
 
 @pytest.fixture(scope="module")
 def fast(detok):
-    """Same weights, the project's default chunking, fewer ODE steps: for tests that compare
-    the code with itself."""
-    return Detokenizer(detok.dit, detok.vocoder, DetokConfig(ode_steps=8))
+    """Same weights, the low-latency preset with fewer ODE steps: for tests that compare the
+    code with itself (first chunks of 8 tokens, later ones of 8, 12, 18, ... up to 40)."""
+    return Detokenizer(detok.dit, detok.vocoder, DetokConfig(ode_steps=6, first_ode_steps=4, min_ode_steps=3))
 
 
 def random_tokens(detok, n: int, generator: torch.Generator) -> list[int]:
     return torch.randint(0, detok.dit.cfg.semantic_vocab_size, (n,), generator=generator).tolist()
 
 
-@pytest.mark.parametrize("name", ["s37", "s75"])
-def test_detokenize_matches_official(golden, detok, name):
+@pytest.mark.parametrize("name, low_latency_config", [("s37", False), ("s75", False), ("s75", True)])
+def test_detokenize_matches_official(golden, golden_meta, detok, fast, name, low_latency_config):
+    """The golden's chunking reproduces the official streaming; so does detokenize(preset=
+    "official") on a detokenizer configured for low latency."""
+    steps = golden_meta["sections"]["detok"]["ode_steps"]
     info = golden[f"detok.{name}.chunk_info"]
     captured = iter(golden[f"detok.{name}.chunk{i}.noise"] for i in range(info.shape[0]))
     trace = []
-    wav = detok.detokenize(golden[f"detok.{name}.tokens"], noise_fn=lambda n: next(captured), trace=trace)
+    tokens = golden[f"detok.{name}.tokens"]
+    if low_latency_config:
+        wav = fast.detokenize(tokens, noise_fn=lambda n: next(captured), trace=trace, preset="official")
+    else:
+        wav = detok.detokenize(tokens, noise_fn=lambda n: next(captured), trace=trace)
     assert len(trace) == info.shape[0]
     ode_t = []
     for i, rec in enumerate(trace):
@@ -51,7 +63,8 @@ def test_detokenize_matches_official(golden, detok, name):
         assert torch.equal(rec["semantic_tokens"], golden[f"detok.{name}.chunk{i}.semantic_tokens"])
         torch.testing.assert_close(rec["mel"], golden[f"detok.{name}.chunk{i}.mel"], **TOL)
         torch.testing.assert_close(rec["wav"], golden[f"detok.{name}.chunk{i}.wav"][0], **TOL)
-        ode_t += list(detok.flow.schedule_t) + ([REFRESH_T] if rec["look_ahead"] else [])
+        assert rec["ode_steps"] == steps
+        ode_t += euler_schedule(steps)[0].tolist() + ([REFRESH_T] if rec["look_ahead"] else [])
     torch.testing.assert_close(torch.tensor(ode_t), golden[f"detok.{name}.ode_t"], atol=0, rtol=0)
     assert wav.dtype == torch.float32 and wav.device.type == "cpu"
     torch.testing.assert_close(wav, golden[f"detok.{name}.wav"][0], **TOL)
@@ -74,23 +87,28 @@ def _drive(detok, plans, together: bool):
 
 
 def test_batched_sessions_equal_alone(fast):
+    """Sessions batched at padded bucket shapes (as on CUDA) equal each session run alone at its
+    own shapes (as on the CPU)."""
     detok = fast
+    bucketed = Detokenizer(detok.dit, detok.vocoder, detok.cfg, bucketed=True)
+    assert bucketed.buckets.frame_sizes[0] == 32 and bucketed.vocoders.padded and not detok.vocoders.padded
     calls = []
     hook = detok.vocoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
     g = torch.Generator().manual_seed(3)
     toks = lambda n: random_tokens(detok, n, g)  # noqa: E731
-    plans = [  # three sessions of different lengths, staggered; chunks of 120/168/final frames mix
+    plans = [  # sessions of different lengths, staggered: first, later and final chunks mix
         (11, {0: (toks(31), False), 1: (toks(30), False), 2: (toks(4), True)}),
         (22, {1: (toks(10), False), 2: (toks(25), False), 3: (toks(0), True)}),
         (33, {1: (toks(33), True)}),
-        (44, {1: (toks(33), True)}),  # same shape as the previous one: they share a vocoder forward
-        (55, {2: (toks(20), True)}),  # a first chunk that is also the final one
+        (44, {1: (toks(33), True)}),  # same shapes as the previous one: they share vocoder forwards
+        (55, {2: (toks(20), True)}),
+        (66, {2: (toks(6), True)}),  # a first chunk that is also the final one
     ]
     alone = _drive(detok, plans, together=False)
     calls.clear()
-    batched = _drive(detok, plans, together=True)
+    batched = _drive(bucketed, plans, together=True)
     hook.remove()
-    assert max(calls) == 2  # equal mel lengths were vocoded together
+    assert max(calls) >= 2  # equal mel lengths were vocoded together
     for a, b, (_, plan) in zip(alone, batched, plans):
         assert [w.numel() for w in a] == [w.numel() for w in b]
         for wa, wb in zip(a, b):
@@ -115,9 +133,8 @@ def test_bad_inputs(detok):
     s = detok.new_session(0)
     with pytest.raises(KimiAudioError, match="twice"):
         detok.step_batch([(s, [1], False), (s, [2], False)])
-    look_ahead = DetokConfig().look_ahead_tokens
     with pytest.raises(ConfigError, match="detok.first_chunk_tokens"):
-        Detokenizer(detok.dit, detok.vocoder, DetokConfig(first_chunk_tokens=look_ahead))
+        Detokenizer(detok.dit, detok.vocoder, DetokConfig(first_chunk_tokens=DetokConfig().first_look_ahead_tokens))
     assert detok.detokenize([]).numel() == 0
 
 
@@ -129,3 +146,51 @@ def test_real_time_factor(detok):
     seconds = wav.numel() / detok.sample_rate
     print(f"\ndetokenize RTF on the tiny golden checkpoint (CPU, {torch.get_num_threads()} threads): "
           f"{elapsed:.3f} s for {seconds:.1f} s of audio = RTF {elapsed / seconds:.4f}")
+
+
+def test_low_latency_schedule_is_what_the_config_says(fast):
+    """First chunk: 8 tokens, 2 look-ahead, 4 ODE points; then 8, 12, 18, 27, 40, 40 tokens with
+    4 look-ahead (carried into the next chunk) and 6 points; a final chunk takes the rest."""
+    tokens = random_tokens(fast, 150, torch.Generator().manual_seed(2))
+    trace = []
+    wav = fast.detokenize(tokens, seed=1, trace=trace)
+    sizes = [8, 8, 12, 18, 27, 40, 37]
+    assert sum(sizes) == len(tokens)
+    carried = [0, 2, 4, 4, 4, 4, 4]
+    look_ahead = [2, 4, 4, 4, 4, 4, 0]
+    assert [r["n_frames_in"] for r in trace] == [4 * (c + n) for c, n in zip(carried, sizes)]
+    assert [r["look_ahead"] for r in trace] == [4 * la for la in look_ahead]
+    assert [r["ode_steps"] for r in trace] == [4, 6, 6, 6, 6, 6, 6]
+    assert [r["start_position"] for r in trace] == [0, 24, 48, 96, 168, 276, 436]
+    assert wav.numel() == len(tokens) * fast.samples_per_token
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(preset="fast"), "detok.preset"), (dict(min_ode_steps=20), "detok.min_ode_steps"),
+    (dict(first_ode_steps=1), "detok.first_ode_steps"), (dict(first_look_ahead_tokens=-1), "detok.first_look_ahead_tokens"),
+    (dict(first_look_ahead_tokens=0, chunk_tokens=4, look_ahead_tokens=4), "detok.chunk_tokens"),
+    (dict(max_chunk_tokens=4), "detok.max_chunk_tokens"), (dict(chunk_growth=0.5), "detok.chunk_growth"),
+    (dict(max_chunk_tokens=2000), "detok.max_chunk_tokens"), (dict(max_kv_cache_frames=0), "detok.max_kv_cache_frames"),
+])
+def test_schedule_errors_name_the_key(change, key):
+    with pytest.raises(ConfigError, match=key):
+        ChunkSchedule.from_config(DetokConfig(**change), 4096)
+    # the official preset ignores the per-chunk values it replaces
+    if key not in ("detok.preset",):
+        official = ChunkSchedule.from_config(DetokConfig(preset="official", **change), 4096)
+        assert (official.first_chunk_tokens, official.look_ahead_tokens, official.ode_steps) == (30, 12, 30)
+
+
+def test_guard_steps_reach_the_chunks(fast):
+    """DetokItem.ode_steps (the guard's choice) sets the steps of the chunks run in that call;
+    step_batch feeds the cost estimate the guard forecasts with."""
+    tokens = random_tokens(fast, 16, torch.Generator().manual_seed(8))
+    seconds_per_frame = fast.vocoder.cfg.hop_size / fast.sample_rate
+    session = fast.new_session(seed=0)
+    session.trace = []
+    assert session.next_chunk_seconds == pytest.approx((8 - 2) * 4 // 2 * seconds_per_frame)  # half held back
+    fast.step_batch([DetokItem(session, tokens[:8], False)])
+    assert session.next_chunk_seconds == pytest.approx(8 * 4 * seconds_per_frame)
+    fast.step_batch([DetokItem(session, tokens[8:], False, ode_steps=3)])
+    assert [r["ode_steps"] for r in session.trace] == [4, 3]
+    assert fast.cost.seconds_per_call > 0

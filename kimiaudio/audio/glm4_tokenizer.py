@@ -44,13 +44,18 @@ class Glm4SpeechTokenizer:
         directory = paths.glm_tokenizer
         config = WhisperVQConfig.from_file(directory / "config.json")
         mel = MelSettings.from_preprocessor_config(directory / "preprocessor_config.json", config.num_mel_bins)
-        with torch.device("meta"):  # skip random init; every weight is loaded next
-            model = WhisperVQEncoder(config)
-        model.to_empty(device=device)
+        model = cls.empty_model(config, device)
         state = _encoder_state(load_safetensors(directory, dtype=torch.float32), config)
         load_into(model, state, directory / "model.safetensors")
         model.eval()
         return cls(model, mel, torch.device(device))
+
+    @staticmethod
+    def empty_model(config: WhisperVQConfig, device: str | torch.device) -> WhisperVQEncoder:
+        """The float32 WhisperVQEncoder allocated once on `device`, values unset (load or fill them)."""
+        with torch.device("meta"):  # skip random init
+            model = WhisperVQEncoder(config)
+        return model.to_empty(device=device)
 
     def tokenize(self, pcm16k: np.ndarray) -> list[int]:
         """Speech codes (0 .. quantize_vocab_size-1, no LM offset) of one utterance."""

@@ -41,22 +41,29 @@ class WhisperFeatureEncoder:
     @classmethod
     def load(cls, paths: CheckpointPaths, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
         from transformers import WhisperConfig
-        from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
         directory = paths.whisper
         config = WhisperConfig(**read_json(directory / "config.json"))
-        config._attn_implementation = "sdpa"
         mel = MelSettings.from_preprocessor_config(directory / "preprocessor_config.json", int(config.num_mel_bins))
         if mel.segment_samples != config.max_source_positions * 2 * mel.hop_length:
             # The encoder only accepts exactly max_source_positions * 2 mel frames.
             raise CheckpointError(f"{directory}: chunk_length and hop_length do not match max_source_positions")
-        with torch.device("meta"):  # skip random init of ~640M parameters; weights come next
-            encoder = WhisperEncoder(config)
-        encoder = encoder.to(dtype).to_empty(device=device)  # allocated once, in the target dtype
+        encoder = cls.empty_encoder(config, device, dtype)
         state = _encoder_state(load_safetensors(directory, keep=_PREFIXES, dtype=dtype), directory)
         load_into(encoder, state, directory / "model.safetensors")
         encoder.eval()
         return cls(encoder, mel, torch.device(device), dtype)
+
+    @staticmethod
+    def empty_encoder(config, device: str | torch.device, dtype: torch.dtype):
+        """transformers' WhisperEncoder for a WhisperConfig, allocated once on `device` in
+        `dtype` with its values unset (no random init of ~640M parameters): load or fill them."""
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        config._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            encoder = WhisperEncoder(config)
+        return encoder.to(dtype).to_empty(device=device)
 
     def features(self, pcm16k: np.ndarray) -> torch.Tensor:
         """Features of one utterance: [T, 4 * d_model] in the model dtype, on the model device."""

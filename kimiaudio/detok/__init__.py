@@ -1,11 +1,9 @@
 """Speech detokenizer: semantic tokens (12.5 Hz) -> 24 kHz waveform.
 
-flow_matching.py runs the DiT's Euler ODE for a batch of chunks, streaming.py keeps one
-session's official streaming state (look-ahead, prefix K/V, positions, vocoder cross-fade),
-detokenizer.py loads the models and batches the due chunks of many sessions.
+settings.py is the chunk schedule (first chunk vs later ones, the official preset),
+streaming.py keeps one session's official streaming state (look-ahead, prefix K/V, positions,
+vocoder cross-fade), flow_matching.py runs the DiT's Euler ODE for a batch of chunks in bucket
+shapes (buckets.py) on static buffers (dit_batch.py), detokenizer.py loads the models and
+batches the due chunks of many sessions, cuda_graphs.py replays them from CUDA graphs, and
+scheduling.py picks the sessions to serve first and the real-time guard's step counts.
 """
-
-from kimiaudio.detok.detokenizer import Detokenizer
-from kimiaudio.detok.streaming import DetokSession, StreamParams
-
-__all__ = ["Detokenizer", "DetokSession", "StreamParams"]

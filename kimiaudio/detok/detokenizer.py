@@ -1,15 +1,20 @@
 """Semantic tokens -> 24 kHz speech: the DiT flow matcher and the BigVGAN vocoder, batched.
 
-`detokenize` is the official KimiAudio.detokenize_audio (chunks of first_chunk_tokens, then
-chunk_tokens, through detokenize_streaming with look-ahead and cross-fade). `step_batch` is what
-the serving loop calls each step: it runs every chunk that is due across many sessions, the
-DiT for all of them in one padded forward per ODE step, the vocoder once per group of equal mel
-lengths (replicate padding sees the edges, so only equal lengths share a forward). Each
-session's output equals running it alone.
+`detokenize` streams all tokens at once through a session's chunk schedule: with
+`preset = "official"` (detok/settings.py) that is the official KimiAudio.detokenize_audio
+(chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade).
+`step_batch` is what the serving loop calls each step: it runs every chunk due across sessions, the
+DiT for all chunks with the same ODE step count in one padded forward per step (bucket shapes,
+CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padding sees the
+ends, so only equal lengths share a forward). Each session's output equals running it alone.
+`prepare_for_serving` captures the graphs before serving; `guard_settings` and `cost` feed the
+real-time guard (detok/scheduling.py), whose step counts come back in DetokItem.ode_steps.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -17,19 +22,52 @@ from torch import Tensor
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
+from kimiaudio.detok.buckets import Buckets
+from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
-from kimiaudio.detok.streaming import MAX_POSITION, UPSAMPLE, DetokSession, StreamParams
+from kimiaudio.detok.rehearsal import rehearse
+from kimiaudio.detok.scheduling import CostEstimate, GuardSettings
+from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule
+from kimiaudio.detok.streaming import DetokSession, StreamParams
+from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
 
 
 class Detokenizer:
-    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig):
+    """Not thread-safe: every call shares its static buffers and CUDA graphs, so one thread at a
+    time (the pipeline's detokenizer worker; the offline `detokenize` only when that is idle)."""
+
+    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None,
+                 capture_fn: Callable | None = None):
+        """`bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
+        on, which need fixed shapes; otherwise each batch runs at its own shape, same code).
+        `capture_fn`: a stand-in for cuda_graphs.capture, to run the graph path on the CPU."""
         self.dit, self.vocoder, self.cfg = dit, vocoder, cfg
         self.device = dit.input_linear.weight.device
-        _check_config(cfg, self._max_position())
-        self.flow = FlowMatcher(dit, cfg.ode_steps)
+        self.schedule = ChunkSchedule.from_config(cfg, self._max_position())
+        if cfg.max_batch_sessions < 1:
+            raise ConfigError(f"detok.max_batch_sessions = {cfg.max_batch_sessions}: expected >= 1")
+        on_cuda = self.device.type == "cuda"
+        self.uses_graphs = capture_fn is not None or (on_cuda and cfg.cuda_graphs)
+        bucketed = self.uses_graphs if bucketed is None else bucketed
+        if self.uses_graphs and not bucketed:
+            raise KimiAudioError("Detokenizer: CUDA graphs need bucketed shapes")
+        self.buckets = Buckets.for_schedule(self.schedule, cfg.max_batch_sessions, exact=not bucketed)
+        self.dit_graphs = self.vocoder_graphs = None
+        if self.uses_graphs:  # one pool and one capture stream for every graph of this detokenizer
+            pool = torch.cuda.graph_pool_handle() if on_cuda else None
+            stream = torch.cuda.Stream(self.device) if on_cuda else None
+            capture = {} if capture_fn is None else dict(capture_fn=capture_fn)
+            self.dit_graphs = DiTStepGraphs(pool, stream, **capture)
+            self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, **capture)
+        self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)
+        self.cost = CostEstimate()
+        # On the CPU one mel per vocoder call: batches of 8 equal mels took 2-2.5x as long as 8
+        # single calls there (demo vocoder, one thread: the activations outgrow the caches).
+        rows = self.buckets.batch_sizes if on_cuda or bucketed else (1,)
+        self.vocoders = VocoderBatcher(vocoder, rows, bucketed, self.vocoder_graphs)
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig) -> "Detokenizer":
@@ -49,6 +87,41 @@ class Detokenizer:
         """Output samples per semantic token (4 mel frames x hop: 1920 at 24 kHz)."""
         return UPSAMPLE * self.vocoder.cfg.hop_size
 
+    @torch.inference_mode()
+    def prepare_for_serving(self) -> dict:
+        """Capture the CUDA graphs of every shape a stream is planned to produce: the DiT step
+        of each bucket, the vocoder of each (rows, mel length). Call once before serving, on
+        the detokenizer worker thread with its CUDA stream current (graphs replay there);
+        shapes not planned (e.g. final chunks' vocoder lengths) are captured when first met.
+        Without CUDA graphs (the CPU, or detok.cuda_graphs = false) it does nothing.
+        Returns what it captured, how long it took and the device memory it added."""
+        info = dict(cuda_graphs=self.uses_graphs, dit_graphs=0, vocoder_graphs=0, seconds=0.0, added_bytes=0,
+                    static_buffer_bytes=self.flow.arena.nbytes)
+        if not self.uses_graphs:
+            return info
+        on_cuda = self.device.type == "cuda"
+        if on_cuda:  # the buffers were zeroed on the loading thread's stream: let that finish first
+            torch.cuda.synchronize(self.device)
+        start, before = time.perf_counter(), torch.cuda.memory_reserved(self.device) if on_cuda else 0
+        stream = rehearse(self._params(self.schedule))
+        for shape in self.buckets.serving_shapes([(c.frames, c.prefix) for c in stream]):
+            batch = self.flow.batch(shape)
+            batch.load([])  # harmless inputs (padded rows: zeros, all keys valid) for the warm-up calls
+            self.dit_graphs.capture(batch)
+        lengths = sorted({c.vocoder_frames for c in stream})
+        # room for the planned shapes and as many more (final chunks' lengths) before any is dropped
+        planned = len(lengths) * len(self.buckets.batch_sizes)
+        self.vocoder_graphs.cache.capacity = max(self.vocoder_graphs.cache.capacity, 2 * planned)
+        for length in lengths:
+            for rows in self.buckets.batch_sizes:
+                self.vocoder_graphs.capture((rows, self.dit.cfg.input_size, length))
+        if on_cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+            info.update(added_bytes=torch.cuda.memory_reserved(self.device) - before)
+        info.update(dit_graphs=len(self.dit_graphs.cache), vocoder_graphs=len(self.vocoder_graphs.cache),
+                    seconds=time.perf_counter() - start, static_buffer_bytes=self.flow.arena.nbytes)
+        return info
+
     def _max_position(self) -> int:
         cfg = self.dit.cfg
         limit = MAX_POSITION
@@ -58,94 +131,86 @@ class Detokenizer:
             limit = min(limit, cfg.max_seq_len + 1)
         return limit
 
-    def _params(self, offline: bool) -> StreamParams:
-        c = self.cfg
+    def _params(self, schedule: ChunkSchedule) -> StreamParams:
         return StreamParams(
-            first_chunk_tokens=c.first_chunk_tokens,
-            chunk_tokens=c.chunk_tokens,
-            chunk_growth=1.0 if offline else c.chunk_growth,
-            max_chunk_tokens=c.chunk_tokens if offline else max(c.chunk_tokens, c.max_chunk_tokens),
-            look_ahead_tokens=c.look_ahead_tokens,
-            max_kv_cache_frames=c.max_kv_cache_frames,
+            schedule=schedule,
             mel_bins=self.dit.cfg.input_size,
             hop_size=self.vocoder.cfg.hop_size,
+            sample_rate=self.vocoder.cfg.sampling_rate,
             vocab_size=self.dit.cfg.semantic_vocab_size,
             max_position=self._max_position(),
         )
 
     def new_session(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None) -> DetokSession:
         """A streaming session; its CPU generator (seeded) draws each chunk's noise."""
-        return DetokSession(self._params(offline=False), seed, noise_fn)
+        return DetokSession(self._params(self.schedule), seed, noise_fn)
 
     def detokenize(
         self, tokens: Sequence[int] | Tensor, seed: int | None = None,
-        noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None,
+        noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None, preset: str | None = None,
     ) -> Tensor:
-        """Official detokenize_audio: all tokens -> float32 wav [n_tokens * 4 * hop] on the CPU."""
+        """All tokens -> float32 wav [n_tokens * 4 * hop] on the CPU, chunked as a session with
+        the same seed would be (`preset="official"`: the official detokenize_audio whatever the
+        config says)."""
         tokens = tokens.reshape(-1).tolist() if isinstance(tokens, Tensor) else list(tokens)
-        session = DetokSession(self._params(offline=True), seed, noise_fn)
+        schedule = self.schedule
+        if preset is not None:
+            schedule = ChunkSchedule.from_config(replace(self.cfg, preset=preset), self._max_position())
+        session = DetokSession(self._params(schedule), seed, noise_fn)
         session.trace = trace
         return self.step_batch([(session, tokens, True)])[0]
 
-    @torch.inference_mode()
-    def step_batch(self, items: list[tuple[DetokSession, list[int], bool]]) -> list[Tensor]:
-        """Push each session's new tokens and run every chunk now due (all of them when final).
+    def state_bytes_per_session(self) -> int:
+        """Device memory one session holds at most: its prefix K/V at the cap, and the vocoder
+        overlap (held mel and wav; at most a chunk's worth, the largest chunk counted)."""
+        cfg, element = self.dit.cfg, self.dit.input_linear.weight.element_size()
+        kv = cfg.depth * 2 * cfg.hidden_size * self.schedule.max_kv_cache_frames * element
+        frames = max(self.buckets.frame_sizes)
+        return kv + frames * (cfg.input_size + self.vocoder.cfg.hop_size) * element
 
-        Returns per item the float32 CPU wav produced now (empty when no chunk was due)."""
-        if len({id(s) for s, _, _ in items}) != len(items):
+    @property
+    def guard_settings(self) -> GuardSettings:
+        """What the real-time guard (scheduling.plan_chunks) needs from the config."""
+        s = self.schedule
+        return GuardSettings(self.cfg.max_batch_sessions, self.cfg.run_ahead_s, s.first_ode_steps, s.ode_steps,
+                             s.min_ode_steps, s.lower_first_chunk)
+
+    @torch.inference_mode()
+    def step_batch(self, items: Sequence[DetokItem | tuple[DetokSession, list[int], bool]]) -> list[Tensor]:
+        """Push each session's new tokens and run every chunk now due (all of them when final).
+        Items are DetokItems or (session, tokens, final) tuples.
+
+        Returns per item the float32 CPU wav produced now (empty when no chunk was due). Also
+        feeds `self.cost` (seconds per DiT call, for the guard's forecasts)."""
+        items = [item if isinstance(item, DetokItem) else DetokItem(*item) for item in items]
+        if len({id(item.session) for item in items}) != len(items):
             raise KimiAudioError("step_batch: a session appears twice in one call")
-        for session, tokens, _ in items:
-            session.push(tokens)
+        start, calls = time.perf_counter(), self.flow.num_calls
+        for item in items:
+            item.session.push(item.tokens)
         pieces: list[list[Tensor]] = [[] for _ in items]
         while True:
-            due = [i for i, (s, _, final) in enumerate(items) if s.ready(final)]
+            due = [i for i, item in enumerate(items) if item.session.ready(item.final)]
             if not due:
                 break
-            jobs = [items[i][0].next_job(items[i][2], self.device) for i in due]
+            jobs = [items[i].session.next_job(items[i].final, items[i].ode_steps) for i in due]
             outs = self.flow.infer_chunks(jobs)
-            mels = [items[i][0].finish_dit(out) for i, out in zip(due, outs)]
-            for i, wav in zip(due, self._vocode(mels)):
-                pieces[i].append(items[i][0].finish_vocoder(wav))
-        # one device->host copy for the whole step
+            mels = [items[i].session.finish_dit(out) for i, out in zip(due, outs)]
+            for i, wav in zip(due, self.vocoders.vocode(mels)):
+                pieces[i].append(items[i].session.finish_vocoder(wav))
+        # one device->host copy for the whole step (it also waits for the work: the time is real)
         flat = [torch.cat(p) if p else torch.zeros(0, device=self.device) for p in pieces]
         sizes = [w.numel() for w in flat]
         host = torch.cat(flat).float().cpu() if flat else torch.zeros(0)
+        self.cost.observe(time.perf_counter() - start, self.flow.num_calls - calls)
         return list(torch.split(host, sizes))
 
-    def _vocode(self, mels: list[Tensor]) -> list[Tensor]:
-        """[frames, mel_bins] each -> wav [frames * hop]; one forward per distinct length."""
-        wavs: list[Tensor | None] = [None] * len(mels)
-        groups: dict[int, list[int]] = {}
-        for i, mel in enumerate(mels):
-            groups.setdefault(mel.shape[0], []).append(i)
-        for length, rows in groups.items():
-            if length == 0:
-                for i in rows:
-                    wavs[i] = mels[i].new_zeros(0)
-                continue
-            batch = torch.stack([mels[i] for i in rows]).transpose(1, 2)  # [B, mel_bins, T]
-            out = self.vocoder(batch)[:, 0]  # [B, T * hop]
-            for j, i in enumerate(rows):
-                wavs[i] = out[j]
-        return wavs
 
+@dataclass
+class DetokItem:
+    """One session's part in a step_batch call."""
 
-def _check_config(cfg: DetokConfig, max_position: int) -> None:
-    def bad(key: str, value, expected: str) -> ConfigError:
-        return ConfigError(f"detok.{key} = {value!r}: expected {expected}")
-
-    if cfg.ode_steps < 2:
-        raise bad("ode_steps", cfg.ode_steps, "at least 2 (official 30)")
-    if cfg.look_ahead_tokens < 0:
-        raise bad("look_ahead_tokens", cfg.look_ahead_tokens, ">= 0")
-    if cfg.first_chunk_tokens <= cfg.look_ahead_tokens:
-        raise bad("first_chunk_tokens", cfg.first_chunk_tokens, f"more than look_ahead_tokens ({cfg.look_ahead_tokens})")
-    if cfg.chunk_tokens < 1:
-        raise bad("chunk_tokens", cfg.chunk_tokens, ">= 1")
-    if cfg.chunk_growth < 1.0:
-        raise bad("chunk_growth", cfg.chunk_growth, ">= 1.0")
-    if cfg.max_kv_cache_frames < 1:
-        raise bad("max_kv_cache_frames", cfg.max_kv_cache_frames, ">= 1 (official 900)")
-    biggest = UPSAMPLE * (cfg.look_ahead_tokens + max(cfg.first_chunk_tokens, cfg.chunk_tokens, cfg.max_chunk_tokens))
-    if biggest > max_position:
-        raise bad("max_chunk_tokens", cfg.max_chunk_tokens, f"chunks of at most {max_position} frames with look-ahead")
+    session: DetokSession
+    tokens: list[int]  # new tokens to push (may be empty)
+    final: bool  # no more tokens will come: flush every chunk left
+    ode_steps: int | None = None  # the real-time guard's step count for the chunks run now; None = the schedule's

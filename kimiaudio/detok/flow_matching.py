@@ -5,16 +5,23 @@ Follows the official StreamingSemanticFMWrapper.infer_chunk with the torchdyn 1.
 t accumulated in fp32 (t += dt, then dt = t_span[k+1] - t), the DiT gets (t*1000).long().
 After a chunk with look-ahead, one more DiT call at t=0.999 on the kept (clean) frames gives the
 K/V that later chunks attend to; without look-ahead, the K/V of the last Euler call are kept.
-Several sessions' chunks run in one padded forward per step (see DiTPrefix.prepare).
+
+Batching: jobs with the same step count run together, at most max_batch_sessions at a time,
+padded to a bucket shape (detok/buckets.py) in static buffers (detok/dit_batch.py); the refresh
+is one more call of the same bucket with the look-ahead keys masked and dt = 0. `run_step` runs
+one call of a loaded bucket: eagerly, or by replaying its CUDA graph (detok/step_graphs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from kimiaudio.detok.buckets import Buckets
+from kimiaudio.detok.dit_batch import DiTBatch, StaticArena
 from kimiaudio.models.dit import DiTPrefix
 
 REFRESH_T = 0.999  # official t of the KV-cache refresh call
@@ -43,96 +50,94 @@ def timestep_ids(t: Tensor) -> Tensor:
 class ChunkJob:
     """One session's chunk as the DiT sees it."""
 
-    token_ids: Tensor  # [n] long: upsampled semantic ids incl. the carried look-ahead frames
-    noise: Tensor  # [n, mel_bins] fp32 initial x0
+    token_ids: Tensor  # [n] long (CPU): upsampled semantic ids incl. the carried look-ahead frames
+    noise: Tensor  # [n, mel_bins] fp32 (CPU) initial x0
     start_position: int  # absolute position of the first frame
-    prefix_kv: Tensor | None  # [depth, 2, p, heads, head_dim] cached K/V of earlier chunks
+    prefix_kv: Tensor | None  # [depth, 2, heads, p, head_dim] cached K/V of earlier chunks
     look_ahead: int  # trailing frames to drop (0 for a final chunk)
     keep_kv: bool  # False when the session's DiT state is discarded after this chunk
+    ode_steps: int = 30  # points of the Euler grid linspace(0, 1, ode_steps)
+
+    @property
+    def prefix_frames(self) -> int:
+        return 0 if self.prefix_kv is None else self.prefix_kv.shape[3]
 
 
 @dataclass
 class ChunkOutput:
     mel: Tensor  # [n - look_ahead, mel_bins] (de-normalised if the checkpoint says so)
-    kv: Tensor | None  # [depth, 2, n - look_ahead, heads, head_dim] K/V of the kept frames
+    kv: Tensor | None  # [depth, 2, heads, n - look_ahead, head_dim] K/V of the kept frames
 
 
 class FlowMatcher:
-    def __init__(self, dit: DiTPrefix, steps: int):
-        self.dit = dit
-        self.steps = steps
-        dev = dit.input_linear.weight.device
-        t, dt = euler_schedule(steps)
-        self.schedule_t = t.tolist()  # fp32 t of every Euler call (for tracing / tests)
-        # Per-step [1] timestep ids and 0-dim fp32 dt on the device, as torchdyn hands them over.
-        self._t_ids = [tid.view(1).to(dev) for tid in timestep_ids(t)]
-        self._dts = [d.to(dev) for d in dt]
-        self._refresh_id = timestep_ids(torch.tensor([REFRESH_T])).to(dev)
+    def __init__(self, dit: DiTPrefix, buckets: Buckets, run_step: Callable[[DiTBatch], None] | None = None):
+        self.dit, self.buckets = dit, buckets
+        self.run_step = run_step or DiTBatch.step
+        self.arena = StaticArena(dit.input_linear.weight.device)
+        self._batches: dict = {}
+        self.num_calls = 0  # DiT calls (batched) so far
+        self.batch(buckets.max_shape)  # the arena at its planned size before any graph takes views
+
+    def batch(self, shape) -> DiTBatch:
+        """The static buffers of a bucket (kept for bucketed shapes: graphs hold on to them)."""
+        if self.buckets.exact:
+            return DiTBatch(self.dit, shape, self.arena)
+        if shape not in self._batches:
+            self._batches[shape] = DiTBatch(self.dit, shape, self.arena)
+        return self._batches[shape]
 
     @torch.inference_mode()
     def infer_chunks(self, jobs: list[ChunkJob]) -> list[ChunkOutput]:
-        """Run the ODE for every job in one batch; results equal running each job alone."""
+        """Run the ODE for every job: one batch per step count (split at the largest bucket);
+        results equal running each job alone."""
+        outputs: list[ChunkOutput | None] = [None] * len(jobs)
+        limit = self.buckets.batch_sizes[-1]
+        for steps in sorted({job.ode_steps for job in jobs}):
+            rows = [i for i, job in enumerate(jobs) if job.ode_steps == steps]
+            for start in range(0, len(rows), limit):
+                group = rows[start : start + limit]
+                for i, out in zip(group, self._infer_group([jobs[i] for i in group], steps)):
+                    outputs[i] = out
+        return outputs
+
+    def _infer_group(self, jobs: list[ChunkJob], steps: int) -> list[ChunkOutput]:
+        mel_bins, dev = self.dit.cfg.input_size, self.arena.device
         dtype = self.dit.input_linear.weight.dtype
-        dev = self.dit.input_linear.weight.device
-        mel_bins = self.dit.cfg.input_size
         # a final chunk with no frames left (no look-ahead carried) has nothing for the DiT to do
         outputs = [ChunkOutput(torch.zeros(0, mel_bins, device=dev, dtype=dtype), None) for _ in jobs]
         live = [i for i, job in enumerate(jobs) if job.token_ids.numel() > 0]
         if not live:
             return outputs
-        batch = [jobs[i] for i in live]
-        lengths = [job.token_ids.numel() for job in batch]
-        ctx, x = self._batch_inputs(batch, lengths, dtype, dev)
-        want_last_kv = any(job.keep_kv and job.look_ahead == 0 for job in batch)
-        last_kv = None
-        for step, (t_id, dt) in enumerate(zip(self._t_ids, self._dts)):
-            last = step == len(self._dts) - 1
-            if last and want_last_kv:
-                v, last_kv = self.dit(x, t_id, ctx, return_kv=True)
-            else:
-                v = self.dit(x, t_id, ctx)
-            x = x + dt * v
-        del ctx
-        kept = [n - job.look_ahead for n, job in zip(lengths, batch)]
-        refresh = [j for j, job in enumerate(batch) if job.keep_kv and job.look_ahead > 0]
-        refresh_kv = self._refresh(batch, x, kept, refresh, dtype, dev) if refresh else None
+        todo = [jobs[i] for i in live]
+        shape = self.buckets.shape(len(todo), max(j.token_ids.numel() for j in todo), max(j.prefix_frames for j in todo))
+        batch = self.batch(shape)
+        batch.load(todo)
+        t_ids, dts = euler_schedule(steps)
+        for t_id, dt in zip(timestep_ids(t_ids).tolist(), dts.tolist()):
+            batch.set_time(t_id, dt)
+            self.run_step(batch)
+        self.num_calls += len(dts)
+        kept = [job.token_ids.numel() - job.look_ahead for job in todo]
+        mels = [batch.mel(j, k) for j, k in enumerate(kept)]
+        kvs: list[Tensor | None] = [None] * len(todo)
+        for j, job in enumerate(todo):  # no look-ahead: the last Euler call's K/V are the cache
+            if job.keep_kv and job.look_ahead == 0:
+                kvs[j] = batch.chunk_kv(j, kept[j])
+        refresh = [j for j, job in enumerate(todo) if job.keep_kv and job.look_ahead > 0]
+        if refresh:  # the official extra call at t=0.999 on the kept (clean) frames; dt = 0 keeps x
+            batch.restrict_keys(refresh, [kept[j] for j in refresh])
+            batch.set_time(REFRESH_ID, 0.0)
+            self.run_step(batch)
+            self.num_calls += 1
+            for j in refresh:
+                kvs[j] = batch.chunk_kv(j, kept[j])
         for j, i in enumerate(live):
-            job, mel = batch[j], x[j, : kept[j]]
-            kv = None
-            if job.keep_kv and job.look_ahead > 0:
-                kv = refresh_kv[:, :, refresh.index(j), : kept[j]]
-            elif job.keep_kv:
-                kv = last_kv[:, :, j, : kept[j]]
-            outputs[i] = ChunkOutput(self._denormalise(mel), kv)
+            outputs[i] = ChunkOutput(self._denormalise(mels[j]), kvs[j])
         return outputs
-
-    def _refresh(self, batch, x, kept, rows, dtype, dev) -> Tensor:
-        """One DiT call at t=0.999 on the kept frames of `rows`: their K/V [depth, 2, R, N, ...]."""
-        sub = [batch[j] for j in rows]
-        lengths = [kept[j] for j in rows]
-        ctx, _ = self._batch_inputs(sub, lengths, dtype, dev, with_noise=False)
-        clean = x[rows, : max(lengths)]
-        _, kv = self.dit(clean, self._refresh_id, ctx, return_kv=True)
-        return kv
-
-    def _batch_inputs(self, jobs, lengths, dtype, dev, with_noise=True):
-        """Pad ids/positions/noise to the longest job: (ctx, x0 [B, N, mel_bins] or None)."""
-        b, n = len(jobs), max(lengths)
-        lens = torch.tensor(lengths, device=dev)
-        frame_valid = torch.arange(n, device=dev)[None] < lens[:, None]  # [B, N]
-        ids = torch.zeros(b, n, dtype=torch.long, device=dev)
-        starts = torch.tensor([job.start_position for job in jobs], device=dev)
-        positions = (starts[:, None] + torch.arange(n, device=dev)[None]) * frame_valid  # padding -> 0
-        x = None
-        if with_noise:
-            x = torch.zeros(b, n, self.dit.cfg.input_size, dtype=dtype, device=dev)
-        for i, (job, m) in enumerate(zip(jobs, lengths)):
-            ids[i, :m] = job.token_ids[:m]
-            if with_noise:
-                x[i, :m] = job.noise.to(device=dev, dtype=dtype)
-        ctx = self.dit.prepare(ids, positions, frame_valid, [job.prefix_kv for job in jobs])
-        return ctx, x
 
     def _denormalise(self, mel: Tensor) -> Tensor:
         cfg = self.dit.cfg
         return mel * cfg.mel_std + cfg.mel_mean if cfg.normalize_mel else mel
+
+
+REFRESH_ID = int(timestep_ids(torch.tensor([REFRESH_T])).item())  # 999

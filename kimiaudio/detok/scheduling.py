@@ -1,13 +1,19 @@
-"""Which sessions' detokenizer chunks run next (no torch): priority is latency.
+"""Which sessions' detokenizer chunks run next, and with how many ODE steps (no torch).
 
-Sessions are judged by their playback deadline: the time at which the audio already sent to
-the listener runs out (before the first audio, the time the turn was submitted: it is waiting
-already). Duck-typed: anything with a `playback_deadline` (perf_counter seconds) will do.
+Priority is latency. Sessions are judged by their playback deadline: the time at which the
+audio already sent to the listener runs out (before the first audio, the time the turn was
+submitted: it is waiting already). `chunks_to_run` picks the most urgent sessions;
+`plan_chunks` adds the real-time guard: when the GPU cannot keep a session ahead of its
+playback, the later chunks of its batch run with fewer ODE steps (down to a floor) rather than
+letting it run dry. Duck-typed: sessions need `playback_deadline` (perf_counter seconds), and
+for the guard `is_playing` (its first audio went out, so its next chunk is a later one) and
+`next_chunk_s` (seconds of audio its next chunk adds).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, Sequence, TypeVar
 
 
 class HasDeadline(Protocol):
@@ -15,7 +21,16 @@ class HasDeadline(Protocol):
     def playback_deadline(self) -> float: ...
 
 
+class GuardCandidate(HasDeadline, Protocol):
+    @property
+    def is_playing(self) -> bool: ...
+
+    @property
+    def next_chunk_s(self) -> float: ...
+
+
 T = TypeVar("T", bound=HasDeadline)
+C = TypeVar("C", bound=GuardCandidate)
 
 
 def chunks_to_run(due: Sequence[T], now: float, llm_busy: bool, run_ahead_s: float,
@@ -28,3 +43,73 @@ def chunks_to_run(due: Sequence[T], now: float, llm_busy: bool, run_ahead_s: flo
     if llm_busy:
         due = [s for s in due if s.playback_deadline <= now + run_ahead_s]
     return sorted(due, key=lambda s: s.playback_deadline)[:limit]
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    max_batch_sessions: int
+    run_ahead_s: float
+    first_ode_steps: int  # a first chunk's steps (lowered only if lower_first_chunk)
+    ode_steps: int  # a later chunk's steps
+    min_ode_steps: int  # the floor of a lowered chunk
+    lower_first_chunk: bool
+
+
+class CostEstimate:
+    """Seconds per DiT call of recent batches (moving average), for the guard's forecast of a
+    batch's time: a batch makes `steps` calls per group of equal step counts (steps - 1 Euler
+    calls and one cache refresh); the vocoder and the rest are folded into the per-call time."""
+
+    def __init__(self, seconds_per_call: float = 0.0, weight: float = 0.2):
+        self.seconds_per_call, self.weight = seconds_per_call, weight
+
+    def observe(self, seconds: float, calls: int) -> None:
+        if calls > 0:
+            sample = seconds / calls
+            old = self.seconds_per_call
+            self.seconds_per_call = sample if old == 0.0 else old + self.weight * (sample - old)
+
+    def batch_seconds(self, steps_per_group: Sequence[int]) -> float:
+        return self.seconds_per_call * sum(steps_per_group)
+
+
+@dataclass(frozen=True)
+class ChunkPlan(Generic[C]):
+    sessions: list[C]  # to run now, most urgent first
+    ode_steps: list[int | None]  # per session: None = its schedule's steps, else the guard's
+    num_lowered: int  # chunks the guard gave fewer steps than their schedule
+
+
+def plan_chunks(due: Sequence[C], now: float, llm_busy: bool, settings: GuardSettings,
+                cost: CostEstimate) -> ChunkPlan[C]:
+    """The sessions to run now (chunks_to_run) and their ODE steps.
+
+    A playing session is at risk when its audio would run dry before the chunk after this one
+    can land: deadline + next_chunk_s < now + 2 x (this batch's forecast time at normal steps).
+    If one is, the batch's later chunks all run with the most steps (>= min_ode_steps) for
+    which that holds for the tightest of them (min_ode_steps if none does): chunks with equal
+    step counts share the DiT calls, so lowering only the at-risk ones would add a group and
+    make the batch slower; the others in the batch are the next most urgent anyway. First
+    chunks keep first_ode_steps unless lower_first_chunk."""
+    sessions = chunks_to_run(due, now, llm_busy, settings.run_ahead_s, settings.max_batch_sessions)
+    first = [not s.is_playing for s in sessions]
+    normal = [settings.first_ode_steps if f else settings.ode_steps for f in first]
+    lowerable = [not f or settings.lower_first_chunk for f in first]
+
+    def with_steps(low: int) -> list[int]:
+        return [min(low, n) if can else n for n, can in zip(normal, lowerable)]
+
+    def forecast(steps: list[int]) -> float:  # one group of DiT calls per distinct step count
+        return cost.batch_seconds(sorted(set(steps)))
+
+    rooms = [s.playback_deadline + s.next_chunk_s - now for s, f in zip(sessions, first) if not f]
+    busy = 2 * forecast(normal)
+    if settings.min_ode_steps >= settings.ode_steps or not any(room < busy for room in rooms):
+        return ChunkPlan(sessions, [None] * len(sessions), 0)
+    low = settings.min_ode_steps
+    for steps in range(settings.ode_steps - 1, settings.min_ode_steps - 1, -1):
+        if 2 * forecast(with_steps(steps)) <= min(rooms):
+            low = steps
+            break
+    lowered = [c if c < n else None for c, n in zip(with_steps(low), normal)]
+    return ChunkPlan(sessions, lowered, sum(x is not None for x in lowered))

@@ -4,8 +4,9 @@ Follows PrefixStreamingFlowMatchingDetokenizer.detokenize_streaming (kimia_infer
 detokenizer/__init__.py) with its StreamingSemanticFMWrapper state, but owns no model: the
 Detokenizer asks a session for its next ChunkJob, runs the DiT and the vocoder for many sessions
 at once, and hands the results back (`finish_dit`, then `finish_vocoder`).
-Per chunk: tokens x4 (12.5 Hz -> 50 Hz frames), prefixed by the previous chunk's carried
-look-ahead frames; the last look_ahead_tokens*4 frames are dropped (and carried) unless final;
+Per chunk (sizes, look-ahead and ODE steps from its ChunkSchedule, first chunk vs later ones):
+tokens x4 (12.5 Hz -> 50 Hz frames), prefixed by the previous chunk's carried look-ahead frames;
+the last look-ahead x4 frames are dropped (and carried) unless final;
 the DiT prefix K/V grows by the kept frames and keeps the last max_kv_cache_frames; positions
 restart at 0 (empty K/V) before they would pass 4096. Vocoder overlap: the first chunk returns
 half its wav and holds the rest (pre_wav) with the mel tail (pre_mel); each later chunk vocodes
@@ -16,30 +17,26 @@ cross-faded against pre_wav; a final chunk returns its whole wav and resets the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from kimiaudio.detok.flow_matching import ChunkJob, ChunkOutput
+from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule, must_reset_positions
 from kimiaudio.errors import KimiAudioError
 
-UPSAMPLE = 4  # mel frames per semantic token (official upsample_factor)
-MAX_POSITION = 4096  # official max_pos_size of the DiT positions
 
 
 @dataclass(frozen=True)
 class StreamParams:
-    first_chunk_tokens: int
-    chunk_tokens: int
-    chunk_growth: float  # each later chunk is this many times the previous one ...
-    max_chunk_tokens: int  # ... up to this many tokens
-    look_ahead_tokens: int
-    max_kv_cache_frames: int
+    schedule: ChunkSchedule
     mel_bins: int
     hop_size: int  # wav samples per mel frame
     vocab_size: int  # valid token ids are 0..vocab_size-1
     max_position: int = MAX_POSITION
+    sample_rate: int = 24000
 
 
 class DetokSession:
@@ -60,22 +57,28 @@ class DetokSession:
     def _reset(self) -> None:
         """The official clear_states: a fresh stream."""
         self.start_position = 0
-        self.kv: Tensor | None = None  # [depth, 2, frames, heads, head_dim]
-        self.look_ahead_ids: Tensor | None = None  # [look_ahead_tokens*4] carried frame ids
+        self.kv: Tensor | None = None  # [depth, 2, heads, frames, head_dim] on the model's device
+        self.look_ahead_ids: Tensor | None = None  # [look-ahead frames] carried frame ids (CPU)
         self.pre_mel: Tensor | None = None  # [frames, mel_bins]
         self.pre_wav: Tensor | None = None  # [samples]
         self.num_chunks = 0
-        self._later_size = float(self.params.chunk_tokens)
         self._job: ChunkJob | None = None
         self._final = False
         self._mel: Tensor | None = None
 
     @property
     def next_chunk_tokens(self) -> int:
-        p = self.params
-        if self.num_chunks == 0:
-            return p.first_chunk_tokens
-        return max(1, min(p.max_chunk_tokens, int(self._later_size)))
+        return self.params.schedule.tokens(self.num_chunks)
+
+    @property
+    def next_chunk_seconds(self) -> float:
+        """Audio its next (non-final) chunk releases: the kept frames, of which a first chunk
+        holds half back for the cross-fade (for the real-time guard's forecasts)."""
+        schedule, index = self.params.schedule, self.num_chunks
+        frames = UPSAMPLE * (schedule.tokens(index) - (schedule.look_ahead(index) if index == 0 else 0))
+        if index == 0:
+            frames //= 2
+        return frames * self.params.hop_size / self.params.sample_rate
 
     @property
     def is_started(self) -> bool:
@@ -93,19 +96,22 @@ class DetokSession:
             return bool(self.pending) or self.is_started
         return len(self.pending) >= self.next_chunk_tokens
 
-    def next_job(self, final: bool, device: torch.device) -> ChunkJob:
-        """Take the next chunk's tokens off the buffer (call only when `ready(final)`)."""
+    def next_job(self, final: bool, ode_steps: int | None = None) -> ChunkJob:
+        """Take the next chunk's tokens off the buffer (call only when `ready(final)`);
+        `ode_steps` overrides the schedule's steps for this chunk (the real-time guard)."""
+        schedule = self.params.schedule
         size = self.next_chunk_tokens
         is_final = final and len(self.pending) <= size
         take, self.pending = self.pending[:size], self.pending[size:]
-        ids = torch.tensor(take, dtype=torch.long, device=device).repeat_interleave(UPSAMPLE)
+        ids = torch.tensor(take, dtype=torch.long).repeat_interleave(UPSAMPLE)
         if self.look_ahead_ids is not None:
             ids = torch.cat([self.look_ahead_ids, ids])
-        look_ahead = 0 if is_final else self.params.look_ahead_tokens * UPSAMPLE
+        look_ahead = 0 if is_final else schedule.look_ahead(self.num_chunks) * UPSAMPLE
         if not is_final and ids.numel() <= look_ahead:
             raise KimiAudioError(f"detokenizer: a chunk of {ids.numel()} frames leaves nothing after {look_ahead} look-ahead frames")
         noise = self.noise_fn(ids.numel()) if self.noise_fn else torch.randn(ids.numel(), self.params.mel_bins, generator=self.generator)
-        self._job = ChunkJob(ids, noise, self.start_position, self.kv, look_ahead, keep_kv=not is_final)
+        steps = ode_steps or schedule.steps(self.num_chunks)
+        self._job = ChunkJob(ids, noise, self.start_position, self.kv, look_ahead, not is_final, steps)
         self._final = is_final
         return self._job
 
@@ -113,11 +119,12 @@ class DetokSession:
         """Take this chunk's mel and K/V; returns the mel to vocode [frames, mel_bins]."""
         job, p = self._job, self.params
         kept = out.mel.shape[0]
-        if job.look_ahead > 0:
-            self.look_ahead_ids = job.token_ids[-job.look_ahead :]
+        # carried into the next chunk (none after a chunk without look-ahead)
+        self.look_ahead_ids = job.token_ids[-job.look_ahead :] if job.look_ahead > 0 else None
         if out.kv is not None:
-            kv = out.kv if self.kv is None else torch.cat([self.kv, out.kv], dim=2)
-            kv = kv[:, :, -p.max_kv_cache_frames :] if kv.shape[2] > p.max_kv_cache_frames else kv
+            kv = out.kv if self.kv is None else torch.cat([self.kv, out.kv], dim=3)
+            cap = p.schedule.max_kv_cache_frames
+            kv = kv[:, :, :, -cap:] if kv.shape[3] > cap else kv
             self.kv = kv.contiguous()  # own storage: do not pin the whole batch's K/V
         self.start_position += kept
         self._mel = out.mel
@@ -136,8 +143,10 @@ class DetokSession:
             out = self._cross_fade(wav, mel)
         if self.trace is not None:
             self.trace.append(
-                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(), look_ahead=job.look_ahead,
-                     is_final=self._final, semantic_tokens=job.token_ids, noise=job.noise, mel=mel, wav=out.float())
+                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(),
+                     prefix_frames=job.prefix_frames, look_ahead=job.look_ahead,
+                     is_final=self._final, ode_steps=job.ode_steps, semantic_tokens=job.token_ids, noise=job.noise,
+                     mel=mel, wav=out.float())
             )
         if self._final:
             self._reset()  # the final chunk took every pending token
@@ -150,7 +159,7 @@ class DetokSession:
         gen = 2 * held if wav.shape[0] > 2 * held else wav.shape[0] // 2
         out = wav[:gen].clone()
         half = gen // 2
-        window = torch.hamming_window(gen).to(device=wav.device, dtype=wav.dtype)  # periodic, fp32 then cast
+        window = _hamming(gen, wav.device, wav.dtype)
         out[:half] = self.pre_wav[:half] * window[-half:] + out[:half] * window[:half]
         rest = wav.shape[0] - gen
         self.pre_wav = wav[-rest:].clone()
@@ -158,11 +167,17 @@ class DetokSession:
         return out
 
     def _advance(self, kept: int) -> None:
-        """After a non-final chunk: next chunk size, and the official position reset."""
-        if self.num_chunks > 0:
-            self._later_size *= self.params.chunk_growth
+        """After a non-final chunk: the official position reset."""
         self.num_chunks += 1
-        # official test: start + 2*kept > 4096; the second term only matters for growing chunks
-        next_frames = self.params.look_ahead_tokens * UPSAMPLE + self.next_chunk_tokens * UPSAMPLE
-        if self.start_position + max(2 * kept, next_frames) > self.params.max_position:
+        carried = 0 if self.look_ahead_ids is None else self.look_ahead_ids.numel()
+        next_frames = carried + self.next_chunk_tokens * UPSAMPLE
+        if must_reset_positions(self.start_position, kept, next_frames, self.params.max_position):
             self.start_position, self.kv = 0, None  # look-ahead, pre_mel and pre_wav carry on
+
+
+@lru_cache(maxsize=64)
+def _hamming(length: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The official cross-fade window: periodic Hamming made in fp32 on the CPU, then cast. A
+    pure function of its arguments, kept because chunk lengths repeat (one CPU window and one
+    host-to-device copy per length, not per chunk)."""
+    return torch.hamming_window(length).to(device=device, dtype=dtype)

@@ -1,7 +1,8 @@
 """The BigVGAN vocoder (`vocoder/config.json` + `vocoder/model.pt["generator"]`): mel -> 24 kHz.
 
 Follows NVIDIA BigVGAN v2 as vendored by Kimi-Audio (kimia_infer/models/detokenizer/vocoder/):
-weight-normed convs (weight_g/weight_v, dim=0, recomputed each forward like torch's weight_norm),
+weight-normed convs (weight_g/weight_v, dim=0; the official forward recomputes g * v / |v| each
+call from the same tensors, `fold_weight_norm` computes it once after loading: the same values),
 AMP blocks of anti-aliased Snake/SnakeBeta activations (2x upsample with the stored kaiser-sinc
 filter, activation, 2x lowpass downsample, replicate padding at the edges), the mean over the
 resblocks of each stage, then tanh or clamp. This is the plain PyTorch activation path, not the
@@ -96,7 +97,8 @@ class VocoderConfig:
 
 
 class WNConv1d(nn.Module):
-    """Conv1d (or ConvTranspose1d) whose weight is weight_g * weight_v / |weight_v| over dims 1..."""
+    """Conv1d (or ConvTranspose1d) whose weight is weight_g * weight_v / |weight_v| over dims 1...
+    Until `fold` it is recomputed each call, as torch's weight_norm does; after, it is stored."""
 
     def __init__(self, cin, cout, kernel, stride=1, padding=0, dilation=1, bias=True, transposed=False):
         super().__init__()
@@ -105,9 +107,18 @@ class WNConv1d(nn.Module):
         self.weight_v = nn.Parameter(torch.zeros(shape))
         self.bias = nn.Parameter(torch.zeros(cout)) if bias else None
         self.stride, self.padding, self.dilation, self.transposed = stride, padding, dilation, transposed
+        self.weight: Tensor | None = None
+
+    @torch.no_grad()
+    def fold(self) -> None:
+        """Store g * v / |v| (computed by the same function, on the same device and dtype, as
+        each official forward computes it) and drop g and v."""
+        weight = torch._weight_norm(self.weight_v, self.weight_g, 0)
+        del self.weight_g, self.weight_v
+        self.weight = nn.Parameter(weight, requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        weight = torch._weight_norm(self.weight_v, self.weight_g, 0)
+        weight = self.weight if self.weight is not None else torch._weight_norm(self.weight_v, self.weight_g, 0)
         if self.transposed:
             return F.conv_transpose1d(x, weight, self.bias, self.stride, self.padding)
         return F.conv1d(x, weight, self.bias, self.stride, self.padding, self.dilation)
@@ -239,6 +250,13 @@ class BigVGAN(nn.Module):
         self.activation_post = Activation1d(cout, cfg)
         self.conv_post = WNConv1d(cout, 1, 7, padding=3, bias=cfg.use_bias_at_final)
 
+    def fold_weight_norm(self) -> "BigVGAN":
+        """Compute every conv weight once (after the final .to(device, dtype)); see WNConv1d.fold."""
+        for module in self.modules():
+            if isinstance(module, WNConv1d):
+                module.fold()
+        return self
+
     def forward(self, mel: Tensor) -> Tensor:
         """mel [B, num_mels, T] -> wav [B, 1, T * hop_size] in [-1, 1]."""
         x = self.conv_pre(mel)
@@ -254,11 +272,12 @@ class BigVGAN(nn.Module):
         return torch.tanh(x) if self.cfg.use_tanh_at_final else torch.clamp(x, min=-1.0, max=1.0)
 
 
-def load_vocoder(directory: Path, device: torch.device, dtype: torch.dtype) -> BigVGAN:
-    """vocoder/config.json + vocoder/model.pt["generator"]."""
+def load_vocoder(directory: Path, device: torch.device, dtype: torch.dtype, fold: bool = True) -> BigVGAN:
+    """vocoder/config.json + vocoder/model.pt["generator"]; weight norm folded unless `fold` is off."""
     directory = Path(directory)
     cfg = VocoderConfig.from_json(directory / "config.json")
     weights = directory / "model.pt"
     model = BigVGAN(cfg)
     load_into(model, load_torch_file(weights, "generator"), weights)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    return model.fold_weight_norm() if fold else model
