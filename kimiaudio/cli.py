@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=1, help="turns per session")
     p.add_argument("--speech", action="append", default=[], help="speech file(s) to use instead of synthetic input")
     p.add_argument("--max-new-tokens", type=int, default=64, help="generated positions per turn")
-    p.add_argument("--random-weights", choices=["7b"], help="real 7B shapes with random weights (GPU)")
+    p.add_argument("--random-weights", choices=["7b", "full"],
+                   help="random weights in the real shapes: 7b = the LM's decode steps (GPU); full = every "
+                        "component through the pipeline (GPU; a shrunken shape on the CPU), no reference")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument("--webrtc", action="store_true",
                    help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")

@@ -95,3 +95,25 @@ def test_http_bench_reports_first_audio_byte_beside_the_pipeline(demo_checkpoint
     assert 0 < row["pipeline_first_audio_ms_p50"] <= row["pipeline_first_audio_ms_p95"]
     assert 0 < row["http_first_audio_byte_ms_p50"] <= row["http_first_audio_byte_ms_p95"]
     assert row["http_overhead_ms_p50"] == row["http_first_audio_byte_ms_p50"] - row["pipeline_first_audio_ms_p50"]
+
+
+def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
+    """`bench --random-weights full`: every component with random weights through the pipeline
+    (a shrunken shape on the CPU), the memory plan, and the real-time figures per row."""
+    result = kimiaudio("bench", "--random-weights", "full", "--device", "cpu", "--sessions", "1,2", "--turns", "2",
+                       "--max-new-tokens", "20", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    plan = report["memory_plan"]
+    assert set(plan["weights"]) == {"lm", "whisper", "glm4_tokenizer", "dit", "vocoder"}
+    assert plan["detok_state_per_session"] > 0 and plan["fixed_total"] > 0
+    for row in report["rows"]:
+        assert row["reference_tokens_per_s"] is None  # no batch-1 reference at full size
+        assert row["first_audio_ms_p50"] > 0 and row["underruns"] >= 0 and row["guard_actions"] >= 0
+        assert row["lm_step_ms_p50"] > 0 and row["detok_ms_p50"] > 0
+        stages = row["stages_ms_p50"]
+        assert set(stages) == {"queue", "encode", "prefill", "first_audio_token", "first_pcm"}
+        assert all(value >= 0 for value in stages.values())
+        # Every step of the random speech head yields a code: each turn runs to its limit.
+        assert row["generated_tokens"] == row["sessions"] * 2 * 20
+

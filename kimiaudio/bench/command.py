@@ -8,9 +8,10 @@ from dataclasses import asdict
 from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
 from kimiaudio.errors import KimiAudioError
 
+
 def format_rows(rows: list[BenchRow]) -> str:
     head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'LM step p50':>11} {'p95':>8} {'detok p50':>9} {'1st audio p50':>13} "
-            f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
+            f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'underruns':>9} {'guard':>6} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
             f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}")
     lines = [head]
     for r in rows:
@@ -19,7 +20,7 @@ def format_rows(rows: list[BenchRow]) -> str:
         lines.append(
             f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.lm_step_ms_p50:9.1f}ms "
             f"{r.lm_step_ms_p95:6.1f}ms {r.detok_ms_p50:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
-            f"{r.stall_ms_p95:7.0f}ms "
+            f"{r.stall_ms_p95:7.0f}ms {r.underruns:>9} {r.guard_actions:>6} "
             f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
     return "\n".join(lines)
 
@@ -34,11 +35,15 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
     if not sessions or min(sessions) < 1 or args.turns < 1:
         raise KimiAudioError("--sessions and --turns must be positive")
-    if args.random_weights:
+    if args.random_weights == "7b":
         from kimiaudio.bench.decode_7b import run_random_7b
 
         return run_random_7b(config, sessions, args)
-    stack = ModelStack.load(config, progress=not args.json)
+    memory = None
+    if args.random_weights == "full":
+        stack, memory = _random_full_stack(config, max(sessions))
+    else:
+        stack = ModelStack.load(config, progress=not args.json)
     if stack.detokenizer is None:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
     freeze_loaded_objects()
@@ -58,13 +63,20 @@ def run_bench_command(config, args) -> int:
         print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
         return 0
     rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
-                     reference=not args.no_reference, progress=not args.json)
+                     reference=not (args.no_reference or args.random_weights), progress=not args.json)
     info = {"device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""), "demo_weights": stack.is_demo,
-            "model": str(stack.paths.root), "max_new_tokens": args.max_new_tokens, "turns": args.turns}
+            "model": "random weights" if args.random_weights else str(stack.paths.root),
+            "max_new_tokens": args.max_new_tokens, "turns": args.turns}
+    if memory is not None:
+        info["memory_plan"] = memory
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
-        if stack.is_demo:
+        if memory is not None:
+            from kimiaudio.bench.memory_budget import format_memory_budget
+
+            print(format_memory_budget(memory))
+        elif stack.is_demo:
             print(DEMO_NOTICE)
         print(f"device {info['device']} dtype {info['dtype']}, at most {args.max_new_tokens} new positions per turn, "
               f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one")
@@ -73,3 +85,20 @@ def run_bench_command(config, args) -> int:
               "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop "
               "alone, every turn running to its new-position limit (stop tokens ignored).")
     return 0
+
+
+def _random_full_stack(config, sessions: int):
+    """Every component with random weights in the real shapes on a GPU (a shrunken shape of
+    the same code on the CPU), its detokenizer graphs captured, and the memory plan."""
+    import torch
+
+    from kimiaudio.bench.memory_budget import memory_budget
+    from kimiaudio.bench.random_stack import build_random_stack
+    from kimiaudio.checkpoint.paths import resolve_device
+
+    on_gpu = resolve_device(config.model.device).type == "cuda"
+    stack = build_random_stack(config, "full" if on_gpu else "tiny")
+    graphs = stack.detokenizer.prepare_for_serving()  # the pipelines reuse these
+    total = torch.cuda.mem_get_info(stack.device)[1] if on_gpu else None
+    return stack, memory_budget(stack, sessions, total, graphs=graphs)
+

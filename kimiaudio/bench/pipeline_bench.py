@@ -38,11 +38,17 @@ class BenchRow:
     tokens_per_s_per_session: float
     lm_step_ms_p50: float  # one engine step on the LM worker, measured while the detokenizer runs
     lm_step_ms_p95: float
-    detok_ms_p50: float  # one detokenizer batch (every chunk due in it)
+    detok_ms_p50: float  # one detokenizer batch (every chunk due in it runs in it, together)
     first_audio_ms_p50: float
     first_audio_ms_p95: float
     rtf_p50: float  # per-session generation time / audio seconds produced (< 1: faster than real time)
     stall_ms_p95: float  # per turn: silence a listener playing from the first chunk hears (0 = never ran dry)
+    underruns: int  # times a session's playback ran dry after it started, all turns
+    guard_actions: int  # chunks the real-time guard ran with fewer ODE steps
+    # p50 per turn of each stage (ms): waiting for the LM worker, encoding, prefill (and queue
+    # in the engine), prefill -> first speech code, first code -> first PCM chunk.
+    stages_ms_p50: dict
+    device_memory_gb: float | None  # in use on the GPU at the end of the run (None on the CPU)
     kv_blocks_used_peak: int
     kv_blocks_total: int
     prefix_cache_hit_rate: float
@@ -54,6 +60,12 @@ class BenchRow:
     lm_generated_tokens: int | None = None  # by the engine ...
     lm_reference_generated_tokens: int | None = None  # ... and by the reference loop
     lm_speedup: float | None = None
+
+
+# TurnDone.timings pairs (begin, end) of each stage reported per row.
+STAGES = {"queue": (None, "queued_s"), "encode": ("queued_s", "encoded_s"), "prefill": ("encoded_s", "prefill_done_s"),
+          "first_audio_token": ("prefill_done_s", "first_audio_token_s"),
+          "first_pcm": ("first_audio_token_s", "first_pcm_s")}
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -70,6 +82,7 @@ class PlaybackClock:
         self.sample_rate = sample_rate
         self.played_until: float | None = None
         self.stall_s = 0.0
+        self.underruns = 0
         self.samples = 0
 
     def arrive(self, now: float, num_samples: int) -> None:
@@ -77,6 +90,7 @@ class PlaybackClock:
             self.played_until = now
         elif now > self.played_until:
             self.stall_s += now - self.played_until
+            self.underruns += 1
             self.played_until = now
         self.played_until += num_samples / self.sample_rate
         self.samples += num_samples
@@ -84,7 +98,8 @@ class PlaybackClock:
 
 async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int) -> dict:
     history: list[HistoryTurn] = []
-    stats = {"tokens": 0, "first_audio": [], "rtf": [], "stall": []}
+    stats = {"tokens": 0, "first_audio": [], "rtf": [], "stall": [], "underruns": 0,
+             "stages": {stage: [] for stage in STAGES}}
     for turn, pcm in enumerate(inputs):
         handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params))
         clock, done = PlaybackClock(sr_out), None
@@ -95,11 +110,15 @@ async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: Sam
                 done = event
         samples = clock.samples
         stats["stall"].append(clock.stall_s)
+        stats["underruns"] += clock.underruns
         if done is None or done.status != "completed":
             raise KimiAudioError(f"bench turn failed: {done.error if done else 'no result'}")
         stats["tokens"] += len(done.text_tokens)  # one text token per generated position
         if "first_pcm_s" in done.timings:
             stats["first_audio"].append(done.timings["first_pcm_s"])
+        for stage, (begin, end) in STAGES.items():
+            if end in done.timings and (begin is None or begin in done.timings):
+                stats["stages"][stage].append(done.timings[end] - (done.timings[begin] if begin else 0.0))
         if samples:
             busy = done.timings["done_s"] - done.timings.get("encoded_s", 0.0)
             stats["rtf"].append(busy / (samples / sr_out))
@@ -123,6 +142,12 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
     rtf = [x for r in results for x in r["rtf"]]
     stalls = [x for r in results for x in r["stall"]]
     m = pipeline.metrics
+    stages = {stage: round(1000 * _percentile([x for r in results for x in r["stages"][stage]], 50), 2)
+              for stage in STAGES}
+    memory = None
+    if stack.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(stack.device)
+        memory = (total - free) / 1e9
     cached, computed = s["prefill_tokens_cached"], s["prefill_tokens_computed"]
     return BenchRow(
         sessions=n, turns=len(inputs[0]), generated_tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
@@ -131,6 +156,8 @@ async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]],
         detok_ms_p50=1000 * m.detok_batch_s.percentile(50),
         first_audio_ms_p50=1000 * _percentile(first, 50), first_audio_ms_p95=1000 * _percentile(first, 95),
         rtf_p50=_percentile(rtf, 50), stall_ms_p95=1000 * _percentile(stalls, 95),
+        underruns=sum(r["underruns"] for r in results), guard_actions=m.detok_guard_actions,
+        stages_ms_p50=stages, device_memory_gb=memory,
         kv_blocks_used_peak=s["kv_blocks_total"] - (m.min_free_blocks if m.min_free_blocks is not None else s["kv_blocks_total"]), kv_blocks_total=s["kv_blocks_total"],
         prefix_cache_hit_rate=cached / max(cached + computed, 1),
     )

@@ -56,9 +56,10 @@ class KVPool:
 
 
 def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block: int, max_useful_blocks: int,
-                    device: torch.device) -> int:
+                    device: torch.device, reserved_bytes: int = 0) -> int:
     """Blocks for the pool: the configured count, else memory_fraction of the free device
-    memory (a fixed budget on the CPU), never more than can ever be in use at once."""
+    memory less `reserved_bytes` (what others will still allocate: the detokenizer's sessions;
+    a fixed budget on the CPU), never more than can ever be in use at once."""
     if num_kv_blocks > 0:
         return num_kv_blocks
     if device.type == "cuda":
@@ -66,7 +67,7 @@ def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block:
         # previous engine's pool, load-time temporaries) as used: hand that back first.
         torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(device)
-        budget = int(free * memory_fraction)
+        budget = int(max(free - reserved_bytes, 0) * memory_fraction)
     else:
         budget = CPU_KV_BUDGET_BYTES
     return max(0, min(budget // bytes_per_block, max_useful_blocks))  # (+ the scratch block: noise)

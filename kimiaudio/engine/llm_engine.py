@@ -51,12 +51,14 @@ def feature_digests(features: torch.Tensor) -> list[str]:
 
 
 class LLMEngine:
-    def __init__(self, lm: KimiAudioLM, config: EngineConfig, device: torch.device | str, dtype: torch.dtype):
+    def __init__(self, lm: KimiAudioLM, config: EngineConfig, device: torch.device | str, dtype: torch.dtype,
+                 reserved_bytes: int = 0):
+        """reserved_bytes: device memory the KV pool must leave for others (ModelRunner)."""
         self.lm = lm
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.runner = ModelRunner(lm, config, self.device, dtype)
+        self.runner = ModelRunner(lm, config, self.device, dtype, reserved_bytes)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_prefill_tokens_while_decoding)

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, lm: KimiAudioLM, engine_config: EngineConfig, device: torch.device | str, dtype: torch.dtype):
+    def __init__(self, lm: KimiAudioLM, engine_config: EngineConfig, device: torch.device | str, dtype: torch.dtype,
+                 reserved_bytes: int = 0):
         self.lm = lm
         self.config = lm.config
         self.device = torch.device(device)
@@ -49,7 +50,7 @@ class ModelRunner:
                                            cfg.head_dim, dtype)
         blocks_per_seq = -(-engine_config.max_model_len // self.block_size)
         self.num_blocks = pool_num_blocks(engine_config.num_kv_blocks, engine_config.memory_fraction, per_block,
-                                          engine_config.max_num_seqs * blocks_per_seq, self.device)
+                                          engine_config.max_num_seqs * blocks_per_seq, self.device, reserved_bytes)
         if self.num_blocks < 1:
             raise ConfigError(f"engine: no room for a KV pool ({per_block} bytes per block of "
                               f"{self.block_size} positions); lower engine.block_size or set engine.num_kv_blocks")

@@ -6,7 +6,10 @@ of one LM step, all turns at once), `end` (the LM is done: its TurnDone so far).
 iteration runs the chunks now due as one batch across sessions, most urgent first
 (detok/scheduling.py: the sessions whose playback runs dry soonest; while the LM has work, a
 session with more than detok.run_ahead_s of audio left waits, so the GPU time goes to the
-tokens everyone needs), at most detok.max_batch_sessions of them. An LM step never waits for
+tokens everyone needs), at most detok.max_batch_sessions of them; when a playing session would
+run dry before its next chunk lands, the real-time guard runs the batch's later chunks with
+fewer ODE steps (down to detok.min_ode_steps). On CUDA the detokenizer's graphs were captured
+before the worker started (pipeline.py); they replay on this worker's stream. An LM step never waits for
 a batch here, and a batch waits for no LM step: the two threads run side by side.
 
 A failing batch fails its turns alone (their tokens are spent: their audio cannot be made
@@ -20,7 +23,8 @@ import logging
 import time
 from typing import Callable
 
-from kimiaudio.detok.scheduling import chunks_to_run
+from kimiaudio.detok.detokenizer import DetokItem
+from kimiaudio.detok.scheduling import plan_chunks
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
@@ -40,6 +44,10 @@ class DetokWorker(Worker):
         self._on_failed = on_failed  # turn id -> stop its generation (the LM worker's drop)
         self.num_turns = 0  # for stats
         self._turns: dict[str, SpeechTurn] = {}
+        # The detokenizer's step counts; how many to batch and how far ahead to run are this
+        # pipeline's serving policy (its config), which may differ from the one it was loaded with.
+        self._guard_settings = dataclasses.replace(detokenizer.guard_settings, max_batch_sessions=self.cfg.max_batch_sessions,
+                                          run_ahead_s=self.cfg.run_ahead_s)
 
     # ---- any thread (the LM worker) --------------------------------------------------------
     def open(self, handle: TurnHandle, seed: int | None) -> None:
@@ -89,9 +97,11 @@ class DetokWorker(Worker):
         due = [t for t in self._turns.values() if t.has_chunk_due]
         now = time.perf_counter()
         busy = self._llm_busy()
-        batch = chunks_to_run(due, now, busy, self.cfg.run_ahead_s, self.cfg.max_batch_sessions)
+        plan = plan_chunks(due, now, busy, self._guard_settings, self.detokenizer.cost)
+        batch = plan.sessions
         if batch:
-            self._run(batch)
+            self.metrics.detok_guard_actions += plan.num_lowered
+            self._run(batch, plan.ode_steps)
         for turn in [t for t in self._turns.values() if t.final and not t.has_chunk_due]:
             self._close(turn, turn.result.status)  # every chunk flushed
         self.num_turns = len(self._turns)
@@ -119,10 +129,11 @@ class DetokWorker(Worker):
             self._fail(list(self._turns.values()), error)
 
     # ---- chunks --------------------------------------------------------------------------
-    def _run(self, batch: list[SpeechTurn]) -> None:
+    def _run(self, batch: list[SpeechTurn], ode_steps: list[int | None]) -> None:
         start = time.perf_counter()
         try:
-            wavs = self.detokenizer.step_batch([(t.session, [], t.final) for t in batch])
+            wavs = self.detokenizer.step_batch([DetokItem(t.session, [], t.final, steps)
+                                                for t, steps in zip(batch, ode_steps)])
         except Exception as exc:  # e.g. out of GPU memory: these turns fail, the server goes on
             log.exception("detokenizer batch of %d failed", len(batch))
             self._fail(batch, failure_message("detokenizer", exc))

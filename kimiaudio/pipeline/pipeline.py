@@ -12,6 +12,7 @@ reads each turn's TurnHandle; it never waits on a worker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import itertools
 import sys
 
@@ -23,6 +24,8 @@ from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.pipeline.turn import TurnHandle
+
+log = logging.getLogger(__name__)
 
 # Two model threads share the interpreter: a thread running Python between torch calls keeps
 # the other waiting for the GIL up to this long (CPython's default is 5 ms, a whole LM step
@@ -40,7 +43,19 @@ class Pipeline:
         self.stack = stack
         self.config = config
         self.metrics = PipelineMetrics()
-        self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
+        # Memory is planned with the KV pool last: the detokenizer's graphs and static buffers
+        # first (captured now, replayed later on its worker's stream), its sessions' state at
+        # the most sessions that can speak at once reserved, then the pool takes its share.
+        reserved = 0
+        self.detok_graphs: dict = {}
+        if detokenizer is not None:
+            self.detok_graphs = detokenizer.prepare_for_serving()
+            if self.detok_graphs["cuda_graphs"]:
+                g = self.detok_graphs
+                log.info("detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
+                         g["dit_graphs"], g["vocoder_graphs"], g["seconds"], g["added_bytes"] / 2**30)
+            reserved = detokenizer.state_bytes_per_session() * config.engine.max_num_seqs
+        self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, reserved_bytes=reserved)
         self._detok = None
         if detokenizer is not None:
             self._detok = DetokWorker(detokenizer, config, stack.device, self.metrics,
@@ -83,6 +98,8 @@ class Pipeline:
         """Queue a turn (from the event loop); iterate the handle for its events."""
         if not self._running:
             raise KimiAudioError("the pipeline is not running")
+        if not self._lm.is_alive or (self._detok is not None and not self._detok.is_alive):
+            raise KimiAudioError("the model workers stopped (see the server log); restart the server")
         handle = TurnHandle(f"turn-{next(self._ids)}", asyncio.get_running_loop())
         self._lm.submit(handle, request)
         return handle

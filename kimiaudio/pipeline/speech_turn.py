@@ -33,6 +33,16 @@ class SpeechTurn:
         return self.result is not None
 
     @property
+    def is_playing(self) -> bool:
+        """Its first audio went out (the real-time guard may lower its later chunks' steps)."""
+        return self.first_pcm_s is not None
+
+    @property
+    def next_chunk_s(self) -> float:
+        """Seconds of audio its next chunk releases (the guard's forecast of its margin)."""
+        return self.session.next_chunk_seconds
+
+    @property
     def has_chunk_due(self) -> bool:
         return self.session.ready(self.final)
 

@@ -86,6 +86,13 @@ class Worker:
 
     # ---- the loop ---------------------------------------------------------------------------
     def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException:  # the loop itself broke: say so loudly; submit() refuses new turns
+            log.critical("%s stopped unexpectedly", self.name, exc_info=True)
+            raise
+
+    def _loop(self) -> None:
         configure_worker_thread(self.device, self._cpu_threads)
         if self.device.type == "cuda":
             # Its own stream: this worker's kernels never queue behind the other worker's. Weights
