@@ -96,6 +96,9 @@ class ServerConfig:
     port: int = 8080
     max_sessions: int = 16
     ice_servers: list = field(default_factory=list)  # e.g. ["stun:stun.l.google.com:19302"]
+    # Largest request body (25 MB, OpenAI's upload limit), and how long it may take to arrive.
+    max_body_bytes: int = 25 * 1024 * 1024
+    body_timeout_s: float = 30.0
 
 
 @dataclass
@@ -179,6 +182,8 @@ def _validate(config: Config) -> None:
         "engine.max_num_seqs": config.engine.max_num_seqs,
         "engine.max_num_batched_tokens": config.engine.max_num_batched_tokens,
         "server.max_sessions": config.server.max_sessions,
+        "server.max_body_bytes": config.server.max_body_bytes,
+        "server.body_timeout_s": config.server.body_timeout_s,
         "audio.max_input_seconds": config.audio.max_input_seconds,
         "audio.encode_batch_size": config.audio.encode_batch_size,
     }
@@ -193,6 +198,9 @@ def _validate(config: Config) -> None:
         raise ConfigError("engine.cpu_threads: expected 0 (torch's default) or a positive thread count")
     if not (0.0 < config.engine.memory_fraction <= 1.0):
         raise ConfigError("engine.memory_fraction: expected a value in (0, 1]")
+    for key in ("ice_servers",):
+        if not all(isinstance(item, str) and item for item in getattr(config.server, key)):
+            raise ConfigError(f"server.{key}: expected a list of non-empty strings")
     if not (0.0 < config.vad.threshold < 1.0):
         raise ConfigError("vad.threshold: expected a value in (0, 1)")
 

@@ -108,3 +108,55 @@ async def kv_pool_full_again(pipeline, timeout: float = 5.0) -> dict:
             return stats
         await asyncio.sleep(0.05)
     raise AssertionError(f"KV pool not released: {stats}")
+
+
+# ------------------------------------------------------------- hostile clients
+import re
+
+# What an error message must never show: internal exception names or a traceback.
+INTERNAL_NAMES = re.compile(r"Traceback|\b[A-Za-z]*(Error|Exception)\b")
+
+
+async def offer_sdp() -> str:
+    """A real offer from an aiortc peer (microphone track + data channel), as a browser sends."""
+    from aiortc import RTCPeerConnection
+
+    from kimiaudio.bench.loopback_client import ScriptedMic
+
+    pc = RTCPeerConnection()
+    pc.createDataChannel("events")
+    pc.addTrack(ScriptedMic())
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+async def raw_request(port: int, head: str, body: bytes = b"", pause_s: float = 0.0, send_rest: bool = True,
+                      read_timeout: float = 30.0) -> tuple[int, bytes]:
+    """Send `head` (request line and headers) and `body` over a plain socket; with `pause_s`, the
+    body's first half, a pause, then its second half; with `send_rest=False`, only the first
+    half. -> (status, response body); status 0 if the server closed without an answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        cut = len(body) // 2 if pause_s or not send_rest else len(body)
+        writer.write(f"{head}\r\n\r\n".encode("latin-1") + body[:cut])
+        await writer.drain()
+        if send_rest and pause_s:
+            await asyncio.sleep(pause_s)
+            writer.write(body[cut:])
+            await writer.drain()
+        head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), read_timeout)
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head_bytes).group(1))
+        content = await asyncio.wait_for(reader.readexactly(length), read_timeout)
+    except asyncio.IncompleteReadError:
+        return 0, b""
+    finally:
+        writer.close()
+    return int(head_bytes.split()[1]), content
+
+
+def post_head(port: int, path: str, length: int, content_type: str = "application/json", **headers: str) -> str:
+    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Type: {content_type}",
+             f"Content-Length: {length}", "Connection: close", *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
+    return "\r\n".join(lines)

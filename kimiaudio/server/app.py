@@ -5,6 +5,9 @@ globals). Things that start and must stop are cleanup contexts: the conversation
 writer/reader threads) and, unless the caller passes one it owns, the pipeline (the GPU
 worker). `on_shutdown` closes every peer connection first, so interrupted turns are stored
 before the store and the pipeline go away.
+
+Every request passes the same middlewares, outermost first: errors as JSON (api_error.py),
+body size and read deadline (request_body.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.admission import Admission
+from kimiaudio.server.api_error import error_middleware
+from kimiaudio.server.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -26,20 +32,25 @@ config_key = web.AppKey("config", Config)
 stack_key = web.AppKey("stack", Any)  # ModelStack | None
 pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
 store_key = web.AppKey("store", ConversationStore)
-sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession (None while it is set up)
+sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession, once it has answered the offer
+admission_key = web.AppKey("admission", Admission)  # the session slots (reserved before a session is set up)
 vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
 
 def create_app(config: Config, stack, pipeline=None) -> web.Application:
     """The server app. A `pipeline` passed in is used as it is (the caller starts and stops it)."""
-    from kimiaudio.server.routes import error_middleware, setup_routes
+    from kimiaudio.server.routes import setup_routes
 
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
-    app = web.Application(middlewares=[error_middleware], client_max_size=1024 * 1024)
+    app = web.Application(middlewares=[error_middleware, body_limits_middleware],
+                          client_max_size=config.server.max_body_bytes)
     app[config_key] = config
     app[stack_key] = stack
     app[sessions_key] = {}
+    app[admission_key] = Admission(config.server.max_sessions)
+    app[max_body_bytes_key] = config.server.max_body_bytes
+    app[body_timeout_key] = config.server.body_timeout_s
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_vad_context)
     app.cleanup_ctx.append(_pipeline_context(pipeline))
@@ -83,8 +94,8 @@ def _pipeline_context(pipeline):
 
 
 async def _close_sessions(app: web.Application) -> None:
-    sessions = [s for s in app[sessions_key].values() if s is not None]
-    await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+    app[admission_key].is_draining = True
+    await asyncio.gather(*(s.close() for s in list(app[sessions_key].values())), return_exceptions=True)
     app[sessions_key].clear()
 
 

@@ -11,6 +11,10 @@ opens); the session's responses out through a PlaybackTrack (48 kHz, 20 ms frame
 
 A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
 the connection state; closing cancels its turn and tasks and frees its slot.
+
+Data-channel messages are checked as JSON (json_input.parse_json: size, depth, UTF-8, no NaN)
+before the session parses them, and whatever fails while one is handled is answered with an
+`error` event: a client's message never ends in a silent traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server import events
 from kimiaudio.server.audio_track import PlaybackTrack
+from kimiaudio.server.json_input import JsonInputError, parse_json
 from kimiaudio.server.realtime_session import RealtimeSession
 from kimiaudio.store import ConversationStore
 
@@ -80,7 +85,7 @@ class RtcSession:
         if self._channel is not None:
             return
         self._channel = channel
-        channel.on("message", lambda message: self._spawn(self.session.handle_message(message)))
+        channel.on("message", lambda message: self._spawn(self._on_message(message)))
         self.session.send(events.session_created(self.id, self.session.conversation.id, self.session.settings()))
         outbox, self._outbox = self._outbox, []
         for event in outbox:
@@ -89,6 +94,19 @@ class RtcSession:
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
             self._spawn(self.close())
+
+    async def _on_message(self, message) -> None:
+        try:
+            parse_json(message, events.MAX_CLIENT_MESSAGE_BYTES)
+        except JsonInputError as exc:
+            self.session.send(events.error(exc.code, str(exc)))
+            return
+        try:
+            await self.session.handle_message(message)
+        except Exception:  # a bug: logged once, and the client still hears about it
+            log.exception("session %s: handling a client event failed", self.id)
+            self.session.send(events.error("internal", "the event could not be handled (the details are in "
+                                                       "the server log)"))
 
     # ----- events out -----
     def _send(self, event: dict) -> None:

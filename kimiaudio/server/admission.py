@@ -1,0 +1,47 @@
+"""Admission of real-time sessions: a fixed number of slots, reserved atomically.
+
+A transport reserves its slot before it reads anything from the client (checking the count
+and taking a slot is one synchronous step on the event loop, so concurrent offers whose
+bodies arrive slowly cannot all pass the check first), and releases it on every path: a
+refused offer, a failed setup, or the session's close. Once the server is draining (graceful
+shutdown) no slot is given. Every transport (WebRTC offers, the Realtime WebSocket) takes its
+slots here, so `server.max_sessions` caps them together.
+"""
+
+from __future__ import annotations
+
+from kimiaudio.server.api_error import ApiError
+
+RETRY_AFTER_S = 10
+
+
+class Slot:
+    """One reserved session slot; `release()` may be called any number of times."""
+
+    def __init__(self, admission: "Admission"):
+        self._admission = admission
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self._admission.num_reserved -= 1
+
+
+class Admission:
+    def __init__(self, max_sessions: int):
+        self.max_sessions = max_sessions
+        self.num_reserved = 0
+        self.is_draining = False
+
+    def reserve(self) -> Slot:
+        """A slot, or ApiError 503 (full, or shutting down) with Retry-After."""
+        if self.is_draining:
+            raise ApiError(503, "shutting_down", "the server is shutting down; try again in a few seconds",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        if self.num_reserved >= self.max_sessions:
+            raise ApiError(503, "server_full",
+                           f"the server is full ({self.max_sessions} sessions); try again in a few seconds",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        self.num_reserved += 1
+        return Slot(self)
