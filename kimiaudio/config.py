@@ -96,6 +96,15 @@ class ServerConfig:
     port: int = 8080
     max_sessions: int = 16
     ice_servers: list = field(default_factory=list)  # e.g. ["stun:stun.l.google.com:19302"]
+    # Required by every route but the demo page (Authorization: Bearer KEY); empty = no key.
+    # The environment variable KIMIAUDIO_API_KEY, when set, takes precedence (keeps it out of files).
+    api_key: str = ""
+    # Host header values served (a DNS-rebinding page sends its own name); empty = the bound
+    # host, localhost, 127.0.0.1 and [::1]; "*" = any (behind a proxy that checks it).
+    allowed_hosts: list = field(default_factory=list)
+    # Origins (scheme://host:port) allowed to POST, DELETE or open a WebSocket besides the
+    # server's own page; requests without an Origin header (non-browser clients) pass.
+    allowed_origins: list = field(default_factory=list)
     # Largest request body (25 MB, OpenAI's upload limit), and how long it may take to arrive.
     max_body_bytes: int = 25 * 1024 * 1024
     body_timeout_s: float = 30.0
@@ -198,7 +207,7 @@ def _validate(config: Config) -> None:
         raise ConfigError("engine.cpu_threads: expected 0 (torch's default) or a positive thread count")
     if not (0.0 < config.engine.memory_fraction <= 1.0):
         raise ConfigError("engine.memory_fraction: expected a value in (0, 1]")
-    for key in ("ice_servers",):
+    for key in ("allowed_hosts", "allowed_origins", "ice_servers"):
         if not all(isinstance(item, str) and item for item in getattr(config.server, key)):
             raise ConfigError(f"server.{key}: expected a list of non-empty strings")
     if not (0.0 < config.vad.threshold < 1.0):

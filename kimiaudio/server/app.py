@@ -7,7 +7,7 @@ worker). `on_shutdown` closes every peer connection first, so interrupted turns 
 before the store and the pipeline go away.
 
 Every request passes the same middlewares, outermost first: errors as JSON (api_error.py),
-body size and read deadline (request_body.py).
+Host / API key / Origin (access.py), body size and read deadline (request_body.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.access import AccessPolicy, access_key, access_middleware
 from kimiaudio.server.admission import Admission
 from kimiaudio.server.api_error import error_middleware
 from kimiaudio.server.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
@@ -43,12 +44,13 @@ def create_app(config: Config, stack, pipeline=None) -> web.Application:
 
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
-    app = web.Application(middlewares=[error_middleware, body_limits_middleware],
+    app = web.Application(middlewares=[error_middleware, access_middleware, body_limits_middleware],
                           client_max_size=config.server.max_body_bytes)
     app[config_key] = config
     app[stack_key] = stack
     app[sessions_key] = {}
     app[admission_key] = Admission(config.server.max_sessions)
+    app[access_key] = AccessPolicy.from_config(config)
     app[max_body_bytes_key] = config.server.max_body_bytes
     app[body_timeout_key] = config.server.body_timeout_s
     app.cleanup_ctx.append(_store_context)

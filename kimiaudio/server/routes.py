@@ -2,6 +2,7 @@
 
     GET    /                                        the demo page (static/index.html)
     GET    /static/...                              its scripts and styles
+    GET    /api/auth                                {"required": bool}: does the server need an API key
     GET    /api/status                              model, demo flag, sessions, pipeline stats
     POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?} -> {sdp, type, session_id, conversation_id}
     GET    /api/conversations                       newest first
@@ -27,6 +28,7 @@ from aiortc import RTCSessionDescription
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server import events, path_params
+from kimiaudio.server.access import access_key
 from kimiaudio.server.admission import Slot
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app import (admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key,
@@ -46,6 +48,7 @@ MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the se
 def setup_routes(app: web.Application) -> None:
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC_DIR)
+    app.router.add_get("/api/auth", auth)
     app.router.add_get("/api/status", status)
     app.router.add_post("/api/rtc/offer", offer)
     app.router.add_get("/api/conversations", list_conversations)
@@ -56,6 +59,11 @@ def setup_routes(app: web.Application) -> None:
 
 async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+async def auth(request: web.Request) -> web.Response:
+    """Unauthenticated: tells the page whether to ask for a key (and says nothing else)."""
+    return web.json_response({"required": bool(request.app[access_key].api_key)})
 
 
 async def status(request: web.Request) -> web.Response:
