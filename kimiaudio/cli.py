@@ -7,7 +7,6 @@ exit status 2; an interrupted command exits 130. `--debug` shows tracebacks of i
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from kimiaudio.config import Config, load_config
@@ -43,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="least severe log lines shown (default INFO: one line per session and per answer)")
 
     p = sub.add_parser("chat", help="answer one or more spoken user turns, write the spoken reply")
     _add_model_options(p)
@@ -101,7 +102,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from kimiaudio.server.log_setup import configure_logging
+
+    configure_logging(getattr(args, "log_level", "INFO"))
     try:
         if args.command == "demo-checkpoint":
             from kimiaudio.checkpoint.demo import write_demo_checkpoint

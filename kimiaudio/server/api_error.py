@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.json_input import JsonInputError
+from kimiaudio.server.server_metrics import server_metrics_key
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ class ApiError(web.HTTPException):
 
     def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
         self.status_code = status
+        self.code = code
         super().__init__(headers=headers, text=web.json_response({"error": {"code": code, "message": message}}).text,
                          content_type="application/json")
 
@@ -38,7 +40,19 @@ def _is_page(path: str) -> bool:
 @web.middleware
 async def error_middleware(request: web.Request, handler):
     try:
+        return await _answer(request, handler)
+    except ApiError as exc:
+        metrics = request.app.get(server_metrics_key)
+        if metrics is not None:
+            metrics.note_http_error(exc.code)
+        raise
+
+
+async def _answer(request: web.Request, handler):
+    try:
         return await handler(request)
+    except ApiError:
+        raise
     except web.HTTPException as exc:
         if exc.content_type == "application/json" or _is_page(request.path) or exc.status < 400:
             raise

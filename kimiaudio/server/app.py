@@ -25,6 +25,7 @@ from kimiaudio.server.access import AccessPolicy, access_key, access_middleware
 from kimiaudio.server.admission import Admission
 from kimiaudio.server.api_error import error_middleware
 from kimiaudio.server.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
+from kimiaudio.server.server_metrics import ServerMetrics, server_metrics_key
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,13 @@ pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
 store_key = web.AppKey("store", ConversationStore)
 sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession, once it has answered the offer
 admission_key = web.AppKey("admission", Admission)  # the session slots (reserved before a session is set up)
+ready_key = web.AppKey("ready", asyncio.Event)  # set while the pipeline runs and the server is not stopping
 vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
 
 def create_app(config: Config, stack, pipeline=None) -> web.Application:
     """The server app. A `pipeline` passed in is used as it is (the caller starts and stops it)."""
+    from kimiaudio.server.ops_routes import setup_ops_routes
     from kimiaudio.server.routes import setup_routes
 
     if stack is None and pipeline is None:
@@ -53,11 +56,14 @@ def create_app(config: Config, stack, pipeline=None) -> web.Application:
     app[access_key] = AccessPolicy.from_config(config)
     app[max_body_bytes_key] = config.server.max_body_bytes
     app[body_timeout_key] = config.server.body_timeout_s
+    app[ready_key] = asyncio.Event()
+    app[server_metrics_key] = ServerMetrics(lambda: app.get(pipeline_key), lambda: app[admission_key].num_reserved)
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_vad_context)
     app.cleanup_ctx.append(_pipeline_context(pipeline))
     app.on_shutdown.append(_close_sessions)
     setup_routes(app)
+    setup_ops_routes(app)
     return app
 
 
@@ -82,14 +88,18 @@ def _pipeline_context(pipeline):
     async def context(app: web.Application):
         if pipeline is not None:
             app[pipeline_key] = pipeline
+            app[ready_key].set()
             yield
+            app[ready_key].clear()
             return
         from kimiaudio.pipeline.pipeline import Pipeline
 
         owned = Pipeline(app[stack_key], app[config_key])
         await owned.start()
         app[pipeline_key] = owned
+        app[ready_key].set()
         yield
+        app[ready_key].clear()
         await owned.stop()
 
     return context

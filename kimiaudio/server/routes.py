@@ -36,6 +36,7 @@ from kimiaudio.server.app import (admission_key, config_key, pipeline_key, sessi
 from kimiaudio.server.request_body import read_json_object
 from kimiaudio.server.rtc_session import RtcSession
 from kimiaudio.server.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.server_metrics import server_metrics_key
 from kimiaudio.store import is_conversation_id
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ async def offer(request: web.Request) -> web.Response:
         session_id = f"sess_{secrets.token_hex(8)}"
         vad = await asyncio.get_running_loop().run_in_executor(app[vad_executor_key], SileroVad)
         session = RtcSession(session_id, app[config_key], app[pipeline_key], app[store_key], vad, app[vad_executor_key],
-                             conversation_id, on_closed=lambda s: _closed(sessions, s, slot))
+                             conversation_id, on_closed=lambda s: _closed(sessions, s, slot),
+                             metrics=app[server_metrics_key])
         if update is not None:
             try:
                 session.session.apply_update(update, announce=False)
@@ -110,6 +112,7 @@ async def offer(request: web.Request) -> web.Response:
                 raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await _accept(session, sdp)
         sessions[session_id] = session
+        app[server_metrics_key].sessions.labels("webrtc").inc()
     except BaseException:
         slot.release()
         if session is not None:

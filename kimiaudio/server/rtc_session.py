@@ -33,9 +33,13 @@ from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server import events
-from kimiaudio.server.audio_track import PlaybackTrack
+from aiortc.exceptions import InvalidStateError
+
 from kimiaudio.server.json_input import JsonInputError, parse_json
+from kimiaudio.server.metered_track import MeteredPlaybackTrack
 from kimiaudio.server.realtime_session import RealtimeSession
+from kimiaudio.server.server_metrics import ServerMetrics
+from kimiaudio.server.turn_log import log_response
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -43,16 +47,20 @@ log = logging.getLogger(__name__)
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
+# What a task of the session may die of when the client goes away: a hang-up, not a bug.
+HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
 
 class RtcSession:
     def __init__(self, session_id: str, config: Config, pipeline, store: ConversationStore, vad: SileroVad,
-                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcSession"], None]):
+                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcSession"], None],
+                 metrics: ServerMetrics):
         self.id = session_id
         self._on_closed = on_closed
+        self._metrics = metrics
         ice = [RTCIceServer(urls=url) for url in config.server.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
-        self.track = PlaybackTrack()
+        self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, conversation_id,
                                        send=self._send, playback=self.track)
         self._channel = None
@@ -93,7 +101,7 @@ class RtcSession:
 
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
-            self._spawn(self.close())
+            self._spawn(self.close(f"connection {self.pc.connectionState}"))
 
     async def _on_message(self, message) -> None:
         try:
@@ -110,6 +118,9 @@ class RtcSession:
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
+        self._metrics.observe_event(event)
+        if event["type"] == "response.done":
+            log_response(self.id, self.session.conversation.id, event)
         if self._channel is None or self._channel.readyState != "open":
             if len(self._outbox) < MAX_OUTBOX:
                 self._outbox.append(event)
@@ -126,12 +137,13 @@ class RtcSession:
     async def _read_audio(self, track) -> None:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
         timeout = FIRST_FRAME_TIMEOUT_S
+        reason = "the client hung up"
         try:
             while True:
                 try:
                     frame = await asyncio.wait_for(track.recv(), timeout)
                 except asyncio.TimeoutError:
-                    log.info("session %s: no audio for %.0f s, closing", self.id, timeout)
+                    reason = f"no audio for {timeout:.0f} s: the client is gone"
                     break
                 except MediaStreamError:
                     break
@@ -139,7 +151,7 @@ class RtcSession:
                 for out in resampler.resample(frame):
                     await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
         finally:
-            self._spawn(self.close())
+            self._spawn(self.close(reason))
 
     # ----- lifetime -----
     def _spawn(self, coro) -> asyncio.Task:
@@ -148,13 +160,21 @@ class RtcSession:
 
         def finished(t: asyncio.Task) -> None:
             self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("session %s failed", self.id, exc_info=t.exception())
+            exc = None if t.cancelled() else t.exception()
+            if isinstance(exc, HANG_UPS):
+                log.info("session %s: the client went away (%s)", self.id, type(exc).__name__)
+            elif exc is not None:
+                log.error("session %s failed", self.id, exc_info=exc)
 
         task.add_done_callback(finished)
         return task
 
-    async def close(self) -> None:
+    @property
+    def is_answering(self) -> bool:
+        """A response is being generated or played (graceful shutdown waits for these)."""
+        return self.session.response is not None
+
+    async def close(self, reason: str = "closed by the server") -> None:
         """Close the session (storing what was heard), stop every task, close the peer."""
         if self.closed:
             return
@@ -169,4 +189,4 @@ class RtcSession:
             self.track.stop()
             await self.pc.close()
             self._on_closed(self)
-            log.info("session %s closed", self.id)
+            log.info("session %s closed: %s", self.id, reason)
