@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config = config_from_args(args)
         if args.command == "serve":
-            from kimiaudio.server.app import run_server
+            from kimiaudio.server.serve import run_server
 
             return run_server(config) or 0
         if args.command == "bench":

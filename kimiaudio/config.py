@@ -108,6 +108,8 @@ class ServerConfig:
     # Largest request body (25 MB, OpenAI's upload limit), and how long it may take to arrive.
     max_body_bytes: int = 25 * 1024 * 1024
     body_timeout_s: float = 30.0
+    # On SIGTERM/SIGINT: answers in flight may finish for this long before sessions are closed.
+    shutdown_grace_s: float = 10.0
 
 
 @dataclass
@@ -207,6 +209,8 @@ def _validate(config: Config) -> None:
         raise ConfigError("engine.cpu_threads: expected 0 (torch's default) or a positive thread count")
     if not (0.0 < config.engine.memory_fraction <= 1.0):
         raise ConfigError("engine.memory_fraction: expected a value in (0, 1]")
+    if not config.server.shutdown_grace_s >= 0:
+        raise ConfigError("server.shutdown_grace_s: expected seconds >= 0")
     for key in ("allowed_hosts", "allowed_origins", "ice_servers"):
         if not all(isinstance(item, str) and item for item in getattr(config.server, key)):
             raise ConfigError(f"server.{key}: expected a list of non-empty strings")

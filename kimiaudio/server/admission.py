@@ -6,13 +6,19 @@ bodies arrive slowly cannot all pass the check first), and releases it on every 
 refused offer, a failed setup, or the session's close. Once the server is draining (graceful
 shutdown) no slot is given. Every transport (WebRTC offers, the Realtime WebSocket) takes its
 slots here, so `server.max_sessions` caps them together.
+
+While draining, `draining_middleware` answers every new request 503, but the probes and the
+metrics (which say the server is going away).
 """
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from kimiaudio.server.api_error import ApiError
 
 RETRY_AFTER_S = 10
+_ANSWERED_WHILE_DRAINING = ("/healthz", "/readyz", "/metrics")
 
 
 class Slot:
@@ -37,11 +43,25 @@ class Admission:
     def reserve(self) -> Slot:
         """A slot, or ApiError 503 (full, or shutting down) with Retry-After."""
         if self.is_draining:
-            raise ApiError(503, "shutting_down", "the server is shutting down; try again in a few seconds",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise _shutting_down()
         if self.num_reserved >= self.max_sessions:
             raise ApiError(503, "server_full",
                            f"the server is full ({self.max_sessions} sessions); try again in a few seconds",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         self.num_reserved += 1
         return Slot(self)
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "shutting_down", "the server is shutting down; try again in a few seconds",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+admission_key = web.AppKey("admission", Admission)
+
+
+@web.middleware
+async def draining_middleware(request: web.Request, handler):
+    if request.app[admission_key].is_draining and request.path not in _ANSWERED_WHILE_DRAINING:
+        raise _shutting_down()
+    return await handler(request)

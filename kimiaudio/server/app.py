@@ -1,4 +1,4 @@
-"""The aiohttp application: factory, lifetime of its parts, and `run_server` for the CLI.
+"""The aiohttp application: its factory and the lifetime of its parts (serve.py runs it).
 
 `create_app(config, stack, pipeline=None)` builds the app with typed AppKeys (no module
 globals). Things that start and must stop are cleanup contexts: the conversation store (its
@@ -7,7 +7,8 @@ worker). `on_shutdown` closes every peer connection first, so interrupted turns 
 before the store and the pipeline go away.
 
 Every request passes the same middlewares, outermost first: errors as JSON (api_error.py),
-Host / API key / Origin (access.py), body size and read deadline (request_body.py).
+Host / API key / Origin (access.py), no new work while shutting down (admission.py), body size
+and read deadline (request_body.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from aiohttp import web
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.access import AccessPolicy, access_key, access_middleware
-from kimiaudio.server.admission import Admission
+from kimiaudio.server.admission import Admission, admission_key, draining_middleware
 from kimiaudio.server.api_error import error_middleware
 from kimiaudio.server.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
 from kimiaudio.server.server_metrics import ServerMetrics, server_metrics_key
@@ -35,7 +36,6 @@ stack_key = web.AppKey("stack", Any)  # ModelStack | None
 pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
 store_key = web.AppKey("store", ConversationStore)
 sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession, once it has answered the offer
-admission_key = web.AppKey("admission", Admission)  # the session slots (reserved before a session is set up)
 ready_key = web.AppKey("ready", asyncio.Event)  # set while the pipeline runs and the server is not stopping
 vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
@@ -47,7 +47,7 @@ def create_app(config: Config, stack, pipeline=None) -> web.Application:
 
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
-    app = web.Application(middlewares=[error_middleware, access_middleware, body_limits_middleware],
+    app = web.Application(middlewares=[error_middleware, access_middleware, draining_middleware, body_limits_middleware],
                           client_max_size=config.server.max_body_bytes)
     app[config_key] = config
     app[stack_key] = stack
@@ -109,50 +109,3 @@ async def _close_sessions(app: web.Application) -> None:
     app[admission_key].is_draining = True
     await asyncio.gather(*(s.close() for s in list(app[sessions_key].values())), return_exceptions=True)
     app[sessions_key].clear()
-
-
-def _banner(config: Config, stack) -> str:
-    from kimiaudio.pipeline.model_stack import DEMO_NOTICE
-
-    host = config.server.host
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    lines = [
-        "",
-        f"  kimiaudio is ready: open http://{shown}:{config.server.port}/ and press Connect",
-        f"  model: {stack.paths.root}",
-        f"  conversations: {config.data_dir / config.storage.database}",
-    ]
-    if stack.is_demo:
-        lines += ["", "  " + DEMO_NOTICE]
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages"]
-    lines += ["", "  Press Ctrl-C to stop.", ""]
-    return "\n".join(lines)
-
-
-def run_server(config: Config) -> int:
-    """`python -m kimiaudio serve`: load the model, serve until Ctrl-C; returns the exit code."""
-    from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
-    from kimiaudio.server.routes import STATIC_DIR
-
-    if not (STATIC_DIR / "index.html").is_file():
-        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
-                             "without its data files (reinstall with `pip install .`)")
-    print("Loading the model (first run creates the demo checkpoint)...", flush=True)
-    try:
-        stack = ModelStack.load(config, progress=True)
-    except KeyboardInterrupt:
-        print("\nInterrupted while loading the model.")
-        return 130
-    app = create_app(config, stack)
-    freeze_loaded_objects()
-    try:
-        web.run_app(app, host=config.server.host, port=config.server.port, access_log=None,
-                    print=lambda _: print(_banner(config, stack), flush=True), shutdown_timeout=5.0)
-    except OSError as exc:
-        raise KimiAudioError(
-            f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
-            "is another server running? choose another port with --port"
-        ) from None
-    print("kimiaudio stopped.")
-    return 0
