@@ -61,14 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="throughput and latency of the serving pipeline")
     _add_model_options(p)
-    p.add_argument("--sessions", default="1,4,16,64", help="comma-separated concurrent session counts")
-    p.add_argument("--turns", type=int, default=1, help="turns per session")
+    p.add_argument("--sessions", help="comma-separated concurrent session counts (default 1,4,16,64; --soak: 4)")
+    p.add_argument("--turns", type=int, help="turns per session (default 1; --soak: 3)")
     p.add_argument("--speech", action="append", default=[], help="speech file(s) to use instead of synthetic input")
     p.add_argument("--max-new-tokens", type=int, default=64, help="generated positions per turn")
     p.add_argument("--random-weights", choices=["7b"], help="real 7B shapes with random weights (GPU)")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument("--webrtc", action="store_true",
                    help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
+    p.add_argument("--soak", action="store_true",
+                   help="the real server on loopback under --sessions sessions speaking --turns turns with faults "
+                        "(barge-ins, hang-ups and reconnects, malformed events); checks the books at the end")
+    p.add_argument("--seconds", type=float, default=600.0, help="--soak: stop starting turns after this long")
+    p.add_argument("--fault-rate", type=float, default=0.3, help="--soak: share of turns with a fault")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")
@@ -118,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_server(config) or 0
         if args.command == "bench":
+            args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
+            args.turns = args.turns or (3 if args.soak else 1)
+            if args.soak:
+                from kimiaudio.bench.soak import run_soak_command
+
+                return run_soak_command(config, args)
             from kimiaudio.bench.pipeline_bench import run_bench_command
 
             return run_bench_command(config, args)

@@ -25,6 +25,8 @@ class ServerMetrics:
         Gauge("kimiaudio_sessions_active", "Session slots in use", registry=registry).set_function(active_sessions)
         self.responses = Counter("kimiaudio_responses", "Responses ended, by the status sent to the client",
                                  ["status"], registry=registry)
+        self.responses_open = Gauge("kimiaudio_responses_in_progress", "Responses created and not yet ended",
+                                    registry=registry)
         self.errors = Counter("kimiaudio_errors", "Errors reported to clients, by where and what",
                               ["source", "kind"], registry=registry)
         self.first_packet = Histogram("kimiaudio_commit_to_first_packet_seconds",
@@ -39,8 +41,11 @@ class ServerMetrics:
     def observe_event(self, event: dict) -> None:
         """A server event a session sent to its client."""
         kind = event.get("type")
-        if kind == "response.done":
+        if kind == "response.created":
+            self.responses_open.inc()
+        elif kind == "response.done":
             response = event["response"]
+            self.responses_open.dec()
             self.responses.labels(response["status"]).inc()
             first = response.get("timings", {}).get("commit_to_first_audio_s")
             if first is not None:
