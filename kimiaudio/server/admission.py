@@ -1,11 +1,13 @@
-"""Admission of real-time sessions: a fixed number of slots, reserved atomically.
+"""Admission of real-time sessions: a fixed number of slots, each checked and taken in one step.
 
-A transport reserves its slot before it reads anything from the client (checking the count
-and taking a slot is one synchronous step on the event loop, so concurrent offers whose
-bodies arrive slowly cannot all pass the check first), and releases it on every path: a
-refused offer, a failed setup, or the session's close. Once the server is draining (graceful
-shutdown) no slot is given. Every transport (WebRTC offers, the Realtime WebSocket) takes its
-slots here, so `server.max_sessions` caps them together.
+`reserve()` checks the count and takes a slot in one synchronous step on the event loop, so
+concurrent requests can never all pass the check first and overfill the cap (the race of
+checking before a slow body is read and taking the slot after it). A transport reserves once
+the client's request is read and valid (a stalled body then holds no slot), may `check()`
+earlier to refuse a full server at once, and releases the slot on every path: a failed setup
+or the session's close. Once the server is draining (graceful shutdown) no slot is given.
+Every transport (WebRTC offers, the Realtime WebSocket) takes its slots here, so
+`server.max_sessions` caps them together.
 
 While draining, `draining_middleware` answers every new request 503, but the probes and the
 metrics (which say the server is going away).
@@ -40,14 +42,18 @@ class Admission:
         self.num_reserved = 0
         self.is_draining = False
 
-    def reserve(self) -> Slot:
-        """A slot, or ApiError 503 (full, or shutting down) with Retry-After."""
+    def check(self) -> None:
+        """ApiError 503 (full, or shutting down) with Retry-After if no slot is free now."""
         if self.is_draining:
             raise _shutting_down()
         if self.num_reserved >= self.max_sessions:
             raise ApiError(503, "server_full",
                            f"the server is full ({self.max_sessions} sessions); try again in a few seconds",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    def reserve(self) -> Slot:
+        """A slot, or ApiError 503 as `check` says; no await between the check and the take."""
+        self.check()
         self.num_reserved += 1
         return Slot(self)
 

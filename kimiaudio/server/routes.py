@@ -92,11 +92,14 @@ def _demo_message() -> str:
 
 async def offer(request: web.Request) -> web.Response:
     app = request.app
-    slot = app[admission_key].reserve()  # before the body is read: concurrent slow offers cannot overfill
+    admission = app[admission_key]
+    admission.check()  # a full server says so before the body is read
+    body = await read_json_object(request, MAX_OFFER_BYTES)
+    sdp, update, conversation_id = await _offer_fields(request, body)
+    # Checked and taken in one step, after the body is in: a slow or stalled body holds no slot.
+    slot = admission.reserve()
     session = None
     try:
-        body = await read_json_object(request, MAX_OFFER_BYTES)
-        sdp, update, conversation_id = await _offer_fields(request, body)
         from kimiaudio.audio.vad import SileroVad
 
         sessions = app[sessions_key]
@@ -111,7 +114,8 @@ async def offer(request: web.Request) -> web.Response:
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await _accept(session, sdp)
-        sessions[session_id] = session
+        if not session.closed:  # it may have failed already, and freed its slot
+            sessions[session_id] = session
         app[server_metrics_key].sessions.labels("webrtc").inc()
     except BaseException:
         slot.release()
