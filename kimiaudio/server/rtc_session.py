@@ -68,6 +68,7 @@ class RtcSession:
         self._tasks: set[asyncio.Task] = set()
         self._has_audio_track = False
         self.closed = False
+        self._closing: asyncio.Future | None = None
 
     # ----- signalling -----
     async def accept(self, offer: RTCSessionDescription) -> RTCSessionDescription:
@@ -175,9 +176,14 @@ class RtcSession:
         return self.session.response is not None
 
     async def close(self, reason: str = "closed by the server") -> None:
-        """Close the session (storing what was heard), stop every task, close the peer."""
-        if self.closed:
-            return
+        """Close the session (storing what was heard), stop every task, close the peer. A second
+        call waits for the first to finish: the app's shutdown must not go on (and stop the VAD
+        thread and the store) while a close begun by the client's hang-up is still storing."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(reason))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, reason: str) -> None:
         self.closed = True
         try:
             await self.session.close()
