@@ -26,6 +26,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--data-dir", help="where the demo checkpoint and the history database live")
     p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="least severe log lines shown (default INFO; serve: one line per session and per answer)")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -42,8 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="least severe log lines shown (default INFO: one line per session and per answer)")
 
     p = sub.add_parser("chat", help="answer one or more spoken user turns, write the spoken reply")
     _add_model_options(p)
@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(barge-ins, hang-ups and reconnects, malformed events); checks the books at the end")
     p.add_argument("--seconds", type=float, default=600.0, help="--soak: stop starting turns after this long")
     p.add_argument("--fault-rate", type=float, default=0.3, help="--soak: share of turns with a fault")
+    p.add_argument("--client-processes", type=int,
+                   help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")

@@ -11,7 +11,11 @@ reconnects continuing their conversation, and malformed events (soak_clients.py)
 - every user turn a client saw committed is in the store, with its audio;
 - `PRAGMA integrity_check` and `foreign_key_check` find nothing;
 - every session slot is free again, every malformed event got an error event, no ERROR log;
-- RSS grew by less than `max_rss_growth_mb` from the start of the run to its end.
+- RSS grew by less than `max_rss_growth_mb` over the second half of the run (the first half
+  warms up: allocator arenas, caches, every session's first turn); start, quarters and end
+  are printed.
+The clients run in worker processes past a few sessions (soak_load.py), so their own WebRTC
+work does not load the server's event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
+import os
 import random
 import resource
 import socket
@@ -28,10 +34,21 @@ from pathlib import Path
 
 import numpy as np
 
-from kimiaudio.bench.soak_clients import SILENCE_S, SessionLog, Transport, plan_faults, run_session
+from kimiaudio.bench.soak_clients import SessionLog, plan_faults
+from kimiaudio.bench.soak_load import SessionJob, has_realtime_ws, run_sessions
 from kimiaudio.errors import KimiAudioError
 
 SETTLE_S = 20.0  # after the clients: sessions closing, turns ending, the pool refilling
+
+
+def _at_half(samples: list[float], default: float) -> float:
+    return samples[len(samples) // 2] if samples else default
+
+
+async def _sample_rss(samples: list[float], every_s: float = 1.0) -> None:
+    while True:
+        samples.append(rss_mb())
+        await asyncio.sleep(every_s)
 
 
 def rss_mb() -> float:
@@ -49,50 +66,6 @@ class _ErrorCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(f"{record.name}: {record.getMessage()}")
-
-
-def _transports(http) -> dict[str, Transport]:
-    from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-    from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-
-    silence = np.zeros(int(SILENCE_S * 16000), np.float32)
-
-    async def rtc_connect(conversation_id):
-        client = RtcClient(ScriptedMic())
-        body = {"conversation_id": conversation_id} if conversation_id else {}
-        status, _ = await client.connect(http, **body)
-        try:
-            if status == 200:
-                await client.wait_for("session.created", timeout=30)  # the data channel is open
-                return client
-        except AssertionError:
-            pass
-        await client.close()
-        return None
-
-    async def rtc_raw(client, text):
-        client.channel.send(text)
-
-    async def ws_connect(conversation_id):
-        client = RealtimeWsClient()
-        return client if await client.connect(http) == 101 else None
-
-    async def ws_raw(client, text):
-        await client.send(text)
-
-    return {
-        "webrtc": Transport("webrtc", rtc_connect, lambda c, pcm: c.mic.say(np.concatenate([pcm, silence])), rtc_raw),
-        "websocket": Transport("websocket", ws_connect, lambda c, pcm: c.say(pcm, SILENCE_S), ws_raw),
-    }
-
-
-async def _has_realtime_ws(http) -> bool:
-    from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-
-    probe = RealtimeWsClient()
-    status = await probe.connect(http)
-    await probe.close()
-    return status == 101
 
 
 async def _settle(app, pipeline, timeout: float) -> dict:
@@ -122,8 +95,7 @@ async def _missing_commits(store, logs: list[SessionLog]) -> list[str]:
 
 
 async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_rate: float, clips, seed: int,
-                max_rss_growth_mb: float) -> dict:
-    import aiohttp
+                max_rss_growth_mb: float, client_processes: int) -> dict:
     from aiohttp import web
 
     from kimiaudio.pipeline.pipeline import Pipeline
@@ -145,16 +117,15 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
     rng = random.Random(seed)
     plan = plan_faults(sessions, turns, fault_rate, rng)
     started, rss_start = time.monotonic(), rss_mb()
+    rss_samples: list[float] = []
+    sampler = asyncio.ensure_future(_sample_rss(rss_samples))
     try:
-        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
-            transports = _transports(http)
-            with_ws = await _has_realtime_ws(http)
-            kinds = ["webrtc", "websocket"] if with_ws else ["webrtc"]
-            logs = [SessionLog(kinds[i % len(kinds)]) for i in range(sessions)]
-            deadline = started + seconds
-            await asyncio.gather(*(run_session(transports[log.transport], clips, plan[i], deadline, log,
-                                               random.Random(seed + 1 + i)) for i, log in enumerate(logs)))
+        base_url = f"http://127.0.0.1:{port}"
+        kinds = ["webrtc", "websocket"] if await has_realtime_ws(base_url) else ["webrtc"]
+        jobs = [SessionJob(i, kinds[i % len(kinds)], plan[i], seed + 1 + i) for i in range(sessions)]
+        logs = await run_sessions(base_url, clips, jobs, seconds, client_processes)
         wall_s = time.monotonic() - started
+        sampler.cancel()
         stats = await _settle(app, pipeline, SETTLE_S)
         rss_end = rss_mb()
         integrity = await app[store_key].integrity_problems()
@@ -162,9 +133,10 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         reserved = app[admission_key].num_reserved
         left_open = app[server_metrics_key].registry.get_sample_value("kimiaudio_responses_in_progress")
     finally:
-        logging.getLogger().removeHandler(errors)
-        await runner.cleanup()
+        sampler.cancel()
+        await runner.cleanup()  # its shutdown is watched for ERROR lines too
         await pipeline.stop()
+        logging.getLogger().removeHandler(errors)
     unfinished = [rid for log in logs for rid, status in log.responses.items()
                   if status is None and rid not in log.abandoned]
     checks = {
@@ -177,12 +149,14 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "session slots still held": (reserved, 0),
         "ERROR log lines": (len(errors.messages), 0),
         "client-side problems": (sum(len(log.problems) for log in logs), 0),
-        "RSS growth MB": (round(rss_end - rss_start, 1), max_rss_growth_mb),
+        # Warm-up (allocator arenas, caches, the first sessions) is over by half-time; a leak is not.
+        "RSS growth in the second half, MB": (round(rss_end - _at_half(rss_samples, rss_start), 1), max_rss_growth_mb),
     }
     first = [x for log in logs for x in log.first_audio_s]
     statuses = [s for log in logs for s in log.responses.values()]
     return {
         "sessions": sessions, "turns_per_session": turns, "transports": kinds, "seed": seed, "wall_s": round(wall_s, 1),
+        "client_processes": client_processes,
         "commits": sum(len(log.commits) for log in logs), "responses": len(statuses),
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
@@ -190,6 +164,8 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "commit_to_first_audio_ms_p50": round(1000 * float(np.percentile(first, 50)), 1) if first else None,
         "commit_to_first_audio_ms_p95": round(1000 * float(np.percentile(first, 95)), 1) if first else None,
         "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
+        "rss_mb_by_quarter": [round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1)
+                              for q in (1, 2, 3, 4)] if rss_samples else [],
         "checks": {name: {"value": value, "limit": limit, "ok": value <= limit} for name, (value, limit) in checks.items()},
         "details": {"unfinished": unfinished[:10], "missing": missing[:10], "integrity": integrity[:10],
                     "errors": errors.messages[:10], "problems": [p for log in logs for p in log.problems][:10]},
@@ -199,7 +175,9 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
 
 def run_soak(stack, config, sessions: int, turns: int, seconds: float, fault_rate: float = 0.3,
              speech: list[np.ndarray] | None = None, max_new_tokens: int = 64, seed: int = 0,
-             max_rss_growth_mb: float = 512.0) -> dict:
+             max_rss_growth_mb: float = 256.0, client_processes: int | None = None) -> dict:
+    """The report (see the module docstring); `client_processes` None: in this process for a
+    few sessions, else one worker process per 8 sessions (at most the CPU count)."""
     from kimiaudio.bench.webrtc import espeak_speech
 
     with tempfile.TemporaryDirectory(prefix="kimiaudio-soak-") as tmp:
@@ -210,16 +188,21 @@ def run_soak(stack, config, sessions: int, turns: int, seconds: float, fault_rat
         config.server.max_sessions = max(config.server.max_sessions, 2 * sessions)  # a reconnect may overlap its close
         clips = speech or espeak_speech(["Hello, what is the weather like today?", "Tell me a story about a boat.",
                                          "Please speak a little more slowly."], Path(tmp))
-        return asyncio.run(_soak(stack, config, sessions, turns, seconds, fault_rate, clips, seed, max_rss_growth_mb))
+        if client_processes is None:
+            client_processes = 0 if sessions <= 4 else min(os.cpu_count() or 1, math.ceil(sessions / 8))
+        return asyncio.run(_soak(stack, config, sessions, turns, seconds, fault_rate, clips, seed, max_rss_growth_mb,
+                                 client_processes))
 
 
 def print_report(report: dict) -> None:
     print(f"soak: {report['sessions']} sessions ({'+'.join(report['transports'])}) x {report['turns_per_session']} "
-          f"turns in {report['wall_s']} s (seed {report['seed']}); {report['commits']} user turns committed, "
+          f"turns in {report['wall_s']} s (seed {report['seed']}, clients in {report['client_processes']} worker "
+          f"processes); {report['commits']} user turns committed, "
           f"{report['responses']} responses {report['responses_by_status']}, {report['abandoned_by_hang_up']} cut by "
           f"hang-ups; faults {report['faults']}; preemptions {report['preemptions']}")
     print(f"commit -> first audio p50 {report['commit_to_first_audio_ms_p50']} ms, "
-          f"p95 {report['commit_to_first_audio_ms_p95']} ms; RSS {report['rss_mb_start']} -> {report['rss_mb_end']} MB")
+          f"p95 {report['commit_to_first_audio_ms_p95']} ms; RSS {report['rss_mb_start']} MB at the start, "
+          f"{report['rss_mb_by_quarter']} MB at each quarter of the run, {report['rss_mb_end']} MB at the end")
     for name, check in report["checks"].items():
         print(f"  {'ok  ' if check['ok'] else 'FAIL'} {name}: {check['value']} (limit {check['limit']})")
     for name, items in report["details"].items():
@@ -245,6 +228,7 @@ def run_soak_command(config, args) -> int:
         raise KimiAudioError("bench --soak needs the detokenizer: set model.text_only = false")
     freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
-    report = run_soak(stack, config, sessions, turns, args.seconds, args.fault_rate, speech, args.max_new_tokens)
+    report = run_soak(stack, config, sessions, turns, args.seconds, args.fault_rate, speech, args.max_new_tokens,
+                      client_processes=args.client_processes)
     print(json.dumps(report, indent=1)) if args.json else print_report(report)
     return 0 if report["ok"] else 1
