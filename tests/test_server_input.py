@@ -120,7 +120,8 @@ HOSTILE_BODIES = [
     (json.dumps({"sdp": "v=0\r\nm=audio 1 UDP 1\r\n", "type": "offer", "conversation_id": ["x"]}).encode(),
      "application/json"),
     (json.dumps({"sdp": "v=0\r\nm=audio 1 UDP 1\r\n", "type": "offer",
-                 "session": {"sampling": {"seed": 2**64}, "vad": {"silence_ms": 10**30}}}).encode(), "application/json"),
+                 "session": {"sampling": {"seed": 2**64}, "vad": {"silence_ms": 10**30}}}).encode(),
+     "application/json"),
     (b'{"sdp": "v=0", "type": "offer"}', "text/plain"), (b"--x\r\n\r\n", "multipart/form-data; boundary=x"),
 ]
 

@@ -158,5 +158,6 @@ async def raw_request(port: int, head: str, body: bytes = b"", pause_s: float = 
 
 def post_head(port: int, path: str, length: int, content_type: str = "application/json", **headers: str) -> str:
     lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Type: {content_type}",
-             f"Content-Length: {length}", "Connection: close", *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
+             f"Content-Length: {length}", "Connection: close",
+             *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
     return "\r\n".join(lines)

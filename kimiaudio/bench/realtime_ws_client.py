@@ -94,7 +94,8 @@ class RealtimeWsClient:
                 raise AssertionError(f"the WebSocket closed before {kind} #{count}")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no {kind} #{count} within {timeout} s; got {[e.get('type') for e in self.events]}")
+                got = [e.get("type") for e in self.events]
+                raise AssertionError(f"no {kind} #{count} within {timeout} s; got {got}")
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)

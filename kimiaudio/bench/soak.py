@@ -166,7 +166,8 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
         "rss_mb_by_quarter": [round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1)
                               for q in (1, 2, 3, 4)] if rss_samples else [],
-        "checks": {name: {"value": value, "limit": limit, "ok": value <= limit} for name, (value, limit) in checks.items()},
+        "checks": {name: {"value": value, "limit": limit, "ok": value <= limit}
+                   for name, (value, limit) in checks.items()},
         "details": {"unfinished": unfinished[:10], "missing": missing[:10], "integrity": integrity[:10],
                     "errors": errors.messages[:10], "problems": [p for log in logs for p in log.problems][:10]},
         "ok": all(value <= limit for value, limit in checks.values()),

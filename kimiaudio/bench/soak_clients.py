@@ -126,21 +126,32 @@ async def run_session(transport: Transport, clips: list[np.ndarray], faults: lis
             await client.close()
 
 
-async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog, rng: random.Random):
-    created = len(client.of_type("response.created"))
-    transport.say(client, clips[rng.randrange(len(clips))])
+async def _next_response(client, created: int, log: SessionLog) -> str | None:
+    """The id of the response after the `created` ones so far (None: none came in time)."""
     try:
         response = await client.wait_for("response.created", count=created + 1, timeout=TURN_TIMEOUT_S)
     except AssertionError as exc:
         log.problems.append(f"no response: {exc}")
+        return None
+    return response["response"]["id"]
+
+
+def _open_responses(client) -> set[str]:
+    done = {e["response"]["id"] for e in client.of_type("response.done")}
+    return {e["response"]["id"] for e in client.of_type("response.created")} - done
+
+
+async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog, rng: random.Random):
+    created = len(client.of_type("response.created"))
+    transport.say(client, clips[rng.randrange(len(clips))])
+    rid = await _next_response(client, created, log)
+    if rid is None:
         return client
-    rid = response["response"]["id"]
     if fault in ("barge_in", "disconnect"):
         await _wait_any(client, [_playing(client, rid), _done(client, rid)], TURN_TIMEOUT_S)
         await asyncio.sleep(rng.uniform(0.1, 0.6))
     if fault == "disconnect":
-        if not _done(client, rid)():
-            log.abandoned.add(rid)
+        log.abandoned |= _open_responses(client)  # our hang-up ends them: the client hears no more
         conversation_id = _last_conversation(client)
         log.collect(client)
         await client.close()
@@ -152,15 +163,12 @@ async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog
         if not await _wait_any(client, [_done(client, rid)], TURN_TIMEOUT_S):
             log.problems.append(f"{rid}: no response.done after a barge-in")
             return client
-        created += 1  # the barge-in utterance is answered next
-        try:
-            response = await client.wait_for("response.created", count=created + 1, timeout=TURN_TIMEOUT_S)
-        except AssertionError as exc:
-            log.problems.append(f"no response to the barge-in: {exc}")
+        rid = await _next_response(client, created + 1, log)  # the barge-in utterance is answered next
+        if rid is None:
             return client
-        rid = response["response"]["id"]
-    if not await _wait_any(client, [_done(client, rid)], TURN_TIMEOUT_S):
-        log.problems.append(f"{rid}: no response.done in {TURN_TIMEOUT_S:.0f} s")
+    if not await _wait_any(client, [lambda: not _open_responses(client)], TURN_TIMEOUT_S):
+        log.problems.append(f"responses {sorted(_open_responses(client))} got no response.done in "
+                            f"{TURN_TIMEOUT_S:.0f} s")
     return client
 
 

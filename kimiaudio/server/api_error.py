@@ -56,7 +56,8 @@ async def _answer(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.content_type == "application/json" or _is_page(request.path) or exc.status < 400:
             raise
-        raise ApiError(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, headers=_kept_headers(exc)) from None
+        code = "too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+        raise ApiError(exc.status, code, exc.reason, headers=_kept_headers(exc)) from None
     except JsonInputError as exc:
         status = 413 if exc.code == "too_large" else 400
         raise ApiError(status, exc.code, str(exc)) from None

@@ -35,7 +35,8 @@ config_key = web.AppKey("config", Config)
 stack_key = web.AppKey("stack", Any)  # ModelStack | None
 pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
 store_key = web.AppKey("store", ConversationStore)
-sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession, once it has answered the offer
+# session id -> a live session (RtcSession; any transport's: it has `is_answering` and `close()`)
+sessions_key = web.AppKey("sessions", dict)
 ready_key = web.AppKey("ready", asyncio.Event)  # set while the pipeline runs and the server is not stopping
 vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
@@ -47,8 +48,8 @@ def create_app(config: Config, stack, pipeline=None) -> web.Application:
 
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
-    app = web.Application(middlewares=[error_middleware, access_middleware, draining_middleware, body_limits_middleware],
-                          client_max_size=config.server.max_body_bytes)
+    middlewares = [error_middleware, access_middleware, draining_middleware, body_limits_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[config_key] = config
     app[stack_key] = stack
     app[sessions_key] = {}

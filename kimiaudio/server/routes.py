@@ -153,7 +153,8 @@ async def _accept(session: RtcSession, sdp: str) -> RTCSessionDescription:
         raise ApiError(400, "bad_offer", str(exc)) from None
     except Exception as exc:  # aiortc refusing an offer that passed our checks (e.g. no common codec)
         log.info("session %s: aiortc refused the offer (%s: %s)", session.id, type(exc).__name__, exc)
-        raise ApiError(400, "bad_offer", "the SDP offer could not be used (no common audio codec or transport?)") from None
+        raise ApiError(400, "bad_offer",
+                       "the SDP offer could not be used (no common audio codec or transport?)") from None
 
 
 def _closed(sessions: dict, session: RtcSession, slot: Slot) -> None:

@@ -63,7 +63,8 @@ def _check_media(media, where: str) -> None:
     if not media.dtls.fingerprints:
         raise _bad(f"{where}: a=fingerprint (the DTLS certificate's) is required")
     for fingerprint in media.dtls.fingerprints:
-        if fingerprint.algorithm.lower() not in _FINGERPRINT_HASHES or not _FINGERPRINT_VALUE.fullmatch(fingerprint.value):
+        known = fingerprint.algorithm.lower() in _FINGERPRINT_HASHES
+        if not known or not _FINGERPRINT_VALUE.fullmatch(fingerprint.value):
             raise _bad(f"{where}: a=fingerprint must be one of {', '.join(_FINGERPRINT_HASHES)} "
                        "followed by colon-separated hex bytes")
     for candidate in media.ice_candidates:
