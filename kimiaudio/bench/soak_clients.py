@@ -114,9 +114,16 @@ async def run_session(transport: Transport, clips: list[np.ndarray], faults: lis
         for fault in faults:
             if time.monotonic() > deadline:
                 break
-            if fault == "malformed":
-                await _malformed(transport, client, log, rng)
-            client = await _turn(transport, client, clips, fault, log, rng)
+            try:
+                if fault == "malformed":
+                    await _malformed(transport, client, log, rng)
+                client = await _turn(transport, client, clips, fault, log, rng)
+            except Exception as exc:  # e.g. the server closed the session: noted, and the session goes on
+                log.problems.append(f"connection lost ({type(exc).__name__}: {exc})")
+                log.abandoned |= _open_responses(client)
+                log.collect(client)
+                await client.close()
+                client = await transport.connect(_last_conversation(client))
             if client is None:
                 log.problems.append("could not reconnect")
                 return

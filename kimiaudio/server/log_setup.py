@@ -1,10 +1,11 @@
 """Logging of the server process: levels, the libraries' chatter, and client faults.
 
 `configure_logging(level)`: timestamped lines; aioice and aiortc at WARNING (aioice writes
-about eight INFO lines per connection); and aiohttp's "Error handling request" for a request
-that was never valid HTTP (garbage, an over-long header, a TLS hello on the plain port) or
-whose client hung up becomes one INFO line without a traceback: a client's fault is not the
-server's error.
+about eight INFO lines per connection); and what a client's fault makes the libraries log as
+an ERROR with a traceback becomes one INFO line: aiohttp's "Error handling request" for a
+request that was never valid HTTP (garbage, an over-long header, a TLS hello on the plain
+port), and asyncio's "Task exception was never retrieved" for a ConnectionError (aiortc sends
+data-channel messages from tasks of its own, which fail when the peer has just gone).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ class ClientFaultFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, (HttpProcessingError, ConnectionResetError)):
+        if isinstance(exc, (HttpProcessingError, ConnectionError)):
             what = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-            record.msg, record.args = "%s: %s", (record.getMessage(), " ".join(str(what).split())[:200])
+            first_line = record.getMessage().splitlines()[0]
+            record.msg, record.args = "%s: %s", (first_line, " ".join(str(what).split())[:200])
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.exc_info, record.exc_text = None, None
         return True
@@ -39,6 +41,7 @@ def configure_logging(level: str = "INFO") -> None:
     logging.getLogger().setLevel(level.upper())
     for name in QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, ClientFaultFilter) for f in server_log.filters):
-        server_log.addFilter(ClientFaultFilter())
+    for name in ("aiohttp.server", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ClientFaultFilter) for f in logger.filters):
+            logger.addFilter(ClientFaultFilter())

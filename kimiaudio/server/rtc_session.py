@@ -126,6 +126,11 @@ class RtcSession:
             if len(self._outbox) < MAX_OUTBOX:
                 self._outbox.append(event)
             return
+        if self.pc.connectionState != "connected":
+            # Gone (or going): aiortc would send from a task of its own that fails with a
+            # ConnectionError nobody retrieves, logged as an ERROR traceback per hang-up.
+            log.debug("session %s: not connected, %s not sent", self.id, event["type"])
+            return
         self._send_now(event)
 
     def _send_now(self, event: dict) -> None:
