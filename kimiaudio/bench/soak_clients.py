@@ -37,6 +37,7 @@ class Transport:
     connect: Callable[[str | None], Awaitable[Any]]  # conversation id to continue -> client, or None if refused
     say: Callable[[Any, np.ndarray], None]  # speak 16 kHz audio (then silence) into the client, in real time
     send_raw: Callable[[Any, str], Awaitable[None]]  # one raw text message on its event channel
+    is_connected: Callable[[Any], bool]  # False once the server (or the network) has closed the connection
 
 
 @dataclass
@@ -76,11 +77,14 @@ def plan_faults(sessions: int, turns: int, fault_rate: float, rng: random.Random
     return plan
 
 
-async def _wait_any(client, checks, timeout: float) -> bool:
+async def _wait_any(transport: Transport, client, checks, timeout: float) -> bool:
+    """Whether one of `checks` came true in time; ConnectionError if the connection closed first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(check() for check in checks):
             return True
+        if not transport.is_connected(client):
+            raise ConnectionError("the server closed the connection")
         await asyncio.sleep(0.05)
     return False
 
@@ -99,7 +103,7 @@ async def _malformed(transport: Transport, client, log: SessionLog, rng: random.
     errors = len(client.of_type("error"))
     await transport.send_raw(client, rng.choice(MALFORMED))
     log.faults["malformed"] += 1
-    if not await _wait_any(client, [lambda: len(client.of_type("error")) > errors], 10.0):
+    if not await _wait_any(transport, client, [lambda: len(client.of_type("error")) > errors], 10.0):
         log.problems.append("a malformed event got no error event")
 
 
@@ -133,14 +137,13 @@ async def run_session(transport: Transport, clips: list[np.ndarray], faults: lis
             await client.close()
 
 
-async def _next_response(client, created: int, log: SessionLog) -> str | None:
+async def _next_response(transport: Transport, client, created: int, log: SessionLog) -> str | None:
     """The id of the response after the `created` ones so far (None: none came in time)."""
-    try:
-        response = await client.wait_for("response.created", count=created + 1, timeout=TURN_TIMEOUT_S)
-    except AssertionError as exc:
-        log.problems.append(f"no response: {exc}")
+    if not await _wait_any(transport, client, [lambda: len(client.of_type("response.created")) > created],
+                           TURN_TIMEOUT_S):
+        log.problems.append(f"no response in {TURN_TIMEOUT_S:.0f} s")
         return None
-    return response["response"]["id"]
+    return client.of_type("response.created")[created]["response"]["id"]
 
 
 def _open_responses(client) -> set[str]:
@@ -151,11 +154,11 @@ def _open_responses(client) -> set[str]:
 async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog, rng: random.Random):
     created = len(client.of_type("response.created"))
     transport.say(client, clips[rng.randrange(len(clips))])
-    rid = await _next_response(client, created, log)
+    rid = await _next_response(transport, client, created, log)
     if rid is None:
         return client
     if fault in ("barge_in", "disconnect"):
-        await _wait_any(client, [_playing(client, rid), _done(client, rid)], TURN_TIMEOUT_S)
+        await _wait_any(transport, client, [_playing(client, rid), _done(client, rid)], TURN_TIMEOUT_S)
         await asyncio.sleep(rng.uniform(0.1, 0.6))
     if fault == "disconnect":
         log.abandoned |= _open_responses(client)  # our hang-up ends them: the client hears no more
@@ -167,13 +170,13 @@ async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog
     if fault == "barge_in":
         log.faults["barge_in"] += 1
         transport.say(client, clips[rng.randrange(len(clips))])
-        if not await _wait_any(client, [_done(client, rid)], TURN_TIMEOUT_S):
+        if not await _wait_any(transport, client, [_done(client, rid)], TURN_TIMEOUT_S):
             log.problems.append(f"{rid}: no response.done after a barge-in")
             return client
-        rid = await _next_response(client, created + 1, log)  # the barge-in utterance is answered next
+        rid = await _next_response(transport, client, created + 1, log)  # the barge-in utterance is answered next
         if rid is None:
             return client
-    if not await _wait_any(client, [lambda: not _open_responses(client)], TURN_TIMEOUT_S):
+    if not await _wait_any(transport, client, [lambda: not _open_responses(client)], TURN_TIMEOUT_S):
         log.problems.append(f"responses {sorted(_open_responses(client))} got no response.done in "
                             f"{TURN_TIMEOUT_S:.0f} s")
     return client

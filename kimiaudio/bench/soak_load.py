@@ -57,9 +57,14 @@ def _transports(http) -> dict[str, Transport]:
     async def ws_raw(client, text):
         await client.send(text)
 
+    def rtc_connected(client) -> bool:
+        return client.pc.connectionState not in ("failed", "closed") and client.channel.readyState == "open"
+
     return {
-        "webrtc": Transport("webrtc", rtc_connect, lambda c, pcm: c.mic.say(np.concatenate([pcm, silence])), rtc_raw),
-        "websocket": Transport("websocket", ws_connect, lambda c, pcm: c.say(pcm, SILENCE_S), ws_raw),
+        "webrtc": Transport("webrtc", rtc_connect, lambda c, pcm: c.mic.say(np.concatenate([pcm, silence])), rtc_raw,
+                            rtc_connected),
+        "websocket": Transport("websocket", ws_connect, lambda c, pcm: c.say(pcm, SILENCE_S), ws_raw,
+                               lambda c: not c.closed),
     }
 
 

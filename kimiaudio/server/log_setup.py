@@ -31,6 +31,7 @@ class ClientFaultFilter(logging.Filter):
             record.msg, record.args = "%s: %s", (first_line, " ".join(str(what).split())[:200])
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.exc_info, record.exc_text = None, None
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)  # --log-level WARNING hides it
         return True
 
 
