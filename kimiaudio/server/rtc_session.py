@@ -35,6 +35,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server import events
 from aiortc.exceptions import InvalidStateError
 
+from kimiaudio.server.input_clock import InputClock
 from kimiaudio.server.json_input import JsonInputError, parse_json
 from kimiaudio.server.metered_track import MeteredPlaybackTrack
 from kimiaudio.server.realtime_session import RealtimeSession
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
+TASKS_STOP_TIMEOUT_S = 2.0  # a cancelled task of the session has this long to finish
 # What a task of the session may die of when the client goes away: a hang-up, not a bug.
 HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
@@ -142,10 +144,11 @@ class RtcSession:
     # ----- audio in -----
     async def _read_audio(self, track) -> None:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        clock = InputClock(self.id, self._metrics.note_input_dropped)
         timeout = FIRST_FRAME_TIMEOUT_S
         reason = "the client hung up"
         try:
-            while True:
+            while not self.closed:  # (3.11's wait_for can swallow the cancel that close() sends)
                 try:
                     frame = await asyncio.wait_for(track.recv(), timeout)
                 except asyncio.TimeoutError:
@@ -154,6 +157,8 @@ class RtcSession:
                 except MediaStreamError:
                     break
                 timeout = INPUT_TIMEOUT_S
+                if clock.is_behind(frame):
+                    continue  # overloaded: this audio is dropped rather than queued without bound
                 for out in resampler.resample(frame):
                     await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
         finally:
@@ -193,10 +198,11 @@ class RtcSession:
         try:
             await self.session.close()
         finally:
-            current = asyncio.current_task()
-            for task in list(self._tasks):
-                if task is not current:
-                    task.cancel()
+            tasks = [task for task in self._tasks if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:  # over before close() returns: the app may stop the VAD thread and the store next
+                await asyncio.wait(tasks, timeout=TASKS_STOP_TIMEOUT_S)
             self.track.stop()
             await self.pc.close()
             self._on_closed(self)

@@ -36,6 +36,8 @@ class ServerMetrics:
                              registry=registry)
         self.underruns = Counter("kimiaudio_playback_underruns", "Answers that ran out of audio while playing "
                                  "(once per gap)", registry=registry)
+        self.input_dropped = Counter("kimiaudio_input_audio_dropped_seconds", "Microphone audio dropped because the "
+                                     "server was too far behind it (overload)", registry=registry)
         registry.register(PipelineCollector(pipeline))
 
     def observe_event(self, event: dict) -> None:
@@ -61,6 +63,9 @@ class ServerMetrics:
 
     def note_underrun(self) -> None:
         self.underruns.inc()
+
+    def note_input_dropped(self, seconds: float) -> None:
+        self.input_dropped.inc(seconds)
 
 
 server_metrics_key = web.AppKey("server_metrics", ServerMetrics)
