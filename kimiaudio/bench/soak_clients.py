@@ -84,7 +84,7 @@ async def _wait_any(transport: Transport, client, checks, timeout: float) -> boo
         if any(check() for check in checks):
             return True
         if not transport.is_connected(client):
-            raise ConnectionError("the server closed the connection")
+            raise ConnectionError("the connection closed (by the server, or ICE/DTLS failed)")
         await asyncio.sleep(0.05)
     return False
 
