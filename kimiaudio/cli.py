@@ -7,7 +7,6 @@ exit status 2; an interrupted command exits 130. `--debug` shows tracebacks of i
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from kimiaudio.config import Config, load_config
@@ -27,6 +26,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="auto | float32 | bfloat16 | float16")
     p.add_argument("--data-dir", help="where the demo checkpoint and the history database live")
     p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="least severe log lines shown (default INFO; serve: one line per session and per answer)")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -60,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="throughput and latency of the serving pipeline")
     _add_model_options(p)
-    p.add_argument("--sessions", default="1,4,16,64", help="comma-separated concurrent session counts")
-    p.add_argument("--turns", type=int, default=1, help="turns per session")
+    p.add_argument("--sessions", help="comma-separated concurrent session counts (default 1,4,16,64; --soak: 4)")
+    p.add_argument("--turns", type=int, help="turns per session (default 1; --soak: 3)")
     p.add_argument("--speech", action="append", default=[], help="speech file(s) to use instead of synthetic input")
     p.add_argument("--max-new-tokens", type=int, default=64, help="generated positions per turn")
     p.add_argument("--random-weights", choices=["7b", "full"],
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
     p.add_argument("--http", action="store_true",
                    help="through the real server on loopback: --sessions concurrent streaming chat requests (time to first audio byte)")
+    p.add_argument("--soak", action="store_true",
+                   help="the real server on loopback under --sessions sessions speaking --turns turns with faults "
+                        "(barge-ins, hang-ups and reconnects, malformed events); checks the books at the end")
+    p.add_argument("--seconds", type=float, default=600.0, help="--soak: stop starting turns after this long")
+    p.add_argument("--fault-rate", type=float, default=0.3, help="--soak: share of turns with a fault")
+    p.add_argument("--client-processes", type=int,
+                   help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")
@@ -105,7 +113,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from kimiaudio.server.log_setup import configure_logging
+
+    configure_logging(getattr(args, "log_level", "INFO"))
     try:
         if args.command == "demo-checkpoint":
             from kimiaudio.checkpoint.demo import write_demo_checkpoint
@@ -115,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config = config_from_args(args)
         if args.command == "serve":
-            from kimiaudio.server.app import run_server
+            from kimiaudio.server.serve import run_server
 
             return run_server(config) or 0
         if args.command == "bench":

@@ -140,6 +140,23 @@ class ServerConfig:
                                                                   means="a stun:, turn: or turns: URL"))
     # How long a spoken answer of POST /v1/chat/completions stays usable by its audio id.
     audio_answer_ttl_s: float = setting(3600.0, Bounds(1.0, 30 * 86400.0))
+    # Required by every route but the demo page (Authorization: Bearer KEY); empty = no key.
+    # The environment variable KIMIAUDIO_API_KEY, when set, takes precedence (keeps it out of
+    # files); server/access.py checks that it is printable.
+    api_key: str = ""
+    # Host header values served (a DNS-rebinding page sends its own name); empty = the bound
+    # host, localhost, 127.0.0.1 and [::1]; "*" = any (behind a proxy that checks it).
+    allowed_hosts: list[str] = setting(factory=list, bounds=Bounds(pattern=r"\S+", means="a host name"))
+    # Origins (scheme://host:port) allowed to POST, DELETE or open a WebSocket besides the
+    # server's own page; requests without an Origin header (non-browser clients) pass.
+    allowed_origins: list[str] = setting(factory=list, bounds=Bounds(pattern=r"https?://\S+",
+                                                                      means="an origin like https://example.org:8443"))
+    # Largest request body (34 MB: OpenAI's 25 MB of audio, base64-encoded in a chat request),
+    # and how long it may take to arrive.
+    max_body_bytes: int = setting(34 * 1024 * 1024, Bounds(1024, 2**31))
+    body_timeout_s: float = setting(30.0, Bounds(0.0, 3600.0, min_open=True))
+    # On SIGTERM/SIGINT: answers in flight may finish for this long before sessions are closed.
+    shutdown_grace_s: float = setting(10.0, Bounds(0.0, 3600.0))
 
 
 @dataclass

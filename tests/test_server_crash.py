@@ -6,7 +6,6 @@ import io
 import math
 import os
 import signal
-import threading
 import time
 
 import aiohttp
@@ -14,33 +13,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from test_server_serve import _free_port, _serve
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from test_server_support import silence
+from test_server_support import free_port, silence, start_serve
 
 pytestmark = pytest.mark.slow
 
 
-def start_server(data_dir, port):
-    """`python -m kimiaudio serve` on `port`; returns once it listens (its output is drained)."""
-    proc = _serve(data_dir, port)
-    ready = threading.Event()
-
-    def drain():
-        for line in proc.stdout:
-            if "Press Ctrl-C" in line:
-                ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not ready.wait(120):
-        proc.kill()
-        raise AssertionError("server did not start")
-    return proc
-
 
 async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech):
-    port = _free_port()
-    proc = start_server(tmp_path, port)
+    port = free_port()
+    proc = start_serve(tmp_path, port)
     try:
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
             mic = ScriptedMic()
@@ -58,8 +40,8 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             proc.kill()
 
     conversation_id = committed["conversation_id"]
-    port = _free_port()
-    proc = start_server(tmp_path, port)
+    port = free_port()
+    proc = start_serve(tmp_path, port)
     try:
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
             conversation = await (await http.get(f"/api/conversations/{conversation_id}")).json()
@@ -100,8 +82,8 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
 async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speech):
     from test_server_support import LONG_ANSWER
 
-    port = _free_port()
-    proc = start_server(tmp_path, port)
+    port = free_port()
+    proc = start_serve(tmp_path, port)
     try:
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
             mic = ScriptedMic()
@@ -126,8 +108,8 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
         if proc.poll() is None:
             proc.kill()
 
-    port = _free_port()
-    proc = start_server(tmp_path, port)
+    port = free_port()
+    proc = start_serve(tmp_path, port)
     try:
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
             turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]

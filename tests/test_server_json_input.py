@@ -11,6 +11,7 @@ from kimiaudio.server.json_input import JsonInputError, parse_json
     ("1" * 5000, "invalid_json"),  # more digits than int() converts
     ('{"x": NaN}', "invalid_json"),
     ('{"x": Infinity}', "invalid_json"),
+    ('{"x": -1e400}', "invalid_json"),  # overflows to -inf
     ('"\\ud800"', "invalid_json"),  # a lone surrogate
     ('{"\\udfff": 1}', "invalid_json"),
     (b"\xff\xfe{}", "invalid_json"),  # not UTF-8

@@ -49,6 +49,7 @@ async def test_page_static_files_and_status(http):
     ('{"sdp": "garbage m=audio garbage", "type": "offer"}', "bad_offer", 400),
     ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "conversation_id": "nope"}', "conversation_not_found", 404),
     ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": 3}}', "invalid_event", 400),
+    # Values are checked against the config's ranges as the event is parsed, before the SDP.
     ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": {"threshold": 7}}}',
      "invalid_value", 400),
 ])

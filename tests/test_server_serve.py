@@ -4,47 +4,22 @@ is a one-line error."""
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from test_server_support import ROOT, free_port, start_serve, stop_serve
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(data_dir: Path, port: int) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(data_dir), "--port", str(port)],
-        cwd=data_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_serve_prints_url_and_demo_notice_and_stops_on_ctrl_c(tmp_path):
-    port = _free_port()
-    proc = _serve(tmp_path, port)
-    lines = []
+    port = free_port()
+    proc = start_serve(tmp_path, port)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Press Ctrl-C" in line:
-                break
-        output = "".join(lines)
+        output = "".join(proc.output_lines)
         assert f"http://127.0.0.1:{port}/" in output, output
         assert "DEMO WEIGHTS" in output and "--model DIR" in output, output
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10) as resp:
@@ -59,8 +34,8 @@ def test_serve_prints_url_and_demo_notice_and_stops_on_ctrl_c(tmp_path):
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
         assert busy.returncode != 0 and "--port" in busy.stderr and "Traceback" not in busy.stderr, busy.stderr
     finally:
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=30)
+        stop_serve(proc)
+    rest = "".join(proc.output_lines)
     assert proc.returncode == 0, rest
     assert "Traceback" not in rest and "stopped" in rest
     assert (tmp_path / "kimiaudio.db").exists()

@@ -47,7 +47,7 @@ def cases(wav: str):
         "messages[0].content"
     yield "chat/completions", {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_value", \
         "messages[0].role"
-    yield "chat/completions", b"x" * (35 * 1024 * 1024), 413, "request_too_large", None
+    yield "chat/completions", b"x" * (35 * 1024 * 1024), 413, "too_large", None
     yield "audio/transcriptions", b'{"model": "x"}', 415, "unsupported_media_type", None
     yield "nothing/here", b"{}", 404, "unknown_url", None
 

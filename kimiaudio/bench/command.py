@@ -29,6 +29,13 @@ def run_bench_command(config, args) -> int:
     from kimiaudio.audio.io import load_audio
     from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
 
+    # A soak is a smaller, longer run than a throughput bench: its own defaults.
+    args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
+    args.turns = args.turns or (3 if args.soak else 1)
+    if args.soak:
+        from kimiaudio.bench.soak import run_soak_command
+
+        return run_soak_command(config, args)
     try:
         sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
     except ValueError:

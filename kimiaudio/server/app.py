@@ -1,10 +1,14 @@
-"""The aiohttp application: factory, lifetime of its parts, and `run_server` for the CLI.
+"""The aiohttp application: its factory and the lifetime of its parts (serve.py runs it).
 
 `create_app(config, stack, pipeline=None)` builds the app with typed AppKeys (no module
 globals). Things that start and must stop are cleanup contexts: the conversation store (its
 writer/reader threads) and, unless the caller passes one it owns, the pipeline (the GPU
 worker). `on_shutdown` closes every peer connection first, so interrupted turns are stored
 before the store and the pipeline go away.
+
+Every request passes the same middlewares, outermost first: errors as JSON (api_error.py),
+Host / API key / Origin (access.py), no new work while shutting down (admission.py), body size
+and read deadline (request_body.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.access import AccessPolicy, access_key, access_middleware
+from kimiaudio.server.admission import Admission, admission_key, draining_middleware
+from kimiaudio.server.api_error import error_middleware
+from kimiaudio.server.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
+from kimiaudio.server.server_metrics import ServerMetrics, server_metrics_key
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -26,25 +35,36 @@ config_key = web.AppKey("config", Config)
 stack_key = web.AppKey("stack", Any)  # ModelStack | None
 pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
 store_key = web.AppKey("store", ConversationStore)
-sessions_key = web.AppKey("sessions", dict)  # session id -> RtcSession (None while it is set up)
+# session id -> a live session (RtcSession; any transport's: it has `is_answering` and `close()`)
+sessions_key = web.AppKey("sessions", dict)
+ready_key = web.AppKey("ready", asyncio.Event)  # set while the pipeline runs and the server is not stopping
 vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
 
 def create_app(config: Config, stack, pipeline=None) -> web.Application:
     """The server app. A `pipeline` passed in is used as it is (the caller starts and stops it)."""
-    from kimiaudio.server.routes import error_middleware, setup_routes
+    from kimiaudio.server.ops_routes import setup_ops_routes
+    from kimiaudio.server.routes import setup_routes
 
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
-    app = web.Application(middlewares=[error_middleware], client_max_size=1024 * 1024)
+    middlewares = [error_middleware, access_middleware, draining_middleware, body_limits_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[config_key] = config
     app[stack_key] = stack
     app[sessions_key] = {}
+    app[admission_key] = Admission(config.server.max_sessions)
+    app[access_key] = AccessPolicy.from_config(config)
+    app[max_body_bytes_key] = config.server.max_body_bytes
+    app[body_timeout_key] = config.server.body_timeout_s
+    app[ready_key] = asyncio.Event()
+    app[server_metrics_key] = ServerMetrics(lambda: app.get(pipeline_key), lambda: app[admission_key].num_reserved)
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_vad_context)
     app.cleanup_ctx.append(_pipeline_context(pipeline))
     app.on_shutdown.append(_close_sessions)
     setup_routes(app)
+    setup_ops_routes(app)
     return app
 
 
@@ -69,67 +89,24 @@ def _pipeline_context(pipeline):
     async def context(app: web.Application):
         if pipeline is not None:
             app[pipeline_key] = pipeline
+            app[ready_key].set()
             yield
+            app[ready_key].clear()
             return
         from kimiaudio.pipeline.pipeline import Pipeline
 
         owned = Pipeline(app[stack_key], app[config_key])
         await owned.start()
         app[pipeline_key] = owned
+        app[ready_key].set()
         yield
+        app[ready_key].clear()
         await owned.stop()
 
     return context
 
 
 async def _close_sessions(app: web.Application) -> None:
-    sessions = [s for s in app[sessions_key].values() if s is not None]
-    await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+    app[admission_key].is_draining = True
+    await asyncio.gather(*(s.close() for s in list(app[sessions_key].values())), return_exceptions=True)
     app[sessions_key].clear()
-
-
-def _banner(config: Config, stack) -> str:
-    from kimiaudio.pipeline.model_stack import DEMO_NOTICE
-
-    host = config.server.host
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    lines = [
-        "",
-        f"  kimiaudio is ready: open http://{shown}:{config.server.port}/ and press Connect",
-        f"  model: {stack.paths.root}",
-        f"  conversations: {config.data_dir / config.storage.database}",
-    ]
-    if stack.is_demo:
-        lines += ["", "  " + DEMO_NOTICE]
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages"]
-    lines += ["", "  Press Ctrl-C to stop.", ""]
-    return "\n".join(lines)
-
-
-def run_server(config: Config) -> int:
-    """`python -m kimiaudio serve`: load the model, serve until Ctrl-C; returns the exit code."""
-    from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
-    from kimiaudio.server.routes import STATIC_DIR
-
-    if not (STATIC_DIR / "index.html").is_file():
-        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
-                             "without its data files (reinstall with `pip install .`)")
-    print("Loading the model (first run creates the demo checkpoint)...", flush=True)
-    try:
-        stack = ModelStack.load(config, progress=True)
-    except KeyboardInterrupt:
-        print("\nInterrupted while loading the model.")
-        return 130
-    app = create_app(config, stack)
-    freeze_loaded_objects()
-    try:
-        web.run_app(app, host=config.server.host, port=config.server.port, access_log=None,
-                    print=lambda _: print(_banner(config, stack), flush=True), shutdown_timeout=5.0)
-    except OSError as exc:
-        raise KimiAudioError(
-            f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
-            "is another server running? choose another port with --port"
-        ) from None
-    print("kimiaudio stopped.")
-    return 0

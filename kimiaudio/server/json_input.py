@@ -1,9 +1,10 @@
 """JSON from a client (HTTP bodies, data-channel and WebSocket events), parsed defensively.
 
-One place decides what a client may send: at most `max_bytes`, UTF-8, standard JSON (no NaN
-or Infinity), nested at most `max_depth` deep. Anything else is a JsonInputError with a plain
-message: deep nesting would otherwise escape as RecursionError, a lone surrogate as
-UnicodeError, a 5,000-digit number as ValueError from deep inside a handler.
+One place decides what a client may send: at most `max_bytes`, UTF-8, standard JSON (no NaN,
+no Infinity, no float that overflows to it like 1e400), nested at most `max_depth` deep.
+Anything else is a JsonInputError with a plain message: deep nesting would otherwise escape
+as RecursionError, a lone surrogate as UnicodeError, a 5,000-digit number as ValueError from
+deep inside a handler.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e400: as unusable as Infinity
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
+
+
 def parse_json(data: str | bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON value in `data`, checked as the module docstring says."""
     if len(data) > max_bytes:
@@ -38,7 +46,7 @@ def parse_json(data: str | bytes, max_bytes: int, max_depth: int = MAX_DEPTH) ->
         except UnicodeDecodeError:
             raise JsonInputError("invalid_json", "the JSON is not UTF-8 text") from None
     try:
-        value = json.loads(data, parse_constant=_no_constants)
+        value = json.loads(data, parse_constant=_no_constants, parse_float=_finite_float)
     except RecursionError:
         raise JsonInputError("invalid_json", f"the JSON is nested too deeply (the limit is {max_depth})") from None
     except ValueError as exc:  # JSONDecodeError, too many digits, NaN/Infinity

@@ -35,7 +35,9 @@ from kimiaudio.server import client_events as ce
 from kimiaudio.server import events
 from kimiaudio.server.conversation import Conversation
 from kimiaudio.server.responses import Responses
+from kimiaudio.server.server_metrics import ServerMetrics
 from kimiaudio.server.session_settings import SessionSettings
+from kimiaudio.server.turn_log import log_response
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,10 @@ class _Work:
 
 class RealtimeSession:
     def __init__(self, session_id: str, config: Config, pipeline, store, vad, vad_executor: Executor,
-                 conversation_id: str | None, send: Callable[[dict], None], playback):
+                 conversation_id: str | None, send: Callable[[dict], None], playback,
+                 metrics: ServerMetrics | None = None):
         self.id = session_id
+        self._metrics = metrics
         self.pipeline = pipeline
         self.settings = SessionSettings(config, pipeline.can_speak)
         self.conversation = Conversation(store, conversation_id)
@@ -86,6 +90,11 @@ class RealtimeSession:
     def response(self):
         return self.responses.current
 
+    @property
+    def is_answering(self) -> bool:
+        """A response is being generated or played (graceful shutdown waits for these)."""
+        return self.response is not None
+
     def start(self) -> None:
         self.spawn(self._take_turns(), "turns")
 
@@ -94,6 +103,11 @@ class RealtimeSession:
         return self.settings.describe(self.id, self.conversation.id)
 
     def send(self, event: dict) -> None:
+        # Counted and logged here, whatever transport carries the session.
+        if self._metrics is not None:
+            self._metrics.observe_event(event)
+        if event["type"] == "response.done":
+            log_response(self.id, self.conversation.id, event)
         self._send(self._ids.stamp(event))
 
     def send_error(self, code: str, message: str, param: str | None = None) -> None:
@@ -200,6 +214,9 @@ class RealtimeSession:
             self.send_error(exc.code, str(exc), exc.param)
         except KimiAudioError as exc:
             self.send_error("invalid_value", str(exc))
+        except Exception:  # a bug: logged once, and the client still hears about it
+            log.exception("session %s: handling a client event failed", self.id)
+            self.send_error("internal", "the event could not be handled (the details are in the server log)")
 
     async def handle_event(self, event: ce.ClientEvent) -> None:
         if isinstance(event, ce.AudioAppend):

@@ -186,8 +186,8 @@ class Responses:
         and add what was heard at least every RECORD_INTERVAL_S: after a crash, the store holds
         what the user heard, as audio and as the codes of that audio (history after a restart)."""
         s, loop = self.session, asyncio.get_running_loop()
-        stop, heard = loop.create_task(r.stop_recording.wait()), loop.create_task(r.first_heard.wait())
-        await asyncio.wait([stop, heard], return_when=asyncio.FIRST_COMPLETED)
+        stop, first_heard = loop.create_task(r.stop_recording.wait()), loop.create_task(r.first_heard.wait())
+        await asyncio.wait([stop, first_heard], return_when=asyncio.FIRST_COMPLETED)
         try:
             while not r.stop_recording.is_set():
                 heard = self._heard_samples(r)
@@ -203,7 +203,7 @@ class Responses:
             s.send_error("storage_failed", f"the answer could not be stored as it played ({exc})")
         finally:
             stop.cancel()
-            heard.cancel()
+            first_heard.cancel()
 
     def _heard_samples(self, r: Response) -> int:
         if r.output_type != "both" or self.playback.response_id != r.id:

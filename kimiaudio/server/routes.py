@@ -2,6 +2,7 @@
 
     GET    /                                        the demo page (static/index.html)
     GET    /static/...                              its scripts and styles
+    GET    /api/auth                                {"required": bool}: does the server need an API key
     GET    /api/status                              model, demo flag, sessions, pipeline stats
     POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?} -> {sdp, type, session_id, conversation_id}
     GET    /api/conversations                       newest first
@@ -9,8 +10,8 @@
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
     DELETE /api/conversations/{id}
 
-Every error is JSON `{"error": {"code", "message"}}` with a 4xx/5xx status; a failure we did
-not foresee is logged with its traceback and answered with a 500 that shows none.
+Every input is checked where it enters: bodies by request_body.py, path and query values by
+path_params.py, the SDP by sdp_offer.py; errors are JSON (api_error.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import secrets
 from pathlib import Path
 
@@ -27,46 +27,30 @@ from aiortc import RTCSessionDescription
 
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server import client_events
-from kimiaudio.server.app import config_key, pipeline_key, sessions_key, stack_key, store_key, vad_executor_key
+from kimiaudio.server import client_events, path_params
+from kimiaudio.server.access import access_key
+from kimiaudio.server.admission import Slot
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.app import (admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key,
+                                  vad_executor_key)
+from kimiaudio.server.request_body import read_json_object
 from kimiaudio.server.rtc_session import RtcSession
+from kimiaudio.server.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.server_metrics import server_metrics_key
 from kimiaudio.server.v1 import setup_openai_routes
+from kimiaudio.store import is_conversation_id
 
 log = logging.getLogger(__name__)
 
 # The demo page ships inside the package (package data), so any install serves it.
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
-RETRY_AFTER_S = 10
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class ApiError(web.HTTPException):
-    """An HTTP error with a JSON body {"error": {"code", "message"}}."""
-
-    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
-        self.status_code = status
-        super().__init__(headers=headers, text=web.json_response({"error": {"code": code, "message": message}}).text,
-                         content_type="application/json")
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.content_type == "application/json" or not request.path.startswith("/api/"):
-            raise
-        raise ApiError(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason) from None
-    except KimiAudioError as exc:
-        raise ApiError(400, "bad_request", str(exc)) from None
-    except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
-        raise ApiError(500, "internal", "internal server error (the details are in the server log)") from None
+MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the session settings
 
 
 def setup_routes(app: web.Application) -> None:
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC_DIR)
+    app.router.add_get("/api/auth", auth)
     app.router.add_get("/api/status", status)
     app.router.add_post("/api/rtc/offer", offer)
     app.router.add_get("/api/conversations", list_conversations)
@@ -80,6 +64,11 @@ async def index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+async def auth(request: web.Request) -> web.Response:
+    """Unauthenticated: tells the page whether to ask for a key (and says nothing else)."""
+    return web.json_response({"required": bool(request.app[access_key].api_key)})
+
+
 async def status(request: web.Request) -> web.Response:
     app = request.app
     stack, pipeline, config = app[stack_key], app[pipeline_key], app[config_key]
@@ -91,7 +80,7 @@ async def status(request: web.Request) -> web.Response:
         "demo_weights": is_demo,
         "demo_message": _demo_message() if is_demo else None,
         "ice_servers": list(config.server.ice_servers),
-        "sessions": {"active": sum(s is not None for s in app[sessions_key].values()), "max": config.server.max_sessions},
+        "sessions": {"active": app[admission_key].num_reserved, "max": config.server.max_sessions},
         "pipeline": pipeline.stats() if pipeline is not None else None,
     }
     return web.json_response(body)
@@ -105,115 +94,106 @@ def _demo_message() -> str:
 
 async def offer(request: web.Request) -> web.Response:
     app = request.app
-    sessions, config = app[sessions_key], app[config_key]
-    if len(sessions) >= config.server.max_sessions:
-        raise ApiError(503, "server_full",
-                       f"the server is full ({config.server.max_sessions} sessions); try again in a few seconds",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})
-    body = await _json_object(request)
-    sdp, kind = body.get("sdp"), body.get("type")
-    if not isinstance(sdp, str) or not sdp.strip() or kind != "offer":
-        raise ApiError(400, "bad_offer", 'expected {"sdp": "<SDP text>", "type": "offer"}')
-    if "m=audio" not in sdp:
-        raise ApiError(400, "bad_offer", "the offer has no audio track: send the microphone with the offer")
-    conversation_id = body.get("conversation_id")
-    if conversation_id is not None:
-        await _conversation_or_404(request, conversation_id)
-    update = None
-    if body.get("session") is not None:
-        try:
-            update = client_events.parse_client_event(_session_update_json(body["session"]))
-        except client_events.ProtocolError as exc:
-            raise ApiError(400, exc.code, str(exc)) from None
-
-    from kimiaudio.audio.vad import SileroVad
-
-    session_id = f"sess_{secrets.token_hex(8)}"
-    sessions[session_id] = None  # hold the slot while the session is being set up
+    admission = app[admission_key]
+    admission.check()  # a full server says so before the body is read
+    body = await read_json_object(request, MAX_OFFER_BYTES)
+    sdp, update, conversation_id = await _offer_fields(request, body)
+    # Checked and taken in one step, after the body is in: a slow or stalled body holds no slot.
+    slot = admission.reserve()
     session = None
     try:
+        from kimiaudio.audio.vad import SileroVad
+
+        sessions = app[sessions_key]
+        session_id = f"sess_{secrets.token_hex(8)}"
         vad = await asyncio.get_running_loop().run_in_executor(app[vad_executor_key], SileroVad)
-        session = RtcSession(session_id, config, app[pipeline_key], app[store_key], vad, app[vad_executor_key],
-                             conversation_id, on_closed=lambda s: sessions.pop(s.id, None))
+        session = RtcSession(session_id, app[config_key], app[pipeline_key], app[store_key], vad, app[vad_executor_key],
+                             conversation_id, on_closed=lambda s: _closed(sessions, s, slot),
+                             metrics=app[server_metrics_key])
         if update is not None:
             try:
                 session.session.apply_update(update, announce=False)
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
-        answer = await session.accept(RTCSessionDescription(sdp=sdp, type="offer"))
-    except ApiError:
-        await _discard(sessions, session_id, session)
+        answer = await _accept(session, sdp)
+        if not session.closed:  # it may have failed already, and freed its slot
+            sessions[session_id] = session
+        app[server_metrics_key].sessions.labels("webrtc").inc()
+    except BaseException:
+        slot.release()
+        if session is not None:
+            await session.close()
         raise
-    except KimiAudioError as exc:
-        await _discard(sessions, session_id, session)
-        raise ApiError(400, "bad_offer", str(exc)) from None
-    except Exception as exc:
-        await _discard(sessions, session_id, session)
-        raise ApiError(400, "bad_offer", f"the SDP offer could not be used ({type(exc).__name__}: {exc})") from None
-    sessions[session_id] = session
     # A new conversation is created at its first committed turn (announced by conversation.created),
     # so connecting without speaking leaves no empty conversation behind: null until then.
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id,
                               "conversation_id": conversation_id})
 
 
-async def _discard(sessions: dict, session_id: str, session: RtcSession | None) -> None:
-    sessions.pop(session_id, None)
-    if session is not None:
-        await session.close()
+async def _offer_fields(request: web.Request, body: dict) -> tuple[str, client_events.SessionUpdate | None, str | None]:
+    """(sdp, session.update or None, conversation id or None) of an offer body, each checked."""
+    sdp = body.get("sdp")
+    if not isinstance(sdp, str) or not sdp.strip() or body.get("type") != "offer":
+        raise ApiError(400, "bad_offer", 'expected {"sdp": "<SDP text>", "type": "offer"}')
+    conversation_id = body.get("conversation_id")
+    if conversation_id is not None:
+        await _conversation_or_404(request, conversation_id)
+    update = None
+    if body.get("session") is not None:
+        try:
+            update = client_events.parse_client_event(json.dumps({"type": "session.update", "session": body["session"]}))
+        except client_events.ProtocolError as exc:
+            raise ApiError(400, exc.code, str(exc)) from None
+    check_offer(sdp)
+    return sdp, update, conversation_id
 
 
-def _session_update_json(session) -> str:
-    return json.dumps({"type": "session.update", "session": session})
-
-
-async def _json_object(request: web.Request) -> dict:
+async def _accept(session: RtcSession, sdp: str) -> RTCSessionDescription:
     try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
-        raise ApiError(400, "invalid_json", "the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
-    return body
+        return await session.accept(RTCSessionDescription(sdp=sdp, type="offer"))
+    except KimiAudioError as exc:
+        raise ApiError(400, "bad_offer", str(exc)) from None
+    except Exception as exc:  # aiortc refusing an offer that passed our checks (e.g. no common codec)
+        log.info("session %s: aiortc refused the offer (%s: %s)", session.id, type(exc).__name__, exc)
+        raise ApiError(400, "bad_offer",
+                       "the SDP offer could not be used (no common audio codec or transport?)") from None
+
+
+def _closed(sessions: dict, session: RtcSession, slot: Slot) -> None:
+    sessions.pop(session.id, None)
+    slot.release()
 
 
 async def _conversation_or_404(request: web.Request, conversation_id) -> dict:
     conversation = None
-    if isinstance(conversation_id, str) and _ID_PATTERN.match(conversation_id):
+    if is_conversation_id(conversation_id):
         conversation = await request.app[store_key].get_conversation(conversation_id)
     if conversation is None:
-        raise ApiError(404, "conversation_not_found", f"no conversation with id {conversation_id!r}")
+        shown = conversation_id[:80] if isinstance(conversation_id, str) else conversation_id
+        raise ApiError(404, "conversation_not_found", f"no conversation with id {shown!r}")
     return conversation
 
 
 async def list_conversations(request: web.Request) -> web.Response:
-    try:
-        limit = int(request.query.get("limit", "100"))
-    except ValueError:
-        raise ApiError(400, "bad_request", "limit must be an integer") from None
-    if not 1 <= limit <= 1000:
-        raise ApiError(400, "bad_request", "limit must be between 1 and 1000")
+    limit = path_params.query_int(request, "limit", 100, 1, 1000)
     return web.json_response({"conversations": await request.app[store_key].list_conversations(limit)})
 
 
 async def get_conversation(request: web.Request) -> web.Response:
-    return web.json_response(await _conversation_or_404(request, request.match_info["id"]))
+    return web.json_response(await _conversation_or_404(request, path_params.conversation_id(request)))
 
 
 async def delete_conversation(request: web.Request) -> web.Response:
-    conversation_id = request.match_info["id"]
+    conversation_id = path_params.conversation_id(request)
     await _conversation_or_404(request, conversation_id)
     await request.app[store_key].delete_conversation(conversation_id)
     return web.json_response({"deleted": conversation_id})
 
 
 async def turn_audio(request: web.Request) -> web.Response:
-    conversation_id = request.match_info["id"]
+    conversation_id = path_params.conversation_id(request)
+    index = path_params.turn_index(request)
     await _conversation_or_404(request, conversation_id)
-    try:
-        index = int(request.match_info["index"])
-    except ValueError:
-        raise ApiError(400, "bad_request", "the turn index must be an integer") from None
     wav = await request.app[store_key].turn_audio_wav(conversation_id, index)
     if wav is None:
         raise ApiError(404, "audio_not_found", f"conversation {conversation_id!r} has no audio for turn {index}")

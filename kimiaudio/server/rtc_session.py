@@ -11,6 +11,10 @@ opens); the session's responses out through a PlaybackTrack (48 kHz, 20 ms frame
 
 A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
 the connection state; closing cancels its turn and tasks and frees its slot.
+
+Data-channel messages go to `RealtimeSession.handle_message`, which checks them as JSON
+(json_input.parse_json: size, depth, UTF-8, no NaN) and answers whatever fails with an `error`
+event: a client's message never ends in a silent traceback.
 """
 
 from __future__ import annotations
@@ -23,14 +27,18 @@ from typing import Callable
 
 import av
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError
 
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server import events
-from kimiaudio.server.audio_track import PlaybackTrack
+
+from kimiaudio.server.input_clock import InputClock
+from kimiaudio.server.metered_track import MeteredPlaybackTrack
 from kimiaudio.server.realtime_session import RealtimeSession
+from kimiaudio.server.server_metrics import ServerMetrics
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -38,23 +46,29 @@ log = logging.getLogger(__name__)
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
+TASKS_STOP_TIMEOUT_S = 2.0  # a cancelled task of the session has this long to finish
+# What a task of the session may die of when the client goes away: a hang-up, not a bug.
+HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
 
 class RtcSession:
     def __init__(self, session_id: str, config: Config, pipeline, store: ConversationStore, vad: SileroVad,
-                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcSession"], None]):
+                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcSession"], None],
+                 metrics: ServerMetrics):
         self.id = session_id
         self._on_closed = on_closed
+        self._metrics = metrics
         ice = [RTCIceServer(urls=url) for url in config.server.ice_servers]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
-        self.track = PlaybackTrack()
+        self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, conversation_id,
-                                       send=self._send, playback=self.track)
+                                       send=self._send, playback=self.track, metrics=metrics)
         self._channel = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._tasks: set[asyncio.Task] = set()
         self._has_audio_track = False
         self.closed = False
+        self._closing: asyncio.Future | None = None
 
     # ----- signalling -----
     async def accept(self, offer: RTCSessionDescription) -> RTCSessionDescription:
@@ -88,13 +102,18 @@ class RtcSession:
 
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
-            self._spawn(self.close())
+            self._spawn(self.close(f"connection {self.pc.connectionState}"))
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
         if self._channel is None or self._channel.readyState != "open":
             if len(self._outbox) < MAX_OUTBOX:
                 self._outbox.append(event)
+            return
+        if self.pc.connectionState != "connected":
+            # Gone (or going): aiortc would send from a task of its own that fails with a
+            # ConnectionError nobody retrieves, logged as an ERROR traceback per hang-up.
+            log.debug("session %s: not connected, %s not sent", self.id, event["type"])
             return
         self._send_now(event)
 
@@ -107,21 +126,25 @@ class RtcSession:
     # ----- audio in -----
     async def _read_audio(self, track) -> None:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        clock = InputClock(self.id, self._metrics.note_input_dropped)
         timeout = FIRST_FRAME_TIMEOUT_S
+        reason = "the client hung up"
         try:
-            while True:
+            while not self.closed:  # (3.11's wait_for can swallow the cancel that close() sends)
                 try:
                     frame = await asyncio.wait_for(track.recv(), timeout)
                 except asyncio.TimeoutError:
-                    log.info("session %s: no audio for %.0f s, closing", self.id, timeout)
+                    reason = f"no audio for {timeout:.0f} s: the client is gone"
                     break
                 except MediaStreamError:
                     break
                 timeout = INPUT_TIMEOUT_S
+                if clock.is_behind(frame):
+                    continue  # overloaded: this audio is dropped rather than queued without bound
                 for out in resampler.resample(frame):
                     await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
         finally:
-            self._spawn(self.close())
+            self._spawn(self.close(reason))
 
     # ----- lifetime -----
     def _spawn(self, coro) -> asyncio.Task:
@@ -130,25 +153,38 @@ class RtcSession:
 
         def finished(t: asyncio.Task) -> None:
             self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("session %s failed", self.id, exc_info=t.exception())
+            exc = None if t.cancelled() else t.exception()
+            if isinstance(exc, HANG_UPS):
+                log.info("session %s: the client went away (%s)", self.id, type(exc).__name__)
+            elif exc is not None:
+                log.error("session %s failed", self.id, exc_info=exc)
 
         task.add_done_callback(finished)
         return task
 
-    async def close(self) -> None:
-        """Close the session (storing what was heard), stop every task, close the peer."""
-        if self.closed:
-            return
+    @property
+    def is_answering(self) -> bool:
+        return self.session.is_answering
+
+    async def close(self, reason: str = "closed by the server") -> None:
+        """Close the session (storing what was heard), stop every task, close the peer. A second
+        call waits for the first to finish: the app's shutdown must not go on (and stop the VAD
+        thread and the store) while a close begun by the client's hang-up is still storing."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(reason))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, reason: str) -> None:
         self.closed = True
         try:
             await self.session.close()
         finally:
-            current = asyncio.current_task()
-            for task in list(self._tasks):
-                if task is not current:
-                    task.cancel()
+            tasks = [task for task in self._tasks if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:  # over before close() returns: the app may stop the VAD thread and the store next
+                await asyncio.wait(tasks, timeout=TASKS_STOP_TIMEOUT_S)
             self.track.stop()
             await self.pc.close()
             self._on_closed(self)
-            log.info("session %s closed", self.id)
+            log.info("session %s closed: %s", self.id, reason)

@@ -25,6 +25,7 @@ from kimiaudio.config import Config
 from kimiaudio.server import client_events as ce
 from kimiaudio.server import events
 from kimiaudio.server.realtime_session import RealtimeSession
+from kimiaudio.server.server_metrics import ServerMetrics
 from kimiaudio.server.ws_playback import WsPlayback
 
 log = logging.getLogger(__name__)
@@ -35,18 +36,23 @@ MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 
 class WsSession:
     def __init__(self, session_id: str, ws: web.WebSocketResponse, config: Config, pipeline, store, vad,
-                 vad_executor: Executor, on_closed: Callable[["WsSession"], None]):
+                 vad_executor: Executor, on_closed: Callable[["WsSession"], None], metrics: ServerMetrics | None = None):
         self.id = session_id
         self.ws = ws
         self._on_closed = on_closed
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
         self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, None,
-                                       send=self._send, playback=self.playback)
+                                       send=self._send, playback=self.playback, metrics=metrics)
         self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
         self.closed = False
+        self._closing: asyncio.Future | None = None
+
+    @property
+    def is_answering(self) -> bool:
+        return self.session.is_answering
 
     async def run(self) -> None:
         """Serve the connection until the client goes away (the route handler's body)."""
@@ -117,9 +123,14 @@ class WsSession:
 
     # ----- lifetime -----
     async def close(self) -> None:
-        """Cancel the turn in progress (storing what was heard), send the last events, close."""
-        if self.closed:
-            return
+        """Cancel the turn in progress (storing what was heard), send the last events, close. A
+        second call waits for the first: the app's shutdown must not stop the store while a
+        close begun by the client's hang-up is still storing."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         self.closed = True
         try:
             await self.session.close()

@@ -1,6 +1,8 @@
 // kimiaudio demo page: WebRTC to the server (one POST /api/rtc/offer, no trickle ICE), the
 // JSON event protocol on the data channel, and the conversation list from the REST API.
-// Plain JavaScript, no build step.
+// When the server needs an API key (GET /api/auth), the page asks for it once per tab, keeps
+// it in sessionStorage and sends it with every request (Authorization: Bearer; ?api_key= for
+// <audio> sources, which cannot carry headers). Plain JavaScript, no build step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -32,8 +34,51 @@ function setState(state) {
   document.body.dataset.state = state;
 }
 
+// ---------------------------------------------------------------- API key
+const KEY_STORAGE = "kimiaudio.apiKey";
+const apiKey = () => sessionStorage.getItem(KEY_STORAGE);
+
+class Unauthorized extends Error {}
+
+// fetch() with the API key; a 401 asks for the key again.
+async function apiFetch(path, options = {}) {
+  const headers = new Headers(options.headers || {});
+  if (apiKey()) headers.set("Authorization", `Bearer ${apiKey()}`);
+  const resp = await fetch(path, { ...options, headers });
+  if (resp.status === 401) {
+    sessionStorage.removeItem(KEY_STORAGE);
+    showLogin("The server needs an API key.");
+    throw new Unauthorized("The server needs an API key: enter it above.");
+  }
+  return resp;
+}
+
+function showLogin(message) {
+  $("login").hidden = false;
+  $("login-message").textContent = message || "";
+  $("api-key").focus();
+}
+
+async function login(event) {
+  event.preventDefault();
+  const key = $("api-key").value.trim();
+  if (!key) return;
+  sessionStorage.setItem(KEY_STORAGE, key);
+  const resp = await fetch("/api/status", { headers: { Authorization: `Bearer ${key}` } }).catch(() => null);
+  if (!resp || resp.status === 401) {
+    sessionStorage.removeItem(KEY_STORAGE);
+    showLogin(resp ? "That key was not accepted." : UNREACHABLE);
+    return;
+  }
+  $("api-key").value = "";
+  $("login").hidden = true;
+  hideError();
+  start();
+}
+
 function audioUrl(conversationId, index) {
-  return `/api/conversations/${encodeURIComponent(conversationId)}/turns/${index}/audio`;
+  const url = `/api/conversations/${encodeURIComponent(conversationId)}/turns/${index}/audio`;
+  return apiKey() ? `${url}?api_key=${encodeURIComponent(apiKey())}` : url;
 }
 
 async function apiError(resp) {
@@ -49,11 +94,11 @@ const UNREACHABLE = "Cannot reach the kimiaudio server. Is `python -m kimiaudio 
 // ---------------------------------------------------------------- status and demo banner
 async function loadStatus() {
   try {
-    const resp = await fetch("/api/status");
+    const resp = await apiFetch("/api/status");
     if (!resp.ok) throw new Error(await apiError(resp));
     session.status = await resp.json();
   } catch (e) {
-    showError(UNREACHABLE);
+    if (!(e instanceof Unauthorized)) showError(UNREACHABLE);
     return;
   }
   const s = session.status;
@@ -128,11 +173,11 @@ async function openSession() {
   if (session.continueId) body.conversation_id = session.continueId;
   let resp;
   try {
-    resp = await fetch("/api/rtc/offer", {
+    resp = await apiFetch("/api/rtc/offer", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
   } catch (e) {
-    throw new Error(UNREACHABLE);
+    throw e instanceof Unauthorized ? e : new Error(UNREACHABLE);
   }
   if (resp.status === 503) {
     const wait = resp.headers.get("Retry-After") || "a few";
@@ -301,7 +346,7 @@ function send(event) {
 async function refreshConversations() {
   let body;
   try {
-    const resp = await fetch("/api/conversations");
+    const resp = await apiFetch("/api/conversations");
     if (!resp.ok) return;
     body = await resp.json();
   } catch (e) {
@@ -324,7 +369,12 @@ async function refreshConversations() {
 }
 
 async function showConversation(id) {
-  const resp = await fetch(`/api/conversations/${encodeURIComponent(id)}`);
+  let resp;
+  try {
+    resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`);
+  } catch (e) {
+    return;
+  }
   if (!resp.ok) { showError(await apiError(resp)); return; }
   const c = await resp.json();
   selectedId = id;
@@ -355,7 +405,12 @@ function continueSelected() {
 
 async function deleteSelected() {
   if (!selectedId || !confirm("Delete this conversation and its audio?")) return;
-  const resp = await fetch(`/api/conversations/${encodeURIComponent(selectedId)}`, { method: "DELETE" });
+  let resp;
+  try {
+    resp = await apiFetch(`/api/conversations/${encodeURIComponent(selectedId)}`, { method: "DELETE" });
+  } catch (e) {
+    return;
+  }
   if (!resp.ok) showError(await apiError(resp));
   if (session.continueId === selectedId) session.continueId = null;
   selectedId = null;
@@ -375,6 +430,16 @@ $("connect").onclick = () => (session.pc ? disconnect() : connect());
 $("continue").onclick = continueSelected;
 $("delete").onclick = deleteSelected;
 $("new-conversation").onclick = newConversation;
+$("login").onsubmit = login;
 setState("disconnected");
-loadStatus();
-refreshConversations();
+
+function start() {
+  loadStatus();
+  refreshConversations();
+}
+
+// Ask for the key first if the server needs one and this tab has none yet.
+fetch("/api/auth")
+  .then((resp) => resp.json())
+  .then((auth) => { if (auth.required && !apiKey()) showLogin("This server needs an API key."); else start(); })
+  .catch(() => showError(UNREACHABLE));

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,15 +26,11 @@ import sqlite_utils
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
-from kimiaudio.store.schema import open_database
+from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index, new_conversation_id
+from kimiaudio.store.schema import integrity_problems, open_database
 
 USER_SAMPLE_RATE = 16000
 ASSISTANT_SAMPLE_RATE = PCM_SAMPLE_RATE  # replies are stored as the pipeline streamed them
-
-
-def new_conversation_id() -> str:
-    """An unguessable id: knowing it is what gives access to a conversation."""
-    return secrets.token_urlsafe(16)
 
 
 @dataclass
@@ -165,6 +160,7 @@ class ConversationStore:
     ) -> None:
         """Change the given fields of a stored turn (None = leave as it is; audio with no samples
         removes the turn's audio)."""
+        check_turn(conversation_id, index)
         fields: dict[str, Any] = {}
         if text is not None:
             fields["text"] = text
@@ -179,7 +175,13 @@ class ConversationStore:
         await self._writer.call(_update_turn, conversation_id, index, fields, audio)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
+        if not is_conversation_id(conversation_id):
+            return False
         return await self._writer.call(_delete_conversation, conversation_id)
+
+    async def integrity_problems(self) -> list[str]:
+        """What `PRAGMA integrity_check` and `foreign_key_check` find wrong (empty: all is well)."""
+        return await self._reader.call(integrity_problems)
 
     # ----- reads (reader thread) -----
     async def list_conversations(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -187,13 +189,19 @@ class ConversationStore:
 
     async def get_conversation(self, conversation_id: str) -> dict[str, Any] | None:
         """The conversation with its turns (no audio), or None if there is no such id."""
+        if not is_conversation_id(conversation_id):
+            return None
         return await self._reader.call(_get_conversation, conversation_id)
 
     async def turn_audio_wav(self, conversation_id: str, index: int) -> bytes | None:
+        if not (is_conversation_id(conversation_id) and is_turn_index(index)):
+            return None
         return await self._reader.call(_turn_audio_wav, conversation_id, index)
 
     async def load_history(self, conversation_id: str) -> list[StoredTurn] | None:
         """Every turn of a conversation with its audio decoded, or None if no such id."""
+        if not is_conversation_id(conversation_id):
+            return None
         return await self._reader.call(_load_history, conversation_id)
 
 

@@ -130,3 +130,10 @@ def open_database(path: str | Path) -> sqlite_utils.Database:
         conn.close()
         raise
     return sqlite_utils.Database(conn)
+
+
+def integrity_problems(db: sqlite_utils.Database) -> list[str]:
+    """What `PRAGMA integrity_check` and `PRAGMA foreign_key_check` find (empty: all is well)."""
+    problems = [row[0] for row in db.execute("PRAGMA integrity_check").fetchall() if row[0] != "ok"]
+    problems += [f"foreign key: {tuple(row)}" for row in db.execute("PRAGMA foreign_key_check").fetchall()]
+    return problems

@@ -7,7 +7,7 @@ whole answer encoded in audio.format, base64), transcript, expires_at}. A spoken
 kept in the answer store under its id until expires_at (server.audio_answer_ttl_s), so a
 later request can name it as history. `stream: true` answers with server-sent
 chat.completion.chunk events as the answer is generated (chat_stream.py).
-Bodies may hold up to MAX_BODY_BYTES (25 MB of audio, base64-encoded).
+Bodies may hold up to server.max_body_bytes (34 MB by default: 25 MB of audio, base64-encoded).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from kimiaudio.audio.encode import encode_audio
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.server.app import config_key, pipeline_key, store_key
-from kimiaudio.server.json_input import JsonInputError, parse_json
+from kimiaudio.server.json_input import JsonInputError
+from kimiaudio.server.request_body import read_json
 from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
 from kimiaudio.server.v1.errors import V1Error, openai_route
@@ -31,15 +32,13 @@ from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.server.v1.turn_guard import guarded_turn
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
-MAX_BODY_BYTES = 34 * 1024 * 1024  # 25 MB of audio in base64, and the JSON around it
-
 
 @openai_route
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
     try:
-        body = parse_json(await request.clone(client_max_size=MAX_BODY_BYTES).read(), MAX_BODY_BYTES)
+        body = await read_json(request)
     except JsonInputError as exc:
         raise V1Error(413 if exc.code == "too_large" else 400, str(exc), exc.code) from None
     chat = await parse_chat_request(body, config, store, pipeline.can_speak)

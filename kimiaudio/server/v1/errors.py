@@ -15,6 +15,7 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.api_error import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,12 @@ def openai_route(handler):
             return await handler(request)
         except V1Error as exc:
             return error_response(exc)
+        except ApiError:  # the app's own (admission, access): already OpenAI-shaped
+            raise
         except KimiAudioError as exc:
             return error_response(V1Error(400, str(exc), getattr(exc, "code", None) or "invalid_value"))
         except web.HTTPRequestEntityTooLarge as exc:
-            return error_response(V1Error(413, f"the request body is too large ({exc.text})", "request_too_large"))
+            return error_response(V1Error(413, f"the request body is too large ({exc.text})", "too_large"))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

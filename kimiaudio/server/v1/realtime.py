@@ -15,7 +15,9 @@ import secrets
 
 from aiohttp import web
 
+from kimiaudio.server.admission import admission_key
 from kimiaudio.server.app import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
+from kimiaudio.server.server_metrics import server_metrics_key
 from kimiaudio.server.v1.errors import V1Error, openai_route
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.ws_session import MAX_WS_MESSAGE_BYTES, WsSession
@@ -31,24 +33,26 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     if "model" in request.query:
         check_model(request.query["model"])
     sessions, config = app[sessions_key], app[config_key]
-    if len(sessions) >= config.server.max_sessions:
-        raise V1Error(503, f"the server is full ({config.server.max_sessions} sessions); try again in a few seconds",
-                      "server_full", kind="server_error")
     ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S)
     if not ws.can_prepare(request).ok:
         raise V1Error(400, "GET /v1/realtime is a WebSocket: connect with a WebSocket client", "websocket_expected")
+    slot = app[admission_key].reserve()  # 503 (full or shutting down) before the upgrade
     from kimiaudio.audio.vad import SileroVad
 
     session_id = f"sess_{secrets.token_hex(8)}"
-    sessions[session_id] = None  # hold the slot while the session is being set up
     try:
         vad = await asyncio.get_running_loop().run_in_executor(app[vad_executor_key], SileroVad)
         await ws.prepare(request)
     except BaseException:
-        sessions.pop(session_id, None)
+        slot.release()
         raise
+
+    def closed(session: WsSession) -> None:
+        sessions.pop(session.id, None)
+        slot.release()
+
     session = WsSession(session_id, ws, config, app[pipeline_key], app[store_key], vad, app[vad_executor_key],
-                        on_closed=lambda s: sessions.pop(s.id, None))
+                        on_closed=closed, metrics=app[server_metrics_key])
     sessions[session_id] = session
     try:
         await session.run()

@@ -1,6 +1,6 @@
 """POST /v1/audio/transcriptions: speech to text with the official ASR prompt.
 
-Multipart form as OpenAI's: `file` (any container PyAV reads, at most MAX_UPLOAD_BYTES),
+Multipart form as OpenAI's: `file` (any container PyAV reads, at most server.max_body_bytes),
 `model`, optional `response_format` (json | text | verbose_json | srt | vtt), `stream`
 (server-sent transcript.text.delta events, then transcript.text.done), `language`, `prompt`
 and `temperature`. The turn is the official ASR example's (a user text message holding
@@ -26,14 +26,16 @@ from kimiaudio.server.v1.errors import V1Error, openai_route
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.v1.turn_guard import guarded_turn
 
-MAX_UPLOAD_BYTES = 25 * 1024 * 1024 + 64 * 1024  # OpenAI's 25 MB file limit, plus the form around it
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 
 
 async def _form(request: web.Request) -> dict:
     if not request.content_type.startswith("multipart/form-data"):
         raise V1Error(415, "expected a multipart/form-data body with the audio as `file`", "unsupported_media_type")
-    form = await request.clone(client_max_size=MAX_UPLOAD_BYTES).post()
+    try:
+        form = await request.post()  # at most server.max_body_bytes (the app's client_max_size)
+    except ValueError as exc:  # aiohttp's word for a malformed multipart body
+        raise V1Error(400, f"the multipart body could not be read ({exc})", "invalid_multipart") from None
     upload = form.get("file")
     if upload is None or not hasattr(upload, "file"):
         raise V1Error(400, "file is required (the audio, as a multipart file field)", "missing_required_parameter", "file")

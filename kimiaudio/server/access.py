@@ -1,0 +1,136 @@
+"""Who may use the server: the Host allow-list, the optional API key, and the Origin check.
+
+One middleware, applied to every route (today's and any added later):
+1. Host: the Host header must name this server (`server.allowed_hosts`; by default the bound
+   host, localhost, 127.0.0.1, [::1]). A DNS-rebinding page reaches 127.0.0.1 under its own
+   name, so its requests carry that name: 421, before anything else is looked at.
+2. API key (`server.api_key`, or KIMIAUDIO_API_KEY): required by every route but the demo page
+   and `/api/auth` (which only says whether a key is needed). Accepted as
+   `Authorization: Bearer KEY`; for what a browser cannot give headers to, as `?api_key=KEY`
+   (an <audio> src) or the WebSocket subprotocol `openai-insecure-api-key.KEY` (the OpenAI
+   Realtime browser convention). Compared in constant time; 401 otherwise.
+3. Origin: a state-changing request (any method but GET/HEAD/OPTIONS, and WebSocket upgrades)
+   that carries an Origin header must come from the server's own page or an allowed origin
+   (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import dataclass
+
+from aiohttp import web
+from yarl import URL
+
+from kimiaudio.config import Config
+from kimiaudio.errors import ConfigError
+from kimiaudio.server.api_error import ApiError
+
+API_KEY_ENV = "KIMIAUDIO_API_KEY"
+WS_KEY_PREFIX = "openai-insecure-api-key."
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    api_key: str  # "" = none
+    allowed_hosts: frozenset[str] | None  # lower-case host names; None = any
+    allowed_origins: frozenset[str]  # normalised scheme://host:port
+
+    @classmethod
+    def from_config(cls, config: Config) -> "AccessPolicy":
+        server = config.server
+        hosts = [_host_name(h) for h in server.allowed_hosts] or [_host_name(server.host), *LOOPBACK_HOSTS]
+        allowed_hosts = None if "*" in hosts else frozenset(h for h in hosts if h)
+        origins = frozenset(_origin(o) for o in server.allowed_origins)
+        api_key = os.environ.get(API_KEY_ENV) or server.api_key
+        if api_key and not _is_token(api_key):
+            raise ConfigError(f"{API_KEY_ENV if os.environ.get(API_KEY_ENV) else 'server.api_key'}: expected printable "
+                              "ASCII without spaces (it travels in an HTTP header)")
+        return cls(api_key, allowed_hosts, origins)
+
+
+access_key = web.AppKey("access", AccessPolicy)
+
+
+def _is_token(key: str) -> bool:
+    return key.isascii() and key.isprintable() and " " not in key
+
+
+def _host_name(host: str) -> str:
+    """'Example.org:8080' -> 'example.org'; '[::1]:80' -> '::1'; '0.0.0.0' names no host."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("["):
+        host = host[1:host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":")[0]
+    return "" if host in ("0.0.0.0", "::") else host
+
+
+def _origin(value: str) -> str:
+    """'HTTP://Example.org' -> 'http://example.org:80'; anything else ("null") as written."""
+    try:
+        url = URL(value.strip())
+        if url.scheme and url.host:
+            return f"{url.scheme.lower()}://{url.host.lower()}:{url.port or _DEFAULT_PORTS.get(url.scheme, 0)}"
+    except ValueError:
+        pass
+    return value.strip().lower()
+
+
+def exposure_warning(config: Config, policy: AccessPolicy) -> str | None:
+    """What to print when the server listens beyond this machine without a key."""
+    if policy.api_key or config.server.host in LOOPBACK_HOSTS:
+        return None
+    return (f"warning: listening on {config.server.host} without an API key: anyone who can reach the port can "
+            "talk to the model and list, play and delete every conversation. Set server.api_key "
+            f"(or {API_KEY_ENV}).")
+
+
+def _is_public(path: str) -> bool:
+    return path == "/" or path.startswith("/static/") or path == "/api/auth"
+
+
+def _presented_key(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+        if protocol.strip().startswith(WS_KEY_PREFIX):
+            return protocol.strip()[len(WS_KEY_PREFIX):]
+    return request.query.get("api_key")
+
+
+def key_matches(presented: str | None, expected: str) -> bool:
+    # compare_digest takes its time from the presented key's length only, never from the contents.
+    return presented is not None and hmac.compare_digest(presented.encode("utf-8", "surrogateescape"),
+                                                         expected.encode("ascii"))
+
+
+def _same_origin(request: web.Request, origin: str) -> bool:
+    """The page this server served (scheme://Host) sent it."""
+    host = request.headers.get("Host")
+    return host is not None and origin == _origin(f"{request.scheme}://{host}")
+
+
+@web.middleware
+async def access_middleware(request: web.Request, handler):
+    policy = request.app[access_key]
+    host = request.headers.get("Host")
+    if host is not None and policy.allowed_hosts is not None and _host_name(host) not in policy.allowed_hosts:
+        raise ApiError(421, "unknown_host", f"this server does not answer to the host {host[:100]!r} "
+                                            "(add it to server.allowed_hosts)")
+    if policy.api_key and not _is_public(request.path) and not key_matches(_presented_key(request), policy.api_key):
+        raise ApiError(401, "unauthorized", "this server needs an API key: send Authorization: Bearer <key>",
+                       headers={"WWW-Authenticate": "Bearer"})
+    origin = request.headers.get("Origin")
+    changes_state = request.method not in _SAFE_METHODS or request.headers.get("Upgrade", "").lower() == "websocket"
+    if origin is not None and changes_state:
+        normalised = _origin(origin)
+        if normalised not in policy.allowed_origins and not _same_origin(request, normalised):
+            raise ApiError(403, "forbidden_origin", f"requests from the origin {origin[:100]!r} are not allowed "
+                                                   "(add it to server.allowed_origins)")
+    return await handler(request)

@@ -1,0 +1,79 @@
+"""HTTP errors as the API answers them, and the middleware that makes every failure one.
+
+Every error is JSON `{"error": {"code", "message", "type", "param"}}` with a 4xx/5xx status and a plain
+message. Bad input is refused where it enters (request_body.py, path_params.py, sdp_offer.py)
+with an ApiError or a KimiAudioError (-> 400); anything else that escapes a handler is a bug,
+logged once with its traceback and answered with a 500 that names no internal exception.
+A client that hangs up mid-request is one INFO line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.json_input import JsonInputError
+from kimiaudio.server.server_metrics import server_metrics_key
+
+log = logging.getLogger(__name__)
+
+INTERNAL_MESSAGE = "internal server error (the details are in the server log)"
+
+
+class ApiError(web.HTTPException):
+    """An HTTP error with a JSON body {"error": {"code", "message", "type", "param"}}: OpenAI's
+    shape, so that the /v1 routes' clients read the app-wide errors (401, 421, 503...) too."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+        self.status_code = status
+        self.code = code
+        self.message = message
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        body = {"error": {"code": code, "message": message, "type": kind, "param": None}}
+        super().__init__(headers=headers, text=web.json_response(body).text, content_type="application/json")
+
+
+def _is_page(path: str) -> bool:
+    """The demo page and its files keep aiohttp's plain answers; everything else speaks JSON."""
+    return path == "/" or path.startswith("/static/")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    try:
+        return await _answer(request, handler)
+    except ApiError as exc:
+        metrics = request.app.get(server_metrics_key)
+        if metrics is not None:
+            metrics.note_http_error(exc.code)
+        raise
+
+
+async def _answer(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError:
+        raise
+    except web.HTTPException as exc:
+        if exc.content_type == "application/json" or _is_page(request.path) or exc.status < 400:
+            raise
+        code = "too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+        raise ApiError(exc.status, code, exc.reason, headers=_kept_headers(exc)) from None
+    except JsonInputError as exc:
+        status = 413 if exc.code == "too_large" else 400
+        raise ApiError(status, exc.code, str(exc)) from None
+    except KimiAudioError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    except ConnectionResetError:  # the client went away; there is nobody to answer
+        log.info("client hung up during %s %s", request.method, request.path)
+        raise ApiError(400, "client_closed", "the client closed the connection") from None  # never sent
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        raise ApiError(500, "internal", INTERNAL_MESSAGE) from None
+
+
+def _kept_headers(exc: web.HTTPException) -> dict:
+    # 405 must keep Allow; others (Retry-After...) are set by our own ApiErrors already.
+    return {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After", "WWW-Authenticate")}

@@ -1,0 +1,72 @@
+"""The client's SDP offer, checked before aiortc's peer connection sees it.
+
+aiortc parses whatever it is given and fails late: a malformed line is an AssertionError or a
+ValueError from deep inside setRemoteDescription, and an offer without a DTLS fingerprint is
+accepted and fails later, in the DTLS handshake. Here the offer is parsed once with aiortc's
+own parser (any failure: one plain 400) and what a usable audio session needs is required up
+front: an `m=audio` section, ICE credentials, RTCP mux and a DTLS fingerprint of a known hash
+for every section, ports and candidates in range, and a sane size.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from aiortc.sdp import SessionDescription
+
+from kimiaudio.server.api_error import ApiError
+
+log = logging.getLogger(__name__)
+
+MAX_SDP_BYTES = 64 * 1024  # a browser's audio + data channel offer is 2-8 KB
+MAX_MEDIA_SECTIONS = 8
+_FINGERPRINT_HASHES = ("sha-1", "sha-224", "sha-256", "sha-384", "sha-512")
+_FINGERPRINT_VALUE = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){19,63}")
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, "bad_offer", message)
+
+
+def check_offer(sdp: object) -> SessionDescription:
+    """The parsed offer, or ApiError 400 bad_offer saying what is wrong."""
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise _bad('expected {"sdp": "<SDP text>", "type": "offer"}')
+    if len(sdp.encode("utf-8", "surrogatepass")) > MAX_SDP_BYTES:
+        raise _bad(f"the SDP offer is too large (the limit is {MAX_SDP_BYTES} bytes)")
+    if not sdp.lstrip().startswith("v=0"):
+        raise _bad("the SDP offer must start with v=0")
+    if any((ord(c) < 32 and c not in "\r\n\t") or ord(c) == 127 for c in sdp):
+        raise _bad("the SDP offer has control characters")
+    if sdp.count("\nm=") > MAX_MEDIA_SECTIONS:
+        raise _bad(f"the SDP offer has more than {MAX_MEDIA_SECTIONS} media sections")
+    try:
+        parsed = SessionDescription.parse(sdp)
+    except Exception as exc:  # aiortc's parser asserts and indexes its way through untrusted text
+        log.info("unparsable SDP offer refused (%s: %s)", type(exc).__name__, exc)
+        raise _bad("the SDP offer could not be parsed") from None
+    if not any(media.kind == "audio" for media in parsed.media):
+        raise _bad("the offer has no audio track: send the microphone with the offer")
+    for number, media in enumerate(parsed.media, 1):
+        _check_media(media, f"media section {number} ({media.kind})")
+    return parsed
+
+
+def _check_media(media, where: str) -> None:
+    if not 0 <= media.port <= 65535:
+        raise _bad(f"{where}: port {media.port} is out of range")
+    if not media.ice.usernameFragment or not media.ice.password:
+        raise _bad(f"{where}: a=ice-ufrag and a=ice-pwd are required")
+    if media.kind in ("audio", "video") and not media.rtcp_mux:
+        raise _bad(f"{where}: a=rtcp-mux is required")
+    if not media.dtls.fingerprints:
+        raise _bad(f"{where}: a=fingerprint (the DTLS certificate's) is required")
+    for fingerprint in media.dtls.fingerprints:
+        known = fingerprint.algorithm.lower() in _FINGERPRINT_HASHES
+        if not known or not _FINGERPRINT_VALUE.fullmatch(fingerprint.value):
+            raise _bad(f"{where}: a=fingerprint must be one of {', '.join(_FINGERPRINT_HASHES)} "
+                       "followed by colon-separated hex bytes")
+    for candidate in media.ice_candidates:
+        if not 0 <= candidate.port <= 65535 or not 0 <= candidate.priority < 2**32 or not 1 <= candidate.component <= 2:
+            raise _bad(f"{where}: an a=candidate line has an out-of-range port, priority or component")

@@ -1,0 +1,118 @@
+"""`python -m kimiaudio serve`: load the model, serve, and stop gracefully on SIGTERM/SIGINT.
+
+Stopping, in order:
+1. stop admitting: new offers and requests get 503 (admission.py), /readyz says not ready;
+2. let the answers in flight finish, for at most `server.shutdown_grace_s` (a second signal
+   cuts the wait short);
+3. close every session: an answer still playing is cut there and stored with what was heard
+   (app.py's on_shutdown), peers are closed;
+4. stop the pipeline and the store (cleanup contexts) and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from aiohttp import web
+
+from kimiaudio.config import Config
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.access import LOOPBACK_HOSTS, access_key, exposure_warning
+from kimiaudio.server.admission import admission_key
+from kimiaudio.server.app import create_app, ready_key, sessions_key
+
+log = logging.getLogger(__name__)
+
+HTTP_SHUTDOWN_TIMEOUT_S = 5.0  # requests still open when the listener closes (not sessions)
+POLL_S = 0.1
+
+
+def banner(config: Config, stack, warning: str | None) -> str:
+    from kimiaudio.pipeline.model_stack import DEMO_NOTICE
+
+    host = config.server.host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    lines = [
+        "",
+        f"  kimiaudio is ready: open http://{shown}:{config.server.port}/ and press Connect",
+        f"  model: {stack.paths.root}",
+        f"  conversations: {config.data_dir / config.storage.database}",
+    ]
+    if stack.is_demo:
+        lines += ["", "  " + DEMO_NOTICE]
+    if host not in LOOPBACK_HOSTS:
+        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages"]
+        if not config.server.allowed_hosts:
+            lines += ["  note: only requests for localhost and the bound address are served; add the names clients "
+                      "use to server.allowed_hosts"]
+    if warning:
+        lines += ["", "  " + warning]
+    lines += ["", "  Press Ctrl-C to stop.", ""]
+    return "\n".join(lines)
+
+
+async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) -> None:
+    """Refuse new work, then wait (at most `grace_s`) until no session is answering."""
+    app[admission_key].is_draining = True
+    app[ready_key].clear()
+    deadline = time.monotonic() + grace_s
+    answering = [s for s in app[sessions_key].values() if s.is_answering]
+    if answering:
+        log.info("stopping: no new sessions; waiting up to %.0f s for %d answer(s) in flight", grace_s, len(answering))
+    while answering and time.monotonic() < deadline and not cut_short.is_set():
+        await asyncio.sleep(POLL_S)
+        answering = [s for s in app[sessions_key].values() if s.is_answering]
+    if answering:
+        log.info("stopping: %d answer(s) cut short (what was heard is stored)", len(answering))
+
+
+async def serve_until_signalled(app: web.Application, config: Config, on_ready) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S)
+    await runner.setup()  # starts the store and the pipeline
+    try:
+        await web.TCPSite(runner, config.server.host, config.server.port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise KimiAudioError(f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
+                             "is another server running? choose another port with --port") from None
+    signals = asyncio.Event()
+    second = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, lambda: second.set() if signals.is_set() else signals.set())
+    on_ready()
+    try:
+        await signals.wait()
+        print("\nStopping (press Ctrl-C again to stop at once)...", flush=True)
+        await drain(app, config.server.shutdown_grace_s, second)
+    finally:
+        await runner.cleanup()  # closes the listener, every session (on_shutdown), the pipeline, the store
+        for number in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(number)
+
+
+def run_server(config: Config) -> int:
+    """Load the model and serve until SIGTERM/SIGINT; returns the exit code."""
+    from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
+    from kimiaudio.server.routes import STATIC_DIR
+
+    if not (STATIC_DIR / "index.html").is_file():
+        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
+                             "without its data files (reinstall with `pip install .`)")
+    print("Loading the model (first run creates the demo checkpoint)...", flush=True)
+    try:
+        stack = ModelStack.load(config, progress=True)
+    except KeyboardInterrupt:
+        print("\nInterrupted while loading the model.")
+        return 130
+    app = create_app(config, stack)
+    freeze_loaded_objects()
+    warning = exposure_warning(config, app[access_key])
+    if warning:
+        log.warning("%s", warning)
+    asyncio.run(serve_until_signalled(app, config, lambda: print(banner(config, stack, warning), flush=True)))
+    print("kimiaudio stopped.")
+    return 0

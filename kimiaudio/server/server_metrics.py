@@ -1,0 +1,71 @@
+"""What the server counts, and the registry `/metrics` exposes (one per app, no globals).
+
+The registry holds the server's own metrics (below) and the PipelineCollector (the pipeline's
+timings, counters and KV pool, read at scrape time). Transports report what their sessions
+send through `observe_event` (response.done: status and commit -> first packet sent; error:
+its code) and their playback through `note_audio` / `note_underrun`; the error middleware
+reports HTTP errors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
+from kimiaudio.server.pipeline_collector import PipelineCollector
+
+
+class ServerMetrics:
+    def __init__(self, pipeline: Callable[[], object | None], active_sessions: Callable[[], int]):
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.sessions = Counter("kimiaudio_sessions", "Sessions admitted", ["transport"], registry=registry)
+        Gauge("kimiaudio_sessions_active", "Session slots in use", registry=registry).set_function(active_sessions)
+        self.responses = Counter("kimiaudio_responses", "Responses ended, by the status sent to the client",
+                                 ["status"], registry=registry)
+        self.responses_open = Gauge("kimiaudio_responses_in_progress", "Responses created and not yet ended",
+                                    registry=registry)
+        self.errors = Counter("kimiaudio_errors", "Errors reported to clients, by where and what",
+                              ["source", "kind"], registry=registry)
+        self.first_packet = Histogram("kimiaudio_commit_to_first_packet_seconds",
+                                      "VAD commit of a user turn -> first audio frame of its answer sent",
+                                      buckets=LATENCY_BUCKETS, registry=registry)
+        self.audio = Counter("kimiaudio_audio_generated_seconds", "Seconds of answer audio handed to transports",
+                             registry=registry)
+        self.underruns = Counter("kimiaudio_playback_underruns", "Answers that ran out of audio while playing "
+                                 "(once per gap)", registry=registry)
+        self.input_dropped = Counter("kimiaudio_input_audio_dropped_seconds", "Microphone audio dropped because the "
+                                     "server was too far behind it (overload)", registry=registry)
+        registry.register(PipelineCollector(pipeline))
+
+    def observe_event(self, event: dict) -> None:
+        """A server event a session sent to its client."""
+        kind = event.get("type")
+        if kind == "response.created":
+            self.responses_open.inc()
+        elif kind == "response.done":
+            response = event["response"]
+            self.responses_open.dec()
+            self.responses.labels(response["status"]).inc()
+            first = response.get("timings", {}).get("commit_to_first_audio_s")
+            if first is not None:
+                self.first_packet.observe(first)
+        elif kind == "error":
+            self.errors.labels("event", event["error"]["code"]).inc()
+
+    def note_http_error(self, code: str) -> None:
+        self.errors.labels("http", code).inc()
+
+    def note_audio(self, seconds: float) -> None:
+        self.audio.inc(seconds)
+
+    def note_underrun(self) -> None:
+        self.underruns.inc()
+
+    def note_input_dropped(self, seconds: float) -> None:
+        self.input_dropped.inc(seconds)
+
+
+server_metrics_key = web.AppKey("server_metrics", ServerMetrics)

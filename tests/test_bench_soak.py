@@ -1,0 +1,60 @@
+"""`bench --soak`, CI-sized: the real server on loopback (demo checkpoint), WebRTC sessions with
+every kind of fault (barge-in, hang-up mid-answer and reconnect, malformed event), and the
+end-of-run books (KV blocks, final statuses, stored user turns, integrity_check, RSS). A
+second run with user turns silently lost on purpose must fail its books."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from kimiaudio.bench.soak import run_soak
+from kimiaudio.bench.soak_clients import FAULTS, plan_faults
+from kimiaudio.store import ConversationStore
+from test_server_serve import ROOT
+from test_server_support import demo_config, demo_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("KIMIAUDIO_API_KEY", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "kimiaudio", "bench", "--soak", "--model", str(demo_checkpoint), "--device", "cpu",
+         "--sessions", "2", "--turns", "3", "--seconds", "60", "--fault-rate", "0.5", "--max-new-tokens", "48",
+         "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] and all(check["ok"] for check in report["checks"].values()), report
+    assert report["transports"][0] == "webrtc"  # and "websocket" once the server has /v1/realtime
+    assert all(report["faults"][kind] >= 1 for kind in ("barge_in", "disconnect", "malformed")), report["faults"]
+    assert report["commits"] >= 6 and report["responses_by_status"]["completed"] >= 1, report
+    assert report["checks"]["leaked KV blocks"]["value"] == 0
+
+
+def test_soak_books_catch_a_lost_user_turn(demo_checkpoint, tmp_path, monkeypatch):
+    real_add_turn = ConversationStore.add_turn
+
+    async def losing_add_turn(self, conversation_id, role, *args, **kwargs):
+        index = await real_add_turn(self, conversation_id, role, *args, **kwargs)
+        if role == "user":  # stored, then lost: what the books must notice
+            await self.update_turn(conversation_id, index, audio=kwargs["audio"][:0])
+        return index
+
+    monkeypatch.setattr(ConversationStore, "add_turn", losing_add_turn)
+    config = demo_config(demo_checkpoint, tmp_path)
+    report = run_soak(demo_stack(demo_checkpoint), config, sessions=1, turns=1, seconds=60, fault_rate=0.0,
+                      max_new_tokens=24)
+    assert not report["ok"]
+    assert not report["checks"]["committed user turns not stored"]["ok"], report["checks"]
+
+
+def test_fault_plan_covers_every_fault():
+    plan = plan_faults(2, 3, 0.3, random.Random(5))
+    assert len(plan) == 2 and all(len(turns) == 3 for turns in plan)
+    assert {fault for turns in plan for fault in turns} >= set(FAULTS[1:])
+    assert plan_faults(2, 3, 0.0, random.Random(5)) == [["none"] * 3] * 2

@@ -1,0 +1,82 @@
+"""KV exhaustion: a pool far too small for the turns asked of it at once (engine.num_kv_blocks
+tiny) queues them or preempts them by recompute, never crashes: every turn ends completed with
+all its tokens, preemptions happened, and the pool is whole at the end. A turn that could not
+fit even an empty pool is refused with a message; the others go on."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+from kimiaudio.config import load_config
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.pipeline.model_stack import ModelStack
+from kimiaudio.pipeline.request import TurnRequest
+from test_pipeline import run_turn, settled_stats, voices, with_pipeline
+
+BLOCK_SIZE = 8
+NEW_TOKENS = 48
+TURNS = 6
+
+
+@pytest.fixture(scope="module")
+def stack(demo_checkpoint):
+    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"},
+                                "engine": {"num_kv_blocks": 256, "block_size": BLOCK_SIZE}})
+    return ModelStack.load(config)
+
+
+def tiny_pool_config(stack, num_blocks: int):
+    config = copy.deepcopy(stack.config)
+    config.engine.num_kv_blocks = num_blocks
+    return config
+
+
+def test_a_tiny_pool_queues_and_preempts_and_every_turn_ends(stack, speech_16k):
+    inputs = voices(speech_16k, TURNS)
+    params = [SamplingParams(seed=i, max_new_tokens=NEW_TOKENS, ignore_eos=True) for i in range(TURNS)]
+
+    async def alone(pipeline):
+        return [await run_turn(pipeline, TurnRequest("c", [], x, p)) for x, p in zip(inputs, params)]
+
+    reference = with_pipeline(stack, alone)
+    longest = max(len(r["codes"]) for r in reference)
+    # About two turns' worth of blocks for six turns at once: the longest turn fits alone.
+    num_blocks = 2 * ((longest + 40 + NEW_TOKENS) // BLOCK_SIZE + 2)
+
+    async def crowded(pipeline):
+        results = await asyncio.wait_for(asyncio.gather(
+            *[run_turn(pipeline, TurnRequest("c", [], x, p)) for x, p in zip(inputs, params)]), 300)
+        return results, await settled_stats(pipeline)
+
+    results, stats = with_pipeline(stack, crowded, tiny_pool_config(stack, num_blocks))
+    assert stats["kv_blocks_total"] == num_blocks
+    assert [r["done"].status for r in results] == ["completed"] * TURNS, [r["done"] for r in results]
+    assert stats["preemptions"] > 0, stats  # the pool really ran out
+    assert stats["kv_blocks_free"] == num_blocks and stats["turns"] == 0 and stats["running"] == 0
+    for got, alone_result in zip(results, reference):
+        assert len(got["done"].audio_tokens) > 0
+        # Preemption recomputes: the same seed gives the same tokens as the turn had alone.
+        assert got["done"].text_tokens == alone_result["done"].text_tokens
+        assert got["done"].audio_tokens == alone_result["done"].audio_tokens
+
+
+def test_a_turn_larger_than_the_pool_is_refused_and_the_rest_served(stack, speech_16k):
+    inputs = voices(speech_16k, 3)
+    params = SamplingParams(seed=1, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    too_long = SamplingParams(seed=1, max_new_tokens=4000, ignore_eos=True)
+
+    async def body(pipeline):
+        results = await asyncio.wait_for(asyncio.gather(
+            run_turn(pipeline, TurnRequest("c", [], inputs[0], params)),
+            run_turn(pipeline, TurnRequest("c", [], inputs[1], too_long)),
+            run_turn(pipeline, TurnRequest("c", [], inputs[2], params))), 300)
+        return results, await settled_stats(pipeline)
+
+    results, stats = with_pipeline(stack, body, tiny_pool_config(stack, 40))
+    statuses = [r["done"].status for r in results]
+    assert statuses == ["completed", "failed", "completed"], [r["done"] for r in results]
+    assert "KV pool" in results[1]["done"].error
+    assert stats["kv_blocks_free"] == 40 and stats["turns"] == 0

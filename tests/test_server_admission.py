@@ -1,0 +1,72 @@
+"""Admission and request bodies on a real server socket: the session cap holds against
+concurrent offers whose bodies arrive slowly (the slot is checked and taken in one step), a
+body that never arrives is answered 408 after server.body_timeout_s and holds no slot
+meanwhile, nor does a client that hangs up mid-body."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from test_server_support import demo_server, offer_sdp, post_head, raw_request
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+CAP = 3
+BODY_TIMEOUT_S = 2.0
+
+
+@pytest.fixture
+async def http(aiohttp_client, demo_checkpoint, tmp_path):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=CAP,
+                           body_timeout_s=BODY_TIMEOUT_S) as (client, _):
+        yield client
+
+
+async def active(http) -> int:
+    return (await (await http.get("/api/status")).json())["sessions"]["active"]
+
+
+async def test_concurrent_slow_offers_cannot_overfill_the_cap(http):
+    port = http.server.port
+    bodies = [json.dumps({"sdp": sdp, "type": "offer"}).encode()
+              for sdp in await asyncio.gather(*(offer_sdp() for _ in range(CAP + 5)))]
+    # Every offer's first half arrives at once, its second half a second later.
+    results = await asyncio.gather(*(raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body, pause_s=1.0)
+                                     for body in bodies))
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [200] * CAP + [503] * 5, statuses
+    refused = [json.loads(body)["error"]["code"] for status, body in results if status == 503]
+    assert set(refused) == {"server_full"}
+    assert await active(http) == CAP
+
+
+async def test_a_body_that_never_arrives_is_answered_408_and_holds_no_slot(http):
+    port = http.server.port
+    body = json.dumps({"sdp": await offer_sdp(), "type": "offer"}).encode()
+    started = time.monotonic()
+    stalled = asyncio.gather(*[raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body, send_rest=False)
+                               for _ in range(CAP + 2)])
+    await asyncio.sleep(0.5)
+    assert await active(http) == 0  # the stalled offers hold no slot: a real client still gets in
+    status, _ = await raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body)
+    assert status == 200 and await active(http) == 1
+    results = await stalled
+    assert [status for status, _ in results] == [408] * (CAP + 2), results
+    assert all(json.loads(body)["error"]["code"] == "body_timeout" for _, body in results)
+    assert time.monotonic() - started < BODY_TIMEOUT_S + 4
+    assert await active(http) == 1
+
+
+async def test_a_client_hanging_up_mid_body_leaves_nothing_behind(http):
+    port = http.server.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"{post_head(port, '/api/rtc/offer', 5000)}\r\n\r\n{{\"sdp\": ".encode())
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.close()
+    await asyncio.sleep(0.3)
+    assert await active(http) == 0
+    status, _ = await raw_request(port, post_head(port, "/api/rtc/offer", 2), b"{}")
+    assert status == 400  # the server goes on

@@ -1,0 +1,149 @@
+"""Metrics, health and logs of the real server (demo checkpoint, real aiortc client):
+/metrics in Prometheus format with non-zero latency histograms after a turn, /healthz and
+/readyz, one structured log line per answer, libraries kept quiet and client faults kept to
+one INFO line."""
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.server.app import admission_key
+from kimiaudio.server.log_setup import configure_logging
+from kimiaudio.server.metered_track import MeteredPlaybackTrack
+from test_server_support import demo_server, kv_pool_full_again, silence
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+async def scrape(http) -> dict[str, float]:
+    """{sample name + sorted labels: value} of one /metrics scrape."""
+    resp = await http.get("/metrics")
+    assert resp.status == 200 and resp.content_type == "text/plain"
+    samples = {}
+    for family in text_string_to_metric_families(await resp.text()):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+            key = f"{s.name}{{{labels}}}" if labels else s.name
+            if "le" in s.labels:
+                key += f"@{s.labels['le']}"
+            samples[key] = s.value
+    return samples
+
+
+@pytest.fixture
+async def server(aiohttp_client, demo_checkpoint, tmp_path):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as started:
+        yield started
+
+
+async def test_metrics_after_a_turn(server, speech, caplog):
+    http, pipeline = server
+    caplog.set_level(logging.INFO, logger="kimiaudio.turns")
+    before = await scrape(http)
+    assert before["kimiaudio_sessions_active"] == 0 and before["kimiaudio_lm_step_seconds_count"] == 0
+    client = RtcClient(ScriptedMic())
+    assert (await client.connect(http))[0] == 200
+    client.mic.say(np.concatenate([speech[0], silence(1.0)]))
+    done = await client.wait_for("response.done", timeout=60)
+    assert done["response"]["status"] == "completed"
+    await http.post("/api/rtc/offer", data="[" * 100, headers={"Content-Type": "application/json"})
+    m = await scrape(http)
+    assert m["kimiaudio_sessions_total{transport=webrtc}"] == 1 and m["kimiaudio_sessions_active"] == 1
+    assert m["kimiaudio_responses_total{status=completed}"] == 1 and m["kimiaudio_turns_total{status=completed}"] == 1
+    for stage in ("queued", "encoded", "prefill_done", "first_audio_token", "first_pcm", "done"):
+        assert m[f"kimiaudio_turn_stage_seconds_count{{stage={stage}}}"] == 1, stage
+        assert m[f"kimiaudio_turn_stage_seconds_sum{{stage={stage}}}"] > 0, stage
+    first = m["kimiaudio_commit_to_first_packet_seconds_sum"]
+    assert m["kimiaudio_commit_to_first_packet_seconds_count"] == 1
+    assert first == pytest.approx(done["response"]["timings"]["commit_to_first_audio_s"], abs=1e-3)
+    for name in ("kimiaudio_lm_step_seconds", "kimiaudio_lm_batch_size", "kimiaudio_encode_batch_seconds",
+                 "kimiaudio_detok_batch_seconds"):
+        assert m[f"{name}_count"] > 0 and m[f"{name}_sum"] > 0, name
+        buckets = [v for k, v in m.items() if k.startswith(f"{name}_bucket@")]
+        assert buckets == sorted(buckets) and buckets[-1] == m[f"{name}_count"], name  # cumulative, +Inf last
+    assert m["kimiaudio_prefill_tokens_total{cache=miss}"] > 0 and m["kimiaudio_decode_tokens_total"] > 0
+    assert m["kimiaudio_audio_generated_seconds_total"] > 0 and m["kimiaudio_detok_chunks_total"] > 0
+    assert m["kimiaudio_kv_blocks{state=free}"] + m["kimiaudio_kv_blocks{state=used}"] == 256
+    assert m["kimiaudio_errors_total{kind=invalid_json,source=http}"] == 1
+    assert "kimiaudio_playback_underruns_total" in m and "kimiaudio_preemptions_total" in m
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "kimiaudio.turns"]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("turn session=sess_") and f"response={done['response']['id']}" in line
+    conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
+    for part in (f"conversation={conversation_id}", "status=completed", "commit_to_first_audio_s=", "done_s=",
+                 "prefill_tokens_computed=", "text_chars="):
+        assert part in line, (part, line)
+    await client.close()
+    await kv_pool_full_again(pipeline)
+
+
+async def test_health_and_readiness(server):
+    http, _ = server
+    assert (await http.get("/healthz")).status == 200
+    ready = await http.get("/readyz")
+    assert ready.status == 200 and (await ready.json())["status"] == "ready"
+    http.app[admission_key].is_draining = True
+    resp = await http.get("/readyz")
+    assert resp.status == 503 and "shutting down" in (await resp.json())["problems"]
+    http.app[admission_key].is_draining = False
+
+
+async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(server, speech, caplog):
+    http, pipeline = server
+    root = logging.getLogger()
+    level = root.level
+    configure_logging("INFO")
+    try:
+        assert logging.getLogger("aioice").getEffectiveLevel() == logging.WARNING
+        caplog.set_level(logging.INFO)
+        for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
+                        b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"\x16\x03\x01\x00\xa5\x01\x00"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", http.server.port)
+            writer.write(garbage)
+            assert (await reader.read(12)).startswith(b"HTTP/1.") and writer.close() is None
+        # What aiortc leaves behind when a peer has just gone: a send task that failed, never awaited.
+        loop = asyncio.get_running_loop()
+        loop.call_exception_handler({"message": "Task exception was never retrieved",
+                                     "exception": ConnectionError("Cannot send data, not connected")})
+        client = RtcClient(ScriptedMic())
+        assert (await client.connect(http))[0] == 200
+        client.mic.say(np.concatenate([speech[0], silence(1.0)]))
+        await client.wait_for("response.audio.started", timeout=60)
+        await client.close()  # hang up mid-answer
+        for _ in range(100):
+            if any("closed:" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+        await kv_pool_full_again(pipeline)
+    finally:
+        root.setLevel(level)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+    # aiohttp logs the over-long header and the bad Content-Length (the others at DEBUG): one line each.
+    assert sum("Error handling request" in r.getMessage() for r in caplog.records) == 2
+    assert sum("closed:" in r.getMessage() for r in caplog.records if r.name.startswith("kimiaudio")) == 1
+    assert any(r.name == "asyncio" and "never retrieved: Cannot send data" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.name.startswith("aioice") and r.levelno < logging.WARNING]
+
+
+async def test_underruns_are_counted_once_per_gap():
+    counted, audio = [], []
+    track = MeteredPlaybackTrack(on_audio=audio.append, on_underrun=lambda: counted.append(1))
+    track.begin("resp_1")
+    track.push(np.full(4800, 0.1, np.float32))  # 0.2 s, then the generator is late: one gap
+    for _ in range(20):
+        await track.recv()
+    track.push(np.full(4800, 0.1, np.float32))  # late audio resumes playback; it runs dry again
+    for _ in range(20):
+        await track.recv()
+    track.push(np.full(2400, 0.1, np.float32))
+    track.end()  # the answer's last frames: running out at its end is not a gap
+    for _ in range(10):
+        await track.recv()
+    assert len(counted) == 2 and sum(audio) == pytest.approx(0.5)
+    track.stop()

@@ -1,0 +1,41 @@
+"""Overload: a server that cannot keep up with a microphone (the VAD slower than real time)
+drops that audio once it is more than a second behind, counts it, warns once, and catches up,
+instead of queueing frames without bound (memory) and hearing speech later and later."""
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from kimiaudio.audio.vad import TurnDetector
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+from test_server_metrics import scrape
+from test_server_support import demo_server, silence
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+async def test_a_microphone_the_server_cannot_keep_up_with_is_dropped_not_queued(
+        aiohttp_client, demo_checkpoint, tmp_path, monkeypatch, caplog):
+    real_push = TurnDetector.push
+
+    def slow_push(self, pcm):  # three times slower than real time (20 ms frames)
+        time.sleep(0.04)
+        return real_push(self, pcm)
+
+    monkeypatch.setattr(TurnDetector, "push", slow_push)
+    caplog.set_level(logging.WARNING)
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, _):
+        client = RtcClient(ScriptedMic())
+        assert (await client.connect(http))[0] == 200
+        await client.wait_for("session.created")
+        client.mic.say(silence(6.0))
+        await asyncio.sleep(6.0)
+        dropped = (await scrape(http))["kimiaudio_input_audio_dropped_seconds_total"]
+        # Past the first second behind, about two frames in three are dropped.
+        assert 1.5 < dropped < 6.0, dropped
+        warnings = [r.getMessage() for r in caplog.records if "behind this microphone" in r.getMessage()]
+        assert len(warnings) == 1, warnings  # not one per frame, nor one per time it falls behind
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        await client.close()

@@ -1,0 +1,88 @@
+"""Graceful shutdown of a real `python -m kimiaudio serve` (demo checkpoint) by SIGTERM while it
+answers: new offers are refused at once (503), the answer in flight is let finish within
+server.shutdown_grace_s (or cut there, keeping what was heard), the process exits 0 and the
+stored conversation has the user turn and the assistant turn with the audio that was played."""
+
+import asyncio
+import signal
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.store import ConversationStore
+from test_server_support import LONG_ANSWER, free_port, silence, start_serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def start_with_grace(tmp_path: Path, grace_s: float) -> tuple[subprocess.Popen, int, list[str]]:
+    """`serve` with long demo answers and the given grace; (process, port, its output lines)."""
+    port = free_port()
+    proc = start_serve(tmp_path, port, f"[server]\nshutdown_grace_s = {grace_s}\n"
+                                       f"[sampling]\naudio_top_k = {LONG_ANSWER['audio_top_k']}\n"
+                                       f"max_new_tokens = {LONG_ANSWER['max_new_tokens']}\n"
+                                       "[engine]\nnum_kv_blocks = 256\n[vad]\nsilence_ms = 400\n")
+    return proc, port, proc.output_lines
+
+
+async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int]:
+    """Speak until an answer is still playing 0.5 s after it started (the demo weights sometimes
+    stop within a second), SIGTERM then; (committed event, its response.done or {}, offer status
+    during the drain)."""
+    async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+        client = RtcClient(ScriptedMic())
+        assert (await client.connect(http))[0] == 200
+        for attempt in range(1, 6):
+            client.mic.say(np.concatenate([speech[0], silence(1.0)]))
+            committed = await client.wait_for("input_audio_buffer.committed", count=attempt, timeout=60)
+            await client.wait_for("response.audio.started", count=attempt, timeout=60)
+            await asyncio.sleep(0.5)
+            if len(client.of_type("response.done")) < attempt:
+                break
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        late = await http.post("/api/rtc/offer", json={"sdp": "v=0", "type": "offer"})
+        try:
+            done = await client.wait_for("response.done", count=attempt, timeout=30)
+        except AssertionError:
+            done = {}
+        await client.close()
+    return committed, done, late.status
+
+
+async def stored_turns(tmp_path: Path, conversation_id: str) -> list[dict]:
+    store = ConversationStore(tmp_path / "kimiaudio.db")
+    await store.open()
+    try:
+        assert await store.integrity_problems() == []
+        return (await store.get_conversation(conversation_id))["turns"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("grace_s", [30.0, 0.3])
+async def test_sigterm_mid_answer_exits_0_with_the_heard_part_stored(tmp_path, speech, grace_s):
+    proc, port, lines = start_with_grace(tmp_path, grace_s)
+    try:
+        committed, done, late_status = await answer_then_sigterm(proc, port, speech)
+        code = await asyncio.to_thread(proc.wait, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = "".join(lines)
+    assert code == 0, output
+    assert late_status == 503, output
+    assert "Traceback" not in output and "ERROR" not in output, output
+    user, assistant = (await stored_turns(tmp_path, committed["conversation_id"]))[-2:]
+    assert user["role"] == "user" and user["has_audio"]
+    assert assistant["role"] == "assistant" and assistant["has_audio"] and assistant["duration_s"] > 0.3
+    if grace_s > 1:  # the answer was let finish and heard whole
+        assert done["response"]["status"] == "completed" and not assistant["interrupted"], (done, output)
+        assert assistant["duration_s"] == pytest.approx(len(assistant["audio_tokens"]) * 0.08, abs=0.01)
+    else:  # cut at the end of the grace: stored as heard, marked interrupted
+        assert assistant["interrupted"], (assistant, output)
+        assert assistant["duration_s"] < len(assistant["audio_tokens"]) * 0.08 + 0.1
