@@ -26,7 +26,7 @@ from kimiaudio.audio.log_mel import MelSettings
 from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig
 from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, random_lm
-from kimiaudio.checkpoint.demo_audio import kaiser_sinc_lowpass
+from kimiaudio.checkpoint.demo_speech import kaiser_sinc_lowpass
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
 from kimiaudio.detok.detokenizer import Detokenizer

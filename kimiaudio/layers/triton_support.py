@@ -29,11 +29,9 @@ def kernel_mode() -> str:
 
 @functools.cache
 def triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None
 
 
 def interpreting() -> bool:

@@ -20,41 +20,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded, audio_key
+from kimiaudio.pipeline.encode_cache import EncodeCache, audio_key
 from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.pending_turn import PendingTurn
+from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.pipeline.turn import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import Worker
-from kimiaudio.text.prompt import Message, build_prompt
+from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
 
 ENCODE_CACHE_SIZE = 512  # utterances whose (codes, features) stay cached for history reuse
 MAX_IDLE_ENCODE_BATCH = 64  # when nothing is generating: one batch, but a bounded one
-
-
-@dataclass
-class PendingTurn:
-    """A submitted turn waiting for its audio to be encoded; it holds its own results."""
-
-    handle: TurnHandle
-    request: TurnRequest
-    audio: dict[bytes, object]  # key -> 16 kHz pcm of every user utterance it needs
-    queued_s: float  # seconds from submit until this worker took it
-    encoded: dict[bytes, Encoded] = field(default_factory=dict)
-
-    @property
-    def missing(self) -> list[bytes]:
-        return [key for key in self.audio if key not in self.encoded]
 
 
 def failure_message(stage: str, exc: Exception) -> str:
@@ -212,10 +197,8 @@ class LmWorker(Worker):
             raise KimiAudioError(f"output_type must be 'both' or 'text', got {request.output_type!r}")
         speaks = request.output_type == "both" and self.detok is not None
         output_type = "both" if speaks else "text"
-        messages = [m for m in (self._history_message(t, pending.encoded) for t in request.history) if m is not None]
-        codes, features = pending.encoded[audio_key(request.user_audio)]
-        messages.append(Message("user", "audio", audio_tokens=codes, features=features))
-        prompt = build_prompt(messages, output_type, self.stack.tokenizer, self.stack.specials)
+        prompt = build_prompt(pending.messages(), output_type, self.stack.tokenizer, self.stack.specials)
+        codes = pending.encoded[audio_key(request.user_audio)][0]
         params = request.sampling or SamplingParams.from_config(self.config.sampling)
         specials = self.stack.specials
         turn = LmTurn(handle, specials.token_offset, specials.text_eos, speaks)
@@ -228,15 +211,6 @@ class LmWorker(Worker):
         self._turns[handle.turn_id] = turn
         if speaks:
             self.detok.open(handle, params.seed)
-
-    @staticmethod
-    def _history_message(turn: HistoryTurn, encoded: dict[bytes, Encoded]) -> Message | None:
-        if turn.role == "user":
-            if turn.audio is not None:
-                codes, features = encoded[audio_key(turn.audio)]
-                return Message("user", "audio", audio_tokens=codes, features=features)
-            return Message("user", "text", text=turn.text) if turn.text else None
-        return Message.assistant_reply(turn.text, turn.audio_tokens) if turn.text or turn.audio_tokens else None
 
     def _step(self) -> None:
         start = time.perf_counter()

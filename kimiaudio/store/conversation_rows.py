@@ -1,0 +1,186 @@
+"""The conversation store's queries, run on its writer or reader thread (conversation_store.py):
+conversations, turns and their audio as rows. Turn audio is a 16-bit WAV blob: user turns at
+16 kHz (what the speech encoders take, so history can be re-encoded after a restart),
+assistant turns at 24 kHz (what the vocoder made). Token lists and timings are JSON text."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import sqlite_utils
+
+from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
+from kimiaudio.store.identifiers import new_conversation_id
+
+USER_SAMPLE_RATE = 16000
+ASSISTANT_SAMPLE_RATE = PCM_SAMPLE_RATE  # replies are stored as the pipeline streamed them
+
+
+@dataclass
+class StoredTurn:
+    """One turn as the pipeline's history needs it (audio decoded, tokens parsed)."""
+
+    index: int
+    role: str
+    text: str
+    text_tokens: list[int] | None
+    audio_tokens: list[int] | None
+    timings: dict[str, Any]
+    interrupted: bool
+    created_at: float
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+
+
+def turn_dict(row: dict) -> dict[str, Any]:
+    return {
+        "index": row["turn_index"],
+        "role": row["role"],
+        "text": row["text"],
+        "text_tokens": json.loads(row["text_tokens"]) if row["text_tokens"] else None,
+        "audio_tokens": json.loads(row["audio_tokens"]) if row["audio_tokens"] else None,
+        "timings": json.loads(row["timings"]) if row["timings"] else {},
+        "interrupted": bool(row["interrupted"]),
+        "created_at": row["created_at"],
+    }
+
+
+def json_or_none(tokens: list[int] | None) -> str | None:
+    return None if tokens is None else json.dumps([int(t) for t in tokens])
+
+
+def audio_record(audio: np.ndarray | None, role: str) -> dict[str, Any] | None:
+    """The turn_audio row of `audio`; None for no audio (None, or no samples: a text answer,
+    or an answer cut before anything was heard)."""
+    if audio is None or np.size(audio) == 0:
+        return None
+    sample_rate = USER_SAMPLE_RATE if role == "user" else ASSISTANT_SAMPLE_RATE
+    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    return {"sample_rate": sample_rate, "num_samples": int(audio.size), "wav": wav_bytes(audio, sample_rate)}
+
+
+def create_conversation(db: sqlite_utils.Database, title: str) -> dict[str, Any]:
+    now = time.time()
+    record = {"id": new_conversation_id(), "title": title, "created_at": now, "updated_at": now}
+    with db.atomic():
+        db["conversations"].insert(record)
+    return record
+
+
+def add_turn(db: sqlite_utils.Database, conversation_id: str, fields: dict, blob: dict | None) -> int:
+    now = time.time()
+    with db.atomic():
+        if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
+            raise KimiAudioError(f"conversation {conversation_id!r} does not exist")
+        index = db.execute(
+            "SELECT COALESCE(MAX(turn_index) + 1, 0) FROM turns WHERE conversation_id = ?", [conversation_id]
+        ).fetchone()[0]
+        row = {"conversation_id": conversation_id, "turn_index": index, "created_at": now, **fields}
+        turn_id = db["turns"].insert(row).last_pk
+        if blob is not None:
+            db["turn_audio"].insert({"turn_id": turn_id, **blob})
+        updates: dict[str, Any] = {"updated_at": now}
+        # A conversation is titled by the first words the assistant said in it.
+        if fields["role"] == "assistant" and fields["text"].strip():
+            title = db.execute("SELECT title FROM conversations WHERE id = ?", [conversation_id]).fetchone()[0]
+            if not title:
+                updates["title"] = title_from(fields["text"])
+        db["conversations"].update(conversation_id, updates)
+    return index
+
+
+def title_from(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + "…"
+
+
+def turn_row_id(db: sqlite_utils.Database, conversation_id: str, index: int) -> int:
+    row = db.execute(
+        "SELECT id FROM turns WHERE conversation_id = ? AND turn_index = ?", [conversation_id, index]
+    ).fetchone()
+    if row is None:
+        raise KimiAudioError(f"conversation {conversation_id!r} has no turn {index}")
+    return row[0]
+
+
+def update_turn(db: sqlite_utils.Database, conversation_id: str, index: int, fields: dict, audio) -> None:
+    with db.atomic():
+        turn_id = turn_row_id(db, conversation_id, index)
+        if fields:
+            db["turns"].update(turn_id, fields)
+        if audio is not None:
+            db.execute("DELETE FROM turn_audio_parts WHERE turn_id = ?", [turn_id])  # superseded (heard_audio.py)
+            role = db.execute("SELECT role FROM turns WHERE id = ?", [turn_id]).fetchone()[0]
+            record = audio_record(audio, role)
+            if record is None:
+                db.execute("DELETE FROM turn_audio WHERE turn_id = ?", [turn_id])
+            else:
+                db["turn_audio"].insert({"turn_id": turn_id, **record}, replace=True)
+        db["conversations"].update(conversation_id, {"updated_at": time.time()})
+
+
+def delete_conversation(db: sqlite_utils.Database, conversation_id: str) -> bool:
+    with db.atomic():
+        # ON DELETE CASCADE removes its turns and their audio.
+        cursor = db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id])
+    return cursor.rowcount > 0
+
+
+def list_conversations(db: sqlite_utils.Database, limit: int) -> list[dict[str, Any]]:
+    rows = db.execute(
+        "SELECT c.id, c.title, c.created_at, c.updated_at, COUNT(t.id) AS num_turns "
+        "FROM conversations c LEFT JOIN turns t ON t.conversation_id = c.id "
+        "GROUP BY c.id ORDER BY c.updated_at DESC LIMIT ?",
+        [limit],
+    ).fetchall()
+    keys = ("id", "title", "created_at", "updated_at", "num_turns")
+    return [dict(zip(keys, row)) for row in rows]
+
+
+def get_conversation(db: sqlite_utils.Database, conversation_id: str) -> dict[str, Any] | None:
+    rows = list(db["conversations"].rows_where("id = ?", [conversation_id]))
+    if not rows:
+        return None
+    turns = []
+    for row in db.query(
+        "SELECT t.*, a.sample_rate, a.num_samples FROM turns t LEFT JOIN turn_audio a ON a.turn_id = t.id "
+        "WHERE t.conversation_id = ? ORDER BY t.turn_index",
+        [conversation_id],
+    ):
+        turn = turn_dict(row)
+        turn["has_audio"] = row["sample_rate"] is not None
+        turn["duration_s"] = row["num_samples"] / row["sample_rate"] if turn["has_audio"] else 0.0
+        turns.append(turn)
+    return {**rows[0], "turns": turns}
+
+
+def turn_audio_wav(db: sqlite_utils.Database, conversation_id: str, index: int) -> bytes | None:
+    row = db.execute(
+        "SELECT a.wav FROM turns t JOIN turn_audio a ON a.turn_id = t.id "
+        "WHERE t.conversation_id = ? AND t.turn_index = ?",
+        [conversation_id, index],
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def load_history(db: sqlite_utils.Database, conversation_id: str) -> list[StoredTurn] | None:
+    if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
+        return None
+    turns = []
+    for row in db.query(
+        "SELECT t.*, a.wav, a.sample_rate "
+        "FROM turns t LEFT JOIN turn_audio a ON a.turn_id = t.id "
+        "WHERE t.conversation_id = ? ORDER BY t.turn_index",
+        [conversation_id],
+    ):
+        d = turn_dict(row)
+        sr = row["sample_rate"]
+        audio = decode_audio_bytes(row["wav"], sr=sr, name=f"turn {d['index']} audio") if sr else None
+        turns.append(StoredTurn(**d, audio=audio, sample_rate=sr))
+    return turns
