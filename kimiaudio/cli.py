@@ -113,7 +113,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from kimiaudio.server.log_setup import configure_logging
+    from kimiaudio.server.observe.log_setup import configure_logging
 
     configure_logging(getattr(args, "log_level", "INFO"))
     try:

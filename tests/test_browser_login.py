@@ -11,7 +11,7 @@ import test_browser_page
 from test_browser_page import _browser, _wait
 from test_server_support import demo_server
 
-from kimiaudio.server.access import API_KEY_ENV
+from kimiaudio.server.gate.access import API_KEY_ENV
 from kimiaudio.server.app import store_key
 
 pytestmark = test_browser_page.pytestmark  # the same markers and skips (no Chromium: skipped)

@@ -20,7 +20,7 @@ from kimiaudio.bounds import Bounds, check_fields, declared
 from kimiaudio.config import Config, SamplingConfig, apply_overrides, check_setting, load_config
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams, StreamSampling
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.client_events import ProtocolError, SessionUpdate, parse_client_event
+from kimiaudio.server.session.client_events import ProtocolError, SessionUpdate, parse_client_event
 
 SECTIONS = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config) if f.name != "base_dir"}
 FIELDS = [(section, key, expected, bounds) for section, cls in SECTIONS.items()

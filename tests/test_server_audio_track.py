@@ -1,4 +1,4 @@
-"""The outgoing track (kimiaudio/server/audio_track.py): 20 ms 48 kHz frames paced by pts,
+"""The outgoing track (kimiaudio/server/transport/audio_track.py): 20 ms 48 kHz frames paced by pts,
 24 kHz -> 48 kHz, jitter-buffer prebuffering, silence when idle, flush without pts jumps,
 and the count of what was actually played."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kimiaudio.audio.io import resample
-from kimiaudio.server.audio_track import FRAME_SAMPLES, PlaybackTrack
+from kimiaudio.server.transport.audio_track import FRAME_SAMPLES, PlaybackTrack
 
 
 def _tone(seconds, sr=24000, freq=440.0):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kimiaudio.server import events
-from kimiaudio.server.client_events import (AudioAppend, AudioClear, AudioCommit, ConversationSelect, ItemCreate,
+from kimiaudio.server.session import events
+from kimiaudio.server.session.client_events import (AudioAppend, AudioClear, AudioCommit, ConversationSelect, ItemCreate,
                                             ItemTruncate, ProtocolError, ResponseCancel, ResponseCreate, SessionUpdate,
                                             parse_client_event)
 

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app import admission_key
-from kimiaudio.server.log_setup import configure_logging
-from kimiaudio.server.metered_track import MeteredPlaybackTrack
+from kimiaudio.server.observe.log_setup import configure_logging
+from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
 from test_server_support import demo_server, kv_pool_full_again, silence
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

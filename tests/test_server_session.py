@@ -18,8 +18,8 @@ import pytest
 from kimiaudio.audio.vad import SileroVad, vad_executor
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.server.audio_track import PlaybackTrack
-from kimiaudio.server.realtime_session import RealtimeSession
+from kimiaudio.server.transport.audio_track import PlaybackTrack
+from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.store import ConversationStore
 from test_server_support import demo_config, demo_stack, silence
 

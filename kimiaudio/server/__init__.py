@@ -1,1 +1,3 @@
-"""The real-time server: aiohttp app, WebRTC sessions, outgoing audio track, event protocol."""
+"""The real-time server: the aiohttp app and its routes; gate/ (where requests enter), session/
+(one conversation, the event protocol), transport/ (WebRTC, WebSocket), observe/ (metrics, logs),
+v1/ (the OpenAI-compatible routes)."""

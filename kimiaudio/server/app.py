@@ -22,11 +22,12 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.access import AccessPolicy, access_key, access_middleware
-from kimiaudio.server.admission import Admission, admission_key, draining_middleware
-from kimiaudio.server.api_error import error_middleware
-from kimiaudio.server.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
-from kimiaudio.server.server_metrics import ServerMetrics, server_metrics_key
+from kimiaudio.server.gate.access import AccessPolicy, access_key, access_middleware
+from kimiaudio.server.gate.admission import Admission, admission_key, draining_middleware
+from kimiaudio.server.gate.api_error import error_middleware
+from kimiaudio.server.gate.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
+from kimiaudio.server.observe.log_setup import filter_client_faults
+from kimiaudio.server.observe.server_metrics import ServerMetrics, server_metrics_key
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def create_app(config: Config, stack, pipeline=None) -> web.Application:
 
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
+    filter_client_faults()
     middlewares = [error_middleware, access_middleware, draining_middleware, body_limits_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[config_key] = config

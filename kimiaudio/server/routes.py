@@ -27,16 +27,17 @@ from aiortc import RTCSessionDescription
 
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server import client_events, path_params
-from kimiaudio.server.access import access_key
-from kimiaudio.server.admission import Slot
-from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.session import client_events
+from kimiaudio.server.gate import path_params
+from kimiaudio.server.gate.access import access_key
+from kimiaudio.server.gate.admission import Slot
+from kimiaudio.server.gate.api_error import ApiError
 from kimiaudio.server.app import (admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key,
                                   vad_executor_key)
-from kimiaudio.server.request_body import read_json_object
-from kimiaudio.server.rtc_session import RtcSession
-from kimiaudio.server.sdp_offer import MAX_SDP_BYTES, check_offer
-from kimiaudio.server.server_metrics import server_metrics_key
+from kimiaudio.server.gate.request_body import read_json_object
+from kimiaudio.server.transport.rtc_session import RtcSession
+from kimiaudio.server.gate.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.observe.server_metrics import server_metrics_key
 from kimiaudio.server.v1 import setup_openai_routes
 from kimiaudio.store import is_conversation_id
 

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.access import LOOPBACK_HOSTS, access_key, exposure_warning
-from kimiaudio.server.admission import admission_key
+from kimiaudio.server.gate.access import LOOPBACK_HOSTS, access_key, exposure_warning
+from kimiaudio.server.gate.admission import admission_key
 from kimiaudio.server.app import create_app, ready_key, sessions_key
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from kimiaudio.audio.encode import FORMATS
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.request import HistoryTurn
-from kimiaudio.server.client_events import ProtocolError, typed_field
+from kimiaudio.server.session.client_events import ProtocolError, typed_field
 from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.v1.errors import V1Error
 from kimiaudio.server.v1.models import check_model

@@ -15,7 +15,7 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.gate.api_error import ApiError
 
 log = logging.getLogger(__name__)
 

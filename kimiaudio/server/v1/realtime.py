@@ -15,12 +15,12 @@ import secrets
 
 from aiohttp import web
 
-from kimiaudio.server.admission import admission_key
+from kimiaudio.server.gate.admission import admission_key
 from kimiaudio.server.app import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
-from kimiaudio.server.server_metrics import server_metrics_key
+from kimiaudio.server.observe.server_metrics import server_metrics_key
 from kimiaudio.server.v1.errors import V1Error, openai_route
 from kimiaudio.server.v1.models import check_model
-from kimiaudio.server.ws_session import MAX_WS_MESSAGE_BYTES, WsSession
+from kimiaudio.server.transport.ws_session import MAX_WS_MESSAGE_BYTES, WsSession
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 10

@@ -28,9 +28,9 @@ import numpy as np
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
-from kimiaudio.server import client_events as ce
-from kimiaudio.server import events
-from kimiaudio.server.response import Response
+from kimiaudio.server.session import client_events as ce
+from kimiaudio.server.session import events
+from kimiaudio.server.session.response import Response
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from aiortc.mediastreams import MediaStreamError
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server import events
+from kimiaudio.server.session import events
 
-from kimiaudio.server.input_clock import InputClock
-from kimiaudio.server.metered_track import MeteredPlaybackTrack
-from kimiaudio.server.realtime_session import RealtimeSession
-from kimiaudio.server.server_metrics import ServerMetrics
+from kimiaudio.server.transport.input_clock import InputClock
+from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
+from kimiaudio.server.session.realtime_session import RealtimeSession
+from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)

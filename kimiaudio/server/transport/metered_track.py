@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
-from kimiaudio.server.audio_track import FRAME_SAMPLES, SAMPLE_RATE, PlaybackTrack
+from kimiaudio.server.transport.audio_track import FRAME_SAMPLES, SAMPLE_RATE, PlaybackTrack
 
 _FRAME_24K = FRAME_SAMPLES * PCM_SAMPLE_RATE // SAMPLE_RATE  # one 20 ms frame in 24 kHz samples
 

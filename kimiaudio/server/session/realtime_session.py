@@ -31,13 +31,13 @@ from kimiaudio.audio.io import check_speech_input, resample
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server import client_events as ce
-from kimiaudio.server import events
-from kimiaudio.server.conversation import Conversation
-from kimiaudio.server.responses import Responses
-from kimiaudio.server.server_metrics import ServerMetrics
-from kimiaudio.server.session_settings import SessionSettings
-from kimiaudio.server.turn_log import log_response
+from kimiaudio.server.session import client_events as ce
+from kimiaudio.server.session import events
+from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.responses import Responses
+from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.observe.turn_log import log_response
 
 log = logging.getLogger(__name__)
 

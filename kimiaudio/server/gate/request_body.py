@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.json_input import parse_json
+from kimiaudio.server.gate.api_error import ApiError
+from kimiaudio.server.gate.json_input import parse_json
 
 max_body_bytes_key = web.AppKey("max_body_bytes", int)
 body_timeout_key = web.AppKey("body_timeout_s", float)

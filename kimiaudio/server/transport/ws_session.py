@@ -22,11 +22,11 @@ from aiohttp import WSMsgType, web
 
 from kimiaudio.audio.io import StreamResampler
 from kimiaudio.config import Config
-from kimiaudio.server import client_events as ce
-from kimiaudio.server import events
-from kimiaudio.server.realtime_session import RealtimeSession
-from kimiaudio.server.server_metrics import ServerMetrics
-from kimiaudio.server.ws_playback import WsPlayback
+from kimiaudio.server.session import client_events as ce
+from kimiaudio.server.session import events
+from kimiaudio.server.session.realtime_session import RealtimeSession
+from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.server.transport.ws_playback import WsPlayback
 
 log = logging.getLogger(__name__)
 

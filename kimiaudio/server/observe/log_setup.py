@@ -42,6 +42,12 @@ def configure_logging(level: str = "INFO") -> None:
     logging.getLogger().setLevel(level.upper())
     for name in QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    filter_client_faults()
+
+
+def filter_client_faults() -> None:
+    """Install ClientFaultFilter (once) on the loggers where client faults show up. create_app
+    calls it too, so an app embedded without the CLI's logging setup logs them the same way."""
     for name in ("aiohttp.server", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, ClientFaultFilter) for f in logger.filters):

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
-from kimiaudio.server.pipeline_collector import PipelineCollector
+from kimiaudio.server.observe.pipeline_collector import PipelineCollector
 
 
 class ServerMetrics:

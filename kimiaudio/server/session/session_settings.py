@@ -18,7 +18,7 @@ from kimiaudio.audio.vad import TurnSettings
 from kimiaudio.config import Config, apply_overrides
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.client_events import SessionUpdate
+from kimiaudio.server.session.client_events import SessionUpdate
 
 DEFAULT_VOICE = "kimi"
 OPENAI_INPUT_RATE = 24000  # OpenAI's pcm16

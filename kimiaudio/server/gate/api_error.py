@@ -14,8 +14,8 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.json_input import JsonInputError
-from kimiaudio.server.server_metrics import server_metrics_key
+from kimiaudio.server.gate.json_input import JsonInputError
+from kimiaudio.server.observe.server_metrics import server_metrics_key
 
 log = logging.getLogger(__name__)
 

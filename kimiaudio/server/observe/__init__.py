@@ -1,0 +1,1 @@
+"""Metrics (Prometheus), the per-answer log line and logging setup."""

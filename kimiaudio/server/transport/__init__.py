@@ -1,0 +1,1 @@
+"""What carries a session: WebRTC (peer connection, audio tracks) and the Realtime WebSocket, and the microphone's input clock."""
