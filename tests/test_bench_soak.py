@@ -30,7 +30,8 @@ def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["ok"] and all(check["ok"] for check in report["checks"].values()), report
-    assert report["transports"][0] == "webrtc"  # and "websocket" once the server has /v1/realtime
+    assert report["transports"] == ["webrtc", "websocket"]  # one session over each, both speaking
+    assert all(n >= 1 for n in report["commits_by_transport"].values()), report["commits_by_transport"]
     assert all(report["faults"][kind] >= 1 for kind in ("barge_in", "disconnect", "malformed")), report["faults"]
     assert report["commits"] >= 6 and report["responses_by_status"]["completed"] >= 1, report
     assert report["checks"]["leaked KV blocks"]["value"] == 0

@@ -158,6 +158,7 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "sessions": sessions, "turns_per_session": turns, "transports": kinds, "seed": seed, "wall_s": round(wall_s, 1),
         "client_processes": client_processes,
         "commits": sum(len(log.commits) for log in logs), "responses": len(statuses),
+        "commits_by_transport": {kind: sum(len(log.commits) for log in logs if log.transport == kind) for kind in kinds},
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
         "faults": {k: sum(log.faults[k] for log in logs) for k in ("barge_in", "disconnect", "malformed")},
