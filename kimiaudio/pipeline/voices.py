@@ -78,6 +78,8 @@ class VoiceRegistry:
 
     def resolve(self, name: str | None) -> Voice | None:
         """The voice a request names (None or "": the default); None = the model's own voice."""
+        if name is not None and not isinstance(name, str):
+            raise UnknownVoiceError(f"voice: expected a voice name (a string), got {name!r}")
         name = name or self.default
         if not name:
             return None

@@ -63,7 +63,7 @@ class RealtimeSession:
                  conversation_id: str | None, send: Callable[[dict], None], playback):
         self.id = session_id
         self.pipeline = pipeline
-        self.settings = SessionSettings(config, pipeline.can_speak)
+        self.settings = SessionSettings(config, pipeline.can_speak, pipeline.voices)
         self.conversation = Conversation(store, conversation_id)
         self.detector = TurnDetector(vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = vad_executor

@@ -8,6 +8,7 @@
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
     DELETE /api/conversations/{id}
+    GET/POST /api/voices, DELETE /api/voices/{name}  voices (server/voice_routes.py)
 
 Every error is JSON `{"error": {"code", "message"}}` with a 4xx/5xx status; a failure we did
 not foresee is logged with its traceback and answered with a 500 that shows none.
@@ -74,6 +75,9 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_delete("/api/conversations/{id}", delete_conversation)
     app.router.add_get("/api/conversations/{id}/turns/{index}/audio", turn_audio)
     setup_openai_routes(app)
+    from kimiaudio.server.voice_routes import setup_voice_routes  # it uses ApiError from here
+
+    setup_voice_routes(app)
 
 
 async def index(request: web.Request) -> web.StreamResponse:
