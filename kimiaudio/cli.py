@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
     p.add_argument("--http", action="store_true",
                    help="through the real server on loopback: --sessions concurrent streaming chat requests (time to first audio byte)")
+    p.add_argument("--voice", nargs="?", const="", metavar="FILE",
+                   help="first-audio latency without and with a voice made from FILE (a synthetic voice if none)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")
