@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-import shutil
-import subprocess
 
 import aiohttp
 import av
@@ -18,17 +16,6 @@ from kimiaudio.audio.io import load_audio, wav_bytes
 from test_server_support import demo_server, kv_pool_full_again
 
 openai = pytest.importorskip("openai")
-
-
-@pytest.fixture(scope="module")
-def espeak_voice(tmp_path_factory):
-    """About 3 s of espeak-ng speech (its own 22.05 kHz: the server resamples)."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is needed to make a test voice")
-    path = tmp_path_factory.mktemp("voice") / "voice.wav"
-    subprocess.run(["espeak-ng", "-w", str(path), "This is the voice I would like you to answer in, please."],
-                   check=True)
-    return path
 
 
 @pytest.fixture
