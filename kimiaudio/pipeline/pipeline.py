@@ -46,7 +46,8 @@ class Pipeline:
         self.metrics = PipelineMetrics()
         # Memory is planned with the KV pool last: the detokenizer's graphs and static buffers
         # first (captured now, replayed later on its worker's stream), its sessions' state at
-        # the most sessions that can speak at once reserved, then the pool takes its share.
+        # the most sessions that can speak at once and the voice prefixes' budget reserved, then
+        # the pool takes its share.
         reserved = 0
         self.detok_graphs: dict = {}
         if detokenizer is not None:
@@ -56,6 +57,7 @@ class Pipeline:
                 log.info("detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
                          g["dit_graphs"], g["vocoder_graphs"], g["seconds"], g["added_bytes"] / 2**30)
             reserved = detokenizer.state_bytes_per_session() * config.engine.max_num_seqs
+            reserved += config.voices.cache_mib * 2**20  # the voices' prefixes (pipeline/voice_bank.py)
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, reserved_bytes=reserved)
         self._detok = None
         if detokenizer is not None:
