@@ -4,8 +4,9 @@ The session keeps its own copy of the config ([vad] and [sampling]), the answer'
 (output_type: "both" = speech and its transcript, "text"), turn detection (server_vad: the
 silero VAD commits; none: the client commits), whether a VAD commit starts a response,
 instructions (a leading user text message of every prompt), the voice (a stored voice's
-name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and the sample rate of pcm16 input. `apply` changes nothing unless every value of
-the update is valid; `describe` is the `session` object of session.created / updated.
+name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
+the sample rate of pcm16 input. `apply` changes nothing unless every value of the update is
+valid; `describe` is the `session` object of session.created / updated.
 """
 
 from __future__ import annotations
