@@ -176,6 +176,21 @@ class StorageConfig:
 
 
 @dataclass
+class VoicesConfig:
+    # The voice of sessions and requests that name none: a stored voice (POST /api/voices);
+    # empty = the model's own voice.
+    default: str = setting("", Bounds(pattern=r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", means="empty or a voice name"))
+    # Device memory for voice prefixes (the DiT's K/V of each reference); the least recently
+    # used are dropped beyond it and recomputed from the store when next used.
+    cache_mib: int = setting(512, Bounds(0, 1 << 20))
+    # 150-frame (3 s) chunks of a reference the DiT attends to, after its rest (official: 10).
+    max_prompt_chunks: int = setting(10, Bounds(0, 64))
+    # Length of an uploaded reference.
+    min_seconds: float = setting(2.0, Bounds(0.5, 600.0))
+    max_seconds: float = setting(30.0, Bounds(0.5, 600.0))
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -185,6 +200,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     vad: VadConfig = field(default_factory=VadConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
     # Directory that relative paths are resolved against (the config file's directory).
     base_dir: str = "."
 
@@ -239,6 +255,9 @@ def _validate(config: Config) -> None:
     # The chunk schedule's own rules (e.g. a first chunk longer than its look-ahead), within the
     # official DiT position limit; a checkpoint allowing fewer positions is checked at its load.
     ChunkSchedule.from_config(config.detok, MAX_POSITION)
+    if config.voices.min_seconds > config.voices.max_seconds:
+        raise ConfigError(f"voices.min_seconds = {config.voices.min_seconds}: expected at most voices.max_seconds "
+                          f"({config.voices.max_seconds})")
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, dict] | None = None) -> Config:

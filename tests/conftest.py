@@ -104,3 +104,14 @@ def v1_server(tmp_path_factory):
     proc = start_serve(tmp_path_factory.mktemp("v1-serve"), port, SERVE_CONFIG)
     yield f"http://127.0.0.1:{port}"
     stop_serve(proc)
+
+
+@pytest.fixture(scope="session")
+def espeak_voice(tmp_path_factory) -> Path:
+    """About 3 s of espeak-ng speech to make a voice of (its own 22.05 kHz: the server resamples)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is needed to make a test voice")
+    path = tmp_path_factory.mktemp("voice") / "voice.wav"
+    subprocess.run(["espeak-ng", "-w", str(path), "This is the voice I would like you to answer in, please."],
+                   check=True)
+    return path

@@ -117,3 +117,24 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
         # Every step of the random speech head yields a code: each turn runs to its limit.
         assert row["generated_tokens"] == row["sessions"] * 2 * 20
 
+
+
+def test_voice_bench_compares_first_audio_at_the_same_load(demo_checkpoint, speech_wav):
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--voice", str(speech_wav), "--sessions", "2",
+                       "--max-new-tokens", "24", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert 1.5 < report["voice_seconds"] < 5
+    (row,) = report["rows"]
+    plain, voiced = row["no_voice"], row["voice"]
+    assert row["sessions"] == plain["sessions"] == voiced["sessions"] == 2
+    # the same sessions and seeds: the LM generates the same tokens; only the speech differs
+    assert plain["generated_tokens"] == voiced["generated_tokens"] > 0
+    for r in (plain, voiced):
+        assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p95"] and r["detok_ms_p50"] > 0
+
+
+def test_voice_bench_without_a_file_makes_one(demo_checkpoint):
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--voice", "--sessions", "1", "--max-new-tokens", "16")
+    assert result.returncode == 0, result.stderr
+    assert "without and with a 6.0 s voice" in result.stdout

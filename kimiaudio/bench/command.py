@@ -55,6 +55,14 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
     freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
+    if getattr(args, "voice", None) is not None:
+        from kimiaudio.bench.voice_bench import print_voice_rows, run_voice_bench, voice_audio
+
+        if stack.is_demo and not args.json:
+            print(DEMO_NOTICE)
+        rows = run_voice_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech, args.voice or None)
+        print_voice_rows(rows, voice_audio(args.voice or None)[1].size / 24000, args.json)
+        return 0
     if args.http:
         from kimiaudio.bench.http_bench import print_rows, run_http_bench
 

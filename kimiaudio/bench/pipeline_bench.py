@@ -96,12 +96,13 @@ class PlaybackClock:
         self.samples += num_samples
 
 
-async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int) -> dict:
+async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int,
+                       voice=None) -> dict:
     history: list[HistoryTurn] = []
     stats = {"tokens": 0, "first_audio": [], "rtf": [], "stall": [], "underruns": 0,
              "stages": {stage: [] for stage in STAGES}}
     for turn, pcm in enumerate(inputs):
-        handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params))
+        handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params, voice=voice))
         clock, done = PlaybackClock(sr_out), None
         async for event in handle:
             if isinstance(event, AudioChunk):
@@ -126,13 +127,17 @@ async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: Sam
     return stats
 
 
-async def _bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> BenchRow:
+async def bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], params: list[SamplingParams],
+                          voice_audio: tuple[np.ndarray, np.ndarray] | None = None) -> BenchRow:
+    """`voice_audio` (16 kHz, 24 kHz): every turn speaks in a voice made from it, added (its
+    prefix computed) before the clock starts, as a server adds a voice before it is used."""
     pipeline = Pipeline(stack, config)
     await pipeline.start()
     try:
+        voice = await pipeline.make_voice("bench", *voice_audio) if voice_audio is not None else None
         start = time.perf_counter()
         results = await asyncio.gather(*[
-            _run_session(pipeline, inputs[i], params[i], stack.detokenizer.sample_rate) for i in range(n)])
+            _run_session(pipeline, inputs[i], params[i], stack.detokenizer.sample_rate, voice) for i in range(n)])
         wall = time.perf_counter() - start
         s = pipeline.stats()
     finally:
@@ -175,16 +180,26 @@ def _torch_threads(device, threads: int):
         torch.set_num_threads(previous)
 
 
-def _warm_up(stack, config, reference: bool) -> None:
+def warm_up(stack, config, reference: bool) -> None:
     """One short untimed conversation through every timed path, so that lazy initialisation
     (allocator growth, kernel selection) does not land in the first row."""
     inputs = [[synthetic_speech(1.5, seed=99)]]
     params = [SamplingParams.from_config(config.sampling, seed=99, max_new_tokens=16)]
-    asyncio.run(_bench_pipeline(stack, config, 1, inputs, params))
+    asyncio.run(bench_pipeline(stack, config, 1, inputs, params))
     if reference:
         with _torch_threads(stack.device, config.engine.cpu_threads):
             bench_reference(stack, inputs, params)
             bench_lm(stack, config, inputs, params, repeats=1)
+
+
+def bench_inputs(config, n: int, turns: int, max_new_tokens: int, speech: list[np.ndarray] | None):
+    """Per session its turns' audio and sampling params (fixed seeds: runs compare alike)."""
+    inputs = [[speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
+               for k in range(turns)] for i in range(n)]
+    # Ignore stop tokens' randomness across runs: fixed per-session seeds on both sides.
+    params = [SamplingParams.from_config(config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens)
+              for i in range(n)]
+    return inputs, params
 
 
 def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
@@ -195,14 +210,10 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
         from tqdm import tqdm
 
         bar = tqdm(total=len(sessions) * (2 if reference else 1), desc="bench", unit="run")
-    _warm_up(stack, config, reference)
+    warm_up(stack, config, reference)
     for n in sessions:
-        inputs = [[speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
-                   for k in range(turns)] for i in range(n)]
-        # Ignore stop tokens' randomness across runs: fixed per-session seeds on both sides.
-        params = [SamplingParams.from_config(config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens)
-                  for i in range(n)]
-        row = asyncio.run(_bench_pipeline(stack, config, n, inputs, params))
+        inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech)
+        row = asyncio.run(bench_pipeline(stack, config, n, inputs, params))
         if bar:
             bar.update()
         if reference:

@@ -9,6 +9,8 @@ CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padd
 ends, so only equal lengths share a forward). Each session's output equals running it alone.
 `prepare_for_serving` captures the graphs before serving; `guard_settings` and `cost` feed the
 real-time guard (detok/scheduling.py), whose step counts come back in DetokItem.ode_steps.
+`voice_prefix` turns a reference voice into the DiT prefix its sessions start from
+(detok/voice_prefix.py); sessions in different voices batch together like any others.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
+from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.rehearsal import rehearse
 from kimiaudio.detok.scheduling import CostEstimate, GuardSettings
 from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.streaming import DetokSession, StreamParams
+from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
@@ -40,11 +44,12 @@ class Detokenizer:
     time (the pipeline's detokenizer worker; the offline `detokenize` only when that is idle)."""
 
     def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None,
-                 capture_fn: Callable | None = None):
-        """`bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
+                 capture_fn: Callable | None = None, mel: VocoderMel | None = None):
+        """`mel`: the vocoder's mel settings (vocoder/config.json), needed for voice prompts.
+        `bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
         on, which need fixed shapes; otherwise each batch runs at its own shape, same code).
         `capture_fn`: a stand-in for cuda_graphs.capture, to run the graph path on the CPU."""
-        self.dit, self.vocoder, self.cfg = dit, vocoder, cfg
+        self.dit, self.vocoder, self.cfg, self.mel = dit, vocoder, cfg, mel
         self.device = dit.input_linear.weight.device
         self.schedule = ChunkSchedule.from_config(cfg, self._max_position())
         if cfg.max_batch_sessions < 1:
@@ -76,7 +81,11 @@ class Detokenizer:
         vocoder = load_vocoder(paths.vocoder, device, dtype)
         if vocoder.cfg.num_mels != dit.cfg.input_size:
             raise CheckpointError(f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} != DiT input_size {dit.cfg.input_size}")
-        return cls(dit, vocoder, detok_cfg)
+        mel = VocoderMel.from_vocoder_config(paths.vocoder / "config.json")
+        if mel.num_mels != dit.cfg.input_size or mel.hop_size != vocoder.cfg.hop_size:
+            raise CheckpointError(f"{paths.vocoder / 'config.json'}: num_mels/hop_size {mel.num_mels}/{mel.hop_size} "
+                                  f"differ from the models' {dit.cfg.input_size}/{vocoder.cfg.hop_size}")
+        return cls(dit, vocoder, detok_cfg, mel=mel)
 
     @property
     def sample_rate(self) -> int:
@@ -141,13 +150,41 @@ class Detokenizer:
             max_position=self._max_position(),
         )
 
-    def new_session(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None) -> DetokSession:
-        """A streaming session; its CPU generator (seeded) draws each chunk's noise."""
-        return DetokSession(self._params(self.schedule), seed, noise_fn)
+    def new_session(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
+                    voice: VoicePrefix | None = None) -> DetokSession:
+        """A streaming session (in `voice`, or the model's own); its CPU generator (seeded) draws
+        each chunk's noise."""
+        return DetokSession(self._params(self.schedule), seed, noise_fn, voice)
+
+    @property
+    def num_prefill_calls(self) -> int:
+        """DiT calls spent on voice prompts so far (each voice_prefix adds its spans)."""
+        return self.flow.num_prefill_calls
+
+    @torch.inference_mode()
+    def voice_prefix(self, wav: Tensor, codes: Sequence[int] | Tensor,
+                     max_prompt_chunks: int = MAX_PROMPT_CHUNKS) -> VoicePrefix:
+        """The DiT prefix of a reference voice: `wav` float32 [samples] at the vocoder's rate,
+        `codes` its 12.5 Hz semantic codes (the GLM-4 tokenizer's, no offset)."""
+        if self.mel is None:
+            raise KimiAudioError("this detokenizer was built without the vocoder's mel settings (use Detokenizer.load)")
+        codes = torch.as_tensor(codes, dtype=torch.long).reshape(-1)
+        if codes.numel() == 0:
+            raise KimiAudioError("a voice prompt needs at least one semantic code")
+        bad = codes[(codes < 0) | (codes >= self.dit.cfg.semantic_vocab_size)]
+        if bad.numel():
+            raise KimiAudioError(f"voice prompt: code {int(bad[0])} out of range 0..{self.dit.cfg.semantic_vocab_size - 1}")
+        frames, limit = UPSAMPLE * codes.numel(), self._max_position()
+        longest = max(self.schedule.frames(i) for i in range(self.schedule.num_growing_chunks() + 1))
+        if frames + 2 * longest > limit:
+            raise KimiAudioError(f"voice prompt of {frames} frames: this checkpoint's {limit} DiT positions leave "
+                                 f"no room for speech after it (at most {limit - 2 * longest} frames)")
+        return build_voice_prefix(self.flow, self.mel(wav), codes, self.schedule.max_kv_cache_frames, max_prompt_chunks)
 
     def detokenize(
         self, tokens: Sequence[int] | Tensor, seed: int | None = None,
         noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None, preset: str | None = None,
+        voice: VoicePrefix | None = None,
     ) -> Tensor:
         """All tokens -> float32 wav [n_tokens * 4 * hop] on the CPU, chunked as a session with
         the same seed would be (`preset="official"`: the official detokenize_audio whatever the
@@ -156,7 +193,7 @@ class Detokenizer:
         schedule = self.schedule
         if preset is not None:
             schedule = ChunkSchedule.from_config(replace(self.cfg, preset=preset), self._max_position())
-        session = DetokSession(self._params(schedule), seed, noise_fn)
+        session = DetokSession(self._params(schedule), seed, noise_fn, voice)
         session.trace = trace
         return self.step_batch([(session, tokens, True)])[0]
 

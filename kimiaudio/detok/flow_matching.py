@@ -76,6 +76,7 @@ class FlowMatcher:
         self.arena = StaticArena(dit.input_linear.weight.device)
         self._batches: dict = {}
         self.num_calls = 0  # DiT calls (batched) so far
+        self.num_prefill_calls = 0  # DiT calls over voice prompts (detok/voice_prefix.py)
         self.batch(buckets.max_shape)  # the arena at its planned size before any graph takes views
 
     def batch(self, shape) -> DiTBatch:
@@ -134,6 +135,23 @@ class FlowMatcher:
         for j, i in enumerate(live):
             outputs[i] = ChunkOutput(self._denormalise(mels[j]), kvs[j])
         return outputs
+
+    @torch.inference_mode()
+    def prefill_chunk(self, token_ids: Tensor, mel: Tensor, start_position: int, prefix_kv: Tensor | None) -> Tensor:
+        """The official prefill_chunk: one DiT call at t = 0.999 on a clean (reference) mel
+        [n, mel_bins] over `prefix_kv`; returns the chunk's K/V [depth, 2, heads, n, head_dim].
+        Runs eagerly: prompts come once per voice, in shapes no graph was captured for."""
+        cfg, dtype = self.dit.cfg, self.dit.input_linear.weight.dtype
+        x = mel.to(self.arena.device, dtype)
+        if cfg.normalize_mel:  # as the official: cast first, normalise in the DiT's dtype
+            x = (x - cfg.mel_mean) / cfg.mel_std
+        job = ChunkJob(token_ids, x.float().cpu(), start_position, prefix_kv, 0, True)
+        batch = self.batch(self.buckets.shape(1, job.token_ids.numel(), job.prefix_frames))
+        batch.load([job])
+        batch.set_time(REFRESH_ID, 0.0)
+        batch.step()
+        self.num_prefill_calls += 1
+        return batch.chunk_kv(0, job.token_ids.numel())
 
     def _denormalise(self, mel: Tensor) -> Tensor:
         cfg = self.dit.cfg

@@ -8,7 +8,9 @@ Per chunk (sizes, look-ahead and ODE steps from its ChunkSchedule, first chunk v
 tokens x4 (12.5 Hz -> 50 Hz frames), prefixed by the previous chunk's carried look-ahead frames;
 the last look-ahead x4 frames are dropped (and carried) unless final;
 the DiT prefix K/V grows by the kept frames and keeps the last max_kv_cache_frames; positions
-restart at 0 (empty K/V) before they would pass 4096. Vocoder overlap: the first chunk returns
+restart before they would pass 4096: at 0 with an empty K/V, or, for a session in a voice
+(detok/voice_prefix.py), at the voice prefix (the official backup restored); a new stream
+starts there too. Vocoder overlap: the first chunk returns
 half its wav and holds the rest (pre_wav) with the mel tail (pre_mel); each later chunk vocodes
 cat(pre_mel, mel), returns twice the held length (or half) with the first half Hamming
 cross-faded against pre_wav; a final chunk returns its whole wav and resets the session.
@@ -25,6 +27,7 @@ from torch import Tensor
 
 from kimiaudio.detok.flow_matching import ChunkJob, ChunkOutput
 from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule, must_reset_positions
+from kimiaudio.detok.voice_prefix import VoicePrefix
 from kimiaudio.errors import KimiAudioError
 
 
@@ -42,8 +45,10 @@ class StreamParams:
 class DetokSession:
     """One stream of semantic tokens -> 24 kHz wav pieces. Not thread-safe; one owner."""
 
-    def __init__(self, params: StreamParams, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None):
+    def __init__(self, params: StreamParams, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
+                 voice: VoicePrefix | None = None):
         self.params = params
+        self.voice = voice  # shared, never modified: every (re)start of positions begins from it
         self.generator = torch.Generator()
         if seed is None:
             self.generator.seed()
@@ -55,9 +60,8 @@ class DetokSession:
         self._reset()
 
     def _reset(self) -> None:
-        """The official clear_states: a fresh stream."""
-        self.start_position = 0
-        self.kv: Tensor | None = None  # [depth, 2, heads, frames, head_dim] on the model's device
+        """The official clear_states (then prefill, in a voice): a fresh stream."""
+        self._restart_positions()
         self.look_ahead_ids: Tensor | None = None  # [look-ahead frames] carried frame ids (CPU)
         self.pre_mel: Tensor | None = None  # [frames, mel_bins]
         self.pre_wav: Tensor | None = None  # [samples]
@@ -172,7 +176,13 @@ class DetokSession:
         carried = 0 if self.look_ahead_ids is None else self.look_ahead_ids.numel()
         next_frames = carried + self.next_chunk_tokens * UPSAMPLE
         if must_reset_positions(self.start_position, kept, next_frames, self.params.max_position):
-            self.start_position, self.kv = 0, None  # look-ahead, pre_mel and pre_wav carry on
+            self._restart_positions()  # look-ahead, pre_mel and pre_wav carry on
+
+    def _restart_positions(self) -> None:
+        """Positions and K/V of a stream's start: the voice prefix (the official state_dict_backup
+        taken after prefill), or position 0 and no K/V without a voice."""
+        self.start_position = 0 if self.voice is None else self.voice.next_position
+        self.kv: Tensor | None = None if self.voice is None else self.voice.kv  # [depth, 2, heads, frames, head_dim]
 
 
 @lru_cache(maxsize=64)

@@ -12,6 +12,9 @@ fewer ODE steps (down to detok.min_ode_steps). On CUDA the detokenizer's graphs 
 before the worker started (pipeline.py); they replay on this worker's stream. An LM step never waits for
 a batch here, and a batch waits for no LM step: the two threads run side by side.
 
+Voice prompts' DiT prefixes live here too (pipeline/voice_bank.py): computed once per voice,
+shared by every session speaking in it, dropped least recently used beyond voices.cache_mib.
+
 A failing batch fails its turns alone (their tokens are spent: their audio cannot be made
 whole) and tells the LM worker to stop generating for them.
 """
@@ -21,7 +24,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from concurrent.futures import Future
 from typing import Callable
+
+import torch
 
 from kimiaudio.detok.detokenizer import DetokItem
 from kimiaudio.detok.scheduling import plan_chunks
@@ -29,6 +35,7 @@ from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.speech_turn import SpeechTurn
+from kimiaudio.pipeline.voice_bank import VoiceBank
 from kimiaudio.pipeline.turn import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import Worker
 
@@ -43,6 +50,8 @@ class DetokWorker(Worker):
         self._llm_busy = llm_busy
         self._on_failed = on_failed  # turn id -> stop its generation (the LM worker's drop)
         self.num_turns = 0  # for stats
+        self.voices = VoiceBank(self._build_prefix, config.voices.cache_mib * 2**20)
+        self._max_prompt_chunks = config.voices.max_prompt_chunks
         self._turns: dict[str, SpeechTurn] = {}
         # The detokenizer's step counts; how many to batch and how far ahead to run are this
         # pipeline's serving policy (its config), which may differ from the one it was loaded with.
@@ -50,8 +59,8 @@ class DetokWorker(Worker):
                                           run_ahead_s=self.cfg.run_ahead_s)
 
     # ---- any thread (the LM worker) --------------------------------------------------------
-    def open(self, handle: TurnHandle, seed: int | None) -> None:
-        self.post("open", handle, seed)
+    def open(self, handle: TurnHandle, seed: int | None, voice=None) -> None:
+        self.post("open", handle, seed, voice)
 
     def push_codes(self, codes: list[tuple[str, int]]) -> None:
         self.post("codes", codes)
@@ -62,12 +71,23 @@ class DetokWorker(Worker):
     def cancel(self, turn_id: str) -> None:
         self.post("cancel", turn_id)
 
+    def prepare_voice(self, voice) -> Future:
+        """Compute (or find) the voice's prefix now; the future fails if the voice cannot be used."""
+        def build() -> None:
+            self.voices.prefix(voice)
+
+        return self.call(build)
+
+    def forget_voice(self, key: str) -> Future:
+        return self.call(lambda: self.voices.forget(key))
+
     # ---- worker thread -----------------------------------------------------------------------
     def handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "open":
-            _, handle, seed = message
-            self._turns[handle.turn_id] = SpeechTurn(handle, self.detokenizer.new_session(seed=seed))
+            _, handle, seed, voice = message
+            prefix = None if voice is None else self.voices.prefix(voice)
+            self._turns[handle.turn_id] = SpeechTurn(handle, self.detokenizer.new_session(seed=seed, voice=prefix))
         elif kind == "codes":
             by_turn: dict[str, list[int]] = {}
             for turn_id, code in message[1]:
@@ -127,6 +147,9 @@ class DetokWorker(Worker):
             self._fail([self._turns[message[1]]], error)
         else:  # a bug past any one turn: fail them all, keep serving
             self._fail(list(self._turns.values()), error)
+
+    def _build_prefix(self, voice):
+        return self.detokenizer.voice_prefix(torch.from_numpy(voice.wav24k), voice.codes, self._max_prompt_chunks)
 
     # ---- chunks --------------------------------------------------------------------------
     def _run(self, batch: list[SpeechTurn], ode_steps: list[int | None]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.engine.llm_engine import LLMEngine
@@ -67,6 +68,10 @@ class LmWorker(Worker):
     def cancel(self, turn_id: str) -> None:
         """End the turn now, status cancelled, wherever it is (also past the LM)."""
         self.post("cancel", turn_id)
+
+    def voice_codes(self, pcm16k) -> Future:
+        """The GLM-4 tokenizer's codes of a voice reference (16 kHz), computed on this thread."""
+        return self.call(lambda: [int(c) for c in self.stack.glm4.tokenize_batch([pcm16k])[0]])
 
     def drop(self, turn_id: str) -> None:
         """Stop generating for a turn that already ended downstream (its detokenizer failed)."""
@@ -210,7 +215,7 @@ class LmWorker(Worker):
             params, output_type, specials))
         self._turns[handle.turn_id] = turn
         if speaks:
-            self.detok.open(handle, params.seed)
+            self.detok.open(handle, params.seed, request.voice)
 
     def _step(self) -> None:
         start = time.perf_counter()

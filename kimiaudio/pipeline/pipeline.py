@@ -24,6 +24,7 @@ from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.pipeline.turn import TurnHandle
+from kimiaudio.pipeline.voices import Voice, VoiceRegistry
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class Pipeline:
         self.metrics = PipelineMetrics()
         # Memory is planned with the KV pool last: the detokenizer's graphs and static buffers
         # first (captured now, replayed later on its worker's stream), its sessions' state at
-        # the most sessions that can speak at once reserved, then the pool takes its share.
+        # the most sessions that can speak at once and the voice prefixes' budget reserved, then
+        # the pool takes its share.
         reserved = 0
         self.detok_graphs: dict = {}
         if detokenizer is not None:
@@ -55,6 +57,7 @@ class Pipeline:
                 log.info("detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
                          g["dit_graphs"], g["vocoder_graphs"], g["seconds"], g["added_bytes"] / 2**30)
             reserved = detokenizer.state_bytes_per_session() * config.engine.max_num_seqs
+            reserved += config.voices.cache_mib * 2**20  # the voices' prefixes (pipeline/voice_bank.py)
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, reserved_bytes=reserved)
         self._detok = None
         if detokenizer is not None:
@@ -63,6 +66,7 @@ class Pipeline:
         self._lm = LmWorker(stack, config, self.engine, self._detok, self.metrics)
         self._ids = itertools.count()
         self._running = False
+        self.voices = VoiceRegistry(config.voices.default)  # names -> voices; the server fills it
 
     # ---- what callers may know -------------------------------------------------------------
     @property
@@ -104,6 +108,33 @@ class Pipeline:
         self._lm.submit(handle, request)
         return handle
 
+    # ---- voices --------------------------------------------------------------------------------
+    async def make_voice(self, name: str, pcm16k, pcm24k, created_at: float = 0.0) -> Voice:
+        """A voice from a reference recording: its codes (the GLM-4 tokenizer, on the LM worker)
+        and its DiT prefix (on the detokenizer worker, kept on the device). Raises
+        KimiAudioError when the reference cannot be a voice for this checkpoint."""
+        self._check_speaking("voices")
+        codes = await asyncio.wrap_future(self._lm.voice_codes(pcm16k))
+        voice = Voice.create(name, pcm24k, codes, created_at)
+        await asyncio.wrap_future(self._detok.prepare_voice(voice))
+        return voice
+
+    async def prepare_voice(self, voice: Voice) -> None:
+        """Make sure the voice's prefix is on the device (e.g. the stored voices at start-up)."""
+        self._check_speaking("voices")
+        await asyncio.wrap_future(self._detok.prepare_voice(voice))
+
+    def forget_voice(self, voice: Voice) -> None:
+        """A deleted voice: its prefix leaves the device (turns speaking in it finish)."""
+        if self._running and self._detok is not None:
+            self._detok.forget_voice(voice.key)
+
+    def _check_speaking(self, what: str) -> None:
+        if not self.can_speak:
+            raise KimiAudioError(f"{what}: this server answers in text only (model.text_only = true)")
+        if not self._running:
+            raise KimiAudioError("the pipeline is not running")
+
     def cancel(self, handle: TurnHandle) -> None:
         """Stop a turn now: its KV blocks and detokenizer state are dropped on the workers, and
         its TurnDone (status cancelled) follows."""
@@ -122,4 +153,12 @@ class Pipeline:
             "decode_tokens": s.num_decode_tokens, "preemptions": s.num_preemptions, "steps": s.num_steps,
             "max_batch_sizes": {stage: m.max_batch[stage] for stage in ("encode", "llm", "detok")},
             "turns_by_status": dict(m.turns),
+            **self._voice_stats(),
         }
+
+    def _voice_stats(self) -> dict:
+        if self._detok is None:
+            return {}
+        bank = self._detok.voices
+        return {"voice_prefixes_built": bank.num_built, "voice_prefixes_cached": bank.num_cached,
+                "voice_prefill_calls": self.stack.detokenizer.num_prefill_calls}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.pipeline.voices import Voice
 
 
 @dataclass
@@ -24,3 +25,4 @@ class TurnRequest:
     user_audio: np.ndarray  # float32 mono 16 kHz
     sampling: SamplingParams | None = None  # None: config [sampling]
     output_type: str = "both"  # "both" (text + speech) | "text"
+    voice: Voice | None = None  # the voice prompt its speech is conditioned on; None = the model's own

@@ -13,15 +13,18 @@ the worker's own bug: `on_error` is told (it fails the turns involved) and the l
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 log = logging.getLogger(__name__)
+
+_CALL = object()  # the inbox tag of `call` messages, handled by the base loop
 
 
 def configure_worker_thread(device: torch.device, threads: int) -> None:
@@ -52,6 +55,13 @@ class Worker:
     def post(self, *message: Any) -> None:
         self._inbox.put(message)
         self._wake.set()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the worker thread between iterations (work on state the worker owns, e.g.
+        a voice's codes or prefix); its result or exception arrive in the future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.post(_CALL, fn, future)
+        return future
 
     def wake(self) -> None:
         self._wake.set()
@@ -116,7 +126,10 @@ class Worker:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            self._guard(message, self.handle, message)
+            if message[0] is _CALL:
+                _run_call(*message[1:])
+            else:
+                self._guard(message, self.handle, message)
 
     def _guard(self, message: tuple | None, fn, *args):
         try:
@@ -129,3 +142,12 @@ class Worker:
                 log.exception("%s: containing the failure failed", self.name)
             time.sleep(0.001)  # a failure repeating every iteration must not spin a core
             return 0
+
+
+def _run_call(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except BaseException as exc:  # the caller's to handle; the worker goes on
+        future.set_exception(exc)

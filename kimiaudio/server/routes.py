@@ -9,6 +9,7 @@
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
     DELETE /api/conversations/{id}
+    GET/POST /api/voices, DELETE /api/voices/{name}  voices (server/voice_routes.py)
 
 Every input is checked where it enters: bodies by request_body.py, path and query values by
 path_params.py, the SDP by sdp_offer.py; errors are JSON (api_error.py).
@@ -39,6 +40,7 @@ from kimiaudio.server.transport.rtc_session import RtcSession
 from kimiaudio.server.gate.sdp_offer import MAX_SDP_BYTES, check_offer
 from kimiaudio.server.observe.server_metrics import server_metrics_key
 from kimiaudio.server.v1 import setup_openai_routes
+from kimiaudio.server.voice_routes import setup_voice_routes
 from kimiaudio.store import is_conversation_id
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_delete("/api/conversations/{id}", delete_conversation)
     app.router.add_get("/api/conversations/{id}/turns/{index}/audio", turn_audio)
     setup_openai_routes(app)
+    setup_voice_routes(app)
 
 
 async def index(request: web.Request) -> web.StreamResponse:

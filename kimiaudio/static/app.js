@@ -171,6 +171,7 @@ async function openSession() {
 
   const body = { sdp: pc.localDescription.sdp, type: "offer" };
   if (session.continueId) body.conversation_id = session.continueId;
+  if (typeof voiceSession === "function") body.session = voiceSession(); // static/voices.js
   let resp;
   try {
     resp = await apiFetch("/api/rtc/offer", {

@@ -16,6 +16,9 @@ Tables:
 - audio_answers(id, created_at, expires_at, text, audio_tokens, sample_rate, wav): spoken
   answers of POST /v1/chat/completions, kept until expires_at so that a later request can
   name one as an earlier assistant turn (`{"role": "assistant", "audio": {"id": ...}}`).
+- voices(name, created_at, sample_rate, num_samples, pcm, codes): voice prompts added with
+  POST /api/voices: the reference as float32 PCM (the exact input of its DiT prefix, so a
+  prefix recomputed after a restart or an eviction is the same) and its semantic codes (JSON).
 """
 
 from __future__ import annotations
@@ -78,8 +81,19 @@ CREATE TABLE turn_audio_parts (
 );
 """
 
+_V4 = """
+CREATE TABLE voices (
+    name TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    sample_rate INTEGER NOT NULL,
+    num_samples INTEGER NOT NULL,
+    pcm BLOB NOT NULL,
+    codes TEXT NOT NULL
+);
+"""
+
 # MIGRATIONS[i] migrates from user_version i to i + 1.
-MIGRATIONS: list[str] = [_V1, _V2, _V3]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

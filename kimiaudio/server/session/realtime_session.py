@@ -67,7 +67,7 @@ class RealtimeSession:
         self.id = session_id
         self._metrics = metrics
         self.pipeline = pipeline
-        self.settings = SessionSettings(config, pipeline.can_speak)
+        self.settings = SessionSettings(config, pipeline.can_speak, pipeline.voices)
         self.conversation = Conversation(store, conversation_id)
         self.detector = TurnDetector(vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = vad_executor

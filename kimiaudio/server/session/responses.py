@@ -64,8 +64,13 @@ class Responses:
         if instructions:
             history.insert(0, HistoryTurn("user", text=instructions))
         output_type = s.settings.answer_type(request.output_type if request else None)
+        try:
+            voice = s.settings.voice_prompt() if output_type == "both" else None
+        except KimiAudioError as exc:  # its voice was deleted meanwhile
+            s.send_error("unknown_voice", f"response.create: {exc}", "session.voice")
+            return
         turn = TurnRequest(conversation_id=s.conversation.id, history=history, user_audio=user_turn.audio,
-                           sampling=s.settings.sampling(), output_type=output_type)
+                           sampling=s.settings.sampling(), output_type=output_type, voice=voice)
         try:
             handle = s.pipeline.submit(turn)
         except Exception as exc:

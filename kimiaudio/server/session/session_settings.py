@@ -3,9 +3,10 @@
 The session keeps its own copy of the config ([vad] and [sampling]), the answer's modality
 (output_type: "both" = speech and its transcript, "text"), turn detection (server_vad: the
 silero VAD commits; none: the client commits), whether a VAD commit starts a response,
-instructions (a leading user text message of every prompt), the voice (reported; the model
-has one) and the sample rate of pcm16 input. `apply` changes nothing unless every value of
-the update is valid; `describe` is the `session` object of session.created / updated.
+instructions (a leading user text message of every prompt), the voice (a stored voice's
+name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
+the sample rate of pcm16 input. `apply` changes nothing unless every value of the update is
+valid; `describe` is the `session` object of session.created / updated.
 """
 
 from __future__ import annotations
@@ -18,21 +19,23 @@ from kimiaudio.audio.vad import TurnSettings
 from kimiaudio.config import Config, apply_overrides
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
 from kimiaudio.server.session.client_events import SessionUpdate
 
-DEFAULT_VOICE = "kimi"
+DEFAULT_VOICE = MODEL_VOICE
 OPENAI_INPUT_RATE = 24000  # OpenAI's pcm16
 
 
 class SessionSettings:
-    def __init__(self, config: Config, can_speak: bool):
+    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None):
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.can_speak = can_speak
+        self._voices = voices if voices is not None else VoiceRegistry()
         self.output_type = "both" if can_speak else "text"
         self.turn_detection = "server_vad"
         self.create_response = True
         self.instructions = ""
-        self.voice = DEFAULT_VOICE
+        self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_INPUT_RATE
 
     def turn_settings(self) -> TurnSettings:
@@ -56,6 +59,8 @@ class SessionSettings:
         SamplingParams.from_config(config.sampling)  # validates ranges before anything changes
         if update.output_type == "both" and not self.can_speak:
             raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
+        if update.voice is not None:
+            self._voices.resolve(update.voice)  # an unknown name is refused here, before anything changes
         self.config = config
         if update.output_type is not None:
             self.output_type = update.output_type
@@ -63,6 +68,11 @@ class SessionSettings:
             value = getattr(update, name)
             if value is not None:
                 setattr(self, name, value)
+
+    def voice_prompt(self) -> Voice | None:
+        """The voice this session speaks in now (None: the model's own); raises
+        UnknownVoiceError if its voice was deleted since it was chosen."""
+        return self._voices.resolve(self.voice)
 
     def describe(self, session_id: str, conversation_id: str | None) -> dict[str, Any]:
         vad = self.config.vad

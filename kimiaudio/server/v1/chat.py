@@ -22,6 +22,7 @@ from aiohttp import web
 from kimiaudio.audio.encode import encode_audio
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
 from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.app import config_key, pipeline_key, store_key
 from kimiaudio.server.gate.json_input import JsonInputError
 from kimiaudio.server.gate.request_body import read_json
@@ -43,7 +44,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise V1Error(413 if exc.code == "too_large" else 400, str(exc), exc.code) from None
     chat = await parse_chat_request(body, config, store, pipeline.can_speak)
     turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
-                       sampling=chat.sampling, output_type=chat.output_type)
+                       sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat))
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
     async with guarded_turn(request, pipeline, turn) as handle:
         if chat.stream:
@@ -58,6 +59,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return web.json_response({**completion, "object": "chat.completion", "choices": [
         {"index": 0, "message": message, "finish_reason": finish_reason(done), "logprobs": None}],
         "usage": usage(done)})
+
+
+def _voice(pipeline, chat: ChatRequest):
+    """The stored voice `audio.voice` names (stock names and none: the model's own)."""
+    if chat.output_type != "both":
+        return None
+    try:
+        return pipeline.voices.resolve(chat.voice)
+    except UnknownVoiceError as exc:
+        raise V1Error(400, str(exc), "invalid_value", "audio.voice") from None
 
 
 async def _collect(handle) -> tuple[np.ndarray, TurnDone]:

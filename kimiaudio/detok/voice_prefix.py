@@ -1,0 +1,68 @@
+"""A voice prompt's DiT prefix: the K/V a stream in that voice attends to from its first chunk.
+
+Follows the official PrefixStreamingFlowMatchingDetokenizer.prefill -> StreamingSemanticFMWrapper
+.prefill / prefill_chunk (kimia_infer/models/detokenizer): the reference's log-mel (detok/mel.py)
+is padded with zeros or cut to its frame-rate ids (12.5 Hz codes x4), then split into a rest
+and up to max_prompt_chunk chunks of chunk_size frames taken from the end; each part runs the
+DiT once at t = 0.999 on the clean mel over the K/V so far (positions advancing), and the K/V
+keep the last max_kv_cache_frames after each part (the official update_incremental_state,
+which reserves no room for the prompt). The result is immutable and shared by every session in
+that voice: a session grows its own K/V by concatenation, never in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kimiaudio.detok.settings import UPSAMPLE
+
+PROMPT_CHUNK_FRAMES = 150  # official prefill(chunk_size=150)
+MAX_PROMPT_CHUNKS = 10  # official get_audio_detokenizer(max_prompt_chunk=10)
+
+
+@dataclass(frozen=True)
+class VoicePrefix:
+    kv: Tensor  # [depth, 2, heads, frames, head_dim] on the DiT's device
+    next_position: int  # positions the prompt used: the stream's first chunk starts here
+
+    @property
+    def frames(self) -> int:
+        return self.kv.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+
+def prefill_spans(frames: int, chunk_frames: int = PROMPT_CHUNK_FRAMES,
+                  max_chunks: int = MAX_PROMPT_CHUNKS) -> list[tuple[int, int]]:
+    """[start, end) frames of each prefill call: the rest first (when not empty), then whole
+    chunks, the last one ending at `frames` (the official split)."""
+    num_chunks = min(frames // chunk_frames, max_chunks)
+    rest = frames - num_chunks * chunk_frames
+    spans = [(0, rest)] if rest > 0 else []  # the official empty call adds nothing to the K/V
+    return spans + [(rest + i * chunk_frames, rest + (i + 1) * chunk_frames) for i in range(num_chunks)]
+
+
+def prompt_mel(mel: Tensor, frames: int) -> Tensor:
+    """The official fit of the reference mel [m, bins] to its ids: zero-padded or cut to `frames`."""
+    if mel.shape[0] < frames:
+        return torch.nn.functional.pad(mel, (0, 0, 0, frames - mel.shape[0]))
+    return mel[:frames]
+
+
+def build_voice_prefix(flow, mel: Tensor, codes: Tensor, max_kv_cache_frames: int,
+                       max_chunks: int = MAX_PROMPT_CHUNKS) -> VoicePrefix:
+    """The prefix of a reference: `mel` [m, bins] (its log-mel), `codes` [n] its 12.5 Hz codes;
+    `flow` is the FlowMatcher (one DiT call per span, counted in its num_prefill_calls)."""
+    ids = codes.reshape(-1).long().cpu().repeat_interleave(UPSAMPLE)
+    mel = prompt_mel(mel.float().cpu(), ids.numel())
+    kv: Tensor | None = None
+    for start, end in prefill_spans(ids.numel(), max_chunks=max_chunks):
+        chunk_kv = flow.prefill_chunk(ids[start:end], mel[start:end], start, kv)
+        kv = chunk_kv if kv is None else torch.cat([kv, chunk_kv], dim=3)
+        kv = kv[:, :, :, -max_kv_cache_frames:].contiguous()
+    return VoicePrefix(kv, ids.numel())

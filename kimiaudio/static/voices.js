@@ -1,0 +1,35 @@
+// kimiaudio demo page: the voice selector. The choices come from GET /api/voices (voices are
+// added with POST /api/voices, see the README); the choice goes with the next Connect (the
+// offer's `session`) and, while connected, to the live session as a session.update.
+// Loaded after app.js, whose send() it uses.
+"use strict";
+
+const voiceSelect = document.getElementById("voice");
+const MODEL_VOICE = "kimi"; // the model's own voice
+
+async function loadVoices() {
+  let body;
+  try {
+    const resp = await fetch("/api/voices");
+    if (!resp.ok) return; // e.g. a text-only server: the selector keeps the model's voice
+    body = await resp.json();
+  } catch (e) {
+    return; // app.js reports an unreachable server
+  }
+  const current = voiceSelect.dataset.chosen || body.default || MODEL_VOICE;
+  voiceSelect.replaceChildren(new Option("Kimi (the model's own)", MODEL_VOICE));
+  for (const v of body.voices) voiceSelect.append(new Option(`${v.name} (${v.seconds.toFixed(1)} s)`, v.name));
+  voiceSelect.value = [...voiceSelect.options].some((o) => o.value === current) ? current : MODEL_VOICE;
+}
+
+// The offer's `session` (a session.update's session object): the voice chosen here.
+function voiceSession() {
+  return { voice: voiceSelect.value || MODEL_VOICE };
+}
+
+voiceSelect.addEventListener("focus", loadVoices); // voices added since the page loaded
+voiceSelect.addEventListener("change", () => {
+  voiceSelect.dataset.chosen = voiceSelect.value;
+  send({ type: "session.update", session: voiceSession() }); // no-op while disconnected
+});
+loadVoices();

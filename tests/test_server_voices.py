@@ -1,0 +1,163 @@
+"""The voices API on the server with the real pipeline (demo checkpoint): upload a voice made
+with espeak-ng, list it, speak a chat completion in it through the `openai` client, pick it in
+session.update, delete it; bad uploads and unknown voices get 4xx with a message."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+
+from kimiaudio.audio.io import load_audio, wav_bytes
+from test_server_support import demo_server, kv_pool_full_again
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture
+async def served(aiohttp_client, demo_checkpoint, tmp_path):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (client, pipeline):
+        yield client, pipeline
+
+
+def form(name: str | None, data: bytes | None, filename: str = "voice.wav") -> aiohttp.FormData:
+    f = aiohttp.FormData(default_to_multipart=True)
+    if name is not None:
+        f.add_field("name", name)
+    if data is not None:
+        f.add_field("file", data, filename=filename, content_type="application/octet-stream")
+    return f
+
+
+async def error(resp, status: int, code: str) -> str:
+    assert resp.status == status, await resp.text()
+    body = await resp.json()
+    assert body["error"]["code"] == code and body["error"]["message"]
+    return body["error"]["message"]
+
+
+def flac(pcm: np.ndarray, sr: int) -> bytes:
+    """A FLAC file (any container PyAV reads must do)."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="flac") as out:
+        stream = out.add_stream("flac", rate=sr, layout="mono")
+        frame = av.AudioFrame.from_ndarray((pcm * 32767).astype(np.int16)[None], format="s16", layout="mono")
+        frame.sample_rate = sr
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+async def chat(client, voice: str, question: bytes, seed: int = 3):
+    return await client.chat.completions.create(
+        model="kimi-audio-7b-instruct", modalities=["text", "audio"], audio={"voice": voice, "format": "wav"},
+        seed=seed, max_tokens=30,
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(question).decode(), "format": "wav"}}]}])
+
+
+async def test_voice_lifecycle(served, espeak_voice, speech_wav):
+    http, pipeline = served
+    pcm = load_audio(espeak_voice, 22050)
+    resp = await http.post("/api/voices", data=form("espeak", flac(pcm, 22050), "voice.flac"))
+    assert resp.status == 201, await resp.text()
+    added = await resp.json()
+    assert added["name"] == "espeak" and abs(added["seconds"] - pcm.size / 22050) < 0.05 and added["num_codes"] > 0
+    listed = await (await http.get("/api/voices")).json()
+    assert [v["name"] for v in listed["voices"]] == ["espeak"] and "alloy" in listed["stock"]
+    built = pipeline.stats()["voice_prefixes_built"]
+    assert built == 1  # computed when added
+
+    client = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="unused", max_retries=0)
+    question = speech_wav.read_bytes()
+    spoken = await chat(client, "espeak", question)
+    plain = await chat(client, "alloy", question)  # a stock name: the model's own voice, as before
+    a, b = spoken.choices[0].message.audio, plain.choices[0].message.audio
+    assert a.transcript == b.transcript  # the LM is untouched by the voice ...
+    wav_a, wav_b = base64.b64decode(a.data), base64.b64decode(b.data)
+    assert len(wav_a) == len(wav_b) > 1000 and wav_a != wav_b  # ... its speech is not
+    assert pipeline.requests[-2].voice.name == "espeak" and pipeline.requests[-1].voice is None
+    assert pipeline.stats()["voice_prefixes_built"] == built  # the turn used the kept prefix
+
+    with pytest.raises(openai.BadRequestError, match="unknown voice 'nobody'"):
+        await chat(client, "nobody", question)
+    await error(await http.post("/api/voices", data=form("espeak", espeak_voice.read_bytes())), 409, "voice_exists")
+
+    resp = await http.delete("/api/voices/espeak")
+    assert resp.status == 200 and (await resp.json())["deleted"] == "espeak"
+    assert (await (await http.get("/api/voices")).json())["voices"] == []
+    await error(await http.delete("/api/voices/espeak"), 404, "not_found")
+    with pytest.raises(openai.BadRequestError, match="unknown voice 'espeak'"):
+        await chat(client, "espeak", question)
+    await kv_pool_full_again(pipeline)
+
+
+async def test_voice_survives_a_restart(aiohttp_client, demo_checkpoint, tmp_path, espeak_voice):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, _):
+        assert (await http.post("/api/voices", data=form("kept", espeak_voice.read_bytes()))).status == 201
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, pipeline):
+        listed = await (await http.get("/api/voices")).json()
+        assert [v["name"] for v in listed["voices"]] == ["kept"]
+        assert pipeline.voices.resolve("kept").codes  # registered again from the store
+
+
+@pytest.mark.parametrize("case, status, code", [
+    ("too_short", 400, "too_short"), ("too_long", 400, "too_long"), ("silent", 400, "silent"),
+    ("undecodable", 400, "undecodable"), ("no_file", 400, "missing_field"), ("no_name", 400, "missing_field"),
+    ("bad_name", 400, "invalid_name"), ("json", 400, "bad_request"),
+])
+async def test_bad_uploads(served, case, status, code):
+    http, pipeline = served
+    sr = 24000
+    tone = (0.3 * np.sin(np.arange(sr * 4) * 0.05)).astype(np.float32)
+    bodies = {
+        "too_short": form("short", wav_bytes(tone[: sr // 2], sr)),
+        "too_long": form("long", wav_bytes(np.tile(tone, 9), sr)),
+        "silent": form("quiet", wav_bytes(np.zeros(sr * 4, np.float32), sr)),
+        "undecodable": form("junk", b"this is not audio at all" * 100),
+        "no_file": form("nofile", None),
+        "no_name": form(None, wav_bytes(tone, sr)),
+        "bad_name": form("../etc", wav_bytes(tone, sr)),
+    }
+    if case == "json":
+        resp = await http.post("/api/voices", json={"name": "x"})
+    else:
+        resp = await http.post("/api/voices", data=bodies[case])
+    message = await error(resp, status, code)
+    assert "Traceback" not in message
+    assert (await (await http.get("/api/voices")).json())["voices"] == []
+    assert pipeline.stats()["voice_prefixes_built"] == 0
+
+
+async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
+    """session.update `voice` over /v1/realtime: an unknown name is an error event and changes
+    nothing; a stored one is used for the session's next answer."""
+    from kimiaudio.audio.encode import pcm16_bytes
+    from kimiaudio.audio.io import resample
+
+    http, pipeline = served
+    assert (await http.post("/api/voices", data=form("espeak", espeak_voice.read_bytes()))).status == 201
+    async with http.ws_connect("/v1/realtime?model=kimi-audio-7b-instruct") as ws:
+        async def next_of(kind: str) -> dict:
+            while True:
+                event = await ws.receive_json(timeout=60)
+                if event["type"] in (kind, "error"):
+                    return event
+
+        assert (await next_of("session.created"))["session"]["voice"] == "kimi"
+        await ws.send_json({"type": "session.update", "session": {"voice": "nobody"}})
+        bad = await next_of("session.updated")
+        assert bad["type"] == "error" and "unknown voice 'nobody'" in bad["error"]["message"]
+        await ws.send_json({"type": "session.update", "session": {"voice": "espeak", "turn_detection": None}})
+        assert (await next_of("session.updated"))["session"]["voice"] == "espeak"
+        audio = base64.b64encode(pcm16_bytes(resample(speech_16k, 16000, 24000))).decode()
+        await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
+        await ws.send_json({"type": "input_audio_buffer.commit"})
+        await ws.send_json({"type": "response.create"})
+        done = await next_of("response.done")
+        assert done["type"] == "response.done", done
+    assert pipeline.requests[-1].voice.name == "espeak"
