@@ -10,7 +10,7 @@ session.update (server/events.py) and SamplingParams are checked against the sam
 from __future__ import annotations
 
 import dataclasses
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -19,11 +19,6 @@ from typing import Any, get_type_hints
 from kimiaudio.bounds import Bounds, check_fields, check_value, declared, setting
 from kimiaudio.detok.settings import MAX_POSITION, ChunkSchedule
 from kimiaudio.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 
 # Ranges shared with engine/sampling_params.py, which checks requests built in code the same way.

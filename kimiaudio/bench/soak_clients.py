@@ -101,10 +101,12 @@ def _playing(client, response_id: str):
 
 async def _malformed(transport: Transport, client, log: SessionLog, rng: random.Random) -> None:
     errors = len(client.of_type("error"))
-    await transport.send_raw(client, rng.choice(MALFORMED))
+    event = rng.choice(MALFORMED)
+    await transport.send_raw(client, event)
     log.faults["malformed"] += 1
     if not await _wait_any(transport, client, [lambda: len(client.of_type("error")) > errors], 10.0):
-        log.problems.append("a malformed event got no error event")
+        log.problems.append(f"a malformed event got no error event in 10 s ({transport.name}: {event[:40]!r}, "
+                            f"{len(event)} chars)")
 
 
 async def run_session(transport: Transport, clips: list[np.ndarray], faults: list[str], deadline: float,

@@ -8,6 +8,11 @@ clock says how far behind the reader is; past MAX_LAG_S it drops frames (without
 until it has caught up, so a session under overload loses some audio instead of the server
 its memory. Dropped audio is counted (kimiaudio_input_audio_dropped_seconds_total) and logged
 at most once per WARN_EVERY_S per session.
+
+Lag is only a backlog if frames are waiting: a reader that had to wait for its frame is caught
+up, however late the frame's media time is. Such a frame re-anchors the clock, so a sender
+that fell behind its own clock (a stalled client, a longer network path) is never mistaken
+for an overloaded server, whose audio would otherwise be dropped for good.
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ class InputClock:
         self._dropping = False
         self._warned_at: float | None = None
 
-    def is_behind(self, frame) -> bool:
-        """True if `frame` (an av.AudioFrame with a time) should be dropped."""
-        now = time.monotonic()
+    def is_behind(self, frame, waited: bool, now: float | None = None) -> bool:
+        """True if `frame` (an av.AudioFrame with a time) should be dropped. `waited`: the
+        reader had to wait for this frame (none was queued)."""
+        now = time.monotonic() if now is None else now
         media = frame.time
         if media is None:
             return False
-        if self._anchor is None or media < self._anchor[1]:  # first frame, or the sender restarted its clock
+        # The first frame, a sender that restarted its clock, or a reader with nothing queued.
+        if self._anchor is None or media < self._anchor[1] or waited:
             self._anchor = (now, media)
         # A sender that paused (no packets) and resumes is not behind: keep the lag from going negative.
         lag = (now - self._anchor[0]) - (media - self._anchor[1])

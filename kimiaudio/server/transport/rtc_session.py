@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from concurrent.futures import Executor
 from typing import Callable
 
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
-TASKS_STOP_TIMEOUT_S = 2.0  # a cancelled task of the session has this long to finish
+TASKS_STOP_TIMEOUT_S = 2.0
+FRAME_WAIT_S = 0.002  # recv() took longer: no frame was queued (a queued one returns at once)  # a cancelled task of the session has this long to finish
 # What a task of the session may die of when the client goes away: a hang-up, not a bug.
 HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
@@ -130,16 +132,20 @@ class RtcSession:
         timeout = FIRST_FRAME_TIMEOUT_S
         reason = "the client hung up"
         try:
-            while not self.closed:  # (3.11's wait_for can swallow the cancel that close() sends)
+            while not self.closed:  # (checked too: a cancel that close() sends may be swallowed)
+                asked = time.monotonic()
                 try:
-                    frame = await asyncio.wait_for(track.recv(), timeout)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: no task per frame, so a queued frame comes
+                    # back without a trip through the event loop and `waited` below is exact.
+                    async with asyncio.timeout(timeout):
+                        frame = await track.recv()
+                except TimeoutError:
                     reason = f"no audio for {timeout:.0f} s: the client is gone"
                     break
                 except MediaStreamError:
                     break
                 timeout = INPUT_TIMEOUT_S
-                if clock.is_behind(frame):
+                if clock.is_behind(frame, waited=time.monotonic() - asked > FRAME_WAIT_S):
                     continue  # overloaded: this audio is dropped rather than queued without bound
                 for out in resampler.resample(frame):
                     await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
