@@ -12,10 +12,11 @@ import sys
 import pytest
 
 from kimiaudio.bench.soak import run_soak
-from kimiaudio.bench.soak_clients import FAULTS, plan_faults
+from kimiaudio.bench.soak_clients import FAULTS, MALFORMED, plan_faults
+from kimiaudio.server.session import client_events
 from kimiaudio.store import ConversationStore
-from test_server_serve import ROOT
-from test_server_support import demo_config, demo_stack
+from test_server_support import ROOT, demo_config, demo_stack
+
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -59,3 +60,11 @@ def test_fault_plan_covers_every_fault():
     assert len(plan) == 2 and all(len(turns) == 3 for turns in plan)
     assert {fault for turns in plan for fault in turns} >= set(FAULTS[1:])
     assert plan_faults(2, 3, 0.0, random.Random(5)) == [["none"] * 3] * 2
+
+
+@pytest.mark.parametrize("event", MALFORMED, ids=lambda e: e[:30])
+def test_every_malformed_soak_event_is_refused(event):
+    """The soak expects an error event for each: the parser must refuse every one (an event the
+    server accepts, e.g. with an extra field it ignores, would count as a lost error event)."""
+    with pytest.raises(client_events.ProtocolError):
+        client_events.parse_client_event(event)

@@ -24,7 +24,9 @@ TURN_TIMEOUT_S = 120.0
 SILENCE_S = 1.2  # after an utterance: longer than the VAD's end-of-speech silence
 MALFORMED = (
     "[" * 5000, "{not json", '{"type": "nope"}', '{"type": "session.update", "session": {"vad": "fast"}}',
-    '{"type": "response.cancel", "extra": [1, 2, 3]}', '{"type": "session.update", "session": {"vad": '
+    # (fields a client adds beside the known ones are ignored, as OpenAI's clients send some: a
+    # wrong type in a known field is what is malformed)
+    '{"type": "response.cancel", "response_id": [1, 2, 3]}', '{"type": "session.update", "session": {"vad": '
     '{"threshold": 1e400}}}', '"\\ud800"', "x" * 70000, '{"type": ["conversation.select"]}',
 )
 
