@@ -111,6 +111,10 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
         loop = asyncio.get_running_loop()
         loop.call_exception_handler({"message": "Task exception was never retrieved",
                                      "exception": ConnectionError("Cannot send data, not connected")})
+        from OpenSSL import SSL  # aiortc's SCTP send on a DTLS session the peer has just shut
+
+        loop.call_exception_handler({"message": "Task exception was never retrieved",
+                                     "exception": SSL.Error([("SSL routines", "", "protocol is shutdown")])})
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 200
         client.mic.say(np.concatenate([speech[0], silence(1.0)]))
@@ -128,6 +132,7 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
     assert sum("Error handling request" in r.getMessage() for r in caplog.records) == 2
     assert sum("closed:" in r.getMessage() for r in caplog.records if r.name.startswith("kimiaudio")) == 1
     assert any(r.name == "asyncio" and "never retrieved: Cannot send data" in r.getMessage() for r in caplog.records)
+    assert any(r.name == "asyncio" and "protocol is shutdown" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.name.startswith("aioice") and r.levelno < logging.WARNING]
 
 

@@ -4,8 +4,9 @@
 about eight INFO lines per connection); and what a client's fault makes the libraries log as
 an ERROR with a traceback becomes one INFO line: aiohttp's "Error handling request" for a
 request that was never valid HTTP (garbage, an over-long header, a TLS hello on the plain
-port), and asyncio's "Task exception was never retrieved" for a ConnectionError (aiortc sends
-data-channel messages from tasks of its own, which fail when the peer has just gone).
+port), and asyncio's "Task exception was never retrieved" for a ConnectionError or a DTLS
+session already shut (aiortc sends data-channel messages from tasks of its own, which fail
+when the peer has just gone).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class ClientFaultFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, (HttpProcessingError, ConnectionError)):
+        if isinstance(exc, (HttpProcessingError, ConnectionError)) or _is_dtls_shut(exc):
             what = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             first_line = record.getMessage().splitlines()[0]
             record.msg, record.args = "%s: %s", (first_line, " ".join(str(what).split())[:200])
@@ -33,6 +34,12 @@ class ClientFaultFilter(logging.Filter):
             record.exc_info, record.exc_text = None, None
             return logging.getLogger(record.name).isEnabledFor(logging.INFO)  # --log-level WARNING hides it
         return True
+
+
+def _is_dtls_shut(exc: BaseException | None) -> bool:
+    """pyOpenSSL's 'protocol is shutdown': aiortc's SCTP transport sending on a DTLS session
+    the peer has just closed (a hang-up during an answer), from a task nobody awaits."""
+    return exc is not None and type(exc).__module__.startswith("OpenSSL") and "shutdown" in str(exc)
 
 
 def configure_logging(level: str = "INFO") -> None:
