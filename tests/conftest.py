@@ -106,6 +106,18 @@ def v1_server(tmp_path_factory):
     stop_serve(proc)
 
 
+@pytest.fixture
+async def openai_client(v1_server):
+    """The official `openai` async client for v1_server (HTTP and the Realtime WebSocket),
+    closed at the test's end: left to the garbage collector, its connection pool would be
+    closed on an event loop already gone, an ERROR in whichever test runs then."""
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=v1_server + "/v1", api_key="unused", max_retries=0,
+                                websocket_base_url=v1_server.replace("http", "ws", 1) + "/v1")
+    yield client
+    await client.close()
+
+
 @pytest.fixture(scope="session")
 def espeak_voice(tmp_path_factory) -> Path:
     """About 3 s of espeak-ng speech to make a voice of (its own 22.05 kHz: the server resamples)."""

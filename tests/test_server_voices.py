@@ -72,7 +72,17 @@ async def test_voice_lifecycle(served, espeak_voice, speech_wav):
     built = pipeline.stats()["voice_prefixes_built"]
     assert built == 1  # computed when added
 
+    # Closed within the test: left to the garbage collector, its connection pool would be closed
+    # on an event loop that is gone, an ERROR in whatever test runs then.
     client = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="unused", max_retries=0)
+    try:
+        await _speak_in_the_voice(http, pipeline, client, speech_wav, espeak_voice, built)
+    finally:
+        await client.close()
+    await kv_pool_full_again(pipeline)
+
+
+async def _speak_in_the_voice(http, pipeline, client, speech_wav, espeak_voice, built) -> None:
     question = speech_wav.read_bytes()
     spoken = await chat(client, "espeak", question)
     plain = await chat(client, "alloy", question)  # a stock name: the model's own voice, as before
@@ -93,7 +103,6 @@ async def test_voice_lifecycle(served, espeak_voice, speech_wav):
     await error(await http.delete("/api/voices/espeak"), 404, "not_found")
     with pytest.raises(openai.BadRequestError, match="unknown voice 'espeak'"):
         await chat(client, "espeak", question)
-    await kv_pool_full_again(pipeline)
 
 
 async def test_voice_survives_a_restart(aiohttp_client, demo_checkpoint, tmp_path, espeak_voice):

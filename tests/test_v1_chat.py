@@ -20,9 +20,6 @@ MODEL = "kimi-audio-7b-instruct"
 SEED = 3  # the demo weights speak for a second or more to the test sentence with this seed
 
 
-def client_for(base_url: str):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
 
 def user_audio(wav: bytes, text: str | None = None) -> dict:
     parts = [{"type": "text", "text": text}] if text else []
@@ -49,8 +46,8 @@ async def status(base_url: str) -> dict:
         return (await (await http.get(f"{base_url}/api/status")).json())["pipeline"]
 
 
-async def test_text_answer(v1_server, question):
-    completion = await client_for(v1_server).chat.completions.create(
+async def test_text_answer(v1_server, question, openai_client):
+    completion = await openai_client.chat.completions.create(
         model=MODEL, messages=[{"role": "system", "content": "Be brief."}, user_audio(question, "Answer this:")],
         max_tokens=30)
     choice = completion.choices[0]
@@ -61,8 +58,8 @@ async def test_text_answer(v1_server, question):
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac", "pcm16"])
-async def test_spoken_answer_in_every_format(v1_server, question, fmt):
-    completion = await client_for(v1_server).chat.completions.create(
+async def test_spoken_answer_in_every_format(v1_server, question, fmt, openai_client):
+    completion = await openai_client.chat.completions.create(
         model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
         audio={"voice": "alloy", "format": fmt}, seed=SEED)
     message = completion.choices[0].message
@@ -72,8 +69,8 @@ async def test_spoken_answer_in_every_format(v1_server, question, fmt):
     assert pcm.size > 0.5 * 24000 and np.abs(pcm).max() > 0.01, (fmt, pcm.size)
 
 
-async def test_streamed_spoken_answer_and_audio_id_history(v1_server, question):
-    client = client_for(v1_server)
+async def test_streamed_spoken_answer_and_audio_id_history(v1_server, question, openai_client):
+    client = openai_client
     stream = await client.chat.completions.create(
         model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "pcm16"}, seed=SEED, stream=True, stream_options={"include_usage": True})

@@ -68,19 +68,14 @@ async def say(conn, pcm16k: np.ndarray, chunk_s: float = 0.1) -> None:
         await asyncio.sleep(0.005)
 
 
-def client_for(base_url: str):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused",
-                              websocket_base_url=base_url.replace("http", "ws", 1) + "/v1")
-
-
 async def conversation(base_url: str, conversation_id: str) -> dict:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{base_url}/api/conversations/{conversation_id}") as resp:
             return await resp.json()
 
 
-async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech):
-    async with client_for(v1_server).beta.realtime.connect(model=MODEL) as conn:
+async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech, openai_client):
+    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
         events = Events(conn)
         created = await events.wait_for("session.created")
         assert created.session.turn_detection.type == "server_vad"
@@ -153,8 +148,8 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
     assert first_id != rid
 
 
-async def test_manual_commit_text_items_and_errors(v1_server, speech):
-    async with client_for(v1_server).beta.realtime.connect(model=MODEL) as conn:
+async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_client):
+    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
         events = Events(conn)
         await events.wait_for("session.created")
         await conn.session.update(session={"turn_detection": None, "modalities": ["text"],

@@ -22,9 +22,6 @@ pytestmark = pytest.mark.slow
 MODEL = "kimi-audio-7b-instruct"
 
 
-def client_for(base_url: str):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
 
 @pytest.fixture(scope="module")
 def speech_files(speech_wav, tmp_path_factory):
@@ -49,13 +46,13 @@ def speech_files(speech_wav, tmp_path_factory):
     return files
 
 
-async def test_models_lists_the_served_model(v1_server):
-    models = await client_for(v1_server).models.list()
+async def test_models_lists_the_served_model(v1_server, openai_client):
+    models = await openai_client.models.list()
     assert [m.id for m in models.data] == [MODEL]
 
 
-async def test_every_response_format(v1_server, speech_files):
-    client = client_for(v1_server)
+async def test_every_response_format(v1_server, speech_files, openai_client):
+    client = openai_client
     audio = ("hello.wav", speech_files["wav"])
     as_json = await client.audio.transcriptions.create(model=MODEL, file=audio)
     text = as_json.text
@@ -77,8 +74,8 @@ async def test_every_response_format(v1_server, speech_files):
     assert "".join(e.delta for e in events[:-1]).strip() == text
 
 
-async def test_containers_and_concurrent_requests_batch(v1_server, speech_files):
-    client = client_for(v1_server)
+async def test_containers_and_concurrent_requests_batch(v1_server, speech_files, openai_client):
+    client = openai_client
     texts = await asyncio.gather(*[
         client.audio.transcriptions.create(model=MODEL, file=(f"speech.{fmt}", data))
         for fmt, data in list(speech_files.items()) * 3])
@@ -90,8 +87,8 @@ async def test_containers_and_concurrent_requests_batch(v1_server, speech_files)
     assert status["pipeline"]["kv_blocks_free"] == status["pipeline"]["kv_blocks_total"]
 
 
-async def test_bad_uploads_are_openai_errors(v1_server, speech_files):
-    client = client_for(v1_server)
+async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_client):
+    client = openai_client
     silent = wav_bytes(np.zeros(16000, np.float32), 16000)
     cases = [
         (dict(model="whisper-1", file=("a.wav", speech_files["wav"])), openai.NotFoundError, "model_not_found", "model"),
