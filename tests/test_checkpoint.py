@@ -66,3 +66,11 @@ def test_corrupt_weights_are_one_line_errors(golden_checkpoint, tmp_path):
     (broken / "config.json").write_text(json.dumps(only_size))
     with pytest.raises(CheckpointError, match="config.json: missing key"):
         load_lm(find_checkpoint(broken), "cpu", torch.float32)
+
+
+def test_the_shipped_golden_is_found():
+    """Variant a ships with the project: without it every golden test would be parametrized
+    over nothing and skip silently."""
+    from conftest import DATA, GOLDEN_DIRS
+
+    assert DATA / "golden_a" in GOLDEN_DIRS
