@@ -16,7 +16,7 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.sequence import Sequence
-from test_engine_e2e import build_requests, load_tiny_lm, reference_steps
+from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 
@@ -97,30 +97,6 @@ def test_padded_decode_attention_matches_reference():
                 weights = torch.softmax(keys[:, h // (HQ // HKV)] @ q[row, h].double() / math.sqrt(D), dim=0)
                 torch.testing.assert_close(out[row, h].double(), weights @ values[:, h // (HQ // HKV)],
                                            atol=1e-6, rtol=1e-6)
-
-
-def run_scenario(engine: LLMEngine, arrivals: list) -> tuple[dict, dict]:
-    """Requests arrive at their steps; "abort-waiting" is aborted at once, "abort-running" after 5
-    tokens. -> (tokens per request, finish reason per request)."""
-    arrivals = list(arrivals)
-    seq_ids, outputs, finished = {}, {req.request_id: [] for _, req in arrivals}, {}
-    step = 0
-    while step < 400 and (arrivals or engine.has_work()):
-        for item in [a for a in arrivals if a[0] <= step]:
-            seq_ids[item[1].request_id] = engine.add_request(item[1])
-            arrivals.remove(item)
-        for rid, after in (("abort-waiting", 0), ("abort-running", 5)):
-            if rid in seq_ids and rid not in finished and len(outputs[rid]) >= after:
-                assert engine.abort(seq_ids[rid])
-                finished[rid] = "abort"
-        for out in engine.step():
-            assert out.error is None and out.request_id not in finished
-            outputs[out.request_id].append((out.text_token, out.audio_token))
-            if out.finished:
-                finished[out.request_id] = out.finish_reason
-        step += 1
-    assert not engine.has_work() and engine.stats().num_blocks_free == engine.stats().num_blocks_total
-    return outputs, finished
 
 
 @pytest.fixture(scope="module")

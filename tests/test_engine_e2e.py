@@ -126,30 +126,38 @@ def build_requests(lm, tensors, rules):
     return [(step, make_request(rid, prompt, params, kind, rules)) for step, rid, prompt, params, kind in specs]
 
 
-def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
-    lm, tensors, rules = setup
-    arrivals = build_requests(lm, tensors, rules)
-    expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals if req.request_id != "abort-waiting"}
-    engine = engine_for(lm)
+def run_scenario(engine: LLMEngine, arrivals: list) -> tuple[dict, dict]:
+    """Requests arrive at their steps; "abort-waiting" is aborted at once, "abort-running" after 5
+    tokens (a second abort of it finds nothing). -> (tokens per request, finish reason per request);
+    the engine ends idle with every KV block free."""
+    arrivals = list(arrivals)
     seq_ids, outputs, finished = {}, {req.request_id: [] for _, req in arrivals}, {}
     step = 0
     while step < 400 and (arrivals or engine.has_work()):
-        for arrival, req in [a for a in arrivals if a[0] <= step]:
-            seq_ids[req.request_id] = engine.add_request(req)
-            arrivals.remove((arrival, req))
-        if "abort-waiting" in seq_ids and "abort-waiting" not in finished:
-            assert engine.abort(seq_ids["abort-waiting"])
-            finished["abort-waiting"] = "abort"
-        if len(outputs["abort-running"]) == 5 and "abort-running" not in finished:
-            assert engine.abort(seq_ids["abort-running"])
-            finished["abort-running"] = "abort"
-            assert not engine.abort(seq_ids["abort-running"])  # already gone
+        for item in [a for a in arrivals if a[0] <= step]:
+            seq_ids[item[1].request_id] = engine.add_request(item[1])
+            arrivals.remove(item)
+        for rid, after in (("abort-waiting", 0), ("abort-running", 5)):
+            if rid in seq_ids and rid not in finished and len(outputs[rid]) >= after:
+                assert engine.abort(seq_ids[rid])
+                assert not engine.abort(seq_ids[rid])  # already gone
+                finished[rid] = "abort"
         for out in engine.step():
             assert out.error is None and out.request_id not in finished
             outputs[out.request_id].append((out.text_token, out.audio_token))
             if out.finished:
                 finished[out.request_id] = out.finish_reason
         step += 1
+    assert not engine.has_work() and engine.stats().num_blocks_free == engine.stats().num_blocks_total
+    return outputs, finished
+
+
+def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
+    lm, tensors, rules = setup
+    arrivals = build_requests(lm, tensors, rules)
+    expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals if req.request_id != "abort-waiting"}
+    engine = engine_for(lm)
+    outputs, finished = run_scenario(engine, arrivals)
     stats = engine.stats()
     assert stats.num_preemptions > 0  # the tiny pool forced recompute
     assert stats.num_blocks_free == stats.num_blocks_total == 12  # nothing leaked

@@ -28,9 +28,8 @@ from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.layers.triton_support import kernel_mode
 from test_bench import check_small_decode_bench
-from test_engine_decode_path import run_scenario
 from test_engine_e2e import (build_requests, check_bfloat16_engine, golden_prompt, load_tiny_lm, make_request,
-                             reference_steps)
+                             reference_steps, run_scenario)
 from test_lm_golden import SECTIONS, TOL, forward_logits
 from test_pipeline import run_turn, with_pipeline
 
@@ -96,14 +95,18 @@ def graph_config(**overrides) -> EngineConfig:
                                   max_model_len=256), **overrides})
 
 
+def golden_scenario(golden_checkpoint, golden, golden_rules):
+    """The tiny golden LM on the device and the engine scenario's requests (test_engine_e2e)."""
+    lm = load_tiny_lm(golden_checkpoint, DEVICE)
+    return lm, build_requests(lm, golden, golden_rules)
+
+
 @cuda_only
 def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, golden_rules):
     # The golden scenario (chunked prefill, preemption-free pool of 40 blocks, aborts, mixed
     # lengths, sampled and penalised requests): graphs, eager steps over the same padded
     # buffers, and the batch-1 reference loop agree token for token.
-    lm = load_tiny_lm(golden_checkpoint, DEVICE)
-    tensors, rules = golden, golden_rules
-    arrivals = build_requests(lm, tensors, rules)
+    lm, arrivals = golden_scenario(golden_checkpoint, golden, golden_rules)
     graphs = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
     assert graphs.runner.graphs is not None and graphs.runner.use_kernels
     assert graphs.runner.graphs.batch_sizes == [1, 2, 4, 8] and graphs.runner.capture_seconds > 0
@@ -127,9 +130,7 @@ def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, gol
 
 @cuda_only
 def test_kernels_equal_torch_path_in_fp32(golden_checkpoint, golden, golden_rules):
-    lm = load_tiny_lm(golden_checkpoint, DEVICE)
-    tensors, rules = golden, golden_rules
-    arrivals = build_requests(lm, tensors, rules)
+    lm, arrivals = golden_scenario(golden_checkpoint, golden, golden_rules)
     engine = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
     assert engine.runner.use_kernels
     with_kernels = run_scenario(engine, arrivals)

@@ -14,10 +14,9 @@ import pytest
 import soundfile as sf
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from test_server_support import free_port, silence, start_serve
+from test_server_support import free_port, silence, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
-
 
 
 async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech):
@@ -71,12 +70,7 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             # The new prompt held the first utterance too: more prefill than the new turn alone.
             assert done["response"]["prefill_tokens_computed"] > 2 * len(after[-2]["audio_tokens"])
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except Exception:
-            proc.kill()
-        time.sleep(0.1)
+        stop_serve(proc)
 
 
 async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speech):
@@ -140,8 +134,4 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             assert [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1)
             assert after[len(turns) - 1]["duration_s"] == heard["duration_s"]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except Exception:
-            proc.kill()
+        stop_serve(proc)
