@@ -144,6 +144,7 @@ def test_real_time_factor(detok):
     wav = detok.detokenize(tokens, seed=0)
     elapsed = time.perf_counter() - start
     seconds = wav.numel() / detok.sample_rate
+    assert wav.numel() == len(tokens) * detok.samples_per_token  # every code became audio
     print(f"\ndetokenize RTF on the tiny golden checkpoint (CPU, {torch.get_num_threads()} threads): "
           f"{elapsed:.3f} s for {seconds:.1f} s of audio = RTF {elapsed / seconds:.4f}")
 

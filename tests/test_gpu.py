@@ -74,12 +74,16 @@ def test_engine_equals_reference_loop_on_device_in_fp32(golden_checkpoint, golde
 @contextlib.contextmanager
 def torch_kernels():
     """The torch reference path everywhere (no Triton kernel, hence no CUDA graphs)."""
+    saved = os.environ.get("KIMIAUDIO_KERNELS")
     os.environ["KIMIAUDIO_KERNELS"] = "torch"
     kernel_mode.cache_clear()
     try:
         yield
     finally:
-        del os.environ["KIMIAUDIO_KERNELS"]
+        if saved is None:
+            del os.environ["KIMIAUDIO_KERNELS"]
+        else:
+            os.environ["KIMIAUDIO_KERNELS"] = saved
         kernel_mode.cache_clear()
 
 

@@ -43,6 +43,8 @@ async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int]:
             await asyncio.sleep(0.5)
             if len(client.of_type("response.done")) < attempt:
                 break
+        else:
+            raise AssertionError("no answer was still playing 0.5 s after it started, in 5 attempts")
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         late = await http.post("/api/rtc/offer", json={"sdp": "v=0", "type": "offer"})

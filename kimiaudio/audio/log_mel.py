@@ -53,18 +53,18 @@ class MelSettings:
 
     def filters(self) -> torch.Tensor:
         """Slaney-normalised mel filter bank, float32 [num_mel_bins, n_fft // 2 + 1]."""
-        from transformers.audio_utils import mel_filter_bank
+        return slaney_mel_filters(self.n_fft, self.num_mel_bins, self.sample_rate, 0.0, self.sample_rate / 2)
 
-        bank = mel_filter_bank(
-            num_frequency_bins=self.n_fft // 2 + 1,
-            num_mel_filters=self.num_mel_bins,
-            min_frequency=0.0,
-            max_frequency=self.sample_rate / 2,
-            sampling_rate=self.sample_rate,
-            norm="slaney",
-            mel_scale="slaney",
-        )  # float64 [freq, mel]
-        return torch.from_numpy(np.ascontiguousarray(bank.T)).to(torch.float32)
+
+def slaney_mel_filters(n_fft: int, num_mels: int, sample_rate: int, fmin: float, fmax: float) -> torch.Tensor:
+    """Slaney-scale, Slaney-normalised mel filters as librosa.filters.mel makes them (Whisper's
+    features and the vocoder's mel both use them), float32 [num_mels, n_fft // 2 + 1]."""
+    from transformers.audio_utils import mel_filter_bank
+
+    bank = mel_filter_bank(num_frequency_bins=n_fft // 2 + 1, num_mel_filters=num_mels, min_frequency=fmin,
+                           max_frequency=fmax, sampling_rate=sample_rate, norm="slaney",
+                           mel_scale="slaney")  # float64 [freq, mel]
+    return torch.from_numpy(np.ascontiguousarray(bank.T)).to(torch.float32)
 
 
 def split_segments(pcm: np.ndarray, segment_samples: int) -> list[np.ndarray]:

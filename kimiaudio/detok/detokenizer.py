@@ -69,8 +69,8 @@ class Detokenizer:
             self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, **capture)
         self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)
         self.cost = CostEstimate()
-        # On the CPU one mel per vocoder call: batches of 8 equal mels took 2-2.5x as long as 8
-        # single calls there (demo vocoder, one thread: the activations outgrow the caches).
+        # On the CPU one mel per vocoder call: batching gains nothing without parallel hardware,
+        # and a batch's activations outgrow the caches.
         rows = self.buckets.batch_sizes if on_cuda or bucketed else (1,)
         self.vocoders = VocoderBatcher(vocoder, rows, bucketed, self.vocoder_graphs)
 

@@ -9,10 +9,12 @@ K/V that later chunks attend to; without look-ahead, the K/V of the last Euler c
 Batching: jobs with the same step count run together, at most max_batch_sessions at a time,
 padded to a bucket shape (detok/buckets.py) in static buffers (detok/dit_batch.py); the refresh
 is one more call of the same bucket with the look-ahead keys masked and dt = 0. `run_step` runs
-one call of a loaded bucket: eagerly, or by replaying its CUDA graph (detok/step_graphs.py).
+one call of a loaded bucket: eagerly, or by replaying its CUDA graph (detok/cuda_graphs.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 from dataclasses import dataclass
 from typing import Callable
@@ -44,6 +46,14 @@ def euler_schedule(steps: int) -> tuple[Tensor, Tensor]:
 def timestep_ids(t: Tensor) -> Tensor:
     """What the official ODE wrapper hands the DiT: (t * 1000).long() on fp32 t."""
     return (t.float() * 1000).long()
+
+
+@functools.cache
+def euler_steps(steps: int) -> tuple[tuple[int, float], ...]:
+    """(timestep id, dt) of each Euler call of a `steps`-point grid, as host numbers: built once
+    per step count, not per batch."""
+    t, dt = euler_schedule(steps)
+    return tuple(zip(timestep_ids(t).tolist(), dt.tolist()))
 
 
 @dataclass
@@ -113,11 +123,11 @@ class FlowMatcher:
         shape = self.buckets.shape(len(todo), max(j.token_ids.numel() for j in todo), max(j.prefix_frames for j in todo))
         batch = self.batch(shape)
         batch.load(todo)
-        t_ids, dts = euler_schedule(steps)
-        for t_id, dt in zip(timestep_ids(t_ids).tolist(), dts.tolist()):
+        schedule = euler_steps(steps)
+        for t_id, dt in schedule:
             batch.set_time(t_id, dt)
             self.run_step(batch)
-        self.num_calls += len(dts)
+        self.num_calls += len(schedule)
         kept = [job.token_ids.numel() - job.look_ahead for job in todo]
         mels = [batch.mel(j, k) for j, k in enumerate(kept)]
         kvs: list[Tensor | None] = [None] * len(todo)

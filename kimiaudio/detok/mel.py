@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from kimiaudio.audio.log_mel import slaney_mel_filters
 from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError, KimiAudioError
 
@@ -60,13 +60,8 @@ class VocoderMel:
     @cached_property
     def basis(self) -> Tensor:
         """Slaney mel filters, float32 [num_mels, n_fft // 2 + 1] (librosa.filters.mel)."""
-        from transformers.audio_utils import mel_filter_bank
-
         fmax = self.sampling_rate / 2 if self.fmax is None else self.fmax
-        bank = mel_filter_bank(num_frequency_bins=self.n_fft // 2 + 1, num_mel_filters=self.num_mels,
-                               min_frequency=self.fmin, max_frequency=fmax, sampling_rate=self.sampling_rate,
-                               norm="slaney", mel_scale="slaney")  # float64 [freq, mel]
-        return torch.from_numpy(np.ascontiguousarray(bank.T)).to(torch.float32)
+        return slaney_mel_filters(self.n_fft, self.num_mels, self.sampling_rate, self.fmin, fmax)
 
     def frames(self, num_samples: int) -> int:
         """Mel frames of a waveform of this many samples."""

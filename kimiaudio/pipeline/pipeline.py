@@ -161,4 +161,5 @@ class Pipeline:
             return {}
         bank = self._detok.voices
         return {"voice_prefixes_built": bank.num_built, "voice_prefixes_cached": bank.num_cached,
+                "voice_prefixes_evicted": bank.num_evicted,
                 "voice_prefill_calls": self.stack.detokenizer.num_prefill_calls}

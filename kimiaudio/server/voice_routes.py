@@ -16,12 +16,13 @@ start-up the stored voices are registered again; their prefixes are computed on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import numpy as np
 from aiohttp import web
 
-from kimiaudio.audio.io import decode_audio_bytes
+from kimiaudio.audio.io import decode_audio_bytes, resample
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.voices import STOCK_VOICES, Voice, check_voice_name
 from kimiaudio.server.app import config_key, pipeline_key, store_key
@@ -78,10 +79,8 @@ async def add_voice(request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_name", str(exc)) from None
     if name in pipeline.voices:
         raise ApiError(409, "voice_exists", f"a voice named {name!r} exists already (delete it first)")
-    loop = asyncio.get_running_loop()
     try:
-        pcm16, pcm24 = await asyncio.gather(loop.run_in_executor(None, decode_audio_bytes, data, CODE_RATE, "file"),
-                                            loop.run_in_executor(None, decode_audio_bytes, data, MEL_RATE, "file"))
+        pcm24, pcm16 = await asyncio.get_running_loop().run_in_executor(None, _decode, data)
     except AudioInputError as exc:
         raise ApiError(400, "undecodable", str(exc)) from None
     _check_reference(pcm24, cfg)
@@ -93,7 +92,7 @@ async def add_voice(request: web.Request) -> web.Response:
         stored = await save_voice(app[store_key], name, voice.wav24k, MEL_RATE, list(voice.codes))
     except VoiceExistsError as exc:
         raise ApiError(409, "voice_exists", str(exc)) from None
-    voice = Voice.create(name, stored.pcm, stored.codes, stored.created_at)  # the same key: same inputs
+    voice = dataclasses.replace(voice, created_at=stored.created_at)  # the same inputs: the same key
     pipeline.voices.add(voice)
     return web.json_response(voice.describe(), status=201)
 
@@ -140,6 +139,12 @@ async def _read_upload(request: web.Request) -> tuple[str, bytes]:
         return fields["name"].decode("utf-8").strip(), fields["file"]
     except UnicodeDecodeError:
         raise ApiError(400, "invalid_name", "the voice name is not UTF-8 text") from None
+
+
+def _decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The upload at the vocoder's rate (the mel) and at the tokenizer's (the codes): decoded once."""
+    pcm24 = decode_audio_bytes(data, MEL_RATE, "file")
+    return pcm24, resample(pcm24, MEL_RATE, CODE_RATE)
 
 
 def _check_reference(pcm: np.ndarray, cfg) -> None:

@@ -30,7 +30,8 @@ class Response:
     committed_at: float  # time.monotonic() of the commit
     playback_done: asyncio.Future
     text: str = ""
-    pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated
+    pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated (add_pcm)
+    num_samples: int = 0  # in `pcm`, kept as chunks come: the recorder asks every second
     codes: list[int] = field(default_factory=list)  # speech codes of those chunks, as they came
     cancelled: bool = False
     generation_ended: bool = False
@@ -53,9 +54,25 @@ class Response:
             return []
         return self.codes[:math.ceil(samples / samples_per_code)]
 
+    def add_pcm(self, chunk: np.ndarray) -> None:
+        self.pcm.append(chunk)
+        self.num_samples += chunk.size
+
+    def pcm_between(self, start: int, end: int) -> np.ndarray:
+        """Samples [start, end) of the audio generated, joining only the chunks they lie in (the
+        recorder takes one second at a time from an answer that may be minutes long)."""
+        parts, offset = [], 0
+        for chunk in self.pcm:
+            if offset >= end:
+                break
+            if offset + chunk.size > start:
+                parts.append(chunk[max(0, start - offset):end - offset])
+            offset += chunk.size
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
     @property
     def audio_seconds(self) -> float:
-        return sum(chunk.size for chunk in self.pcm) / PCM_SAMPLE_RATE
+        return self.num_samples / PCM_SAMPLE_RATE
 
     def heard(self, done: TurnDone, samples_per_code: int | None) -> tuple[np.ndarray, list[int]]:
         """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix

@@ -108,7 +108,7 @@ class Responses:
                         if r.output_type == "text":
                             r.first_heard.set()
                 elif isinstance(event, AudioChunk):
-                    r.pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
+                    r.add_pcm(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
                     r.codes += event.codes
                     if not r.cancelled:
                         self.playback.push(r.pcm[-1])
@@ -196,7 +196,7 @@ class Responses:
         try:
             while not r.stop_recording.is_set():
                 heard = self._heard_samples(r)
-                pcm = np.concatenate(r.pcm)[r.recorded_samples:heard] if heard > r.recorded_samples else np.zeros(0)
+                pcm = r.pcm_between(r.recorded_samples, heard)
                 if r.stored is None:
                     await self._insert(r, r.text, [], [], {}, True, np.zeros(0, np.float32))
                 codes = r.codes_heard(max(heard, r.recorded_samples), s.pipeline.samples_per_code)
@@ -213,7 +213,7 @@ class Responses:
     def _heard_samples(self, r: Response) -> int:
         if r.output_type != "both" or self.playback.response_id != r.id:
             return r.recorded_samples
-        return min(self.playback.played_samples_24k, int(sum(c.size for c in r.pcm)))
+        return min(self.playback.played_samples_24k, r.num_samples)
 
     # ----- interrupt -----
     def interrupt(self, reason: str, played_samples: int | None = None) -> None:

@@ -2,8 +2,7 @@
 
 The reader hands every 20 ms frame to the VAD (one thread for all sessions) and waits for it.
 When the server cannot keep up, frames pile up in aiortc's track queue, which has no bound:
-memory grows by the second and speech is heard later and later (a 16-session soak on two
-cores: +1 GB, turns committed minutes late). Comparing the frames' media time with the wall
+memory grows by the second and speech is heard later and later. Comparing the frames' media time with the wall
 clock says how far behind the reader is; past MAX_LAG_S it drops frames (without the VAD)
 until it has caught up, so a session under overload loses some audio instead of the server
 its memory. Dropped audio is counted (kimiaudio_input_audio_dropped_seconds_total) and logged

@@ -3,8 +3,9 @@
 
 Handlers raise V1Error; `openai_route` turns it, a KimiAudioError (bad input found deeper,
 e.g. undecodable audio: 400), an aiohttp HTTPException (e.g. 413 from the body limit) and
-anything unforeseen (logged, 500 without details) into that JSON, so the app's own error
-middleware (which shapes /api errors differently) passes the response through untouched.
+anything unforeseen (logged, 500 without details) into that JSON. The app's own errors
+(gate/api_error.py: access, admission, body limits) have the same shape and pass through; the
+two could be one mechanism (V1Error adds `param` and the error `type`), not yet done.
 """
 
 from __future__ import annotations
