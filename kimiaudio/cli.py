@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random weights in the real shapes: 7b = the LM's decode steps (GPU); full = every "
                         "component through the pipeline (GPU; a shrunken shape on the CPU), no reference")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
+    p.add_argument("--natural-lengths", action="store_true",
+                   help="let each reply end at its own stop tokens (default: every turn runs to --max-new-tokens, "
+                        "as vLLM's --ignore-eos, so every step runs all sessions)")
     p.add_argument("--webrtc", action="store_true",
                    help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
     p.add_argument("--http", action="store_true",

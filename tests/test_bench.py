@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 
-from kimiaudio.bench.pipeline_bench import PlaybackClock
+from kimiaudio.bench.pipeline_bench import PlaybackClock, bench_inputs
 from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.config import load_config
 from test_cli import assert_one_line_error, kimiaudio
@@ -17,11 +17,12 @@ def test_bench_reports_every_figure(demo_checkpoint):
                        "--max-new-tokens", "12", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["demo_weights"] is True
+    assert report["demo_weights"] is True and report["turn_lengths"] == "fixed"
     rows = {row["sessions"]: row for row in report["rows"]}
     assert set(rows) == {1, 3}
     for n, row in rows.items():
-        assert row["generated_tokens"] >= n * 2  # every turn of every session produced tokens
+        # Every turn of every session ran to the limit past its stop tokens (fixed lengths).
+        assert row["generated_tokens"] == n * 2 * 12
         assert row["tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
         assert row["speedup_vs_reference"] == row["tokens_per_s"] / row["reference_tokens_per_s"]
         assert row["lm_speedup"] == row["lm_tokens_per_s"] / row["lm_reference_tokens_per_s"] > 0
@@ -33,6 +34,16 @@ def test_bench_reports_every_figure(demo_checkpoint):
         assert row["prefix_cache_hit_rate"] > 0  # second turns reuse their history's KV
         assert 0 < row["lm_step_ms_p50"] <= row["lm_step_ms_p95"] and row["detok_ms_p50"] > 0
         assert math.isfinite(row["stall_ms_p95"]) and row["stall_ms_p95"] >= 0  # measured, not NaN
+
+
+def test_bench_turns_end_at_their_stop_tokens_only_with_natural_lengths():
+    config = load_config(None)
+    inputs, fixed = bench_inputs(config, 3, 2, 12, None)
+    _, natural = bench_inputs(config, 3, 2, 12, None, fixed_length=False)
+    assert [len(turns) for turns in inputs] == [2, 2, 2]
+    assert all(p.ignore_eos and p.max_new_tokens == 12 for p in fixed)
+    assert not any(p.ignore_eos for p in natural)
+    assert [p.seed for p in fixed] == [p.seed for p in natural] and len({p.seed for p in fixed}) == 3
 
 
 def test_playback_clock_counts_the_silence_between_late_chunks():

@@ -27,6 +27,7 @@ from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.layers.triton_support import kernel_mode
+from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker
 from test_bench import check_small_decode_bench
 from test_engine_e2e import (build_requests, check_bfloat16_engine, golden_prompt, load_tiny_lm, make_request,
                              reference_steps, run_scenario)
@@ -219,3 +220,20 @@ def test_pipeline_turn_on_device(demo_checkpoint, speech_16k, monkeypatch):
 
 def test_random_weight_decode_bench_on_device(capsys):
     check_small_decode_bench(str(DEVICE), capsys)
+
+
+@cuda_only
+def test_workers_run_on_their_own_streams_of_the_priority_asked():
+    """The LM worker's stream is the urgent one: its decode kernels start before queued
+    detokenizer kernels (worker.URGENT)."""
+    workers = [Worker(f"w{priority}", DEVICE, 0, stream_priority=priority) for priority in (URGENT, NORMAL)]
+    for worker in workers:
+        worker.start()
+    try:
+        streams = [worker.call(lambda: torch.cuda.current_stream()).result(timeout=30) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.stop(timeout=30)
+    urgent, normal = streams
+    assert urgent != normal and torch.cuda.default_stream(DEVICE) not in streams
+    assert urgent.priority < normal.priority == 0

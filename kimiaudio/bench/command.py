@@ -60,7 +60,8 @@ def run_bench_command(config, args) -> int:
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)
-        rows = run_voice_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech, args.voice or None)
+        rows = run_voice_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech, args.voice or None,
+                               fixed_length=not args.natural_lengths)
         print_voice_rows(rows, voice_audio(args.voice or None)[1].size / 24000, args.json)
         return 0
     if args.http:
@@ -78,10 +79,12 @@ def run_bench_command(config, args) -> int:
         print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
         return 0
     rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
-                     reference=not (args.no_reference or args.random_weights), progress=not args.json)
+                     reference=not (args.no_reference or args.random_weights), progress=not args.json,
+                     fixed_length=not args.natural_lengths)
     info = {"device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""), "demo_weights": stack.is_demo,
             "model": "random weights" if args.random_weights else str(stack.paths.root),
-            "max_new_tokens": args.max_new_tokens, "turns": args.turns}
+            "max_new_tokens": args.max_new_tokens, "turns": args.turns,
+            "turn_lengths": "natural" if args.natural_lengths else "fixed"}
     if memory is not None:
         info["memory_plan"] = memory
     if args.json:
@@ -93,7 +96,8 @@ def run_bench_command(config, args) -> int:
             print(format_memory_budget(memory))
         elif stack.is_demo:
             print(DEMO_NOTICE)
-        print(f"device {info['device']} dtype {info['dtype']}, at most {args.max_new_tokens} new positions per turn, "
+        length = "at most" if args.natural_lengths else "exactly"
+        print(f"device {info['device']} dtype {info['dtype']}, {length} {args.max_new_tokens} new positions per turn, "
               f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one")
         print(format_rows(rows))
         print("tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "

@@ -5,7 +5,8 @@ through the real pipeline in this process (no network), then the same turns thro
 offline batch-1 reference loop, and prints per N: aggregate and per-session generated
 tokens/s, LM step and detokenizer batch times, submit -> first audio chunk p50/p95, per-session
 real-time factor, KV blocks used, prefix-cache hit rate, and the speed-up over the reference.
-The same seeds are used on both sides, so both generate the same tokens.
+The same seeds are used on both sides, so both generate the same tokens. Every turn runs
+to its new-position limit unless `--natural-lengths` (see bench_inputs).
 """
 
 from __future__ import annotations
@@ -192,18 +193,26 @@ def warm_up(stack, config, reference: bool) -> None:
             bench_lm(stack, config, inputs, params, repeats=1)
 
 
-def bench_inputs(config, n: int, turns: int, max_new_tokens: int, speech: list[np.ndarray] | None):
-    """Per session its turns' audio and sampling params (fixed seeds: runs compare alike)."""
+def bench_inputs(config, n: int, turns: int, max_new_tokens: int, speech: list[np.ndarray] | None,
+                 fixed_length: bool = True):
+    """Per session its turns' audio and sampling params (fixed seeds: runs compare alike).
+
+    fixed_length: every turn runs to `max_new_tokens` past its stop tokens (`ignore_eos`, as
+    vLLM's throughput benchmark), so every step runs all N sessions and the LM step's spread
+    shows what disturbs it (the detokenizer, prefills) rather than the batch draining as
+    replies end one by one; False: each reply ends where the model stops it."""
     inputs = [[speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
                for k in range(turns)] for i in range(n)]
-    # Ignore stop tokens' randomness across runs: fixed per-session seeds on both sides.
-    params = [SamplingParams.from_config(config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens)
+    # Fixed per-session seeds on both sides: the same tokens, run after run.
+    params = [SamplingParams.from_config(config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens,
+                                         ignore_eos=fixed_length)
               for i in range(n)]
     return inputs, params
 
 
 def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
-              speech: list[np.ndarray] | None = None, reference: bool = True, progress: bool = True) -> list[BenchRow]:
+              speech: list[np.ndarray] | None = None, reference: bool = True, progress: bool = True,
+              fixed_length: bool = True) -> list[BenchRow]:
     rows = []
     bar = None
     if progress:
@@ -212,7 +221,7 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
         bar = tqdm(total=len(sessions) * (2 if reference else 1), desc="bench", unit="run")
     warm_up(stack, config, reference)
     for n in sessions:
-        inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech)
+        inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech, fixed_length)
         row = asyncio.run(bench_pipeline(stack, config, n, inputs, params))
         if bar:
             bar.update()

@@ -31,13 +31,14 @@ def voice_audio(path: str | None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_voice_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
-                    speech: list[np.ndarray] | None, voice_path: str | None) -> list[tuple[BenchRow, BenchRow]]:
+                    speech: list[np.ndarray] | None, voice_path: str | None,
+                    fixed_length: bool = True) -> list[tuple[BenchRow, BenchRow]]:
     """Per N: (the row without a voice, the row with it)."""
     reference = voice_audio(voice_path)
     warm_up(stack, config, reference=False)
     rows = []
     for n in sessions:
-        inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech)
+        inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech, fixed_length)
         plain = asyncio.run(bench_pipeline(stack, config, n, inputs, params))
         voiced = asyncio.run(bench_pipeline(stack, config, n, inputs, params, voice_audio=reference))
         rows.append((plain, voiced))

@@ -34,7 +34,7 @@ from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.pending_turn import PendingTurn
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.pipeline.turn import TurnHandle, deliver_done
-from kimiaudio.pipeline.worker import Worker
+from kimiaudio.pipeline.worker import URGENT, Worker
 from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ def failure_message(stage: str, exc: Exception) -> str:
 
 class LmWorker(Worker):
     def __init__(self, stack, config, engine: LLMEngine, detok, metrics: PipelineMetrics):
-        super().__init__("kimiaudio-lm", stack.device, config.engine.cpu_threads)
+        # The urgent stream: every session's next token waits on a decode step, while a
+        # detokenizer chunk has its playback run-ahead to spare.
+        super().__init__("kimiaudio-lm", stack.device, config.engine.cpu_threads, stream_priority=URGENT)
         self.stack, self.config, self.engine, self.metrics = stack, config, engine, metrics
         self.detok = detok  # DetokWorker, or None when the stack has no detokenizer
         self.busy = False  # read by the detokenizer worker: the engine has work

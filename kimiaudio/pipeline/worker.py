@@ -38,11 +38,19 @@ def configure_worker_thread(device: torch.device, threads: int) -> None:
         torch.cuda.set_device(device)
 
 
+# CUDA stream priorities (lower = more urgent; torch maps a value past the device's range to
+# its end). The GPU's block scheduler starts waiting blocks of the more urgent stream first,
+# so a worker given URGENT waits behind the other's kernels already running, not behind its
+# whole queue (a detokenizer batch queues thousands).
+URGENT, NORMAL = -1, 0
+
+
 class Worker:
-    def __init__(self, name: str, device: torch.device, cpu_threads: int):
+    def __init__(self, name: str, device: torch.device, cpu_threads: int, stream_priority: int = NORMAL):
         self.name = name
         self.device = device
         self._cpu_threads = cpu_threads
+        self._stream_priority = stream_priority
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
@@ -108,7 +116,7 @@ class Worker:
             # Its own stream: this worker's kernels never queue behind the other worker's. Weights
             # and pools were made on the default stream at load: wait for them once.
             torch.cuda.synchronize(self.device)
-            torch.cuda.set_stream(torch.cuda.Stream(self.device))
+            torch.cuda.set_stream(torch.cuda.Stream(self.device, priority=self._stream_priority))
         self._guard(None, self.on_start)
         while not self._stopping:
             self._wake.clear()

@@ -1,9 +1,11 @@
 """HTTP errors as the API answers them, and the middleware that makes every failure one.
 
-Every error is JSON `{"error": {"code", "message", "type", "param"}}` with a 4xx/5xx status and a plain
-message. Bad input is refused where it enters (request_body.py, path_params.py, sdp_offer.py)
-with an ApiError or a KimiAudioError (-> 400); anything else that escapes a handler is a bug,
-logged once with its traceback and answered with a 500 that names no internal exception.
+Every error is JSON `{"error": {"message", "type", "param", "code"}}` (OpenAI's error object,
+for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain message. Bad
+input is refused where it enters (request_body.py, path_params.py, sdp_offer.py, the /v1
+parsers) with an ApiError or a KimiAudioError (-> 400); anything else that escapes a handler
+is a bug, logged once with its traceback and answered with a 500 that names no internal
+exception.
 A client that hangs up mid-request is one INFO line, not a traceback.
 """
 
@@ -23,15 +25,17 @@ INTERNAL_MESSAGE = "internal server error (the details are in the server log)"
 
 
 class ApiError(web.HTTPException):
-    """An HTTP error with a JSON body {"error": {"code", "message", "type", "param"}}: OpenAI's
-    shape, so that the /v1 routes' clients read the app-wide errors (401, 421, 503...) too."""
+    """An HTTP error with a JSON body {"error": {"message", "type", "param", "code"}}: OpenAI's
+    shape, so that the /v1 routes' clients read the app-wide errors (401, 421, 503...) too.
+    `param` names the request field at fault; `kind` (the error's type) follows the status
+    unless given."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict | None = None):
+    def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None,
+                 param: str | None = None, kind: str | None = None):
         self.status_code = status
-        self.code = code
-        self.message = message
-        kind = "server_error" if status >= 500 else "invalid_request_error"
-        body = {"error": {"code": code, "message": message, "type": kind, "param": None}}
+        self.code, self.message, self.param = code, message, param
+        kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
+        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
         super().__init__(headers=headers, text=web.json_response(body).text, content_type="application/json")
 
 
@@ -59,13 +63,15 @@ async def _answer(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.content_type == "application/json" or _is_page(request.path) or exc.status < 400:
             raise
-        code = "too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+        if exc.status == 413:  # aiohttp's text says the limit and the size
+            raise ApiError(413, "too_large", f"the request body is too large ({exc.text})") from None
+        code = exc.reason.lower().replace(" ", "_")
         raise ApiError(exc.status, code, exc.reason, headers=_kept_headers(exc)) from None
     except JsonInputError as exc:
         status = 413 if exc.code == "too_large" else 400
         raise ApiError(status, exc.code, str(exc)) from None
     except KimiAudioError as exc:
-        raise ApiError(400, "bad_request", str(exc)) from None
+        raise ApiError(400, getattr(exc, "code", None) or "bad_request", str(exc)) from None
     except ConnectionResetError:  # the client went away; there is nobody to answer
         log.info("client hung up during %s %s", request.method, request.path)
         raise ApiError(400, "client_closed", "the client closed the connection") from None  # never sent

@@ -28,13 +28,12 @@ from kimiaudio.server.gate.json_input import JsonInputError
 from kimiaudio.server.gate.request_body import read_json
 from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
-from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.errors import V1Error
 from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.server.v1.turn_guard import guarded_turn
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
-@openai_route
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
@@ -51,7 +50,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
         pcm, done = await _collect(handle)
     if done.status != "completed":
-        raise V1Error(500, f"the answer failed ({done.error or done.status})", "generation_failed", kind="server_error")
+        raise V1Error(500, f"the answer failed ({done.error or done.status})", "generation_failed")
     message = {"role": "assistant", "content": done.text, "refusal": None}
     if chat.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript

@@ -12,7 +12,7 @@ import time
 
 from aiohttp import web
 
-from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.errors import V1Error
 
 MODEL_ID = "kimi-audio-7b-instruct"
 _CREATED = int(time.time())
@@ -28,7 +28,6 @@ def check_model(model, param: str = "model") -> str:
     return MODEL_ID
 
 
-@openai_route
 async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [
         {"id": MODEL_ID, "object": "model", "created": _CREATED, "owned_by": "moonshotai"}]})

@@ -18,7 +18,7 @@ from aiohttp import web
 from kimiaudio.server.gate.admission import admission_key
 from kimiaudio.server.app import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
 from kimiaudio.server.observe.server_metrics import server_metrics_key
-from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.errors import V1Error
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.transport.ws_session import MAX_WS_MESSAGE_BYTES, WsSession
 
@@ -27,7 +27,6 @@ RETRY_AFTER_S = 10
 HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connection
 
 
-@openai_route
 async def realtime(request: web.Request) -> web.StreamResponse:
     app = request.app
     if "model" in request.query:

@@ -22,7 +22,7 @@ from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
 from kimiaudio.server.app import config_key, pipeline_key
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
-from kimiaudio.server.v1.errors import V1Error, openai_route
+from kimiaudio.server.v1.errors import V1Error
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.v1.turn_guard import guarded_turn
 
@@ -52,7 +52,6 @@ def _flag(value: str | None, param: str) -> bool:
     raise V1Error(400, f"{param}: expected true or false", "invalid_value", param)
 
 
-@openai_route
 async def transcriptions(request: web.Request) -> web.StreamResponse:
     config, pipeline = request.app[config_key], request.app[pipeline_key]
     fields = await _form(request)
@@ -72,8 +71,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             return await _stream(request, handle)
         done = await _last(handle)
     if done.status != "completed":
-        raise V1Error(500, f"the transcription failed ({done.error or done.status})", "transcription_failed",
-                      kind="server_error")
+        raise V1Error(500, f"the transcription failed ({done.error or done.status})", "transcription_failed")
     return _formatted(done.text.strip(), response_format, seconds, fields.get("language"))
 
 
@@ -81,7 +79,7 @@ async def _last(handle) -> TurnDone:
     async for event in handle:
         if isinstance(event, TurnDone):
             return event
-    raise V1Error(500, "the turn ended without a result", "internal_error", kind="server_error")
+    raise V1Error(500, "the turn ended without a result", "internal_error")
 
 
 async def _stream(request: web.Request, handle) -> web.StreamResponse:

@@ -36,7 +36,7 @@ async def guarded_turn(request: web.Request, pipeline, turn: TurnRequest):
     try:
         handle = pipeline.submit(turn)
     except KimiAudioError as exc:  # the pipeline is not running (shutting down)
-        raise V1Error(503, f"the turn could not be started ({exc})", "unavailable", kind="server_error") from None
+        raise V1Error(503, f"the turn could not be started ({exc})", "unavailable") from None
 
     async def watch() -> None:
         while handle.done is None:
