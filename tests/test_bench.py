@@ -7,6 +7,7 @@ import json
 import math
 
 from kimiaudio.bench.pipeline_bench import PlaybackClock, bench_inputs
+from kimiaudio.bench.stats import ms_p50_p95, percentile
 from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.config import load_config
 from test_cli import assert_one_line_error, kimiaudio
@@ -149,3 +150,11 @@ def test_voice_bench_without_a_file_makes_one(demo_checkpoint):
     result = kimiaudio("bench", "--model", str(demo_checkpoint), "--voice", "--sessions", "1", "--max-new-tokens", "16")
     assert result.returncode == 0, result.stderr
     assert "without and with a 6.0 s voice" in result.stdout
+
+
+def test_percentiles_are_null_without_values_and_in_milliseconds_with_them():
+    assert percentile([], 50) is None and math.isnan(percentile([], 95, empty=float("nan")))
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert ms_p50_p95([]) == (None, None)
+    p50, p95 = ms_p50_p95([0.001 * i for i in range(1, 101)])
+    assert p50 == 50.5 and abs(p95 - 95.05) < 1e-9

@@ -290,7 +290,7 @@ def check_bfloat16_engine(device, monkeypatch, checkpoint, tensors, rules):
 
     def recording_build(*args, **kwargs):
         meta = build(*args, **kwargs)
-        masks.append(meta.decode_mask)
+        masks.append(None if meta.decode is None else meta.decode.mask)
         return meta
 
     monkeypatch.setattr(AttentionMetadata, "build", staticmethod(recording_build))

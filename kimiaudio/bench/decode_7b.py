@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from kimiaudio.bench.stats import percentile
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import EngineRequest
@@ -232,10 +233,10 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
                                "floor_ms": floor_ms, "ratio_to_floor": ms / floor_ms}
         for batch in sessions:
             measured = time_batch(engine, prompts, batch)
-            p50 = float(np.percentile(measured["times"], 50))
+            p50 = percentile(measured["times"], 50)
             info["rows"].append({
                 "batch": batch, "graphs": engine.runner.graphs is not None, "step_ms_p50": 1e3 * p50,
-                "step_ms_p95": 1e3 * float(np.percentile(measured["times"], 95)), "floor_ms": 1e3 * floor,
+                "step_ms_p95": 1e3 * percentile(measured["times"], 95), "floor_ms": 1e3 * floor,
                 "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50,
                 "mixed_step_ms_p50": 1e3 * float(np.median(measured["mixed"])),
                 "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding})

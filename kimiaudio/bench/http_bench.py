@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kimiaudio.audio.io import wav_bytes
+from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk
@@ -59,12 +60,6 @@ async def _http_first_audio(http, url: str, body: dict) -> float | None:
     return first
 
 
-def _percentiles(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return 1000 * float(np.percentile(values, 50)), 1000 * float(np.percentile(values, 95))
-
-
 async def _bench_n(stack, config, n: int, turns: int, clips: list[np.ndarray]) -> dict:
     import aiohttp
 
@@ -86,8 +81,8 @@ async def _bench_n(stack, config, n: int, turns: int, clips: list[np.ndarray]) -
                                {"type": "input_audio", "input_audio": {"data": wavs[k], "format": "wav"}}]}]}
                           for i, k in enumerate(pick)]
                 over_http += await asyncio.gather(*[_http_first_audio(http, url, body) for body in bodies])
-    p50, p95 = _percentiles([x for x in in_process if x is not None])
-    h50, h95 = _percentiles([x for x in over_http if x is not None])
+    p50, p95 = ms_p50_p95([x for x in in_process if x is not None])
+    h50, h95 = ms_p50_p95([x for x in over_http if x is not None])
     return {"sessions": n, "turns": len(over_http),
             "pipeline_first_audio_ms_p50": p50, "pipeline_first_audio_ms_p95": p95,
             "http_first_audio_byte_ms_p50": h50, "http_first_audio_byte_ms_p95": h95,

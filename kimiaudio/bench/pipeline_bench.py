@@ -21,6 +21,7 @@ import torch
 
 from kimiaudio.bench.lm_bench import bench_lm, bench_reference
 from kimiaudio.bench.speech import synthetic_speech
+from kimiaudio.bench.stats import percentile
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
@@ -70,9 +71,7 @@ STAGES = {"queue": (None, "queued_s"), "encode": ("queued_s", "encoded_s"), "pre
 
 
 def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return float(np.percentile(np.asarray(values), q))
+    return percentile(values, q, empty=float("nan"))  # the row's fields are floats
 
 
 class PlaybackClock:

@@ -36,6 +36,7 @@ import numpy as np
 
 from kimiaudio.bench.soak_clients import SessionLog, plan_faults
 from kimiaudio.bench.soak_load import SessionJob, run_sessions
+from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.errors import KimiAudioError
 
 SETTLE_S = 20.0  # after the clients: sessions closing, turns ending, the pool refilling
@@ -162,8 +163,8 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
         "faults": {k: sum(log.faults[k] for log in logs) for k in ("barge_in", "disconnect", "malformed")},
-        "commit_to_first_audio_ms_p50": round(1000 * float(np.percentile(first, 50)), 1) if first else None,
-        "commit_to_first_audio_ms_p95": round(1000 * float(np.percentile(first, 95)), 1) if first else None,
+        **dict(zip(("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"),
+                   (None if ms is None else round(ms, 1) for ms in ms_p50_p95(first)))),
         "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
         "rss_mb_by_quarter": [round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1)
                               for q in (1, 2, 3, 4)] if rss_samples else [],

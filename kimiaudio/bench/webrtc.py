@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kimiaudio.bench.speech import espeak_speech
+from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.errors import KimiAudioError
 
 SILENCE_S = 1.2  # after each utterance: longer than the VAD's end-of-speech silence
@@ -57,8 +58,7 @@ async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarr
     latencies = [x for r in results for x in r]
     return {
         "clients": n, "turns": len(latencies),
-        "commit_to_first_audio_ms_p50": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
-        "commit_to_first_audio_ms_p95": 1000 * float(np.percentile(latencies, 95)) if latencies else None,
+        **dict(zip(("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"), ms_p50_p95(latencies))),
         "max_llm_batch": pipeline.metrics.max_batch["llm"], "max_detok_batch": pipeline.metrics.max_batch["detok"],
     }
 

@@ -115,10 +115,6 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     use_kernel: bool = False
 
-    @property
-    def decode_mask(self) -> torch.Tensor | None:
-        return None if self.decode is None else self.decode.mask
-
     @classmethod
     def build(cls, entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device,
               dtype: torch.dtype = torch.float32, use_kernel: bool = False) -> "AttentionMetadata":

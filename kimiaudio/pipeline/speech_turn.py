@@ -20,8 +20,9 @@ class SpeechTurn:
         self.result: TurnDone | None = None  # set when the LM has finished the turn
         self.first_pcm_s: float | None = None  # seconds since submit
         self.samples_sent = 0
-        self.codes: list[int] = []  # every code pushed so far
-        self._codes_sent = 0  # of which this many went out with a chunk
+        # Codes pushed since the last chunk went out: the next chunk names them (the whole
+        # list lives with the LM worker's LmTurn, which reports it in TurnDone).
+        self._unsent_codes: list[int] = []
 
     @property
     def turn_id(self) -> str:
@@ -56,7 +57,7 @@ class SpeechTurn:
 
     def push(self, codes: list[int]) -> None:
         self.session.push(codes)
-        self.codes += codes
+        self._unsent_codes += codes
 
     def chunk(self, wav) -> AudioChunk | None:
         pcm = np.asarray(wav.numpy() if hasattr(wav, "numpy") else wav, dtype=np.float32).reshape(-1)
@@ -65,5 +66,5 @@ class SpeechTurn:
         if self.first_pcm_s is None:
             self.first_pcm_s = self.handle.seconds()
         self.samples_sent += pcm.size
-        codes, self._codes_sent = tuple(self.codes[self._codes_sent:]), len(self.codes)
+        codes, self._unsent_codes = tuple(self._unsent_codes), []
         return AudioChunk(pcm, codes)
