@@ -66,6 +66,16 @@ def golden_paths(golden_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def detok(golden_paths, golden_meta):
+    """The golden checkpoint's detokenizer with the official chunking, look-ahead and ODE
+    steps, as golden.meta.json records them (tests share it read-only)."""
+    from kimiaudio.detok.detokenizer import Detokenizer
+    from test_detok_streaming import official_detok_config
+
+    return Detokenizer.load(golden_paths, "cpu", torch.float32, official_detok_config(golden_meta))
+
+
+@pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory) -> Path:
     """The embedded demo checkpoint, written once per test session (as `serve` does)."""
     from kimiaudio.checkpoint.demo import ensure_demo_checkpoint

@@ -25,12 +25,6 @@ def official_detok_config(meta: dict) -> DetokConfig:
 
 
 @pytest.fixture(scope="module")
-def detok(golden_paths, golden_meta):
-    """The official chunking, look-ahead and ODE steps, as the golden's meta records them."""
-    return Detokenizer.load(golden_paths, "cpu", torch.float32, official_detok_config(golden_meta))
-
-
-@pytest.fixture(scope="module")
 def fast(detok):
     """Same weights, the low-latency preset with fewer ODE steps: for tests that compare the
     code with itself (first chunks of 8 tokens, later ones of 8, 12, 18, ... up to 40)."""

@@ -12,12 +12,7 @@ from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.streaming import DetokSession
 from kimiaudio.detok.voice_prefix import PROMPT_CHUNK_FRAMES, prefill_spans
 from kimiaudio.errors import KimiAudioError
-from test_detok_streaming import TOL, official_detok_config, random_tokens
-
-
-@pytest.fixture(scope="module")
-def detok(golden_paths, golden_meta):
-    return Detokenizer.load(golden_paths, "cpu", torch.float32, official_detok_config(golden_meta))
+from test_detok_streaming import TOL, random_tokens
 
 
 @pytest.fixture(scope="module")

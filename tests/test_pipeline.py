@@ -26,14 +26,21 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message
 
 
+def load_demo_stack(checkpoint, block_size: int = 8) -> ModelStack:
+    """The demo checkpoint's stack on the CPU with a small KV pool (256 blocks), as the
+    pipeline tests use it; each test module loads its own (tests change its config)."""
+    config = load_config(None, {"model": {"path": str(checkpoint), "device": "cpu"},
+                                "engine": {"num_kv_blocks": 256, "block_size": block_size}})
+    return ModelStack.load(config)
+
+
 @pytest.fixture(scope="module")
 def stack(demo_checkpoint):
-    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"},
-                                "engine": {"num_kv_blocks": 256, "block_size": 8}})
+    stack = load_demo_stack(demo_checkpoint)
     # The real-time guard off (its floor at the full step count): under CPU load it would lower
     # ODE steps, and these tests compare the pipeline's audio with the offline reference's.
-    config.detok.min_ode_steps = config.detok.ode_steps
-    return ModelStack.load(config)
+    stack.config.detok.min_ode_steps = stack.config.detok.ode_steps
+    return stack
 
 
 def voices(speech_16k: np.ndarray, n: int) -> list[np.ndarray]:

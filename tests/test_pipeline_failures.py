@@ -14,21 +14,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from kimiaudio.config import load_config
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline import lm_worker
-from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.request import TurnRequest
-from test_pipeline import run_turn, settled_stats, voices, with_pipeline
+from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 
 @pytest.fixture(scope="module")
 def stack(demo_checkpoint):
-    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"},
-                                "engine": {"num_kv_blocks": 256, "block_size": 8}})
-    return ModelStack.load(config)
+    return load_demo_stack(demo_checkpoint)
 
 
 def turns_with(stack, inputs, body_before=None, params=None):

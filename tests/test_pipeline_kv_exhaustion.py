@@ -10,11 +10,9 @@ import copy
 
 import pytest
 
-from kimiaudio.config import load_config
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.request import TurnRequest
-from test_pipeline import run_turn, settled_stats, voices, with_pipeline
+from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 BLOCK_SIZE = 8
 NEW_TOKENS = 48
@@ -23,9 +21,7 @@ TURNS = 6
 
 @pytest.fixture(scope="module")
 def stack(demo_checkpoint):
-    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"},
-                                "engine": {"num_kv_blocks": 256, "block_size": BLOCK_SIZE}})
-    return ModelStack.load(config)
+    return load_demo_stack(demo_checkpoint, BLOCK_SIZE)
 
 
 def tiny_pool_config(stack, num_blocks: int):

@@ -16,16 +16,12 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError, Voice, VoiceRegistry
-from kimiaudio.config import load_config
-from kimiaudio.pipeline.model_stack import ModelStack
-from test_pipeline import run_turn, settled_stats, voices, with_pipeline
+from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 
 @pytest.fixture(scope="module")
 def stack(demo_checkpoint):
-    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"},
-                                "engine": {"num_kv_blocks": 256, "block_size": 8}})
-    return ModelStack.load(config)
+    return load_demo_stack(demo_checkpoint)
 
 
 @pytest.fixture(scope="module")
