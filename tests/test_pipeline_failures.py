@@ -17,7 +17,10 @@ import pytest
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline import lm_worker
+from kimiaudio.pipeline import worker as worker_module
+from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.request import TurnRequest
 from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
@@ -149,3 +152,59 @@ def test_bad_audio_values_fail_their_turn(stack, speech_16k):
     assert results[0]["done"].status == "failed" and "NaN" in results[0]["done"].error
     assert results[1]["done"].status == "completed"
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and after["done"].status == "completed"
+
+
+class LoopBreaker(BaseException):
+    """Not an Exception: it gets past every handler guard and ends the worker's loop."""
+
+
+async def broken_worker_turns(pipeline, inputs, params):
+    results = await asyncio.wait_for(asyncio.gather(
+        *[run_turn(pipeline, TurnRequest("c", [], x, params)) for x in inputs]), 60)
+    with pytest.raises(KimiAudioError, match="model workers stopped"):
+        pipeline.submit(TurnRequest("c", [], inputs[0], params))
+    return results, pipeline.workers_alive
+
+
+@pytest.mark.parametrize("where", ["lm", "detok"])
+def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack, speech_16k, monkeypatch, where):
+    """No turn waits for a thread that is gone: those in flight end failed, naming the worker;
+    new ones are refused; the pipeline still stops cleanly."""
+    calls = []
+    if where == "lm":
+        real = LLMEngine.step
+
+        def step(self):
+            calls.append(1)
+            if len(calls) == 4:  # mid-generation
+                raise LoopBreaker("injected")
+            return real(self)
+
+        monkeypatch.setattr(LLMEngine, "step", step)
+    else:
+        def step_batch(items):
+            raise LoopBreaker("injected")
+
+        monkeypatch.setattr(stack.detokenizer, "step_batch", step_batch)
+    params = SamplingParams(seed=1, max_new_tokens=40, ignore_eos=True)
+    results, alive = with_pipeline(stack, lambda p: broken_worker_turns(p, voices(speech_16k, 2), params))
+    assert not alive
+    for result in results:
+        done = result["done"]
+        assert done.status == "failed" and f"kimiaudio-{where} worker stopped (LoopBreaker: injected)" in done.error
+
+
+def test_a_worker_that_cannot_start_fails_the_pipeline_start(stack, monkeypatch):
+    def no_device(device, threads):
+        raise RuntimeError("injected: the device is gone")
+
+    monkeypatch.setattr(worker_module, "configure_worker_thread", no_device)
+
+    async def start():
+        pipeline = Pipeline(stack, stack.config)
+        with pytest.raises(KimiAudioError, match="worker could not start .RuntimeError: injected"):
+            await pipeline.start()
+        with pytest.raises(KimiAudioError, match="not running"):
+            pipeline.submit(TurnRequest("c", [], np.zeros(16000, np.float32)))
+
+    asyncio.run(start())

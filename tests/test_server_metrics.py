@@ -153,3 +153,24 @@ async def test_underruns_are_counted_once_per_gap():
         await track.recv()
     assert len(counted) == 2 and sum(audio) == pytest.approx(0.5)
     track.stop()
+
+
+async def test_readiness_fails_once_a_model_worker_has_stopped(server, speech, monkeypatch):
+    """A worker whose loop broke cannot serve again: /readyz says so, so that an orchestrator
+    restarts the process (the turn in flight ended failed; new ones are refused)."""
+    from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.pipeline.request import TurnRequest
+
+    class LoopBreaker(BaseException):
+        pass
+
+    def step(self):
+        raise LoopBreaker("injected")
+
+    http, pipeline = server
+    monkeypatch.setattr(LLMEngine, "step", step)
+    events = [event async for event in pipeline.submit(TurnRequest("c", [], speech[0]))]
+    assert events[-1].status == "failed" and "kimiaudio-lm worker stopped" in events[-1].error
+    resp = await http.get("/readyz")
+    body = await resp.json()
+    assert resp.status == 503 and body["problems"] == ["the model workers stopped (see the server log)"]

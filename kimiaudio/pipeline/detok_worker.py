@@ -148,6 +148,14 @@ class DetokWorker(Worker):
         else:  # a bug past any one turn: fail them all, keep serving
             self._fail(list(self._turns.values()), error)
 
+    def on_died(self, error: str) -> None:
+        self._fail(list(self._turns.values()), error)
+
+    def on_refused(self, message: tuple, reason: str) -> None:
+        if message[0] == "open":  # the turn would wait for audio no thread makes
+            deliver_done(message[1], TurnDone("failed", error=reason), self.metrics)
+            self._on_failed(message[1].turn_id)
+
     def _build_prefix(self, voice):
         return self.detokenizer.voice_prefix(torch.from_numpy(voice.wav24k), voice.codes, self._max_prompt_chunks)
 

@@ -113,11 +113,15 @@ class LmWorker(Worker):
         return 0 if (self.busy or self._pending) else None
 
     def on_stop(self) -> None:
-        for pending in self._pending:
-            deliver_done(pending.handle, TurnDone("failed", error="server shutting down"), self.metrics)
-        self._pending.clear()
-        for turn in list(self._turns.values()):
-            self._finish(turn, "failed", "server shutting down")
+        self._fail_all("server shutting down")
+
+    def on_died(self, error: str) -> None:
+        self.busy = False
+        self._fail_all(error)
+
+    def on_refused(self, message: tuple, reason: str) -> None:
+        if message[0] == "submit":
+            deliver_done(message[1], TurnDone("failed", error=reason), self.metrics)
 
     def on_error(self, message: tuple | None, exc: Exception) -> None:
         if message is not None and message[0] == "submit":
@@ -125,7 +129,10 @@ class LmWorker(Worker):
                          self.metrics)
             return
         # A bug past any one turn (e.g. in the engine's bookkeeping): fail every turn, keep serving.
-        error = failure_message("generation", exc)
+        self._fail_all(failure_message("generation", exc))
+
+    def _fail_all(self, error: str) -> None:
+        """Every turn on this worker ends, failed with `error`."""
         for pending in self._pending:
             deliver_done(pending.handle, TurnDone("failed", error=error), self.metrics)
         self._pending.clear()
@@ -258,8 +265,11 @@ class LmWorker(Worker):
         """The LM is done with the turn: free its KV, hand its end on."""
         self._turns.pop(turn.turn_id, None)
         if turn.seq_id is not None:
-            self.engine.abort(turn.seq_id)
-            turn.seq_id = None
+            seq_id, turn.seq_id = turn.seq_id, None
+            try:
+                self.engine.abort(seq_id)
+            except Exception:  # the engine's own state is what broke: the turn ends all the same
+                log.exception("freeing the KV blocks of turn %s failed", turn.turn_id)
         result = turn.result(status, error, reason)
         if turn.speaks:
             self.detok.end(turn.turn_id, result)

@@ -79,12 +79,27 @@ class Pipeline:
         """24 kHz samples per speech code (None without a detokenizer): cuts heard audio to codes."""
         return self.stack.detokenizer.samples_per_token if self.can_speak else None
 
+    @property
+    def workers_alive(self) -> bool:
+        """Both workers run (False once either loop broke: turns are refused, /readyz says so)."""
+        return self._lm.is_alive and (self._detok is None or self._detok.is_alive)
+
     # ---- lifetime ------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Start both workers; raises KimiAudioError if either cannot run (e.g. its device
+        fails as the thread takes it up), with both stopped again."""
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        if self._detok is not None:
-            self._detok.start()
-        self._lm.start()
+        workers = [w for w in (self._detok, self._lm) if w is not None]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            try:
+                await asyncio.wrap_future(worker.started)
+            except Exception as exc:
+                loop = asyncio.get_running_loop()
+                for other in workers:
+                    await loop.run_in_executor(None, other.stop, STOP_TIMEOUT_S)
+                raise KimiAudioError(f"the {worker.name} worker could not start ({type(exc).__name__}: {exc})") from exc
         self._running = True
 
     async def stop(self) -> None:
@@ -102,7 +117,7 @@ class Pipeline:
         """Queue a turn (from the event loop); iterate the handle for its events."""
         if not self._running:
             raise KimiAudioError("the pipeline is not running")
-        if not self._lm.is_alive or (self._detok is not None and not self._detok.is_alive):
+        if not self.workers_alive:
             raise KimiAudioError("the model workers stopped (see the server log); restart the server")
         handle = TurnHandle(f"turn-{next(self._ids)}", asyncio.get_running_loop())
         self._lm.submit(handle, request)

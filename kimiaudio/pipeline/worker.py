@@ -9,6 +9,10 @@ worker's thread in arrival order, so a worker's state has exactly one owner.
 A worker sleeps when `iterate()` reports no work and no message is waiting, until a message
 arrives or the deadline `iterate()` asked for passes. An exception escaping a handler is
 the worker's own bug: `on_error` is told (it fails the turns involved) and the loop goes on.
+If the loop itself breaks (the device fails as the thread starts, or a BaseException), the
+worker is dead: `on_died` fails every turn it holds, and every message still queued or
+posted later is refused at once (`on_refused` fails its turn; a `call` future gets a
+KimiAudioError), so no turn waits for a thread that is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import time
 from typing import Any, Callable
 
 import torch
+
+from kimiaudio.errors import KimiAudioError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,11 @@ class Worker:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
+        # Set once the thread runs its loop (on its device and stream); the exception if it
+        # could not get there.
+        self.started: concurrent.futures.Future = concurrent.futures.Future()
+        self._closed: str | None = None  # why messages are refused now (the loop has ended)
+        self._post_lock = threading.Lock()  # a post lands in the inbox or is refused, never lost
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     # ---- any thread --------------------------------------------------------------------
@@ -61,8 +72,12 @@ class Worker:
         self._thread.start()
 
     def post(self, *message: Any) -> None:
-        self._inbox.put(message)
-        self._wake.set()
+        with self._post_lock:
+            if self._closed is None:
+                self._inbox.put(message)
+                self._wake.set()
+                return
+        self._refuse(message, self._closed)
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run `fn` on the worker thread between iterations (work on state the worker owns, e.g.
@@ -82,12 +97,9 @@ class Worker:
 
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self._closed is None
 
     # ---- worker thread: subclasses fill these in -------------------------------------------
-    def on_start(self) -> None:
-        """Once, on the worker thread, before the first message (thread and stream set)."""
-
     def handle(self, message: tuple) -> None:
         raise NotImplementedError
 
@@ -102,13 +114,51 @@ class Worker:
     def on_error(self, message: tuple | None, exc: Exception) -> None:
         """A handler or iterate() raised: contain it (fail the turns involved)."""
 
+    def on_died(self, error: str) -> None:
+        """The loop broke (on the worker thread, which runs nothing more): fail every turn held."""
+
+    def on_refused(self, message: tuple, reason: str) -> None:
+        """A message that will never be handled (on the posting thread): fail its turn, if it
+        starts one; touch nothing but the message."""
+
     # ---- the loop ---------------------------------------------------------------------------
     def _main(self) -> None:
         try:
             self._loop()
-        except BaseException:  # the loop itself broke: say so loudly; submit() refuses new turns
+        except BaseException as exc:  # the loop itself broke: say so loudly, end what it held
             log.critical("%s stopped unexpectedly", self.name, exc_info=True)
-            raise
+            error = f"the {self.name} worker stopped ({type(exc).__name__}: {exc}); restart the server"
+            if not self.started.done():
+                self.started.set_exception(exc)
+            self._close_inbox(error)
+            try:
+                self.on_died(error)
+            except Exception:
+                log.exception("%s: ending its turns failed", self.name)
+            return
+        self._close_inbox("server shutting down")
+
+    def _close_inbox(self, reason: str) -> None:
+        """No message is handled from now on: the queued ones and any posted later are refused."""
+        with self._post_lock:
+            self._closed = reason
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._refuse(message, reason)
+
+    def _refuse(self, message: tuple, reason: str) -> None:
+        try:
+            if message[0] is _CALL:
+                future = message[2]
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(KimiAudioError(reason))
+            else:
+                self.on_refused(message, reason)
+        except Exception:
+            log.exception("%s: refusing a message failed", self.name)
 
     def _loop(self) -> None:
         configure_worker_thread(self.device, self._cpu_threads)
@@ -117,7 +167,7 @@ class Worker:
             # and pools were made on the default stream at load: wait for them once.
             torch.cuda.synchronize(self.device)
             torch.cuda.set_stream(torch.cuda.Stream(self.device, priority=self._stream_priority))
-        self._guard(None, self.on_start)
+        self.started.set_result(None)
         while not self._stopping:
             self._wake.clear()
             self._drain()

@@ -10,7 +10,7 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kimiaudio.server.app import admission_key, ready_key, server_metrics_key, store_key
+from kimiaudio.server.app import admission_key, pipeline_key, ready_key, server_metrics_key, store_key
 
 STORE_CHECK_TIMEOUT_S = 2.0
 
@@ -31,11 +31,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """503 while starting, while shutting down, or when the history database does not answer."""
+    """503 while starting, while shutting down, when a model worker has stopped (the process
+    needs a restart), or when the history database does not answer."""
     app = request.app
     problems = []
     if not app[ready_key].is_set():
         problems.append("the pipeline is not running")
+    elif not app[pipeline_key].workers_alive:
+        problems.append("the model workers stopped (see the server log)")
     if app[admission_key].is_draining:
         problems.append("shutting down")
     try:
