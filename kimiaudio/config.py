@@ -67,8 +67,9 @@ class AudioConfig:
     max_input_seconds: float = setting(120.0, Bounds(0.0, 3600.0, min_open=True))
     # Audio whose peak stays below this (full scale = 1.0) counts as silence and is refused.
     silence_peak: float = setting(1e-3, Bounds(0.0, 1.0, max_open=True))
-    # Most utterances the speech encoders take in one batch while answers are being generated:
-    # each fills a 30 s Whisper window, and every running answer waits for the whole batch.
+    # Most utterances the speech encoders take in one batch while answers are being generated
+    # (it runs a few layers between engine steps): each fills a 30 s Whisper window, and each
+    # in the batch waits for the whole batch.
     encode_batch_size: int = setting(4, Bounds(1, 256))
 
 

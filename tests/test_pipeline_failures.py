@@ -59,14 +59,16 @@ def assert_contained(results, stats, after, failed: set[int], stage: str):
 def test_encoding_failure_fails_only_that_utterances_turn(stack, speech_16k, monkeypatch):
     inputs = voices(speech_16k, 3)
     poisoned = inputs[1].size
-    real = stack.encode_speech_batch
+    real = stack.encode_speech_stages
 
     def encode(pcms):
+        stages = real(pcms)
+        yield next(stages)  # the failure comes mid-batch, after a stage has run
         if any(p.size == poisoned for p in pcms):
             raise IndexError("injected encoder bug")
-        return real(pcms)
+        return (yield from stages)
 
-    monkeypatch.setattr(stack, "encode_speech_batch", encode)
+    monkeypatch.setattr(stack, "encode_speech_stages", encode)
     results, stats, after = turns_with(stack, inputs[:2] + [inputs[2]])
     assert_contained(results, stats, after, {1}, "speech encoding failed (IndexError")
 

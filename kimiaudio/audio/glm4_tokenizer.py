@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
+from kimiaudio.audio.stages import Stages, run_to_end
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
 from kimiaudio.checkpoint.files import load_into, load_safetensors
 from kimiaudio.checkpoint.paths import CheckpointPaths
@@ -61,9 +62,13 @@ class Glm4SpeechTokenizer:
         """Speech codes (0 .. quantize_vocab_size-1, no LM offset) of one utterance."""
         return self.tokenize_batch([pcm16k])[0]
 
-    @torch.inference_mode()
     def tokenize_batch(self, pcms: list[np.ndarray]) -> list[list[int]]:
         """Codes of several utterances; equal to calling `tokenize` on each."""
+        return run_to_end(self.tokenize_batch_stages(pcms))
+
+    @torch.inference_mode()
+    def tokenize_batch_stages(self, pcms: list[np.ndarray]) -> Stages[list[list[int]]]:
+        """`tokenize_batch` in stages (audio/stages.py): the log-mels, then each encoder layer."""
         mels: list[torch.Tensor] = []  # [n_mels, T_u] per segment
         lengths: list[int] = []  # samples per segment
         owners: list[int] = []
@@ -78,7 +83,8 @@ class Glm4SpeechTokenizer:
         codes: list[list[int]] = [[] for _ in pcms]
         for start in range(0, len(mels), self.max_batch_segments):
             stop = start + self.max_batch_segments
-            for owner, segment_codes in zip(owners[start:stop], self._encode(mels[start:stop], lengths[start:stop])):
+            yield
+            for owner, segment_codes in zip(owners[start:stop], (yield from self._encode(mels[start:stop], lengths[start:stop]))):
                 codes[owner].extend(segment_codes)
         return codes
 
@@ -91,7 +97,7 @@ class Glm4SpeechTokenizer:
             waveforms[row, : len(segment)] = torch.from_numpy(segment)
         return log_mel_spectrogram(waveforms.to(self.device), self.filters, self.mel)
 
-    def _encode(self, mels: list[torch.Tensor], lengths: list[int]) -> list[list[int]]:
+    def _encode(self, mels: list[torch.Tensor], lengths: list[int]) -> Stages[list[list[int]]]:
         """Run one encoder batch over segments padded (masked) to the longest mel."""
         num_frames = max(mel.shape[-1] for mel in mels)
         batch = torch.stack([F.pad(mel, (0, num_frames - mel.shape[-1])) for mel in mels])  # [S, n_mels, T]
@@ -99,7 +105,7 @@ class Glm4SpeechTokenizer:
         # A mel frame is real if its first sample is (the extractor's sample mask taken every hop).
         valid = torch.tensor([-(-n // self.mel.hop_length) for n in lengths], device=self.device)
         mel_mask = frames[None, :] < valid[:, None]  # [S, T]
-        tokens, _, token_mask = self.model(batch, mel_mask)
+        tokens, _, token_mask = yield from self.model.forward_stages(batch, mel_mask)
         return [row[keep].tolist() for row, keep in zip(tokens.cpu(), token_mask.cpu())]
 
 

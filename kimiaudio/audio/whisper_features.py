@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
+from kimiaudio.audio.stages import Stages, run_to_end
 from kimiaudio.checkpoint.files import load_into, load_safetensors, read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import AudioInputError, CheckpointError
@@ -69,9 +71,13 @@ class WhisperFeatureEncoder:
         """Features of one utterance: [T, 4 * d_model] in the model dtype, on the model device."""
         return self.features_batch([pcm16k])[0]
 
-    @torch.inference_mode()
     def features_batch(self, pcms: list[np.ndarray]) -> list[torch.Tensor]:
         """Features of several utterances; all their 30 s segments go through one encoder batch."""
+        return run_to_end(self.features_batch_stages(pcms))
+
+    @torch.inference_mode()
+    def features_batch_stages(self, pcms: list[np.ndarray]) -> Stages[list[torch.Tensor]]:
+        """`features_batch` in stages (audio/stages.py): the log-mel, the convolutions, each layer."""
         segments: list[np.ndarray] = []
         owners: list[int] = []
         for index, pcm in enumerate(pcms):
@@ -83,23 +89,37 @@ class WhisperFeatureEncoder:
                 owners.append(index)
         per_segment: list[torch.Tensor] = []
         for start in range(0, len(segments), self.max_batch_segments):
-            per_segment += self._encode(segments[start : start + self.max_batch_segments])
+            per_segment += yield from self._encode(segments[start : start + self.max_batch_segments])
         results = []
         for index in range(len(pcms)):
             stacked = torch.cat([per_segment[i] for i, owner in enumerate(owners) if owner == index])  # [4T, d]
             results.append(stacked.reshape(-1, FRAMES_PER_TOKEN * stacked.shape[-1]))  # [T, 4d], row-major
         return results
 
-    def _encode(self, segments: list[np.ndarray]) -> list[torch.Tensor]:
+    def _encode(self, segments: list[np.ndarray]) -> Stages[list[torch.Tensor]]:
         """Encoder frames kept for each segment: [token_len * 4, d_model] each."""
         padded = np.zeros((len(segments), self.mel.segment_samples), dtype=np.float32)  # pad_or_trim
         for row, segment in enumerate(segments):
             padded[row, : len(segment)] = segment
         mel = log_mel_spectrogram(torch.from_numpy(padded), self.filters, self.mel)  # [S, n_mels, 3000] fp32 CPU
         mel = mel.to(device=self.device, dtype=self.dtype)
-        hidden = self.encoder(mel, return_dict=True).last_hidden_state  # [S, 1500, d_model]
+        yield
+        hidden = yield from self._encoder_stages(mel)  # [S, 1500, d_model]
         token_lens = [(len(segment) - 1) // self.samples_per_token + 1 for segment in segments]
         return [hidden[row, : n * FRAMES_PER_TOKEN] for row, n in enumerate(token_lens)]
+
+
+    def _encoder_stages(self, mel: torch.Tensor) -> Stages[torch.Tensor]:
+        """transformers' WhisperEncoder.forward in eval mode (no dropout or layer drop, so every
+        layer runs), through its own modules, pausing after each layer."""
+        encoder = self.encoder
+        x = F.gelu(encoder.conv1(mel))
+        x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)
+        x = x + encoder.embed_positions.weight  # every position: the 30 s window is always whole
+        for layer in encoder.layers:
+            yield
+            x = layer(x, None, layer_head_mask=None)[0]
+        return encoder.layer_norm(x)
 
 
 # WhisperModel checkpoints name the encoder `encoder.*`; WhisperForConditionalGeneration ones `model.encoder.*`.

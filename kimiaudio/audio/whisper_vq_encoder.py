@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kimiaudio.audio.stages import Stages, run_to_end
 from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError
 
@@ -149,6 +150,10 @@ class WhisperVQEncoder(nn.Module):
         Returns (token ids [B, T_tok] long, last_hidden_state [B, T_tok, d], token mask [B, T_tok]);
         T_tok = ceil(T_mel / frame_stride / pool).
         """
+        return run_to_end(self.forward_stages(mel, mel_mask))
+
+    def forward_stages(self, mel: torch.Tensor, mel_mask: torch.Tensor) -> Stages[tuple]:
+        """`forward` in stages (audio/stages.py): pausing before each layer."""
         cfg = self.config
         mask = mel_mask[:, :: self.frame_stride]  # [B, T]
         x = F.gelu(self.conv1(mel))
@@ -158,6 +163,7 @@ class WhisperVQEncoder(nn.Module):
         attn_mask = self._block_causal_mask(mask, block, x.dtype)
         tokens = None
         for index, layer in enumerate(self.layers, start=1):
+            yield
             x = layer(x, attn_mask)
             if index == cfg.pooling_position and cfg.pooling_kernel_size:
                 x = self._pool(x)

@@ -2,10 +2,10 @@
 
 One thread (and on CUDA one stream) owns the speech encoders, prompt building and the engine.
 Each iteration it
-1. encodes new user audio (Whisper features + GLM-4 VQ codes) in one batch of at most
-   `audio.encode_batch_size` utterances while answers are being generated (every utterance
-   fills a Whisper window, so a big batch would hold every running answer back by its whole
-   encode time), all of them when idle;
+1. encodes new user audio (Whisper features + GLM-4 VQ codes) in batches of at most
+   `audio.encode_batch_size` utterances while answers are being generated, a few encoder
+   stages per iteration (about one engine step's time: pipeline/speech_encoding.py), so a
+   new turn never holds the running answers back by its whole encode; all at once when idle;
 2. admits turns whose audio is all encoded: prompt (history KV is shared through the engine's
    prefix cache), engine request, detokenizer session;
 3. runs one engine step over every running sequence and routes its outputs: text deltas to
@@ -19,6 +19,7 @@ says why. The event loop only posts here (submit, cancel); it never waits on thi
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import Future
 
@@ -27,20 +28,19 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.encode_cache import EncodeCache, audio_key
+from kimiaudio.pipeline.encode_cache import audio_key
 from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.pending_turn import PendingTurn
 from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.speech_encoding import SpeechEncoding
 from kimiaudio.pipeline.turn import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import URGENT, Worker
 from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
 
-ENCODE_CACHE_SIZE = 512  # utterances whose (codes, features) stay cached for history reuse
-MAX_IDLE_ENCODE_BATCH = 64  # when nothing is generating: one batch, but a bounded one
 
 
 def failure_message(stage: str, exc: Exception) -> str:
@@ -61,7 +61,8 @@ class LmWorker(Worker):
         self.num_turns = 0  # turns on this worker (pending or generating), for stats
         self._pending: list[PendingTurn] = []
         self._turns: dict[str, LmTurn] = {}  # request id (= turn id) -> turn
-        self._cache = EncodeCache(ENCODE_CACHE_SIZE)
+        self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics)
+        self._step_s = 0.0  # the last engine step's time: one encoding slice's budget while busy
 
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, handle: TurnHandle, request: TurnRequest) -> None:
@@ -141,49 +142,11 @@ class LmWorker(Worker):
 
     # ---- stages --------------------------------------------------------------------------
     def _encode_some(self) -> None:
-        """One bounded batch of the utterances pending turns still need (oldest turn first)."""
-        wanted: dict[bytes, object] = {}
-        for pending in self._pending:
-            for key in pending.missing:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    pending.encoded[key] = hit
-                else:
-                    wanted.setdefault(key, pending.audio[key])
-        if not wanted:
-            return
-        limit = self.config.audio.encode_batch_size if self.engine.has_work() else MAX_IDLE_ENCODE_BATCH
-        batch = dict(list(wanted.items())[:limit])
-        start = time.perf_counter()
-        results = self._encode(list(batch.values()))
-        self.metrics.encode_batch_s.observe(time.perf_counter() - start)
-        self.metrics.note_batch("encode", len(batch))
-        for key, result in zip(batch, results):
-            if isinstance(result, Exception):
-                self._fail_pending(key, failure_message("speech encoding", result))
-                continue
-            self._cache.put(key, result)
-            for pending in self._pending:
-                if key in pending.audio:
-                    pending.encoded[key] = result
-
-    def _encode(self, pcms: list) -> list:
-        """Encode a batch; if the batch fails, each utterance alone, so one bad input fails only
-        its own turns. -> (codes, host features) or the exception, per utterance."""
-        try:
-            return [(codes, features.cpu()) for codes, features in self.stack.encode_speech_batch(pcms)]
-        except Exception as exc:
-            if len(pcms) == 1:
-                return [exc]
-            log.warning("speech encoding of a batch of %d failed (%s); encoding one by one", len(pcms), exc)
-        results = []
-        for pcm in pcms:
-            try:
-                codes, features = self.stack.encode_speech_batch([pcm])[0]
-                results.append((codes, features.cpu()))
-            except Exception as exc:
-                results.append(exc)
-        return results
+        """About one engine step's worth of encoder stages while answers are being generated;
+        the whole batch when nothing is (pipeline/speech_encoding.py)."""
+        busy = self.engine.has_work()
+        for key, exc in self._encoding.advance(self._pending, busy, self._step_s if busy else math.inf):
+            self._fail_pending(key, failure_message("speech encoding", exc))
 
     def _fail_pending(self, key: bytes, error: str) -> None:
         for pending in [p for p in self._pending if key in p.audio]:
@@ -229,8 +192,9 @@ class LmWorker(Worker):
     def _step(self) -> None:
         start = time.perf_counter()
         outputs = self.engine.step()
+        self._step_s = time.perf_counter() - start
         if outputs:
-            self.metrics.lm_step_s.observe(time.perf_counter() - start)
+            self.metrics.lm_step_s.observe(self._step_s)
             self.metrics.lm_batch.observe(len(outputs))
             self.metrics.note_batch("llm", len(outputs))
         self.metrics.note_free_blocks(self.engine.stats().num_blocks_free)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kimiaudio.audio.stages import Stages, run_to_end
 from kimiaudio.checkpoint.files import read_json
 
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
@@ -107,8 +108,12 @@ class ModelStack:
 
     def encode_speech_batch(self, pcms: list[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
         """Several utterances in one batch per encoder; equal to encoding them one by one."""
-        token_lists = self.glm4.tokenize_batch(pcms)
-        feature_list = self.whisper.features_batch(pcms)
+        return run_to_end(self.encode_speech_stages(pcms))
+
+    def encode_speech_stages(self, pcms: list[np.ndarray]) -> Stages[list[tuple[list[int], torch.Tensor]]]:
+        """`encode_speech_batch` in stages (audio/stages.py): each encoder's log-mel and layers."""
+        token_lists = yield from self.glm4.tokenize_batch_stages(pcms)
+        feature_list = yield from self.whisper.features_batch_stages(pcms)
         out = []
         for tokens, features in zip(token_lists, feature_list):
             # Both encoders yield ceil(samples/1280) positions; keep them aligned if a rounding

@@ -1,0 +1,114 @@
+"""Speech encoding in stages on the LM worker (pipeline/speech_encoding.py, audio/stages.py):
+the staged encoders equal the one-call ones, a batch advances by a budget of time, and a turn
+committed while another answer runs is encoded between that answer's engine steps."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from kimiaudio.audio.stages import run_to_end
+from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.speech_encoding import EncodeJob
+from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
+
+
+@pytest.fixture(scope="module")
+def stack(demo_checkpoint):
+    return load_demo_stack(demo_checkpoint)
+
+
+def counting_stages(n: int, seconds: float = 0.0):
+    for _ in range(n):
+        time.sleep(seconds)
+        yield
+    return "result"
+
+
+def test_a_job_runs_one_stage_on_a_zero_budget_and_all_on_an_unbounded_one():
+    job = EncodeJob([b"k"], counting_stages(3))
+    assert [job.advance(0.0) for _ in range(3)] == [None, None, None]
+    assert job.advance(0.0) == "result"
+    assert EncodeJob([b"k"], counting_stages(3)).advance(math.inf) == "result"
+    job = EncodeJob([b"k"], counting_stages(6, seconds=0.01))
+    calls = 1
+    while job.advance(0.035) is None:  # about three 10 ms stages fit, never more than the budget
+        calls += 1
+    assert 2 <= calls <= 4 and job.seconds >= 0.06
+
+
+def test_staged_encoding_equals_the_one_call_encoders(stack, speech_16k):
+    pcms = voices(speech_16k, 3)
+    stages = stack.encode_speech_stages(pcms)
+    count = 0
+    while True:
+        try:
+            next(stages)
+            count += 1
+        except StopIteration as done:
+            staged = done.value
+            break
+    # A pause before every layer of both encoders and after each log-mel (sizes from the checkpoint).
+    layers = len(stack.whisper.encoder.layers) + len(stack.glm4.model.layers)
+    assert count >= layers + 2
+    for (codes, features), pcm in zip(staged, pcms):
+        one_codes, one_features = stack.encode_speech_batch([pcm])[0]
+        assert codes == one_codes and torch.equal(features, one_features)
+    assert run_to_end(counting_stages(2)) == "result"
+
+
+def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, speech_16k, monkeypatch):
+    """The first turn, with nothing generating, is encoded in one go; the second, committed
+    while the first answer runs, a few stages per engine step, its stages spread between steps."""
+    log: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    real_step, real_stages = LLMEngine.step, stack.encode_speech_stages
+    jobs = iter(range(100))
+
+    def step(self):
+        out = real_step(self)
+        with lock:
+            log.append(("step", -1))
+        return out
+
+    def stages(pcms):
+        job = next(jobs)
+        inner = real_stages(pcms)
+        while True:
+            try:
+                next(inner)
+            except StopIteration as done:
+                return done.value
+            with lock:
+                log.append(("stage", job))
+            yield
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    monkeypatch.setattr(stack, "encode_speech_stages", stages)
+    first, second = voices(speech_16k, 2)
+    params = SamplingParams(seed=1, max_new_tokens=200, ignore_eos=True)
+
+    async def body(pipeline):
+        answer = asyncio.create_task(run_turn(pipeline, TurnRequest("a", [], first, params)))
+        while not any(kind == "step" for kind, _ in log):  # the first answer is being generated
+            await asyncio.sleep(0.001)
+        later = await run_turn(pipeline, TurnRequest("b", [], second, SamplingParams(seed=2, max_new_tokens=4)))
+        return await answer, later
+
+    answer, later = with_pipeline(stack, body)
+    assert answer["done"].status == later["done"].status == "completed"
+
+    def between(job: int) -> list[str]:
+        at = [i for i, (kind, j) in enumerate(log) if kind == "stage" and j == job]
+        return [kind for kind, _ in log[at[0]:at[-1] + 1]]
+
+    assert "step" not in between(0)  # idle: one batch, all its stages at once
+    spread = between(1)
+    assert spread.count("step") >= spread.count("stage") // 2  # about a step per stage or two
