@@ -104,6 +104,7 @@ class SpeechEncoding:
         return wanted
 
     def _new_job(self, wanted: dict[bytes, object], busy: bool) -> EncodeJob:
+        self._alone &= wanted.keys()  # the turns of the others ended meanwhile
         alone = [key for key in wanted if key in self._alone]
         keys = alone[:1] or list(wanted)[: self.batch_size if busy else MAX_IDLE_ENCODE_BATCH]
         return EncodeJob(keys, self.stack.encode_speech_stages([wanted[key] for key in keys]))
