@@ -23,6 +23,7 @@ from kimiaudio.pipeline import worker as worker_module
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.request import TurnRequest
 from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
+from test_worker import Broken
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +157,6 @@ def test_bad_audio_values_fail_their_turn(stack, speech_16k):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and after["done"].status == "completed"
 
 
-class LoopBreaker(BaseException):
-    """Not an Exception: it gets past every handler guard and ends the worker's loop."""
-
-
 async def broken_worker_turns(pipeline, inputs, params):
     results = await asyncio.wait_for(asyncio.gather(
         *[run_turn(pipeline, TurnRequest("c", [], x, params)) for x in inputs]), 60)
@@ -179,13 +176,13 @@ def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack,
         def step(self):
             calls.append(1)
             if len(calls) == 4:  # mid-generation
-                raise LoopBreaker("injected")
+                raise Broken("injected")
             return real(self)
 
         monkeypatch.setattr(LLMEngine, "step", step)
     else:
         def step_batch(items):
-            raise LoopBreaker("injected")
+            raise Broken("injected")
 
         monkeypatch.setattr(stack.detokenizer, "step_batch", step_batch)
     params = SamplingParams(seed=1, max_new_tokens=40, ignore_eos=True)
@@ -193,7 +190,7 @@ def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack,
     assert not alive
     for result in results:
         done = result["done"]
-        assert done.status == "failed" and f"kimiaudio-{where} worker stopped (LoopBreaker: injected)" in done.error
+        assert done.status == "failed" and f"kimiaudio-{where} worker stopped (Broken: injected)" in done.error
 
 
 def test_a_worker_that_cannot_start_fails_the_pipeline_start(stack, monkeypatch):

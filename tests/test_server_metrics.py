@@ -160,12 +160,10 @@ async def test_readiness_fails_once_a_model_worker_has_stopped(server, speech, m
     restarts the process (the turn in flight ended failed; new ones are refused)."""
     from kimiaudio.engine.llm_engine import LLMEngine
     from kimiaudio.pipeline.request import TurnRequest
-
-    class LoopBreaker(BaseException):
-        pass
+    from test_worker import Broken
 
     def step(self):
-        raise LoopBreaker("injected")
+        raise Broken("injected")
 
     http, pipeline = server
     monkeypatch.setattr(LLMEngine, "step", step)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,9 @@ from kimiaudio.audio.stages import run_to_end
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.request import TurnRequest
-from kimiaudio.pipeline.speech_encoding import EncodeJob
+from kimiaudio.pipeline.metrics import PipelineMetrics
+from kimiaudio.pipeline.pending_turn import PendingTurn
+from kimiaudio.pipeline.speech_encoding import EncodeJob, SpeechEncoding
 from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
 
 
@@ -25,11 +28,26 @@ def stack(demo_checkpoint):
     return load_demo_stack(demo_checkpoint)
 
 
-def counting_stages(n: int, seconds: float = 0.0):
-    for _ in range(n):
-        time.sleep(seconds)
-        yield
-    return "result"
+class FakeClock:
+    """Time that moves only when a stage runs: the budget tests do not depend on the machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def counting_stages(n: int, clock: FakeClock | None = None, seconds: float = 0.0, closed: list | None = None):
+    try:
+        for _ in range(n):
+            if clock is not None:
+                clock.now += seconds
+            yield
+        return "result"
+    finally:
+        if closed is not None:
+            closed.append(True)
 
 
 def test_a_job_runs_one_stage_on_a_zero_budget_and_all_on_an_unbounded_one():
@@ -37,11 +55,26 @@ def test_a_job_runs_one_stage_on_a_zero_budget_and_all_on_an_unbounded_one():
     assert [job.advance(0.0) for _ in range(3)] == [None, None, None]
     assert job.advance(0.0) == "result"
     assert EncodeJob([b"k"], counting_stages(3)).advance(math.inf) == "result"
-    job = EncodeJob([b"k"], counting_stages(6, seconds=0.01))
-    calls = 1
-    while job.advance(0.035) is None:  # about three 10 ms stages fit, never more than the budget
-        calls += 1
-    assert 2 <= calls <= 4 and job.seconds >= 0.06
+
+
+def test_a_job_runs_the_stages_that_fit_its_budget():
+    clock = FakeClock()
+    job = EncodeJob([b"k"], counting_stages(7, clock, seconds=0.010), clock=clock)
+    runs = []
+    while (result := job.advance(0.035)) is None:
+        runs.append(round(clock.now, 3))
+    # 10 ms stages in 35 ms: three per call (a fourth would overrun), the last call the rest.
+    assert runs == [0.03, 0.06] and result == "result" and abs(job.seconds - 0.07) < 1e-9
+
+
+def test_a_batch_no_pending_turn_wants_any_more_is_dropped():
+    closed: list = []
+    stack_like = SimpleNamespace(encode_speech_stages=lambda pcms: counting_stages(5, closed=closed))
+    encoding = SpeechEncoding(stack_like, batch_size=4, metrics=PipelineMetrics())
+    turn = PendingTurn(None, None, {b"u": np.zeros(16000, np.float32)}, 0.0)
+    assert encoding.advance([turn], busy=True, budget_s=0.0) == [] and encoding.has_job
+    assert encoding.advance([], busy=True, budget_s=0.0) == []  # the turn was cancelled meanwhile
+    assert not encoding.has_job and closed == [True] and turn.encoded == {}
 
 
 def test_staged_encoding_equals_the_one_call_encoders(stack, speech_16k):

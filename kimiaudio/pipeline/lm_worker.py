@@ -102,7 +102,7 @@ class LmWorker(Worker):
         self._count()
 
     def iterate(self) -> float | None:
-        if self._pending:
+        if self._pending or self._encoding.has_job:
             self._encode_some()
             self._admit_ready()
         if self.engine.has_work():

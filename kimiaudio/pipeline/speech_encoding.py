@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from kimiaudio.audio.stages import Stages
 from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded
@@ -28,26 +29,31 @@ MAX_IDLE_ENCODE_BATCH = 64  # when nothing is generating: one batch, but a bound
 class EncodeJob:
     """One batch of utterances on its way through the encoders."""
 
-    def __init__(self, keys: list[bytes], stages: Stages[list]):
+    def __init__(self, keys: list[bytes], stages: Stages[list], clock: Callable[[], float] = time.perf_counter):
         self.keys = keys
         self.seconds = 0.0  # spent in its stages so far
         self._stages = stages
+        self._clock = clock
 
     def advance(self, budget_s: float) -> list | None:
         """Run stages for at most about `budget_s` (at least one: the next stage is expected to
         last as long as the one before); the encoders' results once the last stage has run."""
-        start = last = time.perf_counter()
+        start = last = self._clock()
         try:
             while True:
                 next(self._stages)
-                now = time.perf_counter()
+                now = self._clock()
                 if now - start + (now - last) > budget_s:
                     return None
                 last = now
         except StopIteration as done:
             return done.value
         finally:
-            self.seconds += time.perf_counter() - start
+            self.seconds += self._clock() - start
+
+    def drop(self) -> None:
+        """Give up on the batch: its generator and the tensors it holds go now."""
+        self._stages.close()
 
 
 class SpeechEncoding:
@@ -57,11 +63,18 @@ class SpeechEncoding:
         self._job: EncodeJob | None = None
         self._alone: set[bytes] = set()  # utterances of a failed batch: each is encoded by itself
 
+    @property
+    def has_job(self) -> bool:
+        return self._job is not None
+
     def advance(self, pending: list[PendingTurn], busy: bool, budget_s: float) -> list[tuple[bytes, Exception]]:
         """Give the pending turns what the cache has, then run about `budget_s` of encoder stages
         (`busy`: answers are being generated). -> (utterance key, what failed) of each
         utterance that cannot be encoded: its turns must fail."""
         wanted = self._wanted(pending)
+        if self._job is not None and not wanted.keys() & set(self._job.keys):
+            self._job.drop()  # every turn that wanted it ended meanwhile (cancelled, failed)
+            self._job = None
         if self._job is None:
             if not wanted:
                 return []
