@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(getattr(args, "log_level", "INFO"))
     try:
         if args.command == "demo-checkpoint":
-            from kimiaudio.checkpoint.demo import write_demo_checkpoint
+            from kimiaudio.random_weights.demo_checkpoint import write_demo_checkpoint
 
             path = write_demo_checkpoint(args.dir, seed=args.seed, progress=True)
             print(f"wrote demo checkpoint (random weights) to {path}")

@@ -2,7 +2,7 @@
 
 `config.toml` at the repository root documents every key; `load_config` reads such a file,
 checks every key against the dataclasses below, and applies CLI overrides. Each field
-declares its range next to its default (`setting`, see bounds.py); an unknown key, a value of
+declares its range next to its default (`setting`, see validation.py); an unknown key, a value of
 the wrong type or out of range is a ConfigError `section.key: expected <what>, got <value>`.
 session.update (server/events.py) and SamplingParams are checked against the same ranges.
 """
@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from kimiaudio.bounds import Bounds, check_fields, check_value, declared, setting
+from kimiaudio.validation import Bounds, check_fields, check_value, declared, setting
 from kimiaudio.detok.settings import MAX_POSITION, ChunkSchedule
 from kimiaudio.errors import ConfigError
 
@@ -95,7 +95,7 @@ class DetokConfig:
     min_ode_steps: int = setting(8, ODE_STEPS)
     guard_lowers_first_chunk: bool = False
     # Most sessions whose chunks run in one worker iteration, most urgent first (see
-    # detok/scheduling.py); the rest wait for the next iteration. Also the largest batch captured.
+    # detok/realtime_guard.py); the rest wait for the next iteration. Also the largest batch captured.
     max_batch_sessions: int = setting(16, Bounds(1, 1024))
     # While the LLM has work, a session's next chunk waits until less than this much of its
     # audio is left to play (a reply still waiting for its first audio never waits).

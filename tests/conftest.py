@@ -78,7 +78,7 @@ def detok(golden_paths, golden_meta):
 @pytest.fixture(scope="session")
 def demo_checkpoint(tmp_path_factory) -> Path:
     """The embedded demo checkpoint, written once per test session (as `serve` does)."""
-    from kimiaudio.checkpoint.demo import ensure_demo_checkpoint
+    from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(tmp_path_factory.mktemp("data"))
 

@@ -11,8 +11,8 @@ import test_browser_page
 from test_browser_page import _browser, _wait
 from test_server_support import demo_server
 
-from kimiaudio.server.gate.access import API_KEY_ENV
-from kimiaudio.server.app import store_key
+from kimiaudio.server.middleware.access import API_KEY_ENV
+from kimiaudio.server.app_keys import store_key
 
 pytestmark = test_browser_page.pytestmark  # the same markers and skips (no Chromium: skipped)
 KEY = "page-test-key-42"

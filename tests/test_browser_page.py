@@ -12,7 +12,8 @@ from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import silence, write_clip
 
 from kimiaudio.config import Config
-from kimiaudio.server.app import create_app, store_key
+from kimiaudio.server.app import create_app
+from kimiaudio.server.app_keys import store_key
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).parent / "artifacts"

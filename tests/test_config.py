@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from kimiaudio.bounds import Bounds, check_fields, declared
+from kimiaudio.validation import Bounds, check_fields, declared
 from kimiaudio.config import Config, SamplingConfig, apply_overrides, check_setting, load_config
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams, StreamSampling
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
+from kimiaudio.layers.stream_sampling import StreamSampling
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.session.client_events import ProtocolError, SessionUpdate, parse_client_event
 

@@ -12,8 +12,8 @@ from safetensors import safe_open
 from kimiaudio.checkpoint.files import read_json
 
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
-from kimiaudio.checkpoint.demo_speech import kaiser_sinc_lowpass
-from kimiaudio.checkpoint.demo import ensure_demo_checkpoint, write_demo_checkpoint
+from kimiaudio.models.bigvgan import kaiser_sinc_lowpass
+from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens
 from kimiaudio.text.tokenizer import KimiTokenizer
@@ -154,7 +154,7 @@ def test_ensure_writes_once_and_reuses(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("rewrote a complete demo checkpoint")
 
-    monkeypatch.setattr("kimiaudio.checkpoint.demo.write_demo_checkpoint", fail)
+    monkeypatch.setattr("kimiaudio.random_weights.demo_checkpoint.write_demo_checkpoint", fail)
     assert ensure_demo_checkpoint(tmp_path) == first
     assert (first / "config.json").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["demo-checkpoint"]  # no temp dirs left
@@ -212,7 +212,7 @@ def test_ensure_rewrites_a_demo_checkpoint_from_an_older_writer(tmp_path):
     import json
 
     from kimiaudio.checkpoint.paths import DEMO_MARKER
-    from kimiaudio.checkpoint.demo import GENERATOR_VERSION, ensure_demo_checkpoint
+    from kimiaudio.random_weights.demo_checkpoint import GENERATOR_VERSION, ensure_demo_checkpoint
 
     root = ensure_demo_checkpoint(tmp_path)
     marker = root / DEMO_MARKER

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kimiaudio.detok.scheduling import CostEstimate, GuardSettings, plan_chunks
+from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings, plan_chunks
 
 SETTINGS = GuardSettings(max_batch_sessions=8, run_ahead_s=0.5, first_ode_steps=10, ode_steps=16,
                          min_ode_steps=6, lower_first_chunk=False)

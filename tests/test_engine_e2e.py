@@ -21,7 +21,7 @@ from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.paged_attention import AttentionMetadata
-from kimiaudio.engine.request import EngineRequest, RequestError
+from kimiaudio.engine.engine_io import EngineRequest, RequestError
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_lm import KimiAudioLM, load_lm
 from kimiaudio.engine.reference_loop import generate_reference, iter_reference

@@ -13,7 +13,7 @@ import pytest
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.request import RequestError
+from kimiaudio.engine.engine_io import RequestError
 
 BS = 4
 

@@ -24,7 +24,7 @@ from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.encode_cache import EncodeCache
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.layers.triton_support import kernel_mode
 from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker

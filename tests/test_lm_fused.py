@@ -62,8 +62,8 @@ def test_fused_model_decodes_through_a_cache(golden_checkpoint):
     ids = torch.arange(1, 9)
     with torch.no_grad():
         full, _ = lm(lm.embed(ids, ids, torch.ones(8, dtype=torch.bool)), torch.arange(8),
-                     ContiguousKVCache(lm.config, "cpu", torch.float32))
-        cache = ContiguousKVCache(lm.config, "cpu", torch.float32)
+                     ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32))
+        cache = ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32)
         rows = [lm(lm.embed(ids[i:i + 1], ids[i:i + 1], torch.ones(1, dtype=torch.bool)), torch.tensor([i]), cache)[0]
                 for i in range(8)]
     torch.testing.assert_close(torch.cat(rows), full, atol=1e-5, rtol=1e-5)

@@ -48,7 +48,7 @@ def forward_logits(lm, golden, section, rows=None):
     use_text = torch.full(mask.shape, bool(text_ids.sum() != 0), device=lm.device)
     with torch.inference_mode():
         hidden = lm.embed(audio_ids, text_ids, use_text, features, mask.nonzero().squeeze(1))
-        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config, lm.device, lm.dtype),
+        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config.num_kv_layers, lm.device, lm.dtype),
                                        None if rows is None else rows.to(lm.device))
     return text_logits.cpu(), audio_logits.cpu()
 
@@ -137,7 +137,7 @@ def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, go
         assert not torch.equal(skipped, added)
         torch.testing.assert_close(lm.embed(audio_ids[:1], zeros[:1], torch.zeros(1, dtype=torch.bool)),
                                    lm.model.embed_tokens(audio_ids[:1]))
-        expected, _ = lm(skipped, positions, ContiguousKVCache(lm.config, "cpu", torch.float32), last)
+        expected, _ = lm(skipped, positions, ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32), last)
     step = next(iter_reference(lm, audio_ids, zeros, mask, features, SamplingParams.greedy(), "both",
                                golden_rules, record_steps=True))
     torch.testing.assert_close(step.text_logits, expected[0], atol=1e-6, rtol=1e-6)

@@ -55,7 +55,7 @@ def test_full_forward_matches_transformers(models):
     hf, ours, ids = models
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
-        text_logits, audio_logits = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config, "cpu", torch.float32))
+        text_logits, audio_logits = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32))
     torch.testing.assert_close(text_logits, expected, atol=1e-5, rtol=1e-5)
     assert audio_logits.shape == expected.shape
 
@@ -64,8 +64,8 @@ def test_chunked_prefill_and_decode_match_full_forward(models):
     hf, ours, ids = models
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
-        cache = ContiguousKVCache(ours.config, "cpu", torch.float32)
-        _, full_audio = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config, "cpu", torch.float32))
+        cache = ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32)
+        _, full_audio = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32))
         text_rows, audio_rows = [], []
         for start, stop in [(0, 5), (5, 8), (8, 9), (9, 10), (10, 11)]:  # prefill, chunk, decodes
             text, audio = ours(_embed(ours, ids[start:stop]), torch.arange(start, stop), cache)
@@ -82,7 +82,7 @@ def test_bfloat16_model_stays_close(models):
     bf16.load_state_dict(ours.state_dict())
     bf16 = bf16.to(torch.bfloat16)
     with torch.no_grad():
-        ref, _ = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config, "cpu", torch.float32))
-        low, _ = bf16(_embed(bf16, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config, "cpu", torch.bfloat16))
+        ref, _ = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32))
+        low, _ = bf16(_embed(bf16, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.bfloat16))
     assert low.dtype == torch.bfloat16
     assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kimiaudio.config import SamplingConfig
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams, StreamSampling
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
+from kimiaudio.layers.stream_sampling import StreamSampling
 from kimiaudio.errors import ConfigError
 from kimiaudio.layers.sampler import apply_repetition_penalty, sample_tokens
 

@@ -17,10 +17,10 @@ from kimiaudio.config import load_config
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.offline import answer
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.pipeline.speech_turn import SpeechTurn
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.detok.scheduling import chunks_to_run
+from kimiaudio.detok.realtime_guard import chunks_to_run
 from kimiaudio.pipeline.turn import TurnHandle
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message

@@ -21,7 +21,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline import lm_worker
 from kimiaudio.pipeline import worker as worker_module
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 from test_worker import Broken
 

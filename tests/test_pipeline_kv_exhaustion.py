@@ -11,7 +11,7 @@ import copy
 import pytest
 
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 BLOCK_SIZE = 8

@@ -14,7 +14,7 @@ import torch
 from kimiaudio.audio.io import load_audio
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError, Voice, VoiceRegistry
 from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 

@@ -1,4 +1,4 @@
-"""Access control on the real app (kimiaudio/server/gate/access.py): the API key on every route
+"""Access control on the real app (kimiaudio/server/middleware/access.py): the API key on every route
 but the page, the Host allow-list (DNS rebinding), the Origin check for state-changing
 requests, and the warning for a server exposed without a key."""
 
@@ -8,8 +8,8 @@ from test_server_support import demo_server, fill_template, route_templates
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.gate.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
-from kimiaudio.server.app import store_key
+from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
+from kimiaudio.server.app_keys import store_key
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 KEY = "s3cret-K3y_0123456789"

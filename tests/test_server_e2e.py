@@ -12,7 +12,7 @@ import soundfile as sf
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import demo_server, kv_pool_full_again, silence
 
-from kimiaudio.server.app import store_key
+from kimiaudio.server.app_keys import store_key
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from test_server_support import INTERNAL_NAMES, demo_server, offer_sdp, route_templates
 
-from kimiaudio.server.app import store_key
+from kimiaudio.server.app_keys import store_key
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

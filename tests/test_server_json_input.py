@@ -2,7 +2,7 @@
 
 import pytest
 
-from kimiaudio.server.gate.json_input import JsonInputError, parse_json
+from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 
 
 @pytest.mark.parametrize("data, code", [

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app import admission_key
+from kimiaudio.server.app_keys import admission_key
 from kimiaudio.server.observe.log_setup import configure_logging
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
 from test_server_support import demo_server, kv_pool_full_again, silence
@@ -159,7 +159,7 @@ async def test_readiness_fails_once_a_model_worker_has_stopped(server, speech, m
     """A worker whose loop broke cannot serve again: /readyz says so, so that an orchestrator
     restarts the process (the turn in flight ended failed; new ones are refused)."""
     from kimiaudio.engine.llm_engine import LLMEngine
-    from kimiaudio.pipeline.request import TurnRequest
+    from kimiaudio.pipeline.turn_request import TurnRequest
     from test_worker import Broken
 
     def step(self):

@@ -10,7 +10,7 @@ import soundfile as sf
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import demo_server
 
-from kimiaudio.server.app import store_key
+from kimiaudio.server.app_keys import store_key
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import LONG_ANSWER, demo_server, kv_pool_full_again, silence
 
 from kimiaudio.server.transport import rtc_session
-from kimiaudio.server.app import sessions_key, store_key
+from kimiaudio.server.app_keys import sessions_key, store_key
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 

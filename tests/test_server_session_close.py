@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app import sessions_key
+from kimiaudio.server.app_keys import sessions_key
 from test_server_support import demo_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

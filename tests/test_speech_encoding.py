@@ -1,4 +1,4 @@
-"""Speech encoding in stages on the LM worker (pipeline/speech_encoding.py, audio/stages.py):
+"""Speech encoding in stages on the LM worker (pipeline/speech_encoding.py, audio/staged_work.py):
 the staged encoders equal the one-call ones, a batch advances by a budget of time, and a turn
 committed while another answer runs is encoded between that answer's engine steps."""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from kimiaudio.audio.stages import run_to_end
+from kimiaudio.audio.staged_work import run_to_end
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.pending_turn import PendingTurn
 from kimiaudio.pipeline.speech_encoding import EncodeJob, SpeechEncoding

@@ -4,7 +4,6 @@ record replaces the parts; after a crash, reopening the store joins them into th
 import numpy as np
 
 from kimiaudio.store import ConversationStore
-from kimiaudio.store.heard_audio import append_heard
 
 
 async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(tmp_path):
@@ -14,8 +13,8 @@ async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(tmp_pa
     await store.add_turn(conversation, "user", audio=np.full(16000, 0.1, np.float32))
     index = await store.add_turn(conversation, "assistant", "", interrupted=True)
     pcm = np.linspace(-0.5, 0.5, 36000, dtype=np.float32)
-    await append_heard(store, conversation, index, pcm[:24000], "Hel")
-    await append_heard(store, conversation, index, pcm[24000:], "Hello")
+    await store.append_heard(conversation, index, pcm[:24000], "Hel")
+    await store.append_heard(conversation, index, pcm[24000:], "Hello")
     turn = (await store.get_conversation(conversation))["turns"][index]
     assert turn["text"] == "Hello" and not turn["has_audio"]  # parts only, until the answer ends
     await store.close()  # as after kill -9: no final record was written
@@ -26,7 +25,7 @@ async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(tmp_pa
     assert turn["interrupted"] and turn["has_audio"] and turn["duration_s"] == 1.5
     history = await store.load_history(conversation)
     assert np.allclose(history[index].audio, pcm, atol=1e-4)
-    await append_heard(store, conversation, index, pcm[:2400], "Hello!")
+    await store.append_heard(conversation, index, pcm[:2400], "Hello!")
     await store.update_turn(conversation, index, interrupted=False, audio=pcm[:12000])
     await store.close()
     store = ConversationStore(tmp_path / "k.db")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
-from kimiaudio.audio.stages import Stages, run_to_end
+from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
 from kimiaudio.checkpoint.files import load_into, load_safetensors
 from kimiaudio.checkpoint.paths import CheckpointPaths
@@ -68,7 +68,7 @@ class Glm4SpeechTokenizer:
 
     @torch.inference_mode()
     def tokenize_batch_stages(self, pcms: list[np.ndarray]) -> Stages[list[list[int]]]:
-        """`tokenize_batch` in stages (audio/stages.py): the log-mels, then each encoder layer."""
+        """`tokenize_batch` in stages (audio/staged_work.py): the log-mels, then each encoder layer."""
         mels: list[torch.Tensor] = []  # [n_mels, T_u] per segment
         lengths: list[int] = []  # samples per segment
         owners: list[int] = []

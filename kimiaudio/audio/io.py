@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError
 
-SAMPLE_RATE = 16000  # what both speech encoders expect
+SAMPLE_RATE = SPEECH_INPUT_RATE  # what both speech encoders expect
 
 
 class StreamResampler:

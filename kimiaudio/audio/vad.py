@@ -24,7 +24,9 @@ from typing import Callable
 
 import numpy as np
 
-SAMPLE_RATE = 16000
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+
+SAMPLE_RATE = SPEECH_INPUT_RATE  # silero takes 16 kHz (or 8 kHz)
 WINDOW = 512  # samples per silero window at 16 kHz (32 ms)
 _HYSTERESIS = 0.15
 

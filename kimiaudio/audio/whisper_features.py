@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
-from kimiaudio.audio.stages import Stages, run_to_end
+from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.checkpoint.files import load_into, load_safetensors, read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import AudioInputError, CheckpointError
@@ -77,7 +77,7 @@ class WhisperFeatureEncoder:
 
     @torch.inference_mode()
     def features_batch_stages(self, pcms: list[np.ndarray]) -> Stages[list[torch.Tensor]]:
-        """`features_batch` in stages (audio/stages.py): the log-mel, the convolutions, each layer."""
+        """`features_batch` in stages (audio/staged_work.py): the log-mel, the convolutions, each layer."""
         segments: list[np.ndarray] = []
         owners: list[int] = []
         for index, pcm in enumerate(pcms):

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kimiaudio.audio.stages import Stages, run_to_end
+from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError
 
@@ -153,7 +153,7 @@ class WhisperVQEncoder(nn.Module):
         return run_to_end(self.forward_stages(mel, mel_mask))
 
     def forward_stages(self, mel: torch.Tensor, mel_mask: torch.Tensor) -> Stages[tuple]:
-        """`forward` in stages (audio/stages.py): pausing before each layer."""
+        """`forward` in stages (audio/staged_work.py): pausing before each layer."""
         cfg = self.config
         mask = mel_mask[:, :: self.frame_stride]  # [B, T]
         x = F.gelu(self.conv1(mel))

@@ -24,7 +24,7 @@ import torch
 from kimiaudio.bench.stats import percentile
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.request import EngineRequest
+from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_config import KimiaConfig

@@ -30,7 +30,7 @@ from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 
 MODEL = "kimi-audio-7b-instruct"
 

@@ -26,7 +26,7 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.pipeline.worker import configure_worker_thread
 
 

@@ -26,7 +26,7 @@ from kimiaudio.audio.log_mel import MelSettings
 from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig
 from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, random_lm
-from kimiaudio.checkpoint.demo_speech import kaiser_sinc_lowpass
+from kimiaudio.models.bigvgan import kaiser_sinc_lowpass
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
 from kimiaudio.detok.detokenizer import Detokenizer
@@ -64,7 +64,7 @@ MAX_SOURCE_POSITIONS = 1500  # Whisper's 30 s at 50 Hz, both encoders
 def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     """A pipeline.model_stack.ModelStack with random weights in `shape` ("full" or "tiny") on
     config.model.device / dtype (the GLM encoder in float32, as official)."""
-    from kimiaudio.checkpoint.demo import ensure_demo_checkpoint
+    from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint
     from kimiaudio.pipeline.model_stack import ModelStack
     from kimiaudio.text.special_tokens import SpecialTokens
     from kimiaudio.text.tokenizer import KimiTokenizer

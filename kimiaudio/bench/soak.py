@@ -70,7 +70,7 @@ class _ErrorCounter(logging.Handler):
 
 
 async def _settle(app, pipeline, timeout: float) -> dict:
-    from kimiaudio.server.gate.admission import admission_key
+    from kimiaudio.server.app_keys import admission_key
 
     deadline = time.monotonic() + timeout
     while True:
@@ -100,9 +100,10 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
     from aiohttp import web
 
     from kimiaudio.pipeline.pipeline import Pipeline
-    from kimiaudio.server.gate.admission import admission_key
-    from kimiaudio.server.app import create_app, store_key
-    from kimiaudio.server.observe.server_metrics import server_metrics_key
+    from kimiaudio.server.app_keys import admission_key
+    from kimiaudio.server.app import create_app
+    from kimiaudio.server.app_keys import store_key
+    from kimiaudio.server.app_keys import server_metrics_key
 
     pipeline = Pipeline(stack, config)
     await pipeline.start()

@@ -5,5 +5,5 @@ streaming.py keeps one session's official streaming state (look-ahead, prefix K/
 vocoder cross-fade), flow_matching.py runs the DiT's Euler ODE for a batch of chunks in bucket
 shapes (buckets.py) on static buffers (dit_batch.py), detokenizer.py loads the models and
 batches the due chunks of many sessions, cuda_graphs.py replays them from CUDA graphs, and
-scheduling.py picks the sessions to serve first and the real-time guard's step counts.
+realtime_guard.py picks the sessions to serve first and the real-time guard's step counts.
 """

@@ -64,7 +64,7 @@ class Buckets:
 
     def serving_shapes(self, stream: list[tuple[int, int]]) -> list[BucketShape]:
         """The buckets to capture before serving, for every batch size: those of a stream's
-        (frames, prefix) chunks (detok/rehearsal.py), and the longest chunks with any prefix
+        (frames, prefix) chunks (detok/chunk_shapes.py), and the longest chunks with any prefix
         (batches mix streams at different points). First chunks run apart (their own steps)."""
         pairs = {(self.shape(1, n, p).frames, self.shape(1, n, p).prefix) for n, p in stream}
         longest = max(n for n, _ in pairs)

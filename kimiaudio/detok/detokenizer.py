@@ -8,7 +8,7 @@ DiT for all chunks with the same ODE step count in one padded forward per step (
 CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padding sees the
 ends, so only equal lengths share a forward). Each session's output equals running it alone.
 `prepare_for_serving` captures the graphs before serving; `guard_settings` and `cost` feed the
-real-time guard (detok/scheduling.py), whose step counts come back in DetokItem.ode_steps.
+real-time guard (detok/realtime_guard.py), whose step counts come back in DetokItem.ode_steps.
 `voice_prefix` turns a reference voice into the DiT prefix its sessions start from
 (detok/voice_prefix.py); sessions in different voices batch together like any others.
 """
@@ -28,8 +28,8 @@ from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
-from kimiaudio.detok.rehearsal import rehearse
-from kimiaudio.detok.scheduling import CostEstimate, GuardSettings
+from kimiaudio.detok.chunk_shapes import rehearse
+from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
 from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.streaming import DetokSession, StreamParams
 from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix

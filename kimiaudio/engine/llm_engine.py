@@ -4,7 +4,7 @@ Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest int
 Sequence, `step` = schedule, run the model, apply each request's official generation rules
 (generation.StreamRules) to its samples, feed the tokens back, free finished sequences.
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
-sequences it ran. Each StepOutput carries what callers need (see engine/request.py), so they
+sequences it ran. Each StepOutput carries what callers need (see engine/engine_io.py), so they
 never read the engine's sequences or block manager. Not thread-safe: one owner thread (the
 pipeline's LM worker).
 """
@@ -23,7 +23,7 @@ from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.request import Completion, EngineRequest, RequestError, StepOutput
+from kimiaudio.engine.engine_io import Completion, EngineRequest, RequestError, StepOutput
 from kimiaudio.engine.stop_rules import OUTPUT_TYPES, RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams

@@ -100,7 +100,7 @@ def iter_reference(
     if rules is None:
         rules = reference_rules(lm, prompt_len, params, output_type, specials)
     rng = RequestRandom(params.seed)
-    cache = ContiguousKVCache(lm.config, device, lm.dtype)
+    cache = ContiguousKVCache(lm.config.num_kv_layers, device, lm.dtype)
     text_params, audio_params = params.text, params.audio
 
     # Inference mode per call, never across a yield (the consumer's code runs in between).

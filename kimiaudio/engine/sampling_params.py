@@ -16,31 +16,9 @@ from typing import Any
 
 import torch
 
-from kimiaudio.bounds import check_fields, check_value, setting
-from kimiaudio.config import REPETITION_PENALTY, REPETITION_WINDOW, SEED, TEMPERATURE, TOP_K, SamplingConfig
-
-GREEDY_TEMPERATURE = 1e-6  # official: temperatures at or below this are greedy
-
-
-@dataclass(frozen=True)
-class StreamSampling:
-    """Sampling settings of one stream (text or audio)."""
-
-    temperature: float = setting(0.0, TEMPERATURE)
-    top_k: int = setting(5, TOP_K)
-    repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
-    repetition_window: int = setting(16, REPETITION_WINDOW)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature <= GREEDY_TEMPERATURE
-
-    def penalises(self, history_len: int) -> bool:
-        return self.repetition_penalty > 1.0 and history_len > self.repetition_window
-
+from kimiaudio.validation import check_fields, check_value
+from kimiaudio.config import SEED, SamplingConfig
+from kimiaudio.layers.stream_sampling import StreamSampling
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -23,7 +23,7 @@ from collections import deque
 
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.request import RequestError
+from kimiaudio.engine.engine_io import RequestError
 
 
 class Scheduler:

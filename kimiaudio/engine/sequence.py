@@ -17,7 +17,7 @@ from __future__ import annotations
 from enum import Enum, auto
 from typing import Any
 
-from kimiaudio.engine.request import RequestError
+from kimiaudio.engine.engine_io import RequestError
 
 
 class SequenceStatus(Enum):

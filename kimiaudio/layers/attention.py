@@ -19,7 +19,6 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kimiaudio.models.kimia_config import KimiaConfig
 
 
 class AttentionBackend(Protocol):
@@ -61,10 +60,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 class ContiguousKVCache:
     """Batch-1 KV cache: all T tokens of every call belong to one sequence, appended in order."""
 
-    def __init__(self, config: KimiaConfig, device: torch.device | str, dtype: torch.dtype):
+    def __init__(self, num_layers: int, device: torch.device | str, dtype: torch.dtype):
         self.device = torch.device(device)
         self.dtype = dtype
-        self.num_layers = config.num_kv_layers
+        self.num_layers = num_layers  # every layer with a KV cache (trunk and MIMO)
         self.keys: list[torch.Tensor | None] = [None] * self.num_layers  # each [S, Hkv, D]
         self.values: list[torch.Tensor | None] = [None] * self.num_layers
 

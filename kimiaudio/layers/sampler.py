@@ -1,4 +1,4 @@
-"""The batched token sampler (see engine/sampling_params.py for the parameters it takes).
+"""The batched token sampler (see stream_sampling.py for the parameters it takes).
 
 Follows the official KimiASampler (kimia_infer/utils/sampler.py), applied to the text and the
 audio stream alike:
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from kimiaudio.engine.sampling_params import StreamSampling
+from kimiaudio.layers.stream_sampling import StreamSampling
 
 def sample_tokens(
     logits: torch.Tensor,

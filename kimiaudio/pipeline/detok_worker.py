@@ -4,7 +4,7 @@ One thread (and on CUDA one stream) owns the detokenizer and every turn's stream
 The LM worker posts, in order per turn: `open` (a new speaking turn), `push_codes` (the codes
 of one LM step, all turns at once), `end` (the LM is done: its TurnDone so far). Each
 iteration runs the chunks now due as one batch across sessions, most urgent first
-(detok/scheduling.py: the sessions whose playback runs dry soonest; while the LM has work, a
+(detok/realtime_guard.py: the sessions whose playback runs dry soonest; while the LM has work, a
 session with more than detok.run_ahead_s of audio left waits, so the GPU time goes to the
 tokens everyone needs), at most detok.max_batch_sessions of them; when a playing session would
 run dry before its next chunk lands, the real-time guard runs the batch's later chunks with
@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from kimiaudio.detok.detokenizer import DetokItem
-from kimiaudio.detok.scheduling import plan_chunks
+from kimiaudio.detok.realtime_guard import plan_chunks
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+
 # The rate of AudioChunk.pcm: the official BigVGAN vocoder's (the pipeline refuses another).
-PCM_SAMPLE_RATE = 24000
+PCM_SAMPLE_RATE = SPEECH_OUTPUT_RATE
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.request import EngineRequest
+from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key
@@ -33,7 +33,7 @@ from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.pending_turn import PendingTurn
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
 from kimiaudio.pipeline.turn import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import URGENT, Worker

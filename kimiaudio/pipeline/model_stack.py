@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kimiaudio.audio.stages import Stages, run_to_end
+from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.checkpoint.files import read_json
 
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
@@ -111,7 +111,7 @@ class ModelStack:
         return run_to_end(self.encode_speech_stages(pcms))
 
     def encode_speech_stages(self, pcms: list[np.ndarray]) -> Stages[list[tuple[list[int], torch.Tensor]]]:
-        """`encode_speech_batch` in stages (audio/stages.py): each encoder's log-mel and layers."""
+        """`encode_speech_batch` in stages (audio/staged_work.py): each encoder's log-mel and layers."""
         token_lists = yield from self.glm4.tokenize_batch_stages(pcms)
         feature_list = yield from self.whisper.features_batch_stages(pcms)
         out = []
@@ -137,7 +137,7 @@ def resolve_checkpoint(config: Config, text_only: bool = False) -> CheckpointPat
     if config.model.path:
         model_dir = config.resolve(config.model.path)
     else:
-        from kimiaudio.checkpoint.demo import ensure_demo_checkpoint
+        from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint
 
         model_dir = ensure_demo_checkpoint(config.data_dir)
     glm = config.resolve(config.model.glm_tokenizer_path) if config.model.glm_tokenizer_path else None

@@ -20,10 +20,7 @@ from kimiaudio.engine.stop_rules import official_codes, official_text_ids
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
 from kimiaudio.engine.reference_loop import generate_reference
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.text.prompt import Message, build_prompt
-
-# The instruction of the official ASR example (infer.py).
-ASR_INSTRUCTION = "请将音频内容转换为文字。"
+from kimiaudio.text.prompt import ASR_INSTRUCTION, Message, build_prompt
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kimiaudio.pipeline.encode_cache import Encoded, audio_key
-from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.pipeline.turn import TurnHandle
 from kimiaudio.text.prompt import Message
 

@@ -22,7 +22,7 @@ from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.turn import TurnHandle
 from kimiaudio.pipeline.voices import Voice, VoiceRegistry
 

@@ -1,7 +1,7 @@
 """The LM worker's speech encoding: which utterances the pending turns still need, the batch
 being encoded, and the cache of recent results.
 
-A batch runs a few encoder stages per LM worker iteration (audio/stages.py: the log-mels and
+A batch runs a few encoder stages per LM worker iteration (audio/staged_work.py: the log-mels and
 each transformer layer): while answers are being generated, about as long as the last engine
 step took, so a newly committed turn holds the running answers back by about one step per
 iteration, not by its whole encode; with nothing generating, the whole batch at once. A batch
@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Callable
 
-from kimiaudio.audio.stages import Stages
+from kimiaudio.audio.staged_work import Stages
 from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.pending_turn import PendingTurn

@@ -15,52 +15,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import Executor
-from typing import Any
 
 from aiohttp import web
 
+from kimiaudio.audio.vad import vad_executor
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.gate.access import AccessPolicy, access_key, access_middleware
-from kimiaudio.server.gate.admission import Admission, admission_key, draining_middleware
-from kimiaudio.server.gate.api_error import error_middleware
-from kimiaudio.server.gate.request_body import body_limits_middleware, body_timeout_key, max_body_bytes_key
+from kimiaudio.pipeline.model_stack import ModelStack
+from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.server.app_keys import (access_key, admission_key, body_timeout_key, config_key, max_body_bytes_key,
+                                       pipeline_key, ready_key, server_metrics_key, sessions_key, stack_key,
+                                       store_key, vad_executor_key)
+from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
+from kimiaudio.server.middleware.admission import Admission, draining_middleware
+from kimiaudio.server.middleware.api_error import error_middleware
+from kimiaudio.server.middleware.request_body import body_limits_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
-from kimiaudio.server.observe.server_metrics import ServerMetrics, server_metrics_key
+from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.server.ops_routes import setup_ops_routes
+from kimiaudio.server.routes import setup_routes
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
 
-config_key = web.AppKey("config", Config)
-stack_key = web.AppKey("stack", Any)  # ModelStack | None
-pipeline_key = web.AppKey("pipeline", Any)  # Pipeline
-store_key = web.AppKey("store", ConversationStore)
-# session id -> a live session (RtcSession; any transport's: it has `is_answering` and `close()`)
-sessions_key = web.AppKey("sessions", dict)
-ready_key = web.AppKey("ready", asyncio.Event)  # set while the pipeline runs and the server is not stopping
-vad_executor_key = web.AppKey("vad_executor", Executor)  # the one thread running VAD inference
 
-
-def create_app(config: Config, stack, pipeline=None) -> web.Application:
+def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | None = None) -> web.Application:
     """The server app. A `pipeline` passed in is used as it is (the caller starts and stops it)."""
-    from kimiaudio.server.ops_routes import setup_ops_routes
-    from kimiaudio.server.routes import setup_routes
-
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
     filter_client_faults()
-    middlewares = [error_middleware, access_middleware, draining_middleware, body_limits_middleware]
-    app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
+    admission = Admission(config.server.max_sessions)
+    policy = AccessPolicy.from_config(config)
+    app = web.Application(client_max_size=config.server.max_body_bytes)
+    metrics = ServerMetrics(lambda: app.get(pipeline_key), lambda: admission.num_reserved)
+    app.middlewares.extend([error_middleware(metrics), access_middleware(policy), draining_middleware(admission),
+                            body_limits_middleware])
     app[config_key] = config
     app[stack_key] = stack
     app[sessions_key] = {}
-    app[admission_key] = Admission(config.server.max_sessions)
-    app[access_key] = AccessPolicy.from_config(config)
+    app[admission_key] = admission
+    app[access_key] = policy
     app[max_body_bytes_key] = config.server.max_body_bytes
     app[body_timeout_key] = config.server.body_timeout_s
     app[ready_key] = asyncio.Event()
-    app[server_metrics_key] = ServerMetrics(lambda: app.get(pipeline_key), lambda: app[admission_key].num_reserved)
+    app[server_metrics_key] = metrics
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_vad_context)
     app.cleanup_ctx.append(_pipeline_context(pipeline))
@@ -80,8 +78,6 @@ async def _store_context(app: web.Application):
 
 
 async def _vad_context(app: web.Application):
-    from kimiaudio.audio.vad import vad_executor
-
     app[vad_executor_key] = executor = vad_executor()
     yield
     executor.shutdown(wait=True)
@@ -95,8 +91,6 @@ def _pipeline_context(pipeline):
             yield
             app[ready_key].clear()
             return
-        from kimiaudio.pipeline.pipeline import Pipeline
-
         owned = Pipeline(app[stack_key], app[config_key])
         await owned.start()
         app[pipeline_key] = owned

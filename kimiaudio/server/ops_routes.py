@@ -10,7 +10,7 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kimiaudio.server.app import admission_key, pipeline_key, ready_key, server_metrics_key, store_key
+from kimiaudio.server.app_keys import admission_key, pipeline_key, ready_key, server_metrics_key, store_key
 
 STORE_CHECK_TIMEOUT_S = 2.0
 

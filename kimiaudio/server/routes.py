@@ -29,17 +29,16 @@ from aiortc import RTCSessionDescription
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import client_events
-from kimiaudio.server.gate import path_params
-from kimiaudio.server.gate.access import access_key
-from kimiaudio.server.gate.admission import Slot
-from kimiaudio.server.gate.api_error import ApiError
-from kimiaudio.server.app import (admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key,
-                                  vad_executor_key)
-from kimiaudio.server.gate.request_body import read_json_object
+from kimiaudio.server.inputs import path_params
+from kimiaudio.server.app_keys import access_key
+from kimiaudio.server.middleware.admission import Slot
+from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.app_keys import admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key, vad_executor_key
+from kimiaudio.server.middleware.request_body import read_json_object
 from kimiaudio.server.transport.rtc_session import RtcSession
-from kimiaudio.server.gate.sdp_offer import MAX_SDP_BYTES, check_offer
-from kimiaudio.server.observe.server_metrics import server_metrics_key
-from kimiaudio.server.v1 import setup_openai_routes
+from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.app_keys import server_metrics_key
+from kimiaudio.server.v1.routes import setup_openai_routes
 from kimiaudio.server.voice_routes import setup_voice_routes
 from kimiaudio.store import is_conversation_id
 

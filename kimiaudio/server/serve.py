@@ -20,9 +20,11 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.gate.access import LOOPBACK_HOSTS, access_key, exposure_warning
-from kimiaudio.server.gate.admission import admission_key
-from kimiaudio.server.app import create_app, ready_key, sessions_key
+from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
+from kimiaudio.server.app_keys import access_key
+from kimiaudio.server.app_keys import admission_key
+from kimiaudio.server.app import create_app
+from kimiaudio.server.app_keys import ready_key, sessions_key
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import sqlite_utils
 
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.store.identifiers import new_conversation_id
 
-USER_SAMPLE_RATE = 16000
-ASSISTANT_SAMPLE_RATE = PCM_SAMPLE_RATE  # replies are stored as the pipeline streamed them
+USER_SAMPLE_RATE = SPEECH_INPUT_RATE
+ASSISTANT_SAMPLE_RATE = SPEECH_OUTPUT_RATE  # replies are stored as the pipeline streamed them
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kimiaudio.audio.encode import pcm16_bytes
 from kimiaudio.errors import KimiAudioError
 # The queries, run on the writer or reader thread; the methods below of the same names await them.
 from kimiaudio.store.conversation_rows import (ASSISTANT_SAMPLE_RATE, USER_SAMPLE_RATE, StoredTurn, add_turn,
@@ -24,6 +25,7 @@ from kimiaudio.store.conversation_rows import (ASSISTANT_SAMPLE_RATE, USER_SAMPL
                                                get_conversation, json_or_none, list_conversations, load_history,
                                                turn_audio_wav, update_turn)
 from kimiaudio.store.db_thread import DbThread
+from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
 from kimiaudio.store.schema import integrity_problems
 
@@ -39,8 +41,6 @@ class ConversationStore:
         self._reader = DbThread(self.path, "kimiaudio-db-reader")
 
     async def open(self) -> None:
-        from kimiaudio.store.heard_audio import join_leftover_parts
-
         # The writer opens first: it creates and migrates the schema the reader relies on,
         # and joins the audio of answers a crash cut short (so readers see it whole).
         await self._writer.call(join_leftover_parts)
@@ -57,6 +57,13 @@ class ConversationStore:
     async def read(self, fn: Callable, *args: Any) -> Any:
         """Run `fn(db, *args)` on the reader thread."""
         return await self._reader.call(fn, *args)
+
+    async def append_heard(self, conversation_id: str, index: int, pcm: np.ndarray, text: str,
+                           codes: list[int] | None = None, timings: dict | None = None) -> None:
+        """Append `pcm` (24 kHz float, may be empty) to an answer's heard audio (heard_audio.py);
+        set its text and (if given) the codes heard so far."""
+        await self.write(append_part, conversation_id, index, pcm16_bytes(pcm) if np.size(pcm) else b"", text,
+                         None if codes is None else [int(c) for c in codes], timings)
 
     # ----- writes (writer thread) -----
     async def create_conversation(self, title: str = "") -> dict[str, Any]:

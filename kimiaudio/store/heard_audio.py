@@ -1,6 +1,6 @@
 """An assistant answer's audio stored as it is heard: appended parts, joined when it ends.
 
-While an answer plays, the session appends what was heard since the last write as one part
+While an answer plays, the session appends (ConversationStore.append_heard) what was heard since the last write as one part
 (raw 16-bit 24 kHz in turn_audio_parts) together with the answer's text so far, so a write
 costs what was heard in that second, not the whole answer again. When the answer ends, the
 usual update_turn writes the turn_audio WAV and drops the parts in the same transaction.
@@ -16,20 +16,11 @@ import time
 import numpy as np
 import sqlite_utils
 
-from kimiaudio.audio.encode import pcm16_bytes
 from kimiaudio.audio.io import wav_bytes
-from kimiaudio.store.conversation_store import ASSISTANT_SAMPLE_RATE, ConversationStore
+from kimiaudio.store.conversation_rows import ASSISTANT_SAMPLE_RATE
 
 
-async def append_heard(store: ConversationStore, conversation_id: str, index: int, pcm: np.ndarray, text: str,
-                       codes: list[int] | None = None, timings: dict | None = None) -> None:
-    """Append `pcm` (24 kHz float, may be empty) to the turn's heard audio; set its text and
-    (if given) the codes heard so far."""
-    await store.write(_append, conversation_id, index, pcm16_bytes(pcm) if np.size(pcm) else b"", text,
-                      None if codes is None else [int(c) for c in codes], timings)
-
-
-def _append(db: sqlite_utils.Database, conversation_id: str, index: int, pcm: bytes, text: str, codes, timings) -> None:
+def append_part(db: sqlite_utils.Database, conversation_id: str, index: int, pcm: bytes, text: str, codes, timings) -> None:
     with db.atomic():
         row = db.execute("SELECT id FROM turns WHERE conversation_id = ? AND turn_index = ?",
                          [conversation_id, index]).fetchone()

@@ -24,6 +24,8 @@ from kimiaudio.text.special_tokens import SpecialTokens
 ROLES = ("user", "assistant")
 KINDS = ("text", "audio", "audio-text")
 OUTPUT_TYPES = ("text", "both")
+# The instruction of the official ASR example (infer.py): a user text turn before the audio.
+ASR_INSTRUCTION = "请将音频内容转换为文字。"
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
@@ -67,5 +66,3 @@ class ServerMetrics:
     def note_input_dropped(self, seconds: float) -> None:
         self.input_dropped.inc(seconds)
 
-
-server_metrics_key = web.AppKey("server_metrics", ServerMetrics)

@@ -24,7 +24,7 @@ import numpy as np
 
 from kimiaudio.config import check_setting
 from kimiaudio.errors import ConfigError, KimiAudioError
-from kimiaudio.server.gate.json_input import JsonInputError, parse_json
+from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
 INPUT_RATES = (16000, 24000)  # pcm16 input rates a session takes (24 kHz: OpenAI's pcm16)

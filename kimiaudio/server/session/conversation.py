@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimiaudio.pipeline.request import HistoryTurn
+from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.store import ConversationStore
-from kimiaudio.store.heard_audio import append_heard
 
 
 class Conversation:
@@ -77,7 +76,7 @@ class Conversation:
                            codes: list[int]) -> None:
         """While an answer plays: append the audio heard since the last call; its text and the
         codes of everything heard so far."""
-        await append_heard(self.store, self.id, index, pcm, text, codes)
+        await self.store.append_heard(self.id, index, pcm, text, codes)
         turn.text, turn.audio_tokens = text, list(codes)
 
     async def update_assistant(self, index: int, turn: HistoryTurn, text: str, text_tokens: list[int],

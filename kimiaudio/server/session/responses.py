@@ -27,7 +27,7 @@ import numpy as np
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.response import Response

@@ -21,11 +21,11 @@ from aiohttp import web
 
 from kimiaudio.audio.encode import encode_audio
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
-from kimiaudio.server.app import config_key, pipeline_key, store_key
-from kimiaudio.server.gate.json_input import JsonInputError
-from kimiaudio.server.gate.request_body import read_json
+from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
+from kimiaudio.server.inputs.json_input import JsonInputError
+from kimiaudio.server.middleware.request_body import read_json
 from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
 from kimiaudio.server.v1.errors import V1Error

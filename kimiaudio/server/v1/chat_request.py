@@ -21,7 +21,7 @@ from kimiaudio.config import Config, apply_overrides
 from kimiaudio.audio.encode import FORMATS
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.request import HistoryTurn
+from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.client_events import ProtocolError, typed_field
 from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.v1.errors import V1Error

@@ -1,4 +1,4 @@
-"""Errors of the OpenAI-compatible routes: the app's ApiError (gate/api_error.py), which has
+"""Errors of the OpenAI-compatible routes: the app's ApiError (middleware/api_error.py), which has
 OpenAI's shape {"error": {"message", "type", "param", "code"}}, built in the order of that
 object. The app's error middleware answers for every /v1 failure as for any other route: a
 KimiAudioError (bad input found deeper, e.g. undecodable audio) is a 400, an aiohttp
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kimiaudio.server.gate.api_error import ApiError
+from kimiaudio.server.middleware.api_error import ApiError
 
 
 class V1Error(ApiError):

@@ -15,9 +15,9 @@ import secrets
 
 from aiohttp import web
 
-from kimiaudio.server.gate.admission import admission_key
-from kimiaudio.server.app import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
-from kimiaudio.server.observe.server_metrics import server_metrics_key
+from kimiaudio.server.app_keys import admission_key
+from kimiaudio.server.app_keys import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
+from kimiaudio.server.app_keys import server_metrics_key
 from kimiaudio.server.v1.errors import V1Error
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.transport.ws_session import MAX_WS_MESSAGE_BYTES, WsSession

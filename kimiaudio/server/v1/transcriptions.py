@@ -17,9 +17,9 @@ from aiohttp import web
 
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.events import TextDelta, TurnDone
-from kimiaudio.pipeline.offline import ASR_INSTRUCTION
-from kimiaudio.pipeline.request import HistoryTurn, TurnRequest
-from kimiaudio.server.app import config_key, pipeline_key
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
+from kimiaudio.text.prompt import ASR_INSTRUCTION
+from kimiaudio.server.app_keys import config_key, pipeline_key
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
 from kimiaudio.server.v1.errors import V1Error

@@ -17,7 +17,7 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.request import TurnRequest
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.server.v1.errors import V1Error
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kimiaudio.server.gate.api_error import ApiError
+from kimiaudio.server.middleware.api_error import ApiError
 
 RETRY_AFTER_S = 10
 _ANSWERED_WHILE_DRAINING = ("/healthz", "/readyz", "/metrics")
@@ -63,11 +63,13 @@ def _shutting_down() -> ApiError:
                     headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
-admission_key = web.AppKey("admission", Admission)
+def draining_middleware(admission: Admission):
+    """The middleware that refuses new work once `admission` is draining (shutdown)."""
 
+    @web.middleware
+    async def refuse_while_draining(request: web.Request, handler):
+        if admission.is_draining and request.path not in _ANSWERED_WHILE_DRAINING:
+            raise _shutting_down()
+        return await handler(request)
 
-@web.middleware
-async def draining_middleware(request: web.Request, handler):
-    if request.app[admission_key].is_draining and request.path not in _ANSWERED_WHILE_DRAINING:
-        raise _shutting_down()
-    return await handler(request)
+    return refuse_while_draining

@@ -15,7 +15,7 @@ import re
 
 from aiortc.sdp import SessionDescription
 
-from kimiaudio.server.gate.api_error import ApiError
+from kimiaudio.server.middleware.api_error import ApiError
 
 log = logging.getLogger(__name__)
 

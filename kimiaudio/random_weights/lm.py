@@ -1,11 +1,11 @@
 """The demo checkpoint's text tokenizer and LM (MoonshotKimiaForCausalLM): the official config
-keys and tensor names at tiny sizes, seeded (checkpoint/demo.py writes them)."""
+keys and tensor names at tiny sizes, seeded (random_weights/demo_checkpoint.py writes them)."""
 
 from __future__ import annotations
 
 import torch
 
-from kimiaudio.checkpoint.demo_audio import NUM_CODES, WHISPER, SeededInit
+from kimiaudio.random_weights.encoders import NUM_CODES, WHISPER, SeededInit
 from kimiaudio.text.special_tokens import official_special_names
 
 NUM_BYTE_TOKENS = 256  # the text vocabulary: one BPE rank per byte, no merges

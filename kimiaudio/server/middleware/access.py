@@ -25,7 +25,7 @@ from yarl import URL
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.gate.api_error import ApiError
+from kimiaudio.server.middleware.api_error import ApiError
 
 API_KEY_ENV = "KIMIAUDIO_API_KEY"
 WS_KEY_PREFIX = "openai-insecure-api-key."
@@ -51,9 +51,6 @@ class AccessPolicy:
             raise ConfigError(f"{API_KEY_ENV if os.environ.get(API_KEY_ENV) else 'server.api_key'}: expected printable "
                               "ASCII without spaces (it travels in an HTTP header)")
         return cls(api_key, allowed_hosts, origins)
-
-
-access_key = web.AppKey("access", AccessPolicy)
 
 
 def _is_token(key: str) -> bool:
@@ -116,9 +113,18 @@ def _same_origin(request: web.Request, origin: str) -> bool:
     return host is not None and origin == _origin(f"{request.scheme}://{host}")
 
 
-@web.middleware
-async def access_middleware(request: web.Request, handler):
-    policy = request.app[access_key]
+def access_middleware(policy: AccessPolicy):
+    """The middleware that holds every request to `policy` (Host, API key, Origin)."""
+
+    @web.middleware
+    async def check_access(request: web.Request, handler):
+        _check(policy, request)
+        return await handler(request)
+
+    return check_access
+
+
+def _check(policy: AccessPolicy, request: web.Request) -> None:
     host = request.headers.get("Host")
     if host is not None and policy.allowed_hosts is not None and _host_name(host) not in policy.allowed_hosts:
         raise ApiError(421, "unknown_host", f"this server does not answer to the host {host[:100]!r} "
@@ -133,4 +139,3 @@ async def access_middleware(request: web.Request, handler):
         if normalised not in policy.allowed_origins and not _same_origin(request, normalised):
             raise ApiError(403, "forbidden_origin", f"requests from the origin {origin[:100]!r} are not allowed "
                                                    "(add it to server.allowed_origins)")
-    return await handler(request)

@@ -1,16 +1,15 @@
 """Configs and seeded random tensors of the demo checkpoint's speech output: audio_detokenizer/
 (the DiT of the flow-matching detokenizer) and vocoder/ (BigVGAN), the official config keys and
 tensor names at tiny sizes. BigVGAN's kaiser-sinc anti-alias filters are computed as the
-official code computes them. The shared sizes and the seeded init live in demo_audio.py.
+official code computes them. The shared sizes and the seeded init live in encoders.py.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from kimiaudio.checkpoint.demo_audio import DIT, NUM_CODES, NUM_MELS, VOCODER, SeededInit
+from kimiaudio.models.bigvgan import kaiser_sinc_lowpass
+from kimiaudio.random_weights.encoders import DIT, NUM_CODES, NUM_MELS, VOCODER, SeededInit
 
 
 # ---- audio detokenizer (DiT flow matching) ------------------------------------------------
@@ -112,24 +111,6 @@ def vocoder_config() -> dict:
         "fmax": None,
         "fmax_for_loss": None,
     }
-
-
-def kaiser_sinc_lowpass(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
-    """BigVGAN's anti-aliasing low-pass filter [1, 1, taps]: a kaiser-windowed sinc with the
-    window's beta from the Kaiser design formula for a transition band of `half_width`,
-    normalised to unit DC gain."""
-    half = taps // 2
-    attenuation = 2.285 * (half - 1) * math.pi * (4 * half_width) + 7.95
-    if attenuation > 50.0:
-        beta = 0.1102 * (attenuation - 8.7)
-    elif attenuation >= 21.0:
-        beta = 0.5842 * (attenuation - 21) ** 0.4 + 0.07886 * (attenuation - 21.0)
-    else:
-        beta = 0.0
-    window = torch.kaiser_window(taps, periodic=False, beta=beta)
-    time = torch.arange(-half, half) + 0.5 if taps % 2 == 0 else torch.arange(taps) - half
-    kernel = 2 * cutoff * window * torch.sinc(2 * cutoff * time)
-    return (kernel / kernel.sum()).view(1, 1, taps)
 
 
 def _weight_norm_conv(init: SeededInit, t: dict, prefix: str, shape: tuple, fan_in: int, gain: float = 1.0, bias: int | None = None):

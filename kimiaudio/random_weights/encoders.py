@@ -3,7 +3,7 @@
 whisper-large-v3/ (a transformers WhisperModel) and glm-4-voice-tokenizer/ (GLM-4-Voice's
 WhisperVQEncoder, quantizer layers only): the official config keys and tensor names, tiny
 sizes; whisper's sinusoid positions are computed as the official code computes them. The
-speech output's parts (DiT, BigVGAN) are in demo_speech.py; checkpoint/demo.py writes both.
+speech output's parts (DiT, BigVGAN) are in speech.py; random_weights/demo_checkpoint.py writes both.
 """
 
 from __future__ import annotations

@@ -20,11 +20,10 @@ from typing import Any
 
 from aiohttp import web
 
-from kimiaudio.server.gate.api_error import ApiError
-from kimiaudio.server.gate.json_input import parse_json
+from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.app_keys import body_timeout_key, max_body_bytes_key
+from kimiaudio.server.inputs.json_input import parse_json
 
-max_body_bytes_key = web.AppKey("max_body_bytes", int)
-body_timeout_key = web.AppKey("body_timeout_s", float)
 
 
 @web.middleware

@@ -16,8 +16,8 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.gate.json_input import JsonInputError
-from kimiaudio.server.observe.server_metrics import server_metrics_key
+from kimiaudio.server.inputs.json_input import JsonInputError
+from kimiaudio.server.observe.server_metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +44,19 @@ def _is_page(path: str) -> bool:
     return path == "/" or path.startswith("/static/")
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler):
-    try:
-        return await _answer(request, handler)
-    except ApiError as exc:
-        metrics = request.app.get(server_metrics_key)
-        if metrics is not None:
+def error_middleware(metrics: ServerMetrics):
+    """The outermost middleware: every error leaves as JSON (or the page's plain answer), and
+    each one sent is counted in `metrics`."""
+
+    @web.middleware
+    async def answer_errors(request: web.Request, handler):
+        try:
+            return await _answer(request, handler)
+        except ApiError as exc:
             metrics.note_http_error(exc.code)
-        raise
+            raise
+
+    return answer_errors
 
 
 async def _answer(request: web.Request, handler):

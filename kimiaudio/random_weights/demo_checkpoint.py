@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from kimiaudio.checkpoint import demo_audio as encoders
-from kimiaudio.checkpoint import demo_lm as lm
-from kimiaudio.checkpoint import demo_speech as speech
+from kimiaudio.random_weights import encoders as encoders
+from kimiaudio.random_weights import lm as lm
+from kimiaudio.random_weights import speech as speech
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
 from kimiaudio.errors import CheckpointError, KimiAudioError
 
@@ -90,7 +90,7 @@ def _write_lm(out: Path, seed: int) -> None:
     _save_safetensors(lm.lm_tensors(seed), out / "model.safetensors")
 
 
-# ---- audio parts (configs and tensors: demo_audio.py, demo_speech.py) ---------------------------------
+# ---- audio parts (configs and tensors: encoders.py, speech.py) ---------------------------------
 
 
 def _write_whisper(out: Path, seed: int) -> None:

@@ -1,0 +1,11 @@
+"""The two sample rates of the model's audio, defined once.
+
+User speech enters at 16 kHz: both speech encoders (Whisper's log-mel, the GLM-4-Voice
+tokenizer) and silero VAD take it, and user turns are stored at it. Spoken answers leave at
+24 kHz: the official BigVGAN vocoder's rate (the pipeline refuses a checkpoint with another),
+at which answers are streamed and stored. Anything at another rate is resampled at the edge
+(audio/io.py, the transports).
+"""
+
+SPEECH_INPUT_RATE = 16000
+SPEECH_OUTPUT_RATE = 24000

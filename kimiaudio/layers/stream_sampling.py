@@ -1,0 +1,34 @@
+"""Sampling settings of one token stream (text or audio), as the sampler (sampler.py) applies them.
+
+The ranges are the config's [sampling] ones (config.py), declared once; the engine's
+SamplingParams (engine/sampling_params.py) holds one StreamSampling per stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kimiaudio.config import REPETITION_PENALTY, REPETITION_WINDOW, TEMPERATURE, TOP_K
+from kimiaudio.validation import check_fields, setting
+
+GREEDY_TEMPERATURE = 1e-6  # official: temperatures at or below this are greedy
+
+
+@dataclass(frozen=True)
+class StreamSampling:
+    """Sampling settings of one stream (text or audio)."""
+
+    temperature: float = setting(0.0, TEMPERATURE)
+    top_k: int = setting(5, TOP_K)
+    repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
+    repetition_window: int = setting(16, REPETITION_WINDOW)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= GREEDY_TEMPERATURE
+
+    def penalises(self, history_len: int) -> bool:
+        return self.repetition_penalty > 1.0 and history_len > self.repetition_window
