@@ -222,3 +222,24 @@ def test_ensure_rewrites_a_demo_checkpoint_from_an_older_writer(tmp_path):
     again = ensure_demo_checkpoint(tmp_path)
     assert again == root and not (root / "stale-file").exists()
     assert json.loads(marker.read_text())["generator_version"] == GENERATOR_VERSION
+
+
+def test_serve_says_it_creates_the_demo_checkpoint_only_when_it_does(tmp_path):
+    import json
+
+    from kimiaudio.config import load_config
+    from kimiaudio.server.serve import loading_message
+
+    config = load_config(None, {"storage": {"data_dir": str(tmp_path)}})
+    demo = tmp_path / "demo-checkpoint"
+    first = loading_message(config)
+    assert first.startswith(f"Creating the demo checkpoint in {demo}") and "noise" in first
+    root = ensure_demo_checkpoint(tmp_path)
+    again = loading_message(config)
+    assert again.startswith(f"Loading the demo checkpoint in {demo}") and "noise" in again
+    marker = root / DEMO_MARKER  # an older writer's checkpoint is rewritten: created again
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "generator_version": -1}))
+    assert loading_message(config).startswith("Creating the demo checkpoint")
+    real = load_config(None, {"model": {"path": str(tmp_path / "real")}, "storage": {"data_dir": str(tmp_path)}})
+    message = loading_message(real)
+    assert str(tmp_path / "real") in message and "demo" not in message

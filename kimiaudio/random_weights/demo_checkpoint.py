@@ -42,9 +42,9 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
     """`data_dir/demo-checkpoint`, written once (in a temporary directory, then renamed, so a
     crash never leaves a half-written checkpoint behind) and reused when complete."""
     target = Path(data_dir) / DEMO_DIR_NAME
+    if is_current(target):
+        return target
     if _is_complete(target):
-        if _generator_version(target) == GENERATOR_VERSION:
-            return target
         shutil.rmtree(target)  # our own random weights from an older writer: replace them
     if target.exists():
         raise CheckpointError(f"{target}: incomplete demo checkpoint (no {DEMO_MARKER}); delete the directory to rewrite it")
@@ -61,6 +61,12 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def is_current(root: Path) -> bool:
+    """True when `root` holds a complete demo checkpoint of this writer's version, which
+    `ensure_demo_checkpoint` uses as it is (False: it would write one)."""
+    return _is_complete(root) and _generator_version(root) == GENERATOR_VERSION
 
 
 def _generator_version(root: Path) -> int | None:

@@ -56,6 +56,19 @@ def banner(config: Config, stack, warning: str | None) -> str:
     return "\n".join(lines)
 
 
+def loading_message(config: Config) -> str:
+    """What `serve` says before loading: the demo checkpoint is said to be created only on the
+    start that creates it (it is reused after), and its random weights are always named."""
+    from kimiaudio.random_weights.demo_checkpoint import DEMO_DIR_NAME, is_current
+
+    if config.model.path:
+        return f"Loading the model from {config.resolve(config.model.path)}..."
+    demo = config.data_dir / DEMO_DIR_NAME
+    if is_current(demo):
+        return f"Loading the demo checkpoint in {demo} (random weights: its speech is noise)..."
+    return f"Creating the demo checkpoint in {demo} (random weights: its speech is noise), then loading it..."
+
+
 async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) -> None:
     """Refuse new work, then wait (at most `grace_s`) until no session is answering."""
     app[admission_key].is_draining = True
@@ -104,7 +117,7 @@ def run_server(config: Config) -> int:
     if not (STATIC_DIR / "index.html").is_file():
         raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
                              "without its data files (reinstall with `pip install .`)")
-    print("Loading the model (first run creates the demo checkpoint)...", flush=True)
+    print(loading_message(config), flush=True)
     try:
         stack = ModelStack.load(config, progress=True)
     except KeyboardInterrupt:
