@@ -12,8 +12,9 @@ import pytest
 import torch
 
 DATA = Path(__file__).parent / "data"
-# golden.safetensors as ../shared/golden has it, or xz-compressed (variant a ships so: 3 MB
-# instead of 6.6 MB in the repository; every tensor in it is used by a test).
+# golden.safetensors as the golden data set's layout has it (docs/official-model.md, "The
+# golden data set"), or xz-compressed (variant a ships so: 3 MB instead of 6.6 MB in the
+# repository; every tensor in it is used by a test).
 GOLDEN_FILES = ("golden.safetensors", "golden.safetensors.xz")
 # Every golden folder present: variant a ships with the project; other variants (other sizes,
 # flags and token ids, same layout) dropped in beside it run the same tests.

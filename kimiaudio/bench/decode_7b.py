@@ -1,6 +1,6 @@
 """`bench --random-weights 7b`: engine steps with the real Kimi-Audio-7B shapes.
 
-Random bf16 weights in the official config's shapes (KIMI_AUDIO_REFERENCE.md §1), no files.
+Random bf16 weights in the official config's shapes (docs/official-model.md, "LM config"), no files.
 - Decode: for each batch size B it keeps B sequences decoding and times engine steps, with
   CUDA graphs and without (same run, one engine each; graphs only exist on CUDA), and
   compares the step time with the weight-bandwidth floor: the bytes of weights one decode
@@ -39,7 +39,7 @@ KIMI_AUDIO_7B = dict(
     max_position_embeddings=8192,
 )
 SPECIALS_7B = RuleTokens(text_blank=151666, text_eos=151667, msg_end=151645, media_end=151663)
-USER_MSG_START, SPEECH_CTD, ASSISTANT_MSG_START = 151670, 151676, 151671  # KIMI_AUDIO_REFERENCE.md §3
+USER_MSG_START, SPEECH_CTD, ASSISTANT_MSG_START = 151670, 151676, 151671  # docs/official-model.md, "Special tokens"
 PROMPT_LEN = 128
 PREFILL_LEN = 1000  # the long prompt: media begin, PREFILL_LEN - 5 continuous positions, 4 markers
 PREFILL_SLACK = 256  # steps a sequence may decode before its whole batch does

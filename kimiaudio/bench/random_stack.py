@@ -1,7 +1,7 @@
 """A ModelStack with random weights in the real shapes, for the full-size bench (no files).
 
 `build_random_stack(config, "full")` builds every part of Kimi-Audio-7B-Instruct in its real
-shapes (KIMI_AUDIO_REFERENCE.md): the Whisper-large-v3 encoder, the GLM-4-Voice tokenizer's
+shapes (docs/official-model.md): the Whisper-large-v3 encoder, the GLM-4-Voice tokenizer's
 WhisperVQEncoder (float32, as official), the 7B LM (decode_7b.random_lm), the detokenizer's DiT
 and the BigVGAN vocoder; "tiny" builds the same parts through the same code at toy sizes, so
 the CPU tests keep it working. Each model is made on the "meta" device and allocated once on the

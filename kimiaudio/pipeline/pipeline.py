@@ -1,7 +1,7 @@
 """The pipeline: a user turn (audio + history) goes in; text deltas and 24 kHz PCM come out.
 
-The one owner of device work (ARCHITECTURE: server -> pipeline -> engine, detokenizer,
-encoders). Two workers, each a thread with its own CUDA stream (see worker.py):
+The one owner of device work (docs/architecture.md, "Layers": server -> pipeline -> engine,
+detokenizer, encoders). Two workers, each a thread with its own CUDA stream (see worker.py):
 - the LM worker (lm_worker.py): speech encoders, prompts, the continuous-batching engine;
 - the detokenizer worker (detok_worker.py): DiT + vocoder, batched across sessions.
 They meet only through the detokenizer worker's inbox (codes as they are generated), so an

@@ -1,6 +1,6 @@
 """A model worker: one thread that owns some device work, fed through an inbox.
 
-The pipeline has two (ARCHITECTURE: "Processes and threads"): the LM worker and the
+The pipeline has two (docs/architecture.md, "Threads and CUDA streams"): the LM worker and the
 detokenizer worker. Each runs `iterate()` in a loop on its own thread and, on CUDA, on its own
 stream, so neither waits for the other's kernels; they meet only through each other's inbox.
 Messages are posted from any thread (the event loop, the other worker) and handled on the

@@ -1,7 +1,7 @@
 """The two-stream Kimi-Audio prompt: messages -> audio stream, text stream, continuous mask.
 
 Follows the official `KimiAPromptManager.get_prompt` / `tokenize_message` in its later
-upstream form (KIMI_AUDIO_REFERENCE.md §3): a role prefix when the role changes, text
+upstream form (docs/official-model.md, "Prompt format"): a role prefix when the role changes, text
 messages on the text stream (assistant text ends with the text EOS), audio messages between
 media markers with the whisper features on the code positions, ct/ctd after the last audio
 of a role run, msg_end at the end of every role run, and the generation prefix
