@@ -1,4 +1,4 @@
-"""GLM-4-Voice WhisperVQEncoder (the discrete speech tokenizer's network) in plain PyTorch.
+"""GLM-4-Voice WhisperVQEncoder (the discrete speech tokenizer's network) in PyTorch.
 
 Follows THUDM/GLM-4-Voice speech_tokenizer/modeling_whisper.py as loaded by its
 `load_quantize_encoder` (quantize_encoder_only: only the first `quantize_position` layers, no
@@ -7,7 +7,8 @@ final LayerNorm): conv1 (k3) -> GELU -> conv2 (k3, stride 2) -> GELU (causal con
 block-causal (query i sees key j if j <= i or both lie in the same block) and masked to valid
 keys; after layer `pooling_position` an avg/max pool over time; after layer
 `quantize_position` the nearest codebook row (first minimum of ||c||^2 + ||h||^2 - 2 h.c) and
-+ embed_positions2. Attribute names are the checkpoint's tensor names.
++ embed_positions2. Attribute names are the checkpoint's tensor names. Only the activation
+function comes from transformers (ACT2FN, by the config's name).
 """
 
 from __future__ import annotations
