@@ -2,7 +2,7 @@
 
 Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest into a
 Sequence, `step` = schedule, run the model, apply each request's official generation rules
-(generation.StreamRules) to its samples, feed the tokens back, free finished sequences.
+(stop_rules.StreamRules) to its samples, feed the tokens back, free finished sequences.
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
 sequences it ran. Each StepOutput carries what callers need (see engine/engine_io.py), so they
 never read the engine's sequences or block manager. Not thread-safe: one owner thread (the

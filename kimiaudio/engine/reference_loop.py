@@ -5,8 +5,8 @@ continuous features), then one position per step, feeding both sampled tokens ba
 audio stream, text -> text stream) through a contiguous KV cache. The text embedding is
 skipped for a forward call whose text ids sum to 0 (the whole prompt at prefill, the single
 text token at decode), as the official model does. Text is sampled before audio, each with
-the request's own uniform (sampling.RequestRandom), and the official rules (generation.py)
-decide what is fed back and when to stop. One loop: `generate_reference` drains
+the request's own uniform (sampling_params.RequestRandom), and the official rules
+(stop_rules.py) decide what is fed back and when to stop. One loop: `generate_reference` drains
 `iter_reference`.
 """
 

@@ -9,7 +9,7 @@ hashes blocks of these per-position keys, so two prompts share KV only when both
 the flags and the features agree.
 
 No torch here: the request's feature tensor, RNG and rules are opaque attributes that the
-model runner and the engine use. Also holds the request/response values of the engine API.
+model runner and the engine use. The engine API's values are in engine_io.py.
 """
 
 from __future__ import annotations

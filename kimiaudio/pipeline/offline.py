@@ -1,6 +1,6 @@
 """Offline use of the model stack: spoken chat and transcription, batch 1.
 
-This runs the plain reference loop (kimiaudio/reference_loop.py) and the offline
+This runs the plain reference loop (engine/reference_loop.py) and the offline
 detokenizer, exactly the official way; the server uses the batched engine instead. It backs
 the `chat` and `transcribe` commands and reports the timings a user compares between machines.
 """
