@@ -26,21 +26,27 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message
 
 
-def load_demo_stack(checkpoint, block_size: int = 8) -> ModelStack:
+def load_demo_stack(checkpoint, block_size: int = 8, realtime_guard: bool = False) -> ModelStack:
     """The demo checkpoint's stack on the CPU with a small KV pool (256 blocks), as the
-    pipeline tests use it; each test module loads its own (tests change its config)."""
-    config = load_config(None, {"model": {"path": str(checkpoint), "device": "cpu"},
-                                "engine": {"num_kv_blocks": 256, "block_size": block_size}})
-    return ModelStack.load(config)
+    pipeline tests use it; each test module loads its own (tests change its config).
+
+    The real-time guard is off unless asked for (its floor at the full step count): on a
+    loaded machine it lowers ODE steps, and then a turn's audio no longer equals the offline
+    reference's. The detokenizer reads the floor when it is built, so it is set here, before
+    the stack is loaded, not on the loaded stack's config."""
+    overrides = {"model": {"path": str(checkpoint), "device": "cpu"},
+                 "engine": {"num_kv_blocks": 256, "block_size": block_size}}
+    if not realtime_guard:
+        overrides["detok"] = {"min_ode_steps": load_config(None, overrides).detok.ode_steps}
+    stack = ModelStack.load(load_config(None, overrides))
+    guard = stack.detokenizer.guard_settings
+    assert realtime_guard or guard.min_ode_steps == guard.ode_steps  # the floor reached the detokenizer
+    return stack
 
 
 @pytest.fixture(scope="module")
 def stack(demo_checkpoint):
-    stack = load_demo_stack(demo_checkpoint)
-    # The real-time guard off (its floor at the full step count): under CPU load it would lower
-    # ODE steps, and these tests compare the pipeline's audio with the offline reference's.
-    stack.config.detok.min_ode_steps = stack.config.detok.ode_steps
-    return stack
+    return load_demo_stack(demo_checkpoint)
 
 
 def voices(speech_16k: np.ndarray, n: int) -> list[np.ndarray]:

@@ -207,7 +207,7 @@ class Detokenizer:
 
     @property
     def guard_settings(self) -> GuardSettings:
-        """What the real-time guard (scheduling.plan_chunks) needs from the config."""
+        """What the real-time guard (realtime_guard.plan_chunks) needs from the config."""
         s = self.schedule
         return GuardSettings(self.cfg.max_batch_sessions, self.cfg.run_ahead_s, s.first_ode_steps, s.ode_steps,
                              s.min_ode_steps, s.lower_first_chunk)
