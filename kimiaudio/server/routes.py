@@ -32,7 +32,7 @@ from kimiaudio.server.session import client_events
 from kimiaudio.server.inputs import path_params
 from kimiaudio.server.app_keys import access_key
 from kimiaudio.server.middleware.admission import Slot
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key, vad_executor_key
 from kimiaudio.server.middleware.request_body import read_json_object
 from kimiaudio.server.transport.rtc_session import RtcSession

@@ -10,7 +10,7 @@ vocoder's mel), has the pipeline compute its codes and DiT prefix (kept on the d
 stores its inputs (store/voice_store.py) and registers it by name (pipeline.voices), where
 session.update `voice`, the OpenAI routes' `audio.voice` / `voice` and the page find it. At
 start-up the stored voices are registered again; their prefixes are computed on first use
-(the default voice's at once). Errors are the API's JSON errors (middleware/api_error.py).
+(the default voice's at once). Errors are the API's JSON errors (api_error.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kimiaudio.audio.io import decode_audio_bytes, resample
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.voices import STOCK_VOICES, Voice, check_voice_name
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import max_body_bytes_key
 from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice
 

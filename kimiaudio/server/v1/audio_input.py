@@ -16,7 +16,7 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, decode_audio_bytes, resample
 from kimiaudio.errors import AudioInputError
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 
 INPUT_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "aac", "mpeg", "mpga", "pcm16")
 PCM16_RATE = 24000
@@ -24,18 +24,18 @@ PCM16_RATE = 24000
 
 def decode_base64(data, param: str) -> bytes:
     if not isinstance(data, str) or not data:
-        raise V1Error(400, f"{param}: expected base64-encoded audio", "invalid_value", param)
+        raise ApiError(400, "invalid_value", f"{param}: expected base64-encoded audio", param=param)
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise V1Error(400, f"{param}: not valid base64", "invalid_base64", param) from None
+        raise ApiError(400, "invalid_base64", f"{param}: not valid base64", param=param) from None
 
 
 def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
     """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech."""
     if fmt is not None and fmt not in INPUT_FORMATS:
-        raise V1Error(400, f"{param}: unsupported audio format {str(fmt)[:40]!r} (supported: {', '.join(INPUT_FORMATS)})",
-                      "unsupported_format", param)
+        raise ApiError(400, "unsupported_format", f"{param}: unsupported audio format {str(fmt)[:40]!r} "
+                       f"(supported: {', '.join(INPUT_FORMATS)})", param=param)
     try:
         if fmt == "pcm16":
             if len(raw) % 2:
@@ -45,5 +45,5 @@ def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, nam
             pcm = decode_audio_bytes(raw, name=name)
         check_speech_input(pcm, audio_config)
     except AudioInputError as exc:
-        raise V1Error(400, str(exc), "invalid_audio", param) from None
+        raise ApiError(400, "invalid_audio", str(exc), param=param) from None
     return pcm

@@ -18,7 +18,7 @@ from aiohttp import web
 from kimiaudio.server.app_keys import admission_key
 from kimiaudio.server.app_keys import config_key, pipeline_key, sessions_key, store_key, vad_executor_key
 from kimiaudio.server.app_keys import server_metrics_key
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.transport.ws_session import MAX_WS_MESSAGE_BYTES, WsSession
 
@@ -34,7 +34,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     sessions, config = app[sessions_key], app[config_key]
     ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S)
     if not ws.can_prepare(request).ok:
-        raise V1Error(400, "GET /v1/realtime is a WebSocket: connect with a WebSocket client", "websocket_expected")
+        raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
     slot = app[admission_key].reserve()  # 503 (full or shutting down) before the upgrade
     from kimiaudio.audio.vad import SileroVad
 
