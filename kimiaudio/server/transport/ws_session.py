@@ -12,7 +12,6 @@ and stores what was heard.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 from concurrent.futures import Executor
@@ -20,6 +19,7 @@ from typing import Callable
 
 from aiohttp import WSMsgType, web
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import StreamResampler
 from kimiaudio.config import Config
 from kimiaudio.server.session import client_events as ce
@@ -86,9 +86,9 @@ class WsSession:
                 log.exception("session %s: handling an event failed", self.id)
             self.session.send_error("invalid_value", str(exc))
 
-    def _to_16k(self, pcm16: bytes):
+    def _to_16k(self, raw: bytes):
         rate = self.session.settings.input_rate
-        pcm = ce.pcm16_to_float(pcm16)
+        pcm = pcm16.to_float(raw)
         if rate == 16000:
             return pcm
         if self._resampler is None or self._resampler.from_sr != rate:
@@ -106,10 +106,10 @@ class WsSession:
             return
         self._outbox.put_nowait(json.dumps(event))
 
-    def _send_audio(self, response_id: str, pcm16: bytes) -> None:
+    def _send_audio(self, response_id: str, raw: bytes) -> None:
         r = self.session.response
         item_id = r.item_id if r is not None and r.id == response_id else ""
-        self.session.send(events.audio_delta(response_id, item_id, base64.b64encode(pcm16).decode("ascii")))
+        self.session.send(events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
 
     async def _write(self) -> None:
         try:
