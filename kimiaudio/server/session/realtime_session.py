@@ -1,6 +1,6 @@
 """One client's conversation, whatever carries it: turn detection, items, responses, events.
 
-The transport (WebRTC in rtc_session.py, WebSocket in ws_session.py) feeds microphone audio
+The transport (WebRTC in rtc_peer.py, WebSocket in realtime_socket.py) feeds microphone audio
 in with `push_audio` (16 kHz), client events with `handle_message`, and gives the session two
 things to talk back through: `send` (one JSON event) and a playback (PlaybackTrack's
 interface: begin / push / end / flush a response's 24 kHz audio, played samples, and the

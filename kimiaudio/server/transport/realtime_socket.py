@@ -1,4 +1,4 @@
-"""A real-time session over a WebSocket (GET /v1/realtime): the OpenAI Realtime transport.
+"""One Realtime WebSocket client (GET /v1/realtime): the connection carrying a RealtimeSession.
 
 The same RealtimeSession as WebRTC's, fed by JSON text messages instead of RTP and a data
 channel: `input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session
@@ -26,6 +26,7 @@ from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ws_playback import WsPlayback
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,12 @@ MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # an append of up to ~4 min of base64 p
 MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 
 
-class WsSession:
+class RealtimeSocket(ClosesOnce):
+    """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
+
     def __init__(self, session_id: str, ws: web.WebSocketResponse, config: Config, pipeline, store, vad,
-                 vad_executor: Executor, on_closed: Callable[["WsSession"], None], metrics: ServerMetrics | None = None):
+                 vad_executor: Executor, on_closed: Callable[["RealtimeSocket"], None],
+                 metrics: ServerMetrics | None = None):
         self.id = session_id
         self.ws = ws
         self._on_closed = on_closed
@@ -47,8 +51,6 @@ class WsSession:
         self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
-        self.closed = False
-        self._closing: asyncio.Future | None = None
 
     @property
     def is_answering(self) -> bool:
@@ -70,7 +72,7 @@ class WsSession:
                 if self._dropped:
                     break
         finally:
-            await self.close()
+            await self.close("the connection ended")
 
     async def _receive(self, text: str) -> None:
         try:
@@ -122,16 +124,9 @@ class WsSession:
             await self.ws.close()  # ends the reader loop too, if it is still waiting
 
     # ----- lifetime -----
-    async def close(self) -> None:
-        """Cancel the turn in progress (storing what was heard), send the last events, close. A
-        second call waits for the first: the app's shutdown must not stop the store while a
-        close begun by the client's hang-up is still storing."""
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        self.closed = True
+    async def _close(self, reason: str) -> None:
+        """Cancel the turn in progress (storing what was heard), send the last events, close (once:
+        closes_once.py)."""
         try:
             await self.session.close()
         finally:
@@ -143,3 +138,4 @@ class WsSession:
                     self._writer.cancel()
             await self.ws.close()
             self._on_closed(self)
+            log.info("session %s closed: %s", self.id, reason)
