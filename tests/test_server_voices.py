@@ -116,8 +116,9 @@ async def test_voice_survives_a_restart(aiohttp_client, demo_checkpoint, tmp_pat
 
 @pytest.mark.parametrize("case, status, code", [
     ("too_short", 400, "too_short"), ("too_long", 400, "too_long"), ("silent", 400, "silent"),
-    ("undecodable", 400, "undecodable"), ("no_file", 400, "missing_field"), ("no_name", 400, "missing_field"),
-    ("bad_name", 400, "invalid_name"), ("json", 400, "bad_request"),
+    ("undecodable", 400, "undecodable"), ("no_file", 400, "missing_required_parameter"),
+    ("no_name", 400, "missing_required_parameter"), ("bad_name", 400, "invalid_name"),
+    ("json", 415, "unsupported_media_type"),
 ])
 async def test_bad_uploads(served, case, status, code):
     http, pipeline = served

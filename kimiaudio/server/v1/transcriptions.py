@@ -19,7 +19,8 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.prompt import ASR_INSTRUCTION
-from kimiaudio.server.app_keys import config_key, pipeline_key
+from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key
+from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
 from kimiaudio.server.api_error import ApiError
@@ -27,20 +28,15 @@ from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.v1.turn_guard import guarded_turn
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+TEXT_FIELDS = ("model", "response_format", "stream", "language", "prompt", "temperature")
 
 
 async def _form(request: web.Request) -> dict:
-    if not request.content_type.startswith("multipart/form-data"):
-        raise ApiError(415, "unsupported_media_type", "expected a multipart/form-data body with the audio as `file`")
-    try:
-        form = await request.post()  # at most server.max_body_bytes (the app's client_max_size)
-    except ValueError as exc:  # aiohttp's word for a malformed multipart body
-        raise ApiError(400, "invalid_multipart", f"the multipart body could not be read ({exc})") from None
-    upload = form.get("file")
-    if upload is None or not hasattr(upload, "file"):
-        raise ApiError(400, "missing_required_parameter", "file is required (the audio, as a multipart file field)", param="file")
-    fields = {key: value for key, value in form.items() if isinstance(value, str)}
-    fields["file"] = (upload.filename or "file", upload.file.read())
+    """The form's text fields by name, and `file`: (its file name, its bytes)."""
+    limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": request.app[max_body_bytes_key]}
+    form = await read_form(request, limits, ("file",), "the audio as `file`")
+    fields = {name: field.text() for name, field in form.items() if name != "file"}
+    fields["file"] = (form["file"].filename or "file", form["file"].data)
     return fields
 
 
