@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from kimiaudio.server.api_error import INVALID_REQUEST, SERVER_ERROR, error_event, error_object
+from kimiaudio.server import api_error
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed")
 
@@ -165,5 +165,5 @@ SERVER_FAULTS = ("turn_failed", "storage_failed", "response_failed", "internal")
 def error(code: str, message: str, param: str | None = None, event_id: str | None = None) -> dict:
     """The server's error object (api_error.py) as OpenAI's Realtime sends it: in an `error`
     event, naming the client event at fault (`event_id`, None when none is known)."""
-    kind = SERVER_ERROR if code in SERVER_FAULTS else INVALID_REQUEST
-    return error_event({**error_object(message, kind, param, code), "event_id": event_id})
+    kind = api_error.SERVER_ERROR if code in SERVER_FAULTS else api_error.INVALID_REQUEST
+    return api_error.error_event({**api_error.error_object(message, kind, param, code), "event_id": event_id})
