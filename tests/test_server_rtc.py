@@ -12,7 +12,7 @@ import pytest
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import LONG_ANSWER, demo_server, kv_pool_full_again, silence
 
-from kimiaudio.server.transport import rtc_session
+from kimiaudio.server.transport import rtc_peer
 from kimiaudio.server.app_keys import sessions_key, store_key
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
@@ -211,7 +211,7 @@ async def test_continue_a_stored_conversation(server, speech, how):
 
 async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch):
     # A long answer, still playing when the session notices the silence (after 1 s here).
-    monkeypatch.setattr(rtc_session, "INPUT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(rtc_peer, "INPUT_TIMEOUT_S", 1.0)
     http, pipeline = await server()
     mic = ScriptedMic()
     client = RtcClient(mic)

@@ -1,4 +1,4 @@
-"""RtcSession.close called twice (the client's hang-up, then the app's shutdown): the second
+"""RtcPeer.close called twice (the client's hang-up, then the app's shutdown): the second
 call returns only once the first has stored what it stores and stopped the session's tasks,
 so the shutdown cannot stop the VAD thread and the store under a session still closing."""
 

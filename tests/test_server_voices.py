@@ -116,8 +116,9 @@ async def test_voice_survives_a_restart(aiohttp_client, demo_checkpoint, tmp_pat
 
 @pytest.mark.parametrize("case, status, code", [
     ("too_short", 400, "too_short"), ("too_long", 400, "too_long"), ("silent", 400, "silent"),
-    ("undecodable", 400, "undecodable"), ("no_file", 400, "missing_field"), ("no_name", 400, "missing_field"),
-    ("bad_name", 400, "invalid_name"), ("json", 400, "bad_request"),
+    ("undecodable", 400, "undecodable"), ("no_file", 400, "missing_required_parameter"),
+    ("no_name", 400, "missing_required_parameter"), ("bad_name", 400, "invalid_name"),
+    ("json", 415, "unsupported_media_type"),
 ])
 async def test_bad_uploads(served, case, status, code):
     http, pipeline = served
@@ -145,7 +146,7 @@ async def test_bad_uploads(served, case, status, code):
 async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
     """session.update `voice` over /v1/realtime: an unknown name is an error event and changes
     nothing; a stored one is used for the session's next answer."""
-    from kimiaudio.audio.encode import pcm16_bytes
+    from kimiaudio.audio import pcm16
     from kimiaudio.audio.io import resample
 
     http, pipeline = served
@@ -163,7 +164,7 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
         assert bad["type"] == "error" and "unknown voice 'nobody'" in bad["error"]["message"]
         await ws.send_json({"type": "session.update", "session": {"voice": "espeak", "turn_detection": None}})
         assert (await next_of("session.updated"))["session"]["voice"] == "espeak"
-        audio = base64.b64encode(pcm16_bytes(resample(speech_16k, 16000, 24000))).decode()
+        audio = base64.b64encode(pcm16.to_bytes(resample(speech_16k, 16000, 24000))).decode()
         await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})
         await ws.send_json({"type": "input_audio_buffer.commit"})
         await ws.send_json({"type": "response.create"})

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kimiaudio.audio.io import resample
-from kimiaudio.audio.encode import pcm16_bytes
+from kimiaudio.audio import pcm16
 from test_server_support import silence
 
 openai = pytest.importorskip("openai")
@@ -61,7 +61,7 @@ class Events:
 
 async def say(conn, pcm16k: np.ndarray, chunk_s: float = 0.1) -> None:
     """Append 16 kHz speech as OpenAI's pcm16 (24 kHz), in 100 ms messages."""
-    pcm = pcm16_bytes(resample(pcm16k, 16000, 24000))
+    pcm = pcm16.to_bytes(resample(pcm16k, 16000, 24000))
     step = int(chunk_s * 24000) * 2
     for start in range(0, len(pcm), step):
         await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[start:start + step]).decode())

@@ -15,6 +15,7 @@ import struct
 
 import numpy as np
 
+from kimiaudio.audio import pcm16
 from kimiaudio.errors import KimiAudioError
 
 # format -> (container, codec, MIME type); "wav" and "pcm16" are written here without PyAV.
@@ -27,11 +28,6 @@ FORMATS = {
     "pcm16": (None, None, "audio/pcm"),
 }
 OGG_PAGE_US = 100_000  # Ogg pages of 100 ms: opus streams instead of waiting for 1 s pages
-
-
-def pcm16_bytes(pcm: np.ndarray) -> bytes:
-    """Float audio in [-1, 1] as little-endian 16-bit samples."""
-    return (np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
 def wav_header(sample_rate: int, num_samples: int | None) -> bytes:
@@ -83,7 +79,7 @@ class StreamEncoder:
             head = wav_header(self.sample_rate, None) if self.format == "wav" else b""
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         if self._container is None:
-            return head + pcm16_bytes(pcm)
+            return head + pcm16.to_bytes(pcm)
         if pcm.size:
             self._mux(self._frame(pcm))
         return head + self._sink.drain()
@@ -112,6 +108,6 @@ class StreamEncoder:
 def encode_audio(pcm: np.ndarray, fmt: str, sample_rate: int) -> bytes:
     """A whole answer as one file (a WAV with exact sizes)."""
     if fmt == "wav":
-        return wav_header(sample_rate, int(np.size(pcm))) + pcm16_bytes(pcm)
+        return wav_header(sample_rate, int(np.size(pcm))) + pcm16.to_bytes(pcm)
     encoder = StreamEncoder(fmt, sample_rate)
     return encoder.push(pcm) + encoder.finish()

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.server.v1.models import MODEL_ID
 
@@ -79,8 +80,8 @@ class RealtimeWsClient:
             await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))
             if self.closed:
                 return
-            chunk = (np.clip(pcm[offset:offset + step], -1, 1) * 32767).astype("<i2").tobytes()
-            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})
+            chunk = pcm16.to_base64(pcm16.to_bytes(pcm[offset:offset + step]))
+            await self.send({"type": "input_audio_buffer.append", "audio": chunk})
 
     def of_type(self, kind: str) -> list[dict]:
         return [e for e in self.events if e.get("type") == kind]

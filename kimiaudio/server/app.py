@@ -6,7 +6,7 @@ writer/reader threads) and, unless the caller passes one it owns, the pipeline (
 worker). `on_shutdown` closes every peer connection first, so interrupted turns are stored
 before the store and the pipeline go away.
 
-Every request passes the same middlewares, outermost first: errors as JSON (api_error.py),
+Every request passes the same middlewares, outermost first: errors as JSON (error_middleware.py),
 Host / API key / Origin (access.py), no new work while shutting down (admission.py), body size
 and read deadline (request_body.py).
 """
@@ -28,7 +28,7 @@ from kimiaudio.server.app_keys import (access_key, admission_key, body_timeout_k
                                        store_key, vad_executor_key)
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.admission import Admission, draining_middleware
-from kimiaudio.server.middleware.api_error import error_middleware
+from kimiaudio.server.middleware.error_middleware import error_middleware
 from kimiaudio.server.middleware.request_body import body_limits_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics

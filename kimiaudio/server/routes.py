@@ -17,10 +17,8 @@ path_params.py, the SDP by sdp_offer.py; errors are JSON (api_error.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import secrets
 from pathlib import Path
 
 from aiohttp import web
@@ -31,13 +29,13 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import client_events
 from kimiaudio.server.inputs import path_params
 from kimiaudio.server.app_keys import access_key
-from kimiaudio.server.middleware.admission import Slot
-from kimiaudio.server.middleware.api_error import ApiError
-from kimiaudio.server.app_keys import admission_key, config_key, pipeline_key, sessions_key, stack_key, store_key, vad_executor_key
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.app_keys import admission_key, config_key, pipeline_key, stack_key, store_key, vad_executor_key
 from kimiaudio.server.middleware.request_body import read_json_object
-from kimiaudio.server.transport.rtc_session import RtcSession
+from kimiaudio.server.transport.rtc_peer import RtcPeer
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
 from kimiaudio.server.app_keys import server_metrics_key
+from kimiaudio.server.session_registry import opened_session
 from kimiaudio.server.v1.routes import setup_openai_routes
 from kimiaudio.server.voice_routes import setup_voice_routes
 from kimiaudio.store import is_conversation_id
@@ -101,35 +99,22 @@ async def offer(request: web.Request) -> web.Response:
     admission.check()  # a full server says so before the body is read
     body = await read_json_object(request, MAX_OFFER_BYTES)
     sdp, update, conversation_id = await _offer_fields(request, body)
-    # Checked and taken in one step, after the body is in: a slow or stalled body holds no slot.
-    slot = admission.reserve()
-    session = None
-    try:
-        from kimiaudio.audio.vad import SileroVad
 
-        sessions = app[sessions_key]
-        session_id = f"sess_{secrets.token_hex(8)}"
-        vad = await asyncio.get_running_loop().run_in_executor(app[vad_executor_key], SileroVad)
-        session = RtcSession(session_id, app[config_key], app[pipeline_key], app[store_key], vad, app[vad_executor_key],
-                             conversation_id, on_closed=lambda s: _closed(sessions, s, slot),
-                             metrics=app[server_metrics_key])
+    async def make(session_id: str, vad, on_closed) -> RtcPeer:
+        return RtcPeer(session_id, app[config_key], app[pipeline_key], app[store_key], vad, app[vad_executor_key],
+                       conversation_id, on_closed=on_closed, metrics=app[server_metrics_key])
+
+    # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
+    async with opened_session(app, "webrtc", make) as peer:
         if update is not None:
             try:
-                session.session.apply_update(update, announce=False)
+                peer.session.apply_update(update, announce=False)
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
-        answer = await _accept(session, sdp)
-        if not session.closed:  # it may have failed already, and freed its slot
-            sessions[session_id] = session
-        app[server_metrics_key].sessions.labels("webrtc").inc()
-    except BaseException:
-        slot.release()
-        if session is not None:
-            await session.close()
-        raise
+        answer = await _accept(peer, sdp)
     # A new conversation is created at its first committed turn (announced by conversation.created),
     # so connecting without speaking leaves no empty conversation behind: null until then.
-    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session_id,
+    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": peer.id,
                               "conversation_id": conversation_id})
 
 
@@ -151,20 +136,15 @@ async def _offer_fields(request: web.Request, body: dict) -> tuple[str, client_e
     return sdp, update, conversation_id
 
 
-async def _accept(session: RtcSession, sdp: str) -> RTCSessionDescription:
+async def _accept(peer: RtcPeer, sdp: str) -> RTCSessionDescription:
     try:
-        return await session.accept(RTCSessionDescription(sdp=sdp, type="offer"))
+        return await peer.accept(RTCSessionDescription(sdp=sdp, type="offer"))
     except KimiAudioError as exc:
         raise ApiError(400, "bad_offer", str(exc)) from None
     except Exception as exc:  # aiortc refusing an offer that passed our checks (e.g. no common codec)
-        log.info("session %s: aiortc refused the offer (%s: %s)", session.id, type(exc).__name__, exc)
+        log.info("session %s: aiortc refused the offer (%s: %s)", peer.id, type(exc).__name__, exc)
         raise ApiError(400, "bad_offer",
                        "the SDP offer could not be used (no common audio codec or transport?)") from None
-
-
-def _closed(sessions: dict, session: RtcSession, slot: Slot) -> None:
-    sessions.pop(session.id, None)
-    slot.release()
 
 
 async def _conversation_or_404(request: web.Request, conversation_id) -> dict:

@@ -10,7 +10,7 @@ vocoder's mel), has the pipeline compute its codes and DiT prefix (kept on the d
 stores its inputs (store/voice_store.py) and registers it by name (pipeline.voices), where
 session.update `voice`, the OpenAI routes' `audio.voice` / `voice` and the page find it. At
 start-up the stored voices are registered again; their prefixes are computed on first use
-(the default voice's at once). Errors are the API's JSON errors (middleware/api_error.py).
+(the default voice's at once). Errors are the API's JSON errors (api_error.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from kimiaudio.audio.io import decode_audio_bytes, resample
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.voices import STOCK_VOICES, Voice, check_voice_name
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import max_body_bytes_key
+from kimiaudio.server.inputs.multipart_form import read_form
 from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice
 
 log = logging.getLogger(__name__)
@@ -112,33 +113,10 @@ async def remove_voice(request: web.Request) -> web.Response:
 
 
 async def _read_upload(request: web.Request) -> tuple[str, bytes]:
-    """The `name` and `file` fields of a multipart form, each read with a size cap."""
-    if not request.content_type.startswith("multipart/"):
-        raise ApiError(400, "bad_request", "expected multipart/form-data with fields `name` and `file` (an audio file)")
-    fields: dict[str, bytes] = {}
-    try:
-        reader = await request.multipart()
-        async for part in reader:
-            if part.name not in ("name", "file") or part.name in fields:
-                continue
-            # (a chunked body has no Content-Length for the app's body limit to check first)
-            limit = MAX_NAME_BYTES if part.name == "name" else request.app[max_body_bytes_key]
-            data = bytearray()
-            while chunk := await part.read_chunk(1 << 16):
-                data += chunk
-                if len(data) > limit:
-                    raise ApiError(413, "too_large", f"field `{part.name}` is larger than {limit} bytes")
-            fields[part.name] = bytes(data)
-    except (ValueError, AssertionError, UnicodeDecodeError) as exc:  # aiohttp's word for a broken form
-        raise ApiError(400, "bad_request", f"the multipart form could not be read ({exc})") from None
-    missing = [key for key in ("name", "file") if not fields.get(key)]
-    if missing:
-        raise ApiError(400, "missing_field", f"missing form field(s): {', '.join(missing)} "
-                       "(expected `name` and `file`, an audio file)")
-    try:
-        return fields["name"].decode("utf-8").strip(), fields["file"]
-    except UnicodeDecodeError:
-        raise ApiError(400, "invalid_name", "the voice name is not UTF-8 text") from None
+    """The `name` and `file` fields of the form."""
+    fields = await read_form(request, {"name": MAX_NAME_BYTES, "file": request.app[max_body_bytes_key]},
+                             ("name", "file"), "fields `name` and `file` (an audio file)")
+    return fields["name"].text().strip(), fields["file"].data
 
 
 def _decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kimiaudio.audio.encode import pcm16_bytes
+from kimiaudio.audio import pcm16
 from kimiaudio.errors import KimiAudioError
 # The queries, run on the writer or reader thread; the methods below of the same names await them.
 from kimiaudio.store.conversation_rows import (ASSISTANT_SAMPLE_RATE, USER_SAMPLE_RATE, StoredTurn, add_turn,
@@ -62,7 +62,7 @@ class ConversationStore:
                            codes: list[int] | None = None, timings: dict | None = None) -> None:
         """Append `pcm` (24 kHz float, may be empty) to an answer's heard audio (heard_audio.py);
         set its text and (if given) the codes heard so far."""
-        await self.write(append_part, conversation_id, index, pcm16_bytes(pcm) if np.size(pcm) else b"", text,
+        await self.write(append_part, conversation_id, index, pcm16.to_bytes(pcm) if np.size(pcm) else b"", text,
                          None if codes is None else [int(c) for c in codes], timings)
 
     # ----- writes (writer thread) -----

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import sqlite_utils
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import wav_bytes
 from kimiaudio.store.conversation_rows import ASSISTANT_SAMPLE_RATE
 
@@ -43,7 +43,7 @@ def join_leftover_parts(db: sqlite_utils.Database) -> int:
         with db.atomic():
             parts = db.execute("SELECT pcm FROM turn_audio_parts WHERE turn_id = ? ORDER BY part_index",
                                [turn_id]).fetchall()
-            pcm = np.frombuffer(b"".join(p[0] for p in parts), dtype="<i2").astype(np.float32) / 32768.0
+            pcm = pcm16.to_float(b"".join(p[0] for p in parts), f"the heard audio of turn {turn_id}")
             db["turn_audio"].insert({"turn_id": turn_id, "sample_rate": ASSISTANT_SAMPLE_RATE,
                                      "num_samples": int(pcm.size), "wav": wav_bytes(pcm, ASSISTANT_SAMPLE_RATE)},
                                     replace=True)

@@ -11,7 +11,7 @@ import re
 
 from aiohttp import web
 
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.store import MAX_TURN_INDEX, is_conversation_id
 
 _DIGITS = re.compile(r"[0-9]{1,10}")

@@ -15,7 +15,7 @@ import re
 
 from aiortc.sdp import SessionDescription
 
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from yarl import URL
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 
 API_KEY_ENV = "KIMIAUDIO_API_KEY"
 WS_KEY_PREFIX = "openai-insecure-api-key."

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 
 RETRY_AFTER_S = 10
 _ANSWERED_WHILE_DRAINING = ("/healthz", "/readyz", "/metrics")

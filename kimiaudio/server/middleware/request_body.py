@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kimiaudio.server.middleware.api_error import ApiError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import body_timeout_key, max_body_bytes_key
 from kimiaudio.server.inputs.json_input import parse_json
 

@@ -15,15 +15,12 @@ message names the field, sent back as an `error` event. Every message goes throu
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from kimiaudio.audio import pcm16
 from kimiaudio.config import check_setting
-from kimiaudio.errors import ConfigError, KimiAudioError
+from kimiaudio.errors import AudioInputError, ConfigError, KimiAudioError
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
@@ -124,16 +121,9 @@ def decode_pcm16(data: Any, where: str) -> bytes:
     if not isinstance(data, str):
         raise ProtocolError("invalid_value", f"{where}: expected base64 text", where)
     try:
-        raw = base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise ProtocolError("invalid_audio", f"{where}: not valid base64", where) from None
-    if len(raw) % 2:
-        raise ProtocolError("invalid_audio", f"{where}: pcm16 audio must have an even number of bytes", where)
-    return raw
-
-
-def pcm16_to_float(raw: bytes) -> np.ndarray:
-    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        return pcm16.check_samples(pcm16.from_base64(data, where), where)
+    except AudioInputError as exc:
+        raise ProtocolError("invalid_audio", str(exc), where) from None
 
 
 def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES) -> ClientEvent:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from kimiaudio.server import api_error
+
 RESPONSE_STATUSES = ("completed", "cancelled", "failed")
 
 
@@ -157,7 +159,11 @@ def response_done(response_id: str, status: str, text: str, timings: dict[str, f
     return {"type": "response.done", "response": response}
 
 
+SERVER_FAULTS = ("turn_failed", "storage_failed", "response_failed", "internal")
+
+
 def error(code: str, message: str, param: str | None = None, event_id: str | None = None) -> dict:
-    kind = "server_error" if code in ("turn_failed", "storage_failed", "response_failed") else "invalid_request_error"
-    return {"type": "error", "error": {"type": kind, "code": code, "message": message, "param": param,
-                                       "event_id": event_id}}
+    """The server's error object (api_error.py) as OpenAI's Realtime sends it: in an `error`
+    event, naming the client event at fault (`event_id`, None when none is known)."""
+    kind = api_error.SERVER_ERROR if code in SERVER_FAULTS else api_error.INVALID_REQUEST
+    return api_error.error_event({**api_error.error_object(message, kind, param, code), "event_id": event_id})

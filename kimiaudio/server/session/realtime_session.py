@@ -1,6 +1,6 @@
 """One client's conversation, whatever carries it: turn detection, items, responses, events.
 
-The transport (WebRTC in rtc_session.py, WebSocket in ws_session.py) feeds microphone audio
+The transport (WebRTC in rtc_peer.py, WebSocket in realtime_socket.py) feeds microphone audio
 in with `push_audio` (16 kHz), client events with `handle_message`, and gives the session two
 things to talk back through: `send` (one JSON event) and a playback (PlaybackTrack's
 interface: begin / push / end / flush a response's 24 kHz audio, played samples, and the
@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import check_speech_input, resample
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.config import Config
@@ -221,7 +222,7 @@ class RealtimeSession:
     async def handle_event(self, event: ce.ClientEvent) -> None:
         if isinstance(event, ce.AudioAppend):
             rate = self.settings.input_rate
-            await self.push_audio(resample(ce.pcm16_to_float(event.pcm16), rate, 16000))
+            await self.push_audio(resample(pcm16.to_float(event.pcm16), rate, 16000))
         elif isinstance(event, ce.AudioCommit):
             self._commit_buffer()
         elif isinstance(event, ce.AudioClear):
@@ -242,7 +243,7 @@ class RealtimeSession:
     def _create_item(self, event: ce.ItemCreate) -> None:
         item_id = event.item_id or new_item_id()
         if event.pcm16 is not None:
-            audio = resample(ce.pcm16_to_float(event.pcm16), self.settings.input_rate, 16000)
+            audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, 16000)
             self._queue.put_nowait(_Work("audio", item_id, audio=audio, text=event.text))
         else:  # a system message is context like a user's text (the prompt has no system role)
             role = "assistant" if event.role == "assistant" else "user"

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from kimiaudio.audio.encode import pcm16_bytes
+from kimiaudio.audio import pcm16
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 
 
@@ -41,7 +41,7 @@ class WsPlayback:
     def push(self, pcm24k: np.ndarray) -> None:
         if self.response_id is None or pcm24k.size == 0:
             return
-        self._send_audio(self.response_id, pcm16_bytes(pcm24k))
+        self._send_audio(self.response_id, pcm16.to_bytes(pcm24k))
         self._num_sent += pcm24k.size
         if self._started_at is None:
             self._started_at = self._clock()

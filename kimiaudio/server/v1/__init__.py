@@ -6,5 +6,5 @@
     GET  /v1/realtime                the Realtime protocol over a WebSocket
 
 Every turn runs through the server's one pipeline, so HTTP, WebSocket and WebRTC turns batch
-together on the device. Errors are OpenAI-shaped (errors.py).
+together on the device. Errors are OpenAI-shaped (server/api_error.py).
 """

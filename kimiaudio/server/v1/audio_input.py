@@ -9,14 +9,12 @@ silent, not longer than audio.max_input_seconds); every failure is a 400 naming 
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 import numpy as np
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import check_speech_input, decode_audio_bytes, resample
 from kimiaudio.errors import AudioInputError
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 
 INPUT_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "aac", "mpeg", "mpga", "pcm16")
 PCM16_RATE = 24000
@@ -24,26 +22,24 @@ PCM16_RATE = 24000
 
 def decode_base64(data, param: str) -> bytes:
     if not isinstance(data, str) or not data:
-        raise V1Error(400, f"{param}: expected base64-encoded audio", "invalid_value", param)
+        raise ApiError(400, "invalid_value", f"{param}: expected base64-encoded audio", param=param)
     try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise V1Error(400, f"{param}: not valid base64", "invalid_base64", param) from None
+        return pcm16.from_base64(data, param)
+    except AudioInputError as exc:
+        raise ApiError(400, "invalid_base64", str(exc), param=param) from None
 
 
 def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
     """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech."""
     if fmt is not None and fmt not in INPUT_FORMATS:
-        raise V1Error(400, f"{param}: unsupported audio format {str(fmt)[:40]!r} (supported: {', '.join(INPUT_FORMATS)})",
-                      "unsupported_format", param)
+        raise ApiError(400, "unsupported_format", f"{param}: unsupported audio format {str(fmt)[:40]!r} "
+                       f"(supported: {', '.join(INPUT_FORMATS)})", param=param)
     try:
         if fmt == "pcm16":
-            if len(raw) % 2:
-                raise AudioInputError(f"{name}: pcm16 audio must have an even number of bytes")
-            pcm = resample(np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0, PCM16_RATE, 16000)
+            pcm = resample(pcm16.to_float(raw, name), PCM16_RATE, 16000)
         else:
             pcm = decode_audio_bytes(raw, name=name)
         check_speech_input(pcm, audio_config)
     except AudioInputError as exc:
-        raise V1Error(400, str(exc), "invalid_audio", param) from None
+        raise ApiError(400, "invalid_audio", str(exc), param=param) from None
     return pcm

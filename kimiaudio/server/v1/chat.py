@@ -24,11 +24,10 @@ from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
-from kimiaudio.server.inputs.json_input import JsonInputError
 from kimiaudio.server.middleware.request_body import read_json
 from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.server.v1.turn_guard import guarded_turn
 from kimiaudio.store.answer_store import new_answer_id, save_answer
@@ -37,10 +36,7 @@ from kimiaudio.store.answer_store import new_answer_id, save_answer
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
-    try:
-        body = await read_json(request)
-    except JsonInputError as exc:
-        raise V1Error(413 if exc.code == "too_large" else 400, str(exc), exc.code) from None
+    body = await read_json(request)  # bad JSON: 400, too large: 413 (the error middleware says so)
     chat = await parse_chat_request(body, config, store, pipeline.can_speak)
     turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
                        sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat))
@@ -50,7 +46,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
         pcm, done = await _collect(handle)
     if done.status != "completed":
-        raise V1Error(500, f"the answer failed ({done.error or done.status})", "generation_failed")
+        raise ApiError(500, "generation_failed", f"the answer failed ({done.error or done.status})")
     message = {"role": "assistant", "content": done.text, "refusal": None}
     if chat.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript
@@ -67,7 +63,7 @@ def _voice(pipeline, chat: ChatRequest):
     try:
         return pipeline.voices.resolve(chat.voice)
     except UnknownVoiceError as exc:
-        raise V1Error(400, str(exc), "invalid_value", "audio.voice") from None
+        raise ApiError(400, "invalid_value", str(exc), param="audio.voice") from None
 
 
 async def _collect(handle) -> tuple[np.ndarray, TurnDone]:

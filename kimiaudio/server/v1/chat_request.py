@@ -24,7 +24,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.client_events import ProtocolError, typed_field
 from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.store.answer_store import load_answer
 
@@ -41,8 +41,8 @@ class ChatRequest:
     sampling: SamplingParams
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> V1Error:
-    return V1Error(400, message, code, param)
+def _bad(message: str, param: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, code, message, param=param)
 
 
 def _option(body: dict, key: str, kinds, what: str):
@@ -67,7 +67,8 @@ async def parse_chat_request(body, config: Config, store, can_speak: bool) -> Ch
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
         audio_format, voice = audio.get("format"), audio.get("voice")
         if audio_format not in FORMATS:
-            raise V1Error(400, f"audio.format: expected one of {', '.join(FORMATS)}", "unsupported_format", "audio.format")
+            raise ApiError(400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}",
+                           param="audio.format")
     if _option(body, "n", int, "1") not in (None, 1):
         raise _bad("n: only one choice is generated", "n")
     stream = bool(_option(body, "stream", bool, "true or false"))
@@ -140,8 +141,9 @@ def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
             audio.append(speech_from_bytes(decode_base64(spec.get("data"), f"{param}.data"), spec.get("format", "wav"),
                                            config.audio, f"{param}.data"))
         else:
-            raise V1Error(400, f"{where}[{j}].type: {str(part.get('type'))[:40]!r} is not supported (text, input_audio)",
-                          "unsupported_content", f"{where}[{j}].type")
+            raise ApiError(400, "unsupported_content",
+                           f"{where}[{j}].type: {str(part.get('type'))[:40]!r} is not supported (text, input_audio)",
+                           param=f"{where}[{j}].type")
     turns = [HistoryTurn("user", text="\n".join(texts))] if any(texts) else []
     if audio:
         joined = np.concatenate(audio)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from kimiaudio.audio.encode import StreamEncoder
 from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.turn_guard import client_gone
 from kimiaudio.store.answer_store import new_answer_id, save_answer
@@ -50,8 +51,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
                 done = event
         if done is None or done.status != "completed":
             error = done.error if done is not None else "the turn ended without a result"
-            await sse.send(response, {"error": {"message": f"the answer failed ({error})", "type": "server_error",
-                                                "param": None, "code": "generation_failed"}})
+            await sse.send_error(response, ApiError(500, "generation_failed", f"the answer failed ({error})"))
             await sse.send_done(response)
             return response
         if encoder is not None:

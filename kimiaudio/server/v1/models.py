@@ -12,19 +12,20 @@ import time
 
 from aiohttp import web
 
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 
 MODEL_ID = "kimi-audio-7b-instruct"
 _CREATED = int(time.time())
 
 
 def check_model(model, param: str = "model") -> str:
-    """The served model id for a request's `model`; V1Error if it names another model."""
+    """The served model id for a request's `model`; ApiError if it names another model."""
     if model is None or model == "":
-        raise V1Error(400, f"{param} is required (this server serves {MODEL_ID!r})", "missing_required_parameter", param)
+        raise ApiError(400, "missing_required_parameter", f"{param} is required (this server serves {MODEL_ID!r})",
+                       param=param)
     if not isinstance(model, str) or model.lower().removeprefix("moonshotai/") != MODEL_ID:
-        raise V1Error(404, f"the model {str(model)[:100]!r} does not exist; this server serves {MODEL_ID!r}",
-                      "model_not_found", param)
+        raise ApiError(404, "model_not_found",
+                       f"the model {str(model)[:100]!r} does not exist; this server serves {MODEL_ID!r}", param=param)
     return MODEL_ID
 
 

@@ -19,28 +19,24 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.prompt import ASR_INSTRUCTION
-from kimiaudio.server.app_keys import config_key, pipeline_key
+from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key
+from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.v1.turn_guard import guarded_turn
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+TEXT_FIELDS = ("model", "response_format", "stream", "language", "prompt", "temperature")
 
 
 async def _form(request: web.Request) -> dict:
-    if not request.content_type.startswith("multipart/form-data"):
-        raise V1Error(415, "expected a multipart/form-data body with the audio as `file`", "unsupported_media_type")
-    try:
-        form = await request.post()  # at most server.max_body_bytes (the app's client_max_size)
-    except ValueError as exc:  # aiohttp's word for a malformed multipart body
-        raise V1Error(400, f"the multipart body could not be read ({exc})", "invalid_multipart") from None
-    upload = form.get("file")
-    if upload is None or not hasattr(upload, "file"):
-        raise V1Error(400, "file is required (the audio, as a multipart file field)", "missing_required_parameter", "file")
-    fields = {key: value for key, value in form.items() if isinstance(value, str)}
-    fields["file"] = (upload.filename or "file", upload.file.read())
+    """The form's text fields by name, and `file`: (its file name, its bytes)."""
+    limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": request.app[max_body_bytes_key]}
+    form = await read_form(request, limits, ("file",), "the audio as `file`")
+    fields = {name: field.text() for name, field in form.items() if name != "file"}
+    fields["file"] = (form["file"].filename or "file", form["file"].data)
     return fields
 
 
@@ -49,7 +45,7 @@ def _flag(value: str | None, param: str) -> bool:
         return False
     if value in ("true", "True", "1"):
         return True
-    raise V1Error(400, f"{param}: expected true or false", "invalid_value", param)
+    raise ApiError(400, "invalid_value", f"{param}: expected true or false", param=param)
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
@@ -58,8 +54,8 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     check_model(fields.get("model"))
     response_format = fields.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
-        raise V1Error(400, f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}", "invalid_value",
-                      "response_format")
+        raise ApiError(400, "invalid_value", f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}",
+                       param="response_format")
     stream = _flag(fields.get("stream"), "stream")
     name, data = fields["file"]
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
@@ -71,7 +67,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             return await _stream(request, handle)
         done = await _last(handle)
     if done.status != "completed":
-        raise V1Error(500, f"the transcription failed ({done.error or done.status})", "transcription_failed")
+        raise ApiError(500, "transcription_failed", f"the transcription failed ({done.error or done.status})")
     return _formatted(done.text.strip(), response_format, seconds, fields.get("language"))
 
 
@@ -79,7 +75,7 @@ async def _last(handle) -> TurnDone:
     async for event in handle:
         if isinstance(event, TurnDone):
             return event
-    raise V1Error(500, "the turn ended without a result", "internal_error")
+    raise ApiError(500, "internal_error", "the turn ended without a result")
 
 
 async def _stream(request: web.Request, handle) -> web.StreamResponse:
@@ -91,8 +87,8 @@ async def _stream(request: web.Request, handle) -> web.StreamResponse:
             await sse.send(response, {"type": "transcript.text.delta", "delta": event.text})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
-                await sse.send(response, {"type": "error", "error": {
-                    "message": f"the transcription failed ({event.error or event.status})", "type": "server_error"}})
+                await sse.send_error(response, ApiError(500, "transcription_failed",
+                                                        f"the transcription failed ({event.error or event.status})"))
             else:
                 await sse.send(response, {"type": "transcript.text.done", "text": text.strip()})
     await sse.send_done(response)

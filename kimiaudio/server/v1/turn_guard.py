@@ -18,7 +18,7 @@ from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.server.v1.errors import V1Error
+from kimiaudio.server.api_error import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ async def guarded_turn(request: web.Request, pipeline, turn: TurnRequest):
     try:
         handle = pipeline.submit(turn)
     except KimiAudioError as exc:  # the pipeline is not running (shutting down)
-        raise V1Error(503, f"the turn could not be started ({exc})", "unavailable") from None
+        raise ApiError(503, "unavailable", f"the turn could not be started ({exc})") from None
 
     async def watch() -> None:
         while handle.done is None:

@@ -1,4 +1,4 @@
-"""A real-time session over a WebSocket (GET /v1/realtime): the OpenAI Realtime transport.
+"""One Realtime WebSocket client (GET /v1/realtime): the connection carrying a RealtimeSession.
 
 The same RealtimeSession as WebRTC's, fed by JSON text messages instead of RTP and a data
 channel: `input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session
@@ -12,7 +12,6 @@ and stores what was heard.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 from concurrent.futures import Executor
@@ -20,12 +19,14 @@ from typing import Callable
 
 from aiohttp import WSMsgType, web
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import StreamResampler
 from kimiaudio.config import Config
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ws_playback import WsPlayback
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,12 @@ MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # an append of up to ~4 min of base64 p
 MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 
 
-class WsSession:
+class RealtimeSocket(ClosesOnce):
+    """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
+
     def __init__(self, session_id: str, ws: web.WebSocketResponse, config: Config, pipeline, store, vad,
-                 vad_executor: Executor, on_closed: Callable[["WsSession"], None], metrics: ServerMetrics | None = None):
+                 vad_executor: Executor, on_closed: Callable[["RealtimeSocket"], None],
+                 metrics: ServerMetrics | None = None):
         self.id = session_id
         self.ws = ws
         self._on_closed = on_closed
@@ -47,8 +51,6 @@ class WsSession:
         self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
-        self.closed = False
-        self._closing: asyncio.Future | None = None
 
     @property
     def is_answering(self) -> bool:
@@ -70,7 +72,7 @@ class WsSession:
                 if self._dropped:
                     break
         finally:
-            await self.close()
+            await self.close("the connection ended")
 
     async def _receive(self, text: str) -> None:
         try:
@@ -86,9 +88,9 @@ class WsSession:
                 log.exception("session %s: handling an event failed", self.id)
             self.session.send_error("invalid_value", str(exc))
 
-    def _to_16k(self, pcm16: bytes):
+    def _to_16k(self, raw: bytes):
         rate = self.session.settings.input_rate
-        pcm = ce.pcm16_to_float(pcm16)
+        pcm = pcm16.to_float(raw)
         if rate == 16000:
             return pcm
         if self._resampler is None or self._resampler.from_sr != rate:
@@ -106,10 +108,10 @@ class WsSession:
             return
         self._outbox.put_nowait(json.dumps(event))
 
-    def _send_audio(self, response_id: str, pcm16: bytes) -> None:
+    def _send_audio(self, response_id: str, raw: bytes) -> None:
         r = self.session.response
         item_id = r.item_id if r is not None and r.id == response_id else ""
-        self.session.send(events.audio_delta(response_id, item_id, base64.b64encode(pcm16).decode("ascii")))
+        self.session.send(events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
 
     async def _write(self) -> None:
         try:
@@ -122,16 +124,9 @@ class WsSession:
             await self.ws.close()  # ends the reader loop too, if it is still waiting
 
     # ----- lifetime -----
-    async def close(self) -> None:
-        """Cancel the turn in progress (storing what was heard), send the last events, close. A
-        second call waits for the first: the app's shutdown must not stop the store while a
-        close begun by the client's hang-up is still storing."""
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        self.closed = True
+    async def _close(self, reason: str) -> None:
+        """Cancel the turn in progress (storing what was heard), send the last events, close (once:
+        closes_once.py)."""
         try:
             await self.session.close()
         finally:
@@ -143,3 +138,4 @@ class WsSession:
                     self._writer.cancel()
             await self.ws.close()
             self._on_closed(self)
+            log.info("session %s closed: %s", self.id, reason)

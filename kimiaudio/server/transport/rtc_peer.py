@@ -1,4 +1,4 @@
-"""A real-time session over WebRTC: the peer connection around a RealtimeSession.
+"""One WebRTC client: its peer connection, carrying a RealtimeSession (RtcPeer).
 
 Follows aiortc's examples/server: one RTCPeerConnection per client, every handler registered
 before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription returns once ICE
@@ -36,6 +36,7 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import events
 
+from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.input_clock import InputClock
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
 from kimiaudio.server.session.realtime_session import RealtimeSession
@@ -53,9 +54,11 @@ FRAME_WAIT_S = 0.002  # recv() took longer: no frame was queued (a queued one re
 HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
 
-class RtcSession:
+class RtcPeer(ClosesOnce):
+    """The peer connection of one client and the RealtimeSession it carries (`session`)."""
+
     def __init__(self, session_id: str, config: Config, pipeline, store: ConversationStore, vad: SileroVad,
-                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcSession"], None],
+                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcPeer"], None],
                  metrics: ServerMetrics):
         self.id = session_id
         self._on_closed = on_closed
@@ -69,8 +72,6 @@ class RtcSession:
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._tasks: set[asyncio.Task] = set()
         self._has_audio_track = False
-        self.closed = False
-        self._closing: asyncio.Future | None = None
 
     # ----- signalling -----
     async def accept(self, offer: RTCSessionDescription) -> RTCSessionDescription:
@@ -172,16 +173,9 @@ class RtcSession:
     def is_answering(self) -> bool:
         return self.session.is_answering
 
-    async def close(self, reason: str = "closed by the server") -> None:
-        """Close the session (storing what was heard), stop every task, close the peer. A second
-        call waits for the first to finish: the app's shutdown must not go on (and stop the VAD
-        thread and the store) while a close begun by the client's hang-up is still storing."""
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close(reason))
-        await asyncio.shield(self._closing)
-
     async def _close(self, reason: str) -> None:
-        self.closed = True
+        """Close the session (storing what was heard), stop every task, close the peer (once:
+        closes_once.py)."""
         try:
             await self.session.close()
         finally:

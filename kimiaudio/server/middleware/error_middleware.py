@@ -1,11 +1,11 @@
-"""HTTP errors as the API answers them, and the middleware that makes every failure one.
+"""The middleware that makes every failure of a request an ApiError (server/api_error.py).
 
 Every error is JSON `{"error": {"message", "type", "param", "code"}}` (OpenAI's error object,
 for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain message. Bad
 input is refused where it enters (request_body.py, path_params.py, sdp_offer.py, the /v1
-parsers) with an ApiError or a KimiAudioError (-> 400); anything else that escapes a handler
-is a bug, logged once with its traceback and answered with a 500 that names no internal
-exception.
+parsers) with an ApiError or a KimiAudioError (-> 400; client JSON that is too large -> 413,
+mapped here only); anything else that escapes a handler is a bug, logged once with its
+traceback and answered with a 500 that names no internal exception.
 A client that hangs up mid-request is one INFO line, not a traceback.
 """
 
@@ -16,27 +16,13 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.json_input import JsonInputError
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
 INTERNAL_MESSAGE = "internal server error (the details are in the server log)"
-
-
-class ApiError(web.HTTPException):
-    """An HTTP error with a JSON body {"error": {"message", "type", "param", "code"}}: OpenAI's
-    shape, so that the /v1 routes' clients read the app-wide errors (401, 421, 503...) too.
-    `param` names the request field at fault; `kind` (the error's type) follows the status
-    unless given."""
-
-    def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None,
-                 param: str | None = None, kind: str | None = None):
-        self.status_code = status
-        self.code, self.message, self.param = code, message, param
-        kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
-        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-        super().__init__(headers=headers, text=web.json_response(body).text, content_type="application/json")
 
 
 def _is_page(path: str) -> bool:
