@@ -243,3 +243,56 @@ def test_serve_says_it_creates_the_demo_checkpoint_only_when_it_does(tmp_path):
     real = load_config(None, {"model": {"path": str(tmp_path / "real")}, "storage": {"data_dir": str(tmp_path)}})
     message = loading_message(real)
     assert str(tmp_path / "real") in message and "demo" not in message
+
+
+def test_in_memory_parts_equal_the_files_loaded(demo):
+    # One generator: the benches' in-memory parts of the demo shape are the demo's files, loaded.
+    from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer
+    from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
+    from kimiaudio.models.bigvgan import load_vocoder
+    from kimiaudio.models.dit import load_dit
+    from kimiaudio.models.kimia_lm import load_lm
+    from kimiaudio.random_weights.modules import RandomParts
+    from kimiaudio.random_weights.shapes import DEMO
+
+    paths = find_checkpoint(demo)
+    parts = RandomParts(DEMO, "cpu", torch.float32, seed=0)
+    pairs = {
+        "lm": (parts.lm(), load_lm(paths, "cpu", torch.float32)),
+        "whisper": (parts.whisper().encoder, WhisperFeatureEncoder.load(paths).encoder),
+        "glm": (parts.glm4().model, Glm4SpeechTokenizer.load(paths).model),
+        "dit": (parts.dit(), load_dit(paths.detokenizer, "cpu", torch.float32)),
+        "vocoder": (parts.vocoder(), load_vocoder(paths.vocoder, "cpu", torch.float32)),
+    }
+    for part, (built, loaded) in pairs.items():
+        ours, theirs = built.state_dict(), loaded.state_dict()
+        assert ours.keys() == theirs.keys(), part
+        for name in ours:
+            assert torch.equal(ours[name], theirs[name]), (part, name)
+
+
+def test_full_shape_fits_the_modules_on_meta():
+    # The real sizes through the same generators and modules, on the meta device: nothing allocated.
+    from kimiaudio.random_weights.modules import RandomParts
+    from kimiaudio.random_weights.shapes import FULL
+
+    parts = RandomParts(FULL, "meta", torch.bfloat16)
+    lm = parts.lm()
+    assert lm.config.vocab_size == 168448 and lm.config.hidden_size == 3584 and lm.config.num_kv_layers == 34
+    assert lm.config.kimia_adaptor_input_dim == 4 * parts.whisper_config["d_model"] == 5120
+    whisper = parts.whisper().encoder
+    glm = parts.glm4().model
+    assert len(whisper.layers) == 32 and len(glm.layers) == FULL.glm.quantize_position
+    assert glm.codebook.weight.shape == (16384, 1280) and glm.codebook.weight.dtype == torch.float32
+    dit, vocoder = parts.dit(), parts.vocoder()
+    assert dit.cfg.semantic_vocab_size == 16384 and vocoder.cfg.hop_size == 480
+    for module in (lm, whisper, glm, dit, vocoder):
+        assert all(t.is_meta for t in module.parameters())
+
+
+def test_unknown_shape_is_a_clear_error():
+    from kimiaudio.errors import KimiAudioError
+    from kimiaudio.random_weights.shapes import shape_named
+
+    with pytest.raises(KimiAudioError, match="'huge': expected one of demo, full, tiny"):
+        shape_named("huge")

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from kimiaudio.bench.memory_budget import GIB, format_memory_budget, memory_budget
-from kimiaudio.bench.random_stack import SHAPES, build_random_stack
+from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.config import load_config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.pipeline import TurnRequest
+from kimiaudio.random_weights.shapes import SHAPES
 from test_pipeline import run_turn, with_pipeline
 
 
@@ -28,7 +29,7 @@ def pcm():
 
 
 def test_parts_and_shapes(stack, pcm):
-    codes = SHAPES["tiny"]["codes"]
+    codes = SHAPES["tiny"].codes
     assert stack.is_demo and stack.dtype == torch.float32 and set(stack.load_seconds) >= {"lm", "detokenizer"}
     assert stack.lm.config.vocab_size == stack.specials.token_offset + codes
     assert stack.detokenizer.dit.cfg.semantic_vocab_size == codes == stack.glm4.model.config.quantize_vocab_size

@@ -1,6 +1,7 @@
 """`bench --random-weights 7b`: engine steps with the real Kimi-Audio-7B shapes.
 
-Random bf16 weights in the official config's shapes (docs/official-model.md, "LM config"), no files.
+Random bf16 weights in the official config's shapes (docs/official-model.md, "LM config"; random_weights/shapes.py FULL, drawn by
+random_weights.modules.random_lm on the GPU), no files.
 - Decode: for each batch size B it keeps B sequences decoding and times engine steps, with
   CUDA graphs and without (same run, one engine each; graphs only exist on CUDA), and
   compares the step time with the weight-bandwidth floor: the bytes of weights one decode
@@ -30,36 +31,22 @@ from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.random_weights.lm import lm_config
+from kimiaudio.random_weights.modules import random_lm
+from kimiaudio.random_weights.shapes import FULL
 
-# config.json of moonshotai/Kimi-Audio-7B-Instruct (shapes only; ids from the official defaults).
-KIMI_AUDIO_7B = dict(
-    hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-    num_key_value_heads=4, vocab_size=168448, kimia_mimo_layers=6, kimia_mimo_transformer_from_layer_index=21,
-    kimia_token_offset=152064, kimia_adaptor_input_dim=5120, rms_norm_eps=1e-6, rope_theta=1e6,
-    max_position_embeddings=8192,
-)
+# The official special-token ids (the prompts here are built by hand in that numbering, not
+# with the demo tokenizer): the LM finds the Whisper features between the media ids.
 SPECIALS_7B = RuleTokens(text_blank=151666, text_eos=151667, msg_end=151645, media_end=151663)
+MEDIA_BEGIN_7B = 151661
 USER_MSG_START, SPEECH_CTD, ASSISTANT_MSG_START = 151670, 151676, 151671  # docs/official-model.md, "Special tokens"
+# config.json of moonshotai/Kimi-Audio-7B-Instruct: the FULL shape's LM, the official media ids.
+KIMI_AUDIO_7B = {**lm_config(FULL), "kimia_media_begin": MEDIA_BEGIN_7B, "kimia_media_end": SPECIALS_7B.media_end}
 PROMPT_LEN = 128
 PREFILL_LEN = 1000  # the long prompt: media begin, PREFILL_LEN - 5 continuous positions, 4 markers
 PREFILL_SLACK = 256  # steps a sequence may decode before its whole batch does
 DECODE_STEPS = 32
 WARMUP_STEPS = 4
-
-
-def random_lm(config: KimiaConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> KimiAudioLM:
-    """The LM with N(0, 0.02) weights (norm weights 1), allocated once on the device."""
-    with torch.device("meta"):
-        lm = KimiAudioLM(config)
-    lm = lm.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in lm.named_parameters():
-            if param.dim() == 1:
-                param.fill_(1.0 if "norm" in name else 0.0)  # norm weights 1, biases 0
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    return lm.fuse_projections().eval().requires_grad_(False)
 
 
 def decode_weight_bytes(lm: KimiAudioLM) -> int:
@@ -197,6 +184,7 @@ def time_prefill(engine: LLMEngine, prompts: Prompts, runs: int = 5) -> list[flo
 
 
 def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) -> int:
+    """The bench on KIMI_AUDIO_7B, or on `shape` (a config.json dict: a shrunken one for tests)."""
     from kimiaudio.checkpoint.paths import resolve_device, resolve_dtype
     from kimiaudio.pipeline.model_stack import freeze_loaded_objects
 
@@ -204,8 +192,8 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     if device.type != "cuda" and shape is None:
         raise KimiAudioError("--random-weights 7b needs a CUDA GPU (about 22 GB); pass --device cuda")
     dtype = resolve_dtype(config.model.dtype, device)
-    lm_config = KimiaConfig.from_dict(shape or KIMI_AUDIO_7B, "random-weights-7b")
-    lm = random_lm(lm_config, device, dtype)
+    lm = random_lm(shape or KIMI_AUDIO_7B, device, dtype)
+    lm_config = lm.config
     weight_bytes = decode_weight_bytes(lm)
     on_gpu = device.type == "cuda"
     bandwidth = copy_bandwidth(device, 1 << 30 if on_gpu else 1 << 24)

@@ -2,9 +2,11 @@
 
 Same file names, config keys and tensor names as moonshotai/Kimi-Audio-7B-Instruct (plus a
 glm-4-voice-tokenizer/ directory, as THUDM/glm-4-voice-tokenizer has it), so the demo runs
-through the same loaders as the real model; only the sizes are tiny. Every value comes from a
-seeded torch.Generator (one per part), so the same seed gives byte-identical files. The
-weights are random: the demo speaks noise. `DEMO_MARKER` in the root says so.
+through the same loaders as the real model; only the sizes are tiny (shapes.DEMO). The
+configs are config_files.py's, the tensors the same generators the benches build their
+in-memory stacks from (modules.py). Every value comes from a seeded torch.Generator (one per
+part), so the same seed gives byte-identical files. The weights are random: the demo speaks
+noise. `DEMO_MARKER` in the root says so.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from kimiaudio.random_weights import encoders as encoders
-from kimiaudio.random_weights import lm as lm
-from kimiaudio.random_weights import speech as speech
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
 from kimiaudio.errors import CheckpointError, KimiAudioError
+from kimiaudio.random_weights import encoders, lm, speech
+from kimiaudio.random_weights.config_files import (DETOKENIZER_DIR, GLM_DIR, VOCODER_DIR, WHISPER_DIR,
+                                                   write_config_files, write_json)
+from kimiaudio.random_weights.shapes import DEMO
 
 GENERATOR_VERSION = 2  # bump when the written weights change: older demo checkpoints are rewritten
 DEMO_DIR_NAME = "demo-checkpoint"
@@ -32,7 +35,7 @@ def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = F
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise KimiAudioError(f"{out}: not empty; the demo checkpoint is written into an empty directory")
-    steps = [_write_text_tokenizer, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder, _write_marker]
+    steps = [_write_configs, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder, _write_marker]
     for step in _progress(steps, progress):
         step(out, seed)
     return out
@@ -86,50 +89,29 @@ def _is_complete(root: Path) -> bool:
     return True
 
 
-def _write_text_tokenizer(out: Path, seed: int) -> None:
-    (out / "tiktoken.model").write_text(lm.tiktoken_model(), encoding="utf-8")
-    _write_json(out / "tokenizer_config.json", lm.tokenizer_config())
+def _write_configs(out: Path, seed: int) -> None:
+    write_config_files(out, DEMO)
 
 
 def _write_lm(out: Path, seed: int) -> None:
-    _write_json(out / "config.json", lm.lm_config())
-    _save_safetensors(lm.lm_tensors(seed), out / "model.safetensors")
-
-
-# ---- audio parts (configs and tensors: encoders.py, speech.py) ---------------------------------
+    _save_safetensors(lm.lm_tensors(seed, lm.lm_config(DEMO)), out / "model.safetensors")
 
 
 def _write_whisper(out: Path, seed: int) -> None:
-    config = encoders.whisper_config()
-    folder = out / "whisper-large-v3"
-    folder.mkdir()
-    _write_json(folder / "config.json", config)
-    _write_json(folder / "preprocessor_config.json", encoders.preprocessor_config())
-    _save_safetensors(encoders.whisper_tensors(seed, config), folder / "model.safetensors")
+    tensors = encoders.whisper_tensors(seed, encoders.whisper_config(DEMO))
+    _save_safetensors(tensors, out / WHISPER_DIR / "model.safetensors")
 
 
 def _write_glm(out: Path, seed: int) -> None:
-    folder = out / "glm-4-voice-tokenizer"
-    folder.mkdir()
-    _write_json(folder / "config.json", encoders.glm_config())
-    _write_json(folder / "preprocessor_config.json", encoders.preprocessor_config())
-    _save_safetensors(encoders.glm_tensors(seed), folder / "model.safetensors")
+    _save_safetensors(encoders.glm_tensors(seed, DEMO), out / GLM_DIR / "model.safetensors")
 
 
 def _write_detokenizer(out: Path, seed: int) -> None:
-    import yaml
-
-    folder = out / "audio_detokenizer"
-    folder.mkdir()
-    (folder / "config.yaml").write_text(yaml.safe_dump(speech.dit_yaml(), sort_keys=False), encoding="utf-8")
-    _save_torch({"state_dict": speech.dit_tensors(seed)}, folder / "model.pt")
+    _save_torch({"state_dict": speech.dit_tensors(seed, DEMO)}, out / DETOKENIZER_DIR / "model.pt")
 
 
 def _write_vocoder(out: Path, seed: int) -> None:
-    folder = out / "vocoder"
-    folder.mkdir()
-    _write_json(folder / "config.json", speech.vocoder_config(), sort_keys=False)
-    _save_torch({"generator": speech.vocoder_tensors(seed)}, folder / "model.pt")
+    _save_torch({"generator": speech.vocoder_tensors(seed, DEMO)}, out / VOCODER_DIR / "model.pt")
 
 
 # ---- marker and file helpers --------------------------------------------------------------
@@ -160,11 +142,7 @@ def _write_marker(out: Path, seed: int) -> None:
             ),
         },
     }
-    _write_json(out / DEMO_MARKER, marker)
-
-
-def _write_json(path: Path, data: dict, sort_keys: bool = True) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out / DEMO_MARKER, marker)
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:

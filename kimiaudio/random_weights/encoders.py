@@ -1,9 +1,9 @@
-"""The demo checkpoint's audio sizes and seeded init, and its audio encoders' configs and tensors.
+"""The audio encoders' configs and seeded tensors for a StackShape (shapes.py).
 
 whisper-large-v3/ (a transformers WhisperModel) and glm-4-voice-tokenizer/ (GLM-4-Voice's
-WhisperVQEncoder, quantizer layers only): the official config keys and tensor names, tiny
-sizes; whisper's sinusoid positions are computed as the official code computes them. The
-speech output's parts (DiT, BigVGAN) are in speech.py; random_weights/demo_checkpoint.py writes both.
+WhisperVQEncoder, quantizer layers only): the official config keys and tensor names, the
+shape's sizes; whisper's sinusoid positions are computed as the official code computes them.
+The speech output's parts (DiT, BigVGAN) are in speech.py, the LM in lm.py.
 """
 
 from __future__ import annotations
@@ -12,40 +12,26 @@ import math
 
 import torch
 
-NUM_CODES = 256  # GLM-4-Voice codebook size = LM audio codes = DiT semantic vocab (real: 16384)
-WHISPER = dict(d_model=64, encoder_layers=2, heads=2, ffn=128, decoder_layers=1, max_target=16, vocab=64)
-GLM = dict(d_model=64, encoder_layers=4, quantize_position=2, heads=2, ffn=128, pooling=4, block=200)
-DIT = dict(hidden=128, depth=2, heads=4, mlp_ratio=2.0)
-VOCODER = dict(upsample_rates=[8, 6, 10], upsample_kernel_sizes=[16, 12, 20], channels=32, kernels=[3, 7])
+from kimiaudio.random_weights.seeded_init import SeededInit
+from kimiaudio.random_weights.shapes import StackShape, WhisperShape
+
+# The Whisper decoder is never run (only the encoder's features are used), so every shape
+# writes the same stub of it: the official layout, at the smallest sizes.
+DECODER_STUB = dict(layers=1, max_target=16, vocab=64)
 MAX_SOURCE_POSITIONS = 1500  # whisper 30 s at 50 Hz
 NUM_MELS = 80
-
-
-class SeededInit:
-    """Seeded tensors: weights N(0, 1/sqrt(fan_in)) clipped to [0.02, 0.2], small biases.
-    One generator per part (`part`), so changing one part leaves the others' values alone."""
-
-    def __init__(self, seed: int, part: int):
-        self.gen = torch.Generator().manual_seed(seed * 1009 + part)
-
-    def normal(self, shape, std: float) -> torch.Tensor:
-        return torch.randn(tuple(shape), generator=self.gen) * std
-
-    def weight(self, *shape: int, fan_in: int | None = None, gain: float = 1.0) -> torch.Tensor:
-        fan = fan_in if fan_in is not None else math.prod(shape[1:])
-        return self.normal(shape, gain * min(0.2, max(0.02, fan**-0.5)))
-
-    def bias(self, n: int) -> torch.Tensor:
-        return self.normal((n,), 0.02)
 
 
 # ---- whisper-large-v3 and glm-4-voice-tokenizer (both Whisper encoders) ----------------------
 
 
-def whisper_config(sizes: dict | None = None) -> dict:
+def whisper_config(shape: StackShape) -> dict:
     """The config.json keys transformers 4.51 writes for a WhisperModel, in sorted order."""
-    sizes = sizes or WHISPER
-    d_model, encoder_layers, heads, ffn = sizes["d_model"], sizes["encoder_layers"], sizes["heads"], sizes["ffn"]
+    return _whisper_keys(shape.whisper)
+
+
+def _whisper_keys(sizes: WhisperShape) -> dict:
+    d_model, encoder_layers, heads, ffn = sizes.d_model, sizes.layers, sizes.heads, sizes.ffn
     return {
         "activation_dropout": 0.0,
         "activation_function": "gelu",
@@ -53,20 +39,20 @@ def whisper_config(sizes: dict | None = None) -> dict:
         "architectures": ["WhisperModel"],
         "attention_dropout": 0.0,
         "begin_suppress_tokens": None,
-        "bos_token_id": WHISPER["vocab"] - 2,
+        "bos_token_id": DECODER_STUB["vocab"] - 2,
         "classifier_proj_size": 256,
         "d_model": d_model,
         "decoder_attention_heads": heads,
         "decoder_ffn_dim": ffn,
         "decoder_layerdrop": 0.0,
-        "decoder_layers": WHISPER["decoder_layers"],
-        "decoder_start_token_id": WHISPER["vocab"] - 3,
+        "decoder_layers": DECODER_STUB["layers"],
+        "decoder_start_token_id": DECODER_STUB["vocab"] - 3,
         "dropout": 0.0,
         "encoder_attention_heads": heads,
         "encoder_ffn_dim": ffn,
         "encoder_layerdrop": 0.0,
         "encoder_layers": encoder_layers,
-        "eos_token_id": WHISPER["vocab"] - 2,
+        "eos_token_id": DECODER_STUB["vocab"] - 2,
         "init_std": 0.02,
         "is_encoder_decoder": True,
         "mask_feature_length": 10,
@@ -76,18 +62,18 @@ def whisper_config(sizes: dict | None = None) -> dict:
         "mask_time_min_masks": 2,
         "mask_time_prob": 0.05,
         "max_source_positions": MAX_SOURCE_POSITIONS,
-        "max_target_positions": WHISPER["max_target"],
+        "max_target_positions": DECODER_STUB["max_target"],
         "median_filter_width": 7,
         "model_type": "whisper",
         "num_hidden_layers": encoder_layers,
         "num_mel_bins": 128,
-        "pad_token_id": WHISPER["vocab"] - 1,
+        "pad_token_id": DECODER_STUB["vocab"] - 1,
         "scale_embedding": False,
         "torch_dtype": "float32",
         "transformers_version": "4.51.3",
         "use_cache": True,
         "use_weighted_layer_sum": False,
-        "vocab_size": WHISPER["vocab"],
+        "vocab_size": DECODER_STUB["vocab"],
     }
 
 
@@ -124,8 +110,8 @@ def _encoder_layer_tensors(init: SeededInit, prefix: str, d: int, ffn: int) -> d
         if name != "k_proj":  # whisper's k_proj has no bias
             t[f"{prefix}self_attn.{name}.bias"] = init.bias(d)
     for norm in ("self_attn_layer_norm", "final_layer_norm"):
-        t[f"{prefix}{norm}.weight"] = torch.ones(d)
-        t[f"{prefix}{norm}.bias"] = torch.zeros(d)
+        t[f"{prefix}{norm}.weight"] = init.ones(d)
+        t[f"{prefix}{norm}.bias"] = init.zeros(d)
     t[f"{prefix}fc1.weight"] = init.weight(ffn, d)
     t[f"{prefix}fc1.bias"] = init.bias(ffn)
     t[f"{prefix}fc2.weight"] = init.weight(d, ffn)
@@ -133,7 +119,7 @@ def _encoder_layer_tensors(init: SeededInit, prefix: str, d: int, ffn: int) -> d
     return t
 
 
-def whisper_tensors(seed: int, config: dict) -> dict[str, torch.Tensor]:
+def whisper_tensors(seed: int, config: dict, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Every tensor a transformers WhisperModel of `config` has (names and shapes taken from
     the model built on the meta device, so nothing is allocated or drawn by transformers)."""
     from transformers import WhisperConfig, WhisperModel
@@ -141,14 +127,14 @@ def whisper_tensors(seed: int, config: dict) -> dict[str, torch.Tensor]:
     hf_config = WhisperConfig(**{k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})
     with torch.device("meta"):
         shapes = {name: tuple(p.shape) for name, p in WhisperModel(hf_config).state_dict().items()}
-    init = SeededInit(seed, 2)
+    init = SeededInit(seed, 2, device, dtype)
     t = {}
     for name in sorted(shapes):
         shape = shapes[name]
         if name == "encoder.embed_positions.weight":
-            t[name] = _sinusoids(*shape)
+            t[name] = init.fixed(_sinusoids(*shape))
         elif "layer_norm" in name:
-            t[name] = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+            t[name] = init.ones(*shape) if name.endswith("weight") else init.zeros(*shape)
         elif name.endswith("bias"):
             t[name] = init.bias(shape[0])
         else:
@@ -156,47 +142,50 @@ def whisper_tensors(seed: int, config: dict) -> dict[str, torch.Tensor]:
     return t
 
 
-def glm_config() -> dict:
-    config = whisper_config(GLM)
+def glm_config(shape: StackShape) -> dict:
+    glm = shape.glm
+    config = _whisper_keys(WhisperShape(d_model=glm.d_model, layers=glm.layers, heads=glm.heads, ffn=glm.ffn))
     config["architectures"] = ["WhisperVQEncoder"]
     config.update(
         encoder_causal_attention=False,
         encoder_causal_convolution=True,
-        pooling_kernel_size=GLM["pooling"],
-        pooling_position=GLM["quantize_position"],
+        pooling_kernel_size=glm.pooling,
+        pooling_position=glm.quantize_position,
         pooling_type="avg",
-        quantize_causal_block_size=GLM["block"],
+        quantize_causal_block_size=glm.block,
         quantize_causal_encoder=False,
         quantize_commit_coefficient=0.25,
         quantize_ema_decay=0.99,
         quantize_encoder_only=True,
         quantize_loss_scale=10.0,
-        quantize_position=GLM["quantize_position"],
+        quantize_position=glm.quantize_position,
         quantize_restart_interval=100,
-        quantize_vocab_size=NUM_CODES,
+        quantize_vocab_size=shape.codes,
         skip_language_detection=True,
     )
     return dict(sorted(config.items()))
 
 
-def glm_tensors(seed: int) -> dict[str, torch.Tensor]:
-    init = SeededInit(seed, 3)
-    d = GLM["d_model"]
+def glm_tensors(seed: int, shape: StackShape, device="cpu") -> dict[str, torch.Tensor]:
+    """The quantizing encoder's tensors, float32 as official (and as GLM-4-Voice runs it)."""
+    init = SeededInit(seed, 3, device)
+    glm = shape.glm
+    d = glm.d_model
     t = {
         "conv1.weight": init.weight(d, 128, 3),
         "conv1.bias": init.bias(d),
         "conv2.weight": init.weight(d, d, 3),
         "conv2.bias": init.bias(d),
-        "embed_positions.weight": _sinusoids(MAX_SOURCE_POSITIONS, d),
-        "embed_positions2.weight": _sinusoids(MAX_SOURCE_POSITIONS // GLM["pooling"], d),
+        "embed_positions.weight": init.fixed(_sinusoids(MAX_SOURCE_POSITIONS, d)),
+        "embed_positions2.weight": init.fixed(_sinusoids(MAX_SOURCE_POSITIONS // glm.pooling, d)),
     }
     # quantize_encoder_only: only the layers before the quantizer exist.
-    for i in range(GLM["quantize_position"]):
-        t.update(_encoder_layer_tensors(init, f"layers.{i}.", d, GLM["ffn"]))
+    for i in range(glm.quantize_position):
+        t.update(_encoder_layer_tensors(init, f"layers.{i}.", d, glm.ffn))
     # Rows of equal norm, so the nearest code depends on direction and every code gets used.
-    codebook = init.normal((NUM_CODES, d), 1.0)
+    codebook = init.normal((shape.codes, d), 1.0)
     codebook = codebook / codebook.norm(dim=1, keepdim=True) * math.sqrt(d)
     t["codebook.weight"] = codebook
-    t["ema_count"] = torch.ones(NUM_CODES)
+    t["ema_count"] = init.ones(shape.codes)
     t["ema_weight"] = codebook.clone()
     return t

@@ -1,17 +1,17 @@
-"""The demo checkpoint's text tokenizer and LM (MoonshotKimiaForCausalLM): the official config
-keys and tensor names at tiny sizes, seeded (random_weights/demo_checkpoint.py writes them)."""
+"""The random checkpoints' text tokenizer and LM (MoonshotKimiaForCausalLM): the official config
+keys and tensor names at a StackShape's sizes (shapes.py), seeded. Every shape shares the
+tokenizer, so the special ids in config.json are the demo tokenizer's whatever the sizes."""
 
 from __future__ import annotations
 
 import torch
 
-from kimiaudio.random_weights.encoders import NUM_CODES, WHISPER, SeededInit
+from kimiaudio.random_weights.seeded_init import SeededInit
+from kimiaudio.random_weights.shapes import StackShape
 from kimiaudio.text.special_tokens import official_special_names
 
 NUM_BYTE_TOKENS = 256  # the text vocabulary: one BPE rank per byte, no merges
 NUM_SPECIAL = 64  # the first 64 special tokens, in the official order
-NUM_AUDIO_SPECIAL = 16  # only named in config.json (real: 512)
-LM = dict(hidden=128, ffn=256, layers=4, heads=4, kv_heads=2, mimo_layers=2, mimo_from=2)
 # The mimo_output row of <|im_msg_end|> is scaled by this factor so that, with the default
 # sampling (audio temperature 0.8, top-k 10), seed-0 demo replies end after a few seconds:
 # measured over 8 prompts x 5 seeds, 10..80 audio steps (median ~40 = 3 s). 1.0 gives a median
@@ -58,8 +58,11 @@ def _special(name: str) -> int:
 # ---- LM (MoonshotKimiaForCausalLM) ----------------------------------------------------------
 
 
-def lm_config() -> dict:
-    offset = NUM_BYTE_TOKENS + NUM_SPECIAL
+def lm_config(shape: StackShape) -> dict:
+    """config.json: the shape's sizes; speech codes at `token_offset`, by default right after
+    the tokenizer's text and special ids."""
+    lm = shape.lm
+    offset = lm.token_offset if lm.token_offset is not None else NUM_BYTE_TOKENS + NUM_SPECIAL
     return {
         "architectures": ["MoonshotKimiaForCausalLM"],
         "attention_dropout": 0.0,
@@ -71,26 +74,26 @@ def lm_config() -> dict:
         "bos_token_id": _special("[BOS]"),
         "eos_token_id": _special("[EOS]"),
         "hidden_act": "silu",
-        "hidden_size": LM["hidden"],
+        "hidden_size": lm.hidden,
         "initializer_range": 0.02,
-        "intermediate_size": LM["ffn"],
-        "kimia_adaptor_input_dim": 4 * WHISPER["d_model"],  # 4 stacked 50 Hz whisper frames
-        "kimia_audio_output_vocab": NUM_CODES + NUM_AUDIO_SPECIAL,
+        "intermediate_size": lm.ffn,
+        "kimia_adaptor_input_dim": 4 * shape.whisper.d_model,  # 4 stacked 50 Hz whisper frames
+        "kimia_audio_output_vocab": shape.codes + lm.audio_special,
         "kimia_media_begin": _special("<|im_media_begin|>"),
         "kimia_media_end": _special("<|im_media_end|>"),
         "kimia_mimo_audiodelaytokens": 6,
-        "kimia_mimo_layers": LM["mimo_layers"],
-        "kimia_mimo_transformer_from_layer_index": LM["mimo_from"],
+        "kimia_mimo_layers": lm.mimo_layers,
+        "kimia_mimo_transformer_from_layer_index": lm.mimo_from,
         "kimia_text_output_vocab": offset,
         "kimia_token_offset": offset,
         "max_position_embeddings": 8192,
         "max_window_layers": 28,
         "model_type": "moonshot_kimia",
-        "num_attention_heads": LM["heads"],
-        "num_audio_special_tokens": NUM_AUDIO_SPECIAL,
+        "num_attention_heads": lm.heads,
+        "num_audio_special_tokens": lm.audio_special,
         "num_base_tokens": NUM_BYTE_TOKENS,
-        "num_hidden_layers": LM["layers"],
-        "num_key_value_heads": LM["kv_heads"],
+        "num_hidden_layers": lm.layers,
+        "num_key_value_heads": lm.kv_heads,
         "pad_token_id": _special(official_special_names(NUM_SPECIAL)[-1]),
         "rms_norm_eps": 1e-06,
         "rope_scaling": None,
@@ -102,13 +105,13 @@ def lm_config() -> dict:
         "use_cache": True,
         "use_sliding_window": False,
         "use_whisper_feature": True,
-        "vocab_size": offset + NUM_CODES,
+        "vocab_size": offset + shape.codes,
     }
 
 
-def lm_tensors(seed: int) -> dict[str, torch.Tensor]:
-    init = SeededInit(seed, 1)
-    cfg = lm_config()
+def lm_tensors(seed: int, cfg: dict, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Every tensor of the LM that config.json `cfg` describes, by its official name."""
+    init = SeededInit(seed, 1, device, dtype)
     h, ffn, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
     adaptor_in = cfg["kimia_adaptor_input_dim"]
@@ -118,8 +121,8 @@ def lm_tensors(seed: int) -> dict[str, torch.Tensor]:
     layers = [f"model.layers.{i}." for i in range(cfg["num_hidden_layers"])]
     layers += [f"model.mimo_layers.{i}." for i in range(cfg["kimia_mimo_layers"])]
     for p in layers:
-        t[p + "input_layernorm.weight"] = torch.ones(h)
-        t[p + "post_attention_layernorm.weight"] = torch.ones(h)
+        t[p + "input_layernorm.weight"] = init.ones(h)
+        t[p + "post_attention_layernorm.weight"] = init.ones(h)
         for name, rows in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
             t[p + f"self_attn.{name}.weight"] = init.weight(rows, h)
             t[p + f"self_attn.{name}.bias"] = init.bias(rows)
@@ -127,15 +130,15 @@ def lm_tensors(seed: int) -> dict[str, torch.Tensor]:
         t[p + "mlp.gate_proj.weight"] = init.weight(ffn, h)
         t[p + "mlp.up_proj.weight"] = init.weight(ffn, h)
         t[p + "mlp.down_proj.weight"] = init.weight(h, ffn)
-    t["model.norm.weight"] = torch.ones(h)
-    t["model.mimo_norm.weight"] = torch.ones(h)
+    t["model.norm.weight"] = init.ones(h)
+    t["model.mimo_norm.weight"] = init.ones(h)
     # VQ adaptor: Linear(adaptor_in, h) . SiLU . Dropout . Linear(h, h) . LayerNorm(h)
     t["model.vq_adaptor.layers.0.weight"] = init.weight(h, adaptor_in)
     t["model.vq_adaptor.layers.0.bias"] = init.bias(h)
     t["model.vq_adaptor.layers.3.weight"] = init.weight(h, h)
     t["model.vq_adaptor.layers.3.bias"] = init.bias(h)
-    t["model.vq_adaptor.layers.4.weight"] = torch.ones(h)
-    t["model.vq_adaptor.layers.4.bias"] = torch.zeros(h)
+    t["model.vq_adaptor.layers.4.weight"] = init.ones(h)
+    t["model.vq_adaptor.layers.4.bias"] = init.zeros(h)
     lm_head = init.weight(vocab, h)
     lm_head[_special("<|im_kimia_text_eos|>")] *= TEXT_EOS_ROW_SCALE
     t["lm_head.weight"] = lm_head

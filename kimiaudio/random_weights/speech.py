@@ -1,7 +1,7 @@
-"""Configs and seeded random tensors of the demo checkpoint's speech output: audio_detokenizer/
-(the DiT of the flow-matching detokenizer) and vocoder/ (BigVGAN), the official config keys and
-tensor names at tiny sizes. BigVGAN's kaiser-sinc anti-alias filters are computed as the
-official code computes them. The shared sizes and the seeded init live in encoders.py.
+"""Configs and seeded random tensors of the speech output for a StackShape (shapes.py):
+audio_detokenizer/ (the DiT of the flow-matching detokenizer) and vocoder/ (BigVGAN), the
+official config keys and tensor names at the shape's sizes. BigVGAN's kaiser-sinc anti-alias
+filters are computed as the official code computes them.
 """
 
 from __future__ import annotations
@@ -9,22 +9,25 @@ from __future__ import annotations
 import torch
 
 from kimiaudio.models.bigvgan import kaiser_sinc_lowpass
-from kimiaudio.random_weights.encoders import DIT, NUM_CODES, NUM_MELS, VOCODER, SeededInit
+from kimiaudio.random_weights.encoders import NUM_MELS
+from kimiaudio.random_weights.seeded_init import SeededInit
+from kimiaudio.random_weights.shapes import StackShape
 
 
 # ---- audio detokenizer (DiT flow matching) ------------------------------------------------
 
 
-def dit_yaml() -> dict:
+def dit_yaml(shape: StackShape) -> dict:
+    dit = shape.dit
     return {
         "model": {
             "dit": {
                 "input_size": NUM_MELS,
-                "semantic_vocab_size": NUM_CODES,
-                "hidden_size": DIT["hidden"],
-                "depth": DIT["depth"],
-                "num_heads": DIT["heads"],
-                "mlp_ratio": DIT["mlp_ratio"],
+                "semantic_vocab_size": shape.codes,
+                "hidden_size": dit.hidden,
+                "depth": dit.depth,
+                "num_heads": dit.heads,
+                "mlp_ratio": dit.mlp_ratio,
                 "ffn_type": "vanilla_mlp",
                 "ffn_gated_glu": False,
                 "ffn_act_layer": "gelu",
@@ -43,9 +46,9 @@ def dit_yaml() -> dict:
     }
 
 
-def dit_tensors(seed: int) -> dict[str, torch.Tensor]:
-    init = SeededInit(seed, 4)
-    h, ffn = DIT["hidden"], int(DIT["hidden"] * DIT["mlp_ratio"])
+def dit_tensors(seed: int, shape: StackShape, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    init = SeededInit(seed, 4, device, dtype)
+    h, ffn = shape.dit.hidden, int(shape.dit.hidden * shape.dit.mlp_ratio)
     p = "speech_model."
     t = {
         p + "t_embedder.mlp.0.weight": init.weight(h, 256),
@@ -53,11 +56,11 @@ def dit_tensors(seed: int) -> dict[str, torch.Tensor]:
         p + "t_embedder.mlp.2.weight": init.weight(h, h),
         p + "t_embedder.mlp.2.bias": init.bias(h),
         # +1 row: the null condition of classifier-free guidance
-        p + "semantic_token_embedding.weight": init.normal((NUM_CODES + 1, h), 1.0),
+        p + "semantic_token_embedding.weight": init.normal((shape.codes + 1, h), 1.0),
         p + "input_linear.weight": init.weight(h, NUM_MELS),
         p + "input_linear.bias": init.bias(h),
     }
-    for i in range(DIT["depth"]):
+    for i in range(shape.dit.depth):
         b = f"{p}blocks.{i}."
         t[b + "attn.qkv.weight"] = init.weight(3 * h, h)
         t[b + "attn.qkv.bias"] = init.bias(3 * h)
@@ -80,8 +83,9 @@ def dit_tensors(seed: int) -> dict[str, torch.Tensor]:
 # ---- vocoder (BigVGAN) ------------------------------------------------------------------
 
 
-def vocoder_config() -> dict:
-    kernels = VOCODER["kernels"]
+def vocoder_config(shape: StackShape) -> dict:
+    vocoder = shape.vocoder
+    kernels = list(vocoder.kernels)
     return {
         "resblock": "1",
         "num_gpus": 0,
@@ -91,9 +95,9 @@ def vocoder_config() -> dict:
         "adam_b2": 0.99,
         "lr_decay": 0.999,
         "seed": 1234,
-        "upsample_rates": VOCODER["upsample_rates"],  # product = hop_size 480 (50 Hz -> 24 kHz)
-        "upsample_kernel_sizes": VOCODER["upsample_kernel_sizes"],
-        "upsample_initial_channel": VOCODER["channels"],
+        "upsample_rates": list(vocoder.upsample_rates),  # product = hop_size 480 (50 Hz -> 24 kHz)
+        "upsample_kernel_sizes": list(vocoder.upsample_kernel_sizes),
+        "upsample_initial_channel": vocoder.channels,
         "resblock_kernel_sizes": kernels,
         "resblock_dilation_sizes": [[1, 3, 5] for _ in kernels],
         "activation": "snakebeta",
@@ -122,18 +126,18 @@ def _weight_norm_conv(init: SeededInit, t: dict, prefix: str, shape: tuple, fan_
         t[prefix + "bias"] = init.bias(bias)
 
 
-def _anti_aliased_snake(t: dict, prefix: str, channels: int) -> None:
+def _anti_aliased_snake(init: SeededInit, t: dict, prefix: str, channels: int) -> None:
     # SnakeBeta with log-scale parameters: zeros = alpha = beta = 1 (BigVGAN's init).
-    t[prefix + "act.alpha"] = torch.zeros(channels)
-    t[prefix + "act.beta"] = torch.zeros(channels)
+    t[prefix + "act.alpha"] = init.zeros(channels)
+    t[prefix + "act.beta"] = init.zeros(channels)
     lowpass = kaiser_sinc_lowpass(cutoff=0.25, half_width=0.3, taps=12)  # ratio 2: 0.5/2, 0.6/2
-    t[prefix + "upsample.filter"] = lowpass.clone()
-    t[prefix + "downsample.lowpass.filter"] = lowpass.clone()
+    t[prefix + "upsample.filter"] = init.fixed(lowpass)
+    t[prefix + "downsample.lowpass.filter"] = init.fixed(lowpass)
 
 
-def vocoder_tensors(seed: int) -> dict[str, torch.Tensor]:
-    init = SeededInit(seed, 5)
-    cfg = vocoder_config()
+def vocoder_tensors(seed: int, shape: StackShape, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    init = SeededInit(seed, 5, device, dtype)
+    cfg = vocoder_config(shape)
     ch = cfg["upsample_initial_channel"]
     t: dict[str, torch.Tensor] = {}
     _weight_norm_conv(init, t, "conv_pre.", (ch, NUM_MELS, 7), fan_in=NUM_MELS * 7, bias=ch)
@@ -150,9 +154,9 @@ def vocoder_tensors(seed: int) -> dict[str, torch.Tensor]:
                 for n in range(len(dilations)):
                     _weight_norm_conv(init, t, f"{r}{group}.{n}.", (c, c, k), fan_in=c * k, bias=c)
             for n in range(2 * len(dilations)):
-                _anti_aliased_snake(t, f"{r}activations.{n}.", c)
+                _anti_aliased_snake(init, t, f"{r}activations.{n}.", c)
     c_last = ch // 2 ** len(cfg["upsample_rates"])
-    _anti_aliased_snake(t, "activation_post.", c_last)
+    _anti_aliased_snake(init, t, "activation_post.", c_last)
     # The random stack's output is loud (rms ~20 for seed 0); this gain brings the noise the demo
     # speaks to rms ~0.1, peaks ~0.5, inside the final clamp(-1, 1) instead of clipped.
     _weight_norm_conv(init, t, "conv_post.", (1, c_last, 7), fan_in=c_last * 7, gain=0.004)
