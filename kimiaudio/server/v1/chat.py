@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: audio (and text) in; text, or speech and its transcript, out.
 
-The request becomes one pipeline turn (chat_request.py), run in the shared pipeline and
+The request becomes one pipeline turn (chat_body.py), run in the shared pipeline and
 cancelled at once if the client goes away (turn_guard.py). Without `stream` the answer is
 one chat.completion: `message.content` (text answers) or `message.audio` {id, data (the
 whole answer encoded in audio.format, base64), transcript, expires_at}. A spoken answer is
@@ -26,7 +26,7 @@ from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
 from kimiaudio.server.inputs.json_input import JsonInputError
 from kimiaudio.server.middleware.request_body import read_json
-from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
+from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
 from kimiaudio.server.v1.errors import V1Error
 from kimiaudio.server.v1.models import MODEL_ID
@@ -41,7 +41,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
     except JsonInputError as exc:
         raise V1Error(413 if exc.code == "too_large" else 400, str(exc), exc.code) from None
-    chat = await parse_chat_request(body, config, store, pipeline.can_speak)
+    chat = await parse_chat_body(body, config, store, pipeline.can_speak)
     turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
                        sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat))
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
