@@ -24,6 +24,7 @@ import time
 from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -180,7 +181,7 @@ class LmWorker(Worker):
         turn = LmTurn(handle, specials.token_offset, specials.text_eos, speaks)
         turn.timings["queued_s"] = pending.queued_s
         turn.mark("encoded_s")
-        handle.deliver(UserEncoded(list(codes), len(request.user_audio) / 16000))
+        handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
         turn.seq_id = self.engine.add_request(EngineRequest(
             handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
             params, output_type, specials))

@@ -21,6 +21,7 @@ from typing import Callable
 from aiohttp import WSMsgType, web
 
 from kimiaudio.audio.io import StreamResampler
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
@@ -89,10 +90,10 @@ class WsSession:
     def _to_16k(self, pcm16: bytes):
         rate = self.session.settings.input_rate
         pcm = ce.pcm16_to_float(pcm16)
-        if rate == 16000:
+        if rate == SPEECH_INPUT_RATE:
             return pcm
         if self._resampler is None or self._resampler.from_sr != rate:
-            self._resampler = StreamResampler(rate, 16000)
+            self._resampler = StreamResampler(rate, SPEECH_INPUT_RATE)
         return self._resampler.push(pcm)
 
     # ----- events out -----

@@ -15,11 +15,11 @@ import binascii
 import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, decode_audio_bytes, resample
+from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError
 from kimiaudio.server.v1.errors import V1Error
 
 INPUT_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "aac", "mpeg", "mpga", "pcm16")
-PCM16_RATE = 24000
 
 
 def decode_base64(data, param: str) -> bytes:
@@ -40,7 +40,7 @@ def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, nam
         if fmt == "pcm16":
             if len(raw) % 2:
                 raise AudioInputError(f"{name}: pcm16 audio must have an even number of bytes")
-            pcm = resample(np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0, PCM16_RATE, 16000)
+            pcm = resample(np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0, OPENAI_PCM16_RATE, SPEECH_INPUT_RATE)
         else:
             pcm = decode_audio_bytes(raw, name=name)
         check_speech_input(pcm, audio_config)

@@ -20,7 +20,8 @@ import numpy as np
 from aiohttp import web
 
 from kimiaudio.audio.encode import encode_audio
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
@@ -82,6 +83,6 @@ async def _collect(handle) -> tuple[np.ndarray, TurnDone]:
 
 async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store, ttl_s: float) -> dict:
     answer = await save_answer(store, new_answer_id(), done.text, done.audio_tokens, pcm, ttl_s)
-    data = encode_audio(pcm, chat.audio_format, PCM_SAMPLE_RATE)
+    data = encode_audio(pcm, chat.audio_format, SPEECH_OUTPUT_RATE)
     return {"id": answer.id, "data": base64.b64encode(data).decode("ascii"), "transcript": done.text,
             "expires_at": int(answer.expires_at)}
