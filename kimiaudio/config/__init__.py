@@ -4,7 +4,9 @@
 checks every key against the dataclasses below, and applies CLI overrides. Each field
 declares its range next to its default (`setting`, see validation.py); an unknown key, a value of
 the wrong type or out of range is a ConfigError `section.key: expected <what>, got <value>`.
-session.update (server/events.py) and SamplingParams are checked against the same ranges.
+A session.update (server/session/client_events.py), a chat request's sampling overrides and
+SamplingParams built in code are checked against the same ranges; the rules between settings
+follow the ranges (`_validate`; the detokenizer's in chunk_schedule.py).
 """
 
 from __future__ import annotations

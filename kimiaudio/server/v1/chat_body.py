@@ -59,7 +59,7 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         raise _bad("the request body must be a JSON object", None, "invalid_json")
     check_model(body.get("model"))
     modalities = _option(body, "modalities", list, EXPECTED_MODALITIES)
-    output_type = TEXT if modalities is None else output_type_of(modalities)
+    output_type = output_type_of(modalities) if modalities else TEXT
     if output_type is None:
         raise _bad(f"modalities: expected {EXPECTED_MODALITIES}", "modalities")
     audio = _option(body, "audio", dict, 'an object {"voice", "format"}') or {}
