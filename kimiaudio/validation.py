@@ -2,7 +2,7 @@
 
 A dataclass field declared with `setting(default, Bounds(...))` carries its range in the
 field's metadata; `check_fields` checks every field of such a dataclass against its type hint
-and range, and `check_value` checks one value. The config sections (config.py) and the
+and range, and `check_value` checks one value. The config sections (config/) and the
 sampling parameters a request is built with (engine/sampling_params.py) are checked this way,
 so a range is written once, next to the default it constrains. A field declared without
 bounds is still type-checked; an integer without bounds must fit 64 bits, a float must be

@@ -8,7 +8,7 @@ from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.detok.buckets import BucketShape, Buckets
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.chunk_shapes import rehearse
-from kimiaudio.detok.settings import ChunkSchedule
+from kimiaudio.config.chunk_schedule import ChunkSchedule
 from kimiaudio.detok.streaming import StreamParams
 
 

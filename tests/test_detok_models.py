@@ -13,7 +13,7 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.detok.buckets import BucketShape, Buckets
 from kimiaudio.detok.dit_batch import DiTBatch, StaticArena
 from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
-from kimiaudio.detok.settings import ChunkSchedule
+from kimiaudio.config.chunk_schedule import ChunkSchedule
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder

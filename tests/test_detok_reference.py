@@ -13,7 +13,7 @@ import torch
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.flow_matching import REFRESH_T
-from kimiaudio.detok.settings import UPSAMPLE
+from kimiaudio.config.chunk_schedule import UPSAMPLE
 from kimiaudio.detok.streaming import DetokSession
 from kimiaudio.models.dit import DiTContext
 

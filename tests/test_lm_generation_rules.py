@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_codes, official_max_new_tokens
 
 TOKENS = RuleTokens(text_blank=900, text_eos=901, msg_end=902, media_end=903)
@@ -74,7 +75,7 @@ def test_official_max_new_tokens():
     assert official_max_new_tokens("both", 100) == 1400
     assert official_max_new_tokens("text", 100) == 7400
     assert official_max_new_tokens("both", 100, override=20) == 20
-    with pytest.raises(ValueError):
+    with pytest.raises(KimiAudioError, match="output_type: expected 'text' or 'both', got 'audio'"):
         official_max_new_tokens("audio", 10)
 
 

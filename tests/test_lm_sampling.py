@@ -13,39 +13,45 @@ from kimiaudio.errors import ConfigError
 from kimiaudio.layers.sampler import apply_repetition_penalty, sample_tokens
 
 
+def stream(temperature: float = 0.0, top_k: int = 5, repetition_penalty: float = 1.0,
+           repetition_window: int = 16) -> StreamSampling:
+    """A stream's settings; unnamed ones as the text stream's defaults."""
+    return StreamSampling(temperature, top_k, repetition_penalty, repetition_window)
+
+
 def _logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
 
 
 def test_repetition_penalty_official_semantics():
     logits = torch.tensor([[3.0, 2.0, -1.0, 0.5]])
-    p = StreamSampling(repetition_penalty=2.0, repetition_window=3)
+    p = stream(repetition_penalty=2.0, repetition_window=3)
     # window = last 3 tokens [1, 2, 2]: token 0 is outside it, token 2 is penalised once.
     out = apply_repetition_penalty(logits, [p], [[0, 1, 2, 2]])
     assert out.tolist() == [[3.0, 1.0, -2.0, 0.5]]
     assert logits.tolist() == [[3.0, 2.0, -1.0, 0.5]]  # caller's logits untouched
     # Only when the history is longer than the window, and only for penalty > 1.
     assert apply_repetition_penalty(logits, [p], [[1, 2, 2]]).tolist() == logits.tolist()
-    p1 = StreamSampling(repetition_penalty=1.0, repetition_window=1)
+    p1 = stream(repetition_penalty=1.0, repetition_window=1)
     assert apply_repetition_penalty(logits, [p1], [[0, 1, 2]]).tolist() == logits.tolist()
 
 
 def test_repetition_penalty_changes_greedy_choice():
     logits = torch.tensor([[2.0, 2.5], [2.0, 2.5]])
-    greedy = StreamSampling(temperature=0.0, repetition_penalty=2.0, repetition_window=1)
+    greedy = stream(temperature=0.0, repetition_penalty=2.0, repetition_window=1)
     tokens = sample_tokens(logits, [greedy, greedy], [[1, 1], [1]], torch.zeros(2))
     assert tokens.tolist() == [0, 1]  # row 1: history not longer than the window
 
 
 def test_greedy_is_first_argmax():
     logits = torch.tensor([[1.0, 5.0, 5.0, 0.0]])
-    assert sample_tokens(logits, [StreamSampling()], [[]], torch.tensor([0.7])).tolist() == [1]
+    assert sample_tokens(logits, [stream()], [[]], torch.tensor([0.7])).tolist() == [1]
 
 
 def test_top_k_never_leaves_the_top_k_and_follows_the_probabilities():
     vocab, k, draws = 40, 4, 4000
     row = _logits(1, vocab, 1)
-    p = StreamSampling(temperature=0.9, top_k=k)
+    p = stream(temperature=0.9, top_k=k)
     uniforms = torch.rand(draws, generator=torch.Generator().manual_seed(2))
     tokens = sample_tokens(row.expand(draws, vocab), [p] * draws, [[]] * draws, uniforms)
     probs = torch.softmax(row[0] / 0.9, dim=-1)
@@ -58,7 +64,7 @@ def test_top_k_never_leaves_the_top_k_and_follows_the_probabilities():
 def test_full_vocabulary_sampling_follows_the_probabilities():
     vocab, draws = 6, 6000
     row = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5, 1.5]])
-    p = StreamSampling(temperature=1.0, top_k=0)
+    p = stream(temperature=1.0, top_k=0)
     uniforms = torch.rand(draws, generator=torch.Generator().manual_seed(5))
     tokens = sample_tokens(row.expand(draws, vocab), [p] * draws, [[]] * draws, uniforms)
     freq = torch.bincount(tokens, minlength=vocab).float() / draws
@@ -67,10 +73,10 @@ def test_full_vocabulary_sampling_follows_the_probabilities():
 
 def test_extreme_uniforms_stay_in_range():
     row = torch.tensor([[0.0, 3.0, 1.0, -50.0, 2.0]])
-    p = StreamSampling(temperature=1.0, top_k=2)
+    p = stream(temperature=1.0, top_k=2)
     tokens = sample_tokens(row.expand(3, 5), [p] * 3, [[]] * 3, torch.tensor([0.0, 0.5, 1.0 - 1e-8]))
     assert set(tokens.tolist()) <= {1, 4}
-    q = StreamSampling(temperature=1.0, top_k=0)
+    q = stream(temperature=1.0, top_k=0)
     assert sample_tokens(row, [q], [[]], torch.tensor([1.0])).item() != 3  # never a ~zero-weight tail
 
 
@@ -88,12 +94,12 @@ def test_mixed_batch_equals_rows_one_at_a_time():
     vocab = 30
     logits = _logits(6, vocab, 7).to(torch.bfloat16)
     params = [
-        StreamSampling(temperature=0.0),
-        StreamSampling(temperature=0.8, top_k=5),
-        StreamSampling(temperature=1.2, top_k=0),
-        StreamSampling(temperature=0.7, top_k=12, repetition_penalty=1.3, repetition_window=3),
-        StreamSampling(temperature=0.0, repetition_penalty=5.0, repetition_window=2),
-        StreamSampling(temperature=1.0, top_k=1),
+        stream(temperature=0.0),
+        stream(temperature=0.8, top_k=5),
+        stream(temperature=1.2, top_k=0),
+        stream(temperature=0.7, top_k=12, repetition_penalty=1.3, repetition_window=3),
+        stream(temperature=0.0, repetition_penalty=5.0, repetition_window=2),
+        stream(temperature=1.0, top_k=1),
     ]
     histories = [[], [3], [], [1, 2, 3, 4, 4], [0, 9, 9], []]
     uniforms = torch.rand(6, generator=torch.Generator().manual_seed(9))
@@ -108,7 +114,7 @@ def test_sampling_params_build_and_validate():
     assert params.audio == StreamSampling(0.8, 10, 1.0, 64) and params.text == StreamSampling(0.0, 5, 1.0, 16)
     assert params.seed == 5 and params.max_new_tokens == 0
     greedy = SamplingParams.greedy()
-    assert greedy.text.is_greedy and greedy.audio.is_greedy and greedy.audio.top_k == 5
+    assert greedy.text.is_greedy and greedy.audio.is_greedy and greedy.audio.top_k == params.audio.top_k
     with pytest.raises(ConfigError, match="top_k"):
         SamplingParams(audio_top_k=-1)
     with pytest.raises(ConfigError, match="temperature"):

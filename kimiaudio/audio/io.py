@@ -20,8 +20,6 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError
 
-SAMPLE_RATE = SPEECH_INPUT_RATE  # what both speech encoders expect
-
 
 class StreamResampler:
     """Resample a stream of mono float32 chunks; `push` returns what is ready (delay ~16 samples).
@@ -67,7 +65,7 @@ def resample(pcm: np.ndarray, from_sr: int, to_sr: int) -> np.ndarray:
     return np.concatenate([stream.push(pcm), stream.flush()])
 
 
-def load_audio(path: str | Path, sr: int = SAMPLE_RATE) -> np.ndarray:
+def load_audio(path: str | Path, sr: int = SPEECH_INPUT_RATE) -> np.ndarray:
     """Decode an audio file to float32 mono at `sr` Hz."""
     path = Path(path)
     if not path.is_file():
@@ -75,7 +73,7 @@ def load_audio(path: str | Path, sr: int = SAMPLE_RATE) -> np.ndarray:
     return _decode(str(path), str(path), sr)
 
 
-def decode_audio_bytes(data: bytes, sr: int = SAMPLE_RATE, name: str = "audio data") -> np.ndarray:
+def decode_audio_bytes(data: bytes, sr: int = SPEECH_INPUT_RATE, name: str = "audio data") -> np.ndarray:
     """Decode an encoded audio file held in memory (e.g. an upload) to float32 mono at `sr` Hz."""
     if not data:
         raise AudioInputError(f"{name}: empty (0 bytes)")
@@ -98,7 +96,7 @@ def wav_bytes(pcm: np.ndarray, sr: int) -> bytes:
     return buffer.getvalue()
 
 
-def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SAMPLE_RATE) -> None:
+def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE) -> None:
     """Refuse input the models cannot use: empty, non-finite, silent or too long."""
     pcm = np.asarray(pcm)
     if pcm.size == 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError
 
@@ -24,7 +25,7 @@ from kimiaudio.errors import CheckpointError
 class MelSettings:
     """The front-end constants of a Whisper-style preprocessor_config.json."""
 
-    sample_rate: int = 16000
+    sample_rate: int = SPEECH_INPUT_RATE
     n_fft: int = 400
     hop_length: int = 160
     num_mel_bins: int = 128

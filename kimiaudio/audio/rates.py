@@ -9,3 +9,6 @@ at which answers are streamed and stored. Anything at another rate is resampled 
 
 SPEECH_INPUT_RATE = 16000
 SPEECH_OUTPUT_RATE = 24000
+# OpenAI's "pcm16" audio format is 24 kHz mono by its definition (the Realtime API's and chat
+# completions' raw audio), whatever the model's rates; it only happens to equal the output rate.
+OPENAI_PCM16_RATE = 24000

@@ -26,7 +26,6 @@ import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 
-SAMPLE_RATE = SPEECH_INPUT_RATE  # silero takes 16 kHz (or 8 kHz)
 WINDOW = 512  # samples per silero window at 16 kHz (32 ms)
 _HYSTERESIS = 0.15
 
@@ -72,7 +71,7 @@ class SileroVad:
         import torch
 
         with torch.inference_mode():
-            return float(self._model(torch.from_numpy(np.ascontiguousarray(window, dtype=np.float32)), SAMPLE_RATE))
+            return float(self._model(torch.from_numpy(np.ascontiguousarray(window, dtype=np.float32)), SPEECH_INPUT_RATE))
 
     def reset(self) -> None:
         self._model.reset_states()
@@ -102,7 +101,7 @@ class TurnSettings:
 
 
 def _windows(ms: float) -> int:
-    return max(1, int(round(ms * SAMPLE_RATE / 1000 / WINDOW)))
+    return max(1, int(round(ms * SPEECH_INPUT_RATE / 1000 / WINDOW)))
 
 
 class TurnDetector:
@@ -118,7 +117,7 @@ class TurnDetector:
     def configure(self, settings: TurnSettings) -> None:
         """Change the settings (session.update); the current state is kept."""
         self.settings = settings
-        self._padding_windows = max(0, int(round(settings.prefix_padding_ms * SAMPLE_RATE / 1000 / WINDOW)))
+        self._padding_windows = max(0, int(round(settings.prefix_padding_ms * SPEECH_INPUT_RATE / 1000 / WINDOW)))
         self._min_speech_windows = _windows(settings.min_speech_ms)
         self._silence_windows = _windows(settings.silence_ms)
         self._max_windows = _windows(settings.max_speech_s * 1000)
@@ -152,7 +151,7 @@ class TurnDetector:
         return events
 
     def _ms(self, window_index: int) -> int:
-        return window_index * WINDOW * 1000 // SAMPLE_RATE
+        return window_index * WINDOW * 1000 // SPEECH_INPUT_RATE
 
     def _step(self, window: np.ndarray) -> TurnEvent | None:
         p = self._vad(window)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
 from kimiaudio.errors import KimiAudioError
 
@@ -62,7 +63,7 @@ def run_bench_command(config, args) -> int:
             print(DEMO_NOTICE)
         rows = run_voice_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech, args.voice or None,
                                fixed_length=not args.natural_lengths)
-        print_voice_rows(rows, voice_audio(args.voice or None)[1].size / 24000, args.json)
+        print_voice_rows(rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
         return 0
     if args.http:
         from kimiaudio.bench.http_bench import print_rows, run_http_bench

@@ -111,8 +111,7 @@ class Prompts:
         self.gen = np.random.default_rng(0)
         self.count = 0
         # ignore_eos: random weights may sample msg_end, and every step must run the whole batch.
-        self.params = SamplingParams(audio_temperature=0.8, audio_top_k=10, seed=1, max_new_tokens=steps,
-                                     ignore_eos=True)
+        self.params = SamplingParams(seed=1, max_new_tokens=steps, ignore_eos=True)  # the default sampling
 
     def codes(self, n: int) -> list[int]:
         return self.gen.integers(self.config.kimia_token_offset, self.config.vocab_size, n).tolist()

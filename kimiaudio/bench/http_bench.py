@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kimiaudio.audio.io import wav_bytes
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
@@ -65,7 +66,7 @@ async def _bench_n(stack, config, n: int, turns: int, clips: list[np.ndarray]) -
 
     from kimiaudio.bench.loopback_server import loopback_server
 
-    wavs = [base64.b64encode(wav_bytes(c, 16000)).decode() for c in clips]
+    wavs = [base64.b64encode(wav_bytes(c, SPEECH_INPUT_RATE)).decode() for c in clips]
     in_process, over_http = [], []
     async with loopback_server(stack, config) as (base_url, pipeline):
         url = f"{base_url}/v1/chat/completions"

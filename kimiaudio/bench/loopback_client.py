@@ -14,6 +14,8 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+
 
 class ScriptedMic(MediaStreamTrack):
     """A microphone the test controls: silence, or the clips given to `say` (16 kHz), in
@@ -43,7 +45,7 @@ class ScriptedMic(MediaStreamTrack):
             self._start = time.monotonic()
         else:
             self._pts += 320
-            await asyncio.sleep(max(0.0, self._start + self._pts / 16000 - time.monotonic()))
+            await asyncio.sleep(max(0.0, self._start + self._pts / SPEECH_INPUT_RATE - time.monotonic()))
         samples = np.zeros(320, dtype=np.float32)
         filled = 0
         while filled < 320 and self._queue:
@@ -56,7 +58,7 @@ class ScriptedMic(MediaStreamTrack):
                 self._queue.pop(0)
         frame = AudioFrame(format="s16", layout="mono", samples=320)
         frame.planes[0].update((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
-        frame.pts, frame.sample_rate, frame.time_base = self._pts, 16000, fractions.Fraction(1, 16000)
+        frame.pts, frame.sample_rate, frame.time_base = self._pts, SPEECH_INPUT_RATE, fractions.Fraction(1, SPEECH_INPUT_RATE)
         return frame
 
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
+from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.server.v1.models import MODEL_ID
 
-RATE = 24000
 CHUNK_S = 0.1
 AUDIO_DELTAS = ("response.audio.delta", "response.output_audio.delta")
 
@@ -54,7 +54,7 @@ class RealtimeWsClient:
                 continue
             event = json.loads(message.data)
             if event.get("type") in AUDIO_DELTAS:  # keep the size, not the audio
-                self.audio_received_s += len(base64.b64decode(event.get("delta", ""))) / 2 / RATE
+                self.audio_received_s += len(base64.b64decode(event.get("delta", ""))) / 2 / OPENAI_PCM16_RATE
                 event = {"type": event["type"], "response_id": event.get("response_id")}
             self.events.append(event)
             self._changed.set()
@@ -69,12 +69,13 @@ class RealtimeWsClient:
 
     def say(self, pcm16k: np.ndarray, silence_s: float = 1.2) -> asyncio.Task:
         """Stream `pcm16k` (16 kHz float) then `silence_s` of silence, in real time, in the background."""
-        pcm = np.concatenate([resample(pcm16k, 16000, RATE), np.zeros(int(silence_s * RATE), np.float32)])
+        pcm = np.concatenate([resample(pcm16k, SPEECH_INPUT_RATE, OPENAI_PCM16_RATE),
+                              np.zeros(int(silence_s * OPENAI_PCM16_RATE), np.float32)])
         self._speaking = asyncio.ensure_future(self._stream(pcm))
         return self._speaking
 
     async def _stream(self, pcm: np.ndarray) -> None:
-        step = int(CHUNK_S * RATE)
+        step = int(CHUNK_S * OPENAI_PCM16_RATE)
         start = time.monotonic()
         for i, offset in enumerate(range(0, pcm.size, step)):
             await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))

@@ -17,6 +17,7 @@ from multiprocessing import get_context
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.bench.soak_clients import SILENCE_S, SessionLog, Transport, run_session
 
 
@@ -32,7 +33,7 @@ def _transports(http) -> dict[str, Transport]:
     from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
     from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
 
-    silence = np.zeros(int(SILENCE_S * 16000), np.float32)
+    silence = np.zeros(int(SILENCE_S * SPEECH_INPUT_RATE), np.float32)
 
     async def rtc_connect(conversation_id):
         client = RtcClient(ScriptedMic())

@@ -16,6 +16,7 @@ from dataclasses import asdict
 import numpy as np
 
 from kimiaudio.audio.io import load_audio
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.bench.pipeline_bench import BenchRow, bench_inputs, bench_pipeline, warm_up
 from kimiaudio.bench.speech import synthetic_speech
 
@@ -25,9 +26,9 @@ DEFAULT_VOICE_SECONDS = 6.0
 def voice_audio(path: str | None) -> tuple[np.ndarray, np.ndarray]:
     """(16 kHz, 24 kHz) of the reference: the file, or the synthetic voice."""
     if path:
-        return load_audio(path, 16000), load_audio(path, 24000)
-    return (synthetic_speech(DEFAULT_VOICE_SECONDS, seed=7, sr=16000),
-            synthetic_speech(DEFAULT_VOICE_SECONDS, seed=7, sr=24000))
+        return load_audio(path, SPEECH_INPUT_RATE), load_audio(path, SPEECH_OUTPUT_RATE)
+    return (synthetic_speech(DEFAULT_VOICE_SECONDS, seed=7, sr=SPEECH_INPUT_RATE),
+            synthetic_speech(DEFAULT_VOICE_SECONDS, seed=7, sr=SPEECH_OUTPUT_RATE))
 
 
 def run_voice_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.bench.speech import espeak_speech
 from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.errors import KimiAudioError
@@ -40,7 +41,7 @@ async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offs
         try:
             for turn in range(turns):
                 clip = clips[(offset + turn) % len(clips)]
-                mic.say(np.concatenate([clip, np.zeros(int(SILENCE_S * 16000), np.float32)]))
+                mic.say(np.concatenate([clip, np.zeros(int(SILENCE_S * SPEECH_INPUT_RATE), np.float32)]))
                 done = await client.wait_for("response.done", count=turn + 1, timeout=120)
                 timing = done["response"].get("timings", {}).get("commit_to_first_audio_s")
                 if timing is not None:

@@ -1,6 +1,6 @@
 """Speech detokenizer: semantic tokens (12.5 Hz) -> 24 kHz waveform.
 
-settings.py is the chunk schedule (first chunk vs later ones, the official preset),
+Its chunk schedule (first chunk vs later ones, the official preset) is config/chunk_schedule.py;
 streaming.py keeps one session's official streaming state (look-ahead, prefix K/V, positions,
 vocoder cross-fade), flow_matching.py runs the DiT's Euler ODE for a batch of chunks in bucket
 shapes (buckets.py) on static buffers (dit_batch.py), detokenizer.py loads the models and

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimiaudio.detok.settings import ChunkSchedule
+from kimiaudio.config.chunk_schedule import ChunkSchedule
 
 FRAME_ALIGN = 16  # frames and keys in multiples of 16: aligned attention masks
 PREFIX_STEP = 256  # prefix buckets: masked keys cost little next to the chunk's GEMMs

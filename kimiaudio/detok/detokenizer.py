@@ -1,7 +1,7 @@
 """Semantic tokens -> 24 kHz speech: the DiT flow matcher and the BigVGAN vocoder, batched.
 
 `detokenize` streams all tokens at once through a session's chunk schedule: with
-`preset = "official"` (detok/settings.py) that is the official KimiAudio.detokenize_audio
+`preset = "official"` (config/chunk_schedule.py) that is the official KimiAudio.detokenize_audio
 (chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade).
 `step_batch` is what the serving loop calls each step: it runs every chunk due across sessions, the
 DiT for all chunks with the same ODE step count in one padded forward per step (bucket shapes,
@@ -24,17 +24,17 @@ from torch import Tensor
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
+from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.chunk_shapes import rehearse
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
-from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.streaming import DetokSession, StreamParams
 from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
-from kimiaudio.errors import CheckpointError, ConfigError, KimiAudioError
+from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
 
@@ -51,9 +51,7 @@ class Detokenizer:
         `capture_fn`: a stand-in for cuda_graphs.capture, to run the graph path on the CPU."""
         self.dit, self.vocoder, self.cfg, self.mel = dit, vocoder, cfg, mel
         self.device = dit.input_linear.weight.device
-        self.schedule = ChunkSchedule.from_config(cfg, self._max_position())
-        if cfg.max_batch_sessions < 1:
-            raise ConfigError(f"detok.max_batch_sessions = {cfg.max_batch_sessions}: expected >= 1")
+        self.schedule = ChunkSchedule.from_config(cfg, self._max_position())  # checks every [detok] setting
         on_cuda = self.device.type == "cuda"
         self.uses_graphs = capture_fn is not None or (on_cuda and cfg.cuda_graphs)
         bucketed = self.uses_graphs if bucketed is None else bucketed

@@ -25,11 +25,19 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.flow_matching import ChunkJob, ChunkOutput
-from kimiaudio.detok.settings import MAX_POSITION, UPSAMPLE, ChunkSchedule, must_reset_positions
 from kimiaudio.detok.voice_prefix import VoicePrefix
 from kimiaudio.errors import KimiAudioError
 
+
+def must_reset_positions(start: int, kept: int, next_frames: int, max_position: int) -> bool:
+    """After a chunk that kept `kept` frames with positions now at `start`: restart positions
+    at 0 (and drop the prefix K/V) before the next chunk? The official test is
+    start + 2 * kept > max_position; next_frames (the next chunk's frames) only matters when
+    chunks grow."""
+    return start + max(2 * kept, next_frames) > max_position
 
 
 @dataclass(frozen=True)
@@ -39,7 +47,7 @@ class StreamParams:
     hop_size: int  # wav samples per mel frame
     vocab_size: int  # valid token ids are 0..vocab_size-1
     max_position: int = MAX_POSITION
-    sample_rate: int = 24000
+    sample_rate: int = SPEECH_OUTPUT_RATE
 
 
 class DetokSession:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kimiaudio.detok.settings import UPSAMPLE
+from kimiaudio.config.chunk_schedule import UPSAMPLE
 
 PROMPT_CHUNK_FRAMES = 150  # official prefill(chunk_size=150)
 MAX_PROMPT_CHUNKS = 10  # official get_audio_detokenizer(max_prompt_chunk=10)

@@ -24,8 +24,9 @@ from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
 from kimiaudio.engine.engine_io import Completion, EngineRequest, RequestError, StepOutput
-from kimiaudio.engine.stop_rules import OUTPUT_TYPES, RuleTokens, StreamRules, official_max_new_tokens
+from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
+from kimiaudio.text.output_type import check_output_type
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,7 @@ class LLMEngine:
         if len(request.text_ids) != n or len(request.continuous_mask) != n:
             raise RequestError(f"request {rid}: audio_ids, text_ids and continuous_mask must have one entry per "
                                f"position (got {n}, {len(request.text_ids)}, {len(request.continuous_mask)})")
-        if request.output_type not in OUTPUT_TYPES:
-            raise RequestError(f"request {rid}: output_type must be 'text' or 'both', got {request.output_type!r}")
+        check_output_type(request.output_type, f"request {rid}: output_type", RequestError)
         if not isinstance(request.params, SamplingParams):
             raise RequestError(f"request {rid}: params must be a SamplingParams")
         vocab = self.lm.config.vocab_size

@@ -20,18 +20,22 @@ from kimiaudio.validation import check_fields, check_value
 from kimiaudio.config import SEED, SamplingConfig
 from kimiaudio.layers.stream_sampling import StreamSampling
 
+# The defaults are config [sampling]'s, written once there (and documented in config.toml).
+_DEFAULTS = SamplingConfig()
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    text_temperature: float = 0.0
-    text_top_k: int = 5
-    text_repetition_penalty: float = 1.0
-    text_repetition_window: int = 16
-    audio_temperature: float = 0.8
-    audio_top_k: int = 10
-    audio_repetition_penalty: float = 1.0
-    audio_repetition_window: int = 64
-    seed: int | None = None  # None = a fresh random seed
-    max_new_tokens: int = 0  # 0 = the official limit for the output type
+    text_temperature: float = _DEFAULTS.text_temperature
+    text_top_k: int = _DEFAULTS.text_top_k
+    text_repetition_penalty: float = _DEFAULTS.text_repetition_penalty
+    text_repetition_window: int = _DEFAULTS.text_repetition_window
+    audio_temperature: float = _DEFAULTS.audio_temperature
+    audio_top_k: int = _DEFAULTS.audio_top_k
+    audio_repetition_penalty: float = _DEFAULTS.audio_repetition_penalty
+    audio_repetition_window: int = _DEFAULTS.audio_repetition_window
+    seed: int | None = None  # None = a fresh random seed (config [sampling] seed is a server's fixed one)
+    max_new_tokens: int = _DEFAULTS.max_new_tokens  # 0 = the official limit for the output type
     # Not official: generate exactly the length limit, past the stop tokens (as vLLM's
     # ignore_eos). For fixed-length benchmark turns; the tokens after a stop mean nothing.
     ignore_eos: bool = False
@@ -63,10 +67,9 @@ class SamplingParams:
 
     @classmethod
     def greedy(cls, **overrides: Any) -> "SamplingParams":
-        """All temperatures 0: the official `generate()` defaults (top_k 5, windows 64/16)."""
-        values = dict(text_temperature=0.0, audio_temperature=0.0, audio_top_k=5)
-        values.update(overrides)
-        return cls(**values)
+        """Both temperatures 0 (argmax; top-k then plays no part), as the official `generate()`
+        defaults; the rest as configured by default."""
+        return cls(**{"text_temperature": 0.0, "audio_temperature": 0.0, **overrides})
 
 
 class RequestRandom:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-OUTPUT_TYPES = ("text", "both")
+from kimiaudio.text.output_type import BOTH, check_output_type
+
 # Official limits: "both" -> 1500 positions in all (120 s of 12.5 Hz audio); "text" -> 7500.
 BOTH_MAX_POSITIONS = int(12.5 * 120)
 TEXT_MAX_POSITIONS = 7500
@@ -29,7 +30,7 @@ def official_max_new_tokens(output_type: str, prompt_len: int, override: int = 0
     check_output_type(output_type)
     if override > 0:
         return override
-    return (BOTH_MAX_POSITIONS if output_type == "both" else TEXT_MAX_POSITIONS) - prompt_len
+    return (BOTH_MAX_POSITIONS if output_type == BOTH else TEXT_MAX_POSITIONS) - prompt_len
 
 
 def official_codes(audio_tokens: list[int], token_offset: int) -> list[int]:
@@ -40,11 +41,6 @@ def official_codes(audio_tokens: list[int], token_offset: int) -> list[int]:
 def official_text_ids(text_tokens: list[int], token_offset: int) -> list[int]:
     """Text ids as official generate() decodes them: ids < offset (EOS already excluded)."""
     return [t for t in text_tokens if t < token_offset]
-
-
-def check_output_type(output_type: str) -> None:
-    if output_type not in OUTPUT_TYPES:
-        raise ValueError(f"output_type must be 'text' or 'both', got {output_type!r}")
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,6 @@ class RuleTokens:
 class StreamRules:
     def __init__(self, output_type: str, tokens: RuleTokens, audio_delay: int, max_new_tokens: int,
                  ignore_eos: bool = False):
-        check_output_type(output_type)
         self.ignore_eos = ignore_eos
         self.output_type = output_type
         self.tokens = tokens

@@ -1,6 +1,6 @@
 """Sampling settings of one token stream (text or audio), as the sampler (sampler.py) applies them.
 
-The ranges are the config's [sampling] ones (config.py), declared once; the engine's
+The ranges are the config's [sampling] ones (config/), declared once; the engine's
 SamplingParams (engine/sampling_params.py) holds one StreamSampling per stream.
 """
 
@@ -18,10 +18,11 @@ GREEDY_TEMPERATURE = 1e-6  # official: temperatures at or below this are greedy
 class StreamSampling:
     """Sampling settings of one stream (text or audio)."""
 
-    temperature: float = setting(0.0, TEMPERATURE)
-    top_k: int = setting(5, TOP_K)
-    repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
-    repetition_window: int = setting(16, REPETITION_WINDOW)
+    # No defaults: a stream's values come from SamplingParams (whose defaults are config [sampling]'s).
+    temperature: float = setting(bounds=TEMPERATURE)
+    top_k: int = setting(bounds=TOP_K)
+    repetition_penalty: float = setting(bounds=REPETITION_PENALTY)
+    repetition_window: int = setting(bounds=REPETITION_WINDOW)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -8,11 +8,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-
-# The rate of AudioChunk.pcm: the official BigVGAN vocoder's (the pipeline refuses another).
-PCM_SAMPLE_RATE = SPEECH_OUTPUT_RATE
-
 
 @dataclass(frozen=True)
 class UserEncoded:
@@ -27,7 +22,7 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    pcm: np.ndarray  # float32 mono at PCM_SAMPLE_RATE
+    pcm: np.ndarray  # float32 mono at audio/rates.py's SPEECH_OUTPUT_RATE (the vocoder's; the pipeline refuses another)
     # Speech codes (no offset) that reached the detokenizer since the previous chunk: joined over
     # a turn's chunks they are its codes so far, so what was heard can be kept as codes while
     # the answer plays (samples_per_code samples each), before TurnDone brings them all.

@@ -24,6 +24,7 @@ import time
 from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -37,6 +38,7 @@ from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
 from kimiaudio.pipeline.turn import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import URGENT, Worker
+from kimiaudio.text.output_type import BOTH, TEXT, check_output_type
 from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
@@ -170,10 +172,8 @@ class LmWorker(Worker):
 
     def _admit(self, pending: PendingTurn) -> None:
         handle, request = pending.handle, pending.request
-        if request.output_type not in ("both", "text"):
-            raise KimiAudioError(f"output_type must be 'both' or 'text', got {request.output_type!r}")
-        speaks = request.output_type == "both" and self.detok is not None
-        output_type = "both" if speaks else "text"
+        speaks = check_output_type(request.output_type) == BOTH and self.detok is not None
+        output_type = BOTH if speaks else TEXT
         prompt = build_prompt(pending.messages(), output_type, self.stack.tokenizer, self.stack.specials)
         codes = pending.encoded[audio_key(request.user_audio)][0]
         params = request.sampling or SamplingParams.from_config(self.config.sampling)
@@ -181,7 +181,7 @@ class LmWorker(Worker):
         turn = LmTurn(handle, specials.token_offset, specials.text_eos, speaks)
         turn.timings["queued_s"] = pending.queued_s
         turn.mark("encoded_s")
-        handle.deliver(UserEncoded(list(codes), len(request.user_audio) / 16000))
+        handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
         turn.seq_id = self.engine.add_request(EngineRequest(
             handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
             params, output_type, specials))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.engine.stop_rules import official_codes, official_text_ids
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
@@ -124,7 +125,7 @@ def run_chat_command(config, args) -> int:
         message, encode_timings = user_audio_message(stack, pcm)
         history.append(message)
         turn = answer(stack, history, params, "both")
-        turn.timings.update(encode_timings, input_audio_s=len(pcm) / 16000)
+        turn.timings.update(encode_timings, input_audio_s=len(pcm) / SPEECH_INPUT_RATE)
         path = _reply_path(out, index, len(pcms))
         write_wav(path, turn.audio, stack.detokenizer.sample_rate)
         history.append(turn.history_message(stack.specials.token_offset))
@@ -141,7 +142,7 @@ def run_transcribe_command(config, args) -> int:
     message, encode_timings = user_audio_message(stack, pcm)
     messages = [Message("user", "text", text=ASR_INSTRUCTION), message]
     turn = answer(stack, messages, _params(stack, args), "text")
-    turn.timings.update(encode_timings, input_audio_s=len(pcm) / 16000)
+    turn.timings.update(encode_timings, input_audio_s=len(pcm) / SPEECH_INPUT_RATE)
     if args.json:
         _report(args, stack, {"load_s": load_s, **stack.load_seconds}, [{"input": args.input, **_turn_json(turn)}])
     else:

@@ -16,10 +16,10 @@ import logging
 import itertools
 import sys
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_request import TurnRequest
@@ -38,9 +38,9 @@ STOP_TIMEOUT_S = 30.0
 class Pipeline:
     def __init__(self, stack, config):
         detokenizer = stack.detokenizer
-        if detokenizer is not None and detokenizer.sample_rate != PCM_SAMPLE_RATE:
+        if detokenizer is not None and detokenizer.sample_rate != SPEECH_OUTPUT_RATE:
             raise KimiAudioError(f"vocoder/config.json: sampling_rate {detokenizer.sample_rate}; the pipeline "
-                                 f"streams {PCM_SAMPLE_RATE} Hz, the official vocoder's rate")
+                                 f"streams {SPEECH_OUTPUT_RATE} Hz, the official vocoder's rate")
         self.stack = stack
         self.config = config
         self.metrics = PipelineMetrics()

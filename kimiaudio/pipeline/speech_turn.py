@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn import TurnHandle
 
 
@@ -53,7 +54,7 @@ class SpeechTurn:
         chunk on: before any audio, the submit time (it is waiting already)."""
         if self.first_pcm_s is None:
             return self.handle.submitted_at
-        return self.handle.submitted_at + self.first_pcm_s + self.samples_sent / PCM_SAMPLE_RATE
+        return self.handle.submitted_at + self.first_pcm_s + self.samples_sent / SPEECH_OUTPUT_RATE
 
     def push(self, codes: list[int]) -> None:
         self.session.push(codes)

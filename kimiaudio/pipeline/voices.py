@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
 
 MODEL_VOICE = "kimi"  # the model's own voice: what sessions report when they use none
@@ -46,7 +47,7 @@ class Voice:
 
     @property
     def seconds(self) -> float:
-        return self.wav24k.size / 24000
+        return self.wav24k.size / SPEECH_OUTPUT_RATE
 
     def describe(self) -> dict:
         return {"name": self.name, "seconds": round(self.seconds, 3), "num_codes": len(self.codes),

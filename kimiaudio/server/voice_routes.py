@@ -23,6 +23,7 @@ import numpy as np
 from aiohttp import web
 
 from kimiaudio.audio.io import decode_audio_bytes, resample
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.voices import STOCK_VOICES, Voice, check_voice_name
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
@@ -34,7 +35,6 @@ from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voi
 log = logging.getLogger(__name__)
 
 MAX_NAME_BYTES = 256
-CODE_RATE, MEL_RATE = 16000, 24000  # the GLM-4 tokenizer's rate; the vocoder's
 
 
 def setup_voice_routes(app: web.Application) -> None:
@@ -90,7 +90,7 @@ async def add_voice(request: web.Request) -> web.Response:
     except KimiAudioError as exc:
         raise ApiError(400, "unusable_voice", f"this recording cannot be a voice: {exc}") from None
     try:
-        stored = await save_voice(app[store_key], name, voice.wav24k, MEL_RATE, list(voice.codes))
+        stored = await save_voice(app[store_key], name, voice.wav24k, SPEECH_OUTPUT_RATE, list(voice.codes))
     except VoiceExistsError as exc:
         raise ApiError(409, "voice_exists", str(exc)) from None
     voice = dataclasses.replace(voice, created_at=stored.created_at)  # the same inputs: the same key
@@ -121,12 +121,12 @@ async def _read_upload(request: web.Request) -> tuple[str, bytes]:
 
 def _decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     """The upload at the vocoder's rate (the mel) and at the tokenizer's (the codes): decoded once."""
-    pcm24 = decode_audio_bytes(data, MEL_RATE, "file")
-    return pcm24, resample(pcm24, MEL_RATE, CODE_RATE)
+    pcm24 = decode_audio_bytes(data, SPEECH_OUTPUT_RATE, "file")
+    return pcm24, resample(pcm24, SPEECH_OUTPUT_RATE, SPEECH_INPUT_RATE)
 
 
 def _check_reference(pcm: np.ndarray, cfg) -> None:
-    seconds = pcm.size / MEL_RATE
+    seconds = pcm.size / SPEECH_OUTPUT_RATE
     limits = cfg.voices
     if pcm.size and not np.all(np.isfinite(pcm)):
         raise ApiError(400, "undecodable", "the audio holds NaN or infinite samples")

@@ -18,7 +18,8 @@ import numpy as np
 import sqlite_utils
 
 from kimiaudio.audio.io import wav_bytes
-from kimiaudio.store.conversation_store import ASSISTANT_SAMPLE_RATE, ConversationStore
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.store.conversation_store import ConversationStore
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ async def save_answer(store: ConversationStore, answer_id: str, text: str, audio
                       ttl_s: float) -> AudioAnswer:
     now = time.time()
     record = {"id": answer_id, "created_at": now, "expires_at": now + ttl_s, "text": text,
-              "audio_tokens": json.dumps([int(t) for t in audio_tokens]), "sample_rate": ASSISTANT_SAMPLE_RATE,
-              "wav": wav_bytes(np.asarray(audio, dtype=np.float32).reshape(-1), ASSISTANT_SAMPLE_RATE)}
+              "audio_tokens": json.dumps([int(t) for t in audio_tokens]), "sample_rate": SPEECH_OUTPUT_RATE,
+              "wav": wav_bytes(np.asarray(audio, dtype=np.float32).reshape(-1), SPEECH_OUTPUT_RATE)}
     await store.write(_insert, record)
     return AudioAnswer(answer_id, record["expires_at"], text, list(audio_tokens))
 

@@ -18,8 +18,6 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.store.identifiers import new_conversation_id
 
-USER_SAMPLE_RATE = SPEECH_INPUT_RATE
-ASSISTANT_SAMPLE_RATE = SPEECH_OUTPUT_RATE  # replies are stored as the pipeline streamed them
 
 
 @dataclass
@@ -60,7 +58,7 @@ def audio_record(audio: np.ndarray | None, role: str) -> dict[str, Any] | None:
     or an answer cut before anything was heard)."""
     if audio is None or np.size(audio) == 0:
         return None
-    sample_rate = USER_SAMPLE_RATE if role == "user" else ASSISTANT_SAMPLE_RATE
+    sample_rate = SPEECH_INPUT_RATE if role == "user" else SPEECH_OUTPUT_RATE  # replies as the pipeline streamed them
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
     return {"sample_rate": sample_rate, "num_samples": int(audio.size), "wav": wav_bytes(audio, sample_rate)}
 

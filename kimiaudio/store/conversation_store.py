@@ -20,16 +20,15 @@ import numpy as np
 from kimiaudio.audio import pcm16
 from kimiaudio.errors import KimiAudioError
 # The queries, run on the writer or reader thread; the methods below of the same names await them.
-from kimiaudio.store.conversation_rows import (ASSISTANT_SAMPLE_RATE, USER_SAMPLE_RATE, StoredTurn, add_turn,
-                                               audio_record, create_conversation, delete_conversation,
-                                               get_conversation, json_or_none, list_conversations, load_history,
-                                               turn_audio_wav, update_turn)
+from kimiaudio.store.conversation_rows import (StoredTurn, add_turn, audio_record, create_conversation,
+                                               delete_conversation, get_conversation, json_or_none,
+                                               list_conversations, load_history, turn_audio_wav, update_turn)
 from kimiaudio.store.db_thread import DbThread
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
 from kimiaudio.store.schema import integrity_problems
 
-__all__ = ["ConversationStore", "StoredTurn", "ASSISTANT_SAMPLE_RATE", "USER_SAMPLE_RATE"]
+__all__ = ["ConversationStore", "StoredTurn"]
 
 
 class ConversationStore:

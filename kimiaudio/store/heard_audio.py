@@ -17,7 +17,7 @@ import sqlite_utils
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import wav_bytes
-from kimiaudio.store.conversation_rows import ASSISTANT_SAMPLE_RATE
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 
 
 def append_part(db: sqlite_utils.Database, conversation_id: str, index: int, pcm: bytes, text: str, codes, timings) -> None:
@@ -44,8 +44,8 @@ def join_leftover_parts(db: sqlite_utils.Database) -> int:
             parts = db.execute("SELECT pcm FROM turn_audio_parts WHERE turn_id = ? ORDER BY part_index",
                                [turn_id]).fetchall()
             pcm = pcm16.to_float(b"".join(p[0] for p in parts), f"the heard audio of turn {turn_id}")
-            db["turn_audio"].insert({"turn_id": turn_id, "sample_rate": ASSISTANT_SAMPLE_RATE,
-                                     "num_samples": int(pcm.size), "wav": wav_bytes(pcm, ASSISTANT_SAMPLE_RATE)},
+            db["turn_audio"].insert({"turn_id": turn_id, "sample_rate": SPEECH_OUTPUT_RATE,
+                                     "num_samples": int(pcm.size), "wav": wav_bytes(pcm, SPEECH_OUTPUT_RATE)},
                                     replace=True)
             db.execute("DELETE FROM turn_audio_parts WHERE turn_id = ?", [turn_id])
     return len(turn_ids)

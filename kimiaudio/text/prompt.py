@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from kimiaudio.errors import AudioInputError, KimiAudioError
+from kimiaudio.text.output_type import check_output_type
 from kimiaudio.text.special_tokens import SpecialTokens
 
 ROLES = ("user", "assistant")
 KINDS = ("text", "audio", "audio-text")
-OUTPUT_TYPES = ("text", "both")
 # The instruction of the official ASR example (infer.py): a user text turn before the audio.
 ASR_INSTRUCTION = "请将音频内容转换为文字。"
 
@@ -100,8 +100,7 @@ class Prompt:
 
 def build_prompt(messages: Sequence[Message], output_type: str, tokenizer, specials: SpecialTokens) -> Prompt:
     """The official prompt of `messages` followed by the generation prefix."""
-    if output_type not in OUTPUT_TYPES:
-        raise KimiAudioError(f"output_type {output_type!r} is not one of {OUTPUT_TYPES}")
+    check_output_type(output_type)
     for index, message in enumerate(messages):
         message.validate(index, specials)
     with_features = [m.features is not None for m in messages if m.kind == "audio"]

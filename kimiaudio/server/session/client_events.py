@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kimiaudio.audio import pcm16
+from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.config import check_setting
 from kimiaudio.errors import AudioInputError, ConfigError, KimiAudioError
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
+from kimiaudio.text.output_type import EXPECTED_MODALITIES, OUTPUT_TYPES, output_type_of
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
-INPUT_RATES = (16000, 24000)  # pcm16 input rates a session takes (24 kHz: OpenAI's pcm16)
+INPUT_RATES = (SPEECH_INPUT_RATE, OPENAI_PCM16_RATE)  # pcm16 input rates a session takes
 
 
 class ProtocolError(KimiAudioError):
@@ -98,7 +100,6 @@ ClientEvent = (SessionUpdate | ResponseCancel | ResponseCreate | ConversationSel
 CLIENT_EVENT_TYPES = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
                       "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
                       "response.create", "response.cancel", "output_audio_buffer.clear", "conversation.select")
-_OUTPUT_TYPES = {("text",): "text", ("audio",): "both", ("audio", "text"): "both"}
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -198,15 +199,16 @@ def _output_type(obj: dict, where: str) -> str | None:
     modalities = obj.get(key)
     if modalities is None:
         return None
-    if not isinstance(modalities, list) or tuple(sorted(set(map(str, modalities)))) not in _OUTPUT_TYPES:
-        raise ProtocolError("invalid_value", f"{where}.{key}: expected [\"text\"] or [\"text\", \"audio\"], "
-                            f"got {modalities!r}"[:200], f"{where}.{key}")
-    return _OUTPUT_TYPES[tuple(sorted(set(modalities)))]
+    output_type = output_type_of(modalities)
+    if output_type is None:
+        raise ProtocolError("invalid_value", f"{where}.{key}: expected {EXPECTED_MODALITIES}, got {modalities!r}"[:200],
+                            f"{where}.{key}")
+    return output_type
 
 
 def _session_update(session: dict, where: str) -> SessionUpdate:
     output_type = session.get("output_type")
-    if output_type is not None and output_type not in ("both", "text"):
+    if output_type is not None and output_type not in OUTPUT_TYPES:
         raise ProtocolError("invalid_event", f"{where}.output_type: expected 'both' or 'text', got {output_type!r}"[:200],
                             f"{where}.output_type")
     output_type = _output_type(session, where) or output_type
@@ -267,10 +269,10 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
 def _input_rate(fmt: Any, where: str, output: bool = False) -> int | None:
     """pcm16 (beta: 24 kHz) or GA {"type": "audio/pcm", "rate": 24000 | 16000 (input only)}."""
     if fmt is None or fmt == "pcm16":
-        return None if fmt is None else 24000
+        return None if fmt is None else OPENAI_PCM16_RATE
     if isinstance(fmt, dict) and fmt.get("type") == "audio/pcm":
-        rate = fmt.get("rate", 24000)
-        if rate in (INPUT_RATES if not output else (24000,)):
+        rate = fmt.get("rate", OPENAI_PCM16_RATE)
+        if rate in (INPUT_RATES if not output else (OPENAI_PCM16_RATE,)):
             return rate
     raise ProtocolError("unsupported_format", f"{where}: kimiaudio takes and sends pcm16 (24 kHz{'' if output else ' or 16 kHz'}"
                         f" mono), got {fmt!r}"[:300], where)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.store import ConversationStore
 
@@ -48,7 +49,7 @@ class Conversation:
         """Store a user turn (spoken: before the model starts on it; or text, context for the next
         spoken turn); (its index, history turn)."""
         history = await self.history()
-        timings = {"speech_s": audio.size / 16000} if audio is not None else {}
+        timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
         index = await self.store.add_turn(self.id, "user", text, audio=audio, timings=timings)
         turn = HistoryTurn(role="user", text=text, audio=audio)
         history.append(turn)

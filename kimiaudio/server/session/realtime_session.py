@@ -29,6 +29,7 @@ import numpy as np
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import check_speech_input, resample
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
@@ -136,7 +137,7 @@ class RealtimeSession:
                 self.commit(event.audio, item_id, respond=self.settings.create_response)
 
     def _buffer_audio(self, pcm: np.ndarray) -> None:
-        limit = int(self.config.audio.max_input_seconds * 16000)
+        limit = int(self.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
         if sum(b.size for b in self._buffer) + pcm.size > limit:
             self.send_error("input_audio_buffer_full", f"the input audio buffer holds at most "
                             f"{self.config.audio.max_input_seconds:g} s (audio.max_input_seconds); commit or clear it")
@@ -201,7 +202,7 @@ class RealtimeSession:
             return False
         previous, self.last_item_id = self.last_item_id, work.item_id
         if work.audio is not None:
-            self.send(events.committed(self.conversation.id, index, work.audio.size / 16000, work.item_id, previous))
+            self.send(events.committed(self.conversation.id, index, work.audio.size / SPEECH_INPUT_RATE, work.item_id, previous))
         self.send(events.item_created(self.conversation.id, events.message_item(
             work.item_id, work.role, work.text, work.audio is not None, index), previous))
         return True
@@ -222,7 +223,7 @@ class RealtimeSession:
     async def handle_event(self, event: ce.ClientEvent) -> None:
         if isinstance(event, ce.AudioAppend):
             rate = self.settings.input_rate
-            await self.push_audio(resample(pcm16.to_float(event.pcm16), rate, 16000))
+            await self.push_audio(resample(pcm16.to_float(event.pcm16), rate, SPEECH_INPUT_RATE))
         elif isinstance(event, ce.AudioCommit):
             self._commit_buffer()
         elif isinstance(event, ce.AudioClear):
@@ -243,7 +244,7 @@ class RealtimeSession:
     def _create_item(self, event: ce.ItemCreate) -> None:
         item_id = event.item_id or new_item_id()
         if event.pcm16 is not None:
-            audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, 16000)
+            audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, SPEECH_INPUT_RATE)
             self._queue.put_nowait(_Work("audio", item_id, audio=audio, text=event.text))
         else:  # a system message is context like a user's text (the prompt has no system role)
             role = "assistant" if event.role == "assistant" else "user"

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import TurnDone
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Response:
 
     @property
     def audio_seconds(self) -> float:
-        return self.num_samples / PCM_SAMPLE_RATE
+        return self.num_samples / SPEECH_OUTPUT_RATE
 
     def heard(self, done: TurnDone, samples_per_code: int | None) -> tuple[np.ndarray, list[int]]:
         """(24 kHz audio, VQ codes) that the user heard: everything, or the played prefix
@@ -97,5 +97,5 @@ class Response:
         if self.first_played_at is not None:
             timings["commit_to_first_audio_s"] = round(self.first_played_at - self.committed_at, 4)
         if self.played_samples is not None:
-            timings["played_s"] = round(self.played_samples / PCM_SAMPLE_RATE, 3)
+            timings["played_s"] = round(self.played_samples / SPEECH_OUTPUT_RATE, 3)
         return timings

@@ -25,8 +25,9 @@ import time
 
 import numpy as np
 
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone, UserEncoded
+from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
@@ -243,7 +244,7 @@ class Responses:
     async def truncate(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate: the answer was heard up to audio_end_ms."""
         s = self.session
-        samples = audio_end_ms * PCM_SAMPLE_RATE // 1000
+        samples = audio_end_ms * SPEECH_OUTPUT_RATE // 1000
         r = self.current if self.current is not None and self.current.item_id == item_id else self.ended.get(item_id)
         if r is None:
             raise ce.ProtocolError("item_not_found", f"conversation.item.truncate: {item_id!r} is not an assistant "

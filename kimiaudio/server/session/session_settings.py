@@ -5,8 +5,10 @@ The session keeps its own copy of the config ([vad] and [sampling]), the answer'
 silero VAD commits; none: the client commits), whether a VAD commit starts a response,
 instructions (a leading user text message of every prompt), the voice (a stored voice's
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
-the sample rate of pcm16 input. `apply` changes nothing unless every value of the update is
-valid; `describe` is the `session` object of session.created / updated.
+the sample rate of pcm16 input. The values of a session.update were checked once, as it was
+parsed (client_events.py); `apply` adds what needs the session (its speech, its voices) and
+changes nothing unless all of it holds. `describe` is the `session` object of
+session.created / updated.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import copy
 import dataclasses
 from typing import Any
 
+from kimiaudio.audio.rates import OPENAI_PCM16_RATE
 from kimiaudio.audio.vad import TurnSettings
-from kimiaudio.config import Config, apply_overrides
+from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
 from kimiaudio.server.session.client_events import SessionUpdate
+from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
 
 DEFAULT_VOICE = MODEL_VOICE
-OPENAI_INPUT_RATE = 24000  # OpenAI's pcm16
 
 
 class SessionSettings:
@@ -31,12 +34,12 @@ class SessionSettings:
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.can_speak = can_speak
         self._voices = voices if voices is not None else VoiceRegistry()
-        self.output_type = "both" if can_speak else "text"
+        self.output_type = BOTH if can_speak else TEXT
         self.turn_detection = "server_vad"
         self.create_response = True
         self.instructions = ""
         self.voice = config.voices.default or DEFAULT_VOICE
-        self.input_rate = OPENAI_INPUT_RATE
+        self.input_rate = OPENAI_PCM16_RATE
 
     def turn_settings(self) -> TurnSettings:
         v = self.config.vad
@@ -49,15 +52,15 @@ class SessionSettings:
     def answer_type(self, requested: str | None) -> str:
         """The output type of one response (a response.create may ask for text only)."""
         output_type = requested or self.output_type
-        return output_type if self.can_speak else "text"
+        return output_type if self.can_speak else TEXT
 
     def apply(self, update: SessionUpdate) -> None:
-        """Apply a session.update; raises KimiAudioError (naming the key) and changes nothing
-        when a value is out of range."""
-        config = copy.deepcopy(self.config)
-        apply_overrides(config, {k: v for k, v in (("vad", update.vad), ("sampling", update.sampling)) if v})
-        SamplingParams.from_config(config.sampling)  # validates ranges before anything changes
-        if update.output_type == "both" and not self.can_speak:
+        """Apply a session.update (its values already checked); raises KimiAudioError (naming the
+        key) and changes nothing when the session cannot take it."""
+        # New section objects: the old ones may still be read by a response in flight.
+        config = dataclasses.replace(self.config, vad=dataclasses.replace(self.config.vad, **update.vad),
+                                     sampling=dataclasses.replace(self.config.sampling, **update.sampling))
+        if update.output_type == BOTH and not self.can_speak:
             raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
         if update.voice is not None:
             self._voices.resolve(update.voice)  # an unknown name is refused here, before anything changes
@@ -82,7 +85,7 @@ class SessionSettings:
             "interrupt_response": vad.barge_in}
         return {
             "id": session_id, "object": "realtime.session", "conversation_id": conversation_id,
-            "modalities": ["text", "audio"] if self.output_type == "both" else ["text"],
+            "modalities": modalities_of(self.output_type),
             "instructions": self.instructions, "voice": self.voice,
             "input_audio_format": "pcm16", "input_audio_rate": self.input_rate, "output_audio_format": "pcm16",
             "turn_detection": turn_detection, "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",

@@ -26,7 +26,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from kimiaudio.audio.io import StreamResampler
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
@@ -64,7 +64,7 @@ class PlaybackTrack(MediaStreamTrack):
         """Start a new response (anything still buffered is dropped)."""
         self.flush()
         self.response_id = response_id
-        self._resampler = StreamResampler(PCM_SAMPLE_RATE, SAMPLE_RATE)
+        self._resampler = StreamResampler(SPEECH_OUTPUT_RATE, SAMPLE_RATE)
 
     def push(self, pcm24k: np.ndarray) -> None:
         if self._resampler is not None:
@@ -91,7 +91,7 @@ class PlaybackTrack(MediaStreamTrack):
 
     @property
     def played_samples_24k(self) -> int:
-        return self._num_played * PCM_SAMPLE_RATE // SAMPLE_RATE
+        return self._num_played * SPEECH_OUTPUT_RATE // SAMPLE_RATE
 
     @property
     def buffered_seconds(self) -> float:

@@ -12,10 +12,10 @@ from typing import Callable
 
 import numpy as np
 
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.server.transport.audio_track import FRAME_SAMPLES, SAMPLE_RATE, PlaybackTrack
 
-_FRAME_24K = FRAME_SAMPLES * PCM_SAMPLE_RATE // SAMPLE_RATE  # one 20 ms frame in 24 kHz samples
+_FRAME_24K = FRAME_SAMPLES * SPEECH_OUTPUT_RATE // SAMPLE_RATE  # one 20 ms frame in 24 kHz samples
 
 
 class MeteredPlaybackTrack(PlaybackTrack):
@@ -26,7 +26,7 @@ class MeteredPlaybackTrack(PlaybackTrack):
 
     def push(self, pcm24k: np.ndarray) -> None:
         if self.response_id is not None:
-            self._on_audio(np.size(pcm24k) / PCM_SAMPLE_RATE)
+            self._on_audio(np.size(pcm24k) / SPEECH_OUTPUT_RATE)
         super().push(pcm24k)
 
     async def recv(self):

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import StreamResampler
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
@@ -91,10 +92,10 @@ class RealtimeSocket(ClosesOnce):
     def _to_16k(self, raw: bytes):
         rate = self.session.settings.input_rate
         pcm = pcm16.to_float(raw)
-        if rate == 16000:
+        if rate == SPEECH_INPUT_RATE:
             return pcm
         if self._resampler is None or self._resampler.from_sr != rate:
-            self._resampler = StreamResampler(rate, 16000)
+            self._resampler = StreamResampler(rate, SPEECH_INPUT_RATE)
         return self._resampler.push(pcm)
 
     # ----- events out -----

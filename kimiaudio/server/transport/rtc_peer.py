@@ -31,6 +31,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
@@ -128,7 +129,7 @@ class RtcPeer(ClosesOnce):
 
     # ----- audio in -----
     async def _read_audio(self, track) -> None:
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=16000)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SPEECH_INPUT_RATE)
         clock = InputClock(self.id, self._metrics.note_input_dropped)
         timeout = FIRST_FRAME_TIMEOUT_S
         reason = "the client hung up"

@@ -3,7 +3,7 @@
 Each chunk of a response's 24 kHz audio goes out at once as one `response.audio.delta`
 (base64 pcm16 24 kHz mono, OpenAI's format); the client buffers and plays it. The server
 cannot hear the client's speaker, so what has been played is estimated by a real-time clock
-started at the first delta: played = min(sent, elapsed * 24000). That estimate is what a
+started at the first delta: played = min(sent, elapsed * 24 kHz). That estimate is what a
 barge-in truncates the stored answer to; a client's conversation.item.truncate (what it
 really played) overrides it. Playback counts as finished when the clock passes the end of
 the audio sent, so a response stays "playing" (and interruptible) as long as on WebRTC.
@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 
 
 class WsPlayback:
@@ -52,7 +52,7 @@ class WsPlayback:
         """No more audio for this response: it finishes when the clock reaches its end."""
         if self.response_id is None:
             return
-        left = self._num_sent / PCM_SAMPLE_RATE - (self._clock() - self._started_at if self._started_at else 0.0)
+        left = self._num_sent / SPEECH_OUTPUT_RATE - (self._clock() - self._started_at if self._started_at else 0.0)
         self._finish = asyncio.get_running_loop().call_later(max(left, 0.0), self._finished, self.response_id)
 
     def flush(self) -> int:
@@ -67,7 +67,7 @@ class WsPlayback:
     def played_samples_24k(self) -> int:
         if self._started_at is None:
             return 0
-        return min(self._num_sent, int((self._clock() - self._started_at) * PCM_SAMPLE_RATE))
+        return min(self._num_sent, int((self._clock() - self._started_at) * SPEECH_OUTPUT_RATE))
 
     def _finished(self, response_id: str) -> None:
         if self.response_id != response_id:

@@ -13,11 +13,11 @@ import numpy as np
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import check_speech_input, decode_audio_bytes, resample
+from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError
 from kimiaudio.server.api_error import ApiError
 
 INPUT_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "aac", "mpeg", "mpga", "pcm16")
-PCM16_RATE = 24000
 
 
 def decode_base64(data, param: str) -> bytes:
@@ -36,7 +36,7 @@ def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, nam
                        f"(supported: {', '.join(INPUT_FORMATS)})", param=param)
     try:
         if fmt == "pcm16":
-            pcm = resample(pcm16.to_float(raw, name), PCM16_RATE, 16000)
+            pcm = resample(pcm16.to_float(raw, name), OPENAI_PCM16_RATE, SPEECH_INPUT_RATE)
         else:
             pcm = decode_audio_bytes(raw, name=name)
         check_speech_input(pcm, audio_config)

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: audio (and text) in; text, or speech and its transcript, out.
 
-The request becomes one pipeline turn (chat_request.py), run in the shared pipeline and
+The request becomes one pipeline turn (chat_body.py), run in the shared pipeline and
 cancelled at once if the client goes away (turn_guard.py). Without `stream` the answer is
 one chat.completion: `message.content` (text answers) or `message.audio` {id, data (the
 whole answer encoded in audio.format, base64), transcript, expires_at}. A spoken answer is
@@ -20,12 +20,13 @@ import numpy as np
 from aiohttp import web
 
 from kimiaudio.audio.encode import encode_audio
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TurnDone
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
 from kimiaudio.server.middleware.request_body import read_json
-from kimiaudio.server.v1.chat_request import ChatRequest, parse_chat_request
+from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.models import MODEL_ID
@@ -37,7 +38,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
     body = await read_json(request)  # bad JSON: 400, too large: 413 (the error middleware says so)
-    chat = await parse_chat_request(body, config, store, pipeline.can_speak)
+    chat = await parse_chat_body(body, config, store, pipeline.can_speak)
     turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
                        sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat))
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
@@ -78,6 +79,6 @@ async def _collect(handle) -> tuple[np.ndarray, TurnDone]:
 
 async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store, ttl_s: float) -> dict:
     answer = await save_answer(store, new_answer_id(), done.text, done.audio_tokens, pcm, ttl_s)
-    data = encode_audio(pcm, chat.audio_format, PCM_SAMPLE_RATE)
+    data = encode_audio(pcm, chat.audio_format, SPEECH_OUTPUT_RATE)
     return {"id": answer.id, "data": base64.b64encode(data).decode("ascii"), "transcript": done.text,
             "expires_at": int(answer.expires_at)}

@@ -18,7 +18,8 @@ import numpy as np
 from aiohttp import web
 
 from kimiaudio.audio.encode import StreamEncoder
-from kimiaudio.pipeline.events import PCM_SAMPLE_RATE, AudioChunk, TextDelta, TurnDone
+from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.turn_guard import client_gone
@@ -34,7 +35,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
 
     spoken = chat.output_type == "both"
     answer_id = new_answer_id()
-    encoder = StreamEncoder(chat.audio_format, PCM_SAMPLE_RATE) if spoken else None
+    encoder = StreamEncoder(chat.audio_format, SPEECH_OUTPUT_RATE) if spoken else None
     pcm: list[np.ndarray] = []
     done: TurnDone | None = None
     try:

@@ -15,6 +15,7 @@ import math
 
 from aiohttp import web
 
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
@@ -61,7 +62,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
     turn = TurnRequest(conversation_id="transcription", history=[HistoryTurn("user", text=ASR_INSTRUCTION)],
                        user_audio=pcm, sampling=SamplingParams.from_config(config.sampling), output_type="text")
-    seconds = pcm.size / 16000
+    seconds = pcm.size / SPEECH_INPUT_RATE
     async with guarded_turn(request, pipeline, turn) as handle:
         if stream:
             return await _stream(request, handle)

@@ -4,7 +4,9 @@
 checks every key against the dataclasses below, and applies CLI overrides. Each field
 declares its range next to its default (`setting`, see validation.py); an unknown key, a value of
 the wrong type or out of range is a ConfigError `section.key: expected <what>, got <value>`.
-session.update (server/session/client_events.py) and SamplingParams are checked against the same ranges.
+A session.update (server/session/client_events.py), a chat request's sampling overrides and
+SamplingParams built in code are checked against the same ranges; the rules between settings
+follow the ranges (`_validate`; the detokenizer's in chunk_schedule.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from kimiaudio.validation import Bounds, check_fields, check_value, declared, setting
-from kimiaudio.detok.settings import MAX_POSITION, ChunkSchedule
+from kimiaudio.config.chunk_schedule import MAX_POSITION, ChunkSchedule
 from kimiaudio.errors import ConfigError
 
 
@@ -77,7 +79,7 @@ class AudioConfig:
 class DetokConfig:
     # "official": the official Kimi-Audio streaming exactly (chunks of 30 tokens, 12 look-ahead,
     # 30 ODE steps, no guard), whatever the per-chunk values below say; "low_latency": the
-    # per-chunk values below. Cross-field checks: kimiaudio/detok/settings.py.
+    # per-chunk values below. Cross-field rules: chunk_schedule.py.
     preset: str = setting("low_latency", Bounds(choices=("low_latency", "official")))
     first_chunk_tokens: int = setting(8, CHUNK_TOKENS)  # official: 30; tokens the first chunk waits for
     # official: 12; of those, held back as the next chunk's context

@@ -1,11 +1,12 @@
 """The detokenizer's chunk schedule: tokens, look-ahead and ODE steps of every chunk (no torch).
 
-A session's first chunk and its later chunks have their own settings ([detok] in config.toml):
-the first chunk decides when the first audio can play, the later ones how much work each
-second of speech costs. `preset = "official"` replaces them all with the official streaming of
-KimiAudio.detokenize_audio (30-token chunks, 12 look-ahead tokens, 30 ODE steps, no guard), so
-the exact official behaviour is one setting away. Every cross-field rule is checked here, with a
-ConfigError that names the key.
+A session's first chunk and its later chunks have their own settings ([detok] in config.toml,
+`DetokConfig`): the first chunk decides when the first audio can play, the later ones how much
+work each second of speech costs. `preset = "official"` replaces them all with the official
+streaming of KimiAudio.detokenize_audio (30-token chunks, 12 look-ahead tokens, 30 ODE steps,
+no guard), so the exact official behaviour is one setting away. Each setting's own range is
+declared on DetokConfig; the rules that tie settings together are checked here, each once, with
+a ConfigError that names the key.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from kimiaudio.errors import ConfigError
+from kimiaudio.validation import check_fields
 
 UPSAMPLE = 4  # mel frames per semantic token (official upsample_factor)
-PRESETS = ("official", "low_latency")
 MAX_POSITION = 4096  # official max_pos_size of the DiT positions
 # What preset = "official" sets (official PrefixStreamingFlowMatchingDetokenizer as
 # KimiAudio.detokenize_audio drives it); the guard cannot lower steps below ode_steps then.
@@ -70,50 +71,31 @@ class ChunkSchedule:
 
     @classmethod
     def from_config(cls, cfg, max_position: int) -> "ChunkSchedule":
-        """The schedule a DetokConfig asks for (preset applied), checked against the DiT's
-        position limit."""
-        if cfg.preset not in PRESETS:
-            raise ConfigError(f"detok.preset = {cfg.preset!r}: expected one of {', '.join(PRESETS)}")
+        """The schedule a DetokConfig asks for (preset applied): every [detok] setting in its
+        declared range (a DetokConfig built in code is held to them as a file is), then the
+        rules between them, within the DiT's position limit."""
+        check_fields(cfg, "detok.")
         if cfg.preset == "official":
             return _checked(cls(**OFFICIAL), max_position)
         values = {f.name: getattr(cfg, f.name) for f in fields(cls) if f.name != "lower_first_chunk"}
         return _checked(cls(**values, lower_first_chunk=cfg.guard_lowers_first_chunk), max_position)
 
 
-def must_reset_positions(start: int, kept: int, next_frames: int, max_position: int) -> bool:
-    """After a chunk that kept `kept` frames with positions now at `start`: restart positions
-    at 0 (and drop the prefix K/V) before the next chunk? The official test is
-    start + 2 * kept > max_position; next_frames (the next chunk's frames) only matters when
-    chunks grow."""
-    return start + max(2 * kept, next_frames) > max_position
-
-
 def _checked(s: ChunkSchedule, max_position: int) -> ChunkSchedule:
+    """The cross-field rules; the single-setting ranges are DetokConfig's."""
     def bad(key: str, expected: str) -> ConfigError:
         return ConfigError(f"detok.{key} = {getattr(s, key)!r}: expected {expected}")
 
-    for key in ("first_ode_steps", "ode_steps", "min_ode_steps"):
-        if getattr(s, key) < 2:
-            raise bad(key, "at least 2 (the ODE grid's two ends; official 30)")
     if s.min_ode_steps > s.ode_steps:
         raise bad("min_ode_steps", f"at most ode_steps ({s.ode_steps}): the guard only lowers steps")
-    for key in ("first_look_ahead_tokens", "look_ahead_tokens"):
-        if getattr(s, key) < 0:
-            raise bad(key, ">= 0")
     if s.first_chunk_tokens <= s.first_look_ahead_tokens:
         raise bad("first_chunk_tokens", f"more than first_look_ahead_tokens ({s.first_look_ahead_tokens}): "
                   "a first chunk must keep some frames")
-    if s.chunk_tokens < 1:
-        raise bad("chunk_tokens", ">= 1")
     if s.first_look_ahead_tokens + s.chunk_tokens <= s.look_ahead_tokens:
         raise bad("chunk_tokens", f"more than look_ahead_tokens - first_look_ahead_tokens "
                   f"({s.look_ahead_tokens - s.first_look_ahead_tokens}): the second chunk must keep some frames")
-    if not s.chunk_growth >= 1.0:
-        raise bad("chunk_growth", ">= 1.0")
     if s.max_chunk_tokens < s.chunk_tokens:
         raise bad("max_chunk_tokens", f">= chunk_tokens ({s.chunk_tokens})")
-    if s.max_kv_cache_frames < 1:
-        raise bad("max_kv_cache_frames", ">= 1 (official 900)")
     biggest = max(s.frames(i) for i in range(s.num_growing_chunks() + 1))
     if biggest > max_position:
         raise bad("max_chunk_tokens", f"chunks of at most {max_position} frames with their look-ahead (got {biggest})")

@@ -7,33 +7,35 @@ turns, user audio as spoken user turns, assistant text as text answers, and an a
 `audio: {"id": ...}` naming an answer this server produced (its transcript and speech codes,
 from the answer store) as a spoken answer. `modalities` ["text"] (the default) or
 ["text", "audio"] with `audio: {"voice", "format"}`; `max_tokens` / `max_completion_tokens`,
-`temperature` (of the text stream) and `seed` map onto the sampling settings.
+`temperature` (of the text stream) and `seed` map onto the sampling settings, each checked
+against its [sampling] range (the configuration itself is not touched).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
 
-from kimiaudio.config import Config, apply_overrides
 from kimiaudio.audio.encode import FORMATS
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.config import Config, check_setting
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.client_events import ProtocolError, typed_field
 from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.store.answer_store import load_answer
+from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
 
 
 @dataclass
 class ChatRequest:
     history: list[HistoryTurn]
-    user_audio: np.ndarray  # 16 kHz
-    output_type: str  # "both" | "text"
+    user_audio: np.ndarray  # at SPEECH_INPUT_RATE
+    output_type: str  # text/output_type.py
     audio_format: str | None  # of the spoken answer
     voice: str | None
     stream: bool
@@ -52,17 +54,17 @@ def _option(body: dict, key: str, kinds, what: str):
         raise _bad(f"{key}: expected {what}", key) from None
 
 
-async def parse_chat_request(body, config: Config, store, can_speak: bool) -> ChatRequest:
+async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatRequest:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_json")
     check_model(body.get("model"))
-    modalities = _option(body, "modalities", list, '["text"] or ["text", "audio"]') or ["text"]
-    if sorted(set(modalities)) not in (["text"], ["audio", "text"]):
-        raise _bad('modalities: expected ["text"] or ["text", "audio"]', "modalities")
-    output_type = "both" if "audio" in modalities else "text"
+    modalities = _option(body, "modalities", list, EXPECTED_MODALITIES)
+    output_type = output_type_of(modalities) if modalities else TEXT
+    if output_type is None:
+        raise _bad(f"modalities: expected {EXPECTED_MODALITIES}", "modalities")
     audio = _option(body, "audio", dict, 'an object {"voice", "format"}') or {}
     audio_format = voice = None
-    if output_type == "both":
+    if output_type == BOTH:
         if not can_speak:
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
         audio_format, voice = audio.get("format"), audio.get("voice")
@@ -79,19 +81,18 @@ async def parse_chat_request(body, config: Config, store, can_speak: bool) -> Ch
 
 
 def _sampling(body: dict, config: Config) -> SamplingParams:
+    """The configured sampling with the body's overrides, each held to its [sampling] range."""
+    limit_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     overrides = {}
-    limit = _option(body, "max_completion_tokens", int, "a positive integer") or _option(
-        body, "max_tokens", int, "a positive integer")
-    if limit is not None:
-        overrides["max_new_tokens"] = limit
-    for key, ours in (("temperature", "text_temperature"), ("seed", "seed")):
-        if _option(body, key, (int, float) if key == "temperature" else int, "a number") is not None:
-            overrides[ours] = body[key]
-    try:
-        sampling = apply_overrides(copy.deepcopy(config), {"sampling": overrides}).sampling
-        return SamplingParams.from_config(sampling)
-    except KimiAudioError as exc:
-        raise _bad(str(exc), next(iter(overrides), None)) from None
+    for key, ours in ((limit_key, "max_new_tokens"), ("temperature", "text_temperature"), ("seed", "seed")):
+        if body.get(key) is None:
+            continue
+        try:
+            overrides[ours] = check_setting("sampling", ours, body[key])
+        except ConfigError as exc:
+            expected = str(exc).partition(": expected ")[2]  # "<what>, got <value>"
+            raise _bad(f"{key}: expected {expected}"[:300], key) from None
+    return SamplingParams.from_config(config.sampling, **overrides)
 
 
 async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn], np.ndarray]:
@@ -147,8 +148,8 @@ def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
     turns = [HistoryTurn("user", text="\n".join(texts))] if any(texts) else []
     if audio:
         joined = np.concatenate(audio)
-        if joined.size / 16000 > config.audio.max_input_seconds:
-            raise _bad(f"{where}: the audio parts last {joined.size / 16000:.1f} s together; the limit is "
+        if joined.size / SPEECH_INPUT_RATE > config.audio.max_input_seconds:
+            raise _bad(f"{where}: the audio parts last {joined.size / SPEECH_INPUT_RATE:.1f} s together; the limit is "
                        f"{config.audio.max_input_seconds:g} s", where, "invalid_audio")
         turns.append(HistoryTurn("user", audio=joined))
     return turns
