@@ -64,7 +64,7 @@ def test_rehearsal_shapes_are_the_real_ones(golden_checkpoint):
     trace = []
     detok.detokenize(torch.randint(0, 64, (230,)).tolist(), seed=0, trace=trace)
     hook.remove()
-    shapes = rehearse(detok.new_session().params, chunks=len(trace) - 1)
+    shapes = rehearse(detok.new_stream().params, chunks=len(trace) - 1)
     assert [(c.frames, c.prefix, c.vocoder_frames) for c in shapes] == [
         (r["n_frames_in"], r["prefix_frames"], n) for r, n in zip(trace[:-1], lengths)]
     assert max(c.prefix for c in shapes) == 100

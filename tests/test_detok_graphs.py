@@ -71,11 +71,11 @@ def test_graph_path_equals_eager(detoks):
     planned = capture.captured
     g = torch.Generator().manual_seed(4)
     streams = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (23, 9, 31)]
-    sessions = {name: [d.new_session(seed=s) for s in range(3)] for name, d in (("eager", eager), ("graphed", graphed))}
-    out = {name: [[] for _ in streams] for name in sessions}
+    detok_streams = {name: [d.new_stream(seed=s) for s in range(3)] for name, d in (("eager", eager), ("graphed", graphed))}
+    out = {name: [[] for _ in streams] for name in detok_streams}
     for step in range(0, 32, 5):  # 5 tokens a step; a stream ends with a final flush
         for name, detok in (("eager", eager), ("graphed", graphed)):
-            items = [(sessions[name][i], toks[step : step + 5], step + 5 >= len(toks))
+            items = [(detok_streams[name][i], toks[step : step + 5], step + 5 >= len(toks))
                      for i, toks in enumerate(streams) if step < len(toks)]
             for (i, _), wav in zip([(i, t) for i, t in enumerate(streams) if step < len(t)], detok.step_batch(items)):
                 out[name][i].append(wav)

@@ -11,7 +11,7 @@ SETTINGS = GuardSettings(max_batch_sessions=8, run_ahead_s=0.5, first_ode_steps=
 
 
 @dataclass
-class Session:
+class Stream:
     name: str
     playback_deadline: float
     is_playing: bool = True
@@ -23,37 +23,37 @@ def cost(seconds_per_call: float) -> CostEstimate:
 
 
 def test_no_risk_no_lowering_most_urgent_first():
-    due = [Session("later", 10.4), Session("new", 9.0, is_playing=False), Session("soon", 10.1)]
+    due = [Stream("later", 10.4), Stream("new", 9.0, is_playing=False), Stream("soon", 10.1)]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.001))
-    assert [s.name for s in plan.sessions] == ["new", "soon", "later"]
+    assert [s.name for s in plan.streams] == ["new", "soon", "later"]
     assert plan.ode_steps == [None, None, None] and plan.num_lowered == 0
 
 
 def test_run_ahead_and_limit():
-    due = [Session(f"s{i}", 10.0 + 0.1 * i) for i in range(12)]
+    due = [Stream(f"s{i}", 10.0 + 0.1 * i) for i in range(12)]
     busy = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.0))
-    assert [s.name for s in busy.sessions] == ["s0", "s1", "s2", "s3", "s4", "s5"]  # <= 0.5 s left to play
+    assert [s.name for s in busy.streams] == ["s0", "s1", "s2", "s3", "s4", "s5"]  # <= 0.5 s left to play
     idle = plan_chunks(due, now=10.0, llm_busy=False, settings=SETTINGS, cost=cost(0.0))
-    assert len(idle.sessions) == 8  # max_batch_sessions, the soonest to run dry
+    assert len(idle.streams) == 8  # max_batch_sessions, the soonest to run dry
 
 
 def test_at_risk_batch_gets_the_most_steps_that_fit():
     # Forecast at normal steps: a group of 10 calls (first chunk) + 16 (later chunks), 10 ms each.
     # "tight" has 0.1 s left and its next chunk adds 0.3 s: 0.4 s of room < 2 x 0.26 s.
-    due = [Session("new", 9.5, is_playing=False), Session("tight", 10.1, next_chunk_s=0.3),
-           Session("fine", 10.45, next_chunk_s=2.0)]
+    due = [Stream("new", 9.5, is_playing=False), Stream("tight", 10.1, next_chunk_s=0.3),
+           Stream("fine", 10.45, next_chunk_s=2.0)]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.01))
-    assert [s.name for s in plan.sessions] == ["new", "tight", "fine"]
+    assert [s.name for s in plan.streams] == ["new", "tight", "fine"]
     # later chunks at s steps: 2 x (10 + s) x 0.01 <= 0.4 fails for s >= 11, and s = 10 joins the
     # first chunk's group (one group of 10 calls): the batch's later chunks run at 10 steps
     assert plan.ode_steps == [None, 10, 10] and plan.num_lowered == 2
-    later_only = [Session("tight", 10.1, next_chunk_s=0.21), Session("fine", 10.45, next_chunk_s=2.0)]
+    later_only = [Stream("tight", 10.1, next_chunk_s=0.21), Stream("fine", 10.45, next_chunk_s=2.0)]
     plan = plan_chunks(later_only, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.01))
     assert plan.ode_steps == [15, 15]  # 0.31 s of room < 2 x 16 x 0.01; 2 x 15 x 0.01 fits
 
 
 def test_floor_when_nothing_fits_and_first_chunks_kept():
-    due = [Session("new", 9.0, is_playing=False), Session("dry", 9.9, next_chunk_s=0.1)]
+    due = [Stream("new", 9.0, is_playing=False), Stream("dry", 9.9, next_chunk_s=0.1)]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.05))
     assert plan.ode_steps == [None, 6] and plan.num_lowered == 1
     allowed = GuardSettings(**{**SETTINGS.__dict__, "lower_first_chunk": True})
@@ -63,30 +63,30 @@ def test_floor_when_nothing_fits_and_first_chunks_kept():
 
 def test_official_settings_never_lower():
     official = GuardSettings(8, 0.5, first_ode_steps=30, ode_steps=30, min_ode_steps=30, lower_first_chunk=False)
-    due = [Session("dry", 9.0, next_chunk_s=0.1)]
+    due = [Stream("dry", 9.0, next_chunk_s=0.1)]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=official, cost=cost(1.0))
     assert plan.ode_steps == [None] and plan.num_lowered == 0
 
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_nobody_starves(limit):
-    """Served sessions move their deadline later by their chunk's audio; the others keep theirs,
+    """Served streams move their deadline later by their chunk's audio; the others keep theirs,
     so each is served within every ceil(n / limit) + 2 rounds (a new reply, waiting since it was
     submitted, may cut in once)."""
     settings = GuardSettings(**{**SETTINGS.__dict__, "max_batch_sessions": limit})
-    sessions = [Session(f"s{i}", 10.0 + 0.01 * i, next_chunk_s=0.2) for i in range(7)]
-    waited = {s.name: 0 for s in sessions}
-    bound = -(-len(sessions) // limit) + 2
+    streams = [Stream(f"s{i}", 10.0 + 0.01 * i, next_chunk_s=0.2) for i in range(7)]
+    waited = {s.name: 0 for s in streams}
+    bound = -(-len(streams) // limit) + 2
     now = 10.0
     for round_ in range(80):
-        if round_ % 10 == 5:  # a session's reply ends and a new one is submitted now
-            replaced = sessions[round_ % len(sessions)]
+        if round_ % 10 == 5:  # a stream's reply ends and a new one is submitted now
+            replaced = streams[round_ % len(streams)]
             replaced.is_playing, replaced.playback_deadline = False, now
-        plan = plan_chunks(sessions, now, llm_busy=False, settings=settings, cost=cost(0.001))
-        for s in sessions:
-            waited[s.name] = 0 if s in plan.sessions else waited[s.name] + 1
+        plan = plan_chunks(streams, now, llm_busy=False, settings=settings, cost=cost(0.001))
+        for s in streams:
+            waited[s.name] = 0 if s in plan.streams else waited[s.name] + 1
             assert waited[s.name] <= bound, (round_, s.name)
-        for s in plan.sessions:
+        for s in plan.streams:
             s.is_playing = True
             s.playback_deadline = max(s.playback_deadline, now) + s.next_chunk_s
         now += 0.05

@@ -2,7 +2,7 @@
 
 The goldens cover two or three chunks; this reference (official detokenize_audio ->
 detokenize_streaming -> infer_chunk -> torchdyn Euler, written out with plain tensors, one
-session, K/V grown by cat) also covers the K/V cap (max_kv_cache_tokens) and the position reset
+stream, K/V grown by cat) also covers the K/V cap (max_kv_cache_tokens) and the position reset
 (max_pos_size), shrunk here to 100 frames and 400 positions so that a few chunks reach them.
 """
 
@@ -14,7 +14,7 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.flow_matching import REFRESH_T
 from kimiaudio.config.chunk_schedule import UPSAMPLE
-from kimiaudio.detok.streaming import DetokSession
+from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.models.dit import DiTContext
 
 MAX_KV, MAX_POS, STEPS = 100, 400, 4
@@ -111,21 +111,21 @@ def test_kv_cap_and_position_reset_match_reference(golden_paths):
     detok = Detokenizer.load(golden_paths, "cpu", torch.float32, config)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, detok.dit.cfg.semantic_vocab_size, (100,), generator=g).tolist()
-    noises = []  # drawn as the session asks for them, replayed to the reference
+    noises = []  # drawn as the stream asks for them, replayed to the reference
 
     def noise(frames: int) -> torch.Tensor:
         noises.append(torch.randn(frames, detok.dit.cfg.input_size, generator=g))
         return noises[-1]
 
-    params = detok.new_session().params
+    params = detok.new_stream().params
     params = replace(params, schedule=replace(params.schedule, max_kv_cache_frames=MAX_KV), max_position=MAX_POS)
-    session = DetokSession(params, noise_fn=noise)
-    session.trace = []
-    got = [detok.step_batch([(session, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]
-    got.append(detok.step_batch([(session, [], True)])[0])
+    stream = DetokStream(params, noise_fn=noise)
+    stream.trace = []
+    got = [detok.step_batch([(stream, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]
+    got.append(detok.step_batch([(stream, [], True)])[0])
     expected, expected_starts = _reference(detok.dit, detok.vocoder, tokens, iter(noises),
                                            config.first_chunk_tokens, config.chunk_tokens, config.look_ahead_tokens)
-    starts = [rec["start_position"] for rec in session.trace]
+    starts = [rec["start_position"] for rec in stream.trace]
     assert starts == expected_starts and 0 in starts[1:]  # positions were reset at least once
     got = [w for w in got if w.numel()]
     assert len(got) == len(expected) == len(starts)

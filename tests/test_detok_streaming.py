@@ -1,5 +1,5 @@
 """Streaming detokenizer: official detokenize_audio goldens (preset "official"), the low-latency
-chunk schedule, batched sessions == alone, RTF."""
+chunk schedule, batched streams == alone, RTF."""
 
 import time
 import pytest
@@ -65,12 +65,12 @@ def test_detokenize_matches_official(golden, golden_meta, detok, fast, name, low
 
 
 def _drive(detok, plans, together: bool):
-    """plans: per session (seed, {step: (tokens, final)}). Returns per session the per-step wavs."""
-    sessions = [detok.new_session(seed) for seed, _ in plans]
+    """plans: per stream (seed, {step: (tokens, final)}). Returns per stream the per-step wavs."""
+    streams = [detok.new_stream(seed) for seed, _ in plans]
     steps = max(max(p) for _, p in plans) + 1
     out = [[] for _ in plans]
     for step in range(steps):
-        items = [(i, sessions[i], *plan[step]) for i, (_, plan) in enumerate(plans) if step in plan]
+        items = [(i, streams[i], *plan[step]) for i, (_, plan) in enumerate(plans) if step in plan]
         if together:
             wavs = detok.step_batch([(s, toks, final) for _, s, toks, final in items])
         else:
@@ -80,8 +80,8 @@ def _drive(detok, plans, together: bool):
     return out
 
 
-def test_batched_sessions_equal_alone(fast):
-    """Sessions batched at padded bucket shapes (as on CUDA) equal each session run alone at its
+def test_batched_streams_equal_alone(fast):
+    """Streams batched at padded bucket shapes (as on CUDA) equal each stream run alone at its
     own shapes (as on the CPU)."""
     detok = fast
     bucketed = Detokenizer(detok.dit, detok.vocoder, detok.cfg, bucketed=True)
@@ -90,7 +90,7 @@ def test_batched_sessions_equal_alone(fast):
     hook = detok.vocoder.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
     g = torch.Generator().manual_seed(3)
     toks = lambda n: random_tokens(detok, n, g)  # noqa: E731
-    plans = [  # sessions of different lengths, staggered: first, later and final chunks mix
+    plans = [  # streams of different lengths, staggered: first, later and final chunks mix
         (11, {0: (toks(31), False), 1: (toks(30), False), 2: (toks(4), True)}),
         (22, {1: (toks(10), False), 2: (toks(25), False), 3: (toks(0), True)}),
         (33, {1: (toks(33), True)}),
@@ -110,21 +110,21 @@ def test_batched_sessions_equal_alone(fast):
         assert sum(w.numel() for w in a) == sum(len(t) for t, _ in plan.values()) * detok.samples_per_token
 
 
-def test_streaming_session_equals_offline(fast):
+def test_streaming_stream_equals_offline(fast):
     detok = fast
     """Pushing tokens bit by bit with official chunk sizes gives detokenize's wav."""
     tokens = random_tokens(detok, 45, torch.Generator().manual_seed(5))
-    session = detok.new_session(seed=9)
-    pieces = [detok.step_batch([(session, tokens[i : i + 7], False)])[0] for i in range(0, 42, 7)]
-    pieces.append(detok.step_batch([(session, tokens[42:], True)])[0])
+    stream = detok.new_stream(seed=9)
+    pieces = [detok.step_batch([(stream, tokens[i : i + 7], False)])[0] for i in range(0, 42, 7)]
+    pieces.append(detok.step_batch([(stream, tokens[42:], True)])[0])
     torch.testing.assert_close(torch.cat(pieces), detok.detokenize(tokens, seed=9), **TOL)
-    assert not session.ready(True)  # the final chunk reset the session
+    assert not stream.ready(True)  # the final chunk reset the stream
 
 
 def test_bad_inputs(detok):
     with pytest.raises(KimiAudioError, match="out of range"):
-        detok.new_session(0).push([detok.dit.cfg.semantic_vocab_size])
-    s = detok.new_session(0)
+        detok.new_stream(0).push([detok.dit.cfg.semantic_vocab_size])
+    s = detok.new_stream(0)
     with pytest.raises(KimiAudioError, match="twice"):
         detok.step_batch([(s, [1], False), (s, [2], False)])
     with pytest.raises(ConfigError, match="detok.first_chunk_tokens"):
@@ -181,11 +181,11 @@ def test_guard_steps_reach_the_chunks(fast):
     step_batch feeds the cost estimate the guard forecasts with."""
     tokens = random_tokens(fast, 16, torch.Generator().manual_seed(8))
     seconds_per_frame = fast.vocoder.cfg.hop_size / fast.sample_rate
-    session = fast.new_session(seed=0)
-    session.trace = []
-    assert session.next_chunk_seconds == pytest.approx((8 - 2) * 4 // 2 * seconds_per_frame)  # half held back
-    fast.step_batch([DetokItem(session, tokens[:8], False)])
-    assert session.next_chunk_seconds == pytest.approx(8 * 4 * seconds_per_frame)
-    fast.step_batch([DetokItem(session, tokens[8:], False, ode_steps=3)])
-    assert [r["ode_steps"] for r in session.trace] == [4, 3]
+    stream = fast.new_stream(seed=0)
+    stream.trace = []
+    assert stream.next_chunk_seconds == pytest.approx((8 - 2) * 4 // 2 * seconds_per_frame)  # half held back
+    fast.step_batch([DetokItem(stream, tokens[:8], False)])
+    assert stream.next_chunk_seconds == pytest.approx(8 * 4 * seconds_per_frame)
+    fast.step_batch([DetokItem(stream, tokens[8:], False, ode_steps=3)])
+    assert [r["ode_steps"] for r in stream.trace] == [4, 3]
     assert fast.cost.seconds_per_call > 0

@@ -1,5 +1,5 @@
 """Voice prompts in the detokenizer: the official mel and prefill against the golden's `voice.*`,
-streaming after it, the position reset back to the voice, and sessions in different voices
+streaming after it, the position reset back to the voice, and streams in different voices
 batched (padded, per-row prefixes of different lengths) equal to each alone."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import torch
 
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
-from kimiaudio.detok.streaming import DetokSession
+from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.detok.voice_prefix import PROMPT_CHUNK_FRAMES, prefill_spans
 from kimiaudio.errors import KimiAudioError
 from test_detok_streaming import TOL, random_tokens
@@ -80,28 +80,28 @@ def test_position_reset_returns_to_the_voice(fast, golden, voice_meta):
     """When positions run out, the stream restarts at the voice prefix (the official backup),
     not at 0 with an empty K/V; a new stream after a final chunk starts there too."""
     voice = golden_voice(fast, golden, voice_meta)
-    params = dataclasses.replace(fast.new_session().params, max_position=voice.next_position + 160)
-    session = DetokSession(params, seed=1, voice=voice)
-    session.trace = []
-    assert session.start_position == voice.next_position and session.kv is voice.kv
+    params = dataclasses.replace(fast.new_stream().params, max_position=voice.next_position + 160)
+    stream = DetokStream(params, seed=1, voice=voice)
+    stream.trace = []
+    assert stream.start_position == voice.next_position and stream.kv is voice.kv
     tokens = random_tokens(fast, 80, torch.Generator().manual_seed(2))
     restarts = 0
     for i in range(0, 80, 4):
-        fast.step_batch([(session, tokens[i : i + 4], False)])
-        if session.is_started and session.start_position == voice.next_position:
+        fast.step_batch([(stream, tokens[i : i + 4], False)])
+        if stream.is_started and stream.start_position == voice.next_position:
             restarts += 1
-            assert session.kv is voice.kv  # the shared prefix itself, untouched by the chunks before
+            assert stream.kv is voice.kv  # the shared prefix itself, untouched by the chunks before
     assert restarts, "positions never ran out: the test's limit is too generous"
-    starts = [rec["start_position"] for rec in session.trace]
+    starts = [rec["start_position"] for rec in stream.trace]
     assert starts[0] == voice.next_position and min(starts) == voice.next_position and max(starts) > voice.next_position
-    assert all(rec["prefix_frames"] >= voice.frames for rec in session.trace)  # the voice is never dropped
-    fast.step_batch([(session, [], True)])  # final: the next stream starts from the voice again
-    assert not session.is_started and session.start_position == voice.next_position and session.kv is voice.kv
+    assert all(rec["prefix_frames"] >= voice.frames for rec in stream.trace)  # the voice is never dropped
+    fast.step_batch([(stream, [], True)])  # final: the next stream starts from the voice again
+    assert not stream.is_started and stream.start_position == voice.next_position and stream.kv is voice.kv
 
 
-def test_sessions_in_different_voices_batch_like_alone(fast, golden, voice_meta):
+def test_streams_in_different_voices_batch_like_alone(fast, golden, voice_meta):
     """Bucketed batches (padded rows, frames and prefixes of different lengths, as on CUDA) of
-    sessions in two voices and none equal each session run alone at its own shapes."""
+    streams in two voices and none equal each stream run alone at its own shapes."""
     wav, codes = golden["voice.ref_wav24k"], golden["voice.ref_codes"][0]
     voices = [golden_voice(fast, golden, voice_meta), fast.voice_prefix(wav[: wav.numel() // 2].flip(0), codes[:20].flip(0)), None]
     assert voices[0].frames != voices[1].frames
@@ -110,10 +110,10 @@ def test_sessions_in_different_voices_batch_like_alone(fast, golden, voice_meta)
     plans = [(voices[i % 3], 10 + i, random_tokens(fast, 20 + 9 * i, g)) for i in range(5)]
 
     def drive(detok, together):
-        sessions = [detok.new_session(seed, voice=v) for v, seed, _ in plans]
+        streams = [detok.new_stream(seed, voice=v) for v, seed, _ in plans]
         out = [[] for _ in plans]
         for step in range(3):
-            items = [(s, toks[step * 12 : (step + 1) * 12], step == 2) for s, (_, _, toks) in zip(sessions, plans)]
+            items = [(s, toks[step * 12 : (step + 1) * 12], step == 2) for s, (_, _, toks) in zip(streams, plans)]
             wavs = detok.step_batch(items) if together else [detok.step_batch([item])[0] for item in items]
             for i, w in enumerate(wavs):
                 out[i].append(w)

@@ -55,12 +55,12 @@ def golden_models(golden_checkpoint):
 
 
 def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None = None, per_step: int = 5) -> list[torch.Tensor]:
-    """Sessions fed `per_step` tokens a step, batched together; each stream's whole wav."""
-    sessions = [detok.new_session(seed=s) for s in (seeds or range(len(streams)))]
+    """DetokStreams fed `per_step` tokens a step, batched together; each stream's whole wav."""
+    detok_streams = [detok.new_stream(seed=s) for s in (seeds or range(len(streams)))]
     pieces = [[] for _ in streams]
     for step in range(0, max(map(len, streams)), per_step):
         live = [i for i, toks in enumerate(streams) if step < len(toks)]
-        items = [DetokItem(sessions[i], streams[i][step : step + per_step], step + per_step >= len(streams[i]))
+        items = [DetokItem(detok_streams[i], streams[i][step : step + per_step], step + per_step >= len(streams[i]))
                  for i in live]
         for i, wav in zip(live, detok.step_batch(items)):
             pieces[i].append(wav)
@@ -69,8 +69,8 @@ def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None =
 
 @torch.inference_mode()
 def test_graphs_equal_eager_fp32(golden_models):
-    """Sessions of different lengths and phases, batched at bucket shapes and replayed from
-    graphs, equal each session run alone eagerly (fp32, 1e-4)."""
+    """Streams of different lengths and phases, batched at bucket shapes and replayed from
+    graphs, equal each stream run alone eagerly (fp32, 1e-4)."""
     cfg = DetokConfig(first_ode_steps=6, ode_steps=8, min_ode_steps=4, max_batch_sessions=4)
     fast = graphed(*golden_models, cfg)
     info = fast.prepare_for_serving()
@@ -103,28 +103,28 @@ def stack(tmp_path_factory):
     return build_random_stack(config, SHAPE)
 
 
-def _steady_sessions(detok: Detokenizer, n: int, warm_chunks: int = 6) -> list:
-    """n sessions past their growing chunks, each with its next (largest) chunk's tokens pushed."""
-    sessions = [detok.new_session(seed=i) for i in range(n)]
+def _steady_streams(detok: Detokenizer, n: int, warm_chunks: int = 6) -> list:
+    """n streams past their growing chunks, each with its next (largest) chunk's tokens pushed."""
+    detok_streams = [detok.new_stream(seed=i) for i in range(n)]
     codes = detok.dit.cfg.semantic_vocab_size
     rng = np.random.default_rng(0)
     for _ in range(warm_chunks):
-        detok.step_batch([DetokItem(s, rng.integers(0, codes, s.next_chunk_tokens).tolist(), False) for s in sessions])
-    for s in sessions:
+        detok.step_batch([DetokItem(s, rng.integers(0, codes, s.next_chunk_tokens).tolist(), False) for s in detok_streams])
+    for s in detok_streams:
         s.push(rng.integers(0, codes, s.next_chunk_tokens).tolist())
-    return sessions
+    return detok_streams
 
 
 def _time_chunk(detok: Detokenizer, n: int, first: bool) -> float:
-    """Seconds of one step_batch running one chunk for each of n sessions (first or later chunks)."""
+    """Seconds of one step_batch running one chunk for each of n streams (first or later chunks)."""
     if first:
-        sessions = [detok.new_session(seed=i) for i in range(n)]
-        for s in sessions:
+        detok_streams = [detok.new_stream(seed=i) for i in range(n)]
+        for s in detok_streams:
             s.push([1] * s.next_chunk_tokens)
     else:
-        sessions = _steady_sessions(detok, n)
+        detok_streams = _steady_streams(detok, n)
     start = time.perf_counter()
-    wavs = detok.step_batch([DetokItem(s, [], False) for s in sessions])
+    wavs = detok.step_batch([DetokItem(s, [], False) for s in detok_streams])
     seconds = time.perf_counter() - start
     assert all(w.numel() > 0 and bool(torch.isfinite(w).all()) for w in wavs)
     return seconds
@@ -133,7 +133,7 @@ def _time_chunk(detok: Detokenizer, n: int, first: bool) -> float:
 @torch.inference_mode()
 def test_full_size_detokenizer_graphed_and_timed(stack):
     """The real DiT and vocoder shapes (bf16 on CUDA): graphs captured before serving, then one
-    chunk per session at 1 and 8 sessions (first chunks, and later chunks of the largest shape),
+    chunk per stream at 1 and 8 streams (first chunks, and later chunks of the largest shape),
     graphed vs eager. Prints the numbers; checks only that the output is finite."""
     detok = stack.detokenizer
     info = detok.prepare_for_serving()
@@ -144,8 +144,8 @@ def test_full_size_detokenizer_graphed_and_timed(stack):
             for name, d in (("graphed", detok), ("eager", plain)):
                 _time_chunk(d, n, first)  # warm (lazy captures of unplanned shapes, allocator)
                 times = sorted(_time_chunk(d, n, first) for _ in range(3))
-                print(f"  {name:>7} {n:>2} sessions, {'first' if first else 'later'} chunks: "
-                      f"{1e3 * times[1]:8.1f} ms per batch ({1e3 * times[1] / n:6.1f} ms a session)")
+                print(f"  {name:>7} {n:>2} streams, {'first' if first else 'later'} chunks: "
+                      f"{1e3 * times[1]:8.1f} ms per batch ({1e3 * times[1] / n:6.1f} ms a stream)")
 
 
 @torch.inference_mode()

@@ -18,10 +18,10 @@ from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.offline import answer
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
-from kimiaudio.pipeline.speech_turn import SpeechTurn
+from kimiaudio.pipeline.detok_turn import DetokTurn
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.detok.realtime_guard import chunks_to_run
-from kimiaudio.pipeline.turn import TurnHandle
+from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.text.prompt import Message
 
@@ -101,7 +101,7 @@ def offline_answer(stack: ModelStack, pcm: np.ndarray, params: SamplingParams):
     return turn, speech, wav
 
 
-# 1 session per detok batch: sessions take turns; run-ahead 0: chunks wait as long as they can.
+# 1 stream per detok batch: streams take turns; run-ahead 0: chunks wait as long as they can.
 @pytest.mark.parametrize("detok_batch, run_ahead", [(8, 0.5), (1, 0.5), (8, 0.0)])
 def test_concurrent_turns_equal_offline_reference(stack, speech_16k, detok_batch, run_ahead):
     inputs = voices(speech_16k, 4)
@@ -220,13 +220,13 @@ def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, 
     assert len(calls) >= 2
 
 
-def test_detokenizer_serves_the_session_about_to_run_dry_first():
+def test_detokenizer_serves_the_stream_about_to_run_dry_first():
     loop = asyncio.new_event_loop()
     try:
-        def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> SpeechTurn:
+        def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> DetokTurn:
             handle = TurnHandle("t", loop)
             handle.submitted_at = submitted_at
-            state = SpeechTurn(handle, session=None)
+            state = DetokTurn(handle, stream=None)
             if first_pcm_s is not None:
                 state.first_pcm_s = first_pcm_s
                 state.samples_sent = int(seconds_sent * 24000)

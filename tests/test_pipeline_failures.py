@@ -134,7 +134,7 @@ def test_detokenizer_failure_fails_its_turns_alone(stack, speech_16k, monkeypatc
         return real(items)
 
     monkeypatch.setattr(stack.detokenizer, "step_batch", step_batch)
-    # One session per detokenizer batch, so the injected failure hits exactly one turn.
+    # One stream per detokenizer batch, so the injected failure hits exactly one turn.
     stack.config.detok.max_batch_sessions, saved = 1, stack.config.detok.max_batch_sessions
     try:
         results, stats, after = turns_with(stack, inputs, params=SamplingParams(seed=1, max_new_tokens=80,

@@ -18,7 +18,7 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.pending_turn import PendingTurn
+from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.speech_encoding import EncodeJob, SpeechEncoding
 from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
 
@@ -71,7 +71,7 @@ def test_a_batch_no_pending_turn_wants_any_more_is_dropped():
     closed: list = []
     stack_like = SimpleNamespace(encode_speech_stages=lambda pcms: counting_stages(5, closed=closed))
     encoding = SpeechEncoding(stack_like, batch_size=4, metrics=PipelineMetrics())
-    turn = PendingTurn(None, None, {b"u": np.zeros(16000, np.float32)}, 0.0)
+    turn = LmTurn(None, None, {b"u": np.zeros(16000, np.float32)}, 0.0)
     assert encoding.advance([turn], busy=True, budget_s=0.0) == [] and encoding.has_job
     assert encoding.advance([], busy=True, budget_s=0.0) == []  # the turn was cancelled meanwhile
     assert not encoding.has_job and closed == [True] and turn.encoded == {}

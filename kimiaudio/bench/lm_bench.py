@@ -74,7 +74,7 @@ def bench_lm(stack, config, inputs: list[list[np.ndarray]], params: list[Samplin
 def lm_engine_run(stack, config, users: list[list[Message]], params: list[SamplingParams]) -> tuple[int, float]:
     """(generated positions, seconds) of every session's turns through a fresh engine."""
     from kimiaudio.engine.llm_engine import LLMEngine
-    from kimiaudio.pipeline.offline import TurnResult
+    from kimiaudio.pipeline.offline import OfflineAnswer
 
     offset = stack.specials.token_offset
     engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
@@ -103,7 +103,7 @@ def lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampli
             if out.finish_reason == "error":
                 raise KimiAudioError(f"bench LM turn failed: {out.error}")
             done = out.completion
-            reply = TurnResult.from_tokens(stack, done.text_tokens, done.audio_tokens, out.finish_reason, done.num_steps)
+            reply = OfflineAnswer.from_tokens(stack, done.text_tokens, done.audio_tokens, out.finish_reason, done.num_steps)
             histories[session].append(reply.history_message(offset))
             if len(histories[session]) < 2 * len(users[session]):
                 submit(session)

@@ -30,8 +30,8 @@ def memory_budget(stack, sessions: int, device_bytes: int | None = None, graphs:
         fixed += weights["dit"] + weights["vocoder"]
         graph_bytes = (graphs or {}).get("added_bytes", 0)
         plan.update(detok_static_buffers=detok.flow.arena.nbytes, detok_graph_pool=graph_bytes,
-                    detok_state_per_session=detok.state_bytes_per_session(),
-                    detok_state_all_sessions=sessions * detok.state_bytes_per_session())
+                    detok_state_per_session=detok.state_bytes_per_stream(),
+                    detok_state_all_sessions=sessions * detok.state_bytes_per_stream())
         fixed += detok.flow.arena.nbytes + graph_bytes + plan["detok_state_all_sessions"]
     cfg = stack.lm.config
     element = next(stack.lm.parameters()).element_size()

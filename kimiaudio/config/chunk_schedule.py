@@ -1,6 +1,6 @@
 """The detokenizer's chunk schedule: tokens, look-ahead and ODE steps of every chunk (no torch).
 
-A session's first chunk and its later chunks have their own settings ([detok] in config.toml,
+A stream's first chunk and its later chunks have their own settings ([detok] in config.toml,
 `DetokConfig`): the first chunk decides when the first audio can play, the later ones how much
 work each second of speech costs. `preset = "official"` replaces them all with the official
 streaming of KimiAudio.detokenize_audio (30-token chunks, 12 look-ahead tokens, 30 ODE steps,
@@ -42,7 +42,7 @@ class ChunkSchedule:
     max_kv_cache_frames: int
 
     def tokens(self, index: int) -> int:
-        """Tokens of chunk `index` (0 = first) of a stream, grown as the session grows them."""
+        """Tokens of chunk `index` (0 = first) of a stream, grown as the stream grows them."""
         if index == 0:
             return self.first_chunk_tokens
         size = float(self.chunk_tokens)

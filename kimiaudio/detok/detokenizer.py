@@ -1,16 +1,16 @@
 """Semantic tokens -> 24 kHz speech: the DiT flow matcher and the BigVGAN vocoder, batched.
 
-`detokenize` streams all tokens at once through a session's chunk schedule: with
+`detokenize` streams all tokens at once through a stream's chunk schedule: with
 `preset = "official"` (config/chunk_schedule.py) that is the official KimiAudio.detokenize_audio
 (chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade).
-`step_batch` is what the serving loop calls each step: it runs every chunk due across sessions, the
+`step_batch` is what the serving loop calls each step: it runs every chunk due across streams, the
 DiT for all chunks with the same ODE step count in one padded forward per step (bucket shapes,
 CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padding sees the
-ends, so only equal lengths share a forward). Each session's output equals running it alone.
+ends, so only equal lengths share a forward). Each stream's output equals running it alone.
 `prepare_for_serving` captures the graphs before serving; `guard_settings` and `cost` feed the
 real-time guard (detok/realtime_guard.py), whose step counts come back in DetokItem.ode_steps.
-`voice_prefix` turns a reference voice into the DiT prefix its sessions start from
-(detok/voice_prefix.py); sessions in different voices batch together like any others.
+`voice_prefix` turns a reference voice into the DiT prefix its streams start from
+(detok/voice_prefix.py); streams in different voices batch together like any others.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.chunk_shapes import rehearse
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
-from kimiaudio.detok.streaming import DetokSession, StreamParams
+from kimiaudio.detok.streaming import DetokStream, StreamParams
 from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, KimiAudioError
@@ -148,11 +148,11 @@ class Detokenizer:
             max_position=self._max_position(),
         )
 
-    def new_session(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
-                    voice: VoicePrefix | None = None) -> DetokSession:
-        """A streaming session (in `voice`, or the model's own); its CPU generator (seeded) draws
-        each chunk's noise."""
-        return DetokSession(self._params(self.schedule), seed, noise_fn, voice)
+    def new_stream(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
+                   voice: VoicePrefix | None = None) -> DetokStream:
+        """The streaming state of one answer's speech (in `voice`, or the model's own); its CPU
+        generator (seeded) draws each chunk's noise."""
+        return DetokStream(self._params(self.schedule), seed, noise_fn, voice)
 
     @property
     def num_prefill_calls(self) -> int:
@@ -184,19 +184,19 @@ class Detokenizer:
         noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None, preset: str | None = None,
         voice: VoicePrefix | None = None,
     ) -> Tensor:
-        """All tokens -> float32 wav [n_tokens * 4 * hop] on the CPU, chunked as a session with
+        """All tokens -> float32 wav [n_tokens * 4 * hop] on the CPU, chunked as a stream with
         the same seed would be (`preset="official"`: the official detokenize_audio whatever the
         config says)."""
         tokens = tokens.reshape(-1).tolist() if isinstance(tokens, Tensor) else list(tokens)
         schedule = self.schedule
         if preset is not None:
             schedule = ChunkSchedule.from_config(replace(self.cfg, preset=preset), self._max_position())
-        session = DetokSession(self._params(schedule), seed, noise_fn, voice)
-        session.trace = trace
-        return self.step_batch([(session, tokens, True)])[0]
+        stream = DetokStream(self._params(schedule), seed, noise_fn, voice)
+        stream.trace = trace
+        return self.step_batch([(stream, tokens, True)])[0]
 
-    def state_bytes_per_session(self) -> int:
-        """Device memory one session holds at most: its prefix K/V at the cap, and the vocoder
+    def state_bytes_per_stream(self) -> int:
+        """Device memory one stream holds at most: its prefix K/V at the cap, and the vocoder
         overlap (held mel and wav; at most a chunk's worth, the largest chunk counted)."""
         cfg, element = self.dit.cfg, self.dit.input_linear.weight.element_size()
         kv = cfg.depth * 2 * cfg.hidden_size * self.schedule.max_kv_cache_frames * element
@@ -211,28 +211,28 @@ class Detokenizer:
                              s.min_ode_steps, s.lower_first_chunk)
 
     @torch.inference_mode()
-    def step_batch(self, items: Sequence[DetokItem | tuple[DetokSession, list[int], bool]]) -> list[Tensor]:
-        """Push each session's new tokens and run every chunk now due (all of them when final).
-        Items are DetokItems or (session, tokens, final) tuples.
+    def step_batch(self, items: Sequence[DetokItem | tuple[DetokStream, list[int], bool]]) -> list[Tensor]:
+        """Push each stream's new tokens and run every chunk now due (all of them when final).
+        Items are DetokItems or (stream, tokens, final) tuples.
 
         Returns per item the float32 CPU wav produced now (empty when no chunk was due). Also
         feeds `self.cost` (seconds per DiT call, for the guard's forecasts)."""
         items = [item if isinstance(item, DetokItem) else DetokItem(*item) for item in items]
-        if len({id(item.session) for item in items}) != len(items):
-            raise KimiAudioError("step_batch: a session appears twice in one call")
+        if len({id(item.stream) for item in items}) != len(items):
+            raise KimiAudioError("step_batch: a stream appears twice in one call")
         start, calls = time.perf_counter(), self.flow.num_calls
         for item in items:
-            item.session.push(item.tokens)
+            item.stream.push(item.tokens)
         pieces: list[list[Tensor]] = [[] for _ in items]
         while True:
-            due = [i for i, item in enumerate(items) if item.session.ready(item.final)]
+            due = [i for i, item in enumerate(items) if item.stream.ready(item.final)]
             if not due:
                 break
-            jobs = [items[i].session.next_job(items[i].final, items[i].ode_steps) for i in due]
+            jobs = [items[i].stream.next_job(items[i].final, items[i].ode_steps) for i in due]
             outs = self.flow.infer_chunks(jobs)
-            mels = [items[i].session.finish_dit(out) for i, out in zip(due, outs)]
+            mels = [items[i].stream.finish_dit(out) for i, out in zip(due, outs)]
             for i, wav in zip(due, self.vocoders.vocode(mels)):
-                pieces[i].append(items[i].session.finish_vocoder(wav))
+                pieces[i].append(items[i].stream.finish_vocoder(wav))
         # one device->host copy for the whole step (it also waits for the work: the time is real)
         flat = [torch.cat(p) if p else torch.zeros(0, device=self.device) for p in pieces]
         sizes = [w.numel() for w in flat]
@@ -243,9 +243,9 @@ class Detokenizer:
 
 @dataclass
 class DetokItem:
-    """One session's part in a step_batch call."""
+    """One stream's part in a step_batch call."""
 
-    session: DetokSession
+    stream: DetokStream
     tokens: list[int]  # new tokens to push (may be empty)
     final: bool  # no more tokens will come: flush every chunk left
     ode_steps: int | None = None  # the real-time guard's step count for the chunks run now; None = the schedule's

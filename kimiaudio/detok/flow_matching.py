@@ -1,4 +1,4 @@
-"""Flow-matching inference of mel chunks: the Euler ODE over the DiT, batched across sessions.
+"""Flow-matching inference of mel chunks: the Euler ODE over the DiT, batched across streams.
 
 Follows the official StreamingSemanticFMWrapper.infer_chunk with the torchdyn 1.0.6 Euler solver
 (NeuralODE(solver="euler")): t_span = linspace(0, 1, steps) in fp32, steps-1 Euler steps,
@@ -58,14 +58,14 @@ def euler_steps(steps: int) -> tuple[tuple[int, float], ...]:
 
 @dataclass
 class ChunkJob:
-    """One session's chunk as the DiT sees it."""
+    """One stream's chunk as the DiT sees it."""
 
     token_ids: Tensor  # [n] long (CPU): upsampled semantic ids incl. the carried look-ahead frames
     noise: Tensor  # [n, mel_bins] fp32 (CPU) initial x0
     start_position: int  # absolute position of the first frame
     prefix_kv: Tensor | None  # [depth, 2, heads, p, head_dim] cached K/V of earlier chunks
     look_ahead: int  # trailing frames to drop (0 for a final chunk)
-    keep_kv: bool  # False when the session's DiT state is discarded after this chunk
+    keep_kv: bool  # False when the stream's DiT state is discarded after this chunk
     ode_steps: int = 30  # points of the Euler grid linspace(0, 1, ode_steps)
 
     @property

@@ -1,11 +1,11 @@
-"""Which sessions' detokenizer chunks run next, and with how many ODE steps (no torch).
+"""Which streams' detokenizer chunks run next, and with how many ODE steps (no torch).
 
-Priority is latency. Sessions are judged by their playback deadline: the time at which the
+Priority is latency. Streams are judged by their playback deadline: the time at which the
 audio already sent to the listener runs out (before the first audio, the time the turn was
-submitted: it is waiting already). `chunks_to_run` picks the most urgent sessions;
-`plan_chunks` adds the real-time guard: when the GPU cannot keep a session ahead of its
+submitted: it is waiting already). `chunks_to_run` picks the most urgent streams;
+`plan_chunks` adds the real-time guard: when the GPU cannot keep a stream ahead of its
 playback, the later chunks of its batch run with fewer ODE steps (down to a floor) rather than
-letting it run dry. Duck-typed: sessions need `playback_deadline` (perf_counter seconds), and
+letting it run dry. Duck-typed: streams need `playback_deadline` (perf_counter seconds), and
 for the guard `is_playing` (its first audio went out, so its next chunk is a later one) and
 `next_chunk_s` (seconds of audio its next chunk adds).
 """
@@ -76,24 +76,24 @@ class CostEstimate:
 
 @dataclass(frozen=True)
 class ChunkPlan(Generic[C]):
-    sessions: list[C]  # to run now, most urgent first
-    ode_steps: list[int | None]  # per session: None = its schedule's steps, else the guard's
+    streams: list[C]  # to run now, most urgent first
+    ode_steps: list[int | None]  # per stream: None = its schedule's steps, else the guard's
     num_lowered: int  # chunks the guard gave fewer steps than their schedule
 
 
 def plan_chunks(due: Sequence[C], now: float, llm_busy: bool, settings: GuardSettings,
                 cost: CostEstimate) -> ChunkPlan[C]:
-    """The sessions to run now (chunks_to_run) and their ODE steps.
+    """The streams to run now (chunks_to_run) and their ODE steps.
 
-    A playing session is at risk when its audio would run dry before the chunk after this one
+    A playing stream is at risk when its audio would run dry before the chunk after this one
     can land: deadline + next_chunk_s < now + 2 x (this batch's forecast time at normal steps).
     If one is, the batch's later chunks all run with the most steps (>= min_ode_steps) for
     which that holds for the tightest of them (min_ode_steps if none does): chunks with equal
     step counts share the DiT calls, so lowering only the at-risk ones would add a group and
     make the batch slower; the others in the batch are the next most urgent anyway. First
     chunks keep first_ode_steps unless lower_first_chunk."""
-    sessions = chunks_to_run(due, now, llm_busy, settings.run_ahead_s, settings.max_batch_sessions)
-    first = [not s.is_playing for s in sessions]
+    streams = chunks_to_run(due, now, llm_busy, settings.run_ahead_s, settings.max_batch_sessions)
+    first = [not s.is_playing for s in streams]
     normal = [settings.first_ode_steps if f else settings.ode_steps for f in first]
     lowerable = [not f or settings.lower_first_chunk for f in first]
 
@@ -103,14 +103,14 @@ def plan_chunks(due: Sequence[C], now: float, llm_busy: bool, settings: GuardSet
     def forecast(steps: list[int]) -> float:  # one group of DiT calls per distinct step count
         return cost.batch_seconds(sorted(set(steps)))
 
-    rooms = [s.playback_deadline + s.next_chunk_s - now for s, f in zip(sessions, first) if not f]
+    rooms = [s.playback_deadline + s.next_chunk_s - now for s, f in zip(streams, first) if not f]
     busy = 2 * forecast(normal)
     if settings.min_ode_steps >= settings.ode_steps or not any(room < busy for room in rooms):
-        return ChunkPlan(sessions, [None] * len(sessions), 0)
+        return ChunkPlan(streams, [None] * len(streams), 0)
     low = settings.min_ode_steps
     for steps in range(settings.ode_steps - 1, settings.min_ode_steps - 1, -1):
         if 2 * forecast(with_steps(steps)) <= min(rooms):
             low = steps
             break
     lowered = [c if c < n else None for c, n in zip(with_steps(low), normal)]
-    return ChunkPlan(sessions, lowered, sum(x is not None for x in lowered))
+    return ChunkPlan(streams, lowered, sum(x is not None for x in lowered))

@@ -1,19 +1,20 @@
-"""Per-session streaming detokenizer state: the official `detokenize_streaming` as bookkeeping.
+"""One answer's streaming detokenizer state (DetokStream): the official `detokenize_streaming`
+as bookkeeping.
 
 Follows PrefixStreamingFlowMatchingDetokenizer.detokenize_streaming (kimia_infer/models/
 detokenizer/__init__.py) with its StreamingSemanticFMWrapper state, but owns no model: the
-Detokenizer asks a session for its next ChunkJob, runs the DiT and the vocoder for many sessions
+Detokenizer asks a stream for its next ChunkJob, runs the DiT and the vocoder for many streams
 at once, and hands the results back (`finish_dit`, then `finish_vocoder`).
 Per chunk (sizes, look-ahead and ODE steps from its ChunkSchedule, first chunk vs later ones):
 tokens x4 (12.5 Hz -> 50 Hz frames), prefixed by the previous chunk's carried look-ahead frames;
 the last look-ahead x4 frames are dropped (and carried) unless final;
 the DiT prefix K/V grows by the kept frames and keeps the last max_kv_cache_frames; positions
-restart before they would pass 4096: at 0 with an empty K/V, or, for a session in a voice
+restart before they would pass 4096: at 0 with an empty K/V, or, for a stream in a voice
 (detok/voice_prefix.py), at the voice prefix (the official backup restored); a new stream
 starts there too. Vocoder overlap: the first chunk returns
 half its wav and holds the rest (pre_wav) with the mel tail (pre_mel); each later chunk vocodes
 cat(pre_mel, mel), returns twice the held length (or half) with the first half Hamming
-cross-faded against pre_wav; a final chunk returns its whole wav and resets the session.
+cross-faded against pre_wav; a final chunk returns its whole wav and resets the stream.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class StreamParams:
     sample_rate: int = SPEECH_OUTPUT_RATE
 
 
-class DetokSession:
-    """One stream of semantic tokens -> 24 kHz wav pieces. Not thread-safe; one owner."""
+class DetokStream:
+    """One answer's stream of semantic tokens -> 24 kHz wav pieces. Not thread-safe; one owner."""
 
     def __init__(self, params: StreamParams, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
                  voice: VoicePrefix | None = None):

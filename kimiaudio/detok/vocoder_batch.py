@@ -1,4 +1,4 @@
-"""Vocoding many sessions' mels: one BigVGAN forward per group of equal mel lengths.
+"""Vocoding many streams' mels: one BigVGAN forward per group of equal mel lengths.
 
 Every conv and anti-aliasing filter pads its own input at the edges (zeros, or replicate), so
 padding a mel in time changes the samples near its end: only mels of the same length may share

@@ -6,8 +6,8 @@ is padded with zeros or cut to its frame-rate ids (12.5 Hz codes x4), then split
 and up to max_prompt_chunk chunks of chunk_size frames taken from the end; each part runs the
 DiT once at t = 0.999 on the clean mel over the K/V so far (positions advancing), and the K/V
 keep the last max_kv_cache_frames after each part (the official update_incremental_state,
-which reserves no room for the prompt). The result is immutable and shared by every session in
-that voice: a session grows its own K/V by concatenation, never in place.
+which reserves no room for the prompt). The result is immutable and shared by every stream in
+that voice: a stream grows its own K/V by concatenation, never in place.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class KVPool:
 def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block: int, max_useful_blocks: int,
                     device: torch.device, reserved_bytes: int = 0) -> int:
     """Blocks for the pool: the configured count, else memory_fraction of the free device
-    memory less `reserved_bytes` (what others will still allocate: the detokenizer's sessions;
+    memory less `reserved_bytes` (what others will still allocate: the detokenizer's streams;
     a fixed budget on the CPU), never more than can ever be in use at once."""
     if num_kv_blocks > 0:
         return num_kv_blocks

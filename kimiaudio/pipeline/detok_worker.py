@@ -1,19 +1,19 @@
 """The detokenizer worker: speech codes in, 24 kHz PCM chunks out, each turn ended here.
 
-One thread (and on CUDA one stream) owns the detokenizer and every turn's streaming session.
+One thread (and on CUDA one stream) owns the detokenizer and every turn's DetokStream.
 The LM worker posts, in order per turn: `open` (a new speaking turn), `push_codes` (the codes
 of one LM step, all turns at once), `end` (the LM is done: its TurnDone so far). Each
-iteration runs the chunks now due as one batch across sessions, most urgent first
-(detok/realtime_guard.py: the sessions whose playback runs dry soonest; while the LM has work, a
-session with more than detok.run_ahead_s of audio left waits, so the GPU time goes to the
-tokens everyone needs), at most detok.max_batch_sessions of them; when a playing session would
+iteration runs the chunks now due as one batch across streams, most urgent first
+(detok/realtime_guard.py: the streams whose playback runs dry soonest; while the LM has work, a
+stream with more than detok.run_ahead_s of audio left waits, so the GPU time goes to the
+tokens everyone needs), at most detok.max_batch_sessions of them; when a playing stream would
 run dry before its next chunk lands, the real-time guard runs the batch's later chunks with
 fewer ODE steps (down to detok.min_ode_steps). On CUDA the detokenizer's graphs were captured
 before the worker started (pipeline.py); they replay on this worker's stream. An LM step never waits for
 a batch here, and a batch waits for no LM step: the two threads run side by side.
 
 Voice prompts' DiT prefixes live here too (pipeline/voice_bank.py): computed once per voice,
-shared by every session speaking in it, dropped least recently used beyond voices.cache_mib.
+shared by every stream speaking in it, dropped least recently used beyond voices.cache_mib.
 
 A failing batch fails its turns alone (their tokens are spent: their audio cannot be made
 whole) and tells the LM worker to stop generating for them.
@@ -31,12 +31,12 @@ import torch
 
 from kimiaudio.detok.detokenizer import DetokItem
 from kimiaudio.detok.realtime_guard import plan_chunks
+from kimiaudio.pipeline.detok_turn import DetokTurn
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.speech_turn import SpeechTurn
 from kimiaudio.pipeline.voice_bank import VoiceBank
-from kimiaudio.pipeline.turn import TurnHandle, deliver_done
+from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class DetokWorker(Worker):
         self.num_turns = 0  # for stats
         self.voices = VoiceBank(self._build_prefix, config.voices.cache_mib * 2**20)
         self._max_prompt_chunks = config.voices.max_prompt_chunks
-        self._turns: dict[str, SpeechTurn] = {}
+        self._turns: dict[str, DetokTurn] = {}
         # The detokenizer's step counts; how many to batch and how far ahead to run are this
         # pipeline's serving policy (its config), which may differ from the one it was loaded with.
         self._guard_settings = dataclasses.replace(detokenizer.guard_settings, max_batch_sessions=self.cfg.max_batch_sessions,
@@ -87,7 +87,7 @@ class DetokWorker(Worker):
         if kind == "open":
             _, handle, seed, voice = message
             prefix = None if voice is None else self.voices.prefix(voice)
-            self._turns[handle.turn_id] = SpeechTurn(handle, self.detokenizer.new_session(seed=seed, voice=prefix))
+            self._turns[handle.turn_id] = DetokTurn(handle, self.detokenizer.new_stream(seed=seed, voice=prefix))
         elif kind == "codes":
             by_turn: dict[str, list[int]] = {}
             for turn_id, code in message[1]:
@@ -118,7 +118,7 @@ class DetokWorker(Worker):
         now = time.perf_counter()
         busy = self._llm_busy()
         plan = plan_chunks(due, now, busy, self._guard_settings, self.detokenizer.cost)
-        batch = plan.sessions
+        batch = plan.streams
         if batch:
             self.metrics.detok_guard_actions += plan.num_lowered
             self._run(batch, plan.ode_steps)
@@ -140,7 +140,7 @@ class DetokWorker(Worker):
     def on_error(self, message: tuple | None, exc: Exception) -> None:
         error = failure_message("detokenizer", exc)
         kind = message[0] if message is not None else None
-        if kind == "open":  # the session could not be made: the turn ends before its audio
+        if kind == "open":  # the stream could not be made: the turn ends before its audio
             deliver_done(message[1], TurnDone("failed", error=error), self.metrics)
             self._on_failed(message[1].turn_id)
         elif kind in ("end", "cancel") and message[1] in self._turns:
@@ -160,10 +160,10 @@ class DetokWorker(Worker):
         return self.detokenizer.voice_prefix(torch.from_numpy(voice.wav24k), voice.codes, self._max_prompt_chunks)
 
     # ---- chunks --------------------------------------------------------------------------
-    def _run(self, batch: list[SpeechTurn], ode_steps: list[int | None]) -> None:
+    def _run(self, batch: list[DetokTurn], ode_steps: list[int | None]) -> None:
         start = time.perf_counter()
         try:
-            wavs = self.detokenizer.step_batch([DetokItem(t.session, [], t.final, steps)
+            wavs = self.detokenizer.step_batch([DetokItem(t.stream, [], t.final, steps)
                                                 for t, steps in zip(batch, ode_steps)])
         except Exception as exc:  # e.g. out of GPU memory: these turns fail, the server goes on
             log.exception("detokenizer batch of %d failed", len(batch))
@@ -178,14 +178,14 @@ class DetokWorker(Worker):
             if chunk is not None:
                 turn.handle.deliver(chunk)
 
-    def _fail(self, turns: list[SpeechTurn], error: str) -> None:
+    def _fail(self, turns: list[DetokTurn], error: str) -> None:
         for turn in turns:
             if turn.turn_id in self._turns:
                 self._close(turn, "failed", error)
                 self._on_failed(turn.turn_id)
 
-    def _close(self, turn: SpeechTurn, status: str, error: str | None = None) -> None:
-        """End the turn here: its session is dropped, its TurnDone delivered."""
+    def _close(self, turn: DetokTurn, status: str, error: str | None = None) -> None:
+        """End the turn here: its stream is dropped, its TurnDone delivered."""
         self._turns.pop(turn.turn_id, None)
         result = turn.result or TurnDone(status)
         timings = dict(result.timings)

@@ -4,7 +4,7 @@ Keys are a hash of the 16 kHz samples; values are (VQ codes, Whisper features on
 Features stay on the host: 512 utterances' [T, 5120] features would otherwise grow on the
 GPU outside the KV pool's budget (up to ~8 GB in bf16 at the input limit); the engine copies
 a prompt's features to the device once, at admission. LRU and bounded: a turn being admitted
-holds its own references (see pending_turn.PendingTurn), so eviction never takes what a batch
+holds its own references (see lm_turn.LmTurn), so eviction never takes what a batch
 in flight still needs.
 """
 

@@ -1,22 +1,36 @@
-"""One turn on the LM worker: its engine request, the tokens generated so far, its text.
+"""One turn on the LM worker, from submit to its end: first the user utterances it needs and
+their encodings, then its engine request, the tokens generated so far and its text.
 
-The LM worker owns LmTurn. Text is decoded incrementally from the valid text ids (before the
-text EOS, below the audio token offset), so multi-byte characters are emitted whole. Speech
-codes (audio ids at or above the offset, minus it) are handed on to the detokenizer worker.
+The LM worker owns LmTurn. A submitted turn waits until every utterance it needs (its history's
+and the new one) is encoded, holding its own encodings so that the encode cache's evictions
+never take them; `messages` then makes its prompt (user utterances as their codes and Whisper
+features, text turns, earlier answers as text and codes) and `start` admits it to generation.
+Text is decoded incrementally from the valid text ids (before the text EOS, below the audio
+token offset), so multi-byte characters are emitted whole. Speech codes (audio ids at or above
+the offset, minus it) are handed on to the detokenizer worker.
 """
 
 from __future__ import annotations
 
+from kimiaudio.pipeline.encode_cache import Encoded, audio_key
 from kimiaudio.pipeline.events import TextDelta, TurnDone
-from kimiaudio.pipeline.turn import TurnHandle
+from kimiaudio.pipeline.turn_handle import TurnHandle
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
+from kimiaudio.text.prompt import Message
 
 
 class LmTurn:
-    def __init__(self, handle: TurnHandle, token_offset: int, text_eos: int, speaks: bool):
+    def __init__(self, handle: TurnHandle, request: TurnRequest, audio: dict[bytes, object], queued_s: float):
         self.handle = handle
-        self.token_offset = token_offset
-        self.text_eos = text_eos
-        self.speaks = speaks  # its codes go to the detokenizer worker
+        self.request = request
+        # Until it starts: key -> 16 kHz pcm of every user utterance it needs, and those encoded.
+        self.audio = audio
+        self.encoded: dict[bytes, Encoded] = {}
+        self.queued_s = queued_s  # seconds from submit until the LM worker took it
+        # Set when it starts generating:
+        self.token_offset = 0
+        self.text_eos = -1
+        self.speaks = False  # its codes go to the detokenizer worker
         self.seq_id: int | None = None
         self.prompt_len = 0
         self.num_cached = 0  # prompt positions served from the prefix cache
@@ -31,6 +45,25 @@ class LmTurn:
     @property
     def turn_id(self) -> str:
         return self.handle.turn_id
+
+    @property
+    def missing(self) -> list[bytes]:
+        """The utterances it still waits for."""
+        return [key for key in self.audio if key not in self.encoded]
+
+    def messages(self) -> list[Message]:
+        """The prompt's messages, once nothing is missing."""
+        history = (_history_message(t, self.encoded) for t in self.request.history)
+        messages = [m for m in history if m is not None]
+        codes, features = self.encoded[audio_key(self.request.user_audio)]
+        messages.append(Message("user", "audio", audio_tokens=codes, features=features))
+        return messages
+
+    def start(self, token_offset: int, text_eos: int, speaks: bool) -> None:
+        """Its prompt is built: generation begins. The utterances and their encodings are let go
+        (the engine request holds what the prompt needs)."""
+        self.token_offset, self.text_eos, self.speaks = token_offset, text_eos, speaks
+        self.audio, self.encoded = {}, {}
 
     def mark(self, name: str) -> None:
         if name not in self.timings:
@@ -75,3 +108,12 @@ class LmTurn:
             timings=dict(self.timings), error=error, finish_reason=finish_reason,
             prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
         )
+
+
+def _history_message(turn: HistoryTurn, encoded: dict[bytes, Encoded]) -> Message | None:
+    if turn.role == "user":
+        if turn.audio is not None:
+            codes, features = encoded[audio_key(turn.audio)]
+            return Message("user", "audio", audio_tokens=codes, features=features)
+        return Message("user", "text", text=turn.text) if turn.text else None
+    return Message.assistant_reply(turn.text, turn.audio_tokens) if turn.text or turn.audio_tokens else None

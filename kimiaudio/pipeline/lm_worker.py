@@ -7,7 +7,7 @@ Each iteration it
    stages per iteration (about one engine step's time: pipeline/speech_encoding.py), so a
    new turn never holds the running answers back by its whole encode; all at once when idle;
 2. admits turns whose audio is all encoded: prompt (history KV is shared through the engine's
-   prefix cache), engine request, detokenizer session;
+   prefix cache), engine request, detokenizer stream;
 3. runs one engine step over every running sequence and routes its outputs: text deltas to
    the turn's handle, speech codes to the detokenizer worker (one message per step), the end
    of a turn to the detokenizer worker (which flushes its audio and ends it) or, for a turn
@@ -33,10 +33,9 @@ from kimiaudio.pipeline.encode_cache import audio_key
 from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.pending_turn import PendingTurn
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
-from kimiaudio.pipeline.turn import TurnHandle, deliver_done
+from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
 from kimiaudio.pipeline.worker import URGENT, Worker
 from kimiaudio.text.output_type import BOTH, TEXT, check_output_type
 from kimiaudio.text.prompt import build_prompt
@@ -61,8 +60,8 @@ class LmWorker(Worker):
         self.detok = detok  # DetokWorker, or None when the stack has no detokenizer
         self.busy = False  # read by the detokenizer worker: the engine has work
         self.num_turns = 0  # turns on this worker (pending or generating), for stats
-        self._pending: list[PendingTurn] = []
-        self._turns: dict[str, LmTurn] = {}  # request id (= turn id) -> turn
+        self._pending: list[LmTurn] = []  # waiting for their audio to be encoded
+        self._turns: dict[str, LmTurn] = {}  # generating: request id (= turn id) -> turn
         self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics)
         self._step_s = 0.0  # the last engine step's time: one encoding slice's budget while busy
 
@@ -94,7 +93,7 @@ class LmWorker(Worker):
                 return
             audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
             audio[audio_key(request.user_audio)] = request.user_audio
-            self._pending.append(PendingTurn(handle, request, audio, handle.seconds()))
+            self._pending.append(LmTurn(handle, request, audio, handle.seconds()))
         elif kind == "cancel":
             self._cancel(message[1])
         elif kind == "drop":
@@ -170,16 +169,16 @@ class LmWorker(Worker):
                     deliver_done(pending.handle, TurnDone("failed", error=failure_message("starting the turn", exc)),
                                  self.metrics)
 
-    def _admit(self, pending: PendingTurn) -> None:
-        handle, request = pending.handle, pending.request
+    def _admit(self, turn: LmTurn) -> None:
+        handle, request = turn.handle, turn.request
         speaks = check_output_type(request.output_type) == BOTH and self.detok is not None
         output_type = BOTH if speaks else TEXT
-        prompt = build_prompt(pending.messages(), output_type, self.stack.tokenizer, self.stack.specials)
-        codes = pending.encoded[audio_key(request.user_audio)][0]
+        prompt = build_prompt(turn.messages(), output_type, self.stack.tokenizer, self.stack.specials)
+        codes = turn.encoded[audio_key(request.user_audio)][0]
         params = request.sampling or SamplingParams.from_config(self.config.sampling)
         specials = self.stack.specials
-        turn = LmTurn(handle, specials.token_offset, specials.text_eos, speaks)
-        turn.timings["queued_s"] = pending.queued_s
+        turn.start(specials.token_offset, specials.text_eos, speaks)
+        turn.timings["queued_s"] = turn.queued_s
         turn.mark("encoded_s")
         handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
         turn.seq_id = self.engine.add_request(EngineRequest(

@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,18 @@ from kimiaudio.checkpoint.files import read_json
 
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
+
+if TYPE_CHECKING:
+    # For the annotations only: `_load` imports the parts itself, inside the load's pause of the
+    # garbage collector (the imports are much of what it allocates), and a text-only stack never
+    # imports the detokenizer.
+    from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer
+    from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
+    from kimiaudio.detok.detokenizer import Detokenizer
+    from kimiaudio.models.kimia_config import KimiaConfig
+    from kimiaudio.models.kimia_lm import KimiAudioLM
+    from kimiaudio.text.special_tokens import SpecialTokens
+    from kimiaudio.text.tokenizer import KimiTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +51,12 @@ class ModelStack:
     paths: CheckpointPaths
     device: torch.device
     dtype: torch.dtype
-    tokenizer: object
-    specials: object
-    lm: object
-    whisper: object
-    glm4: object
-    detokenizer: object | None
+    tokenizer: KimiTokenizer
+    specials: SpecialTokens
+    lm: KimiAudioLM
+    whisper: WhisperFeatureEncoder
+    glm4: Glm4SpeechTokenizer
+    detokenizer: Detokenizer | None  # None for a text-only stack
     load_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -51,7 +64,7 @@ class ModelStack:
         return self.paths.is_demo
 
     @property
-    def lm_config(self):
+    def lm_config(self) -> KimiaConfig:
         return self.lm.config
 
     @classmethod

@@ -25,7 +25,9 @@ from kimiaudio.text.prompt import ASR_INSTRUCTION, Message, build_prompt
 
 
 @dataclass
-class TurnResult:
+class OfflineAnswer:
+    """One answer of the offline path (the batch-1 reference loop), as the official code returns it."""
+
     text: str
     text_tokens: list[int]  # raw ids as the official loop returns them
     audio_tokens: list[int]  # raw ids (with the token offset)
@@ -36,7 +38,7 @@ class TurnResult:
 
     @classmethod
     def from_tokens(cls, stack: ModelStack, text_tokens: list[int], audio_tokens: list[int],
-                    finish_reason: str | None, num_steps: int) -> "TurnResult":
+                    finish_reason: str | None, num_steps: int) -> "OfflineAnswer":
         """One generation's official return values, its text decoded as official generate() does."""
         text = stack.tokenizer.decode(official_text_ids(text_tokens, stack.specials.token_offset))
         return cls(text, text_tokens, audio_tokens, finish_reason, num_steps)
@@ -57,7 +59,7 @@ def user_audio_message(stack: ModelStack, pcm: np.ndarray) -> tuple[Message, dic
 
 
 def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, output_type: str,
-           speak: bool = True) -> TurnResult:
+           speak: bool = True) -> OfflineAnswer:
     """Generate the assistant's answer to `messages` (and speak it when output_type is both
     and `speak`; speak=False leaves the codes undecoded, e.g. to time the LM alone)."""
     prompt = build_prompt(messages, output_type, stack.tokenizer, stack.specials)
@@ -70,8 +72,8 @@ def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, o
     offset = stack.specials.token_offset
     timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s,
                "steps_per_s": result.num_steps / max(gen_s, 1e-9)}
-    turn = TurnResult.from_tokens(stack, result.text_tokens, result.audio_tokens, result.finish_reason,
-                                  result.num_steps)
+    turn = OfflineAnswer.from_tokens(stack, result.text_tokens, result.audio_tokens, result.finish_reason,
+                                     result.num_steps)
     turn.timings = timings
     codes = turn.codes(offset)
     if speak and output_type == "both" and stack.detokenizer is not None:
@@ -152,7 +154,7 @@ def run_transcribe_command(config, args) -> int:
     return 0
 
 
-def _turn_json(turn: TurnResult) -> dict:
+def _turn_json(turn: OfflineAnswer) -> dict:
     data = asdict(turn)
     data.pop("audio")
     return data

@@ -3,7 +3,7 @@
 The one owner of device work (docs/architecture.md, "Layers": server -> pipeline -> engine,
 detokenizer, encoders). Two workers, each a thread with its own CUDA stream (see worker.py):
 - the LM worker (lm_worker.py): speech encoders, prompts, the continuous-batching engine;
-- the detokenizer worker (detok_worker.py): DiT + vocoder, batched across sessions.
+- the detokenizer worker (detok_worker.py): DiT + vocoder, batched across streams.
 They meet only through the detokenizer worker's inbox (codes as they are generated), so an
 LM step never waits for a detokenizer batch. The asyncio side only posts (submit, cancel) and
 reads each turn's TurnHandle; it never waits on a worker.
@@ -23,7 +23,7 @@ from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.turn import TurnHandle
+from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.voices import Voice, VoiceRegistry
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ class Pipeline:
         self.config = config
         self.metrics = PipelineMetrics()
         # Memory is planned with the KV pool last: the detokenizer's graphs and static buffers
-        # first (captured now, replayed later on its worker's stream), its sessions' state at
-        # the most sessions that can speak at once and the voice prefixes' budget reserved, then
+        # first (captured now, replayed later on its worker's stream), its streams' state at
+        # the most streams that can speak at once and the voice prefixes' budget reserved, then
         # the pool takes its share.
         reserved = 0
         self.detok_graphs: dict = {}
@@ -56,7 +56,7 @@ class Pipeline:
                 g = self.detok_graphs
                 log.info("detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
                          g["dit_graphs"], g["vocoder_graphs"], g["seconds"], g["added_bytes"] / 2**30)
-            reserved = detokenizer.state_bytes_per_session() * config.engine.max_num_seqs
+            reserved = detokenizer.state_bytes_per_stream() * config.engine.max_num_seqs
             reserved += config.voices.cache_mib * 2**20  # the voices' prefixes (pipeline/voice_bank.py)
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, reserved_bytes=reserved)
         self._detok = None

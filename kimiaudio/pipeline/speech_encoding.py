@@ -17,8 +17,8 @@ from typing import Callable
 
 from kimiaudio.audio.staged_work import Stages
 from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded
+from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.pending_turn import PendingTurn
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SpeechEncoding:
     def has_job(self) -> bool:
         return self._job is not None
 
-    def advance(self, pending: list[PendingTurn], busy: bool, budget_s: float) -> list[tuple[bytes, Exception]]:
+    def advance(self, pending: list[LmTurn], busy: bool, budget_s: float) -> list[tuple[bytes, Exception]]:
         """Give the pending turns what the cache has, then run about `budget_s` of encoder stages
         (`busy`: answers are being generated). -> (utterance key, what failed) of each
         utterance that cannot be encoded: its turns must fail."""
@@ -104,7 +104,7 @@ class SpeechEncoding:
                     turn.encoded[key] = encoded
         return []
 
-    def _wanted(self, pending: list[PendingTurn]) -> dict[bytes, object]:
+    def _wanted(self, pending: list[LmTurn]) -> dict[bytes, object]:
         """The utterances no pending turn has yet and the cache does not hold: key -> pcm."""
         wanted: dict[bytes, object] = {}
         for turn in pending:

@@ -12,6 +12,8 @@ from kimiaudio.pipeline.voices import Voice
 
 @dataclass
 class HistoryTurn:
+    """One earlier turn of the conversation, as a TurnRequest's history carries it."""
+
     role: str  # "user" | "assistant"
     text: str = ""
     audio: np.ndarray | None = None  # user turns: float32 mono 16 kHz (re-encoded when not cached)
@@ -20,6 +22,8 @@ class HistoryTurn:
 
 @dataclass
 class TurnRequest:
+    """One user turn as a caller submits it (Pipeline.submit)."""
+
     conversation_id: str
     history: list[HistoryTurn]
     user_audio: np.ndarray  # float32 mono 16 kHz

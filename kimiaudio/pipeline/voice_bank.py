@@ -1,7 +1,7 @@
 """Voice prefixes kept on the device: an LRU within a byte budget, owned by the detokenizer worker.
 
 A voice's DiT prefix (detok/voice_prefix.py) is computed the first time a turn (or adding the
-voice) needs it and then shared by every session in that voice. When the prefixes outgrow
+voice) needs it and then shared by every stream in that voice. When the prefixes outgrow
 voices.cache_mib the least recently used ones are dropped; a later turn in such a voice
 recomputes its prefix from the voice's stored inputs (the registry holds them). The newest
 prefix is kept even alone over the budget: a turn always gets its voice. No torch here.
@@ -44,5 +44,5 @@ class VoiceBank:
         return built
 
     def forget(self, key: str) -> None:
-        """Drop a deleted voice's prefix (sessions still speaking in it keep their reference)."""
+        """Drop a deleted voice's prefix (streams still speaking in it keep their reference)."""
         self._prefixes.pop(key, None)

@@ -9,7 +9,7 @@ playback-started / finished callbacks).
 The turn, from the mic to the speaker:
   push_audio -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
   (turn_detection none: the client's input_audio_buffer.commit queues the buffered audio)
-  -> the turn task: the user turn (with audio) is stored, THEN answered (responses.py):
+  -> the turn task: the user turn (with audio) is stored, THEN answered (responder.py):
   submitted to the pipeline, text and audio streamed out, the answer stored.
 The microphone reader never waits on any of this: it only queues. Text items, explicit
 commits and response.create pass through the same queue, so they keep their order.
@@ -36,7 +36,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.conversation import Conversation
-from kimiaudio.server.session.responses import Responses
+from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.observe.turn_log import log_response
@@ -75,7 +75,7 @@ class RealtimeSession:
         self._vad_executor = vad_executor
         self._send = send
         self._ids = events.EventIds()
-        self.responses = Responses(self, playback)
+        self.responder = Responder(self, playback)
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._buffer: list[np.ndarray] = []  # input audio awaiting an explicit commit (turn_detection none)
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
@@ -90,7 +90,7 @@ class RealtimeSession:
 
     @property
     def response(self):
-        return self.responses.current
+        return self.responder.current
 
     @property
     def is_answering(self) -> bool:
@@ -130,7 +130,7 @@ class RealtimeSession:
                 self.send(events.speech_started(event.audio_start_ms, self._speech_item_id))
                 if self.config.vad.barge_in:
                     self._barge_ins += 1
-                    self.responses.interrupt("turn_detected")
+                    self.responder.interrupt("turn_detected")
             elif isinstance(event, SpeechStopped):
                 item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
                 self.send(events.speech_stopped(event.audio_end_ms, item_id))
@@ -169,12 +169,12 @@ class RealtimeSession:
             work = await self._queue.get()
             try:
                 if work.kind == "respond":
-                    await self.responses.start(work.request, time.monotonic())
+                    await self.responder.start(work.request, time.monotonic())
                     continue
                 committed_at = time.monotonic()
                 if await self._store_item(work) and work.respond and work.barge_ins == self._barge_ins:
                     # (an utterance overtaken by a later one is kept as history, not answered)
-                    await self.responses.start(None, committed_at)
+                    await self.responder.start(None, committed_at)
             except Exception as exc:  # this turn fails alone; the next one is still taken
                 log.exception("session %s: taking a turn failed", self.id)
                 self.send_error("turn_failed", f"the turn could not be answered ({type(exc).__name__})")
@@ -187,7 +187,7 @@ class RealtimeSession:
             except KimiAudioError as exc:
                 self.send_error("invalid_audio", str(exc))
                 return False
-        await self.responses.settle()
+        await self.responder.settle()
         try:
             if await self.conversation.ensure():
                 self.send(events.conversation_created(self.conversation.id))
@@ -229,13 +229,13 @@ class RealtimeSession:
         elif isinstance(event, ce.AudioClear):
             self._clear_buffer()
         elif isinstance(event, ce.ResponseCancel):
-            self.responses.interrupt("client_cancelled")
+            self.responder.interrupt("client_cancelled")
         elif isinstance(event, ce.ResponseCreate):
             self._queue.put_nowait(_Work("respond", "", request=event))
         elif isinstance(event, ce.ItemCreate):
             self._create_item(event)
         elif isinstance(event, ce.ItemTruncate):
-            await self.responses.truncate(event.item_id, event.audio_end_ms)
+            await self.responder.truncate(event.item_id, event.audio_end_ms)
         elif isinstance(event, ce.ConversationSelect):
             await self._select(event.conversation_id)
         else:
@@ -264,7 +264,7 @@ class RealtimeSession:
         if conversation_id is not None and not await self.conversation.exists(conversation_id):
             raise ce.ProtocolError("conversation_not_found", f"no conversation with id {conversation_id!r}",
                                    "conversation_id")
-        await self.responses.settle()
+        await self.responder.settle()
         await self.conversation.select(conversation_id)
         self.last_item_id = None
         self.send(events.session_updated(self.describe()))
@@ -288,7 +288,7 @@ class RealtimeSession:
             return
         self.closed = True
         try:
-            await self.responses.settle()
+            await self.responder.settle()
         finally:
             current = asyncio.current_task()
             for task in list(self._tasks):

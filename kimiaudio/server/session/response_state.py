@@ -1,6 +1,7 @@
-"""One assistant response of a real-time session: what was generated, what was heard.
+"""ResponseState: one assistant response of a real-time session, what was generated and what
+was heard.
 
-The session (realtime_session.py) owns the flow; this holds the response's state and the two
+The Responder (responder.py) runs the flow; this holds the response's state and the two
 derived values it stores: the audio and tokens that were actually heard (all of them, or,
 after a barge-in or a conversation.item.truncate, the played prefix) and the timings
 reported in response.done.
@@ -20,7 +21,7 @@ from kimiaudio.pipeline.events import TurnDone
 
 
 @dataclass
-class Response:
+class ResponseState:
     id: str
     item_id: str  # the assistant item it makes
     output_type: str  # "both" | "text"
@@ -41,7 +42,7 @@ class Response:
     first_played_at: float | None = None
     stored: tuple[int, Any] | None = None  # the assistant turn once stored: (index, its HistoryTurn)
     task: asyncio.Task | None = None
-    # Progressive storing (responses.py _record): set at the first audio played (the first
+    # Progressive storing (responder.py _record): set at the first audio played (the first
     # text sent, for a text answer); set to stop; samples already stored; the recording task.
     first_heard: asyncio.Event = field(default_factory=asyncio.Event)
     stop_recording: asyncio.Event = field(default_factory=asyncio.Event)

@@ -1,4 +1,5 @@
-"""The responses of a real-time session: start, stream, interrupt, truncate, store.
+"""The Responder runs a real-time session's responses: start, stream, interrupt, truncate,
+store (each response's own state is a ResponseState, response_state.py).
 
 A response answers the newest stored user turn, which must be spoken (the pipeline answers
 user audio; text items before it are context). It is submitted to the pipeline with the
@@ -31,7 +32,7 @@ from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncod
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
-from kimiaudio.server.session.response import Response
+from kimiaudio.server.session.response_state import ResponseState
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,13 @@ RECORD_INTERVAL_S = 1.0  # a playing answer's heard part is stored at least this
 NUM_TRUNCATABLE = 8  # ended responses a conversation.item.truncate may still name
 
 
-class Responses:
+class Responder:
     def __init__(self, session, playback):
         self.session = session  # RealtimeSession: settings, conversation, pipeline, send, ids
         self.playback = playback
         playback.on_playback_started, playback.on_playback_finished = self._playback_started, self._playback_finished
-        self.current: Response | None = None
-        self.ended: dict[str, Response] = {}  # item id -> the newest responses that ended (for truncate)
+        self.current: ResponseState | None = None
+        self.ended: dict[str, ResponseState] = {}  # item id -> the newest responses that ended (for truncate)
 
     # ----- start -----
     async def start(self, request: ce.ResponseCreate | None, committed_at: float) -> None:
@@ -79,8 +80,8 @@ class Responses:
                 log.exception("session %s: submitting the turn failed", s.id)
             s.send_error("response_failed", f"the turn could not be started ({exc})")
             return
-        r = Response(f"resp_{secrets.token_hex(6)}", f"item_{secrets.token_hex(8)}", output_type, handle, index,
-                     user_turn, committed_at, playback_done=asyncio.get_running_loop().create_future())
+        r = ResponseState(f"resp_{secrets.token_hex(6)}", f"item_{secrets.token_hex(8)}", output_type, handle, index,
+                          user_turn, committed_at, playback_done=asyncio.get_running_loop().create_future())
         self.current = r
         if output_type == "both":
             self.playback.begin(r.id)
@@ -89,12 +90,12 @@ class Responses:
         r.task = s.spawn(self._run(r), "response")
         r.recorder = s.spawn(self._record(r), "recording")
 
-    def _item(self, r: Response, status: str = "completed", index: int | None = None) -> dict:
+    def _item(self, r: ResponseState, status: str = "completed", index: int | None = None) -> dict:
         return events.message_item(r.item_id, "assistant", r.text, r.output_type == "both", index,
                                    r.cancelled, status)
 
     # ----- stream -----
-    async def _run(self, r: Response) -> None:
+    async def _run(self, r: ResponseState) -> None:
         s = self.session
         done: TurnDone | None = None
         delta = events.transcript_delta if r.output_type == "both" else events.text_delta
@@ -127,7 +128,7 @@ class Responses:
             self.playback.end()
         await self._finish(r, r.done)
 
-    async def _finish(self, r: Response, done: TurnDone) -> None:
+    async def _finish(self, r: ResponseState, done: TurnDone) -> None:
         s = self.session
         if done.status == "failed" and not r.cancelled:
             self.playback.flush()  # what was stored while it played stays, marked interrupted
@@ -157,13 +158,13 @@ class Responses:
             del self.ended[next(iter(self.ended))]
 
     # ----- store -----
-    async def _store_user_codes(self, r: Response, codes: list[int]) -> None:
+    async def _store_user_codes(self, r: ResponseState, codes: list[int]) -> None:
         try:
             await self.session.conversation.set_user_codes(r.user_index, r.user_turn, codes)
         except Exception:  # e.g. the conversation was deleted meanwhile: the answer goes on
             log.exception("session %s: storing the user turn's codes failed", self.session.id)
 
-    async def _store(self, r: Response, done: TurnDone) -> None:
+    async def _store(self, r: ResponseState, done: TurnDone) -> None:
         """The assistant turn's final record: inserted, or the progressive one updated."""
         s = self.session
         pcm, codes = r.heard(done, s.pipeline.samples_per_code)
@@ -178,7 +179,7 @@ class Responses:
             log.exception("session %s: storing the assistant turn failed", s.id)
             s.send_error("storage_failed", f"the answer could not be stored ({exc})")
 
-    async def _insert(self, r: Response, text: str, text_tokens: list[int], codes: list[int], timings: dict,
+    async def _insert(self, r: ResponseState, text: str, text_tokens: list[int], codes: list[int], timings: dict,
                       interrupted: bool, pcm: np.ndarray) -> None:
         s = self.session
         index, turn = await s.conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
@@ -187,7 +188,7 @@ class Responses:
         s.send(events.item_created(s.conversation.id, events.message_item(
             r.item_id, "assistant", text, r.output_type == "both", index, interrupted), previous))
 
-    async def _record(self, r: Response) -> None:
+    async def _record(self, r: ResponseState) -> None:
         """Store the answer from its first audio played (or text sent) on, marked interrupted,
         and add what was heard at least every RECORD_INTERVAL_S: after a crash, the store holds
         what the user heard, as audio and as the codes of that audio (history after a restart)."""
@@ -211,7 +212,7 @@ class Responses:
             stop.cancel()
             first_heard.cancel()
 
-    def _heard_samples(self, r: Response) -> int:
+    def _heard_samples(self, r: ResponseState) -> int:
         if r.output_type != "both" or self.playback.response_id != r.id:
             return r.recorded_samples
         return min(self.playback.played_samples_24k, r.num_samples)

@@ -1,6 +1,6 @@
-"""One turn on the detokenizer worker: its streaming session, its playback clock, its end.
+"""One turn on the detokenizer worker: its DetokStream, its playback clock, its end.
 
-The detokenizer worker owns SpeechTurn. Codes arrive from the LM worker as they are
+The detokenizer worker owns DetokTurn. Codes arrive from the LM worker as they are
 generated; `result` arrives once the LM is done with the turn (its TurnDone so far), after
 which the remaining chunks are flushed and the TurnDone is delivered.
 """
@@ -10,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
-from kimiaudio.pipeline.turn import TurnHandle
+from kimiaudio.pipeline.turn_handle import TurnHandle
 
 
-class SpeechTurn:
-    def __init__(self, handle: TurnHandle, session):
+class DetokTurn:
+    def __init__(self, handle: TurnHandle, stream: DetokStream):
         self.handle = handle
-        self.session = session  # detok.DetokSession
+        self.stream = stream
         self.result: TurnDone | None = None  # set when the LM has finished the turn
         self.first_pcm_s: float | None = None  # seconds since submit
         self.samples_sent = 0
@@ -42,11 +43,11 @@ class SpeechTurn:
     @property
     def next_chunk_s(self) -> float:
         """Seconds of audio its next chunk releases (the guard's forecast of its margin)."""
-        return self.session.next_chunk_seconds
+        return self.stream.next_chunk_seconds
 
     @property
     def has_chunk_due(self) -> bool:
-        return self.session.ready(self.final)
+        return self.stream.ready(self.final)
 
     @property
     def playback_deadline(self) -> float:
@@ -57,7 +58,7 @@ class SpeechTurn:
         return self.handle.submitted_at + self.first_pcm_s + self.samples_sent / SPEECH_OUTPUT_RATE
 
     def push(self, codes: list[int]) -> None:
-        self.session.push(codes)
+        self.stream.push(codes)
         self._unsent_codes += codes
 
     def chunk(self, wav) -> AudioChunk | None:

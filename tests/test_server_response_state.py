@@ -1,4 +1,4 @@
-"""Response.pcm_between: any range of the audio generated so far, from the chunks it lies in
+"""ResponseState.pcm_between: any range of the audio generated so far, from the chunks it lies in
 (the progressive recorder takes each second of a long answer this way)."""
 
 import asyncio
@@ -6,13 +6,13 @@ import itertools
 
 import numpy as np
 
-from kimiaudio.server.session.response import Response
+from kimiaudio.server.session.response_state import ResponseState
 
 
 def test_pcm_between_equals_a_slice_of_the_whole():
     loop = asyncio.new_event_loop()
     try:
-        r = Response("resp", "item", "both", None, 0, None, 0.0, loop.create_future())
+        r = ResponseState("resp", "item", "both", None, 0, None, 0.0, loop.create_future())
     finally:
         loop.close()
     sizes = [10, 1, 0, 25, 7]
