@@ -12,7 +12,7 @@ from safetensors import safe_open
 from kimiaudio.checkpoint.files import read_json
 
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
-from kimiaudio.models.bigvgan import kaiser_sinc_lowpass
+from kimiaudio.models.kaiser_filter import kaiser_sinc_lowpass
 from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens

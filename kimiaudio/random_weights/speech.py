@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kimiaudio.models.bigvgan import kaiser_sinc_lowpass
+from kimiaudio.models.kaiser_filter import kaiser_sinc_lowpass
 from kimiaudio.random_weights.encoders import NUM_MELS
 from kimiaudio.random_weights.seeded_init import SeededInit
 from kimiaudio.random_weights.shapes import StackShape
