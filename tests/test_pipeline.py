@@ -28,19 +28,20 @@ from kimiaudio.text.prompt import Message
 
 def load_demo_stack(checkpoint, block_size: int = 8) -> ModelStack:
     """The demo checkpoint's stack on the CPU with a small KV pool (256 blocks), as the
-    pipeline tests use it; each test module loads its own (tests change its config)."""
+    pipeline tests use it; each test module loads its own (tests change its config).
+
+    The real-time guard is off (its floor at the full step count, set before the detokenizer
+    is built: it reads its schedule then): on a slow or loaded machine it would lower ODE
+    steps, and the pipeline tests compare the pipeline's audio with the offline reference's."""
     config = load_config(None, {"model": {"path": str(checkpoint), "device": "cpu"},
-                                "engine": {"num_kv_blocks": 256, "block_size": block_size}})
+                                "engine": {"num_kv_blocks": 256, "block_size": block_size},
+                                "detok": {"min_ode_steps": load_config(None).detok.ode_steps}})
     return ModelStack.load(config)
 
 
 @pytest.fixture(scope="module")
 def stack(demo_checkpoint):
-    stack = load_demo_stack(demo_checkpoint)
-    # The real-time guard off (its floor at the full step count): under CPU load it would lower
-    # ODE steps, and these tests compare the pipeline's audio with the offline reference's.
-    stack.config.detok.min_ode_steps = stack.config.detok.ode_steps
-    return stack
+    return load_demo_stack(demo_checkpoint)
 
 
 def voices(speech_16k: np.ndarray, n: int) -> list[np.ndarray]:
