@@ -21,21 +21,41 @@ from test_server_support import ROOT, demo_config, demo_stack
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
-def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
+def soak_cli(demo_checkpoint, cwd, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("KIMIAUDIO_API_KEY", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "kimiaudio", "bench", "--soak", "--model", str(demo_checkpoint), "--device", "cpu",
-         "--sessions", "2", "--turns", "3", "--seconds", "60", "--fault-rate", "0.5", "--max-new-tokens", "48",
-         "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run([sys.executable, "-m", "kimiaudio", "bench", "--soak", "--model", str(demo_checkpoint),
+                           "--device", "cpu", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.timeout(300)
+def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
+    result = soak_cli(demo_checkpoint, tmp_path, "--sessions", "2", "--turns", "3", "--seconds", "60",
+                      "--fault-rate", "0.5", "--max-new-tokens", "48", "--json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["ok"] and all(check["ok"] for check in report["checks"].values()), report
     assert report["transports"] == ["webrtc", "websocket"]  # one session over each, both speaking
     assert all(n >= 1 for n in report["commits_by_transport"].values()), report["commits_by_transport"]
-    assert all(report["faults"][kind] >= 1 for kind in ("barge_in", "disconnect", "malformed")), report["faults"]
-    assert report["commits"] >= 6 and report["responses_by_status"]["completed"] >= 1, report
+    # fault rate 0.5: every kind is planned at least once, and each planned fault happened
+    assert set(report["planned_faults"]) == {"barge_in", "disconnect", "malformed"}, report["planned_faults"]
+    assert all(report["faults"][kind] >= n for kind, n in report["planned_faults"].items()), report["faults"]
+    assert report["commits"] >= report["planned_commits"] >= 6 + report["planned_faults"]["barge_in"], report
+    assert report["responses_by_status"]["completed"] >= 1, report
     assert report["checks"]["leaked KV blocks"]["value"] == 0
+
+
+def test_a_soak_that_ends_before_its_plan_fails(demo_checkpoint, speech_wav, tmp_path):
+    """--seconds shorter than connecting: no turn runs, no fault happens; that is no pass."""
+    result = soak_cli(demo_checkpoint, tmp_path, "--sessions", "1", "--turns", "3", "--seconds", "0.001",
+                      "--fault-rate", "1", "--speech", str(speech_wav))
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    # Three turns, one of each fault: a barge-in turn commits two user turns, the others one each.
+    assert "FAIL planned user turns not committed: 4 (limit 0)" in result.stdout, result.stdout
+    assert "FAIL planned faults that never happened: 3 (limit 0)" in result.stdout, result.stdout
+    assert "soak passed" not in result.stdout
+    assert result.stdout.rstrip().endswith(
+        "soak FAILED: planned user turns not committed; planned faults that never happened"), result.stdout
 
 
 def test_soak_books_catch_a_lost_user_turn(demo_checkpoint, tmp_path, monkeypatch):

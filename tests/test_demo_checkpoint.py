@@ -175,10 +175,16 @@ def test_loads_through_the_real_loaders(demo):
     from kimiaudio.models.kimia_lm import load_lm
 
     paths = find_checkpoint(demo)
-    load_lm(paths, "cpu", torch.float32)
-    load_whisper_encoder(paths)
-    load_glm4_tokenizer(paths)
-    Detokenizer.load(paths, "cpu", torch.float32, DetokConfig())
+    config = json.loads((demo / "config.json").read_text())
+    lm = load_lm(paths, "cpu", torch.float32)
+    assert len(lm.model.layers) == config["num_hidden_layers"]
+    assert len(lm.model.mimo_layers) == config["kimia_mimo_layers"]
+    whisper = load_whisper_encoder(paths)
+    assert whisper.encoder.layers and all(torch.isfinite(p).all() for p in whisper.encoder.parameters())
+    glm4 = load_glm4_tokenizer(paths)
+    detok = Detokenizer.load(paths, "cpu", torch.float32, DetokConfig())
+    # The speech codes the tokenizer makes are the ones the detokenizer reads.
+    assert detok.dit.cfg.semantic_vocab_size == glm4.model.config.quantize_vocab_size
 
 
 def test_demo_replies_end_after_a_few_seconds(demo):

@@ -11,6 +11,7 @@ from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.cuda_graphs import GraphCache
 from kimiaudio.detok.detokenizer import Detokenizer
+from test_detok_streaming import streamed_samples
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 SMALL = DetokConfig(first_chunk_tokens=4, first_look_ahead_tokens=1, first_ode_steps=3, chunk_tokens=4,
@@ -63,15 +64,18 @@ def test_cpu_prepare_for_serving_does_nothing(detoks):
 
 
 @torch.inference_mode()
-def test_graph_path_equals_eager(detoks):
+def test_graph_path_equals_eager(detoks, golden_checkpoint):
     eager, graphed, capture = detoks
     info = graphed.prepare_for_serving()
     assert info["cuda_graphs"] and info["dit_graphs"] == capture.captured - info["vocoder_graphs"]
     assert info["dit_graphs"] == len(graphed.dit_graphs.cache) > 0
     planned = capture.captured
     g = torch.Generator().manual_seed(4)
-    streams = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (23, 9, 31)]
+    vocab = eager.dit.cfg.semantic_vocab_size
+    streams = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (23, 9, 31)]
     detok_streams = {name: [d.new_stream(seed=s) for s in range(3)] for name, d in (("eager", eager), ("graphed", graphed))}
+    for detok_stream in detok_streams["eager"]:
+        detok_stream.trace = []
     out = {name: [[] for _ in streams] for name in detok_streams}
     for step in range(0, 32, 5):  # 5 tokens a step; a stream ends with a final flush
         for name, detok in (("eager", eager), ("graphed", graphed)):
@@ -79,9 +83,9 @@ def test_graph_path_equals_eager(detoks):
                      for i, toks in enumerate(streams) if step < len(toks)]
             for (i, _), wav in zip([(i, t) for i, t in enumerate(streams) if step < len(t)], detok.step_batch(items)):
                 out[name][i].append(wav)
-    for a, b, toks in zip(out["eager"], out["graphed"], streams):
+    for a, b, detok_stream in zip(out["eager"], out["graphed"], detok_streams["eager"]):
         wa, wb = torch.cat(a), torch.cat(b)
-        assert wa.numel() == len(toks) * eager.samples_per_token
+        assert wa.numel() == streamed_samples(golden_checkpoint, detok_stream.trace)
         torch.testing.assert_close(wb, wa, **TOL)
     # final chunks' vocoder lengths were not planned: captured when first met
     assert capture.captured > planned

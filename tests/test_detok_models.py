@@ -18,6 +18,7 @@ from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder
 from kimiaudio.models.dit import DiTConfig, load_dit
+from test_detok_streaming import vocoder_samples
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
@@ -122,7 +123,7 @@ def test_folded_weight_norm_equals_per_call(golden, golden_checkpoint, vocoder):
 
 
 @torch.inference_mode()
-def test_vocoder_batcher_pads_rows_only(golden, vocoder):
+def test_vocoder_batcher_pads_rows_only(golden, golden_checkpoint, vocoder):
     """Equal lengths share a forward (rows padded to a bucket); other lengths run apart."""
     mel = golden["detok.vocoder.mel"]  # [T, mel bins]
     bins = mel.shape[1]
@@ -133,11 +134,13 @@ def test_vocoder_batcher_pads_rows_only(golden, vocoder):
     wavs = batcher.vocode(mels)
     hook.remove()
     assert sorted(calls) == sorted([(2, bins, mel.shape[0]), (2, bins, 20), (1, bins, 7)])
+    samples = vocoder_samples(golden_checkpoint)  # from the checkpoint's vocoder/config.json
     for m, wav in zip(mels, wavs):
         alone = vocoder(m.T[None])[0, 0] if m.shape[0] else torch.zeros(0)
         torch.testing.assert_close(wav, alone, **TOL)
+        assert wav.numel() == samples(m.shape[0])
     three = VocoderBatcher(vocoder, (1, 2, 4), padded=True).vocode([mel[:9], mel[:9] * 0.9, mel[:9] * 0.8])
-    assert [w.numel() for w in three] == [9 * vocoder.cfg.hop_size] * 3
+    assert [w.numel() for w in three] == [samples(9)] * 3
 
 
 @torch.inference_mode()

@@ -22,6 +22,7 @@ from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig, load_config
 from kimiaudio.detok.detokenizer import DetokItem, Detokenizer
+from test_detok_streaming import streamed_samples
 
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
 ON_CUDA = DEVICE.type == "cuda"
@@ -54,9 +55,13 @@ def golden_models(golden_checkpoint):
     return d.dit, d.vocoder
 
 
-def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None = None, per_step: int = 5) -> list[torch.Tensor]:
-    """DetokStreams fed `per_step` tokens a step, batched together; each stream's whole wav."""
+def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None = None, per_step: int = 5,
+         traces: list[list] | None = None) -> list[torch.Tensor]:
+    """DetokStreams fed `per_step` tokens a step, batched together; each stream's whole wav
+    (`traces`: one list per stream, given its chunk records)."""
     detok_streams = [detok.new_stream(seed=s) for s in (seeds or range(len(streams)))]
+    for detok_stream, trace in zip(detok_streams, traces or []):
+        detok_stream.trace = trace
     pieces = [[] for _ in streams]
     for step in range(0, max(map(len, streams)), per_step):
         live = [i for i, toks in enumerate(streams) if step < len(toks)]
@@ -68,7 +73,7 @@ def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None =
 
 
 @torch.inference_mode()
-def test_graphs_equal_eager_fp32(golden_models):
+def test_graphs_equal_eager_fp32(golden_models, golden_checkpoint):
     """Streams of different lengths and phases, batched at bucket shapes and replayed from
     graphs, equal each stream run alone eagerly (fp32, 1e-4)."""
     cfg = DetokConfig(first_ode_steps=6, ode_steps=8, min_ode_steps=4, max_batch_sessions=4)
@@ -77,12 +82,14 @@ def test_graphs_equal_eager_fp32(golden_models):
     print(f"\nprepare_for_serving (golden checkpoint, fp32): {info}")
     assert info["dit_graphs"] > 0 and info["vocoder_graphs"] > 0
     g = torch.Generator().manual_seed(0)
-    streams = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (57, 23, 90, 8, 41, 66)]
+    vocab = golden_models[0].cfg.semantic_vocab_size
+    streams = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (57, 23, 90, 8, 41, 66)]
     together = _run(fast, streams)
     slow = eager(*golden_models, cfg)
     for seed, (stream, wav) in enumerate(zip(streams, together)):
-        (alone,) = _run(slow, [stream], [seed])
-        assert wav.numel() == len(stream) * fast.samples_per_token
+        trace = []
+        (alone,) = _run(slow, [stream], [seed], traces=[trace])
+        assert wav.numel() == streamed_samples(golden_checkpoint, trace)
         torch.testing.assert_close(wav, alone, **TOL)
 
 

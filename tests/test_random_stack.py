@@ -2,13 +2,17 @@
 built through the real code, encodes speech, detokenizes, runs through the pipeline unchanged,
 and its memory plan adds up."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from kimiaudio.bench.memory_budget import GIB, format_memory_budget, memory_budget
 from kimiaudio.bench.random_stack import build_random_stack
-from kimiaudio.config import load_config
+from kimiaudio.config import EngineConfig, load_config
+from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.pipeline import TurnRequest
@@ -55,12 +59,56 @@ def test_the_pipeline_runs_it(stack, pcm):
     assert got["pcm"].size == 24 * stack.detokenizer.samples_per_token
 
 
+def storage_bytes(module) -> int:
+    """Bytes of the storages behind a module's parameters and buffers, each storage once."""
+    storages = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def held_bytes(session) -> int:
+    """What a detokenizer session holds between calls: its prefix K/V and vocoder overlap."""
+    held = [session.kv, session.pre_mel, session.pre_wav]
+    return sum(t.untyped_storage().nbytes() for t in held if t is not None)
+
+
 def test_memory_plan(stack):
+    """The plan against the memory of real tensors: the built modules' weights, the engine's
+    KV pool, a detokenizer session's state at its K/V cap; and the pool is what is left."""
     plan = memory_budget(stack, sessions=64, device_bytes=80 * GIB)
-    weights = sum(p.numel() * p.element_size() for p in stack.lm.parameters())
-    assert plan["weights"]["lm"] >= weights and plan["detok_state_all_sessions"] == 64 * plan["detok_state_per_session"]
-    assert plan["kv_pool"] == 80 * GIB - plan["fixed_total"] - plan["headroom"]
-    cfg = stack.lm.config
-    assert plan["lm_kv_per_token"] == cfg.num_kv_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    detok = stack.detokenizer
+    parts = {"lm": stack.lm, "whisper": stack.whisper.encoder, "glm4_tokenizer": stack.glm4.model,
+             "dit": detok.dit, "vocoder": detok.vocoder}
+    assert plan["weights"] == {name: storage_bytes(module) for name, module in parts.items()}
+    # A token's K/V: what the engine's own pool allocates per position.
+    engine = LLMEngine(stack.lm, EngineConfig(block_size=4, num_kv_blocks=10, max_num_batched_tokens=16,
+                                              max_num_seqs=2, cuda_graphs=False), "cpu", stack.dtype)
+    pool = engine.runner.pool
+    assert plan["lm_kv_per_token"] * (pool.num_blocks + 1) * pool.block_size == pool.kv.untyped_storage().nbytes()
+    # A session's state: what one holds, driven past its K/V cap (fewer ODE steps: same sizes).
+    cheap = Detokenizer(detok.dit, detok.vocoder, dataclasses.replace(detok.cfg, first_ode_steps=2, ode_steps=2,
+                                                                     min_ode_steps=2))
+    assert cheap.state_bytes_per_session() == plan["detok_state_per_session"] > 0
+    session, most, capped = cheap.new_stream(seed=0), 0, False
+    tokens = torch.randint(0, SHAPES["tiny"].codes, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    while not capped:
+        cheap.step_batch([(session, tokens, False)])
+        most = max(most, held_bytes(session))
+        capped = session.kv is not None and session.kv.shape[3] == detok.cfg.max_kv_cache_frames
+    assert most <= plan["detok_state_per_session"] and session.kv.untyped_storage().nbytes() < most
+    # Fixed: the weights and the detokenizer's static buffers (no CUDA graphs on the CPU), and
+    # every session's state; the KV pool gets what is left of the card after the headroom.
+    empty = memory_budget(stack, sessions=0, device_bytes=80 * GIB)
+    assert empty["fixed_total"] == sum(plan["weights"].values()) + detok.flow.arena.nbytes > 0
+    assert plan["fixed_total"] == empty["fixed_total"] + 64 * plan["detok_state_per_session"]
+    assert empty["kv_pool"] - plan["kv_pool"] == 64 * plan["detok_state_per_session"]
+    assert memory_budget(stack, sessions=64, device_bytes=81 * GIB)["kv_pool"] - plan["kv_pool"] == GIB
+    assert plan["kv_pool"] + plan["fixed_total"] + plan["headroom"] == 80 * GIB
+    assert memory_budget(stack, sessions=64, device_bytes=plan["fixed_total"])["kv_pool"] == 0  # never below 0
+    assert plan["kv_pool_tokens"] * plan["lm_kv_per_token"] <= plan["kv_pool"] < (plan["kv_pool_tokens"] + 1) * \
+        plan["lm_kv_per_token"]
     text = format_memory_budget(plan)
     assert "LM KV pool (sized last)" in text and "detok state" in text
+    assert f"{plan['kv_pool_tokens']:,} tokens" in text

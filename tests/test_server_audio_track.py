@@ -2,8 +2,6 @@
 24 kHz -> 48 kHz, jitter-buffer prebuffering, silence when idle, flush without pts jumps,
 and the count of what was actually played."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -24,14 +22,46 @@ async def _frames(track, n):
     return out
 
 
-async def test_idle_track_sends_paced_silence():
+class FakeTime:
+    """A clock that moves only when the track sleeps (or a test says the loop stalled)."""
+
+    def __init__(self):
+        self.now, self.sleeps = 100.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture(autouse=True)
+def fake_time(monkeypatch):
+    fake = FakeTime()
+    monkeypatch.setattr(PlaybackTrack, "clock", staticmethod(fake.clock))
+    monkeypatch.setattr(PlaybackTrack, "sleep", staticmethod(fake.sleep))
+    return fake
+
+
+async def test_idle_track_sends_paced_silence(fake_time):
     track = PlaybackTrack()
-    start = time.monotonic()
     frames = await _frames(track, 10)
-    elapsed = time.monotonic() - start
     assert [pts for pts, _, _ in frames] == [i * FRAME_SAMPLES for i in range(10)]
     assert all(sr == 48000 and pcm.size == FRAME_SAMPLES and not pcm.any() for _, sr, pcm in frames)
-    assert 0.15 <= elapsed <= 0.5  # nine 20 ms intervals
+    assert fake_time.sleeps == pytest.approx([0.02] * 9)  # nine 20 ms intervals
+    # Frame n is due at start + n x 20 ms, not 20 ms after the last one was sent: time spent
+    # between two calls comes off the next wait.
+    fake_time.now += 0.015
+    await track.recv()
+    assert fake_time.sleeps[-1] == pytest.approx(0.005)
+    # A stalled loop (far more than 100 ms late) re-anchors: the next frames are paced again
+    # instead of sent in a burst to catch up.
+    fake_time.now += 1.0
+    await track.recv()
+    waits = len(fake_time.sleeps)
+    await _frames(track, 3)
+    assert fake_time.sleeps[waits:] == pytest.approx([0.02] * 3)
 
 
 async def test_response_is_resampled_and_played_in_order():

@@ -3,7 +3,6 @@ call returns only once the first has stored what it stores and stopped the sessi
 so the shutdown cannot stop the VAD thread and the store under a session still closing."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -21,17 +20,23 @@ async def test_a_second_close_waits_for_the_first(aiohttp_client, demo_checkpoin
         await client.wait_for("session.created")
         (session,) = http.app[sessions_key].values()
         real_close = session.session.close
+        closing, stored = asyncio.Event(), asyncio.Event()
 
-        async def slow_close():  # storing an interrupted answer takes a while
-            await asyncio.sleep(0.5)
+        async def slow_close():  # storing an interrupted answer takes a while: until `stored`
+            closing.set()
+            await stored.wait()
             await real_close()
 
         session.session.close = slow_close
         first = asyncio.ensure_future(session.close("the client hung up"))
-        await asyncio.sleep(0.05)
-        started = time.monotonic()
-        await session.close("the server is stopping")
-        assert time.monotonic() - started > 0.3 and first.done()
+        await closing.wait()  # the first close is storing
+        second = asyncio.ensure_future(session.close("the server is stopping"))
+        # However long the first one stores, the second waits for it.
+        await asyncio.wait([second], timeout=0.5)
+        assert not second.done() and not first.done()
+        stored.set()
+        await second
+        assert first.done()
         await asyncio.sleep(0.05)  # the close the peer's "closed" state spawned finds it done
         assert not session._tasks  # every task of the session is over
         await client.close()

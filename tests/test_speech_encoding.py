@@ -15,6 +15,7 @@ import torch
 
 from kimiaudio.audio.staged_work import run_to_end
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.metrics import PipelineMetrics
@@ -99,7 +100,12 @@ def test_staged_encoding_equals_the_one_call_encoders(stack, speech_16k):
 
 def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, speech_16k, monkeypatch):
     """The first turn, with nothing generating, is encoded in one go; the second, committed
-    while the first answer runs, a few stages per engine step, its stages spread between steps."""
+    while the first answer runs, a slice of stages per engine step, as long as a step took.
+    The LM worker's clock is a fake one that only the steps and the stages move (10 ms a step,
+    4 ms a stage): two stages fit a step's budget (a third would overrun it), whatever the
+    machine's load, so the order of steps and stages is exact."""
+    step_s, stage_s = 0.010, 0.004
+    clock = FakeClock()
     log: list[tuple[str, int]] = []
     lock = threading.Lock()
     real_step, real_stages = LLMEngine.step, stack.encode_speech_stages
@@ -108,6 +114,7 @@ def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, s
     def step(self):
         out = real_step(self)
         with lock:
+            clock.now += step_s
             log.append(("step", -1))
         return out
 
@@ -120,9 +127,11 @@ def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, s
             except StopIteration as done:
                 return done.value
             with lock:
+                clock.now += stage_s
                 log.append(("stage", job))
             yield
 
+    monkeypatch.setattr(LmWorker, "clock", staticmethod(clock))
     monkeypatch.setattr(LLMEngine, "step", step)
     monkeypatch.setattr(stack, "encode_speech_stages", stages)
     first, second = voices(speech_16k, 2)
@@ -143,5 +152,11 @@ def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, s
         return [kind for kind, _ in log[at[0]:at[-1] + 1]]
 
     assert "step" not in between(0)  # idle: one batch, all its stages at once
-    spread = between(1)
-    assert spread.count("step") >= spread.count("stage") // 2  # about a step per stage or two
+    slices = [0]  # stages of the second turn's batch run between one engine step and the next
+    for kind in between(1):
+        if kind == "step":
+            slices.append(0)
+        else:
+            slices[-1] += 1
+    # Every worker iteration: two stages (a step's budget), then one step; the last slice the rest.
+    assert len(slices) >= 3 and slices[:-1] == [2] * (len(slices) - 1) and slices[-1] in (1, 2), slices

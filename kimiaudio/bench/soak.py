@@ -11,6 +11,8 @@ reconnects continuing their conversation, and malformed events (soak_clients.py)
 - every user turn a client saw committed is in the store, with its audio;
 - `PRAGMA integrity_check` and `foreign_key_check` find nothing;
 - every session slot is free again, every malformed event got an error event, no ERROR log;
+- every turn of the plan was committed and every planned fault happened (a run cut short by
+  `seconds`, or whose clients never got to speak, checked nothing);
 - RSS grew by less than `max_rss_growth_mb` over the second half of the run (the first half
   warms up: allocator arenas, caches, every session's first turn); start, quarters and end
   are printed.
@@ -28,17 +30,19 @@ import os
 import random
 import resource
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from kimiaudio.bench.soak_clients import SessionLog, plan_faults
+from kimiaudio.bench.soak_clients import FAULTS, SessionLog, plan_faults
 from kimiaudio.bench.soak_load import SessionJob, run_sessions
 from kimiaudio.bench.stats import ms_p50_p95
 from kimiaudio.errors import KimiAudioError
 
+FAULT_KINDS = FAULTS[1:]  # barge_in, disconnect, malformed ("none" is no fault)
 SETTLE_S = 20.0  # after the clients: sessions closing, turns ending, the pool refilling
 
 
@@ -95,6 +99,14 @@ async def _missing_commits(store, logs: list[SessionLog]) -> list[str]:
     return missing
 
 
+def _planned(plan: list[list[str]]) -> tuple[list[int], dict[str, int]]:
+    """Per session, the user turns its plan commits (a barge-in turn commits two: the turn and
+    the utterance spoken over its answer); and how many faults of each kind the plan injects."""
+    utterances = [sum(2 if fault == "barge_in" else 1 for fault in turns) for turns in plan]
+    faults = {kind: sum(turns.count(kind) for turns in plan) for kind in FAULT_KINDS}
+    return utterances, {kind: n for kind, n in faults.items() if n}
+
+
 async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_rate: float, clips, seed: int,
                 max_rss_growth_mb: float, client_processes: int) -> dict:
     from aiohttp import web
@@ -139,6 +151,11 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         await runner.cleanup()  # its shutdown is watched for ERROR lines too
         await pipeline.stop()
         logging.getLogger().removeHandler(errors)
+    planned_utterances, planned_faults = _planned(plan)
+    # Per session: a session that committed more (the VAD split an utterance) makes up for no other's loss.
+    short_turns = sum(max(0, want - len(log.commits)) for want, log in zip(planned_utterances, logs))
+    happened = {kind: sum(log.faults[kind] for log in logs) for kind in FAULT_KINDS}
+    missing_faults = {kind: n - happened[kind] for kind, n in planned_faults.items() if happened[kind] < n}
     unfinished = [rid for log in logs for rid, status in log.responses.items()
                   if status is None and rid not in log.abandoned]
     checks = {
@@ -151,6 +168,9 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "session slots still held": (reserved, 0),
         "ERROR log lines": (len(errors.messages), 0),
         "client-side problems": (sum(len(log.problems) for log in logs), 0),
+        # A run that ended before its plan did (e.g. --seconds shorter than connecting) tested nothing.
+        "planned user turns not committed": (short_turns, 0),
+        "planned faults that never happened": (sum(missing_faults.values()), 0),
         # Warm-up (allocator arenas, caches, the first sessions) is over by half-time; a leak is not.
         "RSS growth in the second half, MB": (round(rss_end - _at_half(rss_samples, rss_start), 1), max_rss_growth_mb),
     }
@@ -163,7 +183,7 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "commits_by_transport": {kind: sum(len(log.commits) for log in logs if log.transport == kind) for kind in kinds},
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
-        "faults": {k: sum(log.faults[k] for log in logs) for k in ("barge_in", "disconnect", "malformed")},
+        "planned_commits": sum(planned_utterances), "planned_faults": planned_faults, "faults": happened,
         **dict(zip(("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"),
                    (None if ms is None else round(ms, 1) for ms in ms_p50_p95(first)))),
         "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
@@ -171,7 +191,9 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
                               for q in (1, 2, 3, 4)] if rss_samples else [],
         "checks": {name: {"value": value, "limit": limit, "ok": value <= limit}
                    for name, (value, limit) in checks.items()},
-        "details": {"unfinished": unfinished[:10], "missing": missing[:10], "integrity": integrity[:10],
+        "details": {"faults short of the plan": [f"{kind}: {happened[kind]} of {n}" for kind, n in planned_faults.items()
+                                                 if kind in missing_faults],
+                    "unfinished": unfinished[:10], "missing": missing[:10], "integrity": integrity[:10],
                     "errors": errors.messages[:10], "problems": [p for log in logs for p in log.problems][:10]},
         "ok": all(value <= limit for value, limit in checks.values()),
     }
@@ -212,7 +234,13 @@ def print_report(report: dict) -> None:
     for name, items in report["details"].items():
         if items:
             print(f"  {name}: {items}")
-    print("soak passed" if report["ok"] else "soak FAILED")
+    print(verdict(report))
+
+
+def verdict(report: dict) -> str:
+    """"soak passed", or "soak FAILED: " and the checks that failed."""
+    failed = [name for name, check in report["checks"].items() if not check["ok"]]
+    return "soak passed" if report["ok"] else f"soak FAILED: {'; '.join(failed)}"
 
 
 def run_soak_command(config, args) -> int:
@@ -234,5 +262,10 @@ def run_soak_command(config, args) -> int:
     speech = [load_audio(path) for path in args.speech] or None
     report = run_soak(stack, config, sessions, turns, args.seconds, args.fault_rate, speech, args.max_new_tokens,
                       client_processes=args.client_processes)
-    print(json.dumps(report, indent=1)) if args.json else print_report(report)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        if not report["ok"]:
+            print(verdict(report), file=sys.stderr)
+    else:
+        print_report(report)
     return 0 if report["ok"] else 1

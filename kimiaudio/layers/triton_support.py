@@ -3,10 +3,11 @@
 Triton ships with CUDA builds of torch; CPU builds (CI) have none. So no module imports
 triton at the top except the kernel files, and those are imported only once a kernel is
 chosen. `KIMIAUDIO_KERNELS` picks, read once per process:
-- "auto" (default): Triton for CUDA tensors when triton imports, torch otherwise;
+- "auto" (default): Triton for CUDA tensors when triton imports, torch otherwise (the CPU's
+  path is always torch's, TRITON_INTERPRET or not);
 - "torch": never Triton (the reference path, e.g. to compare on a GPU);
-- "triton": always, CPU tensors included: with TRITON_INTERPRET=1 the kernels then run in
-  Triton's interpreter on the CPU, which is how their tests run without a GPU.
+- "triton": always on CUDA; on CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1),
+  which is how the kernels' tests run without a GPU: there is no compiled kernel for a CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import functools
 import os
 
 import torch
+
+from kimiaudio.errors import ConfigError
 
 MODES = ("auto", "torch", "triton")
 
@@ -44,6 +47,11 @@ def use_triton(device: torch.device) -> bool:
     mode = kernel_mode()
     if mode == "torch":
         return False
+    if device.type == "cuda":
+        return mode == "triton" or triton_importable()
     if mode == "triton":
+        if not interpreting() or not triton_importable():
+            raise ConfigError(f"KIMIAUDIO_KERNELS=triton for {device.type} tensors needs triton installed and "
+                              "TRITON_INTERPRET=1 (its interpreter: compiled kernels need a CUDA GPU)")
         return True
-    return device.type == "cuda" and triton_importable()
+    return False  # auto: the CPU's path is torch's, even where the interpreter is on

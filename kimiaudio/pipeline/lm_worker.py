@@ -52,6 +52,9 @@ def failure_message(stage: str, exc: Exception) -> str:
 
 
 class LmWorker(Worker):
+    # Times engine steps, and so the encoding slices' budget (a test may swap in a fake clock).
+    clock = staticmethod(time.perf_counter)
+
     def __init__(self, stack, config, engine: LLMEngine, detok, metrics: PipelineMetrics):
         # The urgent stream: every session's next token waits on a decode step, while a
         # detokenizer chunk has its playback run-ahead to spare.
@@ -62,7 +65,7 @@ class LmWorker(Worker):
         self.num_turns = 0  # turns on this worker (pending or generating), for stats
         self._pending: list[LmTurn] = []  # waiting for their audio to be encoded
         self._turns: dict[str, LmTurn] = {}  # generating: request id (= turn id) -> turn
-        self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics)
+        self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics, self.clock)
         self._step_s = 0.0  # the last engine step's time: one encoding slice's budget while busy
 
     # ---- any thread ------------------------------------------------------------------------
@@ -189,9 +192,9 @@ class LmWorker(Worker):
             self.detok.open(handle, params.seed, request.voice)
 
     def _step(self) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         outputs = self.engine.step()
-        self._step_s = time.perf_counter() - start
+        self._step_s = self.clock() - start
         if outputs:
             self.metrics.lm_step_s.observe(self._step_s)
             self.metrics.lm_batch.observe(len(outputs))

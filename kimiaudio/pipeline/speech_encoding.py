@@ -57,8 +57,10 @@ class EncodeJob:
 
 
 class SpeechEncoding:
-    def __init__(self, stack, batch_size: int, metrics: PipelineMetrics):
+    def __init__(self, stack, batch_size: int, metrics: PipelineMetrics,
+                 clock: Callable[[], float] = time.perf_counter):
         self.stack, self.batch_size, self.metrics = stack, batch_size, metrics
+        self.clock = clock  # times each batch's stages against its budget (tests inject one)
         self.cache = EncodeCache(ENCODE_CACHE_SIZE)
         self._job: EncodeJob | None = None
         self._alone: set[bytes] = set()  # utterances of a failed batch: each is encoded by itself
@@ -120,4 +122,4 @@ class SpeechEncoding:
         self._alone &= wanted.keys()  # the turns of the others ended meanwhile
         alone = [key for key in wanted if key in self._alone]
         keys = alone[:1] or list(wanted)[: self.batch_size if busy else MAX_IDLE_ENCODE_BATCH]
-        return EncodeJob(keys, self.stack.encode_speech_stages([wanted[key] for key in keys]))
+        return EncodeJob(keys, self.stack.encode_speech_stages([wanted[key] for key in keys]), self.clock)

@@ -36,6 +36,9 @@ _MAX_LAG_S = 0.1  # further behind than this, re-anchor the clock instead of sen
 
 class PlaybackTrack(MediaStreamTrack):
     kind = "audio"
+    # The pacing's clock and sleep (a test may swap in a fake pair: time then moves only by sleeping).
+    clock = staticmethod(time.monotonic)
+    sleep = staticmethod(asyncio.sleep)
 
     def __init__(
         self,
@@ -119,16 +122,16 @@ class PlaybackTrack(MediaStreamTrack):
     async def _wait_for_next_frame(self) -> None:
         # Pacing: frame n is due at start + n * 20 ms; pts always advances by one frame.
         if self._start is None:
-            self._start = time.monotonic()
+            self._start = self.clock()
             self._pts = 0
             return
         self._pts += FRAME_SAMPLES
-        wait = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+        wait = self._start + self._pts / SAMPLE_RATE - self.clock()
         if wait > 0:
-            await asyncio.sleep(wait)
+            await self.sleep(wait)
         elif wait < -_MAX_LAG_S:
             # The loop was stalled: move the anchor rather than burst frames to catch up.
-            self._start = time.monotonic() - self._pts / SAMPLE_RATE
+            self._start = self.clock() - self._pts / SAMPLE_RATE
 
     def _next_samples(self) -> np.ndarray:
         out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
