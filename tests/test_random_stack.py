@@ -90,7 +90,7 @@ def test_memory_plan(stack):
     # A session's state: what one holds, driven past its K/V cap (fewer ODE steps: same sizes).
     cheap = Detokenizer(detok.dit, detok.vocoder, dataclasses.replace(detok.cfg, first_ode_steps=2, ode_steps=2,
                                                                      min_ode_steps=2))
-    assert cheap.state_bytes_per_session() == plan["detok_state_per_session"] > 0
+    assert cheap.state_bytes_per_stream() == plan["detok_state_per_session"] > 0
     session, most, capped = cheap.new_stream(seed=0), 0, False
     tokens = torch.randint(0, SHAPES["tiny"].codes, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     while not capped:
