@@ -26,3 +26,18 @@ def test_wheel_carries_the_demo_page(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for page_file in ("index.html", "app.js", "style.css"):
         assert f"kimiaudio/static/{page_file}" in names
+
+
+def test_ci_runs_the_test_command_of_the_readme():
+    """.ci/run installs and tests as README.md's "Run the tests" command does (pip's -q aside)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"Run the tests:\s*```bash\n(.+?)\n```", readme, re.S).group(1).strip()
+    steps = [step.strip() for step in block.split("&&")]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip().startswith("pip install") and "python -m pytest" in line]
+    assert len(ci) == 1, ci
+    ci_steps = [step.strip().replace("pip install -q ", "pip install ") for step in ci[0].split("&&")]
+    assert ci_steps == [step for step in steps if step.startswith(("pip install", "python -m pytest"))], (ci, block)
+    assert steps[-1].startswith("python -m pytest")
