@@ -13,8 +13,6 @@ import bisect
 import threading
 from collections import Counter, deque
 
-import numpy as np
-
 # Seconds: from a fraction of a GPU decode step to a stalled multi-second turn.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
                    0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -44,11 +42,10 @@ class Timing:
         with self._lock:
             self.recent.clear()
 
-    def percentile(self, q: float) -> float:
-        """q-th percentile of the recent values (nan when there are none)."""
+    def recent_values(self) -> list[float]:
+        """A copy of the recent values (the benches take their percentiles: bench/stats.py)."""
         with self._lock:
-            values = list(self.recent)
-        return float(np.percentile(values, q)) if values else float("nan")
+            return list(self.recent)
 
     def snapshot(self) -> tuple[list[int], int, float]:
         """(per-bucket counts, count, sum), consistent with each other."""
