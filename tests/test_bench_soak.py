@@ -28,7 +28,7 @@ def soak_cli(demo_checkpoint, cwd, *args: str) -> subprocess.CompletedProcess:
                            "--device", "cpu", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
     result = soak_cli(demo_checkpoint, tmp_path, "--sessions", "2", "--turns", "3", "--seconds", "60",
                       "--fault-rate", "0.5", "--max-new-tokens", "48", "--json")
