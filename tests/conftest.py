@@ -12,6 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+# Without a GPU the Triton kernels' tests run them in Triton's interpreter (the product's CPU
+# path stays torch's: layers/triton_support.py). Triton decides interpreted or compiled when a
+# kernel is defined, i.e. when its module is first imported, so this is set here, before any
+# test module imports the kernels: with xdist one worker imports many test modules, and one
+# that imports the engine first would otherwise define them compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 DATA = Path(__file__).parent / "data"
 # CI installs triton (its CPU wheel) so that every tests/test_triton_*.py runs in Triton's
 # interpreter; there a skipped Triton test is a failure, not a pass (.ci/run sets this).
