@@ -12,6 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+# Without a GPU, Triton's kernels run in its interpreter (tests/test_triton_*.py). @triton.jit
+# decides how a kernel runs when its module is imported, and any test module may import the
+# kernel files first (test_bench imports the engine): so the interpreter is set here, before
+# every test module. The CPU's own path stays torch's (layers/triton_support.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 DATA = Path(__file__).parent / "data"
 # CI installs triton (its CPU wheel) so that every tests/test_triton_*.py runs in Triton's
 # interpreter; there a skipped Triton test is a failure, not a pass (.ci/run sets this).
