@@ -20,6 +20,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist, the workers share the cores: torch threads (and those of the processes the
+# tests start) are divided among them, not every worker running one per core against the others.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 DATA = Path(__file__).parent / "data"
 # CI installs triton (its CPU wheel) so that every tests/test_triton_*.py runs in Triton's
 # interpreter; there a skipped Triton test is a failure, not a pass (.ci/run sets this).
