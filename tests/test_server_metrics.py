@@ -1,17 +1,19 @@
 """Metrics, health and logs of the real server (demo checkpoint, real aiortc client):
 /metrics in Prometheus format with non-zero latency histograms after a turn, /healthz and
-/readyz, one structured log line per answer, libraries kept quiet and client faults kept to
-one INFO line."""
+/readyz (503 when full or draining), every sample labelled with its instance, one structured
+log line per answer, libraries kept quiet and client faults kept to one INFO line."""
 
 import asyncio
 import logging
+import socket
 
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app_keys import admission_key
+from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
+from kimiaudio.server.app_keys import admission_key, server_metrics_key
 from kimiaudio.server.observe.log_setup import configure_logging
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
 from test_server_support import demo_server, kv_pool_full_again, silence
@@ -19,14 +21,19 @@ from test_server_support import demo_server, kv_pool_full_again, silence
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-async def scrape(http) -> dict[str, float]:
-    """{sample name + sorted labels: value} of one /metrics scrape."""
+DEFAULT_INSTANCE = f"{socket.gethostname()}:8080"  # the demo config's port
+
+
+async def scrape(http, instance: str = DEFAULT_INSTANCE) -> dict[str, float]:
+    """{sample name + sorted labels: value} of one /metrics scrape; every sample must carry the
+    label instance=`instance` (left out of the keys)."""
     resp = await http.get("/metrics")
     assert resp.status == 200 and resp.content_type == "text/plain"
     samples = {}
     for family in text_string_to_metric_families(await resp.text()):
         for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+            assert s.labels.get("instance") == instance, s
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("le", "instance"))
             key = f"{s.name}{{{labels}}}" if labels else s.name
             if "le" in s.labels:
                 key += f"@{s.labels['le']}"
@@ -92,6 +99,35 @@ async def test_health_and_readiness(server):
     resp = await http.get("/readyz")
     assert resp.status == 503 and "shutting down" in (await resp.json())["problems"]
     http.app[admission_key].is_draining = False
+
+
+async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhere(aiohttp_client, demo_checkpoint,
+                                                                                 tmp_path):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=1) as (http, _):
+        client = RealtimeWsClient()
+        assert await client.connect(http) == 101
+        await client.wait_for("session.created")
+        resp = await http.get("/readyz")
+        body = await resp.json()
+        assert resp.status == 503 and body["problems"] == ["full: 1 of 1 sessions"], body
+        assert body["sessions"] == {"active": 1, "max": 1}
+        assert (await http.post("/api/rtc/offer", json={})).status == 503  # what the probe foretold
+        await client.close()
+        for _ in range(100):  # the slot is released as the socket's session closes
+            resp = await http.get("/readyz")
+            if resp.status == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert resp.status == 200 and (await resp.json())["problems"] == []
+
+
+async def test_every_sample_carries_the_configured_instance_label(aiohttp_client, demo_checkpoint, tmp_path):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, instance_id="gpu-node-1.cuda-0") as (http, _):
+        m = await scrape(http, instance="gpu-node-1.cuda-0")  # asserts the label on every sample
+        assert m["kimiaudio_sessions_active"] == 0 and "kimiaudio_lm_step_seconds_count" in m
+        assert (await (await http.get("/readyz")).json())["instance"] == "gpu-node-1.cuda-0"
+        # The registry itself stays unlabelled: code reading a sample back names it as before.
+        assert http.app[server_metrics_key].registry.get_sample_value("kimiaudio_sessions_active") == 0
 
 
 async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(server, speech, caplog):

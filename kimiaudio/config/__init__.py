@@ -155,6 +155,10 @@ class ServerConfig:
     body_timeout_s: float = setting(30.0, Bounds(0.0, 3600.0, min_open=True))
     # On SIGTERM/SIGINT: answers in flight may finish for this long before sessions are closed.
     shutdown_grace_s: float = setting(10.0, Bounds(0.0, 3600.0))
+    # The `instance` label of every metric (a fleet's instances scraped by one Prometheus);
+    # empty = this machine's hostname and the port, e.g. "gpu-node-1:8081".
+    instance_id: str = setting("", Bounds(pattern=r"|[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
+                                          means="empty or up to 128 of A-Za-z0-9_.:- starting with a letter or digit"))
 
 
 @dataclass

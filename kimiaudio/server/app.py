@@ -30,6 +30,7 @@ from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.admission import Admission, draining_middleware
 from kimiaudio.server.middleware.error_middleware import error_middleware
 from kimiaudio.server.middleware.request_body import body_limits_middleware
+from kimiaudio.server.observe.instance_label import instance_id
 from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.ops_routes import setup_ops_routes
@@ -47,7 +48,8 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     admission = Admission(config.server.max_sessions)
     policy = AccessPolicy.from_config(config)
     app = web.Application(client_max_size=config.server.max_body_bytes)
-    metrics = ServerMetrics(lambda: app.get(pipeline_key), lambda: admission.num_reserved)
+    metrics = ServerMetrics(lambda: app.get(pipeline_key), lambda: admission.num_reserved,
+                            instance_id(config.server.instance_id, config.server.port))
     app.middlewares.extend([error_middleware(metrics), access_middleware(policy), draining_middleware(admission),
                             body_limits_middleware])
     app[config_key] = config

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from kimiaudio.server.app_keys import admission_key, pipeline_key, ready_key, server_metrics_key, store_key
 
@@ -22,7 +22,7 @@ def setup_ops_routes(app: web.Application) -> None:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[server_metrics_key].registry)
+    body = request.app[server_metrics_key].exposed.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -31,21 +31,24 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """503 while starting, while shutting down, when a model worker has stopped (the process
-    needs a restart), or when the history database does not answer."""
+    """503 while starting, while shutting down, at the session limit (a router then sends new
+    sessions elsewhere), when a model worker has stopped (the process needs a restart), or when
+    the history database does not answer."""
     app = request.app
+    admission = app[admission_key]
     problems = []
     if not app[ready_key].is_set():
         problems.append("the pipeline is not running")
     elif not app[pipeline_key].workers_alive:
         problems.append("the model workers stopped (see the server log)")
-    if app[admission_key].is_draining:
+    if admission.is_draining:
         problems.append("shutting down")
+    elif admission.num_reserved >= admission.max_sessions:
+        problems.append(f"full: {admission.num_reserved} of {admission.max_sessions} sessions")
     try:
         await asyncio.wait_for(app[store_key].list_conversations(1), STORE_CHECK_TIMEOUT_S)
     except Exception:
         problems.append("the conversation store does not answer")
-    admission = app[admission_key]
     body = {"status": "not ready" if problems else "ready", "problems": problems,
-            "sessions": {"active": admission.num_reserved, "max": admission.max_sessions}}
+            "instance": app[server_metrics_key].exposed.instance, "sessions": {"active": admission.num_reserved, "max": admission.max_sessions}}
     return web.json_response(body, status=503 if problems else 200)

@@ -14,12 +14,14 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
+from kimiaudio.server.observe.instance_label import InstanceLabelled
 from kimiaudio.server.observe.pipeline_collector import PipelineCollector
 
 
 class ServerMetrics:
-    def __init__(self, pipeline: Callable[[], object | None], active_sessions: Callable[[], int]):
+    def __init__(self, pipeline: Callable[[], object | None], active_sessions: Callable[[], int], instance: str):
         self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.exposed = InstanceLabelled(registry, instance)  # what /metrics writes
         self.sessions = Counter("kimiaudio_sessions", "Sessions admitted", ["transport"], registry=registry)
         Gauge("kimiaudio_sessions_active", "Session slots in use", registry=registry).set_function(active_sessions)
         self.responses = Counter("kimiaudio_responses", "Responses ended, by the status sent to the client",
