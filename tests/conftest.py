@@ -186,3 +186,31 @@ def espeak_voice(tmp_path_factory) -> Path:
     subprocess.run(["espeak-ng", "-w", str(path), "This is the voice I would like you to answer in, please."],
                    check=True)
     return path
+
+
+# CI installs Debian's postgresql (.ci/run sets this): there the PostgreSQL tests must run, never skip.
+REQUIRE_POSTGRES = os.environ.get("KIMIAUDIO_REQUIRE_POSTGRES") == "1"
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server of the tests' own (tests/postgres_server.py), shared by the session;
+    tests get their own databases from it (`postgres_url`)."""
+    from postgres_server import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer()
+    except PostgresUnavailable as exc:
+        if REQUIRE_POSTGRES:
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    with server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """The URL of a new empty database on the tests' PostgreSQL server."""
+    if not postgres_server.running:  # a test that stopped it failed before starting it again
+        postgres_server.start()
+    return postgres_server.create_database()
