@@ -32,7 +32,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """503 while starting, while shutting down, when a model worker has stopped (the process
-    needs a restart), or when the history database does not answer."""
+    needs a restart), or when the conversation database does not answer (until it is back:
+    the store reconnects by itself)."""
     app = request.app
     problems = []
     if not app[ready_key].is_set():
@@ -42,9 +43,9 @@ async def readyz(request: web.Request) -> web.Response:
     if app[admission_key].is_draining:
         problems.append("shutting down")
     try:
-        await asyncio.wait_for(app[store_key].list_conversations(1), STORE_CHECK_TIMEOUT_S)
+        await asyncio.wait_for(app[store_key].ping(), STORE_CHECK_TIMEOUT_S)
     except Exception:
-        problems.append("the conversation store does not answer")
+        problems.append("the conversation database does not answer")
     admission = app[admission_key]
     body = {"status": "not ready" if problems else "ready", "problems": problems,
             "sessions": {"active": admission.num_reserved, "max": admission.max_sessions}}

@@ -55,6 +55,7 @@ class ConversationStore:
         self._pool = None
         self._writer: DbThread | None = None
         self._reader: DbThread | None = None
+        self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
         self._heartbeat: asyncio.Task | None = None
 
     @property
@@ -74,6 +75,8 @@ class ConversationStore:
             connector = PostgresConnector(self._pool, self.location)
             self._writer = DbThread(connector, "kimiaudio-db-writer")
             self._reader = DbThread(connector, "kimiaudio-db-reader")
+            # Its own thread: health probes answer while a query waits for a server gone away.
+            self._probe = DbThread(connector, "kimiaudio-db-probe")
         else:
             self._writer = DbThread(SqliteConnector(self.location), "kimiaudio-db-writer")
             self._reader = DbThread(SqliteConnector(self.location), "kimiaudio-db-reader")
@@ -95,6 +98,8 @@ class ConversationStore:
                 await self._writer.call(release_instance, self.instance_id)
             await self._writer.close()
             await self._reader.close()
+        if self._probe is not None:
+            await self._probe.close()
         if self._pool is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._pool.close)
 
@@ -108,7 +113,7 @@ class ConversationStore:
 
     async def ping(self) -> None:
         """A cheap query: raises StoreUnavailableError unless the database answers."""
-        await self._reader.call(lambda db: db.execute("SELECT 1").fetchone())
+        await (self._probe or self._reader).call(lambda db: db.execute("SELECT 1").fetchone())
 
     # ----- leases (leases.py) -----
     async def acquire_lease(self, conversation_id: str, session_id: str) -> None:
