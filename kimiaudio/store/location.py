@@ -30,7 +30,8 @@ def database_location(config: Config) -> str | Path:
         try:
             check_setting("storage", "url", url)
         except ConfigError as exc:
-            raise ConfigError(str(exc).replace("storage.url", DATABASE_URL_ENV, 1)) from None
+            message = str(exc).replace("storage.url", DATABASE_URL_ENV, 1).replace(repr(url), repr(shown(url)))
+            raise ConfigError(message) from None
     else:
         url = config.storage.url
     return url if url else config.data_dir / config.storage.database
