@@ -23,7 +23,8 @@ POOL_WAIT_S = 5.0  # a query waiting for a connection while the server is away
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """The message on one line, without a password (libpq quotes a URL it cannot parse)."""
+    return shown(" ".join(str(exc).split())) or type(exc).__name__
 
 
 def _is_connection_lost(exc: BaseException) -> bool:
