@@ -70,3 +70,58 @@ async def test_database_lost_then_back_without_a_restart(shared, postgres_server
     assert status == 200, body
     listed = await (await http.get("/api/conversations")).json()
     assert conversation in [c["id"] for c in listed["conversations"]]
+
+
+async def _event(ws, kind: str) -> dict:
+    while True:
+        event = await asyncio.wait_for(ws.receive_json(), 30)
+        if event["type"] == kind:
+            return event
+
+
+async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_releases(shared):
+    http, elsewhere = shared
+    held = (await elsewhere.create_conversation())["id"]
+    free = (await elsewhere.create_conversation())["id"]
+    await elsewhere.acquire_lease(held, "sess_elsewhere")
+    async with http.ws_connect("/v1/realtime") as ws:
+        await ws.send_json({"type": "conversation.select", "conversation_id": held})
+        error = await _event(ws, "error")
+        assert error["error"]["code"] == "conversation_busy"
+        await ws.send_json({"type": "conversation.select", "conversation_id": free})
+        assert (await _event(ws, "session.updated"))["session"]["conversation_id"] == free
+        with pytest.raises(ConversationBusyError):
+            await elsewhere.acquire_lease(free, "sess_elsewhere")
+    for _ in range(120):  # the session's close releases its lease
+        try:
+            await elsewhere.acquire_lease(free, "sess_elsewhere")
+            break
+        except ConversationBusyError:
+            await asyncio.sleep(0.25)
+    else:
+        raise AssertionError("the closed session kept its lease")
+
+
+async def test_voices_are_shared_by_instances_on_one_database(aiohttp_client, demo_checkpoint, tmp_path, postgres_url,
+                                                              espeak_voice):
+    import aiohttp
+
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path / "a", storage_url=postgres_url) as (a, pa), \
+            demo_server(aiohttp_client, demo_checkpoint, tmp_path / "b", storage_url=postgres_url) as (b, pb):
+        upload = aiohttp.FormData(default_to_multipart=True)
+        upload.add_field("name", "shared-voice")
+        upload.add_field("file", espeak_voice.read_bytes(), filename="voice.wav")
+        resp = await a.post("/api/voices", data=upload)
+        assert resp.status == 201, await resp.text()
+        assert pa.stats()["voice_prefixes_cached"] == 1  # its device copy on instance a
+        listed = await (await b.get("/api/voices")).json()
+        assert [v["name"] for v in listed["voices"]] == ["shared-voice"] and "shared-voice" in pb.voices
+
+        assert (await b.delete("/api/voices/shared-voice")).status == 200
+        for _ in range(120):  # instance a notices at its next sync and drops its device copy
+            if "shared-voice" not in pa.voices and pa.stats()["voice_prefixes_cached"] == 0:
+                break
+            await asyncio.sleep(0.25)
+        else:
+            raise AssertionError("instance a kept the voice deleted through instance b")
+        assert (await (await a.get("/api/voices")).json())["voices"] == []
