@@ -20,3 +20,8 @@ class CheckpointError(KimiAudioError):
 
 class AudioInputError(KimiAudioError):
     """An input audio file or buffer cannot be used (unreadable, empty, silent, too long)."""
+
+
+class StoreUnavailableError(KimiAudioError):
+    """The conversation database does not answer (lost connection, server down): the server
+    answers 503 until it is back."""

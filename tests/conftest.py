@@ -214,3 +214,11 @@ def postgres_url(postgres_server) -> str:
     if not postgres_server.running:  # a test that stopped it failed before starting it again
         postgres_server.start()
     return postgres_server.create_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_location(request, tmp_path):
+    """Where a store test's database is, for each backend: a SQLite file, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "k.db"
+    return request.getfixturevalue("postgres_url")

@@ -83,11 +83,13 @@ class RecordingPipeline(Pipeline):
 
 
 @contextlib.asynccontextmanager
-async def demo_server(aiohttp_client, checkpoint: Path, data_dir: Path, **server):
-    """(test client, pipeline): the server app with a real pipeline on the demo checkpoint."""
+async def demo_server(aiohttp_client, checkpoint: Path, data_dir: Path, storage_url: str = "", **server):
+    """(test client, pipeline): the server app with a real pipeline on the demo checkpoint (its
+    conversations in a SQLite file under `data_dir`, or the PostgreSQL database `storage_url`)."""
     from kimiaudio.server.app import create_app
 
     config = demo_config(checkpoint, data_dir, **server)
+    config.storage.url = storage_url
     stack = demo_stack(checkpoint)
     pipeline = RecordingPipeline(stack, config)
     await pipeline.start()

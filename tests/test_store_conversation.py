@@ -1,8 +1,7 @@
-"""Conversation store queries (kimiaudio/store/conversation_store.py)."""
+"""Conversation store queries (kimiaudio/store/conversation_store.py), on both backends."""
 
 import asyncio
 import io
-import sqlite3
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ from kimiaudio.store import ConversationStore
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = ConversationStore(tmp_path / "k.db")
+async def store(store_location):
+    s = ConversationStore(store_location)
     await s.open()
     yield s
     await s.close()
@@ -92,33 +91,35 @@ async def test_concurrent_writes_get_distinct_indices(store):
     assert listed[0]["id"] == conv["id"] and listed[0]["num_turns"] == 40
 
 
-async def test_delete_cascades_to_turns_and_audio(store, tmp_path):
+def _count(db, table):
+    return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+
+
+async def test_delete_cascades_to_turns_and_audio(store):
     conv = await store.create_conversation()
     keep = await store.create_conversation()
     await store.add_turn(conv["id"], "user", audio=_tone(0.2, 16000))
     await store.add_turn(keep["id"], "user", audio=_tone(0.2, 16000))
     assert await store.delete_conversation(conv["id"]) is True
-    conn = sqlite3.connect(tmp_path / "k.db")
-    assert conn.execute("SELECT COUNT(*) FROM turns").fetchone()[0] == 1
-    assert conn.execute("SELECT COUNT(*) FROM turn_audio").fetchone()[0] == 1
-    conn.close()
+    assert await store.read(_count, "turns") == 1 and await store.read(_count, "turn_audio") == 1
+    assert await store.integrity_problems() == []
     assert [c["id"] for c in await store.list_conversations()] == [keep["id"]]
 
 
-async def test_committed_data_survives_reopen(tmp_path):
-    s = ConversationStore(tmp_path / "k.db")
+async def test_committed_data_survives_reopen(store_location):
+    s = ConversationStore(store_location)
     await s.open()
     conv = await s.create_conversation()
     await s.add_turn(conv["id"], "user", audio=_tone(0.3, 16000))
     await s.close()
-    s = ConversationStore(tmp_path / "k.db")
+    s = ConversationStore(store_location)
     await s.open()
     history = await s.load_history(conv["id"])
     await s.close()
     assert len(history) == 1 and history[0].audio.shape == (4800,)
 
 
-def test_kill_9_right_after_a_write_loses_nothing(tmp_path):
+def test_kill_9_right_after_a_write_loses_nothing(store_location):
     import os
     import subprocess
     import sys
@@ -129,7 +130,7 @@ import asyncio, os, signal
 import numpy as np
 from kimiaudio.store import ConversationStore
 async def main():
-    s = ConversationStore({str(tmp_path / 'k.db')!r})
+    s = ConversationStore({str(store_location)!r})
     await s.open()
     conv = await s.create_conversation()
     await s.add_turn(conv["id"], "user", audio=np.full(1600, 0.25, np.float32))
@@ -144,7 +145,7 @@ asyncio.run(main())
     conversation_id = proc.stdout.strip()
 
     async def check():
-        s = ConversationStore(tmp_path / "k.db")
+        s = ConversationStore(store_location)
         await s.open()
         history = await s.load_history(conversation_id)
         await s.close()

@@ -6,8 +6,8 @@ import numpy as np
 from kimiaudio.store import ConversationStore
 
 
-async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(tmp_path):
-    store = ConversationStore(tmp_path / "k.db")
+async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(store_location):
+    store = ConversationStore(store_location)
     await store.open()
     conversation = (await store.create_conversation())["id"]
     await store.add_turn(conversation, "user", audio=np.full(16000, 0.1, np.float32))
@@ -19,7 +19,7 @@ async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(tmp_pa
     assert turn["text"] == "Hello" and not turn["has_audio"]  # parts only, until the answer ends
     await store.close()  # as after kill -9: no final record was written
 
-    store = ConversationStore(tmp_path / "k.db")
+    store = ConversationStore(store_location)
     await store.open()
     turn = (await store.get_conversation(conversation))["turns"][index]
     assert turn["interrupted"] and turn["has_audio"] and turn["duration_s"] == 1.5
@@ -28,7 +28,7 @@ async def test_parts_are_joined_on_reopen_and_dropped_by_the_final_record(tmp_pa
     await store.append_heard(conversation, index, pcm[:2400], "Hello!")
     await store.update_turn(conversation, index, interrupted=False, audio=pcm[:12000])
     await store.close()
-    store = ConversationStore(tmp_path / "k.db")
+    store = ConversationStore(store_location)
     await store.open()  # nothing left to join: the final record stands
     turn = (await store.get_conversation(conversation))["turns"][index]
     assert not turn["interrupted"] and turn["duration_s"] == 0.5

@@ -175,6 +175,14 @@ class StorageConfig:
     # Relative paths are relative to the config file's directory.
     data_dir: str = setting("data", Bounds(pattern=r".+", means="a non-empty path"))
     database: str = setting("kimiaudio.db", Bounds(pattern=r".+", means="a non-empty file name"))  # inside data_dir
+    # The shared database of a fleet of instances: postgresql://user:password@host:port/dbname;
+    # empty = the SQLite file above. The environment variable KIMIAUDIO_DATABASE_URL, when set,
+    # takes precedence (keeps the password out of files).
+    url: str = setting("", Bounds(pattern=r"|postgres(ql)?://\S+",
+                                  means="empty (SQLite under data_dir) or a postgresql://user:password@host:port/dbname URL"))
+    # How long a conversation stays held by a session whose instance stopped renewing it (killed):
+    # then another instance may resume it. Renewed every third of it.
+    lease_seconds: float = setting(10.0, Bounds(1.0, 3600.0))
 
 
 @dataclass

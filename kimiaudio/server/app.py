@@ -35,7 +35,7 @@ from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.ops_routes import setup_ops_routes
 from kimiaudio.server.routes import setup_routes
-from kimiaudio.store import ConversationStore
+from kimiaudio.store import ConversationStore, database_location
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
 
 async def _store_context(app: web.Application):
     config = app[config_key]
-    store = ConversationStore(config.data_dir / config.storage.database)
+    store = ConversationStore(database_location(config), lease_seconds=config.storage.lease_seconds)
     await store.open()
     app[store_key] = store
     yield

@@ -33,7 +33,7 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """503 while starting, while shutting down, at the session limit (a router then sends new
     sessions elsewhere), when a model worker has stopped (the process needs a restart), or when
-    the history database does not answer."""
+    the conversation database does not answer (until it is back: the store reconnects by itself)."""
     app = request.app
     admission = app[admission_key]
     problems = []
@@ -46,9 +46,10 @@ async def readyz(request: web.Request) -> web.Response:
     elif admission.num_reserved >= admission.max_sessions:
         problems.append(f"full: {admission.num_reserved} of {admission.max_sessions} sessions")
     try:
-        await asyncio.wait_for(app[store_key].list_conversations(1), STORE_CHECK_TIMEOUT_S)
+        await asyncio.wait_for(app[store_key].ping(), STORE_CHECK_TIMEOUT_S)
     except Exception:
-        problems.append("the conversation store does not answer")
+        problems.append("the conversation database does not answer")
     body = {"status": "not ready" if problems else "ready", "problems": problems,
-            "instance": app[server_metrics_key].exposed.instance, "sessions": {"active": admission.num_reserved, "max": admission.max_sessions}}
+            "instance": app[server_metrics_key].exposed.instance,
+            "sessions": {"active": admission.num_reserved, "max": admission.max_sessions}}
     return web.json_response(body, status=503 if problems else 200)

@@ -106,6 +106,7 @@ async def offer(request: web.Request) -> web.Response:
 
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with opened_session(app, "webrtc", make) as peer:
+        await peer.session.conversation.open()  # its lease: 409 conversation_busy if held elsewhere
         if update is not None:
             try:
                 peer.session.apply_update(update, announce=False)

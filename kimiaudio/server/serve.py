@@ -25,6 +25,8 @@ from kimiaudio.server.app_keys import access_key
 from kimiaudio.server.app_keys import admission_key
 from kimiaudio.server.app import create_app
 from kimiaudio.server.app_keys import ready_key, sessions_key
+from kimiaudio.store import database_location
+from kimiaudio.store.location import shown as shown_location
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ def banner(config: Config, stack, warning: str | None) -> str:
         "",
         f"  kimiaudio is ready: open http://{shown}:{config.server.port}/ and press Connect",
         f"  model: {stack.paths.root}",
-        f"  conversations: {config.data_dir / config.storage.database}",
+        f"  conversations: {shown_location(database_location(config))}",
     ]
     if stack.is_demo:
         lines += ["", "  " + DEMO_NOTICE]
@@ -117,6 +119,9 @@ def run_server(config: Config) -> int:
     if not (STATIC_DIR / "index.html").is_file():
         raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
                              "without its data files (reinstall with `pip install .`)")
+    from kimiaudio.store.startup_check import check_database
+
+    check_database(config)  # before the model: a database problem is said at once
     print(loading_message(config), flush=True)
     try:
         stack = ModelStack.load(config, progress=True)

@@ -10,7 +10,8 @@ vocoder's mel), has the pipeline compute its codes and DiT prefix (kept on the d
 stores its inputs (store/voice_store.py) and registers it by name (pipeline.voices), where
 session.update `voice`, the OpenAI routes' `audio.voice` / `voice` and the page find it. At
 start-up the stored voices are registered again; their prefixes are computed on first use
-(the default voice's at once). Errors are the API's JSON errors (api_error.py).
+(the default voice's at once). Instances sharing a database see each other's voices
+(voice_sync.py). Errors are the API's JSON errors (api_error.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import max_body_bytes_key
 from kimiaudio.server.inputs.multipart_form import read_form
+from kimiaudio.server.voice_sync import sync_voices, voice_sync_context
 from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ def setup_voice_routes(app: web.Application) -> None:
     app.router.add_post("/api/voices", add_voice)
     app.router.add_delete("/api/voices/{name}", remove_voice)
     app.cleanup_ctx.append(_register_stored_voices)
+    app.cleanup_ctx.append(voice_sync_context)
 
 
 async def _register_stored_voices(app: web.Application):
@@ -62,6 +65,7 @@ async def _register_stored_voices(app: web.Application):
 
 
 async def list_voices(request: web.Request) -> web.Response:
+    await sync_voices(request.app)
     pipeline = request.app[pipeline_key]
     return web.json_response({"voices": [v.describe() for v in pipeline.voices.list()],
                               "default": request.app[config_key].voices.default or None,
@@ -78,6 +82,7 @@ async def add_voice(request: web.Request) -> web.Response:
         check_voice_name(name)
     except KimiAudioError as exc:
         raise ApiError(400, "invalid_name", str(exc)) from None
+    await sync_voices(app)
     if name in pipeline.voices:
         raise ApiError(409, "voice_exists", f"a voice named {name!r} exists already (delete it first)")
     try:
@@ -101,6 +106,7 @@ async def add_voice(request: web.Request) -> web.Response:
 async def remove_voice(request: web.Request) -> web.Response:
     app = request.app
     pipeline, name = app[pipeline_key], request.match_info["name"]
+    await sync_voices(app)
     if name not in pipeline.voices:
         raise ApiError(404, "not_found", f"no voice named {name!r}")
     if name == app[config_key].voices.default:

@@ -4,7 +4,8 @@ OpenAI returns a spoken answer with an id and an expiry; a later request may put
 `{"role": "assistant", "audio": {"id": ...}}` in its messages instead of the answer itself.
 The server keeps what that turn needs as history (the transcript and the VQ codes) and the
 audio (24 kHz WAV), until `expires_at`. Expired answers are deleted whenever one is added.
-Queries run on the ConversationStore's writer and reader threads.
+Queries run on the ConversationStore's writer and reader threads; on a shared database
+an id resolves on every instance.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import sqlite_utils
 
 from kimiaudio.audio.io import wav_bytes
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.store.conversation_store import ConversationStore
+from kimiaudio.store.sql import Sql
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,13 @@ async def load_answer(store: ConversationStore, answer_id: str) -> AudioAnswer |
     return await store.read(_select, answer_id, time.time())
 
 
-def _insert(db: sqlite_utils.Database, record: dict) -> None:
+def _insert(db: Sql, record: dict) -> None:
     with db.atomic():
         db.execute("DELETE FROM audio_answers WHERE expires_at < ?", [record["created_at"]])
-        db["audio_answers"].insert(record)
+        db.insert("audio_answers", record)
 
 
-def _select(db: sqlite_utils.Database, answer_id: str, now: float) -> AudioAnswer | None:
+def _select(db: Sql, answer_id: str, now: float) -> AudioAnswer | None:
     row = db.execute("SELECT id, expires_at, text, audio_tokens FROM audio_answers WHERE id = ? AND expires_at >= ?",
                      [answer_id, now]).fetchone()
     return None if row is None else AudioAnswer(row[0], row[1], row[2], json.loads(row[3]))

@@ -1,5 +1,5 @@
-"""The conversation store's queries, run on its writer or reader thread (conversation_store.py):
-conversations, turns and their audio as rows. Turn audio is a 16-bit WAV blob: user turns at
+"""The conversation store's queries, run on its writer or reader thread (conversation_store.py)
+against either backend (sql.py): conversations, turns and their audio as rows. Turn audio is a 16-bit WAV blob: user turns at
 16 kHz (what the speech encoders take, so history can be re-encoded after a restart),
 assistant turns at 24 kHz (what the vocoder made). Token lists and timings are JSON text."""
 
@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import sqlite_utils
 
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.store.identifiers import new_conversation_id
+from kimiaudio.store.sql import Sql
 
 
 
@@ -63,33 +63,33 @@ def audio_record(audio: np.ndarray | None, role: str) -> dict[str, Any] | None:
     return {"sample_rate": sample_rate, "num_samples": int(audio.size), "wav": wav_bytes(audio, sample_rate)}
 
 
-def create_conversation(db: sqlite_utils.Database, title: str) -> dict[str, Any]:
+def create_conversation(db: Sql, title: str) -> dict[str, Any]:
     now = time.time()
     record = {"id": new_conversation_id(), "title": title, "created_at": now, "updated_at": now}
-    with db.atomic():
-        db["conversations"].insert(record)
+    db.insert("conversations", record)
     return record
 
 
-def add_turn(db: sqlite_utils.Database, conversation_id: str, fields: dict, blob: dict | None) -> int:
+def add_turn(db: Sql, conversation_id: str, fields: dict, blob: dict | None) -> int:
     now = time.time()
     with db.atomic():
-        if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
+        # Locked (PostgreSQL) until the turn is in: two writers never take the same index.
+        if db.execute("SELECT 1 FROM conversations WHERE id = ?" + db.for_update, [conversation_id]).fetchone() is None:
             raise KimiAudioError(f"conversation {conversation_id!r} does not exist")
         index = db.execute(
             "SELECT COALESCE(MAX(turn_index) + 1, 0) FROM turns WHERE conversation_id = ?", [conversation_id]
         ).fetchone()[0]
         row = {"conversation_id": conversation_id, "turn_index": index, "created_at": now, **fields}
-        turn_id = db["turns"].insert(row).last_pk
+        turn_id = db.insert_returning_id("turns", row)
         if blob is not None:
-            db["turn_audio"].insert({"turn_id": turn_id, **blob})
+            db.insert("turn_audio", {"turn_id": turn_id, **blob})
         updates: dict[str, Any] = {"updated_at": now}
         # A conversation is titled by the first words the assistant said in it.
         if fields["role"] == "assistant" and fields["text"].strip():
             title = db.execute("SELECT title FROM conversations WHERE id = ?", [conversation_id]).fetchone()[0]
             if not title:
                 updates["title"] = title_from(fields["text"])
-        db["conversations"].update(conversation_id, updates)
+        db.update("conversations", conversation_id, updates)
     return index
 
 
@@ -98,7 +98,7 @@ def title_from(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
-def turn_row_id(db: sqlite_utils.Database, conversation_id: str, index: int) -> int:
+def turn_row_id(db: Sql, conversation_id: str, index: int) -> int:
     row = db.execute(
         "SELECT id FROM turns WHERE conversation_id = ? AND turn_index = ?", [conversation_id, index]
     ).fetchone()
@@ -107,11 +107,10 @@ def turn_row_id(db: sqlite_utils.Database, conversation_id: str, index: int) -> 
     return row[0]
 
 
-def update_turn(db: sqlite_utils.Database, conversation_id: str, index: int, fields: dict, audio) -> None:
+def update_turn(db: Sql, conversation_id: str, index: int, fields: dict, audio) -> None:
     with db.atomic():
         turn_id = turn_row_id(db, conversation_id, index)
-        if fields:
-            db["turns"].update(turn_id, fields)
+        db.update("turns", turn_id, fields)
         if audio is not None:
             db.execute("DELETE FROM turn_audio_parts WHERE turn_id = ?", [turn_id])  # superseded (heard_audio.py)
             role = db.execute("SELECT role FROM turns WHERE id = ?", [turn_id]).fetchone()[0]
@@ -119,18 +118,18 @@ def update_turn(db: sqlite_utils.Database, conversation_id: str, index: int, fie
             if record is None:
                 db.execute("DELETE FROM turn_audio WHERE turn_id = ?", [turn_id])
             else:
-                db["turn_audio"].insert({"turn_id": turn_id, **record}, replace=True)
-        db["conversations"].update(conversation_id, {"updated_at": time.time()})
+                db.insert("turn_audio", {"turn_id": turn_id, **record}, upsert_key="turn_id")
+        db.update("conversations", conversation_id, {"updated_at": time.time()})
 
 
-def delete_conversation(db: sqlite_utils.Database, conversation_id: str) -> bool:
+def delete_conversation(db: Sql, conversation_id: str) -> bool:
     with db.atomic():
         # ON DELETE CASCADE removes its turns and their audio.
         cursor = db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id])
     return cursor.rowcount > 0
 
 
-def list_conversations(db: sqlite_utils.Database, limit: int) -> list[dict[str, Any]]:
+def list_conversations(db: Sql, limit: int) -> list[dict[str, Any]]:
     rows = db.execute(
         "SELECT c.id, c.title, c.created_at, c.updated_at, COUNT(t.id) AS num_turns "
         "FROM conversations c LEFT JOIN turns t ON t.conversation_id = c.id "
@@ -141,8 +140,8 @@ def list_conversations(db: sqlite_utils.Database, limit: int) -> list[dict[str, 
     return [dict(zip(keys, row)) for row in rows]
 
 
-def get_conversation(db: sqlite_utils.Database, conversation_id: str) -> dict[str, Any] | None:
-    rows = list(db["conversations"].rows_where("id = ?", [conversation_id]))
+def get_conversation(db: Sql, conversation_id: str) -> dict[str, Any] | None:
+    rows = db.query("SELECT * FROM conversations WHERE id = ?", [conversation_id])
     if not rows:
         return None
     turns = []
@@ -158,16 +157,16 @@ def get_conversation(db: sqlite_utils.Database, conversation_id: str) -> dict[st
     return {**rows[0], "turns": turns}
 
 
-def turn_audio_wav(db: sqlite_utils.Database, conversation_id: str, index: int) -> bytes | None:
+def turn_audio_wav(db: Sql, conversation_id: str, index: int) -> bytes | None:
     row = db.execute(
         "SELECT a.wav FROM turns t JOIN turn_audio a ON a.turn_id = t.id "
         "WHERE t.conversation_id = ? AND t.turn_index = ?",
         [conversation_id, index],
     ).fetchone()
-    return None if row is None else row[0]
+    return None if row is None else bytes(row[0])
 
 
-def load_history(db: sqlite_utils.Database, conversation_id: str) -> list[StoredTurn] | None:
+def load_history(db: Sql, conversation_id: str) -> list[StoredTurn] | None:
     if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
         return None
     turns = []

@@ -1,17 +1,25 @@
-"""Conversation store: the queries behind conversations, turns and turn audio.
+"""Conversation store: the queries behind conversations, turns, turn audio and leases.
 
-All writes go through ONE writer thread (a single-thread executor owning its own connection),
-so writes are serialised and the event loop never blocks on SQLite. Reads run on a second
-single-thread executor with its own connection; WAL lets it read while the writer writes.
-Every public method is a coroutine to be awaited from the event loop.
+Two backends, one store (sql.py): the SQLite file under the data dir, or a PostgreSQL database
+shared by several instances (postgres.py); `location` is the file's path or the
+postgresql:// URL (location.py). All writes go through ONE writer thread, so an instance's
+writes are serialised and the event loop never blocks on the database; reads run on a second
+thread (SQLite: each thread owns a connection, WAL lets the reader read while the writer
+writes; PostgreSQL: each call borrows a pooled connection). Every public method is a coroutine
+to be awaited from the event loop. A database that does not answer raises
+StoreUnavailableError.
 
 The queries themselves, and how turns and their audio are laid out in rows, are in
-conversation_rows.py; the threads in db_thread.py.
+conversation_rows.py; the threads in db_thread.py; leases in leases.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import secrets
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,39 +31,101 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.conversation_rows import (StoredTurn, add_turn, audio_record, create_conversation,
                                                delete_conversation, get_conversation, json_or_none,
                                                list_conversations, load_history, turn_audio_wav, update_turn)
-from kimiaudio.store.db_thread import DbThread
+from kimiaudio.store.db_thread import DbThread, SqliteConnector
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
+from kimiaudio.store.leases import (ConversationBusyError, acquire as acquire_row, drop_all as drop_all_leases,
+                                    heartbeat, release as release_row, release_instance)
+from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
 
 __all__ = ["ConversationStore", "StoredTurn"]
 
 
 class ConversationStore:
-    """Async access to the conversation database at `path` (see module docstring)."""
+    """Async access to the conversation database at `location` (see module docstring)."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self._writer = DbThread(self.path, "kimiaudio-db-writer")
-        self._reader = DbThread(self.path, "kimiaudio-db-reader")
+    def __init__(self, location: str | Path, *, lease_seconds: float = 10.0, clock: Callable[[], float] = time.time,
+                 instance_id: str | None = None):
+        self.location = location if is_postgres_url(location) else Path(location)
+        self.is_shared = is_postgres_url(location)
+        self.lease_seconds = lease_seconds
+        self.clock = clock
+        self.instance_id = instance_id or f"inst_{secrets.token_hex(8)}"
+        self._pool = None
+        self._writer: DbThread | None = None
+        self._reader: DbThread | None = None
+        self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
+        self._heartbeat: asyncio.Task | None = None
+
+    @property
+    def shown(self) -> str:
+        """Where the conversations are, for logs (no password)."""
+        return shown(self.location)
 
     async def open(self) -> None:
-        # The writer opens first: it creates and migrates the schema the reader relies on,
-        # and joins the audio of answers a crash cut short (so readers see it whole).
-        await self._writer.call(join_leftover_parts)
+        loop = asyncio.get_running_loop()
+        if self.is_shared:
+            from kimiaudio.store.postgres import PostgresConnector, check_and_migrate, open_pool
+
+            # Off the event loop: connecting, migrating (maybe waiting for another instance's
+            # migration) and filling the pool.
+            await loop.run_in_executor(None, check_and_migrate, self.location)
+            self._pool = await loop.run_in_executor(None, open_pool, self.location)
+            connector = PostgresConnector(self._pool, self.location)
+            self._writer = DbThread(connector, "kimiaudio-db-writer")
+            self._reader = DbThread(connector, "kimiaudio-db-reader")
+            # Its own thread: health probes answer while a query waits for a server gone away.
+            self._probe = DbThread(connector, "kimiaudio-db-probe")
+        else:
+            self._writer = DbThread(SqliteConnector(self.location), "kimiaudio-db-writer")
+            self._reader = DbThread(SqliteConnector(self.location), "kimiaudio-db-reader")
+            # The writer opens first: it creates and migrates the schema the reader relies on.
+            # One process owns the file: the leases of an earlier one (killed) are void.
+            await self._writer.call(drop_all_leases)
+        # Join the audio of answers a crash cut short, of conversations nobody holds (so readers see it whole).
+        await self._writer.call(join_leftover_parts, self.clock())
         await self._reader.call(lambda db: None)
+        self._heartbeat = loop.create_task(heartbeat(self, self.lease_seconds / 3))
 
     async def close(self) -> None:
-        await self._writer.close()
-        await self._reader.close()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        if self._writer is not None:
+            with contextlib.suppress(KimiAudioError):  # a database gone: its leases expire by themselves
+                await self._writer.call(release_instance, self.instance_id)
+            await self._writer.close()
+            await self._reader.close()
+        if self._probe is not None:
+            await self._probe.close()
+        if self._pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._pool.close)
 
     async def write(self, fn: Callable, *args: Any) -> Any:
-        """Run `fn(db, *args)` on the writer thread (for the queries of other store modules)."""
+        """Run `fn(sql, *args)` on the writer thread (for the queries of other store modules)."""
         return await self._writer.call(fn, *args)
 
     async def read(self, fn: Callable, *args: Any) -> Any:
-        """Run `fn(db, *args)` on the reader thread."""
+        """Run `fn(sql, *args)` on the reader thread."""
         return await self._reader.call(fn, *args)
+
+    async def ping(self) -> None:
+        """A cheap query: raises StoreUnavailableError unless the database answers."""
+        await (self._probe or self._reader).call(lambda db: db.execute("SELECT 1").fetchone())
+
+    # ----- leases (leases.py) -----
+    async def acquire_lease(self, conversation_id: str, session_id: str) -> None:
+        """Hold the conversation for `session_id`; ConversationBusyError if another session does."""
+        now = self.clock()
+        wait = await self._writer.call(acquire_row, conversation_id, self.instance_id, session_id, now,
+                                       now + self.lease_seconds)
+        if wait is not None:
+            raise ConversationBusyError(conversation_id, max(1.0, wait))
+
+    async def release_lease(self, conversation_id: str, session_id: str) -> None:
+        await self._writer.call(release_row, conversation_id, self.instance_id, session_id)
 
     async def append_heard(self, conversation_id: str, index: int, pcm: np.ndarray, text: str,
                            codes: list[int] | None = None, timings: dict | None = None) -> None:
@@ -128,7 +198,7 @@ class ConversationStore:
         return await self._writer.call(delete_conversation, conversation_id)
 
     async def integrity_problems(self) -> list[str]:
-        """What `PRAGMA integrity_check` and `foreign_key_check` find wrong (empty: all is well)."""
+        """What the database's integrity checks find wrong (empty: all is well; schema.py)."""
         return await self._reader.call(integrity_problems)
 
     # ----- reads (reader thread) -----

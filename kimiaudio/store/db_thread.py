@@ -1,38 +1,54 @@
-"""One SQLite connection owned by one thread: the store's writer and its reader are each one."""
+"""One database thread: the store's writer and its reader are each one (the event loop never
+waits on the database). A SQLite thread owns one connection (sqlite3 objects stay in one
+thread); a PostgreSQL thread borrows a pooled connection for each call (postgres.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import sqlite_utils
 
 from kimiaudio.store.schema import open_database
+from kimiaudio.store.sql import SqliteSql
 
 
-class DbThread:
-    """A single-thread executor owning one connection (sqlite3 objects stay in one thread)."""
+class SqliteConnector:
+    """The SQLite file's connection of one thread, opened (and migrated) at its first call."""
 
-    def __init__(self, path: Path, name: str):
+    def __init__(self, path: Path):
         self._path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._db: sqlite_utils.Database | None = None  # touched only by the executor's thread
 
-    def _run(self, fn: Callable, args: tuple) -> Any:
+    @contextlib.contextmanager
+    def session(self) -> Iterator[SqliteSql]:
         if self._db is None:
             self._db = open_database(self._path)
-        return fn(self._db, *args)
+        yield SqliteSql(self._db)
 
-    async def call(self, fn: Callable, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args)
-
-    def _close(self) -> None:
+    def close(self) -> None:
         if self._db is not None:
             self._db.conn.close()
             self._db = None
 
+
+class DbThread:
+    """A single-thread executor that runs `fn(sql, *args)` with the connector's connection."""
+
+    def __init__(self, connector, name: str):
+        self._connector = connector
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    def _run(self, fn: Callable, args: tuple) -> Any:
+        with self._connector.session() as sql:
+            return fn(sql, *args)
+
+    async def call(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn, args)
+
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._connector.close)
         self._executor.shutdown(wait=True)

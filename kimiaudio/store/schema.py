@@ -1,8 +1,12 @@
-"""SQLite schema of the conversation store and its migrations.
+"""Schema of the conversation store and its migrations, for both backends (sql.py).
 
-One database file under the data dir, opened in WAL mode with foreign keys on. The schema
-version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes a database from version i to
-i + 1 inside one transaction, so a crash mid-migration leaves the old version intact.
+SQLite: one database file under the data dir, opened in WAL mode with foreign keys on; the
+schema version lives in `PRAGMA user_version`. PostgreSQL: the same tables (types translated
+by `Sql.ddl`), the version in the one-row table kimiaudio_schema. `MIGRATIONS[i]` takes a
+database from version i to i + 1 inside one transaction, so a crash mid-migration leaves the
+old version intact; on PostgreSQL an advisory lock makes one of several instances starting at
+once migrate while the others wait. A migration is SQL in SQLite's spelling that both run, or
+a {backend kind: SQL} dict where they differ (e.g. SQLite's FTS5 beside PostgreSQL's tsvector).
 
 Tables:
 - conversations(id, title, created_at, updated_at): id is unguessable (secrets.token_urlsafe).
@@ -19,16 +23,20 @@ Tables:
 - voices(name, created_at, sample_rate, num_samples, pcm, codes): voice prompts added with
   POST /api/voices: the reference as float32 PCM (the exact input of its DiT prefix, so a
   prefix recomputed after a restart or an eviction is the same) and its semantic codes (JSON).
+- leases(conversation_id, instance_id, session_id, expires_at): which live session holds a
+  conversation, fleet-wide (leases.py).
 """
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Union
 
 import sqlite_utils
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.sql import Sql, SqliteSql
 
 _V1 = """
 CREATE TABLE conversations (
@@ -92,32 +100,43 @@ CREATE TABLE voices (
 );
 """
 
-# MIGRATIONS[i] migrates from user_version i to i + 1.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
+_V5 = """
+CREATE TABLE leases (
+    conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    instance_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX leases_by_instance ON leases(instance_id);
+"""
+
+Migration = Union[str, dict[str, str]]
+# MIGRATIONS[i] migrates from version i to i + 1.
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def migrate(conn: sqlite3.Connection) -> int:
+def _statements(migration: Migration, sql: Sql) -> list[str]:
+    text = migration[sql.kind] if isinstance(migration, dict) else migration
+    return [sql.ddl(s) for s in text.split(";") if s.strip()]
+
+
+def newer_schema_message(found: int) -> str:
+    return (f"database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
+            "upgrade kimiaudio or point storage.url / storage.data_dir at another database")
+
+
+def migrate(sql: Sql) -> int:
     """Bring the schema to SCHEMA_VERSION; returns the version found before."""
-    found = conn.execute("PRAGMA user_version").fetchone()[0]
-    if found > SCHEMA_VERSION:
-        raise KimiAudioError(
-            f"database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
-            "upgrade kimiaudio or point storage.data_dir at another directory"
-        )
-    for version in range(found, SCHEMA_VERSION):
-        # executescript would commit on its own; run the statements in one explicit
-        # transaction so a migration is all or nothing.
-        conn.execute("BEGIN")
-        try:
-            for statement in MIGRATIONS[version].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {version + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+    with sql.migration_lock():
+        found = sql.schema_version()
+        if found > SCHEMA_VERSION:
+            raise KimiAudioError(newer_schema_message(found))
+        for version in range(found, SCHEMA_VERSION):
+            with sql.atomic():
+                for statement in _statements(MIGRATIONS[version], sql):
+                    sql.execute(statement)
+                sql.set_schema_version(version + 1)
     return found
 
 
@@ -136,7 +155,7 @@ def open_database(path: str | Path) -> sqlite_utils.Database:
         # lose the last transactions), and much cheaper than FULL.
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
-        migrate(conn)
+        migrate(SqliteSql(sqlite_utils.Database(conn)))
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise KimiAudioError(f"{path}: not a usable conversation database ({exc})") from None
@@ -146,8 +165,28 @@ def open_database(path: str | Path) -> sqlite_utils.Database:
     return sqlite_utils.Database(conn)
 
 
-def integrity_problems(db: sqlite_utils.Database) -> list[str]:
-    """What `PRAGMA integrity_check` and `PRAGMA foreign_key_check` find (empty: all is well)."""
-    problems = [row[0] for row in db.execute("PRAGMA integrity_check").fetchall() if row[0] != "ok"]
-    problems += [f"foreign key: {tuple(row)}" for row in db.execute("PRAGMA foreign_key_check").fetchall()]
+# Rows whose parent is gone (a foreign key not enforced, or broken): (what, the query counting them).
+_ORPHANS = [
+    ("turns without a conversation",
+     "SELECT COUNT(*) FROM turns t LEFT JOIN conversations c ON c.id = t.conversation_id WHERE c.id IS NULL"),
+    ("turn audio without a turn",
+     "SELECT COUNT(*) FROM turn_audio a LEFT JOIN turns t ON t.id = a.turn_id WHERE t.id IS NULL"),
+    ("heard audio parts without a turn",
+     "SELECT COUNT(*) FROM turn_audio_parts p LEFT JOIN turns t ON t.id = p.turn_id WHERE t.id IS NULL"),
+    ("leases without a conversation",
+     "SELECT COUNT(*) FROM leases l LEFT JOIN conversations c ON c.id = l.conversation_id WHERE c.id IS NULL"),
+]
+
+
+def integrity_problems(sql: Sql) -> list[str]:
+    """What the checks find (empty: all is well): on SQLite `PRAGMA integrity_check` and
+    `foreign_key_check`; on both, rows whose parent row is gone."""
+    problems = []
+    if sql.kind == "sqlite":
+        problems += [row[0] for row in sql.execute("PRAGMA integrity_check").fetchall() if row[0] != "ok"]
+        problems += [f"foreign key: {tuple(row)}" for row in sql.execute("PRAGMA foreign_key_check").fetchall()]
+    for what, query in _ORPHANS:
+        count = sql.execute(query).fetchone()[0]
+        if count:
+            problems.append(f"{count} {what}")
     return problems

@@ -9,15 +9,14 @@ rebuilt from. Queries run on the ConversationStore's writer and reader threads.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import sqlite_utils
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.conversation_store import ConversationStore
+from kimiaudio.store.sql import Sql
 
 
 class VoiceExistsError(KimiAudioError):
@@ -46,23 +45,35 @@ async def load_voices(store: ConversationStore) -> list[StoredVoice]:
     return await store.read(_select_all)
 
 
+async def voice_names(store: ConversationStore) -> dict[str, float]:
+    """{name: created_at} of the stored voices: cheap (no audio), to notice another instance's
+    additions and deletions."""
+    return await store.read(_select_names)
+
+
 async def delete_voice(store: ConversationStore, name: str) -> bool:
     """True if a voice of that name was deleted."""
     return await store.write(_delete, name)
 
 
-def _insert(db: sqlite_utils.Database, record: dict) -> None:
+def _insert(db: Sql, record: dict) -> None:
     try:
-        db["voices"].insert(record)
-    except sqlite3.IntegrityError:
+        db.insert("voices", record)
+    except Exception as exc:
+        if not db.is_unique_violation(exc):
+            raise
         raise VoiceExistsError(f"a voice named {record['name']!r} exists already (delete it first)") from None
 
 
-def _select_all(db: sqlite_utils.Database) -> list[StoredVoice]:
+def _select_all(db: Sql) -> list[StoredVoice]:
     rows = db.execute("SELECT name, created_at, sample_rate, pcm, codes FROM voices ORDER BY name").fetchall()
-    return [StoredVoice(name, created, rate, np.frombuffer(pcm, dtype="<f4").astype(np.float32), json.loads(codes))
-            for name, created, rate, pcm, codes in rows]
+    return [StoredVoice(name, created, rate, np.frombuffer(bytes(pcm), dtype="<f4").astype(np.float32),
+                        json.loads(codes)) for name, created, rate, pcm, codes in rows]
 
 
-def _delete(db: sqlite_utils.Database, name: str) -> bool:
+def _select_names(db: Sql) -> dict[str, float]:
+    return dict(db.execute("SELECT name, created_at FROM voices").fetchall())
+
+
+def _delete(db: Sql, name: str) -> bool:
     return db.execute("DELETE FROM voices WHERE name = ?", [name]).rowcount > 0

@@ -4,7 +4,8 @@ Every error is JSON `{"error": {"message", "type", "param", "code"}}` (OpenAI's 
 for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain message. Bad
 input is refused where it enters (request_body.py, path_params.py, sdp_offer.py, the /v1
 parsers) with an ApiError or a KimiAudioError (-> 400; client JSON that is too large -> 413,
-mapped here only); anything else that escapes a handler is a bug, logged once with its
+mapped here only); a conversation another session holds is 409 and a database that does not
+answer 503, both with Retry-After; anything else that escapes a handler is a bug, logged once with its
 traceback and answered with a 500 that names no internal exception.
 A client that hangs up mid-request is one INFO line, not a traceback.
 """
@@ -12,17 +13,20 @@ A client that hangs up mid-request is one INFO line, not a traceback.
 from __future__ import annotations
 
 import logging
+import math
 
 from aiohttp import web
 
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.json_input import JsonInputError
 from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.store import ConversationBusyError
 
 log = logging.getLogger(__name__)
 
 INTERNAL_MESSAGE = "internal server error (the details are in the server log)"
+DATABASE_RETRY_AFTER_S = 5  # what a client waits before trying a request the database refused
 
 
 def _is_page(path: str) -> bool:
@@ -60,6 +64,10 @@ async def _answer(request: web.Request, handler):
     except JsonInputError as exc:
         status = 413 if exc.code == "too_large" else 400
         raise ApiError(status, exc.code, str(exc)) from None
+    except ConversationBusyError as exc:
+        raise ApiError(409, exc.code, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
+    except StoreUnavailableError as exc:
+        raise ApiError(503, "database_unavailable", str(exc), headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
     except KimiAudioError as exc:
         raise ApiError(400, getattr(exc, "code", None) or "bad_request", str(exc)) from None
     except ConnectionResetError:  # the client went away; there is nobody to answer

@@ -2,7 +2,9 @@
 
 A session (realtime_session.py) speaks through this and never touches the store directly.
 A new conversation is created at its first committed turn, so connecting without speaking
-leaves nothing behind. The history (what the pipeline's prompts are built from) is loaded
+leaves nothing behind. The conversation a session talks in is leased to it (store/leases.py):
+opening one another live session holds, on this instance or another sharing the database, is
+refused with ConversationBusyError; the lease is released when the session moves on or closes. The history (what the pipeline's prompts are built from) is loaded
 lazily from the store and kept in step with every turn stored afterwards.
 """
 
@@ -16,24 +18,49 @@ from kimiaudio.store import ConversationStore
 
 
 class Conversation:
-    def __init__(self, store: ConversationStore, conversation_id: str | None):
+    def __init__(self, store: ConversationStore, conversation_id: str | None, session_id: str):
         self.store = store
         self.id = conversation_id
+        self.session_id = session_id  # the lease holder
         self._history: list[HistoryTurn] | None = None if conversation_id else []
+        self._leased: str | None = None  # the conversation whose lease this session holds
+
+    async def open(self) -> None:
+        """Take the lease of the conversation the session was opened with (ConversationBusyError)."""
+        if self.id is not None:
+            await self._lease(self.id)
 
     async def ensure(self) -> bool:
         """Create the conversation if there is none yet; True if it was created now."""
         if self.id is not None:
             return False
-        self.id = (await self.store.create_conversation())["id"]
+        created = (await self.store.create_conversation())["id"]
+        await self._lease(created)
+        self.id = created
         self._history = []
         return True
+
+    async def _lease(self, conversation_id: str) -> None:
+        await self.store.acquire_lease(conversation_id, self.session_id)
+        if self._leased is not None and self._leased != conversation_id:
+            await self.release()
+        self._leased = conversation_id
+
+    async def release(self) -> None:
+        if self._leased is not None:
+            leased, self._leased = self._leased, None
+            await self.store.release_lease(leased, self.session_id)
 
     async def exists(self, conversation_id: str) -> bool:
         return await self.store.get_conversation(conversation_id) is not None
 
     async def select(self, conversation_id: str | None) -> None:
-        """Continue another stored conversation (None: start a new one at the next turn)."""
+        """Continue another stored conversation (None: start a new one at the next turn);
+        ConversationBusyError if another session holds it (this one keeps its own then)."""
+        if conversation_id is not None:
+            await self._lease(conversation_id)
+        else:
+            await self.release()
         self.id, self._history = conversation_id, (None if conversation_id else [])
         if conversation_id is not None:
             await self.history()

@@ -32,7 +32,7 @@ from kimiaudio.audio.io import check_speech_input, resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.config import Config
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.conversation import Conversation
@@ -40,6 +40,7 @@ from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.observe.turn_log import log_response
+from kimiaudio.store import ConversationBusyError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class RealtimeSession:
         self._metrics = metrics
         self.pipeline = pipeline
         self.settings = SessionSettings(config, pipeline.can_speak, pipeline.voices)
-        self.conversation = Conversation(store, conversation_id)
+        self.conversation = Conversation(store, conversation_id, session_id)
         self.detector = TurnDetector(vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = vad_executor
         self._send = send
@@ -196,6 +197,10 @@ class RealtimeSession:
                                                                  np.zeros(0, np.float32))
             else:
                 index, _ = await self.conversation.add_user(work.audio, work.text)
+        except StoreUnavailableError as exc:  # the database is away: the session lives on
+            log.warning("session %s: the user turn could not be stored: %s", self.id, exc)
+            self.send_error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
+            return False
         except Exception as exc:
             log.exception("session %s: storing the user turn failed", self.id)
             self.send_error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
@@ -265,7 +270,10 @@ class RealtimeSession:
             raise ce.ProtocolError("conversation_not_found", f"no conversation with id {conversation_id!r}",
                                    "conversation_id")
         await self.responder.settle()
-        await self.conversation.select(conversation_id)
+        try:
+            await self.conversation.select(conversation_id)
+        except ConversationBusyError as exc:
+            raise ce.ProtocolError(exc.code, str(exc), "conversation_id") from None
         self.last_item_id = None
         self.send(events.session_updated(self.describe()))
 
@@ -289,6 +297,7 @@ class RealtimeSession:
         self.closed = True
         try:
             await self.responder.settle()
+            await self.conversation.release()
         finally:
             current = asyncio.current_task()
             for task in list(self._tasks):

@@ -1,0 +1,94 @@
+"""Leases: a conversation is held by at most one live session, across every instance that
+shares the database (table leases: conversation, holding instance and session, expiry).
+
+A session takes the lease when it opens or starts a conversation; while another session holds
+an unexpired one, opening it is refused with ConversationBusyError (the server's 409
+`conversation_busy`, with the seconds until it expires as Retry-After). The instance renews all
+of its leases every third of `lease_seconds` (the heartbeat), and a session's close releases
+its own. An instance killed with -9 stops renewing: its leases expire, and the next session to
+open such a conversation takes it over, joining in the same transaction the heard parts of the
+answer that was playing (heard_audio.py), so the history it then loads is whole. Times come
+from the store's clock (injectable in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.heard_audio import join_conversation_parts
+from kimiaudio.store.sql import Sql
+
+log = logging.getLogger(__name__)
+
+
+class ConversationBusyError(KimiAudioError):
+    """Another live session holds the conversation."""
+
+    code = "conversation_busy"
+
+    def __init__(self, conversation_id: str, retry_after_s: float):
+        super().__init__(f"conversation {conversation_id!r} is open in another session; try again in "
+                         f"{retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+def acquire(db: Sql, conversation_id: str, instance_id: str, session_id: str, now: float,
+            expires_at: float) -> float | None:
+    """Take (or renew) the lease; None if this session holds it now, else the seconds until
+    the other holder's lease expires."""
+    with db.atomic():
+        if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
+            raise KimiAudioError(f"conversation {conversation_id!r} does not exist")
+        row = db.execute("SELECT instance_id, session_id FROM leases WHERE conversation_id = ?",
+                         [conversation_id]).fetchone()
+        if row is not None and tuple(row) == (instance_id, session_id):
+            db.execute("UPDATE leases SET expires_at = ? WHERE conversation_id = ?", [expires_at, conversation_id])
+            return None
+        # One statement decides between two instances racing for it: the insert, or the
+        # take-over of an expired lease; neither changes a row when a live one holds it.
+        taken = db.execute(
+            "INSERT INTO leases (conversation_id, instance_id, session_id, expires_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (conversation_id) DO UPDATE SET instance_id = excluded.instance_id, "
+            "session_id = excluded.session_id, expires_at = excluded.expires_at WHERE leases.expires_at < ?",
+            [conversation_id, instance_id, session_id, expires_at, now]).rowcount
+        if not taken:
+            held = db.execute("SELECT expires_at FROM leases WHERE conversation_id = ?", [conversation_id]).fetchone()
+            return max(0.0, (held[0] if held else now) - now)
+        join_conversation_parts(db, conversation_id)  # an answer its crashed holder was playing
+        return None
+
+
+def release(db: Sql, conversation_id: str, instance_id: str, session_id: str) -> None:
+    db.execute("DELETE FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
+               [conversation_id, instance_id, session_id])
+
+
+def renew(db: Sql, instance_id: str, expires_at: float) -> int:
+    return db.execute("UPDATE leases SET expires_at = ? WHERE instance_id = ?", [expires_at, instance_id]).rowcount
+
+
+def release_instance(db: Sql, instance_id: str) -> None:
+    db.execute("DELETE FROM leases WHERE instance_id = ?", [instance_id])
+
+
+def drop_all(db: Sql) -> None:
+    db.execute("DELETE FROM leases")
+
+
+async def heartbeat(store, interval_s: float) -> None:
+    """Renew the instance's leases every `interval_s` until cancelled (a failure is logged
+    once and retried: the database may come back before the leases expire)."""
+    failing = False
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await store.write(renew, store.instance_id, store.clock() + store.lease_seconds)
+            if failing:
+                log.info("conversation leases renewed again")
+            failing = False
+        except Exception as exc:  # StoreUnavailableError, or a locked SQLite file
+            if not failing:
+                log.warning("cannot renew the conversation leases: %s", exc)
+            failing = True

@@ -1,0 +1,20 @@
+"""The database check `serve` runs before loading the model: the database named by the config
+(location.py) is reachable, usable and migrated, or one KimiAudioError line says why not (a bad
+URL, an unreachable server, a wrong password, a schema newer than this kimiaudio)."""
+
+from __future__ import annotations
+
+from kimiaudio.config import Config
+from kimiaudio.store.location import database_location, is_postgres_url, shown
+from kimiaudio.store.postgres import check_and_migrate
+from kimiaudio.store.schema import open_database
+
+
+def check_database(config: Config) -> str:
+    """Check (and migrate) the configured database; where it is, for the banner."""
+    location = database_location(config)
+    if is_postgres_url(location):
+        check_and_migrate(location)
+    else:
+        open_database(location).close()
+    return shown(location)

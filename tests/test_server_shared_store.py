@@ -1,0 +1,127 @@
+"""The server on a shared PostgreSQL database: a conversation another instance holds is 409
+conversation_busy with Retry-After; a database lost while serving makes the requests that need
+it 503 and /readyz 503, and both recover without a restart once it is back."""
+
+import asyncio
+
+import pytest
+
+from kimiaudio.store import ConversationBusyError, ConversationStore
+from test_server_support import demo_server, offer_sdp
+
+
+@pytest.fixture
+async def shared(aiohttp_client, demo_checkpoint, tmp_path, postgres_url):
+    """(test client of one instance, the store of another instance on the same database)."""
+    elsewhere = ConversationStore(postgres_url, lease_seconds=30.0)
+    await elsewhere.open()
+    try:
+        async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, storage_url=postgres_url) as (client, _):
+            yield client, elsewhere
+    finally:
+        await elsewhere.close()
+
+
+async def test_offer_for_a_conversation_held_elsewhere_is_409_with_retry_after(shared):
+    http, elsewhere = shared
+    conversation = (await elsewhere.create_conversation())["id"]
+    await elsewhere.acquire_lease(conversation, "sess_elsewhere")
+    listed = await (await http.get("/api/conversations")).json()
+    assert conversation in [c["id"] for c in listed["conversations"]]  # the other instance's, listed here
+
+    body = {"sdp": await offer_sdp(), "type": "offer", "conversation_id": conversation}
+    resp = await http.post("/api/rtc/offer", json=body)
+    assert resp.status == 409, await resp.text()
+    assert (await resp.json())["error"]["code"] == "conversation_busy"
+    assert 1 <= int(resp.headers["Retry-After"]) <= 30
+    assert (await http.get("/api/status")).status == 200 and (await (await http.get("/api/status")).json())[
+        "sessions"]["active"] == 0  # the refused session's slot is free again
+
+    await elsewhere.release_lease(conversation, "sess_elsewhere")
+    resp = await http.post("/api/rtc/offer", json=body)
+    assert resp.status == 200, await resp.text()
+    with pytest.raises(ConversationBusyError):  # now this instance's session holds it
+        await elsewhere.acquire_lease(conversation, "sess_elsewhere")
+
+
+async def _readyz(http) -> tuple[int, dict]:
+    resp = await http.get("/readyz")
+    return resp.status, await resp.json()
+
+
+async def test_database_lost_then_back_without_a_restart(shared, postgres_server):
+    http, elsewhere = shared
+    conversation = (await elsewhere.create_conversation())["id"]
+    assert (await _readyz(http))[0] == 200
+    postgres_server.stop()
+    try:
+        status, body = await _readyz(http)
+        assert status == 503 and "the conversation database does not answer" in body["problems"]
+        resp = await http.get("/api/conversations")
+        assert resp.status == 503 and resp.headers["Retry-After"]
+        assert (await resp.json())["error"]["code"] == "database_unavailable"
+    finally:
+        postgres_server.start()
+    for _ in range(240):  # the pool reconnects by itself (with its back-off)
+        status, body = await _readyz(http)
+        if status == 200:
+            break
+        await asyncio.sleep(0.25)
+    assert status == 200, body
+    listed = await (await http.get("/api/conversations")).json()
+    assert conversation in [c["id"] for c in listed["conversations"]]
+
+
+async def _event(ws, kind: str) -> dict:
+    while True:
+        event = await asyncio.wait_for(ws.receive_json(), 30)
+        if event["type"] == kind:
+            return event
+
+
+async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_releases(shared):
+    http, elsewhere = shared
+    held = (await elsewhere.create_conversation())["id"]
+    free = (await elsewhere.create_conversation())["id"]
+    await elsewhere.acquire_lease(held, "sess_elsewhere")
+    async with http.ws_connect("/v1/realtime") as ws:
+        await ws.send_json({"type": "conversation.select", "conversation_id": held})
+        error = await _event(ws, "error")
+        assert error["error"]["code"] == "conversation_busy"
+        await ws.send_json({"type": "conversation.select", "conversation_id": free})
+        assert (await _event(ws, "session.updated"))["session"]["conversation_id"] == free
+        with pytest.raises(ConversationBusyError):
+            await elsewhere.acquire_lease(free, "sess_elsewhere")
+    for _ in range(120):  # the session's close releases its lease
+        try:
+            await elsewhere.acquire_lease(free, "sess_elsewhere")
+            break
+        except ConversationBusyError:
+            await asyncio.sleep(0.25)
+    else:
+        raise AssertionError("the closed session kept its lease")
+
+
+async def test_voices_are_shared_by_instances_on_one_database(aiohttp_client, demo_checkpoint, tmp_path, postgres_url,
+                                                              espeak_voice):
+    import aiohttp
+
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path / "a", storage_url=postgres_url) as (a, pa), \
+            demo_server(aiohttp_client, demo_checkpoint, tmp_path / "b", storage_url=postgres_url) as (b, pb):
+        upload = aiohttp.FormData(default_to_multipart=True)
+        upload.add_field("name", "shared-voice")
+        upload.add_field("file", espeak_voice.read_bytes(), filename="voice.wav")
+        resp = await a.post("/api/voices", data=upload)
+        assert resp.status == 201, await resp.text()
+        assert pa.stats()["voice_prefixes_cached"] == 1  # its device copy on instance a
+        listed = await (await b.get("/api/voices")).json()
+        assert [v["name"] for v in listed["voices"]] == ["shared-voice"] and "shared-voice" in pb.voices
+
+        assert (await b.delete("/api/voices/shared-voice")).status == 200
+        for _ in range(120):  # instance a notices at its next sync and drops its device copy
+            if "shared-voice" not in pa.voices and pa.stats()["voice_prefixes_cached"] == 0:
+                break
+            await asyncio.sleep(0.25)
+        else:
+            raise AssertionError("instance a kept the voice deleted through instance b")
+        assert (await (await a.get("/api/voices")).json())["voices"] == []

@@ -1,0 +1,184 @@
+"""The shared store: migrations by concurrent starters, refusals at start, leases between
+instances, voices and spoken answers across instances (store/postgres.py, leases.py,
+schema.py), on the tests' own PostgreSQL server; leases within one instance on both backends."""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationStore
+from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
+from kimiaudio.store.postgres import check_and_migrate
+from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_concurrent_starters_migrate_exactly_once(postgres_url):
+    barrier = threading.Barrier(4)
+    found: list[int] = []
+    errors: list[BaseException] = []
+
+    def start():
+        barrier.wait()
+        try:
+            found.append(check_and_migrate(postgres_url))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    # One found the empty database and migrated it; the others waited and found it current.
+    assert sorted(found) == [0, SCHEMA_VERSION, SCHEMA_VERSION, SCHEMA_VERSION]
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT version FROM kimiaudio_schema").fetchall() == [(SCHEMA_VERSION,)]
+
+
+def _serve(env_url: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KIMIAUDIO_DATABASE_URL": env_url}
+    return subprocess.run([sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path), "--port", "1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_serve_refuses_a_bad_database_with_one_line(postgres_server, postgres_url, tmp_path):
+    check_and_migrate(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE kimiaudio_schema SET version = %s", [SCHEMA_VERSION + 3])
+    dbname = postgres_url.rsplit("/", 1)[1]
+    cases = [
+        (postgres_server.url(dbname, password="wrong"), "password authentication failed"),
+        ("https://example.org/db", "KIMIAUDIO_DATABASE_URL: expected empty"),
+        (postgres_url, f"schema version {SCHEMA_VERSION + 3} is newer than this kimiaudio"),
+    ]
+    for url, problem in cases:  # each is a start of serve: the few that differ on its path
+        proc = _serve(url, tmp_path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(lines) == 1 and problem in lines[0], (url, proc.stderr)
+        assert postgres_server.password not in proc.stderr + proc.stdout
+        assert "Loading" not in proc.stdout  # refused before the model was loaded
+
+
+def test_unusable_urls_are_one_line_each(postgres_server):
+    cases = [
+        (f"postgresql://kimiaudio:secret@127.0.0.1:{postgres_server.port}:99/x", "cannot connect"),
+        (postgres_server.url("no_such_database"), 'database "no_such_database" does not exist'),
+        (f"postgresql://kimiaudio:secret@127.0.0.1:{postgres_server.port}/x?sslmode=bogus", "invalid sslmode"),
+        ("postgresql://kimiaudio:secret@[::1/x", "not a usable PostgreSQL URL"),
+    ]
+    for url, problem in cases:
+        with pytest.raises(KimiAudioError) as refused:
+            check_and_migrate(url)
+        message = str(refused.value)
+        assert problem in message and "\n" not in message and "secret" not in message and "***" in message
+
+
+def test_newer_schema_is_refused_by_the_store(postgres_url):
+    check_and_migrate(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE kimiaudio_schema SET version = %s", [SCHEMA_VERSION + 1])
+    with pytest.raises(KimiAudioError, match="newer than this kimiaudio"):
+        check_and_migrate(postgres_url)
+
+
+async def _store(location, **kwargs) -> ConversationStore:
+    store = ConversationStore(location, **kwargs)
+    await store.open()
+    return store
+
+
+async def test_a_conversation_is_held_by_one_session(store_location):
+    store = await _store(store_location, lease_seconds=30.0)
+    try:
+        conversation = (await store.create_conversation())["id"]
+        await store.acquire_lease(conversation, "sess_a")
+        await store.acquire_lease(conversation, "sess_a")  # its own: renewed
+        with pytest.raises(ConversationBusyError) as busy:
+            await store.acquire_lease(conversation, "sess_b")
+        assert 1.0 <= busy.value.retry_after_s <= 30.0
+        await store.release_lease(conversation, "sess_a")
+        await store.acquire_lease(conversation, "sess_b")
+        with pytest.raises(KimiAudioError, match="does not exist"):
+            await store.acquire_lease("nope", "sess_b")
+    finally:
+        await store.close()
+
+
+async def test_lease_busy_elsewhere_then_taken_over_with_the_heard_answer(postgres_url):
+    clock = Clock()
+    # The first instance's heartbeat never fires within the test (a long lease): as if killed
+    # right after its last renewal.
+    first = await _store(postgres_url, lease_seconds=5.0, clock=clock)
+    second = await _store(postgres_url, lease_seconds=5.0, clock=clock)
+    try:
+        conversation = (await first.create_conversation())["id"]
+        await first.acquire_lease(conversation, "sess_1")
+        await first.add_turn(conversation, "user", audio=np.full(16000, 0.1, np.float32))
+        index = await first.add_turn(conversation, "assistant", "", interrupted=True)
+        heard = np.linspace(-0.5, 0.5, 24000, dtype=np.float32)
+        await first.append_heard(conversation, index, heard, "Hello")
+
+        with pytest.raises(ConversationBusyError) as busy:
+            await second.acquire_lease(conversation, "sess_2")
+        assert busy.value.retry_after_s == 5.0
+        # Another instance starting meanwhile leaves the live answer's parts alone.
+        third = await _store(postgres_url, clock=clock)
+        await third.close()
+        assert not (await second.get_conversation(conversation))["turns"][index]["has_audio"]
+
+        clock.now += 3.0
+        with pytest.raises(ConversationBusyError) as busy:
+            await second.acquire_lease(conversation, "sess_2")
+        assert busy.value.retry_after_s == 2.0
+        clock.now += 2.5  # past the expiry: nobody renewed it
+        await second.acquire_lease(conversation, "sess_2")
+        history = await second.load_history(conversation)
+        assert [t.role for t in history] == ["user", "assistant"] and history[index].text == "Hello"
+        assert np.allclose(history[index].audio, heard, atol=1e-4)
+        with pytest.raises(ConversationBusyError):  # the old holder lost it
+            await first.acquire_lease(conversation, "sess_1")
+        assert await second.integrity_problems() == []
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_voices_and_spoken_answers_are_shared(postgres_url):
+    first = await _store(postgres_url)
+    second = await _store(postgres_url)
+    try:
+        pcm = np.linspace(-0.3, 0.3, 48000, dtype=np.float32)
+        saved = await save_voice(first, "narrator", pcm, 24000, [1, 2, 3])
+        assert await voice_names(second) == {"narrator": saved.created_at}
+        (voice,) = await load_voices(second)
+        assert voice.codes == [1, 2, 3] and np.array_equal(voice.pcm, pcm)
+        assert await delete_voice(second, "narrator") is True
+        assert await voice_names(first) == {}
+
+        answer_id = new_answer_id()
+        await save_answer(first, answer_id, "hi there", [7, 8, 9], np.zeros(2400, np.float32), ttl_s=60.0)
+        answer = await load_answer(second, answer_id)
+        assert answer is not None and answer.text == "hi there" and answer.audio_tokens == [7, 8, 9]
+    finally:
+        await first.close()
+        await second.close()
