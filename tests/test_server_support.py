@@ -137,15 +137,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_serve(data_dir: Path, port: int, config_text: str | None = None) -> subprocess.Popen:
-    """`python -m kimiaudio serve` on 127.0.0.1:`port` (with a config file holding `config_text`);
-    returns once it listens. Its output is drained in a thread, kept in `proc.output_lines`."""
+def start_serve(data_dir: Path, port: int, config_text: str | None = None,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m kimiaudio serve` on 127.0.0.1:`port` (with a config file holding `config_text`,
+    and `env` added to its environment); returns once it listens. Its output is drained in a
+    thread, kept in `proc.output_lines`."""
     args = [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(data_dir), "--port", str(port)]
     if config_text is not None:
         (data_dir / "config.toml").write_text(config_text)
         args += ["--config", str(data_dir / "config.toml")]
+    extra = env or {}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     env.pop("KIMIAUDIO_API_KEY", None)  # the tests' servers need no key unless their config says so
+    env.update(extra)
     proc = subprocess.Popen(args, cwd=data_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     proc.output_lines = []
     ready = threading.Event()

@@ -72,6 +72,7 @@ class RtcClient:
         self._new_event = asyncio.Condition()
         self.frames_rms: list[float] = []  # one per received 20 ms frame
         self.channel = None
+        self.response_headers = None
         self._tasks = []
 
     async def connect(self, http, **body) -> tuple[int, dict]:
@@ -82,6 +83,7 @@ class RtcClient:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         resp = await http.post("/api/rtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer", **body})
         answer = await resp.json()
+        self.response_headers = resp.headers  # e.g. Retry-After of a 409 or 503
         if resp.status == 200:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         return resp.status, answer

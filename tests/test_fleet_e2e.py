@@ -1,0 +1,255 @@
+"""The fleet end to end, with the real parts: a PostgreSQL server (tests/postgres_server.py), two
+`python -m kimiaudio serve` instances on the demo checkpoint sharing it through
+KIMIAUDIO_DATABASE_URL (each its own port and data dir), and HAProxy running the shipped
+deploy/haproxy.cfg (addresses through its environment variables; tests/haproxy_front.py).
+
+Sessions through HAProxy land on both instances (leastconn; told apart by their metrics'
+`instance` label); a conversation started through one is listed by the other; the instance
+holding a conversation is killed (-9) mid-answer; the client reconnects through HAProxy and
+resumes the same conversation on the other instance once the lease has expired, its history
+intact with the heard part of the cut answer; the database's foreign keys hold and no audio row
+is orphaned. One module: the processes are started once and shared by its tests, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+import numpy as np
+import pytest
+import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
+
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
+from test_server_support import LONG_ANSWER, free_port, silence, start_serve, stop_serve
+
+pytestmark = pytest.mark.slow
+
+LEASE_S = 4  # [storage] lease_seconds: how long a killed instance's conversation stays held
+INSTANCES = ("kimi-a", "kimi-b")
+
+
+def instance_config(instance: str) -> str:
+    return f"""
+[engine]
+num_kv_blocks = 256
+[vad]
+silence_ms = 400
+[server]
+instance_id = "{instance}"
+[storage]
+lease_seconds = {LEASE_S}
+"""
+
+
+class Fleet:
+    def __init__(self, database_url: str, procs: dict, ports: dict, front):
+        self.database_url = database_url
+        self.procs = procs  # instance id -> its serve process
+        self.ports = ports  # instance id -> its port
+        self.front = front
+
+    def url(self, instance: str) -> str:
+        return f"http://127.0.0.1:{self.ports[instance]}"
+
+
+@pytest.fixture(scope="module")
+def fleet(postgres_server, tmp_path_factory):
+    from haproxy_front import HaproxyFront, HaproxyUnavailable
+
+    if not postgres_server.running:
+        postgres_server.start()
+    database_url = postgres_server.create_database()
+    ports = {name: free_port() for name in INSTANCES}
+
+    def start(name):
+        data_dir = tmp_path_factory.mktemp(name)
+        return start_serve(data_dir, ports[name], instance_config(name), env={"KIMIAUDIO_DATABASE_URL": database_url})
+
+    with ThreadPoolExecutor(len(INSTANCES)) as pool:  # both load the model at once
+        started = dict(zip(INSTANCES, pool.map(start, INSTANCES)))
+    try:
+        front = HaproxyFront([f"127.0.0.1:{ports[name]}" for name in INSTANCES])
+    except HaproxyUnavailable as exc:
+        for proc in started.values():
+            stop_serve(proc)
+        pytest.fail(str(exc))
+    try:
+        with front:
+            front.wait_for_states({"kimi1": "UP", "kimi2": "UP"})
+            yield Fleet(database_url, started, ports, front)
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                stop_serve(proc)
+
+
+async def sessions_active(fleet: Fleet, instance: str) -> float:
+    """The instance's kimiaudio_sessions_active, read from its own /metrics (not through HAProxy),
+    whose samples must carry its instance label."""
+    async with aiohttp.ClientSession() as http:
+        text = await (await http.get(fleet.url(instance) + "/metrics")).text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            assert sample.labels.get("instance") == instance, sample
+            if sample.name == "kimiaudio_sessions_active":
+                value = sample.value
+    return value
+
+
+async def wait_until_idle(fleet: Fleet, instances=INSTANCES) -> None:
+    for _ in range(200):
+        if all([await sessions_active(fleet, name) == 0 for name in instances]):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("sessions still open on the instances")
+
+
+async def test_sessions_through_the_front_land_on_both_instances(fleet):
+    async with aiohttp.ClientSession(base_url=fleet.front.url) as http:
+        ready = await http.get("/readyz")
+        assert ready.status == 200 and (await ready.json())["instance"] in INSTANCES
+        clients = []
+        try:
+            for _ in INSTANCES:  # a WebSocket is one connection for its life: leastconn sends the next elsewhere
+                client = RealtimeWsClient()
+                assert await client.connect(http) == 101  # the upgrade passes HAProxy
+                await client.wait_for("session.created")
+                clients.append(client)
+            assert [await sessions_active(fleet, name) for name in INSTANCES] == [1, 1]
+        finally:
+            for client in clients:
+                await client.close()
+    await wait_until_idle(fleet)
+
+
+async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, speech):
+    async with aiohttp.ClientSession(base_url=fleet.front.url) as http:
+        client = RealtimeWsClient()
+        assert await client.connect(http) == 101
+        await client.wait_for("session.created")
+        await client.send({"type": "session.update", "session": {"sampling": LONG_ANSWER}})
+        await client.wait_for("session.updated")
+        active = {name: await sessions_active(fleet, name) for name in INSTANCES}
+        holder = next(name for name, n in active.items() if n == 1)
+        other = next(name for name in INSTANCES if name != holder)
+
+        for attempt in range(1, 7):  # until an answer is still playing 1.8 s after its audio started
+            client.say(speech[0])
+            committed = await client.wait_for("input_audio_buffer.committed", count=attempt, timeout=60)
+            await client.wait_for("response.audio.started", count=attempt, timeout=60)
+            await asyncio.sleep(1.8)
+            if len(client.of_type("response.done")) < attempt:
+                break
+        else:
+            raise AssertionError("no answer played for 1.8 s in 6 attempts")
+        conversation_id = committed["conversation_id"]
+        async with aiohttp.ClientSession() as direct:  # started through one, listed by the other
+            listed = await (await direct.get(fleet.url(other) + "/api/conversations")).json()
+        assert conversation_id in [c["id"] for c in listed["conversations"]], listed
+
+        # Held by a live session: opening it through the front is refused, and HAProxy (whose
+        # leastconn sends this offer to the other instance: the holder has the WebSocket) passes
+        # the 409 and its Retry-After through.
+        elsewhere = RtcClient(ScriptedMic())
+        status, answer = await elsewhere.connect(http, conversation_id=conversation_id)
+        await elsewhere.close()
+        assert status == 409 and answer["error"]["code"] == "conversation_busy", (status, answer)
+        assert 1 <= int(elsewhere.response_headers["Retry-After"]) <= LEASE_S + 1
+
+        proc = fleet.procs[holder]
+        os.kill(proc.pid, signal.SIGKILL)  # mid-answer: no shutdown, no final record, the lease left behind
+        proc.wait(10)
+        await client.close()
+
+        # Reconnect through HAProxy (WebRTC this time): the dead instance's refused connection
+        # sends the offer to the other one, which answers 409 until the lease expires.
+        busy = []
+        for _ in range(60):
+            client = RtcClient(ScriptedMic())
+            status, answer = await client.connect(http, conversation_id=conversation_id)
+            if status == 200:
+                break
+            await client.close()
+            assert status == 409 and answer["error"]["code"] == "conversation_busy", (status, answer)
+            busy.append(int(client.response_headers["Retry-After"]))  # passed through HAProxy
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError(f"the conversation was never free again ({len(busy)} answers 409)")
+        assert answer["conversation_id"] == conversation_id
+        assert all(1 <= seconds <= LEASE_S + 1 for seconds in busy), busy
+        assert await sessions_active(fleet, other) == 1
+        fleet.front.wait_for_states({"kimi1" if holder == INSTANCES[0] else "kimi2": "DOWN"})
+
+        # The history, read through the front: every turn, and the heard part of the cut answer.
+        turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+        assert [t["role"] for t in turns] == ["user", "assistant"] * attempt, turns
+        heard = turns[-1]
+        assert heard["interrupted"] and heard["has_audio"] and heard["duration_s"] > 0.6, heard
+        wav = await (await http.get(f"/api/conversations/{conversation_id}/turns/{len(turns) - 1}/audio")).read()
+        pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
+        assert rate == 24000 and pcm.size == round(heard["duration_s"] * rate) and np.abs(pcm).max() > 0.01
+
+        # The conversation goes on on the other instance, the cut answer in its prompt.
+        await client.wait_for("session.created", timeout=30)
+        client.mic.say(np.concatenate([speech[1], silence(1.0)]))
+        done = await client.wait_for("response.done", timeout=90)
+        assert done["response"]["status"] in ("completed", "cancelled"), done
+        user_turn = None
+        for _ in range(100):  # the assistant turn is written as its answer ends
+            after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+            if len(after) == len(turns) + 2:
+                user_turn = after[-2]
+                break
+            await asyncio.sleep(0.1)
+        assert user_turn is not None and [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1), after
+        assert after[len(turns) - 1]["duration_s"] == heard["duration_s"]
+        assert done["response"]["prefill_tokens_computed"] > 2 * len(user_turn["audio_tokens"])
+        await client.close()
+    await wait_until_idle(fleet, [other])
+    await check_database(fleet.database_url, conversation_id, after)
+
+
+async def check_database(url: str, conversation_id: str, turns: list[dict]) -> None:
+    """Every foreign key holds (no row points at a missing one; the check reads the constraints
+    from the catalog, so a table added later is covered), the cut answer's parts were joined
+    into its WAV, the turns the API says have audio (`turns`) are those with a WAV row, and the
+    lease was released."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        keys = await (await conn.execute("""
+            SELECT tc.table_name, kcu.column_name, ccu.table_name, ccu.column_name
+            FROM information_schema.table_constraints tc
+            JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name
+            JOIN information_schema.constraint_column_usage ccu ON ccu.constraint_name = tc.constraint_name
+            WHERE tc.constraint_type = 'FOREIGN KEY' AND tc.table_schema = current_schema()""")).fetchall()
+        tables = {table for table, *_ in keys}
+        assert {"turns", "turn_audio", "turn_audio_parts"} <= tables, keys  # the audio tables have their keys
+        for table, column, parent, parent_column in keys:
+            orphans = await (await conn.execute(
+                f'SELECT count(*) FROM "{table}" c LEFT JOIN "{parent}" p ON p."{parent_column}" = c."{column}" '
+                f'WHERE c."{column}" IS NOT NULL AND p."{parent_column}" IS NULL')).fetchone()
+            assert orphans[0] == 0, f"{table}.{column} -> {parent}.{parent_column}: {orphans[0]} orphaned rows"
+        parts = await (await conn.execute(
+            "SELECT count(*) FROM turn_audio_parts p JOIN turns t ON t.id = p.turn_id WHERE t.conversation_id = %s",
+            [conversation_id])).fetchone()
+        assert parts[0] == 0, "the cut answer's heard parts were not joined"
+        stored = await (await conn.execute(
+            "SELECT t.turn_index, a.turn_id IS NOT NULL FROM turns t LEFT JOIN turn_audio a ON a.turn_id = t.id "
+            "WHERE t.conversation_id = %s ORDER BY t.turn_index", [conversation_id])).fetchall()
+        assert [tuple(row) for row in stored] == [(t["index"], t["has_audio"]) for t in turns], (stored, turns)
+        assert all(t["has_audio"] for t in turns[-3:]), turns[-3:]  # the cut answer, the next utterance and answer
+        for _ in range(100):  # the closed session's lease is released as it closes
+            held = await (await conn.execute("SELECT count(*) FROM leases WHERE conversation_id = %s",
+                                             [conversation_id])).fetchone()
+            if held[0] == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert held[0] == 0, "the closed session kept its lease"
