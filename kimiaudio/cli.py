@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(barge-ins, hang-ups and reconnects, malformed events); checks the books at the end")
     p.add_argument("--seconds", type=float, default=600.0, help="--soak: stop starting turns after this long")
     p.add_argument("--fault-rate", type=float, default=0.3, help="--soak: share of turns with a fault")
+    p.add_argument("--url", help="--soak: drive the server (or a fleet's front, e.g. HAProxy) running at this URL "
+                                 "instead of one started here (KIMIAUDIO_API_KEY: its key)")
     p.add_argument("--client-processes", type=int,
                    help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)")
     p.add_argument("--voice", nargs="?", const="", metavar="FILE",

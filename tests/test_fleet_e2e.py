@@ -4,7 +4,9 @@ KIMIAUDIO_DATABASE_URL (each its own port and data dir), and HAProxy running the
 deploy/haproxy.cfg (addresses through its environment variables; tests/haproxy_front.py).
 
 Sessions through HAProxy land on both instances (leastconn; told apart by their metrics'
-`instance` label); a conversation started through one is listed by the other; the instance
+`instance` label); `bench --soak --url` drives the front and its books pass; a conversation
+started through one is listed by the other, and opening it through HAProxy while it is held is
+409 with Retry-After; the instance
 holding a conversation is killed (-9) mid-answer; the client reconnects through HAProxy and
 resumes the same conversation on the other instance once the lease has expired, its history
 intact with the heard part of the cut answer; the database's foreign keys hold and no audio row
@@ -15,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
@@ -27,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-from test_server_support import LONG_ANSWER, free_port, silence, start_serve, stop_serve
+from test_server_support import DEMO_MAX_NEW_TOKENS, LONG_ANSWER, ROOT, free_port, silence, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +42,8 @@ INSTANCES = ("kimi-a", "kimi-b")
 
 def instance_config(instance: str) -> str:
     return f"""
+[sampling]
+max_new_tokens = {DEMO_MAX_NEW_TOKENS}
 [engine]
 num_kv_blocks = 256
 [vad]
@@ -129,7 +136,24 @@ async def test_sessions_through_the_front_land_on_both_instances(fleet):
     await wait_until_idle(fleet)
 
 
+def test_bench_soak_drives_the_front(fleet):
+    """`bench --soak --url`: the soak's sessions, faults and reconnects through HAProxy (a
+    reconnect may land on the other instance and wait out conversation_busy), and its books."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("KIMIAUDIO_API_KEY", None)
+    result = subprocess.run([sys.executable, "-m", "kimiaudio", "bench", "--soak", "--url", fleet.front.url,
+                             "--sessions", "2", "--turns", "2", "--fault-rate", "0.5", "--seconds", "120", "--json"],
+                            env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["url"] == fleet.front.url, report
+    assert "committed user turns not stored" in report["checks"] and "leaked KV blocks" not in report["checks"]
+    assert all(n >= 1 for n in report["commits_by_transport"].values()), report["commits_by_transport"]
+    assert all(report["faults"][kind] >= n for kind, n in report["planned_faults"].items()), report
+
+
 async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, speech):
+    await wait_until_idle(fleet)  # the sessions of the tests before
     async with aiohttp.ClientSession(base_url=fleet.front.url) as http:
         client = RealtimeWsClient()
         assert await client.connect(http) == 101

@@ -33,6 +33,8 @@ def run_bench_command(config, args) -> int:
     # A soak is a smaller, longer run than a throughput bench: its own defaults.
     args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
     args.turns = args.turns or (3 if args.soak else 1)
+    if args.url and not args.soak:
+        raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
     if args.soak:
         from kimiaudio.bench.soak import run_soak_command
 

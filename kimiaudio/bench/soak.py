@@ -85,7 +85,7 @@ async def _settle(app, pipeline, timeout: float) -> dict:
         await asyncio.sleep(0.1)
 
 
-async def _missing_commits(store, logs: list[SessionLog]) -> list[str]:
+async def missing_commits(store, logs: list[SessionLog]) -> list[str]:
     missing = []
     for log in logs:
         for conversation_id, index in log.commits:
@@ -143,7 +143,7 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         stats = await _settle(app, pipeline, SETTLE_S)
         rss_end = rss_mb()
         integrity = await app[store_key].integrity_problems()
-        missing = await _missing_commits(app[store_key], logs)
+        missing = await missing_commits(app[store_key], logs)
         reserved = app[admission_key].num_reserved
         left_open = app[server_metrics_key].registry.get_sample_value("kimiaudio_responses_in_progress")
     finally:
@@ -151,6 +151,33 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         await runner.cleanup()  # its shutdown is watched for ERROR lines too
         await pipeline.stop()
         logging.getLogger().removeHandler(errors)
+    client_checks, figures, details = client_books(plan, logs, kinds)
+    checks = {
+        "leaked KV blocks": (stats["kv_blocks_total"] - stats["kv_blocks_free"], 0),
+        "turns left on the pipeline": (stats["turns"], 0),
+        "responses the server left open": (left_open, 0),
+        "committed user turns not stored": (len(missing), 0),
+        "integrity_check problems": (len(integrity), 0),
+        "session slots still held": (reserved, 0),
+        "ERROR log lines": (len(errors.messages), 0),
+        **client_checks,
+        # Warm-up (allocator arenas, caches, the first sessions) is over by half-time; a leak is not.
+        "RSS growth in the second half, MB": (round(rss_end - _at_half(rss_samples, rss_start), 1), max_rss_growth_mb),
+    }
+    return {
+        "sessions": sessions, "turns_per_session": turns, "transports": kinds, "seed": seed, "wall_s": round(wall_s, 1),
+        "client_processes": client_processes, **figures,
+        "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
+        "rss_mb_by_quarter": [round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1)
+                              for q in (1, 2, 3, 4)] if rss_samples else [],
+        **checked(checks),
+        "details": {**details, "missing": missing[:10], "integrity": integrity[:10], "errors": errors.messages[:10]},
+    }
+
+
+def client_books(plan: list[list[str]], logs: list[SessionLog], kinds: list[str]) -> tuple[dict, dict, dict]:
+    """What the clients saw, checked against the plan: (checks {name: (value, limit)}, figures
+    for the report, details of what went wrong)."""
     planned_utterances, planned_faults = _planned(plan)
     # Per session: a session that committed more (the VAD split an utterance) makes up for no other's loss.
     short_turns = sum(max(0, want - len(log.commits)) for want, log in zip(planned_utterances, logs))
@@ -159,26 +186,15 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
     unfinished = [rid for log in logs for rid, status in log.responses.items()
                   if status is None and rid not in log.abandoned]
     checks = {
-        "leaked KV blocks": (stats["kv_blocks_total"] - stats["kv_blocks_free"], 0),
-        "turns left on the pipeline": (stats["turns"], 0),
         "responses without a final status (client side)": (len(unfinished), 0),
-        "responses the server left open": (left_open, 0),
-        "committed user turns not stored": (len(missing), 0),
-        "integrity_check problems": (len(integrity), 0),
-        "session slots still held": (reserved, 0),
-        "ERROR log lines": (len(errors.messages), 0),
         "client-side problems": (sum(len(log.problems) for log in logs), 0),
         # A run that ended before its plan did (e.g. --seconds shorter than connecting) tested nothing.
         "planned user turns not committed": (short_turns, 0),
         "planned faults that never happened": (sum(missing_faults.values()), 0),
-        # Warm-up (allocator arenas, caches, the first sessions) is over by half-time; a leak is not.
-        "RSS growth in the second half, MB": (round(rss_end - _at_half(rss_samples, rss_start), 1), max_rss_growth_mb),
     }
     first = [x for log in logs for x in log.first_audio_s]
     statuses = [s for log in logs for s in log.responses.values()]
-    return {
-        "sessions": sessions, "turns_per_session": turns, "transports": kinds, "seed": seed, "wall_s": round(wall_s, 1),
-        "client_processes": client_processes,
+    figures = {
         "commits": sum(len(log.commits) for log in logs), "responses": len(statuses),
         "commits_by_transport": {kind: sum(len(log.commits) for log in logs if log.transport == kind) for kind in kinds},
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
@@ -186,17 +202,18 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "planned_commits": sum(planned_utterances), "planned_faults": planned_faults, "faults": happened,
         **dict(zip(("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"),
                    (None if ms is None else round(ms, 1) for ms in ms_p50_p95(first)))),
-        "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
-        "rss_mb_by_quarter": [round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1)
-                              for q in (1, 2, 3, 4)] if rss_samples else [],
-        "checks": {name: {"value": value, "limit": limit, "ok": value <= limit}
-                   for name, (value, limit) in checks.items()},
-        "details": {"faults short of the plan": [f"{kind}: {happened[kind]} of {n}" for kind, n in planned_faults.items()
-                                                 if kind in missing_faults],
-                    "unfinished": unfinished[:10], "missing": missing[:10], "integrity": integrity[:10],
-                    "errors": errors.messages[:10], "problems": [p for log in logs for p in log.problems][:10]},
-        "ok": all(value <= limit for value, limit in checks.values()),
     }
+    details = {"faults short of the plan": [f"{kind}: {happened[kind]} of {n}" for kind, n in planned_faults.items()
+                                            if kind in missing_faults],
+               "unfinished": unfinished[:10], "problems": [p for log in logs for p in log.problems][:10]}
+    return checks, figures, details
+
+
+def checked(checks: dict[str, tuple]) -> dict:
+    """The report's "checks" and "ok" from {name: (value, limit)}."""
+    return {"checks": {name: {"value": value, "limit": limit, "ok": value <= limit}
+                       for name, (value, limit) in checks.items()},
+            "ok": all(value <= limit for value, limit in checks.values())}
 
 
 def run_soak(stack, config, sessions: int, turns: int, seconds: float, fault_rate: float = 0.3,
@@ -221,14 +238,19 @@ def run_soak(stack, config, sessions: int, turns: int, seconds: float, fault_rat
 
 
 def print_report(report: dict) -> None:
-    print(f"soak: {report['sessions']} sessions ({'+'.join(report['transports'])}) x {report['turns_per_session']} "
+    target = f" against {report['url']}" if "url" in report else ""
+    print(f"soak{target}: {report['sessions']} sessions ({'+'.join(report['transports'])}) x {report['turns_per_session']} "
           f"turns in {report['wall_s']} s (seed {report['seed']}, clients in {report['client_processes']} worker "
           f"processes); {report['commits']} user turns committed, "
           f"{report['responses']} responses {report['responses_by_status']}, {report['abandoned_by_hang_up']} cut by "
-          f"hang-ups; faults {report['faults']}; preemptions {report['preemptions']}")
-    print(f"commit -> first audio p50 {report['commit_to_first_audio_ms_p50']} ms, "
-          f"p95 {report['commit_to_first_audio_ms_p95']} ms; RSS {report['rss_mb_start']} MB at the start, "
-          f"{report['rss_mb_by_quarter']} MB at each quarter of the run, {report['rss_mb_end']} MB at the end")
+          f"hang-ups; faults {report['faults']}" + (f"; preemptions {report['preemptions']}" if target == "" else ""))
+    latency = (f"commit -> first audio p50 {report['commit_to_first_audio_ms_p50']} ms, "
+               f"p95 {report['commit_to_first_audio_ms_p95']} ms")
+    if target:  # a running server's memory is its own
+        print(latency)
+    else:
+        print(f"{latency}; RSS {report['rss_mb_start']} MB at the start, {report['rss_mb_by_quarter']} MB at each "
+              f"quarter of the run, {report['rss_mb_end']} MB at the end")
     for name, check in report["checks"].items():
         print(f"  {'ok  ' if check['ok'] else 'FAIL'} {name}: {check['value']} (limit {check['limit']})")
     for name, items in report["details"].items():
@@ -255,13 +277,19 @@ def run_soak_command(config, args) -> int:
         raise KimiAudioError(f"--soak takes one session count, got --sessions {args.sessions!r}") from None
     if sessions < 1 or turns < 1 or not args.seconds > 0 or not 0 <= args.fault_rate <= 1:
         raise KimiAudioError("--sessions, --turns and --seconds must be positive, --fault-rate in [0, 1]")
-    stack = ModelStack.load(config, progress=not args.json)
-    if stack.detokenizer is None:
-        raise KimiAudioError("bench --soak needs the detokenizer: set model.text_only = false")
-    freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
-    report = run_soak(stack, config, sessions, turns, args.seconds, args.fault_rate, speech, args.max_new_tokens,
-                      client_processes=args.client_processes)
+    if args.url:  # a running server or a fleet's front: no model here
+        from kimiaudio.bench.soak_remote import run_remote_soak
+
+        report = run_remote_soak(args.url, sessions, turns, args.seconds, args.fault_rate, speech,
+                                 client_processes=args.client_processes, api_key=os.environ.get("KIMIAUDIO_API_KEY"))
+    else:
+        stack = ModelStack.load(config, progress=not args.json)
+        if stack.detokenizer is None:
+            raise KimiAudioError("bench --soak needs the detokenizer: set model.text_only = false")
+        freeze_loaded_objects()
+        report = run_soak(stack, config, sessions, turns, args.seconds, args.fault_rate, speech, args.max_new_tokens,
+                          client_processes=args.client_processes)
     if args.json:
         print(json.dumps(report, indent=1))
         if not report["ok"]:
