@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kimiaudio.bench.soak import SETTLE_S, missing_commits, checked, client_books
+from kimiaudio.bench.soak_books import SETTLE_S, checked, client_books, missing_commits
 from kimiaudio.bench.soak_clients import plan_faults
 from kimiaudio.bench.soak_load import SessionJob, run_sessions
 from kimiaudio.errors import KimiAudioError
