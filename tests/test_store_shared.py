@@ -18,6 +18,7 @@ from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationS
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.postgres import check_and_migrate
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
+from postgres_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +83,7 @@ def test_serve_refuses_a_bad_database_with_one_line(postgres_server, postgres_ur
 
 def test_unusable_urls_are_one_line_each(postgres_server):
     cases = [
-        (f"postgresql://kimiaudio:secret@127.0.0.1:{postgres_server.port}:99/x", "cannot connect"),
+        (f"postgresql://kimiaudio:secret@127.0.0.1:{free_port()}/x", "Connection refused"),  # nothing listens
         (postgres_server.url("no_such_database"), 'database "no_such_database" does not exist'),
         (f"postgresql://kimiaudio:secret@127.0.0.1:{postgres_server.port}/x?sslmode=bogus", "invalid sslmode"),
         ("postgresql://kimiaudio:secret@[::1/x", "not a usable PostgreSQL URL"),
