@@ -29,31 +29,6 @@ class SessionJob:
     seed: int
 
 
-# A reconnect may reach the server before it has closed the session it replaces, whose lease on
-# the conversation then still stands (409 conversation_busy): it tries again, as a client should.
-BUSY_RETRIES = 40
-BUSY_WAIT_S = 0.25
-
-
-async def _select(client, conversation_id: str) -> None:
-    """conversation.select on the Realtime WebSocket, again while the conversation is busy."""
-    for _ in range(BUSY_RETRIES):
-        busy = len([e for e in client.of_type("error") if e["error"].get("code") == "conversation_busy"])
-        await client.send({"type": "conversation.select", "conversation_id": conversation_id})
-        for _ in range(int(30 / 0.05)):
-            if any(e["session"].get("conversation_id") == conversation_id for e in client.of_type("session.updated")):
-                return
-            if len([e for e in client.of_type("error") if e["error"].get("code") == "conversation_busy"]) > busy:
-                break
-            if client.closed:
-                raise AssertionError("the WebSocket closed during conversation.select")
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("no session.updated after conversation.select")
-        await asyncio.sleep(BUSY_WAIT_S)
-    raise AssertionError(f"conversation {conversation_id} stayed busy")
-
-
 def _transports(http) -> dict[str, Transport]:
     from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
     from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
@@ -61,14 +36,9 @@ def _transports(http) -> dict[str, Transport]:
     silence = np.zeros(int(SILENCE_S * SPEECH_INPUT_RATE), np.float32)
 
     async def rtc_connect(conversation_id):
+        client = RtcClient(ScriptedMic())
         body = {"conversation_id": conversation_id} if conversation_id else {}
-        for _ in range(BUSY_RETRIES):
-            client = RtcClient(ScriptedMic())
-            status, _ = await client.connect(http, **body)
-            if status != 409:
-                break
-            await client.close()
-            await asyncio.sleep(BUSY_WAIT_S)
+        status, _ = await client.connect(http, **body)
         try:
             if status == 200:
                 await client.wait_for("session.created", timeout=30)  # the data channel is open
@@ -88,7 +58,8 @@ def _transports(http) -> dict[str, Transport]:
         try:
             await client.wait_for("session.created", timeout=30)
             if conversation_id is not None:  # a reconnect continues its conversation, as WebRTC's offer does
-                await _select(client, conversation_id)
+                await client.send({"type": "conversation.select", "conversation_id": conversation_id})
+                await client.wait_for("session.updated", timeout=30)
             return client
         except AssertionError:
             await client.close()
