@@ -2,6 +2,7 @@
 instances, voices and spoken answers across instances (store/postgres.py, leases.py,
 schema.py), on the tests' own PostgreSQL server; leases within one instance on both backends."""
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationS
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.postgres import check_and_migrate
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
+from postgres_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +83,7 @@ def test_serve_refuses_a_bad_database_with_one_line(postgres_server, postgres_ur
 
 def test_unusable_urls_are_one_line_each(postgres_server):
     cases = [
-        (f"postgresql://kimiaudio:secret@127.0.0.1:{postgres_server.port}:99/x", "cannot connect"),
+        (f"postgresql://kimiaudio:secret@127.0.0.1:{free_port()}/x", "Connection refused"),  # nothing listens
         (postgres_server.url("no_such_database"), 'database "no_such_database" does not exist'),
         (f"postgresql://kimiaudio:secret@127.0.0.1:{postgres_server.port}/x?sslmode=bogus", "invalid sslmode"),
         ("postgresql://kimiaudio:secret@[::1/x", "not a usable PostgreSQL URL"),
@@ -182,3 +184,46 @@ async def test_voices_and_spoken_answers_are_shared(postgres_url):
     finally:
         await first.close()
         await second.close()
+
+
+async def test_the_heartbeat_renews_live_leases_only(store_location):
+    clock = Clock()
+    store = await _store(store_location, lease_seconds=1.0, clock=clock)  # renewed every third of a second
+    try:
+        held, released = [(await store.create_conversation())["id"] for _ in range(2)]
+        await store.acquire_lease(held, "sess_a")
+        await store.acquire_lease(released, "sess_a")
+        await store.release_lease(released, "sess_a")
+        assert store.held_leases() == [(held, "sess_a")]
+        clock.now += 0.9
+
+        def expiry(db):
+            return db.execute("SELECT expires_at FROM leases WHERE conversation_id = ?", [held]).fetchone()[0]
+
+        for _ in range(200):  # the next heartbeat renews it from the clock's time
+            if await store.read(expiry) == clock.now + 1.0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the heartbeat did not renew the lease")
+        clock.now += 0.5  # past the first expiry: still held, renewed
+        with pytest.raises(ConversationBusyError):
+            await store.acquire_lease(held, "sess_b")
+        await store.acquire_lease(released, "sess_b")
+    finally:
+        await store.close()
+
+
+def test_a_failed_migration_rolls_back_entirely_on_postgresql(postgres_url, monkeypatch):
+    from kimiaudio.store import schema
+
+    bad = schema.MIGRATIONS + ["CREATE TABLE extra (x INTEGER); THIS IS NOT SQL"]
+    monkeypatch.setattr(schema, "MIGRATIONS", bad)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", len(bad))
+    with pytest.raises(KimiAudioError, match="cannot migrate"):
+        check_and_migrate(postgres_url)
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT version FROM kimiaudio_schema").fetchone()[0] == len(bad) - 1
+        assert conn.execute("SELECT to_regclass('extra')").fetchone()[0] is None
+        # The lock was let go: the next starter is not stuck behind it.
+        assert conn.execute("SELECT pg_try_advisory_lock(1802071401)").fetchone()[0] is True

@@ -57,6 +57,7 @@ class ConversationStore:
         self._reader: DbThread | None = None
         self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
         self._heartbeat: asyncio.Task | None = None
+        self._held: dict[tuple[str, str], None] = {}  # (conversation, session) leases the heartbeat renews
 
     @property
     def shown(self) -> str:
@@ -123,9 +124,15 @@ class ConversationStore:
                                        now + self.lease_seconds)
         if wait is not None:
             raise ConversationBusyError(conversation_id, max(1.0, wait))
+        self._held[(conversation_id, session_id)] = None
 
     async def release_lease(self, conversation_id: str, session_id: str) -> None:
+        self._held.pop((conversation_id, session_id), None)  # renewed no more, even if the delete fails
         await self._writer.call(release_row, conversation_id, self.instance_id, session_id)
+
+    def held_leases(self) -> list[tuple[str, str]]:
+        """(conversation, session) of the leases this instance's sessions hold."""
+        return list(self._held)
 
     async def append_heard(self, conversation_id: str, index: int, pcm: np.ndarray, text: str,
                            codes: list[int] | None = None, timings: dict | None = None) -> None:

@@ -3,9 +3,10 @@ shares the database (table leases: conversation, holding instance and session, e
 
 A session takes the lease when it opens or starts a conversation; while another session holds
 an unexpired one, opening it is refused with ConversationBusyError (the server's 409
-`conversation_busy`, with the seconds until it expires as Retry-After). The instance renews all
-of its leases every third of `lease_seconds` (the heartbeat), and a session's close releases
-its own. An instance killed with -9 stops renewing: its leases expire, and the next session to
+`conversation_busy`, with the seconds until it expires as Retry-After). The instance renews the
+leases of its live sessions every third of `lease_seconds` (the heartbeat), and a session's
+close releases its own (one it could not release, the database away, is no longer renewed and
+expires). An instance killed with -9 stops renewing: its leases expire, and the next session to
 open such a conversation takes it over, joining in the same transaction the heard parts of the
 answer that was playing (heard_audio.py), so the history it then loads is whole. Times come
 from the store's clock (injectable in tests).
@@ -65,8 +66,12 @@ def release(db: Sql, conversation_id: str, instance_id: str, session_id: str) ->
                [conversation_id, instance_id, session_id])
 
 
-def renew(db: Sql, instance_id: str, expires_at: float) -> int:
-    return db.execute("UPDATE leases SET expires_at = ? WHERE instance_id = ?", [expires_at, instance_id]).rowcount
+def renew(db: Sql, instance_id: str, held: list[tuple[str, str]], expires_at: float) -> None:
+    """Renew the leases `held` ((conversation, session) pairs) that are still this instance's."""
+    with db.atomic():
+        for conversation_id, session_id in held:
+            db.execute("UPDATE leases SET expires_at = ? WHERE conversation_id = ? AND instance_id = ? "
+                       "AND session_id = ?", [expires_at, conversation_id, instance_id, session_id])
 
 
 def release_instance(db: Sql, instance_id: str) -> None:
@@ -84,7 +89,9 @@ async def heartbeat(store, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await store.write(renew, store.instance_id, store.clock() + store.lease_seconds)
+            held = store.held_leases()
+            if held:
+                await store.write(renew, store.instance_id, held, store.clock() + store.lease_seconds)
             if failing:
                 log.info("conversation leases renewed again")
             failing = False

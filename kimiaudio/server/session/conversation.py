@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.store import ConversationStore
 
@@ -49,7 +50,10 @@ class Conversation:
     async def release(self) -> None:
         if self._leased is not None:
             leased, self._leased = self._leased, None
-            await self.store.release_lease(leased, self.session_id)
+            try:
+                await self.store.release_lease(leased, self.session_id)
+            except StoreUnavailableError:
+                pass  # the database is away: the lease expires by itself, unrenewed once the session is gone
 
     async def exists(self, conversation_id: str) -> bool:
         return await self.store.get_conversation(conversation_id) is not None

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session import client_events as ce
@@ -35,6 +35,14 @@ from kimiaudio.server.session import events
 from kimiaudio.server.session.response_state import ResponseState
 
 log = logging.getLogger(__name__)
+
+
+def _log_store_failure(session_id: str, what: str, exc: BaseException) -> None:
+    """A lost database is one warning line (the session talks on); anything else is a bug."""
+    if isinstance(exc, StoreUnavailableError):
+        log.warning("session %s: %s failed: %s", session_id, what, exc)
+    else:
+        log.exception("session %s: %s failed", session_id, what)
 
 CANCEL_GRACE_S = 3.0  # how long a cancelled pipeline turn may take to report TurnDone
 RECORD_INTERVAL_S = 1.0  # a playing answer's heard part is stored at least this often
@@ -161,8 +169,8 @@ class Responder:
     async def _store_user_codes(self, r: ResponseState, codes: list[int]) -> None:
         try:
             await self.session.conversation.set_user_codes(r.user_index, r.user_turn, codes)
-        except Exception:  # e.g. the conversation was deleted meanwhile: the answer goes on
-            log.exception("session %s: storing the user turn's codes failed", self.session.id)
+        except Exception as exc:  # e.g. the conversation was deleted meanwhile: the answer goes on
+            _log_store_failure(self.session.id, "storing the user turn's codes", exc)
 
     async def _store(self, r: ResponseState, done: TurnDone) -> None:
         """The assistant turn's final record: inserted, or the progressive one updated."""
@@ -176,7 +184,7 @@ class Responder:
                 await s.conversation.update_assistant(*r.stored, text, list(done.text_tokens), codes, timings, pcm,
                                                       r.cancelled)
         except Exception as exc:
-            log.exception("session %s: storing the assistant turn failed", s.id)
+            _log_store_failure(s.id, "storing the assistant turn", exc)
             s.send_error("storage_failed", f"the answer could not be stored ({exc})")
 
     async def _insert(self, r: ResponseState, text: str, text_tokens: list[int], codes: list[int], timings: dict,
@@ -206,7 +214,7 @@ class Responder:
                 r.recorded_samples = max(heard, r.recorded_samples)
                 await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
         except Exception as exc:  # the answer goes on; its final record is attempted at the end
-            log.exception("session %s: storing the answer as it plays failed", s.id)
+            _log_store_failure(s.id, "storing the answer as it plays", exc)
             s.send_error("storage_failed", f"the answer could not be stored as it played ({exc})")
         finally:
             stop.cancel()
