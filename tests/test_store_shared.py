@@ -227,3 +227,21 @@ def test_a_failed_migration_rolls_back_entirely_on_postgresql(postgres_url, monk
         assert conn.execute("SELECT to_regclass('extra')").fetchone()[0] is None
         # The lock was let go: the next starter is not stuck behind it.
         assert conn.execute("SELECT pg_try_advisory_lock(1802071401)").fetchone()[0] is True
+
+
+def test_the_environment_url_wins_and_bad_urls_name_their_key(monkeypatch, tmp_path):
+    from kimiaudio.config import load_config
+    from kimiaudio.errors import ConfigError
+    from kimiaudio.store import DATABASE_URL_ENV, database_location
+
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    config = load_config(None, {"storage": {"data_dir": str(tmp_path), "lease_seconds": 3.0}})
+    assert database_location(config) == tmp_path / "kimiaudio.db"  # the embedded default
+    config = load_config(None, {"storage": {"url": "postgresql://u:p@db.example:5432/k"}})
+    assert database_location(config) == "postgresql://u:p@db.example:5432/k"
+    monkeypatch.setenv(DATABASE_URL_ENV, "postgres://e:q@other:5432/k")
+    assert database_location(config) == "postgres://e:q@other:5432/k"
+    with pytest.raises(ConfigError, match="storage.url: expected empty"):
+        load_config(None, {"storage": {"url": "mysql://u:p@h/db"}})
+    with pytest.raises(ConfigError, match=r"storage.lease_seconds: expected a finite number in \[1.0, 3600.0\]"):
+        load_config(None, {"storage": {"lease_seconds": 0.5}})

@@ -20,6 +20,9 @@ from kimiaudio.store.sql import PostgresSql
 CONNECT_TIMEOUT_S = 5  # a server that does not answer at all
 POOL_SIZE = 4  # the writer and reader threads, the lease heartbeat, /readyz
 POOL_WAIT_S = 5.0  # a query waiting for a connection while the server is away
+# The pool retries a failed connection with a doubling back-off; it gives up after this, and the
+# next query starts again from a short delay, so a server back after a long outage is found quickly.
+RECONNECT_GIVE_UP_S = 10.0
 
 
 def _one_line(exc: BaseException) -> str:
@@ -60,6 +63,7 @@ def open_pool(url: str):
     from psycopg_pool import ConnectionPool
 
     pool = ConnectionPool(url, min_size=1, max_size=POOL_SIZE, timeout=POOL_WAIT_S, open=False,
+                          reconnect_timeout=RECONNECT_GIVE_UP_S,
                           kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
                           check=ConnectionPool.check_connection, name="kimiaudio-store")
     pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from kimiaudio.audio.encode import StreamEncoder
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1 import sse
@@ -58,7 +59,13 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
         if encoder is not None:
             await _audio_data(chunk, answer_id, encoder.finish())
             audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
-            answer = await save_answer(store, answer_id, done.text, done.audio_tokens, audio, ttl_s)
+            try:
+                answer = await save_answer(store, answer_id, done.text, done.audio_tokens, audio, ttl_s)
+            except StoreUnavailableError as exc:  # the status line is sent: said in the stream
+                await sse.send_error(response, ApiError(503, "database_unavailable",
+                                                        f"the answer's audio id could not be kept ({exc})"))
+                await sse.send_done(response)
+                return response
             await chunk({"audio": {"id": answer_id, "expires_at": int(answer.expires_at)}})
         await chunk({}, finish_reason(done))
         if chat.include_usage:
