@@ -66,13 +66,16 @@ class Responder:
         if instructions:
             history.insert(0, HistoryTurn("user", text=instructions))
         output_type = s.settings.answer_type(request.output_type if request else None)
+        named = request.voice if request else None
         try:
-            voice = s.settings.voice_prompt() if output_type == "both" else None
-        except KimiAudioError as exc:  # its voice was deleted meanwhile
-            s.send_error("unknown_voice", f"response.create: {exc}", "session.voice")
+            voice = s.settings.voice_prompt(named) if output_type == "both" else None
+        except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile
+            s.send_error("unknown_voice", f"response.create: {exc}", "response.voice" if named else "session.voice")
             return
+        sampling = s.settings.sampling(output_type, request.temperature if request else None,
+                                       request.max_new_tokens if request else None)
         turn = TurnRequest(conversation_id=s.conversation.id, history=history, user_audio=user_turn.audio,
-                           sampling=s.settings.sampling(), output_type=output_type, voice=voice)
+                           sampling=sampling, output_type=output_type, voice=voice)
         try:
             handle = s.pipeline.submit(turn)
         except Exception as exc:

@@ -1,7 +1,7 @@
 """The streamed answer of POST /v1/chat/completions: chat.completion.chunk server-sent events.
 
 As OpenAI streams them: a first chunk with the role, then for a text answer `delta.content`
-pieces; for a spoken one `delta.audio` pieces, each holding the answer's id and either
+pieces (with their tokens' `logprobs` when asked for); for a spoken one `delta.audio` pieces, each holding the answer's id and either
 `transcript` text or `data` (base64 of the next encoded bytes in audio.format, pcm16 being
 raw 24 kHz s16le), as the pipeline makes them, so the first audio leaves before the answer
 is finished; the last audio piece holds `expires_at`. Then a chunk with finish_reason, a
@@ -22,6 +22,7 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1 import sse
+from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.turn_guard import client_gone
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
@@ -29,9 +30,10 @@ from kimiaudio.store.answer_store import new_answer_id, save_answer
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
     response = await sse.open_stream(request)
 
-    async def chunk(delta: dict, reason: str | None = None, **extra) -> None:
+    async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
         await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [
-            {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra})
+            {"index": 0, "delta": delta, "finish_reason": reason,
+             "logprobs": logprobs_object(logprobs) if chat.logprobs else None}], **extra})
 
     spoken = chat.output_type == "both"
     answer_id = new_answer_id()
@@ -44,7 +46,8 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             if client_gone(request):
                 return response  # the guard cancels the turn
             if isinstance(event, TextDelta) and event.text:
-                await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text})
+                await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text},
+                            logprobs=event.logprobs)
             elif isinstance(event, AudioChunk) and encoder is not None:
                 pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
                 await _audio_data(chunk, answer_id, encoder.push(pcm[-1]))
