@@ -44,7 +44,7 @@ async def test_http_bodies_and_the_realtime_event(aiohttp_client, demo_checkpoin
         bad_json = await http.post("/api/rtc/offer", data=b"{nope", headers={"Content-Type": "application/json"})
         assert bad_json.status == 400  # made by the error middleware from a JsonInputError
         check((await bad_json.json())["error"], "invalid_json")
-        v1 = await http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
+        v1 = await http.post("/v1/chat/completions", json={"model": "gpt-4-turbo", "messages": []})
         assert v1.status == 404
         assert list(await v1.json()) == ["error"]
         check((await v1.json())["error"], "model_not_found")

@@ -21,6 +21,7 @@ from kimiaudio.audio.encode import StreamEncoder
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.turn_guard import client_gone
@@ -29,6 +30,7 @@ from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
     response = await sse.open_stream(request)
+    record = request_record(request)
 
     async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
         await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [
@@ -45,11 +47,14 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
         async for event in handle:
             if client_gone(request):
                 return response  # the guard cancels the turn
+            if isinstance(event, (TextDelta, AudioChunk)):
+                record.first_byte()
             if isinstance(event, TextDelta) and event.text:
                 await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text},
                             logprobs=event.logprobs)
             elif isinstance(event, AudioChunk) and encoder is not None:
                 pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
+                record.add_audio_out(pcm[-1].size / SPEECH_OUTPUT_RATE)
                 await _audio_data(chunk, answer_id, encoder.push(pcm[-1]))
             elif isinstance(event, TurnDone):
                 done = event

@@ -35,6 +35,7 @@ from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, asr_instruction, check_language
 from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, vad_executor_key
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
+from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, checked
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
@@ -124,6 +125,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
                        user_audio=pcm, sampling=SamplingParams.from_config(config.sampling, text_temperature=temperature),
                        output_type="text", logprobs=True)
     seconds = pcm.size / SPEECH_INPUT_RATE
+    request_record(request).audio_in_s = seconds
     speech = None
     if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
         speech = asyncio.get_running_loop().run_in_executor(request.app[vad_executor_key], _max_speech_probability, pcm)
@@ -160,6 +162,7 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
     text, logprobs = "", []
     async for event in handle:
         if isinstance(event, TextDelta) and event.text:
+            request_record(request).first_byte()
             text += event.text
             extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
             logprobs += extra.get("logprobs", [])
