@@ -110,6 +110,9 @@ def build_requests(lm, tensors, rules):
     penalised = SamplingParams(seed=5, text_temperature=1.0, text_top_k=0, text_repetition_penalty=1.2,
                                text_repetition_window=3, audio_repetition_penalty=1.3, audio_repetition_window=4,
                                max_new_tokens=18)
+    # Not official (OpenAI's): nucleus sampling and the presence / frequency penalties.
+    nucleus = SamplingParams(seed=3, text_temperature=1.0, text_top_k=0, text_top_p=0.7, audio_top_p=0.8,
+                             text_presence_penalty=0.8, text_frequency_penalty=0.5, max_new_tokens=16)
     specs = [  # (arrival step, request id, prompt, params, output type)
         (0, "both", both, greedy, "both"),
         (0, "text", text, greedy, "text"),
@@ -119,6 +122,7 @@ def build_requests(lm, tensors, rules):
         (5, "joined", joined(text, both, leading), greedy, "text"),
         (5, "sampled", e2e, sampled, "both"),
         (9, "penalised", shuffled(both, 2, offset, vocab), penalised, "both"),
+        (5, "nucleus", text, nucleus, "text"),
         (9, "abort-running", truncated(e2e, num_audio * 2 // 3), greedy, "both"),
         (9, "abort-waiting", e2e, greedy, "both"),
         (9, "fixed-length", text, SamplingParams.greedy(max_new_tokens=30, ignore_eos=True), "text"),

@@ -153,7 +153,8 @@ class Responder:
         s.send(events.output_item_done(r.id, item))
         s.send(events.response_done(r.id, status, text, r.timings(done), done.error, output=[item],
                                     reason=r.cancel_reason, prefill_tokens_cached=done.prefill_tokens_cached,
-                                    prefill_tokens_computed=done.prefill_tokens_computed))
+                                    prefill_tokens_computed=done.prefill_tokens_computed,
+                                    usage=_usage(done)))
         if self.current is r:
             self.current = None
         self.ended[r.item_id] = r
@@ -277,3 +278,11 @@ class Responder:
         r = self.current
         if r is not None and r.id == response_id and not r.playback_done.done():
             r.playback_done.set_result(None)
+
+
+def _usage(done: TurnDone) -> dict:
+    """OpenAI's response usage: prompt positions in, generated positions out."""
+    prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
+    return {"total_tokens": prompt + len(done.text_tokens), "input_tokens": prompt,
+            "output_tokens": len(done.text_tokens),
+            "input_token_details": {"cached_tokens": done.prefill_tokens_cached}}

@@ -35,7 +35,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
     async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
         await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [
             {"index": 0, "delta": delta, "finish_reason": reason,
-             "logprobs": logprobs_object(logprobs) if chat.logprobs else None}], **extra})
+             "logprobs": logprobs_object(logprobs) if chat.logprobs and logprobs is not None else None}], **extra})
 
     spoken = chat.output_type == "both"
     answer_id = new_answer_id()

@@ -58,7 +58,9 @@ async def _form(request: web.Request) -> dict:
     form = await read_form(request, limits, ("file",), "the audio as `file`", LIST_FIELDS, unknown)
     fields = {name: (field.texts() if name in LIST_FIELDS else field.text())
               for name, field in form.items() if name != "file"}
-    TRANSCRIPTION_FIELDS.check({**dict.fromkeys(unknown, ""), **fields})
+    # An object field arrives as `name[key]` parts (chunking_strategy[type]): judged by its name.
+    names = [name.partition("[")[0] if "[" in name and not name.endswith("[]") else name for name in unknown]
+    TRANSCRIPTION_FIELDS.check({**{name: {"object": name} for name in names}, **fields})
     fields["file"] = (form["file"].filename or "file", form["file"].data)
     return fields
 
