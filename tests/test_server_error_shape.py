@@ -70,11 +70,11 @@ async def stream_events(aiohttp_client, handler) -> list[dict]:
 
 async def test_the_streams_send_the_same_error_event(aiohttp_client):
     async def chat(request):
-        options = SimpleNamespace(output_type="text", audio_format=None, include_usage=False)
+        options = SimpleNamespace(output_type="text", audio_format=None, include_usage=False, logprobs=False)
         return await chat_stream.stream_answer(request, failed_turn(), options, {"id": "chatcmpl-1"}, None, 0)
 
     async def transcription(request):
-        return await transcriptions._stream(request, failed_turn())
+        return await transcriptions._stream(request, failed_turn(), False)
 
     for handler, code in ((chat, "generation_failed"), (transcription, "transcription_failed")):
         last = (await stream_events(aiohttp_client, handler))[-1]

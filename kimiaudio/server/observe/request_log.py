@@ -24,7 +24,7 @@ from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.observe.turn_log import key_values
 
 log = logging.getLogger("kimiaudio.requests")
-_RECORD = "kimiaudio.request_record"
+_RECORD = web.RequestKey("request_record", "RequestRecord")
 
 
 @dataclass
