@@ -79,7 +79,7 @@ async def test_chat_sampling_fields_are_honoured(v1_server, question, openai_cli
 
 @pytest.mark.parametrize("fields, param", [
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
-    (dict(tool_choice="auto"), "tool_choice"),
+    (dict(tool_choice="required"), "tool_choice"),
     (dict(response_format={"type": "json_object"}), "response_format"),
     (dict(n=2), "n"),
     (dict(logit_bias={"15": 3}), "logit_bias"),

@@ -59,7 +59,7 @@ def _api_error(code: str, message: str, param: str) -> ApiError:
 
 _NO_TOOLS = {
     "tools": (_empty, "[] (kimiaudio has no function calling)"),
-    "tool_choice": (lambda v: v == "none", '"none"'),
+    "tool_choice": (lambda v: v in ("auto", "none"), '"auto" or "none" (with no tools, both call none)'),
 }
 
 CHAT_FIELDS = Fields(
