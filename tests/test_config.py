@@ -32,6 +32,10 @@ DOCUMENTED_RANGES = {
     "sampling.audio_repetition_penalty": "> 0",
     "sampling.text_repetition_window": "1..8192",
     "sampling.max_new_tokens": "0..1048576",
+    "sampling.text_top_p": "(0, 1]",
+    "sampling.audio_top_p": "(0, 1]",
+    "sampling.text_presence_penalty": "[-2, 2]",
+    "sampling.text_frequency_penalty": "[-2, 2]",
     "sampling.seed": "0..18446744073709551615",  # 0..2^64-1
     "audio.max_input_seconds": "(0, 3600]",
     "audio.silence_peak": "[0, 1)",
@@ -96,6 +100,8 @@ def test_each_documented_range_takes_its_edges_and_refuses_the_next_value(name):
     ("model.dtype", ["auto", "float32", "bfloat16", "float16"], ["fp16", "int8"]),
     ("detok.preset", ["low_latency", "official"], ["fast", "Official"]),
     ("server.ice_servers", [["stun:h:3478", "turns:t.example.org"]], [["http://h"], ["stun:"]]),
+    ("server.model_aliases", [[], ["whisper-1", "org/model:v2"]], [["bad name"], [""], "whisper-1", ["-x"]]),
+    ("server.openai_voice", ["", "narrator", "v1.2_x"], ["bad name", "-x", "a" * 65]),
 ])
 def test_documented_choices(name, takes, refuses):
     section, key = name.split(".")
