@@ -280,3 +280,16 @@ def test_a_parsed_session_update_applies_to_the_session_only():
     with pytest.raises(KimiAudioError, match="session.output_type"):
         settings.apply(_update({"vad": {"threshold": 0.7}, "modalities": ["text", "audio"]}))
     assert settings.config.vad.threshold == 0.6 and settings.output_type == "text"
+
+
+def test_openai_temperature_and_limit_reach_the_answer_sampling():
+    """session.temperature samples the answer's main stream (speech, or the text of a text
+    answer); a response.create's temperature and limit win for that response."""
+    settings = SessionSettings(Config(), can_speak=True)
+    settings.apply(_update({"temperature": 0.9, "max_response_output_tokens": 40}))
+    spoken, text = settings.sampling("both"), settings.sampling("text")
+    assert (spoken.audio_temperature, spoken.text_temperature, spoken.max_new_tokens) == (0.9, 0.0, 40)
+    assert (text.text_temperature, text.audio_temperature) == (0.9, 0.8)
+    once = settings.sampling("both", temperature=0.7, max_new_tokens=3)
+    assert (once.audio_temperature, once.max_new_tokens) == (0.7, 3)
+    assert settings.describe("s", None)["temperature"] == 0.9
