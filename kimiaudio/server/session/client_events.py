@@ -201,18 +201,14 @@ def _item_create(item: dict, where: str) -> ItemCreate:
     return ItemCreate(role, "\n".join(texts), audio, typed_field(item, "id", str, where, "a string"))
 
 
-def _refusal(code: str, message: str, param: str) -> ProtocolError:
-    return ProtocolError(code, message, param)
-
-
 def _response_create(response: dict, where: str) -> ResponseCreate:
-    RESPONSE_FIELDS.check(response, f"{where}.", _refusal)
+    RESPONSE_FIELDS.check(response, f"{where}.", ProtocolError)
     audio_out = _object(_object(response.get("audio") or {}, f"{where}.audio").get("output") or {}, f"{where}.audio.output")
-    AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", _refusal)
+    AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     _input_rate(response.get("output_audio_format"), f"{where}.output_audio_format", output=True)
     _input_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     limit = _output_limit(response, where)
-    sampling = checked(RealtimeSampling, {"temperature": response.get("temperature")}, f"{where}.", _refusal)
+    sampling = checked(RealtimeSampling, {"temperature": response.get("temperature")}, f"{where}.", ProtocolError)
     voice = (typed_field(response, "voice", str, where, "a voice name")
              or typed_field(audio_out, "voice", str, f"{where}.audio.output", "a voice name"))
     return ResponseCreate(_output_type(response, where), typed_field(response, "instructions", str, where, "text"),
@@ -225,6 +221,7 @@ def _output_limit(obj: dict, where: str) -> int | None:
     limit = obj.get(key)
     if limit is None or limit == "inf":
         return None
+
     def error(code: str, message: str, param: str) -> ProtocolError:
         return ProtocolError(code, message.replace("max_output_tokens", key), f"{where}.{key}")
 
@@ -244,7 +241,7 @@ def _output_type(obj: dict, where: str) -> str | None:
 
 
 def _session_update(session: dict, where: str) -> SessionUpdate:
-    SESSION_FIELDS.check(session, f"{where}.", _refusal)
+    SESSION_FIELDS.check(session, f"{where}.", ProtocolError)
     output_type = session.get("output_type")
     if output_type is not None and output_type not in OUTPUT_TYPES:
         raise ProtocolError("invalid_event", f"{where}.output_type: expected 'both' or 'text', got {output_type!r}"[:200],
@@ -253,8 +250,8 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
     audio = _object(session.get("audio") or {}, f"{where}.audio")  # GA shape
     audio_in = _object(audio.get("input") or {}, f"{where}.audio.input")
     audio_out = _object(audio.get("output") or {}, f"{where}.audio.output")
-    AUDIO_INPUT_FIELDS.check(audio_in, f"{where}.audio.input.", _refusal)
-    AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", _refusal)
+    AUDIO_INPUT_FIELDS.check(audio_in, f"{where}.audio.input.", ProtocolError)
+    AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     vad = dict(_object(session.get("vad", {}), f"{where}.vad"))
     sampling = dict(_object(session.get("sampling", {}), f"{where}.sampling"))
     turn_detection, create_response = None, None
@@ -264,7 +261,7 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
     limit = _output_limit(session, where)
     if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
-    temperature = checked(RealtimeSampling, {"temperature": session.get("temperature")}, f"{where}.", _refusal)
+    temperature = checked(RealtimeSampling, {"temperature": session.get("temperature")}, f"{where}.", ProtocolError)
     voice = typed_field(session, "voice", str, where, "a voice name") or typed_field(audio_out, "voice", str, f"{where}.audio.output",
                                                                             "a voice name")
     input_rate = _input_rate(session.get("input_audio_format"), f"{where}.input_audio_format")

@@ -94,7 +94,7 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
 _SAMPLING_KEYS = (("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens"),
                   ("temperature", "text_temperature"), ("top_p", "text_top_p"),
                   ("presence_penalty", "text_presence_penalty"), ("frequency_penalty", "text_frequency_penalty"),
-                  ("seed", "seed"), ("top_logprobs", "text_top_logprobs"))
+                  ("seed", "seed"))
 
 
 def _sampling(values: dict, config: Config) -> SamplingParams:
@@ -105,12 +105,11 @@ def _sampling(values: dict, config: Config) -> SamplingParams:
         if values.get(key) is None:
             continue
         try:
-            overrides[ours] = check_setting("sampling", ours, values[key]) if ours != "text_top_logprobs" \
-                else values[key]
+            overrides[ours] = check_setting("sampling", ours, values[key])
         except ConfigError as exc:
             expected = str(exc).partition(": expected ")[2]  # "<what>, got <value>"
             raise _bad(f"{key}: expected {expected}"[:300], key) from None
-    return SamplingParams.from_config(config.sampling, **overrides)
+    return SamplingParams.from_config(config.sampling, text_top_logprobs=values.get("top_logprobs") or 0, **overrides)
 
 
 def _stop(stop) -> tuple[str, ...]:
