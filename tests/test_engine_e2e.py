@@ -110,9 +110,6 @@ def build_requests(lm, tensors, rules):
     penalised = SamplingParams(seed=5, text_temperature=1.0, text_top_k=0, text_repetition_penalty=1.2,
                                text_repetition_window=3, audio_repetition_penalty=1.3, audio_repetition_window=4,
                                max_new_tokens=18)
-    # Not official (OpenAI's): nucleus sampling and the presence / frequency penalties.
-    nucleus = SamplingParams(seed=3, text_temperature=1.0, text_top_k=0, text_top_p=0.7, audio_top_p=0.8,
-                             text_presence_penalty=0.8, text_frequency_penalty=0.5, max_new_tokens=16)
     specs = [  # (arrival step, request id, prompt, params, output type)
         (0, "both", both, greedy, "both"),
         (0, "text", text, greedy, "text"),
@@ -122,7 +119,6 @@ def build_requests(lm, tensors, rules):
         (5, "joined", joined(text, both, leading), greedy, "text"),
         (5, "sampled", e2e, sampled, "both"),
         (9, "penalised", shuffled(both, 2, offset, vocab), penalised, "both"),
-        (5, "nucleus", text, nucleus, "text"),
         (9, "abort-running", truncated(e2e, num_audio * 2 // 3), greedy, "both"),
         (9, "abort-waiting", e2e, greedy, "both"),
         (9, "fixed-length", text, SamplingParams.greedy(max_new_tokens=30, ignore_eos=True), "text"),
@@ -177,6 +173,22 @@ def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
             continue
         assert outputs[rid] == steps, rid
         assert finished[rid] == reason, rid
+
+
+def test_nucleus_sampling_and_penalties_batched_equal_the_reference(setup):
+    """Not official (OpenAI's): top_p and the presence / frequency penalties, in a batch with
+    official requests, sample what the batch-1 reference loop samples."""
+    lm, tensors, rules = setup
+    text, both = golden_prompt(tensors, "lm.text"), golden_prompt(tensors, "lm.both")
+    nucleus = SamplingParams(seed=3, text_temperature=1.0, text_top_k=0, text_top_p=0.7, audio_top_p=0.8,
+                             text_presence_penalty=0.8, text_frequency_penalty=0.5, max_new_tokens=16)
+    arrivals = [(0, make_request("nucleus-text", text, nucleus, "text", rules)),
+                (0, make_request("nucleus-both", both, nucleus, "both", rules)),
+                (1, make_request("greedy", both, SamplingParams.greedy(max_new_tokens=12), "both", rules))]
+    expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals}
+    outputs, finished = run_scenario(engine_for(lm, num_blocks=32), arrivals)
+    for rid, (steps, reason) in expected.items():
+        assert outputs[rid] == steps and finished[rid] == reason, rid
 
 
 def test_follow_up_prompt_is_served_from_prefix_cache(setup):

@@ -4,7 +4,9 @@ greedy answers are gibberish but deterministic, so the checks compare answers wi
 other). Also: OpenAI's model and voice names, measured verbose_json values, and the log line
 each /v1 request leaves."""
 
+import asyncio
 import base64
+import time
 import zlib
 
 import numpy as np
@@ -207,7 +209,11 @@ async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_c
         model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
         audio={"voice": "alloy", "format": "wav"}, max_tokens=30)
     assert spoken.choices[0].message.audio.data
-    lines = [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]
+    # The server writes each line once the request has ended: its output may trail the answer.
+    deadline = time.monotonic() + 30
+    while len(lines := [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]) < 3:
+        assert time.monotonic() < deadline, lines
+        await asyncio.sleep(0.05)
     assert len(lines) == 3, lines
     assert "INFO" in lines[0] and "POST /v1/audio/transcriptions status=200 audio_in_s=2." in lines[0]
     assert "first_byte_s=" in lines[0] and "audio_out_s" not in lines[0]

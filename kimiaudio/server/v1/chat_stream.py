@@ -1,13 +1,14 @@
 """The streamed answer of POST /v1/chat/completions: chat.completion.chunk server-sent events.
 
 As OpenAI streams them: a first chunk with the role, then for a text answer `delta.content`
-pieces (with their tokens' `logprobs` when asked for); for a spoken one `delta.audio` pieces, each holding the answer's id and either
-`transcript` text or `data` (base64 of the next encoded bytes in audio.format, pcm16 being
-raw 24 kHz s16le), as the pipeline makes them, so the first audio leaves before the answer
-is finished; the last audio piece holds `expires_at`. Then a chunk with finish_reason, a
-usage chunk if stream_options.include_usage, and [DONE]. A failure after the first byte is
-an `error` event in the stream (the status line is sent already). A client that goes away
-ends the stream: its turn is cancelled by the guard and nothing more is written.
+pieces (with their tokens' `logprobs` when asked for); for a spoken one `delta.audio` pieces,
+each holding the answer's id and either `transcript` text or `data` (base64 of the next
+encoded bytes in audio.format, pcm16 being raw 24 kHz s16le), as the pipeline makes them, so
+the first audio leaves before the answer is finished; the last audio piece holds `expires_at`.
+Then a chunk with finish_reason, a usage chunk if stream_options.include_usage, and [DONE].
+A failure after the first byte is an `error` event in the stream (the status line is sent
+already). A client that goes away ends the stream: its turn is cancelled by the guard and
+nothing more is written.
 """
 
 from __future__ import annotations
