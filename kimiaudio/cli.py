@@ -27,7 +27,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="where the demo checkpoint and the history database live")
     p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="least severe log lines shown (default INFO; serve: one line per session and per answer)")
+                   help="least severe log lines shown (default INFO; serve: one line per session, per answer "
+                        "and per /v1 request)")
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:

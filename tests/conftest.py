@@ -154,15 +154,22 @@ def speech(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def v1_server(tmp_path_factory):
-    """A real `python -m kimiaudio serve` on the demo checkpoint for the /v1 tests: its base URL
-    (http://127.0.0.1:PORT); one process shared by every test that asks for it."""
+def v1_serve(tmp_path_factory):
+    """A real `python -m kimiaudio serve` on the demo checkpoint for the /v1 tests: its process
+    (its log in `proc.output_lines`) and base URL (http://127.0.0.1:PORT); one process shared
+    by every test that asks for it."""
     from test_server_support import SERVE_CONFIG, free_port, start_serve, stop_serve
 
     port = free_port()
     proc = start_serve(tmp_path_factory.mktemp("v1-serve"), port, SERVE_CONFIG)
-    yield f"http://127.0.0.1:{port}"
+    yield proc, f"http://127.0.0.1:{port}"
     stop_serve(proc)
+
+
+@pytest.fixture(scope="session")
+def v1_server(v1_serve):
+    """v1_serve's base URL."""
+    return v1_serve[1]
 
 
 @pytest.fixture

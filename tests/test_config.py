@@ -32,6 +32,10 @@ DOCUMENTED_RANGES = {
     "sampling.audio_repetition_penalty": "> 0",
     "sampling.text_repetition_window": "1..8192",
     "sampling.max_new_tokens": "0..1048576",
+    "sampling.text_top_p": "(0, 1]",
+    "sampling.audio_top_p": "(0, 1]",
+    "sampling.text_presence_penalty": "[-2, 2]",
+    "sampling.text_frequency_penalty": "[-2, 2]",
     "sampling.seed": "0..18446744073709551615",  # 0..2^64-1
     "audio.max_input_seconds": "(0, 3600]",
     "audio.silence_peak": "[0, 1)",
@@ -97,6 +101,8 @@ def test_each_documented_range_takes_its_edges_and_refuses_the_next_value(name):
     ("detok.preset", ["low_latency", "official"], ["fast", "Official"]),
     ("server.ice_servers", [["stun:h:3478", "turns:t.example.org"]], [["http://h"], ["stun:"]]),
     ("server.instance_id", ["", "gpu-node-1:8081", "pod_7.cuda-0", "a" * 128], ["-x", "a b", "a" * 129, "é"]),
+    ("server.model_aliases", [[], ["whisper-1", "org/model:v2"]], [["bad name"], [""], "whisper-1", ["-x"]]),
+    ("server.openai_voice", ["", "narrator", "v1.2_x"], ["bad name", "-x", "a" * 65]),
 ])
 def test_documented_choices(name, takes, refuses):
     section, key = name.split(".")
@@ -275,3 +281,16 @@ def test_a_parsed_session_update_applies_to_the_session_only():
     with pytest.raises(KimiAudioError, match="session.output_type"):
         settings.apply(_update({"vad": {"threshold": 0.7}, "modalities": ["text", "audio"]}))
     assert settings.config.vad.threshold == 0.6 and settings.output_type == "text"
+
+
+def test_openai_temperature_and_limit_reach_the_answer_sampling():
+    """session.temperature samples the answer's main stream (speech, or the text of a text
+    answer); a response.create's temperature and limit win for that response."""
+    settings = SessionSettings(Config(), can_speak=True)
+    settings.apply(_update({"temperature": 0.9, "max_response_output_tokens": 40}))
+    spoken, text = settings.sampling("both"), settings.sampling("text")
+    assert (spoken.audio_temperature, spoken.text_temperature, spoken.max_new_tokens) == (0.9, 0.0, 40)
+    assert (text.text_temperature, text.audio_temperature) == (0.9, 0.8)
+    once = settings.sampling("both", temperature=0.7, max_new_tokens=3)
+    assert (once.audio_temperature, once.max_new_tokens) == (0.7, 3)
+    assert settings.describe("s", None)["temperature"] == 0.9

@@ -175,6 +175,22 @@ def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
         assert finished[rid] == reason, rid
 
 
+def test_nucleus_sampling_and_penalties_batched_equal_the_reference(setup):
+    """Not official (OpenAI's): top_p and the presence / frequency penalties, in a batch with
+    official requests, sample what the batch-1 reference loop samples."""
+    lm, tensors, rules = setup
+    text, both = golden_prompt(tensors, "lm.text"), golden_prompt(tensors, "lm.both")
+    nucleus = SamplingParams(seed=3, text_temperature=1.0, text_top_k=0, text_top_p=0.7, audio_top_p=0.8,
+                             text_presence_penalty=0.8, text_frequency_penalty=0.5, max_new_tokens=16)
+    arrivals = [(0, make_request("nucleus-text", text, nucleus, "text", rules)),
+                (0, make_request("nucleus-both", both, nucleus, "both", rules)),
+                (1, make_request("greedy", both, SamplingParams.greedy(max_new_tokens=12), "both", rules))]
+    expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals}
+    outputs, finished = run_scenario(engine_for(lm, num_blocks=32), arrivals)
+    for rid, (steps, reason) in expected.items():
+        assert outputs[rid] == steps and finished[rid] == reason, rid
+
+
 def test_follow_up_prompt_is_served_from_prefix_cache(setup):
     lm, tensors, rules = setup
     engine = engine_for(lm, num_blocks=32, budget=64)

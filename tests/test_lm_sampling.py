@@ -1,5 +1,6 @@
 """The batched sampler: official repetition-penalty semantics, greedy/top-k/full sampling by
-inverse CDF, per-request seeded uniforms, and batch independence."""
+inverse CDF, per-request seeded uniforms, and batch independence; OpenAI's top_p, presence and
+frequency penalties, and the log-probabilities it reports."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from kimiaudio.config import SamplingConfig
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.layers.stream_sampling import StreamSampling
 from kimiaudio.errors import ConfigError
-from kimiaudio.layers.sampler import apply_repetition_penalty, sample_tokens
+from kimiaudio.engine.stop_rules import RuleTokens, StreamRules
+from kimiaudio.layers.sampler import apply_repetition_penalty, sample, sample_tokens
 
 
 def stream(temperature: float = 0.0, top_k: int = 5, repetition_penalty: float = 1.0,
-           repetition_window: int = 16) -> StreamSampling:
+           repetition_window: int = 16, top_p: float = 1.0, presence: float = 0.0,
+           frequency: float = 0.0) -> StreamSampling:
     """A stream's settings; unnamed ones as the text stream's defaults."""
-    return StreamSampling(temperature, top_k, repetition_penalty, repetition_window)
+    return StreamSampling(temperature, top_k, repetition_penalty, repetition_window, top_p, presence, frequency)
 
 
 def _logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
@@ -100,11 +103,16 @@ def test_mixed_batch_equals_rows_one_at_a_time():
         stream(temperature=0.7, top_k=12, repetition_penalty=1.3, repetition_window=3),
         stream(temperature=0.0, repetition_penalty=5.0, repetition_window=2),
         stream(temperature=1.0, top_k=1),
+        stream(temperature=1.1, top_k=0, top_p=0.6, presence=0.5, frequency=0.3),
+        stream(temperature=0.9, top_k=7, top_p=0.4),
     ]
-    histories = [[], [3], [], [1, 2, 3, 4, 4], [0, 9, 9], []]
-    uniforms = torch.rand(6, generator=torch.Generator().manual_seed(9))
-    batched = sample_tokens(logits, params, histories, uniforms)
-    single = [sample_tokens(logits[i : i + 1], [params[i]], [histories[i]], uniforms[i : i + 1]).item() for i in range(6)]
+    histories = [[], [3], [], [1, 2, 3, 4, 4], [0, 9, 9], [], [5, 5], []]
+    counts = [None, {3: 1}, None, None, None, None, {5: 2, 1: 1}, None]
+    uniforms = torch.rand(8, generator=torch.Generator().manual_seed(9))
+    logits = torch.cat([logits, _logits(2, vocab, 8).to(torch.bfloat16)])
+    batched = sample_tokens(logits, params, histories, uniforms, counts)
+    single = [sample_tokens(logits[i : i + 1], [params[i]], [histories[i]], uniforms[i : i + 1], [counts[i]]).item()
+              for i in range(8)]
     assert batched.tolist() == single
     assert batched.dtype == torch.long
 
@@ -121,3 +129,63 @@ def test_sampling_params_build_and_validate():
         SamplingParams(text_temperature=-0.5)
     with pytest.raises(TypeError, match="params.text or params.audio"):
         sample_tokens(torch.zeros(1, 4), [params], [[]], torch.zeros(1))
+
+
+def test_top_p_draws_only_from_the_nucleus_in_proportion():
+    vocab, draws = 40, 4000
+    row = _logits(1, vocab, 3)
+    probs = torch.softmax(row[0], dim=-1)
+    ordered = probs.sort(descending=True)
+    before = ordered.values.cumsum(0) - ordered.values  # mass ahead of each token
+    nucleus = ordered.indices[before < 0.5]
+    assert 1 < len(nucleus) < vocab // 2  # the row is spread enough for the test to mean something
+    uniforms = torch.rand(draws, generator=torch.Generator().manual_seed(4))
+    p = stream(temperature=1.0, top_k=0, top_p=0.5)
+    tokens = sample_tokens(row.expand(draws, vocab), [p] * draws, [[]] * draws, uniforms)
+    assert set(tokens.tolist()) == set(nucleus.tolist())
+    expected = probs[nucleus] / probs[nucleus].sum()
+    observed = torch.bincount(tokens, minlength=vocab)[nucleus].float() / draws
+    assert torch.allclose(observed, expected, atol=0.03)
+    # After top-k: the nucleus of the k likeliest.
+    narrow = stream(temperature=1.0, top_k=2, top_p=0.99)
+    tokens = sample_tokens(row.expand(500, vocab), [narrow] * 500, [[]] * 500, uniforms[:500])
+    assert set(tokens.tolist()) == set(ordered.indices[:2].tolist())
+    # top_p = 1 leaves top-k sampling exactly as it was.
+    assert torch.equal(sample_tokens(row.expand(500, vocab), [stream(0.9, 4, top_p=1.0)] * 500, [[]] * 500, uniforms[:500]),
+                       sample_tokens(row.expand(500, vocab), [stream(0.9, 4)] * 500, [[]] * 500, uniforms[:500]))
+
+
+def test_presence_and_frequency_penalties_lower_seen_tokens():
+    logits = torch.tensor([[2.0, 1.5, 0.0]])
+    seen_once, seen_twice = {0: 1}, {0: 2}
+    greedy = stream(temperature=0.0)
+    assert sample_tokens(logits, [greedy], [[0]], torch.zeros(1), [seen_once]).tolist() == [0]
+    presence = stream(temperature=0.0, presence=0.6)
+    assert sample_tokens(logits, [presence], [[0]], torch.zeros(1), [seen_once]).tolist() == [1]
+    frequency = stream(temperature=0.0, frequency=0.4)  # 2.0 - 0.4 * count
+    assert sample_tokens(logits, [frequency], [[0]], torch.zeros(1), [seen_once]).tolist() == [0]
+    assert sample_tokens(logits, [frequency], [[0, 0]], torch.zeros(1), [seen_twice]).tolist() == [1]
+    negative = stream(temperature=0.0, presence=-1.0)  # a negative penalty favours seen tokens
+    assert sample_tokens(torch.tensor([[1.5, 2.0]]), [negative], [[0]], torch.zeros(1), [seen_once]).tolist() == [0]
+    # The reported log-probability is of the penalised distribution.
+    out = sample(logits, [frequency], [[0, 0]], torch.zeros(1), [seen_twice], [2])
+    penalised = torch.log_softmax(torch.tensor([1.2, 1.5, 0.0]), dim=-1)
+    assert out.logprobs.tolist() == pytest.approx([penalised[1].item()])
+    assert out.top_rows == [0] and out.top_ids.tolist() == [[1, 0]]
+    assert out.top_logprobs[0].tolist() == pytest.approx([penalised[1].item(), penalised[0].item()])
+
+
+def test_logprobs_are_the_sampled_tokens_own():
+    logits = _logits(3, 25, 5)
+    params = [stream(temperature=0.0), stream(temperature=1.0, top_k=0), stream(temperature=0.7, top_k=3, top_p=0.9)]
+    out = sample(logits, params, [[]] * 3, torch.tensor([0.1, 0.6, 0.9]), None, [0, 3, 0])
+    expected = torch.log_softmax(logits, dim=-1).gather(1, out.tokens[:, None]).squeeze(1)
+    assert torch.allclose(out.logprobs, expected)
+    assert out.top_rows == [1] and out.top_ids[0].tolist() == torch.log_softmax(logits[1], -1).topk(3).indices.tolist()
+
+
+def test_stop_rules_count_the_text_tokens_for_the_penalties():
+    rules = StreamRules("text", RuleTokens(text_blank=9, text_eos=8, msg_end=7, media_end=6), 0, 10)
+    for token in (3, 9, 3, 4):
+        rules.step(token, 0)
+    assert rules.text_counts == {3: 2, 4: 1}  # the blank paces the stream: not counted

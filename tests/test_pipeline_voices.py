@@ -100,3 +100,16 @@ def test_registry_names():
     assert VoiceRegistry(default="alloy").resolve(None) is None
     assert Voice.create("x", np.zeros(10, np.float32), [1, 2]).key == voice.key
     assert Voice.create("x", np.zeros(10, np.float32), [1, 3]).key != voice.key
+
+
+def test_openai_voice_names_speak_in_the_configured_voice():
+    narrator = Voice.create("narrator", np.zeros(10, np.float32), [1, 2])
+    registry = VoiceRegistry(openai_voice="narrator")
+    registry.add(narrator)
+    assert registry.resolve("alloy") is narrator and registry.resolve("verse") is narrator
+    assert registry.resolve("kimi") is None  # the model's own voice, by name
+    with pytest.raises(UnknownVoiceError):
+        registry.resolve("nobody")
+    assert VoiceRegistry(openai_voice="gone").resolve("kimi") is None
+    with pytest.raises(UnknownVoiceError, match="'gone'"):  # a configured voice since deleted
+        VoiceRegistry(openai_voice="gone").resolve("alloy")

@@ -44,7 +44,7 @@ async def test_http_bodies_and_the_realtime_event(aiohttp_client, demo_checkpoin
         bad_json = await http.post("/api/rtc/offer", data=b"{nope", headers={"Content-Type": "application/json"})
         assert bad_json.status == 400  # made by the error middleware from a JsonInputError
         check((await bad_json.json())["error"], "invalid_json")
-        v1 = await http.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": []})
+        v1 = await http.post("/v1/chat/completions", json={"model": "gpt-4-turbo", "messages": []})
         assert v1.status == 404
         assert list(await v1.json()) == ["error"]
         check((await v1.json())["error"], "model_not_found")
@@ -70,11 +70,11 @@ async def stream_events(aiohttp_client, handler) -> list[dict]:
 
 async def test_the_streams_send_the_same_error_event(aiohttp_client):
     async def chat(request):
-        options = SimpleNamespace(output_type="text", audio_format=None, include_usage=False)
+        options = SimpleNamespace(output_type="text", audio_format=None, include_usage=False, logprobs=False)
         return await chat_stream.stream_answer(request, failed_turn(), options, {"id": "chatcmpl-1"}, None, 0)
 
     async def transcription(request):
-        return await transcriptions._stream(request, failed_turn())
+        return await transcriptions._stream(request, failed_turn(), False)
 
     for handler, code in ((chat, "generation_failed"), (transcription, "transcription_failed")):
         last = (await stream_events(aiohttp_client, handler))[-1]

@@ -42,7 +42,8 @@ def test_openai_session_update_beta_and_ga_shapes():
         "tools": [], "tool_choice": "auto", "temperature": 0.8, "max_response_output_tokens": 200}}))
     assert beta == SessionUpdate(vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
                                  sampling={"max_new_tokens": 200}, output_type="both", turn_detection="server_vad",
-                                 create_response=False, instructions="Answer briefly.", voice="alloy", input_rate=24000)
+                                 create_response=False, instructions="Answer briefly.", voice="alloy", input_rate=24000,
+                                 temperature=0.8)
     ga = parse_client_event(json.dumps({"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["text"], "audio": {
             "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None},
@@ -77,10 +78,28 @@ def test_bad_client_events_have_clear_errors(message, code, words):
     assert info.value.code == code and words in str(info.value)
 
 
-def test_lenient_with_fields_openai_clients_send():
-    update = parse_client_event('{"type": "session.update", "session": {"tracing": "auto", "speed": 1.1, '
-                                '"input_audio_noise_reduction": {"type": "near_field"}, "client_secret": {}}}')
+def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
+    """What asks for nothing passes (an echo of session.created, no tools, normal speed); what
+    asks for something kimiaudio cannot do is refused naming it; an unknown field too."""
+    update = parse_client_event('{"type": "session.update", "session": {"speed": 1.0, "tools": [], '
+                                '"tool_choice": "auto", "input_audio_noise_reduction": null, "client_secret": {}}}')
     assert update == SessionUpdate()
+    for session, param in (('{"tracing": "auto"}', "session.tracing"), ('{"speed": 1.1}', "session.speed"),
+                           ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
+                           ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
+                           ('{"temperature": 0.1}', "session.temperature"), ('{"type": "transcription"}', "session.type"),
+                           ('{"frobnicate": 1}', "session.frobnicate")):
+        with pytest.raises(ProtocolError) as info:
+            parse_client_event('{"type": "session.update", "session": ' + session + '}')
+        assert info.value.param == param, (session, info.value.param)
+    create = parse_client_event('{"type": "response.create", "response": {"voice": "alloy", "temperature": 0.7, '
+                                '"max_output_tokens": 9, "instructions": "Hi", "conversation": "auto", "metadata": {}}}')
+    assert create == ResponseCreate(None, "Hi", "alloy", 0.7, 9)
+    for response, param in (('{"conversation": "none"}', "response.conversation"), ('{"input": []}', "response.input"),
+                            ('{"max_response_output_tokens": 0}', "response.max_response_output_tokens")):
+        with pytest.raises(ProtocolError) as info:
+            parse_client_event('{"type": "response.create", "response": ' + response + '}')
+        assert info.value.param == param, (response, info.value.param)
 
 
 def test_server_event_builders():

@@ -87,6 +87,19 @@ async def test_bad_sdp_is_refused_before_aiortc(http, sdp, change, words):
     assert (await (await http.get("/api/status")).json())["sessions"]["active"] == 0
 
 
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.999])
+async def test_a_truncated_offer_is_refused_with_a_message(http, sdp, fraction):
+    """A real aiortc offer cut short (the probe suite cuts at 90% and 98%): whatever it lost (the
+    DTLS fingerprint, half a candidate, the end of a line) it is a 400 saying why, never a 500."""
+    cut = sdp[:int(len(sdp) * fraction)]
+    resp = await post_json(http, "/api/rtc/offer", {"sdp": cut, "type": "offer"})
+    if resp.status != 200:  # what was cut may leave a usable offer (a trailing attribute): then it works
+        message = await refused(resp, 400, "bad_offer")
+        assert len(message) > 10, message
+    else:
+        await (await http.get("/api/status")).json()
+
+
 async def test_session_values_are_checked_with_the_offer(http, sdp):
     resp = await post_json(http, "/api/rtc/offer", {"sdp": sdp, "type": "offer", "session": {"vad": {"threshold": 7}}})
     assert "vad.threshold" in await refused(resp, 400, "invalid_value")

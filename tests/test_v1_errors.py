@@ -32,7 +32,7 @@ def cases(wav: str):
     ok = {"data": wav, "format": "wav"}
     yield "chat/completions", b"{not json", 400, "invalid_json", None
     yield "chat/completions", b'{"a": ' * 100 + b"1" + b"}" * 100, 400, "invalid_json", None
-    yield "chat/completions", chat(ok, model="gpt-4o-audio-preview"), 404, "model_not_found", "model"
+    yield "chat/completions", chat(ok, model="gpt-4-turbo"), 404, "model_not_found", "model"
     yield "chat/completions", chat({"data": "@@@", "format": "wav"}), 400, "invalid_base64", "messages[0].content[0].input_audio.data"
     yield "chat/completions", chat({"data": base64.b64encode(b"RIFF junk").decode(), "format": "wav"}), 400, "invalid_audio", \
         "messages[0].content[0].input_audio.data"

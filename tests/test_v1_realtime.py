@@ -189,7 +189,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
 
 async def test_wrong_model_and_plain_http_are_refused(v1_server):
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{v1_server}/v1/realtime?model=gpt-4o-realtime-preview") as resp:
+        async with http.get(f"{v1_server}/v1/realtime?model=gpt-4-turbo") as resp:
             body = await resp.json()
             assert resp.status == 404 and body["error"]["code"] == "model_not_found"
         async with http.get(f"{v1_server}/v1/realtime") as resp:

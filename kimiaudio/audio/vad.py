@@ -76,6 +76,16 @@ class SileroVad:
     def reset(self) -> None:
         self._model.reset_states()
 
+    def max_speech_probability(self, pcm: np.ndarray) -> float:
+        """The highest speech probability over a whole 16 kHz clip's windows (the last one
+        zero-padded), from a fresh state: 1 minus it is how likely the clip holds no speech."""
+        self.reset()
+        pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+        padded = np.pad(pcm, (0, -pcm.size % WINDOW))
+        best = max((self(padded[i:i + WINDOW]) for i in range(0, padded.size, WINDOW)), default=0.0)
+        self.reset()
+        return best
+
 
 @dataclass(frozen=True)
 class SpeechStarted:

@@ -24,8 +24,7 @@ TURN_TIMEOUT_S = 120.0
 SILENCE_S = 1.2  # after an utterance: longer than the VAD's end-of-speech silence
 MALFORMED = (
     "[" * 5000, "{not json", '{"type": "nope"}', '{"type": "session.update", "session": {"vad": "fast"}}',
-    # (fields a client adds beside the known ones are ignored, as OpenAI's clients send some: a
-    # wrong type in a known field is what is malformed)
+    # (a wrong type in a known field, or a field OpenAI's API does not have, is what is malformed)
     '{"type": "response.cancel", "response_id": [1, 2, 3]}', '{"type": "session.update", "session": {"vad": '
     '{"threshold": 1e400}}}', '"\\ud800"', "x" * 70000, '{"type": ["conversation.select"]}',
 )

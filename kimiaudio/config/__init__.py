@@ -28,11 +28,21 @@ TEMPERATURE = Bounds(min=0.0)  # 0 (or below 1e-6) = greedy
 TOP_K = Bounds(0, 1 << 20)  # 0 = the whole vocabulary; more than the vocabulary = all of it
 REPETITION_PENALTY = Bounds(min=0.0, min_open=True)  # 1 = off
 REPETITION_WINDOW = Bounds(1, 8192)
+TOP_P = Bounds(0.0, 1.0, min_open=True)  # 1 = off (the whole distribution)
+PRESENCE_FREQUENCY_PENALTY = Bounds(-2.0, 2.0)  # OpenAI's range; 0 = off
 MAX_NEW_TOKENS = Bounds(0, 1 << 20)  # 0 = the official limit
 SEED = Bounds(0, 2**64 - 1)  # what torch.Generator.manual_seed accepts
 MILLISECONDS = Bounds(0, 60_000)
 ODE_STEPS = Bounds(2, 1000)  # the Euler grid needs both ends
-CHUNK_TOKENS = Bounds(1, 512)  # 41 s of speech; the DiT's positions cap a chunk anyway
+CHUNK_TOKENS = Bounds(1, 512)
+# OpenAI's transcription, audio chat and realtime model names: [server] model_aliases' default.
+OPENAI_MODEL_NAMES = (
+    "whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe",
+    "gpt-4o-audio-preview", "gpt-4o-audio-preview-2024-12-17", "gpt-4o-audio-preview-2025-06-03",
+    "gpt-4o-mini-audio-preview", "gpt-4o-mini-audio-preview-2024-12-17", "gpt-audio", "gpt-audio-mini",
+    "gpt-4o-realtime-preview", "gpt-4o-realtime-preview-2024-12-17", "gpt-4o-realtime-preview-2025-06-03",
+    "gpt-4o-mini-realtime-preview", "gpt-4o-mini-realtime-preview-2024-12-17", "gpt-realtime", "gpt-realtime-mini",
+)  # 41 s of speech; the DiT's positions cap a chunk anyway
 
 
 @dataclass
@@ -58,6 +68,12 @@ class SamplingConfig:
     audio_top_k: int = setting(10, TOP_K)
     audio_repetition_penalty: float = setting(1.0, REPETITION_PENALTY)
     audio_repetition_window: int = setting(64, REPETITION_WINDOW)
+    # Not official (the official sampler has none; these defaults turn them off): nucleus
+    # sampling of each stream, and OpenAI's presence / frequency penalties of the text stream.
+    text_top_p: float = setting(1.0, TOP_P)
+    audio_top_p: float = setting(1.0, TOP_P)
+    text_presence_penalty: float = setting(0.0, PRESENCE_FREQUENCY_PENALTY)
+    text_frequency_penalty: float = setting(0.0, PRESENCE_FREQUENCY_PENALTY)
     # 0 = the official limits: 1500 positions in all for speech out, 7500 for text out.
     max_new_tokens: int = setting(0, MAX_NEW_TOKENS)
     seed: int = setting(0, SEED)
@@ -159,6 +175,14 @@ class ServerConfig:
     # empty = this machine's hostname and the port, e.g. "gpu-node-1:8081".
     instance_id: str = setting("", Bounds(pattern=r"|[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
                                           means="empty or up to 128 of A-Za-z0-9_.:- starting with a letter or digit"))
+    # Model names the /v1 routes also answer to (and /v1/models lists), so OpenAI's examples
+    # run unchanged; kimi-audio-7b-instruct is always served.
+    model_aliases: list[str] = setting(factory=lambda: list(OPENAI_MODEL_NAMES),
+                                       bounds=Bounds(pattern=r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}",
+                                                     means="a model name (letters, digits, . _ : / -)"))
+    # The voice OpenAI's voice names (alloy, echo, ...) speak in: a stored voice's name;
+    # "" = the model's own voice.
+    openai_voice: str = setting("", Bounds(pattern=r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", means="empty or a voice name"))
 
 
 @dataclass

@@ -42,7 +42,7 @@ class Completion:
     num_steps: int  # generated positions
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepOutput:
     """One generated step of one request (or its end: finished, reason, error).
 
@@ -60,3 +60,7 @@ class StepOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     completion: Completion | None = None
+    # The text token's log-probability and the likeliest alternatives [(id, logprob)] (when
+    # the request asked for them), from the sampler's distribution; None for a forced token.
+    text_logprob: float | None = None
+    text_top: tuple[tuple[int, float], ...] | None = None

@@ -110,14 +110,17 @@ class LLMEngine:
             for seq in seqs:
                 outputs.append(self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}"))
             return outputs
-        for seq, (sampled_text, sampled_audio) in zip(self.scheduler.postprocess(seqs), samples):
-            text, audio, finished, reason = seq.rules.step(sampled_text, sampled_audio)
+        for seq, sampled in zip(self.scheduler.postprocess(seqs), samples):
+            text, audio, finished, reason = seq.rules.step(sampled.text, sampled.audio)
             seq.append_token(text, audio)
             if finished:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
                 del self.seqs[seq.seq_id]
-            outputs.append(self._output(seq, text, audio, finished, reason))
+            output = self._output(seq, text, audio, finished, reason)
+            if text == sampled.text:  # the sampled token itself, not one the rules forced
+                output.text_logprob, output.text_top = sampled.text_logprob, sampled.text_top
+            outputs.append(output)
         return outputs
 
     def stats(self) -> EngineStats:

@@ -8,7 +8,9 @@ the last position of each sequence that completes its pending positions this ste
 heads of the whole batch are sampled in one `sample_tokens` call with each request's params,
 histories (the tokens fed back so far) and its own uniforms (text, then audio, one pair per
 generated step, as the reference loop draws them). The step ends with exactly one
-host-device synchronisation: the `.tolist()` of the sampled tokens.
+host-device synchronisation: one `.tolist()` of the sampled tokens, the text tokens'
+log-probabilities and the alternatives a request asked for (packed in one float64 tensor,
+which holds every token id exactly).
 
 An all-decode step (every sequence computes one position without features) takes the
 static-shape path: its inputs are written into fixed buffers padded to the next batch size
@@ -20,6 +22,7 @@ decodes or not) runs eagerly over a flat batch built for it.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
@@ -31,10 +34,19 @@ from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, 
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.layers.sampler import sample_tokens
+from kimiaudio.layers.sampler import sample
 from kimiaudio.layers.triton_support import use_triton
 
 log = logging.getLogger(__name__)
+
+
+class StepSample(NamedTuple):
+    """One sequence's samples of a step."""
+
+    text: int
+    audio: int
+    text_logprob: float  # of the text token, from the sampler's distribution (sampler.py)
+    text_top: tuple[tuple[int, float], ...] | None  # the likeliest text tokens, when asked for
 
 
 class ModelRunner:
@@ -85,14 +97,15 @@ class ModelRunner:
         return 0 if self.graphs is None else self.graphs.memory_bytes
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
-        """Compute every scheduled position; return (text, audio) samples, one per sequence
-        that completes its pending positions this step, in batch order."""
+    def run(self, seqs: list[Sequence]) -> list[StepSample]:
+        """Compute every scheduled position; return (text, audio, text logprob, text top
+        alternatives) samples, one per sequence that completes its pending positions this
+        step, in batch order."""
         if self.decode_inputs.fits(seqs):
             return self._run_decode(seqs)
         return self._run_mixed(seqs)
 
-    def _run_decode(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+    def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
         if self.graphs is not None:
             text_logits, audio_logits = self.graphs.replay(padded)  # [Bp, V] each
@@ -114,7 +127,7 @@ class ModelRunner:
         hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
         return self.lm(hidden, batch.positions, batch.attention)
 
-    def _run_mixed(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+    def _run_mixed(self, seqs: list[Sequence]) -> list[StepSample]:
         audio, text, use_text, continuous, positions = [], [], [], [], []
         features: list[torch.Tensor] = []
         entries: list[tuple[list[int], int, int]] = []
@@ -145,15 +158,29 @@ class ModelRunner:
             return []
         return self._sample(sampling, text_logits, audio_logits)
 
-    def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[tuple[int, int]]:
+    def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[StepSample]:
         # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.
+        n = len(seqs)
         pairs = [seq.random.next_uniforms() for seq in seqs]  # (text, audio) per sequence
         uniforms = torch.tensor([text for text, _ in pairs] + [audio for _, audio in pairs])  # on the CPU
         params = [seq.params.text for seq in seqs] + [seq.params.audio for seq in seqs]
         histories = [seq.rules.text_history for seq in seqs] + [seq.rules.audio_history for seq in seqs]
-        tokens = sample_tokens(torch.cat([text_logits, audio_logits]), params, histories, uniforms)
-        flat = tokens.tolist()  # the step's one host-device synchronisation
-        return list(zip(flat[: len(seqs)], flat[len(seqs):]))
+        counts = [seq.rules.text_counts for seq in seqs] + [None] * n
+        tops = [seq.params.text_top_logprobs for seq in seqs] + [0] * n
+        out = sample(torch.cat([text_logits, audio_logits]), params, histories, uniforms, counts, tops)
+        parts = [out.tokens.double(), out.logprobs[:n].double()]
+        if out.top_rows:
+            parts += [out.top_ids.double().flatten(), out.top_logprobs.double().flatten()]
+        flat = torch.cat(parts).tolist()  # the step's one host-device synchronisation
+        tokens, logprobs, rest = flat[:2 * n], flat[2 * n:3 * n], flat[3 * n:]
+        top: list[tuple | None] = [None] * n
+        if out.top_rows:
+            width = out.top_ids.shape[1]
+            ids, lps = rest[:len(rest) // 2], rest[len(rest) // 2:]
+            for k, row in enumerate(out.top_rows):
+                wanted = seqs[row].params.text_top_logprobs
+                top[row] = tuple((int(ids[k * width + j]), lps[k * width + j]) for j in range(wanted))
+        return [StepSample(int(tokens[i]), int(tokens[n + i]), logprobs[i], top[i]) for i in range(n)]
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(values, dtype=torch.long), self.device)

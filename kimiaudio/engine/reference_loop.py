@@ -108,7 +108,7 @@ def iter_reference(
     def forward_and_sample(hidden, positions, last_row):
         text_logits, audio_logits = lm(hidden, positions, cache, logits_rows=last_row)  # [1, V] each
         uniforms = torch.tensor(rng.next_uniforms())  # text is sampled before audio
-        text = int(sample_tokens(text_logits, [text_params], [rules.text_history], uniforms[:1]))
+        text = int(sample_tokens(text_logits, [text_params], [rules.text_history], uniforms[:1], [rules.text_counts]))
         audio = int(sample_tokens(audio_logits, [audio_params], [rules.audio_history], uniforms[1:]))
         return text_logits, audio_logits, text, audio
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kimiaudio.validation import check_fields, check_value
+from kimiaudio.validation import Bounds, check_fields, check_value, setting
 from kimiaudio.config import SEED, SamplingConfig
 from kimiaudio.layers.stream_sampling import StreamSampling
 
@@ -34,6 +34,13 @@ class SamplingParams:
     audio_top_k: int = _DEFAULTS.audio_top_k
     audio_repetition_penalty: float = _DEFAULTS.audio_repetition_penalty
     audio_repetition_window: int = _DEFAULTS.audio_repetition_window
+    text_top_p: float = _DEFAULTS.text_top_p
+    audio_top_p: float = _DEFAULTS.audio_top_p
+    text_presence_penalty: float = _DEFAULTS.text_presence_penalty
+    text_frequency_penalty: float = _DEFAULTS.text_frequency_penalty
+    # How many of the likeliest alternatives to report with each text token (OpenAI's
+    # top_logprobs; its range). The sampled token's own log-probability is always reported.
+    text_top_logprobs: int = setting(0, Bounds(0, 20))
     seed: int | None = None  # None = a fresh random seed (config [sampling] seed is a server's fixed one)
     max_new_tokens: int = _DEFAULTS.max_new_tokens  # 0 = the official limit for the output type
     # Not official: generate exactly the length limit, past the stop tokens (as vLLM's
@@ -50,12 +57,13 @@ class SamplingParams:
     @cached_property
     def text(self) -> StreamSampling:
         return StreamSampling(self.text_temperature, self.text_top_k, self.text_repetition_penalty,
-                              self.text_repetition_window)
+                              self.text_repetition_window, self.text_top_p, self.text_presence_penalty,
+                              self.text_frequency_penalty)
 
     @cached_property
     def audio(self) -> StreamSampling:
         return StreamSampling(self.audio_temperature, self.audio_top_k, self.audio_repetition_penalty,
-                              self.audio_repetition_window)
+                              self.audio_repetition_window, self.audio_top_p)
 
     @classmethod
     def from_config(cls, sampling: Any, **overrides: Any) -> "SamplingParams":

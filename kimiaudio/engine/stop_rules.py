@@ -69,6 +69,9 @@ class StreamRules:
         self.text_history: list[int] = []  # tokens fed back, after the rules
         self.audio_history: list[int] = []
         self.num_valid_text = 0
+        # How often each counted text token other than the blank occurred: what OpenAI's
+        # presence / frequency penalties weigh (the blanks pace the stream, they are no words).
+        self.text_counts: dict[int, int] = {}
         self.num_valid_audio = 0
         self.is_text_finished = False
         self.finish_reason: str | None = "length" if max_new_tokens <= 0 else None
@@ -97,6 +100,8 @@ class StreamRules:
             self.is_text_finished = True
         else:
             self.num_valid_text += 1
+            if text != blank:
+                self.text_counts[text] = self.text_counts.get(text, 0) + 1
 
         audio = int(sampled_audio)
         if self.num_steps < self.audio_delay or self.output_type == "text":

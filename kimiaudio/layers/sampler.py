@@ -13,26 +13,62 @@ here each row comes with its own uniform (from the request's RequestRandom) and 
 picked by inverse CDF (first index whose cumulative weight exceeds u * total). A row's result
 depends only on its own logits, params, history and uniform, so batching never changes it. No
 host-device synchronisation inside `sample_tokens`.
+
+Not official, and off by default (OpenAI's parameters): OpenAI's presence and frequency
+penalties after step 1 (logit - presence * [count > 0] - frequency * count, over the counts a
+row brings), and nucleus sampling in step 3 (top_p < 1: of the tokens by falling probability,
+after top-k, those whose preceding mass is below top_p; the first always stays). `sample`
+also returns each row's log-probability of its token and, for the rows that ask, the top
+alternatives: from step 2's distribution (after the penalties, before temperature and
+truncation, as vLLM reports them).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import torch
 
 from kimiaudio.layers.stream_sampling import StreamSampling
+
+
+@dataclass
+class Sampled:
+    """One sampling call's results, still on the device."""
+
+    tokens: torch.Tensor  # [B] long
+    logprobs: torch.Tensor  # [B] fp32: each row's log-probability of its token
+    top_rows: list[int]  # rows that asked for alternatives
+    top_ids: torch.Tensor | None  # [len(top_rows), n] long, by falling log-probability
+    top_logprobs: torch.Tensor | None  # [len(top_rows), n] fp32
+
 
 def sample_tokens(
     logits: torch.Tensor,
     params: Sequence[StreamSampling],
     histories: Sequence[Sequence[int]],
     uniforms: torch.Tensor,
+    counts: Sequence[Mapping[int, int] | None] | None = None,
 ) -> torch.Tensor:
     """logits [B, V] (any float dtype), one StreamSampling, history and uniform per row -> [B] long.
 
     Rows may mix streams and settings (e.g. text rows and audio rows of many requests).
+    `counts`: per row, how often each token occurred (for the presence / frequency penalties).
     """
+    return sample(logits, params, histories, uniforms, counts).tokens
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[StreamSampling],
+    histories: Sequence[Sequence[int]],
+    uniforms: torch.Tensor,
+    counts: Sequence[Mapping[int, int] | None] | None = None,
+    top_logprobs: Sequence[int] | None = None,
+) -> Sampled:
+    """As sample_tokens, with the log-probabilities; `top_logprobs`: per row, how many of the
+    likeliest tokens to report (0 = none)."""
     rows = logits.shape[0]
     if not (len(params) == len(histories) == rows == uniforms.shape[0]):
         raise ValueError(f"sample_tokens: {rows} logits rows, {len(params)} params, "
@@ -42,28 +78,52 @@ def sample_tokens(
             raise TypeError("sample_tokens takes one StreamSampling per row: pass params.text or params.audio")
     device = logits.device
     logits = apply_repetition_penalty(logits, params, histories)
+    logits = apply_count_penalties(logits, params, counts)
     logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # [B, V]
     tokens = logprobs.argmax(dim=-1)  # greedy rows; first max
     sampled = [i for i, p in enumerate(params) if not p.is_greedy]
-    if not sampled:
-        return tokens
+    if sampled:
+        tokens = tokens.index_copy(0, _index(sampled, device), _draw(logprobs, params, sampled, uniforms))
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+    wanted = [i for i in range(rows) if top_logprobs and top_logprobs[i] > 0]
+    top_ids = top_lps = None
+    if wanted:
+        top_lps, top_ids = torch.topk(logprobs[_index(wanted, device)], max(top_logprobs[i] for i in wanted), dim=-1)
+    return Sampled(tokens, chosen, wanted, top_ids, top_lps)
+
+
+def _draw(logprobs: torch.Tensor, params: Sequence[StreamSampling], sampled: list[int],
+          uniforms: torch.Tensor) -> torch.Tensor:
+    """The tokens of the sampled (not greedy) rows."""
+    device = logprobs.device
     temps = torch.tensor([params[i].temperature for i in sampled], dtype=torch.float32)
     probs = torch.exp(logprobs[_index(sampled, device)] / temps.to(device, non_blocking=True)[:, None])
     u = uniforms.to(device=device, dtype=torch.float32, non_blocking=True)[_index(sampled, device)]
     picks = torch.empty(len(sampled), dtype=torch.long, device=device)
-    top_k_rows = [j for j, i in enumerate(sampled) if params[i].top_k > 0]
-    full_rows = [j for j, i in enumerate(sampled) if params[i].top_k == 0]
-    if top_k_rows:
-        ks = [min(params[sampled[j]].top_k, probs.shape[1]) for j in top_k_rows]
-        sub = _index(top_k_rows, device)
+    # Three groups, so that the official rows (top-k, or all) compute exactly as before.
+    nucleus_rows = [j for j, i in enumerate(sampled) if params[i].top_p < 1.0]
+    top_k_rows = [j for j, i in enumerate(sampled) if params[i].top_k > 0 and params[i].top_p >= 1.0]
+    full_rows = [j for j, i in enumerate(sampled) if params[i].top_k == 0 and params[i].top_p >= 1.0]
+    for group, nucleus in ((top_k_rows, False), (nucleus_rows, True)):
+        if not group:
+            continue
+        vocab = probs.shape[1]
+        ks = [min(params[sampled[j]].top_k, vocab) or vocab for j in group]
+        sub = _index(group, device)
         top_probs, top_ids = torch.topk(probs[sub], max(ks), dim=-1)  # [R, kmax], descending
         keep = torch.arange(max(ks), device=device)[None, :] < torch.tensor(ks).to(device, non_blocking=True)[:, None]
-        picked = _inverse_cdf(torch.where(keep, top_probs, torch.zeros_like(top_probs)), u[sub])
+        weights = torch.where(keep, top_probs, torch.zeros_like(top_probs))
+        if nucleus:
+            top_p = torch.tensor([params[sampled[j]].top_p for j in group], dtype=torch.float32)
+            before = (weights.cumsum(dim=-1) - weights) / weights.sum(dim=-1, keepdim=True)  # mass ahead of each
+            weights = torch.where(before < top_p.to(device, non_blocking=True)[:, None], weights,
+                                  torch.zeros_like(weights))
+        picked = _inverse_cdf(weights, u[sub])
         picks[sub] = top_ids.gather(1, picked[:, None]).squeeze(1)
     if full_rows:
         sub = _index(full_rows, device)
         picks[sub] = _inverse_cdf(probs[sub], u[sub])
-    return tokens.index_copy(0, _index(sampled, device), picks)
+    return picks
 
 
 def _index(values: list[int], device: torch.device) -> torch.Tensor:
@@ -105,4 +165,29 @@ def apply_repetition_penalty(
     scores = torch.where(scores < 0, scores * penalty, scores * (1.0 / penalty)).to(logits.dtype)
     logits = logits.clone()
     logits[r, c] = scores
+    return logits
+
+
+def apply_count_penalties(
+    logits: torch.Tensor, params: Sequence[StreamSampling], counts: Sequence[Mapping[int, int] | None] | None
+) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties: logits [B, V] -> penalised copy (or `logits`)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    amounts: list[float] = []
+    for row, p in enumerate(params):
+        seen = counts[row] if counts is not None else None
+        if not seen or not p.counts_penalised:
+            continue
+        for token, count in seen.items():
+            rows.append(row)
+            cols.append(int(token))
+            amounts.append(p.presence_penalty + p.frequency_penalty * count)
+    if not rows:
+        return logits
+    device = logits.device
+    r, c = _index(rows, device), _index(cols, device)
+    amount = torch.tensor(amounts, dtype=torch.float32).to(device, non_blocking=True)
+    logits = logits.clone()
+    logits[r, c] = (logits[r, c].float() - amount).to(logits.dtype)
     return logits

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimiaudio.config import REPETITION_PENALTY, REPETITION_WINDOW, TEMPERATURE, TOP_K
+from kimiaudio.config import PRESENCE_FREQUENCY_PENALTY, REPETITION_PENALTY, REPETITION_WINDOW, TEMPERATURE, TOP_K, TOP_P
 from kimiaudio.validation import check_fields, setting
 
 GREEDY_TEMPERATURE = 1e-6  # official: temperatures at or below this are greedy
@@ -23,6 +23,10 @@ class StreamSampling:
     top_k: int = setting(bounds=TOP_K)
     repetition_penalty: float = setting(bounds=REPETITION_PENALTY)
     repetition_window: int = setting(bounds=REPETITION_WINDOW)
+    # Not official; the defaults leave the official sampler exactly as it is.
+    top_p: float = setting(1.0, TOP_P)
+    presence_penalty: float = setting(0.0, PRESENCE_FREQUENCY_PENALTY)
+    frequency_penalty: float = setting(0.0, PRESENCE_FREQUENCY_PENALTY)
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -30,6 +34,11 @@ class StreamSampling:
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= GREEDY_TEMPERATURE
+
+    @property
+    def counts_penalised(self) -> bool:
+        """Whether OpenAI's presence / frequency penalties apply (to the tokens' counts)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def penalises(self, history_len: int) -> bool:
         return self.repetition_penalty > 1.0 and history_len > self.repetition_window

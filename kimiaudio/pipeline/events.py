@@ -16,8 +16,20 @@ class UserEncoded:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated text token with its log-probability (from the sampler's distribution) and,
+    when asked for, the likeliest alternatives at its position, as (bytes, logprob)."""
+
+    token_id: int
+    token_bytes: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens decoded since the last delta, when asked for
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,8 @@ class TurnDone:
     finish_reason: str | None = None
     prefill_tokens_computed: int = 0
     prefill_tokens_cached: int = 0
+    # The text tokens of `text` (up to a stop string) with their log-probabilities, when asked for.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 PipelineEvent = UserEncoded | TextDelta | AudioChunk | TurnDone

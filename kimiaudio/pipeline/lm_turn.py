@@ -7,13 +7,15 @@ never take them; `messages` then makes its prompt (user utterances as their code
 features, text turns, earlier answers as text and codes) and `start` admits it to generation.
 Text is decoded incrementally from the valid text ids (before the text EOS, below the audio
 token offset), so multi-byte characters are emitted whole. Speech codes (audio ids at or above
-the offset, minus it) are handed on to the detokenizer worker.
+the offset, minus it) are handed on to the detokenizer worker. A request's stop strings end the
+text where the first of them begins (`stopped`; text that may be the start of one is held back
+until it is not), and its tokens' log-probabilities go with the text when it asked for them.
 """
 
 from __future__ import annotations
 
 from kimiaudio.pipeline.encode_cache import Encoded, audio_key
-from kimiaudio.pipeline.events import TextDelta, TurnDone
+from kimiaudio.pipeline.events import TextDelta, TokenLogprob, TurnDone
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.prompt import Message
@@ -40,6 +42,10 @@ class LmTurn:
         self.emitted_text = ""
         self._num_decoded = 0  # text ids already decoded into emitted_text
         self.text_done = False
+        self.stopped = False  # a stop string was generated: the answer ends
+        self._scores: list[tuple[int, float | None, tuple | None]] = []  # per text id: (id, logprob, top)
+        self._scored = 0  # _scores entries already turned into `logprobs`
+        self.logprobs: list[TokenLogprob] = []  # of the text emitted so far, when asked for
         self.timings: dict[str, float] = {}
 
     @property
@@ -69,10 +75,11 @@ class LmTurn:
         if name not in self.timings:
             self.timings[name] = self.handle.seconds()
 
-    def add_tokens(self, text_token: int | None, audio_token: int | None) -> int | None:
+    def add_tokens(self, text_token: int | None, audio_token: int | None, logprob: float | None = None,
+                   top: tuple | None = None) -> int | None:
         """Record one step's tokens (after the official rules, which already force the delay
-        blanks; ids below the offset, such as the terminating msg_end, are not speech).
-        Returns the step's speech code, if any."""
+        blanks; ids below the offset, such as the terminating msg_end, are not speech) and the
+        text token's log-probability. Returns the step's speech code, if any."""
         if text_token is not None:
             self.raw_text.append(text_token)
             if not self.text_done:
@@ -80,6 +87,8 @@ class LmTurn:
                     self.text_done = True
                 elif text_token < self.token_offset:
                     self.text_ids.append(text_token)
+                    if self.request.logprobs:
+                        self._scores.append((text_token, logprob, top))
         if audio_token is None or audio_token < self.token_offset:
             return None
         code = audio_token - self.token_offset
@@ -88,18 +97,59 @@ class LmTurn:
         return code
 
     def text_delta(self, tokenizer, final: bool = False) -> TextDelta | None:
-        if len(self.text_ids) == self._num_decoded and not final:
+        if self.stopped or (len(self.text_ids) == self._num_decoded and not final):
             return None  # no new text id this step (e.g. blanks after the text EOS)
         self._num_decoded = len(self.text_ids)
         text = tokenizer.decode(self.text_ids)
         # A trailing U+FFFD may be a multi-byte character still being generated: wait for it
         # unless no more text can come.
-        stable = text if (self.text_done or final) else text.rstrip("\ufffd")
+        ending = self.text_done or final
+        stable = self._before_stop(text if ending else text.rstrip("\ufffd"), ending)
         if len(stable) <= len(self.emitted_text) or not stable.startswith(self.emitted_text):
             return None
         delta, self.emitted_text = stable[len(self.emitted_text):], stable
         self.mark("first_text_s")
-        return TextDelta(delta)
+        return TextDelta(delta, self._new_logprobs(tokenizer))
+
+    def _before_stop(self, text: str, ending: bool) -> str:
+        """`text` cut where a stop string begins (then `stopped`); while more may come, without
+        a tail that may be the start of one."""
+        stops = self.request.stop
+        if not stops:
+            return text
+        since = max(len(self.emitted_text) - max(map(len, stops)), 0)
+        found = [i for i in (text.find(s, since) for s in stops) if i >= 0]
+        if found:
+            self.stopped = True
+            return text[:min(found)]
+        if ending:
+            return text
+        hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        return text[:len(text) - hold]
+
+    def _new_logprobs(self, tokenizer) -> tuple[TokenLogprob, ...]:
+        """The log-probabilities of the text ids decoded since the last call (up to the text
+        emitted, after a stop)."""
+        if not self.request.logprobs:
+            return ()
+        new, start, self._scored = [], self._scored, self._num_decoded
+        for token, logprob, top in self._scores[start:self._num_decoded]:
+            if logprob is None or not tokenizer.token_bytes(token):
+                continue  # forced, or no text (a blank the model chose)
+            new.append(TokenLogprob(token, tokenizer.token_bytes(token), logprob,
+                                    tuple((tokenizer.token_bytes(t), lp) for t, lp in top or ())))
+        if self.stopped:  # keep the tokens that begin before the cut
+            emitted = len(self.emitted_text.encode())
+            before = sum(len(t.token_bytes) for t in self.logprobs)
+            kept = []
+            for entry in new:
+                if before >= emitted:
+                    break
+                kept.append(entry)
+                before += len(entry.token_bytes)
+            new = kept
+        self.logprobs += new
+        return tuple(new)
 
     def result(self, status: str, error: str | None = None, finish_reason: str | None = None) -> TurnDone:
         """The turn's TurnDone as far as the LM knows it (the detokenizer adds its timings)."""
@@ -107,6 +157,7 @@ class LmTurn:
             status=status, text=self.emitted_text, text_tokens=list(self.raw_text), audio_tokens=list(self.codes),
             timings=dict(self.timings), error=error, finish_reason=finish_reason,
             prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
+            logprobs=list(self.logprobs),
         )
 
 

@@ -210,7 +210,7 @@ class LmWorker(Worker):
                 if "prefill_done_s" not in turn.timings:
                     turn.mark("prefill_done_s")
                     turn.prompt_len, turn.num_cached = out.num_prompt_tokens, out.num_cached_tokens
-                code = turn.add_tokens(out.text_token, out.audio_token)
+                code = turn.add_tokens(out.text_token, out.audio_token, out.text_logprob, out.text_top)
                 delta = turn.text_delta(self.stack.tokenizer, final=out.finished)
                 if delta is not None:
                     turn.handle.deliver(delta)
@@ -218,7 +218,10 @@ class LmWorker(Worker):
                     codes.append((turn.turn_id, code))
                 if out.finished:
                     turn.seq_id = None  # the engine is done with it
-                    ended.append((turn, "failed" if out.error else "completed", out.error, out.finish_reason))
+                    ended.append((turn, "failed" if out.error else "completed", out.error,
+                                  "stop" if turn.stopped else out.finish_reason))
+                elif turn.stopped:  # a stop string: the answer ends here (_finish frees its KV)
+                    ended.append((turn, "completed", None, "stop"))
             except Exception as exc:
                 log.exception("routing the output of turn %s failed", turn.turn_id)
                 ended.append((turn, "failed", failure_message("generation", exc), None))

@@ -66,7 +66,7 @@ class Pipeline:
         self._lm = LmWorker(stack, config, self.engine, self._detok, self.metrics)
         self._ids = itertools.count()
         self._running = False
-        self.voices = VoiceRegistry(config.voices.default)  # names -> voices; the server fills it
+        self.voices = VoiceRegistry(config.voices.default, config.server.openai_voice)  # names -> voices; the server fills it
 
     # ---- what callers may know -------------------------------------------------------------
     @property

@@ -30,3 +30,6 @@ class TurnRequest:
     sampling: SamplingParams | None = None  # None: config [sampling]
     output_type: str = "both"  # "both" (text + speech) | "text"
     voice: Voice | None = None  # the voice prompt its speech is conditioned on; None = the model's own
+    # Text at which the answer ends (not included), as OpenAI's `stop`; its speech ends there too.
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False  # report the text tokens' log-probabilities (TextDelta, TurnDone)

@@ -4,8 +4,9 @@ A Voice holds the inputs of a voice prompt (the reference at the vocoder's 24 kH
 12.5 Hz semantic codes from the GLM-4 tokenizer) and a key: a digest of both, so that a voice
 deleted and added again under the same name is never confused with the old one on the device.
 The VoiceRegistry (event loop only) maps names to voices; the server fills it from the store.
-Names that are not stored but are OpenAI's stock voices (alloy, echo, ...), or "kimi", keep
-their old meaning: the model's own voice. Any other unknown name is an error.
+Names that are not stored but are OpenAI's stock voices (alloy, echo, ...) mean the voice of
+[server] openai_voice (by default the model's own), so OpenAI's examples run unchanged; "kimi"
+is the model's own voice. Any other unknown name is an error.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def check_voice_name(name) -> str:
 
 
 class VoiceRegistry:
-    def __init__(self, default: str = ""):
+    def __init__(self, default: str = "", openai_voice: str = ""):
         self.default = default  # config voices.default: the voice of requests that name none
+        self.openai_voice = openai_voice  # config server.openai_voice: what OpenAI's names speak in
         self._voices: dict[str, Voice] = {}
 
     def __contains__(self, name: str) -> bool:
@@ -85,6 +87,8 @@ class VoiceRegistry:
         if not name:
             return None
         voice = self._voices.get(name)
+        if voice is None and name in STOCK_VOICES and name != MODEL_VOICE and self.openai_voice:
+            return self.resolve(self.openai_voice) if self.openai_voice not in STOCK_VOICES else None
         if voice is None and name not in STOCK_VOICES:
             known = ", ".join(v.name for v in self.list()) or "none stored"
             raise UnknownVoiceError(f"unknown voice {name!r} (stored voices: {known}; add one with POST /api/voices)")

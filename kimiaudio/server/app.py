@@ -6,7 +6,8 @@ writer/reader threads) and, unless the caller passes one it owns, the pipeline (
 worker). `on_shutdown` closes every peer connection first, so interrupted turns are stored
 before the store and the pipeline go away.
 
-Every request passes the same middlewares, outermost first: errors as JSON (error_middleware.py),
+Every request passes the same middlewares, outermost first: one log line per /v1 request
+(observe/request_log.py), errors as JSON (error_middleware.py),
 Host / API key / Origin (access.py), no new work while shutting down (admission.py), body size
 and read deadline (request_body.py).
 """
@@ -32,6 +33,7 @@ from kimiaudio.server.middleware.error_middleware import error_middleware
 from kimiaudio.server.middleware.request_body import body_limits_middleware
 from kimiaudio.server.observe.instance_label import instance_id
 from kimiaudio.server.observe.log_setup import filter_client_faults
+from kimiaudio.server.observe.request_log import request_log_middleware
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.ops_routes import setup_ops_routes
 from kimiaudio.server.routes import setup_routes
@@ -50,7 +52,8 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     app = web.Application(client_max_size=config.server.max_body_bytes)
     metrics = ServerMetrics(lambda: app.get(pipeline_key), lambda: admission.num_reserved,
                             instance_id(config.server.instance_id, config.server.port))
-    app.middlewares.extend([error_middleware(metrics), access_middleware(policy), draining_middleware(admission),
+    app.middlewares.extend([request_log_middleware, error_middleware(metrics), access_middleware(policy),
+                            draining_middleware(admission),
                             body_limits_middleware])
     app[config_key] = config
     app[stack_key] = stack

@@ -74,6 +74,11 @@ class KimiTokenizer:
         keep = [i for i in map(int, ids) if i in self._text_ids]
         return self._encoding.decode(keep, errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one text id stands for (b"" for any other id): what OpenAI's logprobs show."""
+        token_id = int(token_id)
+        return self._encoding.decode_single_token_bytes(token_id) if token_id in self._text_ids else b""
+
     def special_id(self, content: str) -> int:
         if content not in self._special:
             raise CheckpointError(f"{self._source}: special token {content!r} not found in added_tokens_decoder")

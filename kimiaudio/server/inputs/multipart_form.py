@@ -7,12 +7,14 @@ One reader for every form route, so each refuses the same faults the same way:
   limit: a chunked body has no Content-Length for the app's body limit to check first);
 - a required field missing or empty: 400 missing_required_parameter naming it (`param`);
 - a text field that is not UTF-8: 400 invalid_value naming it.
-Fields the route does not name are skipped unread; a repeated field keeps its first value.
+Fields the route does not name are skipped unread (their names are reported to a route that
+asks, to refuse them); a repeated field keeps its first value, unless the route takes a list
+there (OpenAI's `name[]` fields): then every value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -20,6 +22,7 @@ from kimiaudio.server.api_error import ApiError
 
 CHUNK_BYTES = 1 << 16
 MAX_TEXT_BYTES = 64 * 1024  # a text field (a name, a prompt, a flag): far more than any needs
+MAX_LIST_VALUES = 16  # values of a list field; unknown names reported
 
 
 @dataclass(frozen=True)
@@ -27,18 +30,24 @@ class FormField:
     name: str
     data: bytes
     filename: str | None  # set for a file part
+    more: list[bytes] = field(default_factory=list)  # a list field's later values
 
-    def text(self) -> str:
+    def text(self, data: bytes | None = None) -> str:
         try:
-            return self.data.decode("utf-8")
+            return (self.data if data is None else data).decode("utf-8")
         except UnicodeDecodeError:
             raise ApiError(400, "invalid_value", f"{self.name}: expected UTF-8 text", param=self.name) from None
 
+    def texts(self) -> list[str]:
+        """Every value of a list field."""
+        return [self.text(data) for data in [self.data, *self.more]]
+
 
 async def read_form(request: web.Request, limits: dict[str, int], required: tuple[str, ...],
-                    expected: str) -> dict[str, FormField]:
+                    expected: str, lists: tuple[str, ...] = (), unknown: list[str] | None = None) -> dict[str, FormField]:
     """The fields named in `limits` (name -> most bytes), each at most its limit; `expected`
-    says what the form should hold, for the errors' messages."""
+    says what the form should hold, for the errors' messages. `lists`: fields that may repeat
+    (each value at most the limit, MAX_LIST_VALUES of them); `unknown` gets the other names."""
     if not request.content_type.startswith("multipart/form-data"):
         raise ApiError(415, "unsupported_media_type", f"expected a multipart/form-data body with {expected} "
                        f"(got {request.content_type or 'none'})")
@@ -46,14 +55,23 @@ async def read_form(request: web.Request, limits: dict[str, int], required: tupl
     try:
         async for part in await request.multipart():
             name = getattr(part, "name", None)  # (a nested multipart part has none)
-            if name not in limits or name in fields:
+            if name not in limits:
+                if unknown is not None and name not in unknown and len(unknown) < MAX_LIST_VALUES:
+                    unknown.append(str(name)[:100])
+                continue
+            if name in fields and name not in lists:
                 continue
             limit, data = limits[name], bytearray()
             while chunk := await part.read_chunk(CHUNK_BYTES):
                 data += chunk
                 if len(data) > limit:
                     raise ApiError(413, "too_large", f"field `{name}` is larger than {limit} bytes")
-            fields[name] = FormField(name, bytes(data), part.filename)
+            if name not in fields:
+                fields[name] = FormField(name, bytes(data), part.filename)
+            elif len(fields[name].more) + 1 < MAX_LIST_VALUES:
+                fields[name].more.append(bytes(data))
+            else:
+                raise ApiError(400, "invalid_value", f"field `{name}`: at most {MAX_LIST_VALUES} values", param=name)
     except (ValueError, AssertionError, UnicodeDecodeError) as exc:  # aiohttp's word for a broken form
         raise ApiError(400, "invalid_multipart", f"the multipart form could not be read ({exc})") from None
     missing = [name for name in required if name not in fields or not fields[name].data]

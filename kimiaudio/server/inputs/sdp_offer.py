@@ -5,7 +5,8 @@ ValueError from deep inside setRemoteDescription, and an offer without a DTLS fi
 accepted and fails later, in the DTLS handshake. Here the offer is parsed once with aiortc's
 own parser (any failure: one plain 400) and what a usable audio session needs is required up
 front: an `m=audio` section, ICE credentials, RTCP mux and a DTLS fingerprint of a known hash
-for every section, ports and candidates in range, and a sane size.
+for every section (a section cut short has none of them), ports and candidates in range, and a
+sane size. What aiortc still refuses later is a 400 too (routes.py).
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def check_offer(sdp: object) -> SessionDescription:
 def _check_media(media, where: str) -> None:
     if not 0 <= media.port <= 65535:
         raise _bad(f"{where}: port {media.port} is out of range")
-    if not media.ice.usernameFragment or not media.ice.password:
+    # A section that lost its attributes (a cut offer) has no ice / dtls object at all.
+    if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
         raise _bad(f"{where}: a=ice-ufrag and a=ice-pwd are required")
     if media.kind in ("audio", "video") and not media.rtcp_mux:
         raise _bad(f"{where}: a=rtcp-mux is required")
-    if not media.dtls.fingerprints:
+    if media.dtls is None or not media.dtls.fingerprints:
         raise _bad(f"{where}: a=fingerprint (the DTLS certificate's) is required")
     for fingerprint in media.dtls.fingerprints:
         known = fingerprint.algorithm.lower() in _FINGERPRINT_HASHES

@@ -42,6 +42,10 @@ def _value(value) -> str:
     return json.dumps(text) if not text or any(c in text for c in ' "=\n') else text
 
 
+def key_values(fields: dict) -> str:
+    """`key=value ...` in the fields' order, a value quoted where it could be misread."""
+    return " ".join(f"{key}={_value(value)}" for key, value in fields.items())
+
+
 def log_response(session_id: str, conversation_id: str | None, event: dict) -> None:
-    fields = turn_fields(session_id, conversation_id, event["response"])
-    log.info("turn %s", " ".join(f"{key}={_value(value)}" for key, value in fields.items()))
+    log.info("turn %s", key_values(turn_fields(session_id, conversation_id, event["response"])))

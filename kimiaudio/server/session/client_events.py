@@ -7,9 +7,11 @@ sends: `session.modalities`, `input_audio_format`, `turn_detection`, ...) and it
 `session.audio.input.turn_detection`, `session.audio.output.voice`, ...), plus kimiaudio's
 own session fields (`vad`, `sampling`, `output_type`) and `conversation.select`.
 
-Lenient where OpenAI clients send fields kimiaudio has no use for (tools, tracing, noise
-reduction, transcription...: ignored), strict where a value is wrong: a ProtocolError whose
-message names the field, sent back as an `error` event. Every message goes through
+Every field of OpenAI's session and response objects is honoured or refused unless its value
+asks for nothing (inputs/openai_params.py: tools, tracing, noise reduction...), and a wrong
+value is a ProtocolError whose message names the field, sent back as an `error` event.
+`temperature` (OpenAI's range, 0.6..1.2) is the sampling temperature of the answer's speech
+stream, or of its text stream for a text answer. Every message goes through
 `json_input.parse_json`, so nesting, huge numbers or bad Unicode end as a ProtocolError too.
 """
 
@@ -23,6 +25,8 @@ from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.config import check_setting
 from kimiaudio.errors import AudioInputError, ConfigError, KimiAudioError
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
+from kimiaudio.server.inputs.openai_params import (AUDIO_INPUT_FIELDS, AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS,
+                                                   SESSION_FIELDS, RealtimeSampling, checked)
 from kimiaudio.text.output_type import EXPECTED_MODALITIES, OUTPUT_TYPES, output_type_of
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
@@ -46,8 +50,9 @@ class SessionUpdate:
     turn_detection: str | None = None  # "server_vad" | "none"
     create_response: bool | None = None  # server VAD: a commit starts a response
     instructions: str | None = None
-    voice: str | None = None  # accepted and reported; the model has one voice
+    voice: str | None = None  # a stored voice, or a stock name
     input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
+    temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,12 @@ class ResponseCancel:
 
 
 @dataclass(frozen=True)
-class ResponseCreate:
-    output_type: str | None = None  # this response only
-    instructions: str | None = None  # this response only
+class ResponseCreate:  # each field: this response only, None = the session's
+    output_type: str | None = None
+    instructions: str | None = None
+    voice: str | None = None
+    temperature: float | None = None
+    max_new_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,8 +163,7 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
             raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
         return ItemTruncate(item_id, end_ms)
     if kind == "response.create":
-        response = _object(data.get("response") or {}, "response")
-        return ResponseCreate(_output_type(response, "response"), typed_field(response, "instructions", str, "response", "text"))
+        return _response_create(_object(data.get("response") or {}, "response"), "response")
     if kind == "conversation.select":
         conversation_id = data.get("conversation_id")
         if conversation_id is not None and (not isinstance(conversation_id, str) or not conversation_id):
@@ -194,6 +201,33 @@ def _item_create(item: dict, where: str) -> ItemCreate:
     return ItemCreate(role, "\n".join(texts), audio, typed_field(item, "id", str, where, "a string"))
 
 
+def _response_create(response: dict, where: str) -> ResponseCreate:
+    RESPONSE_FIELDS.check(response, f"{where}.", ProtocolError)
+    audio_out = _object(_object(response.get("audio") or {}, f"{where}.audio").get("output") or {}, f"{where}.audio.output")
+    AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
+    _input_rate(response.get("output_audio_format"), f"{where}.output_audio_format", output=True)
+    _input_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
+    limit = _output_limit(response, where)
+    sampling = checked(RealtimeSampling, {"temperature": response.get("temperature")}, f"{where}.", ProtocolError)
+    voice = (typed_field(response, "voice", str, where, "a voice name")
+             or typed_field(audio_out, "voice", str, f"{where}.audio.output", "a voice name"))
+    return ResponseCreate(_output_type(response, where), typed_field(response, "instructions", str, where, "text"),
+                          voice, sampling.get("temperature"), limit)
+
+
+def _output_limit(obj: dict, where: str) -> int | None:
+    """max_output_tokens (GA) or max_response_output_tokens (beta): a positive integer or "inf"."""
+    key = "max_output_tokens" if "max_output_tokens" in obj else "max_response_output_tokens"
+    limit = obj.get(key)
+    if limit is None or limit == "inf":
+        return None
+
+    def error(code: str, message: str, param: str) -> ProtocolError:
+        return ProtocolError(code, message.replace("max_output_tokens", key), f"{where}.{key}")
+
+    return checked(RealtimeSampling, {"max_output_tokens": limit}, f"{where}.", error)["max_output_tokens"]
+
+
 def _output_type(obj: dict, where: str) -> str | None:
     key = "output_modalities" if "output_modalities" in obj else "modalities"
     modalities = obj.get(key)
@@ -207,6 +241,7 @@ def _output_type(obj: dict, where: str) -> str | None:
 
 
 def _session_update(session: dict, where: str) -> SessionUpdate:
+    SESSION_FIELDS.check(session, f"{where}.", ProtocolError)
     output_type = session.get("output_type")
     if output_type is not None and output_type not in OUTPUT_TYPES:
         raise ProtocolError("invalid_event", f"{where}.output_type: expected 'both' or 'text', got {output_type!r}"[:200],
@@ -215,19 +250,18 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
     audio = _object(session.get("audio") or {}, f"{where}.audio")  # GA shape
     audio_in = _object(audio.get("input") or {}, f"{where}.audio.input")
     audio_out = _object(audio.get("output") or {}, f"{where}.audio.output")
+    AUDIO_INPUT_FIELDS.check(audio_in, f"{where}.audio.input.", ProtocolError)
+    AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     vad = dict(_object(session.get("vad", {}), f"{where}.vad"))
     sampling = dict(_object(session.get("sampling", {}), f"{where}.sampling"))
     turn_detection, create_response = None, None
     for key, container, path in (("turn_detection", session, where), ("turn_detection", audio_in, f"{where}.audio.input")):
         if key in container:
             turn_detection, create_response = _turn_detection(container[key], vad, f"{path}.{key}")
-    limit_key = "max_output_tokens" if "max_output_tokens" in session else "max_response_output_tokens"
-    limit = session.get(limit_key)
-    if limit is not None and limit != "inf":
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ProtocolError("invalid_value", f"{where}.{limit_key}: expected a positive integer or \"inf\"",
-                                f"{where}.{limit_key}")
+    limit = _output_limit(session, where)
+    if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
+    temperature = checked(RealtimeSampling, {"temperature": session.get("temperature")}, f"{where}.", ProtocolError)
     voice = typed_field(session, "voice", str, where, "a voice name") or typed_field(audio_out, "voice", str, f"{where}.audio.output",
                                                                             "a voice name")
     input_rate = _input_rate(session.get("input_audio_format"), f"{where}.input_audio_format")
@@ -238,7 +272,7 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
     return SessionUpdate(vad=vad, sampling=sampling, output_type=output_type, turn_detection=turn_detection,
                          create_response=create_response,
                          instructions=typed_field(session, "instructions", str, where, "text"), voice=voice,
-                         input_rate=input_rate)
+                         input_rate=input_rate, temperature=temperature.get("temperature"))
 
 
 def _checked(values: dict, section: str, where: str) -> dict[str, Any]:

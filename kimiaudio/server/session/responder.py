@@ -74,13 +74,16 @@ class Responder:
         if instructions:
             history.insert(0, HistoryTurn("user", text=instructions))
         output_type = s.settings.answer_type(request.output_type if request else None)
+        named = request.voice if request else None
         try:
-            voice = s.settings.voice_prompt() if output_type == "both" else None
-        except KimiAudioError as exc:  # its voice was deleted meanwhile
-            s.send_error("unknown_voice", f"response.create: {exc}", "session.voice")
+            voice = s.settings.voice_prompt(named) if output_type == "both" else None
+        except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile
+            s.send_error("unknown_voice", f"response.create: {exc}", "response.voice" if named else "session.voice")
             return
+        sampling = s.settings.sampling(output_type, request.temperature if request else None,
+                                       request.max_new_tokens if request else None)
         turn = TurnRequest(conversation_id=s.conversation.id, history=history, user_audio=user_turn.audio,
-                           sampling=s.settings.sampling(), output_type=output_type, voice=voice)
+                           sampling=sampling, output_type=output_type, voice=voice)
         try:
             handle = s.pipeline.submit(turn)
         except Exception as exc:
@@ -158,7 +161,8 @@ class Responder:
         s.send(events.output_item_done(r.id, item))
         s.send(events.response_done(r.id, status, text, r.timings(done), done.error, output=[item],
                                     reason=r.cancel_reason, prefill_tokens_cached=done.prefill_tokens_cached,
-                                    prefill_tokens_computed=done.prefill_tokens_computed))
+                                    prefill_tokens_computed=done.prefill_tokens_computed,
+                                    usage=_usage(done)))
         if self.current is r:
             self.current = None
         self.ended[r.item_id] = r
@@ -282,3 +286,11 @@ class Responder:
         r = self.current
         if r is not None and r.id == response_id and not r.playback_done.done():
             r.playback_done.set_result(None)
+
+
+def _usage(done: TurnDone) -> dict:
+    """OpenAI's response usage: prompt positions in, generated positions out."""
+    prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
+    return {"total_tokens": prompt + len(done.text_tokens), "input_tokens": prompt,
+            "output_tokens": len(done.text_tokens),
+            "input_token_details": {"cached_tokens": done.prefill_tokens_cached}}

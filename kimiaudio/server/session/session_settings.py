@@ -5,7 +5,8 @@ The session keeps its own copy of the config ([vad] and [sampling]), the answer'
 silero VAD commits; none: the client commits), whether a VAD commit starts a response,
 instructions (a leading user text message of every prompt), the voice (a stored voice's
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
-the sample rate of pcm16 input. The values of a session.update were checked once, as it was
+the sample rate of pcm16 input, and OpenAI's `temperature` (of the answer's speech stream, or of
+its text stream for a text answer). The values of a session.update were checked once, as it was
 parsed (client_events.py); `apply` adds what needs the session (its speech, its voices) and
 changes nothing unless all of it holds. `describe` is the `session` object of
 session.created / updated.
@@ -40,14 +41,23 @@ class SessionSettings:
         self.instructions = ""
         self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_PCM16_RATE
+        self.temperature: float | None = None  # None: [sampling]'s
 
     def turn_settings(self) -> TurnSettings:
         v = self.config.vad
         return TurnSettings(v.threshold, v.min_speech_ms, v.silence_ms, v.prefix_padding_ms,
                             self.config.audio.max_input_seconds)
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams.from_config(self.config.sampling)
+    def sampling(self, output_type: str = BOTH, temperature: float | None = None,
+                 max_new_tokens: int | None = None) -> SamplingParams:
+        """One answer's sampling: the session's, with a response.create's temperature and limit."""
+        overrides = {}
+        temperature = temperature if temperature is not None else self.temperature
+        if temperature is not None:
+            overrides["audio_temperature" if output_type == BOTH else "text_temperature"] = temperature
+        if max_new_tokens is not None:
+            overrides["max_new_tokens"] = max_new_tokens
+        return SamplingParams.from_config(self.config.sampling, **overrides)
 
     def answer_type(self, requested: str | None) -> str:
         """The output type of one response (a response.create may ask for text only)."""
@@ -67,15 +77,15 @@ class SessionSettings:
         self.config = config
         if update.output_type is not None:
             self.output_type = update.output_type
-        for name in ("turn_detection", "create_response", "instructions", "voice", "input_rate"):
+        for name in ("turn_detection", "create_response", "instructions", "voice", "input_rate", "temperature"):
             value = getattr(update, name)
             if value is not None:
                 setattr(self, name, value)
 
-    def voice_prompt(self) -> Voice | None:
-        """The voice this session speaks in now (None: the model's own); raises
-        UnknownVoiceError if its voice was deleted since it was chosen."""
-        return self._voices.resolve(self.voice)
+    def voice_prompt(self, name: str | None = None) -> Voice | None:
+        """The voice this session speaks in now, or the one named (None: the model's own);
+        raises UnknownVoiceError for a name that is no voice (or a voice deleted since)."""
+        return self._voices.resolve(name or self.voice)
 
     def describe(self, session_id: str, conversation_id: str | None) -> dict[str, Any]:
         vad = self.config.vad
@@ -89,6 +99,9 @@ class SessionSettings:
             "instructions": self.instructions, "voice": self.voice,
             "input_audio_format": "pcm16", "input_audio_rate": self.input_rate, "output_audio_format": "pcm16",
             "turn_detection": turn_detection, "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",
+            "temperature": self.temperature if self.temperature is not None else (
+                self.config.sampling.audio_temperature if self.output_type == BOTH
+                else self.config.sampling.text_temperature),
             "vad": dataclasses.asdict(vad), "sampling": dataclasses.asdict(self.config.sampling),
             "output_type": self.output_type, "can_speak": self.can_speak,
         }

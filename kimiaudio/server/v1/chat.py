@@ -20,15 +20,17 @@ import numpy as np
 from aiohttp import web
 
 from kimiaudio.audio.encode import encode_audio
-from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
 from kimiaudio.server.middleware.request_body import read_json
+from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.server.v1.turn_guard import guarded_turn
 from kimiaudio.store.answer_store import new_answer_id, save_answer
@@ -40,12 +42,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)  # bad JSON: 400, too large: 413 (the error middleware says so)
     chat = await parse_chat_body(body, config, store, pipeline.can_speak)
     turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
-                       sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat))
+                       sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat),
+                       stop=chat.stop, logprobs=chat.logprobs)
+    record = request_record(request)
+    record.audio_in_s = chat.user_audio.size / SPEECH_INPUT_RATE
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
     async with guarded_turn(request, pipeline, turn) as handle:
         if chat.stream:
             return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
         pcm, done = await _collect(handle)
+    record.add_audio_out(pcm.size / SPEECH_OUTPUT_RATE)
     if done.status != "completed":
         raise ApiError(500, "generation_failed", f"the answer failed ({done.error or done.status})")
     message = {"role": "assistant", "content": done.text, "refusal": None}
@@ -53,7 +59,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript
         message["audio"] = await _audio(chat, done, pcm, store, config.server.audio_answer_ttl_s)
     return web.json_response({**completion, "object": "chat.completion", "choices": [
-        {"index": 0, "message": message, "finish_reason": finish_reason(done), "logprobs": None}],
+        {"index": 0, "message": message, "finish_reason": finish_reason(done),
+         "logprobs": logprobs_object(done.logprobs) if chat.logprobs else None}],
         "usage": usage(done)})
 
 

@@ -7,8 +7,11 @@ turns, user audio as spoken user turns, assistant text as text answers, and an a
 `audio: {"id": ...}` naming an answer this server produced (its transcript and speech codes,
 from the answer store) as a spoken answer. `modalities` ["text"] (the default) or
 ["text", "audio"] with `audio: {"voice", "format"}`; `max_tokens` / `max_completion_tokens`,
-`temperature` (of the text stream) and `seed` map onto the sampling settings, each checked
-against its [sampling] range (the configuration itself is not touched).
+`temperature`, `top_p`, `presence_penalty` and `frequency_penalty` (of the text stream), `seed`
+and `top_logprobs` map onto the sampling settings, each checked against OpenAI's range
+(inputs/openai_params.py) and its [sampling] one (the configuration itself is not touched);
+`stop` (a string or up to 4) ends the answer where one begins; `logprobs` asks for the text
+tokens' log-probabilities. Fields the model cannot honour are refused (openai_params.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.client_events import ProtocolError, typed_field
 from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, checked
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
@@ -41,6 +45,8 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> ApiError:
@@ -57,7 +63,9 @@ def _option(body: dict, key: str, kinds, what: str):
 async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatRequest:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_json")
-    check_model(body.get("model"))
+    check_model(body.get("model"), config.server.model_aliases)
+    CHAT_FIELDS.check(body)
+    openai_sampling = checked(ChatSampling, body)
     modalities = _option(body, "modalities", list, EXPECTED_MODALITIES)
     output_type = output_type_of(modalities) if modalities else TEXT
     if output_type is None:
@@ -71,28 +79,48 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         if audio_format not in FORMATS:
             raise ApiError(400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}",
                            param="audio.format")
-    if _option(body, "n", int, "1") not in (None, 1):
-        raise _bad("n: only one choice is generated", "n")
     stream = bool(_option(body, "stream", bool, "true or false"))
     stream_options = _option(body, "stream_options", dict, "an object") or {}
     history, user_audio = await _messages(body.get("messages"), config, store)
+    logprobs = bool(openai_sampling.get("logprobs"))
+    if openai_sampling.get("top_logprobs") and not logprobs:
+        raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
     return ChatRequest(history, user_audio, output_type, audio_format, voice, stream,
-                       bool(stream_options.get("include_usage")), _sampling(body, config))
+                       bool(stream_options.get("include_usage")), _sampling(openai_sampling, config),
+                       _stop(body.get("stop")), logprobs)
 
 
-def _sampling(body: dict, config: Config) -> SamplingParams:
-    """The configured sampling with the body's overrides, each held to its [sampling] range."""
-    limit_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+# OpenAI's chat fields -> the engine's sampling settings of the text stream.
+_SAMPLING_KEYS = (("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens"),
+                  ("temperature", "text_temperature"), ("top_p", "text_top_p"),
+                  ("presence_penalty", "text_presence_penalty"), ("frequency_penalty", "text_frequency_penalty"),
+                  ("seed", "seed"))
+
+
+def _sampling(values: dict, config: Config) -> SamplingParams:
+    """The configured sampling with the body's overrides (already in OpenAI's ranges), each
+    held to its [sampling] range too."""
     overrides = {}
-    for key, ours in ((limit_key, "max_new_tokens"), ("temperature", "text_temperature"), ("seed", "seed")):
-        if body.get(key) is None:
+    for key, ours in _SAMPLING_KEYS:  # max_completion_tokens after max_tokens: it wins
+        if values.get(key) is None:
             continue
         try:
-            overrides[ours] = check_setting("sampling", ours, body[key])
+            overrides[ours] = check_setting("sampling", ours, values[key])
         except ConfigError as exc:
             expected = str(exc).partition(": expected ")[2]  # "<what>, got <value>"
             raise _bad(f"{key}: expected {expected}"[:300], key) from None
-    return SamplingParams.from_config(config.sampling, **overrides)
+    return SamplingParams.from_config(config.sampling, text_top_logprobs=values.get("top_logprobs") or 0, **overrides)
+
+
+def _stop(stop) -> tuple[str, ...]:
+    """OpenAI's `stop`: a string or a list of up to 4 non-empty strings."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stops, list) or not 1 <= len(stops) <= 4
+            or not all(isinstance(s, str) and 0 < len(s) <= 1000 for s in stops)):
+        raise _bad("stop: expected a string or a list of 1 to 4 non-empty strings", "stop")
+    return tuple(stops)
 
 
 async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn], np.ndarray]:

@@ -1,13 +1,14 @@
 """The streamed answer of POST /v1/chat/completions: chat.completion.chunk server-sent events.
 
 As OpenAI streams them: a first chunk with the role, then for a text answer `delta.content`
-pieces; for a spoken one `delta.audio` pieces, each holding the answer's id and either
-`transcript` text or `data` (base64 of the next encoded bytes in audio.format, pcm16 being
-raw 24 kHz s16le), as the pipeline makes them, so the first audio leaves before the answer
-is finished; the last audio piece holds `expires_at`. Then a chunk with finish_reason, a
-usage chunk if stream_options.include_usage, and [DONE]. A failure after the first byte is
-an `error` event in the stream (the status line is sent already). A client that goes away
-ends the stream: its turn is cancelled by the guard and nothing more is written.
+pieces (with their tokens' `logprobs` when asked for); for a spoken one `delta.audio` pieces,
+each holding the answer's id and either `transcript` text or `data` (base64 of the next
+encoded bytes in audio.format, pcm16 being raw 24 kHz s16le), as the pipeline makes them, so
+the first audio leaves before the answer is finished; the last audio piece holds `expires_at`.
+Then a chunk with finish_reason, a usage chunk if stream_options.include_usage, and [DONE].
+A failure after the first byte is an `error` event in the stream (the status line is sent
+already). A client that goes away ends the stream: its turn is cancelled by the guard and
+nothing more is written.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1 import sse
+from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.turn_guard import client_gone
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
     response = await sse.open_stream(request)
+    record = request_record(request)
 
-    async def chunk(delta: dict, reason: str | None = None, **extra) -> None:
+    async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
         await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [
-            {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra})
+            {"index": 0, "delta": delta, "finish_reason": reason,
+             "logprobs": logprobs_object(logprobs) if chat.logprobs and logprobs is not None else None}], **extra})
 
     spoken = chat.output_type == "both"
     answer_id = new_answer_id()
@@ -44,10 +49,14 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
         async for event in handle:
             if client_gone(request):
                 return response  # the guard cancels the turn
+            if isinstance(event, (TextDelta, AudioChunk)):
+                record.first_byte()
             if isinstance(event, TextDelta) and event.text:
-                await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text})
+                await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text},
+                            logprobs=event.logprobs)
             elif isinstance(event, AudioChunk) and encoder is not None:
                 pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
+                record.add_audio_out(pcm[-1].size / SPEECH_OUTPUT_RATE)
                 await _audio_data(chunk, answer_id, encoder.push(pcm[-1]))
             elif isinstance(event, TurnDone):
                 done = event

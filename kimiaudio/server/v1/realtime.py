@@ -27,7 +27,7 @@ HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connecti
 async def realtime(request: web.Request) -> web.StreamResponse:
     app = request.app
     if "model" in request.query:
-        check_model(request.query["model"])
+        check_model(request.query["model"], app[config_key].server.model_aliases)
     ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S)
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")

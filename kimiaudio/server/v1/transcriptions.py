@@ -2,41 +2,65 @@
 
 Multipart form as OpenAI's: `file` (any container PyAV reads, at most server.max_body_bytes),
 `model`, optional `response_format` (json | text | verbose_json | srt | vtt), `stream`
-(server-sent transcript.text.delta events, then transcript.text.done), `language`, `prompt`
-and `temperature`. The turn is the official ASR example's (a user text message holding
-ASR_INSTRUCTION, then the audio), generated as text only: no detokenizer work. `prompt` and
-`language` are accepted and not used (the official prompt is fixed; the model detects the
-language); srt/vtt hold one cue spanning the whole audio, as no word timestamps exist.
+(server-sent transcript.text.delta events, then transcript.text.done), `language` (a Whisper
+code: it picks the official instruction, text/asr_instruction.py, and verbose_json reports
+it), `prompt` (prior text: a user text message before the instruction), `temperature`
+(0..1, of the text stream), `include[]=logprobs` (json and streams: each token's
+log-probability) and `timestamp_granularities[]=segment` (verbose_json). The turn is the
+official ASR example's (the instruction as a user text message, then the audio), generated as
+text only: no detokenizer work. verbose_json holds one segment spanning the audio with
+measured values only: the generated text tokens, their mean log-probability, the text's
+compression ratio (as Whisper computes it), the temperature used and no_speech_prob (1 - the
+silero VAD's highest speech probability over the audio). srt/vtt hold one cue spanning the
+audio, as no word timestamps exist (`word` granularity is refused). Fields the model cannot
+honour are refused (inputs/openai_params.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import zlib
+from functools import cache
 
 from aiohttp import web
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.vad import SileroVad
+from kimiaudio.config import check_setting
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
-from kimiaudio.text.prompt import ASR_INSTRUCTION
-from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key
+from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, asr_instruction, check_language
+from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, vad_executor_key
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
+from kimiaudio.server.observe.request_log import request_record
+from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, checked
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.v1.turn_guard import guarded_turn
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
-TEXT_FIELDS = ("model", "response_format", "stream", "language", "prompt", "temperature")
+LIST_FIELDS = ("timestamp_granularities[]", "include[]", "known_speaker_names[]", "known_speaker_references[]")
+TEXT_FIELDS = ("model", "response_format", "stream", "language", "prompt", "temperature", "chunking_strategy",
+               *LIST_FIELDS)
 
 
 async def _form(request: web.Request) -> dict:
-    """The form's text fields by name, and `file`: (its file name, its bytes)."""
+    """The form's text fields by name (a list field: its values), and `file`: (its file name,
+    its bytes). A field OpenAI's API does not have is refused."""
     limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": request.app[max_body_bytes_key]}
-    form = await read_form(request, limits, ("file",), "the audio as `file`")
-    fields = {name: field.text() for name, field in form.items() if name != "file"}
+    unknown: list[str] = []
+    form = await read_form(request, limits, ("file",), "the audio as `file`", LIST_FIELDS, unknown)
+    fields = {name: (field.texts() if name in LIST_FIELDS else field.text())
+              for name, field in form.items() if name != "file"}
+    # An object field arrives as `name[key]` parts (chunking_strategy[type]): judged by its name.
+    names = [name.partition("[")[0] if "[" in name and not name.endswith("[]") else name for name in unknown]
+    TRANSCRIPTION_FIELDS.check({**{name: {"object": name} for name in names}, **fields})
     fields["file"] = (form["file"].filename or "file", form["file"].data)
     return fields
 
@@ -49,27 +73,83 @@ def _flag(value: str | None, param: str) -> bool:
     raise ApiError(400, "invalid_value", f"{param}: expected true or false", param=param)
 
 
+def _temperature(value: str | None, config) -> float:
+    """The text stream's temperature: the form's (0..1, as OpenAI's), else the configured one."""
+    if not value:
+        return config.sampling.text_temperature
+    try:
+        number = float(value)
+    except ValueError:
+        raise ApiError(400, "invalid_value", f"temperature: expected a number in [0, 1], got {value[:40]!r}",
+                       param="temperature") from None
+    return checked(TranscriptionSampling, {"temperature": number})["temperature"]
+
+
+def _options(fields: dict, response_format: str) -> tuple[bool, bool]:
+    """(segment timestamps asked for, logprobs asked for), refusing what cannot be given."""
+    granularities = fields.get("timestamp_granularities[]") or []
+    if set(granularities) - {"segment"}:
+        raise ApiError(400, "unsupported_parameter", "timestamp_granularities: only \"segment\" is supported (the "
+                       "model gives no word timestamps)", param="timestamp_granularities")
+    if granularities and response_format != "verbose_json":
+        raise ApiError(400, "invalid_value", "timestamp_granularities: needs response_format verbose_json",
+                       param="timestamp_granularities")
+    include = fields.get("include[]") or []
+    if set(include) - {"logprobs"}:
+        raise ApiError(400, "invalid_value", "include: expected [\"logprobs\"]", param="include")
+    if include and response_format != "json" and not _flag(fields.get("stream"), "stream"):
+        raise ApiError(400, "invalid_value", "include: logprobs come with response_format json (or a stream)",
+                       param="include")
+    return bool(granularities), bool(include)
+
+
 async def transcriptions(request: web.Request) -> web.StreamResponse:
     config, pipeline = request.app[config_key], request.app[pipeline_key]
     fields = await _form(request)
-    check_model(fields.get("model"))
+    check_model(fields.get("model"), config.server.model_aliases)
     response_format = fields.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
         raise ApiError(400, "invalid_value", f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}",
                        param="response_format")
     stream = _flag(fields.get("stream"), "stream")
+    _, with_logprobs = _options(fields, response_format)
+    language = None
+    if fields.get("language"):
+        try:
+            language = check_language(fields["language"])
+        except KimiAudioError as exc:
+            raise ApiError(400, "invalid_value", str(exc), param="language") from None
+    temperature = check_setting("sampling", "text_temperature", _temperature(fields.get("temperature"), config))
     name, data = fields["file"]
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
-    turn = TurnRequest(conversation_id="transcription", history=[HistoryTurn("user", text=ASR_INSTRUCTION)],
-                       user_audio=pcm, sampling=SamplingParams.from_config(config.sampling), output_type="text")
+    prior = [HistoryTurn("user", text=fields["prompt"])] if fields.get("prompt") else []
+    turn = TurnRequest(conversation_id="transcription", history=[*prior, HistoryTurn("user", text=asr_instruction(language))],
+                       user_audio=pcm, sampling=SamplingParams.from_config(config.sampling, text_temperature=temperature),
+                       output_type="text", logprobs=True)
     seconds = pcm.size / SPEECH_INPUT_RATE
+    request_record(request).audio_in_s = seconds
+    speech = None
+    if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
+        speech = asyncio.get_running_loop().run_in_executor(request.app[vad_executor_key], _max_speech_probability, pcm)
     async with guarded_turn(request, pipeline, turn) as handle:
         if stream:
-            return await _stream(request, handle)
+            return await _stream(request, handle, with_logprobs)
         done = await _last(handle)
     if done.status != "completed":
         raise ApiError(500, "transcription_failed", f"the transcription failed ({done.error or done.status})")
-    return _formatted(done.text.strip(), response_format, seconds, fields.get("language"))
+    text = done.text.strip()
+    if response_format == "verbose_json":
+        return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
+    return _formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
+
+
+@cache
+def _shared_vad() -> SileroVad:
+    return SileroVad()  # made and used on the one VAD thread only
+
+
+def _max_speech_probability(pcm) -> float:
+    return _shared_vad().max_speech_probability(pcm)
 
 
 async def _last(handle) -> TurnDone:
@@ -79,19 +159,23 @@ async def _last(handle) -> TurnDone:
     raise ApiError(500, "internal_error", "the turn ended without a result")
 
 
-async def _stream(request: web.Request, handle) -> web.StreamResponse:
+async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
     response = await sse.open_stream(request)
-    text = ""
+    text, logprobs = "", []
     async for event in handle:
         if isinstance(event, TextDelta) and event.text:
+            request_record(request).first_byte()
             text += event.text
-            await sse.send(response, {"type": "transcript.text.delta", "delta": event.text})
+            extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
+            logprobs += extra.get("logprobs", [])
+            await sse.send(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
                 await sse.send_error(response, ApiError(500, "transcription_failed",
                                                         f"the transcription failed ({event.error or event.status})"))
             else:
-                await sse.send(response, {"type": "transcript.text.done", "text": text.strip()})
+                extra = {"logprobs": logprobs} if with_logprobs else {}
+                await sse.send(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
     await sse.send_done(response)
     return response
 
@@ -101,17 +185,39 @@ def _timestamp(seconds: float, separator: str) -> str:
     return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
 
 
-def _formatted(text: str, response_format: str, seconds: float, language: str | None) -> web.Response:
+def _logprobs(entries) -> list[dict]:
+    """OpenAI's transcription logprobs: [{token, logprob, bytes}]."""
+    return [{k: v for k, v in item.items() if k != "top_logprobs"} for item in logprobs_object(entries)["content"]]
+
+
+def _verbose(text: str, done: TurnDone, seconds: float, language: str | None, temperature: float,
+             speech_probability: float) -> dict:
+    """verbose_json: one segment over the audio, every number measured (or left out)."""
+    segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text,
+               "tokens": [e.token_id for e in done.logprobs], "temperature": temperature,
+               "compression_ratio": compression_ratio(text), "no_speech_prob": round(1.0 - speech_probability, 6)}
+    if done.logprobs:
+        segment["avg_logprob"] = sum(e.logprob for e in done.logprobs) / len(done.logprobs)
+    out = {"task": "transcribe", "duration": round(seconds, 3), "text": text, "segments": [segment],
+           "usage": {"type": "duration", "seconds": math.ceil(seconds)}}
+    if language is not None:
+        out["language"] = WHISPER_LANGUAGES[language]  # as OpenAI reports it: "english"
+    return out
+
+
+def compression_ratio(text: str) -> float:
+    """Whisper's: UTF-8 bytes over their zlib-compressed bytes (repetitive text compresses well)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data))
+
+
+def _formatted(text: str, response_format: str, seconds: float, logprobs) -> web.Response:
     usage = {"type": "duration", "seconds": math.ceil(seconds)}
     if response_format == "json":
-        return web.json_response({"text": text, "usage": usage})
+        return web.json_response({"text": text, **({"logprobs": _logprobs(logprobs)} if logprobs is not None else {}),
+                                  "usage": usage})
     if response_format == "text":
         return web.Response(text=text, content_type="text/plain")
-    if response_format == "verbose_json":
-        segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text, "tokens": [],
-                   "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 1.0, "no_speech_prob": 0.0}
-        return web.json_response({"task": "transcribe", "language": language or "unknown",
-                                  "duration": round(seconds, 3), "text": text, "segments": [segment], "usage": usage})
     if response_format == "srt":
         return web.Response(text=f"1\n{_timestamp(0, ',')} --> {_timestamp(seconds, ',')}\n{text}\n\n",
                             content_type="application/x-subrip")

@@ -1,0 +1,172 @@
+"""The request fields of OpenAI's API and what kimiaudio does with each: honour, refuse, or
+(only where OpenAI's own service accepts it and ignores it too) ignore.
+
+Every route lists the fields of OpenAI's API reference it knows (`Fields`): the honoured ones
+it reads itself; the refused ones are accepted only with a value that asks for nothing (an
+empty `tools` list, `response_format` text, ...: `neutral`), else 400 naming the field; the
+ignored ones are read by nobody. Any other field is refused as OpenAI refuses an argument it
+does not know. A `null` is a field not sent. Ranges of the honoured numbers are declared as
+settings of a dataclass per route (validation.py's one check), OpenAI's ranges where they are
+narrower than the engine's. README's compatibility table lists the same fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kimiaudio.config import MAX_NEW_TOKENS, PRESENCE_FREQUENCY_PENALTY, SEED, TOP_P
+from kimiaudio.errors import ConfigError
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.validation import Bounds, check_value, declared, setting
+
+OUTPUT_LIMIT = Bounds(1, MAX_NEW_TOKENS.max)
+
+
+def _empty(value: Any) -> bool:
+    return value in ([], {}, "")
+
+
+@dataclass(frozen=True)
+class Fields:
+    """One route's fields: `honoured` (read by the route), `neutral` (refused unless the value
+    passes: field -> (test, what is accepted)), `ignored` (as OpenAI ignores them)."""
+
+    honoured: frozenset[str]
+    neutral: dict[str, tuple[Callable[[Any], bool], str]] = field(default_factory=dict)
+    ignored: frozenset[str] = frozenset()
+
+    def check(self, body: dict, where: str = "", error: Callable[[str, str, str], Exception] | None = None) -> None:
+        """Refuse what `body` asks and the route cannot do; `error(code, message, param)` builds
+        the exception (default: a 400 ApiError)."""
+        error = error or _api_error
+        for key, value in body.items():
+            param = f"{where}{key}"
+            if value is None or key in self.honoured or key in self.ignored:
+                continue
+            if key in self.neutral:
+                test, accepted = self.neutral[key]
+                if not test(value):
+                    raise error("unsupported_parameter", f"{param}: kimiaudio does not support this (accepted: "
+                                f"{accepted}); see README's compatibility table", param)
+                continue
+            raise error("unknown_parameter", f"Unrecognized request argument supplied: {param}"[:300], param)
+
+
+def _api_error(code: str, message: str, param: str) -> ApiError:
+    return ApiError(400, code, message, param=param)
+
+
+_NO_TOOLS = {
+    "tools": (_empty, "[] (kimiaudio has no function calling)"),
+    "tool_choice": (lambda v: v in ("auto", "none"), '"auto" or "none" (with no tools, both call none)'),
+}
+
+CHAT_FIELDS = Fields(
+    honoured=frozenset({"model", "messages", "modalities", "audio", "n", "stream", "stream_options", "temperature",
+                        "top_p", "seed", "stop", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
+                        "presence_penalty", "frequency_penalty"}),
+    neutral={**_NO_TOOLS,
+             "functions": (_empty, "[]"),
+             "function_call": (lambda v: v == "none", '"none"'),
+             "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
+             "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
+             "logit_bias": (_empty, "{} (the model's token ids are not OpenAI's)"),
+             "store": (lambda v: v is False, "false (answers are not kept for evals or distillation)"),
+             "service_tier": (lambda v: v in ("auto", "default"), '"auto" or "default"'),
+             "prediction": (lambda v: False, "nothing"),
+             "web_search_options": (lambda v: False, "nothing"),
+             "reasoning_effort": (lambda v: False, "nothing: not a reasoning model"),
+             "verbosity": (lambda v: False, "nothing"),
+             "prompt_cache_retention": (lambda v: False, "nothing")},
+    ignored=frozenset({"user", "safety_identifier", "metadata", "prompt_cache_key"}),
+)
+
+TRANSCRIPTION_FIELDS = Fields(
+    honoured=frozenset({"file", "model", "language", "prompt", "response_format", "stream", "temperature",
+                        "timestamp_granularities[]", "include[]"}),
+    neutral={"chunking_strategy": (lambda v: v == "auto", '"auto" (the audio is transcribed in one piece)'),
+             "known_speaker_names[]": (lambda v: False, "nothing: no diarization"),
+             "known_speaker_references[]": (lambda v: False, "nothing: no diarization")},
+)
+
+SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes)
+    honoured=frozenset({"modalities", "output_modalities", "instructions", "voice", "input_audio_format",
+                        "output_audio_format", "turn_detection", "temperature", "max_response_output_tokens",
+                        "max_output_tokens", "audio", "vad", "sampling", "output_type",
+                        "input_audio_transcription"}),
+    neutral={**_NO_TOOLS,
+             "type": (lambda v: v == "realtime", '"realtime" (transcription sessions are not supported)'),
+             "input_audio_noise_reduction": (lambda v: False, "null"),
+             "speed": (lambda v: v == 1.0, "1.0"),
+             "tracing": (lambda v: False, "null (no traces are kept)"),
+             "include": (_empty, "[]"),
+             "prompt": (lambda v: False, "nothing"),
+             "truncation": (lambda v: v == "auto", '"auto"')},
+    # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
+    ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
+)
+
+AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
+    honoured=frozenset({"format", "turn_detection", "transcription"}),
+    neutral={"noise_reduction": (lambda v: False, "null")},
+)
+
+AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
+    honoured=frozenset({"format", "voice"}),
+    neutral={"speed": (lambda v: v == 1.0, "1.0")},
+)
+
+RESPONSE_FIELDS = Fields(  # response.create's response
+    honoured=frozenset({"modalities", "output_modalities", "instructions", "voice", "temperature",
+                        "max_output_tokens", "max_response_output_tokens", "output_audio_format", "audio"}),
+    neutral={**_NO_TOOLS,
+             "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
+             "input": (lambda v: False, "nothing: the response answers the conversation"),
+             "prompt": (lambda v: False, "nothing")},
+    ignored=frozenset({"metadata"}),
+)
+
+
+@dataclass(frozen=True)
+class ChatSampling:
+    """The chat fields that set sampling, in OpenAI's ranges."""
+
+    temperature: float | None = setting(None, Bounds(0.0, 2.0))
+    top_p: float | None = setting(None, TOP_P)
+    presence_penalty: float | None = setting(None, PRESENCE_FREQUENCY_PENALTY)
+    frequency_penalty: float | None = setting(None, PRESENCE_FREQUENCY_PENALTY)
+    seed: int | None = setting(None, SEED)
+    max_completion_tokens: int | None = setting(None, OUTPUT_LIMIT)
+    max_tokens: int | None = setting(None, OUTPUT_LIMIT)
+    logprobs: bool | None = None
+    top_logprobs: int | None = setting(None, Bounds(0, 20))
+    n: int | None = setting(None, Bounds(1, 1))
+
+
+@dataclass(frozen=True)
+class TranscriptionSampling:
+    temperature: float | None = setting(None, Bounds(0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class RealtimeSampling:
+    """session.update's and response.create's sampling fields (OpenAI's temperature range)."""
+
+    temperature: float | None = setting(None, Bounds(0.6, 1.2))
+    max_output_tokens: int | None = setting(None, OUTPUT_LIMIT)
+
+
+def checked(cls: type, values: dict, where: str = "",
+            error: Callable[[str, str, str], Exception] | None = None) -> dict[str, Any]:
+    """The fields of `cls` that `values` holds (not null), each checked against its declaration."""
+    error = error or _api_error
+    out = {}
+    for key, (expected, bounds) in declared(cls).items():
+        if values.get(key) is None:
+            continue
+        try:
+            out[key] = check_value(f"{where}{key}", values[key], expected, bounds)
+        except ConfigError as exc:
+            raise error("invalid_value", str(exc)[:300], f"{where}{key}") from None
+    return out

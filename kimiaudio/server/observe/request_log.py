@@ -1,0 +1,71 @@
+"""One log line per /v1 request: what it was answered, or why it was refused.
+
+The outermost middleware (`request_log_middleware`) gives each /v1 request a RequestRecord;
+the route fills in the audio it took and gave (seconds) and marks when the first byte of the
+answer left (a stream's first text or audio; a whole answer when it is returned). When the
+request ends, one INFO line goes to the `kimiaudio.requests` logger:
+
+    request POST /v1/chat/completions status=200 audio_in_s=2.6 audio_out_s=3.1 first_byte_s=0.41 done_s=1.9
+    request POST /v1/chat/completions status=400 refused=unsupported_parameter param=tools
+
+A WebSocket (/v1/realtime) is one line when it closes (its answers have their own `turn`
+lines, turn_log.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.observe.turn_log import key_values
+
+log = logging.getLogger("kimiaudio.requests")
+_RECORD = web.RequestKey("request_record", "RequestRecord")
+
+
+@dataclass
+class RequestRecord:
+    start: float  # time.monotonic() when the request came in
+    audio_in_s: float | None = None
+    audio_out_s: float | None = None
+    first_byte_s: float | None = None
+
+    def first_byte(self) -> None:
+        """The answer's first byte leaves now (only the first call counts)."""
+        if self.first_byte_s is None:
+            self.first_byte_s = time.monotonic() - self.start
+
+    def add_audio_out(self, seconds: float) -> None:
+        self.audio_out_s = (self.audio_out_s or 0.0) + seconds
+
+
+def request_record(request: web.Request) -> RequestRecord:
+    """The request's record (a detached one outside the middleware: tests calling a handler)."""
+    record = request.get(_RECORD)
+    return record if record is not None else RequestRecord(time.monotonic())
+
+
+@web.middleware
+async def request_log_middleware(request: web.Request, handler):
+    if not request.path.startswith("/v1/"):
+        return await handler(request)
+    record = request[_RECORD] = RequestRecord(time.monotonic())
+    where = f"{request.method} {request.path}"
+    try:
+        response = await handler(request)
+    except ApiError as exc:
+        fields = {"status": exc.status, "refused": exc.code, "param": exc.param}
+        if exc.status >= 500:
+            fields = {"status": exc.status, "failed": exc.code}
+        log.info("request %s %s", where, key_values({k: v for k, v in fields.items() if v is not None}))
+        raise
+    record.first_byte()
+    fields = {"status": response.status, "audio_in_s": record.audio_in_s, "audio_out_s": record.audio_out_s,
+              "first_byte_s": record.first_byte_s, "done_s": time.monotonic() - record.start}
+    log.info("request %s %s", where, key_values({k: round(v, 3) if isinstance(v, float) else v
+                                                 for k, v in fields.items() if v is not None}))
+    return response
