@@ -9,6 +9,8 @@ import pytest
 from kimiaudio.store import ConversationBusyError, ConversationStore
 from test_server_support import demo_server, offer_sdp
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def shared(aiohttp_client, demo_checkpoint, tmp_path, postgres_url):

@@ -63,6 +63,7 @@ def _serve(env_url: str, tmp_path) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_bad_database_with_one_line(postgres_server, postgres_url, tmp_path):
     check_and_migrate(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:
