@@ -19,6 +19,8 @@ Tables:
 - voices(name, created_at, sample_rate, num_samples, pcm, codes): voice prompts added with
   POST /api/voices: the reference as float32 PCM (the exact input of its DiT prefix, so a
   prefix recomputed after a restart or an eviction is the same) and its semantic codes (JSON).
+- turns.transcript (version 5): a spoken user turn's words, transcribed (NULL: not transcribed);
+  turns_fts: the full-text index of every turn's text and transcript (search.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 import sqlite_utils
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.search import FTS_SCHEMA
 
 _V1 = """
 CREATE TABLE conversations (
@@ -92,8 +95,12 @@ CREATE TABLE voices (
 );
 """
 
+_V5 = """
+ALTER TABLE turns ADD COLUMN transcript TEXT;
+""" + FTS_SCHEMA
+
 # MIGRATIONS[i] migrates from user_version i to i + 1.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _V4, _V5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -110,15 +117,26 @@ def migrate(conn: sqlite3.Connection) -> int:
         # transaction so a migration is all or nothing.
         conn.execute("BEGIN")
         try:
-            for statement in MIGRATIONS[version].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            for statement in _statements(MIGRATIONS[version]):
+                conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
     return found
+
+
+def _statements(script: str):
+    """The statements of a migration, one by one (a trigger's body holds ";" of its own)."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement
+            statement = ""
+    if statement.strip():
+        yield statement
 
 
 def open_database(path: str | Path) -> sqlite_utils.Database:
