@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument("--tls-cert", help="PEM certificate file: serve HTTPS and WSS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key file of --tls-cert")
 
     p = sub.add_parser("chat", help="answer one or more spoken user turns, write the spoken reply")
     _add_model_options(p)
@@ -101,12 +103,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
             overrides["model"][key] = value
     if getattr(args, "data_dir", None):
         overrides["storage"]["data_dir"] = args.data_dir
-    for flag in ("host", "port"):
+    for flag in ("host", "port", "tls_cert", "tls_key"):
         if getattr(args, flag, None) is not None:
             overrides["server"][flag] = getattr(args, flag)
     config = load_config(getattr(args, "config", None), {})
     # Paths given on the command line are relative to the current directory, not the config file.
-    for section, key in (("model", "path"), ("model", "glm_tokenizer_path"), ("storage", "data_dir")):
+    for section, key in (("model", "path"), ("model", "glm_tokenizer_path"), ("storage", "data_dir"),
+                         ("server", "tls_cert"), ("server", "tls_key")):
         if key in overrides[section]:
             from pathlib import Path
 

@@ -186,7 +186,7 @@ class LmWorker(Worker):
         handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
         turn.seq_id = self.engine.add_request(EngineRequest(
             handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
-            params, output_type, specials))
+            params, output_type, specials, request.priority))
         self._turns[handle.turn_id] = turn
         if speaks:
             self.detok.open(handle, params.seed, request.voice)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.voices import Voice
 
@@ -30,3 +31,6 @@ class TurnRequest:
     sampling: SamplingParams | None = None  # None: config [sampling]
     output_type: str = "both"  # "both" (text + speech) | "text"
     voice: Voice | None = None  # the voice prompt its speech is conditioned on; None = the model's own
+    # engine_io's ANSWER_PRIORITY, or BACKGROUND_PRIORITY for work nobody waits on to speak
+    # (the user's words transcribed: pipeline/transcription.py)
+    priority: int = ANSWER_PRIORITY
