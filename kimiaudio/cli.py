@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-rate", type=float, default=0.3, help="--soak: share of turns with a fault")
     p.add_argument("--client-processes", type=int,
                    help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)")
+    p.add_argument("--transcribe", action="store_true",
+                   help="answers' first audio (engine steps, ms) without and with each user turn transcribed beside them")
     p.add_argument("--voice", nargs="?", const="", metavar="FILE",
                    help="first-audio latency without and with a voice made from FILE (a synthetic voice if none)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

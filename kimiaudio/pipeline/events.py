@@ -42,6 +42,9 @@ class TurnDone:
     finish_reason: str | None = None
     prefill_tokens_computed: int = 0
     prefill_tokens_cached: int = 0
+    # Engine steps run from the LM worker taking the turn to its first speech code (None: no
+    # speech): what a bench compares when other work shares the engine.
+    first_audio_steps: int | None = None
 
 
 PipelineEvent = UserEncoded | TextDelta | AudioChunk | TurnDone

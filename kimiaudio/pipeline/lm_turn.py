@@ -41,6 +41,8 @@ class LmTurn:
         self._num_decoded = 0  # text ids already decoded into emitted_text
         self.text_done = False
         self.timings: dict[str, float] = {}
+        self.submit_step = 0  # the LM worker's engine step count when it took the turn
+        self.first_audio_steps: int | None = None
 
     @property
     def turn_id(self) -> str:
@@ -107,6 +109,7 @@ class LmTurn:
             status=status, text=self.emitted_text, text_tokens=list(self.raw_text), audio_tokens=list(self.codes),
             timings=dict(self.timings), error=error, finish_reason=finish_reason,
             prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
+            first_audio_steps=self.first_audio_steps,
         )
 
 
