@@ -17,6 +17,7 @@ import logging
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.transcription import transcription_request
@@ -40,7 +41,10 @@ class InputTranscription:
                    audio: np.ndarray) -> None:
         s = self.session
         try:
-            handle = s.pipeline.submit(transcription_request(conversation_id, audio, s.settings.sampling()))
+            # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings
+            # (its token limit, say) are not the words' settings.
+            sampling = SamplingParams.from_config(s.pipeline.config.sampling)
+            handle = s.pipeline.submit(transcription_request(conversation_id, audio, sampling))
         except KimiAudioError as exc:
             s.send(events.transcription_failed(item_id, content_index, f"the transcription could not start ({exc})"))
             return
