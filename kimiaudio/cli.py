@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument("--tls-cert", help="PEM certificate file: serve HTTPS and WSS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key file of --tls-cert")
 
     p = sub.add_parser("chat", help="answer one or more spoken user turns, write the spoken reply")
     _add_model_options(p)
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "instead of one started here (KIMIAUDIO_API_KEY: its key)")
     p.add_argument("--client-processes", type=int,
                    help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)")
+    p.add_argument("--transcribe", action="store_true",
+                   help="answers' first audio (engine steps, ms) without and with each user turn transcribed beside them")
     p.add_argument("--voice", nargs="?", const="", metavar="FILE",
                    help="first-audio latency without and with a voice made from FILE (a synthetic voice if none)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -104,12 +108,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
             overrides["model"][key] = value
     if getattr(args, "data_dir", None):
         overrides["storage"]["data_dir"] = args.data_dir
-    for flag in ("host", "port"):
+    for flag in ("host", "port", "tls_cert", "tls_key"):
         if getattr(args, flag, None) is not None:
             overrides["server"][flag] = getattr(args, flag)
     config = load_config(getattr(args, "config", None), {})
     # Paths given on the command line are relative to the current directory, not the config file.
-    for section, key in (("model", "path"), ("model", "glm_tokenizer_path"), ("storage", "data_dir")):
+    for section, key in (("model", "path"), ("model", "glm_tokenizer_path"), ("storage", "data_dir"),
+                         ("server", "tls_cert"), ("server", "tls_key")):
         if key in overrides[section]:
             from pathlib import Path
 

@@ -192,3 +192,15 @@ def test_percentiles_are_null_without_values_and_in_milliseconds_with_them():
     assert ms_p50_p95([]) == (None, None)
     p50, p95 = ms_p50_p95([0.001 * i for i in range(1, 101)])
     assert p50 == 50.5 and abs(p95 - 95.05) < 1e-9
+
+
+def test_transcription_bench_compares_first_audio_steps_with_and_without(demo_checkpoint):
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--transcribe", "--sessions", "2",
+                       "--max-new-tokens", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["rows"]
+    assert row["sessions"] == 2 and row["transcripts_completed"] == 2  # every user turn transcribed
+    assert 0 < row["first_audio_steps_p50"] <= row["first_audio_steps_max"]
+    assert 0 < row["with_asr_first_audio_steps_p50"] <= row["with_asr_first_audio_steps_max"]
+    assert isinstance(row["max_extra_steps"], int)  # a paired difference; the promise itself is the scheduler's test
+    assert row["first_audio_ms_p50"] > 0 and row["with_asr_first_audio_ms_p50"] > 0

@@ -88,6 +88,8 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
                 return [...document.querySelectorAll('#transcript .turn.assistant[data-status="completed"]')]
                     .some((r) => r.querySelector('.text').textContent !== '(no text)');""", 60)
             _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0", 10)
+            # The user's words ([server] transcribe_input is on by default) replace "You spoke".
+            _wait(driver, "return document.querySelector('#transcript .turn.user[data-transcribed]') !== null", 60)
             ARTIFACTS.mkdir(exist_ok=True)
             driver.save_screenshot(str(ARTIFACTS / "browser_turn.png"))
             return {
@@ -95,6 +97,9 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
                     return [...document.querySelectorAll('#transcript .turn.assistant[data-status]')].map((r) => [
                         r.dataset.status, r.querySelector('.text').textContent, r.querySelector('.meta').textContent]);"""),
                 "user_turns": len(driver.find_elements("css selector", "#transcript .turn.user")),
+                "user_words": driver.execute_script("""
+                    return [...document.querySelectorAll('#transcript .turn.user[data-transcribed="completed"]')]
+                        .map((u) => u.querySelector('.text').textContent);"""),
                 "banner": driver.find_element("id", "demo-banner").text,
                 "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden"),
             }
@@ -114,6 +119,38 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
         assert status == "completed" and "first audio after" in meta
         assert text == (turn["text"] or "(no text)")
     assert any(text != "(no text)" for _, text, _ in result["assistant"])
+    # The user's line shows the words the server transcribed and stored with the turn.
+    transcripts = [t["transcript"] for t in (await store.get_conversation(conversations[0]["id"]))["turns"]
+                   if t["role"] == "user"]
+    assert result["user_words"] and all(w == (t or "(no words heard)") for w, t in zip(result["user_words"], transcripts))
+
+
+async def test_page_search_box_filters_the_conversations(server, tmp_path):
+    store = server.app[store_key]
+    for words in ("the weather in Lisbon", "a recipe for bread"):
+        conversation = await store.create_conversation()
+        index = await store.add_turn(conversation["id"], "user", audio=silence(0.5))
+        await store.update_turn(conversation["id"], index, transcript=words)
+        await store.add_turn(conversation["id"], "assistant", f"About {words.split()[-1]}.")
+    url = str(server.make_url("/"))
+
+    def drive():
+        driver = _browser(tmp_path, None)
+        listed = "return [...document.querySelectorAll('#conversations li:not(.muted)')].map((li) => li.firstChild.textContent)"
+        try:
+            driver.get(url)
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 2", 10)
+            driver.find_element("id", "search").send_keys("lisb")
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1", 10)
+            found = driver.execute_script(listed)
+            driver.find_element("id", "search").send_keys(" nothing-like-it")
+            _wait(driver, "return document.querySelector('#conversations li.muted') !== null", 10)
+            return found, driver.find_element("css selector", "#conversations li.muted").text
+        finally:
+            driver.quit()
+
+    found, empty = await asyncio.to_thread(drive)
+    assert found == ["About Lisbon."] and empty == "No conversation matches."
 
 
 async def test_page_explains_server_full_and_mic_denied(server, tmp_path):

@@ -304,3 +304,42 @@ def test_max_num_seqs_limits_running():
         assert len(sched.running) <= 2
     assert all(runner.generated[i] == expected_tokens([i + 1] * 3, 4) for i in range(5))
     assert_pool_idle(sched.block_manager)
+
+
+def _answers_with_background(background: bool):
+    """Two answers, the second arriving at step 3, in a pool and slot count that fit the
+    answers but not the answers and two background (transcription) requests beside them."""
+    sched = Scheduler(BlockManager(10, BS), max_num_seqs=3, max_num_batched_tokens=8,
+                      max_prefill_tokens_while_decoding=4)
+    runner = FakeRunner(sched)
+    answers = {0: list(range(1, 11)), 1: list(range(20, 32))}
+    extra = {10: list(range(40, 49)), 11: list(range(60, 69))}
+    arrivals = {0: [0] + ([10] if background else []), 1: [11] if background else [], 3: [1]}
+    for step in range(500):
+        for sid in arrivals.get(step, []):
+            prompt = answers.get(sid) or extra[sid]
+            seq = make_seq(sid, prompt, max_new=6 if sid in answers else 8)
+            seq.priority = 1 if sid in extra else 0
+            sched.add(seq)
+        if not sched.has_work and step > 2:
+            break
+        runner.step()
+    return runner, sched
+
+
+def test_background_priority_never_takes_an_answers_room():
+    alone, _ = _answers_with_background(False)
+    mixed, sched = _answers_with_background(True)
+    answer_steps = lambda runner: [[(sid, n) for sid, n in step if sid < 10] for step in runner.steps]
+    plain = answer_steps(alone)
+    # Every step gave each answer exactly the positions it had alone: its prefill chunks,
+    # its first token and every decode, at the same step (background work only fills the rest).
+    assert answer_steps(mixed)[:len(plain)] == plain
+    assert all(not step for step in answer_steps(mixed)[len(plain):])
+    assert any(sid >= 10 for step in mixed.steps[:len(plain)] for sid, _ in step)  # it was batched beside them
+    assert sched.num_preemptions > 0  # the answers' arrival took blocks or a slot back from it
+    for sid, prompt in {0: range(1, 11), 1: range(20, 32)}.items():
+        assert mixed.generated[sid] == alone.generated[sid] == expected_tokens(prompt, 6)
+    for sid, prompt in {10: range(40, 49), 11: range(60, 69)}.items():
+        assert mixed.generated[sid] == expected_tokens(prompt, 8)  # preempted, recomputed, same tokens
+    assert_pool_idle(sched.block_manager)

@@ -43,12 +43,30 @@ def test_openai_session_update_beta_and_ga_shapes():
     assert beta == SessionUpdate(vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
                                  sampling={"max_new_tokens": 200}, output_type="both", turn_detection="server_vad",
                                  create_response=False, instructions="Answer briefly.", voice="alloy", input_rate=24000,
-                                 temperature=0.8)
+                                 temperature=0.8, transcription=False)  # input_audio_transcription: null = off
     ga = parse_client_event(json.dumps({"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["text"], "audio": {
             "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None},
             "output": {"voice": "marin"}}}}))
     assert (ga.output_type, ga.turn_detection, ga.input_rate, ga.voice) == ("text", "none", 16000, "marin")
+
+
+def test_input_audio_transcription_beta_and_ga_shapes():
+    def update(session):
+        return parse_client_event(json.dumps({"type": "session.update", "session": session}))
+
+    assert update({}).transcription is None  # unchanged
+    assert update({"input_audio_transcription": {"model": "whisper-1"}}).transcription == {"model": "whisper-1"}
+    assert update({"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}).transcription == {
+        "model": "gpt-4o-transcribe"}
+    assert update({"audio": {"input": {"transcription": None}}}).transcription is False
+    for session, param in (({"input_audio_transcription": "on"}, "session.input_audio_transcription"),
+                           ({"input_audio_transcription": {"model": 5}}, "session.input_audio_transcription.model"),
+                           ({"audio": {"input": {"transcription": {"prompt": "names: Ada"}}}},
+                            "session.audio.input.transcription.prompt")):
+        with pytest.raises(ProtocolError) as info:
+            update(session)
+        assert info.value.param == param
 
 
 @pytest.mark.parametrize("message, code, words", [

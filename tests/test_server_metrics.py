@@ -61,6 +61,8 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     m = await scrape(http)
     assert m["kimiaudio_sessions_total{transport=webrtc}"] == 1 and m["kimiaudio_sessions_active"] == 1
     assert m["kimiaudio_responses_total{status=completed}"] == 1 and m["kimiaudio_turns_total{status=completed}"] == 1
+    # The user's words ([server] transcribe_input) are counted apart, out of the answers' figures.
+    assert m["kimiaudio_background_turns_total{status=completed}"] <= 1
     for stage in ("queued", "encoded", "prefill_done", "first_audio_token", "first_pcm", "done"):
         assert m[f"kimiaudio_turn_stage_seconds_count{{stage={stage}}}"] == 1, stage
         assert m[f"kimiaudio_turn_stage_seconds_sum{{stage={stage}}}"] > 0, stage

@@ -94,6 +94,15 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert loud >= 0.5 * assistant["duration_s"] / 0.02 and loud >= 3, (loud, assistant["duration_s"])
     items = client.of_type("conversation.item.created")
     assert [i["item"]["role"] for i in items] == ["user", "assistant"]
+    # The page's sessions transcribe the user's words ([server] transcribe_input): the same
+    # utterance as a background-priority ASR turn, encoded once for both, its words stored.
+    words = await client.wait_for("conversation.item.input_audio_transcription.completed")
+    assert words["item_id"] == committed["item_id"] and words["content_index"] == 0
+    ((asr, asr_handle),) = pipeline.transcriptions
+    assert asr.user_audio is pipeline.requests[0].user_audio and asr.output_type == "text"
+    assert asr_handle.done.status == "completed" and words["transcript"] == asr_handle.done.text.strip()
+    assert pipeline.metrics.encode_batch_s.count == 1 and pipeline.metrics.max_batch["encode"] == 1
+    assert (await store.get_conversation(conversation_id))["turns"][0]["transcript"] == words["transcript"]
 
     # A second turn carries the history (user audio + codes, assistant text + codes).
     mic.say(np.concatenate([speech[1], silence(1.0)]))

@@ -149,3 +149,19 @@ async def test_store_failure_ends_the_turn_with_an_error(demo_checkpoint, tmp_pa
         assert done["response"]["status"] == "completed"
         stats = s.pipeline.stats()
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+async def test_a_transcription_that_cannot_run_is_reported_failed(demo_checkpoint, tmp_path, speech):
+    config = demo_config(demo_checkpoint, tmp_path)
+    async with Session(demo_stack(demo_checkpoint), config, tmp_path) as s:
+        await s.session.handle_message('{"type": "session.update", "session": {"turn_detection": null, '
+                                       '"input_audio_transcription": {"model": "whisper-1"}}}')
+        assert s.of_type("session.updated")[-1]["session"]["input_audio_transcription"] == {"model": "whisper-1"}
+        await s.pipeline.stop()  # as in a shutdown: nothing more can be submitted
+        s.session.commit(np.concatenate([speech[0], silence(0.3)]), "item_words", respond=False)
+        failed = await s.wait_for("conversation.item.input_audio_transcription.failed")
+        assert failed["item_id"] == "item_words" and failed["content_index"] == 0
+        assert failed["error"]["type"] == "transcription_error" and "not running" in failed["error"]["message"]
+        assert not s.of_type("conversation.item.input_audio_transcription.completed")
+        turn = (await s.store.get_conversation(s.session.conversation.id))["turns"][0]
+        assert turn["has_audio"] and turn["transcript"] is None  # the turn is kept, without words

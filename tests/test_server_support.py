@@ -32,6 +32,7 @@ import contextlib
 import functools
 
 from kimiaudio.config import Config
+from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
 from kimiaudio.pipeline.pipeline import Pipeline
 
 DEMO_MAX_NEW_TOKENS = 60  # about 2 s of (noise) speech from the demo weights
@@ -64,17 +65,22 @@ def demo_stack(checkpoint: Path):
 
 
 class RecordingPipeline(Pipeline):
-    """The real pipeline, also keeping what the server asked of it: the turn requests and
-    their handles, and the turn ids it was told to cancel."""
+    """The real pipeline, also keeping what the server asked of it: the answers' turn requests
+    and their handles, the transcriptions' (background priority) apart, and the turn ids it
+    was told to cancel."""
 
     def __init__(self, stack, config):
         super().__init__(stack, config)
         self.requests, self.handles, self.cancelled = [], [], []
+        self.transcriptions = []  # (request, handle) of each user turn transcribed
 
     def submit(self, request):
         handle = super().submit(request)
-        self.requests.append(request)
-        self.handles.append(handle)
+        if request.priority == BACKGROUND_PRIORITY:
+            self.transcriptions.append((request, handle))
+        else:
+            self.requests.append(request)
+            self.handles.append(handle)
         return handle
 
     def cancel(self, handle):

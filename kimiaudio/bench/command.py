@@ -67,6 +67,14 @@ def run_bench_command(config, args) -> int:
                                fixed_length=not args.natural_lengths)
         print_voice_rows(rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
         return 0
+    if getattr(args, "transcribe", False):
+        from kimiaudio.bench.transcription_bench import print_transcription_rows, run_transcription_bench
+
+        if stack.is_demo and not args.json:
+            print(DEMO_NOTICE)
+        print_transcription_rows(run_transcription_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
+                                                         fixed_length=not args.natural_lengths), args.json)
+        return 0
     if args.http:
         from kimiaudio.bench.http_bench import print_rows, run_http_bench
 

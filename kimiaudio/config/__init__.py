@@ -148,7 +148,14 @@ class EngineConfig:
 class ServerConfig:
     host: str = setting("127.0.0.1", Bounds(pattern=r"\S+", means="a host name or address"))
     port: int = setting(8080, Bounds(1, 65535))
+    # HTTPS (and WSS): PEM certificate (chain) and private key files, both or neither; relative
+    # paths are relative to the config file's directory. Empty = plain HTTP.
+    tls_cert: str = ""
+    tls_key: str = ""
     max_sessions: int = setting(16, Bounds(1, 4096))
+    # The page's WebRTC sessions transcribe each committed user turn (the user's words, shown
+    # and stored); a session.update's input_audio_transcription changes it per session.
+    transcribe_input: bool = True
     # e.g. ["stun:stun.l.google.com:19302"]
     ice_servers: list[str] = setting(factory=list, bounds=Bounds(pattern=r"(stun|turns?):\S+",
                                                                   means="a stun:, turn: or turns: URL"))

@@ -13,6 +13,11 @@ class RequestError(KimiAudioError):
     """A request the engine cannot run (bad input, or too long for the KV pool)."""
 
 
+# Request priorities, most urgent first (a smaller number is served first in every step).
+ANSWER_PRIORITY = 0  # an answer someone is waiting to hear
+BACKGROUND_PRIORITY = 1  # work nobody waits on to speak (the user's words transcribed)
+
+
 @dataclass
 class EngineRequest:
     """What a caller submits: a prompt of two streams plus features, params and stop rules.
@@ -30,6 +35,7 @@ class EngineRequest:
     params: Any  # kimiaudio.engine.sampling_params.SamplingParams
     output_type: str  # "text" | "both"
     specials: Any
+    priority: int = ANSWER_PRIORITY  # BACKGROUND_PRIORITY: never takes a step's room from an answer
 
 
 @dataclass(frozen=True)

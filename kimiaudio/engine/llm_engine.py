@@ -23,7 +23,8 @@ from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.engine_io import Completion, EngineRequest, RequestError, StepOutput
+from kimiaudio.engine.engine_io import (ANSWER_PRIORITY, BACKGROUND_PRIORITY, Completion, EngineRequest, RequestError,
+                                        StepOutput)
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.text.output_type import check_output_type
@@ -193,6 +194,10 @@ class LLMEngine:
                                 request.params.ignore_eos)
         seq.max_num_tokens = n + max(limit, 1) - 1
         seq.params = request.params
+        if not isinstance(request.priority, int) or request.priority not in (ANSWER_PRIORITY, BACKGROUND_PRIORITY):
+            raise RequestError(f"request {rid}: priority must be {ANSWER_PRIORITY} (an answer) or "
+                               f"{BACKGROUND_PRIORITY} (background), got {request.priority!r}")
+        seq.priority = request.priority
         seq.random = RequestRandom(request.params.seed)
         seq.features = None if features is None else features.to(self.device, self.dtype)
         return seq

@@ -14,7 +14,12 @@ preemption done for a server:
   is preempted by recompute: its blocks are freed (their prefix-cache hashes survive) and it
   goes back to the front of the waiting queue, to be prefilled again over its prompt plus
   every token generated so far; the sampled results do not change;
-- `abort` frees a sequence's blocks at once, wherever it is.
+- `abort` frees a sequence's blocks at once, wherever it is;
+- priorities (engine_io: answers, then background work such as transcribing the user's
+  words): each step serves the levels in order, decodes then prefill chunks of each, so
+  background work gets only what the answers leave of the budget and the sequence slots;
+  an answer waiting for admission preempts background sequences for the blocks or the slot
+  it needs, and a background sequence is always the first victim of a preemption.
 """
 
 from __future__ import annotations
@@ -73,63 +78,101 @@ class Scheduler:
         self.abort(seq)
 
     def schedule(self) -> list[Sequence]:
-        """Pick this step's sequences; each gets num_scheduled_tokens > 0. Decodes come first."""
-        budget = self.max_num_batched_tokens
+        """Pick this step's sequences; each gets num_scheduled_tokens > 0. Priority level by
+        level (answers first, background work after): its decodes, then its prefill chunks."""
+        self._budget = self.max_num_batched_tokens
+        self._prefill_left: int | None = None  # the prefill cap's remainder while something decodes
+        self._preempted = False  # the pool ran short this step: admitting now would only thrash
+        self._admitting = True  # false once a more urgent waiting sequence could not be admitted
+        self._num_decodes = 0
         scheduled: list[Sequence] = []
-        preempted = False
+        levels = sorted({s.priority for s in self.running} | {s.priority for s in self.waiting})
+        for level in levels:
+            self._schedule_decodes(level, scheduled)
+            decoding_later = any(s.priority > level and not s.is_prefilling for s in self.running)
+            if self._prefill_left is None and (self._num_decodes or decoding_later) \
+                    and self.max_prefill_tokens_while_decoding is not None:
+                self._prefill_left = self.max_prefill_tokens_while_decoding
+            self._schedule_prefills(level, scheduled)
+        return scheduled
 
-        # 1. One position for every decoding sequence, oldest first.
+    def _schedule_decodes(self, level: int, scheduled: list[Sequence]) -> None:
+        """One position for every decoding sequence of this priority, oldest first."""
         for seq in list(self.running):
-            if seq.is_prefilling or seq.status != SequenceStatus.RUNNING:
-                continue  # still prefilling (step 2), or preempted as a victim just now
-            if budget == 0 or len(scheduled) == self.max_num_seqs:
+            if seq.priority != level or seq.is_prefilling or seq.status != SequenceStatus.RUNNING:
+                continue  # another level, still prefilling, or preempted as a victim just now
+            if self._budget == 0 or len(scheduled) == self.max_num_seqs:
                 break
             while not self.block_manager.can_append(seq):
-                victim = self._newest_unscheduled(scheduled, exclude=seq)
+                victim = self._victim(scheduled, exclude=seq, level=level)
                 self._preempt(victim or seq)
-                preempted = True
+                self._preempted = True
                 if victim is None:
                     break
             else:
                 self.block_manager.append_slots(seq)
                 seq.num_scheduled_tokens = 1
-                budget -= 1
+                self._budget -= 1
+                self._num_decodes += 1
                 scheduled.append(seq)
 
-        # 2. Prefill chunks: sequences part-way through their prefill, then new admissions.
-        if scheduled and self.max_prefill_tokens_while_decoding is not None:
-            budget = min(budget, self.max_prefill_tokens_while_decoding)
+    def _prefill_room(self, scheduled: list[Sequence]) -> int:
+        if len(scheduled) >= self.max_num_seqs:
+            return 0
+        return self._budget if self._prefill_left is None else min(self._budget, self._prefill_left)
+
+    def _take(self, seq: Sequence, scheduled: list[Sequence]) -> None:
+        taken = self._schedule_chunk(seq, self._prefill_room(scheduled), scheduled)
+        self._budget -= taken
+        if self._prefill_left is not None:
+            self._prefill_left -= taken
+
+    def _schedule_prefills(self, level: int, scheduled: list[Sequence]) -> None:
+        """Prefill chunks of this priority: sequences part-way through their prefill, then
+        new admissions in arrival order. An admission may preempt background work for the
+        blocks or the sequence slot it needs, never the other way round."""
         for seq in self.running:
-            if seq.is_prefilling and budget > 0 and len(scheduled) < self.max_num_seqs:
-                budget -= self._schedule_chunk(seq, budget, scheduled)
-        # After a preemption the pool is short: admitting now would only thrash.
-        while self.waiting and not preempted and budget > 0 and len(scheduled) < self.max_num_seqs \
-                and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            if seq.priority == level and seq.is_prefilling and self._prefill_room(scheduled) > 0:
+                self._take(seq, scheduled)
+        for seq in [s for s in self.waiting if s.priority == level]:
+            if not self._admitting or self._preempted or self._prefill_room(scheduled) == 0:
+                return
+            if not self._make_room(seq, level, scheduled):
+                self._admitting = False  # first come, first served: later and less urgent ones wait behind it
+                return
+            self.waiting.remove(seq)
             matched = self.block_manager.match_prefix(seq)
-            if not self.block_manager.can_allocate(seq, matched):
-                break  # first come, first served: later arrivals wait behind it
-            self.waiting.popleft()
             self.block_manager.allocate(seq, matched)
             seq.num_cached_tokens = seq.num_computed_tokens
             self.num_cached_prefill_tokens += seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             seq.is_prefilling = True
             self.running.append(seq)
-            budget -= self._schedule_chunk(seq, budget, scheduled)
-        return scheduled
+            self._take(seq, scheduled)
+
+    def _make_room(self, seq: Sequence, level: int, scheduled: list[Sequence]) -> bool:
+        """Whether `seq` can be admitted now: a free sequence slot and blocks for its positions,
+        made by preempting less urgent running sequences (newest first) where needed."""
+        while len(self.running) >= self.max_num_seqs or \
+                not self.block_manager.can_allocate(seq, self.block_manager.match_prefix(seq)):
+            victim = self._victim(scheduled, exclude=seq, level=level + 1)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        return True
 
     def _schedule_chunk(self, seq: Sequence, budget: int, scheduled: list[Sequence]) -> int:
         seq.num_scheduled_tokens = min(seq.num_pending_tokens, budget)
         scheduled.append(seq)
         return seq.num_scheduled_tokens
 
-    def _newest_unscheduled(self, scheduled: list[Sequence], exclude: Sequence) -> Sequence | None:
+    def _victim(self, scheduled: list[Sequence], exclude: Sequence, level: int) -> Sequence | None:
+        """The running sequence to preempt: unscheduled, of priority `level` or less urgent,
+        the least urgent first and among those the newest."""
         taken = {s.seq_id for s in scheduled}
-        for seq in reversed(self.running):
-            if seq is not exclude and seq.seq_id not in taken:
-                return seq
-        return None
+        candidates = [(s.priority, i, s) for i, s in enumerate(self.running)
+                      if s is not exclude and s.seq_id not in taken and s.priority >= level]
+        return max(candidates, key=lambda c: c[:2])[2] if candidates else None
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

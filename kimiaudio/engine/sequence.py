@@ -64,6 +64,7 @@ class Sequence:
         self.num_cached_tokens = 0  # positions served from the prefix cache at the last admission
         self.is_prefilling = True  # from admission until its first sample after admission
         self.max_num_tokens = n  # positions whose K/V may ever be needed (set by the engine)
+        self.priority = 0  # engine_io's ANSWER_PRIORITY / BACKGROUND_PRIORITY (set by the engine)
         self.finish_reason: str | None = None
         self.error: str | None = None
         # Set by the engine/runner (torch objects are opaque here).

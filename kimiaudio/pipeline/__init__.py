@@ -13,6 +13,9 @@ One turn's state, one type per stage, each named for its stage and owner:
 | DetokTurn    | detok_turn.py   | the detokenizer worker     | its DetokStream, playback clock, the LM's TurnDone |
 | TurnDone     | events.py       | the loop (the last event)  | status, text, tokens, timings, error               |
 
+A transcription of the user's words (transcription.py) is a TurnRequest like any other, at
+the engine's background priority.
+
 Outside the served path: OfflineAnswer (offline.py) is one answer of the batch-1 reference
 loop (chat, transcribe, the benches); the store's StoredTurn (store/conversation_rows.py) is a
 stored turn as loaded, which the server turns into HistoryTurns.

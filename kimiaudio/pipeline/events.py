@@ -56,6 +56,9 @@ class TurnDone:
     prefill_tokens_cached: int = 0
     # The text tokens of `text` (up to a stop string) with their log-probabilities, when asked for.
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Engine steps run from the LM worker taking the turn to its first speech code (None: no
+    # speech): what a bench compares when other work shares the engine.
+    first_audio_steps: int | None = None
 
 
 PipelineEvent = UserEncoded | TextDelta | AudioChunk | TurnDone

@@ -47,6 +47,8 @@ class LmTurn:
         self._scored = 0  # _scores entries already turned into `logprobs`
         self.logprobs: list[TokenLogprob] = []  # of the text emitted so far, when asked for
         self.timings: dict[str, float] = {}
+        self.submit_step = 0  # the LM worker's engine step count when it took the turn
+        self.first_audio_steps: int | None = None
 
     @property
     def turn_id(self) -> str:
@@ -158,6 +160,7 @@ class LmTurn:
             timings=dict(self.timings), error=error, finish_reason=finish_reason,
             prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
             logprobs=list(self.logprobs),
+            first_audio_steps=self.first_audio_steps,
         )
 
 

@@ -67,6 +67,7 @@ class LmWorker(Worker):
         self._turns: dict[str, LmTurn] = {}  # generating: request id (= turn id) -> turn
         self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics, self.clock)
         self._step_s = 0.0  # the last engine step's time: one encoding slice's budget while busy
+        self.num_steps = 0  # engine steps run (a turn's first audio is counted in steps from its submit)
 
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, handle: TurnHandle, request: TurnRequest) -> None:
@@ -96,7 +97,9 @@ class LmWorker(Worker):
                 return
             audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
             audio[audio_key(request.user_audio)] = request.user_audio
-            self._pending.append(LmTurn(handle, request, audio, handle.seconds()))
+            pending = LmTurn(handle, request, audio, handle.seconds())
+            pending.submit_step = self.num_steps
+            self._pending.append(pending)
         elif kind == "cancel":
             self._cancel(message[1])
         elif kind == "drop":
@@ -186,7 +189,7 @@ class LmWorker(Worker):
         handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
         turn.seq_id = self.engine.add_request(EngineRequest(
             handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
-            params, output_type, specials))
+            params, output_type, specials, request.priority))
         self._turns[handle.turn_id] = turn
         if speaks:
             self.detok.open(handle, params.seed, request.voice)
@@ -195,6 +198,7 @@ class LmWorker(Worker):
         start = self.clock()
         outputs = self.engine.step()
         self._step_s = self.clock() - start
+        self.num_steps += 1
         if outputs:
             self.metrics.lm_step_s.observe(self._step_s)
             self.metrics.lm_batch.observe(len(outputs))
@@ -216,6 +220,8 @@ class LmWorker(Worker):
                     turn.handle.deliver(delta)
                 if code is not None and turn.speaks:
                     codes.append((turn.turn_id, code))
+                    if turn.first_audio_steps is None:
+                        turn.first_audio_steps = self.num_steps - turn.submit_step
                 if out.finished:
                     turn.seq_id = None  # the engine is done with it
                     ended.append((turn, "failed" if out.error else "completed", out.error,

@@ -63,6 +63,7 @@ class PipelineMetrics:
         self.detok_guard_actions = 0  # chunks whose ODE steps the real-time guard lowered
         self.turns = Counter()  # by final status
         self.turn_stage_s = {stage: Timing() for stage in TURN_STAGES}  # per finished turn
+        self.background_turns = Counter()  # by final status: transcriptions, kept out of the answers' figures
         self.min_free_blocks: int | None = None  # KV pool low-water mark since the last reset
         self.max_batch = Counter()  # largest batch seen per stage: encode, llm, detok
 
@@ -74,7 +75,10 @@ class PipelineMetrics:
         if self.min_free_blocks is None or free < self.min_free_blocks:
             self.min_free_blocks = free
 
-    def note_turn(self, status: str, timings: dict[str, float]) -> None:
+    def note_turn(self, status: str, timings: dict[str, float], background: bool = False) -> None:
+        if background:
+            self.background_turns[status] += 1
+            return
         self.turns[status] += 1
         for stage, timing in self.turn_stage_s.items():
             if stage in timings:

@@ -18,6 +18,7 @@ import sys
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.lm_worker import LmWorker
@@ -120,6 +121,7 @@ class Pipeline:
         if not self.workers_alive:
             raise KimiAudioError("the model workers stopped (see the server log); restart the server")
         handle = TurnHandle(f"turn-{next(self._ids)}", asyncio.get_running_loop())
+        handle.background = request.priority != ANSWER_PRIORITY
         self._lm.submit(handle, request)
         return handle
 

@@ -22,6 +22,7 @@ class TurnHandle(EventStream[PipelineEvent]):
         super().__init__(loop, lambda event: isinstance(event, TurnDone))
         self.turn_id = turn_id
         self.submitted_at = time.perf_counter()
+        self.background = False  # a background-priority turn: counted apart from the answers
 
     @property
     def done(self) -> TurnDone | None:
@@ -38,5 +39,5 @@ def deliver_done(handle: TurnHandle, done: TurnDone, metrics) -> None:
     timings = dict(done.timings)
     timings.setdefault("done_s", handle.seconds())
     done = dataclasses.replace(done, timings=timings)
-    metrics.note_turn(done.status, timings)
+    metrics.note_turn(done.status, timings, handle.background)
     handle.deliver(done)

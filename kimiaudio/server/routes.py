@@ -5,7 +5,7 @@
     GET    /api/auth                                {"required": bool}: does the server need an API key
     GET    /api/status                              model, demo flag, sessions, pipeline stats
     POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?} -> {sdp, type, session_id, conversation_id}
-    GET    /api/conversations                       newest first
+    GET    /api/conversations[?q=words]             newest first; q: those where the words were said
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
     DELETE /api/conversations/{id}
@@ -27,6 +27,7 @@ from aiortc import RTCSessionDescription
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import client_events
+from kimiaudio.store.search import SearchQueryError
 from kimiaudio.server.inputs import path_params
 from kimiaudio.server.app_keys import access_key
 from kimiaudio.server.api_error import ApiError
@@ -160,7 +161,11 @@ async def _conversation_or_404(request: web.Request, conversation_id) -> dict:
 
 async def list_conversations(request: web.Request) -> web.Response:
     limit = path_params.query_int(request, "limit", 100, 1, 1000)
-    return web.json_response({"conversations": await request.app[store_key].list_conversations(limit)})
+    try:
+        found = await request.app[store_key].list_conversations(limit, request.query.get("q", ""))
+    except SearchQueryError as exc:
+        raise ApiError(400, "invalid_value", str(exc), param="q") from None
+    return web.json_response({"conversations": found})
 
 
 async def get_conversation(request: web.Request) -> web.Response:

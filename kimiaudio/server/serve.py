@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import time
 
 from aiohttp import web
@@ -24,6 +25,7 @@ from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
 from kimiaudio.server.app_keys import access_key
 from kimiaudio.server.app_keys import admission_key
 from kimiaudio.server.app import create_app
+from kimiaudio.server.tls import ssl_context
 from kimiaudio.server.app_keys import ready_key, sessions_key
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown as shown_location
@@ -39,16 +41,18 @@ def banner(config: Config, stack, warning: str | None) -> str:
 
     host = config.server.host
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    scheme = "https" if config.server.tls_cert else "http"
     lines = [
         "",
-        f"  kimiaudio is ready: open http://{shown}:{config.server.port}/ and press Connect",
+        f"  kimiaudio is ready: open {scheme}://{shown}:{config.server.port}/ and press Connect",
         f"  model: {stack.paths.root}",
         f"  conversations: {shown_location(database_location(config))}",
     ]
     if stack.is_demo:
         lines += ["", "  " + DEMO_NOTICE]
-    if host not in LOOPBACK_HOSTS:
-        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages"]
+    if host not in LOOPBACK_HOSTS and scheme == "http":
+        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages "
+                  "(server.tls_cert and tls_key serve HTTPS)"]
         if not config.server.allowed_hosts:
             lines += ["  note: only requests for localhost and the bound address are served; add the names clients "
                       "use to server.allowed_hosts"]
@@ -86,11 +90,13 @@ async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) 
         log.info("stopping: %d answer(s) cut short (what was heard is stored)", len(answering))
 
 
-async def serve_until_signalled(app: web.Application, config: Config, on_ready) -> None:
+async def serve_until_signalled(app: web.Application, config: Config, on_ready,
+                                ssl_context: ssl.SSLContext | None = None) -> None:
+    """ssl_context: HTTPS and WSS (server/tls.py); None = plain HTTP."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S)
     await runner.setup()  # starts the store and the pipeline
     try:
-        await web.TCPSite(runner, config.server.host, config.server.port).start()
+        await web.TCPSite(runner, config.server.host, config.server.port, ssl_context=ssl_context).start()
     except OSError as exc:
         await runner.cleanup()
         raise KimiAudioError(f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
@@ -122,6 +128,7 @@ def run_server(config: Config) -> int:
     from kimiaudio.store.startup_check import check_database
 
     check_database(config)  # before the model: a database problem is said at once
+    tls = ssl_context(config)  # bad certificate files stop the start before the model loads
     print(loading_message(config), flush=True)
     try:
         stack = ModelStack.load(config, progress=True)
@@ -133,6 +140,6 @@ def run_server(config: Config) -> int:
     warning = exposure_warning(config, app[access_key])
     if warning:
         log.warning("%s", warning)
-    asyncio.run(serve_until_signalled(app, config, lambda: print(banner(config, stack, warning), flush=True)))
+    asyncio.run(serve_until_signalled(app, config, lambda: print(banner(config, stack, warning), flush=True), tls))
     print("kimiaudio stopped.")
     return 0

@@ -11,7 +11,7 @@ const session = {
   conversationId: null, // conversation of the live session
   continueId: null, // conversation to continue on the next Connect
   responses: new Map(), // response id -> {li, text, meta}
-  userTurns: new Map(), // turn index -> li (to add the replay audio)
+  userTurns: new Map(), // committed user item id -> {li, text, meta}: its words come later
 };
 let selectedId = null; // conversation shown in the side panel
 
@@ -292,7 +292,25 @@ function onEvent(event) {
     case "input_audio_buffer.committed": {
       const turn = addTurn("user", `You spoke (${event.duration_s.toFixed(1)} s)`);
       addReplay(turn.li, event.conversation_id, event.item_index);
+      session.userTurns.set(event.item_id, turn);
       refreshConversations();
+      break;
+    }
+    case "conversation.item.input_audio_transcription.completed": { // the user's words
+      const turn = session.userTurns.get(event.item_id);
+      if (turn) {
+        turn.meta.textContent = turn.text.textContent;
+        turn.text.textContent = event.transcript || "(no words heard)";
+        turn.li.dataset.transcribed = "completed";
+      }
+      break;
+    }
+    case "conversation.item.input_audio_transcription.failed": {
+      const turn = session.userTurns.get(event.item_id);
+      if (turn) {
+        turn.meta.textContent = `not transcribed: ${event.error.message}`;
+        turn.li.dataset.transcribed = "failed";
+      }
       break;
     }
     case "response.created":
@@ -344,15 +362,20 @@ function send(event) {
 }
 
 // ---------------------------------------------------------------- conversation list
+let listRequests = 0; // a slower answer to an older search must not replace a newer one
+
 async function refreshConversations() {
+  const q = $("search").value.trim();
+  const request = ++listRequests;
   let body;
   try {
-    const resp = await apiFetch("/api/conversations");
-    if (!resp.ok) return;
+    const resp = await apiFetch(q ? `/api/conversations?q=${encodeURIComponent(q)}` : "/api/conversations");
+    if (!resp.ok) { if (q) showError(await apiError(resp)); return; }
     body = await resp.json();
   } catch (e) {
     return;
   }
+  if (request !== listRequests) return;
   const list = $("conversations");
   list.replaceChildren();
   for (const c of body.conversations) {
@@ -366,7 +389,9 @@ async function refreshConversations() {
     li.onclick = () => showConversation(c.id);
     list.append(li);
   }
-  if (!body.conversations.length) list.innerHTML = '<li class="muted">No conversations yet.</li>';
+  if (!body.conversations.length) {
+    list.innerHTML = q ? '<li class="muted">No conversation matches.</li>' : '<li class="muted">No conversations yet.</li>';
+  }
 }
 
 async function showConversation(id) {
@@ -387,7 +412,12 @@ async function showConversation(id) {
     li.className = `turn ${t.role}` + (t.interrupted ? " interrupted" : "");
     const span = document.createElement("span");
     span.className = "text";
-    span.textContent = t.role === "user" ? `You spoke (${t.duration_s.toFixed(1)} s)` : (t.text || "(no text)");
+    if (t.role === "user" && t.has_audio) {
+      span.textContent = t.transcript ?? `You spoke (${t.duration_s.toFixed(1)} s)`;
+      if (t.text) span.textContent = `${t.text} · ${span.textContent}`;
+    } else {
+      span.textContent = t.text || "(no text)";
+    }
     li.append(span);
     if (t.has_audio) addReplay(li, id, t.index);
     turns.append(li);
@@ -431,6 +461,8 @@ $("connect").onclick = () => (session.pc ? disconnect() : connect());
 $("continue").onclick = continueSelected;
 $("delete").onclick = deleteSelected;
 $("new-conversation").onclick = newConversation;
+let searchTimer = null;
+$("search").oninput = () => { clearTimeout(searchTimer); searchTimer = setTimeout(refreshConversations, 250); };
 $("login").onsubmit = login;
 setState("disconnected");
 

@@ -32,6 +32,7 @@ class StoredTurn:
     timings: dict[str, Any]
     interrupted: bool
     created_at: float
+    transcript: str | None = None  # a spoken user turn's words, once transcribed
     audio: np.ndarray | None = None
     sample_rate: int | None = None
 
@@ -46,6 +47,7 @@ def turn_dict(row: dict) -> dict[str, Any]:
         "timings": json.loads(row["timings"]) if row["timings"] else {},
         "interrupted": bool(row["interrupted"]),
         "created_at": row["created_at"],
+        "transcript": row["transcript"],
     }
 
 

@@ -38,6 +38,7 @@ from kimiaudio.store.leases import (ConversationBusyError, acquire as acquire_ro
                                     heartbeat, release as release_row, release_instance)
 from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
+from kimiaudio.store.search import query_words, search_conversations
 
 __all__ = ["ConversationStore", "StoredTurn"]
 
@@ -182,9 +183,10 @@ class ConversationStore:
         timings: dict[str, Any] | None = None,
         interrupted: bool | None = None,
         audio: np.ndarray | None = None,
+        transcript: str | None = None,
     ) -> None:
         """Change the given fields of a stored turn (None = leave as it is; audio with no samples
-        removes the turn's audio)."""
+        removes the turn's audio; transcript: a spoken user turn's words)."""
         check_turn(conversation_id, index)
         fields: dict[str, Any] = {}
         if text is not None:
@@ -197,6 +199,8 @@ class ConversationStore:
             fields["timings"] = json.dumps(timings)
         if interrupted is not None:
             fields["interrupted"] = int(interrupted)
+        if transcript is not None:
+            fields["transcript"] = transcript
         await self._writer.call(update_turn, conversation_id, index, fields, audio)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
@@ -209,7 +213,13 @@ class ConversationStore:
         return await self._reader.call(integrity_problems)
 
     # ----- reads (reader thread) -----
-    async def list_conversations(self, limit: int = 100) -> list[dict[str, Any]]:
+    async def list_conversations(self, limit: int = 100, q: str = "") -> list[dict[str, Any]]:
+        """The newest conversations; with `q`, those where every word of it was said (a user's
+        transcript or text, an assistant's text; search.py). Raises SearchQueryError for a
+        query too long to use."""
+        words = query_words(q)
+        if words:
+            return await self._reader.call(search_conversations, words, limit)
         return await self._reader.call(list_conversations, limit)
 
     async def get_conversation(self, conversation_id: str) -> dict[str, Any] | None:

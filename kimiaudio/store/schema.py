@@ -25,6 +25,9 @@ Tables:
   prefix recomputed after a restart or an eviction is the same) and its semantic codes (JSON).
 - leases(conversation_id, instance_id, session_id, expires_at): which live session holds a
   conversation, fleet-wide (leases.py).
+- turns.transcript (version 6): a spoken user turn's words, transcribed (NULL: not transcribed),
+  and the full-text index of every turn's text and transcript (search.py: SQLite's FTS5 table
+  turns_fts, PostgreSQL's tsvector column turns.search_doc).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Union
 import sqlite_utils
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.search import SEARCH_SCHEMA
 from kimiaudio.store.sql import Sql, SqliteSql
 
 _V1 = """
@@ -110,15 +114,27 @@ CREATE TABLE leases (
 CREATE INDEX leases_by_instance ON leases(instance_id);
 """
 
-Migration = Union[str, dict[str, str]]
+_V6 = {kind: "ALTER TABLE turns ADD COLUMN transcript TEXT;\n" + schema for kind, schema in SEARCH_SCHEMA.items()}
+
+Migration = Union[str, dict[str, str]]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
-MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5]
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def _statements(migration: Migration, sql: Sql) -> list[str]:
-    text = migration[sql.kind] if isinstance(migration, dict) else migration
-    return [sql.ddl(s) for s in text.split(";") if s.strip()]
+    """A migration's statements in `sql`'s dialect, one by one. Split where sqlite3 sees a
+    complete statement, not at every ";": a trigger's body holds ";" of its own."""
+    script = migration[sql.kind] if isinstance(migration, dict) else migration
+    statements, statement = [], ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            statements.append(statement)
+            statement = ""
+    if statement.strip():
+        statements.append(statement)
+    return [sql.ddl(s.strip().rstrip(";")) for s in statements if s.strip()]
 
 
 def newer_schema_message(found: int) -> str:

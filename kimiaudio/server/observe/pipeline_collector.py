@@ -55,10 +55,14 @@ class PipelineCollector(Collector):
             buckets, total = _buckets(timing)
             stages.add_metric([stage.removesuffix("_s")], buckets, total)
         yield stages
-        turns = CounterMetricFamily("kimiaudio_turns", "Pipeline turns ended, by final status", labels=["status"])
+        turns = CounterMetricFamily("kimiaudio_turns", "Pipeline turns (answers) ended, by final status", labels=["status"])
+        background = CounterMetricFamily("kimiaudio_background_turns", "Background turns (the user's words "
+                                         "transcribed) ended, by final status", labels=["status"])
         for status in ("completed", "cancelled", "failed"):
             turns.add_metric([status], m.turns.get(status, 0))
+            background.add_metric([status], m.background_turns.get(status, 0))
         yield turns
+        yield background
         yield CounterMetricFamily("kimiaudio_detok_chunks", "Detokenizer chunks made", value=m.detok_chunks)
         yield CounterMetricFamily("kimiaudio_detok_guard_actions", "Chunks whose ODE steps the real-time guard lowered",
                                   value=m.detok_guard_actions)

@@ -53,6 +53,8 @@ class SessionUpdate:
     voice: str | None = None  # a stored voice, or a stock name
     input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
     temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
+    # input_audio_transcription: None = unchanged, False = off, {"model": name} = on
+    transcription: dict[str, str] | bool | None = None
 
 
 @dataclass(frozen=True)
@@ -272,7 +274,30 @@ def _session_update(session: dict, where: str) -> SessionUpdate:
     return SessionUpdate(vad=vad, sampling=sampling, output_type=output_type, turn_detection=turn_detection,
                          create_response=create_response,
                          instructions=typed_field(session, "instructions", str, where, "text"), voice=voice,
-                         input_rate=input_rate, temperature=temperature.get("temperature"))
+                         input_rate=input_rate, temperature=temperature.get("temperature"),
+                         transcription=_transcription(session, audio_in, where))
+
+
+def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] | bool | None:
+    """Beta `input_audio_transcription` or GA `audio.input.transcription`: null turns it off,
+    {"model": ...} on (any model name: the words are Kimi-Audio's own ASR). Its `language`
+    and `prompt` are refused: the official ASR prompt is fixed and detects the language."""
+    for container, path in ((session, f"{where}.input_audio_transcription"),
+                            (audio_in, f"{where}.audio.input.transcription")):
+        key = path.rsplit(".", 1)[1]
+        if key not in container:
+            continue
+        if container[key] is None:
+            return False
+        value = _object(container[key], path)
+        model = typed_field(value, "model", str, path, "a model name") or "kimi-audio-7b-instruct"
+        for unused in ("language", "prompt"):
+            if value.get(unused) not in (None, ""):
+                raise ProtocolError("unsupported", f"{path}.{unused}: not supported (the user's words are "
+                                    "transcribed with Kimi-Audio's fixed ASR prompt, which detects the language)",
+                                    f"{path}.{unused}")
+        return {"model": model}
+    return None
 
 
 def _checked(values: dict, section: str, where: str) -> dict[str, Any]:

@@ -92,6 +92,10 @@ class Conversation:
         history = await self.history()
         return (len(history) - 1, history[-1]) if history else None
 
+    async def store_transcript(self, conversation_id: str, index: int, transcript: str) -> None:
+        """A spoken user turn's words (its conversation given: the session may have moved on)."""
+        await self.store.update_turn(conversation_id, index, transcript=transcript)
+
     async def set_user_codes(self, index: int, turn: HistoryTurn, codes: list[int]) -> None:
         turn.audio_tokens = list(codes)
         await self.store.update_turn(self.id, index, audio_tokens=codes)

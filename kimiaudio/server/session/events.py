@@ -9,6 +9,7 @@ client_events.py.
 Server events: session.created, session.updated, input_audio_buffer.speech_started,
 input_audio_buffer.speech_stopped, input_audio_buffer.committed, input_audio_buffer.cleared,
 conversation.created, conversation.item.created, conversation.item.truncated,
+conversation.item.input_audio_transcription.completed / .failed,
 response.created, response.output_item.added, response.text.delta,
 response.audio_transcript.delta, response.audio.delta, response.audio.started (kimiaudio:
 the first audio was played), response.audio.done, response.audio_transcript.done,
@@ -97,6 +98,20 @@ def item_created(conversation_id: str, item: dict[str, Any], previous_item_id: s
 
 def item_truncated(item_id: str, audio_end_ms: int) -> dict:
     return {"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
+
+
+def transcription_completed(item_id: str, content_index: int, transcript: str, seconds: float) -> dict:
+    """The user's words of a committed audio item (OpenAI's event, with usage by duration)."""
+    return {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
+            "content_index": content_index, "transcript": transcript,
+            "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+
+
+def transcription_failed(item_id: str, content_index: int, message: str) -> dict:
+    return {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id,
+            "content_index": content_index,
+            "error": {"type": "transcription_error", "code": "transcription_failed", "message": message,
+                      "param": None}}
 
 
 # ----- responses -----

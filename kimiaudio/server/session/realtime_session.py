@@ -10,7 +10,8 @@ The turn, from the mic to the speaker:
   push_audio -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
   (turn_detection none: the client's input_audio_buffer.commit queues the buffered audio)
   -> the turn task: the user turn (with audio) is stored, THEN answered (responder.py):
-  submitted to the pipeline, text and audio streamed out, the answer stored.
+  submitted to the pipeline, text and audio streamed out, the answer stored; beside it, if the
+  session transcribes input, the user's words (input_transcription.py).
 The microphone reader never waits on any of this: it only queues. Text items, explicit
 commits and response.create pass through the same queue, so they keep their order.
 """
@@ -36,6 +37,7 @@ from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session.session_settings import SessionSettings
@@ -66,17 +68,19 @@ class _Work:
 class RealtimeSession:
     def __init__(self, session_id: str, config: Config, pipeline, store, vad, vad_executor: Executor,
                  conversation_id: str | None, send: Callable[[dict], None], playback,
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, transcribe: bool = False):
+        """transcribe: committed user turns are transcribed until a session.update says otherwise."""
         self.id = session_id
         self._metrics = metrics
         self.pipeline = pipeline
-        self.settings = SessionSettings(config, pipeline.can_speak, pipeline.voices)
+        self.settings = SessionSettings(config, pipeline.can_speak, pipeline.voices, transcribe)
         self.conversation = Conversation(store, conversation_id, session_id)
         self.detector = TurnDetector(vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = vad_executor
         self._send = send
         self._ids = events.EventIds()
         self.responder = Responder(self, playback)
+        self.transcription = InputTranscription(self)
         self._queue: asyncio.Queue[_Work] = asyncio.Queue()
         self._buffer: list[np.ndarray] = []  # input audio awaiting an explicit commit (turn_detection none)
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
@@ -210,6 +214,8 @@ class RealtimeSession:
             self.send(events.committed(self.conversation.id, index, work.audio.size / SPEECH_INPUT_RATE, work.item_id, previous))
         self.send(events.item_created(self.conversation.id, events.message_item(
             work.item_id, work.role, work.text, work.audio is not None, index), previous))
+        if work.audio is not None:  # its input_audio part follows an input_text part, if any
+            self.transcription.start(work.item_id, 1 if work.text else 0, index, work.audio)
         return True
 
     # ----- client events -----

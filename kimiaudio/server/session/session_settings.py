@@ -5,10 +5,12 @@ The session keeps its own copy of the config ([vad] and [sampling]), the answer'
 silero VAD commits; none: the client commits), whether a VAD commit starts a response,
 instructions (a leading user text message of every prompt), the voice (a stored voice's
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
-the sample rate of pcm16 input, and OpenAI's `temperature` (of the answer's speech stream, or of
-its text stream for a text answer). The values of a session.update were checked once, as it was
-parsed (client_events.py); `apply` adds what needs the session (its speech, its voices) and
-changes nothing unless all of it holds. `describe` is the `session` object of
+the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
+its text stream for a text answer), and whether committed user turns are transcribed
+(input_audio_transcription; the page's sessions by default, `[server] transcribe_input`).
+The values of a session.update were checked once, as it was parsed (client_events.py);
+`apply` adds what needs the session (its speech, its voices) and changes nothing unless all
+of it holds. `describe` is the `session` object of
 session.created / updated.
 """
 
@@ -28,10 +30,12 @@ from kimiaudio.server.session.client_events import SessionUpdate
 from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
 
 DEFAULT_VOICE = MODEL_VOICE
+TRANSCRIPTION_MODEL = "kimi-audio-7b-instruct"  # what a session transcribing by default reports
 
 
 class SessionSettings:
-    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None):
+    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None,
+                 transcribe: bool = False):
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.can_speak = can_speak
         self._voices = voices if voices is not None else VoiceRegistry()
@@ -42,6 +46,8 @@ class SessionSettings:
         self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_PCM16_RATE
         self.temperature: float | None = None  # None: [sampling]'s
+        # input_audio_transcription: {"model": name} while committed user turns are transcribed
+        self.transcription: dict[str, str] | None = {"model": TRANSCRIPTION_MODEL} if transcribe else None
 
     def turn_settings(self) -> TurnSettings:
         v = self.config.vad
@@ -81,6 +87,8 @@ class SessionSettings:
             value = getattr(update, name)
             if value is not None:
                 setattr(self, name, value)
+        if update.transcription is not None:
+            self.transcription = update.transcription or None
 
     def voice_prompt(self, name: str | None = None) -> Voice | None:
         """The voice this session speaks in now, or the one named (None: the model's own);
@@ -98,6 +106,7 @@ class SessionSettings:
             "modalities": modalities_of(self.output_type),
             "instructions": self.instructions, "voice": self.voice,
             "input_audio_format": "pcm16", "input_audio_rate": self.input_rate, "output_audio_format": "pcm16",
+            "input_audio_transcription": self.transcription,
             "turn_detection": turn_detection, "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",
             "temperature": self.temperature if self.temperature is not None else (
                 self.config.sampling.audio_temperature if self.output_type == BOTH

@@ -68,7 +68,8 @@ class RtcPeer(ClosesOnce):
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, conversation_id,
-                                       send=self._send, playback=self.track, metrics=metrics)
+                                       send=self._send, playback=self.track, metrics=metrics,
+                                       transcribe=config.server.transcribe_input)
         self._channel = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._tasks: set[asyncio.Task] = set()

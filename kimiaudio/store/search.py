@@ -1,0 +1,101 @@
+"""Finding conversations by what was said in them: a full-text index over the turns' words.
+
+On SQLite, `turns_fts` indexes each turn's `text` (the assistant's words, a user's typed text) and
+`transcript` (the user's spoken words, transcribed) as an external-content FTS5 table over
+`turns`: triggers keep it in step with every insert, update and delete (a conversation's
+cascade delete included), and the migration that creates it indexes the rows already there.
+
+A client's `q` is never passed to FTS5 as syntax: each whitespace-separated word becomes a
+quoted prefix phrase ("word"*), all of them required, so quotes, parentheses, AND/OR/NEAR
+or a lone `*` are matched as text, never parsed.
+
+On PostgreSQL, a stored generated column `turns.search_doc` (a tsvector of text and
+transcript under the `simple` configuration: no stemming, no stop words, like unicode61)
+with a GIN index plays the same part; each word's letters and digits become a prefix lexeme
+('word':*), all of them required, so a query's punctuation is never tsquery syntax either.
+The two differ where the tokenizers do: PostgreSQL keeps diacritics (FTS5 here folds them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import re
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.sql import Sql
+
+MAX_QUERY_CHARS = 200
+MAX_QUERY_WORDS = 16
+
+# The index, per backend: part of the schema's migration that adds the `transcript` column
+# (schema.py). Statements end with ";" at a line's end; a trigger's body is one statement.
+_SQLITE_SCHEMA = """
+CREATE VIRTUAL TABLE turns_fts USING fts5(
+    text, transcript, content='turns', content_rowid='id', tokenize='unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER turns_fts_insert AFTER INSERT ON turns BEGIN
+    INSERT INTO turns_fts(rowid, text, transcript) VALUES (new.id, new.text, new.transcript);
+END;
+CREATE TRIGGER turns_fts_delete AFTER DELETE ON turns BEGIN
+    INSERT INTO turns_fts(turns_fts, rowid, text, transcript) VALUES ('delete', old.id, old.text, old.transcript);
+END;
+CREATE TRIGGER turns_fts_update AFTER UPDATE OF text, transcript ON turns BEGIN
+    INSERT INTO turns_fts(turns_fts, rowid, text, transcript) VALUES ('delete', old.id, old.text, old.transcript);
+    INSERT INTO turns_fts(rowid, text, transcript) VALUES (new.id, new.text, new.transcript);
+END;
+INSERT INTO turns_fts(turns_fts) VALUES ('rebuild');
+"""
+_POSTGRES_SCHEMA = """
+ALTER TABLE turns ADD COLUMN search_doc tsvector GENERATED ALWAYS AS (
+    to_tsvector('simple'::regconfig, coalesce(text, '') || ' ' || coalesce(transcript, ''))
+) STORED;
+CREATE INDEX turns_search_doc ON turns USING GIN (search_doc);
+"""
+SEARCH_SCHEMA = {"sqlite": _SQLITE_SCHEMA, "postgresql": _POSTGRES_SCHEMA}
+
+
+class SearchQueryError(KimiAudioError):
+    """A search query that cannot be used (too long, too many words)."""
+
+
+def query_words(q: str) -> list[str]:
+    """The words of a client's query, checked; empty for a blank query."""
+    if len(q) > MAX_QUERY_CHARS:
+        raise SearchQueryError(f"q: at most {MAX_QUERY_CHARS} characters, got {len(q)}")
+    words = q.split()
+    if len(words) > MAX_QUERY_WORDS:
+        raise SearchQueryError(f"q: at most {MAX_QUERY_WORDS} words, got {len(words)}")
+    return words
+
+
+def match_expression(words: list[str]) -> str:
+    """FTS5 MATCH text requiring every word as a prefix, each quoted (never parsed as syntax)."""
+    return " ".join('"' + word.replace('"', '""') + '"*' for word in words)
+
+
+def tsquery_expression(words: list[str]) -> str:
+    """PostgreSQL to_tsquery text requiring every word's letters and digits as prefixes
+    (\w+ runs only: nothing of the client's reaches tsquery's syntax)."""
+    return " & ".join(f"{token.lower()}:*" for word in words for token in re.findall(r"\w+", word))
+
+
+def search_conversations(sql: Sql, words: list[str], limit: int) -> list[dict[str, Any]]:
+    """The conversations (newest first) with a turn holding every word, in list_conversations' shape."""
+    if sql.kind == "postgresql":
+        expression = tsquery_expression(words)
+        if not expression:  # only punctuation: no word can match
+            return []
+        matching = "SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ to_tsquery('simple', ?)"
+    else:
+        expression = match_expression(words)
+        matching = ("SELECT t.conversation_id FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid "
+                    "WHERE turns_fts MATCH ?")
+    rows = sql.execute(
+        "SELECT c.id, c.title, c.created_at, c.updated_at, "
+        "(SELECT COUNT(*) FROM turns n WHERE n.conversation_id = c.id) AS num_turns "
+        f"FROM conversations c WHERE c.id IN ({matching}) ORDER BY c.updated_at DESC LIMIT ?",
+        [expression, limit],
+    ).fetchall()
+    keys = ("id", "title", "created_at", "updated_at", "num_turns")
+    return [dict(zip(keys, row)) for row in rows]

@@ -1,0 +1,111 @@
+"""The user's words over /v1/realtime with the official `openai` client against a real
+`serve` (demo checkpoint): with input_audio_transcription set, each committed user turn is
+transcribed by the engine beside the answer, sent as OpenAI's
+conversation.item.input_audio_transcription.completed, stored with the turn and found by
+GET /api/conversations?q=; without it, nothing of the kind happens. The demo weights' words
+are random tokens, so the transcript is checked against what an ASR request on the same
+stored audio produces (the server's sampling seed is fixed: the same audio, the same words)."""
+
+import asyncio
+import base64
+import re
+
+import aiohttp
+import numpy as np
+import pytest
+
+from kimiaudio.audio import pcm16
+from test_server_support import silence
+from test_v1_realtime import MODEL, Events, conversation
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
+pytestmark = pytest.mark.slow
+
+PCM16K = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}  # no resampling on the way in
+
+
+async def commit_speech(conn, events: Events, pcm16k: np.ndarray, count: int):
+    data = pcm16.to_bytes(pcm16k)
+    for start in range(0, len(data), 6400):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(data[start:start + 6400]).decode())
+    await conn.input_audio_buffer.commit()
+    committed = await events.wait_for("input_audio_buffer.committed", count=count)
+    await conn.response.create()
+    done = await events.wait_for("response.done", count=count, timeout=90)
+    assert done.response.status == "completed", done
+    return committed, done
+
+
+async def get_json(url: str):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as resp:
+            return resp.status, await resp.json()
+
+
+async def test_input_transcription_is_sent_stored_and_searchable(v1_server, speech, openai_client):
+    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
+        events = Events(conn)
+        created = await events.wait_for("session.created")
+        assert created.session.input_audio_transcription is None  # off unless asked for, as OpenAI's
+        await conn.session.update(session={"turn_detection": None, "modalities": ["text"],
+                                           "input_audio_transcription": {"model": "whisper-1"}, **PCM16K})
+        updated = await events.wait_for("session.updated")
+        assert updated.session.input_audio_transcription.model == "whisper-1"
+        committed, done = await commit_speech(conn, events, np.concatenate([speech[0], silence(0.3)]), 1)
+        completed = await events.wait_for("conversation.item.input_audio_transcription.completed", timeout=90)
+        assert completed.item_id == committed.item_id and completed.content_index == 0
+        assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(
+            committed.model_extra["duration_s"], abs=0.01)
+        assert not events.of_type("conversation.item.input_audio_transcription.failed")
+        conversation_id = committed.model_extra["conversation_id"]
+
+    transcript = completed.transcript
+    stored = await conversation(v1_server, conversation_id)
+    user = stored["turns"][committed.model_extra["item_index"]]
+    assert user["role"] == "user" and user["transcript"] == transcript
+    assert stored["turns"][-1]["transcript"] is None  # the answer's words are its text
+    # What an ASR request makes of the same (stored) audio: the same words.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{v1_server}/api/conversations/{conversation_id}/turns/{user['index']}/audio") as resp:
+            wav = await resp.read()
+    asr = await openai_client.audio.transcriptions.create(model=MODEL, file=("turn.wav", wav))
+    assert transcript and asr.text == transcript
+
+    # Found by what was said: the user's words, and the assistant's.
+    for said in (transcript, done.response.text):
+        word = next((w for w in said.split() if re.search(r"\w", w)), None)
+        if word is None:
+            continue
+        status, body = await get_json(f"{v1_server}/api/conversations?q={word}")
+        assert status == 200 and conversation_id in [c["id"] for c in body["conversations"]], (word, body)
+    status, body = await get_json(f"{v1_server}/api/conversations?q=zzzqqq-never-said")
+    assert status == 200 and body["conversations"] == []
+    for bad in ('"unbalanced AND (', "NEAR(", "*"):  # FTS syntax is text, never a 500
+        status, body = await get_json(f"{v1_server}/api/conversations?q={bad}")
+        assert status == 200 and isinstance(body["conversations"], list), body
+    status, body = await get_json(f"{v1_server}/api/conversations?q={'x' * 201}")
+    assert status == 400 and body["error"]["param"] == "q" and "200 characters" in body["error"]["message"]
+
+
+async def test_no_transcription_unless_asked_and_bad_settings_refused(v1_server, speech, openai_client):
+    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
+        events = Events(conn)
+        await events.wait_for("session.created")
+        await conn.session.update(session={"turn_detection": None, "modalities": ["text"],
+                                           "input_audio_transcription": {"model": "whisper-1", "language": "en"}})
+        bad = await events.wait_for("error")
+        assert bad.error.param == "session.input_audio_transcription.language"
+        await conn.session.update(session={"turn_detection": None, "modalities": ["text"], **PCM16K,
+                                           "input_audio_transcription": None})
+        updated = await events.wait_for("session.updated")
+        assert updated.session.input_audio_transcription is None
+        committed, _ = await commit_speech(conn, events, np.concatenate([speech[1], silence(0.3)]), 1)
+        # A transcription would have been submitted with the answer and, at background
+        # priority, end within a few steps of it; a further round trip gives it time to arrive.
+        await conn.session.update(session={"instructions": "x"})
+        await events.wait_for("session.updated", count=2)
+        await asyncio.sleep(1.0)
+        assert not [e for e in events.items if e.type.startswith("conversation.item.input_audio_transcription")]
+        stored = await conversation(v1_server, committed.model_extra["conversation_id"])
+        assert stored["turns"][committed.model_extra["item_index"]]["transcript"] is None
