@@ -76,7 +76,7 @@ def match_expression(words: list[str]) -> str:
 
 def tsquery_expression(words: list[str]) -> str:
     """PostgreSQL to_tsquery text requiring every word's letters and digits as prefixes
-    (\w+ runs only: nothing of the client's reaches tsquery's syntax)."""
+    (runs of word characters only: nothing of the client's reaches tsquery's syntax)."""
     return " & ".join(f"{token.lower()}:*" for word in words for token in re.findall(r"\w+", word))
 
 
