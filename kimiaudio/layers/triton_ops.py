@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kimiaudio.layers.triton_support import interpreting
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stride_x, stride_r, num_cols, eps,
@@ -132,10 +134,10 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, str
                     other=0.0)
         w = tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K),
                     other=0)  # [BLOCK_K, BLOCK_N]: the weight tile transposed
-        if IEEE_FP32:  # fp32 activations: no TF32 rounding, so fp32 equals the dequantized product
-            acc += tl.dot(x, w.to(tl.float32), input_precision="ieee")
+        if IEEE_FP32:  # no TF32 rounding: fp32 activations give the dequantized product
+            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:  # int8 values are exact in bf16 / fp16
-            acc += tl.dot(x, w.to(x.dtype))
+            acc += tl.dot(x, w.to(tl.float32).to(x.dtype))
     acc = acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -154,8 +156,11 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
         # Decode batches are a few rows: the smallest tile tl.dot takes, so no rows are wasted.
         block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
         block_n, block_k = 64, 128
+        # Triton 3.9's interpreter computes bf16 tl.dot wrongly (1e10 off on a 16x16 tile):
+        # there every dtype is multiplied in fp32, which the bf16 result then rounds from.
+        ieee = x.dtype == torch.float32 or interpreting()
         _int8_linear_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n, block_n))](
             x, qweight, scale, x if bias is None else bias, out, rows, n, k, x.stride(0), qweight.stride(0),
-            out.stride(0), HAS_BIAS=bias is not None, IEEE_FP32=x.dtype == torch.float32, BLOCK_M=block_m,
+            out.stride(0), HAS_BIAS=bias is not None, IEEE_FP32=ieee, BLOCK_M=block_m,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out
