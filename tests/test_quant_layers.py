@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from kimiaudio.layers import fp8, int8
+from kimiaudio.layers import fp8
 from kimiaudio.layers.quant_linear import QuantLinear, quantize_linears
 
 CUDA = torch.cuda.is_available()

@@ -4,7 +4,7 @@ its fp32 accumulator.
 
 `_scaled_mm` needs a GPU of compute capability 8.9 or higher (Ada, Hopper) and dimensions that
 are multiples of 16. Elsewhere (the CPU, toy shapes) `fp8_linear` computes the same product
-numerically: the same quantized operands, multiplied in fp32 and scaled the same way. That
+numerically: the same quantized operands, multiplied exactly (float64) and scaled the same way. That
 emulation is what the CPU tests check and what a tiny checkpoint uses on a GPU; serving in fp8
 on a device without fp8 is refused at start (`require_fp8`), since it would be slower than bf16.
 """
@@ -56,5 +56,9 @@ def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias
         out = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale[:, None], scale_b=scale[None, :],
                                out_dtype=torch.bfloat16).to(x.dtype)
     else:
-        out = ((xq.float() @ qweight.float().t()) * x_scale[:, None] * scale[None, :]).to(x.dtype)
+        # In float64 every product of two e4m3 values and every sum of up to 2^15 of them is
+        # exact (they span 2^-18 .. 2^33), so a row's result does not depend on how many rows
+        # share the matmul or the order it sums in: batched equals batch-1, bit for bit.
+        exact = xq.double() @ qweight.double().t()
+        out = (exact * x_scale.double()[:, None] * scale.double()[None, :]).to(x.dtype)
     return out if bias is None else out + bias
