@@ -170,6 +170,8 @@ def resolve_weights(config, paths: CheckpointPaths, device: torch.device, dtype:
     if plan is not None:
         log.info("weights = auto: LM %s, DiT %s (%s)\n%s", lm, dit,
                  "fits" if plan["fits"] else "no choice fits; the smallest is used", format_memory_budget(plan))
+    else:
+        log.info("weights: LM %s, DiT %s", lm, "none (text only)" if text_only else dit)
     return lm, dit
 
 
