@@ -24,6 +24,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--glm-tokenizer", help="glm-4-voice-tokenizer directory (default: MODEL/glm-4-voice-tokenizer)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--weights", help="auto | bf16 | fp8 | int8: the LM's and the DiT's linear weights "
+                                     "([model] weights and [detok] weights)")
     p.add_argument("--data-dir", help="where the demo checkpoint and the history database live")
     p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -71,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-weights", choices=["7b", "full"],
                    help="random weights in the real shapes: 7b = the LM's decode steps (GPU); full = every "
                         "component through the pipeline (GPU; a shrunken shape on the CPU), no reference")
+    p.add_argument("--memory-plan", action="store_true",
+                   help="print the device memory plan of --random-weights full (or the configured checkpoint) "
+                        "for max(--sessions) sessions, computed on the meta device: nothing is loaded")
+    p.add_argument("--card-gib", type=float, help="--memory-plan: the card's memory in GiB (default: this GPU's)")
+    p.add_argument("--positions", type=int, default=4096,
+                   help="--memory-plan: positions each session must hold for the plan to fit (default 4096)")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument("--natural-lengths", action="store_true",
                    help="let each reply end at its own stop tokens (default: every turn runs to --max-new-tokens, "
@@ -106,6 +114,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         value = getattr(args, flag, None)
         if value is not None:
             overrides["model"][key] = value
+    if getattr(args, "weights", None) is not None:
+        overrides["model"]["weights"] = args.weights
+        overrides["detok"] = {"weights": args.weights}
     if getattr(args, "data_dir", None):
         overrides["storage"]["data_dir"] = args.data_dir
     for flag in ("host", "port", "tls_cert", "tls_key"):

@@ -87,13 +87,15 @@ def test_playback_clock_counts_the_silence_between_late_chunks():
     assert clock.stall_s == 1.0 and clock.samples == 350 and clock.played_until == 14.5
 
 
+SMALL_7B = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "kimia_mimo_layers": 1,
+            "kimia_mimo_transformer_from_layer_index": 1, "kimia_adaptor_input_dim": 32}
+
+
 def check_small_decode_bench(device: str, capsys) -> None:
     """`bench --random-weights` on a small shape of the 7B config (the same code path)."""
-    shape = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "kimia_mimo_layers": 1,
-             "kimia_mimo_transformer_from_layer_index": 1, "kimia_adaptor_input_dim": 32}
     config = load_config(None, {"model": {"device": device}, "engine": {"num_kv_blocks": 512}})
-    assert run_random_7b(config, [1, 4], argparse.Namespace(json=True), shape=shape) == 0
+    assert run_random_7b(config, [1, 4], argparse.Namespace(json=True), shape=SMALL_7B) == 0
     report = json.loads(capsys.readouterr().out)
     on_gpu = device.startswith("cuda")
     # Graphs on and off in the same run on CUDA (with triton); eager only on the CPU.
@@ -113,6 +115,18 @@ def check_small_decode_bench(device: str, capsys) -> None:
 
 def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
     check_small_decode_bench("cpu", capsys)
+
+
+@pytest.mark.slow
+def test_decode_bench_with_int8_weights_reports_each_floor_beside_bf16(capsys):
+    config = load_config(None, {"model": {"device": "cpu", "weights": "int8"}, "engine": {"num_kv_blocks": 512}})
+    assert run_random_7b(config, [2], argparse.Namespace(json=True), shape=SMALL_7B) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["weights"] == "int8" and [r["weights"] for r in report["rows"]] == ["bf16", "int8"]
+    bf16, int8 = report["rows"]
+    # Each against its own floor: its bytes read over the one copy bandwidth measured.
+    assert int8["floor_ms"] / bf16["floor_ms"] == pytest.approx(report["decode_weight_gb_int8"] / report["decode_weight_gb"])
+    assert report["decode_weight_gb_int8"] < report["decode_weight_gb"]
 
 
 def test_random_weights_without_gpu_is_a_clear_error():

@@ -134,6 +134,26 @@ def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, gol
 
 
 @cuda_only
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_quantized_graphs_equal_eager(golden_checkpoint, golden, golden_rules, weights):
+    # The int8 Triton GEMM and fp8's per-token quantization + _scaled_mm inside the captured
+    # decode graphs: replaying them gives what eager steps over the same buffers give.
+    from kimiaudio.layers.fp8 import fp8_supported
+    from kimiaudio.models.quantize import quantize_lm
+
+    if weights == "fp8" and not fp8_supported(DEVICE):
+        pytest.skip("fp8 needs compute capability 8.9+")
+    lm, arrivals = golden_scenario(golden_checkpoint, golden, golden_rules)
+    quantize_lm(lm, weights)
+    graphs = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
+    assert graphs.runner.graphs is not None
+    with_graphs = run_scenario(graphs, arrivals)
+    eager = LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.float32)
+    eager.runner.decode_inputs.batch_sizes = [1, 2, 4, 8]
+    assert run_scenario(eager, arrivals) == with_graphs
+
+
+@cuda_only
 def test_kernels_equal_torch_path_in_fp32(golden_checkpoint, golden, golden_rules):
     lm, arrivals = golden_scenario(golden_checkpoint, golden, golden_rules)
     engine = LLMEngine(lm, graph_config(), DEVICE, torch.float32)

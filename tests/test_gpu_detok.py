@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from kimiaudio.bench.memory_budget import format_memory_budget, memory_budget
+from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig, load_config

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kimiaudio.bench.memory_budget import GIB, format_memory_budget, memory_budget
+from kimiaudio.pipeline.memory_plan import GIB, format_memory_budget, memory_budget
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer

@@ -144,11 +144,11 @@ def free_port() -> int:
 
 
 def start_serve(data_dir: Path, port: int, config_text: str | None = None,
-                env: dict[str, str] | None = None) -> subprocess.Popen:
+                env: dict[str, str] | None = None, extra_args: tuple = ()) -> subprocess.Popen:
     """`python -m kimiaudio serve` on 127.0.0.1:`port` (with a config file holding `config_text`,
-    and `env` added to its environment); returns once it listens. Its output is drained in a
-    thread, kept in `proc.output_lines`."""
-    args = [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(data_dir), "--port", str(port)]
+    `env` added to its environment, and `extra_args`); returns once it listens. Its output is
+    drained in a thread, kept in `proc.output_lines`."""
+    args = [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(data_dir), "--port", str(port), *extra_args]
     if config_text is not None:
         (data_dir / "config.toml").write_text(config_text)
         args += ["--config", str(data_dir / "config.toml")]

@@ -45,6 +45,8 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
     if not sessions or min(sessions) < 1 or args.turns < 1:
         raise KimiAudioError("--sessions and --turns must be positive")
+    if getattr(args, "memory_plan", False):
+        return _memory_plan_command(config, max(sessions), args)
     if args.random_weights == "7b":
         from kimiaudio.bench.decode_7b import run_random_7b
 
@@ -102,7 +104,7 @@ def run_bench_command(config, args) -> int:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
         if memory is not None:
-            from kimiaudio.bench.memory_budget import format_memory_budget
+            from kimiaudio.pipeline.memory_plan import format_memory_budget
 
             print(format_memory_budget(memory))
         elif stack.is_demo:
@@ -122,7 +124,7 @@ def _random_full_stack(config, sessions: int):
     the same code on the CPU), its detokenizer graphs captured, and the memory plan."""
     import torch
 
-    from kimiaudio.bench.memory_budget import memory_budget
+    from kimiaudio.pipeline.memory_plan import memory_budget
     from kimiaudio.bench.random_stack import build_random_stack
     from kimiaudio.checkpoint.paths import resolve_device
 
@@ -132,3 +134,43 @@ def _random_full_stack(config, sessions: int):
     total = torch.cuda.mem_get_info(stack.device)[1] if on_gpu else None
     return stack, memory_budget(stack, sessions, total, graphs=graphs)
 
+
+
+def _memory_plan_command(config, sessions: int, args) -> int:
+    """`bench --memory-plan`: the plan of the full-size shapes (--random-weights full) or of the
+    configured checkpoint's configs, built on the meta device; auto resolved as serve would."""
+    import torch
+
+    from kimiaudio.checkpoint.paths import resolve_dtype
+    from kimiaudio.pipeline.memory_plan import (GIB, choose_weights, format_memory_budget, memory_budget, meta_stack,
+                                                plan_for_shape)
+    from kimiaudio.pipeline.model_stack import resolve_checkpoint
+
+    if args.random_weights == "7b":
+        raise KimiAudioError("--memory-plan plans a whole stack: use --random-weights full or a checkpoint")
+    if args.card_gib is not None and not 0 < args.card_gib <= 1 << 20:
+        raise KimiAudioError(f"--card-gib {args.card_gib}: expected a positive size in GiB")
+    if args.positions < 1:
+        raise KimiAudioError(f"--positions {args.positions}: expected a positive number of positions")
+    if args.card_gib is None:
+        if not torch.cuda.is_available():
+            raise KimiAudioError("--memory-plan needs --card-gib N without a GPU (e.g. --card-gib 24)")
+        card = torch.cuda.mem_get_info()[1]
+    else:
+        card = int(args.card_gib * GIB)
+    # The plan is of a GPU: its dtype, unless one is configured.
+    dtype = resolve_dtype(config.model.dtype, torch.device("cuda"))
+    text_only = config.model.text_only
+    if args.random_weights == "full":
+        def plan_of(lm, dit):
+            return plan_for_shape("full", config, lm, None if text_only else dit, sessions, card, args.positions, dtype)
+    else:
+        paths = resolve_checkpoint(config, text_only)
+
+        def plan_of(lm, dit):
+            stack = meta_stack(paths, dtype, config.detok, lm, None if text_only else dit, sessions)
+            return memory_budget(stack, sessions, card, positions=args.positions)
+
+    plan = choose_weights(config.model.weights, config.detok.weights, True, plan_of)[2]
+    print(json.dumps(plan, indent=1) if args.json else format_memory_budget(plan))
+    return 0

@@ -10,6 +10,9 @@ random_weights.modules.random_lm on the GPU), no files.
   beside the B decodes are timed too (mixed steps: what the running streams see).
 - Prefill: a 1,000-position prompt with Whisper features at its media positions, alone,
   against its compute floor: its matmul FLOPs over the device's measured matmul FLOP/s.
+With `--weights fp8|int8` the same rows are measured twice in one run: with bf16 weights, then
+with the decoder layers quantized in place (models/quantize.py), each against its own floor
+(the quantized parameters are counted at their stored size: 1 byte a weight plus the scales).
 Only the LM is built here; first-audio latency is measured by the pipeline bench.
 """
 
@@ -30,6 +33,8 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
+from kimiaudio.models.quantize import quantize_lm
+from kimiaudio.layers.fp8 import require_fp8
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.random_weights.lm import lm_config
 from kimiaudio.random_weights.modules import random_lm
@@ -51,7 +56,8 @@ WARMUP_STEPS = 4
 
 def decode_weight_bytes(lm: KimiAudioLM) -> int:
     """Bytes one decode step reads: all parameters except the two embedding lookups' tables
-    (only B rows of embed_tokens are read) and the VQ adaptor (prefill only)."""
+    (only B rows of embed_tokens are read) and the VQ adaptor (prefill only). Quantized layers'
+    parameters are their int8 / fp8 weights and fp32 scales: what the step reads of them."""
     skip = ("embed_tokens", "vq_adaptor")
     return sum(p.numel() * p.element_size() for n, p in lm.named_parameters() if not any(s in n for s in skip))
 
@@ -192,19 +198,36 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
         raise KimiAudioError("--random-weights 7b needs a CUDA GPU (about 22 GB); pass --device cuda")
     dtype = resolve_dtype(config.model.dtype, device)
     lm = random_lm(shape or KIMI_AUDIO_7B, device, dtype)
-    lm_config = lm.config
-    weight_bytes = decode_weight_bytes(lm)
+    weights = config.model.weights if config.model.weights in ("fp8", "int8") else "bf16"
+    if weights == "fp8" and shape is None:  # a test's small shape may run the emulated product
+        require_fp8(device, "--weights")
     on_gpu = device.type == "cuda"
     bandwidth = copy_bandwidth(device, 1 << 30 if on_gpu else 1 << 24)
-    floor = weight_bytes / bandwidth
     flops = matmul_flops(device, dtype, 8192 if on_gpu else 256)
     # Room for the steps taken while the last of a batch still prefill (the prefill cap while
     # decoding admits a few prompts per step), so no sequence ends inside the timed steps.
-    prompts = Prompts(lm_config, DECODE_STEPS + PREFILL_SLACK)
+    prompts = Prompts(lm.config, DECODE_STEPS + PREFILL_SLACK)
     freeze_loaded_objects()  # as the server does: no full garbage collection lands on a timed step
     info = {"device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-            "dtype": str(dtype).replace("torch.", ""), "decode_weight_gb": weight_bytes / 1e9,
-            "copy_bandwidth_gb_s": bandwidth / 1e9, "matmul_tflops": flops / 1e12, "rows": []}
+            "dtype": str(dtype).replace("torch.", ""), "copy_bandwidth_gb_s": bandwidth / 1e9,
+            "matmul_tflops": flops / 1e12, "weights": weights, "rows": []}
+    for choice in dict.fromkeys(("bf16", weights)):  # bf16 first, then the quantized layers beside it
+        lm = quantize_lm(lm, choice)
+        weight_bytes = decode_weight_bytes(lm)
+        info["decode_weight_gb" if choice == "bf16" else f"decode_weight_gb_{choice}"] = weight_bytes / 1e9
+        _measure(lm, config, sessions, prompts, info, weight_bytes / bandwidth, flops, choice)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print_report(info)
+    return 0
+
+
+def _measure(lm: KimiAudioLM, config, sessions: list[int], prompts: Prompts, info: dict, floor: float, flops: float,
+             weights: str) -> None:
+    """Rows of decode steps (graphs on and off on CUDA); the prefill with the bf16 weights only."""
+    device, dtype = lm.device, lm.dtype
+    on_gpu = device.type == "cuda"
     for graphs in ((True, False) if on_gpu else (False,)):
         engine_cfg = EngineConfig(**{**vars(config.engine), "max_num_seqs": max(sessions), "cuda_graphs": graphs,
                                      "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + DECODE_STEPS + PREFILL_SLACK + 8)})
@@ -213,7 +236,7 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
             info.update(capture_seconds=engine.runner.capture_seconds,
                         graph_memory_bytes=engine.runner.graph_memory_bytes,
                         graph_batch_sizes=engine.runner.graphs.batch_sizes)
-        if graphs or not on_gpu:  # prefill is eager either way: measured once
+        if (graphs or not on_gpu) and weights == "bf16":  # prefill is eager either way: measured once
             times = time_prefill(engine, prompts)
             ms, floor_ms = 1e3 * float(np.median(times)), 1e3 * prefill_flops(lm, PREFILL_LEN, PREFILL_LEN - 5) / flops
             info["prefill"] = {"positions": PREFILL_LEN, "continuous": PREFILL_LEN - 5, "ms_p50": ms,
@@ -222,18 +245,13 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
             measured = time_batch(engine, prompts, batch)
             p50 = percentile(measured["times"], 50)
             info["rows"].append({
-                "batch": batch, "graphs": engine.runner.graphs is not None, "step_ms_p50": 1e3 * p50,
-                "step_ms_p95": 1e3 * percentile(measured["times"], 95), "floor_ms": 1e3 * floor,
-                "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50,
+                "weights": weights, "batch": batch, "graphs": engine.runner.graphs is not None,
+                "step_ms_p50": 1e3 * p50, "step_ms_p95": 1e3 * percentile(measured["times"], 95),
+                "floor_ms": 1e3 * floor, "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50,
                 "mixed_step_ms_p50": 1e3 * float(np.median(measured["mixed"])),
                 "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding})
         del engine
         gc.collect()  # the pool and the graphs go before the next engine sizes its pool
-    if args.json:
-        print(json.dumps(info, indent=1))
-        return 0
-    print_report(info)
-    return 0
 
 
 def print_report(info: dict) -> None:
@@ -246,9 +264,13 @@ def print_report(info: dict) -> None:
     pre = info["prefill"]
     print(f"prefill of {pre['positions']} positions ({pre['continuous']} with Whisper features): "
           f"{pre['ms_p50']:.1f} ms, {pre['ratio_to_floor']:.2f}x its compute floor ({pre['floor_ms']:.1f} ms)")
-    print(f"{'batch':>5} {'graphs':>6} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9} {'mixed p50':>10}")
+    if info["weights"] != "bf16":
+        print(f"{info['weights']}: {info['decode_weight_gb_' + info['weights']]:.2f} GB of weights per decode step "
+              f"-> floor {info['rows'][-1]['floor_ms']:.2f} ms")
+    print(f"{'weights':>7} {'batch':>5} {'graphs':>6} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9} "
+          f"{'mixed p50':>10}")
     for r in info["rows"]:
-        print(f"{r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms {r['step_ms_p95']:7.2f}ms "
+        print(f"{r['weights']:>7} {r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms {r['step_ms_p95']:7.2f}ms "
               f"{r['ratio_to_floor']:8.2f} {r['tokens_per_s']:9.0f} {r['mixed_step_ms_p50']:8.2f}ms")
     print(f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
           f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding).")

@@ -23,6 +23,8 @@ import torch
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
 from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.layers.fp8 import require_fp8
+from kimiaudio.models.quantize import quantize_dit, quantize_lm
 from kimiaudio.random_weights.modules import RandomParts
 from kimiaudio.random_weights.shapes import shape_named
 
@@ -52,12 +54,19 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
         return part
 
     specials = SpecialTokens.from_tokenizer(tokenizer, parts.lm_config, source=f"random-weights-{shape}")
-    lm = timed("lm", lambda: _speech_head_only(parts.lm(), parts.lm_config["kimia_token_offset"]))
+    # --weights fp8 / int8 quantize the parts as a loaded checkpoint's are; auto keeps them as drawn.
+    lm_weights, dit_weights = (w if w in ("fp8", "int8") else "bf16" for w in (config.model.weights, config.detok.weights))
+    for key, value in (("model.weights", lm_weights), ("detok.weights", dit_weights)):
+        if value == "fp8":
+            require_fp8(device, key)
+    lm = timed("lm", lambda: quantize_lm(_speech_head_only(parts.lm(), parts.lm_config["kimia_token_offset"]),
+                                         lm_weights))
     whisper = timed("whisper", parts.whisper)
     glm4 = timed("glm4_tokenizer", parts.glm4)
     detok = None
     if not config.model.text_only:
-        detok = timed("detokenizer", lambda: Detokenizer(parts.dit(), parts.vocoder(), config.detok))
+        detok = timed("detokenizer", lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(),
+                                                         config.detok))
     return ModelStack(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 
 

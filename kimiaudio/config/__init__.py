@@ -23,6 +23,8 @@ from kimiaudio.config.chunk_schedule import MAX_POSITION, ChunkSchedule
 from kimiaudio.errors import ConfigError
 
 
+# [model] weights and [detok] weights (models/quantize.py says what each quantizes).
+WEIGHT_CHOICES = ("auto", "bf16", "fp8", "int8")
 # Ranges shared with engine/sampling_params.py, which checks requests built in code the same way.
 TEMPERATURE = Bounds(min=0.0)  # 0 (or below 1e-6) = greedy
 TOP_K = Bounds(0, 1 << 20)  # 0 = the whole vocabulary; more than the vocabulary = all of it
@@ -55,6 +57,9 @@ class ModelConfig:
     # auto = bf16 on GPU, float32 on CPU
     dtype: str = setting("auto", Bounds(choices=("auto", "float32", "bfloat16", "float16")))
     text_only: bool = False  # skip the detokenizer and vocoder entirely
+    # The LM's decoder-layer weights: bf16 = as dtype; fp8 / int8 quantized at load; auto = bf16
+    # where the memory plan for server.max_sessions fits the card, else fp8, else int8.
+    weights: str = setting("auto", Bounds(choices=WEIGHT_CHOICES))
 
 
 @dataclass
@@ -120,6 +125,8 @@ class DetokConfig:
     run_ahead_s: float = setting(0.5, Bounds(0.0, 600.0))
     # On CUDA: replay the DiT steps and the vocoder from CUDA graphs captured per bucket shape.
     cuda_graphs: bool = True
+    # The DiT's linear layers: as [model] weights (auto = whatever the LM's auto chose).
+    weights: str = setting("auto", Bounds(choices=WEIGHT_CHOICES))
 
 
 @dataclass

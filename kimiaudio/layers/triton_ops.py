@@ -8,7 +8,10 @@ gives the official values (up to the last bit of fp32 intermediates) and in fp32
   rounded, times the weight: one kernel per row instead of add + 4;
 - `rotary`: q and k of every token rotated in one launch (x * cos + rotate_half(x) * sin,
   each product rounded) instead of 5 ops per tensor;
-- `silu_and_mul`: silu(gate) rounded, times up, from the fused gate/up GEMM's output.
+- `silu_and_mul`: silu(gate) rounded, times up, from the fused gate/up GEMM's output;
+- `int8_linear`: an int8-weight GEMM (layers/int8.py): each int8 weight tile is converted in
+  registers and multiplied in the activations' dtype with fp32 accumulation, the per-channel
+  scale (and the bias) applied once to the accumulator, so the weights are read at one byte each.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kimiaudio.layers.triton_support import interpreting
 
 
 @triton.jit
@@ -112,4 +117,50 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows:
         block = 1024
         _silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](x, out, x.stride(0), cols, BLOCK=block, num_warps=4)
+    return out
+
+
+@triton.jit
+def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                        HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K),
+                    other=0.0)
+        w = tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K),
+                    other=0)  # [BLOCK_K, BLOCK_N]: the weight tile transposed
+        if IEEE_FP32:  # no TF32 rounding: fp32 activations give the dequantized product
+            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:  # int8 values are exact in bf16 / fp16
+            acc += tl.dot(x, w.to(tl.float32).to(x.dtype))
+    acc = acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] @ (qweight [N, K] int8 * scale [N] fp32)^T + bias -> [T, N] in x's dtype."""
+    rows, k = x.shape
+    n = qweight.shape[0]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    if rows:
+        # Decode batches are a few rows: the smallest tile tl.dot takes, so no rows are wasted.
+        block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+        block_n, block_k = 64, 128
+        # Triton 3.9's interpreter computes bf16 tl.dot wrongly (1e10 off on a 16x16 tile):
+        # there every dtype is multiplied in fp32, which the bf16 result then rounds from.
+        ieee = x.dtype == torch.float32 or interpreting()
+        _int8_linear_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n, block_n))](
+            x, qweight, scale, x if bias is None else bias, out, rows, n, k, x.stride(0), qweight.stride(0),
+            out.stride(0), HAS_BIAS=bias is not None, IEEE_FP32=ieee, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out

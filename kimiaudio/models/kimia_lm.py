@@ -24,6 +24,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.layers.attention import AttentionBackend
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.qwen2 import Qwen2DecoderLayer
+from kimiaudio.models.quantize import quantize_lm
 from kimiaudio.layers.rotary import RotaryEmbedding
 from kimiaudio.layers.norm import RMSNorm
 
@@ -145,8 +146,10 @@ class KimiAudioLM(nn.Module):
         return text_logits, audio_logits
 
 
-def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, progress: bool = False) -> KimiAudioLM:
-    """Build the LM from config.json and load the safetensors weights by name."""
+def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, progress: bool = False,
+            weights: str = "bf16") -> KimiAudioLM:
+    """Build the LM from config.json and load the safetensors weights by name; `weights` fp8 or
+    int8 quantizes its decoder layers (models/quantize.py), bf16 keeps them in `dtype`."""
     config = KimiaConfig.from_file(paths.lm_config)
     with torch.device("meta"):
         lm = KimiAudioLM(config)
@@ -158,4 +161,5 @@ def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dty
     source = index if index.is_file() else paths.root / "model.safetensors"
     load_into(lm, state, source, ignore=("rotary_emb.inv_freq",))
     del state
-    return lm.fuse_projections().eval().requires_grad_(False)
+    lm = lm.fuse_projections().eval().requires_grad_(False)
+    return quantize_lm(lm, weights)

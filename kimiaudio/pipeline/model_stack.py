@@ -94,6 +94,9 @@ class ModelStack:
         dtype = resolve_dtype(config.model.dtype, device)
         if paths.is_demo:
             log.warning(DEMO_NOTICE)
+        from kimiaudio.pipeline.memory_plan import resolve_weights
+
+        lm_weights, dit_weights = resolve_weights(config, paths, device, dtype, text_only)
         seconds: dict[str, float] = {}
 
         def timed(name, fn):
@@ -104,14 +107,15 @@ class ModelStack:
 
         tokenizer = timed("tokenizer", lambda: KimiTokenizer.from_checkpoint(paths))
         specials = SpecialTokens.from_tokenizer(tokenizer, read_json(paths.lm_config))
-        lm = timed("lm", lambda: load_lm(paths, device, dtype, progress=progress))
+        lm = timed("lm", lambda: load_lm(paths, device, dtype, progress=progress, weights=lm_weights))
         whisper = timed("whisper", lambda: WhisperFeatureEncoder.load(paths, device, dtype))
         glm4 = timed("glm4_tokenizer", lambda: Glm4SpeechTokenizer.load(paths, device))
         detok = None
         if not text_only:
             from kimiaudio.detok.detokenizer import Detokenizer
 
-            detok = timed("detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok))
+            detok = timed("detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok,
+                                                                       weights=dit_weights))
         return cls(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 
     def encode_speech(self, pcm16k: np.ndarray) -> tuple[list[int], torch.Tensor]:

@@ -1,0 +1,64 @@
+"""FP8 (e4m3) linear products: weights with a scale per output channel, activations quantized
+per token as they arrive, the product through `torch._scaled_mm` with both scales applied to
+its fp32 accumulator.
+
+`_scaled_mm` needs a GPU of compute capability 8.9 or higher (Ada, Hopper) and dimensions that
+are multiples of 16. Elsewhere (the CPU, toy shapes) `fp8_linear` computes the same product
+numerically: the same quantized operands, multiplied exactly (float64) and scaled the same way. That
+emulation is what the CPU tests check and what a tiny checkpoint uses on a GPU; serving in fp8
+on a device without fp8 is refused at start (`require_fp8`), since it would be slower than bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kimiaudio.errors import ConfigError
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+# Floor of a scale: an all-zero row (or token) gets zeros, never 0/0.
+MIN_SCALE = 1e-12
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """Whether `device` multiplies fp8 in hardware (CUDA, compute capability >= 8.9)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def require_fp8(device: torch.device, key: str) -> None:
+    """Refuse fp8 weights where the products would not run in fp8."""
+    if fp8_supported(device):
+        return
+    where = (f"{torch.cuda.get_device_name(device)} has compute capability "
+             f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}" if device.type == "cuda"
+             else f"the device is {device.type}")
+    raise ConfigError(f"{key} = fp8 needs a CUDA GPU of compute capability 8.9 or higher (RTX 4090, L4, L40S, "
+                      f"H100, H200); {where}: use int8 (or auto)")
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, C] -> (e4m3 [R, C], fp32 scale [R]) with x ~ q * scale[:, None]: each row scaled so
+    that its largest magnitude maps to 448."""
+    scale = (x.abs().amax(dim=-1).float() / FP8_MAX).clamp_min(MIN_SCALE)
+    q = (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] (model dtype) @ (qweight [N, K] e4m3 * scale [N])^T + bias -> [T, N] in x's dtype.
+    Each token of x is quantized with its own scale first."""
+    xq, x_scale = quantize_rows(x)
+    n, k = qweight.shape
+    if fp8_supported(x.device) and k % 16 == 0 and n % 16 == 0:
+        # Row-wise scaling takes fp32 scales shaped [T, 1] and [1, N] and writes bf16; the
+        # weight goes in column-major, as cuBLASLt wants it (a transposed view, no copy).
+        out = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale[:, None], scale_b=scale[None, :],
+                               out_dtype=torch.bfloat16).to(x.dtype)
+    else:
+        # In float64 every product of two e4m3 values and every sum of up to 2^15 of them is
+        # exact (they span 2^-18 .. 2^33), so a row's result does not depend on how many rows
+        # share the matmul or the order it sums in: batched equals batch-1, bit for bit.
+        exact = xq.double() @ qweight.double().t()
+        out = (exact * x_scale.double()[:, None] * scale.double()[None, :]).to(x.dtype)
+    return out if bias is None else out + bias
