@@ -229,3 +229,14 @@ def store_location(request, tmp_path):
     if request.param == "sqlite":
         return tmp_path / "k.db"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+async def store(store_location):
+    """An open ConversationStore at store_location (each backend in turn)."""
+    from kimiaudio.store import ConversationStore
+
+    s = ConversationStore(store_location)
+    await s.open()
+    yield s
+    await s.close()

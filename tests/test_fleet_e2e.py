@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-from test_server_support import DEMO_MAX_NEW_TOKENS, LONG_ANSWER, ROOT, free_port, silence, start_serve, stop_serve
+from test_server_support import LONG_ANSWER, ROOT, SERVE_CONFIG, free_port, silence, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +42,7 @@ INSTANCES = ("kimi-a", "kimi-b")
 
 
 def instance_config(instance: str) -> str:
-    return f"""
-[sampling]
-max_new_tokens = {DEMO_MAX_NEW_TOKENS}
-[engine]
-num_kv_blocks = 256
-[vad]
-silence_ms = 400
+    return SERVE_CONFIG + f"""
 [server]
 instance_id = "{instance}"
 [storage]

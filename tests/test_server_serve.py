@@ -55,7 +55,7 @@ def test_serve_with_int8_weights_answers_a_spoken_turn_and_refuses_fp8_on_the_cp
     assert "Traceback" not in refused.stderr, refused.stderr
 
     port = free_port()
-    proc = start_serve(tmp_path, port, SERVE_CONFIG, ("--device", "cpu", "--weights", "int8"))
+    proc = start_serve(tmp_path, port, SERVE_CONFIG, extra_args=("--device", "cpu", "--weights", "int8"))
     try:
         assert "weights: LM int8, DiT int8" in "".join(proc.output_lines)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)

@@ -11,13 +11,6 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.store import ConversationStore
 
 
-@pytest.fixture
-async def store(store_location):
-    s = ConversationStore(store_location)
-    await s.open()
-    yield s
-    await s.close()
-
 
 def _tone(seconds, sr, freq=220.0):
     t = np.arange(int(seconds * sr)) / sr

@@ -6,18 +6,10 @@ import sqlite3
 import numpy as np
 import pytest
 
-from kimiaudio.store import ConversationStore
 from kimiaudio.store import schema
 from kimiaudio.store.schema import open_database
 from kimiaudio.store.search import SearchQueryError
 
-
-@pytest.fixture
-async def store(store_location):
-    s = ConversationStore(store_location)
-    await s.open()
-    yield s
-    await s.close()
 
 
 def ids(found):

@@ -3,17 +3,9 @@
 import numpy as np
 import pytest
 
-from kimiaudio.store import ConversationStore
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice, voice_names
 
-
-@pytest.fixture
-async def store(store_location):
-    s = ConversationStore(store_location)
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def test_voices_round_trip_lossless_and_names_are_unique(store):

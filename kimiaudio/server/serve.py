@@ -127,8 +127,10 @@ def run_server(config: Config) -> int:
                              "without its data files (reinstall with `pip install .`)")
     from kimiaudio.store.startup_check import check_database
 
-    check_database(config)  # before the model: a database problem is said at once
-    tls = ssl_context(config)  # bad certificate files stop the start before the model loads
+    # Before the model, and in this order: bad certificate files stop the start before anything
+    # is written (the SQLite file's directory included); then a database problem is said at once.
+    tls = ssl_context(config)
+    check_database(config)
     print(loading_message(config), flush=True)
     try:
         stack = ModelStack.load(config, progress=True)
