@@ -8,7 +8,7 @@ name, checked against the pipeline's VoiceRegistry, or a stock name = the model'
 the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
 its text stream for a text answer), and whether committed user turns are transcribed
 (input_audio_transcription; the page's sessions by default, `[server] transcribe_input`).
-The values of a session.update were checked once, as it was parsed (client_events.py);
+The values of a session.update were checked once, as it was parsed (session_update.py);
 `apply` adds what needs the session (its speech, its voices) and changes nothing unless all
 of it holds. `describe` is the `session` object of
 session.created / updated.
@@ -26,7 +26,7 @@ from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
-from kimiaudio.server.session.client_events import SessionUpdate
+from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
 
 DEFAULT_VOICE = MODEL_VOICE

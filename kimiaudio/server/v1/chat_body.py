@@ -26,7 +26,7 @@ from kimiaudio.config import Config, check_setting
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
-from kimiaudio.server.session.client_events import ProtocolError, typed_field
+from kimiaudio.server.session.event_fields import ProtocolError, typed_field
 from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, checked

@@ -1,0 +1,75 @@
+"""The fields client events share, each parsed and checked once: a JSON object, a typed
+field, the output modalities, an output token limit and a pcm16 audio format. A wrong value is a
+ProtocolError naming the field (`param`), sent back as an `error` event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.inputs.openai_params import RealtimeSampling, checked
+from kimiaudio.text.output_type import EXPECTED_MODALITIES, output_type_of
+
+INPUT_RATES = (SPEECH_INPUT_RATE, OPENAI_PCM16_RATE)  # pcm16 input rates a session takes
+
+
+class ProtocolError(KimiAudioError):
+    """A client event that cannot be used; `code` is machine-readable, `param` names the field."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def object_field(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_event", f"{where}: expected a JSON object, got {type(value).__name__}", where)
+    return value
+
+
+def typed_field(obj: dict, key: str, kinds: type | tuple, where: str, what: str) -> Any:
+    """obj[key] if it is None or of `kinds` (a bool is no number here), else a ProtocolError."""
+    value = obj.get(key)
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if value is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+        raise ProtocolError("invalid_value", f"{where}.{key}: expected {what}, got {value!r}"[:300], f"{where}.{key}")
+    return value
+
+
+def output_limit(obj: dict, where: str) -> int | None:
+    """max_output_tokens (GA) or max_response_output_tokens (beta): a positive integer or "inf"."""
+    key = "max_output_tokens" if "max_output_tokens" in obj else "max_response_output_tokens"
+    limit = obj.get(key)
+    if limit is None or limit == "inf":
+        return None
+
+    def error(code: str, message: str, param: str) -> ProtocolError:
+        return ProtocolError(code, message.replace("max_output_tokens", key), f"{where}.{key}")
+
+    return checked(RealtimeSampling, {"max_output_tokens": limit}, f"{where}.", error)["max_output_tokens"]
+
+
+def output_type_field(obj: dict, where: str) -> str | None:
+    key = "output_modalities" if "output_modalities" in obj else "modalities"
+    modalities = obj.get(key)
+    if modalities is None:
+        return None
+    output_type = output_type_of(modalities)
+    if output_type is None:
+        raise ProtocolError("invalid_value", f"{where}.{key}: expected {EXPECTED_MODALITIES}, got {modalities!r}"[:200],
+                            f"{where}.{key}")
+    return output_type
+
+
+def pcm16_rate(fmt: Any, where: str, output: bool = False) -> int | None:
+    """pcm16 (beta: 24 kHz) or GA {"type": "audio/pcm", "rate": 24000 | 16000 (input only)}."""
+    if fmt is None or fmt == "pcm16":
+        return None if fmt is None else OPENAI_PCM16_RATE
+    if isinstance(fmt, dict) and fmt.get("type") == "audio/pcm":
+        rate = fmt.get("rate", OPENAI_PCM16_RATE)
+        if rate in (INPUT_RATES if not output else (OPENAI_PCM16_RATE,)):
+            return rate
+    raise ProtocolError("unsupported_format", f"{where}: kimiaudio takes and sends pcm16 (24 kHz{'' if output else ' or 16 kHz'}"
+                        f" mono), got {fmt!r}"[:300], where)
