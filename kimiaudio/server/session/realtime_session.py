@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -38,6 +36,7 @@ from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.input_transcription import InputTranscription
+from kimiaudio.server.session.queued_turn import QueuedTurn, new_item_id
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session.session_settings import SessionSettings
@@ -45,24 +44,6 @@ from kimiaudio.server.observe.turn_log import log_response
 from kimiaudio.store import ConversationBusyError
 
 log = logging.getLogger(__name__)
-
-
-def new_item_id() -> str:
-    return f"item_{secrets.token_hex(8)}"
-
-
-@dataclass
-class _Work:
-    """One entry of the turn queue."""
-
-    kind: str  # "audio" (a user utterance) | "text" (a text item) | "respond" (response.create)
-    item_id: str
-    audio: np.ndarray | None = None  # 16 kHz
-    text: str = ""
-    role: str = "user"
-    barge_ins: int = 0  # the session's barge-in count when it was queued
-    respond: bool = False
-    request: ce.ResponseCreate | None = None
 
 
 class RealtimeSession:
@@ -81,7 +62,7 @@ class RealtimeSession:
         self._ids = events.EventIds()
         self.responder = Responder(self, playback)
         self.transcription = InputTranscription(self)
-        self._queue: asyncio.Queue[_Work] = asyncio.Queue()
+        self._queue: asyncio.Queue[QueuedTurn] = asyncio.Queue()
         self._buffer: list[np.ndarray] = []  # input audio awaiting an explicit commit (turn_detection none)
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
@@ -151,7 +132,7 @@ class RealtimeSession:
 
     def commit(self, audio: np.ndarray, item_id: str | None = None, respond: bool = True) -> None:
         """Queue an utterance as the next user turn (the turn task stores and maybe answers it)."""
-        self._queue.put_nowait(_Work("audio", item_id or new_item_id(), audio=audio, barge_ins=self._barge_ins,
+        self._queue.put_nowait(QueuedTurn("audio", item_id or new_item_id(), audio=audio, barge_ins=self._barge_ins,
                                      respond=respond))
 
     def _commit_buffer(self) -> None:
@@ -184,7 +165,7 @@ class RealtimeSession:
                 log.exception("session %s: taking a turn failed", self.id)
                 self.send_error("turn_failed", f"the turn could not be answered ({type(exc).__name__})")
 
-    async def _store_item(self, work: _Work) -> bool:
+    async def _store_item(self, work: QueuedTurn) -> bool:
         """Store a user utterance or a text item (and announce it); False if it was refused."""
         if work.audio is not None:
             try:
@@ -242,7 +223,7 @@ class RealtimeSession:
         elif isinstance(event, ce.ResponseCancel):
             self.responder.interrupt("client_cancelled")
         elif isinstance(event, ce.ResponseCreate):
-            self._queue.put_nowait(_Work("respond", "", request=event))
+            self._queue.put_nowait(QueuedTurn("respond", "", request=event))
         elif isinstance(event, ce.ItemCreate):
             self._create_item(event)
         elif isinstance(event, ce.ItemTruncate):
@@ -256,10 +237,10 @@ class RealtimeSession:
         item_id = event.item_id or new_item_id()
         if event.pcm16 is not None:
             audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, SPEECH_INPUT_RATE)
-            self._queue.put_nowait(_Work("audio", item_id, audio=audio, text=event.text))
+            self._queue.put_nowait(QueuedTurn("audio", item_id, audio=audio, text=event.text))
         else:  # a system message is context like a user's text (the prompt has no system role)
             role = "assistant" if event.role == "assistant" else "user"
-            self._queue.put_nowait(_Work("text", item_id, text=event.text, role=role))
+            self._queue.put_nowait(QueuedTurn("text", item_id, text=event.text, role=role))
 
     def apply_update(self, event: ce.SessionUpdate, announce: bool = True) -> None:
         """session.update: new settings for this session (validated first)."""
