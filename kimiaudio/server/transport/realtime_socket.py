@@ -23,6 +23,7 @@ from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.realtime_session import RealtimeSession
@@ -85,7 +86,7 @@ class RealtimeSocket(ClosesOnce):
         except ce.ProtocolError as exc:
             self.session.send_error(exc.code, str(exc), exc.param)
         except Exception as exc:  # KimiAudioError from a setting, or a bug: the session goes on
-            if not isinstance(exc, ce.KimiAudioError):
+            if not isinstance(exc, KimiAudioError):
                 log.exception("session %s: handling an event failed", self.id)
             self.session.send_error("invalid_value", str(exc))
 
