@@ -5,7 +5,8 @@ its pipeline (pipeline.voices) and keeps their DiT prefixes on its device. Every
 SYNC_INTERVAL_S an instance reads the stored names and creation times (no audio): a voice it
 does not know, or knows with another creation time (deleted and added again), is loaded and
 registered; one no longer stored is unregistered and its device copy dropped. The voices routes
-sync before they answer, so a list fetched from any instance is current.
+sync before they answer, so a list fetched from any instance is current. On the SQLite file
+this process is the only writer, so there is nothing to sync and nothing runs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ SYNC_INTERVAL_S = 1.0  # one cheap query per second and instance
 
 async def sync_voices(app: web.Application) -> None:
     pipeline, store = app[pipeline_key], app[store_key]
-    if not pipeline.can_speak:
+    if not pipeline.can_speak or not store.is_shared:
         return
     stored = await voice_names(store)
     known = {v.name: v.created_at for v in pipeline.voices.list()}
@@ -43,6 +44,9 @@ async def sync_voices(app: web.Application) -> None:
 
 async def voice_sync_context(app: web.Application):
     """The background sync, after the stored voices were registered (voice_routes.py)."""
+    if not app[store_key].is_shared:
+        yield
+        return
     task = asyncio.get_running_loop().create_task(_keep_in_sync(app))
     yield
     task.cancel()
