@@ -79,7 +79,7 @@ class HaproxyFront:
             return {row["svname"]: row["status"] for row in rows
                     if row["pxname"] == "kimiaudio" and row["svname"] not in ("BACKEND", "FRONTEND")}
 
-    def wait_for_states(self, wanted: dict[str, str], timeout: float = 60.0) -> None:
+    def wait_for_states(self, wanted: dict[str, str], timeout: float = 120.0) -> None:
         """Wait until each named server is in the wanted state (health checks run every 2 s)."""
         deadline = time.monotonic() + timeout
         states = self.states()

@@ -17,10 +17,11 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from test_server_support import free_port
 
 RUN_AS = "kimiaudio-pg"  # the system user the server runs as when the tests run as root
 USER = "kimiaudio"  # the database superuser the tests connect as (password-authenticated)
@@ -39,12 +40,6 @@ def postgres_bindir() -> Path:
     if not candidates:
         raise PostgresUnavailable("PostgreSQL's initdb was not found (install Debian's `postgresql` package)")
     return Path(candidates[-1]).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ensure_system_user(name: str) -> None:
@@ -119,9 +114,3 @@ class PostgresServer:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
-
-    def drop_database(self, name: str) -> None:
-        import psycopg
-
-        with psycopg.connect(self.url(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-from test_server_support import LONG_ANSWER, ROOT, SERVE_CONFIG, free_port, silence, start_serve, stop_serve
+from test_server_support import LONG_ANSWER, ROOT, SERVE_CONFIG, eventually, free_port, silence, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 
@@ -118,11 +118,10 @@ async def sessions_active(fleet: Fleet, instance: str) -> float:
 
 
 async def wait_until_idle(fleet: Fleet, instances=INSTANCES) -> None:
-    for _ in range(200):
-        if all([await sessions_active(fleet, name) == 0 for name in instances]):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("sessions still open on the instances")
+    async def idle():
+        return all([await sessions_active(fleet, name) == 0 for name in instances])
+
+    await eventually(idle, "every session closed on the instances", interval=0.1)
 
 
 async def test_sessions_through_the_front_land_on_both_instances(fleet):
@@ -216,7 +215,8 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         assert answer["conversation_id"] == conversation_id
         assert all(1 <= seconds <= LEASE_S + 1 for seconds in busy), busy
         assert await sessions_active(fleet, other) == 1
-        fleet.front.wait_for_states({"kimi1" if holder == INSTANCES[0] else "kimi2": "DOWN"})
+        dead = "kimi1" if holder == INSTANCES[0] else "kimi2"
+        await asyncio.to_thread(fleet.front.wait_for_states, {dead: "DOWN"})
 
         # The history, read through the front: every turn, and the heard part of the cut answer.
         turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
@@ -232,14 +232,13 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         client.mic.say(np.concatenate([speech[1], silence(1.0)]))
         done = await client.wait_for("response.done", timeout=90)
         assert done["response"]["status"] in ("completed", "cancelled"), done
-        user_turn = None
-        for _ in range(100):  # the assistant turn is written as its answer ends
+        async def both_turns():  # the assistant turn is written as its answer ends
             after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
-            if len(after) == len(turns) + 2:
-                user_turn = after[-2]
-                break
-            await asyncio.sleep(0.1)
-        assert user_turn is not None and [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1), after
+            return after if len(after) == len(turns) + 2 else None
+
+        after = await eventually(both_turns, "the resumed turn and its answer stored", interval=0.1)
+        user_turn = after[-2]
+        assert [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1), after
         assert after[len(turns) - 1]["duration_s"] == heard["duration_s"]
         assert done["response"]["prefill_tokens_computed"] > 2 * len(user_turn["audio_tokens"])
         await client.close()
@@ -277,13 +276,12 @@ async def check_database(url: str, conversation_id: str, turns: list[dict]) -> N
             "WHERE t.conversation_id = %s ORDER BY t.turn_index", [conversation_id])).fetchall()
         assert [tuple(row) for row in stored] == [(t["index"], t["has_audio"]) for t in turns], (stored, turns)
         assert all(t["has_audio"] for t in turns[-3:]), turns[-3:]  # the cut answer, the next utterance and answer
-        for _ in range(100):  # the closed session's lease is released as it closes
+        async def released():  # the closed session's lease is released as it closes
             held = await (await conn.execute("SELECT count(*) FROM leases WHERE conversation_id = %s",
                                              [conversation_id])).fetchone()
-            if held[0] == 0:
-                break
-            await asyncio.sleep(0.1)
-        assert held[0] == 0, "the closed session kept its lease"
+            return held[0] == 0
+
+        await eventually(released, "the closed session's lease released", interval=0.1)
 
 
 async def test_with_no_instance_up_the_front_answers_503_with_retry_after(fleet):
@@ -292,7 +290,7 @@ async def test_with_no_instance_up_the_front_answers_503_with_retry_after(fleet)
     for proc in fleet.procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    fleet.front.wait_for_states({"kimi1": "DOWN", "kimi2": "DOWN"})
+    await asyncio.to_thread(fleet.front.wait_for_states, {"kimi1": "DOWN", "kimi2": "DOWN"})
     async with aiohttp.ClientSession(base_url=fleet.front.url) as http:
         resp = await http.get("/v1/models")
         body = await resp.json(content_type=None)

@@ -16,7 +16,7 @@ from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
 from kimiaudio.server.app_keys import admission_key, server_metrics_key
 from kimiaudio.server.observe.log_setup import configure_logging
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
-from test_server_support import demo_server, kv_pool_full_again, silence
+from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -115,12 +115,12 @@ async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhe
         assert body["sessions"] == {"active": 1, "max": 1}
         assert (await http.post("/api/rtc/offer", json={})).status == 503  # what the probe foretold
         await client.close()
-        for _ in range(100):  # the slot is released as the socket's session closes
+        async def ready():  # the slot is released as the socket's session closes
             resp = await http.get("/readyz")
-            if resp.status == 200:
-                break
-            await asyncio.sleep(0.05)
-        assert resp.status == 200 and (await resp.json())["problems"] == []
+            return resp if resp.status == 200 else None
+
+        resp = await eventually(ready, "/readyz 200 once the session closed")
+        assert (await resp.json())["problems"] == []
 
 
 async def test_every_sample_carries_the_configured_instance_label(aiohttp_client, demo_checkpoint, tmp_path):

@@ -96,7 +96,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert [i["item"]["role"] for i in items] == ["user", "assistant"]
     # The page's sessions transcribe the user's words ([server] transcribe_input): the same
     # utterance as a background-priority ASR turn, encoded once for both, its words stored.
-    words = await client.wait_for("conversation.item.input_audio_transcription.completed")
+    words = await client.wait_for("conversation.item.input_audio_transcription.completed", timeout=300)
     assert words["item_id"] == committed["item_id"] and words["content_index"] == 0
     ((asr, asr_handle),) = pipeline.transcriptions
     assert asr.user_audio is pipeline.requests[0].user_audio and asr.output_type == "text"

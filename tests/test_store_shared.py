@@ -2,7 +2,6 @@
 instances, voices and spoken answers across instances (store/postgres.py, leases.py,
 schema.py), on the tests' own PostgreSQL server; leases within one instance on both backends."""
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationS
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.postgres import check_and_migrate
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
-from postgres_server import free_port
+from test_server_support import eventually, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,12 +200,10 @@ async def test_the_heartbeat_renews_live_leases_only(store_location):
         def expiry(db):
             return db.execute("SELECT expires_at FROM leases WHERE conversation_id = ?", [held]).fetchone()[0]
 
-        for _ in range(200):  # the next heartbeat renews it from the clock's time
-            if await store.read(expiry) == clock.now + 1.0:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the heartbeat did not renew the lease")
+        async def renewed():  # the next heartbeat renews it from the clock's time
+            return await store.read(expiry) == clock.now + 1.0
+
+        await eventually(renewed, "the heartbeat renewing the lease")
         clock.now += 0.5  # past the first expiry: still held, renewed
         with pytest.raises(ConversationBusyError):
             await store.acquire_lease(held, "sess_b")
