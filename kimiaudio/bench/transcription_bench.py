@@ -22,7 +22,6 @@ from kimiaudio.bench.pipeline_bench import bench_inputs, warm_up
 from kimiaudio.bench.stats import percentile
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.transcription import transcription_request
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
@@ -43,23 +42,16 @@ class TranscriptionRow:
     transcripts_nonempty: int
 
 
-async def _last(handle) -> TurnDone:
-    async for event in handle:
-        if isinstance(event, TurnDone):
-            return event
-    raise KimiAudioError("a bench turn ended without a result")
-
-
 async def _session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, asr: SamplingParams | None):
     history: list[HistoryTurn] = []
     answers, transcriptions = [], []
     for pcm in inputs:
         handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params))
         if asr is not None:  # right after the answer, as a session submits it
-            transcriptions.append(asyncio.ensure_future(_last(pipeline.submit(transcription_request("bench", pcm, asr)))))
-        done = await _last(handle)
-        if done.status != "completed" or done.first_audio_steps is None:
-            raise KimiAudioError(f"bench turn failed: {done.error or done.status}")
+            transcriptions.append(asyncio.ensure_future(pipeline.submit(transcription_request("bench", pcm, asr)).result()))
+        done = await handle.result()
+        if done is None or done.status != "completed" or done.first_audio_steps is None:
+            raise KimiAudioError(f"bench turn failed: {done.error or done.status if done else 'no result'}")
         answers.append(done)
         history += [HistoryTurn("user", audio=pcm), HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens)]
     return answers, [await t for t in transcriptions]

@@ -29,6 +29,12 @@ class TurnHandle(EventStream[PipelineEvent]):
         """The TurnDone, once it reached the loop (None while the turn runs)."""
         return self.last
 
+    async def result(self) -> TurnDone | None:
+        """Read the turn's events to the end; its TurnDone (None if the stream ended without one)."""
+        async for _ in self:
+            pass
+        return self.done
+
     def seconds(self) -> float:
         """Seconds since submit (the time base of TurnDone.timings)."""
         return time.perf_counter() - self.submitted_at

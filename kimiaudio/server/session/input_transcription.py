@@ -19,7 +19,6 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.transcription import transcription_request
 from kimiaudio.server.session import events
 
@@ -48,11 +47,8 @@ class InputTranscription:
         except KimiAudioError as exc:
             s.send(events.transcription_failed(item_id, content_index, f"the transcription could not start ({exc})"))
             return
-        done = None
         try:
-            async for event in handle:
-                if isinstance(event, TurnDone):
-                    done = event
+            done = await handle.result()
         finally:
             if handle.done is None:  # the session closed meanwhile
                 s.pipeline.cancel(handle)

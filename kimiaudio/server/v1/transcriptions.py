@@ -28,11 +28,12 @@ from aiohttp import web
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import check_setting
+from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
-from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
-from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, asr_instruction, check_language
+from kimiaudio.pipeline.transcription import transcription_request
+from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, vad_executor_key
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.observe.request_log import request_record
@@ -122,10 +123,9 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     temperature = check_setting("sampling", "text_temperature", _temperature(fields.get("temperature"), config))
     name, data = fields["file"]
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
-    prior = [HistoryTurn("user", text=fields["prompt"])] if fields.get("prompt") else []
-    turn = TurnRequest(conversation_id="transcription", history=[*prior, HistoryTurn("user", text=asr_instruction(language))],
-                       user_audio=pcm, sampling=SamplingParams.from_config(config.sampling, text_temperature=temperature),
-                       output_type="text", logprobs=True)
+    sampling = SamplingParams.from_config(config.sampling, text_temperature=temperature)
+    turn = transcription_request("transcription", pcm, sampling, language=language, prompt=fields.get("prompt") or "",
+                                 priority=ANSWER_PRIORITY, logprobs=True)  # a client waits for it
     seconds = pcm.size / SPEECH_INPUT_RATE
     request_record(request).audio_in_s = seconds
     speech = None
@@ -134,7 +134,9 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     async with guarded_turn(request, pipeline, turn) as handle:
         if stream:
             return await _stream(request, handle, with_logprobs)
-        done = await _last(handle)
+        done = await handle.result()
+    if done is None:
+        raise ApiError(500, "internal_error", "the turn ended without a result")
     if done.status != "completed":
         raise ApiError(500, "transcription_failed", f"the transcription failed ({done.error or done.status})")
     text = done.text.strip()
@@ -150,13 +152,6 @@ def _shared_vad() -> SileroVad:
 
 def _max_speech_probability(pcm) -> float:
     return _shared_vad().max_speech_probability(pcm)
-
-
-async def _last(handle) -> TurnDone:
-    async for event in handle:
-        if isinstance(event, TurnDone):
-            return event
-    raise ApiError(500, "internal_error", "the turn ended without a result")
 
 
 async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
