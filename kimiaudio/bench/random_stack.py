@@ -24,7 +24,7 @@ from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_
 from kimiaudio.config import Config
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.layers.fp8 import require_fp8
-from kimiaudio.models.quantize import quantize_dit, quantize_lm
+from kimiaudio.models.quantize import quantize_dit
 from kimiaudio.random_weights.modules import RandomParts
 from kimiaudio.random_weights.shapes import shape_named
 
@@ -59,8 +59,7 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     for key, value in (("model.weights", lm_weights), ("detok.weights", dit_weights)):
         if value == "fp8":
             require_fp8(device, key)
-    lm = timed("lm", lambda: quantize_lm(_speech_head_only(parts.lm(), parts.lm_config["kimia_token_offset"]),
-                                         lm_weights))
+    lm = timed("lm", lambda: _speech_head_only(parts.lm(lm_weights), parts.lm_config["kimia_token_offset"]))
     whisper = timed("whisper", parts.whisper)
     glm4 = timed("glm4_tokenizer", parts.glm4)
     detok = None

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
+from kimiaudio.checkpoint.tensor_check import TensorCheck
 from kimiaudio.errors import CheckpointError
 
 
@@ -69,6 +70,36 @@ def safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
+def iter_safetensors(
+    directory: Path,
+    keep: Iterable[str] | None = None,
+    dtype: torch.dtype | None = None,
+    progress: bool = False,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors (or only names starting with one of `keep`) of a directory, one at a time in
+    file order, each read when asked for: a caller that places them as they come (models.
+    kimia_lm.assemble_lm) never holds the whole checkpoint in host memory."""
+    from safetensors import SafetensorError, safe_open
+
+    prefixes = tuple(keep) if keep is not None else None
+    files = safetensors_files(Path(directory))
+    for file in _progress(files, f"loading {Path(directory).name}", progress):
+        try:
+            handle = safe_open(str(file), framework="pt", device="cpu")
+            names = [name for name in handle.keys() if prefixes is None or name.startswith(prefixes)]
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({exc})") from None
+        with handle as f:
+            for name in names:
+                try:
+                    tensor = f.get_tensor(name)
+                except (SafetensorError, OSError, RuntimeError) as exc:
+                    raise CheckpointError(f"{file}: not a readable safetensors file ({exc})") from None
+                if dtype is not None and tensor.is_floating_point():
+                    tensor = tensor.to(dtype)
+                yield name, tensor
+
+
 def load_safetensors(
     directory: Path,
     keep: Iterable[str] | None = None,
@@ -76,26 +107,8 @@ def load_safetensors(
     dtype: torch.dtype | None = None,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Read every tensor (or only names starting with one of `keep`) of a directory."""
-    from safetensors import SafetensorError, safe_open
-
-    prefixes = tuple(keep) if keep is not None else None
-    files = safetensors_files(Path(directory))
-    state: dict[str, torch.Tensor] = {}
-    bar = _progress(files, f"loading {Path(directory).name}", progress)
-    for file in bar:
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    if prefixes is not None and not name.startswith(prefixes):
-                        continue
-                    tensor = f.get_tensor(name)
-                    if dtype is not None and tensor.is_floating_point():
-                        tensor = tensor.to(dtype)
-                    state[name] = tensor.to(device)
-        except (SafetensorError, OSError, RuntimeError) as exc:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({exc})") from None
-    return state
+    """Every tensor (or only names starting with one of `keep`) of a directory, by name."""
+    return {name: tensor.to(device) for name, tensor in iter_safetensors(directory, keep, dtype, progress)}
 
 
 def load_torch_file(path: Path, key: str | None = None) -> dict[str, torch.Tensor]:
@@ -116,26 +129,15 @@ def load_torch_file(path: Path, key: str | None = None) -> dict[str, torch.Tenso
 
 
 def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], source: Path, ignore: tuple[str, ...] = ()) -> None:
-    """Copy `state` into `module` by name; every parameter must be present with its shape.
-
-    Names matching `ignore` (substring) are skipped, e.g. rotary inv_freq buffers that the
-    official code recomputes. Extra names are an error too: they mean a layout mismatch.
-    """
+    """Copy `state` into `module` by name; every parameter must be present with its shape, and
+    any other name is an error unless it matches `ignore` (checkpoint/tensor_check.py)."""
+    check = TensorCheck(module, source, ignore)
+    taken = [name for name, tensor in state.items() if check.admit(name, tensor)]
+    check.finish()
     own = module.state_dict()
-    missing = [name for name in own if name not in state]
-    unexpected = [name for name in state if name not in own and not any(i in name for i in ignore)]
-    if missing:
-        raise CheckpointError(f"{source}: missing tensor {missing[0]!r} ({len(missing)} missing in all)")
-    if unexpected:
-        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} unexpected in all)")
-    for name, target in own.items():
-        if tuple(state[name].shape) != tuple(target.shape):
-            raise CheckpointError(
-                f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, expected {tuple(target.shape)}"
-            )
     with torch.no_grad():
-        for name, target in own.items():
-            target.copy_(state[name].to(dtype=target.dtype))
+        for name in taken:
+            own[name].copy_(state[name].to(dtype=own[name].dtype))
 
 
 def _progress(items: list, desc: str, enabled: bool):

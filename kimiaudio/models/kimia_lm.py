@@ -14,17 +14,21 @@ owns the KV cache (trunk layers are slots 0..L-1, MIMO layers L..L+M-1).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Iterable
+
 import torch
 from torch import nn
 
-from kimiaudio.checkpoint.files import load_into, load_safetensors
-
+from kimiaudio.checkpoint.files import iter_safetensors
 from kimiaudio.checkpoint.paths import CheckpointPaths
+from kimiaudio.checkpoint.tensor_check import TensorCheck
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.layers.attention import AttentionBackend
 from kimiaudio.models.kimia_config import KimiaConfig
+from kimiaudio.layers.quant_linear import quantize_linears
 from kimiaudio.models.qwen2 import Qwen2DecoderLayer
-from kimiaudio.models.quantize import quantize_lm
+from kimiaudio.models.quantize import scheme_of
 from kimiaudio.layers.rotary import RotaryEmbedding
 from kimiaudio.layers.norm import RMSNorm
 
@@ -148,18 +152,63 @@ class KimiAudioLM(nn.Module):
 
 def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, progress: bool = False,
             weights: str = "bf16") -> KimiAudioLM:
-    """Build the LM from config.json and load the safetensors weights by name; `weights` fp8 or
-    int8 quantizes its decoder layers (models/quantize.py), bf16 keeps them in `dtype`."""
+    """Build the LM from config.json and its safetensors weights by name, one decoder layer at
+    a time (assemble_lm); `weights` fp8 or int8 quantizes its decoder layers (models/quantize.py),
+    bf16 keeps them in `dtype`. The checkpoint's rotary inv_freq buffers are recomputed."""
     config = KimiaConfig.from_file(paths.lm_config)
-    with torch.device("meta"):
-        lm = KimiAudioLM(config)
-    lm = lm.to(dtype).to_empty(device=device)  # allocate once, in the target dtype
-    # Read on the CPU in the target dtype, then copy into the device parameters: one copy of
-    # the weights on the device. The checkpoint's rotary inv_freq buffers are recomputed.
-    state = load_safetensors(paths.root, keep=("model.", "lm_head.", "mimo_output."), dtype=dtype, progress=progress)
     index = paths.root / "model.safetensors.index.json"
     source = index if index.is_file() else paths.root / "model.safetensors"
-    load_into(lm, state, source, ignore=("rotary_emb.inv_freq",))
-    del state
-    lm = lm.fuse_projections().eval().requires_grad_(False)
-    return quantize_lm(lm, weights)
+    tensors = iter_safetensors(paths.root, keep=("model.", "lm_head.", "mimo_output."), dtype=dtype, progress=progress)
+    return assemble_lm(config, tensors, device, dtype, weights, source, ignore=("rotary_emb.inv_freq",))
+
+
+@torch.no_grad()
+def assemble_lm(config: KimiaConfig, tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device | str,
+                dtype: torch.dtype, weights: str = "bf16", source: Path | str = "LM weights",
+                ignore: tuple[str, ...] = ()) -> KimiAudioLM:
+    """The LM from its tensors by official name, placed as they arrive.
+
+    A decoder layer is built on `device` as soon as its last tensor has come, then fused and
+    quantized, so besides the finished model the device (and the host, for a checkpoint read
+    tensor by tensor) holds only the layers still arriving, in `dtype`: one, when the tensors
+    come layer by layer as the official shards and the random weights order them. A 24 GB card
+    could not hold the bf16 LM before quantizing it. The other tensors (embeddings, norms,
+    adaptor, heads) are final as they come. Names and shapes are checked (TensorCheck).
+    """
+    device = torch.device(device)
+    with torch.device("meta"):
+        lm = KimiAudioLM(config).to(dtype)
+    check = TensorCheck(lm, source, ignore)
+    dtypes = {name: t.dtype for name, t in lm.state_dict().items()}
+    layers = {f"model.{name}": layer for name, layer in lm.model.named_children() if name in ("layers", "mimo_layers")}
+    layers = {f"{kind}.{i}.": layer for kind, group in layers.items() for i, layer in enumerate(group)}
+    wanted = {prefix: len(layer.state_dict()) for prefix, layer in layers.items()}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors:
+        if not check.admit(name, tensor):
+            continue
+        tensor = tensor.to(device=device, dtype=dtypes[name])
+        prefix = _layer_prefix(name)
+        part = pending.setdefault(prefix, {})
+        part[name.removeprefix(prefix)] = tensor
+        del tensor
+        if prefix and len(part) == wanted[prefix]:
+            _finish_layer(layers[prefix], pending.pop(prefix), weights)
+    check.finish()
+    lm.load_state_dict(pending.pop("", {}), strict=False, assign=True)  # all but the layers: final as they are
+    lm.weights = weights
+    return lm.eval().requires_grad_(False)
+
+
+def _layer_prefix(name: str) -> str:
+    """"model.layers.3.mlp.up_proj.weight" -> "model.layers.3."; "" outside the decoder layers."""
+    parts = name.split(".")
+    return ".".join(parts[:3]) + "." if parts[1] in ("layers", "mimo_layers") else ""
+
+
+def _finish_layer(layer: nn.Module, state: dict[str, torch.Tensor], weights: str) -> None:
+    layer.load_state_dict(state, strict=True, assign=True)
+    state.clear()  # the layer holds its tensors now; fusing and quantizing free the originals
+    layer.self_attn.fuse_projections()
+    layer.mlp.fuse_projections()
+    quantize_linears(layer, scheme_of(weights))

@@ -4,6 +4,8 @@ tokenizer, so the special ids in config.json are the demo tokenizer's whatever t
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from kimiaudio.random_weights.seeded_init import SeededInit
@@ -111,38 +113,44 @@ def lm_config(shape: StackShape) -> dict:
 
 def lm_tensors(seed: int, cfg: dict, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Every tensor of the LM that config.json `cfg` describes, by its official name."""
+    return dict(iter_lm_tensors(seed, cfg, device, dtype))
+
+
+def iter_lm_tensors(seed: int, cfg: dict, device="cpu", dtype: torch.dtype = torch.float32
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """lm_tensors one at a time, drawn as they are asked for (the same values in the same order),
+    decoder layer after decoder layer: models.kimia_lm.assemble_lm finishes each layer before the
+    next is drawn, so a full-size LM never exists in bf16 when it is quantized."""
     init = SeededInit(seed, 1, device, dtype)
     h, ffn, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
     adaptor_in = cfg["kimia_adaptor_input_dim"]
-    t: dict[str, torch.Tensor] = {}
     # Embeddings at unit scale, like the LayerNorm'd adaptor output they are summed with.
-    t["model.embed_tokens.weight"] = init.normal((vocab, h), 1.0)
+    yield "model.embed_tokens.weight", init.normal((vocab, h), 1.0)
     layers = [f"model.layers.{i}." for i in range(cfg["num_hidden_layers"])]
     layers += [f"model.mimo_layers.{i}." for i in range(cfg["kimia_mimo_layers"])]
     for p in layers:
-        t[p + "input_layernorm.weight"] = init.ones(h)
-        t[p + "post_attention_layernorm.weight"] = init.ones(h)
+        yield p + "input_layernorm.weight", init.ones(h)
+        yield p + "post_attention_layernorm.weight", init.ones(h)
         for name, rows in (("q_proj", h), ("k_proj", kv), ("v_proj", kv)):
-            t[p + f"self_attn.{name}.weight"] = init.weight(rows, h)
-            t[p + f"self_attn.{name}.bias"] = init.bias(rows)
-        t[p + "self_attn.o_proj.weight"] = init.weight(h, h)
-        t[p + "mlp.gate_proj.weight"] = init.weight(ffn, h)
-        t[p + "mlp.up_proj.weight"] = init.weight(ffn, h)
-        t[p + "mlp.down_proj.weight"] = init.weight(h, ffn)
-    t["model.norm.weight"] = init.ones(h)
-    t["model.mimo_norm.weight"] = init.ones(h)
+            yield p + f"self_attn.{name}.weight", init.weight(rows, h)
+            yield p + f"self_attn.{name}.bias", init.bias(rows)
+        yield p + "self_attn.o_proj.weight", init.weight(h, h)
+        yield p + "mlp.gate_proj.weight", init.weight(ffn, h)
+        yield p + "mlp.up_proj.weight", init.weight(ffn, h)
+        yield p + "mlp.down_proj.weight", init.weight(h, ffn)
+    yield "model.norm.weight", init.ones(h)
+    yield "model.mimo_norm.weight", init.ones(h)
     # VQ adaptor: Linear(adaptor_in, h) . SiLU . Dropout . Linear(h, h) . LayerNorm(h)
-    t["model.vq_adaptor.layers.0.weight"] = init.weight(h, adaptor_in)
-    t["model.vq_adaptor.layers.0.bias"] = init.bias(h)
-    t["model.vq_adaptor.layers.3.weight"] = init.weight(h, h)
-    t["model.vq_adaptor.layers.3.bias"] = init.bias(h)
-    t["model.vq_adaptor.layers.4.weight"] = init.ones(h)
-    t["model.vq_adaptor.layers.4.bias"] = init.zeros(h)
+    yield "model.vq_adaptor.layers.0.weight", init.weight(h, adaptor_in)
+    yield "model.vq_adaptor.layers.0.bias", init.bias(h)
+    yield "model.vq_adaptor.layers.3.weight", init.weight(h, h)
+    yield "model.vq_adaptor.layers.3.bias", init.bias(h)
+    yield "model.vq_adaptor.layers.4.weight", init.ones(h)
+    yield "model.vq_adaptor.layers.4.bias", init.zeros(h)
     lm_head = init.weight(vocab, h)
     lm_head[_special("<|im_kimia_text_eos|>")] *= TEXT_EOS_ROW_SCALE
-    t["lm_head.weight"] = lm_head
+    yield "lm_head.weight", lm_head
     mimo_output = init.weight(vocab, h)
     mimo_output[_special("<|im_msg_end|>")] *= MSG_END_ROW_SCALE
-    t["mimo_output.weight"] = mimo_output
-    return t
+    yield "mimo_output.weight", mimo_output

@@ -28,19 +28,19 @@ from kimiaudio.models.bigvgan import BigVGAN, VocoderConfig
 from kimiaudio.models.dit import DiTPrefix
 from kimiaudio.models.dit_config import DiTConfig
 from kimiaudio.models.kimia_config import KimiaConfig
-from kimiaudio.models.kimia_lm import KimiAudioLM
+from kimiaudio.models.kimia_lm import KimiAudioLM, assemble_lm
 from kimiaudio.random_weights import encoders, lm, speech
 from kimiaudio.random_weights.config_files import (DETOKENIZER_DIR, GLM_DIR, VOCODER_DIR, WHISPER_DIR,
                                                    write_config_files)
 from kimiaudio.random_weights.shapes import StackShape
 
 
-def random_lm(config: dict, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> KimiAudioLM:
-    """The LM that config.json `config` describes, with lm.lm_tensors' weights, projections fused
-    as load_lm leaves them."""
-    model = _adopt(lambda: KimiAudioLM(KimiaConfig.from_dict(config, "random-weights config.json")),
-                   lm.lm_tensors(seed, config, device, dtype), "LM")
-    return model.fuse_projections()
+def random_lm(config: dict, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
+              weights: str = "bf16") -> KimiAudioLM:
+    """The LM that config.json `config` describes, with lm.lm_tensors' weights drawn on `device`
+    layer by layer and finished as load_lm finishes a checkpoint's (fused; quantized as `weights`)."""
+    return assemble_lm(KimiaConfig.from_dict(config, "random-weights config.json"),
+                       lm.iter_lm_tensors(seed, config, device, dtype), device, dtype, weights, "random LM")
 
 
 class RandomParts:
@@ -62,8 +62,8 @@ class RandomParts:
             self.dit_config = DiTConfig.from_yaml(root / DETOKENIZER_DIR / "config.yaml")
             self.vocoder_config = VocoderConfig.from_json(root / VOCODER_DIR / "config.json")
 
-    def lm(self) -> KimiAudioLM:
-        return random_lm(self.lm_config, self.device, self.dtype, self.seed)
+    def lm(self, weights: str = "bf16") -> KimiAudioLM:
+        return random_lm(self.lm_config, self.device, self.dtype, self.seed, weights)
 
     def whisper(self) -> WhisperFeatureEncoder:
         from transformers import WhisperConfig
