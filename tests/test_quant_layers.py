@@ -1,9 +1,9 @@
 """8-bit linear layers (layers/quant_linear.py, fp8.py, int8.py) against the fp32 product of
 their dequantized weights (and, for fp8, their quantized activations).
 
-fp8 runs its numerical emulation on the CPU (the same quantized operands multiplied in fp32)
-and `torch._scaled_mm` only on a CUDA GPU of compute capability 8.9 or higher (skipped
-elsewhere); the int8 Triton kernel runs compiled on a GPU and in Triton's interpreter without
+fp8 serves through its numerical emulation on the CPU (the same quantized operands multiplied
+exactly) and through `torch._scaled_mm` on a CUDA GPU of compute capability 8.9 or higher; the
+very `_scaled_mm` call the GPU makes is also checked on the CPU, where torch implements it; the int8 Triton kernel runs compiled on a GPU and in Triton's interpreter without
 one, as tests/test_triton_layers.py runs the other kernels.
 """
 
@@ -77,6 +77,24 @@ def test_fp8_layer_is_the_product_of_its_quantized_operands():
     torch.testing.assert_close(q(x), expected, **FP32)
     # Per token: the loud first token does not coarsen the others' quantization.
     assert (x_scale[1:] < x_scale[0] / 10).all()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_fp8_scaled_mm_call_equals_the_exact_product(rows):
+    """The call the GPU path makes (layout, scale shapes, output dtype), run by torch's CPU
+    _scaled_mm: equal to the exact product of the same operands but for the bf16 output
+    rounding. A token 100x louder than the rest and a channel 40x larger than the rest make a
+    swapped, transposed or dropped scale show far above that rounding."""
+    layer = linear(64, 48)
+    q = QuantLinear.from_linear(layer, "fp8")
+    x = x_of(rows, 64)
+    xq, x_scale = fp8.quantize_rows(x)
+    got = fp8.scaled_mm(xq, x_scale, q.qweight, q.scale)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 48)
+    exact = (xq.double() @ q.qweight.double().t()) * x_scale.double()[:, None] * q.scale.double()[None, :]
+    # fp32 accumulation of 64 exact products, then one bf16 rounding (8 bits of mantissa).
+    torch.testing.assert_close(got.double(), exact, rtol=2.0**-8, atol=1e-6 * exact.abs().max().item())
+    assert torch.equal(got[:, 3], torch.zeros(rows, dtype=torch.bfloat16))  # the all-zero channel
 
 
 @pytest.mark.skipif(not (CUDA and fp8.fp8_supported(torch.device("cuda"))), reason="needs a GPU with fp8 (sm_89+)")

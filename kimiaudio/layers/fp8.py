@@ -45,16 +45,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The hardware product: xq [T, K] e4m3 with x_scale [T], qweight [N, K] e4m3 with scale [N]
+    -> bf16 [T, N]. Row-wise scaling takes fp32 scales shaped [T, 1] and [1, N]; the weight goes
+    in column-major, as cuBLASLt wants it (a transposed view, no copy). torch runs the same call
+    on the CPU, where the tests check its layout and scales against the exact product."""
+    return torch._scaled_mm(xq, qweight.t(), scale_a=x_scale[:, None], scale_b=scale[None, :],
+                            out_dtype=torch.bfloat16)
+
+
 def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [T, K] (model dtype) @ (qweight [N, K] e4m3 * scale [N])^T + bias -> [T, N] in x's dtype.
     Each token of x is quantized with its own scale first."""
     xq, x_scale = quantize_rows(x)
     n, k = qweight.shape
     if fp8_supported(x.device) and k % 16 == 0 and n % 16 == 0:
-        # Row-wise scaling takes fp32 scales shaped [T, 1] and [1, N] and writes bf16; the
-        # weight goes in column-major, as cuBLASLt wants it (a transposed view, no copy).
-        out = torch._scaled_mm(xq, qweight.t(), scale_a=x_scale[:, None], scale_b=scale[None, :],
-                               out_dtype=torch.bfloat16).to(x.dtype)
+        out = scaled_mm(xq, x_scale, qweight, scale).to(x.dtype)
     else:
         # In float64 every product of two e4m3 values and every sum of up to 2^15 of them is
         # exact (they span 2^-18 .. 2^33), so a row's result does not depend on how many rows
