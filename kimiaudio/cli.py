@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-plan", action="store_true",
                    help="print the device memory plan of --random-weights full (or the configured checkpoint) "
                         "for max(--sessions) sessions, computed on the meta device: nothing is loaded")
-    p.add_argument("--card-gib", type=float, help="--memory-plan: the card's memory in GiB (default: this GPU's)")
+    p.add_argument("--card-gib", type=float,
+                   help="--memory-plan: the card's memory in GiB (default: this GPU's); on a GPU bench run: cap "
+                        "this process at that many GiB, as on a card of that size")
     p.add_argument("--positions", type=int, default=4096,
                    help="--memory-plan: positions each session must hold for the plan to fit (default 4096)")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")

@@ -217,6 +217,31 @@ def test_pool_sized_from_memory_is_the_same_for_a_second_engine(golden_checkpoin
     assert first > 0 and second >= 0.95 * first
 
 
+
+@cuda_only
+def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
+    """bench --card-gib caps the process (set_per_process_memory_fraction); the driver's free
+    memory still counts the whole card, so a pool sized from it alone would fail to allocate."""
+    from kimiaudio.layers.device_memory import GIB, cap_process, capacity_bytes, free_bytes
+
+    lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
+    gc.collect()
+    torch.cuda.empty_cache()
+    cap = torch.cuda.memory_reserved(DEVICE) + 2 * GIB  # 2 GiB beyond what this process holds
+    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.9, max_model_len=1 << 20,
+                          max_num_seqs=4096, cuda_graphs=False)
+    try:
+        cap_process(DEVICE, cap / GIB)
+        assert abs(capacity_bytes(DEVICE) - cap) < 1 << 20
+        assert free_bytes(DEVICE) <= 2 * GIB + (1 << 20)
+        engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)  # uncapped sizing would ask for ~90% of the card
+        assert engine.runner.num_blocks > 0 and torch.cuda.memory_reserved(DEVICE) <= cap
+        del engine
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, DEVICE)
+        gc.collect()
+        torch.cuda.empty_cache()
+
 def test_pipeline_turn_on_device(demo_checkpoint, speech_16k, monkeypatch):
     cached = []
     put = EncodeCache.put

@@ -75,3 +75,11 @@ def test_bad_memory_plan_arguments_are_one_line(capsys):
         assert main(["bench", "--memory-plan", "--random-weights", "full", *args]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err
+
+
+def test_card_gib_on_a_bench_run_needs_a_gpu(capsys):
+    """--card-gib on a run (not a plan) caps the GPU the bench runs on; on the CPU it is refused
+    in one line, before anything loads."""
+    assert main(["bench", "--device", "cpu", "--random-weights", "full", "--card-gib", "24", "--sessions", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--card-gib 24 caps a GPU" in err and err.count("\n") == 1, err

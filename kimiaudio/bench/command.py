@@ -28,6 +28,7 @@ def format_rows(rows: list[BenchRow]) -> str:
 
 def run_bench_command(config, args) -> int:
     from kimiaudio.audio.io import load_audio
+    from kimiaudio.layers.device_memory import peak_memory
     from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
 
     # A soak is a smaller, longer run than a throughput bench: its own defaults.
@@ -47,6 +48,8 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError("--sessions and --turns must be positive")
     if getattr(args, "memory_plan", False):
         return _memory_plan_command(config, max(sessions), args)
+    if args.card_gib is not None:
+        _cap_gpu(config, args.card_gib)
     if args.random_weights == "7b":
         from kimiaudio.bench.decode_7b import run_random_7b
 
@@ -100,6 +103,8 @@ def run_bench_command(config, args) -> int:
             "turn_lengths": "natural" if args.natural_lengths else "fixed"}
     if memory is not None:
         info["memory_plan"] = memory
+    if stack.device.type == "cuda":
+        info.update(card_gib=args.card_gib, **peak_memory(stack.device))
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
@@ -119,19 +124,30 @@ def run_bench_command(config, args) -> int:
     return 0
 
 
+def _cap_gpu(config, gib: float) -> None:
+    """--card-gib on a bench run: this process may use `gib` GiB of the GPU, no more (the KV
+    pool and `auto` size themselves from the cap), so a larger card serves as a smaller one."""
+    from kimiaudio.checkpoint.paths import resolve_device
+    from kimiaudio.layers.device_memory import cap_process
+
+    device = resolve_device(config.model.device)
+    if device.type != "cuda":
+        raise KimiAudioError(f"--card-gib {gib:g} caps a GPU: run with --device cuda, or plan with --memory-plan")
+    cap_process(device, gib)
+
+
 def _random_full_stack(config, sessions: int):
     """Every component with random weights in the real shapes on a GPU (a shrunken shape of
     the same code on the CPU), its detokenizer graphs captured, and the memory plan."""
-    import torch
-
-    from kimiaudio.pipeline.memory_plan import memory_budget
     from kimiaudio.bench.random_stack import build_random_stack
+    from kimiaudio.layers.device_memory import capacity_bytes
+    from kimiaudio.pipeline.memory_plan import memory_budget
     from kimiaudio.checkpoint.paths import resolve_device
 
     on_gpu = resolve_device(config.model.device).type == "cuda"
     stack = build_random_stack(config, "full" if on_gpu else "tiny")
     graphs = stack.detokenizer.prepare_for_serving()  # the pipelines reuse these
-    total = torch.cuda.mem_get_info(stack.device)[1] if on_gpu else None
+    total = capacity_bytes(stack.device) if on_gpu else None  # the card, or its --card-gib cap
     return stack, memory_budget(stack, sessions, total, graphs=graphs)
 
 

@@ -33,6 +33,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
+from kimiaudio.layers.device_memory import peak_memory
 from kimiaudio.models.quantize import quantize_lm
 from kimiaudio.layers.fp8 import require_fp8
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -216,6 +217,8 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
         weight_bytes = decode_weight_bytes(lm)
         info["decode_weight_gb" if choice == "bf16" else f"decode_weight_gb_{choice}"] = weight_bytes / 1e9
         _measure(lm, config, sessions, prompts, info, weight_bytes / bandwidth, flops, choice)
+    if on_gpu:
+        info.update(card_gib=args.card_gib, **peak_memory(device))
     if args.json:
         print(json.dumps(info, indent=1))
         return 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kimiaudio.layers.device_memory import free_bytes
+
 CPU_KV_BUDGET_BYTES = 2 << 30  # the pool budget on the CPU (config: engine.memory_fraction note)
 
 
@@ -66,7 +68,7 @@ def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block:
         # The driver's free memory counts what torch's allocator freed but keeps cached (a
         # previous engine's pool, load-time temporaries) as used: hand that back first.
         torch.cuda.empty_cache()
-        free, _total = torch.cuda.mem_get_info(device)
+        free = free_bytes(device)  # under a per-process cap, what the cap leaves
         budget = int(max(free - reserved_bytes, 0) * memory_fraction)
     else:
         budget = CPU_KV_BUDGET_BYTES

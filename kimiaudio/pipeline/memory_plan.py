@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
+from kimiaudio.layers.device_memory import GIB, capacity_bytes
 from kimiaudio.layers.fp8 import fp8_supported, require_fp8
 
 log = logging.getLogger(__name__)
 
-GIB = 1 << 30
 HEADROOM = 4 * GIB  # activations, CUDA context, the LM's graph pool, allocator slack
 
 
@@ -156,7 +156,7 @@ def resolve_weights(config, paths: CheckpointPaths, device: torch.device, dtype:
         if device.type != "cuda":
             lm, dit = (("bf16" if w == "auto" else w) for w in (lm, dit))
         else:
-            card = torch.cuda.mem_get_info(device)[1]
+            card = capacity_bytes(device)  # the card, or this process's cap on it
             sessions, positions = config.server.max_sessions, config.engine.max_model_len
 
             def plan_of(lm_weights, dit_weights):
