@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -74,3 +77,29 @@ def test_the_shipped_golden_is_found():
     from conftest import DATA, GOLDEN_DIRS
 
     assert DATA / "golden_a" in GOLDEN_DIRS
+
+
+PEAK_PROBE = """
+import sys
+from kimiaudio.checkpoint.files import load_torch_file
+
+def kib(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+
+before = kib("VmRSS:")
+state = load_torch_file(sys.argv[1], "state_dict")
+assert float(state["speech_model.w"].sum()) == 64.0
+print((kib("VmHWM:") - before) // 1024)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak from /proc")
+def test_a_torch_file_reads_only_the_tensors_used(tmp_path):
+    """The official detokenizer file is 19 GB, mostly not the DiT: it is memory-mapped, so a
+    tensor nobody touches never enters this process's memory (peak measured in a fresh one)."""
+    path = tmp_path / "model.pt"
+    torch.save({"state_dict": {"speech_model.w": torch.ones(8, 8), "optimizer": torch.zeros(50_000_000)}}, path)
+    out = subprocess.run([sys.executable, "-c", PEAK_PROBE, str(path)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    grew_mib = int(out.stdout.strip())
+    assert grew_mib < 100, f"loading grew the peak by {grew_mib} MiB: the unused 191 MiB tensor was read"

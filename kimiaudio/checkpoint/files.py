@@ -112,9 +112,17 @@ def load_safetensors(
 
 
 def load_torch_file(path: Path, key: str | None = None) -> dict[str, torch.Tensor]:
-    """torch.load a .pt file safely (weights_only) and return `obj[key]` (or the whole dict)."""
+    """torch.load a .pt file safely (weights_only) and return `obj[key]` (or the whole dict).
+
+    The file is memory-mapped where its format allows (torch's zip format), so only the tensors
+    used are read: the official detokenizer's model.pt is 19 GB, most of it not the DiT's."""
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)  # the legacy format
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
