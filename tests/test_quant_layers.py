@@ -128,12 +128,12 @@ def triton_ops():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,bias", [(3, True), (40, False)])
-def test_int8_triton_kernel(triton_ops, dtype, rows, bias):
+@pytest.mark.parametrize("rows,bias,block_n", [(3, True, None), (40, False, None), (3, False, 16), (17, True, 32)])
+def test_int8_triton_kernel(triton_ops, dtype, rows, bias, block_n):
     layer = linear(100, 70, bias=bias, device=DEVICE, dtype=dtype)  # widths that are not multiples of a tile
     q = QuantLinear.from_linear(layer, "int8")
     x = x_of(rows, 100, dtype, DEVICE)
-    got = triton_ops.int8_linear(x, q.qweight, q.scale, q.bias)
+    got = triton_ops.int8_linear(x, q.qweight, q.scale, q.bias, block_n=block_n)
     expected = x.float() @ q.dequantized_weight().t() + (layer.bias.float() if bias else 0)
     assert got.dtype == dtype and got.shape == (rows, 70)
     tol = FP32 if dtype == torch.float32 else dict(atol=0.5, rtol=2e-2)  # the output rounded to bf16

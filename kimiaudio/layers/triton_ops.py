@@ -146,8 +146,9 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, str
 
 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    """x [T, K] @ (qweight [N, K] int8 * scale [N] fp32)^T + bias -> [T, N] in x's dtype."""
+                bias: torch.Tensor | None, block_n: int | None = None) -> torch.Tensor:
+    """x [T, K] @ (qweight [N, K] int8 * scale [N] fp32)^T + bias -> [T, N] in x's dtype.
+    `block_n` (16, 32 or 64) overrides the tile width the kernel picks (tests run each)."""
     rows, k = x.shape
     n = qweight.shape[0]
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -155,7 +156,9 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     if rows:
         # Decode batches are a few rows: the smallest tile tl.dot takes, so no rows are wasted.
         block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-        block_n, block_k = 64, 128
+        block_k = 128
+        if block_n is None:
+            block_n = _int8_tile_width(triton.cdiv(rows, block_m), n, x.device)
         # Triton 3.9's interpreter computes bf16 tl.dot wrongly (1e10 off on a 16x16 tile):
         # there every dtype is multiplied in fp32, which the bf16 result then rounds from.
         ieee = x.dtype == torch.float32 or interpreting()
@@ -164,3 +167,17 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
             out.stride(0), HAS_BIAS=bias is not None, IEEE_FP32=ieee, BLOCK_M=block_m,
             BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out
+
+
+def _int8_tile_width(row_tiles: int, n: int, device: torch.device) -> int:
+    """Output columns a program computes. A decode step's weight read is the whole cost, and
+    it is spread over the GPU only with enough programs: o_proj and down_proj (3,584 outputs)
+    at batch 1 give 56 programs of 64 columns on a 132-SM H100. Narrower tiles until there
+    are two programs an SM, down to tl.dot's 16 (a heuristic, not yet tuned on a GPU)."""
+    if device.type != "cuda":
+        return 64  # the interpreter: fewest programs
+    programs_wanted = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    width = 64
+    while width > 16 and row_tiles * triton.cdiv(n, width) < programs_wanted:
+        width //= 2
+    return width
