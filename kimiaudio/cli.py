@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "this process at that many GiB, as on a card of that size")
     p.add_argument("--positions", type=int, default=4096,
                    help="--memory-plan: positions each session must hold for the plan to fit (default 4096)")
+    p.add_argument("--profile", action="store_true",
+                   help="with --random-weights 7b: torch.profiler over decode steps per batch size (GPU-busy vs wall "
+                        "time a step, kernels a step, the top kernels)")
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument("--natural-lengths", action="store_true",
                    help="let each reply end at its own stop tokens (default: every turn runs to --max-new-tokens, "

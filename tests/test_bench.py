@@ -95,9 +95,16 @@ SMALL_7B = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_h
 def check_small_decode_bench(device: str, capsys) -> None:
     """`bench --random-weights` on a small shape of the 7B config (the same code path)."""
     config = load_config(None, {"model": {"device": device}, "engine": {"num_kv_blocks": 512}})
-    assert run_random_7b(config, [1, 4], argparse.Namespace(json=True), shape=SMALL_7B) == 0
+    assert run_random_7b(config, [1, 4], argparse.Namespace(json=True, profile=True), shape=SMALL_7B) == 0
     report = json.loads(capsys.readouterr().out)
     on_gpu = device.startswith("cuda")
+    # --profile: one summary a batch size, of the engine as served (graphs on CUDA).
+    assert [(p["weights"], p["batch"]) for p in report["profile"]] == [("bf16", 1), ("bf16", 4)]
+    for p in report["profile"]:
+        assert p["device"] == ("cuda kernels" if on_gpu else "cpu operators (no GPU)") and p["steps"] == 10
+        assert p["kernels_per_step"] > 0 and p["busy_ms_per_step"] > 0 and p["wall_ms_per_step"] > 0
+        times = [k["ms_per_step"] for k in p["top"]]
+        assert times == sorted(times, reverse=True) and sum(k["share_of_busy"] for k in p["top"]) <= 1 + 1e-9
     # Graphs on and off in the same run on CUDA (with triton); eager only on the CPU.
     modes = [True, False] if on_gpu else [False]
     assert [(r["batch"], r["graphs"]) for r in report["rows"]] == [(b, g) for g in modes for b in (1, 4)]
@@ -115,6 +122,26 @@ def check_small_decode_bench(device: str, capsys) -> None:
 
 def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
     check_small_decode_bench("cpu", capsys)
+
+
+def test_step_profile_summary_counts_overlapping_kernels_once():
+    from kimiaudio.bench.step_profile import busy_us, summarize
+
+    assert busy_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25  # two streams overlap, one gap
+    # Two steps, 4 ms of wall: gemm twice a step on one stream, a norm overlapping it on another.
+    events = [("gemm", 0, 600), ("norm", 500, 200), ("gemm", 700, 300),
+              ("gemm", 2000, 600), ("norm", 2500, 200), ("gemm", 2700, 300)]
+    report = summarize(events, steps=2, wall_s=0.004)
+    assert report["wall_ms_per_step"] == 2.0 and report["kernels_per_step"] == 3
+    assert report["busy_ms_per_step"] == 1.0 and report["busy_fraction"] == 0.5  # 0-1000 us each step
+    gemm, norm = report["top"]
+    assert (gemm["name"], gemm["calls_per_step"], gemm["ms_per_step"]) == ("gemm", 2, 0.9)
+    assert norm["name"] == "norm" and norm["share_of_busy"] == 0.2
+
+
+def test_profile_needs_the_decode_bench():
+    assert_one_line_error(kimiaudio("bench", "--profile", "--device", "cpu", "--sessions", "1"),
+                          "--profile goes with --random-weights 7b")
 
 
 @pytest.mark.slow

@@ -46,6 +46,8 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
     if not sessions or min(sessions) < 1 or args.turns < 1:
         raise KimiAudioError("--sessions and --turns must be positive")
+    if getattr(args, "profile", False) and args.random_weights != "7b":
+        raise KimiAudioError("--profile goes with --random-weights 7b (the decode steps it profiles)")
     if getattr(args, "memory_plan", False):
         return _memory_plan_command(config, max(sessions), args)
     if args.card_gib is not None:

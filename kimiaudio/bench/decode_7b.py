@@ -13,6 +13,7 @@ random_weights.modules.random_lm on the GPU), no files.
 With `--weights fp8|int8` the same rows are measured twice in one run: with bf16 weights, then
 with the decoder layers quantized in place (models/quantize.py), each against its own floor
 (the quantized parameters are counted at their stored size: 1 byte a weight plus the scales).
+With `--profile`, torch.profiler's account of the steps per batch size (bench/step_profile.py).
 Only the LM is built here; first-audio latency is measured by the pipeline bench.
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from kimiaudio.bench.stats import percentile
+from kimiaudio.bench.step_profile import profile_decode
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import EngineRequest
@@ -216,9 +218,10 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
         lm = quantize_lm(lm, choice)
         weight_bytes = decode_weight_bytes(lm)
         info["decode_weight_gb" if choice == "bf16" else f"decode_weight_gb_{choice}"] = weight_bytes / 1e9
-        _measure(lm, config, sessions, prompts, info, weight_bytes / bandwidth, flops, choice)
+        _measure(lm, config, sessions, prompts, info, weight_bytes / bandwidth, flops, choice,
+                 profile=getattr(args, "profile", False))
     if on_gpu:
-        info.update(card_gib=args.card_gib, **peak_memory(device))
+        info.update(card_gib=getattr(args, "card_gib", None), **peak_memory(device))
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -227,8 +230,9 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
 
 
 def _measure(lm: KimiAudioLM, config, sessions: list[int], prompts: Prompts, info: dict, floor: float, flops: float,
-             weights: str) -> None:
-    """Rows of decode steps (graphs on and off on CUDA); the prefill with the bf16 weights only."""
+             weights: str, profile: bool = False) -> None:
+    """Rows of decode steps (graphs on and off on CUDA); the prefill with the bf16 weights only;
+    with `profile`, a torch.profiler summary per batch size of the engine as served."""
     device, dtype = lm.device, lm.dtype
     on_gpu = device.type == "cuda"
     for graphs in ((True, False) if on_gpu else (False,)):
@@ -253,6 +257,9 @@ def _measure(lm: KimiAudioLM, config, sessions: list[int], prompts: Prompts, inf
                 "floor_ms": 1e3 * floor, "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50,
                 "mixed_step_ms_p50": 1e3 * float(np.median(measured["mixed"])),
                 "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding})
+            if profile and (graphs or not on_gpu):
+                info.setdefault("profile", []).append(
+                    {"weights": weights, "batch": batch, **profile_decode(engine, [prompts.short() for _ in range(batch)])})
         del engine
         gc.collect()  # the pool and the graphs go before the next engine sizes its pool
 
@@ -275,5 +282,10 @@ def print_report(info: dict) -> None:
     for r in info["rows"]:
         print(f"{r['weights']:>7} {r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms {r['step_ms_p95']:7.2f}ms "
               f"{r['ratio_to_floor']:8.2f} {r['tokens_per_s']:9.0f} {r['mixed_step_ms_p50']:8.2f}ms")
+    for p in info.get("profile", []):
+        print(f"profile {p['weights']} batch {p['batch']} ({p['device']}): {p['wall_ms_per_step']:.2f} ms a step, "
+              f"busy {p['busy_ms_per_step']:.2f} ms ({100 * p['busy_fraction']:.0f}%), "
+              f"{p['kernels_per_step']:.0f} kernels a step; top: " + ", ".join(
+                  f"{k['name'][:40]} {k['ms_per_step']:.2f} ms" for k in p["top"][:5]))
     print(f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
           f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding).")
