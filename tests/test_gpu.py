@@ -218,6 +218,34 @@ def test_pool_sized_from_memory_is_the_same_for_a_second_engine(golden_checkpoin
 
 
 
+
+@cuda_only
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_quantized_load_peaks_at_one_layer_beyond_the_model(golden_checkpoint, weights):
+    """load_lm assembles layer by layer: the device's peak while loading is the finished
+    quantized model plus about one decoder layer in bf16 (its fused copies and the
+    quantizer's fp32 rows included), never the bf16 model."""
+    from kimiaudio.checkpoint.paths import find_checkpoint
+    from kimiaudio.layers.fp8 import fp8_supported
+    from kimiaudio.models.kimia_lm import load_lm
+
+    if weights == "fp8" and not fp8_supported(DEVICE):
+        pytest.skip("fp8 weights need compute capability 8.9+")
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(DEVICE)
+    base = torch.cuda.memory_allocated(DEVICE)
+    torch.cuda.reset_peak_memory_stats(DEVICE)
+    lm = load_lm(find_checkpoint(golden_checkpoint), DEVICE, torch.bfloat16, weights=weights)
+    model = sum(t.numel() * t.element_size() for t in lm.state_dict().values())
+    layer = lm.model.layers[0]
+    layer_bf16 = 2 * sum(t.numel() for n, t in layer.state_dict().items() if not n.endswith("scale"))
+    bf16_model = 2 * sum(t.numel() for n, t in lm.state_dict().items() if not n.endswith("scale"))
+    peak = torch.cuda.max_memory_allocated(DEVICE) - base
+    # One layer in bf16, its fused q/k/v and gate/up beside the parts while they are joined, and
+    # the quantizer's temporaries (abs, fp32 copy, scaled copy) of at most 4,096 rows at once.
+    assert peak <= model + 6 * layer_bf16 + (1 << 20), (peak, model, layer_bf16, bf16_model)
+
 @cuda_only
 def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
     """bench --card-gib caps the process (set_per_process_memory_fraction); the driver's free
