@@ -6,7 +6,6 @@ GET /api/conversations?q=; without it, nothing of the kind happens. The demo wei
 are random tokens, so the transcript is checked against what an ASR request on the same
 stored audio produces (the server's sampling seed is fixed: the same audio, the same words)."""
 
-import asyncio
 import base64
 import re
 
@@ -100,12 +99,32 @@ async def test_no_transcription_unless_asked_and_bad_settings_refused(v1_server,
                                            "input_audio_transcription": None})
         updated = await events.wait_for("session.updated")
         assert updated.session.input_audio_transcription is None
-        committed, _ = await commit_speech(conn, events, np.concatenate([speech[1], silence(0.3)]), 1)
-        # A transcription would have been submitted with the answer and, at background
-        # priority, end within a few steps of it; a further round trip gives it time to arrive.
-        await conn.session.update(session={"instructions": "x"})
+        said = np.concatenate([speech[1], silence(0.3)])
+        committed, _ = await commit_speech(conn, events, said, 1)
+        created = next(e for e in events.of_type("conversation.item.created") if e.item.id == committed.item_id)
+        assert [c.type for c in created.item.content] == ["input_audio"] and created.item.content[0].transcript is None
+
+        # Absence proven by order, not by waiting: the same audio again, with the words asked
+        # for, and its transcription awaited. Had the first turn been transcribed, that request
+        # would be this one's twin (the ASR prompt holds no history; the server's fixed seed: the
+        # same audio, the same tokens, so the same number of engine steps), submitted before the
+        # first answer even started (spawned as the turn was stored, its first step submits) and
+        # so long before the second: the LM worker admits background turns in arrival order and
+        # the scheduler decodes them oldest first, a position each per step, preempting the
+        # newest. So it would have ended, and its event been sent, before the second turn's.
+        await conn.session.update(session={"input_audio_transcription": {"model": "whisper-1"}})
         await events.wait_for("session.updated", count=2)
-        await asyncio.sleep(1.0)
-        assert not [e for e in events.items if e.type.startswith("conversation.item.input_audio_transcription")]
-        stored = await conversation(v1_server, committed.model_extra["conversation_id"])
+        data = pcm16.to_bytes(said)
+        for start in range(0, len(data), 6400):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(data[start:start + 6400]).decode())
+        await conn.input_audio_buffer.commit()
+        second = await events.wait_for("input_audio_buffer.committed", count=2)
+        words = await events.until(lambda: [e for e in events.items if e.type.startswith(
+            "conversation.item.input_audio_transcription")])
+        assert [(e.type, e.item_id) for e in words] == [
+            ("conversation.item.input_audio_transcription.completed", second.item_id)], words
+        conversation_id = committed.model_extra["conversation_id"]
+        assert second.model_extra["conversation_id"] == conversation_id
+        stored = await conversation(v1_server, conversation_id)
         assert stored["turns"][committed.model_extra["item_index"]]["transcript"] is None
+        assert stored["turns"][second.model_extra["item_index"]]["transcript"] == words[0].transcript
