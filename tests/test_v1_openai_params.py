@@ -194,8 +194,9 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
                                              "temperature": 0.7, "max_output_tokens": 3, "voice": "alloy"})
         done = await events.wait_for("response.done")
         assert done.response.status == "completed" and done.response.output[0].content[0].type == "text"
-        assert len(done.response.model_extra.get("text") or "") >= 0
-        assert done.response.usage.output_tokens <= 3
+        said = "".join(e.delta for e in events.of_type("response.text.delta") if e.response_id == done.response.id)
+        assert done.response.output[0].content[0].text == said == done.response.model_extra["text"], done
+        assert 0 < done.response.usage.output_tokens <= 3
 
 
 async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_client):
