@@ -4,9 +4,7 @@ greedy answers are gibberish but deterministic, so the checks compare answers wi
 other). Also: OpenAI's model and voice names, measured verbose_json values, and the log line
 each /v1 request leaves."""
 
-import asyncio
 import base64
-import time
 import zlib
 
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 
 from kimiaudio.audio.io import wav_bytes
 from test_v1_realtime import Events, say
-from test_server_support import silence
+from test_server_support import eventually, silence
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -211,10 +209,10 @@ async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_c
         audio={"voice": "alloy", "format": "wav"}, max_tokens=30)
     assert spoken.choices[0].message.audio.data
     # The server writes each line once the request has ended: its output may trail the answer.
-    deadline = time.monotonic() + 30
-    while len(lines := [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]) < 3:
-        assert time.monotonic() < deadline, lines
-        await asyncio.sleep(0.05)
+    async def request_lines():
+        lines = [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]
+        return lines if len(lines) >= 3 else None
+    lines = await eventually(request_lines, "three kimiaudio.requests log lines")
     assert len(lines) == 3, lines
     assert "INFO" in lines[0] and "POST /v1/audio/transcriptions status=200 audio_in_s=2." in lines[0]
     assert "first_byte_s=" in lines[0] and "audio_out_s" not in lines[0]
