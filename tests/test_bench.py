@@ -235,13 +235,30 @@ def test_percentiles_are_null_without_values_and_in_milliseconds_with_them():
     assert p50 == 50.5 and abs(p95 - 95.05) < 1e-9
 
 
-def test_transcription_bench_compares_first_audio_steps_with_and_without(demo_checkpoint):
-    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--transcribe", "--sessions", "2",
-                       "--max-new-tokens", "16", "--json")
+def test_transcription_bench_compares_first_audio_steps_with_and_without(demo_checkpoint, tmp_path):
+    # A step budget small enough that an answer's prefill takes several steps and a
+    # transcription beside it competes for them: served before the answer (the levels the
+    # wrong way round), the transcription costs the one-session answer 6 steps here.
+    config = tmp_path / "config.toml"
+    config.write_text("[engine]\nmax_num_batched_tokens = 16\nmax_prefill_tokens_while_decoding = 8\n")
+    result = kimiaudio("bench", "--config", str(config), "--model", str(demo_checkpoint), "--transcribe",
+                       "--sessions", "1,2", "--max-new-tokens", "16", "--json")
     assert result.returncode == 0, result.stderr
-    (row,) = json.loads(result.stdout)["rows"]
-    assert row["sessions"] == 2 and row["transcripts_completed"] == 2  # every user turn transcribed
-    assert 0 < row["first_audio_steps_p50"] <= row["first_audio_steps_max"]
-    assert 0 < row["with_asr_first_audio_steps_p50"] <= row["with_asr_first_audio_steps_max"]
-    assert isinstance(row["max_extra_steps"], int)  # a paired difference; the promise itself is the scheduler's test
-    assert row["first_audio_ms_p50"] > 0 and row["with_asr_first_audio_ms_p50"] > 0
+    one, two = json.loads(result.stdout)["rows"]
+    assert one["sessions"] == 1 and two["sessions"] == 2
+    for row in (one, two):
+        assert row["transcripts_completed"] == row["sessions"]  # every user turn transcribed
+        assert 0 < row["first_audio_steps_p50"] <= row["first_audio_steps_max"]
+        assert 0 < row["with_asr_first_audio_steps_p50"] <= row["with_asr_first_audio_steps_max"]
+        # the largest paired difference is at least the difference of the largest
+        assert row["max_extra_steps"] >= row["with_asr_first_audio_steps_max"] - row["first_audio_steps_max"]
+        assert row["first_audio_ms_p50"] > 0 and row["with_asr_first_audio_ms_p50"] > 0
+    # One session: the worker takes its answer with the engine idle (the whole encode at once)
+    # and the transcription after it, so the answer's steps are its own whatever the threads'
+    # timing, and the transcription beside it must add none (engine/scheduler.py: each level's
+    # work before the next's). With more sessions, both runs' counts depend on which
+    # submissions one worker iteration sees and on encoder stages sized by the last step's wall
+    # time (they vary by several steps from run to run, with or without transcriptions), so
+    # they are not compared there; test_engine_scheduler holds that promise step by step.
+    assert one["max_extra_steps"] == 0
+    assert one["with_asr_first_audio_steps_max"] == one["first_audio_steps_max"]

@@ -46,12 +46,66 @@ async def test_finds_user_transcripts_and_assistant_text_and_follows_updates_and
     assert len(await store.list_conversations(q="")) == 1  # no words: every conversation
 
 
-@pytest.mark.parametrize("q", ['"', '"unbalanced', 'a AND (', "NEAR(a b", "*", "-x", "col:x", "^a", "a OR", "'; DROP"])
-async def test_fts_syntax_in_a_query_is_text_not_syntax(store, q):
-    conv = await store.create_conversation()
-    await store.add_turn(conv["id"], "assistant", "a AND (b) NEAR x")
-    found = await store.list_conversations(q=q)
-    assert found == [] or ids(found) == [conv["id"]]
+# Each turn in a conversation of its own; a query's expected conversations by key. Every word
+# of a query is text: its runs of letters and digits are each required, as prefixes, anywhere
+# in one turn (in any order). Read as FTS5 or tsquery syntax instead, most of these would find
+# something else (an OR or NEAR would find more, a NOT or column filter fewer) or raise.
+SAID = {
+    "cats": "Cats AND dogs (together) NEAR the river",
+    "quote": 'She said "hello there" to me',
+    "dash": "a well-known e-mail address in snake_case",
+    "unicode": "grüße aus zürich, 東京 naïve café",
+    "plain": "nothing special here",
+}
+FOUND_BY = [
+    ('"', []),
+    ('"hello', ["quote"]),
+    ('"hello there"', ["quote"]),
+    ('"there hello"', ["quote"]),  # no phrase: each word anywhere
+    ('"hello river"', []),
+    ("cats AND", ["cats"]),
+    ("dogs OR nothing", []),  # OR as syntax: cats and plain
+    ("(together)", ["cats"]),
+    ("a AND (", ["cats"]),
+    ("NEAR(cats river)", ["cats"]),
+    ("NEAR(hello there)", []),  # NEAR as syntax: quote
+    ("*", []),
+    ("cat*", ["cats"]),
+    ("ca*ts", []),
+    ("-dogs", ["cats"]),
+    ("cats -dogs", ["cats"]),  # "-" as NOT: nothing
+    ("e-mail", ["dash"]),
+    ("wel-kno", ["dash"]),  # each run of letters a prefix, not a phrase of them
+    ("known-well", ["dash"]),
+    ("case_snake", ["dash"]),  # "_" separates, as both tokenizers have it
+    ("text:cats", []),  # a column filter: cats
+    ("^cats", ["cats"]),
+    ("'; DROP TABLE turns; --", []),
+    ("zürich", ["unicode"]),
+    ("ZÜRICH GRÜSSE", []),  # ß is not "ss"
+    ("ZÜRICH GRÜ", ["unicode"]),
+    ("東京", ["unicode"]),
+    ("NAÏVE caf", ["unicode"]),
+    ("", ["cats", "quote", "dash", "unicode", "plain"]),  # no words: every conversation
+    ("  \t ", ["cats", "quote", "dash", "unicode", "plain"]),
+]
+
+
+@pytest.fixture
+async def said(store):
+    """SAID stored, each in a conversation of its own: key -> conversation id."""
+    found = {}
+    for key, text in SAID.items():
+        conv = await store.create_conversation()
+        await store.add_turn(conv["id"], "assistant" if key != "quote" else "user", text)
+        found[key] = conv["id"]
+    return found
+
+
+async def test_fts_syntax_in_a_query_is_text_not_syntax(store, said):
+    for q, keys in FOUND_BY:
+        assert sorted(ids(await store.list_conversations(q=q))) == sorted(said[k] for k in keys), q
+    assert len(await store.list_conversations()) == len(SAID)  # nothing was dropped
 
 
 async def test_only_punctuation_finds_nothing_and_words_inside_punctuation_are_found(store):

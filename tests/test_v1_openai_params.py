@@ -4,9 +4,7 @@ greedy answers are gibberish but deterministic, so the checks compare answers wi
 other). Also: OpenAI's model and voice names, measured verbose_json values, and the log line
 each /v1 request leaves."""
 
-import asyncio
 import base64
-import time
 import zlib
 
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 
 from kimiaudio.audio.io import wav_bytes
 from test_v1_realtime import Events, say
-from test_server_support import silence
+from test_server_support import eventually, silence
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -194,8 +192,9 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
                                              "temperature": 0.7, "max_output_tokens": 3, "voice": "alloy"})
         done = await events.wait_for("response.done")
         assert done.response.status == "completed" and done.response.output[0].content[0].type == "text"
-        assert len(done.response.model_extra.get("text") or "") >= 0
-        assert done.response.usage.output_tokens <= 3
+        said = "".join(e.delta for e in events.of_type("response.text.delta") if e.response_id == done.response.id)
+        assert done.response.output[0].content[0].text == said == done.response.model_extra["text"], done
+        assert 0 < done.response.usage.output_tokens <= 3
 
 
 async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_client):
@@ -210,10 +209,10 @@ async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_c
         audio={"voice": "alloy", "format": "wav"}, max_tokens=30)
     assert spoken.choices[0].message.audio.data
     # The server writes each line once the request has ended: its output may trail the answer.
-    deadline = time.monotonic() + 30
-    while len(lines := [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]) < 3:
-        assert time.monotonic() < deadline, lines
-        await asyncio.sleep(0.05)
+    async def request_lines():
+        lines = [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]
+        return lines if len(lines) >= 3 else None
+    lines = await eventually(request_lines, "three kimiaudio.requests log lines")
     assert len(lines) == 3, lines
     assert "INFO" in lines[0] and "POST /v1/audio/transcriptions status=200 audio_in_s=2." in lines[0]
     assert "first_byte_s=" in lines[0] and "audio_out_s" not in lines[0]

@@ -197,18 +197,20 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         bad = await events.wait_for("error", count=3)
         assert bad.error.code == "unsupported_format" and bad.error.param == "session.input_audio_format"
 
+        # Absences proven by order, not by waiting: the socket handles a client's events one at
+        # a time, in order (a VAD's commit is queued while its audio is handled), and the
+        # session takes committed turns, text items and response.create from one queue, in
+        # order, a turn's answer started (response.created sent) before the next is taken. The
+        # speech ends in more silence than the server's VAD needs to end a turn ([vad] silence_ms).
+        await say(conn, np.concatenate([speech[0], silence(0.8)]))
         await conn.conversation.item.create(item={"type": "message", "role": "user",
                                                   "content": [{"type": "input_text", "text": "Hello there."}]})
         text_item = await events.wait_for("conversation.item.created")
         assert text_item.item.role == "user" and text_item.item.content[0].text == "Hello there."
-        await say(conn, np.concatenate([speech[0], silence(0.3)]))
-        await asyncio.sleep(0.5)
         assert not events.of_type("input_audio_buffer.committed")  # no VAD: nothing happens by itself
         await conn.input_audio_buffer.commit()
         committed = await events.wait_for("input_audio_buffer.committed")
         assert committed.previous_item_id == text_item.item.id
-        await asyncio.sleep(0.3)
-        assert not events.of_type("response.created")  # a manual commit does not answer by itself
         await conn.response.create()
         done = await events.wait_for("response.done", timeout=60)
         assert done.response.status == "completed", done
@@ -216,6 +218,14 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         assert not events.of_type("response.audio.delta")  # text only
         await conn.response.create()  # the conversation now ends with an answer: nothing to answer
         assert (await events.wait_for("error", count=4)).error.code == "no_user_audio"
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Bye."}]})
+        await events.until(lambda: [e for e in events.of_type("conversation.item.created")
+                                    if getattr(e.item.content[0], "text", None) == "Bye."])
+        # A manual commit does not answer by itself: had it, that answer would have come first
+        # and the response.create asked for would have found nothing to answer.
+        assert len(events.of_type("response.created")) == 1 and len(events.of_type("error")) == 4, \
+            [e.type for e in events.items]
 
 
 async def test_wrong_model_and_plain_http_are_refused(v1_server):

@@ -5,15 +5,16 @@ On SQLite, `turns_fts` indexes each turn's `text` (the assistant's words, a user
 `turns`: triggers keep it in step with every insert, update and delete (a conversation's
 cascade delete included), and the migration that creates it indexes the rows already there.
 
-A client's `q` is never passed to FTS5 as syntax: each whitespace-separated word becomes a
-quoted prefix phrase ("word"*), all of them required, so quotes, parentheses, AND/OR/NEAR
-or a lone `*` are matched as text, never parsed.
-
 On PostgreSQL, a stored generated column `turns.search_doc` (a tsvector of text and
 transcript under the `simple` configuration: no stemming, no stop words, like unicode61)
-with a GIN index plays the same part; each word's letters and digits become a prefix lexeme
-('word':*), all of them required, so a query's punctuation is never tsquery syntax either.
-The two differ where the tokenizers do: PostgreSQL keeps diacritics (FTS5 here folds them).
+with a GIN index plays the same part.
+
+A client's `q` is never passed to either as syntax: each run of letters and digits in it
+(query_tokens) becomes a prefix term, FTS5's quoted "run"* or tsquery's 'run':*, all of them
+required anywhere in one turn, so quotes, parentheses, AND/OR/NEAR, `-`, `col:` or a lone `*`
+are matched as text (or, being no letters, not at all), never parsed. Both backends take the
+same terms: "wel-kno" is `wel` and `kno` on each, never a phrase on one only. The two differ
+where the tokenizers do: PostgreSQL keeps diacritics (FTS5 here folds them).
 """
 
 from __future__ import annotations
@@ -69,23 +70,29 @@ def query_words(q: str) -> list[str]:
     return words
 
 
+def query_tokens(words: list[str]) -> list[str]:
+    """The runs of letters and digits in the words, lowercased: the only part of a query that
+    reaches either backend (an underscore separates, as both tokenizers have it)."""
+    return [token.lower() for word in words for token in re.findall(r"[^\W_]+", word)]
+
+
 def match_expression(words: list[str]) -> str:
-    """FTS5 MATCH text requiring every word as a prefix, each quoted (never parsed as syntax)."""
-    return " ".join('"' + word.replace('"', '""') + '"*' for word in words)
+    """FTS5 MATCH text requiring every token as a prefix, each quoted (never parsed as syntax)."""
+    return " ".join(f'"{token}"*' for token in query_tokens(words))
 
 
 def tsquery_expression(words: list[str]) -> str:
-    """PostgreSQL to_tsquery text requiring every word's letters and digits as prefixes
-    (runs of word characters only: nothing of the client's reaches tsquery's syntax)."""
-    return " & ".join(f"{token.lower()}:*" for word in words for token in re.findall(r"\w+", word))
+    """PostgreSQL to_tsquery text requiring every token as a prefix (letters and digits only:
+    nothing of the client's reaches tsquery's syntax)."""
+    return " & ".join(f"{token}:*" for token in query_tokens(words))
 
 
 def search_conversations(sql: Sql, words: list[str], limit: int) -> list[dict[str, Any]]:
     """The conversations (newest first) with a turn holding every word, in list_conversations' shape."""
+    if not query_tokens(words):  # only punctuation: no word can match
+        return []
     if sql.kind == "postgresql":
         expression = tsquery_expression(words)
-        if not expression:  # only punctuation: no word can match
-            return []
         matching = "SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ to_tsquery('simple', ?)"
     else:
         expression = match_expression(words)
