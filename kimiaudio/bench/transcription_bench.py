@@ -5,7 +5,9 @@ the answer (pipeline/transcription.py). For each session count N, the same sessi
 inputs, seeds, load) run twice through the pipeline in this process: answers alone, then each
 answer submitted together with the transcription of its user turn, as a session does. The
 table compares the answers' first audio in engine steps (from the LM worker taking the turn
-to its first speech code: the scheduler's promise is at most one step more) and in
+to its first speech code: each step serves the answers' work before the transcriptions', so
+one session's answer takes no extra step; with several sessions, which requests a step sees
+depends on thread timing, and the paired count moves by a few steps either way) and in
 milliseconds (submit -> first PCM; on a CPU each step of the bigger batch is slower), and
 counts the transcriptions completed.
 """
