@@ -8,7 +8,7 @@ import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import sessions_key
-from test_server_support import demo_server
+from test_server_support import demo_server, eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -37,6 +37,8 @@ async def test_a_second_close_waits_for_the_first(aiohttp_client, demo_checkpoin
         stored.set()
         await second
         assert first.done()
-        await asyncio.sleep(0.05)  # the close the peer's "closed" state spawned finds it done
-        assert not session._tasks  # every task of the session is over
+        async def tasks_over():  # the close the peer's "closed" state spawned finds it done
+            return not session._tasks
+
+        await eventually(tasks_over, "every task of the session over")
         await client.close()
