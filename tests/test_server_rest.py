@@ -97,6 +97,7 @@ async def test_conversation_api(http):
     await _error(await http.get("/api/conversations/unknown"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations/..%2F..%2Fetc"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations?limit=abc"), 400, "bad_request")
+    await _error(await http.get("/api/conversations", params={"q": "a\x00b"}), 400, "invalid_value")  # FTS5 broke on NUL
     await _error(await http.get("/api/nothing-here"), 404, "not_found")
 
     assert (await http.delete(f"/api/conversations/{conv['id']}")).status == 200
