@@ -151,8 +151,9 @@ def _item_create(item: dict, where: str) -> ItemCreate:
         part = object_field(part, f"{where}.content[{i}]")
         if part.get("type") in ("input_text", "text", "output_text"):
             text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
-            if text is None:
-                raise ProtocolError("invalid_value", f"{where}.content[{i}].text: expected text", f"{where}.content[{i}].text")
+            if text is None or "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
+                raise ProtocolError("invalid_value", f"{where}.content[{i}].text: expected text without NUL characters",
+                                    f"{where}.content[{i}].text")
             texts.append(text)
         elif part.get("type") == "input_audio" and role == "user":
             if audio is not None:
