@@ -163,3 +163,11 @@ def test_file_without_audio_stream(tmp_path):
     path.write_text("hello, this is not audio\n" * 50)
     with pytest.raises(AudioInputError, match="notes.txt"):
         load_audio(path)
+
+
+def test_absurd_header_sample_rate_is_an_input_error():
+    """A WAV header may claim any rate; one FFmpeg cannot convert is the upload's fault, named."""
+    wav = bytearray(wav_bytes(np.full(1600, 0.1, np.float32), 16000))
+    wav[24:28] = (2**31 - 1).to_bytes(4, "little")  # the fmt chunk's sample rate
+    with pytest.raises(AudioInputError, match=r"upload.wav: its sample rate \(2147483647 Hz\)"):
+        decode_audio_bytes(bytes(wav), name="upload.wav")

@@ -114,3 +114,11 @@ def test_bad_arguments_are_one_line():
     assert result.returncode == 2 and "Traceback" not in result.stderr
     result = kimiaudio("bench", "--sessions", "one,two")
     assert_one_line_error(result, "--sessions")
+
+
+def test_demo_checkpoint_into_a_file_is_one_line(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a directory")
+    result = kimiaudio("demo-checkpoint", str(taken))
+    assert result.returncode == 2, result.stderr  # a user's error (2), not an internal one (1)
+    assert_one_line_error(result, str(taken), "cannot be made a directory")

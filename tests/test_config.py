@@ -179,6 +179,8 @@ def test_an_unreadable_file_is_a_config_error(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="absent.toml: config file not found"):
         load_config(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path))}: config file cannot be read"):
+        load_config(tmp_path)  # a directory (was an internal IsADirectoryError)
 
 
 def test_overrides_apply_on_top_of_the_file(tmp_path):

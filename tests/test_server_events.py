@@ -87,6 +87,12 @@ def test_input_audio_transcription_beta_and_ga_shapes():
     ('{"type": "conversation.item.create", "item": {"type": "function_call"}}', "unsupported", "message"),
     ('{"type": "conversation.item.create", "item": {"role": "user", "content": []}}', "invalid_value", "content"),
     ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),
+    ('{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text", "text": null}]}}',
+     "invalid_value", "content[0].text"),
+    ('{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text", "text": "a\\u0000"}]}}',
+     "invalid_value", "content[0].text"),
+    ('{"type": "session.update", "session": {"audio": []}}', "invalid_event", "session.audio"),
+    ('{"type": "response.create", "response": []}', "invalid_event", "response"),
     ('[' * 100 + ']' * 100, "invalid_json", "nested"),
     ("x" * 70000, "invalid_event", "too large"),
 ])

@@ -97,8 +97,14 @@ async def test_conversation_api(http):
     await _error(await http.get("/api/conversations/unknown"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations/..%2F..%2Fetc"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations?limit=abc"), 400, "bad_request")
+    await _error(await http.get("/api/conversations", params={"q": "a\x00b"}), 400, "invalid_value")  # FTS5 broke on NUL
     await _error(await http.get("/api/nothing-here"), 404, "not_found")
 
+    await store.acquire_lease(conv["id"], "sess_live")  # a live session holds it: not deleted under it
+    resp = await http.delete(f"/api/conversations/{conv['id']}")
+    await _error(resp, 409, "conversation_busy")
+    assert int(resp.headers["Retry-After"]) >= 1
+    await store.release_lease(conv["id"], "sess_live")
     assert (await http.delete(f"/api/conversations/{conv['id']}")).status == 200
     await _error(await http.delete(f"/api/conversations/{conv['id']}"), 404, "conversation_not_found")
     assert (await (await http.get("/api/conversations")).json())["conversations"] == []

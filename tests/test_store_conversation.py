@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.store import ConversationStore
+from kimiaudio.store import ConversationBusyError, ConversationStore
 
 
 
@@ -82,6 +82,19 @@ async def test_concurrent_writes_get_distinct_indices(store):
     assert sorted(indices) == list(range(40))
     listed = await store.list_conversations()
     assert listed[0]["id"] == conv["id"] and listed[0]["num_turns"] == 40
+
+
+async def test_a_conversation_a_live_session_holds_is_not_deleted(store):
+    """Deleting it under the session would lose that session's next turn ("does not exist")."""
+    conv = await store.create_conversation()
+    await store.add_turn(conv["id"], "user", "hi")
+    await store.acquire_lease(conv["id"], "sess_a")
+    with pytest.raises(ConversationBusyError) as info:
+        await store.delete_conversation(conv["id"])
+    assert info.value.retry_after_s >= 1
+    await store.add_turn(conv["id"], "user", "still here")
+    await store.release_lease(conv["id"], "sess_a")
+    assert await store.delete_conversation(conv["id"]) is True
 
 
 def _count(db, table):

@@ -118,6 +118,8 @@ async def test_a_conversation_is_held_by_one_session(store_location):
         with pytest.raises(ConversationBusyError) as busy:
             await store.acquire_lease(conversation, "sess_b")
         assert 1.0 <= busy.value.retry_after_s <= 30.0
+        with pytest.raises(ConversationBusyError):  # not deleted under its live session either
+            await store.delete_conversation(conversation)
         await store.release_lease(conversation, "sess_a")
         await store.acquire_lease(conversation, "sess_b")
         with pytest.raises(KimiAudioError, match="does not exist"):

@@ -101,6 +101,16 @@ async def test_streamed_spoken_answer_and_audio_id_history(v1_server, question, 
     assert info.value.body["code"] == "audio_not_found" and info.value.body["param"] == "messages[1].audio.id"
 
 
+async def test_prompt_past_max_model_len_is_the_clients_error(v1_server, question, openai_client):
+    """Too long a history is refused as OpenAI refuses it (400 context_length_exceeded), not a 500."""
+    with pytest.raises(openai.BadRequestError) as info:
+        await openai_client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
+            {"role": "system", "content": "hello world " * 5000}, user_audio(question)])
+    body = info.value.body
+    assert (body["code"], body["param"], body["type"]) == ("context_length_exceeded", "messages", "invalid_request_error")
+    assert "engine.max_model_len" in body["message"], body
+
+
 async def test_client_disconnect_mid_answer_frees_its_kv_at_once(v1_server, question):
     before = await status(v1_server)
     body = {"model": MODEL, "messages": [user_audio(question)], "modalities": ["text", "audio"],

@@ -26,6 +26,9 @@ def wav(speech_wav) -> str:
 
 
 def cases(wav: str):
+    absurd_rate = bytearray(base64.b64decode(wav))
+    absurd_rate[24:28] = (2**31 - 1).to_bytes(4, "little")  # the WAV header's sample rate
+    absurd_rate = base64.b64encode(absurd_rate).decode()
     silent = base64.b64encode(wav_bytes(np.zeros(16000, np.float32), 16000)).decode()
     noise = np.random.default_rng(0).uniform(-0.1, 0.1, 121 * 8000).astype(np.float32)
     too_long = base64.b64encode(wav_bytes(noise, 8000)).decode()
@@ -41,6 +44,12 @@ def cases(wav: str):
     yield "chat/completions", chat({"data": wav, "format": "midi"}), 400, "unsupported_format", "messages[0].content[0].input_audio.data"
     yield "chat/completions", chat(ok, modalities=["text", "audio"], audio={"voice": "x", "format": "ogg_vorbis"}), 400, \
         "unsupported_format", "audio.format"
+    yield "chat/completions", chat({"data": absurd_rate, "format": "wav"}), 400, "invalid_audio", \
+        "messages[0].content[0].input_audio.data"
+    yield "chat/completions", chat(ok, modalities=["text", "audio"], audio={"voice": "x", "format": ["wav"]}), 400, \
+        "unsupported_format", "audio.format"
+    yield "chat/completions", {"model": MODEL, "messages": [{"role": "assistant", "content": [{"type": "text", "text": 5}]},
+                                                           *chat(ok)["messages"]]}, 400, "invalid_value", "messages[0].content"
     yield "chat/completions", chat(ok, modalities=["video"]), 400, "invalid_value", "modalities"
     yield "chat/completions", chat(ok, max_tokens="many"), 400, "invalid_value", "max_tokens"
     yield "chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, 400, "audio_required", \

@@ -228,6 +228,43 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
             [e.type for e in events.items]
 
 
+async def test_response_create_while_one_runs_and_early_cancels(v1_server, speech, openai_client):
+    """A second response.create is refused while a response runs (the running one is not lost); a
+    response.cancel right after response.create cancels it though it had not started; one with
+    nothing to cancel is an error, as OpenAI answers each."""
+    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
+        events = Events(conn)
+        await events.wait_for("session.created")
+        await conn.session.update(session={"turn_detection": None, "modalities": ["text"]})
+        await events.wait_for("session.updated")
+        await conn.response.cancel()
+        assert (await events.wait_for("error")).error.code == "response_cancel_not_active"
+
+        await say(conn, speech[0])
+        await conn.input_audio_buffer.commit()
+        await conn.response.create(response={"max_output_tokens": 20})
+        await conn.response.create(response={"max_output_tokens": 20})
+        refused = await events.wait_for("error", count=2)
+        assert refused.error.code == "conversation_already_has_active_response", refused
+        first = await events.wait_for("response.done")
+        assert first.response.status == "completed" and len(events.of_type("response.created")) == 1
+
+        await say(conn, speech[1])
+        await conn.input_audio_buffer.commit()
+        await conn.response.create(response={"max_output_tokens": 20})
+        await conn.response.cancel()  # before the turn task took the response.create
+        second = await events.wait_for("response.done", count=2)
+        assert second.response.status == "cancelled" and second.response.status_details.reason == "client_cancelled"
+        assert len(events.of_type("error")) == 2, [e.error for e in events.of_type("error")]
+
+        await say(conn, speech[0])
+        await conn.input_audio_buffer.commit()
+        await conn.response.create(response={"instructions": "hello world " * 5000})  # past engine.max_model_len
+        failed = await events.wait_for("response.done", count=3)
+        assert failed.response.status == "failed", failed
+        assert failed.response.status_details.error.code == "context_length_exceeded", failed.response.status_details
+
+
 async def test_wrong_model_and_plain_http_are_refused(v1_server):
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{v1_server}/v1/realtime?model=gpt-4-turbo") as resp:

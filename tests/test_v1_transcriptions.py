@@ -110,6 +110,10 @@ async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_cli
     with pytest.raises(openai.BadRequestError) as info:
         await client.audio.transcriptions.create(model=MODEL, file=("a.wav", silent))
     assert "silent" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:  # a prompt past engine.max_model_len: the client's
+        await client.audio.transcriptions.create(model=MODEL, file=("a.wav", speech_files["wav"]),
+                                                 prompt="hello world " * 5000)
+    assert (info.value.body["code"], info.value.body["param"]) == ("context_length_exceeded", "prompt")
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

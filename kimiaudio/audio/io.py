@@ -141,7 +141,13 @@ def _decode(source, name: str, sr: int) -> np.ndarray:
     if not chunks:
         return np.zeros(0, dtype=np.float32)
     pcm = np.concatenate(chunks).astype(np.float32, copy=False)
-    return resample(pcm, rate, sr) if rate != sr else pcm
+    if rate == sr:
+        return pcm
+    try:
+        return resample(pcm, rate, sr)
+    except av.FFmpegError as exc:  # a header's absurd rate (2**31 - 1 Hz) that FFmpeg cannot convert
+        raise AudioInputError(f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz "
+                              f"({type(exc).__name__}: {exc})") from None
 
 
 def _frames_to_pcm(frames) -> np.ndarray:

@@ -115,6 +115,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, dict] | Non
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
+        except OSError as exc:  # a directory, no permission
+            raise ConfigError(f"{path}: config file cannot be read ({exc.strerror or exc})") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         config.base_dir = str(path.resolve().parent)

@@ -13,6 +13,13 @@ class RequestError(KimiAudioError):
     """A request the engine cannot run (bad input, or too long for the KV pool)."""
 
 
+class PromptTooLongError(RequestError):
+    """A prompt longer than engine.max_model_len: the client's to shorten, so its `code` (OpenAI's)
+    travels with the failed turn (TurnDone.error_code) to the client's error."""
+
+    code = "context_length_exceeded"
+
+
 # Request priorities, most urgent first (a smaller number is served first in every step).
 ANSWER_PRIORITY = 0  # an answer someone is waiting to hear
 BACKGROUND_PRIORITY = 1  # work nobody waits on to speak (the user's words transcribed)

@@ -23,8 +23,8 @@ from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.engine_io import (ANSWER_PRIORITY, BACKGROUND_PRIORITY, Completion, EngineRequest, RequestError,
-                                        StepOutput)
+from kimiaudio.engine.engine_io import (ANSWER_PRIORITY, BACKGROUND_PRIORITY, Completion, EngineRequest,
+                                        PromptTooLongError, RequestError, StepOutput)
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.text.output_type import check_output_type
@@ -170,7 +170,7 @@ class LLMEngine:
             if any(not 0 <= int(t) < vocab for t in ids):
                 raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
         if n > self.config.max_model_len:
-            raise RequestError(f"request {rid}: prompt of {n} positions exceeds engine.max_model_len "
+            raise PromptTooLongError(f"request {rid}: prompt of {n} positions exceeds engine.max_model_len "
                                f"({self.config.max_model_len})")
         mask = [bool(m) for m in request.continuous_mask]
         features = self._check_features(rid, request.features, sum(mask))

@@ -51,6 +51,9 @@ class TurnDone:
     # first_audio_token_s, first_pcm_s, done_s.
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    # Why a failed turn failed when it was the request's fault, machine-readable (OpenAI's code,
+    # e.g. "context_length_exceeded"): the server answers it as the client's error, not its own.
+    error_code: str | None = None
     finish_reason: str | None = None
     prefill_tokens_computed: int = 0
     prefill_tokens_cached: int = 0

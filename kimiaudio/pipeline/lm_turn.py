@@ -153,11 +153,12 @@ class LmTurn:
         self.logprobs += new
         return tuple(new)
 
-    def result(self, status: str, error: str | None = None, finish_reason: str | None = None) -> TurnDone:
+    def result(self, status: str, error: str | None = None, finish_reason: str | None = None,
+               error_code: str | None = None) -> TurnDone:
         """The turn's TurnDone as far as the LM knows it (the detokenizer adds its timings)."""
         return TurnDone(
             status=status, text=self.emitted_text, text_tokens=list(self.raw_text), audio_tokens=list(self.codes),
-            timings=dict(self.timings), error=error, finish_reason=finish_reason,
+            timings=dict(self.timings), error=error, error_code=error_code, finish_reason=finish_reason,
             prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
             logprobs=list(self.logprobs),
             first_audio_steps=self.first_audio_steps,

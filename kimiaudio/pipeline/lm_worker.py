@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.engine_io import EngineRequest
+from kimiaudio.engine.engine_io import EngineRequest, PromptTooLongError
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key
@@ -42,6 +42,11 @@ from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
 
+
+
+def client_fault(exc: Exception) -> str | None:
+    """The TurnDone.error_code of a failure that was the request's fault, else None."""
+    return exc.code if isinstance(exc, PromptTooLongError) else None
 
 
 def failure_message(stage: str, exc: Exception) -> str:
@@ -133,8 +138,8 @@ class LmWorker(Worker):
 
     def on_error(self, message: tuple | None, exc: Exception) -> None:
         if message is not None and message[0] == "submit":
-            deliver_done(message[1], TurnDone("failed", error=failure_message("starting the turn", exc)),
-                         self.metrics)
+            deliver_done(message[1], TurnDone("failed", error=failure_message("starting the turn", exc),
+                                              error_code=client_fault(exc)), self.metrics)
             return
         # A bug past any one turn (e.g. in the engine's bookkeeping): fail every turn, keep serving.
         self._fail_all(failure_message("generation", exc))
@@ -170,10 +175,10 @@ class LmWorker(Worker):
                     log.exception("starting turn %s failed", pending.handle.turn_id)
                 turn = self._turns.get(pending.handle.turn_id)
                 if turn is not None:
-                    self._finish(turn, "failed", failure_message("starting the turn", exc))
+                    self._finish(turn, "failed", failure_message("starting the turn", exc), error_code=client_fault(exc))
                 else:
-                    deliver_done(pending.handle, TurnDone("failed", error=failure_message("starting the turn", exc)),
-                                 self.metrics)
+                    deliver_done(pending.handle, TurnDone("failed", error=failure_message("starting the turn", exc),
+                                                          error_code=client_fault(exc)), self.metrics)
 
     def _admit(self, turn: LmTurn) -> None:
         handle, request = turn.handle, turn.request
@@ -236,7 +241,8 @@ class LmWorker(Worker):
         for turn, status, error, reason in ended:
             self._finish(turn, status, error, reason)
 
-    def _finish(self, turn: LmTurn, status: str, error: str | None, reason: str | None = None) -> None:
+    def _finish(self, turn: LmTurn, status: str, error: str | None, reason: str | None = None,
+                error_code: str | None = None) -> None:
         """The LM is done with the turn: free its KV, hand its end on."""
         self._turns.pop(turn.turn_id, None)
         if turn.seq_id is not None:
@@ -245,7 +251,7 @@ class LmWorker(Worker):
                 self.engine.abort(seq_id)
             except Exception:  # the engine's own state is what broke: the turn ends all the same
                 log.exception("freeing the KV blocks of turn %s failed", turn.turn_id)
-        result = turn.result(status, error, reason)
+        result = turn.result(status, error, reason, error_code)
         if turn.speaks:
             self.detok.end(turn.turn_id, result)
         else:

@@ -32,7 +32,10 @@ DEMO_DIR_NAME = "demo-checkpoint"
 def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = False) -> Path:
     """Write every file of the demo checkpoint into `out_dir` (created; must be empty)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission
+        raise KimiAudioError(f"{out}: cannot be made a directory for the demo checkpoint ({exc.strerror or exc})") from None
     if any(out.iterdir()):
         raise KimiAudioError(f"{out}: not empty; the demo checkpoint is written into an empty directory")
     steps = [_write_configs, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder, _write_marker]

@@ -8,7 +8,7 @@
     GET    /api/conversations[?q=words]             newest first; q: those where the words were said
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
-    DELETE /api/conversations/{id}
+    DELETE /api/conversations/{id}                  409 conversation_busy while a live session holds it
     GET/POST /api/voices, DELETE /api/voices/{name}  voices (server/voice_routes.py)
 
 Every input is checked where it enters: bodies by request_body.py, path and query values by

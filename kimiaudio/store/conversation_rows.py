@@ -16,6 +16,7 @@ from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.store.identifiers import new_conversation_id
+from kimiaudio.store.leases import ConversationBusyError
 from kimiaudio.store.sql import Sql
 
 
@@ -124,8 +125,14 @@ def update_turn(db: Sql, conversation_id: str, index: int, fields: dict, audio) 
         db.update("conversations", conversation_id, {"updated_at": time.time()})
 
 
-def delete_conversation(db: Sql, conversation_id: str) -> bool:
+def delete_conversation(db: Sql, conversation_id: str, now: float) -> bool:
+    """Delete it unless a live session holds it (ConversationBusyError): that session's next turn
+    would find it gone and be lost."""
     with db.atomic():
+        held = db.execute("SELECT expires_at FROM leases WHERE conversation_id = ? AND expires_at >= ?",
+                          [conversation_id, now]).fetchone()
+        if held is not None:
+            raise ConversationBusyError(conversation_id, max(1.0, held[0] - now))
         # ON DELETE CASCADE removes its turns and their audio.
         cursor = db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id])
     return cursor.rowcount > 0

@@ -204,9 +204,10 @@ class ConversationStore:
         await self._writer.call(update_turn, conversation_id, index, fields, audio)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
+        """False if there is none; ConversationBusyError while a live session holds it."""
         if not is_conversation_id(conversation_id):
             return False
-        return await self._writer.call(delete_conversation, conversation_id)
+        return await self._writer.call(delete_conversation, conversation_id, self.clock())
 
     async def integrity_problems(self) -> list[str]:
         """What the database's integrity checks find wrong (empty: all is well; schema.py)."""

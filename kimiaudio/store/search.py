@@ -64,6 +64,8 @@ def query_words(q: str) -> list[str]:
     """The words of a client's query, checked; empty for a blank query."""
     if len(q) > MAX_QUERY_CHARS:
         raise SearchQueryError(f"q: at most {MAX_QUERY_CHARS} characters, got {len(q)}")
+    if "\x00" in q:  # FTS5 ends a quoted string there, PostgreSQL refuses it in any text
+        raise SearchQueryError("q: must not contain a NUL character")
     words = q.split()
     if len(words) > MAX_QUERY_WORDS:
         raise SearchQueryError(f"q: at most {MAX_QUERY_WORDS} words, got {len(words)}")

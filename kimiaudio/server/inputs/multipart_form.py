@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from kimiaudio.server.api_error import ApiError
 
@@ -72,7 +73,9 @@ async def read_form(request: web.Request, limits: dict[str, int], required: tupl
                 fields[name].more.append(bytes(data))
             else:
                 raise ApiError(400, "invalid_value", f"field `{name}`: at most {MAX_LIST_VALUES} values", param=name)
-    except (ValueError, AssertionError, UnicodeDecodeError) as exc:  # aiohttp's word for a broken form
+    # aiohttp's words for a broken form (HttpProcessingError: a line longer than it reads, e.g. a
+    # body with no boundary in its first 512 KiB)
+    except (ValueError, AssertionError, UnicodeDecodeError, HttpProcessingError) as exc:
         raise ApiError(400, "invalid_multipart", f"the multipart form could not be read ({exc})") from None
     missing = [name for name in required if name not in fields or not fields[name].data]
     if missing:

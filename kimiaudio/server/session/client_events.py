@@ -25,8 +25,8 @@ from kimiaudio.audio import pcm16
 from kimiaudio.errors import AudioInputError
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.openai_params import AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling, checked
-from kimiaudio.server.session.event_fields import (ProtocolError, object_field, output_limit, output_type_field,
-                                                   pcm16_rate, typed_field)
+from kimiaudio.server.session.event_fields import (ProtocolError, object_field, optional_object, output_limit,
+                                                   output_type_field, pcm16_rate, typed_field)
 from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
@@ -125,7 +125,7 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
             raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
         return ItemTruncate(item_id, end_ms)
     if kind == "response.create":
-        return _response_create(object_field(data.get("response") or {}, "response"), "response")
+        return _response_create(optional_object(data, "response", "response"), "response")
     if kind == "conversation.select":
         conversation_id = data.get("conversation_id")
         if conversation_id is not None and (not isinstance(conversation_id, str) or not conversation_id):
@@ -150,7 +150,11 @@ def _item_create(item: dict, where: str) -> ItemCreate:
     for i, part in enumerate(content):
         part = object_field(part, f"{where}.content[{i}]")
         if part.get("type") in ("input_text", "text", "output_text"):
-            texts.append(typed_field(part, "text", str, f"{where}.content[{i}]", "text") or "")
+            text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
+            if text is None or "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
+                raise ProtocolError("invalid_value", f"{where}.content[{i}].text: expected text without NUL characters",
+                                    f"{where}.content[{i}].text")
+            texts.append(text)
         elif part.get("type") == "input_audio" and role == "user":
             if audio is not None:
                 raise ProtocolError("invalid_value", f"{where}.content: at most one input_audio part", f"{where}.content")
@@ -165,7 +169,7 @@ def _item_create(item: dict, where: str) -> ItemCreate:
 
 def _response_create(response: dict, where: str) -> ResponseCreate:
     RESPONSE_FIELDS.check(response, f"{where}.", ProtocolError)
-    audio_out = object_field(object_field(response.get("audio") or {}, f"{where}.audio").get("output") or {}, f"{where}.audio.output")
+    audio_out = optional_object(optional_object(response, "audio", f"{where}.audio"), "output", f"{where}.audio.output")
     AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     pcm16_rate(response.get("output_audio_format"), f"{where}.output_audio_format", output=True)
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)

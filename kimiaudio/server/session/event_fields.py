@@ -29,6 +29,12 @@ def object_field(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def optional_object(obj: dict, key: str, where: str) -> dict[str, Any]:
+    """obj[key], a JSON object; {} when absent or null (an empty list or string is no object either)."""
+    value = obj.get(key)
+    return {} if value is None else object_field(value, where)
+
+
 def typed_field(obj: dict, key: str, kinds: type | tuple, where: str, what: str) -> Any:
     """obj[key] if it is None or of `kinds` (a bool is no number here), else a ProtocolError."""
     value = obj.get(key)

@@ -161,17 +161,23 @@ def text_done(response_id: str, item_id: str, text: str, spoken: bool) -> list[d
 
 
 def response_done(response_id: str, status: str, text: str, timings: dict[str, float], error: str | None = None,
-                  output: list[dict] | None = None, reason: str | None = None, **extra: Any) -> dict:
+                  output: list[dict] | None = None, reason: str | None = None, error_code: str | None = None,
+                  **extra: Any) -> dict:
+    """error_code: a failure that was the request's fault (TurnDone.error_code), named as OpenAI does."""
     if status not in RESPONSE_STATUSES:
         raise ValueError(f"response status must be one of {RESPONSE_STATUSES}, got {status!r}")
     response = {"id": response_id, "object": "realtime.response", "status": status, "output": output or [],
                 "text": text, "timings": timings, **extra}
     if status != "completed":
         response["status_details"] = {"type": status, "reason": reason or status,
-                                      **({"error": {"message": error}} if error else {})}
+                                      **({"error": {"message": error, **_client_fault(error_code)}} if error else {})}
     if error:
         response["error"] = error
     return {"type": "response.done", "response": response}
+
+
+def _client_fault(code: str | None) -> dict:
+    return {"type": api_error.INVALID_REQUEST, "code": code} if code is not None else {}
 
 
 SERVER_FAULTS = ("turn_failed", "storage_failed", "response_failed", "internal")

@@ -27,3 +27,4 @@ class QueuedTurn:
     barge_ins: int = 0  # the session's barge-in count when it was queued
     respond: bool = False
     request: ResponseCreate | None = None
+    cancels: int = 0  # the session's count of response.cancel events that found no response yet

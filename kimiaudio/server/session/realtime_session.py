@@ -66,6 +66,8 @@ class RealtimeSession:
         self._buffer: list[np.ndarray] = []  # input audio awaiting an explicit commit (turn_detection none)
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
+        self._creates_waiting = 0  # response.create events queued or starting, not yet a response
+        self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
         self.last_item_id: str | None = None
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
@@ -155,7 +157,14 @@ class RealtimeSession:
             work = await self._queue.get()
             try:
                 if work.kind == "respond":
-                    await self.responder.start(work.request, time.monotonic())
+                    before = self.responder.current
+                    try:
+                        await self.responder.start(work.request, time.monotonic())
+                    finally:
+                        self._creates_waiting -= 1
+                    started = self.responder.current
+                    if started is not None and started is not before and work.cancels != self._cancels:
+                        self.responder.interrupt("client_cancelled")  # cancelled while it waited: created, then ended
                     continue
                 committed_at = time.monotonic()
                 if await self._store_item(work) and work.respond and work.barge_ins == self._barge_ins:
@@ -221,9 +230,10 @@ class RealtimeSession:
         elif isinstance(event, ce.AudioClear):
             self._clear_buffer()
         elif isinstance(event, ce.ResponseCancel):
-            self.responder.interrupt("client_cancelled")
+            self._cancel(event.response_id)
         elif isinstance(event, ce.ResponseCreate):
-            self._queue.put_nowait(QueuedTurn("respond", "", request=event))
+            self._creates_waiting += 1
+            self._queue.put_nowait(QueuedTurn("respond", "", request=event, cancels=self._cancels))
         elif isinstance(event, ce.ItemCreate):
             self._create_item(event)
         elif isinstance(event, ce.ItemTruncate):
@@ -232,6 +242,17 @@ class RealtimeSession:
             await self._select(event.conversation_id)
         else:
             self.apply_update(event)
+
+    def _cancel(self, response_id: str | None) -> None:
+        r = self.responder.current
+        if r is not None and not r.cancelled and response_id in (None, r.id):
+            self.responder.interrupt("client_cancelled")
+        elif self._creates_waiting and response_id is None:
+            self._cancels += 1
+        else:  # as OpenAI answers it: a client waiting for a response.done it will never get learns so
+            shown = f" with id {response_id[:80]!r}" if response_id is not None else ""
+            raise ce.ProtocolError("response_cancel_not_active", f"response.cancel: no response{shown} is in progress",
+                                   "response_id" if response_id is not None else None)
 
     def _create_item(self, event: ce.ItemCreate) -> None:
         item_id = event.item_id or new_item_id()

@@ -9,7 +9,8 @@ response.text.delta (text answers), its audio through the playback. Barge-in (sp
 while a response is generating or playing) and response.cancel flush the playback at once,
 cancel the pipeline turn, and store the assistant turn marked interrupted and truncated to
 the audio that was played; conversation.item.truncate (the client saying what it played)
-overrides that estimate, for the response in progress or one of the last ones stored.
+overrides that estimate, for the response in progress or one of the last ones stored. A
+response.create while a response is in progress is refused (barge-in, a user turn, replaces it).
 
 Nothing heard is lost: the assistant turn is stored when its first audio is played (its first
 text sent, for a text answer), marked interrupted, and what was heard since is added at least
@@ -61,6 +62,10 @@ class Responder:
     async def start(self, request: ce.ResponseCreate | None, committed_at: float) -> None:
         """Answer the newest user turn (it must be spoken); errors go to the client."""
         s = self.session
+        if request is not None and self.current is not None and not self.current.cancelled:
+            s.send_error("conversation_already_has_active_response", f"response.create: response {self.current.id} "
+                         "is in progress; wait for its response.done or cancel it (response.cancel)")
+            return
         await self.settle()
         last = await s.conversation.last_turn() if s.conversation.id is not None else None
         if last is None or last[1].role != "user" or last[1].audio is None:
@@ -160,7 +165,8 @@ class Responder:
                           r.stored[0] if r.stored else None)
         s.send(events.output_item_done(r.id, item))
         s.send(events.response_done(r.id, status, text, r.timings(done), done.error, output=[item],
-                                    reason=r.cancel_reason, prefill_tokens_cached=done.prefill_tokens_cached,
+                                    reason=r.cancel_reason, error_code=done.error_code,
+                                    prefill_tokens_cached=done.prefill_tokens_cached,
                                     prefill_tokens_computed=done.prefill_tokens_computed,
                                     usage=_usage(done)))
         if self.current is r:

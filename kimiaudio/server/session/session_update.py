@@ -12,8 +12,8 @@ from kimiaudio.config import check_setting
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.inputs.openai_params import (AUDIO_INPUT_FIELDS, AUDIO_OUTPUT_FIELDS, SESSION_FIELDS,
                                                    RealtimeSampling, checked)
-from kimiaudio.server.session.event_fields import (ProtocolError, object_field, output_limit, output_type_field,
-                                                   pcm16_rate, typed_field)
+from kimiaudio.server.session.event_fields import (ProtocolError, object_field, optional_object, output_limit,
+                                                   output_type_field, pcm16_rate, typed_field)
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 
@@ -39,9 +39,9 @@ def parse_session_update(session: dict, where: str) -> SessionUpdate:
         raise ProtocolError("invalid_event", f"{where}.output_type: expected 'both' or 'text', got {output_type!r}"[:200],
                             f"{where}.output_type")
     output_type = output_type_field(session, where) or output_type
-    audio = object_field(session.get("audio") or {}, f"{where}.audio")  # GA shape
-    audio_in = object_field(audio.get("input") or {}, f"{where}.audio.input")
-    audio_out = object_field(audio.get("output") or {}, f"{where}.audio.output")
+    audio = optional_object(session, "audio", f"{where}.audio")  # GA shape
+    audio_in = optional_object(audio, "input", f"{where}.audio.input")
+    audio_out = optional_object(audio, "output", f"{where}.audio.output")
     AUDIO_INPUT_FIELDS.check(audio_in, f"{where}.audio.input.", ProtocolError)
     AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     vad = dict(object_field(session.get("vad", {}), f"{where}.vad"))

@@ -32,7 +32,7 @@ from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.models import MODEL_ID
-from kimiaudio.server.v1.turn_guard import guarded_turn
+from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
@@ -52,8 +52,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
         pcm, done = await _collect(handle)
     record.add_audio_out(pcm.size / SPEECH_OUTPUT_RATE)
-    if done.status != "completed":
-        raise ApiError(500, "generation_failed", f"the answer failed ({done.error or done.status})")
+    if done is None or done.status != "completed":
+        raise failed_turn_error(done, "generation_failed", "the answer", "messages")
     message = {"role": "assistant", "content": done.text, "refusal": None}
     if chat.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript

@@ -76,7 +76,7 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         if not can_speak:
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
         audio_format, voice = audio.get("format"), audio.get("voice")
-        if audio_format not in FORMATS:
+        if not isinstance(audio_format, str) or audio_format not in FORMATS:
             raise ApiError(400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}",
                            param="audio.format")
     stream = bool(_option(body, "stream", bool, "true or false"))
@@ -195,7 +195,11 @@ async def _assistant_turn(message: dict, where: str, store) -> HistoryTurn:
         return HistoryTurn("assistant", text=answer.text, audio_tokens=answer.audio_tokens)
     content = message.get("content")
     if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if not all(isinstance(text, str) for text in texts):
+            raise _bad(f"{where}.content: expected text parts {{\"type\": \"text\", \"text\": \"...\"}}",
+                       f"{where}.content")
+        content = "".join(texts)
     if not isinstance(content, str):
         raise _bad(f"{where}.content: expected text (or an audio id)", f"{where}.content")
     return HistoryTurn("assistant", text=content)

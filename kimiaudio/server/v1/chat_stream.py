@@ -26,7 +26,7 @@ from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.logprobs import logprobs_object
-from kimiaudio.server.v1.turn_guard import client_gone
+from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
@@ -61,8 +61,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             elif isinstance(event, TurnDone):
                 done = event
         if done is None or done.status != "completed":
-            error = done.error if done is not None else "the turn ended without a result"
-            await sse.send_error(response, ApiError(500, "generation_failed", f"the answer failed ({error})"))
+            await sse.send_error(response, failed_turn_error(done, "generation_failed", "the answer", "messages"))
             await sse.send_done(response)
             return response
         if encoder is not None:

@@ -43,7 +43,7 @@ from kimiaudio.server.v1.audio_input import speech_from_bytes
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.models import check_model
-from kimiaudio.server.v1.turn_guard import guarded_turn
+from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 LIST_FIELDS = ("timestamp_granularities[]", "include[]", "known_speaker_names[]", "known_speaker_references[]")
@@ -135,10 +135,8 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         if stream:
             return await _stream(request, handle, with_logprobs)
         done = await handle.result()
-    if done is None:
-        raise ApiError(500, "internal_error", "the turn ended without a result")
-    if done.status != "completed":
-        raise ApiError(500, "transcription_failed", f"the transcription failed ({done.error or done.status})")
+    if done is None or done.status != "completed":
+        raise failed_turn_error(done, "transcription_failed", "the transcription", "prompt")
     text = done.text.strip()
     if response_format == "verbose_json":
         return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
@@ -166,8 +164,8 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
             await sse.send(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
-                await sse.send_error(response, ApiError(500, "transcription_failed",
-                                                        f"the transcription failed ({event.error or event.status})"))
+                await sse.send_error(response, failed_turn_error(event, "transcription_failed", "the transcription",
+                                                                 "prompt"))
             else:
                 extra = {"logprobs": logprobs} if with_logprobs else {}
                 await sse.send(response, {"type": "transcript.text.done", "text": text.strip(), **extra})

@@ -5,7 +5,9 @@ connection may only fail later, so a watcher polls the connection every WATCH_IN
 while the turn runs: a client that disconnects (mid-answer or while waiting for it) gets its
 turn cancelled at once, which frees its KV blocks and detokenizer state on the workers. The
 turn is also cancelled if the handler ends any other way before it is done (an error, a
-failed write, a handler cancelled by a shutdown).
+failed write, a handler cancelled by a shutdown). A turn that did not complete is answered by
+`failed_turn_error`: the client's error when the request was at fault (a prompt too long for
+engine.max_model_len), the server's otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.server.api_error import ApiError
 
@@ -53,3 +56,12 @@ async def guarded_turn(request: web.Request, pipeline, turn: TurnRequest):
         watcher.cancel()
         if handle.done is None:
             pipeline.cancel(handle)
+
+
+def failed_turn_error(done: TurnDone | None, code: str, what: str, param: str | None) -> ApiError:
+    """The error of a turn that did not complete: 400 with its TurnDone.error_code when the request
+    was at fault (`param` names the field to change), else 500 `code`."""
+    error = done.error or done.status if done is not None else "the turn ended without a result"
+    if done is not None and done.error_code is not None:
+        return ApiError(400, done.error_code, f"{what} failed ({error})", param=param)
+    return ApiError(500, code, f"{what} failed ({error})")
