@@ -237,8 +237,12 @@ async def test_response_create_while_one_runs_and_early_cancels(v1_server, speec
         await events.wait_for("session.created")
         await conn.session.update(session={"turn_detection": None, "modalities": ["text"]})
         await events.wait_for("session.updated")
+        await conn.send({"type": "output_audio_buffer.clear"})  # "stop what plays": nothing does, no error
         await conn.response.cancel()
         assert (await events.wait_for("error")).error.code == "response_cancel_not_active"
+        await conn.session.update(session={"modalities": ["text"]})
+        await events.wait_for("session.updated", count=2)  # events are handled in order: any error came before
+        assert len(events.of_type("error")) == 1, [e.error for e in events.of_type("error")]
 
         await say(conn, speech[0])
         await conn.input_audio_buffer.commit()

@@ -35,6 +35,7 @@ MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels 
 @dataclass(frozen=True)
 class ResponseCancel:
     response_id: str | None = None
+    stop_playback: bool = False  # output_audio_buffer.clear: "stop what plays", quiet when nothing does
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
         raise ProtocolError("unknown_event", f"unknown event type {kind!r}"[:200]
                             + f" (kimiaudio understands: {', '.join(CLIENT_EVENT_TYPES)})", "type")
     if kind in ("response.cancel", "output_audio_buffer.clear"):
-        return ResponseCancel(typed_field(data, "response_id", str, kind, "a string"))
+        return ResponseCancel(typed_field(data, "response_id", str, kind, "a string"), kind == "output_audio_buffer.clear")
     if kind == "input_audio_buffer.append":
         return AudioAppend(decode_pcm16(data.get("audio"), f"{kind}.audio"))
     if kind == "input_audio_buffer.commit":

@@ -188,3 +188,11 @@ def error(code: str, message: str, param: str | None = None, event_id: str | Non
     event, naming the client event at fault (`event_id`, None when none is known)."""
     kind = api_error.SERVER_ERROR if code in SERVER_FAULTS else api_error.INVALID_REQUEST
     return api_error.error_event({**api_error.error_object(message, kind, param, code), "event_id": event_id})
+
+
+def response_usage(done) -> dict:
+    """OpenAI's response usage of a TurnDone: prompt positions in, generated positions out."""
+    prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
+    return {"total_tokens": prompt + len(done.text_tokens), "input_tokens": prompt,
+            "output_tokens": len(done.text_tokens),
+            "input_token_details": {"cached_tokens": done.prefill_tokens_cached}}

@@ -34,7 +34,7 @@ class InputTranscription:
         s = self.session
         if s.settings.transcription is None:
             return
-        s.spawn(self._run(s.conversation.id, item_id, content_index, index, audio), "input transcription")
+        s.tasks.spawn(self._run(s.conversation.id, item_id, content_index, index, audio), "input transcription")
 
     async def _run(self, conversation_id: str, item_id: str, content_index: int, index: int,
                    audio: np.ndarray) -> None:

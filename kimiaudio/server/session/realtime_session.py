@@ -36,6 +36,7 @@ from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.input_transcription import InputTranscription
+from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.queued_turn import QueuedTurn, new_item_id
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.observe.server_metrics import ServerMetrics
@@ -69,7 +70,7 @@ class RealtimeSession:
         self._creates_waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
         self.last_item_id: str | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks = OwnedTasks(f"session {session_id}")
         self.closed = False
 
     @property
@@ -86,7 +87,7 @@ class RealtimeSession:
         return self.response is not None
 
     def start(self) -> None:
-        self.spawn(self._take_turns(), "turns")
+        self.tasks.spawn(self._take_turns(), "turns")
 
     # ----- events out -----
     def describe(self) -> dict:
@@ -230,7 +231,7 @@ class RealtimeSession:
         elif isinstance(event, ce.AudioClear):
             self._clear_buffer()
         elif isinstance(event, ce.ResponseCancel):
-            self._cancel(event.response_id)
+            self._cancel(event.response_id, event.stop_playback)
         elif isinstance(event, ce.ResponseCreate):
             self._creates_waiting += 1
             self._queue.put_nowait(QueuedTurn("respond", "", request=event, cancels=self._cancels))
@@ -243,13 +244,13 @@ class RealtimeSession:
         else:
             self.apply_update(event)
 
-    def _cancel(self, response_id: str | None) -> None:
+    def _cancel(self, response_id: str | None, stop_playback: bool) -> None:
         r = self.responder.current
         if r is not None and not r.cancelled and response_id in (None, r.id):
             self.responder.interrupt("client_cancelled")
         elif self._creates_waiting and response_id is None:
             self._cancels += 1
-        else:  # as OpenAI answers it: a client waiting for a response.done it will never get learns so
+        elif not stop_playback:  # as OpenAI answers it: a client waiting for a response.done it will never get learns so
             shown = f" with id {response_id[:80]!r}" if response_id is not None else ""
             raise ce.ProtocolError("response_cancel_not_active", f"response.cancel: no response{shown} is in progress",
                                    "response_id" if response_id is not None else None)
@@ -286,18 +287,6 @@ class RealtimeSession:
         self.send(events.session_updated(self.describe()))
 
     # ----- lifetime -----
-    def spawn(self, coro, what: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-
-        def finished(t: asyncio.Task) -> None:
-            self._tasks.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("session %s: %s failed", self.id, what, exc_info=t.exception())
-
-        task.add_done_callback(finished)
-        return task
-
     async def close(self) -> None:
         """Cancel the turn in progress (storing what was heard) and stop every task."""
         if self.closed:
@@ -307,7 +296,4 @@ class RealtimeSession:
             await self.responder.settle()
             await self.conversation.release()
         finally:
-            current = asyncio.current_task()
-            for task in list(self._tasks):
-                if task is not current:
-                    task.cancel()
+            self.tasks.cancel_all()

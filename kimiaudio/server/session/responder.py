@@ -103,8 +103,8 @@ class Responder:
             self.playback.begin(r.id)
         s.send(events.response_created(r.id, s.conversation.id))
         s.send(events.output_item_added(r.id, self._item(r, status="in_progress")))
-        r.task = s.spawn(self._run(r), "response")
-        r.recorder = s.spawn(self._record(r), "recording")
+        r.task = s.tasks.spawn(self._run(r), "response")
+        r.recorder = s.tasks.spawn(self._record(r), "recording")
 
     def _item(self, r: ResponseState, status: str = "completed", index: int | None = None) -> dict:
         return events.message_item(r.item_id, "assistant", r.text, r.output_type == "both", index,
@@ -168,7 +168,7 @@ class Responder:
                                     reason=r.cancel_reason, error_code=done.error_code,
                                     prefill_tokens_cached=done.prefill_tokens_cached,
                                     prefill_tokens_computed=done.prefill_tokens_computed,
-                                    usage=_usage(done)))
+                                    usage=events.response_usage(done)))
         if self.current is r:
             self.current = None
         self.ended[r.item_id] = r
@@ -293,10 +293,3 @@ class Responder:
         if r is not None and r.id == response_id and not r.playback_done.done():
             r.playback_done.set_result(None)
 
-
-def _usage(done: TurnDone) -> dict:
-    """OpenAI's response usage: prompt positions in, generated positions out."""
-    prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
-    return {"total_tokens": prompt + len(done.text_tokens), "input_tokens": prompt,
-            "output_tokens": len(done.text_tokens),
-            "input_token_details": {"cached_tokens": done.prefill_tokens_cached}}

@@ -36,6 +36,7 @@ from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import events
+from kimiaudio.server.session.owned_tasks import OwnedTasks
 
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.input_clock import InputClock
@@ -72,7 +73,7 @@ class RtcPeer(ClosesOnce):
                                        transcribe=config.server.transcribe_input)
         self._channel = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = OwnedTasks(f"session {session_id}", quiet=HANG_UPS)
         self._has_audio_track = False
 
     # ----- signalling -----
@@ -93,13 +94,13 @@ class RtcPeer(ClosesOnce):
             return
         self._has_audio_track = True
         self.pc.addTrack(self.track)
-        self._spawn(self._read_audio(track))
+        self._spawn(self._read_audio(track), "reading audio")
 
     def _on_datachannel(self, channel) -> None:
         if self._channel is not None:
             return
         self._channel = channel
-        channel.on("message", lambda message: self._spawn(self.session.handle_message(message)))
+        channel.on("message", lambda message: self._spawn(self.session.handle_message(message), "a client event"))
         self.session.send(events.session_created(self.session.describe()))
         outbox, self._outbox = self._outbox, []
         for event in outbox:
@@ -107,7 +108,7 @@ class RtcPeer(ClosesOnce):
 
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
-            self._spawn(self.close(f"connection {self.pc.connectionState}"))
+            self._spawn(self.close(f"connection {self.pc.connectionState}"), "closing")
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
@@ -153,23 +154,11 @@ class RtcPeer(ClosesOnce):
                 for out in resampler.resample(frame):
                     await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
         finally:
-            self._spawn(self.close(reason))
+            self._spawn(self.close(reason), "closing")
 
     # ----- lifetime -----
-    def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-
-        def finished(t: asyncio.Task) -> None:
-            self._tasks.discard(t)
-            exc = None if t.cancelled() else t.exception()
-            if isinstance(exc, HANG_UPS):
-                log.info("session %s: the client went away (%s)", self.id, type(exc).__name__)
-            elif exc is not None:
-                log.error("session %s failed", self.id, exc_info=exc)
-
-        task.add_done_callback(finished)
-        return task
+    def _spawn(self, coro, what: str) -> asyncio.Task:
+        return self._tasks.spawn(coro, what)
 
     @property
     def is_answering(self) -> bool:
@@ -181,9 +170,7 @@ class RtcPeer(ClosesOnce):
         try:
             await self.session.close()
         finally:
-            tasks = [task for task in self._tasks if task is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
+            tasks = self._tasks.cancel_all()
             if tasks:  # over before close() returns: the app may stop the VAD thread and the store next
                 await asyncio.wait(tasks, timeout=TASKS_STOP_TIMEOUT_S)
             self.track.stop()

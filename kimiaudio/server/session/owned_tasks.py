@@ -1,0 +1,45 @@
+"""The background tasks one session (or the peer carrying it) owns.
+
+Each task started with `spawn` is kept until it ends, so closing can cancel what still runs
+and wait for it; a task's failure is logged once, naming the owner and what the task was
+(`quiet` exceptions, such as a client hanging up, at INFO: they are how sessions end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class OwnedTasks:
+    def __init__(self, owner: str, quiet: tuple[type[BaseException], ...] = ()):
+        self.owner, self.quiet = owner, quiet
+        self._tasks: set[asyncio.Task] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro, what: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def finished(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            exc = None if t.cancelled() else t.exception()
+            if isinstance(exc, self.quiet):
+                log.info("%s: %s ended: the client went away (%s)", self.owner, what, type(exc).__name__)
+            elif exc is not None:
+                log.error("%s: %s failed", self.owner, what, exc_info=exc)
+
+        task.add_done_callback(finished)
+        return task
+
+    def cancel_all(self) -> list[asyncio.Task]:
+        """Cancel every task but the caller's own; returns them (to wait for)."""
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        for task in tasks:
+            task.cancel()
+        return tasks
