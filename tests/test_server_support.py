@@ -29,6 +29,7 @@ def write_clip(path: Path, pieces: list[np.ndarray], sr: int = 16000) -> Path:
 # ------------------------------------------------------------- the real server on the demo checkpoint
 import asyncio
 import contextlib
+import dataclasses
 import functools
 
 from kimiaudio.config import Config
@@ -38,8 +39,9 @@ from kimiaudio.pipeline.pipeline import Pipeline
 DEMO_MAX_NEW_TOKENS = 60  # about 2 s of (noise) speech from the demo weights
 # Sampling for a long answer from the demo weights: with greedy audio, most answers run for
 # 4-10 s (up to 400 positions), generated in a second or two and played in real time; but
-# some still stop within a second, depending on the captured user audio. For tests that need
-# a response still in progress (see long_answer_playing in test_server_rtc.py).
+# some still stop within a second, depending on the captured user audio (under load the
+# WebRTC input drops frames, so it differs more). Tests that need a response still in progress
+# also set RecordingPipeline.answers_to_limit (see long_answer_playing in test_server_rtc.py).
 LONG_ANSWER = {"audio_top_k": 1, "max_new_tokens": 400}
 
 
@@ -73,8 +75,13 @@ class RecordingPipeline(Pipeline):
         super().__init__(stack, config)
         self.requests, self.handles, self.cancelled = [], [], []
         self.transcriptions = []  # (request, handle) of each user turn transcribed
+        # Answers ignore the end of message and run to their max_new_tokens: a test that must
+        # interrupt an answer in progress gets a long one whatever the random weights say.
+        self.answers_to_limit = False
 
     def submit(self, request):
+        if self.answers_to_limit and request.priority != BACKGROUND_PRIORITY:
+            request = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, ignore_eos=True))
         handle = super().submit(request)
         if request.priority == BACKGROUND_PRIORITY:
             self.transcriptions.append((request, handle))
