@@ -246,6 +246,24 @@ def test_quantized_load_peaks_at_one_layer_beyond_the_model(golden_checkpoint, w
     # the quantizer's temporaries (abs, fp32 copy, scaled copy) of at most 4,096 rows at once.
     assert peak <= model + 6 * layer_bf16 + (1 << 20), (peak, model, layer_bf16, bf16_model)
 
+
+@cuda_only
+def test_quantized_dit_load_moves_one_block_at_a_time(golden_checkpoint):
+    """load_dit moves the DiT block by block, each quantized before the next moves: the
+    device's peak is the finished DiT plus about one block in bf16 and its temporaries."""
+    from kimiaudio.models.dit import load_dit
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize(DEVICE)
+    base = torch.cuda.memory_allocated(DEVICE)
+    torch.cuda.reset_peak_memory_stats(DEVICE)
+    dit = load_dit(golden_checkpoint / "audio_detokenizer", DEVICE, torch.bfloat16, "int8")
+    model = sum(t.numel() * t.element_size() for t in dit.state_dict().values())
+    block_bf16 = 2 * sum(t.numel() for n, t in dit.blocks[0].state_dict().items() if not n.endswith("scale"))
+    peak = torch.cuda.max_memory_allocated(DEVICE) - base
+    assert peak <= model + 6 * block_bf16 + (1 << 20), (peak, model, block_bf16)
+
 @cuda_only
 def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
     """bench --card-gib caps the process (set_per_process_memory_fraction); the driver's free

@@ -123,3 +123,20 @@ def test_decode_step_bytes_count_the_quantized_parameters(quantized, golden_chec
     layers = [m for m in lm.modules() if isinstance(m, QuantLinear)]
     saved = sum(q.out_features * q.in_features * 3 - q.out_features * 4 for q in layers)  # fp32 -> 1 byte + a scale
     assert decode_weight_bytes(full) - decode_weight_bytes(lm) == saved > 0
+
+
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_dit_placed_block_by_block_equals_quantizing_the_loaded_dit(golden_checkpoint, weights):
+    """load_dit moves and quantizes the DiT one block at a time (the device never holds it in
+    full precision); the result is the same as quantizing the loaded DiT afterwards."""
+    from kimiaudio.models.dit import load_dit
+    from kimiaudio.models.quantize import quantize_dit
+
+    directory = golden_checkpoint / "audio_detokenizer"
+    placed = load_dit(directory, torch.device("cpu"), torch.float32, weights)
+    afterwards = quantize_dit(load_dit(directory, torch.device("cpu"), torch.float32), weights)
+    assert placed.weights == afterwards.weights == weights
+    a, b = placed.state_dict(), afterwards.state_dict()
+    assert a.keys() == b.keys() and any(name.endswith("qweight") for name in a)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name].float(), b[name].float()), name

@@ -37,7 +37,6 @@ from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
-from kimiaudio.models.quantize import quantize_dit
 
 
 class Detokenizer:
@@ -78,7 +77,7 @@ class Detokenizer:
              weights: str = "bf16") -> "Detokenizer":
         """`weights`: the resolved [detok] weights (bf16 = the DiT in `dtype`; fp8 / int8 quantize it)."""
         device = torch.device(device)
-        dit = quantize_dit(load_dit(paths.detokenizer, device, dtype), weights)
+        dit = load_dit(paths.detokenizer, device, dtype, weights)  # placed block by block, quantized as it goes
         vocoder = load_vocoder(paths.vocoder, device, dtype)
         if vocoder.cfg.num_mels != dit.cfg.input_size:
             raise CheckpointError(f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} != DiT input_size {dit.cfg.input_size}")

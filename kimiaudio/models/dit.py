@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from kimiaudio.checkpoint.files import load_into, load_torch_file
 from kimiaudio.models.dit_config import DiTConfig, rope_table, sincos_table
+from kimiaudio.models.quantize import quantize_dit
 
 
 @dataclass
@@ -188,13 +189,16 @@ class _SinCosHolder(nn.Module):
         self.register_buffer("_float_tensor", torch.zeros(1))
 
 
-def load_dit(directory: Path, device: torch.device, dtype: torch.dtype) -> DiTPrefix:
-    """config.yaml + model.pt["state_dict"] (keys containing "speech_model", prefix stripped)."""
+def load_dit(directory: Path, device: torch.device, dtype: torch.dtype, weights: str = "bf16") -> DiTPrefix:
+    """config.yaml + model.pt["state_dict"] (keys containing "speech_model", prefix stripped),
+    moved to `device` block by block with its linears quantized as `weights` says
+    (models/quantize.quantize_dit)."""
     directory = Path(directory)
     cfg = DiTConfig.from_yaml(directory / "config.yaml")
-    weights = directory / "model.pt"
-    state = load_torch_file(weights, "state_dict")
+    path = directory / "model.pt"
+    state = load_torch_file(path, "state_dict")
     state = {k.replace("speech_model.", ""): v for k, v in state.items() if "speech_model" in k}
     model = DiTPrefix(cfg)
-    load_into(model, state, weights)
-    return model.to(device=device, dtype=dtype).eval()
+    load_into(model, state, path)
+    del state
+    return quantize_dit(model, weights, torch.device(device), dtype).eval()
