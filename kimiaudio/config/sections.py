@@ -129,6 +129,11 @@ class ServerConfig:
     # e.g. ["stun:stun.l.google.com:19302"]
     ice_servers: list[str] = setting(factory=list, bounds=Bounds(pattern=r"(stun|turns?):\S+",
                                                                   means="a stun:, turn: or turns: URL"))
+    # The turn:/turns: servers' shared secret (coturn: use-auth-secret, static-auth-secret): each
+    # peer gets a username and credential valid turn_credential_ttl_s (server/transport/
+    # ice_servers.py). The environment variable KIMIAUDIO_TURN_SECRET, when set, takes precedence.
+    turn_secret: str = ""
+    turn_credential_ttl_s: float = setting(86400.0, Bounds(60.0, 30 * 86400.0))
     # How long a spoken answer of POST /v1/chat/completions stays usable by its audio id.
     audio_answer_ttl_s: float = setting(3600.0, Bounds(1.0, 30 * 86400.0))
     # Required by every route but the demo page (Authorization: Bearer KEY); empty = no key.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -33,6 +34,7 @@ from kimiaudio.server.app_keys import access_key
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import admission_key, config_key, pipeline_key, stack_key, store_key, vad_executor_key
 from kimiaudio.server.middleware.request_body import read_json_object
+from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.rtc_peer import RtcPeer
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
 from kimiaudio.server.app_keys import server_metrics_key
@@ -81,7 +83,7 @@ async def status(request: web.Request) -> web.Response:
         "model": {"path": str(stack.paths.root) if stack is not None else None, "is_demo": is_demo},
         "demo_weights": is_demo,
         "demo_message": _demo_message() if is_demo else None,
-        "ice_servers": list(config.server.ice_servers),
+        "ice_servers": ice_servers(config, time.time()),  # TURN with fresh credentials
         "sessions": {"active": app[admission_key].num_reserved, "max": config.server.max_sessions},
         "pipeline": pipeline.stats() if pipeline is not None else None,
     }

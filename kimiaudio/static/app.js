@@ -148,7 +148,8 @@ async function getMicrophone() {
 
 async function openSession() {
   session.mic = await getMicrophone();
-  const iceServers = ((session.status && session.status.ice_servers) || []).map((url) => ({ urls: url }));
+  // RTCIceServer dictionaries (TURN ones with the server's time-limited credentials).
+  const iceServers = (session.status && session.status.ice_servers) || [];
   const pc = new RTCPeerConnection({ iceServers });
   session.pc = pc;
   session.channel = pc.createDataChannel("events");

@@ -39,6 +39,7 @@ from kimiaudio.server.session import events
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 
 from kimiaudio.server.transport.closes_once import ClosesOnce
+from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.input_clock import InputClock
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
 from kimiaudio.server.session.realtime_session import RealtimeSession
@@ -65,7 +66,7 @@ class RtcPeer(ClosesOnce):
         self.id = session_id
         self._on_closed = on_closed
         self._metrics = metrics
-        ice = [RTCIceServer(urls=url) for url in config.server.ice_servers]
+        ice = [RTCIceServer(**server) for server in ice_servers(config, time.time())]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, conversation_id,
