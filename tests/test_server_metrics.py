@@ -159,10 +159,11 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
         client.mic.say(np.concatenate([speech[0], silence(1.0)]))
         await client.wait_for("response.audio.started", timeout=60)
         await client.close()  # hang up mid-answer
-        for _ in range(100):
-            if any("closed:" in r.getMessage() for r in caplog.records):
-                break
-            await asyncio.sleep(0.05)
+
+        async def session_closed():
+            return any("closed:" in r.getMessage() for r in caplog.records)
+
+        await eventually(session_closed, "the session's 'closed:' log line")
         await kv_pool_full_again(pipeline)
     finally:
         root.setLevel(level)
