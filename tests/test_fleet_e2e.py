@@ -173,10 +173,10 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
 
         for attempt in range(1, 7):  # until an answer still playing has 9 codes (> 0.64 s) stored as heard
             client.say(speech[0])
-            committed = await client.wait_for("input_audio_buffer.committed", count=attempt, timeout=60)
+            committed = await client.wait_for("input_audio_buffer.committed", count=attempt)
             if await heard_or_done(client, http, committed["conversation_id"], attempt, 9):
                 break
-            await client.wait_for("response.done", count=attempt, timeout=60)
+            await client.wait_for("response.done", count=attempt)
         else:
             raise AssertionError("no answer had 9 codes heard before it ended, in 6 attempts")
         conversation_id = committed["conversation_id"]
@@ -229,7 +229,7 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         assert rate == 24000 and pcm.size == round(heard["duration_s"] * rate) and np.abs(pcm).max() > 0.01
 
         # The conversation goes on on the other instance, the cut answer in its prompt.
-        await client.wait_for("session.created", timeout=30)
+        await client.wait_for("session.created")
         client.mic.say(np.concatenate([speech[1], silence(1.0)]))
         done = await client.wait_for("response.done", timeout=90)
         assert done["response"]["status"] in ("completed", "cancelled"), done

@@ -37,8 +37,8 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             status, first = await client.connect(http)
             assert status == 200 and first["conversation_id"] is None  # created at the first commit
             mic.say(np.concatenate([speech[0], silence(1.0)]))
-            committed = await client.wait_for("input_audio_buffer.committed", timeout=30)
-            await client.wait_for("response.created", timeout=30)
+            committed = await client.wait_for("input_audio_buffer.committed")
+            await client.wait_for("response.created")
             os.kill(proc.pid, signal.SIGKILL)  # mid-response: no shutdown, no database close
             proc.wait(10)
             await client.close()
@@ -64,7 +64,7 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             status, answer = await client.connect(http, conversation_id=conversation_id)
             assert status == 200 and answer["conversation_id"] == conversation_id
             mic.say(np.concatenate([speech[1], silence(1.0)]))
-            done = await client.wait_for("response.done", timeout=60)
+            done = await client.wait_for("response.done")
             assert done["response"]["status"] == "completed", done
             await client.close()
             after = await turns_stored(http, conversation_id, len(turns) + 2)
@@ -90,10 +90,10 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             for attempt in range(1, 7):  # until an answer still playing has 9 codes (> 0.64 s) stored as heard
                 spoke = time.monotonic()
                 mic.say(np.concatenate([speech[0], silence(1.0)]))
-                committed = await client.wait_for("input_audio_buffer.committed", count=attempt, timeout=60)
+                committed = await client.wait_for("input_audio_buffer.committed", count=attempt)
                 if await heard_or_done(client, http, committed["conversation_id"], attempt, 9):
                     break
-                await client.wait_for("response.done", count=attempt, timeout=60)
+                await client.wait_for("response.done", count=attempt)
             else:
                 raise AssertionError("no answer had 9 codes heard before it ended, in 6 attempts")
             os.kill(proc.pid, signal.SIGKILL)  # mid-answer: no shutdown, no final record
@@ -128,7 +128,7 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             client = RtcClient(mic)
             await client.connect(http, conversation_id=conversation_id)
             mic.say(np.concatenate([speech[1], silence(1.0)]))
-            done = await client.wait_for("response.done", timeout=60)
+            done = await client.wait_for("response.done")
             assert done["response"]["status"] in ("completed", "cancelled"), done
             await client.close()
             after = await turns_stored(http, conversation_id, len(turns) + 2)

@@ -38,10 +38,10 @@ async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | Non
         assert (await client.connect(http))[0] == 200
         for attempt in range(1, 6):
             client.mic.say(np.concatenate([speech[0], silence(1.0)]))
-            committed = await client.wait_for("input_audio_buffer.committed", count=attempt, timeout=60)
+            committed = await client.wait_for("input_audio_buffer.committed", count=attempt)
             if await heard_or_done(client, http, committed["conversation_id"], attempt, 5):
                 break
-            await client.wait_for("response.done", count=attempt, timeout=60)
+            await client.wait_for("response.done", count=attempt)
         else:
             raise AssertionError("no answer had 5 codes heard before it ended, in 5 attempts")
         proc.send_signal(signal.SIGTERM)
