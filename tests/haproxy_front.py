@@ -57,7 +57,7 @@ class HaproxyFront:
         self.proc = subprocess.Popen([self.binary, "-db", "-f", str(CONFIG)], env=self.env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # catches a hang: a loaded machine starts it slowly
         while time.monotonic() < deadline:
             try:
                 self.states()

@@ -35,24 +35,24 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
         driver = _browser(tmp_path, None)
         try:
             driver.get(url)
-            _wait(driver, "return !document.getElementById('login').hidden", 10)
+            _wait(driver, "return !document.getElementById('login').hidden")
             listed_before = len(driver.find_elements("css selector", "#conversations li"))
             field = driver.find_element("id", "api-key")
             field.send_keys("wrong-key")
             driver.find_element("css selector", "#login button").click()
             refused = _wait(driver, "return document.getElementById('login-message').textContent.includes('not "
-                                    "accepted') && document.getElementById('login-message').textContent", 10)
+                                    "accepted') && document.getElementById('login-message').textContent")
             field.clear()
             field.send_keys(KEY)
             driver.find_element("css selector", "#login button").click()
-            _wait(driver, "return document.getElementById('login').hidden", 10)
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1", 10)
+            _wait(driver, "return document.getElementById('login').hidden")
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
             driver.find_element("css selector", "#conversations li").click()
-            src = _wait(driver, "const a = document.querySelector('#detail-turns audio'); return a && a.src", 10)
+            src = _wait(driver, "const a = document.querySelector('#detail-turns audio'); return a && a.src")
             audio_status = driver.execute_async_script(
                 "const done = arguments[1]; fetch(arguments[0]).then((r) => done(r.status));", src)
             driver.find_element("id", "connect").click()
-            _wait(driver, "return document.body.dataset.state === 'listening'", 30)
+            _wait(driver, "return document.body.dataset.state === 'listening'")
             return {"listed_before": listed_before, "refused": refused, "src": src, "audio_status": audio_status,
                     "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden")}
         finally:

@@ -44,7 +44,8 @@ def _browser(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = True):
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
-def _wait(driver, script: str, timeout: float):
+def _wait(driver, script: str, timeout: float = 120.0):
+    """Until `script` returns something truthy; the limit catches a hang, not a slow machine."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
@@ -82,14 +83,14 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
         driver = _browser(tmp_path, wav)
         try:
             driver.get(url)
-            _wait(driver, "return !document.getElementById('demo-banner').hidden", 10)
+            _wait(driver, "return !document.getElementById('demo-banner').hidden")
             driver.find_element("id", "connect").click()
             _wait(driver, """
                 return [...document.querySelectorAll('#transcript .turn.assistant[data-status="completed"]')]
-                    .some((r) => r.querySelector('.text').textContent !== '(no text)');""", 60)
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0", 10)
+                    .some((r) => r.querySelector('.text').textContent !== '(no text)');""")
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0")
             # The user's words ([server] transcribe_input is on by default) replace "You spoke".
-            _wait(driver, "return document.querySelector('#transcript .turn.user[data-transcribed]') !== null", 60)
+            _wait(driver, "return document.querySelector('#transcript .turn.user[data-transcribed]') !== null")
             ARTIFACTS.mkdir(exist_ok=True)
             driver.save_screenshot(str(ARTIFACTS / "browser_turn.png"))
             return {
@@ -139,12 +140,12 @@ async def test_page_search_box_filters_the_conversations(server, tmp_path):
         listed = "return [...document.querySelectorAll('#conversations li:not(.muted)')].map((li) => li.firstChild.textContent)"
         try:
             driver.get(url)
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 2", 10)
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 2")
             driver.find_element("id", "search").send_keys("lisb")
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1", 10)
+            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
             found = driver.execute_script(listed)
             driver.find_element("id", "search").send_keys(" nothing-like-it")
-            _wait(driver, "return document.querySelector('#conversations li.muted') !== null", 10)
+            _wait(driver, "return document.querySelector('#conversations li.muted') !== null")
             return found, driver.find_element("css selector", "#conversations li.muted").text
         finally:
             driver.quit()
@@ -166,7 +167,7 @@ async def test_page_explains_server_full_and_mic_denied(server, tmp_path):
             driver.find_element("id", "connect").click()
             return _wait(driver, """
                 const b = document.getElementById('error-banner');
-                return !b.hidden && b.textContent;""", 20)
+                return !b.hidden && b.textContent;""")
         finally:
             driver.quit()
 

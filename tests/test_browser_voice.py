@@ -28,12 +28,12 @@ async def test_page_speaks_in_the_chosen_voice(aiohttp_client, demo_checkpoint, 
             driver = _browser(tmp_path, wav)
             try:
                 driver.get(url)
-                _wait(driver, "return [...document.getElementById('voice').options].some((o) => o.value === 'espeak')", 10)
+                _wait(driver, "return [...document.getElementById('voice').options].some((o) => o.value === 'espeak')")
                 options = driver.execute_script("return [...document.getElementById('voice').options].map((o) => o.value)")
                 driver.execute_script("""const s = document.getElementById('voice');
                     s.value = 'espeak'; s.dispatchEvent(new Event('change'));""")
                 driver.find_element("id", "connect").click()
-                _wait(driver, "return document.querySelectorAll('#transcript .turn.assistant[data-status]').length > 0", 60)
+                _wait(driver, "return document.querySelectorAll('#transcript .turn.assistant[data-status]').length > 0")
                 return options
             finally:
                 driver.quit()

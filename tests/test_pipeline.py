@@ -80,10 +80,10 @@ def with_pipeline(stack, body, config=None):
     return asyncio.run(main())
 
 
-async def settled_stats(pipeline: Pipeline, timeout: float = 5.0) -> dict:
+async def settled_stats(pipeline: Pipeline, timeout: float = 120.0) -> dict:
     """The pipeline's stats once no turn is left on its workers: a turn's TurnDone can reach
     the loop a moment before the other worker has dropped its state (KV blocks are freed by
-    the LM worker at its next iteration)."""
+    the LM worker at its next iteration). The limit catches a hang: a loaded machine is slow."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         stats = pipeline.stats()

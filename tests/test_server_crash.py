@@ -1,7 +1,6 @@
 """Crash safety: `kill -9` of a real `serve` process while it answers; after a restart every
 committed turn (with its audio) is there and the conversation continues from the store."""
 
-import asyncio
 import io
 import math
 import os
@@ -14,9 +13,18 @@ import pytest
 import soundfile as sf
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from test_server_support import free_port, silence, start_serve, stop_serve
+from test_server_support import eventually, free_port, heard_or_done, silence, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
+
+
+async def turns_stored(http, conversation_id: str, count: int) -> list[dict]:
+    """The conversation's turns once there are `count` (an assistant turn is written as its answer ends)."""
+    async def stored():
+        turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+        return turns if len(turns) >= count else None
+
+    return await eventually(stored, f"{count} turns stored")
 
 
 async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech):
@@ -29,8 +37,8 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             status, first = await client.connect(http)
             assert status == 200 and first["conversation_id"] is None  # created at the first commit
             mic.say(np.concatenate([speech[0], silence(1.0)]))
-            committed = await client.wait_for("input_audio_buffer.committed", timeout=30)
-            await client.wait_for("response.created", timeout=30)
+            committed = await client.wait_for("input_audio_buffer.committed")
+            await client.wait_for("response.created")
             os.kill(proc.pid, signal.SIGKILL)  # mid-response: no shutdown, no database close
             proc.wait(10)
             await client.close()
@@ -56,14 +64,10 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             status, answer = await client.connect(http, conversation_id=conversation_id)
             assert status == 200 and answer["conversation_id"] == conversation_id
             mic.say(np.concatenate([speech[1], silence(1.0)]))
-            done = await client.wait_for("response.done", timeout=60)
+            done = await client.wait_for("response.done")
             assert done["response"]["status"] == "completed", done
             await client.close()
-            for _ in range(50):  # the assistant turn is written when the answer ends
-                after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
-                if len(after) > len(turns) + 1:
-                    break
-                await asyncio.sleep(0.1)
+            after = await turns_stored(http, conversation_id, len(turns) + 2)
             roles = [t["role"] for t in after]
             assert roles[: len(turns)] == [t["role"] for t in turns]
             assert roles[len(turns):] == ["user", "assistant"], roles
@@ -83,16 +87,15 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             mic = ScriptedMic()
             client = RtcClient(mic)
             await client.connect(http, session={"sampling": LONG_ANSWER})
-            for attempt in range(1, 7):  # until an answer is still playing after 1.8 s
+            for attempt in range(1, 7):  # until an answer still playing has 9 codes (> 0.64 s) stored as heard
+                spoke = time.monotonic()
                 mic.say(np.concatenate([speech[0], silence(1.0)]))
-                await client.wait_for("response.audio.started", count=attempt, timeout=60)
-                started = time.monotonic()
-                await asyncio.sleep(1.8)
-                if len(client.of_type("response.done")) < attempt:
+                committed = await client.wait_for("input_audio_buffer.committed", count=attempt)
+                if await heard_or_done(client, http, committed["conversation_id"], attempt, 9):
                     break
-                await client.wait_for("response.done", count=attempt, timeout=60)
+                await client.wait_for("response.done", count=attempt)
             else:
-                raise AssertionError("no answer played for 1.8 s in 6 attempts")
+                raise AssertionError("no answer had 9 codes heard before it ended, in 6 attempts")
             os.kill(proc.pid, signal.SIGKILL)  # mid-answer: no shutdown, no final record
             killed = time.monotonic()
             proc.wait(10)
@@ -109,9 +112,11 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
             assert [t["role"] for t in turns] == ["user", "assistant"] * attempt, turns
             heard = turns[-1]
-            # Stored at its first audio and then every second: what was played, at most a second old.
+            # Stored at its first audio and then every second: what was played (at least what was
+            # seen stored before the kill; played in real time, so no more than the time since
+            # the user began to speak, a bound a slow machine only loosens).
             assert heard["interrupted"] and heard["has_audio"], heard
-            assert 0.6 < heard["duration_s"] <= killed - started + 0.2, (heard["duration_s"], killed - started)
+            assert 0.64 < heard["duration_s"] <= killed - spoke, (heard["duration_s"], killed - spoke)
             wav = await (await http.get(f"/api/conversations/{conversation_id}/turns/{2 * attempt - 1}/audio")).read()
             pcm, rate = sf.read(io.BytesIO(wav), dtype="float32")
             assert rate == 24000 and pcm.size == round(heard["duration_s"] * rate) and np.abs(pcm).max() > 0.01
@@ -123,14 +128,10 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             client = RtcClient(mic)
             await client.connect(http, conversation_id=conversation_id)
             mic.say(np.concatenate([speech[1], silence(1.0)]))
-            done = await client.wait_for("response.done", timeout=60)
+            done = await client.wait_for("response.done")
             assert done["response"]["status"] in ("completed", "cancelled"), done
             await client.close()
-            for _ in range(50):
-                after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
-                if len(after) == len(turns) + 2:
-                    break
-                await asyncio.sleep(0.1)
+            after = await turns_stored(http, conversation_id, len(turns) + 2)
             assert [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1)
             assert after[len(turns) - 1]["duration_s"] == heard["duration_s"]
     finally:

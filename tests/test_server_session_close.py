@@ -31,7 +31,8 @@ async def test_a_second_close_waits_for_the_first(aiohttp_client, demo_checkpoin
         first = asyncio.ensure_future(session.close("the client hung up"))
         await closing.wait()  # the first close is storing
         second = asyncio.ensure_future(session.close("the server is stopping"))
-        # However long the first one stores, the second waits for it.
+        # However long the first one stores, the second waits for it. (The expiry only proves an
+        # absence: a slow machine could let a close that does not wait pass, never fail one that does.)
         await asyncio.wait([second], timeout=0.5)
         assert not second.done() and not first.done()
         stored.set()

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
-from test_server_support import demo_server, offer_sdp
+from test_server_support import demo_server, eventually, offer_sdp
 
 pytestmark = pytest.mark.slow
 
@@ -64,19 +64,17 @@ async def test_database_lost_then_back_without_a_restart(shared, postgres_server
         assert (await resp.json())["error"]["code"] == "database_unavailable"
     finally:
         postgres_server.start()
-    for _ in range(240):  # the pool reconnects by itself (with its back-off)
-        status, body = await _readyz(http)
-        if status == 200:
-            break
-        await asyncio.sleep(0.25)
-    assert status == 200, body
+    async def ready_again():  # the pool reconnects by itself (with its back-off)
+        return (await _readyz(http))[0] == 200
+
+    await eventually(ready_again, "/readyz 200 once the database is back", interval=0.25)
     listed = await (await http.get("/api/conversations")).json()
     assert conversation in [c["id"] for c in listed["conversations"]]
 
 
 async def _event(ws, kind: str) -> dict:
     while True:
-        event = await asyncio.wait_for(ws.receive_json(), 30)
+        event = await asyncio.wait_for(ws.receive_json(), 120)  # catches a hang
         if event["type"] == kind:
             return event
 
@@ -94,14 +92,14 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
         assert (await _event(ws, "session.updated"))["session"]["conversation_id"] == free
         with pytest.raises(ConversationBusyError):
             await elsewhere.acquire_lease(free, "sess_elsewhere")
-    for _ in range(120):  # the session's close releases its lease
+    async def released():  # the session's close releases its lease
         try:
             await elsewhere.acquire_lease(free, "sess_elsewhere")
-            break
+            return True
         except ConversationBusyError:
-            await asyncio.sleep(0.25)
-    else:
-        raise AssertionError("the closed session kept its lease")
+            return False
+
+    await eventually(released, "the closed session's lease released", interval=0.25)
 
 
 async def test_voices_are_shared_by_instances_on_one_database(aiohttp_client, demo_checkpoint, tmp_path, postgres_url,
@@ -120,10 +118,8 @@ async def test_voices_are_shared_by_instances_on_one_database(aiohttp_client, de
         assert [v["name"] for v in listed["voices"]] == ["shared-voice"] and "shared-voice" in pb.voices
 
         assert (await b.delete("/api/voices/shared-voice")).status == 200
-        for _ in range(120):  # instance a notices at its next sync and drops its device copy
-            if "shared-voice" not in pa.voices and pa.stats()["voice_prefixes_cached"] == 0:
-                break
-            await asyncio.sleep(0.25)
-        else:
-            raise AssertionError("instance a kept the voice deleted through instance b")
+        async def dropped():  # instance a notices at its next sync and drops its device copy
+            return "shared-voice" not in pa.voices and pa.stats()["voice_prefixes_cached"] == 0
+
+        await eventually(dropped, "instance a dropped the voice deleted through instance b", interval=0.25)
         assert (await (await a.get("/api/voices")).json())["voices"] == []

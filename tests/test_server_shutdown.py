@@ -14,7 +14,7 @@ import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.store import ConversationStore
-from test_server_support import LONG_ANSWER, free_port, silence, start_serve
+from test_server_support import LONG_ANSWER, eventually, free_port, heard_or_done, silence, start_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -29,31 +29,46 @@ def start_with_grace(tmp_path: Path, grace_s: float) -> tuple[subprocess.Popen, 
     return proc, port, proc.output_lines
 
 
-async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int]:
-    """Speak until an answer is still playing 0.5 s after it started (the demo weights sometimes
-    stop within a second), SIGTERM then; (committed event, its response.done or {}, offer status
-    during the drain)."""
+async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | None]:
+    """Speak until an answer still playing has 5 codes (> 0.32 s) stored as heard (the demo
+    weights sometimes stop within a second), SIGTERM then; (committed event, its response.done
+    or {}, status of an offer made once /readyz says the server drains; None if it was gone)."""
     async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 200
         for attempt in range(1, 6):
             client.mic.say(np.concatenate([speech[0], silence(1.0)]))
-            committed = await client.wait_for("input_audio_buffer.committed", count=attempt, timeout=60)
-            await client.wait_for("response.audio.started", count=attempt, timeout=60)
-            await asyncio.sleep(0.5)
-            if len(client.of_type("response.done")) < attempt:
+            committed = await client.wait_for("input_audio_buffer.committed", count=attempt)
+            if await heard_or_done(client, http, committed["conversation_id"], attempt, 5):
                 break
+            await client.wait_for("response.done", count=attempt)
         else:
-            raise AssertionError("no answer was still playing 0.5 s after it started, in 5 attempts")
+            raise AssertionError("no answer had 5 codes heard before it ended, in 5 attempts")
         proc.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.3)
-        late = await http.post("/api/rtc/offer", json={"sdp": "v=0", "type": "offer"})
+        late = await offer_while_draining(http)
         try:
-            done = await client.wait_for("response.done", count=attempt, timeout=30)
+            done = await client.wait_for("response.done", count=attempt, timeout=120)
         except AssertionError:
             done = {}
         await client.close()
-    return committed, done, late.status
+    return committed, done, late
+
+
+async def offer_while_draining(http) -> int | None:
+    """The status of an offer made once /readyz says the server stopped admitting (after the
+    SIGTERM); None if the server was gone before (a short grace can end first)."""
+    async def draining():
+        try:
+            return "draining" if (await http.get("/readyz")).status == 503 else None
+        except aiohttp.ClientConnectionError:
+            return "gone"
+
+    if await eventually(draining, "/readyz 503 after SIGTERM") == "gone":
+        return None
+    try:
+        return (await http.post("/api/rtc/offer", json={"sdp": "v=0", "type": "offer"})).status
+    except aiohttp.ClientConnectionError:
+        return None
 
 
 async def stored_turns(tmp_path: Path, conversation_id: str) -> list[dict]:
@@ -71,17 +86,19 @@ async def test_sigterm_mid_answer_exits_0_with_the_heard_part_stored(tmp_path, s
     proc, port, lines = start_with_grace(tmp_path, grace_s)
     try:
         committed, done, late_status = await answer_then_sigterm(proc, port, speech)
-        code = await asyncio.to_thread(proc.wait, 60)
+        code = await asyncio.to_thread(proc.wait, 120)
     finally:
         if proc.poll() is None:
             proc.kill()
     output = "".join(lines)
     assert code == 0, output
-    assert late_status == 503, output
+    # Offers are refused while the answer drains; with a 0.3 s grace the drain can end before
+    # the test's offer (on a loaded machine), which is no failure of the server's.
+    assert late_status == 503 or (grace_s < 1 and late_status is None), (late_status, output)
     assert "Traceback" not in output and "ERROR" not in output, output
     user, assistant = (await stored_turns(tmp_path, committed["conversation_id"]))[-2:]
     assert user["role"] == "user" and user["has_audio"]
-    assert assistant["role"] == "assistant" and assistant["has_audio"] and assistant["duration_s"] > 0.3
+    assert assistant["role"] == "assistant" and assistant["has_audio"] and assistant["duration_s"] > 0.32
     if grace_s > 1:  # the answer was let finish and heard whole
         assert done["response"]["status"] == "completed" and not assistant["interrupted"], (done, output)
         assert assistant["duration_s"] == pytest.approx(len(assistant["audio_tokens"]) * 0.08, abs=0.01)

@@ -114,15 +114,33 @@ async def demo_server(aiohttp_client, checkpoint: Path, data_dir: Path, storage_
         await pipeline.stop()
 
 
-async def kv_pool_full_again(pipeline, timeout: float = 5.0) -> dict:
+async def kv_pool_full_again(pipeline) -> dict:
     """Wait until no turn runs and every KV block is free again."""
-    stats = pipeline.stats()
-    for _ in range(int(timeout / 0.05)):
+    async def settled():
         stats = pipeline.stats()
-        if stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0 and stats["turns"] == 0:
-            return stats
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"KV pool not released: {stats}")
+        idle = stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0 and stats["turns"] == 0
+        return stats if idle else None
+
+    try:
+        return await eventually(settled, "KV pool released")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {pipeline.stats()}") from None
+
+
+async def heard_or_done(client, http, conversation_id: str, attempt: int, codes: int) -> bool:
+    """Wait until the answer to user turn `attempt` (1-based) has `codes` audio codes stored as
+    heard (the server stores a playing answer's heard part, and the codes of it, every second)
+    -> True; or its response.done came first -> False. Not a wall-clock wait: on a loaded
+    machine the answer may play behind time, and what was heard is read back from the store."""
+    index = 2 * attempt - 1
+
+    async def check():
+        if len(client.of_type("response.done")) >= attempt:
+            return "done"
+        turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
+        return "heard" if len(turns) > index and len(turns[index]["audio_tokens"] or []) >= codes else None
+
+    return await eventually(check, f"answer {attempt} heard for {codes} codes, or done", interval=0.1) == "heard"
 
 
 # ------------------------------------------------------------- a real `serve` process

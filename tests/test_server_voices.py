@@ -154,7 +154,7 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
     async with http.ws_connect("/v1/realtime?model=kimi-audio-7b-instruct") as ws:
         async def next_of(kind: str) -> dict:
             while True:
-                event = await ws.receive_json(timeout=60)
+                event = await ws.receive_json(timeout=120)
                 if event["type"] in (kind, "error"):
                     return event
 

@@ -3,7 +3,6 @@ on the demo checkpoint: text answers, spoken answers in every format (decoded wi
 not silent), streaming (audio leaves before the answer ends), earlier answers named by
 audio id, and a client that disconnects mid-answer (its KV blocks are free within a second)."""
 
-import asyncio
 import base64
 import io
 import time
@@ -12,6 +11,8 @@ import aiohttp
 import av
 import numpy as np
 import pytest
+
+from test_server_support import eventually
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -120,17 +121,17 @@ async def test_client_disconnect_mid_answer_frees_its_kv_at_once(v1_server, ques
         assert resp.status == 200
         first = await resp.content.readuntil(b"\n\n")
         assert first.startswith(b"data: ")
-        for _ in range(200):  # until the turn is in the engine
-            if (await status(v1_server))["running"]:
-                break
-            await asyncio.sleep(0.02)
+        async def running():
+            return (await status(v1_server))["running"]
+
+        await eventually(running, "the turn in the engine", interval=0.02)
         resp.close()  # drop the connection mid-answer
-        dropped = time.monotonic()
-    while True:
+
+    async def settled():
         now = await status(v1_server)
-        if now["kv_blocks_free"] == now["kv_blocks_total"] and now["turns"] == 0:
-            break
-        assert time.monotonic() - dropped < 30, now
-        await asyncio.sleep(0.02)
-    # At once: the turn was cancelled (its blocks freed then), not left to generate its 400 tokens.
+        return now if now["kv_blocks_free"] == now["kv_blocks_total"] and now["turns"] == 0 else None
+
+    now = await eventually(settled, "every KV block free again", interval=0.02)
+    # At once: the turn was cancelled (its blocks freed then), not left to generate its 400 tokens
+    # (proven by its status, not by a clock: a loaded machine may take long to free them).
     assert now["turns_by_status"].get("cancelled", 0) == before["turns_by_status"].get("cancelled", 0) + 1

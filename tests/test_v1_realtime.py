@@ -212,7 +212,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         committed = await events.wait_for("input_audio_buffer.committed")
         assert committed.previous_item_id == text_item.item.id
         await conn.response.create()
-        done = await events.wait_for("response.done", timeout=60)
+        done = await events.wait_for("response.done")
         assert done.response.status == "completed", done
         assert "".join(e.delta for e in events.of_type("response.text.delta")) == done.response.text
         assert not events.of_type("response.audio.delta")  # text only

@@ -32,7 +32,7 @@ async def commit_speech(conn, events: Events, pcm16k: np.ndarray, count: int):
     await conn.input_audio_buffer.commit()
     committed = await events.wait_for("input_audio_buffer.committed", count=count)
     await conn.response.create()
-    done = await events.wait_for("response.done", count=count, timeout=90)
+    done = await events.wait_for("response.done", count=count)
     assert done.response.status == "completed", done
     return committed, done
 
@@ -60,7 +60,7 @@ async def test_input_transcription_is_sent_stored_and_searchable(v1_server, spee
         updated = await events.wait_for("session.updated")
         assert updated.session.input_audio_transcription.model == "whisper-1"
         committed, done = await commit_speech(conn, events, np.concatenate([speech[0], silence(0.3)]), 1)
-        completed = await events.wait_for("conversation.item.input_audio_transcription.completed", timeout=90)
+        completed = await events.wait_for("conversation.item.input_audio_transcription.completed")
         assert completed.item_id == committed.item_id and completed.content_index == 0
         assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(
             committed.model_extra["duration_s"], abs=0.01)

@@ -113,8 +113,9 @@ class RtcClient:
     def of_type(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["type"] == kind]
 
-    async def wait_for(self, kind: str, count: int = 1, timeout: float = 20.0, where=None) -> dict:
-        """The `count`-th event of type `kind` (optionally also matching `where(event)`)."""
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 120.0, where=None) -> dict:
+        """The `count`-th event of type `kind` (optionally also matching `where(event)`). The
+        default limit catches a hang, not slowness (a loaded machine can take many seconds)."""
         def matches():
             found = [e for e in self.of_type(kind) if where is None or where(e)]
             return found[count - 1] if len(found) >= count else None

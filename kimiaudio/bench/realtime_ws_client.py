@@ -87,7 +87,8 @@ class RealtimeWsClient:
     def of_type(self, kind: str) -> list[dict]:
         return [e for e in self.events if e.get("type") == kind]
 
-    async def wait_for(self, kind: str, count: int = 1, timeout: float = 30.0, where=None) -> dict:
+    async def wait_for(self, kind: str, count: int = 1, timeout: float = 120.0, where=None) -> dict:
+        """The `count`-th event of type `kind`; the default limit catches a hang, not slowness."""
         deadline = time.monotonic() + timeout
         while True:
             found = [e for e in self.of_type(kind) if where is None or where(e)]
