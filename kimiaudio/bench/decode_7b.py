@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from kimiaudio.bench.stats import percentile
-from kimiaudio.bench.step_profile import profile_decode
+from kimiaudio.bench.step_profile import profile_decode, start_decoding
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import EngineRequest
@@ -162,9 +162,7 @@ def _steps_until_first_token(engine: LLMEngine, request: EngineRequest) -> list[
 def time_batch(engine: LLMEngine, prompts: Prompts, batch: int) -> dict:
     """B sequences decoding: decode step times, then the mixed steps while a long prompt
     prefills beside them. Every request is aborted afterwards (the pool is left empty)."""
-    seq_ids = [engine.add_request(prompts.short()) for _ in range(batch)]
-    while len(engine.step()) < batch:
-        pass  # prefill (chunked) until every sequence decodes
+    seq_ids = start_decoding(engine, [prompts.short() for _ in range(batch)])
     times = []
     for _ in range(DECODE_STEPS):
         elapsed, outputs = _timed_step(engine)

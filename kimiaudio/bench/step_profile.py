@@ -46,6 +46,14 @@ def summarize(events: list[tuple[str, float, float]], steps: int, wall_s: float,
                      "share_of_busy": total / busy if busy else 0.0} for name, (calls, total) in ranked]}
 
 
+def start_decoding(engine, requests: list) -> list:
+    """Add `requests` and step until every one of them decodes; their sequence ids."""
+    seq_ids = [engine.add_request(r) for r in requests]
+    while len(engine.step()) < len(requests):
+        pass  # prefill (chunked)
+    return seq_ids
+
+
 def profile_decode(engine, requests: list, steps: int = PROFILE_STEPS) -> dict:
     """Decode `requests` (already built, all of one batch) and profile `steps` steps of them;
     every request is aborted afterwards."""
@@ -53,9 +61,7 @@ def profile_decode(engine, requests: list, steps: int = PROFILE_STEPS) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = engine.device.type == "cuda"
-    seq_ids = [engine.add_request(r) for r in requests]
-    while len(engine.step()) < len(requests):
-        pass  # prefill until every sequence decodes
+    seq_ids = start_decoding(engine, requests)
     for _ in range(WARMUP_STEPS):
         engine.step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])

@@ -16,6 +16,8 @@ gives the official values (up to the last bit of fp32 intermediates) and in fp32
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -176,8 +178,14 @@ def _int8_tile_width(row_tiles: int, n: int, device: torch.device) -> int:
     are two programs an SM, down to tl.dot's 16 (a heuristic, not yet tuned on a GPU)."""
     if device.type != "cuda":
         return 64  # the interpreter: fewest programs
-    programs_wanted = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    programs_wanted = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     width = 64
     while width > 16 and row_tiles * triton.cdiv(n, width) < programs_wanted:
         width //= 2
     return width
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    """Streaming multiprocessors of a GPU, asked once (every eager int8 product wants it)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -32,6 +32,9 @@ from kimiaudio.models.quantize import scheme_of
 from kimiaudio.layers.rotary import RotaryEmbedding
 from kimiaudio.layers.norm import RMSNorm
 
+# The ModuleLists of decoder layers under `model.` (the trunk, then the MIMO branch).
+DECODER_STACKS = ("layers", "mimo_layers")
+
 
 class VQAdaptor(nn.Module):
     """Whisper feature [N, adaptor_dim] -> [N, H]; indices 0..4 as in the checkpoint."""
@@ -180,8 +183,7 @@ def assemble_lm(config: KimiaConfig, tensors: Iterable[tuple[str, torch.Tensor]]
         lm = KimiAudioLM(config).to(dtype)
     check = TensorCheck(lm, source, ignore)
     dtypes = {name: t.dtype for name, t in lm.state_dict().items()}
-    layers = {f"model.{name}": layer for name, layer in lm.model.named_children() if name in ("layers", "mimo_layers")}
-    layers = {f"{kind}.{i}.": layer for kind, group in layers.items() for i, layer in enumerate(group)}
+    layers = {f"model.{kind}.{i}.": layer for kind in DECODER_STACKS for i, layer in enumerate(getattr(lm.model, kind))}
     wanted = {prefix: len(layer.state_dict()) for prefix, layer in layers.items()}
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors:
@@ -203,7 +205,7 @@ def assemble_lm(config: KimiaConfig, tensors: Iterable[tuple[str, torch.Tensor]]
 def _layer_prefix(name: str) -> str:
     """"model.layers.3.mlp.up_proj.weight" -> "model.layers.3."; "" outside the decoder layers."""
     parts = name.split(".")
-    return ".".join(parts[:3]) + "." if parts[1] in ("layers", "mimo_layers") else ""
+    return ".".join(parts[:3]) + "." if parts[1] in DECODER_STACKS else ""
 
 
 def _finish_layer(layer: nn.Module, state: dict[str, torch.Tensor], weights: str) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from kimiaudio.layers.quant_linear import quantize_linears
 
+
 def scheme_of(choice: str) -> str | None:
     """A resolved weights choice -> the QuantLinear scheme (None: not quantized)."""
     if choice == "auto":
