@@ -443,7 +443,10 @@ async function deleteSelected() {
   } catch (e) {
     return;
   }
-  if (!resp.ok) showError(await apiError(resp));
+  if (!resp.ok) {  // e.g. 409: a live session holds it; it is still there
+    showError(await apiError(resp));
+    return;
+  }
   if (session.continueId === selectedId) session.continueId = null;
   selectedId = null;
   $("conversation-detail").hidden = true;
