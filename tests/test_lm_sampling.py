@@ -12,8 +12,13 @@ from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.layers.stream_sampling import StreamSampling
 from kimiaudio.errors import ConfigError
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules
-from kimiaudio.layers.sampler import apply_repetition_penalty, sample, sample_tokens
+from kimiaudio.layers.sampler import apply_repetition_penalty, sample
 
+
+
+def sample_tokens(*args):
+    """The sampled tokens alone."""
+    return sample(*args).tokens
 
 def stream(temperature: float = 0.0, top_k: int = 5, repetition_penalty: float = 1.0,
            repetition_window: int = 16, top_p: float = 1.0, presence: float = 0.0,
@@ -42,7 +47,7 @@ def test_repetition_penalty_official_semantics():
 def test_repetition_penalty_changes_greedy_choice():
     logits = torch.tensor([[2.0, 2.5], [2.0, 2.5]])
     greedy = stream(temperature=0.0, repetition_penalty=2.0, repetition_window=1)
-    tokens = sample_tokens(logits, [greedy, greedy], [[1, 1], [1]], torch.zeros(2))
+    tokens = sample(logits, [greedy, greedy], [[1, 1], [1]], torch.zeros(2)).tokens
     assert tokens.tolist() == [0, 1]  # row 1: history not longer than the window
 
 

@@ -25,13 +25,13 @@ from kimiaudio.errors import ConfigError
 # Re-exported: the package is where the rest of the code finds the settings and their ranges.
 from kimiaudio.config.ranges import (CHUNK_TOKENS, MAX_NEW_TOKENS, MILLISECONDS, ODE_STEPS, OPENAI_MODEL_NAMES,
                                      PRESENCE_FREQUENCY_PENALTY, REPETITION_PENALTY, REPETITION_WINDOW, SEED,
-                                     TEMPERATURE, TOP_K, TOP_P, WEIGHT_CHOICES)
+                                     TEMPERATURE, TOP_K, TOP_LOGPROBS, TOP_P, WEIGHT_CHOICES)
 from kimiaudio.config.sections import (AudioConfig, DetokConfig, EngineConfig, ModelConfig, SamplingConfig,
                                        ServerConfig, StorageConfig, VadConfig, VoicesConfig)
 
 __all__ = ["CHUNK_TOKENS", "MAX_NEW_TOKENS", "MILLISECONDS", "ODE_STEPS", "OPENAI_MODEL_NAMES",
            "PRESENCE_FREQUENCY_PENALTY", "REPETITION_PENALTY", "REPETITION_WINDOW", "SEED", "TEMPERATURE", "TOP_K",
-           "TOP_P", "WEIGHT_CHOICES", "AudioConfig", "DetokConfig", "EngineConfig", "ModelConfig", "SamplingConfig",
+           "TOP_LOGPROBS", "TOP_P", "WEIGHT_CHOICES", "AudioConfig", "DetokConfig", "EngineConfig", "ModelConfig", "SamplingConfig",
            "ServerConfig", "StorageConfig", "VadConfig", "VoicesConfig", "Config", "ConfigError", "apply_overrides",
            "check_setting", "load_config"]
 

@@ -14,6 +14,7 @@ REPETITION_WINDOW = Bounds(1, 8192)
 TOP_P = Bounds(0.0, 1.0, min_open=True)  # 1 = off (the whole distribution)
 PRESENCE_FREQUENCY_PENALTY = Bounds(-2.0, 2.0)  # OpenAI's range; 0 = off
 MAX_NEW_TOKENS = Bounds(0, 1 << 20)  # 0 = the official limit
+TOP_LOGPROBS = Bounds(0, 20)  # OpenAI's: alternatives reported per token
 SEED = Bounds(0, 2**64 - 1)  # what torch.Generator.manual_seed accepts
 MILLISECONDS = Bounds(0, 60_000)
 ODE_STEPS = Bounds(2, 1000)  # the Euler grid needs both ends

@@ -10,7 +10,10 @@ from kimiaudio.errors import KimiAudioError
 
 
 class RequestError(KimiAudioError):
-    """A request the engine cannot run (bad input, or too long for the KV pool)."""
+    """A request the engine cannot run (bad input, or too long for the KV pool). A subclass
+    that is the client's to fix names OpenAI's error `code` for it; None: a plain failure."""
+
+    code: str | None = None
 
 
 class PromptTooLongError(RequestError):

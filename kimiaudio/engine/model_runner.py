@@ -5,7 +5,7 @@ token-major (every scheduled sequence's positions concatenated), each position c
 its audio id, text id, use_text flag and position id; continuous features enter only for
 prompt positions computed in this step (rows in position order). Logits are taken only for
 the last position of each sequence that completes its pending positions this step; both
-heads of the whole batch are sampled in one `sample_tokens` call with each request's params,
+heads of the whole batch are sampled in one `sample` call with each request's params,
 histories (the tokens fed back so far) and its own uniforms (text, then audio, one pair per
 generated step, as the reference loop draws them). The step ends with exactly one
 host-device synchronisation: one `.tolist()` of the sampled tokens, the text tokens'

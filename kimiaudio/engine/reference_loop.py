@@ -21,7 +21,7 @@ from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_ne
 from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
-from kimiaudio.layers.sampler import sample_tokens
+from kimiaudio.layers.sampler import sample
 
 
 @dataclass
@@ -108,8 +108,8 @@ def iter_reference(
     def forward_and_sample(hidden, positions, last_row):
         text_logits, audio_logits = lm(hidden, positions, cache, logits_rows=last_row)  # [1, V] each
         uniforms = torch.tensor(rng.next_uniforms())  # text is sampled before audio
-        text = int(sample_tokens(text_logits, [text_params], [rules.text_history], uniforms[:1], [rules.text_counts]))
-        audio = int(sample_tokens(audio_logits, [audio_params], [rules.audio_history], uniforms[1:]))
+        text = int(sample(text_logits, [text_params], [rules.text_history], uniforms[:1], [rules.text_counts]).tokens)
+        audio = int(sample(audio_logits, [audio_params], [rules.audio_history], uniforms[1:]).tokens)
         return text_logits, audio_logits, text, audio
 
     embed = torch.inference_mode()(lm.embed)

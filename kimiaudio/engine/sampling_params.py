@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from kimiaudio.validation import Bounds, check_fields, check_value, setting
-from kimiaudio.config import SEED, SamplingConfig
+from kimiaudio.validation import check_fields, check_value, setting
+from kimiaudio.config import SEED, TOP_LOGPROBS, SamplingConfig
 from kimiaudio.layers.stream_sampling import StreamSampling
 
 # The defaults are config [sampling]'s, written once there (and documented in config.toml).
@@ -40,7 +40,7 @@ class SamplingParams:
     text_frequency_penalty: float = _DEFAULTS.text_frequency_penalty
     # How many of the likeliest alternatives to report with each text token (OpenAI's
     # top_logprobs; its range). The sampled token's own log-probability is always reported.
-    text_top_logprobs: int = setting(0, Bounds(0, 20))
+    text_top_logprobs: int = setting(0, TOP_LOGPROBS)
     seed: int | None = None  # None = a fresh random seed (config [sampling] seed is a server's fixed one)
     max_new_tokens: int = _DEFAULTS.max_new_tokens  # 0 = the official limit for the output type
     # Not official: generate exactly the length limit, past the stop tokens (as vLLM's

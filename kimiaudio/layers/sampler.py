@@ -12,7 +12,7 @@ The official code draws with torch.multinomial on the CUDA RNG, which cannot be 
 here each row comes with its own uniform (from the request's RequestRandom) and the token is
 picked by inverse CDF (first index whose cumulative weight exceeds u * total). A row's result
 depends only on its own logits, params, history and uniform, so batching never changes it. No
-host-device synchronisation inside `sample_tokens`.
+host-device synchronisation inside `sample`.
 
 Not official, and off by default (OpenAI's parameters): OpenAI's presence and frequency
 penalties after step 1 (logit - presence * [count > 0] - frequency * count, over the counts a
@@ -44,21 +44,6 @@ class Sampled:
     top_logprobs: torch.Tensor | None  # [len(top_rows), n] fp32
 
 
-def sample_tokens(
-    logits: torch.Tensor,
-    params: Sequence[StreamSampling],
-    histories: Sequence[Sequence[int]],
-    uniforms: torch.Tensor,
-    counts: Sequence[Mapping[int, int] | None] | None = None,
-) -> torch.Tensor:
-    """logits [B, V] (any float dtype), one StreamSampling, history and uniform per row -> [B] long.
-
-    Rows may mix streams and settings (e.g. text rows and audio rows of many requests).
-    `counts`: per row, how often each token occurred (for the presence / frequency penalties).
-    """
-    return sample(logits, params, histories, uniforms, counts).tokens
-
-
 def sample(
     logits: torch.Tensor,
     params: Sequence[StreamSampling],
@@ -67,15 +52,18 @@ def sample(
     counts: Sequence[Mapping[int, int] | None] | None = None,
     top_logprobs: Sequence[int] | None = None,
 ) -> Sampled:
-    """As sample_tokens, with the log-probabilities; `top_logprobs`: per row, how many of the
+    """logits [B, V] (any float dtype), one StreamSampling, history and uniform per row -> the
+    tokens [B] long, with the log-probabilities. Rows may mix streams and settings (e.g. text
+    rows and audio rows of many requests); `counts`: per row, how often each token occurred (for
+    the presence / frequency penalties); `top_logprobs`: per row, how many of the
     likeliest tokens to report (0 = none)."""
     rows = logits.shape[0]
     if not (len(params) == len(histories) == rows == uniforms.shape[0]):
-        raise ValueError(f"sample_tokens: {rows} logits rows, {len(params)} params, "
+        raise ValueError(f"sample: {rows} logits rows, {len(params)} params, "
                          f"{len(histories)} histories, {uniforms.shape[0]} uniforms")
     for p in params:
         if not isinstance(p, StreamSampling):
-            raise TypeError("sample_tokens takes one StreamSampling per row: pass params.text or params.audio")
+            raise TypeError("sample takes one StreamSampling per row: pass params.text or params.audio")
     device = logits.device
     logits = apply_repetition_penalty(logits, params, histories)
     logits = apply_count_penalties(logits, params, counts)

@@ -136,9 +136,10 @@ class LmTurn:
             return ()
         new, start, self._scored = [], self._scored, self._num_decoded
         for token, logprob, top in self._scores[start:self._num_decoded]:
-            if logprob is None or not tokenizer.token_bytes(token):
+            text = tokenizer.token_bytes(token) if logprob is not None else b""
+            if not text:
                 continue  # forced, or no text (a blank the model chose)
-            new.append(TokenLogprob(token, tokenizer.token_bytes(token), logprob,
+            new.append(TokenLogprob(token, text, logprob,
                                     tuple((tokenizer.token_bytes(t), lp) for t, lp in top or ())))
         if self.stopped:  # keep the tokens that begin before the cut
             emitted = len(self.emitted_text.encode())

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.engine_io import EngineRequest, PromptTooLongError
+from kimiaudio.engine.engine_io import EngineRequest, RequestError
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 def client_fault(exc: Exception) -> str | None:
     """The TurnDone.error_code of a failure that was the request's fault, else None."""
-    return exc.code if isinstance(exc, PromptTooLongError) else None
+    return exc.code if isinstance(exc, RequestError) else None
 
 
 def failure_message(stage: str, exc: Exception) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kimiaudio.config import MAX_NEW_TOKENS, PRESENCE_FREQUENCY_PENALTY, SEED, TOP_P
+from kimiaudio.config import MAX_NEW_TOKENS, PRESENCE_FREQUENCY_PENALTY, SEED, TOP_LOGPROBS, TOP_P
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.validation import Bounds, check_value, declared, setting
@@ -140,7 +140,7 @@ class ChatSampling:
     max_completion_tokens: int | None = setting(None, OUTPUT_LIMIT)
     max_tokens: int | None = setting(None, OUTPUT_LIMIT)
     logprobs: bool | None = None
-    top_logprobs: int | None = setting(None, Bounds(0, 20))
+    top_logprobs: int | None = setting(None, TOP_LOGPROBS)
     n: int | None = setting(None, Bounds(1, 1))
 
 

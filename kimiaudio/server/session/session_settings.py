@@ -27,10 +27,11 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
 from kimiaudio.server.session.session_update import SessionUpdate
+from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
 
 DEFAULT_VOICE = MODEL_VOICE
-TRANSCRIPTION_MODEL = "kimi-audio-7b-instruct"  # what a session transcribing by default reports
+TRANSCRIPTION_MODEL = MODEL_ID  # what a session transcribing by default reports
 
 
 class SessionSettings:

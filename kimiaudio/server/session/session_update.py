@@ -14,6 +14,7 @@ from kimiaudio.server.inputs.openai_params import (AUDIO_INPUT_FIELDS, AUDIO_OUT
                                                    RealtimeSampling, checked)
 from kimiaudio.server.session.event_fields import (ProtocolError, object_field, optional_object, output_limit,
                                                    output_type_field, pcm16_rate, typed_field)
+from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 
@@ -80,7 +81,7 @@ def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] 
         if container[key] is None:
             return False
         value = object_field(container[key], path)
-        model = typed_field(value, "model", str, path, "a model name") or "kimi-audio-7b-instruct"
+        model = typed_field(value, "model", str, path, "a model name") or MODEL_ID
         for unused in ("language", "prompt"):
             if value.get(unused) not in (None, ""):
                 raise ProtocolError("unsupported", f"{path}.{unused}: not supported (the user's words are "

@@ -95,13 +95,13 @@ class RtcPeer(ClosesOnce):
             return
         self._has_audio_track = True
         self.pc.addTrack(self.track)
-        self._spawn(self._read_audio(track), "reading audio")
+        self._tasks.spawn(self._read_audio(track), "reading audio")
 
     def _on_datachannel(self, channel) -> None:
         if self._channel is not None:
             return
         self._channel = channel
-        channel.on("message", lambda message: self._spawn(self.session.handle_message(message), "a client event"))
+        channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
         self.session.send(events.session_created(self.session.describe()))
         outbox, self._outbox = self._outbox, []
         for event in outbox:
@@ -109,7 +109,7 @@ class RtcPeer(ClosesOnce):
 
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
-            self._spawn(self.close(f"connection {self.pc.connectionState}"), "closing")
+            self._tasks.spawn(self.close(f"connection {self.pc.connectionState}"), "closing")
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
@@ -155,12 +155,9 @@ class RtcPeer(ClosesOnce):
                 for out in resampler.resample(frame):
                     await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
         finally:
-            self._spawn(self.close(reason), "closing")
+            self._tasks.spawn(self.close(reason), "closing")
 
     # ----- lifetime -----
-    def _spawn(self, coro, what: str) -> asyncio.Task:
-        return self._tasks.spawn(coro, what)
-
     @property
     def is_answering(self) -> bool:
         return self.session.is_answering
