@@ -1,7 +1,8 @@
 """The background tasks one session (or the peer carrying it) owns.
 
 Each task started with `spawn` is kept until it ends, so closing can cancel what still runs
-and wait for it; a task's failure is logged once, naming the owner and what the task was
+and wait for it (`stop`: over before the close returns, so the app may stop the VAD thread and
+the store next); a task's failure is logged once, naming the owner and what the task was
 (`quiet` exceptions, such as a client hanging up, at INFO: they are how sessions end).
 """
 
@@ -11,6 +12,8 @@ import asyncio
 import logging
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 2.0  # a cancelled task has this long to finish
 
 
 class OwnedTasks:
@@ -36,10 +39,11 @@ class OwnedTasks:
         task.add_done_callback(finished)
         return task
 
-    def cancel_all(self) -> list[asyncio.Task]:
-        """Cancel every task but the caller's own; returns them (to wait for)."""
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Cancel every task but the caller's own and wait (up to `timeout`) for them to end."""
         current = asyncio.current_task()
         tasks = [task for task in self._tasks if task is not current]
         for task in tasks:
             task.cancel()
-        return tasks
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)

@@ -296,4 +296,4 @@ class RealtimeSession:
             await self.responder.settle()
             await self.conversation.release()
         finally:
-            self.tasks.cancel_all()
+            await self.tasks.stop()

@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
-TASKS_STOP_TIMEOUT_S = 2.0  # a cancelled task of the session has this long to finish
 FRAME_WAIT_S = 0.002  # recv() took longer: no frame was queued (a queued one returns at once)
 # What a task of the session may die of when the client goes away: a hang-up, not a bug.
 HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
@@ -168,9 +167,7 @@ class RtcPeer(ClosesOnce):
         try:
             await self.session.close()
         finally:
-            tasks = self._tasks.cancel_all()
-            if tasks:  # over before close() returns: the app may stop the VAD thread and the store next
-                await asyncio.wait(tasks, timeout=TASKS_STOP_TIMEOUT_S)
+            await self._tasks.stop()
             self.track.stop()
             await self.pc.close()
             self._on_closed(self)

@@ -131,16 +131,20 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     speech = None
     if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
         speech = asyncio.get_running_loop().run_in_executor(request.app[vad_executor_key], _max_speech_probability, pcm)
-    async with guarded_turn(request, pipeline, turn) as handle:
-        if stream:
-            return await _stream(request, handle, with_logprobs)
-        done = await handle.result()
-    if done is None or done.status != "completed":
-        raise failed_turn_error(done, "transcription_failed", "the transcription", "prompt")
-    text = done.text.strip()
-    if response_format == "verbose_json":
-        return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
-    return _formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
+    try:
+        async with guarded_turn(request, pipeline, turn) as handle:
+            if stream:
+                return await _stream(request, handle, with_logprobs)
+            done = await handle.result()
+        if done is None or done.status != "completed":
+            raise failed_turn_error(done, "transcription_failed", "the transcription", "prompt")
+        text = done.text.strip()
+        if response_format == "verbose_json":
+            return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
+        return _formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
+    finally:
+        if speech is not None and not speech.done():  # the turn failed: its VAD pass is not wanted
+            speech.cancel()
 
 
 @cache
