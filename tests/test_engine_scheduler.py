@@ -343,3 +343,25 @@ def test_background_priority_never_takes_an_answers_room():
     for sid, prompt in {10: range(40, 49), 11: range(60, 69)}.items():
         assert mixed.generated[sid] == expected_tokens(prompt, 8)  # preempted, recomputed, same tokens
     assert_pool_idle(sched.block_manager)
+
+
+def test_an_answer_that_cannot_fit_yet_preempts_nothing():
+    """An answer whose blocks even every background sequence's together could not free waits
+    without preempting them: preempting would throw their work away and still not admit it."""
+    sched = Scheduler(BlockManager(10, BS), max_num_seqs=8, max_num_batched_tokens=64)
+    runner = FakeRunner(sched)
+    first = make_seq(0, list(range(1, 25)), max_new=3)  # 24 positions: 6 of the 10 blocks, then 7
+    background = make_seq(10, list(range(40, 44)), max_new=3)  # 1 block, then 2
+    background.priority = 1
+    sched.add(first)
+    sched.add(background)
+    runner.step()
+    assert {s.seq_id for s in sched.running} == {0, 10}
+    late = make_seq(1, list(range(60, 80)), max_new=2)  # 5 blocks: more than free + the background's
+    sched.add(late)
+    runner.step()
+    assert sched.num_preemptions == 0 and background in sched.running and late in sched.waiting
+    runner.run()  # the late answer gets in once the first one is done
+    assert runner.generated[1] == expected_tokens(range(60, 80), 2)
+    assert runner.generated[10] == expected_tokens(range(40, 44), 3)
+    assert_pool_idle(sched.block_manager)

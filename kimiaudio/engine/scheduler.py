@@ -152,7 +152,15 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, level: int, scheduled: list[Sequence]) -> bool:
         """Whether `seq` can be admitted now: a free sequence slot and blocks for its positions,
-        made by preempting less urgent running sequences (newest first) where needed."""
+        made by preempting less urgent running sequences (newest first) where needed. None is
+        preempted when all of them together could not make the room (their blocks, an upper
+        bound: blocks shared with others stay): that would only throw their work away."""
+        candidates = self._candidates(scheduled, exclude=seq, level=level + 1)
+        missing_blocks = (self.block_manager.num_blocks_to_allocate(seq, self.block_manager.match_prefix(seq))
+                          - self.block_manager.num_free_blocks)
+        missing_slots = len(self.running) - self.max_num_seqs + 1
+        if missing_slots > len(candidates) or missing_blocks > sum(len(s.block_table) for s in candidates):
+            return False
         while len(self.running) >= self.max_num_seqs or \
                 not self.block_manager.can_allocate(seq, self.block_manager.match_prefix(seq)):
             victim = self._victim(scheduled, exclude=seq, level=level + 1)
@@ -169,10 +177,16 @@ class Scheduler:
     def _victim(self, scheduled: list[Sequence], exclude: Sequence, level: int) -> Sequence | None:
         """The running sequence to preempt: unscheduled, of priority `level` or less urgent,
         the least urgent first and among those the newest."""
+        candidates = self._candidates(scheduled, exclude, level)
+        if not candidates:
+            return None
+        order = {s.seq_id: i for i, s in enumerate(self.running)}
+        return max(candidates, key=lambda s: (s.priority, order[s.seq_id]))
+
+    def _candidates(self, scheduled: list[Sequence], exclude: Sequence, level: int) -> list[Sequence]:
+        """Running sequences that may be preempted: unscheduled, of priority `level` or less urgent."""
         taken = {s.seq_id for s in scheduled}
-        candidates = [(s.priority, i, s) for i, s in enumerate(self.running)
-                      if s is not exclude and s.seq_id not in taken and s.priority >= level]
-        return max(candidates, key=lambda c: c[:2])[2] if candidates else None
+        return [s for s in self.running if s is not exclude and s.seq_id not in taken and s.priority >= level]
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
