@@ -24,13 +24,18 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--glm-tokenizer", help="glm-4-voice-tokenizer directory (default: MODEL/glm-4-voice-tokenizer)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--weights", help="auto | bf16 | fp8 | int8: the LM's and the DiT's linear weights "
-                                     "([model] weights and [detok] weights)")
+    p.add_argument(
+        "--weights",
+        help="auto | bf16 | fp8 | int8: the LM's and the DiT's linear weights ([model] weights and [detok] weights)",
+    )
     p.add_argument("--data-dir", help="where the demo checkpoint and the history database live")
     p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="least severe log lines shown (default INFO; serve: one line per session, per answer "
-                        "and per /v1 request)")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="least severe log lines shown (default INFO; serve: one line per session, per answer and per /v1 request)",
+    )
 
 
 def _add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -54,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     _add_sampling_options(p)
     p.add_argument("inputs", nargs="+", metavar="IN", help="audio file of a user turn (wav, flac, ogg, mp3)")
-    p.add_argument("--text", action="append", default=[], help="a user text message before the first audio turn (repeatable)")
-    p.add_argument("--out", default="reply.wav", help="WAV file for the last reply (24 kHz); earlier replies go to OUT.turnN.wav")
+    p.add_argument(
+        "--text", action="append", default=[], help="a user text message before the first audio turn (repeatable)"
+    )
+    p.add_argument(
+        "--out", default="reply.wav", help="WAV file for the last reply (24 kHz); earlier replies go to OUT.turnN.wav"
+    )
     p.add_argument("--json", action="store_true", help="print text, token ids and timings as JSON")
 
     p = sub.add_parser("transcribe", help="speech to text (no detokenizer loaded)")
@@ -70,41 +79,84 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, help="turns per session (default 1; --soak: 3)")
     p.add_argument("--speech", action="append", default=[], help="speech file(s) to use instead of synthetic input")
     p.add_argument("--max-new-tokens", type=int, default=64, help="generated positions per turn")
-    p.add_argument("--random-weights", choices=["7b", "full"],
-                   help="random weights in the real shapes: 7b = the LM's decode steps (GPU); full = every "
-                        "component through the pipeline (GPU; a shrunken shape on the CPU), no reference")
-    p.add_argument("--memory-plan", action="store_true",
-                   help="print the device memory plan of --random-weights full (or the configured checkpoint) "
-                        "for max(--sessions) sessions, computed on the meta device: nothing is loaded")
-    p.add_argument("--card-gib", type=float,
-                   help="--memory-plan: the card's memory in GiB (default: this GPU's); on a GPU bench run: cap "
-                        "this process at that many GiB, as on a card of that size")
-    p.add_argument("--positions", type=int, default=4096,
-                   help="--memory-plan: positions each session must hold for the plan to fit (default 4096)")
-    p.add_argument("--profile", action="store_true",
-                   help="with --random-weights 7b: torch.profiler over decode steps per batch size (GPU-busy vs wall "
-                        "time a step, kernels a step, the top kernels)")
+    p.add_argument(
+        "--random-weights",
+        choices=["7b", "full"],
+        help="random weights in the real shapes: 7b = the LM's decode steps (GPU); full = every "
+        "component through the pipeline (GPU; a shrunken shape on the CPU), no reference",
+    )
+    p.add_argument(
+        "--memory-plan",
+        action="store_true",
+        help="print the device memory plan of --random-weights full (or the configured checkpoint) "
+        "for max(--sessions) sessions, computed on the meta device: nothing is loaded",
+    )
+    p.add_argument(
+        "--card-gib",
+        type=float,
+        help="--memory-plan: the card's memory in GiB (default: this GPU's); on a GPU bench run: cap "
+        "this process at that many GiB, as on a card of that size",
+    )
+    p.add_argument(
+        "--positions",
+        type=int,
+        default=4096,
+        help="--memory-plan: positions each session must hold for the plan to fit (default 4096)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --random-weights 7b: torch.profiler over decode steps per batch size (GPU-busy vs wall "
+        "time a step, kernels a step, the top kernels)",
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
-    p.add_argument("--natural-lengths", action="store_true",
-                   help="let each reply end at its own stop tokens (default: every turn runs to --max-new-tokens, "
-                        "as vLLM's --ignore-eos, so every step runs all sessions)")
-    p.add_argument("--webrtc", action="store_true",
-                   help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each")
-    p.add_argument("--http", action="store_true",
-                   help="through the real server on loopback: --sessions concurrent streaming chat requests (time to first audio byte)")
-    p.add_argument("--soak", action="store_true",
-                   help="the real server on loopback under --sessions sessions speaking --turns turns with faults "
-                        "(barge-ins, hang-ups and reconnects, malformed events); checks the books at the end")
+    p.add_argument(
+        "--natural-lengths",
+        action="store_true",
+        help="let each reply end at its own stop tokens (default: every turn runs to --max-new-tokens, "
+        "as vLLM's --ignore-eos, so every step runs all sessions)",
+    )
+    p.add_argument(
+        "--webrtc",
+        action="store_true",
+        help="through the real server on loopback: --sessions WebRTC clients speaking --turns turns each",
+    )
+    p.add_argument(
+        "--http",
+        action="store_true",
+        help="through the real server on loopback: --sessions concurrent streaming chat requests "
+        "(time to first audio byte)",
+    )
+    p.add_argument(
+        "--soak",
+        action="store_true",
+        help="the real server on loopback under --sessions sessions speaking --turns turns with faults "
+        "(barge-ins, hang-ups and reconnects, malformed events); checks the books at the end",
+    )
     p.add_argument("--seconds", type=float, default=600.0, help="--soak: stop starting turns after this long")
     p.add_argument("--fault-rate", type=float, default=0.3, help="--soak: share of turns with a fault")
-    p.add_argument("--url", help="--soak: drive the server (or a fleet's front, e.g. HAProxy) running at this URL "
-                                 "instead of one started here (KIMIAUDIO_API_KEY: its key)")
-    p.add_argument("--client-processes", type=int,
-                   help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)")
-    p.add_argument("--transcribe", action="store_true",
-                   help="answers' first audio (engine steps, ms) without and with each user turn transcribed beside them")
-    p.add_argument("--voice", nargs="?", const="", metavar="FILE",
-                   help="first-audio latency without and with a voice made from FILE (a synthetic voice if none)")
+    p.add_argument(
+        "--url",
+        help="--soak: drive the server (or a fleet's front, e.g. HAProxy) running at this URL "
+        "instead of one started here (KIMIAUDIO_API_KEY: its key)",
+    )
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        help="--soak: worker processes for the clients (default: 0 up to 4 sessions, else one per 8)",
+    )
+    p.add_argument(
+        "--transcribe",
+        action="store_true",
+        help="answers' first audio (engine steps, ms) without and with each user turn transcribed beside them",
+    )
+    p.add_argument(
+        "--voice",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="first-audio latency without and with a voice made from FILE (a synthetic voice if none)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
 
     p = sub.add_parser("demo-checkpoint", help="write the tiny random-weight demo checkpoint")
@@ -115,7 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     overrides: dict[str, dict] = {"model": {}, "storage": {}, "server": {}}
-    for flag, key in (("model", "path"), ("glm_tokenizer", "glm_tokenizer_path"), ("device", "device"), ("dtype", "dtype")):
+    for flag, key in (
+        ("model", "path"),
+        ("glm_tokenizer", "glm_tokenizer_path"),
+        ("device", "device"),
+        ("dtype", "dtype"),
+    ):
         value = getattr(args, flag, None)
         if value is not None:
             overrides["model"][key] = value
@@ -129,8 +186,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
             overrides["server"][flag] = getattr(args, flag)
     config = load_config(getattr(args, "config", None), {})
     # Paths given on the command line are relative to the current directory, not the config file.
-    for section, key in (("model", "path"), ("model", "glm_tokenizer_path"), ("storage", "data_dir"),
-                         ("server", "tls_cert"), ("server", "tls_key")):
+    for section, key in (
+        ("model", "path"),
+        ("model", "glm_tokenizer_path"),
+        ("storage", "data_dir"),
+        ("server", "tls_cert"),
+        ("server", "tls_key"),
+    ):
         if key in overrides[section]:
             from pathlib import Path
 

@@ -52,6 +52,7 @@ def pytest_sessionfinish(session, exitstatus):
         print("\nKIMIAUDIO_REQUIRE_TRITON=1 but Triton tests were skipped:\n  " + "\n  ".join(_triton_skips))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+
 # golden.safetensors as the golden data set's layout has it (docs/official-model.md, "The
 # golden data set"), or xz-compressed (variant a ships so: 3 MB instead of 6.6 MB in the
 # repository; every tensor in it is used by a test).
@@ -110,8 +111,9 @@ def golden_paths(golden_checkpoint):
 def detok(golden_paths, golden_meta):
     """The golden checkpoint's detokenizer with the official chunking, look-ahead and ODE
     steps, as golden.meta.json records them (tests share it read-only)."""
-    from kimiaudio.detok.detokenizer import Detokenizer
     from test_detok_streaming import official_detok_config
+
+    from kimiaudio.detok.detokenizer import Detokenizer
 
     return Detokenizer.load(golden_paths, "cpu", torch.float32, official_detok_config(golden_meta))
 
@@ -145,8 +147,9 @@ def speech_16k(speech_wav) -> np.ndarray:
 def speech(tmp_path_factory):
     """The server tests' sentences spoken by espeak-ng, float32 16 kHz, as bench --webrtc makes
     its speech (test_server_support.SENTENCES)."""
-    from kimiaudio.bench.speech import espeak_speech
     from test_server_support import SENTENCES
+
+    from kimiaudio.bench.speech import espeak_speech
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is needed to make test speech")
@@ -178,8 +181,12 @@ async def openai_client(v1_server):
     closed at the test's end: left to the garbage collector, its connection pool would be
     closed on an event loop already gone, an ERROR in whichever test runs then."""
     openai = pytest.importorskip("openai")
-    client = openai.AsyncOpenAI(base_url=v1_server + "/v1", api_key="unused", max_retries=0,
-                                websocket_base_url=v1_server.replace("http", "ws", 1) + "/v1")
+    client = openai.AsyncOpenAI(
+        base_url=v1_server + "/v1",
+        api_key="unused",
+        max_retries=0,
+        websocket_base_url=v1_server.replace("http", "ws", 1) + "/v1",
+    )
     yield client
     await client.close()
 
@@ -190,8 +197,9 @@ def espeak_voice(tmp_path_factory) -> Path:
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is needed to make a test voice")
     path = tmp_path_factory.mktemp("voice") / "voice.wav"
-    subprocess.run(["espeak-ng", "-w", str(path), "This is the voice I would like you to answer in, please."],
-                   check=True)
+    subprocess.run(
+        ["espeak-ng", "-w", str(path), "This is the voice I would like you to answer in, please."], check=True
+    )
     return path
 
 

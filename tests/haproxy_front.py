@@ -41,21 +41,29 @@ class HaproxyFront:
             raise HaproxyUnavailable("haproxy was not found (install Debian's `haproxy` package)")
         self.port, self.stats_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "KIMIAUDIO_FRONT": f"127.0.0.1:{self.port}",
-                    "KIMIAUDIO_HAPROXY_STATS": f"127.0.0.1:{self.stats_port}"}
+        self.env = {
+            **os.environ,
+            "KIMIAUDIO_FRONT": f"127.0.0.1:{self.port}",
+            "KIMIAUDIO_HAPROXY_STATS": f"127.0.0.1:{self.stats_port}",
+        }
         self.env.pop("KIMIAUDIO_API_KEY", None)
         for i, address in enumerate(instances, 1):
             self.env[f"KIMIAUDIO_INSTANCE_{i}"] = address
         self.output_lines: list[str] = []
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "HaproxyFront":
+    def start(self) -> HaproxyFront:
         check = subprocess.run([self.binary, "-c", "-f", str(CONFIG)], env=self.env, capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c -f {CONFIG} failed:\n{check.stdout}{check.stderr}")
         # -db: stay in the foreground, logs on stdout (the file's `log stdout`).
-        self.proc = subprocess.Popen([self.binary, "-db", "-f", str(CONFIG)], env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [self.binary, "-db", "-f", str(CONFIG)],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         threading.Thread(target=self._drain, daemon=True).start()
         deadline = time.monotonic() + 120  # catches a hang: a loaded machine starts it slowly
         while time.monotonic() < deadline:
@@ -76,8 +84,11 @@ class HaproxyFront:
         """{server name: its state as HAProxy sees it (UP, DOWN, "UP 1/2", ...)} of the backend."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5) as resp:
             rows = csv.DictReader(io.StringIO(resp.read().decode().lstrip("# ")))
-            return {row["svname"]: row["status"] for row in rows
-                    if row["pxname"] == "kimiaudio" and row["svname"] not in ("BACKEND", "FRONTEND")}
+            return {
+                row["svname"]: row["status"]
+                for row in rows
+                if row["pxname"] == "kimiaudio" and row["svname"] not in ("BACKEND", "FRONTEND")
+            }
 
     def wait_for_states(self, wanted: dict[str, str], timeout: float = 120.0) -> None:
         """Wait until each named server is in the wanted state (health checks run every 2 s)."""
@@ -98,7 +109,7 @@ class HaproxyFront:
                 self.proc.kill()
                 self.proc.wait(10)
 
-    def __enter__(self) -> "HaproxyFront":
+    def __enter__(self) -> HaproxyFront:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -46,8 +46,11 @@ def _ensure_system_user(name: str) -> None:
     try:
         pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+            capture_output=True,
+        )
 
 
 class PostgresServer:
@@ -67,19 +70,30 @@ class PostgresServer:
         pwfile.write_text(self.password + "\n")
         if self._as_user:
             shutil.chown(pwfile, RUN_AS, RUN_AS)
-        self._run("initdb", "-D", str(self.data), "-U", USER, "--auth=scram-sha-256", f"--pwfile={pwfile}",
-                  "-E", "UTF8", "--no-sync")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            USER,
+            "--auth=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         pwfile.unlink()
         self.running = False
 
     def _run(self, tool: str, *args: str) -> None:
-        proc = subprocess.run([*self._as_user, str(self.bindir / tool), *args], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [*self._as_user, str(self.bindir / tool), *args], capture_output=True, text=True, timeout=120
+        )
         if proc.returncode != 0:
             log = self.log.read_text() if self.log.exists() else ""
             raise RuntimeError(f"{tool} failed ({proc.returncode}): {proc.stderr.strip()}\n{log[-2000:]}")
 
-    def start(self) -> "PostgresServer":
+    def start(self) -> PostgresServer:
         # Loopback TCP only (no Unix socket); fsync off: a test database need not survive a power cut.
         options = f"-p {self.port} -h 127.0.0.1 -k '' -c fsync=off -c full_page_writes=off -c max_connections=200"
         self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log), "-o", options)
@@ -97,7 +111,7 @@ class PostgresServer:
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "PostgresServer":
+    def __enter__(self) -> PostgresServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

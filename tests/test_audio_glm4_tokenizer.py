@@ -54,8 +54,14 @@ def test_mels_match_transformers_extractor_for_multi_segment_input(tokenizer, gl
     rng = np.random.default_rng(5)
     pcm = (0.1 * rng.standard_normal(mel.segment_samples + 3333)).astype(np.float32)
     segments = [pcm[: mel.segment_samples], pcm[mel.segment_samples :]]
-    ref = extractor(segments, sampling_rate=mel.sample_rate, return_attention_mask=True, return_tensors="pt",
-                    padding="longest", pad_to_multiple_of=tokenizer.samples_per_token)
+    ref = extractor(
+        segments,
+        sampling_rate=mel.sample_rate,
+        return_attention_mask=True,
+        return_tensors="pt",
+        padding="longest",
+        pad_to_multiple_of=tokenizer.samples_per_token,
+    )
     mels = tokenizer._utterance_mels(segments)
     torch.testing.assert_close(mels, ref["input_features"], atol=1e-4, rtol=1e-4)
     lengths = ref["attention_mask"].sum(dim=1).tolist()
@@ -85,8 +91,11 @@ def test_batch_equals_single(tokenizer, golden):
         hook.remove()
     assert batch == singles
     # Each 30 s segment is tokenized on its own: a full one, then the rest rounded up.
-    expected = [-(-len(half) // per_token), segment // per_token - (-(len(long) - segment) // per_token),
-                golden["glm4.tokens"].shape[1]]
+    expected = [
+        -(-len(half) // per_token),
+        segment // per_token - (-(len(long) - segment) // per_token),
+        golden["glm4.tokens"].shape[1],
+    ]
     assert [len(codes) for codes in batch] == expected
     assert all(0 <= c < tokenizer.model.config.quantize_vocab_size for codes in batch for c in codes)
 
@@ -107,14 +116,16 @@ def test_block_causal_mask():
     mask = torch.tensor([[True, True, True, True, True, False]])
     additive = WhisperVQEncoder._block_causal_mask(mask, 2, torch.float32)[0, 0]
     allowed = (additive == 0).int()
-    expected = torch.tensor([
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 1, 0],  # key 5 is padding
-        [1, 1, 1, 1, 1, 0],
-    ])
+    expected = torch.tensor(
+        [
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0],  # key 5 is padding
+            [1, 1, 1, 1, 1, 0],
+        ]
+    )
     assert torch.equal(allowed, expected)
 
 

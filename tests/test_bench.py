@@ -8,12 +8,12 @@ import math
 import time
 
 import pytest
+from test_cli import assert_one_line_error, kimiaudio
 
+from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.bench.pipeline_bench import PlaybackClock, bench_inputs
 from kimiaudio.bench.stats import ms_p50_p95, percentile
-from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.config import load_config
-from test_cli import assert_one_line_error, kimiaudio
 
 
 def check_playback_figures(row: dict) -> None:
@@ -32,8 +32,18 @@ def check_playback_figures(row: dict) -> None:
 
 def test_bench_reports_every_figure(demo_checkpoint):
     started = time.monotonic()
-    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--sessions", "1,3", "--turns", "2",
-                       "--max-new-tokens", "12", "--json")
+    result = kimiaudio(
+        "bench",
+        "--model",
+        str(demo_checkpoint),
+        "--sessions",
+        "1,3",
+        "--turns",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -51,9 +61,15 @@ def test_bench_reports_every_figure(demo_checkpoint):
         # The seconds each rate implies (its tokens / tokens per second): the pipeline's is its wall
         # time, and all of them ran one after the other inside the bench process (a rate per
         # millisecond, or of other tokens than those counted, would not fit).
-        seconds = {side: row[f"{prefix}generated_tokens"] / row[f"{prefix}tokens_per_s"]
-                   for side, prefix in (("pipeline", ""), ("reference", "reference_"), ("lm", "lm_"),
-                                        ("lm_reference", "lm_reference_"))}
+        seconds = {
+            side: row[f"{prefix}generated_tokens"] / row[f"{prefix}tokens_per_s"]
+            for side, prefix in (
+                ("pipeline", ""),
+                ("reference", "reference_"),
+                ("lm", "lm_"),
+                ("lm_reference", "lm_reference_"),
+            )
+        }
         assert all(value > 0 for value in seconds.values()), seconds
         assert abs(seconds["pipeline"] - row["wall_s"]) <= 1e-6 * row["wall_s"], (seconds, row["wall_s"])
         assert row["tokens_per_s_per_session"] * n == pytest.approx(row["tokens_per_s"])
@@ -87,9 +103,17 @@ def test_playback_clock_counts_the_silence_between_late_chunks():
     assert clock.stall_s == 1.0 and clock.samples == 350 and clock.played_until == 14.5
 
 
-SMALL_7B = {**KIMI_AUDIO_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "kimia_mimo_layers": 1,
-            "kimia_mimo_transformer_from_layer_index": 1, "kimia_adaptor_input_dim": 32}
+SMALL_7B = {
+    **KIMI_AUDIO_7B,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "kimia_mimo_layers": 1,
+    "kimia_mimo_transformer_from_layer_index": 1,
+    "kimia_adaptor_input_dim": 32,
+}
 
 
 def check_small_decode_bench(device: str, capsys) -> None:
@@ -129,8 +153,14 @@ def test_step_profile_summary_counts_overlapping_kernels_once():
 
     assert busy_us([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25  # two streams overlap, one gap
     # Two steps, 4 ms of wall: gemm twice a step on one stream, a norm overlapping it on another.
-    events = [("gemm", 0, 600), ("norm", 500, 200), ("gemm", 700, 300),
-              ("gemm", 2000, 600), ("norm", 2500, 200), ("gemm", 2700, 300)]
+    events = [
+        ("gemm", 0, 600),
+        ("norm", 500, 200),
+        ("gemm", 700, 300),
+        ("gemm", 2000, 600),
+        ("norm", 2500, 200),
+        ("gemm", 2700, 300),
+    ]
     report = summarize(events, steps=2, wall_s=0.004)
     assert report["wall_ms_per_step"] == 2.0 and report["kernels_per_step"] == 3
     assert report["busy_ms_per_step"] == 1.0 and report["busy_fraction"] == 0.5  # 0-1000 us each step
@@ -140,8 +170,9 @@ def test_step_profile_summary_counts_overlapping_kernels_once():
 
 
 def test_profile_needs_the_decode_bench():
-    assert_one_line_error(kimiaudio("bench", "--profile", "--device", "cpu", "--sessions", "1"),
-                          "--profile goes with --random-weights 7b")
+    assert_one_line_error(
+        kimiaudio("bench", "--profile", "--device", "cpu", "--sessions", "1"), "--profile goes with --random-weights 7b"
+    )
 
 
 @pytest.mark.slow
@@ -152,7 +183,9 @@ def test_decode_bench_with_int8_weights_reports_each_floor_beside_bf16(capsys):
     assert report["weights"] == "int8" and [r["weights"] for r in report["rows"]] == ["bf16", "int8"]
     bf16, int8 = report["rows"]
     # Each against its own floor: its bytes read over the one copy bandwidth measured.
-    assert int8["floor_ms"] / bf16["floor_ms"] == pytest.approx(report["decode_weight_gb_int8"] / report["decode_weight_gb"])
+    assert int8["floor_ms"] / bf16["floor_ms"] == pytest.approx(
+        report["decode_weight_gb_int8"] / report["decode_weight_gb"]
+    )
     assert report["decode_weight_gb_int8"] < report["decode_weight_gb"]
 
 
@@ -162,8 +195,19 @@ def test_random_weights_without_gpu_is_a_clear_error():
 
 
 def test_webrtc_bench_measures_first_audio_through_the_server(demo_checkpoint, speech_wav):
-    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--webrtc", "--sessions", "2", "--turns", "1",
-                       "--speech", str(speech_wav), "--json")
+    result = kimiaudio(
+        "bench",
+        "--model",
+        str(demo_checkpoint),
+        "--webrtc",
+        "--sessions",
+        "2",
+        "--turns",
+        "1",
+        "--speech",
+        str(speech_wav),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)["webrtc"]
     assert row["clients"] == 2 and row["turns"] == 2  # one response.done with timings per client turn
@@ -172,8 +216,19 @@ def test_webrtc_bench_measures_first_audio_through_the_server(demo_checkpoint, s
 
 
 def test_http_bench_reports_first_audio_byte_beside_the_pipeline(demo_checkpoint, speech_wav):
-    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--http", "--sessions", "2", "--turns", "1",
-                       "--speech", str(speech_wav), "--json")
+    result = kimiaudio(
+        "bench",
+        "--model",
+        str(demo_checkpoint),
+        "--http",
+        "--sessions",
+        "2",
+        "--turns",
+        "1",
+        "--speech",
+        str(speech_wav),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)["http"]
     assert row["sessions"] == 2 and row["turns"] == 2 and row["turns_without_audio"] == 0, row
@@ -188,8 +243,20 @@ def test_http_bench_reports_first_audio_byte_beside_the_pipeline(demo_checkpoint
 def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
     """`bench --random-weights full`: every component with random weights through the pipeline
     (a shrunken shape on the CPU), the memory plan, and the real-time figures per row."""
-    result = kimiaudio("bench", "--random-weights", "full", "--device", "cpu", "--sessions", "1,2", "--turns", "2",
-                       "--max-new-tokens", "20", "--json")
+    result = kimiaudio(
+        "bench",
+        "--random-weights",
+        "full",
+        "--device",
+        "cpu",
+        "--sessions",
+        "1,2",
+        "--turns",
+        "2",
+        "--max-new-tokens",
+        "20",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     plan = report["memory_plan"]
@@ -205,10 +272,19 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
         assert row["guard_actions"] <= row["generated_tokens"] and row["underruns"] <= row["generated_tokens"], row
 
 
-
 def test_voice_bench_compares_first_audio_at_the_same_load(demo_checkpoint, speech_wav):
-    result = kimiaudio("bench", "--model", str(demo_checkpoint), "--voice", str(speech_wav), "--sessions", "2",
-                       "--max-new-tokens", "24", "--json")
+    result = kimiaudio(
+        "bench",
+        "--model",
+        str(demo_checkpoint),
+        "--voice",
+        str(speech_wav),
+        "--sessions",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert 1.5 < report["voice_seconds"] < 5
@@ -241,8 +317,19 @@ def test_transcription_bench_compares_first_audio_steps_with_and_without(demo_ch
     # wrong way round), the transcription costs the one-session answer 6 steps here.
     config = tmp_path / "config.toml"
     config.write_text("[engine]\nmax_num_batched_tokens = 16\nmax_prefill_tokens_while_decoding = 8\n")
-    result = kimiaudio("bench", "--config", str(config), "--model", str(demo_checkpoint), "--transcribe",
-                       "--sessions", "1,2", "--max-new-tokens", "16", "--json")
+    result = kimiaudio(
+        "bench",
+        "--config",
+        str(config),
+        "--model",
+        str(demo_checkpoint),
+        "--transcribe",
+        "--sessions",
+        "1,2",
+        "--max-new-tokens",
+        "16",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     one, two = json.loads(result.stdout)["rows"]
     assert one["sessions"] == 1 and two["sessions"] == 2

@@ -10,13 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from test_server_support import ROOT, demo_config, demo_stack
 
 from kimiaudio.bench.soak import run_soak
 from kimiaudio.bench.soak_clients import FAULTS, MALFORMED, plan_faults
 from kimiaudio.server.session import client_events
 from kimiaudio.store import ConversationStore
-from test_server_support import ROOT, demo_config, demo_stack
-
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -24,14 +23,44 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationW
 def soak_cli(demo_checkpoint, cwd, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("KIMIAUDIO_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "kimiaudio", "bench", "--soak", "--model", str(demo_checkpoint),
-                           "--device", "cpu", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimiaudio",
+            "bench",
+            "--soak",
+            "--model",
+            str(demo_checkpoint),
+            "--device",
+            "cpu",
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.mark.timeout(900)
 def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
-    result = soak_cli(demo_checkpoint, tmp_path, "--sessions", "2", "--turns", "3", "--seconds", "60",
-                      "--fault-rate", "0.5", "--max-new-tokens", "48", "--json")
+    result = soak_cli(
+        demo_checkpoint,
+        tmp_path,
+        "--sessions",
+        "2",
+        "--turns",
+        "3",
+        "--seconds",
+        "60",
+        "--fault-rate",
+        "0.5",
+        "--max-new-tokens",
+        "48",
+        "--json",
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["ok"] and all(check["ok"] for check in report["checks"].values()), report
@@ -47,15 +76,28 @@ def test_soak_cli_passes_its_books(demo_checkpoint, tmp_path):
 
 def test_a_soak_that_ends_before_its_plan_fails(demo_checkpoint, speech_wav, tmp_path):
     """--seconds shorter than connecting: no turn runs, no fault happens; that is no pass."""
-    result = soak_cli(demo_checkpoint, tmp_path, "--sessions", "1", "--turns", "3", "--seconds", "0.001",
-                      "--fault-rate", "1", "--speech", str(speech_wav))
+    result = soak_cli(
+        demo_checkpoint,
+        tmp_path,
+        "--sessions",
+        "1",
+        "--turns",
+        "3",
+        "--seconds",
+        "0.001",
+        "--fault-rate",
+        "1",
+        "--speech",
+        str(speech_wav),
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     # Three turns, one of each fault: a barge-in turn commits two user turns, the others one each.
     assert "FAIL planned user turns not committed: 4 (limit 0)" in result.stdout, result.stdout
     assert "FAIL planned faults that never happened: 3 (limit 0)" in result.stdout, result.stdout
     assert "soak passed" not in result.stdout
     assert result.stdout.rstrip().endswith(
-        "soak FAILED: planned user turns not committed; planned faults that never happened"), result.stdout
+        "soak FAILED: planned user turns not committed; planned faults that never happened"
+    ), result.stdout
 
 
 def test_soak_books_catch_a_lost_user_turn(demo_checkpoint, tmp_path, monkeypatch):
@@ -69,8 +111,9 @@ def test_soak_books_catch_a_lost_user_turn(demo_checkpoint, tmp_path, monkeypatc
 
     monkeypatch.setattr(ConversationStore, "add_turn", losing_add_turn)
     config = demo_config(demo_checkpoint, tmp_path)
-    report = run_soak(demo_stack(demo_checkpoint), config, sessions=1, turns=1, seconds=60, fault_rate=0.0,
-                      max_new_tokens=24)
+    report = run_soak(
+        demo_stack(demo_checkpoint), config, sessions=1, turns=1, seconds=60, fault_rate=0.0, max_new_tokens=24
+    )
     assert not report["ok"]
     assert not report["checks"]["committed user turns not stored"]["ok"], report["checks"]
 

@@ -6,13 +6,12 @@ import asyncio
 
 import numpy as np
 import pytest
-
 import test_browser_page
 from test_browser_page import _browser, _wait
 from test_server_support import demo_server
 
-from kimiaudio.server.middleware.access import API_KEY_ENV
 from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.middleware.access import API_KEY_ENV
 
 pytestmark = test_browser_page.pytestmark  # the same markers and skips (no Chromium: skipped)
 KEY = "page-test-key-42"
@@ -40,8 +39,11 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
             field = driver.find_element("id", "api-key")
             field.send_keys("wrong-key")
             driver.find_element("css selector", "#login button").click()
-            refused = _wait(driver, "return document.getElementById('login-message').textContent.includes('not "
-                                    "accepted') && document.getElementById('login-message').textContent")
+            refused = _wait(
+                driver,
+                "return document.getElementById('login-message').textContent.includes('not "
+                "accepted') && document.getElementById('login-message').textContent",
+            )
             field.clear()
             field.send_keys(KEY)
             driver.find_element("css selector", "#login button").click()
@@ -50,11 +52,17 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
             driver.find_element("css selector", "#conversations li").click()
             src = _wait(driver, "const a = document.querySelector('#detail-turns audio'); return a && a.src")
             audio_status = driver.execute_async_script(
-                "const done = arguments[1]; fetch(arguments[0]).then((r) => done(r.status));", src)
+                "const done = arguments[1]; fetch(arguments[0]).then((r) => done(r.status));", src
+            )
             driver.find_element("id", "connect").click()
             _wait(driver, "return document.body.dataset.state === 'listening'")
-            return {"listed_before": listed_before, "refused": refused, "src": src, "audio_status": audio_status,
-                    "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden")}
+            return {
+                "listed_before": listed_before,
+                "refused": refused,
+                "src": src,
+                "audio_status": audio_status,
+                "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden"),
+            }
         finally:
             driver.quit()
 

@@ -7,22 +7,26 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import silence, write_clip
 
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.config import Config
 from kimiaudio.server.app import create_app
 from kimiaudio.server.app_keys import store_key
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM, CHROMEDRIVER = (
+    shutil.which("chromium") or "/usr/bin/chromium",
+    shutil.which("chromedriver") or "/usr/bin/chromedriver",
+)
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-                       reason="headless Chromium and chromedriver are needed"),
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="headless Chromium and chromedriver are needed",
+    ),
 ]
 
 
@@ -32,9 +36,16 @@ def _browser(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = True):
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--no-first-run", "--autoplay-policy=no-user-gesture-required", "--window-size=1200,900",
-                 f"--user-data-dir={tmp_path / 'chrome-profile'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1200,900",
+        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+    ):
         options.add_argument(flag)
     options.add_argument("--use-fake-device-for-media-stream")
     if fake_audio is not None:
@@ -85,9 +96,12 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
             driver.get(url)
             _wait(driver, "return !document.getElementById('demo-banner').hidden")
             driver.find_element("id", "connect").click()
-            _wait(driver, """
+            _wait(
+                driver,
+                """
                 return [...document.querySelectorAll('#transcript .turn.assistant[data-status="completed"]')]
-                    .some((r) => r.querySelector('.text').textContent !== '(no text)');""")
+                    .some((r) => r.querySelector('.text').textContent !== '(no text)');""",
+            )
             _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0")
             # The user's words ([server] transcribe_input is on by default) replace "You spoke".
             _wait(driver, "return document.querySelector('#transcript .turn.user[data-transcribed]') !== null")
@@ -96,7 +110,8 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
             return {
                 "assistant": driver.execute_script("""
                     return [...document.querySelectorAll('#transcript .turn.assistant[data-status]')].map((r) => [
-                        r.dataset.status, r.querySelector('.text').textContent, r.querySelector('.meta').textContent]);"""),
+                        r.dataset.status, r.querySelector('.text').textContent,
+                        r.querySelector('.meta').textContent]);"""),
                 "user_turns": len(driver.find_elements("css selector", "#transcript .turn.user")),
                 "user_words": driver.execute_script("""
                     return [...document.querySelectorAll('#transcript .turn.user[data-transcribed="completed"]')]
@@ -121,9 +136,12 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
         assert text == (turn["text"] or "(no text)")
     assert any(text != "(no text)" for _, text, _ in result["assistant"])
     # The user's line shows the words the server transcribed and stored with the turn.
-    transcripts = [t["transcript"] for t in (await store.get_conversation(conversations[0]["id"]))["turns"]
-                   if t["role"] == "user"]
-    assert result["user_words"] and all(w == (t or "(no words heard)") for w, t in zip(result["user_words"], transcripts))
+    transcripts = [
+        t["transcript"] for t in (await store.get_conversation(conversations[0]["id"]))["turns"] if t["role"] == "user"
+    ]
+    assert result["user_words"] and all(
+        w == (t or "(no words heard)") for w, t in zip(result["user_words"], transcripts)
+    )
 
 
 async def test_page_search_box_filters_the_conversations(server, tmp_path):
@@ -137,7 +155,10 @@ async def test_page_search_box_filters_the_conversations(server, tmp_path):
 
     def drive():
         driver = _browser(tmp_path, None)
-        listed = "return [...document.querySelectorAll('#conversations li:not(.muted)')].map((li) => li.firstChild.textContent)"
+        listed = (
+            "return [...document.querySelectorAll('#conversations li:not(.muted)')]"
+            ".map((li) => li.firstChild.textContent)"
+        )
         try:
             driver.get(url)
             _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 2")
@@ -165,9 +186,12 @@ async def test_page_explains_server_full_and_mic_denied(server, tmp_path):
         try:
             driver.get(url)
             driver.find_element("id", "connect").click()
-            return _wait(driver, """
+            return _wait(
+                driver,
+                """
                 const b = document.getElementById('error-banner');
-                return !b.hidden && b.textContent;""")
+                return !b.hidden && b.textContent;""",
+            )
         finally:
             driver.quit()
 

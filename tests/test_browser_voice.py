@@ -5,7 +5,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from test_browser_page import CHROMEDRIVER, CHROMIUM, _browser, _wait
 from test_server_support import demo_server, silence, write_clip
 from test_server_voices import form
@@ -13,8 +12,10 @@ from test_server_voices import form
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-                       reason="headless Chromium and chromedriver are needed"),
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="headless Chromium and chromedriver are needed",
+    ),
 ]
 
 
@@ -29,7 +30,9 @@ async def test_page_speaks_in_the_chosen_voice(aiohttp_client, demo_checkpoint, 
             try:
                 driver.get(url)
                 _wait(driver, "return [...document.getElementById('voice').options].some((o) => o.value === 'espeak')")
-                options = driver.execute_script("return [...document.getElementById('voice').options].map((o) => o.value)")
+                options = driver.execute_script(
+                    "return [...document.getElementById('voice').options].map((o) => o.value)"
+                )
                 driver.execute_script("""const s = document.getElementById('voice');
                     s.value = 'espeak'; s.dispatchEvent(new Event('change'));""")
                 driver.find_element("id", "connect").click()

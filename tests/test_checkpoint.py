@@ -11,13 +11,12 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_lm_golden import forward_logits
 
 from kimiaudio.checkpoint.files import load_safetensors
-
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.kimia_lm import load_lm
-from test_lm_golden import forward_logits
 
 
 def shard(checkpoint, tmp_path):
@@ -33,8 +32,9 @@ def shard(checkpoint, tmp_path):
         save_file({k: state[k] for k in keys}, str(out / file))
         weight_map.update({k: file for k in keys})
     total = sum(t.numel() * t.element_size() for t in state.values())
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                  "weight_map": weight_map}))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     return out
 
 
@@ -99,7 +99,12 @@ def test_a_torch_file_reads_only_the_tensors_used(tmp_path):
     tensor nobody touches never enters this process's memory (peak measured in a fresh one)."""
     path = tmp_path / "model.pt"
     torch.save({"state_dict": {"speech_model.w": torch.ones(8, 8), "optimizer": torch.zeros(50_000_000)}}, path)
-    out = subprocess.run([sys.executable, "-c", PEAK_PROBE, str(path)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_PROBE, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     grew_mib = int(out.stdout.strip())
     assert grew_mib < 100, f"loading grew the peak by {grew_mib} MiB: the unused 191 MiB tensor was read"

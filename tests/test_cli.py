@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def kimiaudio(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    return subprocess.run([sys.executable, "-m", "kimiaudio", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kimiaudio", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        env=env,
+        timeout=300,
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -32,8 +38,19 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 def test_chat_writes_24k_reply_and_prints_token_ids(demo_checkpoint, speech_wav, tmp_path):
     out = tmp_path / "reply.wav"
-    result = kimiaudio("chat", str(speech_wav), "--model", str(demo_checkpoint), "--out", str(out),
-                       "--json", "--seed", "3", "--max-new-tokens", "48")
+    result = kimiaudio(
+        "chat",
+        str(speech_wav),
+        "--model",
+        str(demo_checkpoint),
+        "--out",
+        str(out),
+        "--json",
+        "--seed",
+        "3",
+        "--max-new-tokens",
+        "48",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["demo_weights"] is True
@@ -53,8 +70,20 @@ def test_chat_two_turns_same_seed_is_reproducible(demo_checkpoint, speech_wav, t
     runs = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.wav"
-        result = kimiaudio("chat", str(speech_wav), str(speech_wav), "--model", str(demo_checkpoint),
-                           "--out", str(out), "--json", "--seed", "5", "--max-new-tokens", "40")
+        result = kimiaudio(
+            "chat",
+            str(speech_wav),
+            str(speech_wav),
+            "--model",
+            str(demo_checkpoint),
+            "--out",
+            str(out),
+            "--json",
+            "--seed",
+            "5",
+            "--max-new-tokens",
+            "40",
+        )
         assert result.returncode == 0, result.stderr
         runs.append(json.loads(result.stdout))
         assert (tmp_path / f"{name}.turn1.wav").exists() and out.exists()

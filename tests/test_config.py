@@ -64,6 +64,7 @@ DOCUMENTED_RANGES = {
 
 def _edges(spec: str, kind: type) -> tuple[list, list]:
     """(values the range takes at its ends, the first values past them)."""
+
     def number(text: str):
         return kind(float(text)) if kind is float else int(text)
 
@@ -94,16 +95,19 @@ def test_each_documented_range_takes_its_edges_and_refuses_the_next_value(name):
             apply_overrides(Config(), {section: {key: value}})
 
 
-@pytest.mark.parametrize("name, takes, refuses", [
-    ("engine.block_size", [1, 2, 16, 256], [0, 3, 24, 512]),  # a power of two, 1..256
-    ("model.device", ["auto", "cpu", "cuda", "cuda:1"], ["gpu", "cuda:", "CPU", ""]),
-    ("model.dtype", ["auto", "float32", "bfloat16", "float16"], ["fp16", "int8"]),
-    ("detok.preset", ["low_latency", "official"], ["fast", "Official"]),
-    ("server.ice_servers", [["stun:h:3478", "turns:t.example.org"]], [["http://h"], ["stun:"]]),
-    ("server.instance_id", ["", "gpu-node-1:8081", "pod_7.cuda-0", "a" * 128], ["-x", "a b", "a" * 129, "é"]),
-    ("server.model_aliases", [[], ["whisper-1", "org/model:v2"]], [["bad name"], [""], "whisper-1", ["-x"]]),
-    ("server.openai_voice", ["", "narrator", "v1.2_x"], ["bad name", "-x", "a" * 65]),
-])
+@pytest.mark.parametrize(
+    "name, takes, refuses",
+    [
+        ("engine.block_size", [1, 2, 16, 256], [0, 3, 24, 512]),  # a power of two, 1..256
+        ("model.device", ["auto", "cpu", "cuda", "cuda:1"], ["gpu", "cuda:", "CPU", ""]),
+        ("model.dtype", ["auto", "float32", "bfloat16", "float16"], ["fp16", "int8"]),
+        ("detok.preset", ["low_latency", "official"], ["fast", "Official"]),
+        ("server.ice_servers", [["stun:h:3478", "turns:t.example.org"]], [["http://h"], ["stun:"]]),
+        ("server.instance_id", ["", "gpu-node-1:8081", "pod_7.cuda-0", "a" * 128], ["-x", "a b", "a" * 129, "é"]),
+        ("server.model_aliases", [[], ["whisper-1", "org/model:v2"]], [["bad name"], [""], "whisper-1", ["-x"]]),
+        ("server.openai_voice", ["", "narrator", "v1.2_x"], ["bad name", "-x", "a" * 65]),
+    ],
+)
 def test_documented_choices(name, takes, refuses):
     section, key = name.split(".")
     for value in takes:
@@ -113,14 +117,17 @@ def test_documented_choices(name, takes, refuses):
             check_setting(section, key, value)
 
 
-@pytest.mark.parametrize("name, value, expected", [
-    ("sampling.audio_top_k", True, "an integer in [0, 1048576]"),
-    ("sampling.audio_top_k", 1.0, "an integer in [0, 1048576]"),
-    ("sampling.text_temperature", "0.5", "a finite number >= 0.0"),
-    ("sampling.text_temperature", math.nan, "a finite number >= 0.0"),
-    ("vad.barge_in", 1, "true or false"),
-    ("server.ice_servers", "stun:h:3478", "a list, each item a stun:, turn: or turns: URL"),
-])
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("sampling.audio_top_k", True, "an integer in [0, 1048576]"),
+        ("sampling.audio_top_k", 1.0, "an integer in [0, 1048576]"),
+        ("sampling.text_temperature", "0.5", "a finite number >= 0.0"),
+        ("sampling.text_temperature", math.nan, "a finite number >= 0.0"),
+        ("vad.barge_in", 1, "true or false"),
+        ("server.ice_servers", "stun:h:3478", "a list, each item a stun:, turn: or turns: URL"),
+    ],
+)
 def test_a_value_of_the_wrong_type_says_what_was_expected(name, value, expected):
     section, key = name.split(".")
     with pytest.raises(ConfigError) as info:
@@ -146,24 +153,35 @@ def test_sampling_params_default_to_the_documented_sampling():
     """SamplingParams built in code sample as a server with config.toml's [sampling] does."""
     written = tomllib.loads(CONFIG_TOML.read_text())["sampling"]
     params = SamplingParams()
-    assert {key: getattr(params, key) for key in written if key != "seed"} == \
-        {key: value for key, value in written.items() if key != "seed"}
+    assert {key: getattr(params, key) for key in written if key != "seed"} == {
+        key: value for key, value in written.items() if key != "seed"
+    }
     assert params.seed is None  # a fresh seed per request unless one is given
     greedy = SamplingParams.greedy()
     assert (greedy.text_temperature, greedy.audio_temperature) == (0.0, 0.0)
     assert greedy.audio.is_greedy and greedy.text.is_greedy
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[sampling]\naudio_top_k = -1\n", "sampling.audio_top_k: expected an integer in [0, 1048576], got -1"),
-    ("[engine]\nblock_size = 'big'\n", "engine.block_size: expected one of 1, 2, 4, 8, 16, 32, 64, 128, 256, got 'big'"),
-    ("[vad]\nthreshold = 1.0\n", "vad.threshold: expected a finite number in (0.0, 1.0), got 1.0"),
-    ("[detok]\nmax_batch_sessions = 0\n", "detok.max_batch_sessions: expected an integer in [1, 1024], got 0"),
-    ("[vad]\nsilence = 5\n", "vad.silence: unknown setting (known: threshold, min_speech_ms, silence_ms, "
-                             "prefix_padding_ms, barge_in)"),
-    ("[nonsense]\nx = 1\n", "[nonsense]: unknown section (known: audio, detok, engine, model, sampling, server, "
-                            "storage, vad, voices)"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[sampling]\naudio_top_k = -1\n", "sampling.audio_top_k: expected an integer in [0, 1048576], got -1"),
+        (
+            "[engine]\nblock_size = 'big'\n",
+            "engine.block_size: expected one of 1, 2, 4, 8, 16, 32, 64, 128, 256, got 'big'",
+        ),
+        ("[vad]\nthreshold = 1.0\n", "vad.threshold: expected a finite number in (0.0, 1.0), got 1.0"),
+        ("[detok]\nmax_batch_sessions = 0\n", "detok.max_batch_sessions: expected an integer in [1, 1024], got 0"),
+        (
+            "[vad]\nsilence = 5\n",
+            "vad.silence: unknown setting (known: threshold, min_speech_ms, silence_ms, prefix_padding_ms, barge_in)",
+        ),
+        (
+            "[nonsense]\nx = 1\n",
+            "[nonsense]: unknown section (known: audio, detok, engine, model, sampling, server, storage, vad, voices)",
+        ),
+    ],
+)
 def test_a_bad_setting_in_a_file_names_the_file_and_the_key(tmp_path, text, message):
     path = tmp_path / "c.toml"
     path.write_text(text)
@@ -193,16 +211,31 @@ def test_overrides_apply_on_top_of_the_file(tmp_path):
 
 
 # The rules between settings: each names the key it refuses and the one it is held to.
-@pytest.mark.parametrize("refused, taken, message", [
-    ({"first_chunk_tokens": 2}, {"first_chunk_tokens": 3},  # first_look_ahead_tokens = 2
-     "detok.first_chunk_tokens = 2: expected more than first_look_ahead_tokens (2)"),
-    ({"min_ode_steps": 17}, {"min_ode_steps": 16},  # ode_steps = 16
-     "detok.min_ode_steps = 17: expected at most ode_steps (16)"),
-    ({"first_look_ahead_tokens": 0, "chunk_tokens": 4}, {"first_look_ahead_tokens": 0, "chunk_tokens": 5},
-     "detok.chunk_tokens = 4: expected more than look_ahead_tokens - first_look_ahead_tokens (4)"),
-    ({"max_chunk_tokens": 7}, {"max_chunk_tokens": 8},  # chunk_tokens = 8
-     "detok.max_chunk_tokens = 7: expected >= chunk_tokens (8)"),
-])
+@pytest.mark.parametrize(
+    "refused, taken, message",
+    [
+        (
+            {"first_chunk_tokens": 2},
+            {"first_chunk_tokens": 3},  # first_look_ahead_tokens = 2
+            "detok.first_chunk_tokens = 2: expected more than first_look_ahead_tokens (2)",
+        ),
+        (
+            {"min_ode_steps": 17},
+            {"min_ode_steps": 16},  # ode_steps = 16
+            "detok.min_ode_steps = 17: expected at most ode_steps (16)",
+        ),
+        (
+            {"first_look_ahead_tokens": 0, "chunk_tokens": 4},
+            {"first_look_ahead_tokens": 0, "chunk_tokens": 5},
+            "detok.chunk_tokens = 4: expected more than look_ahead_tokens - first_look_ahead_tokens (4)",
+        ),
+        (
+            {"max_chunk_tokens": 7},
+            {"max_chunk_tokens": 8},  # chunk_tokens = 8
+            "detok.max_chunk_tokens = 7: expected >= chunk_tokens (8)",
+        ),
+    ],
+)
 def test_chunk_schedule_rules(tmp_path, refused, taken, message):
     path = tmp_path / "c.toml"
     path.write_text("[detok]\n" + "".join(f"{k} = {v}\n" for k, v in refused.items()))
@@ -234,7 +267,9 @@ def test_a_detok_config_built_in_code_is_held_to_the_documented_ranges():
 
 
 def test_voice_lengths_are_ordered():
-    with pytest.raises(ConfigError, match=r"^voices\.min_seconds = 31\.0: expected at most voices\.max_seconds \(30\.0\)$"):
+    with pytest.raises(
+        ConfigError, match=r"^voices\.min_seconds = 31\.0: expected at most voices\.max_seconds \(30\.0\)$"
+    ):
         apply_overrides(Config(), {"voices": {"min_seconds": 31.0}})
     assert apply_overrides(Config(), {"voices": {"min_seconds": 30.0}}).voices.min_seconds == 30.0
 
@@ -258,13 +293,18 @@ def _update(session: dict) -> SessionUpdate:
     return parse_client_event(json.dumps({"type": "session.update", "session": session}))
 
 
-@pytest.mark.parametrize("session, message", [
-    ({"sampling": {"seed": -1}}, "session.sampling.seed: expected an integer in [0, 18446744073709551615], got -1"),
-    ({"sampling": {"audio_temperature": True}}, "session.sampling.audio_temperature: expected a finite number >= 0.0, "
-                                                "got True"),
-    ({"vad": {"silence_ms": 60001}}, "session.vad.silence_ms: expected an integer in [0, 60000], got 60001"),
-    ({"sampling": {"nonsense": 1}}, "session.sampling.nonsense: unknown setting"),
-])
+@pytest.mark.parametrize(
+    "session, message",
+    [
+        ({"sampling": {"seed": -1}}, "session.sampling.seed: expected an integer in [0, 18446744073709551615], got -1"),
+        (
+            {"sampling": {"audio_temperature": True}},
+            "session.sampling.audio_temperature: expected a finite number >= 0.0, got True",
+        ),
+        ({"vad": {"silence_ms": 60001}}, "session.vad.silence_ms: expected an integer in [0, 60000], got 60001"),
+        ({"sampling": {"nonsense": 1}}, "session.sampling.nonsense: unknown setting"),
+    ],
+)
 def test_a_session_update_is_checked_as_it_is_parsed(session, message):
     with pytest.raises(ProtocolError) as info:
         _update(session)

@@ -10,11 +10,10 @@ import yaml
 from safetensors import safe_open
 
 from kimiaudio.checkpoint.files import read_json
-
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
+from kimiaudio.errors import CheckpointError
 from kimiaudio.models.kaiser_filter import kaiser_sinc_lowpass
 from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint, write_demo_checkpoint
-from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens
 from kimiaudio.text.tokenizer import KimiTokenizer
 
@@ -95,7 +94,10 @@ def test_shapes_follow_configs(demo):
     assert config["kimia_adaptor_input_dim"] == 4 * whisper["d_model"]
     dit = yaml.safe_load((demo / "audio_detokenizer" / "config.yaml").read_text())["model"]["dit"]
     state = torch.load(str(demo / "audio_detokenizer" / "model.pt"), weights_only=True)["state_dict"]
-    assert state["speech_model.semantic_token_embedding.weight"].shape == (dit["semantic_vocab_size"] + 1, dit["hidden_size"])
+    assert state["speech_model.semantic_token_embedding.weight"].shape == (
+        dit["semantic_vocab_size"] + 1,
+        dit["hidden_size"],
+    )
 
 
 def test_tokenizer_and_specials_load(demo, twin):
@@ -189,9 +191,9 @@ def test_loads_through_the_real_loaders(demo):
 
 def test_demo_replies_end_after_a_few_seconds(demo):
     # The tuned msg_end row: with the default sampling, speech replies stop on their own.
-    from kimiaudio.models.kimia_lm import load_lm
     from kimiaudio.engine.reference_loop import generate_reference
     from kimiaudio.engine.sampling_params import SamplingParams
+    from kimiaudio.models.kimia_lm import load_lm
     from kimiaudio.text.prompt import Message, build_prompt
 
     paths = find_checkpoint(demo)
@@ -206,8 +208,17 @@ def test_demo_replies_end_after_a_few_seconds(demo):
         features = torch.randn(n, lm.config.kimia_adaptor_input_dim, generator=gen)
         prompt = build_prompt([Message("user", "audio", audio_tokens=codes, features=features)], "both", tok, specials)
         params = SamplingParams(seed=seed, max_new_tokens=300)  # default sampling: audio T 0.8, top-k 10
-        result = generate_reference(lm, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features,
-                                    params, "both", specials, record_steps=True)
+        result = generate_reference(
+            lm,
+            prompt.audio_ids,
+            prompt.text_ids,
+            prompt.continuous_mask,
+            prompt.features,
+            params,
+            "both",
+            specials,
+            record_steps=True,
+        )
         assert result.finish_reason != "length"
         steps.append(len(result.steps))
     steps.sort()

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from kimiaudio.config import DetokConfig
 from kimiaudio.checkpoint.paths import find_checkpoint
-from kimiaudio.detok.buckets import BucketShape, Buckets
-from kimiaudio.detok.detokenizer import Detokenizer
-from kimiaudio.detok.chunk_shapes import rehearse
+from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import ChunkSchedule
+from kimiaudio.detok.buckets import Buckets, BucketShape
+from kimiaudio.detok.chunk_shapes import rehearse
+from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.streaming import StreamParams
 
 
@@ -66,5 +66,6 @@ def test_rehearsal_shapes_are_the_real_ones(golden_checkpoint):
     hook.remove()
     shapes = rehearse(detok.new_stream().params, chunks=len(trace) - 1)
     assert [(c.frames, c.prefix, c.vocoder_frames) for c in shapes] == [
-        (r["n_frames_in"], r["prefix_frames"], n) for r, n in zip(trace[:-1], lengths)]
+        (r["n_frames_in"], r["prefix_frames"], n) for r, n in zip(trace[:-1], lengths)
+    ]
     assert max(c.prefix for c in shapes) == 100

@@ -6,17 +6,27 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_detok_streaming import streamed_samples
 
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.cuda_graphs import GraphCache
 from kimiaudio.detok.detokenizer import Detokenizer
-from test_detok_streaming import streamed_samples
 
 TOL = dict(atol=1e-4, rtol=1e-4)
-SMALL = DetokConfig(first_chunk_tokens=4, first_look_ahead_tokens=1, first_ode_steps=3, chunk_tokens=4,
-                    chunk_growth=1.5, max_chunk_tokens=6, look_ahead_tokens=2, ode_steps=4, min_ode_steps=2,
-                    max_kv_cache_frames=40, max_batch_sessions=2)
+SMALL = DetokConfig(
+    first_chunk_tokens=4,
+    first_look_ahead_tokens=1,
+    first_ode_steps=3,
+    chunk_tokens=4,
+    chunk_growth=1.5,
+    max_chunk_tokens=6,
+    look_ahead_tokens=2,
+    ode_steps=4,
+    min_ode_steps=2,
+    max_kv_cache_frames=40,
+    max_batch_sessions=2,
+)
 
 
 def test_graph_cache_is_lazy_and_bounded():
@@ -73,14 +83,19 @@ def test_graph_path_equals_eager(detoks, golden_checkpoint):
     g = torch.Generator().manual_seed(4)
     vocab = eager.dit.cfg.semantic_vocab_size
     streams = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (23, 9, 31)]
-    detok_streams = {name: [d.new_stream(seed=s) for s in range(3)] for name, d in (("eager", eager), ("graphed", graphed))}
+    detok_streams = {
+        name: [d.new_stream(seed=s) for s in range(3)] for name, d in (("eager", eager), ("graphed", graphed))
+    }
     for detok_stream in detok_streams["eager"]:
         detok_stream.trace = []
     out = {name: [[] for _ in streams] for name in detok_streams}
     for step in range(0, 32, 5):  # 5 tokens a step; a stream ends with a final flush
         for name, detok in (("eager", eager), ("graphed", graphed)):
-            items = [(detok_streams[name][i], toks[step : step + 5], step + 5 >= len(toks))
-                     for i, toks in enumerate(streams) if step < len(toks)]
+            items = [
+                (detok_streams[name][i], toks[step : step + 5], step + 5 >= len(toks))
+                for i, toks in enumerate(streams)
+                if step < len(toks)
+            ]
             for (i, _), wav in zip([(i, t) for i, t in enumerate(streams) if step < len(t)], detok.step_batch(items)):
                 out[name][i].append(wav)
     for a, b, detok_stream in zip(out["eager"], out["graphed"], detok_streams["eager"]):

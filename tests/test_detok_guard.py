@@ -6,8 +6,9 @@ import pytest
 
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings, plan_chunks
 
-SETTINGS = GuardSettings(max_batch_sessions=8, run_ahead_s=0.5, first_ode_steps=10, ode_steps=16,
-                         min_ode_steps=6, lower_first_chunk=False)
+SETTINGS = GuardSettings(
+    max_batch_sessions=8, run_ahead_s=0.5, first_ode_steps=10, ode_steps=16, min_ode_steps=6, lower_first_chunk=False
+)
 
 
 @dataclass
@@ -40,8 +41,11 @@ def test_run_ahead_and_limit():
 def test_at_risk_batch_gets_the_most_steps_that_fit():
     # Forecast at normal steps: a group of 10 calls (first chunk) + 16 (later chunks), 10 ms each.
     # "tight" has 0.1 s left and its next chunk adds 0.3 s: 0.4 s of room < 2 x 0.26 s.
-    due = [Stream("new", 9.5, is_playing=False), Stream("tight", 10.1, next_chunk_s=0.3),
-           Stream("fine", 10.45, next_chunk_s=2.0)]
+    due = [
+        Stream("new", 9.5, is_playing=False),
+        Stream("tight", 10.1, next_chunk_s=0.3),
+        Stream("fine", 10.45, next_chunk_s=2.0),
+    ]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.01))
     assert [s.name for s in plan.streams] == ["new", "tight", "fine"]
     # later chunks at s steps: 2 x (10 + s) x 0.01 <= 0.4 fails for s >= 11, and s = 10 joins the

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_detok_streaming import vocoder_samples
 
 from kimiaudio.config import DetokConfig
-from kimiaudio.detok.buckets import BucketShape, Buckets
+from kimiaudio.config.chunk_schedule import ChunkSchedule
+from kimiaudio.detok.buckets import Buckets, BucketShape
 from kimiaudio.detok.dit_batch import DiTBatch, StaticArena
 from kimiaudio.detok.flow_matching import REFRESH_T, ChunkJob, FlowMatcher, euler_schedule, timestep_ids
-from kimiaudio.config.chunk_schedule import ChunkSchedule
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder
 from kimiaudio.models.dit import DiTConfig, load_dit
-from test_detok_streaming import vocoder_samples
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
@@ -65,16 +65,24 @@ def test_infer_chunk_mel(golden, golden_meta, dit):
     info = golden_meta["sections"]["detok"]["infer_chunk"]
     flow = FlowMatcher(dit, _buckets(exact=True))
     look_ahead = info["look_ahead_tokens"] * golden_meta["sections"]["detok"]["upsample_factor"]
-    job = ChunkJob(golden["detok.infer_chunk.semantic_tokens"], golden["detok.infer_chunk.noise"],
-                   info["start_position_id"], None, look_ahead, False, info["ode_steps"])
+    job = ChunkJob(
+        golden["detok.infer_chunk.semantic_tokens"],
+        golden["detok.infer_chunk.noise"],
+        info["start_position_id"],
+        None,
+        look_ahead,
+        False,
+        info["ode_steps"],
+    )
     (out,) = flow.infer_chunks([job])
     torch.testing.assert_close(out.mel, golden["detok.infer_chunk.mel"], **TOL)
     assert out.kv is None
 
 
 def _buckets(exact: bool, max_batch: int = 4) -> Buckets:
-    schedule = ChunkSchedule.from_config(DetokConfig(chunk_tokens=6, look_ahead_tokens=3, max_chunk_tokens=9,
-                                                     max_kv_cache_frames=40), 4096)
+    schedule = ChunkSchedule.from_config(
+        DetokConfig(chunk_tokens=6, look_ahead_tokens=3, max_chunk_tokens=9, max_kv_cache_frames=40), 4096
+    )
     return Buckets.for_schedule(schedule, max_batch, exact=exact)
 
 
@@ -86,11 +94,24 @@ def test_infer_chunk_batched_equals_alone(dit, bucketed):
     heads, hd = dit.kv_shape
     codebook, mel_bins = dit.cfg.semantic_vocab_size, dit.cfg.input_size
     jobs = [
-        ChunkJob(torch.randint(0, codebook, (n,), generator=g), torch.randn(n, mel_bins, generator=g), start,
-                 None if p == 0 else torch.randn(dit.cfg.depth, 2, heads, p, hd, generator=g), la, keep, steps)
+        ChunkJob(
+            torch.randint(0, codebook, (n,), generator=g),
+            torch.randn(n, mel_bins, generator=g),
+            start,
+            None if p == 0 else torch.randn(dit.cfg.depth, 2, heads, p, hd, generator=g),
+            la,
+            keep,
+            steps,
+        )
         for n, start, p, la, keep, steps in [
-            (40, 0, 0, 8, True, 5), (24, 100, 30, 0, True, 5), (33, 7, 12, 0, False, 5), (20, 3, 9, 4, True, 3),
-            (36, 50, 40, 12, True, 5), (8, 9, 0, 4, True, 5), (0, 4, 20, 0, False, 5)]
+            (40, 0, 0, 8, True, 5),
+            (24, 100, 30, 0, True, 5),
+            (33, 7, 12, 0, False, 5),
+            (20, 3, 9, 4, True, 3),
+            (36, 50, 40, 12, True, 5),
+            (8, 9, 0, 4, True, 5),
+            (0, 4, 20, 0, False, 5),
+        ]
     ]
     batched = FlowMatcher(dit, _buckets(exact=not bucketed, max_batch=4))
     assert batched.buckets.frame_sizes == (32, 48) and batched.buckets.prefix_sizes == (0, 48)
@@ -174,8 +195,10 @@ def _edit_yaml(path: Path, edit) -> None:
     path.write_text(yaml.safe_dump(raw))
 
 
-@pytest.mark.parametrize("key,bad", [("ffn_type", "conv1d_conv1d"), ("position_embedding_type", "alibi"),
-                                     ("hidden_size", None), ("depth", "two")])
+@pytest.mark.parametrize(
+    "key,bad",
+    [("ffn_type", "conv1d_conv1d"), ("position_embedding_type", "alibi"), ("hidden_size", None), ("depth", "two")],
+)
 def test_bad_config_yaml(golden_checkpoint, tmp_path, key, bad):
     """bad None: the key is missing."""
     d = _copy_dir(golden_checkpoint / "audio_detokenizer", tmp_path / "audio_detokenizer")
@@ -211,8 +234,9 @@ def _dit_variant(checkpoint: Path, tmp_path, kind, extra):
 
 def test_sincos_positions_are_chunk_relative(golden_checkpoint, tmp_path):
     """fairseq make_positions(padding_idx=0): ids s..s+n-1 -> rows 1..n (s>0); id 0 -> zero row."""
-    dit = _dit_variant(golden_checkpoint, tmp_path, "sincos",
-                       {"speech_model.position_embedding._float_tensor": torch.zeros(1)})
+    dit = _dit_variant(
+        golden_checkpoint, tmp_path, "sincos", {"speech_model.position_embedding._float_tensor": torch.zeros(1)}
+    )
     half = dit.cfg.hidden_size // 2
     freqs = torch.exp(torch.arange(half) * -(torch.log(torch.tensor(10000.0)) / (half - 1)))
 

@@ -11,9 +11,9 @@ from dataclasses import replace
 import torch
 
 from kimiaudio.config import DetokConfig
+from kimiaudio.config.chunk_schedule import UPSAMPLE
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.flow_matching import REFRESH_T
-from kimiaudio.config.chunk_schedule import UPSAMPLE
 from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.models.dit import DiTContext
 
@@ -29,8 +29,15 @@ def _context(dit, ids, positions, prev):
     if prev is not None:
         kv[:, :, 0, :, :p] = prev
     pos_emb, rope = dit.position_inputs(positions[None])
-    ctx = DiTContext(dit.semantic_token_embedding(ids[None]), pos_emb, rope, list(kv[:, 0]), list(kv[:, 1]), p,
-                     torch.ones(1, 1, 1, p + n, dtype=torch.bool))
+    ctx = DiTContext(
+        dit.semantic_token_embedding(ids[None]),
+        pos_emb,
+        rope,
+        list(kv[:, 0]),
+        list(kv[:, 1]),
+        p,
+        torch.ones(1, 1, 1, p + n, dtype=torch.bool),
+    )
     return ctx, lambda: kv[:, :, 0, :, p:].clone()  # the last call's chunk K/V
 
 
@@ -105,9 +112,17 @@ def _reference(dit, vocoder, tokens, noises, first, chunk, look_ahead):
 @torch.inference_mode()
 def test_kv_cap_and_position_reset_match_reference(golden_paths):
     # The official chunking (every chunk 30 tokens, 12 look-ahead) with a few ODE steps.
-    config = DetokConfig(first_chunk_tokens=30, first_look_ahead_tokens=12, first_ode_steps=STEPS, chunk_tokens=30,
-                         chunk_growth=1.0, max_chunk_tokens=30, look_ahead_tokens=12, ode_steps=STEPS,
-                         min_ode_steps=STEPS)
+    config = DetokConfig(
+        first_chunk_tokens=30,
+        first_look_ahead_tokens=12,
+        first_ode_steps=STEPS,
+        chunk_tokens=30,
+        chunk_growth=1.0,
+        max_chunk_tokens=30,
+        look_ahead_tokens=12,
+        ode_steps=STEPS,
+        min_ode_steps=STEPS,
+    )
     detok = Detokenizer.load(golden_paths, "cpu", torch.float32, config)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, detok.dit.cfg.semantic_vocab_size, (100,), generator=g).tolist()
@@ -123,8 +138,15 @@ def test_kv_cap_and_position_reset_match_reference(golden_paths):
     stream.trace = []
     got = [detok.step_batch([(stream, tokens[i : i + 10], False)])[0] for i in range(0, 100, 10)]
     got.append(detok.step_batch([(stream, [], True)])[0])
-    expected, expected_starts = _reference(detok.dit, detok.vocoder, tokens, iter(noises),
-                                           config.first_chunk_tokens, config.chunk_tokens, config.look_ahead_tokens)
+    expected, expected_starts = _reference(
+        detok.dit,
+        detok.vocoder,
+        tokens,
+        iter(noises),
+        config.first_chunk_tokens,
+        config.chunk_tokens,
+        config.look_ahead_tokens,
+    )
     starts = [rec["start_position"] for rec in stream.trace]
     assert starts == expected_starts and 0 in starts[1:]  # positions were reset at least once
     got = [w for w in got if w.numel()]

@@ -2,16 +2,16 @@
 chunk schedule, batched streams == alone, RTF."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
 
 from kimiaudio.config import DetokConfig
-from kimiaudio.detok.detokenizer import DetokItem, Detokenizer
-from kimiaudio.detok.flow_matching import REFRESH_T, euler_schedule
 from kimiaudio.config.chunk_schedule import ChunkSchedule
+from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
+from kimiaudio.detok.flow_matching import REFRESH_T, euler_schedule
 from kimiaudio.errors import ConfigError, KimiAudioError
 
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -20,11 +20,18 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 def official_detok_config(meta: dict) -> DetokConfig:
     """The chunking the golden was streamed with (official detokenize_audio), from its meta."""
     d = meta["sections"]["detok"]
-    return DetokConfig(first_chunk_tokens=d["first_chunk_size"], first_look_ahead_tokens=d["look_ahead_tokens"],
-                       first_ode_steps=d["ode_steps"], chunk_tokens=d["chunk_size"], chunk_growth=1.0,
-                       max_chunk_tokens=d["chunk_size"], look_ahead_tokens=d["look_ahead_tokens"],
-                       ode_steps=d["ode_steps"], min_ode_steps=d["ode_steps"],
-                       max_kv_cache_frames=d["max_kv_cache_tokens"])
+    return DetokConfig(
+        first_chunk_tokens=d["first_chunk_size"],
+        first_look_ahead_tokens=d["look_ahead_tokens"],
+        first_ode_steps=d["ode_steps"],
+        chunk_tokens=d["chunk_size"],
+        chunk_growth=1.0,
+        max_chunk_tokens=d["chunk_size"],
+        look_ahead_tokens=d["look_ahead_tokens"],
+        ode_steps=d["ode_steps"],
+        min_ode_steps=d["ode_steps"],
+        max_kv_cache_frames=d["max_kv_cache_tokens"],
+    )
 
 
 def vocoder_samples(checkpoint: Path) -> Callable[[int], int]:
@@ -104,8 +111,14 @@ def test_detokenize_matches_official(golden, golden_meta, detok, fast, name, low
     assert len(trace) == info.shape[0]
     ode_t = []
     for i, rec in enumerate(trace):
-        row = [rec["start_position"], rec["n_frames_in"], rec["look_ahead"], int(rec["is_final"]),
-               rec["mel"].shape[0], rec["wav"].numel()]
+        row = [
+            rec["start_position"],
+            rec["n_frames_in"],
+            rec["look_ahead"],
+            int(rec["is_final"]),
+            rec["mel"].shape[0],
+            rec["wav"].numel(),
+        ]
         assert row == info[i].tolist(), f"chunk {i}"
         assert torch.equal(rec["semantic_tokens"], golden[f"detok.{name}.chunk{i}.semantic_tokens"])
         torch.testing.assert_close(rec["mel"], golden[f"detok.{name}.chunk{i}.mel"], **TOL)
@@ -220,13 +233,20 @@ def test_low_latency_schedule_is_what_the_config_says(fast, golden_checkpoint):
     assert wav.numel() == streamed_samples(golden_checkpoint, trace)
 
 
-@pytest.mark.parametrize("change, key", [
-    (dict(preset="fast"), "detok.preset"), (dict(min_ode_steps=20), "detok.min_ode_steps"),
-    (dict(first_ode_steps=1), "detok.first_ode_steps"), (dict(first_look_ahead_tokens=-1), "detok.first_look_ahead_tokens"),
-    (dict(first_look_ahead_tokens=0, chunk_tokens=4, look_ahead_tokens=4), "detok.chunk_tokens"),
-    (dict(max_chunk_tokens=4), "detok.max_chunk_tokens"), (dict(chunk_growth=0.5), "detok.chunk_growth"),
-    (dict(max_chunk_tokens=2000), "detok.max_chunk_tokens"), (dict(max_kv_cache_frames=0), "detok.max_kv_cache_frames"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (dict(preset="fast"), "detok.preset"),
+        (dict(min_ode_steps=20), "detok.min_ode_steps"),
+        (dict(first_ode_steps=1), "detok.first_ode_steps"),
+        (dict(first_look_ahead_tokens=-1), "detok.first_look_ahead_tokens"),
+        (dict(first_look_ahead_tokens=0, chunk_tokens=4, look_ahead_tokens=4), "detok.chunk_tokens"),
+        (dict(max_chunk_tokens=4), "detok.max_chunk_tokens"),
+        (dict(chunk_growth=0.5), "detok.chunk_growth"),
+        (dict(max_chunk_tokens=2000), "detok.max_chunk_tokens"),
+        (dict(max_kv_cache_frames=0), "detok.max_kv_cache_frames"),
+    ],
+)
 def test_schedule_errors_name_the_key(change, key):
     with pytest.raises(ConfigError, match=key):
         ChunkSchedule.from_config(DetokConfig(**change), 4096)

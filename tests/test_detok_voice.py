@@ -6,20 +6,21 @@ import dataclasses
 
 import pytest
 import torch
+from test_detok_streaming import TOL, random_tokens
 
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.detok.voice_prefix import PROMPT_CHUNK_FRAMES, prefill_spans
 from kimiaudio.errors import KimiAudioError
-from test_detok_streaming import TOL, random_tokens
 
 
 @pytest.fixture(scope="module")
 def fast(detok):
     """Same weights, the low-latency schedule with few ODE steps (tests comparing code with itself)."""
-    return Detokenizer(detok.dit, detok.vocoder, DetokConfig(ode_steps=4, first_ode_steps=3, min_ode_steps=3),
-                       mel=detok.mel)
+    return Detokenizer(
+        detok.dit, detok.vocoder, DetokConfig(ode_steps=4, first_ode_steps=3, min_ode_steps=3), mel=detok.mel
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,9 @@ def golden_voice(detok, golden, voice_meta):
 def test_mel_is_the_official_one(detok, golden, voice_meta):
     """Settings read from vocoder/config.json, as the golden's meta records them."""
     mel_meta = voice_meta["mel"]
-    assert {k: getattr(detok.mel, k) for k in mel_meta} == {k: (float(v) if k == "fmin" else v) for k, v in mel_meta.items()}
+    assert {k: getattr(detok.mel, k) for k in mel_meta} == {
+        k: (float(v) if k == "fmin" else v) for k, v in mel_meta.items()
+    }
     mel = detok.mel(golden["voice.ref_wav24k"])
     assert mel.shape == golden["voice.ref_mel"].shape
     torch.testing.assert_close(mel, golden["voice.ref_mel"], **TOL)
@@ -54,7 +57,9 @@ def test_stream_after_prefill_matches_official(detok, golden, voice_meta):
     calls = detok.num_prefill_calls
     voice = golden_voice(detok, golden, voice_meta)
     frames = voice_meta["ref_ids_frames"]
-    assert detok.num_prefill_calls - calls == len(prefill_spans(frames, PROMPT_CHUNK_FRAMES, voice_meta["max_prompt_chunk"]))
+    assert detok.num_prefill_calls - calls == len(
+        prefill_spans(frames, PROMPT_CHUNK_FRAMES, voice_meta["max_prompt_chunk"])
+    )
     assert voice.next_position == voice_meta["start_position_after_prefill"]
     info = golden["voice.chunk_info"]
     noises = iter(golden[f"voice.chunk{i}.noise"] for i in range(info.shape[0]))
@@ -62,8 +67,14 @@ def test_stream_after_prefill_matches_official(detok, golden, voice_meta):
     wav = detok.detokenize(golden["voice.tokens"], noise_fn=lambda n: next(noises), trace=trace, voice=voice)
     assert len(trace) == info.shape[0]
     for i, rec in enumerate(trace):
-        row = [rec["start_position"], rec["n_frames_in"], rec["look_ahead"], int(rec["is_final"]),
-               rec["mel"].shape[0], rec["wav"].numel()]
+        row = [
+            rec["start_position"],
+            rec["n_frames_in"],
+            rec["look_ahead"],
+            int(rec["is_final"]),
+            rec["mel"].shape[0],
+            rec["wav"].numel(),
+        ]
         assert row == info[i].tolist(), f"chunk {i}"
         assert rec["prefix_frames"] >= min(frames, detok.schedule.max_kv_cache_frames)  # attends to the voice
         assert torch.equal(rec["semantic_tokens"], golden[f"voice.chunk{i}.semantic_tokens"])
@@ -103,7 +114,11 @@ def test_streams_in_different_voices_batch_like_alone(fast, golden, voice_meta):
     """Bucketed batches (padded rows, frames and prefixes of different lengths, as on CUDA) of
     streams in two voices and none equal each stream run alone at its own shapes."""
     wav, codes = golden["voice.ref_wav24k"], golden["voice.ref_codes"][0]
-    voices = [golden_voice(fast, golden, voice_meta), fast.voice_prefix(wav[: wav.numel() // 2].flip(0), codes[:20].flip(0)), None]
+    voices = [
+        golden_voice(fast, golden, voice_meta),
+        fast.voice_prefix(wav[: wav.numel() // 2].flip(0), codes[:20].flip(0)),
+        None,
+    ]
     assert voices[0].frames != voices[1].frames
     bucketed = Detokenizer(fast.dit, fast.vocoder, fast.cfg, bucketed=True, mel=fast.mel)
     g = torch.Generator().manual_seed(4)

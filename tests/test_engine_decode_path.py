@@ -10,13 +10,13 @@ import math
 
 import pytest
 import torch
+from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.kv_pool import KVPool
+from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sequence import Sequence
-from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 
@@ -31,8 +31,16 @@ def test_decode_batch_sizes():
 
 def decoding_seq(seq_id: int, length: int, table: list[int]) -> Sequence:
     """A sequence of `length` positions whose last one is this step's decode row."""
-    seq = Sequence(seq_id, f"r{seq_id}", list(range(10, 10 + length)), [7] * length, [seq_id % 2 == 0] * length,
-                   [False] * length, [None] * length, BS)
+    seq = Sequence(
+        seq_id,
+        f"r{seq_id}",
+        list(range(10, 10 + length)),
+        [7] * length,
+        [seq_id % 2 == 0] * length,
+        [False] * length,
+        [None] * length,
+        BS,
+    )
     seq.block_table = table
     seq.num_computed_tokens = length - 1
     seq.num_scheduled_tokens = 1
@@ -95,8 +103,9 @@ def test_padded_decode_attention_matches_reference():
             assert torch.equal(pool.keys(layer)[slots[-1]], k[row])  # the new token was stored first
             for h in range(HQ):
                 weights = torch.softmax(keys[:, h // (HQ // HKV)] @ q[row, h].double() / math.sqrt(D), dim=0)
-                torch.testing.assert_close(out[row, h].double(), weights @ values[:, h // (HQ // HKV)],
-                                           atol=1e-6, rtol=1e-6)
+                torch.testing.assert_close(
+                    out[row, h].double(), weights @ values[:, h // (HQ // HKV)], atol=1e-6, rtol=1e-6
+                )
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +149,6 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
         elif rid == "abort-running":
             assert outputs[rid] == steps[:5]
         elif rid == "fixed-length":  # ignore_eos: past the reference's stop, to the length limit
-            assert outputs[rid][:len(steps)] == steps and len(outputs[rid]) == 30
+            assert outputs[rid][: len(steps)] == steps and len(outputs[rid]) == 30
         else:
             assert (outputs[rid], finished[rid]) == (steps, reason), rid

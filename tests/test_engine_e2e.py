@@ -10,22 +10,22 @@ with the pool drained, and a follow-up prompt must be served from the prefix cac
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import EngineConfig
+from kimiaudio.engine.engine_io import EngineRequest, RequestError
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.paged_attention import AttentionMetadata
-from kimiaudio.engine.engine_io import EngineRequest, RequestError
-from kimiaudio.engine.stop_rules import RuleTokens
-from kimiaudio.models.kimia_lm import KimiAudioLM, load_lm
 from kimiaudio.engine.reference_loop import generate_reference, iter_reference
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.engine.stop_rules import RuleTokens
+from kimiaudio.models.kimia_lm import KimiAudioLM, load_lm
+
 
 def load_tiny_lm(checkpoint: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
     """A golden tiny checkpoint through the project's loader."""
@@ -78,14 +78,32 @@ def joined(first: dict, second: dict, first_len: int) -> dict:
 
 
 def make_request(request_id: str, prompt: dict, params, output_type: str, rules: RuleTokens) -> EngineRequest:
-    return EngineRequest(request_id, prompt["audio_ids"], prompt["text_ids"], prompt["continuous_mask"],
-                         prompt["features"], params, output_type, rules)
+    return EngineRequest(
+        request_id,
+        prompt["audio_ids"],
+        prompt["text_ids"],
+        prompt["continuous_mask"],
+        prompt["features"],
+        params,
+        output_type,
+        rules,
+    )
 
 
 def reference_steps(lm, request: EngineRequest) -> tuple[list[tuple[int, int]], str | None]:
     """(text, audio) after the rules for every step of the batch-1 reference loop, and its reason."""
-    steps = list(iter_reference(lm, request.audio_ids, request.text_ids, request.continuous_mask, request.features,
-                                request.params, request.output_type, request.specials))
+    steps = list(
+        iter_reference(
+            lm,
+            request.audio_ids,
+            request.text_ids,
+            request.continuous_mask,
+            request.features,
+            request.params,
+            request.output_type,
+            request.specials,
+        )
+    )
     return [(s.text_token, s.audio_token) for s in steps], steps[-1].reason
 
 
@@ -95,8 +113,9 @@ def setup(golden_checkpoint, golden, golden_rules):
 
 
 def engine_for(lm, num_blocks=12, block_size=8, budget=24, max_num_seqs=8):
-    config = EngineConfig(block_size=block_size, num_kv_blocks=num_blocks, max_num_batched_tokens=budget,
-                          max_num_seqs=max_num_seqs)
+    config = EngineConfig(
+        block_size=block_size, num_kv_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs
+    )
     return LLMEngine(lm, config, "cpu", torch.float32)
 
 
@@ -107,9 +126,16 @@ def build_requests(lm, tensors, rules):
     leading = text["continuous_mask"].index(1) // 2  # inside the instruction, before any audio
     greedy = SamplingParams.greedy(max_new_tokens=20)
     sampled = SamplingParams(seed=11, text_temperature=0.7, max_new_tokens=24)
-    penalised = SamplingParams(seed=5, text_temperature=1.0, text_top_k=0, text_repetition_penalty=1.2,
-                               text_repetition_window=3, audio_repetition_penalty=1.3, audio_repetition_window=4,
-                               max_new_tokens=18)
+    penalised = SamplingParams(
+        seed=5,
+        text_temperature=1.0,
+        text_top_k=0,
+        text_repetition_penalty=1.2,
+        text_repetition_window=3,
+        audio_repetition_penalty=1.3,
+        audio_repetition_window=4,
+        max_new_tokens=18,
+    )
     specs = [  # (arrival step, request id, prompt, params, output type)
         (0, "both", both, greedy, "both"),
         (0, "text", text, greedy, "text"),
@@ -166,7 +192,7 @@ def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
     # ended if it did (on golden a it does: test_lm_golden checks where).
     text_steps = expected["text"][0]
     assert len(outputs["fixed-length"]) == 30 > len(text_steps) and finished["fixed-length"] == "length"
-    assert outputs["fixed-length"][:len(text_steps)] == text_steps
+    assert outputs["fixed-length"][: len(text_steps)] == text_steps
     assert outputs["abort-running"] == expected["abort-running"][0][:5]
     for rid, (steps, reason) in expected.items():
         if rid.startswith("abort"):
@@ -180,11 +206,21 @@ def test_nucleus_sampling_and_penalties_batched_equal_the_reference(setup):
     official requests, sample what the batch-1 reference loop samples."""
     lm, tensors, rules = setup
     text, both = golden_prompt(tensors, "lm.text"), golden_prompt(tensors, "lm.both")
-    nucleus = SamplingParams(seed=3, text_temperature=1.0, text_top_k=0, text_top_p=0.7, audio_top_p=0.8,
-                             text_presence_penalty=0.8, text_frequency_penalty=0.5, max_new_tokens=16)
-    arrivals = [(0, make_request("nucleus-text", text, nucleus, "text", rules)),
-                (0, make_request("nucleus-both", both, nucleus, "both", rules)),
-                (1, make_request("greedy", both, SamplingParams.greedy(max_new_tokens=12), "both", rules))]
+    nucleus = SamplingParams(
+        seed=3,
+        text_temperature=1.0,
+        text_top_k=0,
+        text_top_p=0.7,
+        audio_top_p=0.8,
+        text_presence_penalty=0.8,
+        text_frequency_penalty=0.5,
+        max_new_tokens=16,
+    )
+    arrivals = [
+        (0, make_request("nucleus-text", text, nucleus, "text", rules)),
+        (0, make_request("nucleus-both", both, nucleus, "both", rules)),
+        (1, make_request("greedy", both, SamplingParams.greedy(max_new_tokens=12), "both", rules)),
+    ]
     expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals}
     outputs, finished = run_scenario(engine_for(lm, num_blocks=32), arrivals)
     for rid, (steps, reason) in expected.items():
@@ -194,8 +230,9 @@ def test_nucleus_sampling_and_penalties_batched_equal_the_reference(setup):
 def test_follow_up_prompt_is_served_from_prefix_cache(setup):
     lm, tensors, rules = setup
     engine = engine_for(lm, num_blocks=32, budget=64)
-    first = make_request("first", golden_prompt(tensors, "lm_e2e"), SamplingParams.greedy(max_new_tokens=20),
-                         "both", rules)
+    first = make_request(
+        "first", golden_prompt(tensors, "lm_e2e"), SamplingParams.greedy(max_new_tokens=20), "both", rules
+    )
     engine.add_request(first)
     generated = []
     while engine.has_work():
@@ -203,9 +240,12 @@ def test_follow_up_prompt_is_served_from_prefix_cache(setup):
     before = engine.stats()
     # The follow-up: the first prompt, the generated steps as history, three more positions.
     prompt = golden_prompt(tensors, "lm_e2e")
-    prompt = dict(prompt, audio_ids=prompt["audio_ids"] + [a for _, a in generated] + prompt["audio_ids"][-3:],
-                  text_ids=prompt["text_ids"] + [t for t, _ in generated] + prompt["text_ids"][-3:],
-                  continuous_mask=prompt["continuous_mask"] + [0] * (len(generated) + 3))
+    prompt = dict(
+        prompt,
+        audio_ids=prompt["audio_ids"] + [a for _, a in generated] + prompt["audio_ids"][-3:],
+        text_ids=prompt["text_ids"] + [t for t, _ in generated] + prompt["text_ids"][-3:],
+        continuous_mask=prompt["continuous_mask"] + [0] * (len(generated) + 3),
+    )
     second = make_request("second", prompt, SamplingParams.greedy(max_new_tokens=6), "both", rules)
     engine.add_request(second)
     steps = []
@@ -269,12 +309,17 @@ def test_finishing_output_carries_the_official_return_values(setup):
     nothing from the engine's sequences); an abort produces no output at all."""
     lm, tensors, rules = setup
     engine = engine_for(lm)
-    requests = [make_request("both", golden_prompt(tensors, "lm.both"), SamplingParams.greedy(max_new_tokens=20),
-                             "both", rules),
-                make_request("text", golden_prompt(tensors, "lm.text"), SamplingParams.greedy(max_new_tokens=20),
-                             "text", rules)]
-    aborted = engine.add_request(make_request("gone", golden_prompt(tensors, "lm_e2e"),
-                                              SamplingParams.greedy(max_new_tokens=20), "both", rules))
+    requests = [
+        make_request(
+            "both", golden_prompt(tensors, "lm.both"), SamplingParams.greedy(max_new_tokens=20), "both", rules
+        ),
+        make_request(
+            "text", golden_prompt(tensors, "lm.text"), SamplingParams.greedy(max_new_tokens=20), "text", rules
+        ),
+    ]
+    aborted = engine.add_request(
+        make_request("gone", golden_prompt(tensors, "lm_e2e"), SamplingParams.greedy(max_new_tokens=20), "both", rules)
+    )
     for request in requests:
         engine.add_request(request)
     last = {}
@@ -289,11 +334,21 @@ def test_finishing_output_carries_the_official_return_values(setup):
             if out.finished:
                 last[out.request_id] = out
     for request in requests:
-        reference = generate_reference(lm, request.audio_ids, request.text_ids, request.continuous_mask,
-                                       request.features, request.params, request.output_type, request.specials)
+        reference = generate_reference(
+            lm,
+            request.audio_ids,
+            request.text_ids,
+            request.continuous_mask,
+            request.features,
+            request.params,
+            request.output_type,
+            request.specials,
+        )
         done = last[request.request_id].completion
         assert done.text_tokens == reference.text_tokens and done.audio_tokens == reference.audio_tokens
-        assert done.num_steps == reference.num_steps and last[request.request_id].finish_reason == reference.finish_reason
+        assert (
+            done.num_steps == reference.num_steps and last[request.request_id].finish_reason == reference.finish_reason
+        )
     assert engine.stats().num_blocks_free == 12
 
 
@@ -310,8 +365,9 @@ def check_bfloat16_engine(device, monkeypatch, checkpoint, tensors, rules):
         return meta
 
     monkeypatch.setattr(AttentionMetadata, "build", staticmethod(recording_build))
-    engine = LLMEngine(lm, EngineConfig(block_size=8, num_kv_blocks=40, max_num_batched_tokens=32), device,
-                       torch.bfloat16)
+    engine = LLMEngine(
+        lm, EngineConfig(block_size=8, num_kv_blocks=40, max_num_batched_tokens=32), device, torch.bfloat16
+    )
     assert engine.runner.pool.kv.dtype == torch.bfloat16
     for i, section in enumerate(("lm.both", "lm.text", "lm_e2e")):
         params = SamplingParams(seed=i, max_new_tokens=12, ignore_eos=True)
@@ -344,8 +400,9 @@ def test_checkpoint_without_whisper_features_ignores_them(setup):
     prompt = golden_prompt(tensors, "lm_e2e")
     params = SamplingParams.greedy(max_new_tokens=8)
     with_features = make_request("with", prompt, params, "both", rules)
-    without = make_request("without", dict(prompt, features=None, continuous_mask=[0] * len(prompt["audio_ids"])),
-                           params, "both", rules)
+    without = make_request(
+        "without", dict(prompt, features=None, continuous_mask=[0] * len(prompt["audio_ids"])), params, "both", rules
+    )
     engine = engine_for(plain)
     outputs = {}
     for request in (with_features, without):

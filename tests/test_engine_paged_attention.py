@@ -52,17 +52,18 @@ def test_paged_matches_contiguous_causal_attention():
         meta = AttentionMetadata.build(entries, BS, torch.device("cpu"))
         attn = PagedAttention(pool, meta)
         for layer in range(LAYERS):
-            q = torch.cat([queries[s][layer][a:a + n] for s, a, n in spans])
-            k = torch.cat([keys[s][layer][a:a + n] for s, a, n in spans])
-            v = torch.cat([values[s][layer][a:a + n] for s, a, n in spans])
+            q = torch.cat([queries[s][layer][a : a + n] for s, a, n in spans])
+            k = torch.cat([keys[s][layer][a : a + n] for s, a, n in spans])
+            v = torch.cat([values[s][layer][a : a + n] for s, a, n in spans])
             out = attn(layer, q, k, v)
             row = 0
             for s, a, n in spans:
-                expected = reference_attention(queries[s][layer][a:a + n], keys[s][layer][: a + n],
-                                               values[s][layer][: a + n], a)
-                torch.testing.assert_close(out[row:row + n].double(), expected, atol=1e-5, rtol=1e-5)
+                expected = reference_attention(
+                    queries[s][layer][a : a + n], keys[s][layer][: a + n], values[s][layer][: a + n], a
+                )
+                torch.testing.assert_close(out[row : row + n].double(), expected, atol=1e-5, rtol=1e-5)
                 row += n
-        for s, a, n in spans:
+        for s, _, n in spans:
             done[s] += n
     assert done == lengths
     # The pool holds every sequence's keys at the slots its block table names.

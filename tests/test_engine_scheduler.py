@@ -11,17 +11,25 @@ from __future__ import annotations
 import pytest
 
 from kimiaudio.engine.block_manager import BlockManager
+from kimiaudio.engine.engine_io import RequestError
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.engine_io import RequestError
 
 BS = 4
 
 
 def make_seq(seq_id, audio, max_new=3, digests=None, use_text=None, text=None):
     n = len(audio)
-    seq = Sequence(seq_id, f"r{seq_id}", audio, text or [7] * n, use_text or [True] * n,
-                   [d is not None for d in digests] if digests else [False] * n, digests or [None] * n, BS)
+    seq = Sequence(
+        seq_id,
+        f"r{seq_id}",
+        audio,
+        text or [7] * n,
+        use_text or [True] * n,
+        [d is not None for d in digests] if digests else [False] * n,
+        digests or [None] * n,
+        BS,
+    )
     seq.max_num_tokens = n + max_new - 1
     seq.max_new = max_new
     return seq
@@ -220,8 +228,9 @@ def test_decodes_first_and_long_prefill_is_chunked():
 
 
 def test_prefill_while_decoding_is_limited():
-    sched = Scheduler(BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=32,
-                      max_prefill_tokens_while_decoding=5)
+    sched = Scheduler(
+        BlockManager(64, BS), max_num_seqs=8, max_num_batched_tokens=32, max_prefill_tokens_while_decoding=5
+    )
     runner = FakeRunner(sched)
     sched.add(make_seq(0, list(range(1, 30)), max_new=20))
     runner.step()
@@ -309,8 +318,9 @@ def test_max_num_seqs_limits_running():
 def _answers_with_background(background: bool):
     """Two answers, the second arriving at step 3, in a pool and slot count that fit the
     answers but not the answers and two background (transcription) requests beside them."""
-    sched = Scheduler(BlockManager(10, BS), max_num_seqs=3, max_num_batched_tokens=8,
-                      max_prefill_tokens_while_decoding=4)
+    sched = Scheduler(
+        BlockManager(10, BS), max_num_seqs=3, max_num_batched_tokens=8, max_prefill_tokens_while_decoding=4
+    )
     runner = FakeRunner(sched)
     answers = {0: list(range(1, 11)), 1: list(range(20, 32))}
     extra = {10: list(range(40, 49)), 11: list(range(60, 69))}
@@ -330,13 +340,16 @@ def _answers_with_background(background: bool):
 def test_background_priority_never_takes_an_answers_room():
     alone, _ = _answers_with_background(False)
     mixed, sched = _answers_with_background(True)
-    answer_steps = lambda runner: [[(sid, n) for sid, n in step if sid < 10] for step in runner.steps]
+
+    def answer_steps(runner):
+        return [[(sid, n) for sid, n in step if sid < 10] for step in runner.steps]
+
     plain = answer_steps(alone)
     # Every step gave each answer exactly the positions it had alone: its prefill chunks,
     # its first token and every decode, at the same step (background work only fills the rest).
-    assert answer_steps(mixed)[:len(plain)] == plain
-    assert all(not step for step in answer_steps(mixed)[len(plain):])
-    assert any(sid >= 10 for step in mixed.steps[:len(plain)] for sid, _ in step)  # it was batched beside them
+    assert answer_steps(mixed)[: len(plain)] == plain
+    assert all(not step for step in answer_steps(mixed)[len(plain) :])
+    assert any(sid >= 10 for step in mixed.steps[: len(plain)] for sid, _ in step)  # it was batched beside them
     assert sched.num_preemptions > 0  # the answers' arrival took blocks or a slot back from it
     for sid, prompt in {0: range(1, 11), 1: range(20, 32)}.items():
         assert mixed.generated[sid] == alone.generated[sid] == expected_tokens(prompt, 6)

@@ -30,11 +30,20 @@ import numpy as np
 import pytest
 import soundfile as sf
 from prometheus_client.parser import text_string_to_metric_families
+from test_server_support import (
+    LONG_ANSWER,
+    ROOT,
+    SERVE_CONFIG,
+    eventually,
+    free_port,
+    heard_or_done,
+    silence,
+    start_serve,
+    stop_serve,
+)
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-from test_server_support import (LONG_ANSWER, ROOT, SERVE_CONFIG, eventually, free_port, heard_or_done, silence,
-                                 start_serve, stop_serve)
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +52,15 @@ INSTANCES = ("kimi-a", "kimi-b")
 
 
 def instance_config(instance: str) -> str:
-    return SERVE_CONFIG + f"""
+    return (
+        SERVE_CONFIG
+        + f"""
 [server]
 instance_id = "{instance}"
 [storage]
 lease_seconds = {LEASE_S}
 """
+    )
 
 
 class Fleet:
@@ -148,9 +160,30 @@ def test_bench_soak_drives_the_front(fleet):
     reconnect may land on the other instance and wait out conversation_busy), and its books."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("KIMIAUDIO_API_KEY", None)
-    result = subprocess.run([sys.executable, "-m", "kimiaudio", "bench", "--soak", "--url", fleet.front.url,
-                             "--sessions", "2", "--turns", "2", "--fault-rate", "0.5", "--seconds", "120", "--json"],
-                            env=env, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimiaudio",
+            "bench",
+            "--soak",
+            "--url",
+            fleet.front.url,
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+            "--fault-rate",
+            "0.5",
+            "--seconds",
+            "120",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["ok"] and report["url"] == fleet.front.url, report
@@ -233,6 +266,7 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         client.mic.say(np.concatenate([speech[1], silence(1.0)]))
         done = await client.wait_for("response.done")
         assert done["response"]["status"] in ("completed", "cancelled"), done
+
         async def both_turns():  # the assistant turn is written as its answer ends
             after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
             return after if len(after) == len(turns) + 2 else None
@@ -255,31 +289,45 @@ async def check_database(url: str, conversation_id: str, turns: list[dict]) -> N
     import psycopg
 
     async with await psycopg.AsyncConnection.connect(url) as conn:
-        keys = await (await conn.execute("""
+        keys = await (
+            await conn.execute("""
             SELECT tc.table_name, kcu.column_name, ccu.table_name, ccu.column_name
             FROM information_schema.table_constraints tc
             JOIN information_schema.key_column_usage kcu ON kcu.constraint_name = tc.constraint_name
             JOIN information_schema.constraint_column_usage ccu ON ccu.constraint_name = tc.constraint_name
-            WHERE tc.constraint_type = 'FOREIGN KEY' AND tc.table_schema = current_schema()""")).fetchall()
+            WHERE tc.constraint_type = 'FOREIGN KEY' AND tc.table_schema = current_schema()""")
+        ).fetchall()
         tables = {table for table, *_ in keys}
         assert {"turns", "turn_audio", "turn_audio_parts"} <= tables, keys  # the audio tables have their keys
         for table, column, parent, parent_column in keys:
-            orphans = await (await conn.execute(
-                f'SELECT count(*) FROM "{table}" c LEFT JOIN "{parent}" p ON p."{parent_column}" = c."{column}" '
-                f'WHERE c."{column}" IS NOT NULL AND p."{parent_column}" IS NULL')).fetchone()
+            orphans = await (
+                await conn.execute(
+                    f'SELECT count(*) FROM "{table}" c LEFT JOIN "{parent}" p ON p."{parent_column}" = c."{column}" '
+                    f'WHERE c."{column}" IS NOT NULL AND p."{parent_column}" IS NULL'
+                )
+            ).fetchone()
             assert orphans[0] == 0, f"{table}.{column} -> {parent}.{parent_column}: {orphans[0]} orphaned rows"
-        parts = await (await conn.execute(
-            "SELECT count(*) FROM turn_audio_parts p JOIN turns t ON t.id = p.turn_id WHERE t.conversation_id = %s",
-            [conversation_id])).fetchone()
+        parts = await (
+            await conn.execute(
+                "SELECT count(*) FROM turn_audio_parts p JOIN turns t ON t.id = p.turn_id WHERE t.conversation_id = %s",
+                [conversation_id],
+            )
+        ).fetchone()
         assert parts[0] == 0, "the cut answer's heard parts were not joined"
-        stored = await (await conn.execute(
-            "SELECT t.turn_index, a.turn_id IS NOT NULL FROM turns t LEFT JOIN turn_audio a ON a.turn_id = t.id "
-            "WHERE t.conversation_id = %s ORDER BY t.turn_index", [conversation_id])).fetchall()
+        stored = await (
+            await conn.execute(
+                "SELECT t.turn_index, a.turn_id IS NOT NULL FROM turns t LEFT JOIN turn_audio a ON a.turn_id = t.id "
+                "WHERE t.conversation_id = %s ORDER BY t.turn_index",
+                [conversation_id],
+            )
+        ).fetchall()
         assert [tuple(row) for row in stored] == [(t["index"], t["has_audio"]) for t in turns], (stored, turns)
         assert all(t["has_audio"] for t in turns[-3:]), turns[-3:]  # the cut answer, the next utterance and answer
+
         async def released():  # the closed session's lease is released as it closes
-            held = await (await conn.execute("SELECT count(*) FROM leases WHERE conversation_id = %s",
-                                             [conversation_id])).fetchone()
+            held = await (
+                await conn.execute("SELECT count(*) FROM leases WHERE conversation_id = %s", [conversation_id])
+            ).fetchone()
             return held[0] == 0
 
         await eventually(released, "the closed session's lease released", interval=0.1)

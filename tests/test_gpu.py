@@ -19,24 +19,33 @@ import threading
 
 import pytest
 import torch
-
-from kimiaudio.config import EngineConfig, load_config
-from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.pipeline.model_stack import ModelStack
-from kimiaudio.pipeline.encode_cache import EncodeCache
-from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.layers.triton_support import kernel_mode
-from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker
 from test_bench import check_small_decode_bench
-from test_engine_e2e import (build_requests, check_bfloat16_engine, golden_prompt, load_tiny_lm, make_request,
-                             reference_steps, run_scenario)
+from test_engine_e2e import (
+    build_requests,
+    check_bfloat16_engine,
+    golden_prompt,
+    load_tiny_lm,
+    make_request,
+    reference_steps,
+    run_scenario,
+)
 from test_lm_golden import SECTIONS, TOL, forward_logits
 from test_pipeline import run_turn, with_pipeline
 
+from kimiaudio.config import EngineConfig, load_config
+from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.layers.triton_support import kernel_mode
+from kimiaudio.pipeline.encode_cache import EncodeCache
+from kimiaudio.pipeline.model_stack import ModelStack
+from kimiaudio.pipeline.turn_request import TurnRequest
+from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker
+
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
-pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)")
+pytestmark = pytest.mark.skipif(
+    DEVICE.type == "cuda" and not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
+)
 cuda_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="means something on CUDA only")
 
 
@@ -96,8 +105,12 @@ def test_bfloat16_engine_on_device(monkeypatch, golden_checkpoint, golden, golde
 
 
 def graph_config(**overrides) -> EngineConfig:
-    return EngineConfig(**{**dict(block_size=8, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8,
-                                  max_model_len=256), **overrides})
+    return EngineConfig(
+        **{
+            **dict(block_size=8, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8, max_model_len=256),
+            **overrides,
+        }
+    )
 
 
 def golden_scenario(golden_checkpoint, golden, golden_rules):
@@ -207,16 +220,15 @@ def test_pool_sized_from_memory_is_the_same_for_a_second_engine(golden_checkpoin
     # The second pool must not shrink by what the first one left in the allocator's cache.
     lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
     # A pool far below its useful maximum, so that free memory (not the cap) sizes it.
-    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096,
-                          cuda_graphs=False)
+    config = EngineConfig(
+        block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096, cuda_graphs=False
+    )
     engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)
     first = engine.runner.num_blocks
     del engine
     gc.collect()  # its pool goes back to torch's cache, which the second sizing must see through
     second = LLMEngine(lm, config, DEVICE, torch.bfloat16).runner.num_blocks
     assert first > 0 and second >= 0.95 * first
-
-
 
 
 @cuda_only
@@ -264,6 +276,7 @@ def test_quantized_dit_load_moves_one_block_at_a_time(golden_checkpoint):
     peak = torch.cuda.max_memory_allocated(DEVICE) - base
     assert peak <= model + 6 * block_bf16 + (1 << 20), (peak, model, block_bf16)
 
+
 @cuda_only
 def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
     """bench --card-gib caps the process (set_per_process_memory_fraction); the driver's free
@@ -274,8 +287,9 @@ def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
     gc.collect()
     torch.cuda.empty_cache()
     cap = torch.cuda.memory_reserved(DEVICE) + 2 * GIB  # 2 GiB beyond what this process holds
-    config = EngineConfig(block_size=16, num_kv_blocks=0, memory_fraction=0.9, max_model_len=1 << 20,
-                          max_num_seqs=4096, cuda_graphs=False)
+    config = EngineConfig(
+        block_size=16, num_kv_blocks=0, memory_fraction=0.9, max_model_len=1 << 20, max_num_seqs=4096, cuda_graphs=False
+    )
     try:
         cap_process(DEVICE, cap / GIB)
         assert abs(capacity_bytes(DEVICE) - cap) < 1 << 20
@@ -288,12 +302,14 @@ def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
         gc.collect()
         torch.cuda.empty_cache()
 
+
 def test_pipeline_turn_on_device(demo_checkpoint, speech_16k, monkeypatch):
     cached = []
     put = EncodeCache.put
     monkeypatch.setattr(EncodeCache, "put", lambda self, key, value: (cached.append(value), put(self, key, value)))
-    config = load_config(None, {"model": {"path": str(demo_checkpoint), "device": str(DEVICE)},
-                                "engine": {"num_kv_blocks": 256}})
+    config = load_config(
+        None, {"model": {"path": str(demo_checkpoint), "device": str(DEVICE)}, "engine": {"num_kv_blocks": 256}}
+    )
     stack = ModelStack.load(config)
     assert stack.lm.device.type == DEVICE.type
 

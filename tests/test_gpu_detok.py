@@ -16,18 +16,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from test_detok_streaming import streamed_samples
 
-from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig, load_config
-from kimiaudio.detok.detokenizer import DetokItem, Detokenizer
-from test_detok_streaming import streamed_samples
+from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
+from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
 
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
 ON_CUDA = DEVICE.type == "cuda"
-pytestmark = pytest.mark.skipif(ON_CUDA and not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)")
+pytestmark = pytest.mark.skipif(
+    ON_CUDA and not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
+)
 TOL = dict(atol=1e-4, rtol=1e-4)
 SHAPE = "full" if ON_CUDA else "tiny"
 
@@ -55,8 +57,13 @@ def golden_models(golden_checkpoint):
     return d.dit, d.vocoder
 
 
-def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None = None, per_step: int = 5,
-         traces: list[list] | None = None) -> list[torch.Tensor]:
+def _run(
+    detok: Detokenizer,
+    streams: list[list[int]],
+    seeds: list[int] | None = None,
+    per_step: int = 5,
+    traces: list[list] | None = None,
+) -> list[torch.Tensor]:
     """DetokStreams fed `per_step` tokens a step, batched together; each stream's whole wav
     (`traces`: one list per stream, given its chunk records)."""
     detok_streams = [detok.new_stream(seed=s) for s in (seeds or range(len(streams)))]
@@ -65,8 +72,10 @@ def _run(detok: Detokenizer, streams: list[list[int]], seeds: list[int] | None =
     pieces = [[] for _ in streams]
     for step in range(0, max(map(len, streams)), per_step):
         live = [i for i, toks in enumerate(streams) if step < len(toks)]
-        items = [DetokItem(detok_streams[i], streams[i][step : step + per_step], step + per_step >= len(streams[i]))
-                 for i in live]
+        items = [
+            DetokItem(detok_streams[i], streams[i][step : step + per_step], step + per_step >= len(streams[i]))
+            for i in live
+        ]
         for i, wav in zip(live, detok.step_batch(items)):
             pieces[i].append(wav)
     return [torch.cat(p) for p in pieces]
@@ -105,8 +114,13 @@ def test_official_preset_matches_goldens_with_graphs(golden, golden_models, name
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    config = load_config(None, {"model": {"device": str(DEVICE), "dtype": "bfloat16" if ON_CUDA else "float32"},
-                                "storage": {"data_dir": str(tmp_path_factory.mktemp("data"))}})
+    config = load_config(
+        None,
+        {
+            "model": {"device": str(DEVICE), "dtype": "bfloat16" if ON_CUDA else "float32"},
+            "storage": {"data_dir": str(tmp_path_factory.mktemp("data"))},
+        },
+    )
     return build_random_stack(config, SHAPE)
 
 
@@ -116,7 +130,9 @@ def _steady_streams(detok: Detokenizer, n: int, warm_chunks: int = 6) -> list:
     codes = detok.dit.cfg.semantic_vocab_size
     rng = np.random.default_rng(0)
     for _ in range(warm_chunks):
-        detok.step_batch([DetokItem(s, rng.integers(0, codes, s.next_chunk_tokens).tolist(), False) for s in detok_streams])
+        detok.step_batch(
+            [DetokItem(s, rng.integers(0, codes, s.next_chunk_tokens).tolist(), False) for s in detok_streams]
+        )
     for s in detok_streams:
         s.push(rng.integers(0, codes, s.next_chunk_tokens).tolist())
     return detok_streams
@@ -157,8 +173,11 @@ def test_full_size_detokenizer_graphed_and_timed(stack):
                     _time_chunk(d, n, first)  # warm (lazy captures of unplanned shapes, allocator)
                 runs = [_time_chunk(d, n, first) for _ in range(3 if ON_CUDA else 1)]
                 times, wavs[name] = sorted(t for t, _ in runs), runs[-1][1]
-                print(f"  {name:>7} {n:>2} streams, {'first' if first else 'later'} chunks: "
-                      f"{1e3 * times[len(times) // 2]:8.1f} ms per batch ({1e3 * times[len(times) // 2] / n:6.1f} ms a stream)")
+                print(
+                    f"  {name:>7} {n:>2} streams, {'first' if first else 'later'} chunks: "
+                    f"{1e3 * times[len(times) // 2]:8.1f} ms per batch "
+                    f"({1e3 * times[len(times) // 2] / n:6.1f} ms a stream)"
+                )
             if not ON_CUDA:
                 for graphed_wav, eager_wav in zip(wavs["graphed"], wavs["eager"], strict=True):
                     torch.testing.assert_close(graphed_wav, eager_wav, **TOL)
@@ -209,6 +228,8 @@ def test_random_stack_memory_plan(stack):
     plan = memory_budget(stack, sessions=64, device_bytes=total)
     print("\n" + format_memory_budget(plan))
     if ON_CUDA:
-        print(f"  (device now: {torch.cuda.memory_allocated(DEVICE) / (1 << 30):.2f} GiB allocated, "
-              f"{(total - free) / (1 << 30):.2f} GiB in use)")
+        print(
+            f"  (device now: {torch.cuda.memory_allocated(DEVICE) / (1 << 30):.2f} GiB allocated, "
+            f"{(total - free) / (1 << 30):.2f} GiB in use)"
+        )
     assert plan["kv_pool"] > 0

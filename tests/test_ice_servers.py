@@ -7,11 +7,11 @@ import time
 
 import pytest
 from aiortc import RTCConfiguration, RTCIceServer
+from test_server_support import demo_server
 
 from kimiaudio.config import load_config
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.transport.ice_servers import TURN_SECRET_ENV, ice_servers, turn_credentials
-from test_server_support import demo_server
 
 URLS = ["stun:stun.example.org:3478", "turn:turn.example.org:3478?transport=udp", "turns:turn.example.org:443"]
 
@@ -35,7 +35,10 @@ def test_turn_urls_get_credentials_stun_urls_do_not(monkeypatch):
     # What the server-side peer is configured with.
     configuration = RTCConfiguration(iceServers=[RTCIceServer(**server) for server in ice_servers(config, 1000.0)])
     assert [(s.urls, s.username) for s in configuration.iceServers] == [
-        (URLS[0], None), (URLS[1], "1600:kimiaudio"), (URLS[2], "1600:kimiaudio")]
+        (URLS[0], None),
+        (URLS[1], "1600:kimiaudio"),
+        (URLS[2], "1600:kimiaudio"),
+    ]
 
 
 @pytest.mark.parametrize("ttl", [59, 30 * 86400 + 1])
@@ -46,8 +49,9 @@ def test_credential_lifetime_out_of_range_is_refused(ttl):
 
 async def test_the_page_gets_fresh_credentials_never_the_secret(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
     monkeypatch.delenv(TURN_SECRET_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, ice_servers=URLS[:2],
-                           turn_secret="s3cret-value") as (http, _):
+    async with demo_server(
+        aiohttp_client, demo_checkpoint, tmp_path, ice_servers=URLS[:2], turn_secret="s3cret-value"
+    ) as (http, _):
         before = time.time()
         body = await (await http.get("/api/status")).json()
         stun, turn = body["ice_servers"]

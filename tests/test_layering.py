@@ -130,13 +130,17 @@ def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 def test_no_module_imports_round_a_circle():
     cycles = find_cycles(module_graph())
     assert not cycles, "modules that import each other (directly or round a circle):\n" + "\n".join(
-        " <-> ".join(c) for c in cycles)
+        " <-> ".join(c) for c in cycles
+    )
 
 
-@pytest.mark.parametrize("graph, expected", [
-    ({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}, [["a", "b", "c"]]),
-    ({"a": {"b": 1}, "b": {}, "c": {"b": 1}}, []),
-])
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        ({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}, [["a", "b", "c"]]),
+        ({"a": {"b": 1}, "b": {}, "c": {"b": 1}}, []),
+    ],
+)
 def test_the_cycle_finder_finds_circles_and_only_circles(graph, expected):
     assert find_cycles(graph) == expected
 

@@ -101,6 +101,12 @@ def test_layout_errors_while_streaming(golden_checkpoint):
     with pytest.raises(CheckpointError, match=r"^ckpt: tensor 'model.norm.weight' has shape \(\d+,\), expected"):
         assemble_lm(config, edited(reshape="model.norm.weight"), "cpu", torch.float32, source="ckpt")
     # An ignored name is skipped, not an error (the official rotary buffers).
-    lm = assemble_lm(config, edited(extra="model.layers.0.self_attn.rotary_emb.inv_freq"), "cpu", torch.float32,
-                     source="ckpt", ignore=IGNORE)
+    lm = assemble_lm(
+        config,
+        edited(extra="model.layers.0.self_attn.rotary_emb.inv_freq"),
+        "cpu",
+        torch.float32,
+        source="ckpt",
+        ignore=IGNORE,
+    )
     assert not any(p.is_meta for p in lm.parameters())

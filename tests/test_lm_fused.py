@@ -4,11 +4,11 @@ checkpoint loads by its official names; the logits stay those of the separate pr
 from __future__ import annotations
 
 import torch
+from test_engine_e2e import load_tiny_lm
+from test_lm_golden import SECTIONS, TOL, forward_logits
 
 from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from test_engine_e2e import load_tiny_lm
-from test_lm_golden import SECTIONS, TOL, forward_logits
 
 
 def test_load_fuses_every_layer_and_frees_the_originals(golden_checkpoint):
@@ -34,12 +34,14 @@ def test_fused_equals_separate_projections(golden_checkpoint, golden):
     separate = KimiAudioLM(fused.config).eval()
     # The separate model gets the fused weights back, split along the output rows.
     with torch.no_grad():
-        for a, b in zip([*fused.model.layers, *fused.model.mimo_layers],
-                        [*separate.model.layers, *separate.model.mimo_layers]):
+        for a, b in zip(
+            [*fused.model.layers, *fused.model.mimo_layers], [*separate.model.layers, *separate.model.mimo_layers]
+        ):
             q, k, v = b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj
             sizes = [q.out_features, k.out_features, v.out_features]
-            for part, w, bias in zip((q, k, v), a.self_attn.qkv_proj.weight.split(sizes),
-                                     a.self_attn.qkv_proj.bias.split(sizes)):
+            for part, w, bias in zip(
+                (q, k, v), a.self_attn.qkv_proj.weight.split(sizes), a.self_attn.qkv_proj.bias.split(sizes)
+            ):
                 part.weight.copy_(w)
                 part.bias.copy_(bias)
             gate, up = a.mlp.gate_up_proj.weight.chunk(2)
@@ -61,9 +63,14 @@ def test_fused_model_decodes_through_a_cache(golden_checkpoint):
     lm = load_tiny_lm(golden_checkpoint)
     ids = torch.arange(1, 9)
     with torch.no_grad():
-        full, _ = lm(lm.embed(ids, ids, torch.ones(8, dtype=torch.bool)), torch.arange(8),
-                     ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32))
+        full, _ = lm(
+            lm.embed(ids, ids, torch.ones(8, dtype=torch.bool)),
+            torch.arange(8),
+            ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32),
+        )
         cache = ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32)
-        rows = [lm(lm.embed(ids[i:i + 1], ids[i:i + 1], torch.ones(1, dtype=torch.bool)), torch.tensor([i]), cache)[0]
-                for i in range(8)]
+        rows = [
+            lm(lm.embed(ids[i : i + 1], ids[i : i + 1], torch.ones(1, dtype=torch.bool)), torch.tensor([i]), cache)[0]
+            for i in range(8)
+        ]
     torch.testing.assert_close(torch.cat(rows), full, atol=1e-5, rtol=1e-5)

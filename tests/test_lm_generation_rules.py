@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kimiaudio.errors import KimiAudioError
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_codes, official_max_new_tokens
+from kimiaudio.errors import KimiAudioError
 
 TOKENS = RuleTokens(text_blank=900, text_eos=901, msg_end=902, media_end=903)
 OFFSET = 1000

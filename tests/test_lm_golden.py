@@ -13,15 +13,15 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_engine_e2e import load_tiny_lm
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
+from kimiaudio.engine.reference_loop import generate_reference, iter_reference
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import CheckpointError
 from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import load_lm
-from kimiaudio.engine.reference_loop import generate_reference, iter_reference
-from kimiaudio.engine.sampling_params import SamplingParams
-from test_engine_e2e import load_tiny_lm
 
 SECTIONS = ["lm.text", "lm.both", "lm_e2e"]
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -48,8 +48,12 @@ def forward_logits(lm, golden, section, rows=None):
     use_text = torch.full(mask.shape, bool(text_ids.sum() != 0), device=lm.device)
     with torch.inference_mode():
         hidden = lm.embed(audio_ids, text_ids, use_text, features, mask.nonzero().squeeze(1))
-        text_logits, audio_logits = lm(hidden, positions, ContiguousKVCache(lm.config.num_kv_layers, lm.device, lm.dtype),
-                                       None if rows is None else rows.to(lm.device))
+        text_logits, audio_logits = lm(
+            hidden,
+            positions,
+            ContiguousKVCache(lm.config.num_kv_layers, lm.device, lm.dtype),
+            None if rows is None else rows.to(lm.device),
+        )
     return text_logits.cpu(), audio_logits.cpu()
 
 
@@ -73,8 +77,16 @@ def test_greedy_generation_matches_golden(lm, golden, golden_meta, golden_rules,
     info = golden_meta["sections"][section]
     audio_ids, text_ids, mask, features = _inputs(golden, section)
     result = generate_reference(
-        lm, audio_ids, text_ids, mask, [features], SamplingParams.greedy(max_new_tokens=info["max_new_tokens"]),
-        info["output_type"], golden_rules, "cpu", record_steps=True,
+        lm,
+        audio_ids,
+        text_ids,
+        mask,
+        [features],
+        SamplingParams.greedy(max_new_tokens=info["max_new_tokens"]),
+        info["output_type"],
+        golden_rules,
+        "cpu",
+        record_steps=True,
     )
     steps = result.steps
     gen = f"{section}.gen"
@@ -96,10 +108,13 @@ def test_greedy_generation_matches_golden(lm, golden, golden_meta, golden_rules,
 def test_streaming_iterator_yields_the_same_steps(lm, golden, golden_meta, golden_rules):
     audio_ids, text_ids, mask, features = _inputs(golden, "lm.both")
     params = SamplingParams.greedy(max_new_tokens=golden_meta["sections"]["lm.both"]["max_new_tokens"])
-    streamed = [(s.text_token, s.audio_token) for s in iter_reference(
-        lm, audio_ids, text_ids, mask, features, params, "both", golden_rules)]
-    assert streamed == list(zip(golden["lm.both.gen.step_text_tokens"].tolist(),
-                                golden["lm.both.gen.step_audio_tokens"].tolist()))
+    streamed = [
+        (s.text_token, s.audio_token)
+        for s in iter_reference(lm, audio_ids, text_ids, mask, features, params, "both", golden_rules)
+    ]
+    assert streamed == list(
+        zip(golden["lm.both.gen.step_text_tokens"].tolist(), golden["lm.both.gen.step_audio_tokens"].tolist())
+    )
 
 
 def test_config_errors_name_the_file(golden_checkpoint, tmp_path):
@@ -111,7 +126,9 @@ def test_config_errors_name_the_file(golden_checkpoint, tmp_path):
         KimiaConfig.from_file(bad)
     data["hidden_size"] = str(hidden_size)
     bad.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match=r"config\.json: hidden_size: expected an integer in \[1, 2147483647\], got '64'"):
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: hidden_size: expected an integer in \[1, 2147483647\], got '64'"
+    ):
         KimiaConfig.from_file(bad)
 
 
@@ -135,9 +152,13 @@ def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, go
         added = lm.embed(audio_ids, zeros, torch.ones_like(mask), features, feature_positions)
         # Per-token rule: a row without use_text is the audio embedding alone.
         assert not torch.equal(skipped, added)
-        torch.testing.assert_close(lm.embed(audio_ids[:1], zeros[:1], torch.zeros(1, dtype=torch.bool)),
-                                   lm.model.embed_tokens(audio_ids[:1]))
+        torch.testing.assert_close(
+            lm.embed(audio_ids[:1], zeros[:1], torch.zeros(1, dtype=torch.bool)), lm.model.embed_tokens(audio_ids[:1])
+        )
         expected, _ = lm(skipped, positions, ContiguousKVCache(lm.config.num_kv_layers, "cpu", torch.float32), last)
-    step = next(iter_reference(lm, audio_ids, zeros, mask, features, SamplingParams.greedy(), "both",
-                               golden_rules, record_steps=True))
+    step = next(
+        iter_reference(
+            lm, audio_ids, zeros, mask, features, SamplingParams.greedy(), "both", golden_rules, record_steps=True
+        )
+    )
     torch.testing.assert_close(step.text_logits, expected[0], atol=1e-6, rtol=1e-6)

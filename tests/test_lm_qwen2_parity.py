@@ -23,15 +23,33 @@ NUM_TOKENS = 11
 @pytest.fixture(scope="module")
 def models():
     hf_config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
-        tie_word_embeddings=False, attn_implementation="eager",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
     )
     hf = Qwen2ForCausalLM(hf_config).eval()
     config = KimiaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, kimia_mimo_layers=1, kimia_mimo_transformer_from_layer_index=1, kimia_token_offset=VOCAB,
-        kimia_adaptor_input_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        kimia_mimo_layers=1,
+        kimia_mimo_transformer_from_layer_index=1,
+        kimia_token_offset=VOCAB,
+        kimia_adaptor_input_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=128,
     )
     ours = KimiAudioLM(config).eval()
     gen = torch.Generator().manual_seed(3)
@@ -55,7 +73,11 @@ def test_full_forward_matches_transformers(models):
     hf, ours, ids = models
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
-        text_logits, audio_logits = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32))
+        text_logits, audio_logits = ours(
+            _embed(ours, ids),
+            torch.arange(NUM_TOKENS),
+            ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32),
+        )
     torch.testing.assert_close(text_logits, expected, atol=1e-5, rtol=1e-5)
     assert audio_logits.shape == expected.shape
 
@@ -65,7 +87,11 @@ def test_chunked_prefill_and_decode_match_full_forward(models):
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
         cache = ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32)
-        _, full_audio = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32))
+        _, full_audio = ours(
+            _embed(ours, ids),
+            torch.arange(NUM_TOKENS),
+            ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32),
+        )
         text_rows, audio_rows = [], []
         for start, stop in [(0, 5), (5, 8), (8, 9), (9, 10), (10, 11)]:  # prefill, chunk, decodes
             text, audio = ours(_embed(ours, ids[start:stop]), torch.arange(start, stop), cache)
@@ -82,7 +108,15 @@ def test_bfloat16_model_stays_close(models):
     bf16.load_state_dict(ours.state_dict())
     bf16 = bf16.to(torch.bfloat16)
     with torch.no_grad():
-        ref, _ = ours(_embed(ours, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32))
-        low, _ = bf16(_embed(bf16, ids), torch.arange(NUM_TOKENS), ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.bfloat16))
+        ref, _ = ours(
+            _embed(ours, ids),
+            torch.arange(NUM_TOKENS),
+            ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.float32),
+        )
+        low, _ = bf16(
+            _embed(bf16, ids),
+            torch.arange(NUM_TOKENS),
+            ContiguousKVCache(ours.config.num_kv_layers, "cpu", torch.bfloat16),
+        )
     assert low.dtype == torch.bfloat16
     assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()

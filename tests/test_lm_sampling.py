@@ -9,20 +9,26 @@ import torch
 
 from kimiaudio.config import SamplingConfig
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
-from kimiaudio.layers.stream_sampling import StreamSampling
-from kimiaudio.errors import ConfigError
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules
+from kimiaudio.errors import ConfigError
 from kimiaudio.layers.sampler import apply_repetition_penalty, sample
-
+from kimiaudio.layers.stream_sampling import StreamSampling
 
 
 def sample_tokens(*args):
     """The sampled tokens alone."""
     return sample(*args).tokens
 
-def stream(temperature: float = 0.0, top_k: int = 5, repetition_penalty: float = 1.0,
-           repetition_window: int = 16, top_p: float = 1.0, presence: float = 0.0,
-           frequency: float = 0.0) -> StreamSampling:
+
+def stream(
+    temperature: float = 0.0,
+    top_k: int = 5,
+    repetition_penalty: float = 1.0,
+    repetition_window: int = 16,
+    top_p: float = 1.0,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+) -> StreamSampling:
     """A stream's settings; unnamed ones as the text stream's defaults."""
     return StreamSampling(temperature, top_k, repetition_penalty, repetition_window, top_p, presence, frequency)
 
@@ -116,8 +122,10 @@ def test_mixed_batch_equals_rows_one_at_a_time():
     uniforms = torch.rand(8, generator=torch.Generator().manual_seed(9))
     logits = torch.cat([logits, _logits(2, vocab, 8).to(torch.bfloat16)])
     batched = sample_tokens(logits, params, histories, uniforms, counts)
-    single = [sample_tokens(logits[i : i + 1], [params[i]], [histories[i]], uniforms[i : i + 1], [counts[i]]).item()
-              for i in range(8)]
+    single = [
+        sample_tokens(logits[i : i + 1], [params[i]], [histories[i]], uniforms[i : i + 1], [counts[i]]).item()
+        for i in range(8)
+    ]
     assert batched.tolist() == single
     assert batched.dtype == torch.long
 
@@ -156,8 +164,10 @@ def test_top_p_draws_only_from_the_nucleus_in_proportion():
     tokens = sample_tokens(row.expand(500, vocab), [narrow] * 500, [[]] * 500, uniforms[:500])
     assert set(tokens.tolist()) == set(ordered.indices[:2].tolist())
     # top_p = 1 leaves top-k sampling exactly as it was.
-    assert torch.equal(sample_tokens(row.expand(500, vocab), [stream(0.9, 4, top_p=1.0)] * 500, [[]] * 500, uniforms[:500]),
-                       sample_tokens(row.expand(500, vocab), [stream(0.9, 4)] * 500, [[]] * 500, uniforms[:500]))
+    assert torch.equal(
+        sample_tokens(row.expand(500, vocab), [stream(0.9, 4, top_p=1.0)] * 500, [[]] * 500, uniforms[:500]),
+        sample_tokens(row.expand(500, vocab), [stream(0.9, 4)] * 500, [[]] * 500, uniforms[:500]),
+    )
 
 
 def test_presence_and_frequency_penalties_lower_seen_tokens():

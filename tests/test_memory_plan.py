@@ -18,8 +18,10 @@ from kimiaudio.pipeline.memory_plan import GIB, choose_weights, memory_budget, p
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
-    return load_config(None, {"model": {"device": "cpu", "dtype": "float32"},
-                              "storage": {"data_dir": str(tmp_path_factory.mktemp("data"))}})
+    return load_config(
+        None,
+        {"model": {"device": "cpu", "dtype": "float32"}, "storage": {"data_dir": str(tmp_path_factory.mktemp("data"))}},
+    )
 
 
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
@@ -37,8 +39,24 @@ def test_meta_plan_equals_the_plan_of_real_modules(config, weights):
 
 
 def _plan(capsys, weights: str) -> dict:
-    assert main(["bench", "--memory-plan", "--random-weights", "full", "--weights", weights, "--card-gib", "24",
-                 "--sessions", "8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--memory-plan",
+                "--random-weights",
+                "full",
+                "--weights",
+                weights,
+                "--card-gib",
+                "24",
+                "--sessions",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)
 
 
@@ -61,17 +79,29 @@ def test_memory_plan_of_a_24_gib_card(capsys):
 
 def test_auto_takes_bf16_when_it_fits_else_fp8_else_int8():
     fits_from = {"bf16": 3, "fp8": 2, "int8": 1}  # the smallest card each choice fits on
-    for card, fp8, expected in ((3, True, "bf16"), (2, True, "fp8"), (2, False, "int8"), (1, True, "int8"),
-                                (0, True, "int8")):
-        lm, dit, plan = choose_weights("auto", "auto", fp8, lambda lm, dit: {"fits": card >= fits_from[lm]})
+    for card, fp8, expected in (
+        (3, True, "bf16"),
+        (2, True, "fp8"),
+        (2, False, "int8"),
+        (1, True, "int8"),
+        (0, True, "int8"),
+    ):
+
+        def fits(lm, dit, card=card):
+            return {"fits": card >= fits_from[lm]}
+
+        lm, dit, plan = choose_weights("auto", "auto", fp8, fits)
         assert (lm, dit) == (expected, expected), (card, fp8)
     assert choose_weights("auto", "int8", True, lambda lm, dit: {"fits": True})[:2] == ("bf16", "int8")
     assert choose_weights("fp8", "bf16", True, lambda lm, dit: {"fits": False})[:2] == ("fp8", "bf16")
 
 
 def test_bad_memory_plan_arguments_are_one_line(capsys):
-    for args, says in ((["--card-gib", "0"], "--card-gib"), (["--card-gib", "24", "--positions", "0"], "--positions"),
-                       (["--card-gib", "24", "--weights", "fp16"], "weights")):
+    for args, says in (
+        (["--card-gib", "0"], "--card-gib"),
+        (["--card-gib", "24", "--positions", "0"], "--positions"),
+        (["--card-gib", "24", "--weights", "fp16"], "weights"),
+    ):
         assert main(["bench", "--memory-plan", "--random-weights", "full", *args]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err

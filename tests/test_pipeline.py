@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from kimiaudio.config import load_config
+from kimiaudio.detok.realtime_guard import chunks_to_run
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.pipeline.detok_turn import DetokTurn
+from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.offline import answer
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
-from kimiaudio.pipeline.detok_turn import DetokTurn
-from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
-from kimiaudio.detok.realtime_guard import chunks_to_run
 from kimiaudio.pipeline.turn_handle import TurnHandle
-from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.prompt import Message
 
 
@@ -34,8 +34,10 @@ def load_demo_stack(checkpoint, block_size: int = 8, realtime_guard: bool = Fals
     loaded machine it lowers ODE steps, and then a turn's audio no longer equals the offline
     reference's. The detokenizer reads the floor when it is built, so it is set here, before
     the stack is loaded, not on the loaded stack's config."""
-    overrides = {"model": {"path": str(checkpoint), "device": "cpu"},
-                 "engine": {"num_kv_blocks": 256, "block_size": block_size}}
+    overrides = {
+        "model": {"path": str(checkpoint), "device": "cpu"},
+        "engine": {"num_kv_blocks": 256, "block_size": block_size},
+    }
     if not realtime_guard:
         overrides["detok"] = {"min_ode_steps": load_config(None, overrides).detok.ode_steps}
     stack = ModelStack.load(load_config(None, overrides))
@@ -60,7 +62,8 @@ async def run_turn(pipeline: Pipeline, request: TurnRequest) -> dict:
     assert isinstance(done, TurnDone) and sum(isinstance(e, TurnDone) for e in events) == 1
     pcm = [e.pcm for e in events if isinstance(e, AudioChunk)]
     return {
-        "events": events, "done": done,
+        "events": events,
+        "done": done,
         "text": "".join(e.text for e in events if isinstance(e, TextDelta)),
         "pcm": np.concatenate(pcm) if pcm else np.zeros(0, np.float32),
         "codes": next((e.audio_tokens for e in events if isinstance(e, UserEncoded)), None),
@@ -69,6 +72,7 @@ async def run_turn(pipeline: Pipeline, request: TurnRequest) -> dict:
 
 def with_pipeline(stack, body, config=None):
     """Run `await body(pipeline)` on a started pipeline; stop it afterwards."""
+
     async def main():
         pipeline = Pipeline(stack, config or stack.config)
         await pipeline.start()
@@ -110,8 +114,9 @@ def test_concurrent_turns_equal_offline_reference(stack, speech_16k, detok_batch
     config.detok.max_batch_sessions, config.detok.run_ahead_s = detok_batch, run_ahead
 
     async def body(pipeline):
-        results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p))
-                                         for x, p in zip(inputs, params)])
+        results = await asyncio.gather(
+            *[run_turn(pipeline, TurnRequest("c", [], x, p)) for x, p in zip(inputs, params)]
+        )
         return results, await settled_stats(pipeline)
 
     results, stats = with_pipeline(stack, body, config)
@@ -139,8 +144,10 @@ def test_follow_up_turn_is_served_from_prefix_cache(stack, speech_16k):
 
     async def body(pipeline):
         one = await run_turn(pipeline, TurnRequest("c", [], first, params))
-        history = [HistoryTurn("user", audio=first),
-                   HistoryTurn("assistant", text=one["done"].text, audio_tokens=one["done"].audio_tokens)]
+        history = [
+            HistoryTurn("user", audio=first),
+            HistoryTurn("assistant", text=one["done"].text, audio_tokens=one["done"].audio_tokens),
+        ]
         two = await run_turn(pipeline, TurnRequest("c", history, second, params))
         return one, two
 
@@ -162,8 +169,9 @@ def test_cancel_frees_everything_and_other_turns_go_on(stack, speech_16k):
 
     async def body(pipeline):
         doomed = pipeline.submit(TurnRequest("x", [], a, params))
-        survivor = asyncio.create_task(run_turn(pipeline, TurnRequest("y", [], b, SamplingParams(
-            seed=2, max_new_tokens=30))))
+        survivor = asyncio.create_task(
+            run_turn(pipeline, TurnRequest("y", [], b, SamplingParams(seed=2, max_new_tokens=30)))
+        )
         seen = []
         async for event in doomed:
             seen.append(event)
@@ -223,6 +231,7 @@ def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, 
 def test_detokenizer_serves_the_stream_about_to_run_dry_first():
     loop = asyncio.new_event_loop()
     try:
+
         def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> DetokTurn:
             handle = TurnHandle("t", loop)
             handle.submitted_at = submitted_at

@@ -13,6 +13,8 @@ import asyncio
 
 import numpy as np
 import pytest
+from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
+from test_worker import Broken
 
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.model_runner import ModelRunner
@@ -22,8 +24,6 @@ from kimiaudio.pipeline import lm_worker
 from kimiaudio.pipeline import worker as worker_module
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.turn_request import TurnRequest
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
-from test_worker import Broken
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,9 @@ def turns_with(stack, inputs, body_before=None, params=None):
     params = params or SamplingParams(seed=1, max_new_tokens=40, ignore_eos=True)
 
     async def body(pipeline):
-        results = await asyncio.wait_for(asyncio.gather(
-            *[run_turn(pipeline, TurnRequest("c", [], x, params)) for x in inputs]), 60)
+        results = await asyncio.wait_for(
+            asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, params)) for x in inputs]), 60
+        )
         stats = await settled_stats(pipeline)
         after = await asyncio.wait_for(run_turn(pipeline, TurnRequest("c", [], inputs[-1], params)), 60)
         return results, stats, after
@@ -137,8 +138,9 @@ def test_detokenizer_failure_fails_its_turns_alone(stack, speech_16k, monkeypatc
     # One stream per detokenizer batch, so the injected failure hits exactly one turn.
     stack.config.detok.max_batch_sessions, saved = 1, stack.config.detok.max_batch_sessions
     try:
-        results, stats, after = turns_with(stack, inputs, params=SamplingParams(seed=1, max_new_tokens=80,
-                                                                                 ignore_eos=True))
+        results, stats, after = turns_with(
+            stack, inputs, params=SamplingParams(seed=1, max_new_tokens=80, ignore_eos=True)
+        )
     finally:
         stack.config.detok.max_batch_sessions = saved
     failed = {i for i, r in enumerate(results) if r["done"].status == "failed"}
@@ -158,8 +160,9 @@ def test_bad_audio_values_fail_their_turn(stack, speech_16k):
 
 
 async def broken_worker_turns(pipeline, inputs, params):
-    results = await asyncio.wait_for(asyncio.gather(
-        *[run_turn(pipeline, TurnRequest("c", [], x, params)) for x in inputs]), 60)
+    results = await asyncio.wait_for(
+        asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, params)) for x in inputs]), 60
+    )
     with pytest.raises(KimiAudioError, match="model workers stopped"):
         pipeline.submit(TurnRequest("c", [], inputs[0], params))
     return results, pipeline.workers_alive
@@ -181,6 +184,7 @@ def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack,
 
         monkeypatch.setattr(LLMEngine, "step", step)
     else:
+
         def step_batch(items):
             raise Broken("injected")
 

@@ -9,10 +9,10 @@ import asyncio
 import copy
 
 import pytest
+from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.turn_request import TurnRequest
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 BLOCK_SIZE = 8
 NEW_TOKENS = 48
@@ -43,8 +43,9 @@ def test_a_tiny_pool_queues_and_preempts_and_every_turn_ends(stack, speech_16k):
     num_blocks = 2 * ((longest + 40 + NEW_TOKENS) // BLOCK_SIZE + 2)
 
     async def crowded(pipeline):
-        results = await asyncio.wait_for(asyncio.gather(
-            *[run_turn(pipeline, TurnRequest("c", [], x, p)) for x, p in zip(inputs, params)]), 300)
+        results = await asyncio.wait_for(
+            asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p)) for x, p in zip(inputs, params)]), 300
+        )
         return results, await settled_stats(pipeline)
 
     results, stats = with_pipeline(stack, crowded, tiny_pool_config(stack, num_blocks))
@@ -65,10 +66,14 @@ def test_a_turn_larger_than_the_pool_is_refused_and_the_rest_served(stack, speec
     too_long = SamplingParams(seed=1, max_new_tokens=4000, ignore_eos=True)
 
     async def body(pipeline):
-        results = await asyncio.wait_for(asyncio.gather(
-            run_turn(pipeline, TurnRequest("c", [], inputs[0], params)),
-            run_turn(pipeline, TurnRequest("c", [], inputs[1], too_long)),
-            run_turn(pipeline, TurnRequest("c", [], inputs[2], params))), 300)
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                run_turn(pipeline, TurnRequest("c", [], inputs[0], params)),
+                run_turn(pipeline, TurnRequest("c", [], inputs[1], too_long)),
+                run_turn(pipeline, TurnRequest("c", [], inputs[2], params)),
+            ),
+            300,
+        )
         return results, await settled_stats(pipeline)
 
     results, stats = with_pipeline(stack, body, tiny_pool_config(stack, 40))

@@ -22,8 +22,7 @@ def tok(golden_paths):
 
 def run(tok, text: str, stop=(), logprobs=False):
     """Feed `text`'s ids one step at a time -> (deltas, the turn)."""
-    request = TurnRequest("c", [], np.zeros(16000, np.float32), output_type="text", stop=tuple(stop),
-                          logprobs=logprobs)
+    request = TurnRequest("c", [], np.zeros(16000, np.float32), output_type="text", stop=tuple(stop), logprobs=logprobs)
     loop = asyncio.new_event_loop()  # the handle's; nothing is delivered to it here
     turn = LmTurn(TurnHandle("t", loop), request, {}, 0.0)
     loop.close()

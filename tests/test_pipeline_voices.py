@@ -10,13 +10,13 @@ import copy
 import numpy as np
 import pytest
 import torch
+from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 from kimiaudio.audio.io import load_audio
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError, Voice, VoiceRegistry
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +38,12 @@ def test_voice_is_computed_once_and_shared(stack, speech_16k, reference):
         before = pipeline.stats()["voice_prefill_calls"]
         voice = await pipeline.make_voice("espeak", *reference)
         after_add = pipeline.stats()
-        results = await asyncio.gather(*[run_turn(pipeline, TurnRequest("c", [], x, p, voice=voice if i < 3 else None))
-                                         for i, (x, p) in enumerate(zip(inputs, params))])
+        results = await asyncio.gather(
+            *[
+                run_turn(pipeline, TurnRequest("c", [], x, p, voice=voice if i < 3 else None))
+                for i, (x, p) in enumerate(zip(inputs, params))
+            ]
+        )
         return voice, before, after_add, results, await settled_stats(pipeline)
 
     voice, before, after_add, results, stats = with_pipeline(stack, body)

@@ -3,8 +3,9 @@ their dequantized weights (and, for fp8, their quantized activations).
 
 fp8 serves through its numerical emulation on the CPU (the same quantized operands multiplied
 exactly) and through `torch._scaled_mm` on a CUDA GPU of compute capability 8.9 or higher; the
-very `_scaled_mm` call the GPU makes is also checked on the CPU, where torch implements it; the int8 Triton kernel runs compiled on a GPU and in Triton's interpreter without
-one, as tests/test_triton_layers.py runs the other kernels.
+very `_scaled_mm` call the GPU makes is also checked on the CPU, where torch implements it; the
+int8 Triton kernel runs compiled on a GPU and in Triton's interpreter without one, as
+tests/test_triton_layers.py runs the other kernels.
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ def test_fp8_scaled_mm_on_the_gpu_equals_the_emulation():
 
 
 def test_quantize_linears_swaps_every_linear_and_nothing_else():
-    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Sequential(nn.SiLU(), nn.Linear(32, 16)),
-                          nn.Embedding(10, 16))
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.LayerNorm(32), nn.Sequential(nn.SiLU(), nn.Linear(32, 16)), nn.Embedding(10, 16)
+    )
     quantize_linears(model, "int8")
     assert [type(m).__name__ for m in model.modules()].count("QuantLinear") == 2
     assert not any(isinstance(m, nn.Linear) for m in model.modules())

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from kimiaudio.bench.decode_7b import decode_weight_bytes
-from kimiaudio.layers.quant_linear import QuantLinear
-from kimiaudio.models.quantize import quantize_lm
-from kimiaudio.engine.reference_loop import iter_reference
 from test_engine_e2e import build_requests, engine_for, load_tiny_lm, run_scenario
 from test_lm_golden import SECTIONS, forward_logits
+
+from kimiaudio.bench.decode_7b import decode_weight_bytes
+from kimiaudio.engine.reference_loop import iter_reference
+from kimiaudio.layers.quant_linear import QuantLinear
+from kimiaudio.models.quantize import quantize_lm
 
 BOUNDS = {"fp8": (0.25, 0.60), "int8": (0.05, 0.90)}  # (largest relative error, least top-1 agreement)
 
@@ -63,8 +63,11 @@ def test_golden_logits_within_bounds(quantized, golden, record_property):
             agree = got.argmax(-1) == ref.argmax(-1)
             top2 = ref.topk(2, dim=-1).values
             clear = (top2[:, 0] - top2[:, 1]) > 2 * err
-            line = (f"{weights} {section} {head}: max rel error {rel:.4f}, top-1 agreement {float(agree.float().mean()):.3f} "
-                    f"({int(clear.sum())} of {len(agree)} positions with a clear margin)")
+            line = (
+                f"{weights} {section} {head}: max rel error {rel:.4f}, "
+                f"top-1 agreement {float(agree.float().mean()):.3f} "
+                f"({int(clear.sum())} of {len(agree)} positions with a clear margin)"
+            )
             print(line)
             record_property(f"{weights}.{section}.{head}", line)
             assert rel <= max_rel, line
@@ -73,8 +76,19 @@ def test_golden_logits_within_bounds(quantized, golden, record_property):
 
 
 def _reference(lm, request) -> list:
-    return list(iter_reference(lm, request.audio_ids, request.text_ids, request.continuous_mask, request.features,
-                               request.params, request.output_type, request.specials, record_steps=True))
+    return list(
+        iter_reference(
+            lm,
+            request.audio_ids,
+            request.text_ids,
+            request.continuous_mask,
+            request.features,
+            request.params,
+            request.output_type,
+            request.specials,
+            record_steps=True,
+        )
+    )
 
 
 def _margin(logits: torch.Tensor) -> float:
@@ -103,8 +117,8 @@ def test_engine_equals_reference_loop_with_the_same_quantized_weights(quantized,
     for rid, steps in expected.items():
         tokens = [(s.text_token, s.audio_token) for s in steps]
         if rid == "fixed-length":  # runs past the stop: compare the steps the reference ran
-            tokens, steps = tokens[:len(expected["text"])], steps[:len(expected["text"])]
-        got = outputs[rid][:len(tokens)] if rid == "fixed-length" else outputs[rid]
+            tokens, steps = tokens[: len(expected["text"])], steps[: len(expected["text"])]
+        got = outputs[rid][: len(tokens)] if rid == "fixed-length" else outputs[rid]
         if got == tokens:
             assert rid == "fixed-length" or finished[rid] == steps[-1].reason, rid
             continue

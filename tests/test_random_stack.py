@@ -7,23 +7,29 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from test_pipeline import run_turn, with_pipeline
 
-from kimiaudio.pipeline.memory_plan import GIB, format_memory_budget, memory_budget
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.memory_plan import GIB, format_memory_budget, memory_budget
 from kimiaudio.pipeline.pipeline import TurnRequest
 from kimiaudio.random_weights.shapes import SHAPES
-from test_pipeline import run_turn, with_pipeline
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    config = load_config(None, {"model": {"device": "cpu"}, "storage": {"data_dir": str(tmp_path_factory.mktemp("data"))},
-                                "engine": {"num_kv_blocks": 64, "block_size": 8}})
+    config = load_config(
+        None,
+        {
+            "model": {"device": "cpu"},
+            "storage": {"data_dir": str(tmp_path_factory.mktemp("data"))},
+            "engine": {"num_kv_blocks": 64, "block_size": 8},
+        },
+    )
     return build_random_stack(config, "tiny")
 
 
@@ -79,17 +85,27 @@ def test_memory_plan(stack):
     KV pool, a detokenizer session's state at its K/V cap; and the pool is what is left."""
     plan = memory_budget(stack, sessions=64, device_bytes=80 * GIB)
     detok = stack.detokenizer
-    parts = {"lm": stack.lm, "whisper": stack.whisper.encoder, "glm4_tokenizer": stack.glm4.model,
-             "dit": detok.dit, "vocoder": detok.vocoder}
+    parts = {
+        "lm": stack.lm,
+        "whisper": stack.whisper.encoder,
+        "glm4_tokenizer": stack.glm4.model,
+        "dit": detok.dit,
+        "vocoder": detok.vocoder,
+    }
     assert plan["weights"] == {name: storage_bytes(module) for name, module in parts.items()}
     # A token's K/V: what the engine's own pool allocates per position.
-    engine = LLMEngine(stack.lm, EngineConfig(block_size=4, num_kv_blocks=10, max_num_batched_tokens=16,
-                                              max_num_seqs=2, cuda_graphs=False), "cpu", stack.dtype)
+    engine = LLMEngine(
+        stack.lm,
+        EngineConfig(block_size=4, num_kv_blocks=10, max_num_batched_tokens=16, max_num_seqs=2, cuda_graphs=False),
+        "cpu",
+        stack.dtype,
+    )
     pool = engine.runner.pool
     assert plan["lm_kv_per_token"] * (pool.num_blocks + 1) * pool.block_size == pool.kv.untyped_storage().nbytes()
     # A session's state: what one holds, driven past its K/V cap (fewer ODE steps: same sizes).
-    cheap = Detokenizer(detok.dit, detok.vocoder, dataclasses.replace(detok.cfg, first_ode_steps=2, ode_steps=2,
-                                                                     min_ode_steps=2))
+    cheap = Detokenizer(
+        detok.dit, detok.vocoder, dataclasses.replace(detok.cfg, first_ode_steps=2, ode_steps=2, min_ode_steps=2)
+    )
     assert cheap.state_bytes_per_stream() == plan["detok_state_per_session"] > 0
     session, most, capped = cheap.new_stream(seed=0), 0, False
     tokens = torch.randint(0, SHAPES["tiny"].codes, (12,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -107,8 +123,11 @@ def test_memory_plan(stack):
     assert memory_budget(stack, sessions=64, device_bytes=81 * GIB)["kv_pool"] - plan["kv_pool"] == GIB
     assert plan["kv_pool"] + plan["fixed_total"] + plan["headroom"] == 80 * GIB
     assert memory_budget(stack, sessions=64, device_bytes=plan["fixed_total"])["kv_pool"] == 0  # never below 0
-    assert plan["kv_pool_tokens"] * plan["lm_kv_per_token"] <= plan["kv_pool"] < (plan["kv_pool_tokens"] + 1) * \
-        plan["lm_kv_per_token"]
+    assert (
+        plan["kv_pool_tokens"] * plan["lm_kv_per_token"]
+        <= plan["kv_pool"]
+        < (plan["kv_pool_tokens"] + 1) * plan["lm_kv_per_token"]
+    )
     text = format_memory_budget(plan)
     assert "LM KV pool (sized last)" in text and "detok state" in text
     assert f"{plan['kv_pool_tokens']:,} tokens" in text

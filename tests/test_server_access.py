@@ -3,13 +3,12 @@ but the page, the Host allow-list (DNS rebinding), the Origin check for state-ch
 requests, and the warning for a server exposed without a key."""
 
 import pytest
-
 from test_server_support import demo_server, fill_template, route_templates
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
 from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 KEY = "s3cret-K3y_0123456789"
@@ -32,8 +31,12 @@ async def test_every_route_but_the_page_needs_the_key(server):
     routes = _routes(server.app)
     assert len(routes) >= 8
     for method, path in routes:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
-                        {"Authorization": f"Bearer {KEY}x"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": f"Basic {KEY}"},
+            {"Authorization": f"Bearer {KEY}x"},
+        ):
             resp = await server.request(method, path, headers=headers)
             if (method, path) in PUBLIC:
                 assert resp.status == 200, (method, path)
@@ -70,11 +73,21 @@ async def test_no_key_configured_means_open(aiohttp_client, demo_checkpoint, tmp
         assert (await client.get("/api/status")).status == 200
 
 
-@pytest.mark.parametrize("host, allowed, status", [
-    ("evil.example", [], 421), ("evil.example:8080", [], 421), ("127.0.0.1.evil.example", [], 421),
-    ("localhost", [], 200), ("LOCALHOST:9", [], 200), ("127.0.0.1:1234", [], 200), ("[::1]:8080", [], 200),
-    ("kimi.lan:8080", ["kimi.lan"], 200), ("localhost", ["kimi.lan"], 421), ("anything", ["*"], 200),
-])
+@pytest.mark.parametrize(
+    "host, allowed, status",
+    [
+        ("evil.example", [], 421),
+        ("evil.example:8080", [], 421),
+        ("127.0.0.1.evil.example", [], 421),
+        ("localhost", [], 200),
+        ("LOCALHOST:9", [], 200),
+        ("127.0.0.1:1234", [], 200),
+        ("[::1]:8080", [], 200),
+        ("kimi.lan:8080", ["kimi.lan"], 200),
+        ("localhost", ["kimi.lan"], 421),
+        ("anything", ["*"], 200),
+    ],
+)
 async def test_host_allow_list(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch, host, allowed, status):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, allowed_hosts=allowed) as (client, _):
@@ -87,13 +100,20 @@ async def test_host_allow_list(aiohttp_client, demo_checkpoint, tmp_path, monkey
 
 async def test_origin_check_for_state_changing_requests(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path,
-                           allowed_origins=["https://app.example"]) as (client, _):
+    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, allowed_origins=["https://app.example"]) as (
+        client,
+        _,
+    ):
         own = f"http://127.0.0.1:{client.server.port}"
         conversation = await client.app[store_key].create_conversation()
         path = f"/api/conversations/{conversation['id']}"
-        for origin in ("http://evil.example", "null", f"http://127.0.0.1:{client.server.port + 1}",
-                       f"https://127.0.0.1:{client.server.port}", "http://[::1"):
+        for origin in (
+            "http://evil.example",
+            "null",
+            f"http://127.0.0.1:{client.server.port + 1}",
+            f"https://127.0.0.1:{client.server.port}",
+            "http://[::1",
+        ):
             resp = await client.post("/api/rtc/offer", json={}, headers={"Origin": origin})
             assert resp.status == 403 and (await resp.json())["error"]["code"] == "forbidden_origin", origin
             assert (await client.delete(path, headers={"Origin": origin})).status == 403
@@ -112,8 +132,13 @@ def test_key_compare_and_exposure_warning(monkeypatch):
     assert not key_matches(None, "abc") and not key_matches("\udcff", "abc")
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     config = Config()
-    for host, warned in (("127.0.0.1", False), ("localhost", False), ("::1", False), ("0.0.0.0", True),
-                         ("192.168.1.5", True)):
+    for host, warned in (
+        ("127.0.0.1", False),
+        ("localhost", False),
+        ("::1", False),
+        ("0.0.0.0", True),
+        ("192.168.1.5", True),
+    ):
         config.server.host = host
         assert bool(exposure_warning(config, AccessPolicy.from_config(config))) == warned, host
     config.server.api_key = "k"

@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import pytest
-
 from test_server_support import demo_server, offer_sdp, post_head, raw_request
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -18,8 +17,9 @@ BODY_TIMEOUT_S = 4.0  # well past the slow offers' 1 s pause, which a loaded mac
 
 @pytest.fixture
 async def http(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=CAP,
-                           body_timeout_s=BODY_TIMEOUT_S) as (client, _):
+    async with demo_server(
+        aiohttp_client, demo_checkpoint, tmp_path, max_sessions=CAP, body_timeout_s=BODY_TIMEOUT_S
+    ) as (client, _):
         yield client
 
 
@@ -38,11 +38,14 @@ async def handling(http, count: int, since: int, timeout: float = 120.0) -> None
 
 async def test_concurrent_slow_offers_cannot_overfill_the_cap(http):
     port = http.server.port
-    bodies = [json.dumps({"sdp": sdp, "type": "offer"}).encode()
-              for sdp in await asyncio.gather(*(offer_sdp() for _ in range(CAP + 5)))]
+    bodies = [
+        json.dumps({"sdp": sdp, "type": "offer"}).encode()
+        for sdp in await asyncio.gather(*(offer_sdp() for _ in range(CAP + 5)))
+    ]
     # Every offer's first half arrives at once, its second half a second later.
-    results = await asyncio.gather(*(raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body, pause_s=1.0)
-                                     for body in bodies))
+    results = await asyncio.gather(
+        *(raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body, pause_s=1.0) for body in bodies)
+    )
     statuses = sorted(status for status, _ in results)
     assert statuses == [200] * CAP + [503] * 5, statuses
     refused = [json.loads(body)["error"]["code"] for status, body in results if status == 503]
@@ -54,8 +57,12 @@ async def test_a_body_that_never_arrives_is_answered_408_and_holds_no_slot(http)
     port = http.server.port
     body = json.dumps({"sdp": await offer_sdp(), "type": "offer"}).encode()
     since = http.server.runner.server.requests_count
-    stalled = asyncio.gather(*[raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body, send_rest=False)
-                               for _ in range(CAP + 2)])
+    stalled = asyncio.gather(
+        *[
+            raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body, send_rest=False)
+            for _ in range(CAP + 2)
+        ]
+    )
     await handling(http, CAP + 2, since)
     assert await active(http) == 0  # the stalled offers hold no slot: a real client still gets in
     status, _ = await raw_request(port, post_head(port, "/api/rtc/offer", len(body)), body)
@@ -72,7 +79,7 @@ async def test_a_client_hanging_up_mid_body_leaves_nothing_behind(http):
     port = http.server.port
     since = http.server.runner.server.requests_count
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"{post_head(port, '/api/rtc/offer', 5000)}\r\n\r\n{{\"sdp\": ".encode())
+    writer.write(f'{post_head(port, "/api/rtc/offer", 5000)}\r\n\r\n{{"sdp": '.encode())
     await writer.drain()
     await handling(http, 1, since)  # the offer is being handled, its body half in
     writer.close()

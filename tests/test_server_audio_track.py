@@ -66,8 +66,11 @@ async def test_idle_track_sends_paced_silence(fake_time):
 
 async def test_response_is_resampled_and_played_in_order():
     events = []
-    track = PlaybackTrack(prebuffer_ms=40, on_playback_started=lambda r: events.append(("start", r)),
-                          on_playback_finished=lambda r: events.append(("end", r)))
+    track = PlaybackTrack(
+        prebuffer_ms=40,
+        on_playback_started=lambda r: events.append(("start", r)),
+        on_playback_finished=lambda r: events.append(("end", r)),
+    )
     pcm = _tone(0.3)
     track.begin("r1")
     track.push(pcm[:3000])
@@ -102,8 +105,9 @@ async def test_prebuffer_waits_and_flush_keeps_pts_running():
 
 async def test_response_without_audio_finishes_without_starting():
     events = []
-    track = PlaybackTrack(on_playback_started=lambda r: events.append("start"),
-                          on_playback_finished=lambda r: events.append("end"))
+    track = PlaybackTrack(
+        on_playback_started=lambda r: events.append("start"), on_playback_finished=lambda r: events.append("end")
+    )
     track.begin("r1")
     track.end()
     await _frames(track, 2)

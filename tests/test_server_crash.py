@@ -11,15 +11,16 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
+from test_server_support import eventually, free_port, heard_or_done, silence, start_serve, stop_serve
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from test_server_support import eventually, free_port, heard_or_done, silence, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 
 
 async def turns_stored(http, conversation_id: str, count: int) -> list[dict]:
     """The conversation's turns once there are `count` (an assistant turn is written as its answer ends)."""
+
     async def stored():
         turns = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]
         return turns if len(turns) >= count else None
@@ -70,7 +71,7 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             after = await turns_stored(http, conversation_id, len(turns) + 2)
             roles = [t["role"] for t in after]
             assert roles[: len(turns)] == [t["role"] for t in turns]
-            assert roles[len(turns):] == ["user", "assistant"], roles
+            assert roles[len(turns) :] == ["user", "assistant"], roles
             # The new prompt held the first utterance too: more prefill than the new turn alone.
             assert done["response"]["prefill_tokens_computed"] > 2 * len(after[-2]["audio_tokens"])
     finally:

@@ -8,10 +8,9 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-
-from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import demo_server, kv_pool_full_again, silence
 
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import store_key
 
 pytestmark = pytest.mark.slow
@@ -32,9 +31,14 @@ async def test_two_turns_with_history_reuse(server, speech):
     assert status["demo_weights"] is True and "random weights" in status["demo_message"]
 
     mic.say(np.concatenate([speech[0], silence(1.0)]))
-    for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                 "input_audio_buffer.committed", "response.created", "response.audio_transcript.delta",
-                 "response.audio.started"):
+    for kind in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+        "response.audio_transcript.delta",
+        "response.audio.started",
+    ):
         await client.wait_for(kind)
     done = await client.wait_for("response.done")
     assert done["response"]["status"] == "completed", done

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
+from test_server_support import demo_server
 
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.server import api_error
 from kimiaudio.server.v1 import chat_stream, transcriptions
-from test_server_support import demo_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 FIELDS = ["message", "type", "param", "code"]

@@ -7,47 +7,117 @@ import json
 import pytest
 
 from kimiaudio.server.session import events
-from kimiaudio.server.session.client_events import (AudioAppend, AudioClear, AudioCommit, ConversationSelect, ItemCreate,
-                                            ItemTruncate, ProtocolError, ResponseCancel, ResponseCreate, SessionUpdate,
-                                            parse_client_event)
+from kimiaudio.server.session.client_events import (
+    AudioAppend,
+    AudioClear,
+    AudioCommit,
+    ConversationSelect,
+    ItemCreate,
+    ItemTruncate,
+    ProtocolError,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+    parse_client_event,
+)
 
 
 def test_client_events_parse():
     assert parse_client_event('{"type": "response.cancel"}') == ResponseCancel()
     assert parse_client_event(b'{"type": "conversation.select", "conversation_id": null}') == ConversationSelect(None)
     assert parse_client_event('{"type": "conversation.select", "conversation_id": "abc"}') == ConversationSelect("abc")
-    update = parse_client_event(json.dumps({"type": "session.update", "event_id": "e1", "session": {
-        "vad": {"threshold": 0.6}, "sampling": {"audio_temperature": 0.5}, "output_type": "text"}}))
+    update = parse_client_event(
+        json.dumps(
+            {
+                "type": "session.update",
+                "event_id": "e1",
+                "session": {"vad": {"threshold": 0.6}, "sampling": {"audio_temperature": 0.5}, "output_type": "text"},
+            }
+        )
+    )
     assert update == SessionUpdate({"threshold": 0.6}, {"audio_temperature": 0.5}, "text")
     audio = base64.b64encode(b"\x01\x00\xff\x7f").decode()
     assert parse_client_event(json.dumps({"type": "input_audio_buffer.append", "audio": audio})) == AudioAppend(
-        b"\x01\x00\xff\x7f")
+        b"\x01\x00\xff\x7f"
+    )
     assert parse_client_event('{"type": "input_audio_buffer.commit"}') == AudioCommit()
     assert parse_client_event('{"type": "input_audio_buffer.clear", "event_id": "x"}') == AudioClear()
-    assert parse_client_event('{"type": "response.create", "response": {"modalities": ["text"]}}') == ResponseCreate("text")
-    assert parse_client_event('{"type": "conversation.item.truncate", "item_id": "i1", "content_index": 0, '
-                              '"audio_end_ms": 1500}') == ItemTruncate("i1", 1500)
-    item = parse_client_event(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Be brief."},
-                                                       {"type": "input_audio", "audio": audio}]}}))
+    assert parse_client_event('{"type": "response.create", "response": {"modalities": ["text"]}}') == ResponseCreate(
+        "text"
+    )
+    assert parse_client_event(
+        '{"type": "conversation.item.truncate", "item_id": "i1", "content_index": 0, "audio_end_ms": 1500}'
+    ) == ItemTruncate("i1", 1500)
+    item = parse_client_event(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Be brief."}, {"type": "input_audio", "audio": audio}],
+                },
+            }
+        )
+    )
     assert item == ItemCreate("user", "Be brief.", b"\x01\x00\xff\x7f")
 
 
 def test_openai_session_update_beta_and_ga_shapes():
-    beta = parse_client_event(json.dumps({"type": "session.update", "session": {
-        "modalities": ["audio", "text"], "instructions": "Answer briefly.", "voice": "alloy",
-        "input_audio_format": "pcm16", "output_audio_format": "pcm16", "input_audio_transcription": None,
-        "turn_detection": {"type": "server_vad", "threshold": 0.7, "silence_duration_ms": 300,
-                           "prefix_padding_ms": 200, "create_response": False, "interrupt_response": True},
-        "tools": [], "tool_choice": "auto", "temperature": 0.8, "max_response_output_tokens": 200}}))
-    assert beta == SessionUpdate(vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
-                                 sampling={"max_new_tokens": 200}, output_type="both", turn_detection="server_vad",
-                                 create_response=False, instructions="Answer briefly.", voice="alloy", input_rate=24000,
-                                 temperature=0.8, transcription=False)  # input_audio_transcription: null = off
-    ga = parse_client_event(json.dumps({"type": "session.update", "session": {
-        "type": "realtime", "output_modalities": ["text"], "audio": {
-            "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None},
-            "output": {"voice": "marin"}}}}))
+    beta = parse_client_event(
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {
+                    "modalities": ["audio", "text"],
+                    "instructions": "Answer briefly.",
+                    "voice": "alloy",
+                    "input_audio_format": "pcm16",
+                    "output_audio_format": "pcm16",
+                    "input_audio_transcription": None,
+                    "turn_detection": {
+                        "type": "server_vad",
+                        "threshold": 0.7,
+                        "silence_duration_ms": 300,
+                        "prefix_padding_ms": 200,
+                        "create_response": False,
+                        "interrupt_response": True,
+                    },
+                    "tools": [],
+                    "tool_choice": "auto",
+                    "temperature": 0.8,
+                    "max_response_output_tokens": 200,
+                },
+            }
+        )
+    )
+    assert beta == SessionUpdate(
+        vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
+        sampling={"max_new_tokens": 200},
+        output_type="both",
+        turn_detection="server_vad",
+        create_response=False,
+        instructions="Answer briefly.",
+        voice="alloy",
+        input_rate=24000,
+        temperature=0.8,
+        transcription=False,
+    )  # input_audio_transcription: null = off
+    ga = parse_client_event(
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None},
+                        "output": {"voice": "marin"},
+                    },
+                },
+            }
+        )
+    )
     assert (ga.output_type, ga.turn_detection, ga.input_rate, ga.voice) == ("text", "none", 16000, "marin")
 
 
@@ -58,44 +128,61 @@ def test_input_audio_transcription_beta_and_ga_shapes():
     assert update({}).transcription is None  # unchanged
     assert update({"input_audio_transcription": {"model": "whisper-1"}}).transcription == {"model": "whisper-1"}
     assert update({"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}).transcription == {
-        "model": "gpt-4o-transcribe"}
+        "model": "gpt-4o-transcribe"
+    }
     assert update({"audio": {"input": {"transcription": None}}}).transcription is False
-    for session, param in (({"input_audio_transcription": "on"}, "session.input_audio_transcription"),
-                           ({"input_audio_transcription": {"model": 5}}, "session.input_audio_transcription.model"),
-                           ({"audio": {"input": {"transcription": {"prompt": "names: Ada"}}}},
-                            "session.audio.input.transcription.prompt")):
+    for session, param in (
+        ({"input_audio_transcription": "on"}, "session.input_audio_transcription"),
+        ({"input_audio_transcription": {"model": 5}}, "session.input_audio_transcription.model"),
+        ({"audio": {"input": {"transcription": {"prompt": "names: Ada"}}}}, "session.audio.input.transcription.prompt"),
+    ):
         with pytest.raises(ProtocolError) as info:
             update(session)
         assert info.value.param == param
 
 
-@pytest.mark.parametrize("message, code, words", [
-    ("{not json", "invalid_json", "not valid JSON"),
-    (b"\xff\xfe", "invalid_json", "UTF-8"),
-    ("[1]", "invalid_event", "JSON object"),
-    ('{"type": "response.explode"}', "unknown_event", "response.cancel"),
-    ('{"kind": "x"}', "unknown_event", "None"),
-    ('{"type": "conversation.select", "conversation_id": 5}', "invalid_event", "conversation_id"),
-    ('{"type": "session.update", "session": {"vad": "fast"}}', "invalid_event", "session.vad"),
-    ('{"type": "session.update", "session": {"output_type": "audio"}}', "invalid_event", "output_type"),
-    ('{"type": "session.update", "session": {"modalities": ["video"]}}', "invalid_value", "modalities"),
-    ('{"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}', "unsupported_format", "pcm16"),
-    ('{"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}}', "invalid_value", "threshold"),
-    ('{"type": "session.update", "session": {"turn_detection": {"type": "magic"}}}', "invalid_value", "server_vad"),
-    ('{"type": "input_audio_buffer.append", "audio": "not base64!"}', "invalid_audio", "base64"),
-    ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', "invalid_audio", "even"),
-    ('{"type": "conversation.item.create", "item": {"type": "function_call"}}', "unsupported", "message"),
-    ('{"type": "conversation.item.create", "item": {"role": "user", "content": []}}', "invalid_value", "content"),
-    ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),
-    ('{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text", "text": null}]}}',
-     "invalid_value", "content[0].text"),
-    ('{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text", "text": "a\\u0000"}]}}',
-     "invalid_value", "content[0].text"),
-    ('{"type": "session.update", "session": {"audio": []}}', "invalid_event", "session.audio"),
-    ('{"type": "response.create", "response": []}', "invalid_event", "response"),
-    ('[' * 100 + ']' * 100, "invalid_json", "nested"),
-    ("x" * 70000, "invalid_event", "too large"),
-])
+@pytest.mark.parametrize(
+    "message, code, words",
+    [
+        ("{not json", "invalid_json", "not valid JSON"),
+        (b"\xff\xfe", "invalid_json", "UTF-8"),
+        ("[1]", "invalid_event", "JSON object"),
+        ('{"type": "response.explode"}', "unknown_event", "response.cancel"),
+        ('{"kind": "x"}', "unknown_event", "None"),
+        ('{"type": "conversation.select", "conversation_id": 5}', "invalid_event", "conversation_id"),
+        ('{"type": "session.update", "session": {"vad": "fast"}}', "invalid_event", "session.vad"),
+        ('{"type": "session.update", "session": {"output_type": "audio"}}', "invalid_event", "output_type"),
+        ('{"type": "session.update", "session": {"modalities": ["video"]}}', "invalid_value", "modalities"),
+        ('{"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}', "unsupported_format", "pcm16"),
+        (
+            '{"type": "session.update", "session": {"turn_detection": {"threshold": "high"}}}',
+            "invalid_value",
+            "threshold",
+        ),
+        ('{"type": "session.update", "session": {"turn_detection": {"type": "magic"}}}', "invalid_value", "server_vad"),
+        ('{"type": "input_audio_buffer.append", "audio": "not base64!"}', "invalid_audio", "base64"),
+        ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', "invalid_audio", "even"),
+        ('{"type": "conversation.item.create", "item": {"type": "function_call"}}', "unsupported", "message"),
+        ('{"type": "conversation.item.create", "item": {"role": "user", "content": []}}', "invalid_value", "content"),
+        ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),
+        (
+            '{"type": "conversation.item.create", '
+            '"item": {"role": "user", "content": [{"type": "input_text", "text": null}]}}',
+            "invalid_value",
+            "content[0].text",
+        ),
+        (
+            '{"type": "conversation.item.create", '
+            '"item": {"role": "user", "content": [{"type": "input_text", "text": "a\\u0000"}]}}',
+            "invalid_value",
+            "content[0].text",
+        ),
+        ('{"type": "session.update", "session": {"audio": []}}', "invalid_event", "session.audio"),
+        ('{"type": "response.create", "response": []}', "invalid_event", "response"),
+        ("[" * 100 + "]" * 100, "invalid_json", "nested"),
+        ("x" * 70000, "invalid_event", "too large"),
+    ],
+)
 def test_bad_client_events_have_clear_errors(message, code, words):
     with pytest.raises(ProtocolError) as info:
         parse_client_event(message)
@@ -105,24 +192,35 @@ def test_bad_client_events_have_clear_errors(message, code, words):
 def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
     """What asks for nothing passes (an echo of session.created, no tools, normal speed); what
     asks for something kimiaudio cannot do is refused naming it; an unknown field too."""
-    update = parse_client_event('{"type": "session.update", "session": {"speed": 1.0, "tools": [], '
-                                '"tool_choice": "auto", "input_audio_noise_reduction": null, "client_secret": {}}}')
+    update = parse_client_event(
+        '{"type": "session.update", "session": {"speed": 1.0, "tools": [], '
+        '"tool_choice": "auto", "input_audio_noise_reduction": null, "client_secret": {}}}'
+    )
     assert update == SessionUpdate()
-    for session, param in (('{"tracing": "auto"}', "session.tracing"), ('{"speed": 1.1}', "session.speed"),
-                           ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
-                           ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
-                           ('{"temperature": 0.1}', "session.temperature"), ('{"type": "transcription"}', "session.type"),
-                           ('{"frobnicate": 1}', "session.frobnicate")):
+    for session, param in (
+        ('{"tracing": "auto"}', "session.tracing"),
+        ('{"speed": 1.1}', "session.speed"),
+        ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
+        ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
+        ('{"temperature": 0.1}', "session.temperature"),
+        ('{"type": "transcription"}', "session.type"),
+        ('{"frobnicate": 1}', "session.frobnicate"),
+    ):
         with pytest.raises(ProtocolError) as info:
-            parse_client_event('{"type": "session.update", "session": ' + session + '}')
+            parse_client_event('{"type": "session.update", "session": ' + session + "}")
         assert info.value.param == param, (session, info.value.param)
-    create = parse_client_event('{"type": "response.create", "response": {"voice": "alloy", "temperature": 0.7, '
-                                '"max_output_tokens": 9, "instructions": "Hi", "conversation": "auto", "metadata": {}}}')
+    create = parse_client_event(
+        '{"type": "response.create", "response": {"voice": "alloy", "temperature": 0.7, '
+        '"max_output_tokens": 9, "instructions": "Hi", "conversation": "auto", "metadata": {}}}'
+    )
     assert create == ResponseCreate(None, "Hi", "alloy", 0.7, 9)
-    for response, param in (('{"conversation": "none"}', "response.conversation"), ('{"input": []}', "response.input"),
-                            ('{"max_response_output_tokens": 0}', "response.max_response_output_tokens")):
+    for response, param in (
+        ('{"conversation": "none"}', "response.conversation"),
+        ('{"input": []}', "response.input"),
+        ('{"max_response_output_tokens": 0}', "response.max_response_output_tokens"),
+    ):
         with pytest.raises(ProtocolError) as info:
-            parse_client_event('{"type": "response.create", "response": ' + response + '}')
+            parse_client_event('{"type": "response.create", "response": ' + response + "}")
         assert info.value.param == param, (response, info.value.param)
 
 
@@ -130,16 +228,27 @@ def test_server_event_builders():
     ids = events.EventIds()
     first = ids.stamp(events.speech_started(320, "item_1"))
     second = ids.stamp(events.response_done("r1", "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
-    assert first == {"event_id": "evt_1", "type": "input_audio_buffer.speech_started", "audio_start_ms": 320,
-                     "item_id": "item_1"}
+    assert first == {
+        "event_id": "evt_1",
+        "type": "input_audio_buffer.speech_started",
+        "audio_start_ms": 320,
+        "item_id": "item_1",
+    }
     assert second["event_id"] == "evt_2" and second["response"]["status"] == "cancelled"
     assert second["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
-    assert events.error("x", "msg")["error"] == {"type": "invalid_request_error", "code": "x", "message": "msg",
-                                                "param": None, "event_id": None}
+    assert events.error("x", "msg")["error"] == {
+        "type": "invalid_request_error",
+        "code": "x",
+        "message": "msg",
+        "param": None,
+        "event_id": None,
+    }
     with pytest.raises(ValueError):
         events.response_done("r1", "exploded", "", {})
     item = events.message_item("item_2", "assistant", "Hello", has_audio=True, index=1)
     assert item["content"] == [{"type": "audio", "transcript": "Hello"}] and item["index"] == 1
     assert [e["type"] for e in events.text_done("r1", "item_2", "Hello", spoken=True)] == [
-        "response.audio.done", "response.audio_transcript.done"]
+        "response.audio.done",
+        "response.audio_transcript.done",
+    ]
     json.dumps(events.committed("c", 0, 1.23456, "item_1", None))  # every event is JSON-serialisable

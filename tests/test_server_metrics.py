@@ -10,13 +10,13 @@ import socket
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
 from kimiaudio.server.app_keys import admission_key, server_metrics_key
 from kimiaudio.server.observe.log_setup import configure_logging
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
-from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -69,8 +69,12 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     first = m["kimiaudio_commit_to_first_packet_seconds_sum"]
     assert m["kimiaudio_commit_to_first_packet_seconds_count"] == 1
     assert first == pytest.approx(done["response"]["timings"]["commit_to_first_audio_s"], abs=1e-3)
-    for name in ("kimiaudio_lm_step_seconds", "kimiaudio_lm_batch_size", "kimiaudio_encode_batch_seconds",
-                 "kimiaudio_detok_batch_seconds"):
+    for name in (
+        "kimiaudio_lm_step_seconds",
+        "kimiaudio_lm_batch_size",
+        "kimiaudio_encode_batch_seconds",
+        "kimiaudio_detok_batch_seconds",
+    ):
         assert m[f"{name}_count"] > 0 and m[f"{name}_sum"] > 0, name
         buckets = [v for k, v in m.items() if k.startswith(f"{name}_bucket@")]
         assert buckets == sorted(buckets) and buckets[-1] == m[f"{name}_count"], name  # cumulative, +Inf last
@@ -85,8 +89,14 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     line = lines[0]
     assert line.startswith("turn session=sess_") and f"response={done['response']['id']}" in line
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
-    for part in (f"conversation={conversation_id}", "status=completed", "commit_to_first_audio_s=", "done_s=",
-                 "prefill_tokens_computed=", "text_chars="):
+    for part in (
+        f"conversation={conversation_id}",
+        "status=completed",
+        "commit_to_first_audio_s=",
+        "done_s=",
+        "prefill_tokens_computed=",
+        "text_chars=",
+    ):
         assert part in line, (part, line)
     await client.close()
     await kv_pool_full_again(pipeline)
@@ -103,8 +113,9 @@ async def test_health_and_readiness(server):
     http.app[admission_key].is_draining = False
 
 
-async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhere(aiohttp_client, demo_checkpoint,
-                                                                                 tmp_path):
+async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhere(
+    aiohttp_client, demo_checkpoint, tmp_path
+):
     async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=1) as (http, _):
         client = RealtimeWsClient()
         assert await client.connect(http) == 101
@@ -115,6 +126,7 @@ async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhe
         assert body["sessions"] == {"active": 1, "max": 1}
         assert (await http.post("/api/rtc/offer", json={})).status == 503  # what the probe foretold
         await client.close()
+
         async def ready():  # the slot is released as the socket's session closes
             resp = await http.get("/readyz")
             return resp if resp.status == 200 else None
@@ -140,20 +152,32 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
     try:
         assert logging.getLogger("aioice").getEffectiveLevel() == logging.WARNING
         caplog.set_level(logging.INFO)
-        for garbage in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
-                        b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"\x16\x03\x01\x00\xa5\x01\x00"):
+        for garbage in (
+            b"GARBAGE\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            b"\x16\x03\x01\x00\xa5\x01\x00",
+        ):
             reader, writer = await asyncio.open_connection("127.0.0.1", http.server.port)
             writer.write(garbage)
             assert (await reader.read(12)).startswith(b"HTTP/1.")
             writer.close()
         # What aiortc leaves behind when a peer has just gone: a send task that failed, never awaited.
         loop = asyncio.get_running_loop()
-        loop.call_exception_handler({"message": "Task exception was never retrieved",
-                                     "exception": ConnectionError("Cannot send data, not connected")})
+        loop.call_exception_handler(
+            {
+                "message": "Task exception was never retrieved",
+                "exception": ConnectionError("Cannot send data, not connected"),
+            }
+        )
         from OpenSSL import SSL  # aiortc's SCTP send on a DTLS session the peer has just shut
 
-        loop.call_exception_handler({"message": "Task exception was never retrieved",
-                                     "exception": SSL.Error([("SSL routines", "", "protocol is shutdown")])})
+        loop.call_exception_handler(
+            {
+                "message": "Task exception was never retrieved",
+                "exception": SSL.Error([("SSL routines", "", "protocol is shutdown")]),
+            }
+        )
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 200
         client.mic.say(np.concatenate([speech[0], silence(1.0)]))
@@ -197,9 +221,10 @@ async def test_underruns_are_counted_once_per_gap():
 async def test_readiness_fails_once_a_model_worker_has_stopped(server, speech, monkeypatch):
     """A worker whose loop broke cannot serve again: /readyz says so, so that an orchestrator
     restarts the process (the turn in flight ended failed; new ones are refused)."""
+    from test_worker import Broken
+
     from kimiaudio.engine.llm_engine import LLMEngine
     from kimiaudio.pipeline.turn_request import TurnRequest
-    from test_worker import Broken
 
     def step(self):
         raise Broken("injected")

@@ -34,7 +34,9 @@ async def error(resp, status: int) -> dict:
 
 async def test_fields_within_limits_first_value_kept_others_skipped(aiohttp_client):
     http = await client(aiohttp_client)
-    resp = await http.post("/", data=form(("name", "a"), ("name", "b"), ("other", "x" * 1000), ("file", b"abc", "f.wav")))
+    resp = await http.post(
+        "/", data=form(("name", "a"), ("name", "b"), ("other", "x" * 1000), ("file", b"abc", "f.wav"))
+    )
     assert resp.status == 200 and await resp.json() == {"name": ["a", None], "file": ["abc", "f.wav"]}
 
 
@@ -42,12 +44,15 @@ async def test_each_fault_is_its_error(aiohttp_client):
     http = await client(aiohttp_client)
     wrong_type = await error(await http.post("/", json={"name": "a"}), 415)
     assert wrong_type["code"] == "unsupported_media_type" and "application/json" in wrong_type["message"]
-    broken = await error(await http.post("/", data=b"--x\r\nnot a part", headers={
-        "Content-Type": "multipart/form-data; boundary=y"}), 400)
+    broken = await error(
+        await http.post("/", data=b"--x\r\nnot a part", headers={"Content-Type": "multipart/form-data; boundary=y"}),
+        400,
+    )
     assert broken["code"] == "invalid_multipart"
     # No line break in the first 512 KiB: aiohttp's reader gives up with its own exception type.
-    endless = await error(await http.post("/", data=b"x" * (600 * 1024), headers={
-        "Content-Type": "multipart/form-data; boundary=y"}), 400)
+    endless = await error(
+        await http.post("/", data=b"x" * (600 * 1024), headers={"Content-Type": "multipart/form-data; boundary=y"}), 400
+    )
     assert endless["code"] == "invalid_multipart"
     large = await error(await http.post("/", data=form(("name", "a"), ("file", b"x" * 65, "f"))), 413)
     assert large["code"] == "too_large" and "`file`" in large["message"] and "64 bytes" in large["message"]

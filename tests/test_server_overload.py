@@ -6,17 +6,18 @@ import logging
 import time
 
 import pytest
+from test_server_metrics import scrape
+from test_server_support import demo_server, eventually, silence
 
 from kimiaudio.audio.vad import TurnDetector
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from test_server_metrics import scrape
-from test_server_support import demo_server, eventually, silence
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 async def test_a_microphone_the_server_cannot_keep_up_with_is_dropped_not_queued(
-        aiohttp_client, demo_checkpoint, tmp_path, monkeypatch, caplog):
+    aiohttp_client, demo_checkpoint, tmp_path, monkeypatch, caplog
+):
     real_push = TurnDetector.push
 
     def slow_push(self, pcm):  # three times slower than real time (20 ms frames)

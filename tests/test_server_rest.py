@@ -6,10 +6,9 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-
-from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import demo_server
 
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import store_key
 
 
@@ -30,7 +29,7 @@ async def _error(resp, status, code):
 
 async def test_page_static_files_and_status(http):
     resp = await http.get("/")
-    assert resp.status == 200 and "<script src=\"/static/app.js\">" in await resp.text()
+    assert resp.status == 200 and '<script src="/static/app.js">' in await resp.text()
     for name in ("app.js", "style.css"):
         assert (await http.get(f"/static/{name}")).status == 200
     status = await (await http.get("/api/status")).json()
@@ -40,19 +39,29 @@ async def test_page_static_files_and_status(http):
     assert pool["kv_blocks_total"] == 256 and pool["kv_blocks_free"] == 256 and pool["running"] == 0
 
 
-@pytest.mark.parametrize("body, code, status", [
-    ("not json at all", "invalid_json", 400),
-    ("[1, 2]", "invalid_json", 400),
-    ('{"sdp": "", "type": "offer"}', "bad_offer", 400),
-    ('{"sdp": "v=0", "type": "answer"}', "bad_offer", 400),
-    ('{"sdp": "v=0\\r\\nm=video 9 UDP 96", "type": "offer"}', "bad_offer", 400),
-    ('{"sdp": "garbage m=audio garbage", "type": "offer"}', "bad_offer", 400),
-    ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "conversation_id": "nope"}', "conversation_not_found", 404),
-    ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": 3}}', "invalid_event", 400),
-    # Values are checked against the config's ranges as the event is parsed, before the SDP.
-    ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": {"threshold": 7}}}',
-     "invalid_value", 400),
-])
+@pytest.mark.parametrize(
+    "body, code, status",
+    [
+        ("not json at all", "invalid_json", 400),
+        ("[1, 2]", "invalid_json", 400),
+        ('{"sdp": "", "type": "offer"}', "bad_offer", 400),
+        ('{"sdp": "v=0", "type": "answer"}', "bad_offer", 400),
+        ('{"sdp": "v=0\\r\\nm=video 9 UDP 96", "type": "offer"}', "bad_offer", 400),
+        ('{"sdp": "garbage m=audio garbage", "type": "offer"}', "bad_offer", 400),
+        (
+            '{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "conversation_id": "nope"}',
+            "conversation_not_found",
+            404,
+        ),
+        ('{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": 3}}', "invalid_event", 400),
+        # Values are checked against the config's ranges as the event is parsed, before the SDP.
+        (
+            '{"sdp": "v=0\\r\\nm=audio 9 UDP 111\\r\\n", "type": "offer", "session": {"vad": {"threshold": 7}}}',
+            "invalid_value",
+            400,
+        ),
+    ],
+)
 async def test_bad_offers_are_4xx_with_a_message(http, body, code, status):
     resp = await http.post("/api/rtc/offer", data=body, headers={"Content-Type": "application/json"})
     await _error(resp, status, code)
@@ -97,7 +106,9 @@ async def test_conversation_api(http):
     await _error(await http.get("/api/conversations/unknown"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations/..%2F..%2Fetc"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations?limit=abc"), 400, "bad_request")
-    await _error(await http.get("/api/conversations", params={"q": "a\x00b"}), 400, "invalid_value")  # FTS5 broke on NUL
+    await _error(
+        await http.get("/api/conversations", params={"q": "a\x00b"}), 400, "invalid_value"
+    )  # FTS5 broke on NUL
     await _error(await http.get("/api/nothing-here"), 404, "not_found")
 
     await store.acquire_lease(conv["id"], "sess_live")  # a live session holds it: not deleted under it

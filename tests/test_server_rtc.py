@@ -7,12 +7,11 @@ import contextlib
 
 import numpy as np
 import pytest
-
-from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from test_server_support import LONG_ANSWER, demo_server, eventually, heard_or_done, kv_pool_full_again, silence
 
-from kimiaudio.server.transport import rtc_peer
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import sessions_key, store_key
+from kimiaudio.server.transport import rtc_peer
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 
@@ -21,9 +20,11 @@ SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ co
 async def server(aiohttp_client, demo_checkpoint, tmp_path):
     """start(**server settings) -> (test client, RecordingPipeline); stopped after the test."""
     async with contextlib.AsyncExitStack() as stack:
+
         async def start(**server_settings):
             return await stack.enter_async_context(
-                demo_server(aiohttp_client, demo_checkpoint, tmp_path, **server_settings))
+                demo_server(aiohttp_client, demo_checkpoint, tmp_path, **server_settings)
+            )
 
         yield start
 
@@ -89,6 +90,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert user["role"] == "user" and user["has_audio"] and len(user["audio_tokens"]) > 10
     assert assistant["text"] == text and not assistant["interrupted"] and assistant["audio_tokens"]
     assert assistant["duration_s"] == pytest.approx(len(assistant["audio_tokens"]) * SECONDS_PER_CODE, abs=0.01)
+
     # The generated (noise) speech came back over RTP: most of its 20 ms frames are not silent
     # (waited for: the last frames may still be on their way when response.done comes).
     async def loud_frames():
@@ -162,8 +164,12 @@ async def test_response_cancel_and_session_update(server, speech):
     client = RtcClient(mic)
     await client.connect(http, session={"vad": {"silence_ms": 300}})
     await client.wait_for("session.created")
-    client.send({"type": "session.update", "session": {"vad": {"threshold": 0.6},
-                                                       "sampling": {"audio_temperature": 0.5, **LONG_ANSWER}}})
+    client.send(
+        {
+            "type": "session.update",
+            "session": {"vad": {"threshold": 0.6}, "sampling": {"audio_temperature": 0.5, **LONG_ANSWER}},
+        }
+    )
     updated = await client.wait_for("session.updated")
     assert updated["session"]["vad"]["threshold"] == 0.6 and updated["session"]["vad"]["silence_ms"] == 300
     assert updated["session"]["sampling"]["audio_temperature"] == 0.5
@@ -186,7 +192,9 @@ async def test_response_cancel_and_session_update(server, speech):
     assert sampling.audio_temperature == 0.5 and sampling.max_new_tokens == LONG_ANSWER["max_new_tokens"]
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
     turn = (await http.app[store_key].get_conversation(conversation_id))["turns"][2 * n - 1]
-    assert turn["interrupted"] and turn["duration_s"] == pytest.approx(done["response"]["timings"]["played_s"], abs=0.05)
+    assert turn["interrupted"] and turn["duration_s"] == pytest.approx(
+        done["response"]["timings"]["played_s"], abs=0.05
+    )
     await client.close()
     await kv_pool_full_again(pipeline)
 
@@ -241,7 +249,7 @@ async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch
     assert pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
     await kv_pool_full_again(pipeline)
     # The answer was still in progress when the session closed (not completed before).
-    assert [d["response"]["status"] for d in client.of_type("response.done")][n - 1:] in ([], ["cancelled"])
+    assert [d["response"]["status"] for d in client.of_type("response.done")][n - 1 :] in ([], ["cancelled"])
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
     turns = (await http.app[store_key].get_conversation(conversation_id))["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"] * n and turns[-1]["interrupted"]

@@ -8,9 +8,9 @@ import logging
 
 import numpy as np
 import pytest
+from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -49,8 +49,14 @@ async def test_malformed_events_get_error_events_and_the_session_lives_on(client
     for count, message in enumerate(HOSTILE_MESSAGES, 1):
         rtc.channel.send(message)
         error = await rtc.wait_for("error", count=count)
-        assert error["error"]["code"] in ("invalid_json", "too_large", "invalid_event", "unknown_event",
-                                          "conversation_not_found", "invalid_value"), (message[:60], error)
+        assert error["error"]["code"] in (
+            "invalid_json",
+            "too_large",
+            "invalid_event",
+            "unknown_event",
+            "conversation_not_found",
+            "invalid_value",
+        ), (message[:60], error)
         assert "Error" not in error["error"]["message"] and "Traceback" not in error["error"]["message"]
     rtc.send({"type": "session.update", "session": {"vad": {"threshold": 0.6}}})
     updated = await rtc.wait_for("session.updated")
@@ -58,13 +64,16 @@ async def test_malformed_events_get_error_events_and_the_session_lives_on(client
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
-@pytest.mark.parametrize("setting", [
-    {"sampling": {"seed": 2**64}},
-    {"sampling": {"seed": -(2**63) - 1}},
-    {"sampling": {"text_top_k": 10**30}},
-    {"sampling": {"audio_repetition_window": 2**62, "audio_repetition_penalty": 1.1}},
-    {"sampling": {"max_new_tokens": 2**63}},
-])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"sampling": {"seed": 2**64}},
+        {"sampling": {"seed": -(2**63) - 1}},
+        {"sampling": {"text_top_k": 10**30}},
+        {"sampling": {"audio_repetition_window": 2**62, "audio_repetition_penalty": 1.1}},
+        {"sampling": {"max_new_tokens": 2**63}},
+    ],
+)
 async def test_an_unusable_setting_is_refused_or_the_turn_still_ends(client, speech, setting):
     rtc, _ = client
     rtc.send({"type": "session.update", "session": setting})

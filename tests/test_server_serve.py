@@ -9,7 +9,6 @@ import sys
 import urllib.request
 
 import pytest
-
 from test_server_support import ROOT, SERVE_CONFIG, free_port, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
@@ -31,7 +30,12 @@ def test_serve_prints_url_and_demo_notice_and_stops_on_ctrl_c(tmp_path):
         # A second server on the same port: a clear one-line error, not a traceback.
         busy = subprocess.run(
             [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path), "--port", str(port)],
-            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert busy.returncode != 0 and "--port" in busy.stderr and "Traceback" not in busy.stderr, busy.stderr
     finally:
         stop_serve(proc)
@@ -47,9 +51,27 @@ def test_serve_with_int8_weights_answers_a_spoken_turn_and_refuses_fp8_on_the_cp
     openai = pytest.importorskip("openai")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # fp8 needs a GPU with fp8 products: one line and a non-zero exit before anything listens.
-    refused = subprocess.run([sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path), "--device", "cpu",
-                              "--weights", "fp8", "--port", str(free_port())],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimiaudio",
+            "serve",
+            "--data-dir",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--weights",
+            "fp8",
+            "--port",
+            str(free_port()),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     last = refused.stderr.strip().splitlines()[-1]  # after the log's demo-weights notice
     assert refused.returncode == 2 and last.startswith("kimiaudio: error: model.weights = fp8 needs a CUDA GPU"), last
     assert "Traceback" not in refused.stderr, refused.stderr
@@ -61,13 +83,19 @@ def test_serve_with_int8_weights_answers_a_spoken_turn_and_refuses_fp8_on_the_cp
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         audio = {"data": base64.b64encode(speech_wav.read_bytes()).decode(), "format": "wav"}
         completion = client.chat.completions.create(
-            model="kimi-audio-7b-instruct", modalities=["text", "audio"], audio={"voice": "alloy", "format": "pcm16"},
-            messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": audio}]}], seed=3)
+            model="kimi-audio-7b-instruct",
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "pcm16"},
+            messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": audio}]}],
+            seed=3,
+        )
         message = completion.choices[0].message
         client.close()
         pcm = base64.b64decode(message.audio.data)
-        assert len(pcm) > 2 * 0.5 * 24000 and max(abs(int.from_bytes(pcm[i:i + 2], "little", signed=True))
-                                                 for i in range(0, len(pcm), 2)) > 300
+        assert (
+            len(pcm) > 2 * 0.5 * 24000
+            and max(abs(int.from_bytes(pcm[i : i + 2], "little", signed=True)) for i in range(0, len(pcm), 2)) > 300
+        )
     finally:
         stop_serve(proc)
     assert proc.returncode == 0 and "Traceback" not in "".join(proc.output_lines)

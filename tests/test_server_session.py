@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 import pytest
+from test_server_support import demo_config, demo_stack, kv_pool_full_again, silence
 
 from kimiaudio.audio.vad import SileroVad, vad_executor
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.server.transport.audio_track import PlaybackTrack
 from kimiaudio.server.session.realtime_session import RealtimeSession
+from kimiaudio.server.transport.audio_track import PlaybackTrack
 from kimiaudio.store import ConversationStore
-from test_server_support import demo_config, demo_stack, kv_pool_full_again, silence
 
 FRAME = 320  # 20 ms at 16 kHz, as a WebRTC client delivers it
 
@@ -37,12 +37,21 @@ class Session:
         self.config = config
         self.stack = stack
 
-    async def __aenter__(self) -> "Session":
+    async def __aenter__(self) -> Session:
         await self.pipeline.start()
         await self.store.open()
         vad = await asyncio.get_running_loop().run_in_executor(self.executor, SileroVad)
-        self.session = RealtimeSession("sess_test", self.config, self.pipeline, self.store, vad, self.executor, None,
-                                       send=self.events.append, playback=PlaybackTrack())
+        self.session = RealtimeSession(
+            "sess_test",
+            self.config,
+            self.pipeline,
+            self.store,
+            vad,
+            self.executor,
+            None,
+            send=self.events.append,
+            playback=PlaybackTrack(),
+        )
         self.session.start()
         return self
 
@@ -56,7 +65,7 @@ class Session:
         """Push `pcm` in 20 ms frames at real-time pace (as a microphone does)."""
         for start in range(0, pcm.size, FRAME):
             began = time.perf_counter()
-            await self.session.push_audio(pcm[start:start + FRAME])
+            await self.session.push_audio(pcm[start : start + FRAME])
             await asyncio.sleep(max(0.0, FRAME / 16000 - (time.perf_counter() - began)))
 
     def of_type(self, kind: str) -> list[dict]:
@@ -155,8 +164,10 @@ async def test_store_failure_ends_the_turn_with_an_error(demo_checkpoint, tmp_pa
 async def test_a_transcription_that_cannot_run_is_reported_failed(demo_checkpoint, tmp_path, speech):
     config = demo_config(demo_checkpoint, tmp_path)
     async with Session(demo_stack(demo_checkpoint), config, tmp_path) as s:
-        await s.session.handle_message('{"type": "session.update", "session": {"turn_detection": null, '
-                                       '"input_audio_transcription": {"model": "whisper-1"}}}')
+        await s.session.handle_message(
+            '{"type": "session.update", "session": {"turn_detection": null, '
+            '"input_audio_transcription": {"model": "whisper-1"}}}'
+        )
         assert s.of_type("session.updated")[-1]["session"]["input_audio_transcription"] == {"model": "whisper-1"}
         await s.pipeline.stop()  # as in a shutdown: nothing more can be submitted
         s.session.commit(np.concatenate([speech[0], silence(0.3)]), "item_words", respond=False)

@@ -5,10 +5,10 @@ so the shutdown cannot stop the VAD thread and the store under a session still c
 import asyncio
 
 import pytest
+from test_server_support import demo_server, eventually
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import sessions_key
-from test_server_support import demo_server, eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -38,6 +38,7 @@ async def test_a_second_close_waits_for_the_first(aiohttp_client, demo_checkpoin
         stored.set()
         await second
         assert first.done()
+
         async def tasks_over():  # the close the peer's "closed" state spawned finds it done
             return not session._tasks
 

@@ -5,9 +5,9 @@ it 503 and /readyz 503, and both recover without a restart once it is back."""
 import asyncio
 
 import pytest
+from test_server_support import demo_server, eventually, offer_sdp
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
-from test_server_support import demo_server, eventually, offer_sdp
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +36,9 @@ async def test_offer_for_a_conversation_held_elsewhere_is_409_with_retry_after(s
     assert resp.status == 409, await resp.text()
     assert (await resp.json())["error"]["code"] == "conversation_busy"
     assert 1 <= int(resp.headers["Retry-After"]) <= 30
-    assert (await http.get("/api/status")).status == 200 and (await (await http.get("/api/status")).json())[
-        "sessions"]["active"] == 0  # the refused session's slot is free again
+    assert (await http.get("/api/status")).status == 200 and (await (await http.get("/api/status")).json())["sessions"][
+        "active"
+    ] == 0  # the refused session's slot is free again
 
     await elsewhere.release_lease(conversation, "sess_elsewhere")
     resp = await http.post("/api/rtc/offer", json=body)
@@ -64,6 +65,7 @@ async def test_database_lost_then_back_without_a_restart(shared, postgres_server
         assert (await resp.json())["error"]["code"] == "database_unavailable"
     finally:
         postgres_server.start()
+
     async def ready_again():  # the pool reconnects by itself (with its back-off)
         return (await _readyz(http))[0] == 200
 
@@ -92,6 +94,7 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
         assert (await _event(ws, "session.updated"))["session"]["conversation_id"] == free
         with pytest.raises(ConversationBusyError):
             await elsewhere.acquire_lease(free, "sess_elsewhere")
+
     async def released():  # the session's close releases its lease
         try:
             await elsewhere.acquire_lease(free, "sess_elsewhere")
@@ -102,12 +105,15 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
     await eventually(released, "the closed session's lease released", interval=0.25)
 
 
-async def test_voices_are_shared_by_instances_on_one_database(aiohttp_client, demo_checkpoint, tmp_path, postgres_url,
-                                                              espeak_voice):
+async def test_voices_are_shared_by_instances_on_one_database(
+    aiohttp_client, demo_checkpoint, tmp_path, postgres_url, espeak_voice
+):
     import aiohttp
 
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path / "a", storage_url=postgres_url) as (a, pa), \
-            demo_server(aiohttp_client, demo_checkpoint, tmp_path / "b", storage_url=postgres_url) as (b, pb):
+    async with (
+        demo_server(aiohttp_client, demo_checkpoint, tmp_path / "a", storage_url=postgres_url) as (a, pa),
+        demo_server(aiohttp_client, demo_checkpoint, tmp_path / "b", storage_url=postgres_url) as (b, pb),
+    ):
         upload = aiohttp.FormData(default_to_multipart=True)
         upload.add_field("name", "shared-voice")
         upload.add_field("file", espeak_voice.read_bytes(), filename="voice.wav")
@@ -118,6 +124,7 @@ async def test_voices_are_shared_by_instances_on_one_database(aiohttp_client, de
         assert [v["name"] for v in listed["voices"]] == ["shared-voice"] and "shared-voice" in pb.voices
 
         assert (await b.delete("/api/voices/shared-voice")).status == 200
+
         async def dropped():  # instance a notices at its next sync and drops its device copy
             return "shared-voice" not in pa.voices and pa.stats()["voice_prefixes_cached"] == 0
 

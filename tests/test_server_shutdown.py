@@ -11,10 +11,10 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
+from test_server_support import LONG_ANSWER, eventually, free_port, heard_or_done, silence, start_serve
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.store import ConversationStore
-from test_server_support import LONG_ANSWER, eventually, free_port, heard_or_done, silence, start_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -22,10 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationW
 def start_with_grace(tmp_path: Path, grace_s: float) -> tuple[subprocess.Popen, int, list[str]]:
     """`serve` with long demo answers and the given grace; (process, port, its output lines)."""
     port = free_port()
-    proc = start_serve(tmp_path, port, f"[server]\nshutdown_grace_s = {grace_s}\n"
-                                       f"[sampling]\naudio_top_k = {LONG_ANSWER['audio_top_k']}\n"
-                                       f"max_new_tokens = {LONG_ANSWER['max_new_tokens']}\n"
-                                       "[engine]\nnum_kv_blocks = 256\n[vad]\nsilence_ms = 400\n")
+    proc = start_serve(
+        tmp_path,
+        port,
+        f"[server]\nshutdown_grace_s = {grace_s}\n"
+        f"[sampling]\naudio_top_k = {LONG_ANSWER['audio_top_k']}\n"
+        f"max_new_tokens = {LONG_ANSWER['max_new_tokens']}\n"
+        "[engine]\nnum_kv_blocks = 256\n[vad]\nsilence_ms = 400\n",
+    )
     return proc, port, proc.output_lines
 
 
@@ -57,6 +61,7 @@ async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | Non
 async def offer_while_draining(http) -> int | None:
     """The status of an offer made once /readyz says the server stopped admitting (after the
     SIGTERM); None if the server was gone before (a short grace can end first)."""
+
     async def draining():
         try:
             return "draining" if (await http.get("/readyz")).status == 503 else None

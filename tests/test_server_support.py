@@ -5,11 +5,24 @@ Imported by tests/test_server_*.py and tests/test_browser_*.py."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from kimiaudio.audio.io import write_wav
+from kimiaudio.config import Config
+from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
+from kimiaudio.pipeline.pipeline import Pipeline
 
 SENTENCES = [
     "Hello, what is the weather like today?",
@@ -27,14 +40,7 @@ def write_clip(path: Path, pieces: list[np.ndarray], sr: int = 16000) -> Path:
 
 
 # ------------------------------------------------------------- the real server on the demo checkpoint
-import asyncio
-import contextlib
-import dataclasses
-import functools
 
-from kimiaudio.config import Config
-from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
-from kimiaudio.pipeline.pipeline import Pipeline
 
 DEMO_MAX_NEW_TOKENS = 60  # about 2 s of (noise) speech from the demo weights
 # Sampling for a long answer from the demo weights: with greedy audio, most answers run for
@@ -58,7 +64,7 @@ def demo_config(checkpoint: Path, data_dir: Path, **server) -> Config:
     return config
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def demo_stack(checkpoint: Path):
     """The model stack of the demo checkpoint, loaded once per test session (it is only read)."""
     from kimiaudio.pipeline.model_stack import ModelStack
@@ -116,6 +122,7 @@ async def demo_server(aiohttp_client, checkpoint: Path, data_dir: Path, storage_
 
 async def kv_pool_full_again(pipeline) -> dict:
     """Wait until no turn runs and every KV block is free again."""
+
     async def settled():
         stats = pipeline.stats()
         idle = stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0 and stats["turns"] == 0
@@ -144,11 +151,6 @@ async def heard_or_done(client, http, conversation_id: str, attempt: int, codes:
 
 
 # ------------------------------------------------------------- a real `serve` process
-import os
-import socket
-import subprocess
-import sys
-import threading
 
 ROOT = Path(__file__).resolve().parent.parent
 # The serve process's settings for the HTTP API tests: short demo answers, a small KV pool.
@@ -168,8 +170,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_serve(data_dir: Path, port: int, config_text: str | None = None,
-                env: dict[str, str] | None = None, extra_args: tuple = ()) -> subprocess.Popen:
+def start_serve(
+    data_dir: Path, port: int, config_text: str | None = None, env: dict[str, str] | None = None, extra_args: tuple = ()
+) -> subprocess.Popen:
     """`python -m kimiaudio serve` on 127.0.0.1:`port` (with a config file holding `config_text`,
     `env` added to its environment, and `extra_args`); returns once it listens. Its output is
     drained in a thread, kept in `proc.output_lines`."""
@@ -210,7 +213,6 @@ def stop_serve(proc: subprocess.Popen) -> None:
 
 
 # ------------------------------------------------------------- hostile clients
-import re
 
 # What an error message must never show: internal exception names or a traceback.
 INTERNAL_NAMES = re.compile(r"Traceback|\b[A-Za-z]*(Error|Exception)\b")
@@ -231,8 +233,9 @@ async def offer_sdp() -> str:
     return sdp
 
 
-async def raw_request(port: int, head: str, body: bytes = b"", pause_s: float = 0.0, send_rest: bool = True,
-                      read_timeout: float = 30.0) -> tuple[int, bytes]:
+async def raw_request(
+    port: int, head: str, body: bytes = b"", pause_s: float = 0.0, send_rest: bool = True, read_timeout: float = 30.0
+) -> tuple[int, bytes]:
     """Send `head` (request line and headers) and `body` over a plain socket; with `pause_s`, the
     body's first half, a pause, then its second half; with `send_rest=False`, only the first
     half. -> (status, response body); status 0 if the server closed without an answer."""
@@ -256,9 +259,14 @@ async def raw_request(port: int, head: str, body: bytes = b"", pause_s: float = 
 
 
 def post_head(port: int, path: str, length: int, content_type: str = "application/json", **headers: str) -> str:
-    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Type: {content_type}",
-             f"Content-Length: {length}", "Connection: close",
-             *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {length}",
+        "Connection: close",
+        *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+    ]
     return "\r\n".join(lines)
 
 

@@ -12,18 +12,38 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
 from test_server_support import ROOT, free_port, start_serve, stop_serve
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl CLI makes the test certificate")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl CLI makes the test certificate"),
+]
 
 
 def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
     cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -46,8 +66,9 @@ async def test_https_and_wss_with_a_self_signed_certificate(certs, tmp_path):
         async with aiohttp.ClientSession() as http:
             async with http.get(f"https://127.0.0.1:{port}/api/status", ssl=trusted) as resp:
                 assert resp.status == 200 and "pipeline" in await resp.json()
-            async with http.ws_connect(f"wss://127.0.0.1:{port}/v1/realtime?model=kimi-audio-7b-instruct",
-                                       ssl=trusted) as ws:
+            async with http.ws_connect(
+                f"wss://127.0.0.1:{port}/v1/realtime?model=kimi-audio-7b-instruct", ssl=trusted
+            ) as ws:
                 assert json.loads((await ws.receive()).data)["type"] == "session.created"
             with pytest.raises(aiohttp.ClientError):  # plain HTTP on the TLS port is not served
                 async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
@@ -58,8 +79,23 @@ async def test_https_and_wss_with_a_self_signed_certificate(certs, tmp_path):
 
 def serve_fails(tmp_path: Path, *flags: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path / "data"),
-                           "--port", str(free_port()), *flags], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimiaudio",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--port",
+            str(free_port()),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert not (tmp_path / "data").exists()  # stopped before loading anything
     return done.stderr.strip().splitlines()

@@ -2,10 +2,17 @@
 
 import numpy as np
 import torch
-
-from kimiaudio.audio.vad import (WINDOW, SileroVad, SpeechStarted, SpeechStopped, TurnDetector, TurnSettings,
-                                 vad_executor)
 from test_server_support import silence
+
+from kimiaudio.audio.vad import (
+    WINDOW,
+    SileroVad,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    TurnSettings,
+    vad_executor,
+)
 
 
 def _feed(detector, pcm, rng):

@@ -11,9 +11,9 @@ import aiohttp
 import av
 import numpy as np
 import pytest
+from test_server_support import demo_server, kv_pool_full_again
 
 from kimiaudio.audio.io import load_audio, wav_bytes
-from test_server_support import demo_server, kv_pool_full_again
 
 openai = pytest.importorskip("openai")
 
@@ -54,10 +54,23 @@ def flac(pcm: np.ndarray, sr: int) -> bytes:
 
 async def chat(client, voice: str, question: bytes, seed: int = 3):
     return await client.chat.completions.create(
-        model="kimi-audio-7b-instruct", modalities=["text", "audio"], audio={"voice": voice, "format": "wav"},
-        seed=seed, max_tokens=30,
-        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {
-            "data": base64.b64encode(question).decode(), "format": "wav"}}]}])
+        model="kimi-audio-7b-instruct",
+        modalities=["text", "audio"],
+        audio={"voice": voice, "format": "wav"},
+        seed=seed,
+        max_tokens=30,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_audio",
+                        "input_audio": {"data": base64.b64encode(question).decode(), "format": "wav"},
+                    }
+                ],
+            }
+        ],
+    )
 
 
 async def test_voice_lifecycle(served, espeak_voice, speech_wav):
@@ -114,12 +127,19 @@ async def test_voice_survives_a_restart(aiohttp_client, demo_checkpoint, tmp_pat
         assert pipeline.voices.resolve("kept").codes  # registered again from the store
 
 
-@pytest.mark.parametrize("case, status, code", [
-    ("too_short", 400, "too_short"), ("too_long", 400, "too_long"), ("silent", 400, "silent"),
-    ("undecodable", 400, "undecodable"), ("no_file", 400, "missing_required_parameter"),
-    ("no_name", 400, "missing_required_parameter"), ("bad_name", 400, "invalid_name"),
-    ("json", 415, "unsupported_media_type"),
-])
+@pytest.mark.parametrize(
+    "case, status, code",
+    [
+        ("too_short", 400, "too_short"),
+        ("too_long", 400, "too_long"),
+        ("silent", 400, "silent"),
+        ("undecodable", 400, "undecodable"),
+        ("no_file", 400, "missing_required_parameter"),
+        ("no_name", 400, "missing_required_parameter"),
+        ("bad_name", 400, "invalid_name"),
+        ("json", 415, "unsupported_media_type"),
+    ],
+)
 async def test_bad_uploads(served, case, status, code):
     http, pipeline = served
     sr = 24000
@@ -152,6 +172,7 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
     http, pipeline = served
     assert (await http.post("/api/voices", data=form("espeak", espeak_voice.read_bytes()))).status == 201
     async with http.ws_connect("/v1/realtime?model=kimi-audio-7b-instruct") as ws:
+
         async def next_of(kind: str) -> dict:
             while True:
                 event = await ws.receive_json(timeout=120)

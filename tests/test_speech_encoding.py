@@ -12,16 +12,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
 
 from kimiaudio.audio.staged_work import run_to_end
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.lm_turn import LmTurn
+from kimiaudio.pipeline.lm_worker import LmWorker
+from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.speech_encoding import EncodeJob, SpeechEncoding
-from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
+from kimiaudio.pipeline.turn_request import TurnRequest
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, s
 
     def between(job: int) -> list[str]:
         at = [i for i, (kind, j) in enumerate(log) if kind == "stage" and j == job]
-        return [kind for kind, _ in log[at[0]:at[-1] + 1]]
+        return [kind for kind, _ in log[at[0] : at[-1] + 1]]
 
     assert "step" not in between(0)  # idle: one batch, all its stages at once
     slices = [0]  # stages of the second turn's batch run between one engine step and the next

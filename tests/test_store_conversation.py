@@ -11,7 +11,6 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.store import ConversationBusyError, ConversationStore
 
 
-
 def _tone(seconds, sr, freq=220.0):
     t = np.arange(int(seconds * sr)) / sr
     return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
@@ -36,9 +35,19 @@ async def test_turns_round_trip_with_audio_at_their_rates(store):
     got = await store.get_conversation(conv["id"])
     assert got["title"] == "Hello there, how are you?"
     t0, t1 = got["turns"]
-    assert (t0["role"], t0["audio_tokens"], t0["timings"], t0["has_audio"]) == ("user", [1, 2, 3], {"speech_s": 1.0}, True)
+    assert (t0["role"], t0["audio_tokens"], t0["timings"], t0["has_audio"]) == (
+        "user",
+        [1, 2, 3],
+        {"speech_s": 1.0},
+        True,
+    )
     assert t0["duration_s"] == pytest.approx(1.0)
-    assert (t1["role"], t1["text_tokens"], t1["audio_tokens"], t1["interrupted"]) == ("assistant", [5, 6], [7, 8], False)
+    assert (t1["role"], t1["text_tokens"], t1["audio_tokens"], t1["interrupted"]) == (
+        "assistant",
+        [5, 6],
+        [7, 8],
+        False,
+    )
     assert t1["duration_s"] == pytest.approx(0.5)
 
     pcm, sr = sf.read(io.BytesIO(await store.turn_audio_wav(conv["id"], 1)), dtype="float32")
@@ -145,8 +154,13 @@ async def main():
 asyncio.run(main())
 """
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     assert proc.returncode == -9, proc.stderr
     conversation_id = proc.stdout.strip()
 

@@ -11,7 +11,6 @@ from kimiaudio.store.schema import open_database
 from kimiaudio.store.search import SearchQueryError
 
 
-
 def ids(found):
     return [c["id"] for c in found]
 
@@ -127,8 +126,10 @@ def test_migration_indexes_the_turns_already_stored(tmp_path, monkeypatch):
     monkeypatch.setattr(schema, "SCHEMA_VERSION", 4)
     old = open_database(tmp_path / "k.db")
     old.conn.execute("INSERT INTO conversations (id, created_at, updated_at) VALUES ('c1', 0, 0)")
-    old.conn.execute("INSERT INTO turns (conversation_id, turn_index, role, text, created_at) "
-                     "VALUES ('c1', 0, 'assistant', 'an elephant never forgets', 0)")
+    old.conn.execute(
+        "INSERT INTO turns (conversation_id, turn_index, role, text, created_at) "
+        "VALUES ('c1', 0, 'assistant', 'an elephant never forgets', 0)"
+    )
     old.close()
     monkeypatch.undo()
     db = open_database(tmp_path / "k.db")

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
+from test_server_support import eventually, free_port
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationStore
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.postgres import check_and_migrate
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
-from test_server_support import eventually, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,8 +58,13 @@ def test_concurrent_starters_migrate_exactly_once(postgres_url):
 
 def _serve(env_url: str, tmp_path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KIMIAUDIO_DATABASE_URL": env_url}
-    return subprocess.run([sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path), "--port", "1"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path), "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice, voice_names
 
 
-
 async def test_voices_round_trip_lossless_and_names_are_unique(store):
     pcm = np.random.default_rng(0).uniform(-1, 1, 24000).astype(np.float32)
     saved = await save_voice(store, "alto", pcm, 24000, [5, 6, 7])

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from kimiaudio.checkpoint.files import read_json
-
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.text.prompt import Message, Prompt, build_prompt
 from kimiaudio.text.special_tokens import SpecialTokens

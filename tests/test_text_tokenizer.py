@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from kimiaudio.checkpoint.files import read_json
-
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import SpecialTokens, official_special_names
@@ -141,9 +140,7 @@ def test_tiny_merge_vocabulary_uses_pat_str(tmp_path):
     ranks = {bytes([i]): i for i in range(256)}
     for piece in (b"he", b"ll", b"hell", b"hello", b" hello", b"12", b"123"):
         ranks[piece] = len(ranks)
-    (tmp_path / "tiktoken.model").write_text(
-        "".join(f"{base64.b64encode(k).decode()} {v}\n" for k, v in ranks.items())
-    )
+    (tmp_path / "tiktoken.model").write_text("".join(f"{base64.b64encode(k).decode()} {v}\n" for k, v in ranks.items()))
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({"added_tokens_decoder": {str(len(ranks)): {"content": "[BOS]"}}})
     )

@@ -23,8 +23,11 @@ from kimiaudio.engine.paged_attention import DecodeMetadata, decode_attention, s
 from kimiaudio.engine.triton_attention import decode_partitions  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
-       torch.float16: dict(atol=2e-3, rtol=2e-3)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+}
 
 
 def random_pool(layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, seed=0):
@@ -100,26 +103,42 @@ def test_engine_through_the_kernels_equals_reference(monkeypatch, golden_checkpo
     # kernel and five requests in full; in the interpreter (every program of every kernel run in
     # Python: seconds a step) the paged pool's kernels, storing K/V and decode attention (the
     # layers' kernels are test_triton_layers.py's), and four requests of 7 tokens at most.
-    from kimiaudio.config import EngineConfig
-    from kimiaudio.engine.llm_engine import LLMEngine
-    from kimiaudio.engine.decode_batch import decode_batch_sizes
-    from kimiaudio.layers.triton_support import kernel_mode
     from test_engine_decode_path import run_scenario
     from test_engine_e2e import build_requests, load_tiny_lm, reference_steps
+
+    from kimiaudio.config import EngineConfig
+    from kimiaudio.engine.decode_batch import decode_batch_sizes
+    from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.layers.triton_support import kernel_mode
 
     lm = load_tiny_lm(golden_checkpoint, DEVICE)
     tensors, rules = golden, golden_rules
     on_gpu = DEVICE.type == "cuda"
-    keep = ("both", "trunc", "sampled", "penalised", "abort-running") if on_gpu else \
-        ("both", "trunc", "sampled", "abort-running")
-    arrivals = [(step, req if on_gpu else replace(req, params=replace(req.params, max_new_tokens=min(
-        7, req.params.max_new_tokens)))) for step, req in build_requests(lm, tensors, rules) if req.request_id in keep]
+    keep = (
+        ("both", "trunc", "sampled", "penalised", "abort-running")
+        if on_gpu
+        else ("both", "trunc", "sampled", "abort-running")
+    )
+    arrivals = [
+        (
+            step,
+            req
+            if on_gpu
+            else replace(req, params=replace(req.params, max_new_tokens=min(7, req.params.max_new_tokens))),
+        )
+        for step, req in build_requests(lm, tensors, rules)
+        if req.request_id in keep
+    ]
     expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals}
     monkeypatch.setenv("KIMIAUDIO_KERNELS", "triton")
     kernel_mode.cache_clear()
     try:
-        engine = LLMEngine(lm, EngineConfig(block_size=8, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8,
-                                            cuda_graphs=False), DEVICE, torch.float32)
+        engine = LLMEngine(
+            lm,
+            EngineConfig(block_size=8, num_kv_blocks=40, max_num_batched_tokens=24, max_num_seqs=8, cuda_graphs=False),
+            DEVICE,
+            torch.float32,
+        )
         assert engine.runner.use_kernels and engine.runner.graphs is None
         engine.runner.decode_inputs.batch_sizes = decode_batch_sizes(8)
         if not on_gpu:  # the engine keeps its pool's kernels; the layers go back to torch

@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("triton")
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, compile as triton_compile  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import compile as triton_compile
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from kimiaudio.engine import triton_attention as attention  # noqa: E402
@@ -32,26 +33,77 @@ H100 = GPUTarget("cuda", 90, 32)
 def kernels(dt: str):
     """(kernel, argument types, constexprs, options) with the 7B's shapes in dtype `dt`."""
     p = f"*{dt}"
-    decode = dict(q_ptr=p, k_cache_ptr=p, v_cache_ptr=p, block_tables_ptr="*i32", context_lens_ptr="*i64", out_ptr=p,
-                  m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", scale_log2="fp32")
-    ints = ("block_size partition_size num_partitions stride_qb stride_qh stride_ob stride_oh stride_kb stride_ks "
-            "stride_kh stride_vb stride_vs stride_vh stride_bt").split()
+    decode = dict(
+        q_ptr=p,
+        k_cache_ptr=p,
+        v_cache_ptr=p,
+        block_tables_ptr="*i32",
+        context_lens_ptr="*i64",
+        out_ptr=p,
+        m_ptr="*fp32",
+        l_ptr="*fp32",
+        acc_ptr="*fp32",
+        scale_log2="fp32",
+    )
+    ints = (
+        "block_size partition_size num_partitions stride_qb stride_qh stride_ob stride_oh stride_kb stride_ks "
+        "stride_kh stride_vb stride_vs stride_vh stride_bt"
+    ).split()
     decode.update(dict.fromkeys(ints, "i32"))
-    yield attention._decode_partition_kernel, decode, dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=True,
-                                                           DOT_FP32=dt == "fp32"), dict(num_warps=4)
-    yield attention._decode_partition_kernel, decode, dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=False,
-                                                           DOT_FP32=dt == "fp32"), dict(num_warps=4)
-    merge = dict(context_lens_ptr="*i64", m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", out_ptr=p,
-                 partition_size="i32", num_partitions="i32", stride_ob="i32", stride_oh="i32")
+    yield (
+        attention._decode_partition_kernel,
+        decode,
+        dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=True, DOT_FP32=dt == "fp32"),
+        dict(num_warps=4),
+    )
+    yield (
+        attention._decode_partition_kernel,
+        decode,
+        dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=False, DOT_FP32=dt == "fp32"),
+        dict(num_warps=4),
+    )
+    merge = dict(
+        context_lens_ptr="*i64",
+        m_ptr="*fp32",
+        l_ptr="*fp32",
+        acc_ptr="*fp32",
+        out_ptr=p,
+        partition_size="i32",
+        num_partitions="i32",
+        stride_ob="i32",
+        stride_oh="i32",
+    )
     yield attention._merge_partitions_kernel, merge, dict(NUM_HEADS=28, HEAD_DIM=128, PARTS_PAD=64, CHUNK=16), {}
-    store = dict(k_ptr=p, v_ptr=p, k_cache_ptr=p, v_cache_ptr=p, slots_ptr="*i64",
-                 **dict.fromkeys("stride_kt stride_kh stride_vt stride_vh stride_cs stride_ch".split(), "i32"))
+    store = dict(
+        k_ptr=p,
+        v_ptr=p,
+        k_cache_ptr=p,
+        v_cache_ptr=p,
+        slots_ptr="*i64",
+        **dict.fromkeys("stride_kt stride_kh stride_vt stride_vh stride_cs stride_ch".split(), "i32"),
+    )
     yield attention._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
-    norm = dict(x_ptr=p, residual_ptr=p, weight_ptr=p, out_ptr=p, sum_ptr=p, stride_x="i32", stride_r="i32",
-                num_cols="i32", eps="fp32")
+    norm = dict(
+        x_ptr=p,
+        residual_ptr=p,
+        weight_ptr=p,
+        out_ptr=p,
+        sum_ptr=p,
+        stride_x="i32",
+        stride_r="i32",
+        num_cols="i32",
+        eps="fp32",
+    )
     yield ops._rms_norm_kernel, norm, dict(HAS_RESIDUAL=True, BLOCK=4096), dict(num_warps=16)
-    rotary = dict(q_ptr=p, k_ptr=p, cos_ptr=p, sin_ptr=p, q_out_ptr=p, k_out_ptr=p,
-                  **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_cos stride_sin".split(), "i32"))
+    rotary = dict(
+        q_ptr=p,
+        k_ptr=p,
+        cos_ptr=p,
+        sin_ptr=p,
+        q_out_ptr=p,
+        k_out_ptr=p,
+        **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_cos stride_sin".split(), "i32"),
+    )
     yield ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
     yield ops._silu_and_mul_kernel, dict(x_ptr=p, out_ptr=p, stride_x="i32", num_cols="i32"), dict(BLOCK=1024), {}
 

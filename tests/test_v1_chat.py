@@ -11,7 +11,6 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-
 from test_server_support import eventually
 
 openai = pytest.importorskip("openai")
@@ -21,11 +20,13 @@ MODEL = "kimi-audio-7b-instruct"
 SEED = 3  # the demo weights speak for a second or more to the test sentence with this seed
 
 
-
 def user_audio(wav: bytes, text: str | None = None) -> dict:
     parts = [{"type": "text", "text": text}] if text else []
-    return {"role": "user", "content": parts + [
-        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}]}
+    return {
+        "role": "user",
+        "content": parts
+        + [{"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}],
+    }
 
 
 def decode(data: bytes, fmt: str) -> np.ndarray:
@@ -49,8 +50,10 @@ async def status(base_url: str) -> dict:
 
 async def test_text_answer(v1_server, question, openai_client):
     completion = await openai_client.chat.completions.create(
-        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, user_audio(question, "Answer this:")],
-        max_tokens=30)
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}, user_audio(question, "Answer this:")],
+        max_tokens=30,
+    )
     choice = completion.choices[0]
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
     assert choice.message.audio is None and choice.finish_reason in ("stop", "length")
@@ -61,8 +64,12 @@ async def test_text_answer(v1_server, question, openai_client):
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac", "pcm16"])
 async def test_spoken_answer_in_every_format(v1_server, question, fmt, openai_client):
     completion = await openai_client.chat.completions.create(
-        model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": fmt}, seed=SEED)
+        model=MODEL,
+        messages=[user_audio(question)],
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": fmt},
+        seed=SEED,
+    )
     message = completion.choices[0].message
     assert message.content is None and message.audio.id.startswith("audio_")
     assert message.audio.expires_at > time.time() + 3000
@@ -73,8 +80,14 @@ async def test_spoken_answer_in_every_format(v1_server, question, fmt, openai_cl
 async def test_streamed_spoken_answer_and_audio_id_history(v1_server, question, openai_client):
     client = openai_client
     stream = await client.chat.completions.create(
-        model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "pcm16"}, seed=SEED, stream=True, stream_options={"include_usage": True})
+        model=MODEL,
+        messages=[user_audio(question)],
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        seed=SEED,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks, arrived = [], []
     async for chunk in stream:
         chunks.append(chunk)
@@ -93,34 +106,56 @@ async def test_streamed_spoken_answer_and_audio_id_history(v1_server, question, 
 
     # The answer, named by its id, is the history of the next request.
     follow = await client.chat.completions.create(
-        model=MODEL, messages=[user_audio(question), {"role": "assistant", "audio": {"id": answer_id}},
-                               user_audio(question)], max_tokens=10)
+        model=MODEL,
+        messages=[user_audio(question), {"role": "assistant", "audio": {"id": answer_id}}, user_audio(question)],
+        max_tokens=10,
+    )
     assert follow.usage.prompt_tokens > 2 * chunks[-1].usage.prompt_tokens - 10
     with pytest.raises(openai.BadRequestError) as info:
-        await client.chat.completions.create(model=MODEL, messages=[
-            user_audio(question), {"role": "assistant", "audio": {"id": "audio_unknown"}}, user_audio(question)])
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[
+                user_audio(question),
+                {"role": "assistant", "audio": {"id": "audio_unknown"}},
+                user_audio(question),
+            ],
+        )
     assert info.value.body["code"] == "audio_not_found" and info.value.body["param"] == "messages[1].audio.id"
 
 
 async def test_prompt_past_max_model_len_is_the_clients_error(v1_server, question, openai_client):
     """Too long a history is refused as OpenAI refuses it (400 context_length_exceeded), not a 500."""
     with pytest.raises(openai.BadRequestError) as info:
-        await openai_client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
-            {"role": "system", "content": "hello world " * 5000}, user_audio(question)])
+        await openai_client.chat.completions.create(
+            model=MODEL,
+            max_tokens=2,
+            messages=[{"role": "system", "content": "hello world " * 5000}, user_audio(question)],
+        )
     body = info.value.body
-    assert (body["code"], body["param"], body["type"]) == ("context_length_exceeded", "messages", "invalid_request_error")
+    assert (body["code"], body["param"], body["type"]) == (
+        "context_length_exceeded",
+        "messages",
+        "invalid_request_error",
+    )
     assert "engine.max_model_len" in body["message"], body
 
 
 async def test_client_disconnect_mid_answer_frees_its_kv_at_once(v1_server, question):
     before = await status(v1_server)
-    body = {"model": MODEL, "messages": [user_audio(question)], "modalities": ["text", "audio"],
-            "audio": {"voice": "alloy", "format": "mp3"}, "stream": True, "max_tokens": 400}
+    body = {
+        "model": MODEL,
+        "messages": [user_audio(question)],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "alloy", "format": "mp3"},
+        "stream": True,
+        "max_tokens": 400,
+    }
     async with aiohttp.ClientSession() as http:
         resp = await http.post(f"{v1_server}/v1/chat/completions", json=body)
         assert resp.status == 200
         first = await resp.content.readuntil(b"\n\n")
         assert first.startswith(b"data: ")
+
         async def running():
             return (await status(v1_server))["running"]
 

@@ -16,8 +16,11 @@ MODEL = "kimi-audio-7b-instruct"
 
 def chat(part: dict, **body) -> dict:
     """A chat body whose one message holds the input_audio `part`."""
-    return {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": part}]}],
-            **body}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": part}]}],
+        **body,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -36,26 +39,88 @@ def cases(wav: str):
     yield "chat/completions", b"{not json", 400, "invalid_json", None
     yield "chat/completions", b'{"a": ' * 100 + b"1" + b"}" * 100, 400, "invalid_json", None
     yield "chat/completions", chat(ok, model="gpt-4-turbo"), 404, "model_not_found", "model"
-    yield "chat/completions", chat({"data": "@@@", "format": "wav"}), 400, "invalid_base64", "messages[0].content[0].input_audio.data"
-    yield "chat/completions", chat({"data": base64.b64encode(b"RIFF junk").decode(), "format": "wav"}), 400, "invalid_audio", \
-        "messages[0].content[0].input_audio.data"
-    yield "chat/completions", chat({"data": silent, "format": "wav"}), 400, "invalid_audio", "messages[0].content[0].input_audio.data"
-    yield "chat/completions", chat({"data": too_long, "format": "wav"}), 400, "invalid_audio", "messages[0].content[0].input_audio.data"
-    yield "chat/completions", chat({"data": wav, "format": "midi"}), 400, "unsupported_format", "messages[0].content[0].input_audio.data"
-    yield "chat/completions", chat(ok, modalities=["text", "audio"], audio={"voice": "x", "format": "ogg_vorbis"}), 400, \
-        "unsupported_format", "audio.format"
-    yield "chat/completions", chat({"data": absurd_rate, "format": "wav"}), 400, "invalid_audio", \
-        "messages[0].content[0].input_audio.data"
-    yield "chat/completions", chat(ok, modalities=["text", "audio"], audio={"voice": "x", "format": ["wav"]}), 400, \
-        "unsupported_format", "audio.format"
-    yield "chat/completions", {"model": MODEL, "messages": [{"role": "assistant", "content": [{"type": "text", "text": 5}]},
-                                                           *chat(ok)["messages"]]}, 400, "invalid_value", "messages[0].content"
+    yield (
+        "chat/completions",
+        chat({"data": "@@@", "format": "wav"}),
+        400,
+        "invalid_base64",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat({"data": base64.b64encode(b"RIFF junk").decode(), "format": "wav"}),
+        400,
+        "invalid_audio",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat({"data": silent, "format": "wav"}),
+        400,
+        "invalid_audio",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat({"data": too_long, "format": "wav"}),
+        400,
+        "invalid_audio",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat({"data": wav, "format": "midi"}),
+        400,
+        "unsupported_format",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat(ok, modalities=["text", "audio"], audio={"voice": "x", "format": "ogg_vorbis"}),
+        400,
+        "unsupported_format",
+        "audio.format",
+    )
+    yield (
+        "chat/completions",
+        chat({"data": absurd_rate, "format": "wav"}),
+        400,
+        "invalid_audio",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat(ok, modalities=["text", "audio"], audio={"voice": "x", "format": ["wav"]}),
+        400,
+        "unsupported_format",
+        "audio.format",
+    )
+    yield (
+        "chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "assistant", "content": [{"type": "text", "text": 5}]}, *chat(ok)["messages"]],
+        },
+        400,
+        "invalid_value",
+        "messages[0].content",
+    )
     yield "chat/completions", chat(ok, modalities=["video"]), 400, "invalid_value", "modalities"
     yield "chat/completions", chat(ok, max_tokens="many"), 400, "invalid_value", "max_tokens"
-    yield "chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, 400, "audio_required", \
-        "messages[0].content"
-    yield "chat/completions", {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_value", \
-        "messages[0].role"
+    yield (
+        "chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+        400,
+        "audio_required",
+        "messages[0].content",
+    )
+    yield (
+        "chat/completions",
+        {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},
+        400,
+        "invalid_value",
+        "messages[0].role",
+    )
     yield "chat/completions", b"x" * (35 * 1024 * 1024), 413, "too_large", None
     yield "audio/transcriptions", b'{"model": "x"}', 415, "unsupported_media_type", None
     yield "nothing/here", b"{}", 404, "unknown_url", None
@@ -64,8 +129,11 @@ def cases(wav: str):
 async def test_bad_input_gets_openai_shaped_4xx_errors(v1_server, wav):
     async with aiohttp.ClientSession() as http:
         for path, body, status, code, param in cases(wav):
-            kwargs = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) \
+            kwargs = (
+                {"data": body, "headers": {"Content-Type": "application/json"}}
+                if isinstance(body, bytes)
                 else {"json": body}
+            )
             async with http.post(f"{v1_server}/v1/{path}", **kwargs) as resp:
                 text = await resp.text()
                 assert resp.status == status, (path, code, resp.status, text[:300])

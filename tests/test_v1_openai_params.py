@@ -9,10 +9,10 @@ import zlib
 
 import numpy as np
 import pytest
+from test_server_support import eventually, silence
+from test_v1_realtime import Events, say
 
 from kimiaudio.audio.io import wav_bytes
-from test_v1_realtime import Events, say
-from test_server_support import eventually, silence
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -21,8 +21,10 @@ MODEL = "kimi-audio-7b-instruct"
 
 
 def user_audio(wav: bytes) -> dict:
-    return {"role": "user", "content": [
-        {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}]}
+    return {
+        "role": "user",
+        "content": [{"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ async def test_chat_sampling_fields_are_honoured(v1_server, question, openai_cli
     # samples the same tokens up to there).
     stop = next(c for c in hot_text[1:] if c.isascii() and c.isprintable())  # the demo's text is mostly bytes
     stopped = await ask(temperature=1.8, seed=7, max_tokens=24, stop=[stop, "never-generated"])
-    assert stopped.choices[0].message.content == hot_text[:hot_text.find(stop)]
+    assert stopped.choices[0].message.content == hot_text[: hot_text.find(stop)]
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens < hot[0].usage.completion_tokens
 
@@ -77,24 +79,27 @@ async def test_chat_sampling_fields_are_honoured(v1_server, question, openai_cli
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries])
 
 
-@pytest.mark.parametrize("fields, param", [
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
-    (dict(tool_choice="required"), "tool_choice"),
-    (dict(response_format={"type": "json_object"}), "response_format"),
-    (dict(n=2), "n"),
-    (dict(logit_bias={"15": 3}), "logit_bias"),
-    (dict(top_logprobs=2), "top_logprobs"),  # without logprobs
-    (dict(temperature=5), "temperature"),
-    (dict(top_p=0), "top_p"),
-    (dict(presence_penalty=3), "presence_penalty"),
-    (dict(frequency_penalty=-2.5), "frequency_penalty"),
-    (dict(top_logprobs=21, logprobs=True), "top_logprobs"),
-    (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
-    (dict(max_completion_tokens=0), "max_completion_tokens"),
-    (dict(store=True), "store"),
-    (dict(reasoning_effort="low"), "reasoning_effort"),
-    (dict(extra_body={"best_of": 3}), "best_of"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+        (dict(tool_choice="required"), "tool_choice"),
+        (dict(response_format={"type": "json_object"}), "response_format"),
+        (dict(n=2), "n"),
+        (dict(logit_bias={"15": 3}), "logit_bias"),
+        (dict(top_logprobs=2), "top_logprobs"),  # without logprobs
+        (dict(temperature=5), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(presence_penalty=3), "presence_penalty"),
+        (dict(frequency_penalty=-2.5), "frequency_penalty"),
+        (dict(top_logprobs=21, logprobs=True), "top_logprobs"),
+        (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+        (dict(max_completion_tokens=0), "max_completion_tokens"),
+        (dict(store=True), "store"),
+        (dict(reasoning_effort="low"), "reasoning_effort"),
+        (dict(extra_body={"best_of": 3}), "best_of"),
+    ],
+)
 async def test_chat_refuses_what_it_cannot_do(v1_server, question, openai_client, fields, param):
     with pytest.raises(openai.BadRequestError) as caught:
         await openai_client.chat.completions.create(model=MODEL, messages=[user_audio(question)], **fields)
@@ -107,9 +112,17 @@ async def test_ignored_fields_are_those_openai_ignores_and_names_map(v1_server, 
     """OpenAI's examples run unchanged: its model and voice names; fields OpenAI itself accepts
     without effect on the answer (user, metadata without store, service_tier auto...)."""
     completion = await openai_client.chat.completions.create(
-        model="gpt-4o-audio-preview", messages=[user_audio(question)], modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "wav"}, user="someone", metadata={"k": "v"}, store=False,
-        service_tier="auto", tools=[], max_tokens=20)
+        model="gpt-4o-audio-preview",
+        messages=[user_audio(question)],
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
+        user="someone",
+        metadata={"k": "v"},
+        store=False,
+        service_tier="auto",
+        tools=[],
+        max_tokens=20,
+    )
     assert completion.choices[0].message.audio.data
     with pytest.raises(openai.NotFoundError) as caught:
         await openai_client.chat.completions.create(model="gpt-4-turbo", messages=[user_audio(question)])
@@ -136,7 +149,8 @@ async def test_transcription_fields_are_honoured_and_measured(v1_server, questio
 
     noise = np.random.default_rng(1).uniform(-0.3, 0.3, 32000).astype(np.float32)
     no_speech = await openai_client.audio.transcriptions.create(
-        model="gpt-4o-transcribe", file=("noise.wav", wav_bytes(noise, 16000)), response_format="verbose_json")
+        model="gpt-4o-transcribe", file=("noise.wav", wav_bytes(noise, 16000)), response_format="verbose_json"
+    )
     assert no_speech.segments[0].no_speech_prob > 0.5
 
     hot = await transcribe(response_format="verbose_json", temperature=0.7)
@@ -151,15 +165,18 @@ async def test_transcription_fields_are_honoured_and_measured(v1_server, questio
     assert [e.logprob for e in prompted.logprobs] != pytest.approx(logprobs)
 
 
-@pytest.mark.parametrize("fields, param", [
-    (dict(language="notalang"), "language"),
-    (dict(temperature=5), "temperature"),
-    (dict(timestamp_granularities=["word"]), "timestamp_granularities"),
-    (dict(timestamp_granularities=["segment"]), "timestamp_granularities"),  # json: no segments
-    (dict(include=["logprobs"], response_format="srt"), "include"),
-    (dict(chunking_strategy={"type": "server_vad"}), "chunking_strategy"),
-    (dict(extra_body={"beam_size": "5"}), "beam_size"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        (dict(language="notalang"), "language"),
+        (dict(temperature=5), "temperature"),
+        (dict(timestamp_granularities=["word"]), "timestamp_granularities"),
+        (dict(timestamp_granularities=["segment"]), "timestamp_granularities"),  # json: no segments
+        (dict(include=["logprobs"], response_format="srt"), "include"),
+        (dict(chunking_strategy={"type": "server_vad"}), "chunking_strategy"),
+        (dict(extra_body={"beam_size": "5"}), "beam_size"),
+    ],
+)
 async def test_transcription_refuses_what_it_cannot_do(v1_server, question, openai_client, fields, param):
     with pytest.raises(openai.BadRequestError) as caught:
         await openai_client.audio.transcriptions.create(model=MODEL, file=("a.wav", question), **fields)
@@ -170,16 +187,18 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
     async with openai_client.beta.realtime.connect(model="gpt-4o-realtime-preview") as conn:
         events = Events(conn)
         await events.wait_for("session.created")
-        for session, param in (({"temperature": 5}, "session.temperature"),
-                               ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
-                               ({"input_audio_noise_reduction": {"type": "near_field"}},
-                                "session.input_audio_noise_reduction"),
-                               ({"max_response_output_tokens": 0}, "session.max_response_output_tokens")):
+        for session, param in (
+            ({"temperature": 5}, "session.temperature"),
+            ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+            ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
+            ({"max_response_output_tokens": 0}, "session.max_response_output_tokens"),
+        ):
             await conn.send({"type": "session.update", "session": session})
             error = await events.wait_for("error", count=len(events.of_type("error")) + 1)
             assert error.error.param == param, error
-        await conn.session.update(session={"turn_detection": None, "temperature": 0.9,
-                                           "max_response_output_tokens": 40})
+        await conn.session.update(
+            session={"turn_detection": None, "temperature": 0.9, "max_response_output_tokens": 40}
+        )
         updated = await events.wait_for("session.updated")
         assert updated.session.temperature == 0.9 and updated.session.max_response_output_tokens == 40
         await say(conn, np.concatenate([speech[0], silence(0.2)]))
@@ -188,8 +207,15 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
         await conn.send({"type": "response.create", "response": {"tools": [{"type": "function", "name": "f"}]}})
         error = await events.wait_for("error", count=len(events.of_type("error")) + 1)
         assert error.error.param == "response.tools"
-        await conn.response.create(response={"modalities": ["text"], "instructions": "Be brief.",
-                                             "temperature": 0.7, "max_output_tokens": 3, "voice": "alloy"})
+        await conn.response.create(
+            response={
+                "modalities": ["text"],
+                "instructions": "Be brief.",
+                "temperature": 0.7,
+                "max_output_tokens": 3,
+                "voice": "alloy",
+            }
+        )
         done = await events.wait_for("response.done")
         assert done.response.status == "completed" and done.response.output[0].content[0].type == "text"
         said = "".join(e.delta for e in events.of_type("response.text.delta") if e.response_id == done.response.id)
@@ -202,16 +228,25 @@ async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_c
     before = len(proc.output_lines)
     await openai_client.audio.transcriptions.create(model=MODEL, file=("a.wav", question))
     with pytest.raises(openai.BadRequestError):
-        await openai_client.chat.completions.create(model=MODEL, messages=[user_audio(question)], tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+        await openai_client.chat.completions.create(
+            model=MODEL,
+            messages=[user_audio(question)],
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )
     spoken = await openai_client.chat.completions.create(
-        model=MODEL, messages=[user_audio(question)], modalities=["text", "audio"],
-        audio={"voice": "alloy", "format": "wav"}, max_tokens=30)
+        model=MODEL,
+        messages=[user_audio(question)],
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
+        max_tokens=30,
+    )
     assert spoken.choices[0].message.audio.data
+
     # The server writes each line once the request has ended: its output may trail the answer.
     async def request_lines():
         lines = [line for line in proc.output_lines[before:] if "kimiaudio.requests" in line]
         return lines if len(lines) >= 3 else None
+
     lines = await eventually(request_lines, "three kimiaudio.requests log lines")
     assert len(lines) == 3, lines
     assert "INFO" in lines[0] and "POST /v1/audio/transcriptions status=200 audio_in_s=2." in lines[0]

@@ -12,10 +12,10 @@ import time
 import aiohttp
 import numpy as np
 import pytest
-
-from kimiaudio.audio.io import resample
-from kimiaudio.audio import pcm16
 from test_server_support import silence
+
+from kimiaudio.audio import pcm16
+from kimiaudio.audio.io import resample
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -51,6 +51,7 @@ class Events:
 
     async def until(self, ready, timeout: float = 300.0):
         """Waits until ready() is true (checked at each event), returns its value."""
+
         async def wait():
             while not (value := ready()):
                 if self.task.done():
@@ -58,9 +59,10 @@ class Events:
                 self._changed.clear()
                 await self._changed.wait()
             return value
+
         try:
             return await asyncio.wait_for(wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"not ready in {timeout} s: {[e.type for e in self.items]}") from None
 
     async def wait_for(self, kind: str, count: int = 1, timeout: float = 300.0):
@@ -72,8 +74,14 @@ class Events:
         return next((e for e in self.of_type("response.done") if e.response.id == response_id), None)
 
     def audio_seconds(self, response_id: str) -> float:
-        return sum(len(base64.b64decode(e.delta)) // 2 for e in self.of_type("response.audio.delta")
-                   if e.response_id == response_id) / 24000
+        return (
+            sum(
+                len(base64.b64decode(e.delta)) // 2
+                for e in self.of_type("response.audio.delta")
+                if e.response_id == response_id
+            )
+            / 24000
+        )
 
 
 async def say(conn, pcm16k: np.ndarray, chunk_s: float = 0.1) -> None:
@@ -81,7 +89,7 @@ async def say(conn, pcm16k: np.ndarray, chunk_s: float = 0.1) -> None:
     pcm = pcm16.to_bytes(resample(pcm16k, 16000, 24000))
     step = int(chunk_s * 24000) * 2
     for start in range(0, len(pcm), step):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[start:start + step]).decode())
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[start : start + step]).decode())
         await asyncio.sleep(0.005)
 
 
@@ -102,10 +110,17 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
         events = Events(conn)
         created = await events.wait_for("session.created")
         assert created.session.turn_detection.type == "server_vad"
-        await conn.session.update(session={"instructions": "Answer briefly.", "turn_detection": {
-            "type": "server_vad", "silence_duration_ms": 400, "threshold": 0.5}})
+        await conn.session.update(
+            session={
+                "instructions": "Answer briefly.",
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 400, "threshold": 0.5},
+            }
+        )
         updated = await events.wait_for("session.updated")
-        assert updated.session.instructions == "Answer briefly." and updated.session.turn_detection.silence_duration_ms == 400
+        assert (
+            updated.session.instructions == "Answer briefly."
+            and updated.session.turn_detection.silence_duration_ms == 400
+        )
 
         # Turn 1: server VAD hears the end of the utterance and answers.
         spoken = [time.monotonic()]  # when each utterance began to be sent (answer n follows spoken[n - 1])
@@ -143,16 +158,27 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
                 break
             # It finished playing before the VAD heard the user: the barge-in is the next question.
         else:
-            raise AssertionError("no answer was still playing at a barge-in in 8 attempts: " + str(
-                [(d.response.status, events.audio_seconds(d.response.id)) for d in events.of_type("response.done")]))
+            raise AssertionError(
+                "no answer was still playing at a barge-in in 8 attempts: "
+                + str(
+                    [(d.response.status, events.audio_seconds(d.response.id)) for d in events.of_type("response.done")]
+                )
+            )
         assert cut.response.status_details.reason == "turn_detected"
         played_s = cut.response.model_extra["timings"]["played_s"]
         # The server stops sending at speech_started, so the client had received all it counts
         # as played; and its clock started after this answer's question was sent.
-        started = next(i for i in range(barge_at, len(events.items))
-                       if events.items[i].type == "input_audio_buffer.speech_started")
-        received_s = sum(len(base64.b64decode(e.delta)) // 2 for e in events.items[:started]
-                         if e.type == "response.audio.delta" and e.response_id == rid) / 24000
+        started = next(
+            i for i in range(barge_at, len(events.items)) if events.items[i].type == "input_audio_buffer.speech_started"
+        )
+        received_s = (
+            sum(
+                len(base64.b64decode(e.delta)) // 2
+                for e in events.items[:started]
+                if e.type == "response.audio.delta" and e.response_id == rid
+            )
+            / 24000
+        )
         assert 0.4 < played_s <= received_s + 0.01, (played_s, received_s)
         assert played_s <= events.arrived[started] - spoken[-2] + 0.01
         assert not [e for e in events.items[started:] if e.type == "response.audio.delta" and e.response_id == rid]
@@ -183,8 +209,9 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
     async with openai_client.beta.realtime.connect(model=MODEL) as conn:
         events = Events(conn)
         await events.wait_for("session.created")
-        await conn.session.update(session={"turn_detection": None, "modalities": ["text"],
-                                           "input_audio_format": "pcm16"})
+        await conn.session.update(
+            session={"turn_detection": None, "modalities": ["text"], "input_audio_format": "pcm16"}
+        )
         updated = await events.wait_for("session.updated")
         assert updated.session.turn_detection is None and updated.session.modalities == ["text"]
 
@@ -203,8 +230,9 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         # order, a turn's answer started (response.created sent) before the next is taken. The
         # speech ends in more silence than the server's VAD needs to end a turn ([vad] silence_ms).
         await say(conn, np.concatenate([speech[0], silence(0.8)]))
-        await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                                  "content": [{"type": "input_text", "text": "Hello there."}]})
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello there."}]}
+        )
         text_item = await events.wait_for("conversation.item.created")
         assert text_item.item.role == "user" and text_item.item.content[0].text == "Hello there."
         assert not events.of_type("input_audio_buffer.committed")  # no VAD: nothing happens by itself
@@ -218,14 +246,21 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         assert not events.of_type("response.audio.delta")  # text only
         await conn.response.create()  # the conversation now ends with an answer: nothing to answer
         assert (await events.wait_for("error", count=4)).error.code == "no_user_audio"
-        await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                                  "content": [{"type": "input_text", "text": "Bye."}]})
-        await events.until(lambda: [e for e in events.of_type("conversation.item.created")
-                                    if getattr(e.item.content[0], "text", None) == "Bye."])
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Bye."}]}
+        )
+        await events.until(
+            lambda: [
+                e
+                for e in events.of_type("conversation.item.created")
+                if getattr(e.item.content[0], "text", None) == "Bye."
+            ]
+        )
         # A manual commit does not answer by itself: had it, that answer would have come first
         # and the response.create asked for would have found nothing to answer.
-        assert len(events.of_type("response.created")) == 1 and len(events.of_type("error")) == 4, \
-            [e.type for e in events.items]
+        assert len(events.of_type("response.created")) == 1 and len(events.of_type("error")) == 4, [
+            e.type for e in events.items
+        ]
 
 
 async def test_response_create_while_one_runs_and_early_cancels(v1_server, speech, openai_client):

@@ -12,11 +12,11 @@ from urllib.parse import urlencode
 import aiohttp
 import numpy as np
 import pytest
+from test_server_support import silence
+from test_v1_realtime import MODEL, Events, conversation
 
 from kimiaudio.audio import pcm16
 from kimiaudio.store.search import query_tokens
-from test_server_support import silence
-from test_v1_realtime import MODEL, Events, conversation
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -28,7 +28,7 @@ PCM16K = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}} 
 async def commit_speech(conn, events: Events, pcm16k: np.ndarray, count: int):
     data = pcm16.to_bytes(pcm16k)
     for start in range(0, len(data), 6400):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(data[start:start + 6400]).decode())
+        await conn.input_audio_buffer.append(audio=base64.b64encode(data[start : start + 6400]).decode())
     await conn.input_audio_buffer.commit()
     committed = await events.wait_for("input_audio_buffer.committed", count=count)
     await conn.response.create()
@@ -55,15 +55,22 @@ async def test_input_transcription_is_sent_stored_and_searchable(v1_server, spee
         events = Events(conn)
         created = await events.wait_for("session.created")
         assert created.session.input_audio_transcription is None  # off unless asked for, as OpenAI's
-        await conn.session.update(session={"turn_detection": None, "modalities": ["text"],
-                                           "input_audio_transcription": {"model": "whisper-1"}, **PCM16K})
+        await conn.session.update(
+            session={
+                "turn_detection": None,
+                "modalities": ["text"],
+                "input_audio_transcription": {"model": "whisper-1"},
+                **PCM16K,
+            }
+        )
         updated = await events.wait_for("session.updated")
         assert updated.session.input_audio_transcription.model == "whisper-1"
         committed, done = await commit_speech(conn, events, np.concatenate([speech[0], silence(0.3)]), 1)
         completed = await events.wait_for("conversation.item.input_audio_transcription.completed")
         assert completed.item_id == committed.item_id and completed.content_index == 0
         assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(
-            committed.model_extra["duration_s"], abs=0.01)
+            committed.model_extra["duration_s"], abs=0.01
+        )
         assert not events.of_type("conversation.item.input_audio_transcription.failed")
         conversation_id = committed.model_extra["conversation_id"]
 
@@ -89,8 +96,13 @@ async def test_input_transcription_is_sent_stored_and_searchable(v1_server, spee
     async with openai_client.beta.realtime.connect(model=MODEL) as conn:
         events = Events(conn)
         await events.wait_for("session.created")
-        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-            {"type": "input_text", "text": "Pelicans near the crossing at dawn"}]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Pelicans near the crossing at dawn"}],
+            }
+        )
         typed = (await events.wait_for("conversation.item.created")).model_extra["conversation_id"]
     for q in ("pelic", '"pelicans', "NEAR(pelic dawn)", "(dawn) crossing", "-dawn", "CROSS*"):
         assert typed in await found(v1_server, q), q
@@ -104,12 +116,18 @@ async def test_no_transcription_unless_asked_and_bad_settings_refused(v1_server,
     async with openai_client.beta.realtime.connect(model=MODEL) as conn:
         events = Events(conn)
         await events.wait_for("session.created")
-        await conn.session.update(session={"turn_detection": None, "modalities": ["text"],
-                                           "input_audio_transcription": {"model": "whisper-1", "language": "en"}})
+        await conn.session.update(
+            session={
+                "turn_detection": None,
+                "modalities": ["text"],
+                "input_audio_transcription": {"model": "whisper-1", "language": "en"},
+            }
+        )
         bad = await events.wait_for("error")
         assert bad.error.param == "session.input_audio_transcription.language"
-        await conn.session.update(session={"turn_detection": None, "modalities": ["text"], **PCM16K,
-                                           "input_audio_transcription": None})
+        await conn.session.update(
+            session={"turn_detection": None, "modalities": ["text"], **PCM16K, "input_audio_transcription": None}
+        )
         updated = await events.wait_for("session.updated")
         assert updated.session.input_audio_transcription is None
         said = np.concatenate([speech[1], silence(0.3)])
@@ -129,13 +147,15 @@ async def test_no_transcription_unless_asked_and_bad_settings_refused(v1_server,
         await events.wait_for("session.updated", count=2)
         data = pcm16.to_bytes(said)
         for start in range(0, len(data), 6400):
-            await conn.input_audio_buffer.append(audio=base64.b64encode(data[start:start + 6400]).decode())
+            await conn.input_audio_buffer.append(audio=base64.b64encode(data[start : start + 6400]).decode())
         await conn.input_audio_buffer.commit()
         second = await events.wait_for("input_audio_buffer.committed", count=2)
-        words = await events.until(lambda: [e for e in events.items if e.type.startswith(
-            "conversation.item.input_audio_transcription")])
+        words = await events.until(
+            lambda: [e for e in events.items if e.type.startswith("conversation.item.input_audio_transcription")]
+        )
         assert [(e.type, e.item_id) for e in words] == [
-            ("conversation.item.input_audio_transcription.completed", second.item_id)], words
+            ("conversation.item.input_audio_transcription.completed", second.item_id)
+        ], words
         conversation_id = committed.model_extra["conversation_id"]
         assert second.model_extra["conversation_id"] == conversation_id
         stored = await conversation(v1_server, conversation_id)

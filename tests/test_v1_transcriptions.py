@@ -22,7 +22,6 @@ pytestmark = pytest.mark.slow
 MODEL = "kimi-audio-7b-instruct"
 
 
-
 @pytest.fixture(scope="module")
 def speech_files(speech_wav, tmp_path_factory):
     """The same speech as WAV (22.05 kHz, espeak's own), MP3 and Ogg/Opus (made by sox/ffmpeg-free PyAV)."""
@@ -49,8 +48,13 @@ def speech_files(speech_wav, tmp_path_factory):
 async def test_models_lists_the_served_model_and_its_aliases(v1_server, openai_client):
     models = await openai_client.models.list()
     ids = [m.id for m in models.data]
-    assert ids[0] == MODEL and {"whisper-1", "gpt-4o-transcribe", "gpt-4o-audio-preview",
-                                "gpt-4o-realtime-preview", "gpt-4o-mini-realtime-preview"} <= set(ids)
+    assert ids[0] == MODEL and {
+        "whisper-1",
+        "gpt-4o-transcribe",
+        "gpt-4o-audio-preview",
+        "gpt-4o-realtime-preview",
+        "gpt-4o-mini-realtime-preview",
+    } <= set(ids)
 
 
 async def test_every_response_format(v1_server, speech_files, openai_client):
@@ -62,8 +66,9 @@ async def test_every_response_format(v1_server, speech_files, openai_client):
     # Greedy ASR of the same audio: every format carries the same text.
     plain = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="text")
     assert plain.strip() == text
-    verbose = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="verbose_json",
-                                                       language="en")
+    verbose = await client.audio.transcriptions.create(
+        model=MODEL, file=audio, response_format="verbose_json", language="en"
+    )
     assert verbose.language == "english" and 2.0 < verbose.duration < 4.0
     assert verbose.segments[0].end == verbose.duration
     srt = await client.audio.transcriptions.create(model=MODEL, file=audio, response_format="srt")
@@ -78,11 +83,14 @@ async def test_every_response_format(v1_server, speech_files, openai_client):
 
 async def test_containers_and_concurrent_requests_batch(v1_server, speech_files, openai_client):
     client = openai_client
-    alone = {fmt: (await client.audio.transcriptions.create(model=MODEL, file=(f"speech.{fmt}", data))).text
-             for fmt, data in speech_files.items()}
+    alone = {
+        fmt: (await client.audio.transcriptions.create(model=MODEL, file=(f"speech.{fmt}", data))).text
+        for fmt, data in speech_files.items()
+    }
     burst = list(speech_files.items()) * 3
-    texts = await asyncio.gather(*[client.audio.transcriptions.create(model=MODEL, file=(f"speech.{fmt}", data))
-                                   for fmt, data in burst])
+    texts = await asyncio.gather(
+        *[client.audio.transcriptions.create(model=MODEL, file=(f"speech.{fmt}", data)) for fmt, data in burst]
+    )
     # Greedy ASR depends on the audio alone, however the engine batched it.
     assert [t.text for t in texts] == [alone[fmt] for fmt, _ in burst], (alone, [t.text for t in texts])
     async with aiohttp.ClientSession() as http:
@@ -96,11 +104,20 @@ async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_cli
     client = openai_client
     silent = wav_bytes(np.zeros(16000, np.float32), 16000)
     cases = [
-        (dict(model="gpt-4-turbo", file=("a.wav", speech_files["wav"])), openai.NotFoundError, "model_not_found", "model"),
+        (
+            dict(model="gpt-4-turbo", file=("a.wav", speech_files["wav"])),
+            openai.NotFoundError,
+            "model_not_found",
+            "model",
+        ),
         (dict(model=MODEL, file=("a.wav", b"not audio at all")), openai.BadRequestError, "invalid_audio", "file"),
         (dict(model=MODEL, file=("a.wav", silent)), openai.BadRequestError, "invalid_audio", "file"),
-        (dict(model=MODEL, file=("a.wav", speech_files["wav"]), response_format="docx"), openai.BadRequestError,
-         "invalid_value", "response_format"),
+        (
+            dict(model=MODEL, file=("a.wav", speech_files["wav"]), response_format="docx"),
+            openai.BadRequestError,
+            "invalid_value",
+            "response_format",
+        ),
     ]
     for kwargs, error, code, param in cases:
         with pytest.raises(error) as info:
@@ -111,14 +128,28 @@ async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_cli
         await client.audio.transcriptions.create(model=MODEL, file=("a.wav", silent))
     assert "silent" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:  # a prompt past engine.max_model_len: the client's
-        await client.audio.transcriptions.create(model=MODEL, file=("a.wav", speech_files["wav"]),
-                                                 prompt="hello world " * 5000)
+        await client.audio.transcriptions.create(
+            model=MODEL, file=("a.wav", speech_files["wav"]), prompt="hello world " * 5000
+        )
     assert (info.value.body["code"], info.value.body["param"]) == ("context_length_exceeded", "prompt")
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_example_from_the_readme(v1_server, speech_wav):
-    out = subprocess.run(["curl", "-sS", f"{v1_server}/v1/audio/transcriptions", "-F", f"file=@{speech_wav}",
-                          "-F", f"model={MODEL}", "-F", "response_format=text"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            f"{v1_server}/v1/audio/transcriptions",
+            "-F",
+            f"file=@{speech_wav}",
+            "-F",
+            f"model={MODEL}",
+            "-F",
+            "response_format=text",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "error" not in out.stdout, out

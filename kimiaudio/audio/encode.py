@@ -34,8 +34,22 @@ def wav_header(sample_rate: int, num_samples: int | None) -> bytes:
     """A 44-byte 16-bit mono PCM WAV header; num_samples None: sizes unknown (streaming)."""
     data = 0xFFFFFFFF if num_samples is None else 2 * num_samples
     riff = 0xFFFFFFFF if num_samples is None else 36 + data
-    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1, sample_rate,
-                       2 * sample_rate, 2, 16, b"data", data)
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        riff,
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,
+        1,
+        sample_rate,
+        2 * sample_rate,
+        2,
+        16,
+        b"data",
+        data,
+    )
 
 
 class _Sink:

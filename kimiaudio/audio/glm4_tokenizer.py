@@ -41,7 +41,7 @@ class Glm4SpeechTokenizer:
         self.samples_per_token = mel.hop_length * model.frame_stride * model.config.pool
 
     @classmethod
-    def load(cls, paths: CheckpointPaths, device: str | torch.device = "cpu") -> "Glm4SpeechTokenizer":
+    def load(cls, paths: CheckpointPaths, device: str | torch.device = "cpu") -> Glm4SpeechTokenizer:
         directory = paths.glm_tokenizer
         config = WhisperVQConfig.from_file(directory / "config.json")
         mel = MelSettings.from_preprocessor_config(directory / "preprocessor_config.json", config.num_mel_bins)
@@ -84,7 +84,9 @@ class Glm4SpeechTokenizer:
         for start in range(0, len(mels), self.max_batch_segments):
             stop = start + self.max_batch_segments
             yield
-            for owner, segment_codes in zip(owners[start:stop], (yield from self._encode(mels[start:stop], lengths[start:stop]))):
+            for owner, segment_codes in zip(
+                owners[start:stop], (yield from self._encode(mels[start:stop], lengths[start:stop]))
+            ):
                 codes[owner].extend(segment_codes)
         return codes
 
@@ -117,7 +119,7 @@ def _encoder_state(state: dict[str, torch.Tensor], config: WhisperVQConfig) -> d
     """
     prefix = "model.encoder."
     if any(name.startswith(prefix) for name in state):
-        state = {name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}
+        state = {name[len(prefix) :]: tensor for name, tensor in state.items() if name.startswith(prefix)}
     kept = {}
     for name, tensor in state.items():
         if name.startswith(("ema_", "layer_norm.")):

@@ -146,8 +146,9 @@ def _decode(source, name: str, sr: int) -> np.ndarray:
     try:
         return resample(pcm, rate, sr)
     except av.FFmpegError as exc:  # a header's absurd rate (2**31 - 1 Hz) that FFmpeg cannot convert
-        raise AudioInputError(f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz "
-                              f"({type(exc).__name__}: {exc})") from None
+        raise AudioInputError(
+            f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _frames_to_pcm(frames) -> np.ndarray:

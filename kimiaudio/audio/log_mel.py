@@ -36,14 +36,16 @@ class MelSettings:
         return self.chunk_seconds * self.sample_rate
 
     @classmethod
-    def from_preprocessor_config(cls, path, num_mel_bins: int) -> "MelSettings":
+    def from_preprocessor_config(cls, path, num_mel_bins: int) -> MelSettings:
         """Read preprocessor_config.json if present; the official Whisper values otherwise."""
         if not path.is_file():
             return cls(num_mel_bins=num_mel_bins)
         cfg = read_json(path)
         feature_size = int(config_value(cfg, "feature_size", path, num_mel_bins))
         if feature_size != num_mel_bins:
-            raise CheckpointError(f"{path}: feature_size {feature_size} differs from the model's num_mel_bins {num_mel_bins}")
+            raise CheckpointError(
+                f"{path}: feature_size {feature_size} differs from the model's num_mel_bins {num_mel_bins}"
+            )
         return cls(
             sample_rate=int(config_value(cfg, "sampling_rate", path, cls.sample_rate)),
             n_fft=int(config_value(cfg, "n_fft", path, cls.n_fft)),
@@ -62,9 +64,15 @@ def slaney_mel_filters(n_fft: int, num_mels: int, sample_rate: int, fmin: float,
     features and the vocoder's mel both use them), float32 [num_mels, n_fft // 2 + 1]."""
     from transformers.audio_utils import mel_filter_bank
 
-    bank = mel_filter_bank(num_frequency_bins=n_fft // 2 + 1, num_mel_filters=num_mels, min_frequency=fmin,
-                           max_frequency=fmax, sampling_rate=sample_rate, norm="slaney",
-                           mel_scale="slaney")  # float64 [freq, mel]
+    bank = mel_filter_bank(
+        num_frequency_bins=n_fft // 2 + 1,
+        num_mel_filters=num_mels,
+        min_frequency=fmin,
+        max_frequency=fmax,
+        sampling_rate=sample_rate,
+        norm="slaney",
+        mel_scale="slaney",
+    )  # float64 [freq, mel]
     return torch.from_numpy(np.ascontiguousarray(bank.T)).to(torch.float32)
 
 
@@ -81,7 +89,13 @@ def log_mel_spectrogram(waveforms: torch.Tensor, filters: torch.Tensor, settings
     """
     window = torch.hann_window(settings.n_fft, device=waveforms.device)  # periodic
     stft = torch.stft(
-        waveforms, settings.n_fft, settings.hop_length, window=window, center=True, pad_mode="reflect", return_complex=True
+        waveforms,
+        settings.n_fft,
+        settings.hop_length,
+        window=window,
+        center=True,
+        pad_mode="reflect",
+        return_complex=True,
     )  # [B, freq, N // hop + 1]
     power = stft[..., :-1].abs() ** 2
     mel = filters.to(waveforms.device) @ power  # [B, mel, frames]

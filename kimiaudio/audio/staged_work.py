@@ -8,7 +8,8 @@ committed turn's encoding never holds the running answers back for its whole len
 
 from __future__ import annotations
 
-from typing import Generator, TypeVar
+from collections.abc import Generator
+from typing import TypeVar
 
 T = TypeVar("T")
 Stages = Generator[None, None, T]

@@ -18,9 +18,9 @@ most as much of the trailing silence, so word edges are not clipped.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -71,7 +71,9 @@ class SileroVad:
         import torch
 
         with torch.inference_mode():
-            return float(self._model(torch.from_numpy(np.ascontiguousarray(window, dtype=np.float32)), SPEECH_INPUT_RATE))
+            return float(
+                self._model(torch.from_numpy(np.ascontiguousarray(window, dtype=np.float32)), SPEECH_INPUT_RATE)
+            )
 
     def reset(self) -> None:
         self._model.reset_states()
@@ -82,7 +84,7 @@ class SileroVad:
         self.reset()
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
         padded = np.pad(pcm, (0, -pcm.size % WINDOW))
-        best = max((self(padded[i:i + WINDOW]) for i in range(0, padded.size, WINDOW)), default=0.0)
+        best = max((self(padded[i : i + WINDOW]) for i in range(0, padded.size, WINDOW)), default=0.0)
         self.reset()
         return best
 

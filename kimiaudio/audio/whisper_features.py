@@ -29,7 +29,9 @@ FRAMES_PER_TOKEN = 4
 class WhisperFeatureEncoder:
     """Owns the Whisper encoder and its mel front end; turns 16 kHz audio into LM features."""
 
-    def __init__(self, encoder, mel: MelSettings, device: torch.device, dtype: torch.dtype, max_batch_segments: int = 16):
+    def __init__(
+        self, encoder, mel: MelSettings, device: torch.device, dtype: torch.dtype, max_batch_segments: int = 16
+    ):
         self.encoder = encoder
         self.mel = mel
         self.filters = mel.filters()  # [n_mels, n_fft // 2 + 1], used on the CPU
@@ -108,7 +110,6 @@ class WhisperFeatureEncoder:
         token_lens = [(len(segment) - 1) // self.samples_per_token + 1 for segment in segments]
         return [hidden[row, : n * FRAMES_PER_TOKEN] for row, n in enumerate(token_lens)]
 
-
     def _encoder_stages(self, mel: torch.Tensor) -> Stages[torch.Tensor]:
         """transformers' WhisperEncoder.forward in eval mode (no dropout or layer drop, so every
         layer runs), through its own modules, pausing after each layer."""
@@ -128,12 +129,14 @@ _PREFIXES = ("encoder.", "model.encoder.")
 
 def _encoder_state(state: dict[str, torch.Tensor], directory) -> dict[str, torch.Tensor]:
     for prefix in _PREFIXES:
-        found = {name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}
+        found = {name[len(prefix) :]: tensor for name, tensor in state.items() if name.startswith(prefix)}
         if found:
             return found
     raise CheckpointError(f"{directory / 'model.safetensors'}: no 'encoder.*' tensors (expected a Whisper checkpoint)")
 
 
-def load_whisper_encoder(paths: CheckpointPaths, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+def load_whisper_encoder(
+    paths: CheckpointPaths, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+):
     """The interface name of the brief: `WhisperFeatureEncoder.load`."""
     return WhisperFeatureEncoder.load(paths, device, dtype)

@@ -43,7 +43,7 @@ class WhisperVQConfig:
     causal_attention: bool  # plain causal layers (encoder_causal_attention or quantize_causal_encoder)
 
     @classmethod
-    def from_file(cls, path: Path) -> "WhisperVQConfig":
+    def from_file(cls, path: Path) -> WhisperVQConfig:
         cfg = read_json(path)
 
         def get(key, default=...):
@@ -66,7 +66,9 @@ class WhisperVQConfig:
             causal_attention=bool(get("encoder_causal_attention", False) or get("quantize_causal_encoder", False)),
         )
         if config.pooling_type not in ("avg", "max"):
-            raise CheckpointError(f"{path}: pooling_type {config.pooling_type!r} is not supported (expected avg or max)")
+            raise CheckpointError(
+                f"{path}: pooling_type {config.pooling_type!r} is not supported (expected avg or max)"
+            )
         if config.pooling_position is not None and config.pooling_position > config.quantize_position:
             raise CheckpointError(f"{path}: pooling_position must not exceed quantize_position")
         return config

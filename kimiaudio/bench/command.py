@@ -11,18 +11,29 @@ from kimiaudio.errors import KimiAudioError
 
 
 def format_rows(rows: list[BenchRow]) -> str:
-    head = (f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'LM step p50':>11} {'p95':>8} {'detok p50':>9} {'1st audio p50':>13} "
-            f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'underruns':>9} {'guard':>6} {'KV used':>9} {'hit rate':>8} {'ref tok/s':>9} {'speedup':>8} "
-            f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}")
+    head = (
+        f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'LM step p50':>11} {'p95':>8} {'detok p50':>9} {'1st audio p50':>13} "
+        f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'underruns':>9} {'guard':>6} {'KV used':>9} {'hit rate':>8} "
+        f"{'ref tok/s':>9} {'speedup':>8} "
+        f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}"
+    )
     lines = [head]
     for r in rows:
-        ref = (f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x {r.lm_tokens_per_s:9.1f} "
-               f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x") if r.reference_tokens_per_s else ""
+        ref = (
+            (
+                f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x {r.lm_tokens_per_s:9.1f} "
+                f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x"
+            )
+            if r.reference_tokens_per_s
+            else ""
+        )
         lines.append(
             f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.lm_step_ms_p50:9.1f}ms "
-            f"{r.lm_step_ms_p95:6.1f}ms {r.detok_ms_p50:7.1f}ms {r.first_audio_ms_p50:11.0f}ms {r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
+            f"{r.lm_step_ms_p95:6.1f}ms {r.detok_ms_p50:7.1f}ms {r.first_audio_ms_p50:11.0f}ms "
+            f"{r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
             f"{r.stall_ms_p95:7.0f}ms {r.underruns:>9} {r.guard_actions:>6} "
-            f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}")
+            f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}"
+        )
     return "\n".join(lines)
 
 
@@ -70,8 +81,16 @@ def run_bench_command(config, args) -> int:
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)
-        rows = run_voice_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech, args.voice or None,
-                               fixed_length=not args.natural_lengths)
+        rows = run_voice_bench(
+            stack,
+            config,
+            sessions,
+            args.turns,
+            args.max_new_tokens,
+            speech,
+            args.voice or None,
+            fixed_length=not args.natural_lengths,
+        )
         print_voice_rows(rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
         return 0
     if getattr(args, "transcribe", False):
@@ -79,8 +98,12 @@ def run_bench_command(config, args) -> int:
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)
-        print_transcription_rows(run_transcription_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
-                                                         fixed_length=not args.natural_lengths), args.json)
+        print_transcription_rows(
+            run_transcription_bench(
+                stack, config, sessions, args.turns, args.max_new_tokens, speech, fixed_length=not args.natural_lengths
+            ),
+            args.json,
+        )
         return 0
     if args.http:
         from kimiaudio.bench.http_bench import print_rows, run_http_bench
@@ -96,13 +119,26 @@ def run_bench_command(config, args) -> int:
             print(DEMO_NOTICE)
         print_rows(run_webrtc_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
         return 0
-    rows = run_bench(stack, config, sessions, args.turns, args.max_new_tokens, speech,
-                     reference=not (args.no_reference or args.random_weights), progress=not args.json,
-                     fixed_length=not args.natural_lengths)
-    info = {"device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""), "demo_weights": stack.is_demo,
-            "model": "random weights" if args.random_weights else str(stack.paths.root),
-            "max_new_tokens": args.max_new_tokens, "turns": args.turns,
-            "turn_lengths": "natural" if args.natural_lengths else "fixed"}
+    rows = run_bench(
+        stack,
+        config,
+        sessions,
+        args.turns,
+        args.max_new_tokens,
+        speech,
+        reference=not (args.no_reference or args.random_weights),
+        progress=not args.json,
+        fixed_length=not args.natural_lengths,
+    )
+    info = {
+        "device": str(stack.device),
+        "dtype": str(stack.dtype).replace("torch.", ""),
+        "demo_weights": stack.is_demo,
+        "model": "random weights" if args.random_weights else str(stack.paths.root),
+        "max_new_tokens": args.max_new_tokens,
+        "turns": args.turns,
+        "turn_lengths": "natural" if args.natural_lengths else "fixed",
+    }
     if memory is not None:
         info["memory_plan"] = memory
     if stack.device.type == "cuda":
@@ -117,12 +153,16 @@ def run_bench_command(config, args) -> int:
         elif stack.is_demo:
             print(DEMO_NOTICE)
         length = "at most" if args.natural_lengths else "exactly"
-        print(f"device {info['device']} dtype {info['dtype']}, {length} {args.max_new_tokens} new positions per turn, "
-              f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one")
+        print(
+            f"device {info['device']} dtype {info['dtype']}, {length} {args.max_new_tokens} new positions per turn, "
+            f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one"
+        )
         print(format_rows(rows))
-        print("tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "
-              "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop "
-              "alone, every turn running to its new-position limit (stop tokens ignored).")
+        print(
+            "tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "
+            "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop "
+            "alone, every turn running to its new-position limit (stop tokens ignored)."
+        )
     return 0
 
 
@@ -142,9 +182,9 @@ def _random_full_stack(config, sessions: int):
     """Every component with random weights in the real shapes on a GPU (a shrunken shape of
     the same code on the CPU), its detokenizer graphs captured, and the memory plan."""
     from kimiaudio.bench.random_stack import build_random_stack
+    from kimiaudio.checkpoint.paths import resolve_device
     from kimiaudio.layers.device_memory import capacity_bytes
     from kimiaudio.pipeline.memory_plan import memory_budget
-    from kimiaudio.checkpoint.paths import resolve_device
 
     on_gpu = resolve_device(config.model.device).type == "cuda"
     stack = build_random_stack(config, "full" if on_gpu else "tiny")
@@ -153,15 +193,20 @@ def _random_full_stack(config, sessions: int):
     return stack, memory_budget(stack, sessions, total, graphs=graphs)
 
 
-
 def _memory_plan_command(config, sessions: int, args) -> int:
     """`bench --memory-plan`: the plan of the full-size shapes (--random-weights full) or of the
     configured checkpoint's configs, built on the meta device; auto resolved as serve would."""
     import torch
 
     from kimiaudio.checkpoint.paths import resolve_dtype
-    from kimiaudio.pipeline.memory_plan import (GIB, choose_weights, format_memory_budget, memory_budget, meta_stack,
-                                                plan_for_shape)
+    from kimiaudio.pipeline.memory_plan import (
+        GIB,
+        choose_weights,
+        format_memory_budget,
+        memory_budget,
+        meta_stack,
+        plan_for_shape,
+    )
     from kimiaudio.pipeline.model_stack import resolve_checkpoint
 
     if args.random_weights == "7b":
@@ -180,6 +225,7 @@ def _memory_plan_command(config, sessions: int, args) -> int:
     dtype = resolve_dtype(config.model.dtype, torch.device("cuda"))
     text_only = config.model.text_only
     if args.random_weights == "full":
+
         def plan_of(lm, dit):
             return plan_for_shape("full", config, lm, None if text_only else dit, sessions, card, args.positions, dtype)
     else:

@@ -1,7 +1,7 @@
 """`bench --random-weights 7b`: engine steps with the real Kimi-Audio-7B shapes.
 
-Random bf16 weights in the official config's shapes (docs/official-model.md, "LM config"; random_weights/shapes.py FULL, drawn by
-random_weights.modules.random_lm on the GPU), no files.
+Random bf16 weights in the official config's shapes (docs/official-model.md, "LM config";
+random_weights/shapes.py FULL, drawn by random_weights.modules.random_lm on the GPU), no files.
 - Decode: for each batch size B it keeps B sequences decoding and times engine steps, with
   CUDA graphs and without (same run, one engine each; graphs only exist on CUDA), and
   compares the step time with the weight-bandwidth floor: the bytes of weights one decode
@@ -29,16 +29,16 @@ import torch
 from kimiaudio.bench.stats import percentile
 from kimiaudio.bench.step_profile import profile_decode, start_decoding
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import EngineRequest
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import RuleTokens
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.layers.device_memory import peak_memory
+from kimiaudio.layers.fp8 import require_fp8
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.layers.device_memory import peak_memory
 from kimiaudio.models.quantize import quantize_lm
-from kimiaudio.layers.fp8 import require_fp8
-from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.random_weights.lm import lm_config
 from kimiaudio.random_weights.modules import random_lm
 from kimiaudio.random_weights.shapes import FULL
@@ -99,8 +99,9 @@ def prefill_flops(lm: KimiAudioLM, positions: int, continuous: int) -> float:
     at the last position only."""
     cfg = lm.config
     layers = [*lm.model.layers, *lm.model.mimo_layers]
-    per_position = sum(p.numel() for layer in layers for n, p in layer.named_parameters() if n.endswith("weight")
-                       and p.dim() == 2)
+    per_position = sum(
+        p.numel() for layer in layers for n, p in layer.named_parameters() if n.endswith("weight") and p.dim() == 2
+    )
     attention = len(layers) * 2 * 2 * (positions * (positions + 1) // 2) * cfg.hidden_size  # q.k and p.v
     adaptor = sum(p.numel() for p in lm.model.vq_adaptor.parameters() if p.dim() == 2)
     heads = lm.lm_head.weight.numel() + lm.mimo_output.weight.numel()
@@ -128,19 +129,38 @@ class Prompts:
     def short(self) -> EngineRequest:
         """PROMPT_LEN speech codes, no features."""
         self.count += 1
-        return EngineRequest(f"r{self.count}", self.codes(PROMPT_LEN), [SPECIALS_7B.text_blank] * PROMPT_LEN,
-                             [0] * PROMPT_LEN, None, self.params, "both", SPECIALS_7B)
+        return EngineRequest(
+            f"r{self.count}",
+            self.codes(PROMPT_LEN),
+            [SPECIALS_7B.text_blank] * PROMPT_LEN,
+            [0] * PROMPT_LEN,
+            None,
+            self.params,
+            "both",
+            SPECIALS_7B,
+        )
 
     def long(self) -> EngineRequest:
         """PREFILL_LEN positions: a user turn of speech codes with a Whisper feature each."""
         self.count += 1
         cfg, n = self.config, PREFILL_LEN - 5
-        audio = ([USER_MSG_START, cfg.kimia_media_begin] + self.codes(n)
-                 + [cfg.kimia_media_end, SPEECH_CTD, ASSISTANT_MSG_START])
+        audio = (
+            [USER_MSG_START, cfg.kimia_media_begin]
+            + self.codes(n)
+            + [cfg.kimia_media_end, SPEECH_CTD, ASSISTANT_MSG_START]
+        )
         mask = [0, 0] + [1] * n + [0, 0, 0]
         features = torch.from_numpy(self.gen.standard_normal((n, cfg.kimia_adaptor_input_dim), dtype=np.float32))
-        return EngineRequest(f"r{self.count}", audio, [SPECIALS_7B.text_blank] * PREFILL_LEN, mask, features,
-                             SamplingParams(seed=1, max_new_tokens=4, ignore_eos=True), "both", SPECIALS_7B)
+        return EngineRequest(
+            f"r{self.count}",
+            audio,
+            [SPECIALS_7B.text_blank] * PREFILL_LEN,
+            mask,
+            features,
+            SamplingParams(seed=1, max_new_tokens=4, ignore_eos=True),
+            "both",
+            SPECIALS_7B,
+        )
 
 
 def _timed_step(engine: LLMEngine) -> tuple[float, list]:
@@ -209,15 +229,29 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     # decoding admits a few prompts per step), so no sequence ends inside the timed steps.
     prompts = Prompts(lm.config, DECODE_STEPS + PREFILL_SLACK)
     freeze_loaded_objects()  # as the server does: no full garbage collection lands on a timed step
-    info = {"device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-            "dtype": str(dtype).replace("torch.", ""), "copy_bandwidth_gb_s": bandwidth / 1e9,
-            "matmul_tflops": flops / 1e12, "weights": weights, "rows": []}
+    info = {
+        "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        "dtype": str(dtype).replace("torch.", ""),
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "matmul_tflops": flops / 1e12,
+        "weights": weights,
+        "rows": [],
+    }
     for choice in dict.fromkeys(("bf16", weights)):  # bf16 first, then the quantized layers beside it
         lm = quantize_lm(lm, choice)
         weight_bytes = decode_weight_bytes(lm)
         info["decode_weight_gb" if choice == "bf16" else f"decode_weight_gb_{choice}"] = weight_bytes / 1e9
-        _measure(lm, config, sessions, prompts, info, weight_bytes / bandwidth, flops, choice,
-                 profile=getattr(args, "profile", False))
+        _measure(
+            lm,
+            config,
+            sessions,
+            prompts,
+            info,
+            weight_bytes / bandwidth,
+            flops,
+            choice,
+            profile=getattr(args, "profile", False),
+        )
     if on_gpu:
         info.update(card_gib=getattr(args, "card_gib", None), **peak_memory(device))
     if args.json:
@@ -227,63 +261,115 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     return 0
 
 
-def _measure(lm: KimiAudioLM, config, sessions: list[int], prompts: Prompts, info: dict, floor: float, flops: float,
-             weights: str, profile: bool = False) -> None:
+def _measure(
+    lm: KimiAudioLM,
+    config,
+    sessions: list[int],
+    prompts: Prompts,
+    info: dict,
+    floor: float,
+    flops: float,
+    weights: str,
+    profile: bool = False,
+) -> None:
     """Rows of decode steps (graphs on and off on CUDA); the prefill with the bf16 weights only;
     with `profile`, a torch.profiler summary per batch size of the engine as served."""
     device, dtype = lm.device, lm.dtype
     on_gpu = device.type == "cuda"
-    for graphs in ((True, False) if on_gpu else (False,)):
-        engine_cfg = EngineConfig(**{**vars(config.engine), "max_num_seqs": max(sessions), "cuda_graphs": graphs,
-                                     "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + DECODE_STEPS + PREFILL_SLACK + 8)})
+    for graphs in (True, False) if on_gpu else (False,):
+        engine_cfg = EngineConfig(
+            **{
+                **vars(config.engine),
+                "max_num_seqs": max(sessions),
+                "cuda_graphs": graphs,
+                "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + DECODE_STEPS + PREFILL_SLACK + 8),
+            }
+        )
         engine = LLMEngine(lm, engine_cfg, device, dtype)
         if engine.runner.graphs is not None:
-            info.update(capture_seconds=engine.runner.capture_seconds,
-                        graph_memory_bytes=engine.runner.graph_memory_bytes,
-                        graph_batch_sizes=engine.runner.graphs.batch_sizes)
+            info.update(
+                capture_seconds=engine.runner.capture_seconds,
+                graph_memory_bytes=engine.runner.graph_memory_bytes,
+                graph_batch_sizes=engine.runner.graphs.batch_sizes,
+            )
         if (graphs or not on_gpu) and weights == "bf16":  # prefill is eager either way: measured once
             times = time_prefill(engine, prompts)
             ms, floor_ms = 1e3 * float(np.median(times)), 1e3 * prefill_flops(lm, PREFILL_LEN, PREFILL_LEN - 5) / flops
-            info["prefill"] = {"positions": PREFILL_LEN, "continuous": PREFILL_LEN - 5, "ms_p50": ms,
-                               "floor_ms": floor_ms, "ratio_to_floor": ms / floor_ms}
+            info["prefill"] = {
+                "positions": PREFILL_LEN,
+                "continuous": PREFILL_LEN - 5,
+                "ms_p50": ms,
+                "floor_ms": floor_ms,
+                "ratio_to_floor": ms / floor_ms,
+            }
         for batch in sessions:
             measured = time_batch(engine, prompts, batch)
             p50 = percentile(measured["times"], 50)
-            info["rows"].append({
-                "weights": weights, "batch": batch, "graphs": engine.runner.graphs is not None,
-                "step_ms_p50": 1e3 * p50, "step_ms_p95": 1e3 * percentile(measured["times"], 95),
-                "floor_ms": 1e3 * floor, "ratio_to_floor": p50 / floor, "tokens_per_s": batch / p50,
-                "mixed_step_ms_p50": 1e3 * float(np.median(measured["mixed"])),
-                "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding})
+            info["rows"].append(
+                {
+                    "weights": weights,
+                    "batch": batch,
+                    "graphs": engine.runner.graphs is not None,
+                    "step_ms_p50": 1e3 * p50,
+                    "step_ms_p95": 1e3 * percentile(measured["times"], 95),
+                    "floor_ms": 1e3 * floor,
+                    "ratio_to_floor": p50 / floor,
+                    "tokens_per_s": batch / p50,
+                    "mixed_step_ms_p50": 1e3 * float(np.median(measured["mixed"])),
+                    "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding,
+                }
+            )
             if profile and (graphs or not on_gpu):
                 info.setdefault("profile", []).append(
-                    {"weights": weights, "batch": batch, **profile_decode(engine, [prompts.short() for _ in range(batch)])})
+                    {
+                        "weights": weights,
+                        "batch": batch,
+                        **profile_decode(engine, [prompts.short() for _ in range(batch)]),
+                    }
+                )
         del engine
         gc.collect()  # the pool and the graphs go before the next engine sizes its pool
 
 
 def print_report(info: dict) -> None:
-    print(f"{info['device']} {info['dtype']}: {info['decode_weight_gb']:.2f} GB of weights per decode step, "
-          f"copy bandwidth {info['copy_bandwidth_gb_s']:.0f} GB/s -> floor {info['rows'][0]['floor_ms']:.2f} ms; "
-          f"matmul {info['matmul_tflops']:.3g} TFLOP/s")
+    print(
+        f"{info['device']} {info['dtype']}: {info['decode_weight_gb']:.2f} GB of weights per decode step, "
+        f"copy bandwidth {info['copy_bandwidth_gb_s']:.0f} GB/s -> floor {info['rows'][0]['floor_ms']:.2f} ms; "
+        f"matmul {info['matmul_tflops']:.3g} TFLOP/s"
+    )
     if "capture_seconds" in info:
-        print(f"CUDA graphs: {len(info['graph_batch_sizes'])} batch sizes captured in {info['capture_seconds']:.1f} s, "
-              f"{info['graph_memory_bytes'] / 2**30:.2f} GiB")
+        print(
+            f"CUDA graphs: {len(info['graph_batch_sizes'])} batch sizes captured in {info['capture_seconds']:.1f} s, "
+            f"{info['graph_memory_bytes'] / 2**30:.2f} GiB"
+        )
     pre = info["prefill"]
-    print(f"prefill of {pre['positions']} positions ({pre['continuous']} with Whisper features): "
-          f"{pre['ms_p50']:.1f} ms, {pre['ratio_to_floor']:.2f}x its compute floor ({pre['floor_ms']:.1f} ms)")
+    print(
+        f"prefill of {pre['positions']} positions ({pre['continuous']} with Whisper features): "
+        f"{pre['ms_p50']:.1f} ms, {pre['ratio_to_floor']:.2f}x its compute floor ({pre['floor_ms']:.1f} ms)"
+    )
     if info["weights"] != "bf16":
-        print(f"{info['weights']}: {info['decode_weight_gb_' + info['weights']]:.2f} GB of weights per decode step "
-              f"-> floor {info['rows'][-1]['floor_ms']:.2f} ms")
-    print(f"{'weights':>7} {'batch':>5} {'graphs':>6} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9} "
-          f"{'mixed p50':>10}")
+        print(
+            f"{info['weights']}: {info['decode_weight_gb_' + info['weights']]:.2f} GB of weights per decode step "
+            f"-> floor {info['rows'][-1]['floor_ms']:.2f} ms"
+        )
+    print(
+        f"{'weights':>7} {'batch':>5} {'graphs':>6} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9} "
+        f"{'mixed p50':>10}"
+    )
     for r in info["rows"]:
-        print(f"{r['weights']:>7} {r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms {r['step_ms_p95']:7.2f}ms "
-              f"{r['ratio_to_floor']:8.2f} {r['tokens_per_s']:9.0f} {r['mixed_step_ms_p50']:8.2f}ms")
+        print(
+            f"{r['weights']:>7} {r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms "
+            f"{r['step_ms_p95']:7.2f}ms "
+            f"{r['ratio_to_floor']:8.2f} {r['tokens_per_s']:9.0f} {r['mixed_step_ms_p50']:8.2f}ms"
+        )
     for p in info.get("profile", []):
-        print(f"profile {p['weights']} batch {p['batch']} ({p['device']}): {p['wall_ms_per_step']:.2f} ms a step, "
-              f"busy {p['busy_ms_per_step']:.2f} ms ({100 * p['busy_fraction']:.0f}%), "
-              f"{p['kernels_per_step']:.0f} kernels a step; top: " + ", ".join(
-                  f"{k['name'][:40]} {k['ms_per_step']:.2f} ms" for k in p["top"][:5]))
-    print(f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
-          f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding).")
+        print(
+            f"profile {p['weights']} batch {p['batch']} ({p['device']}): {p['wall_ms_per_step']:.2f} ms a step, "
+            f"busy {p['busy_ms_per_step']:.2f} ms ({100 * p['busy_fraction']:.0f}%), "
+            f"{p['kernels_per_step']:.0f} kernels a step; top: "
+            + ", ".join(f"{k['name'][:40]} {k['ms_per_step']:.2f} ms" for k in p["top"][:5])
+        )
+    print(
+        f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
+        f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding)."
+    )

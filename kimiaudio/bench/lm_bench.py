@@ -18,6 +18,7 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.text.prompt import Message, build_prompt
 
+
 def bench_reference(stack, inputs: list[list[np.ndarray]], params: list[SamplingParams]) -> tuple[int, float]:
     """Generated tokens and tokens/s of the offline path (encode, batch-1 reference loop, offline
     detokenizer) on the same turns, one session after another."""
@@ -27,8 +28,9 @@ def bench_reference(stack, inputs: list[list[np.ndarray]], params: list[Sampling
     return tokens, tokens / seconds
 
 
-def reference_run(stack, sessions: list[list], params: list[SamplingParams], user_message,
-                   speak: bool) -> tuple[int, float]:
+def reference_run(
+    stack, sessions: list[list], params: list[SamplingParams], user_message, speak: bool
+) -> tuple[int, float]:
     """(generated positions, seconds) of every session's turns through the batch-1 reference
     loop, one session after another; `user_message(x)` makes each user turn's Message."""
     from kimiaudio.pipeline.offline import answer
@@ -47,8 +49,9 @@ def reference_run(stack, sessions: list[list], params: list[SamplingParams], use
 LM_REPEATS = 3  # the LM-alone runs are short: best of three on each side steadies the ratio
 
 
-def bench_lm(stack, config, inputs: list[list[np.ndarray]], params: list[SamplingParams],
-              repeats: int = LM_REPEATS) -> tuple[int, float, int, float]:
+def bench_lm(
+    stack, config, inputs: list[list[np.ndarray]], params: list[SamplingParams], repeats: int = LM_REPEATS
+) -> tuple[int, float, int, float]:
     """Generated positions and positions/s of the LM alone on the same conversations: the
     engine with every session submitting its next turn as soon as its answer ends (a closed
     loop, as users talk), and the batch-1 reference loop, one turn after another; the best of
@@ -62,12 +65,17 @@ def bench_lm(stack, config, inputs: list[list[np.ndarray]], params: list[Samplin
     params = [replace(p, ignore_eos=True) for p in params]
     flat = stack.encode_speech_batch([pcm for session in inputs for pcm in session])
     turns = len(inputs[0])
-    users = [[Message("user", "audio", audio_tokens=c, features=f) for c, f in flat[i * turns:(i + 1) * turns]]
-             for i in range(len(inputs))]
-    engine_tokens, engine_s = min((lm_engine_run(stack, config, users, params) for _ in range(repeats)),
-                                  key=lambda run: run[1])
-    reference_tokens, reference_s = min((reference_run(stack, users, params, lambda user: user, speak=False)
-                                         for _ in range(repeats)), key=lambda run: run[1])
+    users = [
+        [Message("user", "audio", audio_tokens=c, features=f) for c, f in flat[i * turns : (i + 1) * turns]]
+        for i in range(len(inputs))
+    ]
+    engine_tokens, engine_s = min(
+        (lm_engine_run(stack, config, users, params) for _ in range(repeats)), key=lambda run: run[1]
+    )
+    reference_tokens, reference_s = min(
+        (reference_run(stack, users, params, lambda user: user, speak=False) for _ in range(repeats)),
+        key=lambda run: run[1],
+    )
     return engine_tokens, engine_tokens / engine_s, reference_tokens, reference_tokens / reference_s
 
 
@@ -86,9 +94,18 @@ def lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampli
         histories[session].append(users[session][turn])
         prompt = build_prompt(histories[session], "both", stack.tokenizer, stack.specials)
         request_id = f"{session}.{turn}"
-        engine.add_request(EngineRequest(request_id, prompt.audio_ids, prompt.text_ids,
-                                                  prompt.continuous_mask, prompt.features_tensor(), params[session],
-                                                  "both", stack.specials))
+        engine.add_request(
+            EngineRequest(
+                request_id,
+                prompt.audio_ids,
+                prompt.text_ids,
+                prompt.continuous_mask,
+                prompt.features_tensor(),
+                params[session],
+                "both",
+                stack.specials,
+            )
+        )
         live[request_id] = session
 
     tokens, start = 0, time.perf_counter()
@@ -103,7 +120,9 @@ def lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampli
             if out.finish_reason == "error":
                 raise KimiAudioError(f"bench LM turn failed: {out.error}")
             done = out.completion
-            reply = OfflineAnswer.from_tokens(stack, done.text_tokens, done.audio_tokens, out.finish_reason, done.num_steps)
+            reply = OfflineAnswer.from_tokens(
+                stack, done.text_tokens, done.audio_tokens, out.finish_reason, done.num_steps
+            )
             histories[session].append(reply.history_message(offset))
             if len(histories[session]) < 2 * len(users[session]):
                 submit(session)

@@ -51,14 +51,18 @@ class ScriptedMic(MediaStreamTrack):
         while filled < 320 and self._queue:
             clip = self._queue[0]
             n = min(320 - filled, clip.size)
-            samples[filled:filled + n] = clip[:n]
+            samples[filled : filled + n] = clip[:n]
             filled += n
             self._queue[0] = clip[n:]
             if self._queue[0].size == 0:
                 self._queue.pop(0)
         frame = AudioFrame(format="s16", layout="mono", samples=320)
         frame.planes[0].update((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
-        frame.pts, frame.sample_rate, frame.time_base = self._pts, SPEECH_INPUT_RATE, fractions.Fraction(1, SPEECH_INPUT_RATE)
+        frame.pts, frame.sample_rate, frame.time_base = (
+            self._pts,
+            SPEECH_INPUT_RATE,
+            fractions.Fraction(1, SPEECH_INPUT_RATE),
+        )
         return frame
 
 
@@ -116,6 +120,7 @@ class RtcClient:
     async def wait_for(self, kind: str, count: int = 1, timeout: float = 120.0, where=None) -> dict:
         """The `count`-th event of type `kind` (optionally also matching `where(event)`). The
         default limit catches a hang, not slowness (a loaded machine can take many seconds)."""
+
         def matches():
             found = [e for e in self.of_type(kind) if where is None or where(e)]
             return found[count - 1] if len(found) >= count else None
@@ -128,7 +133,7 @@ class RtcClient:
 
         try:
             return await asyncio.wait_for(wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             got = [e["type"] for e in self.events]
             raise AssertionError(f"no {kind} #{count} within {timeout} s; events so far: {got}") from None
 

@@ -65,9 +65,13 @@ class BenchRow:
 
 
 # TurnDone.timings pairs (begin, end) of each stage reported per row.
-STAGES = {"queue": (None, "queued_s"), "encode": ("queued_s", "encoded_s"), "prefill": ("encoded_s", "prefill_done_s"),
-          "first_audio_token": ("prefill_done_s", "first_audio_token_s"),
-          "first_pcm": ("first_audio_token_s", "first_pcm_s")}
+STAGES = {
+    "queue": (None, "queued_s"),
+    "encode": ("queued_s", "encoded_s"),
+    "prefill": ("encoded_s", "prefill_done_s"),
+    "first_audio_token": ("prefill_done_s", "first_audio_token_s"),
+    "first_pcm": ("first_audio_token_s", "first_pcm_s"),
+}
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -96,12 +100,19 @@ class PlaybackClock:
         self.samples += num_samples
 
 
-async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int,
-                       voice=None) -> dict:
+async def _run_session(
+    pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int, voice=None
+) -> dict:
     history: list[HistoryTurn] = []
-    stats = {"tokens": 0, "first_audio": [], "rtf": [], "stall": [], "underruns": 0,
-             "stages": {stage: [] for stage in STAGES}}
-    for turn, pcm in enumerate(inputs):
+    stats = {
+        "tokens": 0,
+        "first_audio": [],
+        "rtf": [],
+        "stall": [],
+        "underruns": 0,
+        "stages": {stage: [] for stage in STAGES},
+    }
+    for pcm in inputs:
         handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params, voice=voice))
         clock, done = PlaybackClock(sr_out), None
         async for event in handle:
@@ -123,12 +134,21 @@ async def _run_session(pipeline: Pipeline, inputs: list[np.ndarray], params: Sam
         if samples:
             busy = done.timings["done_s"] - done.timings.get("encoded_s", 0.0)
             stats["rtf"].append(busy / (samples / sr_out))
-        history += [HistoryTurn("user", audio=pcm), HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens)]
+        history += [
+            HistoryTurn("user", audio=pcm),
+            HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens),
+        ]
     return stats
 
 
-async def bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], params: list[SamplingParams],
-                          voice_audio: tuple[np.ndarray, np.ndarray] | None = None) -> BenchRow:
+async def bench_pipeline(
+    stack,
+    config,
+    n: int,
+    inputs: list[list[np.ndarray]],
+    params: list[SamplingParams],
+    voice_audio: tuple[np.ndarray, np.ndarray] | None = None,
+) -> BenchRow:
     """`voice_audio` (16 kHz, 24 kHz): every turn speaks in a voice made from it, added (its
     prefix computed) before the clock starts, as a server adds a voice before it is used."""
     pipeline = Pipeline(stack, config)
@@ -136,8 +156,9 @@ async def bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], 
     try:
         voice = await pipeline.make_voice("bench", *voice_audio) if voice_audio is not None else None
         start = time.perf_counter()
-        results = await asyncio.gather(*[
-            _run_session(pipeline, inputs[i], params[i], stack.detokenizer.sample_rate, voice) for i in range(n)])
+        results = await asyncio.gather(
+            *[_run_session(pipeline, inputs[i], params[i], stack.detokenizer.sample_rate, voice) for i in range(n)]
+        )
         wall = time.perf_counter() - start
         s = pipeline.stats()
     finally:
@@ -147,24 +168,35 @@ async def bench_pipeline(stack, config, n: int, inputs: list[list[np.ndarray]], 
     rtf = [x for r in results for x in r["rtf"]]
     stalls = [x for r in results for x in r["stall"]]
     m = pipeline.metrics
-    stages = {stage: round(1000 * _percentile([x for r in results for x in r["stages"][stage]], 50), 2)
-              for stage in STAGES}
+    stages = {
+        stage: round(1000 * _percentile([x for r in results for x in r["stages"][stage]], 50), 2) for stage in STAGES
+    }
     memory = None
     if stack.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(stack.device)
         memory = (total - free) / 1e9
     cached, computed = s["prefill_tokens_cached"], s["prefill_tokens_computed"]
     return BenchRow(
-        sessions=n, turns=len(inputs[0]), generated_tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
+        sessions=n,
+        turns=len(inputs[0]),
+        generated_tokens=tokens,
+        wall_s=wall,
+        tokens_per_s=tokens / wall,
         tokens_per_s_per_session=tokens / wall / n,
         lm_step_ms_p50=1000 * _percentile(m.lm_step_s.recent_values(), 50),
         lm_step_ms_p95=1000 * _percentile(m.lm_step_s.recent_values(), 95),
         detok_ms_p50=1000 * _percentile(m.detok_batch_s.recent_values(), 50),
-        first_audio_ms_p50=1000 * _percentile(first, 50), first_audio_ms_p95=1000 * _percentile(first, 95),
-        rtf_p50=_percentile(rtf, 50), stall_ms_p95=1000 * _percentile(stalls, 95),
-        underruns=sum(r["underruns"] for r in results), guard_actions=m.detok_guard_actions,
-        stages_ms_p50=stages, device_memory_gb=memory,
-        kv_blocks_used_peak=s["kv_blocks_total"] - (m.min_free_blocks if m.min_free_blocks is not None else s["kv_blocks_total"]), kv_blocks_total=s["kv_blocks_total"],
+        first_audio_ms_p50=1000 * _percentile(first, 50),
+        first_audio_ms_p95=1000 * _percentile(first, 95),
+        rtf_p50=_percentile(rtf, 50),
+        stall_ms_p95=1000 * _percentile(stalls, 95),
+        underruns=sum(r["underruns"] for r in results),
+        guard_actions=m.detok_guard_actions,
+        stages_ms_p50=stages,
+        device_memory_gb=memory,
+        kv_blocks_used_peak=s["kv_blocks_total"]
+        - (m.min_free_blocks if m.min_free_blocks is not None else s["kv_blocks_total"]),
+        kv_blocks_total=s["kv_blocks_total"],
         prefix_cache_hit_rate=cached / max(cached + computed, 1),
     )
 
@@ -193,26 +225,43 @@ def warm_up(stack, config, reference: bool) -> None:
             bench_lm(stack, config, inputs, params, repeats=1)
 
 
-def bench_inputs(config, n: int, turns: int, max_new_tokens: int, speech: list[np.ndarray] | None,
-                 fixed_length: bool = True):
+def bench_inputs(
+    config, n: int, turns: int, max_new_tokens: int, speech: list[np.ndarray] | None, fixed_length: bool = True
+):
     """Per session its turns' audio and sampling params (fixed seeds: runs compare alike).
 
     fixed_length: every turn runs to `max_new_tokens` past its stop tokens (`ignore_eos`, as
     vLLM's throughput benchmark), so every step runs all N sessions and the LM step's spread
     shows what disturbs it (the detokenizer, prefills) rather than the batch draining as
     replies end one by one; False: each reply ends where the model stops it."""
-    inputs = [[speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
-               for k in range(turns)] for i in range(n)]
+    inputs = [
+        [
+            speech[(i + k) % len(speech)] if speech else synthetic_speech(2.0 + (i + k) % 3, seed=i * 31 + k)
+            for k in range(turns)
+        ]
+        for i in range(n)
+    ]
     # Fixed per-session seeds on both sides: the same tokens, run after run.
-    params = [SamplingParams.from_config(config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens,
-                                         ignore_eos=fixed_length)
-              for i in range(n)]
+    params = [
+        SamplingParams.from_config(
+            config.sampling, seed=1000 + i, max_new_tokens=max_new_tokens, ignore_eos=fixed_length
+        )
+        for i in range(n)
+    ]
     return inputs, params
 
 
-def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
-              speech: list[np.ndarray] | None = None, reference: bool = True, progress: bool = True,
-              fixed_length: bool = True) -> list[BenchRow]:
+def run_bench(
+    stack,
+    config,
+    sessions: list[int],
+    turns: int,
+    max_new_tokens: int,
+    speech: list[np.ndarray] | None = None,
+    reference: bool = True,
+    progress: bool = True,
+    fixed_length: bool = True,
+) -> list[BenchRow]:
     rows = []
     bar = None
     if progress:
@@ -229,8 +278,12 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
             # Every session, not a sample: replies differ in how much speech each position carries.
             with _torch_threads(stack.device, config.engine.cpu_threads):
                 row.reference_generated_tokens, row.reference_tokens_per_s = bench_reference(stack, inputs, params)
-                (row.lm_generated_tokens, row.lm_tokens_per_s, row.lm_reference_generated_tokens,
-                 row.lm_reference_tokens_per_s) = bench_lm(stack, config, inputs, params)
+                (
+                    row.lm_generated_tokens,
+                    row.lm_tokens_per_s,
+                    row.lm_reference_generated_tokens,
+                    row.lm_reference_tokens_per_s,
+                ) = bench_lm(stack, config, inputs, params)
             row.speedup_vs_reference = row.tokens_per_s / row.reference_tokens_per_s
             row.lm_speedup = row.lm_tokens_per_s / row.lm_reference_tokens_per_s
             if bar:
@@ -239,5 +292,3 @@ def run_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: in
     if bar:
         bar.close()
     return rows
-
-

@@ -32,8 +32,8 @@ from kimiaudio.random_weights.shapes import shape_named
 def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     """A pipeline.model_stack.ModelStack with random weights in `shape` (a name of
     random_weights.shapes.SHAPES) on config.model.device / dtype (the GLM encoder in float32)."""
-    from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint
     from kimiaudio.pipeline.model_stack import ModelStack
+    from kimiaudio.random_weights.demo_checkpoint import ensure_demo_checkpoint
     from kimiaudio.text.special_tokens import SpecialTokens
     from kimiaudio.text.tokenizer import KimiTokenizer
 
@@ -55,7 +55,9 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
 
     specials = SpecialTokens.from_tokenizer(tokenizer, parts.lm_config, source=f"random-weights-{shape}")
     # --weights fp8 / int8 quantize the parts as a loaded checkpoint's are; auto keeps them as drawn.
-    lm_weights, dit_weights = (w if w in ("fp8", "int8") else "bf16" for w in (config.model.weights, config.detok.weights))
+    lm_weights, dit_weights = (
+        w if w in ("fp8", "int8") else "bf16" for w in (config.model.weights, config.detok.weights)
+    )
     for key, value in (("model.weights", lm_weights), ("detok.weights", dit_weights)):
         if value == "fp8":
             require_fp8(device, key)
@@ -64,8 +66,9 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     glm4 = timed("glm4_tokenizer", parts.glm4)
     detok = None
     if not config.model.text_only:
-        detok = timed("detokenizer", lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(),
-                                                         config.detok))
+        detok = timed(
+            "detokenizer", lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(), config.detok)
+        )
     return ModelStack(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 
 

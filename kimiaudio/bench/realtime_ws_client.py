@@ -69,8 +69,12 @@ class RealtimeWsClient:
 
     def say(self, pcm16k: np.ndarray, silence_s: float = 1.2) -> asyncio.Task:
         """Stream `pcm16k` (16 kHz float) then `silence_s` of silence, in real time, in the background."""
-        pcm = np.concatenate([resample(pcm16k, SPEECH_INPUT_RATE, OPENAI_PCM16_RATE),
-                              np.zeros(int(silence_s * OPENAI_PCM16_RATE), np.float32)])
+        pcm = np.concatenate(
+            [
+                resample(pcm16k, SPEECH_INPUT_RATE, OPENAI_PCM16_RATE),
+                np.zeros(int(silence_s * OPENAI_PCM16_RATE), np.float32),
+            ]
+        )
         self._speaking = asyncio.ensure_future(self._stream(pcm))
         return self._speaking
 
@@ -81,7 +85,7 @@ class RealtimeWsClient:
             await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))
             if self.closed:
                 return
-            chunk = pcm16.to_base64(pcm16.to_bytes(pcm[offset:offset + step]))
+            chunk = pcm16.to_base64(pcm16.to_bytes(pcm[offset : offset + step]))
             await self.send({"type": "input_audio_buffer.append", "audio": chunk})
 
     def of_type(self, kind: str) -> list[dict]:
@@ -103,7 +107,7 @@ class RealtimeWsClient:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def close(self) -> None:

@@ -82,15 +82,23 @@ async def _settle(app, pipeline, timeout: float) -> dict:
         await asyncio.sleep(0.1)
 
 
-async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_rate: float, clips, seed: int,
-                max_rss_growth_mb: float, client_processes: int) -> dict:
+async def _soak(
+    stack,
+    config,
+    sessions: int,
+    turns: int,
+    seconds: float,
+    fault_rate: float,
+    clips,
+    seed: int,
+    max_rss_growth_mb: float,
+    client_processes: int,
+) -> dict:
     from aiohttp import web
 
     from kimiaudio.pipeline.pipeline import Pipeline
-    from kimiaudio.server.app_keys import admission_key
     from kimiaudio.server.app import create_app
-    from kimiaudio.server.app_keys import store_key
-    from kimiaudio.server.app_keys import server_metrics_key
+    from kimiaudio.server.app_keys import admission_key, server_metrics_key, store_key
 
     pipeline = Pipeline(stack, config)
     await pipeline.start()
@@ -140,19 +148,39 @@ async def _soak(stack, config, sessions: int, turns: int, seconds: float, fault_
         "RSS growth in the second half, MB": (round(rss_end - _at_half(rss_samples, rss_start), 1), max_rss_growth_mb),
     }
     return {
-        "sessions": sessions, "turns_per_session": turns, "transports": kinds, "seed": seed, "wall_s": round(wall_s, 1),
-        "client_processes": client_processes, **figures,
-        "preemptions": stats["preemptions"], "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
-        "rss_mb_by_quarter": [round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1)
-                              for q in (1, 2, 3, 4)] if rss_samples else [],
+        "sessions": sessions,
+        "turns_per_session": turns,
+        "transports": kinds,
+        "seed": seed,
+        "wall_s": round(wall_s, 1),
+        "client_processes": client_processes,
+        **figures,
+        "preemptions": stats["preemptions"],
+        "rss_mb_start": round(rss_start, 1),
+        "rss_mb_end": round(rss_end, 1),
+        "rss_mb_by_quarter": [
+            round(rss_samples[min(len(rss_samples) - 1, len(rss_samples) * q // 4)], 1) for q in (1, 2, 3, 4)
+        ]
+        if rss_samples
+        else [],
         **checked(checks),
         "details": {**details, "missing": missing[:10], "integrity": integrity[:10], "errors": errors.messages[:10]},
     }
 
 
-def run_soak(stack, config, sessions: int, turns: int, seconds: float, fault_rate: float = 0.3,
-             speech: list[np.ndarray] | None = None, max_new_tokens: int = 64, seed: int = 0,
-             max_rss_growth_mb: float = 256.0, client_processes: int | None = None) -> dict:
+def run_soak(
+    stack,
+    config,
+    sessions: int,
+    turns: int,
+    seconds: float,
+    fault_rate: float = 0.3,
+    speech: list[np.ndarray] | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    max_rss_growth_mb: float = 256.0,
+    client_processes: int | None = None,
+) -> dict:
     """The report (see the module docstring); `client_processes` None: in this process for a
     few sessions, else one worker process per 8 sessions (at most the CPU count)."""
     from kimiaudio.bench.webrtc import espeak_speech
@@ -163,12 +191,19 @@ def run_soak(stack, config, sessions: int, turns: int, seconds: float, fault_rat
         config.sampling.max_new_tokens = max_new_tokens
         config.server.host = "127.0.0.1"
         config.server.max_sessions = max(config.server.max_sessions, 2 * sessions)  # a reconnect may overlap its close
-        clips = speech or espeak_speech(["Hello, what is the weather like today?", "Tell me a story about a boat.",
-                                         "Please speak a little more slowly."], Path(tmp))
+        clips = speech or espeak_speech(
+            [
+                "Hello, what is the weather like today?",
+                "Tell me a story about a boat.",
+                "Please speak a little more slowly.",
+            ],
+            Path(tmp),
+        )
         if client_processes is None:
             client_processes = 0 if sessions <= 4 else min(os.cpu_count() or 1, math.ceil(sessions / 8))
-        return asyncio.run(_soak(stack, config, sessions, turns, seconds, fault_rate, clips, seed, max_rss_growth_mb,
-                                 client_processes))
+        return asyncio.run(
+            _soak(stack, config, sessions, turns, seconds, fault_rate, clips, seed, max_rss_growth_mb, client_processes)
+        )
 
 
 def run_soak_command(config, args) -> int:
@@ -187,15 +222,32 @@ def run_soak_command(config, args) -> int:
     if args.url:  # a running server or a fleet's front: no model here
         from kimiaudio.bench.soak_remote import run_remote_soak
 
-        report = run_remote_soak(args.url, sessions, turns, args.seconds, args.fault_rate, speech,
-                                 client_processes=args.client_processes, api_key=os.environ.get("KIMIAUDIO_API_KEY"))
+        report = run_remote_soak(
+            args.url,
+            sessions,
+            turns,
+            args.seconds,
+            args.fault_rate,
+            speech,
+            client_processes=args.client_processes,
+            api_key=os.environ.get("KIMIAUDIO_API_KEY"),
+        )
     else:
         stack = ModelStack.load(config, progress=not args.json)
         if stack.detokenizer is None:
             raise KimiAudioError("bench --soak needs the detokenizer: set model.text_only = false")
         freeze_loaded_objects()
-        report = run_soak(stack, config, sessions, turns, args.seconds, args.fault_rate, speech, args.max_new_tokens,
-                          client_processes=args.client_processes)
+        report = run_soak(
+            stack,
+            config,
+            sessions,
+            turns,
+            args.seconds,
+            args.fault_rate,
+            speech,
+            args.max_new_tokens,
+            client_processes=args.client_processes,
+        )
     if args.json:
         print(json.dumps(report, indent=1))
         if not report["ok"]:

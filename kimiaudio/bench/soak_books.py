@@ -14,7 +14,7 @@ SETTLE_S = 20.0  # after the clients: sessions closing, turns ending, the pool r
 
 
 async def missing_commits(store, logs: list[SessionLog]) -> list[str]:
-    """"conversation#index" of each user turn a client saw committed that `store` (anything with
+    """ "conversation#index" of each user turn a client saw committed that `store` (anything with
     `get_conversation`: the store, or the API read over HTTP) lacks, or holds without audio."""
     missing = []
     for log in logs:
@@ -45,8 +45,9 @@ def client_books(plan: list[list[str]], logs: list[SessionLog], kinds: list[str]
     short_turns = sum(max(0, want - len(log.commits)) for want, log in zip(planned_utterances, logs))
     happened = {kind: sum(log.faults[kind] for log in logs) for kind in FAULT_KINDS}
     missing_faults = {kind: n - happened[kind] for kind, n in planned_faults.items() if happened[kind] < n}
-    unfinished = [rid for log in logs for rid, status in log.responses.items()
-                  if status is None and rid not in log.abandoned]
+    unfinished = [
+        rid for log in logs for rid, status in log.responses.items() if status is None and rid not in log.abandoned
+    ]
     checks = {
         "responses without a final status (client side)": (len(unfinished), 0),
         "client-side problems": (sum(len(log.problems) for log in logs), 0),
@@ -57,41 +58,64 @@ def client_books(plan: list[list[str]], logs: list[SessionLog], kinds: list[str]
     first = [x for log in logs for x in log.first_audio_s]
     statuses = [s for log in logs for s in log.responses.values()]
     figures = {
-        "commits": sum(len(log.commits) for log in logs), "responses": len(statuses),
-        "commits_by_transport": {kind: sum(len(log.commits) for log in logs if log.transport == kind) for kind in kinds},
+        "commits": sum(len(log.commits) for log in logs),
+        "responses": len(statuses),
+        "commits_by_transport": {
+            kind: sum(len(log.commits) for log in logs if log.transport == kind) for kind in kinds
+        },
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
-        "planned_commits": sum(planned_utterances), "planned_faults": planned_faults, "faults": happened,
-        **dict(zip(("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"),
-                   (None if ms is None else round(ms, 1) for ms in ms_p50_p95(first)))),
+        "planned_commits": sum(planned_utterances),
+        "planned_faults": planned_faults,
+        "faults": happened,
+        **dict(
+            zip(
+                ("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"),
+                (None if ms is None else round(ms, 1) for ms in ms_p50_p95(first)),
+            )
+        ),
     }
-    details = {"faults short of the plan": [f"{kind}: {happened[kind]} of {n}" for kind, n in planned_faults.items()
-                                            if kind in missing_faults],
-               "unfinished": unfinished[:10], "problems": [p for log in logs for p in log.problems][:10]}
+    details = {
+        "faults short of the plan": [
+            f"{kind}: {happened[kind]} of {n}" for kind, n in planned_faults.items() if kind in missing_faults
+        ],
+        "unfinished": unfinished[:10],
+        "problems": [p for log in logs for p in log.problems][:10],
+    }
     return checks, figures, details
 
 
 def checked(checks: dict[str, tuple]) -> dict:
     """The report's "checks" and "ok" from {name: (value, limit)}."""
-    return {"checks": {name: {"value": value, "limit": limit, "ok": value <= limit}
-                       for name, (value, limit) in checks.items()},
-            "ok": all(value <= limit for value, limit in checks.values())}
+    return {
+        "checks": {
+            name: {"value": value, "limit": limit, "ok": value <= limit} for name, (value, limit) in checks.items()
+        },
+        "ok": all(value <= limit for value, limit in checks.values()),
+    }
 
 
 def print_report(report: dict) -> None:
     target = f" against {report['url']}" if "url" in report else ""
-    print(f"soak{target}: {report['sessions']} sessions ({'+'.join(report['transports'])}) x {report['turns_per_session']} "
-          f"turns in {report['wall_s']} s (seed {report['seed']}, clients in {report['client_processes']} worker "
-          f"processes); {report['commits']} user turns committed, "
-          f"{report['responses']} responses {report['responses_by_status']}, {report['abandoned_by_hang_up']} cut by "
-          f"hang-ups; faults {report['faults']}" + (f"; preemptions {report['preemptions']}" if target == "" else ""))
-    latency = (f"commit -> first audio p50 {report['commit_to_first_audio_ms_p50']} ms, "
-               f"p95 {report['commit_to_first_audio_ms_p95']} ms")
+    print(
+        f"soak{target}: {report['sessions']} sessions ({'+'.join(report['transports'])}) "
+        f"x {report['turns_per_session']} turns in {report['wall_s']} s (seed {report['seed']}, "
+        f"clients in {report['client_processes']} worker "
+        f"processes); {report['commits']} user turns committed, "
+        f"{report['responses']} responses {report['responses_by_status']}, {report['abandoned_by_hang_up']} cut by "
+        f"hang-ups; faults {report['faults']}" + (f"; preemptions {report['preemptions']}" if target == "" else "")
+    )
+    latency = (
+        f"commit -> first audio p50 {report['commit_to_first_audio_ms_p50']} ms, "
+        f"p95 {report['commit_to_first_audio_ms_p95']} ms"
+    )
     if target:  # a running server's memory is its own
         print(latency)
     else:
-        print(f"{latency}; RSS {report['rss_mb_start']} MB at the start, {report['rss_mb_by_quarter']} MB at each "
-              f"quarter of the run, {report['rss_mb_end']} MB at the end")
+        print(
+            f"{latency}; RSS {report['rss_mb_start']} MB at the start, {report['rss_mb_by_quarter']} MB at each "
+            f"quarter of the run, {report['rss_mb_end']} MB at the end"
+        )
     for name, check in report["checks"].items():
         print(f"  {'ok  ' if check['ok'] else 'FAIL'} {name}: {check['value']} (limit {check['limit']})")
     for name, items in report["details"].items():
@@ -101,6 +125,6 @@ def print_report(report: dict) -> None:
 
 
 def verdict(report: dict) -> str:
-    """"soak passed", or "soak FAILED: " and the checks that failed."""
+    """ "soak passed", or "soak FAILED: " and the checks that failed."""
     failed = [name for name, check in report["checks"].items() if not check["ok"]]
     return "soak passed" if report["ok"] else f"soak FAILED: {'; '.join(failed)}"

@@ -14,8 +14,9 @@ import asyncio
 import random
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +24,16 @@ FAULTS = ("none", "barge_in", "disconnect", "malformed")
 TURN_TIMEOUT_S = 120.0
 SILENCE_S = 1.2  # after an utterance: longer than the VAD's end-of-speech silence
 MALFORMED = (
-    "[" * 5000, "{not json", '{"type": "nope"}', '{"type": "session.update", "session": {"vad": "fast"}}',
+    "[" * 5000,
+    "{not json",
+    '{"type": "nope"}',
+    '{"type": "session.update", "session": {"vad": "fast"}}',
     # (a wrong type in a known field, or a field OpenAI's API does not have, is what is malformed)
-    '{"type": "response.cancel", "response_id": [1, 2, 3]}', '{"type": "session.update", "session": {"vad": '
-    '{"threshold": 1e400}}}', '"\\ud800"', "x" * 70000, '{"type": ["conversation.select"]}',
+    '{"type": "response.cancel", "response_id": [1, 2, 3]}',
+    '{"type": "session.update", "session": {"vad": {"threshold": 1e400}}}',
+    '"\\ud800"',
+    "x" * 70000,
+    '{"type": ["conversation.select"]}',
 )
 
 
@@ -106,12 +113,19 @@ async def _malformed(transport: Transport, client, log: SessionLog, rng: random.
     await transport.send_raw(client, event)
     log.faults["malformed"] += 1
     if not await _wait_any(transport, client, [lambda: len(client.of_type("error")) > errors], 10.0):
-        log.problems.append(f"a malformed event got no error event in 10 s ({transport.name}: {event[:40]!r}, "
-                            f"{len(event)} chars)")
+        log.problems.append(
+            f"a malformed event got no error event in 10 s ({transport.name}: {event[:40]!r}, {len(event)} chars)"
+        )
 
 
-async def run_session(transport: Transport, clips: list[np.ndarray], faults: list[str], deadline: float,
-                      log: SessionLog, rng: random.Random) -> None:
+async def run_session(
+    transport: Transport,
+    clips: list[np.ndarray],
+    faults: list[str],
+    deadline: float,
+    log: SessionLog,
+    rng: random.Random,
+) -> None:
     """Drive one session through `faults` (one per turn) until done or `deadline`."""
     client = await transport.connect(None)
     if client is None:
@@ -142,8 +156,9 @@ async def run_session(transport: Transport, clips: list[np.ndarray], faults: lis
 
 async def _next_response(transport: Transport, client, created: int, log: SessionLog) -> str | None:
     """The id of the response after the `created` ones so far (None: none came in time)."""
-    if not await _wait_any(transport, client, [lambda: len(client.of_type("response.created")) > created],
-                           TURN_TIMEOUT_S):
+    if not await _wait_any(
+        transport, client, [lambda: len(client.of_type("response.created")) > created], TURN_TIMEOUT_S
+    ):
         log.problems.append(f"no response in {TURN_TIMEOUT_S:.0f} s")
         return None
     return client.of_type("response.created")[created]["response"]["id"]
@@ -180,8 +195,9 @@ async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog
         if rid is None:
             return client
     if not await _wait_any(transport, client, [lambda: not _open_responses(client)], TURN_TIMEOUT_S):
-        log.problems.append(f"responses {sorted(_open_responses(client))} got no response.done in "
-                            f"{TURN_TIMEOUT_S:.0f} s")
+        log.problems.append(
+            f"responses {sorted(_open_responses(client))} got no response.done in {TURN_TIMEOUT_S:.0f} s"
+        )
     return client
 
 

@@ -20,7 +20,6 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.bench.soak_clients import SILENCE_S, SessionLog, Transport, run_session
 
-
 BUSY_RETRIES = 10  # attempts to reopen a conversation answered conversation_busy
 BUSY_WAIT_MAX_S = 5.0
 
@@ -102,33 +101,51 @@ def _transports(http) -> dict[str, Transport]:
         return client.pc.connectionState not in ("failed", "closed") and client.channel.readyState == "open"
 
     return {
-        "webrtc": Transport("webrtc", rtc_connect, lambda c, pcm: c.mic.say(np.concatenate([pcm, silence])), rtc_raw,
-                            rtc_connected),
-        "websocket": Transport("websocket", ws_connect, lambda c, pcm: c.say(pcm, SILENCE_S), ws_raw,
-                               lambda c: not c.closed),
+        "webrtc": Transport(
+            "webrtc", rtc_connect, lambda c, pcm: c.mic.say(np.concatenate([pcm, silence])), rtc_raw, rtc_connected
+        ),
+        "websocket": Transport(
+            "websocket", ws_connect, lambda c, pcm: c.say(pcm, SILENCE_S), ws_raw, lambda c: not c.closed
+        ),
     }
 
 
-async def _run_here(base_url: str, clips: list[np.ndarray], jobs: list[SessionJob], seconds: float,
-                    headers: dict[str, str] | None = None) -> list[SessionLog]:
+async def _run_here(
+    base_url: str,
+    clips: list[np.ndarray],
+    jobs: list[SessionJob],
+    seconds: float,
+    headers: dict[str, str] | None = None,
+) -> list[SessionLog]:
     import aiohttp
 
     deadline = time.monotonic() + seconds
     logs = [SessionLog(job.transport) for job in jobs]
     async with aiohttp.ClientSession(base_url=base_url, headers=headers) as http:
         transports = _transports(http)
-        await asyncio.gather(*(run_session(transports[job.transport], clips, job.faults, deadline, log,
-                                           random.Random(job.seed)) for job, log in zip(jobs, logs)))
+        await asyncio.gather(
+            *(
+                run_session(transports[job.transport], clips, job.faults, deadline, log, random.Random(job.seed))
+                for job, log in zip(jobs, logs)
+            )
+        )
     return logs
 
 
-def _run_in_worker(base_url: str, clips: list[np.ndarray], jobs: list[SessionJob], seconds: float,
-                   headers: dict[str, str] | None) -> list[SessionLog]:
+def _run_in_worker(
+    base_url: str, clips: list[np.ndarray], jobs: list[SessionJob], seconds: float, headers: dict[str, str] | None
+) -> list[SessionLog]:
     return asyncio.run(_run_here(base_url, clips, jobs, seconds, headers))
 
 
-async def run_sessions(base_url: str, clips: list[np.ndarray], jobs: list[SessionJob], seconds: float,
-                       processes: int, headers: dict[str, str] | None = None) -> list[SessionLog]:
+async def run_sessions(
+    base_url: str,
+    clips: list[np.ndarray],
+    jobs: list[SessionJob],
+    seconds: float,
+    processes: int,
+    headers: dict[str, str] | None = None,
+) -> list[SessionLog]:
     """Every job's SessionLog, in job order; `processes` 0: the clients run on this loop.
     `headers` go with every request (e.g. an API key)."""
     if processes <= 0:
@@ -136,8 +153,8 @@ async def run_sessions(base_url: str, clips: list[np.ndarray], jobs: list[Sessio
     shares = [jobs[i::processes] for i in range(processes) if jobs[i::processes]]
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(len(shares), mp_context=get_context("spawn")) as pool:
-        results = await asyncio.gather(*(loop.run_in_executor(pool, _run_in_worker, base_url, clips, share, seconds,
-                                                                  headers)
-                                         for share in shares))
+        results = await asyncio.gather(
+            *(loop.run_in_executor(pool, _run_in_worker, base_url, clips, share, seconds, headers) for share in shares)
+        )
     by_index = {job.index: log for share, logs in zip(shares, results) for job, log in zip(share, logs)}
     return [by_index[job.index] for job in jobs]

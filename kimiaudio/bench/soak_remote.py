@@ -53,8 +53,17 @@ async def _ready_again(http, timeout: float) -> bool:
         await asyncio.sleep(0.5)
 
 
-async def _soak_remote(url: str, sessions: int, turns: int, seconds: float, fault_rate: float, clips, seed: int,
-                       client_processes: int, headers: dict[str, str]) -> dict:
+async def _soak_remote(
+    url: str,
+    sessions: int,
+    turns: int,
+    seconds: float,
+    fault_rate: float,
+    clips,
+    seed: int,
+    client_processes: int,
+    headers: dict[str, str],
+) -> dict:
     import aiohttp
 
     async with aiohttp.ClientSession(base_url=url, headers=headers) as http:
@@ -63,8 +72,9 @@ async def _soak_remote(url: str, sessions: int, turns: int, seconds: float, faul
         except aiohttp.ClientError as exc:
             raise KimiAudioError(f"--url {url}: cannot connect ({exc})") from None
         if reachable.status != 200:
-            raise KimiAudioError(f"--url {url}: /healthz answered {reachable.status} (an API key goes in "
-                                 "KIMIAUDIO_API_KEY)")
+            raise KimiAudioError(
+                f"--url {url}: /healthz answered {reachable.status} (an API key goes in KIMIAUDIO_API_KEY)"
+            )
         plan = plan_faults(sessions, turns, fault_rate, random.Random(seed))
         kinds = ["webrtc", "websocket"]
         jobs = [SessionJob(i, kinds[i % len(kinds)], plan[i], seed + 1 + i) for i in range(sessions)]
@@ -74,16 +84,36 @@ async def _soak_remote(url: str, sessions: int, turns: int, seconds: float, faul
         ready = await _ready_again(http, SETTLE_S)
         missing = await missing_commits(_StoredOverHttp(http), logs)
     client_checks, figures, details = client_books(plan, logs, kinds)
-    checks = {"committed user turns not stored": (len(missing), 0), **client_checks,
-              "front not ready after the run": (0 if ready else 1, 0)}
-    return {"url": url, "sessions": sessions, "turns_per_session": turns, "transports": kinds, "seed": seed,
-            "wall_s": round(wall_s, 1), "client_processes": client_processes, **figures, **checked(checks),
-            "details": {**details, "missing": missing[:10]}}
+    checks = {
+        "committed user turns not stored": (len(missing), 0),
+        **client_checks,
+        "front not ready after the run": (0 if ready else 1, 0),
+    }
+    return {
+        "url": url,
+        "sessions": sessions,
+        "turns_per_session": turns,
+        "transports": kinds,
+        "seed": seed,
+        "wall_s": round(wall_s, 1),
+        "client_processes": client_processes,
+        **figures,
+        **checked(checks),
+        "details": {**details, "missing": missing[:10]},
+    }
 
 
-def run_remote_soak(url: str, sessions: int, turns: int, seconds: float, fault_rate: float = 0.3,
-                    speech: list[np.ndarray] | None = None, seed: int = 0, client_processes: int | None = None,
-                    api_key: str | None = None) -> dict:
+def run_remote_soak(
+    url: str,
+    sessions: int,
+    turns: int,
+    seconds: float,
+    fault_rate: float = 0.3,
+    speech: list[np.ndarray] | None = None,
+    seed: int = 0,
+    client_processes: int | None = None,
+    api_key: str | None = None,
+) -> dict:
     """The report (see the module docstring and soak.py's); `api_key` is sent as a Bearer token."""
     from kimiaudio.bench.webrtc import espeak_speech
 
@@ -92,9 +122,16 @@ def run_remote_soak(url: str, sessions: int, turns: int, seconds: float, fault_r
         raise KimiAudioError(f"--url {url!r}: expected http://host:port or https://host")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with tempfile.TemporaryDirectory(prefix="kimiaudio-soak-") as tmp:
-        clips = speech or espeak_speech(["Hello, what is the weather like today?", "Tell me a story about a boat.",
-                                         "Please speak a little more slowly."], Path(tmp))
+        clips = speech or espeak_speech(
+            [
+                "Hello, what is the weather like today?",
+                "Tell me a story about a boat.",
+                "Please speak a little more slowly.",
+            ],
+            Path(tmp),
+        )
         if client_processes is None:
             client_processes = 0 if sessions <= 4 else min(os.cpu_count() or 1, math.ceil(sessions / 8))
-        return asyncio.run(_soak_remote(url, sessions, turns, seconds, fault_rate, clips, seed, client_processes,
-                                        headers))
+        return asyncio.run(
+            _soak_remote(url, sessions, turns, seconds, fault_rate, clips, seed, client_processes, headers)
+        )

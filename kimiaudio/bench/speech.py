@@ -12,6 +12,7 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 
+
 def synthetic_speech(seconds: float, seed: int, sr: int = SPEECH_INPUT_RATE) -> np.ndarray:
     """A voiced, speech-like signal: a glottal-pulse harmonic series with a wandering pitch
     and syllable-rate amplitude envelope (distinct per seed, so encoders see real variety)."""

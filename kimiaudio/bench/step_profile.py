@@ -40,10 +40,22 @@ def summarize(events: list[tuple[str, float, float]], steps: int, wall_s: float,
     ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
     step_ms = 1e3 * wall_s / steps
     busy_ms = busy / 1e3 / steps
-    return {"steps": steps, "wall_ms_per_step": step_ms, "busy_ms_per_step": busy_ms,
-            "busy_fraction": busy_ms / step_ms if step_ms else 0.0, "kernels_per_step": len(events) / steps,
-            "top": [{"name": name[:120], "calls_per_step": calls / steps, "ms_per_step": total / 1e3 / steps,
-                     "share_of_busy": total / busy if busy else 0.0} for name, (calls, total) in ranked]}
+    return {
+        "steps": steps,
+        "wall_ms_per_step": step_ms,
+        "busy_ms_per_step": busy_ms,
+        "busy_fraction": busy_ms / step_ms if step_ms else 0.0,
+        "kernels_per_step": len(events) / steps,
+        "top": [
+            {
+                "name": name[:120],
+                "calls_per_step": calls / steps,
+                "ms_per_step": total / 1e3 / steps,
+                "share_of_busy": total / busy if busy else 0.0,
+            }
+            for name, (calls, total) in ranked
+        ],
+    }
 
 
 def start_decoding(engine, requests: list) -> list:

@@ -50,12 +50,17 @@ async def _session(pipeline: Pipeline, inputs: list[np.ndarray], params: Samplin
     for pcm in inputs:
         handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params))
         if asr is not None:  # right after the answer, as a session submits it
-            transcriptions.append(asyncio.ensure_future(pipeline.submit(transcription_request("bench", pcm, asr)).result()))
+            transcriptions.append(
+                asyncio.ensure_future(pipeline.submit(transcription_request("bench", pcm, asr)).result())
+            )
         done = await handle.result()
         if done is None or done.status != "completed" or done.first_audio_steps is None:
             raise KimiAudioError(f"bench turn failed: {done.error or done.status if done else 'no result'}")
         answers.append(done)
-        history += [HistoryTurn("user", audio=pcm), HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens)]
+        history += [
+            HistoryTurn("user", audio=pcm),
+            HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens),
+        ]
     return answers, [await t for t in transcriptions]
 
 
@@ -69,8 +74,15 @@ async def _run(stack, config, inputs, params, transcribe: bool):
         await pipeline.stop()
 
 
-def run_transcription_bench(stack, config, sessions: list[int], turns: int, max_new_tokens: int,
-                            speech: list[np.ndarray] | None, fixed_length: bool = True) -> list[TranscriptionRow]:
+def run_transcription_bench(
+    stack,
+    config,
+    sessions: list[int],
+    turns: int,
+    max_new_tokens: int,
+    speech: list[np.ndarray] | None,
+    fixed_length: bool = True,
+) -> list[TranscriptionRow]:
     warm_up(stack, config, reference=False)
     rows = []
     for n in sessions:
@@ -80,15 +92,25 @@ def run_transcription_bench(stack, config, sessions: list[int], turns: int, max_
         steps = [d.first_audio_steps for answers, _ in alone for d in answers]
         steps_asr = [d.first_audio_steps for answers, _ in mixed for d in answers]
         ms = [1000 * d.timings["first_pcm_s"] for answers, _ in alone for d in answers if "first_pcm_s" in d.timings]
-        ms_asr = [1000 * d.timings["first_pcm_s"] for answers, _ in mixed for d in answers if "first_pcm_s" in d.timings]
+        ms_asr = [
+            1000 * d.timings["first_pcm_s"] for answers, _ in mixed for d in answers if "first_pcm_s" in d.timings
+        ]
         asr_done = [t for _, ts in mixed for t in ts]
-        rows.append(TranscriptionRow(
-            sessions=n, turns=turns, first_audio_steps_p50=percentile(steps, 50), first_audio_steps_max=max(steps),
-            with_asr_first_audio_steps_p50=percentile(steps_asr, 50), with_asr_first_audio_steps_max=max(steps_asr),
-            max_extra_steps=max(b - a for a, b in zip(steps, steps_asr)),
-            first_audio_ms_p50=percentile(ms, 50), with_asr_first_audio_ms_p50=percentile(ms_asr, 50),
-            transcripts_completed=sum(t.status == "completed" for t in asr_done),
-            transcripts_nonempty=sum(bool(t.text.strip()) for t in asr_done)))
+        rows.append(
+            TranscriptionRow(
+                sessions=n,
+                turns=turns,
+                first_audio_steps_p50=percentile(steps, 50),
+                first_audio_steps_max=max(steps),
+                with_asr_first_audio_steps_p50=percentile(steps_asr, 50),
+                with_asr_first_audio_steps_max=max(steps_asr),
+                max_extra_steps=max(b - a for a, b in zip(steps, steps_asr)),
+                first_audio_ms_p50=percentile(ms, 50),
+                with_asr_first_audio_ms_p50=percentile(ms_asr, 50),
+                transcripts_completed=sum(t.status == "completed" for t in asr_done),
+                transcripts_nonempty=sum(bool(t.text.strip()) for t in asr_done),
+            )
+        )
     return rows
 
 
@@ -96,12 +118,18 @@ def print_transcription_rows(rows: list[TranscriptionRow], as_json: bool) -> Non
     if as_json:
         print(json.dumps({"rows": [asdict(r) for r in rows]}, indent=1))
         return
-    print("answers' first audio without and with the transcription of each user turn beside them "
-          "(same sessions and seeds); steps: engine steps from the LM worker taking the turn to its first speech code")
-    print(f"{'N':>4} {'turns':>5} {'steps p50':>9} {'max':>5} {'+ASR p50':>9} {'max':>5} {'extra max':>9} "
-          f"{'1st audio p50':>13} {'+ASR p50':>9} {'ASR done':>9}")
+    print(
+        "answers' first audio without and with the transcription of each user turn beside them "
+        "(same sessions and seeds); steps: engine steps from the LM worker taking the turn to its first speech code"
+    )
+    print(
+        f"{'N':>4} {'turns':>5} {'steps p50':>9} {'max':>5} {'+ASR p50':>9} {'max':>5} {'extra max':>9} "
+        f"{'1st audio p50':>13} {'+ASR p50':>9} {'ASR done':>9}"
+    )
     for r in rows:
-        print(f"{r.sessions:>4} {r.turns:>5} {r.first_audio_steps_p50:9.1f} {r.first_audio_steps_max:>5} "
-              f"{r.with_asr_first_audio_steps_p50:9.1f} {r.with_asr_first_audio_steps_max:>5} {r.max_extra_steps:>9} "
-              f"{r.first_audio_ms_p50:11.0f}ms {r.with_asr_first_audio_ms_p50:7.0f}ms "
-              f"{r.transcripts_completed:>4}/{r.sessions * r.turns:<4}")
+        print(
+            f"{r.sessions:>4} {r.turns:>5} {r.first_audio_steps_p50:9.1f} {r.first_audio_steps_max:>5} "
+            f"{r.with_asr_first_audio_steps_p50:9.1f} {r.with_asr_first_audio_steps_max:>5} {r.max_extra_steps:>9} "
+            f"{r.first_audio_ms_p50:11.0f}ms {r.with_asr_first_audio_ms_p50:7.0f}ms "
+            f"{r.transcripts_completed:>4}/{r.sessions * r.turns:<4}"
+        )

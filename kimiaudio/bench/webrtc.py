@@ -58,14 +58,17 @@ async def _bench_clients(stack, config, n: int, turns: int, clips: list[np.ndarr
         results = await asyncio.gather(*[_client_turns(base_url, clips, turns, i) for i in range(n)])
     latencies = [x for r in results for x in r]
     return {
-        "clients": n, "turns": len(latencies),
+        "clients": n,
+        "turns": len(latencies),
         **dict(zip(("commit_to_first_audio_ms_p50", "commit_to_first_audio_ms_p95"), ms_p50_p95(latencies))),
-        "max_llm_batch": pipeline.metrics.max_batch["llm"], "max_detok_batch": pipeline.metrics.max_batch["detok"],
+        "max_llm_batch": pipeline.metrics.max_batch["llm"],
+        "max_detok_batch": pipeline.metrics.max_batch["detok"],
     }
 
 
-def run_webrtc_bench(stack, config, clients: list[int], turns: int, speech: list[np.ndarray] | None,
-                     max_new_tokens: int) -> list[dict]:
+def run_webrtc_bench(
+    stack, config, clients: list[int], turns: int, speech: list[np.ndarray] | None, max_new_tokens: int
+) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="kimiaudio-bench-") as tmp:
         config = copy.deepcopy(config)
@@ -73,8 +76,14 @@ def run_webrtc_bench(stack, config, clients: list[int], turns: int, speech: list
         config.storage.data_dir = tmp  # a scratch history database, not the user's
         config.server.max_sessions = max(config.server.max_sessions, max(clients))
         clips = speech or espeak_speech(
-            ["Hello, what is the weather like today?", "Tell me a story about a small boat.",
-             "Please speak a little more slowly.", "What time does the museum open?"], Path(tmp))
+            [
+                "Hello, what is the weather like today?",
+                "Tell me a story about a small boat.",
+                "Please speak a little more slowly.",
+                "What time does the museum open?",
+            ],
+            Path(tmp),
+        )
         for n in clients:
             rows.append(asyncio.run(_bench_clients(stack, config, n, turns, clips)))
     return rows
@@ -87,5 +96,7 @@ def print_rows(rows: list[dict], as_json: bool) -> None:
     print(f"{'clients':>7} {'turns':>5} {'commit->first audio p50':>24} {'p95':>8} {'max LLM batch':>13}")
     for r in rows:
         p50, p95 = r["commit_to_first_audio_ms_p50"], r["commit_to_first_audio_ms_p95"]
-        print(f"{r['clients']:>7} {r['turns']:>5} {p50 or float('nan'):22.0f}ms {p95 or float('nan'):6.0f}ms "
-              f"{r['max_llm_batch']:>13}")
+        print(
+            f"{r['clients']:>7} {r['turns']:>5} {p50 or float('nan'):22.0f}ms {p95 or float('nan'):6.0f}ms "
+            f"{r['max_llm_batch']:>13}"
+        )

@@ -10,8 +10,9 @@ Every problem is a CheckpointError naming the file and what was expected.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -66,7 +67,9 @@ def safetensors_files(directory: Path) -> list[Path]:
         files = [directory / "model.safetensors"]
     for file in files:
         if not file.is_file():
-            raise CheckpointError(f"{file}: missing (named by the checkpoint's index)" if index.is_file() else f"{file}: missing")
+            raise CheckpointError(
+                f"{file}: missing (named by the checkpoint's index)" if index.is_file() else f"{file}: missing"
+            )
     return files
 
 
@@ -136,7 +139,9 @@ def load_torch_file(path: Path, key: str | None = None) -> dict[str, torch.Tenso
     return obj
 
 
-def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], source: Path, ignore: tuple[str, ...] = ()) -> None:
+def load_into(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], source: Path, ignore: tuple[str, ...] = ()
+) -> None:
     """Copy `state` into `module` by name; every parameter must be present with its shape, and
     any other name is an error unless it matches `ignore` (checkpoint/tensor_check.py)."""
     check = TensorCheck(module, source, ignore)
@@ -154,5 +159,3 @@ def _progress(items: list, desc: str, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="file")
-
-

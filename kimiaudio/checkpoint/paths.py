@@ -16,6 +16,7 @@ import torch
 
 from kimiaudio.errors import CheckpointError
 
+
 @dataclass(frozen=True)
 class CheckpointPaths:
     root: Path
@@ -73,7 +74,9 @@ class CheckpointPaths:
 DEMO_MARKER = "KIMIAUDIO_DEMO_CHECKPOINT.json"
 
 
-def find_checkpoint(model_dir: str | Path, glm_dir: str | Path | None = None, text_only: bool = False) -> CheckpointPaths:
+def find_checkpoint(
+    model_dir: str | Path, glm_dir: str | Path | None = None, text_only: bool = False
+) -> CheckpointPaths:
     """Check that every file the loaders need exists; return their paths."""
     root = Path(model_dir).expanduser()
     if not root.is_dir():

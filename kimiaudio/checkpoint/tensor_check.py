@@ -28,8 +28,9 @@ class TensorCheck:
                 return False
             raise CheckpointError(f"{self.source}: unexpected tensor {name!r}")
         if tuple(tensor.shape) != self.shapes[name]:
-            raise CheckpointError(f"{self.source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                  f"expected {self.shapes[name]}")
+            raise CheckpointError(
+                f"{self.source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {self.shapes[name]}"
+            )
         self.seen.add(name)
         return True
 

@@ -19,21 +19,69 @@ from functools import cache
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from kimiaudio.validation import check_fields, check_value, declared
 from kimiaudio.config.chunk_schedule import MAX_POSITION, ChunkSchedule
-from kimiaudio.errors import ConfigError
-# Re-exported: the package is where the rest of the code finds the settings and their ranges.
-from kimiaudio.config.ranges import (CHUNK_TOKENS, MAX_NEW_TOKENS, MILLISECONDS, ODE_STEPS, OPENAI_MODEL_NAMES,
-                                     PRESENCE_FREQUENCY_PENALTY, REPETITION_PENALTY, REPETITION_WINDOW, SEED,
-                                     TEMPERATURE, TOP_K, TOP_LOGPROBS, TOP_P, WEIGHT_CHOICES)
-from kimiaudio.config.sections import (AudioConfig, DetokConfig, EngineConfig, ModelConfig, SamplingConfig,
-                                       ServerConfig, StorageConfig, VadConfig, VoicesConfig)
 
-__all__ = ["CHUNK_TOKENS", "MAX_NEW_TOKENS", "MILLISECONDS", "ODE_STEPS", "OPENAI_MODEL_NAMES",
-           "PRESENCE_FREQUENCY_PENALTY", "REPETITION_PENALTY", "REPETITION_WINDOW", "SEED", "TEMPERATURE", "TOP_K",
-           "TOP_LOGPROBS", "TOP_P", "WEIGHT_CHOICES", "AudioConfig", "DetokConfig", "EngineConfig", "ModelConfig", "SamplingConfig",
-           "ServerConfig", "StorageConfig", "VadConfig", "VoicesConfig", "Config", "ConfigError", "apply_overrides",
-           "check_setting", "load_config"]
+# Re-exported: the package is where the rest of the code finds the settings and their ranges.
+from kimiaudio.config.ranges import (
+    CHUNK_TOKENS,
+    MAX_NEW_TOKENS,
+    MILLISECONDS,
+    ODE_STEPS,
+    OPENAI_MODEL_NAMES,
+    PRESENCE_FREQUENCY_PENALTY,
+    REPETITION_PENALTY,
+    REPETITION_WINDOW,
+    SEED,
+    TEMPERATURE,
+    TOP_K,
+    TOP_LOGPROBS,
+    TOP_P,
+    WEIGHT_CHOICES,
+)
+from kimiaudio.config.sections import (
+    AudioConfig,
+    DetokConfig,
+    EngineConfig,
+    ModelConfig,
+    SamplingConfig,
+    ServerConfig,
+    StorageConfig,
+    VadConfig,
+    VoicesConfig,
+)
+from kimiaudio.errors import ConfigError
+from kimiaudio.validation import check_fields, check_value, declared
+
+__all__ = [
+    "CHUNK_TOKENS",
+    "MAX_NEW_TOKENS",
+    "MILLISECONDS",
+    "ODE_STEPS",
+    "OPENAI_MODEL_NAMES",
+    "PRESENCE_FREQUENCY_PENALTY",
+    "REPETITION_PENALTY",
+    "REPETITION_WINDOW",
+    "SEED",
+    "TEMPERATURE",
+    "TOP_K",
+    "TOP_LOGPROBS",
+    "TOP_P",
+    "WEIGHT_CHOICES",
+    "AudioConfig",
+    "DetokConfig",
+    "EngineConfig",
+    "ModelConfig",
+    "SamplingConfig",
+    "ServerConfig",
+    "StorageConfig",
+    "VadConfig",
+    "VoicesConfig",
+    "Config",
+    "ConfigError",
+    "apply_overrides",
+    "check_setting",
+    "load_config",
+]
 
 
 @dataclass
@@ -102,8 +150,10 @@ def _validate(config: Config) -> None:
     # official DiT position limit; a checkpoint allowing fewer positions is checked at its load.
     ChunkSchedule.from_config(config.detok, MAX_POSITION)
     if config.voices.min_seconds > config.voices.max_seconds:
-        raise ConfigError(f"voices.min_seconds = {config.voices.min_seconds}: expected at most voices.max_seconds "
-                          f"({config.voices.max_seconds})")
+        raise ConfigError(
+            f"voices.min_seconds = {config.voices.min_seconds}: expected at most voices.max_seconds "
+            f"({config.voices.max_seconds})"
+        )
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, dict] | None = None) -> Config:

@@ -21,9 +21,17 @@ MAX_POSITION = 4096  # official max_pos_size of the DiT positions
 # What preset = "official" sets (official PrefixStreamingFlowMatchingDetokenizer as
 # KimiAudio.detokenize_audio drives it); the guard cannot lower steps below ode_steps then.
 OFFICIAL = dict(
-    first_chunk_tokens=30, first_look_ahead_tokens=12, first_ode_steps=30,
-    chunk_tokens=30, chunk_growth=1.0, max_chunk_tokens=30, look_ahead_tokens=12, ode_steps=30,
-    min_ode_steps=30, lower_first_chunk=False, max_kv_cache_frames=900,
+    first_chunk_tokens=30,
+    first_look_ahead_tokens=12,
+    first_ode_steps=30,
+    chunk_tokens=30,
+    chunk_growth=1.0,
+    max_chunk_tokens=30,
+    look_ahead_tokens=12,
+    ode_steps=30,
+    min_ode_steps=30,
+    lower_first_chunk=False,
+    max_kv_cache_frames=900,
 )
 
 
@@ -70,7 +78,7 @@ class ChunkSchedule:
         return index + 1
 
     @classmethod
-    def from_config(cls, cfg, max_position: int) -> "ChunkSchedule":
+    def from_config(cls, cfg, max_position: int) -> ChunkSchedule:
         """The schedule a DetokConfig asks for (preset applied): every [detok] setting in its
         declared range (a DetokConfig built in code is held to them as a file is), then the
         rules between them, within the DiT's position limit."""
@@ -83,17 +91,23 @@ class ChunkSchedule:
 
 def _checked(s: ChunkSchedule, max_position: int) -> ChunkSchedule:
     """The cross-field rules; the single-setting ranges are DetokConfig's."""
+
     def bad(key: str, expected: str) -> ConfigError:
         return ConfigError(f"detok.{key} = {getattr(s, key)!r}: expected {expected}")
 
     if s.min_ode_steps > s.ode_steps:
         raise bad("min_ode_steps", f"at most ode_steps ({s.ode_steps}): the guard only lowers steps")
     if s.first_chunk_tokens <= s.first_look_ahead_tokens:
-        raise bad("first_chunk_tokens", f"more than first_look_ahead_tokens ({s.first_look_ahead_tokens}): "
-                  "a first chunk must keep some frames")
+        raise bad(
+            "first_chunk_tokens",
+            f"more than first_look_ahead_tokens ({s.first_look_ahead_tokens}): a first chunk must keep some frames",
+        )
     if s.first_look_ahead_tokens + s.chunk_tokens <= s.look_ahead_tokens:
-        raise bad("chunk_tokens", f"more than look_ahead_tokens - first_look_ahead_tokens "
-                  f"({s.look_ahead_tokens - s.first_look_ahead_tokens}): the second chunk must keep some frames")
+        raise bad(
+            "chunk_tokens",
+            f"more than look_ahead_tokens - first_look_ahead_tokens "
+            f"({s.look_ahead_tokens - s.first_look_ahead_tokens}): the second chunk must keep some frames",
+        )
     if s.max_chunk_tokens < s.chunk_tokens:
         raise bad("max_chunk_tokens", f">= chunk_tokens ({s.chunk_tokens})")
     biggest = max(s.frames(i) for i in range(s.num_growing_chunks() + 1))

@@ -21,9 +21,21 @@ ODE_STEPS = Bounds(2, 1000)  # the Euler grid needs both ends
 CHUNK_TOKENS = Bounds(1, 512)  # 41 s of speech; the DiT's positions cap a chunk anyway
 # OpenAI's transcription, audio chat and realtime model names: [server] model_aliases' default.
 OPENAI_MODEL_NAMES = (
-    "whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe",
-    "gpt-4o-audio-preview", "gpt-4o-audio-preview-2024-12-17", "gpt-4o-audio-preview-2025-06-03",
-    "gpt-4o-mini-audio-preview", "gpt-4o-mini-audio-preview-2024-12-17", "gpt-audio", "gpt-audio-mini",
-    "gpt-4o-realtime-preview", "gpt-4o-realtime-preview-2024-12-17", "gpt-4o-realtime-preview-2025-06-03",
-    "gpt-4o-mini-realtime-preview", "gpt-4o-mini-realtime-preview-2024-12-17", "gpt-realtime", "gpt-realtime-mini",
+    "whisper-1",
+    "gpt-4o-transcribe",
+    "gpt-4o-mini-transcribe",
+    "gpt-4o-audio-preview",
+    "gpt-4o-audio-preview-2024-12-17",
+    "gpt-4o-audio-preview-2025-06-03",
+    "gpt-4o-mini-audio-preview",
+    "gpt-4o-mini-audio-preview-2024-12-17",
+    "gpt-audio",
+    "gpt-audio-mini",
+    "gpt-4o-realtime-preview",
+    "gpt-4o-realtime-preview-2024-12-17",
+    "gpt-4o-realtime-preview-2025-06-03",
+    "gpt-4o-mini-realtime-preview",
+    "gpt-4o-mini-realtime-preview-2024-12-17",
+    "gpt-realtime",
+    "gpt-realtime-mini",
 )

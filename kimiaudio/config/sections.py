@@ -6,8 +6,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kimiaudio.config.ranges import (
+    CHUNK_TOKENS,
+    MAX_NEW_TOKENS,
+    MILLISECONDS,
+    ODE_STEPS,
+    OPENAI_MODEL_NAMES,
+    PRESENCE_FREQUENCY_PENALTY,
+    REPETITION_PENALTY,
+    REPETITION_WINDOW,
+    SEED,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    WEIGHT_CHOICES,
+)
 from kimiaudio.validation import Bounds, setting
-from kimiaudio.config.ranges import WEIGHT_CHOICES, TEMPERATURE, TOP_K, REPETITION_PENALTY, REPETITION_WINDOW, TOP_P, PRESENCE_FREQUENCY_PENALTY, MAX_NEW_TOKENS, SEED, MILLISECONDS, ODE_STEPS, CHUNK_TOKENS, OPENAI_MODEL_NAMES
 
 
 @dataclass
@@ -127,8 +141,9 @@ class ServerConfig:
     # and stored); a session.update's input_audio_transcription changes it per session.
     transcribe_input: bool = True
     # e.g. ["stun:stun.l.google.com:19302"]
-    ice_servers: list[str] = setting(factory=list, bounds=Bounds(pattern=r"(stun|turns?):\S+",
-                                                                  means="a stun:, turn: or turns: URL"))
+    ice_servers: list[str] = setting(
+        factory=list, bounds=Bounds(pattern=r"(stun|turns?):\S+", means="a stun:, turn: or turns: URL")
+    )
     # The turn:/turns: servers' shared secret (coturn: use-auth-secret, static-auth-secret): each
     # peer gets a username and credential valid turn_credential_ttl_s (server/transport/
     # ice_servers.py). The environment variable KIMIAUDIO_TURN_SECRET, when set, takes precedence.
@@ -145,8 +160,9 @@ class ServerConfig:
     allowed_hosts: list[str] = setting(factory=list, bounds=Bounds(pattern=r"\S+", means="a host name"))
     # Origins (scheme://host:port) allowed to POST, DELETE or open a WebSocket besides the
     # server's own page; requests without an Origin header (non-browser clients) pass.
-    allowed_origins: list[str] = setting(factory=list, bounds=Bounds(pattern=r"https?://\S+",
-                                                                      means="an origin like https://example.org:8443"))
+    allowed_origins: list[str] = setting(
+        factory=list, bounds=Bounds(pattern=r"https?://\S+", means="an origin like https://example.org:8443")
+    )
     # Largest request body (34 MB: OpenAI's 25 MB of audio, base64-encoded in a chat request),
     # and how long it may take to arrive.
     max_body_bytes: int = setting(34 * 1024 * 1024, Bounds(1024, 2**31))
@@ -155,13 +171,19 @@ class ServerConfig:
     shutdown_grace_s: float = setting(10.0, Bounds(0.0, 3600.0))
     # The `instance` label of every metric (a fleet's instances scraped by one Prometheus);
     # empty = this machine's hostname and the port, e.g. "gpu-node-1:8081".
-    instance_id: str = setting("", Bounds(pattern=r"|[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
-                                          means="empty or up to 128 of A-Za-z0-9_.:- starting with a letter or digit"))
+    instance_id: str = setting(
+        "",
+        Bounds(
+            pattern=r"|[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}",
+            means="empty or up to 128 of A-Za-z0-9_.:- starting with a letter or digit",
+        ),
+    )
     # Model names the /v1 routes also answer to (and /v1/models lists), so OpenAI's examples
     # run unchanged; kimi-audio-7b-instruct is always served.
-    model_aliases: list[str] = setting(factory=lambda: list(OPENAI_MODEL_NAMES),
-                                       bounds=Bounds(pattern=r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}",
-                                                     means="a model name (letters, digits, . _ : / -)"))
+    model_aliases: list[str] = setting(
+        factory=lambda: list(OPENAI_MODEL_NAMES),
+        bounds=Bounds(pattern=r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}", means="a model name (letters, digits, . _ : / -)"),
+    )
     # The voice OpenAI's voice names (alloy, echo, ...) speak in: a stored voice's name;
     # "" = the model's own voice.
     openai_voice: str = setting("", Bounds(pattern=r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", means="empty or a voice name"))
@@ -184,8 +206,13 @@ class StorageConfig:
     # The shared database of a fleet of instances: postgresql://user:password@host:port/dbname;
     # empty = the SQLite file above. The environment variable KIMIAUDIO_DATABASE_URL, when set,
     # takes precedence (keeps the password out of files).
-    url: str = setting("", Bounds(pattern=r"|postgres(ql)?://\S+",
-                                  means="empty (SQLite under data_dir) or a postgresql://user:password@host:port/dbname URL"))
+    url: str = setting(
+        "",
+        Bounds(
+            pattern=r"|postgres(ql)?://\S+",
+            means="empty (SQLite under data_dir) or a postgresql://user:password@host:port/dbname URL",
+        ),
+    )
     # How long a conversation stays held by a session whose instance stopped renewing it (killed):
     # then another instance may resume it. Renewed every third of it.
     lease_seconds: float = setting(10.0, Bounds(1.0, 3600.0))

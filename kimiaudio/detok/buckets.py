@@ -37,7 +37,7 @@ class Buckets:
     exact: bool = False
 
     @classmethod
-    def for_schedule(cls, schedule: ChunkSchedule, max_batch_sessions: int, exact: bool = False) -> "Buckets":
+    def for_schedule(cls, schedule: ChunkSchedule, max_batch_sessions: int, exact: bool = False) -> Buckets:
         sizes, b = [], 1
         while b < max_batch_sessions:
             sizes.append(b)
@@ -59,8 +59,11 @@ class Buckets:
             raise ValueError(f"{rows} rows: batches hold at most {self.batch_sizes[-1]}")
         if self.exact:
             return BucketShape(rows, frames, prefix)
-        return BucketShape(_pick(self.batch_sizes, rows, 1), _pick(self.frame_sizes, frames, FRAME_ALIGN),
-                           _pick(self.prefix_sizes, prefix, FRAME_ALIGN))
+        return BucketShape(
+            _pick(self.batch_sizes, rows, 1),
+            _pick(self.frame_sizes, frames, FRAME_ALIGN),
+            _pick(self.prefix_sizes, prefix, FRAME_ALIGN),
+        )
 
     def serving_shapes(self, stream: list[tuple[int, int]]) -> list[BucketShape]:
         """The buckets to capture before serving, for every batch size: those of a stream's

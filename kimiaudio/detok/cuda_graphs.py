@@ -13,7 +13,8 @@ that runs the warm-up and replays by calling the body again).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor

@@ -16,8 +16,8 @@ real-time guard (detok/realtime_guard.py), whose step counts come back in DetokI
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -26,14 +26,14 @@ from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.buckets import Buckets
+from kimiaudio.detok.chunk_shapes import rehearse
 from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
-from kimiaudio.detok.chunk_shapes import rehearse
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
 from kimiaudio.detok.streaming import DetokStream, StreamParams
-from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
+from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix
 from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
@@ -43,8 +43,15 @@ class Detokenizer:
     """Not thread-safe: every call shares its static buffers and CUDA graphs, so one thread at a
     time (the pipeline's detokenizer worker; the offline `detokenize` only when that is idle)."""
 
-    def __init__(self, dit: DiTPrefix, vocoder: BigVGAN, cfg: DetokConfig, bucketed: bool | None = None,
-                 capture_fn: Callable | None = None, mel: VocoderMel | None = None):
+    def __init__(
+        self,
+        dit: DiTPrefix,
+        vocoder: BigVGAN,
+        cfg: DetokConfig,
+        bucketed: bool | None = None,
+        capture_fn: Callable | None = None,
+        mel: VocoderMel | None = None,
+    ):
         """`mel`: the vocoder's mel settings (vocoder/config.json), needed for voice prompts.
         `bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
         on, which need fixed shapes; otherwise each batch runs at its own shape, same code).
@@ -73,18 +80,29 @@ class Detokenizer:
         self.vocoders = VocoderBatcher(vocoder, rows, bucketed, self.vocoder_graphs)
 
     @classmethod
-    def load(cls, paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, detok_cfg: DetokConfig,
-             weights: str = "bf16") -> "Detokenizer":
+    def load(
+        cls,
+        paths: CheckpointPaths,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        detok_cfg: DetokConfig,
+        weights: str = "bf16",
+    ) -> Detokenizer:
         """`weights`: the resolved [detok] weights (bf16 = the DiT in `dtype`; fp8 / int8 quantize it)."""
         device = torch.device(device)
         dit = load_dit(paths.detokenizer, device, dtype, weights)  # placed block by block, quantized as it goes
         vocoder = load_vocoder(paths.vocoder, device, dtype)
         if vocoder.cfg.num_mels != dit.cfg.input_size:
-            raise CheckpointError(f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} != DiT input_size {dit.cfg.input_size}")
+            raise CheckpointError(
+                f"{paths.vocoder / 'config.json'}: num_mels {vocoder.cfg.num_mels} "
+                f"!= DiT input_size {dit.cfg.input_size}"
+            )
         mel = VocoderMel.from_vocoder_config(paths.vocoder / "config.json")
         if mel.num_mels != dit.cfg.input_size or mel.hop_size != vocoder.cfg.hop_size:
-            raise CheckpointError(f"{paths.vocoder / 'config.json'}: num_mels/hop_size {mel.num_mels}/{mel.hop_size} "
-                                  f"differ from the models' {dit.cfg.input_size}/{vocoder.cfg.hop_size}")
+            raise CheckpointError(
+                f"{paths.vocoder / 'config.json'}: num_mels/hop_size {mel.num_mels}/{mel.hop_size} "
+                f"differ from the models' {dit.cfg.input_size}/{vocoder.cfg.hop_size}"
+            )
         return cls(dit, vocoder, detok_cfg, mel=mel)
 
     @property
@@ -104,8 +122,14 @@ class Detokenizer:
         shapes not planned (e.g. final chunks' vocoder lengths) are captured when first met.
         Without CUDA graphs (the CPU, or detok.cuda_graphs = false) it does nothing.
         Returns what it captured, how long it took and the device memory it added."""
-        info = dict(cuda_graphs=self.uses_graphs, dit_graphs=0, vocoder_graphs=0, seconds=0.0, added_bytes=0,
-                    static_buffer_bytes=self.flow.arena.nbytes)
+        info = dict(
+            cuda_graphs=self.uses_graphs,
+            dit_graphs=0,
+            vocoder_graphs=0,
+            seconds=0.0,
+            added_bytes=0,
+            static_buffer_bytes=self.flow.arena.nbytes,
+        )
         if not self.uses_graphs:
             return info
         on_cuda = self.device.type == "cuda"
@@ -127,8 +151,12 @@ class Detokenizer:
         if on_cuda:
             torch.cuda.current_stream(self.device).synchronize()
             info.update(added_bytes=torch.cuda.memory_reserved(self.device) - before)
-        info.update(dit_graphs=len(self.dit_graphs.cache), vocoder_graphs=len(self.vocoder_graphs.cache),
-                    seconds=time.perf_counter() - start, static_buffer_bytes=self.flow.arena.nbytes)
+        info.update(
+            dit_graphs=len(self.dit_graphs.cache),
+            vocoder_graphs=len(self.vocoder_graphs.cache),
+            seconds=time.perf_counter() - start,
+            static_buffer_bytes=self.flow.arena.nbytes,
+        )
         return info
 
     def _max_position(self) -> int:
@@ -150,8 +178,9 @@ class Detokenizer:
             max_position=self._max_position(),
         )
 
-    def new_stream(self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
-                   voice: VoicePrefix | None = None) -> DetokStream:
+    def new_stream(
+        self, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None, voice: VoicePrefix | None = None
+    ) -> DetokStream:
         """The streaming state of one answer's speech (in `voice`, or the model's own); its CPU
         generator (seeded) draws each chunk's noise."""
         return DetokStream(self._params(self.schedule), seed, noise_fn, voice)
@@ -162,8 +191,9 @@ class Detokenizer:
         return self.flow.num_prefill_calls
 
     @torch.inference_mode()
-    def voice_prefix(self, wav: Tensor, codes: Sequence[int] | Tensor,
-                     max_prompt_chunks: int = MAX_PROMPT_CHUNKS) -> VoicePrefix:
+    def voice_prefix(
+        self, wav: Tensor, codes: Sequence[int] | Tensor, max_prompt_chunks: int = MAX_PROMPT_CHUNKS
+    ) -> VoicePrefix:
         """The DiT prefix of a reference voice: `wav` float32 [samples] at the vocoder's rate,
         `codes` its 12.5 Hz semantic codes (the GLM-4 tokenizer's, no offset)."""
         if self.mel is None:
@@ -173,17 +203,25 @@ class Detokenizer:
             raise KimiAudioError("a voice prompt needs at least one semantic code")
         bad = codes[(codes < 0) | (codes >= self.dit.cfg.semantic_vocab_size)]
         if bad.numel():
-            raise KimiAudioError(f"voice prompt: code {int(bad[0])} out of range 0..{self.dit.cfg.semantic_vocab_size - 1}")
+            raise KimiAudioError(
+                f"voice prompt: code {int(bad[0])} out of range 0..{self.dit.cfg.semantic_vocab_size - 1}"
+            )
         frames, limit = UPSAMPLE * codes.numel(), self._max_position()
         longest = max(self.schedule.frames(i) for i in range(self.schedule.num_growing_chunks() + 1))
         if frames + 2 * longest > limit:
-            raise KimiAudioError(f"voice prompt of {frames} frames: this checkpoint's {limit} DiT positions leave "
-                                 f"no room for speech after it (at most {limit - 2 * longest} frames)")
+            raise KimiAudioError(
+                f"voice prompt of {frames} frames: this checkpoint's {limit} DiT positions leave "
+                f"no room for speech after it (at most {limit - 2 * longest} frames)"
+            )
         return build_voice_prefix(self.flow, self.mel(wav), codes, self.schedule.max_kv_cache_frames, max_prompt_chunks)
 
     def detokenize(
-        self, tokens: Sequence[int] | Tensor, seed: int | None = None,
-        noise_fn: Callable[[int], Tensor] | None = None, trace: list | None = None, preset: str | None = None,
+        self,
+        tokens: Sequence[int] | Tensor,
+        seed: int | None = None,
+        noise_fn: Callable[[int], Tensor] | None = None,
+        trace: list | None = None,
+        preset: str | None = None,
         voice: VoicePrefix | None = None,
     ) -> Tensor:
         """All tokens -> float32 wav [n_tokens * 4 * hop] on the CPU, chunked as a stream with
@@ -209,8 +247,14 @@ class Detokenizer:
     def guard_settings(self) -> GuardSettings:
         """What the real-time guard (realtime_guard.plan_chunks) needs from the config."""
         s = self.schedule
-        return GuardSettings(self.cfg.max_batch_sessions, self.cfg.run_ahead_s, s.first_ode_steps, s.ode_steps,
-                             s.min_ode_steps, s.lower_first_chunk)
+        return GuardSettings(
+            self.cfg.max_batch_sessions,
+            self.cfg.run_ahead_s,
+            s.first_ode_steps,
+            s.ode_steps,
+            s.min_ode_steps,
+            s.lower_first_chunk,
+        )
 
     @torch.inference_mode()
     def step_batch(self, items: Sequence[DetokItem | tuple[DetokStream, list[int], bool]]) -> list[Tensor]:

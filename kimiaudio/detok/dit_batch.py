@@ -63,7 +63,9 @@ class DiTBatch:
         self.dt = arena.view("dt", (b, 1, 1), dtype)  # as torchdyn: fp32 dt rounded to x's dtype
         # [depth, 2 (k, v), B, heads, P + N, head_dim]: the prefix in [:P], the chunk in [P:]
         self.kv = arena.view("kv", (cfg.depth, 2, b, heads, p + n, head_dim), dtype)
-        self.ctx = DiTContext(self.cond, self.pos_emb, self.rope, list(self.kv[:, 0]), list(self.kv[:, 1]), p, self.mask)
+        self.ctx = DiTContext(
+            self.cond, self.pos_emb, self.rope, list(self.kv[:, 0]), list(self.kv[:, 1]), p, self.mask
+        )
         self._keys: Tensor | None = None  # [B, P + N] bool on the CPU: the real keys of the loaded jobs
 
     def load(self, jobs: list) -> None:
@@ -73,7 +75,7 @@ class DiTBatch:
         positions = torch.zeros(b, n, dtype=torch.long)  # padding frames: position 0 (any valid row)
         noise = torch.zeros(b, n, self.x.shape[-1])
         keys = torch.zeros(b, p + n, dtype=torch.bool)
-        keys[len(jobs):] = True  # padded rows: all keys, so no row is fully masked
+        keys[len(jobs) :] = True  # padded rows: all keys, so no row is fully masked
         for i, job in enumerate(jobs):
             m, prefix = job.token_ids.numel(), job.prefix_frames
             ids[i, :m] = job.token_ids

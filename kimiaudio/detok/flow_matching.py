@@ -15,9 +15,8 @@ one call of a loaded bucket: eagerly, or by replaying its CUDA graph (detok/cuda
 from __future__ import annotations
 
 import functools
-
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -120,7 +119,9 @@ class FlowMatcher:
         if not live:
             return outputs
         todo = [jobs[i] for i in live]
-        shape = self.buckets.shape(len(todo), max(j.token_ids.numel() for j in todo), max(j.prefix_frames for j in todo))
+        shape = self.buckets.shape(
+            len(todo), max(j.token_ids.numel() for j in todo), max(j.prefix_frames for j in todo)
+        )
         batch = self.batch(shape)
         batch.load(todo)
         schedule = euler_steps(steps)

@@ -36,7 +36,7 @@ class VocoderMel:
     fmax: float | None  # None: half the sampling rate
 
     @classmethod
-    def from_vocoder_config(cls, path: Path) -> "VocoderMel":
+    def from_vocoder_config(cls, path: Path) -> VocoderMel:
         """The mel settings of a vocoder/config.json (the keys the official wrapper reads)."""
         raw = read_json(path)
 
@@ -50,11 +50,19 @@ class VocoderMel:
                 raise CheckpointError(f"{path}: {key!r} = {value!r}, expected an integer")
             return kind(value)
 
-        mel = cls(number("n_fft", int), number("num_mels", int), number("sampling_rate", int),
-                  number("hop_size", int), number("win_size", int), number("fmin", float),
-                  number("fmax", float, allow_none=True))
+        mel = cls(
+            number("n_fft", int),
+            number("num_mels", int),
+            number("sampling_rate", int),
+            number("hop_size", int),
+            number("win_size", int),
+            number("fmin", float),
+            number("fmax", float, allow_none=True),
+        )
         if min(mel.n_fft, mel.num_mels, mel.hop_size, mel.win_size) < 1 or mel.win_size > mel.n_fft:
-            raise CheckpointError(f"{path}: n_fft, num_mels, hop_size, win_size must be positive with win_size <= n_fft")
+            raise CheckpointError(
+                f"{path}: n_fft, num_mels, hop_size, win_size must be positive with win_size <= n_fft"
+            )
         return mel
 
     @cached_property
@@ -75,9 +83,17 @@ class VocoderMel:
         if wav.numel() <= pad or self.frames(wav.numel()) < 1:
             raise KimiAudioError(f"a voice prompt of {wav.numel()} samples is too short for one mel frame")
         padded = torch.nn.functional.pad(wav[None, None], (pad, pad), mode="reflect")[0]  # [1, samples + 2 pad]
-        spec = torch.stft(padded, self.n_fft, hop_length=self.hop_size, win_length=self.win_size,
-                          window=torch.hann_window(self.win_size), center=False, normalized=False,
-                          onesided=True, return_complex=True)  # [1, freq, frames]
+        spec = torch.stft(
+            padded,
+            self.n_fft,
+            hop_length=self.hop_size,
+            win_length=self.win_size,
+            window=torch.hann_window(self.win_size),
+            center=False,
+            normalized=False,
+            onesided=True,
+            return_complex=True,
+        )  # [1, freq, frames]
         magnitude = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + MAGNITUDE_EPS)
         mel = torch.log(torch.clamp(self.basis @ magnitude, min=LOG_FLOOR))  # [1, num_mels, frames]
         return mel[0].transpose(0, 1).contiguous()

@@ -12,8 +12,9 @@ for the guard `is_playing` (its first audio went out, so its next chunk is a lat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, Sequence, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 
 class HasDeadline(Protocol):
@@ -33,8 +34,7 @@ T = TypeVar("T", bound=HasDeadline)
 C = TypeVar("C", bound=GuardCandidate)
 
 
-def chunks_to_run(due: Sequence[T], now: float, llm_busy: bool, run_ahead_s: float,
-                  limit: int) -> list[T]:
+def chunks_to_run(due: Sequence[T], now: float, llm_busy: bool, run_ahead_s: float, limit: int) -> list[T]:
     """Which of the turns with a detokenizer chunk due run now (priority is latency:
     docs/architecture.md, "Threads and CUDA streams"): while the LLM has work, only those with
     less than `run_ahead_s` of audio left to play (a turn still waiting for its first audio
@@ -81,8 +81,9 @@ class ChunkPlan(Generic[C]):
     num_lowered: int  # chunks the guard gave fewer steps than their schedule
 
 
-def plan_chunks(due: Sequence[C], now: float, llm_busy: bool, settings: GuardSettings,
-                cost: CostEstimate) -> ChunkPlan[C]:
+def plan_chunks(
+    due: Sequence[C], now: float, llm_busy: bool, settings: GuardSettings, cost: CostEstimate
+) -> ChunkPlan[C]:
     """The streams to run now (chunks_to_run) and their ODE steps.
 
     A playing stream is at risk when its audio would run dry before the chunk after this one

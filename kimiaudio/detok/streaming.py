@@ -19,9 +19,9 @@ cross-faded against pre_wav; a final chunk returns its whole wav and resets the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -54,8 +54,13 @@ class StreamParams:
 class DetokStream:
     """One answer's stream of semantic tokens -> 24 kHz wav pieces. Not thread-safe; one owner."""
 
-    def __init__(self, params: StreamParams, seed: int | None = None, noise_fn: Callable[[int], Tensor] | None = None,
-                 voice: VoicePrefix | None = None):
+    def __init__(
+        self,
+        params: StreamParams,
+        seed: int | None = None,
+        noise_fn: Callable[[int], Tensor] | None = None,
+        voice: VoicePrefix | None = None,
+    ):
         self.params = params
         self.voice = voice  # shared, never modified: every (re)start of positions begins from it
         self.generator = torch.Generator()
@@ -121,8 +126,14 @@ class DetokStream:
             ids = torch.cat([self.look_ahead_ids, ids])
         look_ahead = 0 if is_final else schedule.look_ahead(self.num_chunks) * UPSAMPLE
         if not is_final and ids.numel() <= look_ahead:
-            raise KimiAudioError(f"detokenizer: a chunk of {ids.numel()} frames leaves nothing after {look_ahead} look-ahead frames")
-        noise = self.noise_fn(ids.numel()) if self.noise_fn else torch.randn(ids.numel(), self.params.mel_bins, generator=self.generator)
+            raise KimiAudioError(
+                f"detokenizer: a chunk of {ids.numel()} frames leaves nothing after {look_ahead} look-ahead frames"
+            )
+        noise = (
+            self.noise_fn(ids.numel())
+            if self.noise_fn
+            else torch.randn(ids.numel(), self.params.mel_bins, generator=self.generator)
+        )
         steps = ode_steps or schedule.steps(self.num_chunks)
         self._job = ChunkJob(ids, noise, self.start_position, self.kv, look_ahead, not is_final, steps)
         self._final = is_final
@@ -156,10 +167,18 @@ class DetokStream:
             out = self._cross_fade(wav, mel)
         if self.trace is not None:
             self.trace.append(
-                dict(start_position=job.start_position, n_frames_in=job.token_ids.numel(),
-                     prefix_frames=job.prefix_frames, look_ahead=job.look_ahead,
-                     is_final=self._final, ode_steps=job.ode_steps, semantic_tokens=job.token_ids, noise=job.noise,
-                     mel=mel, wav=out.float())
+                dict(
+                    start_position=job.start_position,
+                    n_frames_in=job.token_ids.numel(),
+                    prefix_frames=job.prefix_frames,
+                    look_ahead=job.look_ahead,
+                    is_final=self._final,
+                    ode_steps=job.ode_steps,
+                    semantic_tokens=job.token_ids,
+                    noise=job.noise,
+                    mel=mel,
+                    wav=out.float(),
+                )
             )
         if self._final:
             self._reset()  # the final chunk took every pending token

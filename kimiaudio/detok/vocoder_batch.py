@@ -9,7 +9,7 @@ detok/cuda_graphs.py); the CPU runs each group at its own size.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -23,8 +23,13 @@ def eager_forward(vocoder: BigVGAN) -> Callable[[Tensor], Tensor]:
 
 
 class VocoderBatcher:
-    def __init__(self, vocoder: BigVGAN, batch_sizes: tuple[int, ...], padded: bool,
-                 forward: Callable[[Tensor], Tensor] | None = None):
+    def __init__(
+        self,
+        vocoder: BigVGAN,
+        batch_sizes: tuple[int, ...],
+        padded: bool,
+        forward: Callable[[Tensor], Tensor] | None = None,
+    ):
         self.batch_sizes, self.padded = batch_sizes, padded
         self.forward = forward or eager_forward(vocoder)
 

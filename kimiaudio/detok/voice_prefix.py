@@ -37,8 +37,9 @@ class VoicePrefix:
         return self.kv.numel() * self.kv.element_size()
 
 
-def prefill_spans(frames: int, chunk_frames: int = PROMPT_CHUNK_FRAMES,
-                  max_chunks: int = MAX_PROMPT_CHUNKS) -> list[tuple[int, int]]:
+def prefill_spans(
+    frames: int, chunk_frames: int = PROMPT_CHUNK_FRAMES, max_chunks: int = MAX_PROMPT_CHUNKS
+) -> list[tuple[int, int]]:
     """[start, end) frames of each prefill call: the rest first (when not empty), then whole
     chunks, the last one ending at `frames` (the official split)."""
     num_chunks = min(frames // chunk_frames, max_chunks)
@@ -54,8 +55,9 @@ def prompt_mel(mel: Tensor, frames: int) -> Tensor:
     return mel[:frames]
 
 
-def build_voice_prefix(flow, mel: Tensor, codes: Tensor, max_kv_cache_frames: int,
-                       max_chunks: int = MAX_PROMPT_CHUNKS) -> VoicePrefix:
+def build_voice_prefix(
+    flow, mel: Tensor, codes: Tensor, max_kv_cache_frames: int, max_chunks: int = MAX_PROMPT_CHUNKS
+) -> VoicePrefix:
     """The prefix of a reference: `mel` [m, bins] (its log-mel), `codes` [n] its 12.5 Hz codes;
     `flow` is the FlowMatcher (one DiT call per span, counted in its num_prefill_calls)."""
     ids = codes.reshape(-1).long().cpu().repeat_interleave(UPSAMPLE)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -41,8 +41,11 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         sizes = sorted(self.batch_sizes, reverse=True)
-        log.info("capturing CUDA graphs of the decode step for %d batch sizes (%s)...", len(sizes),
-                 ", ".join(map(str, reversed(sizes))))
+        log.info(
+            "capturing CUDA graphs of the decode step for %d batch sizes (%s)...",
+            len(sizes),
+            ", ".join(map(str, reversed(sizes))),
+        )
         torch.cuda.synchronize(self.device)
         free_before = torch.cuda.mem_get_info(self.device)[0]
         start = time.perf_counter()
@@ -59,8 +62,12 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
-        log.info("captured CUDA graphs for %d batch sizes in %.1f s, %.2f GiB", len(sizes), self.capture_seconds,
-                 self.memory_bytes / 2**30)
+        log.info(
+            "captured CUDA graphs for %d batch sizes in %.1f s, %.2f GiB",
+            len(sizes),
+            self.capture_seconds,
+            self.memory_bytes / 2**30,
+        )
 
     def replay(self, padded: int) -> Logits:
         """Run the graph of this padded size over the buffers' current contents -> its logits

@@ -47,8 +47,15 @@ class DecodeBatch:
 
 
 class DecodeInputs:
-    def __init__(self, pool: KVPool, max_batch: int, max_model_len: int, dtype: torch.dtype, use_kernel: bool,
-                 batch_sizes: list[int] | None):
+    def __init__(
+        self,
+        pool: KVPool,
+        max_batch: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        use_kernel: bool,
+        batch_sizes: list[int] | None,
+    ):
         self.pool = pool
         self.block_size = pool.block_size
         self.max_batch = max_batch
@@ -61,8 +68,9 @@ class DecodeInputs:
         self.fields = torch.zeros(NUM_FIELDS, max_batch, dtype=torch.long, device=device)
         self.fields[SLOT] = pool.scratch_slot
         self.fields[CONTEXT] = 1
-        self.block_tables = torch.full((max_batch, self.max_blocks), pool.scratch_block, dtype=torch.int32,
-                                       device=device)
+        self.block_tables = torch.full(
+            (max_batch, self.max_blocks), pool.scratch_block, dtype=torch.int32, device=device
+        )
 
     def padded_size(self, batch: int) -> int:
         if not 0 < batch <= self.max_batch:
@@ -72,8 +80,11 @@ class DecodeInputs:
     def fits(self, seqs: list[Sequence]) -> bool:
         """True if every sequence is one decode row of a static batch (else: the eager path)."""
         return len(seqs) <= self.max_batch and all(
-            seq.num_scheduled_tokens == 1 and not seq.continuous_mask[seq.num_computed_tokens]
-            and len(seq.block_table) <= self.max_blocks for seq in seqs)
+            seq.num_scheduled_tokens == 1
+            and not seq.continuous_mask[seq.num_computed_tokens]
+            and len(seq.block_table) <= self.max_blocks
+            for seq in seqs
+        )
 
     def prepare(self, seqs: list[Sequence]) -> tuple[int, int]:
         """Write the step's rows (then padding) into the buffers, on the current stream.
@@ -82,17 +93,23 @@ class DecodeInputs:
         bs, scratch = self.block_size, self.pool.scratch_block
         positions = [seq.num_computed_tokens for seq in seqs]
         # One host tensor per buffer, built from lists: one copy to the device, not one per row.
-        fields = torch.tensor([
-            [seq.audio_ids[p] for seq, p in zip(seqs, positions)] + [0] * pad,
-            [seq.text_ids[p] for seq, p in zip(seqs, positions)] + [0] * pad,
-            [int(seq.use_text[p]) for seq, p in zip(seqs, positions)] + [0] * pad,
-            positions + [0] * pad,
-            [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)] + [scratch * bs] * pad,
-            [p + 1 for p in positions] + [1] * pad,
-        ], dtype=torch.long)
+        fields = torch.tensor(
+            [
+                [seq.audio_ids[p] for seq, p in zip(seqs, positions)] + [0] * pad,
+                [seq.text_ids[p] for seq, p in zip(seqs, positions)] + [0] * pad,
+                [int(seq.use_text[p]) for seq, p in zip(seqs, positions)] + [0] * pad,
+                positions + [0] * pad,
+                [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)] + [scratch * bs] * pad,
+                [p + 1 for p in positions] + [1] * pad,
+            ],
+            dtype=torch.long,
+        )
         width = max(len(seq.block_table) for seq in seqs)
-        tables = torch.tensor([seq.block_table + [scratch] * (width - len(seq.block_table)) for seq in seqs]
-                              + [[scratch] * width] * (padded - len(seqs)), dtype=torch.int32)
+        tables = torch.tensor(
+            [seq.block_table + [scratch] * (width - len(seq.block_table)) for seq in seqs]
+            + [[scratch] * width] * (padded - len(seqs)),
+            dtype=torch.int32,
+        )
         # Columns past `width` keep earlier steps' ids: valid blocks, never read (context_lens).
         self.fields.copy_(fields, non_blocking=True)
         self.block_tables[:padded, :width].copy_(tables, non_blocking=True)
@@ -102,7 +119,9 @@ class DecodeInputs:
         """Views of the first `padded` rows, block tables `width` columns wide: W for a graph,
         else as wide as the rows need (the torch path gathers every column)."""
         f = self.fields[:, :padded]
-        meta = DecodeMetadata.create(self.block_tables[:padded, :width], f[CONTEXT], self.block_size, self.dtype,
-                                     self.use_kernel)
-        return DecodeBatch(f[AUDIO], f[TEXT], f[USE_TEXT], f[POSITION], f[SLOT],
-                           PagedDecodeAttention(self.pool, f[SLOT], meta))
+        meta = DecodeMetadata.create(
+            self.block_tables[:padded, :width], f[CONTEXT], self.block_size, self.dtype, self.use_kernel
+        )
+        return DecodeBatch(
+            f[AUDIO], f[TEXT], f[USE_TEXT], f[POSITION], f[SLOT], PagedDecodeAttention(self.pool, f[SLOT], meta)
+        )

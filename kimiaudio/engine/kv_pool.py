@@ -18,8 +18,16 @@ CPU_KV_BUDGET_BYTES = 2 << 30  # the pool budget on the CPU (config: engine.memo
 
 
 class KVPool:
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device | str, dtype: torch.dtype):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ):
         self.num_layers = num_layers
         self.num_blocks = num_blocks  # usable blocks, without the scratch block
         self.block_size = block_size
@@ -57,8 +65,14 @@ class KVPool:
         return self.kv[kind, layer_idx].flatten(1)
 
 
-def pool_num_blocks(num_kv_blocks: int, memory_fraction: float, bytes_per_block: int, max_useful_blocks: int,
-                    device: torch.device, reserved_bytes: int = 0) -> int:
+def pool_num_blocks(
+    num_kv_blocks: int,
+    memory_fraction: float,
+    bytes_per_block: int,
+    max_useful_blocks: int,
+    device: torch.device,
+    reserved_bytes: int = 0,
+) -> int:
     """Blocks for the pool: the configured count, else memory_fraction of the free device
     memory less `reserved_bytes` (what others will still allocate: the detokenizer's streams;
     a fixed budget on the CPU), never more than can ever be in use at once."""

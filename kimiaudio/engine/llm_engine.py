@@ -20,15 +20,22 @@ import torch
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.block_manager import BlockManager
+from kimiaudio.engine.engine_io import (
+    ANSWER_PRIORITY,
+    BACKGROUND_PRIORITY,
+    Completion,
+    EngineRequest,
+    PromptTooLongError,
+    RequestError,
+    StepOutput,
+)
 from kimiaudio.engine.model_runner import ModelRunner
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
-from kimiaudio.engine.engine_io import (ANSWER_PRIORITY, BACKGROUND_PRIORITY, Completion, EngineRequest,
-                                        PromptTooLongError, RequestError, StepOutput)
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.text.output_type import check_output_type
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +60,14 @@ def feature_digests(features: torch.Tensor) -> list[str]:
 
 
 class LLMEngine:
-    def __init__(self, lm: KimiAudioLM, config: EngineConfig, device: torch.device | str, dtype: torch.dtype,
-                 reserved_bytes: int = 0):
+    def __init__(
+        self,
+        lm: KimiAudioLM,
+        config: EngineConfig,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        reserved_bytes: int = 0,
+    ):
         """reserved_bytes: device memory the KV pool must leave for others (ModelRunner)."""
         self.lm = lm
         self.config = config
@@ -62,8 +75,12 @@ class LLMEngine:
         self.dtype = dtype
         self.runner = ModelRunner(lm, config, self.device, dtype, reserved_bytes)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_prefill_tokens_while_decoding)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.max_prefill_tokens_while_decoding,
+        )
         self.seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
         self._pending: list[StepOutput] = []  # outputs decided outside a step (e.g. zero-length)
@@ -145,14 +162,25 @@ class LLMEngine:
         return self._output(seq, None, None, True, "error", error)
 
     @staticmethod
-    def _output(seq: Sequence, text: int | None, audio: int | None, finished: bool, reason: str | None,
-                error: str | None = None) -> StepOutput:
+    def _output(
+        seq: Sequence, text: int | None, audio: int | None, finished: bool, reason: str | None, error: str | None = None
+    ) -> StepOutput:
         completion = None
         if finished and error is None:
             rules = seq.rules
             completion = Completion(rules.text_tokens, rules.audio_tokens, rules.num_steps)
-        return StepOutput(seq.request_id, seq.seq_id, text, audio, finished, reason, error,
-                          seq.num_prompt_tokens, seq.num_cached_tokens, completion)
+        return StepOutput(
+            seq.request_id,
+            seq.seq_id,
+            text,
+            audio,
+            finished,
+            reason,
+            error,
+            seq.num_prompt_tokens,
+            seq.num_cached_tokens,
+            completion,
+        )
 
     def _make_sequence(self, request: EngineRequest) -> Sequence:
         rid = request.request_id
@@ -160,8 +188,10 @@ class LLMEngine:
         if n == 0:
             raise RequestError(f"request {rid}: empty prompt")
         if len(request.text_ids) != n or len(request.continuous_mask) != n:
-            raise RequestError(f"request {rid}: audio_ids, text_ids and continuous_mask must have one entry per "
-                               f"position (got {n}, {len(request.text_ids)}, {len(request.continuous_mask)})")
+            raise RequestError(
+                f"request {rid}: audio_ids, text_ids and continuous_mask must have one entry per "
+                f"position (got {n}, {len(request.text_ids)}, {len(request.continuous_mask)})"
+            )
         check_output_type(request.output_type, f"request {rid}: output_type", RequestError)
         if not isinstance(request.params, SamplingParams):
             raise RequestError(f"request {rid}: params must be a SamplingParams")
@@ -170,8 +200,9 @@ class LLMEngine:
             if any(not 0 <= int(t) < vocab for t in ids):
                 raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
         if n > self.config.max_model_len:
-            raise PromptTooLongError(f"request {rid}: prompt of {n} positions exceeds engine.max_model_len "
-                               f"({self.config.max_model_len})")
+            raise PromptTooLongError(
+                f"request {rid}: prompt of {n} positions exceeds engine.max_model_len ({self.config.max_model_len})"
+            )
         mask = [bool(m) for m in request.continuous_mask]
         features = self._check_features(rid, request.features, sum(mask))
         if features is None:
@@ -190,13 +221,16 @@ class LLMEngine:
             tokens = RuleTokens.from_specials(request.specials)
         except (AttributeError, TypeError, ValueError) as exc:
             raise RequestError(f"request {rid}: specials lack a generation-rule token id ({exc})") from None
-        seq.rules = StreamRules(request.output_type, tokens, self.lm.config.kimia_mimo_audiodelaytokens, limit,
-                                request.params.ignore_eos)
+        seq.rules = StreamRules(
+            request.output_type, tokens, self.lm.config.kimia_mimo_audiodelaytokens, limit, request.params.ignore_eos
+        )
         seq.max_num_tokens = n + max(limit, 1) - 1
         seq.params = request.params
         if not isinstance(request.priority, int) or request.priority not in (ANSWER_PRIORITY, BACKGROUND_PRIORITY):
-            raise RequestError(f"request {rid}: priority must be {ANSWER_PRIORITY} (an answer) or "
-                               f"{BACKGROUND_PRIORITY} (background), got {request.priority!r}")
+            raise RequestError(
+                f"request {rid}: priority must be {ANSWER_PRIORITY} (an answer) or "
+                f"{BACKGROUND_PRIORITY} (background), got {request.priority!r}"
+            )
         seq.priority = request.priority
         seq.random = RequestRandom(request.params.seed)
         seq.features = None if features is None else features.to(self.device, self.dtype)
@@ -213,8 +247,9 @@ class LLMEngine:
             raise RequestError(f"request {rid}: features must be float tensors")
         dim = self.lm.config.kimia_adaptor_input_dim
         if any(p.dim() not in (2, 3) or p.shape[-1] != dim or (p.dim() == 3 and p.shape[0] != 1) for p in parts):
-            raise RequestError(f"request {rid}: features must be [N, {dim}] tensors, got "
-                               f"{[tuple(p.shape) for p in parts]}")
+            raise RequestError(
+                f"request {rid}: features must be [N, {dim}] tensors, got {[tuple(p.shape) for p in parts]}"
+            )
         rows = torch.cat([p.reshape(-1, dim) for p in parts])
         if rows.shape[0] != num_continuous:
             raise RequestError(f"request {rid}: {rows.shape[0]} feature rows for {num_continuous} continuous positions")

@@ -33,9 +33,9 @@ from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
-from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.layers.sampler import sample
 from kimiaudio.layers.triton_support import use_triton
+from kimiaudio.models.kimia_lm import KimiAudioLM
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +50,46 @@ class StepSample(NamedTuple):
 
 
 class ModelRunner:
-    def __init__(self, lm: KimiAudioLM, engine_config: EngineConfig, device: torch.device | str, dtype: torch.dtype,
-                 reserved_bytes: int = 0):
+    def __init__(
+        self,
+        lm: KimiAudioLM,
+        engine_config: EngineConfig,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        reserved_bytes: int = 0,
+    ):
         self.lm = lm
         self.config = lm.config
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = engine_config.block_size
         cfg = self.config
-        per_block = KVPool.bytes_per_block(cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads,
-                                           cfg.head_dim, dtype)
+        per_block = KVPool.bytes_per_block(
+            cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
+        )
         blocks_per_seq = -(-engine_config.max_model_len // self.block_size)
-        self.num_blocks = pool_num_blocks(engine_config.num_kv_blocks, engine_config.memory_fraction, per_block,
-                                          engine_config.max_num_seqs * blocks_per_seq, self.device, reserved_bytes)
+        self.num_blocks = pool_num_blocks(
+            engine_config.num_kv_blocks,
+            engine_config.memory_fraction,
+            per_block,
+            engine_config.max_num_seqs * blocks_per_seq,
+            self.device,
+            reserved_bytes,
+        )
         if self.num_blocks < 1:
-            raise ConfigError(f"engine: no room for a KV pool ({per_block} bytes per block of "
-                              f"{self.block_size} positions); lower engine.block_size or set engine.num_kv_blocks")
-        self.pool = KVPool(cfg.num_kv_layers, self.num_blocks, self.block_size, cfg.num_key_value_heads,
-                           cfg.head_dim, self.device, dtype)
+            raise ConfigError(
+                f"engine: no room for a KV pool ({per_block} bytes per block of "
+                f"{self.block_size} positions); lower engine.block_size or set engine.num_kv_blocks"
+            )
+        self.pool = KVPool(
+            cfg.num_kv_layers,
+            self.num_blocks,
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            self.device,
+            dtype,
+        )
         lm.rotary.ensure_length(engine_config.max_model_len, self.device)
         # The Triton kernels for the pool (store K/V, decode attention): CUDA, or forced.
         self.use_kernels = use_triton(self.device) and attention_kernel_supports(cfg.head_dim)
@@ -79,13 +101,15 @@ class ModelRunner:
         max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
         sizes = decode_batch_sizes(max_batch) if use_graphs else None
         with torch.inference_mode():
-            self.decode_inputs = DecodeInputs(self.pool, max_batch, engine_config.max_model_len, dtype,
-                                              self.use_kernels, sizes)
+            self.decode_inputs = DecodeInputs(
+                self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
+            )
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             inputs = self.decode_inputs
-            self.graphs = DecodeGraphs(lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)),
-                                       sizes, self.device)
+            self.graphs = DecodeGraphs(
+                lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)), sizes, self.device
+            )
             self.graphs.capture()
 
     @property
@@ -115,7 +139,7 @@ class ModelRunner:
         if not sampling:
             return []
         if len(sampling) == len(seqs):  # the usual case: a slice, no gather
-            text_logits, audio_logits = text_logits[:len(seqs)], audio_logits[:len(seqs)]
+            text_logits, audio_logits = text_logits[: len(seqs)], audio_logits[: len(seqs)]
         else:  # a one-position prefill chunk that does not end its prompt yet
             rows = self._long(sampling)
             text_logits, audio_logits = text_logits[rows], audio_logits[rows]
@@ -142,17 +166,23 @@ class ModelRunner:
             positions += range(start, end)
             rows = [r for r in seq.feature_rows[start:end] if r >= 0]
             if rows:  # a sequence's continuous rows are consecutive: slice its feature tensor
-                features.append(seq.features[rows[0]:rows[-1] + 1])
+                features.append(seq.features[rows[0] : rows[-1] + 1])
             entries.append((seq.block_table, start, end - start))
             if end == seq.num_tokens:
                 logits_rows.append(len(audio) - 1)
                 sampling.append(seq)
 
         feature_positions = self._long([i for i, c in enumerate(continuous) if c]) if features else None
-        hidden = self.lm.embed(self._long(audio), self._long(text), self._bool(use_text),
-                               torch.cat(features) if features else None, feature_positions)
-        attn = PagedAttention(self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype,
-                                                                 self.use_kernels))
+        hidden = self.lm.embed(
+            self._long(audio),
+            self._long(text),
+            self._bool(use_text),
+            torch.cat(features) if features else None,
+            feature_positions,
+        )
+        attn = PagedAttention(
+            self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype, self.use_kernels)
+        )
         text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
         if not sampling:
             return []
@@ -172,11 +202,11 @@ class ModelRunner:
         if out.top_rows:
             parts += [out.top_ids.double().flatten(), out.top_logprobs.double().flatten()]
         flat = torch.cat(parts).tolist()  # the step's one host-device synchronisation
-        tokens, logprobs, rest = flat[:2 * n], flat[2 * n:3 * n], flat[3 * n:]
+        tokens, logprobs, rest = flat[: 2 * n], flat[2 * n : 3 * n], flat[3 * n :]
         top: list[tuple | None] = [None] * n
         if out.top_rows:
             width = out.top_ids.shape[1]
-            ids, lps = rest[:len(rest) // 2], rest[len(rest) // 2:]
+            ids, lps = rest[: len(rest) // 2], rest[len(rest) // 2 :]
             for k, row in enumerate(out.top_rows):
                 wanted = seqs[row].params.text_top_logprobs
                 top[row] = tuple((int(ids[k * width + j]), lps[k * width + j]) for j in range(wanted))

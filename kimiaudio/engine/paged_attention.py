@@ -37,8 +37,14 @@ class DecodeMetadata:
     mask: torch.Tensor | None  # [B, 1, 1, W * block_size]: 0 / -inf in the queries' dtype; torch path only
 
     @classmethod
-    def create(cls, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int, dtype: torch.dtype,
-               use_kernel: bool) -> "DecodeMetadata":
+    def create(
+        cls,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        dtype: torch.dtype,
+        use_kernel: bool,
+    ) -> DecodeMetadata:
         """Device tensors in, no host-device synchronisation (graph-safe)."""
         mask = None
         if not use_kernel:
@@ -49,8 +55,9 @@ class DecodeMetadata:
         return cls(block_tables, context_lens, mask)
 
 
-def store_kv(pool: KVPool, layer_idx: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             use_kernel: bool) -> None:
+def store_kv(
+    pool: KVPool, layer_idx: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_kernel: bool
+) -> None:
     """Write k/v [T, Hkv, D] of the new tokens at their slots [T] of one layer."""
     if use_kernel:
         from kimiaudio.engine.triton_attention import store_kv_triton
@@ -66,8 +73,9 @@ def decode_attention(pool: KVPool, layer_idx: int, q: torch.Tensor, meta: Decode
     if meta.mask is None:
         from kimiaudio.engine.triton_attention import paged_decode_attention_triton
 
-        return paged_decode_attention_triton(q, pool.kv[0, layer_idx], pool.kv[1, layer_idx], meta.block_tables,
-                                             meta.context_lens)
+        return paged_decode_attention_triton(
+            q, pool.kv[0, layer_idx], pool.kv[1, layer_idx], meta.block_tables, meta.context_lens
+        )
     batch, num_heads, head_dim = q.shape
     num_kv_heads = pool.kv.shape[-2]
     # Gather whole blocks: one index per block, not per slot. -> [B, K, Hkv, D]
@@ -116,8 +124,14 @@ class AttentionMetadata:
     use_kernel: bool = False
 
     @classmethod
-    def build(cls, entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device,
-              dtype: torch.dtype = torch.float32, use_kernel: bool = False) -> "AttentionMetadata":
+    def build(
+        cls,
+        entries: list[tuple[list[int], int, int]],
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        use_kernel: bool = False,
+    ) -> AttentionMetadata:
         """entries: per sequence in batch order (block_table, num_computed, num_scheduled);
         dtype: the queries' (the additive mask's, which sdpa kernels may require to match);
         use_kernel: decode rows go through the Triton kernel (no mask)."""
@@ -143,11 +157,15 @@ class AttentionMetadata:
         if decode_rows:
             width = max(len(t) for t in decode_tables)
             tables = torch.tensor([t + t[-1:] * (width - len(t)) for t in decode_tables], dtype=torch.int32)
-            decode = DecodeMetadata.create(to_device(tables, device), to_device(torch.tensor(decode_lens), device),
-                                           block_size, dtype, use_kernel)
+            decode = DecodeMetadata.create(
+                to_device(tables, device), to_device(torch.tensor(decode_lens), device), block_size, dtype, use_kernel
+            )
             # The scheduler puts decodes first: a slice then spares a gather and a scatter.
-            rows = (slice(0, len(decode_rows)) if decode_rows[-1] == len(decode_rows) - 1
-                    else to_device(torch.tensor(decode_rows), device))
+            rows = (
+                slice(0, len(decode_rows))
+                if decode_rows[-1] == len(decode_rows) - 1
+                else to_device(torch.tensor(decode_rows), device)
+            )
         return cls(to_device(torch.tensor(slot_mapping), device), rows, decode, prefills, use_kernel)
 
 
@@ -186,6 +204,7 @@ class PagedAttention:
             if chunk.slots is None:  # nothing cached before: the chunk's own keys suffice
                 out[rows] = causal_attention(q[rows], k[rows], v[rows])
             else:
-                out[rows] = causal_attention(q[rows], keys.index_select(0, chunk.slots),
-                                             values.index_select(0, chunk.slots))
+                out[rows] = causal_attention(
+                    q[rows], keys.index_select(0, chunk.slots), values.index_select(0, chunk.slots)
+                )
         return out

@@ -12,16 +12,17 @@ the request's own uniform (sampling_params.RequestRandom), and the official rule
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.layers.attention import ContiguousKVCache
-from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.layers.sampler import sample
+from kimiaudio.models.kimia_lm import KimiAudioLM
 
 
 @dataclass
@@ -62,12 +63,14 @@ def _prompt_features(features: Any, device: torch.device) -> torch.Tensor | None
     return torch.cat(rows, dim=0).to(device) if rows else None
 
 
-def reference_rules(lm: KimiAudioLM, prompt_len: int, params: SamplingParams, output_type: str,
-                    specials: Any) -> StreamRules:
+def reference_rules(
+    lm: KimiAudioLM, prompt_len: int, params: SamplingParams, output_type: str, specials: Any
+) -> StreamRules:
     """The official rules for one request: delay from config.json, the official length limit."""
     limit = official_max_new_tokens(output_type, prompt_len, params.max_new_tokens)
-    return StreamRules(output_type, RuleTokens.from_specials(specials), lm.config.kimia_mimo_audiodelaytokens, limit,
-                       params.ignore_eos)
+    return StreamRules(
+        output_type, RuleTokens.from_specials(specials), lm.config.kimia_mimo_audiodelaytokens, limit, params.ignore_eos
+    )
 
 
 def iter_reference(
@@ -94,8 +97,11 @@ def iter_reference(
     prompt_len = audio_ids.shape[0]
     if text_ids.shape[0] != prompt_len or prompt_len == 0:
         raise ValueError(f"prompt streams must be non-empty and of equal length ({prompt_len} vs {text_ids.shape[0]})")
-    mask = (torch.zeros(prompt_len, dtype=torch.bool) if continuous_mask is None
-            else torch.as_tensor(continuous_mask).reshape(-1).to("cpu", torch.bool))
+    mask = (
+        torch.zeros(prompt_len, dtype=torch.bool)
+        if continuous_mask is None
+        else torch.as_tensor(continuous_mask).reshape(-1).to("cpu", torch.bool)
+    )
     feature_positions = mask.nonzero().squeeze(1).to(device)  # found on the host
     if rules is None:
         rules = reference_rules(lm, prompt_len, params, output_type, specials)
@@ -122,7 +128,13 @@ def iter_reference(
         text_logits, audio_logits, sampled_text, sampled_audio = forward_and_sample(hidden, positions, last_row)
         text, audio, finished, reason = rules.step(sampled_text, sampled_audio)
         yield ReferenceStep(
-            position, sampled_text, sampled_audio, text, audio, finished, reason,
+            position,
+            sampled_text,
+            sampled_audio,
+            text,
+            audio,
+            finished,
+            reason,
             text_logits[0].float().cpu() if record_steps else None,
             audio_logits[0].float().cpu() if record_steps else None,
         )
@@ -152,7 +164,21 @@ def generate_reference(
     """Run the reference loop to the end; see iter_reference."""
     prompt_len = torch.as_tensor(prompt_audio_ids).numel()
     rules = reference_rules(lm, prompt_len, params, output_type, specials)
-    steps = list(iter_reference(lm, prompt_audio_ids, prompt_text_ids, continuous_mask, features, params,
-                                output_type, specials, device, record_steps, rules))
-    return GenerationResult(rules.text_tokens, rules.audio_tokens, rules.finish_reason,
-                            steps if record_steps else [], rules.num_steps)
+    steps = list(
+        iter_reference(
+            lm,
+            prompt_audio_ids,
+            prompt_text_ids,
+            continuous_mask,
+            features,
+            params,
+            output_type,
+            specials,
+            device,
+            record_steps,
+            rules,
+        )
+    )
+    return GenerationResult(
+        rules.text_tokens, rules.audio_tokens, rules.finish_reason, steps if record_steps else [], rules.num_steps
+    )

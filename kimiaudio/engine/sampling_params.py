@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from kimiaudio.validation import check_fields, check_value, setting
 from kimiaudio.config import SEED, TOP_LOGPROBS, SamplingConfig
 from kimiaudio.layers.stream_sampling import StreamSampling
+from kimiaudio.validation import check_fields, check_value, setting
 
 # The defaults are config [sampling]'s, written once there (and documented in config.toml).
 _DEFAULTS = SamplingConfig()
@@ -56,17 +56,28 @@ class SamplingParams:
     # its fields again.
     @cached_property
     def text(self) -> StreamSampling:
-        return StreamSampling(self.text_temperature, self.text_top_k, self.text_repetition_penalty,
-                              self.text_repetition_window, self.text_top_p, self.text_presence_penalty,
-                              self.text_frequency_penalty)
+        return StreamSampling(
+            self.text_temperature,
+            self.text_top_k,
+            self.text_repetition_penalty,
+            self.text_repetition_window,
+            self.text_top_p,
+            self.text_presence_penalty,
+            self.text_frequency_penalty,
+        )
 
     @cached_property
     def audio(self) -> StreamSampling:
-        return StreamSampling(self.audio_temperature, self.audio_top_k, self.audio_repetition_penalty,
-                              self.audio_repetition_window, self.audio_top_p)
+        return StreamSampling(
+            self.audio_temperature,
+            self.audio_top_k,
+            self.audio_repetition_penalty,
+            self.audio_repetition_window,
+            self.audio_top_p,
+        )
 
     @classmethod
-    def from_config(cls, sampling: Any, **overrides: Any) -> "SamplingParams":
+    def from_config(cls, sampling: Any, **overrides: Any) -> SamplingParams:
         """From a `config.SamplingConfig` (same field names), with optional overrides."""
         names = cls.__dataclass_fields__
         values = {name: getattr(sampling, name) for name in names if hasattr(sampling, name)}
@@ -74,7 +85,7 @@ class SamplingParams:
         return cls(**values)
 
     @classmethod
-    def greedy(cls, **overrides: Any) -> "SamplingParams":
+    def greedy(cls, **overrides: Any) -> SamplingParams:
         """Both temperatures 0 (argmax; top-k then plays no part), as the official `generate()`
         defaults; the rest as configured by default."""
         return cls(**{"text_temperature": 0.0, "audio_temperature": 0.0, **overrides})
@@ -106,5 +117,3 @@ class RequestRandom:
             block = torch.rand(self.BLOCK, 2, generator=self.generator).tolist()
             self._pairs = [tuple(pair) for pair in reversed(block)]  # pop() from the end = in order
         return self._pairs.pop()
-
-

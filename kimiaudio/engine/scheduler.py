@@ -27,13 +27,18 @@ from __future__ import annotations
 from collections import deque
 
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.sequence import Sequence, SequenceStatus
 from kimiaudio.engine.engine_io import RequestError
+from kimiaudio.engine.sequence import Sequence, SequenceStatus
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_prefill_tokens_while_decoding: int | None = None):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_prefill_tokens_while_decoding: int | None = None,
+    ):
         """max_prefill_tokens_while_decoding: None = no limit beyond the step's budget."""
         if max_num_seqs <= 0 or max_num_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
@@ -57,8 +62,10 @@ class Scheduler:
         needed = seq.num_blocks_for(seq.max_num_tokens)
         if needed > self.block_manager.num_blocks:
             pool = self.block_manager.num_blocks * self.block_manager.block_size
-            raise RequestError(f"request {seq.request_id}: up to {seq.max_num_tokens} positions (prompt + "
-                               f"max_new_tokens) do not fit the KV pool of {pool} positions")
+            raise RequestError(
+                f"request {seq.request_id}: up to {seq.max_num_tokens} positions (prompt + "
+                f"max_new_tokens) do not fit the KV pool of {pool} positions"
+            )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
@@ -90,8 +97,11 @@ class Scheduler:
         for level in levels:
             self._schedule_decodes(level, scheduled)
             decoding_later = any(s.priority > level and not s.is_prefilling for s in self.running)
-            if self._prefill_left is None and (self._num_decodes or decoding_later) \
-                    and self.max_prefill_tokens_while_decoding is not None:
+            if (
+                self._prefill_left is None
+                and (self._num_decodes or decoding_later)
+                and self.max_prefill_tokens_while_decoding is not None
+            ):
                 self._prefill_left = self.max_prefill_tokens_while_decoding
             self._schedule_prefills(level, scheduled)
         return scheduled
@@ -156,13 +166,16 @@ class Scheduler:
         preempted when all of them together could not make the room (their blocks, an upper
         bound: blocks shared with others stay): that would only throw their work away."""
         candidates = self._candidates(scheduled, exclude=seq, level=level + 1)
-        missing_blocks = (self.block_manager.num_blocks_to_allocate(seq, self.block_manager.match_prefix(seq))
-                          - self.block_manager.num_free_blocks)
+        missing_blocks = (
+            self.block_manager.num_blocks_to_allocate(seq, self.block_manager.match_prefix(seq))
+            - self.block_manager.num_free_blocks
+        )
         missing_slots = len(self.running) - self.max_num_seqs + 1
         if missing_slots > len(candidates) or missing_blocks > sum(len(s.block_table) for s in candidates):
             return False
-        while len(self.running) >= self.max_num_seqs or \
-                not self.block_manager.can_allocate(seq, self.block_manager.match_prefix(seq)):
+        while len(self.running) >= self.max_num_seqs or not self.block_manager.can_allocate(
+            seq, self.block_manager.match_prefix(seq)
+        ):
             victim = self._victim(scheduled, exclude=seq, level=level + 1)
             if victim is None:
                 return False

@@ -96,11 +96,11 @@ class Sequence:
 
     @property
     def generated_text_ids(self) -> list[int]:
-        return self.text_ids[self.num_prompt_tokens:]
+        return self.text_ids[self.num_prompt_tokens :]
 
     @property
     def generated_audio_ids(self) -> list[int]:
-        return self.audio_ids[self.num_prompt_tokens:]
+        return self.audio_ids[self.num_prompt_tokens :]
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -108,8 +108,14 @@ class Sequence:
     def block_key(self, index: int) -> tuple[PositionKey, ...]:
         """The cache key of full block `index`: one PositionKey per position in it."""
         start, end = index * self.block_size, (index + 1) * self.block_size
-        return tuple(zip(self.audio_ids[start:end], self.text_ids[start:end],
-                         self.use_text[start:end], self.feature_digests[start:end]))
+        return tuple(
+            zip(
+                self.audio_ids[start:end],
+                self.text_ids[start:end],
+                self.use_text[start:end],
+                self.feature_digests[start:end],
+            )
+        )
 
     def append_token(self, text_token: int, audio_token: int) -> None:
         """Feed back one generated step: both tokens at the next position, no features."""

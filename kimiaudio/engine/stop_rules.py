@@ -53,14 +53,15 @@ class RuleTokens:
     media_end: int
 
     @classmethod
-    def from_specials(cls, specials: Any) -> "RuleTokens":
+    def from_specials(cls, specials: Any) -> RuleTokens:
         """From any object with these four attributes (e.g. text.SpecialTokens)."""
         return cls(int(specials.text_blank), int(specials.text_eos), int(specials.msg_end), int(specials.media_end))
 
 
 class StreamRules:
-    def __init__(self, output_type: str, tokens: RuleTokens, audio_delay: int, max_new_tokens: int,
-                 ignore_eos: bool = False):
+    def __init__(
+        self, output_type: str, tokens: RuleTokens, audio_delay: int, max_new_tokens: int, ignore_eos: bool = False
+    ):
         self.ignore_eos = ignore_eos
         self.output_type = output_type
         self.tokens = tokens
@@ -111,8 +112,11 @@ class StreamRules:
 
         self.text_history.append(text)
         self.audio_history.append(audio)
-        stopped = (self.is_text_finished if self.output_type == "text"
-                   else audio in (self.tokens.msg_end, self.tokens.media_end))
+        stopped = (
+            self.is_text_finished
+            if self.output_type == "text"
+            else audio in (self.tokens.msg_end, self.tokens.media_end)
+        )
         if stopped and not self.ignore_eos:
             self.finish_reason = "stop"
         elif self.num_steps >= self.max_new_tokens:

@@ -32,12 +32,36 @@ VARYING = ["block_size", "partition_size", "num_partitions", "stride_bt"]
 
 @triton.jit(do_not_specialize=VARYING)
 def _decode_partition_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
-    scale_log2, block_size, partition_size, num_partitions,
-    stride_qb, stride_qh, stride_ob, stride_oh,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr,
-    SINGLE: tl.constexpr, DOT_FP32: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    scale_log2,
+    block_size,
+    partition_size,
+    num_partitions,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    TILE: tl.constexpr,
+    SINGLE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -55,7 +79,7 @@ def _decode_partition_kernel(
         if DOT_FP32:
             q = q.to(tl.float32)
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max of the scores (log2 units)
-        l = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp2(score - m)
+        denom = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp2(score - m)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)  # running sum of exp2(score - m) * v
         table = block_tables_ptr + seq * stride_bt
         for tile_start in range(start, end, TILE):
@@ -63,10 +87,24 @@ def _decode_partition_kernel(
             valid = pos < end
             block = tl.load(table + pos // block_size, mask=valid, other=0).to(tl.int64)
             offset = (pos % block_size).to(tl.int64)
-            k = tl.load(k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_ks + kv_head * stride_kh
-                        + d[None, :], mask=valid[:, None], other=0.0)  # [TILE, D]
-            v = tl.load(v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs + kv_head * stride_vh
-                        + d[None, :], mask=valid[:, None], other=0.0)
+            k = tl.load(
+                k_cache_ptr
+                + block[:, None] * stride_kb
+                + offset[:, None] * stride_ks
+                + kv_head * stride_kh
+                + d[None, :],
+                mask=valid[:, None],
+                other=0.0,
+            )  # [TILE, D]
+            v = tl.load(
+                v_cache_ptr
+                + block[:, None] * stride_vb
+                + offset[:, None] * stride_vs
+                + kv_head * stride_vh
+                + d[None, :],
+                mask=valid[:, None],
+                other=0.0,
+            )
             if DOT_FP32:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -77,28 +115,42 @@ def _decode_partition_kernel(
             m_new = tl.maximum(m, tl.max(s, 1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
+            denom = denom * alpha + tl.sum(p, 1)
             if DOT_FP32:
                 acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
         if SINGLE:
-            out = acc / l[:, None]
-            tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=rows[:, None])
+            out = acc / denom[:, None]
+            tl.store(
+                out_ptr + seq * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=rows[:, None],
+            )
         else:
-            # Partials [B, Hq, S] (m, l) and [B, Hq, S, D] (acc), contiguous.
+            # Partials [B, Hq, S] (m, denom) and [B, Hq, S, D] (acc), contiguous.
             index = (seq * GROUP * tl.num_programs(1) + heads) * num_partitions + part
             tl.store(m_ptr + index, m, mask=rows)
-            tl.store(l_ptr + index, l, mask=rows)
+            tl.store(l_ptr + index, denom, mask=rows)
             tl.store(acc_ptr + index[:, None] * HEAD_DIM + d[None, :], acc, mask=rows[:, None])
 
 
 @triton.jit(do_not_specialize=["partition_size", "num_partitions"])
 def _merge_partitions_kernel(
-    context_lens_ptr, m_ptr, l_ptr, acc_ptr, out_ptr, partition_size, num_partitions, stride_ob, stride_oh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PARTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    context_lens_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    out_ptr,
+    partition_size,
+    num_partitions,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -117,15 +169,25 @@ def _merge_partitions_kernel(
         total += tl.sum(tl.load(l_ptr + base + c, mask=live, other=0.0) * w, 0)
         acc = tl.load(acc_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0)
         out += tl.sum(acc * w[:, None], 0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + d,
-             (out / total).to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + d, (out / total).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _store_kv_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
-    NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slots_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slots_ptr + token).to(tl.int64)
@@ -143,16 +205,30 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def store_kv_triton(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor) -> None:
+def store_kv_triton(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """keys/values [num_slots, Hkv, D] (one layer of the pool) <- k/v [T, Hkv, D] at slots [T]."""
     tokens, num_kv_heads, head_dim = k.shape
     if tokens == 0:
         return
     k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
     _store_kv_kernel[(tokens,)](
-        k, v, keys, values, slots, k.stride(0), k.stride(1), v.stride(0), v.stride(1), keys.stride(0), keys.stride(1),
-        NUM_KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim)
+        k,
+        v,
+        keys,
+        values,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        NUM_KV_HEADS=num_kv_heads,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_DIM=head_dim,
+    )
 
 
 @functools.cache
@@ -172,8 +248,13 @@ def decode_partitions(batch: int, num_kv_heads: int, max_context: int, tile: int
     return size, -(-max_context // size)
 
 
-def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                  block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
     """q [B, Hq, D]; k/v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, W] int32;
     context_lens [B] (>= 1 each) -> [B, Hq, D] in q's dtype. Scale 1/sqrt(D)."""
     batch, num_heads, head_dim = q.shape
@@ -186,21 +267,59 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     out = torch.empty_like(q)
     single = parts == 1
     if single:
-        m = l = acc = out  # unused
+        m = denom = acc = out  # unused
     else:
         m = torch.empty(batch, num_heads, parts, device=q.device, dtype=torch.float32)
-        l = torch.empty_like(m)
+        denom = torch.empty_like(m)
         acc = torch.empty(batch, num_heads, parts, head_dim, device=q.device, dtype=torch.float32)
     _decode_partition_kernel[(batch, num_kv_heads, parts)](
-        q, k_cache, v_cache, block_tables, context_lens, out, m, l, acc,
-        head_dim ** -0.5 * LOG2E, block_size, size, parts,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), block_tables.stride(0),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, TILE=tile,
-        SINGLE=single, DOT_FP32=q.dtype == torch.float32 or interpreting(), num_warps=4)
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        m,
+        denom,
+        acc,
+        head_dim**-0.5 * LOG2E,
+        block_size,
+        size,
+        parts,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        TILE=tile,
+        SINGLE=single,
+        DOT_FP32=q.dtype == torch.float32 or interpreting(),
+        num_warps=4,
+    )
     if not single:
         _merge_partitions_kernel[(batch, num_heads)](
-            context_lens, m, l, acc, out, size, parts, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, PARTS_PAD=triton.next_power_of_2(parts), CHUNK=16, num_warps=4)
+            context_lens,
+            m,
+            denom,
+            acc,
+            out,
+            size,
+            parts,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_DIM=head_dim,
+            PARTS_PAD=triton.next_power_of_2(parts),
+            CHUNK=16,
+            num_warps=4,
+        )
     return out

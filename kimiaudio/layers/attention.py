@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 class AttentionBackend(Protocol):
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] (k post-RoPE) -> attention output [T, Hq, D]."""

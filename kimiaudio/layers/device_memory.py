@@ -41,12 +41,13 @@ def cap_process(device: torch.device, gib: float, what: str = "--card-gib") -> N
     """Let this process use at most `gib` GiB of `device`, as on a card of that size."""
     total = torch.cuda.mem_get_info(device)[1]
     if not 0 < gib * GIB <= total:
-        raise ConfigError(f"{what} {gib:g}: expected more than 0 and at most this GPU's "
-                          f"{total / GIB:.1f} GiB")
+        raise ConfigError(f"{what} {gib:g}: expected more than 0 and at most this GPU's {total / GIB:.1f} GiB")
     torch.cuda.set_per_process_memory_fraction(gib * GIB / total, device)
 
 
 def peak_memory(device: torch.device) -> dict:
     """The most this process's allocator held on `device` so far, for a bench report."""
-    return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    return {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }

@@ -30,11 +30,16 @@ def require_fp8(device: torch.device, key: str) -> None:
     """Refuse fp8 weights where the products would not run in fp8."""
     if fp8_supported(device):
         return
-    where = (f"{torch.cuda.get_device_name(device)} has compute capability "
-             f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}" if device.type == "cuda"
-             else f"the device is {device.type}")
-    raise ConfigError(f"{key} = fp8 needs a CUDA GPU of compute capability 8.9 or higher (RTX 4090, L4, L40S, "
-                      f"H100, H200); {where}: use int8 (or auto)")
+    where = (
+        f"{torch.cuda.get_device_name(device)} has compute capability "
+        f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+        if device.type == "cuda"
+        else f"the device is {device.type}"
+    )
+    raise ConfigError(
+        f"{key} = fp8 needs a CUDA GPU of compute capability 8.9 or higher (RTX 4090, L4, L40S, "
+        f"H100, H200); {where}: use int8 (or auto)"
+    )
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +55,7 @@ def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, sc
     -> bf16 [T, N]. Row-wise scaling takes fp32 scales shaped [T, 1] and [1, N]; the weight goes
     in column-major, as cuBLASLt wants it (a transposed view, no copy). torch runs the same call
     on the CPU, where the tests check its layout and scales against the exact product."""
-    return torch._scaled_mm(xq, qweight.t(), scale_a=x_scale[:, None], scale_b=scale[None, :],
-                            out_dtype=torch.bfloat16)
+    return torch._scaled_mm(xq, qweight.t(), scale_a=x_scale[:, None], scale_b=scale[None, :], out_dtype=torch.bfloat16)
 
 
 def fp8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -28,8 +28,9 @@ class RMSNorm(nn.Module):
         return rms_norm_reference(x, self.weight, self.eps, residual)
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                       residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch path of RMSNorm.forward (the Triton kernel's reference)."""
     if residual is not None:
         x = x + residual

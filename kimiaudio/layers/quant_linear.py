@@ -41,14 +41,14 @@ class QuantLinear(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear, scheme: str) -> "QuantLinear":
+    def from_linear(cls, linear: nn.Linear, scheme: str) -> QuantLinear:
         weight = linear.weight
         if weight.is_meta:  # a memory plan: the shapes and dtypes only
             dtype = fp8.FP8 if scheme == "fp8" else torch.int8
             q = torch.empty(weight.shape, dtype=dtype, device="meta")
             scale = torch.empty(weight.shape[0], dtype=torch.float32, device="meta")
         else:
-            parts = [_QUANTIZE[scheme](weight[i:i + _ROWS_AT_ONCE]) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
+            parts = [_QUANTIZE[scheme](weight[i : i + _ROWS_AT_ONCE]) for i in range(0, weight.shape[0], _ROWS_AT_ONCE)]
             q, scale = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         return cls(q, scale, None if linear.bias is None else linear.bias.detach(), scheme)
 

@@ -25,8 +25,8 @@ truncation, as vLLM reports them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 
@@ -59,8 +59,10 @@ def sample(
     likeliest tokens to report (0 = none)."""
     rows = logits.shape[0]
     if not (len(params) == len(histories) == rows == uniforms.shape[0]):
-        raise ValueError(f"sample: {rows} logits rows, {len(params)} params, "
-                         f"{len(histories)} histories, {uniforms.shape[0]} uniforms")
+        raise ValueError(
+            f"sample: {rows} logits rows, {len(params)} params, "
+            f"{len(histories)} histories, {uniforms.shape[0]} uniforms"
+        )
     for p in params:
         if not isinstance(p, StreamSampling):
             raise TypeError("sample takes one StreamSampling per row: pass params.text or params.audio")
@@ -80,8 +82,9 @@ def sample(
     return Sampled(tokens, chosen, wanted, top_ids, top_lps)
 
 
-def _draw(logprobs: torch.Tensor, params: Sequence[StreamSampling], sampled: list[int],
-          uniforms: torch.Tensor) -> torch.Tensor:
+def _draw(
+    logprobs: torch.Tensor, params: Sequence[StreamSampling], sampled: list[int], uniforms: torch.Tensor
+) -> torch.Tensor:
     """The tokens of the sampled (not greedy) rows."""
     device = logprobs.device
     temps = torch.tensor([params[i].temperature for i in sampled], dtype=torch.float32)
@@ -104,8 +107,9 @@ def _draw(logprobs: torch.Tensor, params: Sequence[StreamSampling], sampled: lis
         if nucleus:
             top_p = torch.tensor([params[sampled[j]].top_p for j in group], dtype=torch.float32)
             before = (weights.cumsum(dim=-1) - weights) / weights.sum(dim=-1, keepdim=True)  # mass ahead of each
-            weights = torch.where(before < top_p.to(device, non_blocking=True)[:, None], weights,
-                                  torch.zeros_like(weights))
+            weights = torch.where(
+                before < top_p.to(device, non_blocking=True)[:, None], weights, torch.zeros_like(weights)
+            )
         picked = _inverse_cdf(weights, u[sub])
         picks[sub] = top_ids.gather(1, picked[:, None]).squeeze(1)
     if full_rows:
@@ -138,7 +142,7 @@ def apply_repetition_penalty(
     for row, (p, history) in enumerate(zip(params, histories)):
         if not p.penalises(len(history)):
             continue
-        window = dict.fromkeys(int(t) for t in history[-p.repetition_window:])  # duplicates once
+        window = dict.fromkeys(int(t) for t in history[-p.repetition_window :])  # duplicates once
         rows += [row] * len(window)
         cols += list(window)
         penalties += [p.repetition_penalty] * len(window)

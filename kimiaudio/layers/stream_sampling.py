@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kimiaudio.config import PRESENCE_FREQUENCY_PENALTY, REPETITION_PENALTY, REPETITION_WINDOW, TEMPERATURE, TOP_K, TOP_P
+from kimiaudio.config import (
+    PRESENCE_FREQUENCY_PENALTY,
+    REPETITION_PENALTY,
+    REPETITION_WINDOW,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+)
 from kimiaudio.validation import check_fields, setting
 
 GREEDY_TEMPERATURE = 1e-6  # official: temperatures at or below this are greedy

@@ -26,8 +26,19 @@ from kimiaudio.layers.triton_support import interpreting
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stride_x, stride_r, num_cols, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    sum_ptr,
+    stride_x,
+    stride_r,
+    num_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < num_cols
@@ -43,8 +54,9 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr, stride_x
     tl.store(out_ptr + row * num_cols + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x, residual [T, H] (rows contiguous) -> (norm(x + residual) * weight, x + residual)."""
     rows, cols = x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -53,16 +65,40 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if rows:
         block = triton.next_power_of_2(cols)
         _rms_norm_kernel[(rows,)](
-            x, x if residual is None else residual, weight, out, total, x.stride(0),
-            0 if residual is None else residual.stride(0), cols, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)))
+            x,
+            x if residual is None else residual,
+            weight,
+            out,
+            total,
+            x.stride(0),
+            0 if residual is None else residual.stride(0),
+            cols,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )
     return out, total
 
 
 @triton.jit
-def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
-                   stride_cos, stride_sin, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                   HEAD_DIM: tl.constexpr):
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     token = tl.program_id(0)
     head = tl.program_id(1)  # q heads, then k heads
     d = tl.arange(0, HEAD_DIM)
@@ -83,8 +119,7 @@ def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, stride_
     tl.store(dst + d, out.to(dtype))
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D], k [T, Hkv, D] (any row strides), cos/sin [T, 1, D] -> new contiguous q, k."""
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
@@ -94,8 +129,23 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     k_out = torch.empty(k.shape, device=k.device, dtype=k.dtype)
     if tokens:
         _rotary_kernel[(tokens, num_heads + num_kv_heads)](
-            q, k, cos, sin, q_out, k_out, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-            sin.stride(0), NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, num_warps=1)
+            q,
+            k,
+            cos,
+            sin,
+            q_out,
+            k_out,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos.stride(0),
+            sin.stride(0),
+            NUM_Q_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            num_warps=1,
+        )
     return q_out, k_out
 
 
@@ -123,19 +173,36 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                        HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _int8_linear_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K),
-                    other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * stride_wn + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K),
-                    other=0)  # [BLOCK_K, BLOCK_N]: the weight tile transposed
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0
+        )
+        w = tl.load(
+            w_ptr + cols[None, :] * stride_wn + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K), other=0
+        )  # [BLOCK_K, BLOCK_N]: the weight tile transposed
         if IEEE_FP32:  # no TF32 rounding: fp32 activations give the dequantized product
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:  # int8 values are exact in bf16 / fp16
@@ -143,12 +210,16 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, str
     acc = acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=(rows[:, None] < M) & (cols[None, :] < N),
+    )
 
 
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None, block_n: int | None = None) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, block_n: int | None = None
+) -> torch.Tensor:
     """x [T, K] @ (qweight [N, K] int8 * scale [N] fp32)^T + bias -> [T, N] in x's dtype.
     `block_n` (16, 32 or 64) overrides the tile width the kernel picks (tests run each)."""
     rows, k = x.shape
@@ -165,9 +236,24 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
         # there every dtype is multiplied in fp32, which the bf16 result then rounds from.
         ieee = x.dtype == torch.float32 or interpreting()
         _int8_linear_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n, block_n))](
-            x, qweight, scale, x if bias is None else bias, out, rows, n, k, x.stride(0), qweight.stride(0),
-            out.stride(0), HAS_BIAS=bias is not None, IEEE_FP32=ieee, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+            x,
+            qweight,
+            scale,
+            x if bias is None else bias,
+            out,
+            rows,
+            n,
+            k,
+            x.stride(0),
+            qweight.stride(0),
+            out.stride(0),
+            HAS_BIAS=bias is not None,
+            IEEE_FP32=ieee,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            num_warps=4,
+        )
     return out
 
 

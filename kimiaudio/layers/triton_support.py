@@ -51,7 +51,9 @@ def use_triton(device: torch.device) -> bool:
         return mode == "triton" or triton_importable()
     if mode == "triton":
         if not interpreting() or not triton_importable():
-            raise ConfigError(f"KIMIAUDIO_KERNELS=triton for {device.type} tensors needs triton installed and "
-                              "TRITON_INTERPRET=1 (its interpreter: compiled kernels need a CUDA GPU)")
+            raise ConfigError(
+                f"KIMIAUDIO_KERNELS=triton for {device.type} tensors needs triton installed and "
+                "TRITON_INTERPRET=1 (its interpreter: compiled kernels need a CUDA GPU)"
+            )
         return True
     return False  # auto: the CPU's path is torch's, even where the interpreter is on

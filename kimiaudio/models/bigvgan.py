@@ -49,7 +49,7 @@ class VocoderConfig:
         return hop
 
     @classmethod
-    def from_json(cls, path: Path) -> "VocoderConfig":
+    def from_json(cls, path: Path) -> VocoderConfig:
         raw = read_json(path)
 
         def ints(key):
@@ -250,7 +250,7 @@ class BigVGAN(nn.Module):
         self.activation_post = Activation1d(cout, cfg)
         self.conv_post = WNConv1d(cout, 1, 7, padding=3, bias=cfg.use_bias_at_final)
 
-    def fold_weight_norm(self) -> "BigVGAN":
+    def fold_weight_norm(self) -> BigVGAN:
         """Compute every conv weight once (after the final .to(device, dtype)); see WNConv1d.fold."""
         for module in self.modules():
             if isinstance(module, WNConv1d):

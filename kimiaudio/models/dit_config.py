@@ -45,7 +45,7 @@ class DiTConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def from_yaml(cls, path: Path) -> "DiTConfig":
+    def from_yaml(cls, path: Path) -> DiTConfig:
         raw = read_yaml(path)
         dit = config_value(raw, "model", path)
         dit = config_value(dit, "dit", path) if isinstance(dit, dict) else None
@@ -55,8 +55,14 @@ class DiTConfig:
         def get(key, kind, default=...):
             value = config_value(dit, key, path, default)
             accepted = (int, float) if kind is float else kind
-            if isinstance(value, bool) != (kind is bool) or not isinstance(value, accepted) or (kind is int and value <= 0):
-                raise CheckpointError(f"{path}: 'model.dit.{key}' = {value!r}, expected a {'positive ' * (kind is int)}{kind.__name__}")
+            if (
+                isinstance(value, bool) != (kind is bool)
+                or not isinstance(value, accepted)
+                or (kind is int and value <= 0)
+            ):
+                raise CheckpointError(
+                    f"{path}: 'model.dit.{key}' = {value!r}, expected a {'positive ' * (kind is int)}{kind.__name__}"
+                )
             return kind(value)
 
         ffn = config_value(dit, "ffn_type", path, "conv1d_conv1d")  # official default
@@ -64,7 +70,9 @@ class DiTConfig:
             raise CheckpointError(f"{path}: 'model.dit.ffn_type' = {ffn!r}, only 'vanilla_mlp' is supported")
         kind = config_value(dit, "position_embedding_type", path)
         if kind not in POSITION_EMBEDDINGS:
-            raise CheckpointError(f"{path}: 'model.dit.position_embedding_type' = {kind!r}, expected one of {POSITION_EMBEDDINGS}")
+            raise CheckpointError(
+                f"{path}: 'model.dit.position_embedding_type' = {kind!r}, expected one of {POSITION_EMBEDDINGS}"
+            )
         rope = config_value(dit, "rope_params", path, {})
         if not isinstance(rope, dict):
             raise CheckpointError(f"{path}: 'model.dit.rope_params' must be a mapping")
@@ -90,7 +98,9 @@ class DiTConfig:
             mel_std=float(std) if normalize else None,
         )
         if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 2:
-            raise CheckpointError(f"{path}: hidden_size {cfg.hidden_size} must split into {cfg.num_heads} heads of even size")
+            raise CheckpointError(
+                f"{path}: hidden_size {cfg.hidden_size} must split into {cfg.num_heads} heads of even size"
+            )
         return cfg
 
 

@@ -18,7 +18,6 @@ from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError, ConfigError
 from kimiaudio.validation import Bounds, check_value, declared, setting
 
-
 INT32_MAX = 2**31 - 1  # sizes and ids index int32 tensors
 POSITIVE = Bounds(1, INT32_MAX)
 COUNT = Bounds(0, INT32_MAX)
@@ -57,12 +56,12 @@ class KimiaConfig:
         return self.num_hidden_layers + self.kimia_mimo_layers
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "KimiaConfig":
+    def from_file(cls, path: str | Path) -> KimiaConfig:
         path = Path(path)
         return cls.from_dict(read_json(path), path)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], path: str | Path = "config.json") -> "KimiaConfig":
+    def from_dict(cls, data: dict[str, Any], path: str | Path = "config.json") -> KimiaConfig:
         path = Path(path)
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
@@ -71,8 +70,9 @@ class KimiaConfig:
             default = ... if field.default is dataclasses.MISSING else field.default
             expected, bounds = declared(cls)[field.name]
             try:
-                values[field.name] = check_value(field.name, config_value(data, field.name, path, default),
-                                                 expected, bounds)
+                values[field.name] = check_value(
+                    field.name, config_value(data, field.name, path, default), expected, bounds
+                )
             except ConfigError as exc:
                 raise CheckpointError(f"{path}: {exc}") from None
         config = cls(**values, source=str(path))
@@ -81,18 +81,25 @@ class KimiaConfig:
 
     def _validate(self, path: Path) -> None:
         """The rules between keys; each key's own range is declared on its field."""
+
         def bad(message: str) -> CheckpointError:
             return CheckpointError(f"{path}: {message}")
 
         if self.hidden_size % self.num_attention_heads:
-            raise bad(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}")
+            raise bad(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise bad(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                      f"num_key_value_heads {self.num_key_value_heads}")
+            raise bad(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
         if self.head_dim % 2:
             raise bad(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if self.kimia_mimo_transformer_from_layer_index >= self.num_hidden_layers:
-            raise bad(f"kimia_mimo_transformer_from_layer_index {self.kimia_mimo_transformer_from_layer_index} "
-                      f"must be in 0..{self.num_hidden_layers - 1}")
+            raise bad(
+                f"kimia_mimo_transformer_from_layer_index {self.kimia_mimo_transformer_from_layer_index} "
+                f"must be in 0..{self.num_hidden_layers - 1}"
+            )
         if self.kimia_token_offset > self.vocab_size:
             raise bad(f"kimia_token_offset {self.kimia_token_offset} must be in 1..vocab_size ({self.vocab_size})")

@@ -14,8 +14,8 @@ owns the KV cache (trunk layers are slots 0..L-1, MIMO layers L..L+M-1).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -25,12 +25,12 @@ from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.checkpoint.tensor_check import TensorCheck
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.layers.attention import AttentionBackend
-from kimiaudio.models.kimia_config import KimiaConfig
-from kimiaudio.layers.quant_linear import quantize_linears
-from kimiaudio.models.qwen2 import Qwen2DecoderLayer
-from kimiaudio.models.quantize import scheme_of
-from kimiaudio.layers.rotary import RotaryEmbedding
 from kimiaudio.layers.norm import RMSNorm
+from kimiaudio.layers.quant_linear import quantize_linears
+from kimiaudio.layers.rotary import RotaryEmbedding
+from kimiaudio.models.kimia_config import KimiaConfig
+from kimiaudio.models.quantize import scheme_of
+from kimiaudio.models.qwen2 import Qwen2DecoderLayer
 
 # The ModuleLists of decoder layers under `model.` (the trunk, then the MIMO branch).
 DECODER_STACKS = ("layers", "mimo_layers")
@@ -77,7 +77,7 @@ class KimiAudioLM(nn.Module):
         self.mimo_output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
 
-    def fuse_projections(self) -> "KimiAudioLM":
+    def fuse_projections(self) -> KimiAudioLM:
         """Merge every layer's q/k/v and gate/up projections (see qwen2.fuse_linears); call
         after the weights are loaded by their official names."""
         for layer in [*self.model.layers, *self.model.mimo_layers]:
@@ -153,8 +153,13 @@ class KimiAudioLM(nn.Module):
         return text_logits, audio_logits
 
 
-def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dtype, progress: bool = False,
-            weights: str = "bf16") -> KimiAudioLM:
+def load_lm(
+    paths: CheckpointPaths,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    progress: bool = False,
+    weights: str = "bf16",
+) -> KimiAudioLM:
     """Build the LM from config.json and its safetensors weights by name, one decoder layer at
     a time (assemble_lm); `weights` fp8 or int8 quantizes its decoder layers (models/quantize.py),
     bf16 keeps them in `dtype`. The checkpoint's rotary inv_freq buffers are recomputed."""
@@ -166,9 +171,15 @@ def load_lm(paths: CheckpointPaths, device: torch.device | str, dtype: torch.dty
 
 
 @torch.no_grad()
-def assemble_lm(config: KimiaConfig, tensors: Iterable[tuple[str, torch.Tensor]], device: torch.device | str,
-                dtype: torch.dtype, weights: str = "bf16", source: Path | str = "LM weights",
-                ignore: tuple[str, ...] = ()) -> KimiAudioLM:
+def assemble_lm(
+    config: KimiaConfig,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    weights: str = "bf16",
+    source: Path | str = "LM weights",
+    ignore: tuple[str, ...] = (),
+) -> KimiAudioLM:
     """The LM from its tensors by official name, placed as they arrive.
 
     A decoder layer is built on `device` as soon as its last tensor has come, then fused and
@@ -203,7 +214,7 @@ def assemble_lm(config: KimiaConfig, tensors: Iterable[tuple[str, torch.Tensor]]
 
 
 def _layer_prefix(name: str) -> str:
-    """"model.layers.3.mlp.up_proj.weight" -> "model.layers.3."; "" outside the decoder layers."""
+    """ "model.layers.3.mlp.up_proj.weight" -> "model.layers.3."; "" outside the decoder layers."""
     parts = name.split(".")
     return ".".join(parts[:3]) + "." if parts[1] in DECODER_STACKS else ""
 

@@ -38,8 +38,9 @@ def quantize_lm(lm: nn.Module, choice: str) -> nn.Module:
     return lm
 
 
-def quantize_dit(dit: nn.Module, choice: str, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> nn.Module:
+def quantize_dit(
+    dit: nn.Module, choice: str, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> nn.Module:
     """Quantize the DiT's blocks and final layer in place. With `device`, the DiT also moves
     there (in `dtype`) one block at a time, each quantized before the next moves: the device
     never holds the whole DiT in full precision (2.95 GiB in bf16 at full size)."""

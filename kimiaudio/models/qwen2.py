@@ -70,8 +70,9 @@ class Qwen2Attention(nn.Module):
         kv = self.num_kv_heads * self.head_dim
         return self.qkv_proj(x).split([self.num_heads * self.head_dim, kv, kv], dim=-1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend, layer_idx: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend, layer_idx: int
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.project(x)
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
@@ -110,8 +111,14 @@ class Qwen2DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) [T, H] each -> the same pair after this layer.
 
         The residual stream is carried beside the block output and added by the next norm

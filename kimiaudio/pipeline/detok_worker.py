@@ -24,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 import torch
 
@@ -35,16 +35,23 @@ from kimiaudio.pipeline.detok_turn import DetokTurn
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.voice_bank import VoiceBank
 from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
+from kimiaudio.pipeline.voice_bank import VoiceBank
 from kimiaudio.pipeline.worker import Worker
 
 log = logging.getLogger(__name__)
 
 
 class DetokWorker(Worker):
-    def __init__(self, detokenizer, config, device, metrics: PipelineMetrics, llm_busy: Callable[[], bool],
-                 on_failed: Callable[[str], None]):
+    def __init__(
+        self,
+        detokenizer,
+        config,
+        device,
+        metrics: PipelineMetrics,
+        llm_busy: Callable[[], bool],
+        on_failed: Callable[[str], None],
+    ):
         super().__init__("kimiaudio-detok", device, config.engine.cpu_threads)
         self.detokenizer, self.cfg, self.metrics = detokenizer, config.detok, metrics
         self._llm_busy = llm_busy
@@ -55,8 +62,9 @@ class DetokWorker(Worker):
         self._turns: dict[str, DetokTurn] = {}
         # The detokenizer's step counts; how many to batch and how far ahead to run are this
         # pipeline's serving policy (its config), which may differ from the one it was loaded with.
-        self._guard_settings = dataclasses.replace(detokenizer.guard_settings, max_batch_sessions=self.cfg.max_batch_sessions,
-                                          run_ahead_s=self.cfg.run_ahead_s)
+        self._guard_settings = dataclasses.replace(
+            detokenizer.guard_settings, max_batch_sessions=self.cfg.max_batch_sessions, run_ahead_s=self.cfg.run_ahead_s
+        )
 
     # ---- any thread (the LM worker) --------------------------------------------------------
     def open(self, handle: TurnHandle, seed: int | None, voice=None) -> None:
@@ -73,6 +81,7 @@ class DetokWorker(Worker):
 
     def prepare_voice(self, voice) -> Future:
         """Compute (or find) the voice's prefix now; the future fails if the voice cannot be used."""
+
         def build() -> None:
             self.voices.prefix(voice)
 
@@ -163,8 +172,9 @@ class DetokWorker(Worker):
     def _run(self, batch: list[DetokTurn], ode_steps: list[int | None]) -> None:
         start = time.perf_counter()
         try:
-            wavs = self.detokenizer.step_batch([DetokItem(t.stream, [], t.final, steps)
-                                                for t, steps in zip(batch, ode_steps)])
+            wavs = self.detokenizer.step_batch(
+                [DetokItem(t.stream, [], t.final, steps) for t, steps in zip(batch, ode_steps)]
+            )
         except Exception as exc:  # e.g. out of GPU memory: these turns fail, the server goes on
             log.exception("detokenizer batch of %d failed", len(batch))
             self._fail(batch, failure_message("detokenizer", exc))

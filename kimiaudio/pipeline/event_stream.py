@@ -8,7 +8,8 @@ ends after the event for which `is_last(event)` is true; later events are droppe
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ class EventStream(Generic[T]):
             self.last = event
         self._queue.put_nowait(event)
 
-    def __aiter__(self) -> "EventStream[T]":
+    def __aiter__(self) -> EventStream[T]:
         return self
 
     async def __anext__(self) -> T:

@@ -77,8 +77,9 @@ class LmTurn:
         if name not in self.timings:
             self.timings[name] = self.handle.seconds()
 
-    def add_tokens(self, text_token: int | None, audio_token: int | None, logprob: float | None = None,
-                   top: tuple | None = None) -> int | None:
+    def add_tokens(
+        self, text_token: int | None, audio_token: int | None, logprob: float | None = None, top: tuple | None = None
+    ) -> int | None:
         """Record one step's tokens (after the official rules, which already force the delay
         blanks; ids below the offset, such as the terminating msg_end, are not speech) and the
         text token's log-probability. Returns the step's speech code, if any."""
@@ -109,7 +110,7 @@ class LmTurn:
         stable = self._before_stop(text if ending else text.rstrip("\ufffd"), ending)
         if len(stable) <= len(self.emitted_text) or not stable.startswith(self.emitted_text):
             return None
-        delta, self.emitted_text = stable[len(self.emitted_text):], stable
+        delta, self.emitted_text = stable[len(self.emitted_text) :], stable
         self.mark("first_text_s")
         return TextDelta(delta, self._new_logprobs(tokenizer))
 
@@ -123,11 +124,11 @@ class LmTurn:
         found = [i for i in (text.find(s, since) for s in stops) if i >= 0]
         if found:
             self.stopped = True
-            return text[:min(found)]
+            return text[: min(found)]
         if ending:
             return text
         hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        return text[:len(text) - hold]
+        return text[: len(text) - hold]
 
     def _new_logprobs(self, tokenizer) -> tuple[TokenLogprob, ...]:
         """The log-probabilities of the text ids decoded since the last call (up to the text
@@ -135,12 +136,11 @@ class LmTurn:
         if not self.request.logprobs:
             return ()
         new, start, self._scored = [], self._scored, self._num_decoded
-        for token, logprob, top in self._scores[start:self._num_decoded]:
+        for token, logprob, top in self._scores[start : self._num_decoded]:
             text = tokenizer.token_bytes(token) if logprob is not None else b""
             if not text:
                 continue  # forced, or no text (a blank the model chose)
-            new.append(TokenLogprob(token, text, logprob,
-                                    tuple((tokenizer.token_bytes(t), lp) for t, lp in top or ())))
+            new.append(TokenLogprob(token, text, logprob, tuple((tokenizer.token_bytes(t), lp) for t, lp in top or ())))
         if self.stopped:  # keep the tokens that begin before the cut
             emitted = len(self.emitted_text.encode())
             before = sum(len(t.token_bytes) for t in self.logprobs)
@@ -154,13 +154,21 @@ class LmTurn:
         self.logprobs += new
         return tuple(new)
 
-    def result(self, status: str, error: str | None = None, finish_reason: str | None = None,
-               error_code: str | None = None) -> TurnDone:
+    def result(
+        self, status: str, error: str | None = None, finish_reason: str | None = None, error_code: str | None = None
+    ) -> TurnDone:
         """The turn's TurnDone as far as the LM knows it (the detokenizer adds its timings)."""
         return TurnDone(
-            status=status, text=self.emitted_text, text_tokens=list(self.raw_text), audio_tokens=list(self.codes),
-            timings=dict(self.timings), error=error, error_code=error_code, finish_reason=finish_reason,
-            prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0), prefill_tokens_cached=self.num_cached,
+            status=status,
+            text=self.emitted_text,
+            text_tokens=list(self.raw_text),
+            audio_tokens=list(self.codes),
+            timings=dict(self.timings),
+            error=error,
+            error_code=error_code,
+            finish_reason=finish_reason,
+            prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0),
+            prefill_tokens_cached=self.num_cached,
             logprobs=list(self.logprobs),
             first_audio_steps=self.first_audio_steps,
         )

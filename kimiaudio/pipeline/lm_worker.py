@@ -25,23 +25,22 @@ from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import EngineRequest, RequestError
+from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key
 from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
 from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import URGENT, Worker
 from kimiaudio.text.output_type import BOTH, TEXT, check_output_type
 from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
-
 
 
 def client_fault(exc: Exception) -> str | None:
@@ -138,8 +137,11 @@ class LmWorker(Worker):
 
     def on_error(self, message: tuple | None, exc: Exception) -> None:
         if message is not None and message[0] == "submit":
-            deliver_done(message[1], TurnDone("failed", error=failure_message("starting the turn", exc),
-                                              error_code=client_fault(exc)), self.metrics)
+            deliver_done(
+                message[1],
+                TurnDone("failed", error=failure_message("starting the turn", exc), error_code=client_fault(exc)),
+                self.metrics,
+            )
             return
         # A bug past any one turn (e.g. in the engine's bookkeeping): fail every turn, keep serving.
         self._fail_all(failure_message("generation", exc))
@@ -175,10 +177,17 @@ class LmWorker(Worker):
                     log.exception("starting turn %s failed", pending.handle.turn_id)
                 turn = self._turns.get(pending.handle.turn_id)
                 if turn is not None:
-                    self._finish(turn, "failed", failure_message("starting the turn", exc), error_code=client_fault(exc))
+                    self._finish(
+                        turn, "failed", failure_message("starting the turn", exc), error_code=client_fault(exc)
+                    )
                 else:
-                    deliver_done(pending.handle, TurnDone("failed", error=failure_message("starting the turn", exc),
-                                                          error_code=client_fault(exc)), self.metrics)
+                    deliver_done(
+                        pending.handle,
+                        TurnDone(
+                            "failed", error=failure_message("starting the turn", exc), error_code=client_fault(exc)
+                        ),
+                        self.metrics,
+                    )
 
     def _admit(self, turn: LmTurn) -> None:
         handle, request = turn.handle, turn.request
@@ -192,9 +201,19 @@ class LmWorker(Worker):
         turn.timings["queued_s"] = turn.queued_s
         turn.mark("encoded_s")
         handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
-        turn.seq_id = self.engine.add_request(EngineRequest(
-            handle.turn_id, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
-            params, output_type, specials, request.priority))
+        turn.seq_id = self.engine.add_request(
+            EngineRequest(
+                handle.turn_id,
+                prompt.audio_ids,
+                prompt.text_ids,
+                prompt.continuous_mask,
+                prompt.features_tensor(),
+                params,
+                output_type,
+                specials,
+                request.priority,
+            )
+        )
         self._turns[handle.turn_id] = turn
         if speaks:
             self.detok.open(handle, params.seed, request.voice)
@@ -229,8 +248,14 @@ class LmWorker(Worker):
                         turn.first_audio_steps = self.num_steps - turn.submit_step
                 if out.finished:
                     turn.seq_id = None  # the engine is done with it
-                    ended.append((turn, "failed" if out.error else "completed", out.error,
-                                  "stop" if turn.stopped else out.finish_reason))
+                    ended.append(
+                        (
+                            turn,
+                            "failed" if out.error else "completed",
+                            out.error,
+                            "stop" if turn.stopped else out.finish_reason,
+                        )
+                    )
                 elif turn.stopped:  # a stop string: the answer ends here (_finish frees its KV)
                     ended.append((turn, "completed", None, "stop"))
             except Exception as exc:
@@ -241,8 +266,9 @@ class LmWorker(Worker):
         for turn, status, error, reason in ended:
             self._finish(turn, status, error, reason)
 
-    def _finish(self, turn: LmTurn, status: str, error: str | None, reason: str | None = None,
-                error_code: str | None = None) -> None:
+    def _finish(
+        self, turn: LmTurn, status: str, error: str | None, reason: str | None = None, error_code: str | None = None
+    ) -> None:
         """The LM is done with the turn: free its KV, hand its end on."""
         self._turns.pop(turn.turn_id, None)
         if turn.seq_id is not None:

@@ -34,33 +34,49 @@ def _bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
 
 
-def memory_budget(stack, sessions: int, device_bytes: int | None = None, graphs: dict | None = None,
-                  headroom_bytes: int = HEADROOM, positions: int | None = None) -> dict:
+def memory_budget(
+    stack,
+    sessions: int,
+    device_bytes: int | None = None,
+    graphs: dict | None = None,
+    headroom_bytes: int = HEADROOM,
+    positions: int | None = None,
+) -> dict:
     """Bytes by item for `sessions` concurrent sessions. `device_bytes`: the card's total (None:
     no KV pool line); `graphs`: Detokenizer.prepare_for_serving()'s report; `positions`: the
     positions each session must be able to hold (None: no `fits`)."""
-    weights = {"lm": _bytes(stack.lm), "whisper": _bytes(stack.whisper.encoder),
-               "glm4_tokenizer": _bytes(stack.glm4.model)}
+    weights = {
+        "lm": _bytes(stack.lm),
+        "whisper": _bytes(stack.whisper.encoder),
+        "glm4_tokenizer": _bytes(stack.glm4.model),
+    }
     detok = stack.detokenizer
-    plan: dict = {"weights": weights, "sessions": sessions,
-                  "weights_choice": {"lm": getattr(stack.lm, "weights", "bf16")}}
+    plan: dict = {
+        "weights": weights,
+        "sessions": sessions,
+        "weights_choice": {"lm": getattr(stack.lm, "weights", "bf16")},
+    }
     fixed = sum(weights.values())
     if detok is not None:
         weights.update(dit=_bytes(detok.dit), vocoder=_bytes(detok.vocoder))
         plan["weights_choice"]["dit"] = getattr(detok.dit, "weights", "bf16")
         fixed += weights["dit"] + weights["vocoder"]
         graph_bytes = (graphs or {}).get("added_bytes", 0)
-        plan.update(detok_static_buffers=detok.flow.arena.nbytes, detok_graph_pool=graph_bytes,
-                    detok_state_per_session=detok.state_bytes_per_stream(),
-                    detok_state_all_sessions=sessions * detok.state_bytes_per_stream())
+        plan.update(
+            detok_static_buffers=detok.flow.arena.nbytes,
+            detok_graph_pool=graph_bytes,
+            detok_state_per_session=detok.state_bytes_per_stream(),
+            detok_state_all_sessions=sessions * detok.state_bytes_per_stream(),
+        )
         fixed += detok.flow.arena.nbytes + graph_bytes + plan["detok_state_all_sessions"]
     cfg = stack.lm.config
     plan["weights_total_bytes"] = sum(weights.values())
     plan["lm_kv_per_token"] = cfg.num_kv_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * stack.lm.dtype.itemsize
     plan["fixed_total"] = fixed
     if device_bytes is not None:
-        plan.update(device_total=device_bytes, headroom=headroom_bytes,
-                    kv_pool=max(0, device_bytes - fixed - headroom_bytes))
+        plan.update(
+            device_total=device_bytes, headroom=headroom_bytes, kv_pool=max(0, device_bytes - fixed - headroom_bytes)
+        )
         plan["kv_pool_tokens"] = plan["kv_pool"] // plan["lm_kv_per_token"]
         plan["tokens_per_session"] = plan["kv_pool_tokens"] // max(1, sessions)
         if positions is not None:
@@ -84,8 +100,9 @@ class MetaStack:
     detokenizer: object | None
 
 
-def meta_stack(paths: CheckpointPaths, dtype: torch.dtype, detok_cfg, lm_weights: str, dit_weights: str | None,
-               sessions: int) -> MetaStack:
+def meta_stack(
+    paths: CheckpointPaths, dtype: torch.dtype, detok_cfg, lm_weights: str, dit_weights: str | None, sessions: int
+) -> MetaStack:
     """The parts `paths`' config files describe, on the meta device, as the loaders would leave
     them (projections fused; LM and DiT quantized as chosen; the GLM encoder in float32).
     dit_weights None: text only. The detokenizer batches at most `sessions` streams."""
@@ -102,7 +119,9 @@ def meta_stack(paths: CheckpointPaths, dtype: torch.dtype, detok_cfg, lm_weights
     with torch.device("meta"):
         lm = KimiAudioLM(KimiaConfig.from_file(paths.lm_config)).to(dtype)
     lm = quantize_lm(lm.fuse_projections(), lm_weights)
-    whisper = WhisperFeatureEncoder.empty_encoder(WhisperConfig(**read_json(paths.whisper / "config.json")), "meta", dtype)
+    whisper = WhisperFeatureEncoder.empty_encoder(
+        WhisperConfig(**read_json(paths.whisper / "config.json")), "meta", dtype
+    )
     glm = Glm4SpeechTokenizer.empty_model(WhisperVQConfig.from_file(paths.glm_tokenizer / "config.json"), "meta")
     detok = None
     if dit_weights is not None:
@@ -119,8 +138,16 @@ def meta_stack(paths: CheckpointPaths, dtype: torch.dtype, detok_cfg, lm_weights
     return MetaStack(lm, _Part(encoder=whisper), _Part(model=glm), detok)
 
 
-def plan_for_shape(shape: str, config, lm_weights: str, dit_weights: str | None, sessions: int, card_bytes: int,
-                   positions: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def plan_for_shape(
+    shape: str,
+    config,
+    lm_weights: str,
+    dit_weights: str | None,
+    sessions: int,
+    card_bytes: int,
+    positions: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> dict:
     """The plan of a random_weights shape (e.g. "full": the real model's shapes) on a card."""
     from kimiaudio.random_weights.config_files import GLM_DIR, write_config_files
     from kimiaudio.random_weights.shapes import shape_named
@@ -144,8 +171,9 @@ def choose_weights(lm: str, dit: str, fp8: bool, plan_of) -> tuple[str, str, dic
     return picked[0], picked[1], plan
 
 
-def resolve_weights(config, paths: CheckpointPaths, device: torch.device, dtype: torch.dtype,
-                    text_only: bool) -> tuple[str, str]:
+def resolve_weights(
+    config, paths: CheckpointPaths, device: torch.device, dtype: torch.dtype, text_only: bool
+) -> tuple[str, str]:
     """([model] weights, [detok] weights) with auto resolved: on the CPU the configured dtype
     unquantized; on CUDA bf16 where the plan for server.max_sessions sessions of
     engine.max_model_len positions fits the card, else fp8 where the GPU has it, else int8.
@@ -168,8 +196,13 @@ def resolve_weights(config, paths: CheckpointPaths, device: torch.device, dtype:
         if value == "fp8":
             require_fp8(device, key)
     if plan is not None:
-        log.info("weights = auto: LM %s, DiT %s (%s)\n%s", lm, dit,
-                 "fits" if plan["fits"] else "no choice fits; the smallest is used", format_memory_budget(plan))
+        log.info(
+            "weights = auto: LM %s, DiT %s (%s)\n%s",
+            lm,
+            dit,
+            "fits" if plan["fits"] else "no choice fits; the smallest is used",
+            format_memory_budget(plan),
+        )
     else:
         log.info("weights: LM %s, DiT %s", lm, "none (text only)" if text_only else dit)
     return lm, dit
@@ -185,16 +218,22 @@ def format_memory_budget(plan: dict) -> str:
     if "detok_state_per_session" in plan:
         lines.append(f"  detok static buffers    {plan['detok_static_buffers'] / GIB:8.2f} GiB")
         lines.append(f"  detok graph pool        {plan['detok_graph_pool'] / GIB:8.2f} GiB")
-        lines.append(f"  detok state             {plan['detok_state_all_sessions'] / GIB:8.2f} GiB "
-                     f"({plan['detok_state_per_session'] / (1 << 20):.1f} MiB a session at the K/V cap)")
+        lines.append(
+            f"  detok state             {plan['detok_state_all_sessions'] / GIB:8.2f} GiB "
+            f"({plan['detok_state_per_session'] / (1 << 20):.1f} MiB a session at the K/V cap)"
+        )
     lines.append(f"  fixed total             {plan['fixed_total'] / GIB:8.2f} GiB")
     if "kv_pool" in plan:
         lines.append(f"  headroom                {plan['headroom'] / GIB:8.2f} GiB")
-        lines.append(f"  LM KV pool (sized last) {plan['kv_pool'] / GIB:8.2f} GiB = {plan['kv_pool_tokens']:,} tokens "
-                     f"({plan['lm_kv_per_token'] / 1024:.0f} KiB a token) of {plan['device_total'] / GIB:.1f} GiB, "
-                     f"{plan['tokens_per_session']:,} a session")
+        lines.append(
+            f"  LM KV pool (sized last) {plan['kv_pool'] / GIB:8.2f} GiB = {plan['kv_pool_tokens']:,} tokens "
+            f"({plan['lm_kv_per_token'] / 1024:.0f} KiB a token) of {plan['device_total'] / GIB:.1f} GiB, "
+            f"{plan['tokens_per_session']:,} a session"
+        )
     if "fits" in plan:
         need = plan["sessions"] * plan["positions_per_session"]
-        lines.append(f"  {'fits' if plan['fits'] else 'does NOT fit'}: {plan['sessions']} sessions x "
-                     f"{plan['positions_per_session']:,} positions = {need:,} tokens")
+        lines.append(
+            f"  {'fits' if plan['fits'] else 'does NOT fit'}: {plan['sessions']} sessions x "
+            f"{plan['positions_per_session']:,} positions = {need:,} tokens"
+        )
     return "\n".join(lines)

@@ -14,12 +14,41 @@ import threading
 from collections import Counter, deque
 
 # Seconds: from a fraction of a GPU decode step to a stalled multi-second turn.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2,
-                   0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+)
 RECENT = 4096  # values kept for percentiles
 # TurnDone.timings keys, in the order a turn passes them (seconds since submit).
-TURN_STAGES = ("queued_s", "encoded_s", "prefill_done_s", "first_text_s", "first_audio_token_s", "first_pcm_s",
-               "done_s")
+TURN_STAGES = (
+    "queued_s",
+    "encoded_s",
+    "prefill_done_s",
+    "first_text_s",
+    "first_audio_token_s",
+    "first_pcm_s",
+    "done_s",
+)
 
 
 class Timing:
@@ -86,8 +115,13 @@ class PipelineMetrics:
 
     def reset_recent(self) -> None:
         """Start a new measurement window (the benches call this between rows)."""
-        for timing in (self.lm_step_s, self.lm_batch, self.encode_batch_s, self.detok_batch_s,
-                       *self.turn_stage_s.values()):
+        for timing in (
+            self.lm_step_s,
+            self.lm_batch,
+            self.encode_batch_s,
+            self.detok_batch_s,
+            *self.turn_stage_s.values(),
+        ):
             timing.reset_recent()
         self.min_free_blocks = None
         self.max_batch.clear()

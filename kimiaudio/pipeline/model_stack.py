@@ -20,7 +20,6 @@ import torch
 
 from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.checkpoint.files import read_json
-
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
 
@@ -68,7 +67,7 @@ class ModelStack:
         return self.lm.config
 
     @classmethod
-    def load(cls, config: Config, progress: bool = False, text_only: bool | None = None) -> "ModelStack":
+    def load(cls, config: Config, progress: bool = False, text_only: bool | None = None) -> ModelStack:
         # Loading allocates hundreds of thousands of long-lived objects (imports, modules) and
         # no garbage cycles worth finding: the collector's repeated passes over them are a
         # large part of the demo's start-up. Paused for the load only.
@@ -81,7 +80,7 @@ class ModelStack:
                 gc.enable()
 
     @classmethod
-    def _load(cls, config: Config, progress: bool, text_only: bool | None) -> "ModelStack":
+    def _load(cls, config: Config, progress: bool, text_only: bool | None) -> ModelStack:
         from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer
         from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
         from kimiaudio.models.kimia_lm import load_lm
@@ -114,8 +113,9 @@ class ModelStack:
         if not text_only:
             from kimiaudio.detok.detokenizer import Detokenizer
 
-            detok = timed("detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok,
-                                                                       weights=dit_weights))
+            detok = timed(
+                "detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok, weights=dit_weights)
+            )
         return cls(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 
     def encode_speech(self, pcm16k: np.ndarray) -> tuple[list[int], torch.Tensor]:

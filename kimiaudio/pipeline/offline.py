@@ -16,11 +16,11 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import AudioInputError, KimiAudioError
-from kimiaudio.engine.stop_rules import official_codes, official_text_ids
-from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
 from kimiaudio.engine.reference_loop import generate_reference
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.engine.stop_rules import official_codes, official_text_ids
+from kimiaudio.errors import AudioInputError, KimiAudioError
+from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
 from kimiaudio.text.prompt import ASR_INSTRUCTION, Message, build_prompt
 
 
@@ -37,8 +37,14 @@ class OfflineAnswer:
     timings: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_tokens(cls, stack: ModelStack, text_tokens: list[int], audio_tokens: list[int],
-                    finish_reason: str | None, num_steps: int) -> "OfflineAnswer":
+    def from_tokens(
+        cls,
+        stack: ModelStack,
+        text_tokens: list[int],
+        audio_tokens: list[int],
+        finish_reason: str | None,
+        num_steps: int,
+    ) -> OfflineAnswer:
         """One generation's official return values, its text decoded as official generate() does."""
         text = stack.tokenizer.decode(official_text_ids(text_tokens, stack.specials.token_offset))
         return cls(text, text_tokens, audio_tokens, finish_reason, num_steps)
@@ -58,22 +64,34 @@ def user_audio_message(stack: ModelStack, pcm: np.ndarray) -> tuple[Message, dic
     return Message("user", "audio", audio_tokens=codes, features=features), {"encode_s": seconds}
 
 
-def answer(stack: ModelStack, messages: list[Message], params: SamplingParams, output_type: str,
-           speak: bool = True) -> OfflineAnswer:
+def answer(
+    stack: ModelStack, messages: list[Message], params: SamplingParams, output_type: str, speak: bool = True
+) -> OfflineAnswer:
     """Generate the assistant's answer to `messages` (and speak it when output_type is both
     and `speak`; speak=False leaves the codes undecoded, e.g. to time the LM alone)."""
     prompt = build_prompt(messages, output_type, stack.tokenizer, stack.specials)
     start = time.perf_counter()
     result = generate_reference(
-        stack.lm, prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor(),
-        params, output_type, stack.specials, device=stack.device,
+        stack.lm,
+        prompt.audio_ids,
+        prompt.text_ids,
+        prompt.continuous_mask,
+        prompt.features_tensor(),
+        params,
+        output_type,
+        stack.specials,
+        device=stack.device,
     )
     gen_s = time.perf_counter() - start
     offset = stack.specials.token_offset
-    timings = {"prompt_tokens": float(len(prompt)), "generate_s": gen_s,
-               "steps_per_s": result.num_steps / max(gen_s, 1e-9)}
-    turn = OfflineAnswer.from_tokens(stack, result.text_tokens, result.audio_tokens, result.finish_reason,
-                                     result.num_steps)
+    timings = {
+        "prompt_tokens": float(len(prompt)),
+        "generate_s": gen_s,
+        "steps_per_s": result.num_steps / max(gen_s, 1e-9),
+    }
+    turn = OfflineAnswer.from_tokens(
+        stack, result.text_tokens, result.audio_tokens, result.finish_reason, result.num_steps
+    )
     turn.timings = timings
     codes = turn.codes(offset)
     if speak and output_type == "both" and stack.detokenizer is not None:
@@ -162,9 +180,20 @@ def _turn_json(turn: OfflineAnswer) -> dict:
 
 def _report(args, stack: ModelStack, load_timings: dict, turns: list[dict]) -> None:
     if args.json:
-        print(json.dumps({"demo_weights": stack.is_demo, "model": str(stack.paths.root),
-                          "device": str(stack.device), "dtype": str(stack.dtype).replace("torch.", ""),
-                          "load_timings": load_timings, "turns": turns}, ensure_ascii=False, indent=1))
+        print(
+            json.dumps(
+                {
+                    "demo_weights": stack.is_demo,
+                    "model": str(stack.paths.root),
+                    "device": str(stack.device),
+                    "dtype": str(stack.dtype).replace("torch.", ""),
+                    "load_timings": load_timings,
+                    "turns": turns,
+                },
+                ensure_ascii=False,
+                indent=1,
+            )
+        )
         return
     if stack.is_demo:
         print(DEMO_NOTICE)

@@ -12,19 +12,19 @@ reads each turn's TurnHandle; it never waits on a worker.
 from __future__ import annotations
 
 import asyncio
-import logging
 import itertools
+import logging
 import sys
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.engine_io import ANSWER_PRIORITY
+from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.turn_handle import TurnHandle
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import Voice, VoiceRegistry
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,10 @@ class Pipeline:
     def __init__(self, stack, config):
         detokenizer = stack.detokenizer
         if detokenizer is not None and detokenizer.sample_rate != SPEECH_OUTPUT_RATE:
-            raise KimiAudioError(f"vocoder/config.json: sampling_rate {detokenizer.sample_rate}; the pipeline "
-                                 f"streams {SPEECH_OUTPUT_RATE} Hz, the official vocoder's rate")
+            raise KimiAudioError(
+                f"vocoder/config.json: sampling_rate {detokenizer.sample_rate}; the pipeline "
+                f"streams {SPEECH_OUTPUT_RATE} Hz, the official vocoder's rate"
+            )
         self.stack = stack
         self.config = config
         self.metrics = PipelineMetrics()
@@ -55,19 +57,32 @@ class Pipeline:
             self.detok_graphs = detokenizer.prepare_for_serving()
             if self.detok_graphs["cuda_graphs"]:
                 g = self.detok_graphs
-                log.info("detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
-                         g["dit_graphs"], g["vocoder_graphs"], g["seconds"], g["added_bytes"] / 2**30)
+                log.info(
+                    "detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
+                    g["dit_graphs"],
+                    g["vocoder_graphs"],
+                    g["seconds"],
+                    g["added_bytes"] / 2**30,
+                )
             reserved = detokenizer.state_bytes_per_stream() * config.engine.max_num_seqs
             reserved += config.voices.cache_mib * 2**20  # the voices' prefixes (pipeline/voice_bank.py)
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, reserved_bytes=reserved)
         self._detok = None
         if detokenizer is not None:
-            self._detok = DetokWorker(detokenizer, config, stack.device, self.metrics,
-                                      llm_busy=lambda: self._lm.busy, on_failed=lambda turn_id: self._lm.drop(turn_id))
+            self._detok = DetokWorker(
+                detokenizer,
+                config,
+                stack.device,
+                self.metrics,
+                llm_busy=lambda: self._lm.busy,
+                on_failed=lambda turn_id: self._lm.drop(turn_id),
+            )
         self._lm = LmWorker(stack, config, self.engine, self._detok, self.metrics)
         self._ids = itertools.count()
         self._running = False
-        self.voices = VoiceRegistry(config.voices.default, config.server.openai_voice)  # names -> voices; the server fills it
+        self.voices = VoiceRegistry(
+            config.voices.default, config.server.openai_voice
+        )  # names -> voices; the server fills it
 
     # ---- what callers may know -------------------------------------------------------------
     @property
@@ -162,12 +177,16 @@ class Pipeline:
         s = self.engine.stats()  # plain counters: a read racing a step may be one step old
         m = self.metrics
         return {
-            "kv_blocks_total": s.num_blocks_total, "kv_blocks_free": s.num_blocks_free,
-            "running": s.num_running, "waiting": s.num_waiting,
+            "kv_blocks_total": s.num_blocks_total,
+            "kv_blocks_free": s.num_blocks_free,
+            "running": s.num_running,
+            "waiting": s.num_waiting,
             "turns": self._lm.num_turns + (self._detok.num_turns if self._detok else 0),
             "prefill_tokens_computed": s.num_prefill_tokens_computed,
             "prefill_tokens_cached": s.num_prefill_tokens_cached,
-            "decode_tokens": s.num_decode_tokens, "preemptions": s.num_preemptions, "steps": s.num_steps,
+            "decode_tokens": s.num_decode_tokens,
+            "preemptions": s.num_preemptions,
+            "steps": s.num_steps,
             "max_batch_sizes": {stage: m.max_batch[stage] for stage in ("encode", "llm", "detok")},
             "turns_by_status": dict(m.turns),
             **self._voice_stats(),
@@ -177,6 +196,9 @@ class Pipeline:
         if self._detok is None:
             return {}
         bank = self._detok.voices
-        return {"voice_prefixes_built": bank.num_built, "voice_prefixes_cached": bank.num_cached,
-                "voice_prefixes_evicted": bank.num_evicted,
-                "voice_prefill_calls": self.stack.detokenizer.num_prefill_calls}
+        return {
+            "voice_prefixes_built": bank.num_built,
+            "voice_prefixes_cached": bank.num_cached,
+            "voice_prefixes_evicted": bank.num_evicted,
+            "voice_prefill_calls": self.stack.detokenizer.num_prefill_calls,
+        }

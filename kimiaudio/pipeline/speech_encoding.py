@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kimiaudio.audio.staged_work import Stages
 from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded
@@ -57,8 +57,9 @@ class EncodeJob:
 
 
 class SpeechEncoding:
-    def __init__(self, stack, batch_size: int, metrics: PipelineMetrics,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self, stack, batch_size: int, metrics: PipelineMetrics, clock: Callable[[], float] = time.perf_counter
+    ):
         self.stack, self.batch_size, self.metrics = stack, batch_size, metrics
         self.clock = clock  # times each batch's stages against its budget (tests inject one)
         self.cache = EncodeCache(ENCODE_CACHE_SIZE)

@@ -18,12 +18,26 @@ from kimiaudio.text.asr_instruction import asr_instruction
 from kimiaudio.text.output_type import TEXT
 
 
-def transcription_request(conversation_id: str, pcm16k: np.ndarray, sampling: SamplingParams, *,
-                          language: str | None = None, prompt: str = "", priority: int = BACKGROUND_PRIORITY,
-                          logprobs: bool = False) -> TurnRequest:
+def transcription_request(
+    conversation_id: str,
+    pcm16k: np.ndarray,
+    sampling: SamplingParams,
+    *,
+    language: str | None = None,
+    prompt: str = "",
+    priority: int = BACKGROUND_PRIORITY,
+    logprobs: bool = False,
+) -> TurnRequest:
     """The ASR turn of one utterance (16 kHz): `prompt` (prior text context, if any), then the
     official instruction (for a checked `language`: asr_instruction), then the audio; text only.
     At background priority unless a client waits for it (/v1/audio/transcriptions)."""
     prior = [HistoryTurn("user", text=prompt)] if prompt else []
-    return TurnRequest(conversation_id=conversation_id, history=[*prior, HistoryTurn("user", text=asr_instruction(language))],
-                       user_audio=pcm16k, sampling=sampling, output_type=TEXT, priority=priority, logprobs=logprobs)
+    return TurnRequest(
+        conversation_id=conversation_id,
+        history=[*prior, HistoryTurn("user", text=asr_instruction(language))],
+        user_audio=pcm16k,
+        sampling=sampling,
+        output_type=TEXT,
+        priority=priority,
+        logprobs=logprobs,
+    )

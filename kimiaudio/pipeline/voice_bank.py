@@ -10,7 +10,7 @@ prefix is kept even alone over the budget: a turn always gets its voice. No torc
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 
 class VoiceBank:

@@ -21,8 +21,24 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
 
 MODEL_VOICE = "kimi"  # the model's own voice: what sessions report when they use none
-STOCK_VOICES = frozenset({MODEL_VOICE, "alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
-                          "nova", "onyx", "sage", "shimmer", "verse"})
+STOCK_VOICES = frozenset(
+    {
+        MODEL_VOICE,
+        "alloy",
+        "ash",
+        "ballad",
+        "cedar",
+        "coral",
+        "echo",
+        "fable",
+        "marin",
+        "nova",
+        "onyx",
+        "sage",
+        "shimmer",
+        "verse",
+    }
+)
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NAME_RULE = "1-64 letters, digits, '_', '-' or '.', starting with a letter or digit"
 
@@ -40,7 +56,7 @@ class Voice:
     created_at: float = 0.0
 
     @classmethod
-    def create(cls, name: str, wav24k: np.ndarray, codes, created_at: float = 0.0) -> "Voice":
+    def create(cls, name: str, wav24k: np.ndarray, codes, created_at: float = 0.0) -> Voice:
         wav = np.ascontiguousarray(wav24k, dtype=np.float32).reshape(-1)
         codes = tuple(int(c) for c in codes)
         digest = hashlib.sha256(wav.tobytes() + np.asarray(codes, dtype=np.int64).tobytes()).hexdigest()[:24]
@@ -51,8 +67,12 @@ class Voice:
         return self.wav24k.size / SPEECH_OUTPUT_RATE
 
     def describe(self) -> dict:
-        return {"name": self.name, "seconds": round(self.seconds, 3), "num_codes": len(self.codes),
-                "created_at": self.created_at}
+        return {
+            "name": self.name,
+            "seconds": round(self.seconds, 3),
+            "num_codes": len(self.codes),
+            "created_at": self.created_at,
+        }
 
 
 def check_voice_name(name) -> str:

@@ -34,8 +34,9 @@ def write_config_files(out: Path, shape: StackShape) -> None:
     write_json(out / WHISPER_DIR / "preprocessor_config.json", encoders.preprocessor_config())
     write_json(out / GLM_DIR / "config.json", encoders.glm_config(shape))
     write_json(out / GLM_DIR / "preprocessor_config.json", encoders.preprocessor_config())
-    (out / DETOKENIZER_DIR / "config.yaml").write_text(yaml.safe_dump(speech.dit_yaml(shape), sort_keys=False),
-                                                       encoding="utf-8")
+    (out / DETOKENIZER_DIR / "config.yaml").write_text(
+        yaml.safe_dump(speech.dit_yaml(shape), sort_keys=False), encoding="utf-8"
+    )
     write_json(out / VOCODER_DIR / "config.json", speech.vocoder_config(shape), sort_keys=False)
 
 

@@ -22,12 +22,19 @@ import torch
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
 from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.random_weights import encoders, lm, speech
-from kimiaudio.random_weights.config_files import (DETOKENIZER_DIR, GLM_DIR, VOCODER_DIR, WHISPER_DIR,
-                                                   write_config_files, write_json)
+from kimiaudio.random_weights.config_files import (
+    DETOKENIZER_DIR,
+    GLM_DIR,
+    VOCODER_DIR,
+    WHISPER_DIR,
+    write_config_files,
+    write_json,
+)
 from kimiaudio.random_weights.shapes import DEMO
 
 GENERATOR_VERSION = 2  # bump when the written weights change: older demo checkpoints are rewritten
 DEMO_DIR_NAME = "demo-checkpoint"
+
 
 def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = False) -> Path:
     """Write every file of the demo checkpoint into `out_dir` (created; must be empty)."""
@@ -35,7 +42,9 @@ def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = F
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file in the way, no permission
-        raise KimiAudioError(f"{out}: cannot be made a directory for the demo checkpoint ({exc.strerror or exc})") from None
+        raise KimiAudioError(
+            f"{out}: cannot be made a directory for the demo checkpoint ({exc.strerror or exc})"
+        ) from None
     if any(out.iterdir()):
         raise KimiAudioError(f"{out}: not empty; the demo checkpoint is written into an empty directory")
     steps = [_write_configs, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder, _write_marker]
@@ -53,7 +62,9 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
     if _is_complete(target):
         shutil.rmtree(target)  # our own random weights from an older writer: replace them
     if target.exists():
-        raise CheckpointError(f"{target}: incomplete demo checkpoint (no {DEMO_MARKER}); delete the directory to rewrite it")
+        raise CheckpointError(
+            f"{target}: incomplete demo checkpoint (no {DEMO_MARKER}); delete the directory to rewrite it"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_DIR_NAME}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is ordinary data

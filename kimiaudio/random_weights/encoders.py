@@ -119,7 +119,9 @@ def _encoder_layer_tensors(init: SeededInit, prefix: str, d: int, ffn: int) -> d
     return t
 
 
-def whisper_tensors(seed: int, config: dict, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def whisper_tensors(
+    seed: int, config: dict, device="cpu", dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """Every tensor a transformers WhisperModel of `config` has (names and shapes taken from
     the model built on the meta device, so nothing is allocated or drawn by transformers)."""
     from transformers import WhisperConfig, WhisperModel

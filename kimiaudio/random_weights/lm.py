@@ -4,7 +4,7 @@ tokenizer, so the special ids in config.json are the demo tokenizer's whatever t
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -38,7 +38,9 @@ def tiktoken_model() -> str:
 def tokenizer_config() -> dict:
     names = official_special_names(NUM_SPECIAL)
     added = {
-        str(NUM_BYTE_TOKENS + i): dict(content=name, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
+        str(NUM_BYTE_TOKENS + i): dict(
+            content=name, lstrip=False, normalized=False, rstrip=False, single_word=False, special=True
+        )
         for i, name in enumerate(names)
     }
     config = {
@@ -116,8 +118,9 @@ def lm_tensors(seed: int, cfg: dict, device="cpu", dtype: torch.dtype = torch.fl
     return dict(iter_lm_tensors(seed, cfg, device, dtype))
 
 
-def iter_lm_tensors(seed: int, cfg: dict, device="cpu", dtype: torch.dtype = torch.float32
-                    ) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_lm_tensors(
+    seed: int, cfg: dict, device="cpu", dtype: torch.dtype = torch.float32
+) -> Iterator[tuple[str, torch.Tensor]]:
     """lm_tensors one at a time, drawn as they are asked for (the same values in the same order),
     decoder layer after decoder layer: models.kimia_lm.assemble_lm finishes each layer before the
     next is drawn, so a full-size LM never exists in bf16 when it is quantized."""

@@ -11,9 +11,9 @@ parts equal the demo checkpoint's files loaded by the real loaders.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -30,17 +30,23 @@ from kimiaudio.models.dit_config import DiTConfig
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM, assemble_lm
 from kimiaudio.random_weights import encoders, lm, speech
-from kimiaudio.random_weights.config_files import (DETOKENIZER_DIR, GLM_DIR, VOCODER_DIR, WHISPER_DIR,
-                                                   write_config_files)
+from kimiaudio.random_weights.config_files import DETOKENIZER_DIR, GLM_DIR, VOCODER_DIR, WHISPER_DIR, write_config_files
 from kimiaudio.random_weights.shapes import StackShape
 
 
-def random_lm(config: dict, device: torch.device | str, dtype: torch.dtype, seed: int = 0,
-              weights: str = "bf16") -> KimiAudioLM:
+def random_lm(
+    config: dict, device: torch.device | str, dtype: torch.dtype, seed: int = 0, weights: str = "bf16"
+) -> KimiAudioLM:
     """The LM that config.json `config` describes, with lm.lm_tensors' weights drawn on `device`
     layer by layer and finished as load_lm finishes a checkpoint's (fused; quantized as `weights`)."""
-    return assemble_lm(KimiaConfig.from_dict(config, "random-weights config.json"),
-                       lm.iter_lm_tensors(seed, config, device, dtype), device, dtype, weights, "random LM")
+    return assemble_lm(
+        KimiaConfig.from_dict(config, "random-weights config.json"),
+        lm.iter_lm_tensors(seed, config, device, dtype),
+        device,
+        dtype,
+        weights,
+        "random LM",
+    )
 
 
 class RandomParts:
@@ -55,10 +61,12 @@ class RandomParts:
             self.lm_config = read_json(root / "config.json")
             self.whisper_config = read_json(root / WHISPER_DIR / "config.json")
             self.whisper_mel = MelSettings.from_preprocessor_config(
-                root / WHISPER_DIR / "preprocessor_config.json", int(self.whisper_config["num_mel_bins"]))
+                root / WHISPER_DIR / "preprocessor_config.json", int(self.whisper_config["num_mel_bins"])
+            )
             self.glm_config = WhisperVQConfig.from_file(root / GLM_DIR / "config.json")
-            self.glm_mel = MelSettings.from_preprocessor_config(root / GLM_DIR / "preprocessor_config.json",
-                                                                self.glm_config.num_mel_bins)
+            self.glm_mel = MelSettings.from_preprocessor_config(
+                root / GLM_DIR / "preprocessor_config.json", self.glm_config.num_mel_bins
+            )
             self.dit_config = DiTConfig.from_yaml(root / DETOKENIZER_DIR / "config.yaml")
             self.vocoder_config = VocoderConfig.from_json(root / VOCODER_DIR / "config.json")
 
@@ -74,7 +82,9 @@ class RandomParts:
         # (the decoder stub is dropped here).
         state = {name.removeprefix("encoder."): t for name, t in tensors.items() if name.startswith("encoder.")}
         del tensors
-        encoder = _adopt(lambda: WhisperFeatureEncoder.empty_encoder(config, "meta", self.dtype), state, "Whisper encoder")
+        encoder = _adopt(
+            lambda: WhisperFeatureEncoder.empty_encoder(config, "meta", self.dtype), state, "Whisper encoder"
+        )
         return WhisperFeatureEncoder(encoder, self.whisper_mel, self.device, self.dtype)
 
     def glm4(self) -> Glm4SpeechTokenizer:

@@ -18,7 +18,9 @@ class SeededInit:
 
     def __init__(self, seed: int, part: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.device, self.dtype = torch.device(device), dtype
-        self.gen = None if self.device.type == "meta" else torch.Generator(device=self.device).manual_seed(seed * 1009 + part)
+        self.gen = (
+            None if self.device.type == "meta" else torch.Generator(device=self.device).manual_seed(seed * 1009 + part)
+        )
 
     def normal(self, shape, std: float) -> torch.Tensor:
         return torch.randn(tuple(shape), generator=self.gen, device=self.device, dtype=self.dtype).mul_(std)

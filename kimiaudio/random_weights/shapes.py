@@ -86,7 +86,8 @@ class StackShape:
 
 
 DEMO = StackShape(
-    "demo", codes=256,
+    "demo",
+    codes=256,
     lm=LMShape(hidden=128, ffn=256, layers=4, heads=4, kv_heads=2, mimo_layers=2, mimo_from=2),
     whisper=WhisperShape(d_model=64, layers=2, heads=2, ffn=128),
     glm=VQEncoderShape(d_model=64, layers=4, quantize_position=2, heads=2, ffn=128),
@@ -95,18 +96,33 @@ DEMO = StackShape(
 )
 # moonshotai/Kimi-Audio-7B-Instruct and THUDM/glm-4-voice-tokenizer, as their configs have them.
 FULL = StackShape(
-    "full", codes=16384,
-    lm=LMShape(hidden=3584, ffn=18944, layers=28, heads=28, kv_heads=4, mimo_layers=6, mimo_from=21,
-               token_offset=152064, audio_special=512),
+    "full",
+    codes=16384,
+    lm=LMShape(
+        hidden=3584,
+        ffn=18944,
+        layers=28,
+        heads=28,
+        kv_heads=4,
+        mimo_layers=6,
+        mimo_from=21,
+        token_offset=152064,
+        audio_special=512,
+    ),
     whisper=WhisperShape(d_model=1280, layers=32, heads=20, ffn=5120),
     glm=VQEncoderShape(d_model=1280, layers=32, quantize_position=16, heads=20, ffn=5120),
     dit=DiTShape(hidden=2304, depth=16, heads=18, mlp_ratio=4.0),
-    vocoder=VocoderShape(upsample_rates=(5, 2, 2, 2, 2, 3, 2), upsample_kernel_sizes=(9, 4, 4, 4, 4, 5, 4),
-                         channels=2048, kernels=(3, 5, 7, 11)),
+    vocoder=VocoderShape(
+        upsample_rates=(5, 2, 2, 2, 2, 3, 2),
+        upsample_kernel_sizes=(9, 4, 4, 4, 4, 5, 4),
+        channels=2048,
+        kernels=(3, 5, 7, 11),
+    ),
 )
 # FULL shrunken for the CPU: the same parts, toy widths (`bench --random-weights full` there).
 TINY = StackShape(
-    "tiny", codes=256,
+    "tiny",
+    codes=256,
     lm=LMShape(hidden=64, ffn=128, layers=3, heads=4, kv_heads=2, mimo_layers=1, mimo_from=1),
     whisper=WhisperShape(d_model=32, layers=2, heads=2, ffn=64),
     glm=VQEncoderShape(d_model=32, layers=2, quantize_position=2, heads=2, ffn=64),

@@ -13,7 +13,6 @@ from kimiaudio.random_weights.encoders import NUM_MELS
 from kimiaudio.random_weights.seeded_init import SeededInit
 from kimiaudio.random_weights.shapes import StackShape
 
-
 # ---- audio detokenizer (DiT flow matching) ------------------------------------------------
 
 
@@ -33,7 +32,11 @@ def dit_yaml(shape: StackShape) -> dict:
                 "ffn_act_layer": "gelu",
                 "ffn_conv_kernel_size": 5,
                 "use_rope": True,
-                "rope_params": {"max_position_embeddings": 4096, "rope_base": 10000.0, "rope_interpolation_factor": 1.0},
+                "rope_params": {
+                    "max_position_embeddings": 4096,
+                    "rope_base": 10000.0,
+                    "rope_interpolation_factor": 1.0,
+                },
                 "position_embedding_type": "skip",
                 "max_seq_len": 4096,
             }
@@ -46,7 +49,9 @@ def dit_yaml(shape: StackShape) -> dict:
     }
 
 
-def dit_tensors(seed: int, shape: StackShape, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def dit_tensors(
+    seed: int, shape: StackShape, device="cpu", dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     init = SeededInit(seed, 4, device, dtype)
     h, ffn = shape.dit.hidden, int(shape.dit.hidden * shape.dit.mlp_ratio)
     p = "speech_model."
@@ -117,7 +122,9 @@ def vocoder_config(shape: StackShape) -> dict:
     }
 
 
-def _weight_norm_conv(init: SeededInit, t: dict, prefix: str, shape: tuple, fan_in: int, gain: float = 1.0, bias: int | None = None):
+def _weight_norm_conv(
+    init: SeededInit, t: dict, prefix: str, shape: tuple, fan_in: int, gain: float = 1.0, bias: int | None = None
+):
     """weight_norm(dim=0) parameters whose weight g * v/|v| equals a N(0, gain/sqrt(fan_in)) draw."""
     v = init.weight(*shape, fan_in=fan_in)
     t[prefix + "weight_g"] = gain * v.flatten(1).norm(dim=1).view(-1, *([1] * (v.dim() - 1)))
@@ -135,7 +142,9 @@ def _anti_aliased_snake(init: SeededInit, t: dict, prefix: str, channels: int) -
     t[prefix + "downsample.lowpass.filter"] = init.fixed(lowpass)
 
 
-def vocoder_tensors(seed: int, shape: StackShape, device="cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def vocoder_tensors(
+    seed: int, shape: StackShape, device="cpu", dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     init = SeededInit(seed, 5, device, dtype)
     cfg = vocoder_config(shape)
     ch = cfg["upsample_initial_channel"]
@@ -161,5 +170,3 @@ def vocoder_tensors(seed: int, shape: StackShape, device="cpu", dtype: torch.dty
     # speaks to rms ~0.1, peaks ~0.5, inside the final clamp(-1, 1) instead of clipped.
     _weight_norm_conv(init, t, "conv_post.", (1, c_last, 7), fan_in=c_last * 7, gain=0.004)
     return t
-
-

@@ -36,8 +36,16 @@ class ApiError(web.HTTPException):
     follows the status unless given. Raised in a handler it is the JSON answer (`json_body()`);
     `event()` is the same error in a stream. (`body` is aiohttp's: the bytes sent.)"""
 
-    def __init__(self, status: int, code: str | None, message: str, *, param: str | None = None,
-                 type: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        code: str | None,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict | None = None,
+    ):
         self.status_code = status
         self.code, self.message, self.param = code, message, param
         self.type = type or (SERVER_ERROR if status >= 500 else INVALID_REQUEST)

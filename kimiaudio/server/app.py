@@ -24,9 +24,20 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.server.app_keys import (access_key, admission_key, body_timeout_key, config_key, max_body_bytes_key,
-                                       pipeline_key, ready_key, server_metrics_key, sessions_key, stack_key,
-                                       store_key, vad_executor_key)
+from kimiaudio.server.app_keys import (
+    access_key,
+    admission_key,
+    body_timeout_key,
+    config_key,
+    max_body_bytes_key,
+    pipeline_key,
+    ready_key,
+    server_metrics_key,
+    sessions_key,
+    stack_key,
+    store_key,
+    vad_executor_key,
+)
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.admission import Admission, draining_middleware
 from kimiaudio.server.middleware.error_middleware import error_middleware
@@ -50,11 +61,20 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     admission = Admission(config.server.max_sessions)
     policy = AccessPolicy.from_config(config)
     app = web.Application(client_max_size=config.server.max_body_bytes)
-    metrics = ServerMetrics(lambda: app.get(pipeline_key), lambda: admission.num_reserved,
-                            instance_id(config.server.instance_id, config.server.port))
-    app.middlewares.extend([request_log_middleware, error_middleware(metrics), access_middleware(policy),
-                            draining_middleware(admission),
-                            body_limits_middleware])
+    metrics = ServerMetrics(
+        lambda: app.get(pipeline_key),
+        lambda: admission.num_reserved,
+        instance_id(config.server.instance_id, config.server.port),
+    )
+    app.middlewares.extend(
+        [
+            request_log_middleware,
+            error_middleware(metrics),
+            access_middleware(policy),
+            draining_middleware(admission),
+            body_limits_middleware,
+        ]
+    )
     app[config_key] = config
     app[stack_key] = stack
     app[sessions_key] = {}

@@ -49,7 +49,10 @@ async def readyz(request: web.Request) -> web.Response:
         await asyncio.wait_for(app[store_key].ping(), STORE_CHECK_TIMEOUT_S)
     except Exception:
         problems.append("the conversation database does not answer")
-    body = {"status": "not ready" if problems else "ready", "problems": problems,
-            "instance": app[server_metrics_key].exposed.instance,
-            "sessions": {"active": admission.num_reserved, "max": admission.max_sessions}}
+    body = {
+        "status": "not ready" if problems else "ready",
+        "problems": problems,
+        "instance": app[server_metrics_key].exposed.instance,
+        "sessions": {"active": admission.num_reserved, "max": admission.max_sessions},
+    }
     return web.json_response(body, status=503 if problems else 200)

@@ -4,7 +4,8 @@
     GET    /static/...                              its scripts and styles
     GET    /api/auth                                {"required": bool}: does the server need an API key
     GET    /api/status                              model, demo flag, sessions, pipeline stats
-    POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?} -> {sdp, type, session_id, conversation_id}
+    POST   /api/rtc/offer                           {sdp, type, conversation_id?, session?}
+                                                    -> {sdp, type, session_id, conversation_id}
     GET    /api/conversations[?q=words]             newest first; q: those where the words were said
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
@@ -27,21 +28,28 @@ from aiortc import RTCSessionDescription
 
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.session import client_events
-from kimiaudio.store.search import SearchQueryError
-from kimiaudio.server.inputs import path_params
-from kimiaudio.server.app_keys import access_key
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import admission_key, config_key, pipeline_key, stack_key, store_key, vad_executor_key
+from kimiaudio.server.app_keys import (
+    access_key,
+    admission_key,
+    config_key,
+    pipeline_key,
+    server_metrics_key,
+    stack_key,
+    store_key,
+    vad_executor_key,
+)
+from kimiaudio.server.inputs import path_params
+from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
 from kimiaudio.server.middleware.request_body import read_json_object
+from kimiaudio.server.session import client_events
+from kimiaudio.server.session_registry import opened_session
 from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.rtc_peer import RtcPeer
-from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
-from kimiaudio.server.app_keys import server_metrics_key
-from kimiaudio.server.session_registry import opened_session
 from kimiaudio.server.v1.routes import setup_openai_routes
 from kimiaudio.server.voice_routes import setup_voice_routes
 from kimiaudio.store import is_conversation_id
+from kimiaudio.store.search import SearchQueryError
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +112,17 @@ async def offer(request: web.Request) -> web.Response:
     sdp, update, conversation_id = await _offer_fields(request, body)
 
     async def make(session_id: str, vad, on_closed) -> RtcPeer:
-        return RtcPeer(session_id, app[config_key], app[pipeline_key], app[store_key], vad, app[vad_executor_key],
-                       conversation_id, on_closed=on_closed, metrics=app[server_metrics_key])
+        return RtcPeer(
+            session_id,
+            app[config_key],
+            app[pipeline_key],
+            app[store_key],
+            vad,
+            app[vad_executor_key],
+            conversation_id,
+            on_closed=on_closed,
+            metrics=app[server_metrics_key],
+        )
 
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with opened_session(app, "webrtc", make) as peer:
@@ -118,8 +135,9 @@ async def offer(request: web.Request) -> web.Response:
         answer = await _accept(peer, sdp)
     # A new conversation is created at its first committed turn (announced by conversation.created),
     # so connecting without speaking leaves no empty conversation behind: null until then.
-    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": peer.id,
-                              "conversation_id": conversation_id})
+    return web.json_response(
+        {"sdp": answer.sdp, "type": answer.type, "session_id": peer.id, "conversation_id": conversation_id}
+    )
 
 
 async def _offer_fields(request: web.Request, body: dict) -> tuple[str, client_events.SessionUpdate | None, str | None]:
@@ -133,7 +151,9 @@ async def _offer_fields(request: web.Request, body: dict) -> tuple[str, client_e
     update = None
     if body.get("session") is not None:
         try:
-            update = client_events.parse_client_event(json.dumps({"type": "session.update", "session": body["session"]}))
+            update = client_events.parse_client_event(
+                json.dumps({"type": "session.update", "session": body["session"]})
+            )
         except client_events.ProtocolError as exc:
             raise ApiError(400, exc.code, str(exc)) from None
     check_offer(sdp)
@@ -147,8 +167,9 @@ async def _accept(peer: RtcPeer, sdp: str) -> RTCSessionDescription:
         raise ApiError(400, "bad_offer", str(exc)) from None
     except Exception as exc:  # aiortc refusing an offer that passed our checks (e.g. no common codec)
         log.info("session %s: aiortc refused the offer (%s: %s)", peer.id, type(exc).__name__, exc)
-        raise ApiError(400, "bad_offer",
-                       "the SDP offer could not be used (no common audio codec or transport?)") from None
+        raise ApiError(
+            400, "bad_offer", "the SDP offer could not be used (no common audio codec or transport?)"
+        ) from None
 
 
 async def _conversation_or_404(request: web.Request, conversation_id) -> dict:
@@ -188,5 +209,6 @@ async def turn_audio(request: web.Request) -> web.Response:
     wav = await request.app[store_key].turn_audio_wav(conversation_id, index)
     if wav is None:
         raise ApiError(404, "audio_not_found", f"conversation {conversation_id!r} has no audio for turn {index}")
-    return web.Response(body=wav, content_type="audio/wav",
-                        headers={"Content-Disposition": f'inline; filename="turn-{index}.wav"'})
+    return web.Response(
+        body=wav, content_type="audio/wav", headers={"Content-Disposition": f'inline; filename="turn-{index}.wav"'}
+    )

@@ -21,12 +21,10 @@ from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
-from kimiaudio.server.app_keys import access_key
-from kimiaudio.server.app_keys import admission_key
 from kimiaudio.server.app import create_app
+from kimiaudio.server.app_keys import access_key, admission_key, ready_key, sessions_key
+from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
 from kimiaudio.server.tls import ssl_context
-from kimiaudio.server.app_keys import ready_key, sessions_key
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown as shown_location
 
@@ -51,11 +49,16 @@ def banner(config: Config, stack, warning: str | None) -> str:
     if stack.is_demo:
         lines += ["", "  " + DEMO_NOTICE]
     if host not in LOOPBACK_HOSTS and scheme == "http":
-        lines += ["", "  note: browsers allow the microphone only on https:// or localhost pages "
-                  "(server.tls_cert and tls_key serve HTTPS)"]
+        lines += [
+            "",
+            "  note: browsers allow the microphone only on https:// or localhost pages "
+            "(server.tls_cert and tls_key serve HTTPS)",
+        ]
         if not config.server.allowed_hosts:
-            lines += ["  note: only requests for localhost and the bound address are served; add the names clients "
-                      "use to server.allowed_hosts"]
+            lines += [
+                "  note: only requests for localhost and the bound address are served; add the names clients "
+                "use to server.allowed_hosts"
+            ]
     if warning:
         lines += ["", "  " + warning]
     lines += ["", "  Press Ctrl-C to stop.", ""]
@@ -90,8 +93,9 @@ async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) 
         log.info("stopping: %d answer(s) cut short (what was heard is stored)", len(answering))
 
 
-async def serve_until_signalled(app: web.Application, config: Config, on_ready,
-                                ssl_context: ssl.SSLContext | None = None) -> None:
+async def serve_until_signalled(
+    app: web.Application, config: Config, on_ready, ssl_context: ssl.SSLContext | None = None
+) -> None:
     """ssl_context: HTTPS and WSS (server/tls.py); None = plain HTTP."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S)
     await runner.setup()  # starts the store and the pipeline
@@ -99,8 +103,10 @@ async def serve_until_signalled(app: web.Application, config: Config, on_ready,
         await web.TCPSite(runner, config.server.host, config.server.port, ssl_context=ssl_context).start()
     except OSError as exc:
         await runner.cleanup()
-        raise KimiAudioError(f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
-                             "is another server running? choose another port with --port") from None
+        raise KimiAudioError(
+            f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
+            "is another server running? choose another port with --port"
+        ) from None
     signals = asyncio.Event()
     second = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -123,8 +129,10 @@ def run_server(config: Config) -> int:
     from kimiaudio.server.routes import STATIC_DIR
 
     if not (STATIC_DIR / "index.html").is_file():
-        raise KimiAudioError(f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
-                             "without its data files (reinstall with `pip install .`)")
+        raise KimiAudioError(
+            f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
+            "without its data files (reinstall with `pip install .`)"
+        )
     from kimiaudio.store.startup_check import check_database
 
     # Before the model, and in this order: bad certificate files stop the start before anything

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 

@@ -35,8 +35,9 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
         return None
     if not (server.tls_cert and server.tls_key):
         given, missing = ("tls_cert", "tls_key") if server.tls_cert else ("tls_key", "tls_cert")
-        raise KimiAudioError(f"server.{given} is set but server.{missing} is not: HTTPS needs both "
-                             "(--tls-cert and --tls-key)")
+        raise KimiAudioError(
+            f"server.{given} is set but server.{missing} is not: HTTPS needs both (--tls-cert and --tls-key)"
+        )
     cert, key = _readable(config, "tls_cert"), _readable(config, "tls_key")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
@@ -49,6 +50,8 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
     except ssl.SSLError as exc:
         if "MISMATCH" in str(exc).upper():
             raise KimiAudioError(f"server.tls_key: {key}: is not the private key of the certificate {cert}") from None
-        raise KimiAudioError(f"server.tls_key: {key}: not a usable PEM private key (expected an unencrypted "
-                             "-----BEGIN PRIVATE KEY----- block)") from None
+        raise KimiAudioError(
+            f"server.tls_key: {key}: not a usable PEM private key (expected an unencrypted "
+            "-----BEGIN PRIVATE KEY----- block)"
+        ) from None
     return context

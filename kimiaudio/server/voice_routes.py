@@ -27,9 +27,8 @@ from kimiaudio.audio.io import decode_audio_bytes, resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.voices import STOCK_VOICES, Voice, check_voice_name
-from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import max_body_bytes_key
+from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, store_key
 from kimiaudio.server.inputs.multipart_form import read_form
 from kimiaudio.server.voice_sync import sync_voices, voice_sync_context
 from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice
@@ -59,17 +58,24 @@ async def _register_stored_voices(app: web.Application):
             except KimiAudioError as exc:
                 log.error("voices.default = %r cannot be used: %s", default, exc)
         elif default and default not in STOCK_VOICES:
-            log.error("voices.default = %r is not a stored voice: answers that name no voice will fail "
-                      "until it is added (POST /api/voices)", default)
+            log.error(
+                "voices.default = %r is not a stored voice: answers that name no voice will fail "
+                "until it is added (POST /api/voices)",
+                default,
+            )
     yield
 
 
 async def list_voices(request: web.Request) -> web.Response:
     await sync_voices(request.app)
     pipeline = request.app[pipeline_key]
-    return web.json_response({"voices": [v.describe() for v in pipeline.voices.list()],
-                              "default": request.app[config_key].voices.default or None,
-                              "stock": sorted(STOCK_VOICES)})
+    return web.json_response(
+        {
+            "voices": [v.describe() for v in pipeline.voices.list()],
+            "default": request.app[config_key].voices.default or None,
+            "stock": sorted(STOCK_VOICES),
+        }
+    )
 
 
 async def add_voice(request: web.Request) -> web.Response:
@@ -120,8 +126,12 @@ async def remove_voice(request: web.Request) -> web.Response:
 
 async def _read_upload(request: web.Request) -> tuple[str, bytes]:
     """The `name` and `file` fields of the form."""
-    fields = await read_form(request, {"name": MAX_NAME_BYTES, "file": request.app[max_body_bytes_key]},
-                             ("name", "file"), "fields `name` and `file` (an audio file)")
+    fields = await read_form(
+        request,
+        {"name": MAX_NAME_BYTES, "file": request.app[max_body_bytes_key]},
+        ("name", "file"),
+        "fields `name` and `file` (an audio file)",
+    )
     return fields["name"].text().strip(), fields["file"].data
 
 
@@ -137,12 +147,23 @@ def _check_reference(pcm: np.ndarray, cfg) -> None:
     if pcm.size and not np.all(np.isfinite(pcm)):
         raise ApiError(400, "undecodable", "the audio holds NaN or infinite samples")
     if seconds < limits.min_seconds:
-        raise ApiError(400, "too_short", f"the recording is {seconds:.2f} s long; a voice needs at least "
-                       f"{limits.min_seconds:g} s (voices.min_seconds)")
+        raise ApiError(
+            400,
+            "too_short",
+            f"the recording is {seconds:.2f} s long; a voice needs at least "
+            f"{limits.min_seconds:g} s (voices.min_seconds)",
+        )
     if seconds > limits.max_seconds:
-        raise ApiError(400, "too_long", f"the recording is {seconds:.2f} s long; a voice takes at most "
-                       f"{limits.max_seconds:g} s (voices.max_seconds)")
+        raise ApiError(
+            400,
+            "too_long",
+            f"the recording is {seconds:.2f} s long; a voice takes at most "
+            f"{limits.max_seconds:g} s (voices.max_seconds)",
+        )
     peak = float(np.max(np.abs(pcm)))
     if peak < cfg.audio.silence_peak:
-        raise ApiError(400, "silent", f"the recording is silent (peak {peak:.2g} is below audio.silence_peak = "
-                       f"{cfg.audio.silence_peak:g})")
+        raise ApiError(
+            400,
+            "silent",
+            f"the recording is silent (peak {peak:.2g} is below audio.silence_peak = {cfg.audio.silence_peak:g})",
+        )

@@ -7,5 +7,15 @@ from kimiaudio.store.leases import ConversationBusyError
 from kimiaudio.store.location import DATABASE_URL_ENV, database_location
 from kimiaudio.store.schema import SCHEMA_VERSION, open_database
 
-__all__ = ["ConversationStore", "StoredTurn", "SCHEMA_VERSION", "open_database", "MAX_TURN_INDEX",
-           "is_conversation_id", "is_turn_index", "ConversationBusyError", "DATABASE_URL_ENV", "database_location"]
+__all__ = [
+    "ConversationStore",
+    "StoredTurn",
+    "SCHEMA_VERSION",
+    "open_database",
+    "MAX_TURN_INDEX",
+    "is_conversation_id",
+    "is_turn_index",
+    "ConversationBusyError",
+    "DATABASE_URL_ENV",
+    "database_location",
+]

@@ -35,12 +35,19 @@ def new_answer_id() -> str:
     return f"audio_{secrets.token_hex(12)}"
 
 
-async def save_answer(store: ConversationStore, answer_id: str, text: str, audio_tokens: list[int], audio: np.ndarray,
-                      ttl_s: float) -> AudioAnswer:
+async def save_answer(
+    store: ConversationStore, answer_id: str, text: str, audio_tokens: list[int], audio: np.ndarray, ttl_s: float
+) -> AudioAnswer:
     now = time.time()
-    record = {"id": answer_id, "created_at": now, "expires_at": now + ttl_s, "text": text,
-              "audio_tokens": json.dumps([int(t) for t in audio_tokens]), "sample_rate": SPEECH_OUTPUT_RATE,
-              "wav": wav_bytes(np.asarray(audio, dtype=np.float32).reshape(-1), SPEECH_OUTPUT_RATE)}
+    record = {
+        "id": answer_id,
+        "created_at": now,
+        "expires_at": now + ttl_s,
+        "text": text,
+        "audio_tokens": json.dumps([int(t) for t in audio_tokens]),
+        "sample_rate": SPEECH_OUTPUT_RATE,
+        "wav": wav_bytes(np.asarray(audio, dtype=np.float32).reshape(-1), SPEECH_OUTPUT_RATE),
+    }
     await store.write(_insert, record)
     return AudioAnswer(answer_id, record["expires_at"], text, list(audio_tokens))
 
@@ -57,6 +64,8 @@ def _insert(db: Sql, record: dict) -> None:
 
 
 def _select(db: Sql, answer_id: str, now: float) -> AudioAnswer | None:
-    row = db.execute("SELECT id, expires_at, text, audio_tokens FROM audio_answers WHERE id = ? AND expires_at >= ?",
-                     [answer_id, now]).fetchone()
+    row = db.execute(
+        "SELECT id, expires_at, text, audio_tokens FROM audio_answers WHERE id = ? AND expires_at >= ?",
+        [answer_id, now],
+    ).fetchone()
     return None if row is None else AudioAnswer(row[0], row[1], row[2], json.loads(row[3]))

@@ -1,5 +1,6 @@
 """The conversation store's queries, run on its writer or reader thread (conversation_store.py)
-against either backend (sql.py): conversations, turns and their audio as rows. Turn audio is a 16-bit WAV blob: user turns at
+against either backend (sql.py): conversations, turns and their audio as rows. Turn audio is a
+16-bit WAV blob: user turns at
 16 kHz (what the speech encoders take, so history can be re-encoded after a restart),
 assistant turns at 24 kHz (what the vocoder made). Token lists and timings are JSON text."""
 
@@ -13,12 +14,11 @@ from typing import Any
 import numpy as np
 
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
-from kimiaudio.errors import KimiAudioError
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.identifiers import new_conversation_id
 from kimiaudio.store.leases import ConversationBusyError
 from kimiaudio.store.sql import Sql
-
 
 
 @dataclass
@@ -129,8 +129,9 @@ def delete_conversation(db: Sql, conversation_id: str, now: float) -> bool:
     """Delete it unless a live session holds it (ConversationBusyError): that session's next turn
     would find it gone and be lost."""
     with db.atomic():
-        held = db.execute("SELECT expires_at FROM leases WHERE conversation_id = ? AND expires_at >= ?",
-                          [conversation_id, now]).fetchone()
+        held = db.execute(
+            "SELECT expires_at FROM leases WHERE conversation_id = ? AND expires_at >= ?", [conversation_id, now]
+        ).fetchone()
         if held is not None:
             raise ConversationBusyError(conversation_id, max(1.0, held[0] - now))
         # ON DELETE CASCADE removes its turns and their audio.

@@ -20,22 +20,36 @@ import contextlib
 import json
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from kimiaudio.audio import pcm16
 from kimiaudio.errors import KimiAudioError
+
 # The queries, run on the writer or reader thread; the methods below of the same names await them.
-from kimiaudio.store.conversation_rows import (StoredTurn, add_turn, audio_record, create_conversation,
-                                               delete_conversation, get_conversation, json_or_none,
-                                               list_conversations, load_history, turn_audio_wav, update_turn)
+from kimiaudio.store.conversation_rows import (
+    StoredTurn,
+    add_turn,
+    audio_record,
+    create_conversation,
+    delete_conversation,
+    get_conversation,
+    json_or_none,
+    list_conversations,
+    load_history,
+    turn_audio_wav,
+    update_turn,
+)
 from kimiaudio.store.db_thread import DbThread, SqliteConnector
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
-from kimiaudio.store.leases import (ConversationBusyError, acquire as acquire_row, drop_all as drop_all_leases,
-                                    heartbeat, release as release_row, release_instance)
+from kimiaudio.store.leases import ConversationBusyError, heartbeat, release_instance
+from kimiaudio.store.leases import acquire as acquire_row
+from kimiaudio.store.leases import drop_all as drop_all_leases
+from kimiaudio.store.leases import release as release_row
 from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
 from kimiaudio.store.search import query_words, search_conversations
@@ -46,8 +60,14 @@ __all__ = ["ConversationStore", "StoredTurn"]
 class ConversationStore:
     """Async access to the conversation database at `location` (see module docstring)."""
 
-    def __init__(self, location: str | Path, *, lease_seconds: float = 10.0, clock: Callable[[], float] = time.time,
-                 instance_id: str | None = None):
+    def __init__(
+        self,
+        location: str | Path,
+        *,
+        lease_seconds: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        instance_id: str | None = None,
+    ):
         self.location = location if is_postgres_url(location) else Path(location)
         self.is_shared = is_postgres_url(location)
         self.lease_seconds = lease_seconds
@@ -121,8 +141,9 @@ class ConversationStore:
     async def acquire_lease(self, conversation_id: str, session_id: str) -> None:
         """Hold the conversation for `session_id`; ConversationBusyError if another session does."""
         now = self.clock()
-        wait = await self._writer.call(acquire_row, conversation_id, self.instance_id, session_id, now,
-                                       now + self.lease_seconds)
+        wait = await self._writer.call(
+            acquire_row, conversation_id, self.instance_id, session_id, now, now + self.lease_seconds
+        )
         if wait is not None:
             raise ConversationBusyError(conversation_id, max(1.0, wait))
         self._held[(conversation_id, session_id)] = None
@@ -135,12 +156,26 @@ class ConversationStore:
         """(conversation, session) of the leases this instance's sessions hold."""
         return list(self._held)
 
-    async def append_heard(self, conversation_id: str, index: int, pcm: np.ndarray, text: str,
-                           codes: list[int] | None = None, timings: dict | None = None) -> None:
+    async def append_heard(
+        self,
+        conversation_id: str,
+        index: int,
+        pcm: np.ndarray,
+        text: str,
+        codes: list[int] | None = None,
+        timings: dict | None = None,
+    ) -> None:
         """Append `pcm` (24 kHz float, may be empty) to an answer's heard audio (heard_audio.py);
         set its text and (if given) the codes heard so far."""
-        await self.write(append_part, conversation_id, index, pcm16.to_bytes(pcm) if np.size(pcm) else b"", text,
-                         None if codes is None else [int(c) for c in codes], timings)
+        await self.write(
+            append_part,
+            conversation_id,
+            index,
+            pcm16.to_bytes(pcm) if np.size(pcm) else b"",
+            text,
+            None if codes is None else [int(c) for c in codes],
+            timings,
+        )
 
     # ----- writes (writer thread) -----
     async def create_conversation(self, title: str = "") -> dict[str, Any]:

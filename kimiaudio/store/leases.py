@@ -30,20 +30,23 @@ class ConversationBusyError(KimiAudioError):
     code = "conversation_busy"
 
     def __init__(self, conversation_id: str, retry_after_s: float):
-        super().__init__(f"conversation {conversation_id!r} is open in another session; try again in "
-                         f"{retry_after_s:.0f} s")
+        super().__init__(
+            f"conversation {conversation_id!r} is open in another session; try again in {retry_after_s:.0f} s"
+        )
         self.retry_after_s = retry_after_s
 
 
-def acquire(db: Sql, conversation_id: str, instance_id: str, session_id: str, now: float,
-            expires_at: float) -> float | None:
+def acquire(
+    db: Sql, conversation_id: str, instance_id: str, session_id: str, now: float, expires_at: float
+) -> float | None:
     """Take (or renew) the lease; None if this session holds it now, else the seconds until
     the other holder's lease expires."""
     with db.atomic():
         if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
             raise KimiAudioError(f"conversation {conversation_id!r} does not exist")
-        row = db.execute("SELECT instance_id, session_id FROM leases WHERE conversation_id = ?",
-                         [conversation_id]).fetchone()
+        row = db.execute(
+            "SELECT instance_id, session_id FROM leases WHERE conversation_id = ?", [conversation_id]
+        ).fetchone()
         if row is not None and tuple(row) == (instance_id, session_id):
             db.execute("UPDATE leases SET expires_at = ? WHERE conversation_id = ?", [expires_at, conversation_id])
             return None
@@ -53,7 +56,8 @@ def acquire(db: Sql, conversation_id: str, instance_id: str, session_id: str, no
             "INSERT INTO leases (conversation_id, instance_id, session_id, expires_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (conversation_id) DO UPDATE SET instance_id = excluded.instance_id, "
             "session_id = excluded.session_id, expires_at = excluded.expires_at WHERE leases.expires_at < ?",
-            [conversation_id, instance_id, session_id, expires_at, now]).rowcount
+            [conversation_id, instance_id, session_id, expires_at, now],
+        ).rowcount
         if not taken:
             held = db.execute("SELECT expires_at FROM leases WHERE conversation_id = ?", [conversation_id]).fetchone()
             return max(0.0, (held[0] if held else now) - now)
@@ -62,16 +66,20 @@ def acquire(db: Sql, conversation_id: str, instance_id: str, session_id: str, no
 
 
 def release(db: Sql, conversation_id: str, instance_id: str, session_id: str) -> None:
-    db.execute("DELETE FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
-               [conversation_id, instance_id, session_id])
+    db.execute(
+        "DELETE FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
+        [conversation_id, instance_id, session_id],
+    )
 
 
 def renew(db: Sql, instance_id: str, held: list[tuple[str, str]], expires_at: float) -> None:
     """Renew the leases `held` ((conversation, session) pairs) that are still this instance's."""
     with db.atomic():
         for conversation_id, session_id in held:
-            db.execute("UPDATE leases SET expires_at = ? WHERE conversation_id = ? AND instance_id = ? "
-                       "AND session_id = ?", [expires_at, conversation_id, instance_id, session_id])
+            db.execute(
+                "UPDATE leases SET expires_at = ? WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
+                [expires_at, conversation_id, instance_id, session_id],
+            )
 
 
 def release_instance(db: Sql, instance_id: str) -> None:

@@ -10,7 +10,7 @@ StoreUnavailableError (the server answers 503), and the pool reconnects by itsel
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.store.location import shown
@@ -56,16 +56,25 @@ def check_and_migrate(url: str) -> int:
         try:
             return migrate(PostgresSql(conn))
         except psycopg.Error as exc:
-            raise KimiAudioError(f"PostgreSQL database {shown(url)}: cannot migrate its schema ({_one_line(exc)})") from None
+            raise KimiAudioError(
+                f"PostgreSQL database {shown(url)}: cannot migrate its schema ({_one_line(exc)})"
+            ) from None
 
 
 def open_pool(url: str):
     from psycopg_pool import ConnectionPool
 
-    pool = ConnectionPool(url, min_size=1, max_size=POOL_SIZE, timeout=POOL_WAIT_S, open=False,
-                          reconnect_timeout=RECONNECT_GIVE_UP_S,
-                          kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
-                          check=ConnectionPool.check_connection, name="kimiaudio-store")
+    pool = ConnectionPool(
+        url,
+        min_size=1,
+        max_size=POOL_SIZE,
+        timeout=POOL_WAIT_S,
+        open=False,
+        reconnect_timeout=RECONNECT_GIVE_UP_S,
+        kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+        check=ConnectionPool.check_connection,
+        name="kimiaudio-store",
+    )
     pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
     return pool
 
@@ -87,7 +96,9 @@ class PostgresConnector:
             raise StoreUnavailableError(f"the database {shown(self.url)} does not answer") from None
         except Exception as exc:
             if _is_connection_lost(exc):
-                raise StoreUnavailableError(f"the database {shown(self.url)} is unreachable ({_one_line(exc)})") from None
+                raise StoreUnavailableError(
+                    f"the database {shown(self.url)} is unreachable ({_one_line(exc)})"
+                ) from None
             raise
 
     def close(self) -> None:

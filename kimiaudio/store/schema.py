@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Union
 
 import sqlite_utils
 
@@ -116,7 +115,7 @@ CREATE INDEX leases_by_instance ON leases(instance_id);
 
 _V6 = {kind: "ALTER TABLE turns ADD COLUMN transcript TEXT;\n" + schema for kind, schema in SEARCH_SCHEMA.items()}
 
-Migration = Union[str, dict[str, str]]  # one script, or one per Sql.kind
+Migration = str | dict[str, str]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
 MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -138,8 +137,10 @@ def _statements(migration: Migration, sql: Sql) -> list[str]:
 
 
 def newer_schema_message(found: int) -> str:
-    return (f"database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
-            "upgrade kimiaudio or point storage.url / storage.data_dir at another database")
+    return (
+        f"database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
+        "upgrade kimiaudio or point storage.url / storage.data_dir at another database"
+    )
 
 
 def migrate(sql: Sql) -> int:
@@ -183,14 +184,22 @@ def open_database(path: str | Path) -> sqlite_utils.Database:
 
 # Rows whose parent is gone (a foreign key not enforced, or broken): (what, the query counting them).
 _ORPHANS = [
-    ("turns without a conversation",
-     "SELECT COUNT(*) FROM turns t LEFT JOIN conversations c ON c.id = t.conversation_id WHERE c.id IS NULL"),
-    ("turn audio without a turn",
-     "SELECT COUNT(*) FROM turn_audio a LEFT JOIN turns t ON t.id = a.turn_id WHERE t.id IS NULL"),
-    ("heard audio parts without a turn",
-     "SELECT COUNT(*) FROM turn_audio_parts p LEFT JOIN turns t ON t.id = p.turn_id WHERE t.id IS NULL"),
-    ("leases without a conversation",
-     "SELECT COUNT(*) FROM leases l LEFT JOIN conversations c ON c.id = l.conversation_id WHERE c.id IS NULL"),
+    (
+        "turns without a conversation",
+        "SELECT COUNT(*) FROM turns t LEFT JOIN conversations c ON c.id = t.conversation_id WHERE c.id IS NULL",
+    ),
+    (
+        "turn audio without a turn",
+        "SELECT COUNT(*) FROM turn_audio a LEFT JOIN turns t ON t.id = a.turn_id WHERE t.id IS NULL",
+    ),
+    (
+        "heard audio parts without a turn",
+        "SELECT COUNT(*) FROM turn_audio_parts p LEFT JOIN turns t ON t.id = p.turn_id WHERE t.id IS NULL",
+    ),
+    (
+        "leases without a conversation",
+        "SELECT COUNT(*) FROM leases l LEFT JOIN conversations c ON c.id = l.conversation_id WHERE c.id IS NULL",
+    ),
 ]
 
 

@@ -19,9 +19,8 @@ where the tokenizers do: PostgreSQL keeps diacritics (FTS5 here folds them).
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.sql import Sql
@@ -98,8 +97,9 @@ def search_conversations(sql: Sql, words: list[str], limit: int) -> list[dict[st
         matching = "SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ to_tsquery('simple', ?)"
     else:
         expression = match_expression(words)
-        matching = ("SELECT t.conversation_id FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid "
-                    "WHERE turns_fts MATCH ?")
+        matching = (
+            "SELECT t.conversation_id FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid WHERE turns_fts MATCH ?"
+        )
     rows = sql.execute(
         "SELECT c.id, c.title, c.created_at, c.updated_at, "
         "(SELECT COUNT(*) FROM turns n WHERE n.conversation_id = c.id) AS num_turns "

@@ -32,11 +32,19 @@ class StoredVoice:
     codes: list[int]
 
 
-async def save_voice(store: ConversationStore, name: str, pcm: np.ndarray, sample_rate: int, codes: list[int]) -> StoredVoice:
+async def save_voice(
+    store: ConversationStore, name: str, pcm: np.ndarray, sample_rate: int, codes: list[int]
+) -> StoredVoice:
     """Add a voice; VoiceExistsError if the name is taken."""
     pcm = np.ascontiguousarray(pcm, dtype="<f4").reshape(-1)
-    record = {"name": name, "created_at": time.time(), "sample_rate": int(sample_rate), "num_samples": int(pcm.size),
-              "pcm": pcm.tobytes(), "codes": json.dumps([int(c) for c in codes])}
+    record = {
+        "name": name,
+        "created_at": time.time(),
+        "sample_rate": int(sample_rate),
+        "num_samples": int(pcm.size),
+        "pcm": pcm.tobytes(),
+        "codes": json.dumps([int(c) for c in codes]),
+    }
     await store.write(_insert, record)
     return StoredVoice(name, record["created_at"], sample_rate, pcm.astype(np.float32), [int(c) for c in codes])
 
@@ -67,8 +75,10 @@ def _insert(db: Sql, record: dict) -> None:
 
 def _select_all(db: Sql) -> list[StoredVoice]:
     rows = db.execute("SELECT name, created_at, sample_rate, pcm, codes FROM voices ORDER BY name").fetchall()
-    return [StoredVoice(name, created, rate, np.frombuffer(bytes(pcm), dtype="<f4").astype(np.float32),
-                        json.loads(codes)) for name, created, rate, pcm, codes in rows]
+    return [
+        StoredVoice(name, created, rate, np.frombuffer(bytes(pcm), dtype="<f4").astype(np.float32), json.loads(codes))
+        for name, created, rate, pcm, codes in rows
+    ]
 
 
 def _select_names(db: Sql) -> dict[str, float]:

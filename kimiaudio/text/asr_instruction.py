@@ -24,8 +24,9 @@ def check_language(language: str) -> str:
     """A Whisper language code (any case) -> its lower-case code; KimiAudioError otherwise."""
     code = language.strip().lower() if isinstance(language, str) else None
     if code not in WHISPER_LANGUAGES:
-        raise KimiAudioError(f"language: expected a Whisper language code (ISO-639-1, e.g. en, zh, de), "
-                             f"got {str(language)[:40]!r}")
+        raise KimiAudioError(
+            f"language: expected a Whisper language code (ISO-639-1, e.g. en, zh, de), got {str(language)[:40]!r}"
+        )
     return code
 
 

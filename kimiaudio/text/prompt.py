@@ -37,7 +37,7 @@ class Message:
     features: torch.Tensor | None = None  # [N, adaptor_dim] whisper features of an "audio" message
 
     @classmethod
-    def assistant_reply(cls, text: str, codes: Sequence[int] | None) -> "Message":
+    def assistant_reply(cls, text: str, codes: Sequence[int] | None) -> Message:
         """An assistant answer as history: spoken (audio-text) when it has speech codes, else text."""
         if codes:
             return cls("assistant", "audio-text", text=text, audio_tokens=list(codes))
@@ -56,7 +56,9 @@ class Message:
         limit = specials.num_audio_codes
         bad = [c for c in self.audio_tokens if not _is_code(c) or c < 0 or (limit is not None and c >= limit)]
         if bad:
-            raise AudioInputError(f"{where}: audio code {bad[0]!r} out of range (expected 0..{limit - 1 if limit else 'N'})")
+            raise AudioInputError(
+                f"{where}: audio code {bad[0]!r} out of range (expected 0..{limit - 1 if limit else 'N'})"
+            )
         if self.kind == "audio" and self.features is not None:
             rows = _feature_rows(self.features, where)
             if rows.shape[0] != len(self.audio_tokens):
@@ -181,7 +183,9 @@ def _add_audio_text(builder: _Streams, message: Message, tokenizer, specials: Sp
     stop when the audio ends, so their text is never longer than their audio.
     """
     text_tokens = tokenizer.encode(message.text)
-    audio = [specials.text_blank] * specials.audio_delay + [int(c) + specials.token_offset for c in message.audio_tokens]
+    audio = [specials.text_blank] * specials.audio_delay + [
+        int(c) + specials.token_offset for c in message.audio_tokens
+    ]
     length = max(len(audio), len(text_tokens))
     audio += [specials.text_blank] * (length - len(audio))
     text = text_tokens + [specials.text_blank] * (length - len(text_tokens))

@@ -108,7 +108,9 @@ class SpecialTokens:
         ids = {name: tok.special_id(content) for name, content in _FIELDS.items()}
         offset = get("kimia_token_offset")
         if not isinstance(offset, int) or offset <= 0:
-            raise CheckpointError(f"{source}: missing or bad 'kimia_token_offset' (expected a positive integer, got {offset!r})")
+            raise CheckpointError(
+                f"{source}: missing or bad 'kimia_token_offset' (expected a positive integer, got {offset!r})"
+            )
         if tok.vocab_size > offset:
             raise CheckpointError(
                 f"{source}: kimia_token_offset={offset} is below the text vocabulary size {tok.vocab_size} "
@@ -124,7 +126,9 @@ class SpecialTokens:
         delay = get("kimia_mimo_audiodelaytokens")
         vocab_size = get("vocab_size")
         num_codes = vocab_size - offset if isinstance(vocab_size, int) and vocab_size > offset else None
-        return cls(**ids, token_offset=offset, audio_delay=6 if delay is None else int(delay), num_audio_codes=num_codes)
+        return cls(
+            **ids, token_offset=offset, audio_delay=6 if delay is None else int(delay), num_audio_codes=num_codes
+        )
 
 
 def _getter(config):

@@ -18,7 +18,6 @@ from pathlib import Path
 import tiktoken
 
 from kimiaudio.checkpoint.files import read_json
-
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import CheckpointError
 from kimiaudio.text.special_tokens import official_special_names
@@ -110,7 +109,9 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
             if rank < 0 or not token:
                 raise ValueError("empty token or negative rank")
         except (ValueError, binascii.Error) as exc:
-            raise CheckpointError(f"{path}: line {number}: expected 'base64token rank', got {line[:60]!r} ({exc})") from None
+            raise CheckpointError(
+                f"{path}: line {number}: expected 'base64token rank', got {line[:60]!r} ({exc})"
+            ) from None
         if token in ranks or rank in seen_ranks:
             raise CheckpointError(f"{path}: line {number}: duplicate token or rank {rank}")
         ranks[token] = rank

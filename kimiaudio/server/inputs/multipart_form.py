@@ -44,14 +44,23 @@ class FormField:
         return [self.text(data) for data in [self.data, *self.more]]
 
 
-async def read_form(request: web.Request, limits: dict[str, int], required: tuple[str, ...],
-                    expected: str, lists: tuple[str, ...] = (), unknown: list[str] | None = None) -> dict[str, FormField]:
+async def read_form(
+    request: web.Request,
+    limits: dict[str, int],
+    required: tuple[str, ...],
+    expected: str,
+    lists: tuple[str, ...] = (),
+    unknown: list[str] | None = None,
+) -> dict[str, FormField]:
     """The fields named in `limits` (name -> most bytes), each at most its limit; `expected`
     says what the form should hold, for the errors' messages. `lists`: fields that may repeat
     (each value at most the limit, MAX_LIST_VALUES of them); `unknown` gets the other names."""
     if not request.content_type.startswith("multipart/form-data"):
-        raise ApiError(415, "unsupported_media_type", f"expected a multipart/form-data body with {expected} "
-                       f"(got {request.content_type or 'none'})")
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"expected a multipart/form-data body with {expected} (got {request.content_type or 'none'})",
+        )
     fields: dict[str, FormField] = {}
     try:
         async for part in await request.multipart():
@@ -79,6 +88,10 @@ async def read_form(request: web.Request, limits: dict[str, int], required: tupl
         raise ApiError(400, "invalid_multipart", f"the multipart form could not be read ({exc})") from None
     missing = [name for name in required if name not in fields or not fields[name].data]
     if missing:
-        raise ApiError(400, "missing_required_parameter", f"missing form field(s): {', '.join(missing)} "
-                       f"(expected {expected})", param=missing[0])
+        raise ApiError(
+            400,
+            "missing_required_parameter",
+            f"missing form field(s): {', '.join(missing)} (expected {expected})",
+            param=missing[0],
+        )
     return fields

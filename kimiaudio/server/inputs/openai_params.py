@@ -12,8 +12,9 @@ narrower than the engine's. README's compatibility table lists the same fields.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kimiaudio.config import MAX_NEW_TOKENS, PRESENCE_FREQUENCY_PENALTY, SEED, TOP_LOGPROBS, TOP_P
 from kimiaudio.errors import ConfigError
@@ -47,8 +48,12 @@ class Fields:
             if key in self.neutral:
                 test, accepted = self.neutral[key]
                 if not test(value):
-                    raise error("unsupported_parameter", f"{param}: kimiaudio does not support this (accepted: "
-                                f"{accepted}); see README's compatibility table", param)
+                    raise error(
+                        "unsupported_parameter",
+                        f"{param}: kimiaudio does not support this (accepted: "
+                        f"{accepted}); see README's compatibility table",
+                        param,
+                    )
                 continue
             raise error("unknown_parameter", f"Unrecognized request argument supplied: {param}"[:300], param)
 
@@ -63,46 +68,96 @@ _NO_TOOLS = {
 }
 
 CHAT_FIELDS = Fields(
-    honoured=frozenset({"model", "messages", "modalities", "audio", "n", "stream", "stream_options", "temperature",
-                        "top_p", "seed", "stop", "max_completion_tokens", "max_tokens", "logprobs", "top_logprobs",
-                        "presence_penalty", "frequency_penalty"}),
-    neutral={**_NO_TOOLS,
-             "functions": (_empty, "[]"),
-             "function_call": (lambda v: v == "none", '"none"'),
-             "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
-             "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
-             "logit_bias": (_empty, "{} (the model's token ids are not OpenAI's)"),
-             "store": (lambda v: v is False, "false (answers are not kept for evals or distillation)"),
-             "service_tier": (lambda v: v in ("auto", "default"), '"auto" or "default"'),
-             "prediction": (lambda v: False, "nothing"),
-             "web_search_options": (lambda v: False, "nothing"),
-             "reasoning_effort": (lambda v: False, "nothing: not a reasoning model"),
-             "verbosity": (lambda v: False, "nothing"),
-             "prompt_cache_retention": (lambda v: False, "nothing")},
+    honoured=frozenset(
+        {
+            "model",
+            "messages",
+            "modalities",
+            "audio",
+            "n",
+            "stream",
+            "stream_options",
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "max_completion_tokens",
+            "max_tokens",
+            "logprobs",
+            "top_logprobs",
+            "presence_penalty",
+            "frequency_penalty",
+        }
+    ),
+    neutral={
+        **_NO_TOOLS,
+        "functions": (_empty, "[]"),
+        "function_call": (lambda v: v == "none", '"none"'),
+        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
+        "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
+        "logit_bias": (_empty, "{} (the model's token ids are not OpenAI's)"),
+        "store": (lambda v: v is False, "false (answers are not kept for evals or distillation)"),
+        "service_tier": (lambda v: v in ("auto", "default"), '"auto" or "default"'),
+        "prediction": (lambda v: False, "nothing"),
+        "web_search_options": (lambda v: False, "nothing"),
+        "reasoning_effort": (lambda v: False, "nothing: not a reasoning model"),
+        "verbosity": (lambda v: False, "nothing"),
+        "prompt_cache_retention": (lambda v: False, "nothing"),
+    },
     ignored=frozenset({"user", "safety_identifier", "metadata", "prompt_cache_key"}),
 )
 
 TRANSCRIPTION_FIELDS = Fields(
-    honoured=frozenset({"file", "model", "language", "prompt", "response_format", "stream", "temperature",
-                        "timestamp_granularities[]", "include[]"}),
-    neutral={"chunking_strategy": (lambda v: v == "auto", '"auto" (the audio is transcribed in one piece)'),
-             "known_speaker_names[]": (lambda v: False, "nothing: no diarization"),
-             "known_speaker_references[]": (lambda v: False, "nothing: no diarization")},
+    honoured=frozenset(
+        {
+            "file",
+            "model",
+            "language",
+            "prompt",
+            "response_format",
+            "stream",
+            "temperature",
+            "timestamp_granularities[]",
+            "include[]",
+        }
+    ),
+    neutral={
+        "chunking_strategy": (lambda v: v == "auto", '"auto" (the audio is transcribed in one piece)'),
+        "known_speaker_names[]": (lambda v: False, "nothing: no diarization"),
+        "known_speaker_references[]": (lambda v: False, "nothing: no diarization"),
+    },
 )
 
 SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes)
-    honoured=frozenset({"modalities", "output_modalities", "instructions", "voice", "input_audio_format",
-                        "output_audio_format", "turn_detection", "temperature", "max_response_output_tokens",
-                        "max_output_tokens", "audio", "vad", "sampling", "output_type",
-                        "input_audio_transcription"}),
-    neutral={**_NO_TOOLS,
-             "type": (lambda v: v == "realtime", '"realtime" (transcription sessions are not supported)'),
-             "input_audio_noise_reduction": (lambda v: False, "null"),
-             "speed": (lambda v: v == 1.0, "1.0"),
-             "tracing": (lambda v: False, "null (no traces are kept)"),
-             "include": (_empty, "[]"),
-             "prompt": (lambda v: False, "nothing"),
-             "truncation": (lambda v: v == "auto", '"auto"')},
+    honoured=frozenset(
+        {
+            "modalities",
+            "output_modalities",
+            "instructions",
+            "voice",
+            "input_audio_format",
+            "output_audio_format",
+            "turn_detection",
+            "temperature",
+            "max_response_output_tokens",
+            "max_output_tokens",
+            "audio",
+            "vad",
+            "sampling",
+            "output_type",
+            "input_audio_transcription",
+        }
+    ),
+    neutral={
+        **_NO_TOOLS,
+        "type": (lambda v: v == "realtime", '"realtime" (transcription sessions are not supported)'),
+        "input_audio_noise_reduction": (lambda v: False, "null"),
+        "speed": (lambda v: v == 1.0, "1.0"),
+        "tracing": (lambda v: False, "null (no traces are kept)"),
+        "include": (_empty, "[]"),
+        "prompt": (lambda v: False, "nothing"),
+        "truncation": (lambda v: v == "auto", '"auto"'),
+    },
     # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
     ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
 )
@@ -118,12 +173,25 @@ AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
 )
 
 RESPONSE_FIELDS = Fields(  # response.create's response
-    honoured=frozenset({"modalities", "output_modalities", "instructions", "voice", "temperature",
-                        "max_output_tokens", "max_response_output_tokens", "output_audio_format", "audio"}),
-    neutral={**_NO_TOOLS,
-             "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
-             "input": (lambda v: False, "nothing: the response answers the conversation"),
-             "prompt": (lambda v: False, "nothing")},
+    honoured=frozenset(
+        {
+            "modalities",
+            "output_modalities",
+            "instructions",
+            "voice",
+            "temperature",
+            "max_output_tokens",
+            "max_response_output_tokens",
+            "output_audio_format",
+            "audio",
+        }
+    ),
+    neutral={
+        **_NO_TOOLS,
+        "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
+        "input": (lambda v: False, "nothing: the response answers the conversation"),
+        "prompt": (lambda v: False, "nothing"),
+    },
     ignored=frozenset({"metadata"}),
 )
 
@@ -157,8 +225,9 @@ class RealtimeSampling:
     max_output_tokens: int | None = setting(None, OUTPUT_LIMIT)
 
 
-def checked(cls: type, values: dict, where: str = "",
-            error: Callable[[str, str, str], Exception] | None = None) -> dict[str, Any]:
+def checked(
+    cls: type, values: dict, where: str = "", error: Callable[[str, str, str], Exception] | None = None
+) -> dict[str, Any]:
     """The fields of `cls` that `values` holds (not null), each checked against its declaration."""
     error = error or _api_error
     out = {}

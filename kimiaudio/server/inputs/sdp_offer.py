@@ -67,8 +67,10 @@ def _check_media(media, where: str) -> None:
     for fingerprint in media.dtls.fingerprints:
         known = fingerprint.algorithm.lower() in _FINGERPRINT_HASHES
         if not known or not _FINGERPRINT_VALUE.fullmatch(fingerprint.value):
-            raise _bad(f"{where}: a=fingerprint must be one of {', '.join(_FINGERPRINT_HASHES)} "
-                       "followed by colon-separated hex bytes")
+            raise _bad(
+                f"{where}: a=fingerprint must be one of {', '.join(_FINGERPRINT_HASHES)} "
+                "followed by colon-separated hex bytes"
+            )
     for candidate in media.ice_candidates:
         if not 0 <= candidate.port <= 65535 or not 0 <= candidate.priority < 2**32 or not 1 <= candidate.component <= 2:
             raise _bad(f"{where}: an a=candidate line has an out-of-range port, priority or component")

@@ -41,15 +41,17 @@ class AccessPolicy:
     allowed_origins: frozenset[str]  # normalised scheme://host:port
 
     @classmethod
-    def from_config(cls, config: Config) -> "AccessPolicy":
+    def from_config(cls, config: Config) -> AccessPolicy:
         server = config.server
         hosts = [_host_name(h) for h in server.allowed_hosts] or [_host_name(server.host), *LOOPBACK_HOSTS]
         allowed_hosts = None if "*" in hosts else frozenset(h for h in hosts if h)
         origins = frozenset(_origin(o) for o in server.allowed_origins)
         api_key = os.environ.get(API_KEY_ENV) or server.api_key
         if api_key and not _is_token(api_key):
-            raise ConfigError(f"{API_KEY_ENV if os.environ.get(API_KEY_ENV) else 'server.api_key'}: expected printable "
-                              "ASCII without spaces (it travels in an HTTP header)")
+            raise ConfigError(
+                f"{API_KEY_ENV if os.environ.get(API_KEY_ENV) else 'server.api_key'}: expected printable "
+                "ASCII without spaces (it travels in an HTTP header)"
+            )
         return cls(api_key, allowed_hosts, origins)
 
 
@@ -61,7 +63,7 @@ def _host_name(host: str) -> str:
     """'Example.org:8080' -> 'example.org'; '[::1]:80' -> '::1'; '0.0.0.0' names no host."""
     host = host.strip().lower().rstrip(".")
     if host.startswith("["):
-        host = host[1:host.find("]")] if "]" in host else host
+        host = host[1 : host.find("]")] if "]" in host else host
     elif host.count(":") == 1:
         host = host.split(":")[0]
     return "" if host in ("0.0.0.0", "::") else host
@@ -82,9 +84,11 @@ def exposure_warning(config: Config, policy: AccessPolicy) -> str | None:
     """What to print when the server listens beyond this machine without a key."""
     if policy.api_key or config.server.host in LOOPBACK_HOSTS:
         return None
-    return (f"warning: listening on {config.server.host} without an API key: anyone who can reach the port can "
-            "talk to the model and list, play and delete every conversation. Set server.api_key "
-            f"(or {API_KEY_ENV}).")
+    return (
+        f"warning: listening on {config.server.host} without an API key: anyone who can reach the port can "
+        "talk to the model and list, play and delete every conversation. Set server.api_key "
+        f"(or {API_KEY_ENV})."
+    )
 
 
 def _is_public(path: str) -> bool:
@@ -97,14 +101,15 @@ def _presented_key(request: web.Request) -> str | None:
         return token.strip()
     for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
         if protocol.strip().startswith(WS_KEY_PREFIX):
-            return protocol.strip()[len(WS_KEY_PREFIX):]
+            return protocol.strip()[len(WS_KEY_PREFIX) :]
     return request.query.get("api_key")
 
 
 def key_matches(presented: str | None, expected: str) -> bool:
     # compare_digest takes its time from the presented key's length only, never from the contents.
-    return presented is not None and hmac.compare_digest(presented.encode("utf-8", "surrogateescape"),
-                                                         expected.encode("ascii"))
+    return presented is not None and hmac.compare_digest(
+        presented.encode("utf-8", "surrogateescape"), expected.encode("ascii")
+    )
 
 
 def _same_origin(request: web.Request, origin: str) -> bool:
@@ -127,15 +132,25 @@ def access_middleware(policy: AccessPolicy):
 def _check(policy: AccessPolicy, request: web.Request) -> None:
     host = request.headers.get("Host")
     if host is not None and policy.allowed_hosts is not None and _host_name(host) not in policy.allowed_hosts:
-        raise ApiError(421, "unknown_host", f"this server does not answer to the host {host[:100]!r} "
-                                            "(add it to server.allowed_hosts)")
+        raise ApiError(
+            421,
+            "unknown_host",
+            f"this server does not answer to the host {host[:100]!r} (add it to server.allowed_hosts)",
+        )
     if policy.api_key and not _is_public(request.path) and not key_matches(_presented_key(request), policy.api_key):
-        raise ApiError(401, "unauthorized", "this server needs an API key: send Authorization: Bearer <key>",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(
+            401,
+            "unauthorized",
+            "this server needs an API key: send Authorization: Bearer <key>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     origin = request.headers.get("Origin")
     changes_state = request.method not in _SAFE_METHODS or request.headers.get("Upgrade", "").lower() == "websocket"
     if origin is not None and changes_state:
         normalised = _origin(origin)
         if normalised not in policy.allowed_origins and not _same_origin(request, normalised):
-            raise ApiError(403, "forbidden_origin", f"requests from the origin {origin[:100]!r} are not allowed "
-                                                   "(add it to server.allowed_origins)")
+            raise ApiError(
+                403,
+                "forbidden_origin",
+                f"requests from the origin {origin[:100]!r} are not allowed (add it to server.allowed_origins)",
+            )

@@ -26,7 +26,7 @@ _ANSWERED_WHILE_DRAINING = ("/healthz", "/readyz", "/metrics")
 class Slot:
     """One reserved session slot; `release()` may be called any number of times."""
 
-    def __init__(self, admission: "Admission"):
+    def __init__(self, admission: Admission):
         self._admission = admission
         self.released = False
 
@@ -47,9 +47,12 @@ class Admission:
         if self.is_draining:
             raise _shutting_down()
         if self.num_reserved >= self.max_sessions:
-            raise ApiError(503, "server_full",
-                           f"the server is full ({self.max_sessions} sessions); try again in a few seconds",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise ApiError(
+                503,
+                "server_full",
+                f"the server is full ({self.max_sessions} sessions); try again in a few seconds",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
 
     def reserve(self) -> Slot:
         """A slot, or ApiError 503 as `check` says; no await between the check and the take."""
@@ -59,8 +62,12 @@ class Admission:
 
 
 def _shutting_down() -> ApiError:
-    return ApiError(503, "shutting_down", "the server is shutting down; try again in a few seconds",
-                    headers={"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(
+        503,
+        "shutting_down",
+        "the server is shutting down; try again in a few seconds",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def draining_middleware(admission: Admission):

@@ -67,7 +67,9 @@ async def _answer(request: web.Request, handler):
     except ConversationBusyError as exc:
         raise ApiError(409, exc.code, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
     except StoreUnavailableError as exc:
-        raise ApiError(503, "database_unavailable", str(exc), headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}) from None
+        raise ApiError(
+            503, "database_unavailable", str(exc), headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+        ) from None
     except KimiAudioError as exc:
         raise ApiError(400, getattr(exc, "code", None) or "bad_request", str(exc)) from None
     except ConnectionResetError:  # the client went away; there is nobody to answer

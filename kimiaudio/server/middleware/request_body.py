@@ -25,13 +25,16 @@ from kimiaudio.server.app_keys import body_timeout_key, max_body_bytes_key
 from kimiaudio.server.inputs.json_input import parse_json
 
 
-
 @web.middleware
 async def body_limits_middleware(request: web.Request, handler):
     limit = request.app[max_body_bytes_key]
     if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "too_large", f"the request body is too large ({request.content_length} bytes; "
-                                         f"the limit is {limit})", headers={"Connection": "close"})
+        raise ApiError(
+            413,
+            "too_large",
+            f"the request body is too large ({request.content_length} bytes; the limit is {limit})",
+            headers={"Connection": "close"},
+        )
     timeout = request.app[body_timeout_key]
     deadline = asyncio.timeout(timeout)
     body_in = False
@@ -51,15 +54,19 @@ async def body_limits_middleware(request: web.Request, handler):
             raise  # the handler's own timeout, not ours
     finally:
         body_in = True  # the eof may come after the handler is done: the deadline is gone then
-    raise ApiError(408, "body_timeout", f"the request body did not arrive within {timeout:g} s",
-                   headers={"Connection": "close"})
+    raise ApiError(
+        408, "body_timeout", f"the request body did not arrive within {timeout:g} s", headers={"Connection": "close"}
+    )
 
 
 async def read_json(request: web.Request, max_bytes: int | None = None) -> Any:
     """The request's JSON body (at most `max_bytes`, default server.max_body_bytes)."""
     if request.content_type != "application/json":
-        raise ApiError(415, "unsupported_media_type",
-                       f"send the body as Content-Type: application/json (got {request.content_type or 'none'})")
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the body as Content-Type: application/json (got {request.content_type or 'none'})",
+        )
     limit = max_bytes or request.app[max_body_bytes_key]
     return parse_json(await request.read(), limit)
 

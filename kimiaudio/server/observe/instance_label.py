@@ -31,8 +31,9 @@ class InstanceLabelled:
     def collect(self):
         for family in self._registry.collect():
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
-            labelled.samples = [sample._replace(labels={**sample.labels, INSTANCE_LABEL: self.instance})
-                                for sample in family.samples]
+            labelled.samples = [
+                sample._replace(labels={**sample.labels, INSTANCE_LABEL: self.instance}) for sample in family.samples
+            ]
             yield labelled
 
     def exposition(self) -> bytes:

@@ -10,7 +10,7 @@ commit -> first audio packet sent (server_metrics.py).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -42,30 +42,42 @@ class PipelineCollector(Collector):
         if pipeline is None:
             return
         m, stats = pipeline.metrics, pipeline.stats()
-        yield _histogram("kimiaudio_lm_step_seconds", "One LM engine step (prefill and/or decode of the batch)",
-                         m.lm_step_s)
+        yield _histogram(
+            "kimiaudio_lm_step_seconds", "One LM engine step (prefill and/or decode of the batch)", m.lm_step_s
+        )
         yield _histogram("kimiaudio_lm_batch_size", "Sequences in one LM engine step", m.lm_batch)
-        yield _histogram("kimiaudio_encode_batch_seconds", "One speech-encoder batch (Whisper + GLM-4 VQ)",
-                         m.encode_batch_s)
-        yield _histogram("kimiaudio_detok_batch_seconds", "One detokenizer batch (DiT + vocoder, every chunk due)",
-                         m.detok_batch_s)
-        stages = HistogramMetricFamily("kimiaudio_turn_stage_seconds",
-                                       "Seconds from submit until a turn reached the stage", labels=["stage"])
+        yield _histogram(
+            "kimiaudio_encode_batch_seconds", "One speech-encoder batch (Whisper + GLM-4 VQ)", m.encode_batch_s
+        )
+        yield _histogram(
+            "kimiaudio_detok_batch_seconds", "One detokenizer batch (DiT + vocoder, every chunk due)", m.detok_batch_s
+        )
+        stages = HistogramMetricFamily(
+            "kimiaudio_turn_stage_seconds", "Seconds from submit until a turn reached the stage", labels=["stage"]
+        )
         for stage, timing in m.turn_stage_s.items():
             buckets, total = _buckets(timing)
             stages.add_metric([stage.removesuffix("_s")], buckets, total)
         yield stages
-        turns = CounterMetricFamily("kimiaudio_turns", "Pipeline turns (answers) ended, by final status", labels=["status"])
-        background = CounterMetricFamily("kimiaudio_background_turns", "Background turns (the user's words "
-                                         "transcribed) ended, by final status", labels=["status"])
+        turns = CounterMetricFamily(
+            "kimiaudio_turns", "Pipeline turns (answers) ended, by final status", labels=["status"]
+        )
+        background = CounterMetricFamily(
+            "kimiaudio_background_turns",
+            "Background turns (the user's words transcribed) ended, by final status",
+            labels=["status"],
+        )
         for status in ("completed", "cancelled", "failed"):
             turns.add_metric([status], m.turns.get(status, 0))
             background.add_metric([status], m.background_turns.get(status, 0))
         yield turns
         yield background
         yield CounterMetricFamily("kimiaudio_detok_chunks", "Detokenizer chunks made", value=m.detok_chunks)
-        yield CounterMetricFamily("kimiaudio_detok_guard_actions", "Chunks whose ODE steps the real-time guard lowered",
-                                  value=m.detok_guard_actions)
+        yield CounterMetricFamily(
+            "kimiaudio_detok_guard_actions",
+            "Chunks whose ODE steps the real-time guard lowered",
+            value=m.detok_guard_actions,
+        )
         yield from self._engine(stats)
 
     @staticmethod
@@ -78,16 +90,20 @@ class PipelineCollector(Collector):
         seqs.add_metric(["running"], stats["running"])
         seqs.add_metric(["waiting"], stats["waiting"])
         yield seqs
-        yield GaugeMetricFamily("kimiaudio_pipeline_turns_in_flight", "Turns on the pipeline's workers",
-                                value=stats["turns"])
-        prefill = CounterMetricFamily("kimiaudio_prefill_tokens", "Prompt positions prefilled, by prefix-cache outcome",
-                                      labels=["cache"])
+        yield GaugeMetricFamily(
+            "kimiaudio_pipeline_turns_in_flight", "Turns on the pipeline's workers", value=stats["turns"]
+        )
+        prefill = CounterMetricFamily(
+            "kimiaudio_prefill_tokens", "Prompt positions prefilled, by prefix-cache outcome", labels=["cache"]
+        )
         prefill.add_metric(["hit"], stats["prefill_tokens_cached"])
         prefill.add_metric(["miss"], stats["prefill_tokens_computed"])
         yield prefill
-        for name, key, doc in (("kimiaudio_decode_tokens", "decode_tokens", "Positions decoded"),
-                               ("kimiaudio_preemptions", "preemptions", "Sequences preempted (KV pool exhausted)"),
-                               ("kimiaudio_lm_steps", "steps", "LM engine steps")):
+        for name, key, doc in (
+            ("kimiaudio_decode_tokens", "decode_tokens", "Positions decoded"),
+            ("kimiaudio_preemptions", "preemptions", "Sequences preempted (KV pool exhausted)"),
+            ("kimiaudio_lm_steps", "steps", "LM engine steps"),
+        ):
             yield CounterMetricFamily(name, doc, value=stats[key])
         largest = GaugeMetricFamily("kimiaudio_max_batch_size", "Largest batch seen per stage", labels=["stage"])
         for stage, size in stats["max_batch_sizes"].items():

@@ -64,8 +64,16 @@ async def request_log_middleware(request: web.Request, handler):
         log.info("request %s %s", where, key_values({k: v for k, v in fields.items() if v is not None}))
         raise
     record.first_byte()
-    fields = {"status": response.status, "audio_in_s": record.audio_in_s, "audio_out_s": record.audio_out_s,
-              "first_byte_s": record.first_byte_s, "done_s": time.monotonic() - record.start}
-    log.info("request %s %s", where, key_values({k: round(v, 3) if isinstance(v, float) else v
-                                                 for k, v in fields.items() if v is not None}))
+    fields = {
+        "status": response.status,
+        "audio_in_s": record.audio_in_s,
+        "audio_out_s": record.audio_out_s,
+        "first_byte_s": record.first_byte_s,
+        "done_s": time.monotonic() - record.start,
+    }
+    log.info(
+        "request %s %s",
+        where,
+        key_values({k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items() if v is not None}),
+    )
     return response

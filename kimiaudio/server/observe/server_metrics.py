@@ -9,7 +9,7 @@ reports HTTP errors.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -24,21 +24,34 @@ class ServerMetrics:
         self.exposed = InstanceLabelled(registry, instance)  # what /metrics writes
         self.sessions = Counter("kimiaudio_sessions", "Sessions admitted", ["transport"], registry=registry)
         Gauge("kimiaudio_sessions_active", "Session slots in use", registry=registry).set_function(active_sessions)
-        self.responses = Counter("kimiaudio_responses", "Responses ended, by the status sent to the client",
-                                 ["status"], registry=registry)
-        self.responses_open = Gauge("kimiaudio_responses_in_progress", "Responses created and not yet ended",
-                                    registry=registry)
-        self.errors = Counter("kimiaudio_errors", "Errors reported to clients, by where and what",
-                              ["source", "kind"], registry=registry)
-        self.first_packet = Histogram("kimiaudio_commit_to_first_packet_seconds",
-                                      "VAD commit of a user turn -> first audio frame of its answer sent",
-                                      buckets=LATENCY_BUCKETS, registry=registry)
-        self.audio = Counter("kimiaudio_audio_generated_seconds", "Seconds of answer audio handed to transports",
-                             registry=registry)
-        self.underruns = Counter("kimiaudio_playback_underruns", "Answers that ran out of audio while playing "
-                                 "(once per gap)", registry=registry)
-        self.input_dropped = Counter("kimiaudio_input_audio_dropped_seconds", "Microphone audio dropped because the "
-                                     "server was too far behind it (overload)", registry=registry)
+        self.responses = Counter(
+            "kimiaudio_responses", "Responses ended, by the status sent to the client", ["status"], registry=registry
+        )
+        self.responses_open = Gauge(
+            "kimiaudio_responses_in_progress", "Responses created and not yet ended", registry=registry
+        )
+        self.errors = Counter(
+            "kimiaudio_errors", "Errors reported to clients, by where and what", ["source", "kind"], registry=registry
+        )
+        self.first_packet = Histogram(
+            "kimiaudio_commit_to_first_packet_seconds",
+            "VAD commit of a user turn -> first audio frame of its answer sent",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.audio = Counter(
+            "kimiaudio_audio_generated_seconds", "Seconds of answer audio handed to transports", registry=registry
+        )
+        self.underruns = Counter(
+            "kimiaudio_playback_underruns",
+            "Answers that ran out of audio while playing (once per gap)",
+            registry=registry,
+        )
+        self.input_dropped = Counter(
+            "kimiaudio_input_audio_dropped_seconds",
+            "Microphone audio dropped because the server was too far behind it (overload)",
+            registry=registry,
+        )
         registry.register(PipelineCollector(pipeline))
 
     def observe_event(self, event: dict) -> None:
@@ -67,4 +80,3 @@ class ServerMetrics:
 
     def note_input_dropped(self, seconds: float) -> None:
         self.input_dropped.inc(seconds)
-

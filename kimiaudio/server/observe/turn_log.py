@@ -19,14 +19,26 @@ import logging
 log = logging.getLogger("kimiaudio.turns")
 
 # Timings (seconds) in a turn's path, then sizes; absent ones are left out.
-_TIMINGS = ("queued_s", "encoded_s", "prefill_done_s", "first_audio_token_s", "first_pcm_s",
-            "commit_to_first_audio_s", "done_s", "played_s")
+_TIMINGS = (
+    "queued_s",
+    "encoded_s",
+    "prefill_done_s",
+    "first_audio_token_s",
+    "first_pcm_s",
+    "commit_to_first_audio_s",
+    "done_s",
+    "played_s",
+)
 _SIZES = ("prefill_tokens_cached", "prefill_tokens_computed", "output_text_tokens", "output_audio_tokens")
 
 
 def turn_fields(session_id: str, conversation_id: str | None, response: dict) -> dict:
-    fields = {"session": session_id, "conversation": conversation_id, "response": response.get("id"),
-              "status": response.get("status")}
+    fields = {
+        "session": session_id,
+        "conversation": conversation_id,
+        "response": response.get("id"),
+        "status": response.get("status"),
+    }
     timings = response.get("timings") or {}
     fields.update({key: timings[key] for key in _TIMINGS if key in timings})
     fields.update({key: response[key] for key in _SIZES if key in response})

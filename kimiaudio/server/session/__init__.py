@@ -1,1 +1,2 @@
-"""One client's conversation whatever carries it: the Realtime session, its responses, settings, stored conversation, and the event protocol (server events out, client events in)."""
+"""One client's conversation whatever carries it: the Realtime session, its responses, settings, stored
+conversation, and the event protocol (server events out, client events in)."""

@@ -25,8 +25,15 @@ from kimiaudio.audio import pcm16
 from kimiaudio.errors import AudioInputError
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.openai_params import AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling, checked
-from kimiaudio.server.session.event_fields import (ProtocolError, object_field, optional_object, output_limit,
-                                                   output_type_field, pcm16_rate, typed_field)
+from kimiaudio.server.session.event_fields import (
+    ProtocolError,
+    object_field,
+    optional_object,
+    output_limit,
+    output_type_field,
+    pcm16_rate,
+    typed_field,
+)
 from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
@@ -81,11 +88,29 @@ class ItemTruncate:
     audio_end_ms: int
 
 
-ClientEvent = (SessionUpdate | ResponseCancel | ResponseCreate | ConversationSelect | AudioAppend | AudioCommit
-               | AudioClear | ItemCreate | ItemTruncate)
-CLIENT_EVENT_TYPES = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
-                      "input_audio_buffer.clear", "conversation.item.create", "conversation.item.truncate",
-                      "response.create", "response.cancel", "output_audio_buffer.clear", "conversation.select")
+ClientEvent = (
+    SessionUpdate
+    | ResponseCancel
+    | ResponseCreate
+    | ConversationSelect
+    | AudioAppend
+    | AudioCommit
+    | AudioClear
+    | ItemCreate
+    | ItemTruncate
+)
+CLIENT_EVENT_TYPES = (
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "conversation.item.truncate",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
+    "conversation.select",
+)
 
 
 def decode_pcm16(data: Any, where: str) -> bytes:
@@ -107,10 +132,15 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
     data = object_field(data, "event")
     kind = data.get("type")
     if kind not in CLIENT_EVENT_TYPES:
-        raise ProtocolError("unknown_event", f"unknown event type {kind!r}"[:200]
-                            + f" (kimiaudio understands: {', '.join(CLIENT_EVENT_TYPES)})", "type")
+        raise ProtocolError(
+            "unknown_event",
+            f"unknown event type {kind!r}"[:200] + f" (kimiaudio understands: {', '.join(CLIENT_EVENT_TYPES)})",
+            "type",
+        )
     if kind in ("response.cancel", "output_audio_buffer.clear"):
-        return ResponseCancel(typed_field(data, "response_id", str, kind, "a string"), kind == "output_audio_buffer.clear")
+        return ResponseCancel(
+            typed_field(data, "response_id", str, kind, "a string"), kind == "output_audio_buffer.clear"
+        )
     if kind == "input_audio_buffer.append":
         return AudioAppend(decode_pcm16(data.get("audio"), f"{kind}.audio"))
     if kind == "input_audio_buffer.commit":
@@ -130,20 +160,27 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
     if kind == "conversation.select":
         conversation_id = data.get("conversation_id")
         if conversation_id is not None and (not isinstance(conversation_id, str) or not conversation_id):
-            raise ProtocolError("invalid_event", f"{kind}: conversation_id must be a non-empty string or null",
-                                f"{kind}.conversation_id")
+            raise ProtocolError(
+                "invalid_event",
+                f"{kind}: conversation_id must be a non-empty string or null",
+                f"{kind}.conversation_id",
+            )
         return ConversationSelect(conversation_id)
     return parse_session_update(object_field(data.get("session", {}), "session"), "session")
 
 
 def _item_create(item: dict, where: str) -> ItemCreate:
     if item.get("type", "message") != "message":
-        raise ProtocolError("unsupported", f"{where}.type: only message items are supported, got {item.get('type')!r}"[:200],
-                            f"{where}.type")
+        raise ProtocolError(
+            "unsupported",
+            f"{where}.type: only message items are supported, got {item.get('type')!r}"[:200],
+            f"{where}.type",
+        )
     role = item.get("role")
     if role not in ("user", "assistant", "system"):
-        raise ProtocolError("invalid_value", f"{where}.role: expected user, assistant or system, got {role!r}"[:200],
-                            f"{where}.role")
+        raise ProtocolError(
+            "invalid_value", f"{where}.role: expected user, assistant or system, got {role!r}"[:200], f"{where}.role"
+        )
     content = item.get("content") or []
     if not isinstance(content, list):
         raise ProtocolError("invalid_value", f"{where}.content: expected a list of content parts", f"{where}.content")
@@ -153,16 +190,24 @@ def _item_create(item: dict, where: str) -> ItemCreate:
         if part.get("type") in ("input_text", "text", "output_text"):
             text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
             if text is None or "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
-                raise ProtocolError("invalid_value", f"{where}.content[{i}].text: expected text without NUL characters",
-                                    f"{where}.content[{i}].text")
+                raise ProtocolError(
+                    "invalid_value",
+                    f"{where}.content[{i}].text: expected text without NUL characters",
+                    f"{where}.content[{i}].text",
+                )
             texts.append(text)
         elif part.get("type") == "input_audio" and role == "user":
             if audio is not None:
-                raise ProtocolError("invalid_value", f"{where}.content: at most one input_audio part", f"{where}.content")
+                raise ProtocolError(
+                    "invalid_value", f"{where}.content: at most one input_audio part", f"{where}.content"
+                )
             audio = decode_pcm16(part.get("audio"), f"{where}.content[{i}].audio")
         else:
-            raise ProtocolError("unsupported", f"{where}.content[{i}].type: {part.get('type')!r} is not supported here"[:200],
-                                f"{where}.content[{i}].type")
+            raise ProtocolError(
+                "unsupported",
+                f"{where}.content[{i}].type: {part.get('type')!r} is not supported here"[:200],
+                f"{where}.content[{i}].type",
+            )
     if not texts and audio is None:
         raise ProtocolError("invalid_value", f"{where}.content: no text or audio", f"{where}.content")
     return ItemCreate(role, "\n".join(texts), audio, typed_field(item, "id", str, where, "a string"))
@@ -176,9 +221,13 @@ def _response_create(response: dict, where: str) -> ResponseCreate:
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     limit = output_limit(response, where)
     sampling = checked(RealtimeSampling, {"temperature": response.get("temperature")}, f"{where}.", ProtocolError)
-    voice = (typed_field(response, "voice", str, where, "a voice name")
-             or typed_field(audio_out, "voice", str, f"{where}.audio.output", "a voice name"))
-    return ResponseCreate(output_type_field(response, where), typed_field(response, "instructions", str, where, "text"),
-                          voice, sampling.get("temperature"), limit)
-
-
+    voice = typed_field(response, "voice", str, where, "a voice name") or typed_field(
+        audio_out, "voice", str, f"{where}.audio.output", "a voice name"
+    )
+    return ResponseCreate(
+        output_type_field(response, where),
+        typed_field(response, "instructions", str, where, "text"),
+        voice,
+        sampling.get("temperature"),
+        limit,
+    )

@@ -4,7 +4,8 @@ A session (realtime_session.py) speaks through this and never touches the store 
 A new conversation is created at its first committed turn, so connecting without speaking
 leaves nothing behind. The conversation a session talks in is leased to it (store/leases.py):
 opening one another live session holds, on this instance or another sharing the database, is
-refused with ConversationBusyError; the lease is released when the session moves on or closes. The history (what the pipeline's prompts are built from) is loaded
+refused with ConversationBusyError; the lease is released when the session moves on or closes.
+The history (what the pipeline's prompts are built from) is loaded
 lazily from the store and kept in step with every turn stored afterwards.
 """
 
@@ -72,8 +73,12 @@ class Conversation:
     async def history(self) -> list[HistoryTurn]:
         if self._history is None:
             stored = await self.store.load_history(self.id) or []
-            self._history = [HistoryTurn(role=t.role, text=t.text, audio_tokens=t.audio_tokens,
-                                         audio=t.audio if t.role == "user" else None) for t in stored]
+            self._history = [
+                HistoryTurn(
+                    role=t.role, text=t.text, audio_tokens=t.audio_tokens, audio=t.audio if t.role == "user" else None
+                )
+                for t in stored
+            ]
         return self._history
 
     async def add_user(self, audio: np.ndarray | None, text: str = "") -> tuple[int, HistoryTurn]:
@@ -100,25 +105,50 @@ class Conversation:
         turn.audio_tokens = list(codes)
         await self.store.update_turn(self.id, index, audio_tokens=codes)
 
-    async def add_assistant(self, text: str, text_tokens: list[int], codes: list[int], timings: dict,
-                            interrupted: bool, audio: np.ndarray) -> tuple[int, HistoryTurn]:
-        index = await self.store.add_turn(self.id, "assistant", text, text_tokens=text_tokens, audio_tokens=codes,
-                                          timings=timings, interrupted=interrupted, audio=audio)
+    async def add_assistant(
+        self, text: str, text_tokens: list[int], codes: list[int], timings: dict, interrupted: bool, audio: np.ndarray
+    ) -> tuple[int, HistoryTurn]:
+        index = await self.store.add_turn(
+            self.id,
+            "assistant",
+            text,
+            text_tokens=text_tokens,
+            audio_tokens=codes,
+            timings=timings,
+            interrupted=interrupted,
+            audio=audio,
+        )
         turn = HistoryTurn(role="assistant", text=text, audio_tokens=codes)
         (await self.history()).append(turn)
         return index, turn
 
-    async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str,
-                           codes: list[int]) -> None:
+    async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str, codes: list[int]) -> None:
         """While an answer plays: append the audio heard since the last call; its text and the
         codes of everything heard so far."""
         await self.store.append_heard(self.id, index, pcm, text, codes)
         turn.text, turn.audio_tokens = text, list(codes)
 
-    async def update_assistant(self, index: int, turn: HistoryTurn, text: str, text_tokens: list[int],
-                               codes: list[int], timings: dict, audio: np.ndarray, interrupted: bool) -> None:
+    async def update_assistant(
+        self,
+        index: int,
+        turn: HistoryTurn,
+        text: str,
+        text_tokens: list[int],
+        codes: list[int],
+        timings: dict,
+        audio: np.ndarray,
+        interrupted: bool,
+    ) -> None:
         """The answer's final record (after it ended, was cut, or truncated): what was heard,
         interrupted or not."""
-        await self.store.update_turn(self.id, index, text=text, text_tokens=text_tokens, interrupted=interrupted,
-                                     audio_tokens=codes, timings=timings, audio=audio)
+        await self.store.update_turn(
+            self.id,
+            index,
+            text=text,
+            text_tokens=text_tokens,
+            interrupted=interrupted,
+            audio_tokens=codes,
+            timings=timings,
+            audio=audio,
+        )
         turn.text, turn.audio_tokens = text, list(codes)

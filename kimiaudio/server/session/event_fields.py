@@ -64,8 +64,11 @@ def output_type_field(obj: dict, where: str) -> str | None:
         return None
     output_type = output_type_of(modalities)
     if output_type is None:
-        raise ProtocolError("invalid_value", f"{where}.{key}: expected {EXPECTED_MODALITIES}, got {modalities!r}"[:200],
-                            f"{where}.{key}")
+        raise ProtocolError(
+            "invalid_value",
+            f"{where}.{key}: expected {EXPECTED_MODALITIES}, got {modalities!r}"[:200],
+            f"{where}.{key}",
+        )
     return output_type
 
 
@@ -77,5 +80,8 @@ def pcm16_rate(fmt: Any, where: str, output: bool = False) -> int | None:
         rate = fmt.get("rate", OPENAI_PCM16_RATE)
         if rate in (INPUT_RATES if not output else (OPENAI_PCM16_RATE,)):
             return rate
-    raise ProtocolError("unsupported_format", f"{where}: kimiaudio takes and sends pcm16 (24 kHz{'' if output else ' or 16 kHz'}"
-                        f" mono), got {fmt!r}"[:300], where)
+    raise ProtocolError(
+        "unsupported_format",
+        f"{where}: kimiaudio takes and sends pcm16 (24 kHz{'' if output else ' or 16 kHz'} mono), got {fmt!r}"[:300],
+        where,
+    )

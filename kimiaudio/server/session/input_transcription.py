@@ -36,8 +36,7 @@ class InputTranscription:
             return
         s.tasks.spawn(self._run(s.conversation.id, item_id, content_index, index, audio), "input transcription")
 
-    async def _run(self, conversation_id: str, item_id: str, content_index: int, index: int,
-                   audio: np.ndarray) -> None:
+    async def _run(self, conversation_id: str, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
         s = self.session
         try:
             # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Callable
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
+from kimiaudio.server.observe.server_metrics import ServerMetrics
+from kimiaudio.server.observe.turn_log import log_response
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.conversation import Conversation
@@ -39,18 +41,27 @@ from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.queued_turn import QueuedTurn, new_item_id
 from kimiaudio.server.session.responder import Responder
-from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session.session_settings import SessionSettings
-from kimiaudio.server.observe.turn_log import log_response
 from kimiaudio.store import ConversationBusyError
 
 log = logging.getLogger(__name__)
 
 
 class RealtimeSession:
-    def __init__(self, session_id: str, config: Config, pipeline, store, vad, vad_executor: Executor,
-                 conversation_id: str | None, send: Callable[[dict], None], playback,
-                 metrics: ServerMetrics | None = None, transcribe: bool = False):
+    def __init__(
+        self,
+        session_id: str,
+        config: Config,
+        pipeline,
+        store,
+        vad,
+        vad_executor: Executor,
+        conversation_id: str | None,
+        send: Callable[[dict], None],
+        playback,
+        metrics: ServerMetrics | None = None,
+        transcribe: bool = False,
+    ):
         """transcribe: committed user turns are transcribed until a session.update says otherwise."""
         self.id = session_id
         self._metrics = metrics
@@ -128,20 +139,28 @@ class RealtimeSession:
     def _buffer_audio(self, pcm: np.ndarray) -> None:
         limit = int(self.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
         if sum(b.size for b in self._buffer) + pcm.size > limit:
-            self.send_error("input_audio_buffer_full", f"the input audio buffer holds at most "
-                            f"{self.config.audio.max_input_seconds:g} s (audio.max_input_seconds); commit or clear it")
+            self.send_error(
+                "input_audio_buffer_full",
+                f"the input audio buffer holds at most "
+                f"{self.config.audio.max_input_seconds:g} s (audio.max_input_seconds); commit or clear it",
+            )
             return
         self._buffer.append(np.asarray(pcm, dtype=np.float32))
 
     def commit(self, audio: np.ndarray, item_id: str | None = None, respond: bool = True) -> None:
         """Queue an utterance as the next user turn (the turn task stores and maybe answers it)."""
-        self._queue.put_nowait(QueuedTurn("audio", item_id or new_item_id(), audio=audio, barge_ins=self._barge_ins,
-                                     respond=respond))
+        self._queue.put_nowait(
+            QueuedTurn("audio", item_id or new_item_id(), audio=audio, barge_ins=self._barge_ins, respond=respond)
+        )
 
     def _commit_buffer(self) -> None:
         if self.settings.turn_detection != "none":
-            raise ce.ProtocolError("invalid_event", "input_audio_buffer.commit: the server's VAD commits turns; set "
-                                   "session.turn_detection to null to commit yourself", "type")
+            raise ce.ProtocolError(
+                "invalid_event",
+                "input_audio_buffer.commit: the server's VAD commits turns; set "
+                "session.turn_detection to null to commit yourself",
+                "type",
+            )
         if not self._buffer:
             raise ce.ProtocolError("input_audio_buffer_commit_empty", "input_audio_buffer.commit: the buffer is empty")
         audio, self._buffer = np.concatenate(self._buffer), []
@@ -188,8 +207,7 @@ class RealtimeSession:
             if await self.conversation.ensure():
                 self.send(events.conversation_created(self.conversation.id))
             if work.role == "assistant":
-                index, _ = await self.conversation.add_assistant(work.text, [], [], {}, False,
-                                                                 np.zeros(0, np.float32))
+                index, _ = await self.conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
             else:
                 index, _ = await self.conversation.add_user(work.audio, work.text)
         except StoreUnavailableError as exc:  # the database is away: the session lives on
@@ -202,9 +220,18 @@ class RealtimeSession:
             return False
         previous, self.last_item_id = self.last_item_id, work.item_id
         if work.audio is not None:
-            self.send(events.committed(self.conversation.id, index, work.audio.size / SPEECH_INPUT_RATE, work.item_id, previous))
-        self.send(events.item_created(self.conversation.id, events.message_item(
-            work.item_id, work.role, work.text, work.audio is not None, index), previous))
+            self.send(
+                events.committed(
+                    self.conversation.id, index, work.audio.size / SPEECH_INPUT_RATE, work.item_id, previous
+                )
+            )
+        self.send(
+            events.item_created(
+                self.conversation.id,
+                events.message_item(work.item_id, work.role, work.text, work.audio is not None, index),
+                previous,
+            )
+        )
         if work.audio is not None:  # its input_audio part follows an input_text part, if any
             self.transcription.start(work.item_id, 1 if work.text else 0, index, work.audio)
         return True
@@ -250,10 +277,15 @@ class RealtimeSession:
             self.responder.interrupt("client_cancelled")
         elif self._creates_waiting and response_id is None:
             self._cancels += 1
-        elif not stop_playback:  # as OpenAI answers it: a client waiting for a response.done it will never get learns so
+        elif (
+            not stop_playback
+        ):  # as OpenAI answers it: a client waiting for a response.done it will never get learns so
             shown = f" with id {response_id[:80]!r}" if response_id is not None else ""
-            raise ce.ProtocolError("response_cancel_not_active", f"response.cancel: no response{shown} is in progress",
-                                   "response_id" if response_id is not None else None)
+            raise ce.ProtocolError(
+                "response_cancel_not_active",
+                f"response.cancel: no response{shown} is in progress",
+                "response_id" if response_id is not None else None,
+            )
 
     def _create_item(self, event: ce.ItemCreate) -> None:
         item_id = event.item_id or new_item_id()
@@ -276,8 +308,9 @@ class RealtimeSession:
 
     async def _select(self, conversation_id: str | None) -> None:
         if conversation_id is not None and not await self.conversation.exists(conversation_id):
-            raise ce.ProtocolError("conversation_not_found", f"no conversation with id {conversation_id!r}",
-                                   "conversation_id")
+            raise ce.ProtocolError(
+                "conversation_not_found", f"no conversation with id {conversation_id!r}", "conversation_id"
+            )
         await self.responder.settle()
         try:
             await self.conversation.select(conversation_id)

@@ -45,6 +45,7 @@ def _log_store_failure(session_id: str, what: str, exc: BaseException) -> None:
     else:
         log.exception("session %s: %s failed", session_id, what)
 
+
 CANCEL_GRACE_S = 3.0  # how long a cancelled pipeline turn may take to report TurnDone
 RECORD_INTERVAL_S = 1.0  # a playing answer's heard part is stored at least this often
 NUM_TRUNCATABLE = 8  # ended responses a conversation.item.truncate may still name
@@ -63,19 +64,24 @@ class Responder:
         """Answer the newest user turn (it must be spoken); errors go to the client."""
         s = self.session
         if request is not None and self.current is not None and not self.current.cancelled:
-            s.send_error("conversation_already_has_active_response", f"response.create: response {self.current.id} "
-                         "is in progress; wait for its response.done or cancel it (response.cancel)")
+            s.send_error(
+                "conversation_already_has_active_response",
+                f"response.create: response {self.current.id} "
+                "is in progress; wait for its response.done or cancel it (response.cancel)",
+            )
             return
         await self.settle()
         last = await s.conversation.last_turn() if s.conversation.id is not None else None
         if last is None or last[1].role != "user" or last[1].audio is None:
-            s.send_error("no_user_audio", "response.create: the conversation does not end with a spoken user turn "
-                         "(kimiaudio answers speech; text items are context for the next spoken turn)")
+            s.send_error(
+                "no_user_audio",
+                "response.create: the conversation does not end with a spoken user turn "
+                "(kimiaudio answers speech; text items are context for the next spoken turn)",
+            )
             return
         index, user_turn = last
         history = list((await s.conversation.history())[:-1])
-        instructions = (request.instructions if request and request.instructions is not None
-                        else s.settings.instructions)
+        instructions = request.instructions if request and request.instructions is not None else s.settings.instructions
         if instructions:
             history.insert(0, HistoryTurn("user", text=instructions))
         output_type = s.settings.answer_type(request.output_type if request else None)
@@ -85,10 +91,17 @@ class Responder:
         except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile
             s.send_error("unknown_voice", f"response.create: {exc}", "response.voice" if named else "session.voice")
             return
-        sampling = s.settings.sampling(output_type, request.temperature if request else None,
-                                       request.max_new_tokens if request else None)
-        turn = TurnRequest(conversation_id=s.conversation.id, history=history, user_audio=user_turn.audio,
-                           sampling=sampling, output_type=output_type, voice=voice)
+        sampling = s.settings.sampling(
+            output_type, request.temperature if request else None, request.max_new_tokens if request else None
+        )
+        turn = TurnRequest(
+            conversation_id=s.conversation.id,
+            history=history,
+            user_audio=user_turn.audio,
+            sampling=sampling,
+            output_type=output_type,
+            voice=voice,
+        )
         try:
             handle = s.pipeline.submit(turn)
         except Exception as exc:
@@ -96,8 +109,16 @@ class Responder:
                 log.exception("session %s: submitting the turn failed", s.id)
             s.send_error("response_failed", f"the turn could not be started ({exc})")
             return
-        r = ResponseState(f"resp_{secrets.token_hex(6)}", f"item_{secrets.token_hex(8)}", output_type, handle, index,
-                          user_turn, committed_at, playback_done=asyncio.get_running_loop().create_future())
+        r = ResponseState(
+            f"resp_{secrets.token_hex(6)}",
+            f"item_{secrets.token_hex(8)}",
+            output_type,
+            handle,
+            index,
+            user_turn,
+            committed_at,
+            playback_done=asyncio.get_running_loop().create_future(),
+        )
         self.current = r
         if output_type == "both":
             self.playback.begin(r.id)
@@ -107,8 +128,7 @@ class Responder:
         r.recorder = s.tasks.spawn(self._record(r), "recording")
 
     def _item(self, r: ResponseState, status: str = "completed", index: int | None = None) -> dict:
-        return events.message_item(r.item_id, "assistant", r.text, r.output_type == "both", index,
-                                   r.cancelled, status)
+        return events.message_item(r.item_id, "assistant", r.text, r.output_type == "both", index, r.cancelled, status)
 
     # ----- stream -----
     async def _run(self, r: ResponseState) -> None:
@@ -151,7 +171,7 @@ class Responder:
         elif not r.cancelled and r.pcm and self.playback.is_consumed:
             try:  # cut short by interrupt(); bounded in case nobody is receiving
                 await asyncio.wait_for(asyncio.shield(r.playback_done), r.audio_seconds + 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         r.stop_recording.set()
         await asyncio.wait([r.recorder])  # a write in flight lands before the final one
@@ -161,14 +181,25 @@ class Responder:
         text = r.text or done.text
         for event in events.text_done(r.id, r.item_id, text, r.output_type == "both"):
             s.send(event)
-        item = self._item(r, "incomplete" if r.cancelled or status == "failed" else "completed",
-                          r.stored[0] if r.stored else None)
+        item = self._item(
+            r, "incomplete" if r.cancelled or status == "failed" else "completed", r.stored[0] if r.stored else None
+        )
         s.send(events.output_item_done(r.id, item))
-        s.send(events.response_done(r.id, status, text, r.timings(done), done.error, output=[item],
-                                    reason=r.cancel_reason, error_code=done.error_code,
-                                    prefill_tokens_cached=done.prefill_tokens_cached,
-                                    prefill_tokens_computed=done.prefill_tokens_computed,
-                                    usage=events.response_usage(done)))
+        s.send(
+            events.response_done(
+                r.id,
+                status,
+                text,
+                r.timings(done),
+                done.error,
+                output=[item],
+                reason=r.cancel_reason,
+                error_code=done.error_code,
+                prefill_tokens_cached=done.prefill_tokens_cached,
+                prefill_tokens_computed=done.prefill_tokens_computed,
+                usage=events.response_usage(done),
+            )
+        )
         if self.current is r:
             self.current = None
         self.ended[r.item_id] = r
@@ -191,20 +222,34 @@ class Responder:
             if r.stored is None:
                 await self._insert(r, text, list(done.text_tokens), codes, timings, r.cancelled, pcm)
             else:
-                await s.conversation.update_assistant(*r.stored, text, list(done.text_tokens), codes, timings, pcm,
-                                                      r.cancelled)
+                await s.conversation.update_assistant(
+                    *r.stored, text, list(done.text_tokens), codes, timings, pcm, r.cancelled
+                )
         except Exception as exc:
             _log_store_failure(s.id, "storing the assistant turn", exc)
             s.send_error("storage_failed", f"the answer could not be stored ({exc})")
 
-    async def _insert(self, r: ResponseState, text: str, text_tokens: list[int], codes: list[int], timings: dict,
-                      interrupted: bool, pcm: np.ndarray) -> None:
+    async def _insert(
+        self,
+        r: ResponseState,
+        text: str,
+        text_tokens: list[int],
+        codes: list[int],
+        timings: dict,
+        interrupted: bool,
+        pcm: np.ndarray,
+    ) -> None:
         s = self.session
         index, turn = await s.conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
         r.stored = (index, turn)
         previous, s.last_item_id = s.last_item_id, r.item_id
-        s.send(events.item_created(s.conversation.id, events.message_item(
-            r.item_id, "assistant", text, r.output_type == "both", index, interrupted), previous))
+        s.send(
+            events.item_created(
+                s.conversation.id,
+                events.message_item(r.item_id, "assistant", text, r.output_type == "both", index, interrupted),
+                previous,
+            )
+        )
 
     async def _record(self, r: ResponseState) -> None:
         """Store the answer from its first audio played (or text sent) on, marked interrupted,
@@ -250,7 +295,8 @@ class Responder:
         if r.task is not None:
             # Only the wait for the pipeline's TurnDone is cut short, never the storing.
             asyncio.get_running_loop().call_later(
-                CANCEL_GRACE_S, lambda: None if r.generation_ended else r.task.cancel())
+                CANCEL_GRACE_S, lambda: None if r.generation_ended else r.task.cancel()
+            )
 
     async def settle(self) -> None:
         """Interrupt any response in progress and wait until it is stored."""
@@ -266,8 +312,12 @@ class Responder:
         samples = audio_end_ms * SPEECH_OUTPUT_RATE // 1000
         r = self.current if self.current is not None and self.current.item_id == item_id else self.ended.get(item_id)
         if r is None:
-            raise ce.ProtocolError("item_not_found", f"conversation.item.truncate: {item_id!r} is not an assistant "
-                                   f"item of this session's last {NUM_TRUNCATABLE} responses", "item_id")
+            raise ce.ProtocolError(
+                "item_not_found",
+                f"conversation.item.truncate: {item_id!r} is not an assistant "
+                f"item of this session's last {NUM_TRUNCATABLE} responses",
+                "item_id",
+            )
         if r is self.current:  # generating or playing: stop it there
             if r.cancelled:
                 r.played_samples = min(r.played_samples or 0, samples)
@@ -292,4 +342,3 @@ class Responder:
         r = self.current
         if r is not None and r.id == response_id and not r.playback_done.done():
             r.playback_done.set_result(None)
-

@@ -53,7 +53,7 @@ class ResponseState:
         """The codes of the first `samples` heard, rounded up so the code being spoken is kept."""
         if samples_per_code is None:
             return []
-        return self.codes[:math.ceil(samples / samples_per_code)]
+        return self.codes[: math.ceil(samples / samples_per_code)]
 
     def add_pcm(self, chunk: np.ndarray) -> None:
         self.pcm.append(chunk)
@@ -67,7 +67,7 @@ class ResponseState:
             if offset >= end:
                 break
             if offset + chunk.size > start:
-                parts.append(chunk[max(0, start - offset):end - offset])
+                parts.append(chunk[max(0, start - offset) : end - offset])
             offset += chunk.size
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 

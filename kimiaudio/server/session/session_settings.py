@@ -35,8 +35,7 @@ TRANSCRIPTION_MODEL = MODEL_ID  # what a session transcribing by default reports
 
 
 class SessionSettings:
-    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None,
-                 transcribe: bool = False):
+    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None, transcribe: bool = False):
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.can_speak = can_speak
         self._voices = voices if voices is not None else VoiceRegistry()
@@ -52,11 +51,13 @@ class SessionSettings:
 
     def turn_settings(self) -> TurnSettings:
         v = self.config.vad
-        return TurnSettings(v.threshold, v.min_speech_ms, v.silence_ms, v.prefix_padding_ms,
-                            self.config.audio.max_input_seconds)
+        return TurnSettings(
+            v.threshold, v.min_speech_ms, v.silence_ms, v.prefix_padding_ms, self.config.audio.max_input_seconds
+        )
 
-    def sampling(self, output_type: str = BOTH, temperature: float | None = None,
-                 max_new_tokens: int | None = None) -> SamplingParams:
+    def sampling(
+        self, output_type: str = BOTH, temperature: float | None = None, max_new_tokens: int | None = None
+    ) -> SamplingParams:
         """One answer's sampling: the session's, with a response.create's temperature and limit."""
         overrides = {}
         temperature = temperature if temperature is not None else self.temperature
@@ -75,8 +76,11 @@ class SessionSettings:
         """Apply a session.update (its values already checked); raises KimiAudioError (naming the
         key) and changes nothing when the session cannot take it."""
         # New section objects: the old ones may still be read by a response in flight.
-        config = dataclasses.replace(self.config, vad=dataclasses.replace(self.config.vad, **update.vad),
-                                     sampling=dataclasses.replace(self.config.sampling, **update.sampling))
+        config = dataclasses.replace(
+            self.config,
+            vad=dataclasses.replace(self.config.vad, **update.vad),
+            sampling=dataclasses.replace(self.config.sampling, **update.sampling),
+        )
         if update.output_type == BOTH and not self.can_speak:
             raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
         if update.voice is not None:
@@ -98,20 +102,40 @@ class SessionSettings:
 
     def describe(self, session_id: str, conversation_id: str | None) -> dict[str, Any]:
         vad = self.config.vad
-        turn_detection = None if self.turn_detection == "none" else {
-            "type": "server_vad", "threshold": vad.threshold, "prefix_padding_ms": vad.prefix_padding_ms,
-            "silence_duration_ms": vad.silence_ms, "create_response": self.create_response,
-            "interrupt_response": vad.barge_in}
+        turn_detection = (
+            None
+            if self.turn_detection == "none"
+            else {
+                "type": "server_vad",
+                "threshold": vad.threshold,
+                "prefix_padding_ms": vad.prefix_padding_ms,
+                "silence_duration_ms": vad.silence_ms,
+                "create_response": self.create_response,
+                "interrupt_response": vad.barge_in,
+            }
+        )
         return {
-            "id": session_id, "object": "realtime.session", "conversation_id": conversation_id,
+            "id": session_id,
+            "object": "realtime.session",
+            "conversation_id": conversation_id,
             "modalities": modalities_of(self.output_type),
-            "instructions": self.instructions, "voice": self.voice,
-            "input_audio_format": "pcm16", "input_audio_rate": self.input_rate, "output_audio_format": "pcm16",
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "input_audio_format": "pcm16",
+            "input_audio_rate": self.input_rate,
+            "output_audio_format": "pcm16",
             "input_audio_transcription": self.transcription,
-            "turn_detection": turn_detection, "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",
-            "temperature": self.temperature if self.temperature is not None else (
-                self.config.sampling.audio_temperature if self.output_type == BOTH
-                else self.config.sampling.text_temperature),
-            "vad": dataclasses.asdict(vad), "sampling": dataclasses.asdict(self.config.sampling),
-            "output_type": self.output_type, "can_speak": self.can_speak,
+            "turn_detection": turn_detection,
+            "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",
+            "temperature": self.temperature
+            if self.temperature is not None
+            else (
+                self.config.sampling.audio_temperature
+                if self.output_type == BOTH
+                else self.config.sampling.text_temperature
+            ),
+            "vad": dataclasses.asdict(vad),
+            "sampling": dataclasses.asdict(self.config.sampling),
+            "output_type": self.output_type,
+            "can_speak": self.can_speak,
         }

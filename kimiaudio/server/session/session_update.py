@@ -10,10 +10,22 @@ from typing import Any
 
 from kimiaudio.config import check_setting
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.inputs.openai_params import (AUDIO_INPUT_FIELDS, AUDIO_OUTPUT_FIELDS, SESSION_FIELDS,
-                                                   RealtimeSampling, checked)
-from kimiaudio.server.session.event_fields import (ProtocolError, object_field, optional_object, output_limit,
-                                                   output_type_field, pcm16_rate, typed_field)
+from kimiaudio.server.inputs.openai_params import (
+    AUDIO_INPUT_FIELDS,
+    AUDIO_OUTPUT_FIELDS,
+    SESSION_FIELDS,
+    RealtimeSampling,
+    checked,
+)
+from kimiaudio.server.session.event_fields import (
+    ProtocolError,
+    object_field,
+    optional_object,
+    output_limit,
+    output_type_field,
+    pcm16_rate,
+    typed_field,
+)
 from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
@@ -37,8 +49,11 @@ def parse_session_update(session: dict, where: str) -> SessionUpdate:
     SESSION_FIELDS.check(session, f"{where}.", ProtocolError)
     output_type = session.get("output_type")
     if output_type is not None and output_type not in OUTPUT_TYPES:
-        raise ProtocolError("invalid_event", f"{where}.output_type: expected 'both' or 'text', got {output_type!r}"[:200],
-                            f"{where}.output_type")
+        raise ProtocolError(
+            "invalid_event",
+            f"{where}.output_type: expected 'both' or 'text', got {output_type!r}"[:200],
+            f"{where}.output_type",
+        )
     output_type = output_type_field(session, where) or output_type
     audio = optional_object(session, "audio", f"{where}.audio")  # GA shape
     audio_in = optional_object(audio, "input", f"{where}.audio.input")
@@ -48,33 +63,46 @@ def parse_session_update(session: dict, where: str) -> SessionUpdate:
     vad = dict(object_field(session.get("vad", {}), f"{where}.vad"))
     sampling = dict(object_field(session.get("sampling", {}), f"{where}.sampling"))
     turn_detection, create_response = None, None
-    for key, container, path in (("turn_detection", session, where), ("turn_detection", audio_in, f"{where}.audio.input")):
+    for key, container, path in (
+        ("turn_detection", session, where),
+        ("turn_detection", audio_in, f"{where}.audio.input"),
+    ):
         if key in container:
             turn_detection, create_response = _turn_detection(container[key], vad, f"{path}.{key}")
     limit = output_limit(session, where)
     if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
     temperature = checked(RealtimeSampling, {"temperature": session.get("temperature")}, f"{where}.", ProtocolError)
-    voice = typed_field(session, "voice", str, where, "a voice name") or typed_field(audio_out, "voice", str, f"{where}.audio.output",
-                                                                            "a voice name")
+    voice = typed_field(session, "voice", str, where, "a voice name") or typed_field(
+        audio_out, "voice", str, f"{where}.audio.output", "a voice name"
+    )
     input_rate = pcm16_rate(session.get("input_audio_format"), f"{where}.input_audio_format")
     input_rate = pcm16_rate(audio_in.get("format"), f"{where}.audio.input.format") or input_rate
     pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", output=True)
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     vad, sampling = _checked(vad, "vad", where), _checked(sampling, "sampling", where)
-    return SessionUpdate(vad=vad, sampling=sampling, output_type=output_type, turn_detection=turn_detection,
-                         create_response=create_response,
-                         instructions=typed_field(session, "instructions", str, where, "text"), voice=voice,
-                         input_rate=input_rate, temperature=temperature.get("temperature"),
-                         transcription=_transcription(session, audio_in, where))
+    return SessionUpdate(
+        vad=vad,
+        sampling=sampling,
+        output_type=output_type,
+        turn_detection=turn_detection,
+        create_response=create_response,
+        instructions=typed_field(session, "instructions", str, where, "text"),
+        voice=voice,
+        input_rate=input_rate,
+        temperature=temperature.get("temperature"),
+        transcription=_transcription(session, audio_in, where),
+    )
 
 
 def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] | bool | None:
     """Beta `input_audio_transcription` or GA `audio.input.transcription`: null turns it off,
     {"model": ...} on (any model name: the words are Kimi-Audio's own ASR). Its `language`
     and `prompt` are refused: the official ASR prompt is fixed and detects the language."""
-    for container, path in ((session, f"{where}.input_audio_transcription"),
-                            (audio_in, f"{where}.audio.input.transcription")):
+    for container, path in (
+        (session, f"{where}.input_audio_transcription"),
+        (audio_in, f"{where}.audio.input.transcription"),
+    ):
         key = path.rsplit(".", 1)[1]
         if key not in container:
             continue
@@ -84,9 +112,12 @@ def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] 
         model = typed_field(value, "model", str, path, "a model name") or MODEL_ID
         for unused in ("language", "prompt"):
             if value.get(unused) not in (None, ""):
-                raise ProtocolError("unsupported", f"{path}.{unused}: not supported (the user's words are "
-                                    "transcribed with Kimi-Audio's fixed ASR prompt, which detects the language)",
-                                    f"{path}.{unused}")
+                raise ProtocolError(
+                    "unsupported",
+                    f"{path}.{unused}: not supported (the user's words are "
+                    "transcribed with Kimi-Audio's fixed ASR prompt, which detects the language)",
+                    f"{path}.{unused}",
+                )
         return {"model": model}
     return None
 
@@ -107,9 +138,15 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
     value = object_field(value, where)
     kind = value.get("type", "server_vad")
     if kind not in ("server_vad", "semantic_vad", "none"):  # semantic_vad: served by the same silero VAD
-        raise ProtocolError("invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type")
-    for ours, theirs, kinds in (("threshold", "threshold", (int, float)), ("silence_ms", "silence_duration_ms", int),
-                                ("prefix_padding_ms", "prefix_padding_ms", int), ("barge_in", "interrupt_response", bool)):
+        raise ProtocolError(
+            "invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type"
+        )
+    for ours, theirs, kinds in (
+        ("threshold", "threshold", (int, float)),
+        ("silence_ms", "silence_duration_ms", int),
+        ("prefix_padding_ms", "prefix_padding_ms", int),
+        ("barge_in", "interrupt_response", bool),
+    ):
         if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
             vad[ours] = value[theirs]
     create = typed_field(value, "create_response", bool, where, "true or false")

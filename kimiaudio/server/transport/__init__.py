@@ -1,1 +1,2 @@
-"""What carries a session: WebRTC (peer connection, audio tracks) and the Realtime WebSocket, and the microphone's input clock."""
+"""What carries a session: WebRTC (peer connection, audio tracks) and the Realtime WebSocket, and the
+microphone's input clock."""

@@ -18,7 +18,7 @@ import asyncio
 import fractions
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import av
 import numpy as np

@@ -40,6 +40,7 @@ def ice_servers(config: Config, now: float) -> list[dict]:
         server = {"urls": url}
         if secret and url.startswith("turn"):
             server["username"], server["credential"] = turn_credentials(
-                secret, now + config.server.turn_credential_ttl_s)
+                secret, now + config.server.turn_credential_ttl_s
+            )
         servers.append(server)
     return servers

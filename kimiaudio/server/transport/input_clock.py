@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,11 @@ class InputClock:
         if behind:
             if not self._dropping and (self._warned_at is None or now - self._warned_at > WARN_EVERY_S):
                 self._warned_at = now
-                log.warning("session %s: the server is %.1f s behind this microphone; dropping its audio until "
-                            "it catches up", self._session_id, lag)
+                log.warning(
+                    "session %s: the server is %.1f s behind this microphone; dropping its audio until it catches up",
+                    self._session_id,
+                    lag,
+                )
             self._on_dropped(frame.samples / frame.sample_rate)
         self._dropping = behind
         return behind

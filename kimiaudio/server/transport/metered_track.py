@@ -8,7 +8,7 @@ Only the track's public state is read: its current response and samples played.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

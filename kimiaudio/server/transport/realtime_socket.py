@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Callable
 
 from aiohttp import WSMsgType, web
 
@@ -24,10 +24,10 @@ from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session import client_events as ce
 from kimiaudio.server.session import events
 from kimiaudio.server.session.realtime_session import RealtimeSession
-from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ws_playback import WsPlayback
 
@@ -40,16 +40,35 @@ MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 class RealtimeSocket(ClosesOnce):
     """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, session_id: str, ws: web.WebSocketResponse, config: Config, pipeline, store, vad,
-                 vad_executor: Executor, on_closed: Callable[["RealtimeSocket"], None],
-                 metrics: ServerMetrics | None = None):
+    def __init__(
+        self,
+        session_id: str,
+        ws: web.WebSocketResponse,
+        config: Config,
+        pipeline,
+        store,
+        vad,
+        vad_executor: Executor,
+        on_closed: Callable[[RealtimeSocket], None],
+        metrics: ServerMetrics | None = None,
+    ):
         self.id = session_id
         self.ws = ws
         self._on_closed = on_closed
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
-        self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, None,
-                                       send=self._send, playback=self.playback, metrics=metrics)
+        self.session = RealtimeSession(
+            session_id,
+            config,
+            pipeline,
+            store,
+            vad,
+            vad_executor,
+            None,
+            send=self._send,
+            playback=self.playback,
+            metrics=metrics,
+        )
         self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
@@ -136,7 +155,7 @@ class RealtimeSocket(ClosesOnce):
             if self._writer is not None:
                 try:
                     await asyncio.wait_for(asyncio.shield(self._writer), 2.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     self._writer.cancel()
             await self.ws.close()
             self._on_closed(self)

@@ -23,8 +23,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Callable
 
 import av
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -35,15 +35,14 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session import events
 from kimiaudio.server.session.owned_tasks import OwnedTasks
-
+from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.input_clock import InputClock
 from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
-from kimiaudio.server.session.realtime_session import RealtimeSession
-from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -59,18 +58,37 @@ HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 class RtcPeer(ClosesOnce):
     """The peer connection of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, session_id: str, config: Config, pipeline, store: ConversationStore, vad: SileroVad,
-                 vad_executor: Executor, conversation_id: str | None, on_closed: Callable[["RtcPeer"], None],
-                 metrics: ServerMetrics):
+    def __init__(
+        self,
+        session_id: str,
+        config: Config,
+        pipeline,
+        store: ConversationStore,
+        vad: SileroVad,
+        vad_executor: Executor,
+        conversation_id: str | None,
+        on_closed: Callable[[RtcPeer], None],
+        metrics: ServerMetrics,
+    ):
         self.id = session_id
         self._on_closed = on_closed
         self._metrics = metrics
         ice = [RTCIceServer(**server) for server in ice_servers(config, time.time())]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
-        self.session = RealtimeSession(session_id, config, pipeline, store, vad, vad_executor, conversation_id,
-                                       send=self._send, playback=self.track, metrics=metrics,
-                                       transcribe=config.server.transcribe_input)
+        self.session = RealtimeSession(
+            session_id,
+            config,
+            pipeline,
+            store,
+            vad,
+            vad_executor,
+            conversation_id,
+            send=self._send,
+            playback=self.track,
+            metrics=metrics,
+            transcribe=config.server.transcribe_input,
+        )
         self._channel = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._tasks = OwnedTasks(f"session {session_id}", quiet=HANG_UPS)

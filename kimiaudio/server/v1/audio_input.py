@@ -32,8 +32,12 @@ def decode_base64(data, param: str) -> bytes:
 def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
     """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech."""
     if fmt is not None and fmt not in INPUT_FORMATS:
-        raise ApiError(400, "unsupported_format", f"{param}: unsupported audio format {str(fmt)[:40]!r} "
-                       f"(supported: {', '.join(INPUT_FORMATS)})", param=param)
+        raise ApiError(
+            400,
+            "unsupported_format",
+            f"{param}: unsupported audio format {str(fmt)[:40]!r} (supported: {', '.join(INPUT_FORMATS)})",
+            param=param,
+        )
     try:
         if fmt == "pcm16":
             pcm = resample(pcm16.to_float(raw, name), OPENAI_PCM16_RATE, SPEECH_INPUT_RATE)

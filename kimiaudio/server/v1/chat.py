@@ -24,12 +24,12 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
 from kimiaudio.server.middleware.request_body import read_json
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
-from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
@@ -41,9 +41,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
     body = await read_json(request)  # bad JSON: 400, too large: 413 (the error middleware says so)
     chat = await parse_chat_body(body, config, store, pipeline.can_speak)
-    turn = TurnRequest(conversation_id="chat", history=chat.history, user_audio=chat.user_audio,
-                       sampling=chat.sampling, output_type=chat.output_type, voice=_voice(pipeline, chat),
-                       stop=chat.stop, logprobs=chat.logprobs)
+    turn = TurnRequest(
+        conversation_id="chat",
+        history=chat.history,
+        user_audio=chat.user_audio,
+        sampling=chat.sampling,
+        output_type=chat.output_type,
+        voice=_voice(pipeline, chat),
+        stop=chat.stop,
+        logprobs=chat.logprobs,
+    )
     record = request_record(request)
     record.audio_in_s = chat.user_audio.size / SPEECH_INPUT_RATE
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
@@ -58,10 +65,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if chat.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript
         message["audio"] = await _audio(chat, done, pcm, store, config.server.audio_answer_ttl_s)
-    return web.json_response({**completion, "object": "chat.completion", "choices": [
-        {"index": 0, "message": message, "finish_reason": finish_reason(done),
-         "logprobs": logprobs_object(done.logprobs) if chat.logprobs else None}],
-        "usage": usage(done)})
+    return web.json_response(
+        {
+            **completion,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": finish_reason(done),
+                    "logprobs": logprobs_object(done.logprobs) if chat.logprobs else None,
+                }
+            ],
+            "usage": usage(done),
+        }
+    )
 
 
 def _voice(pipeline, chat: ChatRequest):
@@ -87,5 +105,9 @@ async def _collect(handle) -> tuple[np.ndarray, TurnDone]:
 async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store, ttl_s: float) -> dict:
     answer = await save_answer(store, new_answer_id(), done.text, done.audio_tokens, pcm, ttl_s)
     data = encode_audio(pcm, chat.audio_format, SPEECH_OUTPUT_RATE)
-    return {"id": answer.id, "data": base64.b64encode(data).decode("ascii"), "transcript": done.text,
-            "expires_at": int(answer.expires_at)}
+    return {
+        "id": answer.id,
+        "data": base64.b64encode(data).decode("ascii"),
+        "transcript": done.text,
+        "expires_at": int(answer.expires_at),
+    }

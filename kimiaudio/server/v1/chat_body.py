@@ -26,10 +26,10 @@ from kimiaudio.config import Config, check_setting
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
-from kimiaudio.server.session.event_fields import ProtocolError, typed_field
-from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, checked
+from kimiaudio.server.session.event_fields import ProtocolError, typed_field
+from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
@@ -77,24 +77,39 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
         audio_format, voice = audio.get("format"), audio.get("voice")
         if not isinstance(audio_format, str) or audio_format not in FORMATS:
-            raise ApiError(400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}",
-                           param="audio.format")
+            raise ApiError(
+                400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}", param="audio.format"
+            )
     stream = bool(_option(body, "stream", bool, "true or false"))
     stream_options = _option(body, "stream_options", dict, "an object") or {}
     history, user_audio = await _messages(body.get("messages"), config, store)
     logprobs = bool(openai_sampling.get("logprobs"))
     if openai_sampling.get("top_logprobs") and not logprobs:
         raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
-    return ChatRequest(history, user_audio, output_type, audio_format, voice, stream,
-                       bool(stream_options.get("include_usage")), _sampling(openai_sampling, config),
-                       _stop(body.get("stop")), logprobs)
+    return ChatRequest(
+        history,
+        user_audio,
+        output_type,
+        audio_format,
+        voice,
+        stream,
+        bool(stream_options.get("include_usage")),
+        _sampling(openai_sampling, config),
+        _stop(body.get("stop")),
+        logprobs,
+    )
 
 
 # OpenAI's chat fields -> the engine's sampling settings of the text stream.
-_SAMPLING_KEYS = (("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens"),
-                  ("temperature", "text_temperature"), ("top_p", "text_top_p"),
-                  ("presence_penalty", "text_presence_penalty"), ("frequency_penalty", "text_frequency_penalty"),
-                  ("seed", "seed"))
+_SAMPLING_KEYS = (
+    ("max_tokens", "max_new_tokens"),
+    ("max_completion_tokens", "max_new_tokens"),
+    ("temperature", "text_temperature"),
+    ("top_p", "text_top_p"),
+    ("presence_penalty", "text_presence_penalty"),
+    ("frequency_penalty", "text_frequency_penalty"),
+    ("seed", "seed"),
+)
 
 
 def _sampling(values: dict, config: Config) -> SamplingParams:
@@ -117,8 +132,11 @@ def _stop(stop) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if (not isinstance(stops, list) or not 1 <= len(stops) <= 4
-            or not all(isinstance(s, str) and 0 < len(s) <= 1000 for s in stops)):
+    if (
+        not isinstance(stops, list)
+        or not 1 <= len(stops) <= 4
+        or not all(isinstance(s, str) and 0 < len(s) <= 1000 for s in stops)
+    ):
         raise _bad("stop: expected a string or a list of 1 to 4 non-empty strings", "stop")
     return tuple(stops)
 
@@ -137,13 +155,17 @@ async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn],
         elif role == "assistant":
             history.append(await _assistant_turn(message, where, store))
         else:
-            raise _bad(f"{where}.role: expected system, developer, user or assistant, got {str(role)[:40]!r}",
-                       f"{where}.role")
+            raise _bad(
+                f"{where}.role: expected system, developer, user or assistant, got {str(role)[:40]!r}", f"{where}.role"
+            )
     last = history[-1] if history else None
     if messages[-1].get("role") != "user" or last is None or last.audio is None:
-        raise _bad("the last message must be a user message with an input_audio part: kimiaudio answers speech "
-                   "(text parts and earlier messages are context)", f"messages[{len(messages) - 1}].content",
-                   "audio_required")
+        raise _bad(
+            "the last message must be a user message with an input_audio part: kimiaudio answers speech "
+            "(text parts and earlier messages are context)",
+            f"messages[{len(messages) - 1}].content",
+            "audio_required",
+        )
     return history[:-1], last.audio
 
 
@@ -165,20 +187,33 @@ def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
         elif part.get("type") == "input_audio":
             spec = part.get("input_audio")
             if not isinstance(spec, dict):
-                raise _bad(f"{where}[{j}].input_audio: expected {{\"data\", \"format\"}}", f"{where}[{j}].input_audio")
+                raise _bad(f'{where}[{j}].input_audio: expected {{"data", "format"}}', f"{where}[{j}].input_audio")
             param = f"{where}[{j}].input_audio"
-            audio.append(speech_from_bytes(decode_base64(spec.get("data"), f"{param}.data"), spec.get("format", "wav"),
-                                           config.audio, f"{param}.data"))
+            audio.append(
+                speech_from_bytes(
+                    decode_base64(spec.get("data"), f"{param}.data"),
+                    spec.get("format", "wav"),
+                    config.audio,
+                    f"{param}.data",
+                )
+            )
         else:
-            raise ApiError(400, "unsupported_content",
-                           f"{where}[{j}].type: {str(part.get('type'))[:40]!r} is not supported (text, input_audio)",
-                           param=f"{where}[{j}].type")
+            raise ApiError(
+                400,
+                "unsupported_content",
+                f"{where}[{j}].type: {str(part.get('type'))[:40]!r} is not supported (text, input_audio)",
+                param=f"{where}[{j}].type",
+            )
     turns = [HistoryTurn("user", text="\n".join(texts))] if any(texts) else []
     if audio:
         joined = np.concatenate(audio)
         if joined.size / SPEECH_INPUT_RATE > config.audio.max_input_seconds:
-            raise _bad(f"{where}: the audio parts last {joined.size / SPEECH_INPUT_RATE:.1f} s together; the limit is "
-                       f"{config.audio.max_input_seconds:g} s", where, "invalid_audio")
+            raise _bad(
+                f"{where}: the audio parts last {joined.size / SPEECH_INPUT_RATE:.1f} s together; the limit is "
+                f"{config.audio.max_input_seconds:g} s",
+                where,
+                "invalid_audio",
+            )
         turns.append(HistoryTurn("user", audio=joined))
     return turns
 
@@ -190,15 +225,17 @@ async def _assistant_turn(message: dict, where: str, store) -> HistoryTurn:
             raise _bad(f'{where}.audio: expected {{"id": "<id of an earlier answer>"}}', f"{where}.audio")
         answer = await load_answer(store, audio["id"])
         if answer is None:
-            raise _bad(f"{where}.audio.id: no answer {audio['id'][:60]!r} on this server (unknown or expired)",
-                       f"{where}.audio.id", "audio_not_found")
+            raise _bad(
+                f"{where}.audio.id: no answer {audio['id'][:60]!r} on this server (unknown or expired)",
+                f"{where}.audio.id",
+                "audio_not_found",
+            )
         return HistoryTurn("assistant", text=answer.text, audio_tokens=answer.audio_tokens)
     content = message.get("content")
     if isinstance(content, list):
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if not all(isinstance(text, str) for text in texts):
-            raise _bad(f"{where}.content: expected text parts {{\"type\": \"text\", \"text\": \"...\"}}",
-                       f"{where}.content")
+            raise _bad(f'{where}.content: expected text parts {{"type": "text", "text": "..."}}', f"{where}.content")
         content = "".join(texts)
     if not isinstance(content, str):
         raise _bad(f"{where}.content: expected text (or an audio id)", f"{where}.content")

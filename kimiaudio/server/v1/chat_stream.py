@@ -35,9 +35,22 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
     record = request_record(request)
 
     async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
-        await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [
-            {"index": 0, "delta": delta, "finish_reason": reason,
-             "logprobs": logprobs_object(logprobs) if chat.logprobs and logprobs is not None else None}], **extra})
+        await sse.send(
+            response,
+            {
+                **completion,
+                "object": "chat.completion.chunk",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": delta,
+                        "finish_reason": reason,
+                        "logprobs": logprobs_object(logprobs) if chat.logprobs and logprobs is not None else None,
+                    }
+                ],
+                **extra,
+            },
+        )
 
     spoken = chat.output_type == "both"
     answer_id = new_answer_id()
@@ -52,8 +65,10 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             if isinstance(event, (TextDelta, AudioChunk)):
                 record.first_byte()
             if isinstance(event, TextDelta) and event.text:
-                await chunk({"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text},
-                            logprobs=event.logprobs)
+                await chunk(
+                    {"audio": {"id": answer_id, "transcript": event.text}} if spoken else {"content": event.text},
+                    logprobs=event.logprobs,
+                )
             elif isinstance(event, AudioChunk) and encoder is not None:
                 pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
                 record.add_audio_out(pcm[-1].size / SPEECH_OUTPUT_RATE)
@@ -70,15 +85,17 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             try:
                 answer = await save_answer(store, answer_id, done.text, done.audio_tokens, audio, ttl_s)
             except StoreUnavailableError as exc:  # the status line is sent: said in the stream
-                await sse.send_error(response, ApiError(503, "database_unavailable",
-                                                        f"the answer's audio id could not be kept ({exc})"))
+                await sse.send_error(
+                    response, ApiError(503, "database_unavailable", f"the answer's audio id could not be kept ({exc})")
+                )
                 await sse.send_done(response)
                 return response
             await chunk({"audio": {"id": answer_id, "expires_at": int(answer.expires_at)}})
         await chunk({}, finish_reason(done))
         if chat.include_usage:
-            await sse.send(response, {**completion, "object": "chat.completion.chunk", "choices": [],
-                                      "usage": usage(done)})
+            await sse.send(
+                response, {**completion, "object": "chat.completion.chunk", "choices": [], "usage": usage(done)}
+            )
         await sse.send_done(response)
     except ConnectionResetError:  # the client went away between two writes
         pass
@@ -98,5 +115,9 @@ def usage(done: TurnDone) -> dict:
     """Prompt positions (computed + served from the prefix cache) and generated positions."""
     prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
     completion = len(done.text_tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": done.prefill_tokens_cached}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": done.prefill_tokens_cached},
+    }

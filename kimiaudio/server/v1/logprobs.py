@@ -5,7 +5,7 @@ character: its `token` text then shows U+FFFD)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from kimiaudio.pipeline.events import TokenLogprob
 
@@ -15,5 +15,9 @@ def _token(token_bytes: bytes, logprob: float) -> dict:
 
 
 def logprobs_object(entries: Iterable[TokenLogprob]) -> dict:
-    return {"content": [{**_token(e.token_bytes, e.logprob), "top_logprobs": [_token(b, lp) for b, lp in e.top]}
-                        for e in entries], "refusal": None}
+    return {
+        "content": [
+            {**_token(e.token_bytes, e.logprob), "top_logprobs": [_token(b, lp) for b, lp in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }

@@ -25,15 +25,24 @@ def check_model(model, aliases=(), param: str = "model") -> str:
     """The served model id for a request's `model` (the id or one of `aliases`); ApiError if it
     names another model."""
     if model is None or model == "":
-        raise ApiError(400, "missing_required_parameter", f"{param} is required (this server serves {MODEL_ID!r})",
-                       param=param)
+        raise ApiError(
+            400, "missing_required_parameter", f"{param} is required (this server serves {MODEL_ID!r})", param=param
+        )
     if not isinstance(model, str) or (model.lower().removeprefix("moonshotai/") != MODEL_ID and model not in aliases):
-        raise ApiError(404, "model_not_found",
-                       f"the model {str(model)[:100]!r} does not exist; this server serves {MODEL_ID!r}", param=param)
+        raise ApiError(
+            404,
+            "model_not_found",
+            f"the model {str(model)[:100]!r} does not exist; this server serves {MODEL_ID!r}",
+            param=param,
+        )
     return MODEL_ID
 
 
 async def list_models(request: web.Request) -> web.Response:
     names = [MODEL_ID, *dict.fromkeys(request.app[config_key].server.model_aliases)]
-    return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": _CREATED, "owned_by": "moonshotai"} for name in names]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": _CREATED, "owned_by": "moonshotai"} for name in names],
+        }
+    )

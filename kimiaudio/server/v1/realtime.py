@@ -14,11 +14,10 @@ import logging
 from aiohttp import web
 
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, pipeline_key, store_key, vad_executor_key
-from kimiaudio.server.app_keys import server_metrics_key
+from kimiaudio.server.app_keys import config_key, pipeline_key, server_metrics_key, store_key, vad_executor_key
 from kimiaudio.server.session_registry import opened_session
-from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.transport.realtime_socket import MAX_WS_MESSAGE_BYTES, RealtimeSocket
+from kimiaudio.server.v1.models import check_model
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connection
@@ -34,8 +33,17 @@ async def realtime(request: web.Request) -> web.StreamResponse:
 
     async def make(session_id: str, vad, on_closed) -> RealtimeSocket:
         await ws.prepare(request)  # the upgrade: after the slot is taken (503 before it)
-        return RealtimeSocket(session_id, ws, app[config_key], app[pipeline_key], app[store_key], vad,
-                              app[vad_executor_key], on_closed=on_closed, metrics=app[server_metrics_key])
+        return RealtimeSocket(
+            session_id,
+            ws,
+            app[config_key],
+            app[pipeline_key],
+            app[store_key],
+            vad,
+            app[vad_executor_key],
+            on_closed=on_closed,
+            metrics=app[server_metrics_key],
+        )
 
     async with opened_session(app, "websocket", make) as socket:
         pass  # the upgrade is all the setup there is

@@ -20,5 +20,8 @@ def setup_openai_routes(app: web.Application) -> None:
 
 
 async def not_found(request: web.Request) -> web.Response:
-    raise ApiError(404, "unknown_url", f"no route {request.method} {request.path} (see GET /v1/models and the "
-                   "README's HTTP API section)")
+    raise ApiError(
+        404,
+        "unknown_url",
+        f"no route {request.method} {request.path} (see GET /v1/models and the README's HTTP API section)",
+    )

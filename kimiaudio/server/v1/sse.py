@@ -12,8 +12,9 @@ from kimiaudio.server.api_error import ApiError
 
 
 async def open_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})  # proxies must not hold the stream back
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )  # proxies must not hold the stream back
     await response.prepare(request)
     return response
 

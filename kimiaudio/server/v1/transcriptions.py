@@ -33,22 +33,30 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.transcription import transcription_request
-from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
+from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, vad_executor_key
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
-from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, checked
+from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1 import sse
 from kimiaudio.server.v1.audio_input import speech_from_bytes
-from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.v1.logprobs import logprobs_object
 from kimiaudio.server.v1.models import check_model
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
+from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 LIST_FIELDS = ("timestamp_granularities[]", "include[]", "known_speaker_names[]", "known_speaker_references[]")
-TEXT_FIELDS = ("model", "response_format", "stream", "language", "prompt", "temperature", "chunking_strategy",
-               *LIST_FIELDS)
+TEXT_FIELDS = (
+    "model",
+    "response_format",
+    "stream",
+    "language",
+    "prompt",
+    "temperature",
+    "chunking_strategy",
+    *LIST_FIELDS,
+)
 
 
 async def _form(request: web.Request) -> dict:
@@ -57,8 +65,9 @@ async def _form(request: web.Request) -> dict:
     limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": request.app[max_body_bytes_key]}
     unknown: list[str] = []
     form = await read_form(request, limits, ("file",), "the audio as `file`", LIST_FIELDS, unknown)
-    fields = {name: (field.texts() if name in LIST_FIELDS else field.text())
-              for name, field in form.items() if name != "file"}
+    fields = {
+        name: (field.texts() if name in LIST_FIELDS else field.text()) for name, field in form.items() if name != "file"
+    }
     # An object field arrives as `name[key]` parts (chunking_strategy[type]): judged by its name.
     names = [name.partition("[")[0] if "[" in name and not name.endswith("[]") else name for name in unknown]
     TRANSCRIPTION_FIELDS.check({**{name: {"object": name} for name in names}, **fields})
@@ -81,8 +90,9 @@ def _temperature(value: str | None, config) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise ApiError(400, "invalid_value", f"temperature: expected a number in [0, 1], got {value[:40]!r}",
-                       param="temperature") from None
+        raise ApiError(
+            400, "invalid_value", f"temperature: expected a number in [0, 1], got {value[:40]!r}", param="temperature"
+        ) from None
     return checked(TranscriptionSampling, {"temperature": number})["temperature"]
 
 
@@ -90,17 +100,26 @@ def _options(fields: dict, response_format: str) -> tuple[bool, bool]:
     """(segment timestamps asked for, logprobs asked for), refusing what cannot be given."""
     granularities = fields.get("timestamp_granularities[]") or []
     if set(granularities) - {"segment"}:
-        raise ApiError(400, "unsupported_parameter", "timestamp_granularities: only \"segment\" is supported (the "
-                       "model gives no word timestamps)", param="timestamp_granularities")
+        raise ApiError(
+            400,
+            "unsupported_parameter",
+            'timestamp_granularities: only "segment" is supported (the model gives no word timestamps)',
+            param="timestamp_granularities",
+        )
     if granularities and response_format != "verbose_json":
-        raise ApiError(400, "invalid_value", "timestamp_granularities: needs response_format verbose_json",
-                       param="timestamp_granularities")
+        raise ApiError(
+            400,
+            "invalid_value",
+            "timestamp_granularities: needs response_format verbose_json",
+            param="timestamp_granularities",
+        )
     include = fields.get("include[]") or []
     if set(include) - {"logprobs"}:
-        raise ApiError(400, "invalid_value", "include: expected [\"logprobs\"]", param="include")
+        raise ApiError(400, "invalid_value", 'include: expected ["logprobs"]', param="include")
     if include and response_format != "json" and not _flag(fields.get("stream"), "stream"):
-        raise ApiError(400, "invalid_value", "include: logprobs come with response_format json (or a stream)",
-                       param="include")
+        raise ApiError(
+            400, "invalid_value", "include: logprobs come with response_format json (or a stream)", param="include"
+        )
     return bool(granularities), bool(include)
 
 
@@ -110,8 +129,12 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     check_model(fields.get("model"), config.server.model_aliases)
     response_format = fields.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
-        raise ApiError(400, "invalid_value", f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}",
-                       param="response_format")
+        raise ApiError(
+            400,
+            "invalid_value",
+            f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+        )
     stream = _flag(fields.get("stream"), "stream")
     _, with_logprobs = _options(fields, response_format)
     language = None
@@ -124,8 +147,15 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     name, data = fields["file"]
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
     sampling = SamplingParams.from_config(config.sampling, text_temperature=temperature)
-    turn = transcription_request("transcription", pcm, sampling, language=language, prompt=fields.get("prompt") or "",
-                                 priority=ANSWER_PRIORITY, logprobs=True)  # a client waits for it
+    turn = transcription_request(
+        "transcription",
+        pcm,
+        sampling,
+        language=language,
+        prompt=fields.get("prompt") or "",
+        priority=ANSWER_PRIORITY,
+        logprobs=True,
+    )  # a client waits for it
     seconds = pcm.size / SPEECH_INPUT_RATE
     request_record(request).audio_in_s = seconds
     speech = None
@@ -168,8 +198,9 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
             await sse.send(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
-                await sse.send_error(response, failed_turn_error(event, "transcription_failed", "the transcription",
-                                                                 "prompt"))
+                await sse.send_error(
+                    response, failed_turn_error(event, "transcription_failed", "the transcription", "prompt")
+                )
             else:
                 extra = {"logprobs": logprobs} if with_logprobs else {}
                 await sse.send(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
@@ -187,16 +218,30 @@ def _logprobs(entries) -> list[dict]:
     return [{k: v for k, v in item.items() if k != "top_logprobs"} for item in logprobs_object(entries)["content"]]
 
 
-def _verbose(text: str, done: TurnDone, seconds: float, language: str | None, temperature: float,
-             speech_probability: float) -> dict:
+def _verbose(
+    text: str, done: TurnDone, seconds: float, language: str | None, temperature: float, speech_probability: float
+) -> dict:
     """verbose_json: one segment over the audio, every number measured (or left out)."""
-    segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text,
-               "tokens": [e.token_id for e in done.logprobs], "temperature": temperature,
-               "compression_ratio": compression_ratio(text), "no_speech_prob": round(1.0 - speech_probability, 6)}
+    segment = {
+        "id": 0,
+        "seek": 0,
+        "start": 0.0,
+        "end": round(seconds, 3),
+        "text": text,
+        "tokens": [e.token_id for e in done.logprobs],
+        "temperature": temperature,
+        "compression_ratio": compression_ratio(text),
+        "no_speech_prob": round(1.0 - speech_probability, 6),
+    }
     if done.logprobs:
         segment["avg_logprob"] = sum(e.logprob for e in done.logprobs) / len(done.logprobs)
-    out = {"task": "transcribe", "duration": round(seconds, 3), "text": text, "segments": [segment],
-           "usage": {"type": "duration", "seconds": math.ceil(seconds)}}
+    out = {
+        "task": "transcribe",
+        "duration": round(seconds, 3),
+        "text": text,
+        "segments": [segment],
+        "usage": {"type": "duration", "seconds": math.ceil(seconds)},
+    }
     if language is not None:
         out["language"] = WHISPER_LANGUAGES[language]  # as OpenAI reports it: "english"
     return out
@@ -211,12 +256,16 @@ def compression_ratio(text: str) -> float:
 def _formatted(text: str, response_format: str, seconds: float, logprobs) -> web.Response:
     usage = {"type": "duration", "seconds": math.ceil(seconds)}
     if response_format == "json":
-        return web.json_response({"text": text, **({"logprobs": _logprobs(logprobs)} if logprobs is not None else {}),
-                                  "usage": usage})
+        return web.json_response(
+            {"text": text, **({"logprobs": _logprobs(logprobs)} if logprobs is not None else {}), "usage": usage}
+        )
     if response_format == "text":
         return web.Response(text=text, content_type="text/plain")
     if response_format == "srt":
-        return web.Response(text=f"1\n{_timestamp(0, ',')} --> {_timestamp(seconds, ',')}\n{text}\n\n",
-                            content_type="application/x-subrip")
-    return web.Response(text=f"WEBVTT\n\n{_timestamp(0, '.')} --> {_timestamp(seconds, '.')}\n{text}\n\n",
-                        content_type="text/vtt")
+        return web.Response(
+            text=f"1\n{_timestamp(0, ',')} --> {_timestamp(seconds, ',')}\n{text}\n\n",
+            content_type="application/x-subrip",
+        )
+    return web.Response(
+        text=f"WEBVTT\n\n{_timestamp(0, '.')} --> {_timestamp(seconds, '.')}\n{text}\n\n", content_type="text/vtt"
+    )
