@@ -25,6 +25,7 @@ from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.checkpoint.tensor_check import TensorCheck
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.layers.attention import AttentionBackend
+from kimiaudio.layers.decode_linear import DecodeLinear
 from kimiaudio.layers.norm import RMSNorm
 from kimiaudio.layers.quant_linear import quantize_linears
 from kimiaudio.layers.rotary import RotaryEmbedding
@@ -73,8 +74,8 @@ class KimiAudioLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = KimiaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.mimo_output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = DecodeLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.mimo_output = DecodeLinear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
 
     def fuse_projections(self) -> KimiAudioLM:
