@@ -129,6 +129,8 @@ def check_small_decode_bench(device: str, capsys) -> None:
         assert p["kernels_per_step"] > 0 and p["busy_ms_per_step"] > 0 and p["wall_ms_per_step"] > 0
         times = [k["ms_per_step"] for k in p["top"]]
         assert times == sorted(times, reverse=True) and sum(k["share_of_busy"] for k in p["top"]) <= 1 + 1e-9
+        # The linears (aten::linear on the CPU) as the GEMM group, their bandwidth over the bytes.
+        assert p["groups_ms_per_step"]["gemm"] > 0 and p["gemm_gb_s"] > 0 and p["gemm_weight_gb"] > 0
     # Graphs on and off in the same run on CUDA (with triton); eager only on the CPU.
     modes = [True, False] if on_gpu else [False]
     assert [(r["batch"], r["graphs"]) for r in report["rows"]] == [(b, g) for g in modes for b in (1, 4)]
@@ -167,6 +169,12 @@ def test_step_profile_summary_counts_overlapping_kernels_once():
     gemm, norm = report["top"]
     assert (gemm["name"], gemm["calls_per_step"], gemm["ms_per_step"]) == ("gemm", 2, 0.9)
     assert norm["name"] == "norm" and norm["share_of_busy"] == 0.2
+    assert report["idle_ms_per_step"] == 1.0 and report["gemm_gb_s"] is None
+    # Grouped by name, and the GEMMs' bandwidth: 1.8 GB a step read in 0.9 ms of GEMM kernels.
+    events = [("_skinny_gemm_kernel", 0, 600), ("_rms_norm_kernel", 600, 200), ("sm90_xmma_gemm_bf16", 800, 300)]
+    report = summarize(events, steps=1, wall_s=0.002, weight_bytes=int(1.8e9))
+    assert report["groups_ms_per_step"]["gemm"] == pytest.approx(0.9) and report["groups_ms_per_step"]["norm"] == 0.2
+    assert report["gemm_gb_s"] == pytest.approx(2000) and report["gemm_weight_gb"] == 1.8
 
 
 def test_profile_needs_the_decode_bench():

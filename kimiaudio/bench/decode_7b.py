@@ -13,7 +13,10 @@ random_weights/shapes.py FULL, drawn by random_weights.modules.random_lm on the 
 With `--weights fp8|int8` the same rows are measured twice in one run: with bf16 weights, then
 with the decoder layers quantized in place (models/quantize.py), each against its own floor
 (the quantized parameters are counted at their stored size: 1 byte a weight plus the scales).
-With `--profile`, torch.profiler's account of the steps per batch size (bench/step_profile.py).
+With `--profile`, torch.profiler's account of the steps per batch size (bench/step_profile.py):
+the top kernels, the time of each group of kernels (GEMMs, attention, norms, sampler, ...) and
+the idle time a step, and the GEMMs' achieved bandwidth (a step's weight bytes over their time).
+The skinny GEMM's tiles chosen by measurement at start-up are in the JSON (`gemm_tiles`).
 Only the LM is built here; first-audio latency is measured by the pipeline bench.
 """
 
@@ -22,12 +25,13 @@ from __future__ import annotations
 import gc
 import json
 import time
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from kimiaudio.bench.stats import percentile
-from kimiaudio.bench.step_profile import profile_decode, start_decoding
+from kimiaudio.bench.step_profile import groups_line, profile_decode, start_decoding
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.llm_engine import LLMEngine
@@ -286,6 +290,8 @@ def _measure(
             }
         )
         engine = LLMEngine(lm, engine_cfg, device, dtype)
+        for choice in engine.runner.gemm_tiles:  # measured by the first engine over these weights
+            info.setdefault("gemm_tiles", []).append({"weights": weights, **asdict(choice), "tile": str(choice.tile)})
         if engine.runner.graphs is not None:
             info.update(
                 capture_seconds=engine.runner.capture_seconds,
@@ -324,7 +330,9 @@ def _measure(
                     {
                         "weights": weights,
                         "batch": batch,
-                        **profile_decode(engine, [prompts.short() for _ in range(batch)]),
+                        **profile_decode(
+                            engine, [prompts.short() for _ in range(batch)], weight_bytes=decode_weight_bytes(lm)
+                        ),
                     }
                 )
         del engine
@@ -369,6 +377,7 @@ def print_report(info: dict) -> None:
             f"{p['kernels_per_step']:.0f} kernels a step; top: "
             + ", ".join(f"{k['name'][:40]} {k['ms_per_step']:.2f} ms" for k in p["top"][:5])
         )
+        print(f"  {p['weights']} batch {p['batch']}: {groups_line(p, info['copy_bandwidth_gb_s'])}")
     print(
         f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
         f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding)."

@@ -33,6 +33,7 @@ from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.errors import ConfigError
+from kimiaudio.layers.gemm_tuning import tune_linears
 from kimiaudio.layers.sampler import sample
 from kimiaudio.layers.triton_support import use_triton
 from kimiaudio.models.kimia_lm import KimiAudioLM
@@ -100,6 +101,8 @@ class ModelRunner:
             log.warning("engine.cuda_graphs: no Triton paged attention for this device/model: decoding eagerly")
         max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
         sizes = decode_batch_sizes(max_batch) if use_graphs else None
+        # The decode GEMMs' tiles, measured for the batch sizes served (before any capture).
+        self.gemm_tiles = tune_linears(lm, decode_batch_sizes(max_batch), dtype) if use_triton(self.device) else []
         with torch.inference_mode():
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
