@@ -21,12 +21,8 @@ from typing import NamedTuple
 import torch
 
 from kimiaudio.errors import ConfigError
+from kimiaudio.layers.e4m3 import FP8, FP8_MAX, MIN_SCALE
 from kimiaudio.layers.triton_support import use_triton
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3fn value
-# Floor of a scale: an all-zero row (or token) gets zeros, never 0/0.
-MIN_SCALE = 1e-12
 
 
 def fp8_supported(device: torch.device) -> bool:

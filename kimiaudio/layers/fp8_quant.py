@@ -14,11 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kimiaudio.layers import fp8
+from kimiaudio.layers import e4m3
 from kimiaudio.layers.triton_support import interpreting
 
-_MAX = tl.constexpr(fp8.FP8_MAX)
-_MIN_SCALE = tl.constexpr(fp8.MIN_SCALE)
+_MAX = tl.constexpr(e4m3.FP8_MAX)
+_MIN_SCALE = tl.constexpr(e4m3.MIN_SCALE)
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, C] -> (e4m3 [R, C], fp32 scale [R]) as fp8.quantize_rows, in one kernel."""
     rows, cols = x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
-    q = torch.empty(rows, cols, device=x.device, dtype=fp8.FP8)
+    q = torch.empty(rows, cols, device=x.device, dtype=e4m3.FP8)
     scale = torch.empty(rows, device=x.device, dtype=torch.float32)
     if rows:
         block = min(4096, triton.next_power_of_2(cols))
