@@ -60,7 +60,7 @@ def store_kv(
 ) -> None:
     """Write k/v [T, Hkv, D] of the new tokens at their slots [T] of one layer."""
     if use_kernel:
-        from kimiaudio.engine.triton_attention import store_kv_triton
+        from kimiaudio.engine.triton_kv_store import store_kv_triton
 
         store_kv_triton(pool.keys(layer_idx), pool.values(layer_idx), slot_mapping, k, v)
         return
@@ -74,7 +74,12 @@ def decode_attention(pool: KVPool, layer_idx: int, q: torch.Tensor, meta: Decode
         from kimiaudio.engine.triton_attention import paged_decode_attention_triton
 
         return paged_decode_attention_triton(
-            q, pool.kv[0, layer_idx], pool.kv[1, layer_idx], meta.block_tables, meta.context_lens
+            q,
+            pool.kv[0, layer_idx],
+            pool.kv[1, layer_idx],
+            meta.block_tables,
+            meta.context_lens,
+            pool.semaphores(q.shape[0] * pool.kv.shape[-2]),
         )
     batch, num_heads, head_dim = q.shape
     num_kv_heads = pool.kv.shape[-2]
@@ -93,15 +98,31 @@ def decode_attention(pool: KVPool, layer_idx: int, q: torch.Tensor, meta: Decode
 
 
 class PagedDecodeAttention:
-    """AttentionBackend of an all-decode batch: row i is sequence i's one new token."""
+    """AttentionBackend of an all-decode batch: row i is sequence i's one new token. With the
+    Triton kernels it also takes q and k before RoPE (`fuses_rotary`, `rotate_and_attend`):
+    one kernel rotates them and stores k and v."""
 
     def __init__(self, pool: KVPool, slot_mapping: torch.Tensor, meta: DecodeMetadata):
         self.pool = pool
         self.slot_mapping = slot_mapping  # [B] long
         self.meta = meta
 
+    @property
+    def fuses_rotary(self) -> bool:
+        return self.meta.mask is None
+
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         store_kv(self.pool, layer_idx, self.slot_mapping, k, v, self.meta.mask is None)
+        return decode_attention(self.pool, layer_idx, q, self.meta)
+
+    def rotate_and_attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """As __call__, for q and k not yet rotated by cos/sin [B, 1, D] (Triton kernels only)."""
+        from kimiaudio.engine.triton_kv_store import rotary_store_triton
+
+        keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
+        q = rotary_store_triton(keys, values, self.slot_mapping, q, k, v, cos, sin)
         return decode_attention(self.pool, layer_idx, q, self.meta)
 
 

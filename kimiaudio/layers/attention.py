@@ -21,6 +21,10 @@ import torch.nn.functional as F
 
 
 class AttentionBackend(Protocol):
+    """A backend may also rotate q and k itself, in the kernel that stores k and v: then it has
+    `fuses_rotary` True and `rotate_and_attend(layer_idx, q, k, v, cos, sin)`, which the model
+    calls with q and k before RoPE (cos/sin [T, 1, D]) instead of calling it."""
+
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] (k post-RoPE) -> attention output [T, Hq, D]."""
         ...

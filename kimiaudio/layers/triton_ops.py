@@ -117,21 +117,28 @@ def _rotary_kernel(
     token = tl.program_id(0)
     head = tl.program_id(1)  # q heads, then k heads
     d = tl.arange(0, HEAD_DIM)
-    partner = (d + HEAD_DIM // 2) % HEAD_DIM
-    sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)  # rotate_half: [-x2, x1]
     if head < NUM_Q_HEADS:
         src = q_ptr + token * stride_qt + head * stride_qh
         dst = q_out_ptr + (token * NUM_Q_HEADS + head) * HEAD_DIM
     else:
         src = k_ptr + token * stride_kt + (head - NUM_Q_HEADS) * stride_kh
         dst = k_out_ptr + (token * NUM_KV_HEADS + head - NUM_Q_HEADS) * HEAD_DIM
-    dtype = q_out_ptr.dtype.element_ty
+    tl.store(dst + d, rotated_head(src, cos_ptr + token * stride_cos, sin_ptr + token * stride_sin, HEAD_DIM))
+
+
+@triton.jit
+def rotated_head(src, cos_row, sin_row, HEAD_DIM: tl.constexpr):
+    """The head vector at src [D] rotated: x * cos + rotate_half(x) * sin, each product rounded
+    to x's dtype as the official ops round them."""
+    d = tl.arange(0, HEAD_DIM)
+    partner = (d + HEAD_DIM // 2) % HEAD_DIM
+    sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)  # rotate_half: [-x2, x1]
+    dtype = src.dtype.element_ty
     x = tl.load(src + d).to(tl.float32)
     rotated = tl.load(src + partner).to(tl.float32) * sign
-    cos = tl.load(cos_ptr + token * stride_cos + d).to(tl.float32)
-    sin = tl.load(sin_ptr + token * stride_sin + d).to(tl.float32)
-    out = (x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)
-    tl.store(dst + d, out.to(dtype))
+    cos = tl.load(cos_row + d).to(tl.float32)
+    sin = tl.load(sin_row + d).to(tl.float32)
+    return ((x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)).to(dtype)
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -86,8 +86,11 @@ class Qwen2Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary_qk(q, k, cos, sin)
-        out = attn(layer_idx, q, k, v)  # [T, Hq, D]
+        if getattr(attn, "fuses_rotary", False):  # one kernel rotates q, k and stores k, v
+            out = attn.rotate_and_attend(layer_idx, q, k, v, cos, sin)
+        else:
+            q, k = apply_rotary_qk(q, k, cos, sin)
+            out = attn(layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
