@@ -4,8 +4,9 @@ Follows nano-vllm's ModelRunner.capture_cudagraph: largest batch first, every gr
 shared memory pool (a smaller batch's activations fit in the blocks the larger one freed),
 one eager warm-up run before each capture (Triton compiles its kernels and cuBLAS picks its
 algorithms outside the capture). A graph replays the whole decode forward (embeddings, every
-trunk and MIMO layer, both heads) over the static buffers of decode_batch.py, which the
-caller rewrites before each replay; its logits stay in the tensors the capture produced.
+trunk and MIMO layer, both heads, and the sampling of graph_sampling.py) over the static
+buffers of decode_batch.py, which the caller rewrites before each replay; its outputs (the
+logits, the samples) stay in the tensors the capture produced.
 
 Replay runs on the caller's current CUDA stream: a worker thread with its own stream may
 replay graphs captured on another thread, as long as it writes the static buffers on that
@@ -22,11 +23,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Logits = tuple[torch.Tensor, torch.Tensor]  # text, audio: [Bp, V] each
+Outputs = tuple[torch.Tensor, ...]  # what the forward returns: text, audio logits [Bp, V], samples
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[int], Logits], batch_sizes: list[int], device: torch.device):
+    def __init__(self, forward: Callable[[int], Outputs], batch_sizes: list[int], device: torch.device):
         """forward(padded): the decode forward over the first `padded` rows of the static buffers."""
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
@@ -34,7 +35,7 @@ class DecodeGraphs:
         self.batch_sizes = list(batch_sizes)
         self.device = device
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, Logits] = {}
+        self.outputs: dict[int, Outputs] = {}
         self.capture_seconds = 0.0
         self.memory_bytes = 0  # device memory the graphs hold (their pool and their own)
 
@@ -69,8 +70,8 @@ class DecodeGraphs:
             self.memory_bytes / 2**30,
         )
 
-    def replay(self, padded: int) -> Logits:
-        """Run the graph of this padded size over the buffers' current contents -> its logits
+    def replay(self, padded: int) -> Outputs:
+        """Run the graph of this padded size over the buffers' current contents -> its outputs
         (tensors of the graph's own, rewritten by its next replay)."""
         self.graphs[padded].replay()
         return self.outputs[padded]

@@ -15,8 +15,9 @@ which holds every token id exactly).
 An all-decode step (every sequence computes one position without features) takes the
 static-shape path: its inputs are written into fixed buffers padded to the next batch size
 of decode_batch.py, and the same decode forward runs over them, eagerly or (CUDA) replayed
-from the CUDA graph captured for that size. Every other step (prefill chunks, mixed with
-decodes or not) runs eagerly over a flat batch built for it.
+from the CUDA graph captured for that size, which also samples the rows whose settings allow
+it (graph_sampling.py: the host sampler then has nothing to do). Every other step (prefill
+chunks, mixed with decodes or not) runs eagerly over a flat batch built for it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
+from kimiaudio.engine.graph_sampling import GraphSampling, in_graph
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
@@ -110,9 +112,13 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if use_graphs:
             inputs = self.decode_inputs
-            self.graphs = DecodeGraphs(
-                lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)), sizes, self.device
-            )
+            self.graph_sampling = GraphSampling(max_batch, self.device)
+
+            def decode_and_sample(size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                text_logits, audio_logits = self.decode_forward(inputs.batch(size, inputs.max_blocks))
+                return text_logits, audio_logits, self.graph_sampling.sample(text_logits, audio_logits)
+
+            self.graphs = DecodeGraphs(decode_and_sample, sizes, self.device)
             self.graphs.capture()
 
     @property
@@ -134,11 +140,16 @@ class ModelRunner:
 
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
+        sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
         if self.graphs is not None:
-            text_logits, audio_logits = self.graphs.replay(padded)  # [Bp, V] each
+            sampled_in_graph = bool(sampling) and in_graph([seqs[i] for i in sampling])
+            if sampled_in_graph:
+                self.graph_sampling.write(seqs, sampling, padded)
+            text_logits, audio_logits, samples = self.graphs.replay(padded)  # [Bp, V] each
+            if sampled_in_graph:
+                return [StepSample(*sample, None) for sample in GraphSampling.read(samples, sampling)]
         else:
             text_logits, audio_logits = self.decode_forward(self.decode_inputs.batch(padded, width))
-        sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
         if not sampling:
             return []
         if len(sampling) == len(seqs):  # the usual case: a slice, no gather
