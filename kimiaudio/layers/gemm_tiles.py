@@ -70,7 +70,8 @@ _EIGHT_BIT = (
     Tile(16, 64, 256, dot=True),
     Tile(64, 64, 128, dot=True),
 )
-_COMPUTE = Tile(64, 128, 64, dot=True, num_warps=8, waves=1)
+# A prefill is bound by compute, and each weight tile is widened once per 128 rows: wide tiles.
+_COMPUTE = Tile(128, 128, 64, dot=True, num_warps=8, waves=1)
 # 16-bit weights: the same shapes, half the K of a tile for the same bytes; cuBLAS past 64 rows.
 _SIXTEEN_BIT = (
     Tile(1, 128, 32, dot=False, waves=8),
@@ -109,7 +110,7 @@ def _candidates(fmt: str, bucket: int) -> list[Tile | str]:
         if bucket == 1:  # 2-4 rows: the GEMV holding each row's sums apart
             tiles += [Tile(2, 128, 32 * wide, dot=False, waves=8), Tile(4, 64, 32 * wide, dot=False, waves=8)]
     elif fmt == "int8":
-        tiles = [_COMPUTE, Tile(128, 128, 64, dot=True, num_warps=8, waves=1)]
+        tiles = [_COMPUTE, Tile(64, 128, 64, dot=True, num_warps=8, waves=1)]
     else:  # cuBLAS / _scaled_mm alone
         tiles = []
     if fmt == "bf16" and bucket < LARGE:
