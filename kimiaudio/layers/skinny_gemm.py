@@ -48,7 +48,7 @@ def _activations(ptrs, mask, half, GATED: tl.constexpr):
 
 
 # Four 8-bit weights (one register) -> four bf16 (two registers, two each), with integer and
-# bf16x2 instructions (2 a weight) instead of Triton's conversions (F2F.BF16.F16, 16 a clock and
+# bf16x2 instructions (2 to 2.5 a weight) instead of Triton's conversions (F2F.BF16.F16, 16 a clock and
 # SM for e4m3; 4-5 instructions a weight for int8). Byte i of $2 becomes lane i % 2 of $(i // 2).
 # e4m3: each byte moved to the high byte of a 16-bit lane; sign kept, exponent and mantissa
 # shifted right by 4 into bf16's fields (which reads as w * 2^-120, subnormals included), then
