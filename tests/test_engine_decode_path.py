@@ -14,9 +14,13 @@ from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_s
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
+from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
+from kimiaudio.engine.sequence import PromptPositions, Sequence
+from kimiaudio.engine.step_plan import StepPlan
+from kimiaudio.engine.stop_rules import RuleTokens, StreamRules
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 
@@ -31,20 +35,30 @@ def test_decode_batch_sizes():
 
 def decoding_seq(seq_id: int, length: int, table: list[int]) -> Sequence:
     """A sequence of `length` positions whose last one is this step's decode row."""
+    prompt = PromptPositions(
+        list(range(10, 10 + length)), [7] * length, [seq_id % 2 == 0] * length, [False] * length, [None] * length
+    )
     seq = Sequence(
         seq_id,
         f"r{seq_id}",
-        list(range(10, 10 + length)),
-        [7] * length,
-        [seq_id % 2 == 0] * length,
-        [False] * length,
-        [None] * length,
-        BS,
+        prompt,
+        block_size=BS,
+        max_num_tokens=length,
+        priority=ANSWER_PRIORITY,
+        rules=StreamRules("text", RuleTokens(0, 1, 2, 3), 0, 1),
+        params=SamplingParams.greedy(),
+        random=RequestRandom(0),
     )
     seq.block_table = table
     seq.num_computed_tokens = length - 1
-    seq.num_scheduled_tokens = 1
     return seq
+
+
+def decode_plan(seqs: list[Sequence]) -> StepPlan:
+    plan = StepPlan()
+    for seq in seqs:
+        plan.add_decode(seq)
+    return plan
 
 
 def test_prepare_writes_rows_then_padding():
@@ -52,7 +66,7 @@ def test_prepare_writes_rows_then_padding():
     inputs = DecodeInputs(pool, 8, 40, torch.float32, use_kernel=False, batch_sizes=decode_batch_sizes(8))
     assert inputs.max_blocks == 10
     seqs = [decoding_seq(0, 6, [3, 9]), decoding_seq(1, 9, [1, 4, 12]), decoding_seq(2, 1, [0])]
-    assert inputs.fits(seqs)
+    assert inputs.fits(decode_plan(seqs))
     padded, width = inputs.prepare(seqs)
     assert (padded, width) == (4, 3)
     batch = inputs.batch(padded, width)
@@ -72,12 +86,14 @@ def test_prepare_writes_rows_then_padding():
     assert inputs.fields[SLOT, 1].item() == scratch and inputs.fields[CONTEXT, 1].item() == 1
     # Not a decode step: a prefill chunk, a continuous position, more rows than the buffers hold.
     chunk = decoding_seq(2, 5, [2, 5])
-    chunk.num_computed_tokens, chunk.num_scheduled_tokens = 2, 3
-    assert not inputs.fits([seqs[0], chunk])
+    chunk.num_computed_tokens = 2
+    mixed = decode_plan(seqs[:1])
+    mixed.add_chunk(chunk, 3)
+    assert not inputs.fits(mixed)
     feature = decoding_seq(3, 5, [2, 5])
     feature.continuous_mask[-1] = True
-    assert not inputs.fits([feature])
-    assert not inputs.fits([decoding_seq(i, 3, [i]) for i in range(9)])
+    assert not inputs.fits(decode_plan([feature]))
+    assert not inputs.fits(decode_plan([decoding_seq(i, 3, [i]) for i in range(9)]))
     with pytest.raises(ValueError, match="expected 1..8"):
         inputs.padded_size(9)
 
@@ -140,7 +156,7 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
     assert max(rows for rows, _ in padded_steps) >= (2 if num_blocks == 12 else 5)
 
     flat = LLMEngine(lm, config, "cpu", torch.float32)
-    monkeypatch.setattr(flat.runner.decode_inputs, "fits", lambda seqs: False)  # every step the flat batch
+    monkeypatch.setattr(flat.runner.decode_inputs, "fits", lambda plan: False)  # every step the flat batch
     assert run_scenario(flat, arrivals) == (outputs, finished)
 
     for rid, (steps, reason) in expected.items():

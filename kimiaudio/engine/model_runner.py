@@ -32,6 +32,7 @@ from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batc
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.step_plan import StepPlan
 from kimiaudio.errors import ConfigError
 from kimiaudio.layers.sampler import sample
 from kimiaudio.layers.triton_support import use_triton
@@ -121,13 +122,13 @@ class ModelRunner:
         return 0 if self.graphs is None else self.graphs.memory_bytes
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence]) -> list[StepSample]:
+    def run(self, plan: StepPlan) -> list[StepSample]:
         """Compute every scheduled position; return (text, audio, text logprob, text top
         alternatives) samples, one per sequence that completes its pending positions this
         step, in batch order."""
-        if self.decode_inputs.fits(seqs):
-            return self._run_decode(seqs)
-        return self._run_mixed(seqs)
+        if self.decode_inputs.fits(plan):
+            return self._run_decode(plan.seqs)
+        return self._run_mixed(plan)
 
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
@@ -151,14 +152,14 @@ class ModelRunner:
         hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
         return self.lm(hidden, batch.positions, batch.attention)
 
-    def _run_mixed(self, seqs: list[Sequence]) -> list[StepSample]:
+    def _run_mixed(self, plan: StepPlan) -> list[StepSample]:
         audio, text, use_text, continuous, positions = [], [], [], [], []
         features: list[torch.Tensor] = []
         entries: list[tuple[list[int], int, int]] = []
         logits_rows: list[int] = []
         sampling: list[Sequence] = []
-        for seq in seqs:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
+        for seq, num_tokens in plan:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_tokens
             audio += seq.audio_ids[start:end]
             text += seq.text_ids[start:end]
             use_text += seq.use_text[start:end]
