@@ -13,7 +13,7 @@ times the GROUP query heads that share the kv head (grouped-query attention with
 K/V per query head): tile row r is token r // GROUP, head r % GROUP. The program walks its
 sequence's keys TILE_N at a time up to its last token's position, finds each key's block
 through the block table, masks causally and keeps an online softmax (running max, sum and
-weighted values in fp32).
+weighted values in fp32): triton_paged_tiles.py's steps, which the decode kernel takes too.
 
 Graph-safe: the grid is (num_tokens // BLOCK_Q + num_seqs, num_kv_heads), fixed by the
 tensors' shapes; a program finds its sequence by a binary search over the run starts (run s
@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kimiaudio.engine.triton_attention import LOG2E
+from kimiaudio.engine.triton_paged_tiles import attend_tile, load_kv_tile
 from kimiaudio.layers.triton_support import interpreting
 
 # Integer arguments that vary between eager steps: unspecialised, so a new value never
@@ -110,43 +111,24 @@ def _prefill_kernel(
         for tile_start in range(0, kv_end, TILE_N):
             pos = tile_start + t  # [TILE_N] key positions
             valid = pos < kv_end
-            block = tl.load(table + pos // block_size, mask=valid, other=0).to(tl.int64)
-            offset = (pos % block_size).to(tl.int64)
-            k = tl.load(
-                k_cache_ptr
-                + block[:, None] * stride_kb
-                + offset[:, None] * stride_ks
-                + kv_head * stride_kh
-                + d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )  # [TILE_N, D]
-            v = tl.load(
-                v_cache_ptr
-                + block[:, None] * stride_vb
-                + offset[:, None] * stride_vs
-                + kv_head * stride_vh
-                + d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )
-            if DOT_FP32:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [BLOCK_M, TILE_N]
-            else:
-                s = tl.dot(q, tl.trans(k))
+            k, v = load_kv_tile(
+                k_cache_ptr,
+                v_cache_ptr,
+                table,
+                pos,
+                valid,
+                kv_head,
+                d,
+                block_size,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+            )  # [TILE_N, D] each
             seen = valid[None, :] & (pos[None, :] <= q_pos[:, None])
-            s = tl.where(seen, s * scale_log2, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            # A row that has seen no key yet keeps m = -inf: shift by 0 there, never by -inf.
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - shift)
-            p = tl.exp2(s - shift[:, None])
-            denom = denom * alpha + tl.sum(p, 1)
-            if DOT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
+            m, denom, acc = attend_tile(q, k, v, seen, m, denom, acc, scale_log2, DOT_FP32)
         out = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # a row with no key: zeros
         tl.store(
             out_ptr + (q_start + token)[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :],
