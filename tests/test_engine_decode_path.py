@@ -10,17 +10,16 @@ import math
 
 import pytest
 import torch
+from helpers.sequences import make_sequence
 from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
-from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
-from kimiaudio.engine.sequence import PromptPositions, Sequence
+from kimiaudio.engine.mixed_batch import CONTINUOUS, MixedInputs, mixed_token_buckets
+from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
-from kimiaudio.engine.stop_rules import RuleTokens, StreamRules
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 
@@ -35,20 +34,7 @@ def test_decode_batch_sizes():
 
 def decoding_seq(seq_id: int, length: int, table: list[int]) -> Sequence:
     """A sequence of `length` positions whose last one is this step's decode row."""
-    prompt = PromptPositions(
-        list(range(10, 10 + length)), [7] * length, [seq_id % 2 == 0] * length, [False] * length, [None] * length
-    )
-    seq = Sequence(
-        seq_id,
-        f"r{seq_id}",
-        prompt,
-        block_size=BS,
-        max_num_tokens=length,
-        priority=ANSWER_PRIORITY,
-        rules=StreamRules("text", RuleTokens(0, 1, 2, 3), 0, 1),
-        params=SamplingParams.greedy(),
-        random=RequestRandom(0),
-    )
+    seq = make_sequence(seq_id, range(10, 10 + length), block_size=BS, use_text=[seq_id % 2 == 0] * length)
     seq.block_table = table
     seq.num_computed_tokens = length - 1
     return seq
@@ -158,7 +144,10 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
     flat = LLMEngine(lm, config, "cpu", torch.float32)
     monkeypatch.setattr(flat.runner.decode_inputs, "fits", lambda plan: False)  # every step the flat batch
     assert run_scenario(flat, arrivals) == (outputs, finished)
+    assert_reference_results(outputs, finished, expected)
 
+
+def assert_reference_results(outputs: dict, finished: dict, expected: dict) -> None:
     for rid, (steps, reason) in expected.items():
         if rid == "abort-waiting":
             assert outputs[rid] == []
@@ -168,3 +157,39 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
             assert outputs[rid][: len(steps)] == steps and len(outputs[rid]) == 30
         else:
             assert (outputs[rid], finished[rid]) == (steps, reason), rid
+
+
+def test_padded_mixed_path_equals_reference(scenario):
+    """Every mixed step padded to its bucket (16 or 24 tokens) as with CUDA graphs, through the
+    static buffers of mixed_batch.py (the torch reference of the runs on the CPU), decodes
+    through the padded decode path; preemption included: token for token the reference loop's."""
+    lm, arrivals, expected = scenario
+    config = EngineConfig(block_size=8, num_kv_blocks=12, max_num_batched_tokens=24, max_num_seqs=8)
+    engine = LLMEngine(lm, config, "cpu", torch.float32)
+    runner = engine.runner
+    runner.decode_inputs.batch_sizes = decode_batch_sizes(8)
+    inputs = MixedInputs(
+        runner.pool,
+        8,
+        mixed_token_buckets(24),
+        config.max_model_len,
+        lm.config.kimia_adaptor_input_dim,
+        torch.float32,
+        use_kernel=False,
+    )
+    steps = []
+    prepare = inputs.prepare
+
+    def recording_prepare(plan):
+        bucket = prepare(plan)
+        steps.append((plan.num_tokens, bucket, bool(inputs.fields[CONTINUOUS, : plan.num_tokens].any())))
+        return bucket
+
+    inputs.prepare = recording_prepare
+    runner.mixed_inputs = inputs
+    outputs, finished = run_scenario(engine, arrivals)
+    assert engine.stats().num_preemptions > 0
+    assert len(steps) > 5 and sum(tokens < bucket for tokens, bucket, _ in steps) >= 3  # some padded
+    assert any(with_features for _, _, with_features in steps)
+    assert {bucket for _, bucket, _ in steps} == {16, 24}
+    assert_reference_results(outputs, finished, expected)

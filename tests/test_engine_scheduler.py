@@ -3,6 +3,9 @@ runner checks the K/V of every slot, not only counts)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq
 
@@ -286,3 +289,12 @@ def test_an_answer_that_cannot_fit_yet_preempts_nothing():
     assert runner.generated[1] == expected_tokens(range(60, 80), 2)
     assert runner.generated[10] == expected_tokens(range(40, 44), 3)
     assert_pool_idle(sched.block_manager)
+
+
+def test_bookkeeping_imports_no_torch():
+    """The scheduler, its plan, sequences, blocks and rules run (and are tested) without torch:
+    Sequence names torch and the params' types for type checking only."""
+    modules = ("scheduler", "step_plan", "sequence", "block_manager", "stop_rules", "engine_io")
+    code = ";".join(f"import kimiaudio.engine.{m}" for m in modules) + ";import sys;print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -147,6 +147,25 @@ def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, gol
 
 
 @cuda_only
+def test_mixed_graphs_equal_eager_steps_in_fp32(golden_checkpoint, golden, golden_rules):
+    # Mixed steps (prefill chunks beside decodes) replayed from the graphs of their token
+    # buckets (16 and 24 tokens: max_num_batched_tokens) give the tokens of eager flat steps
+    # (the same prefill kernel), and of the batch-1 reference loop (the test above).
+    lm, arrivals = golden_scenario(golden_checkpoint, golden, golden_rules)
+    engine = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
+    graphs = engine.runner.mixed_graphs
+    assert graphs is not None and graphs.batch_sizes == [16, 24] and graphs.memory_bytes > 0
+    replays = []
+    replay = graphs.replay
+    graphs.replay = lambda bucket: replays.append(bucket) or replay(bucket)
+    with_graphs = run_scenario(engine, arrivals)
+    assert len(replays) > 5 and set(replays) == {16, 24}
+    eager = LLMEngine(lm, graph_config(mixed_cuda_graphs=False), DEVICE, torch.float32)
+    assert eager.runner.mixed_graphs is None and eager.runner.graphs is not None
+    assert run_scenario(eager, arrivals) == with_graphs
+
+
+@cuda_only
 @pytest.mark.parametrize("weights", ["int8", "fp8"])
 def test_quantized_graphs_equal_eager(golden_checkpoint, golden, golden_rules, weights):
     # The int8 Triton GEMM and fp8's per-token quantization + _scaled_mm inside the captured

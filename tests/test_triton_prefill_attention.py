@@ -15,11 +15,14 @@ import math
 
 import pytest
 import torch
+from helpers.sequences import make_sequence
 
 pytest.importorskip("triton")
 
 from kimiaudio.engine.kv_pool import KVPool  # noqa: E402
+from kimiaudio.engine.mixed_batch import MixedInputs  # noqa: E402
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention  # noqa: E402
+from kimiaudio.engine.step_plan import StepPlan  # noqa: E402
 from kimiaudio.engine.triton_prefill_attention import paged_prefill_attention_triton, tile_sizes  # noqa: E402
 from kimiaudio.models.kimia_config import KimiaConfig  # noqa: E402
 from kimiaudio.random_weights.lm import lm_config  # noqa: E402
@@ -159,3 +162,35 @@ def test_mixed_steps_through_the_kernel_equal_the_torch_path(heads):
         torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
         done = [d + n for d, n in zip(done, step)]
     assert torch.equal(pools[0].kv, pools[1].kv)  # the same K/V stored
+
+
+def test_static_mixed_batch_through_the_kernel_equals_the_torch_path(heads):
+    """A mixed step padded to its bucket in the static buffers of mixed_batch.py (empty sequence
+    slots, the padding's run with no key, full-width tables): the kernel against the torch
+    reference of the runs, rows and stored K/V alike."""
+    head_dim, num_heads, num_kv_heads = heads
+    block_size = 4
+    gen = torch.Generator().manual_seed(5)
+    decode = make_sequence(0, range(10, 16), block_size=block_size)
+    decode.block_table, decode.num_computed_tokens = [3, 9], 5
+    chunk = make_sequence(1, range(20, 27), block_size=block_size)
+    chunk.block_table, chunk.num_computed_tokens = [1, 4], 2
+    fresh = make_sequence(2, range(30, 33), block_size=block_size)
+    fresh.block_table = [7]
+    plan = StepPlan()
+    plan.add_decode(decode)
+    plan.add_chunk(chunk, 4)
+    plan.add_chunk(fresh, 3)
+    q = torch.randn(16, num_heads, head_dim, generator=gen).to(DEVICE)
+    k, v = (torch.randn(16, num_kv_heads, head_dim, generator=gen).to(DEVICE) for _ in range(2))
+    outs, pools = [], []
+    for use_kernel in (False, True):
+        pool = KVPool(1, 12, block_size, num_kv_heads, head_dim, DEVICE, torch.float32)
+        pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(9)))
+        inputs = MixedInputs(pool, 4, [16], 40, 2, torch.float32, use_kernel)
+        batch = inputs.batch(inputs.prepare(plan))
+        outs.append(batch.attention(0, q, k, v))
+        pools.append(pool)
+    torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
+    assert torch.equal(outs[1][8:], torch.zeros_like(outs[1][8:]))  # the padding's rows
+    assert torch.equal(pools[0].kv, pools[1].kv)

@@ -122,6 +122,9 @@ class EngineConfig:
     max_prefill_tokens_while_decoding: int = setting(256, Bounds(1, 1 << 20))
     # Decode steps replayed from CUDA graphs captured at start-up (CUDA only; needs triton).
     cuda_graphs: bool = True
+    # With cuda_graphs: mixed steps (prefill chunks beside decodes) replayed from CUDA graphs
+    # captured per token bucket (engine/mixed_batch.py); steps past the largest run eagerly.
+    mixed_cuda_graphs: bool = True
     # torch intra-op threads of each model worker thread when the model runs on the CPU (0 =
     # torch's default). One per worker leaves a core to the event loop: the LM and detokenizer
     # workers and the loop all compute at once, and oversubscribed cores slow every LM step.

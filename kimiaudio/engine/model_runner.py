@@ -15,8 +15,10 @@ which holds every token id exactly).
 An all-decode step (every sequence computes one position without features) takes the
 static-shape path: its inputs are written into fixed buffers padded to the next batch size
 of decode_batch.py, and the same decode forward runs over them, eagerly or (CUDA) replayed
-from the CUDA graph captured for that size. Every other step (prefill chunks, mixed with
-decodes or not) runs eagerly over a flat batch built for it.
+from the CUDA graph captured for that size. With CUDA graphs, a mixed step (prefill chunks
+beside decodes) whose tokens fit the largest bucket of mixed_batch.py is padded to its
+bucket and replayed from that bucket's graph. Every other step runs eagerly over a flat
+batch built for it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from kimiaudio.config import EngineConfig
 from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
+from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
@@ -112,14 +115,31 @@ class ModelRunner:
                 lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)), sizes, self.device
             )
             self.graphs.capture()
+        # Mixed steps from graphs: their attention is the prefill kernel over the static runs.
+        self.mixed_inputs: MixedInputs | None = None
+        self.mixed_graphs: DecodeGraphs | None = None
+        if use_graphs and engine_config.mixed_cuda_graphs:
+            max_tokens = min(
+                engine_config.max_num_batched_tokens, max_batch + engine_config.max_prefill_tokens_while_decoding
+            )
+            buckets = mixed_token_buckets(max_tokens)
+            with torch.inference_mode():
+                mixed = MixedInputs(
+                    self.pool, max_batch, buckets, engine_config.max_model_len, cfg.kimia_adaptor_input_dim, dtype, True
+                )
+            self.mixed_inputs = mixed
+            self.mixed_graphs = DecodeGraphs(
+                lambda size: self.mixed_forward(mixed.batch(size)), buckets, self.device, "mixed step"
+            )
+            self.mixed_graphs.capture()
 
     @property
     def capture_seconds(self) -> float:
-        return 0.0 if self.graphs is None else self.graphs.capture_seconds
+        return sum(g.capture_seconds for g in (self.graphs, self.mixed_graphs) if g is not None)
 
     @property
     def graph_memory_bytes(self) -> int:
-        return 0 if self.graphs is None else self.graphs.memory_bytes
+        return sum(g.memory_bytes for g in (self.graphs, self.mixed_graphs) if g is not None)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> list[StepSample]:
@@ -128,6 +148,8 @@ class ModelRunner:
         step, in batch order."""
         if self.decode_inputs.fits(plan):
             return self._run_decode(plan.seqs)
+        if self.mixed_inputs is not None and self.mixed_inputs.fits(plan):
+            return self._run_mixed_static(plan, self.mixed_inputs)
         return self._run_mixed(plan)
 
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
@@ -151,6 +173,26 @@ class ModelRunner:
         that depends on the data (what a CUDA graph captures). -> logits [Bp, V] of both heads."""
         hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
         return self.lm(hidden, batch.positions, batch.attention)
+
+    def _run_mixed_static(self, plan: StepPlan, inputs: MixedInputs) -> list[StepSample]:
+        bucket = inputs.prepare(plan)
+        if self.mixed_graphs is not None:
+            text_logits, audio_logits = self.mixed_graphs.replay(bucket)  # [S, V] each
+        else:
+            text_logits, audio_logits = self.mixed_forward(inputs.batch(bucket))
+        sampling = [seq for seq, count in plan if seq.num_computed_tokens + count == seq.num_tokens]
+        if not sampling:
+            return []
+        return self._sample(sampling, text_logits[: len(sampling)], audio_logits[: len(sampling)])
+
+    def mixed_forward(self, batch: MixedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mixed forward over static views: no host-device synchronisation, no shape that
+        depends on the data (what a CUDA graph captures). -> logits [S, V] of both heads, row k
+        the k-th sampling sequence's."""
+        hidden = self.lm.embed(
+            batch.audio_ids, batch.text_ids, batch.use_text != 0, batch.features, continuous=batch.continuous != 0
+        )
+        return self.lm(hidden, batch.positions, batch.attention, batch.logits_rows)
 
     def _run_mixed(self, plan: StepPlan) -> list[StepSample]:
         audio, text, use_text, continuous, positions = [], [], [], [], []

@@ -8,40 +8,30 @@ prefix blocks, preemption, chunking and abort are checked for wrong K/V, not onl
 
 from __future__ import annotations
 
+from helpers.sequences import make_sequence
+
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.scheduler import Scheduler
-from kimiaudio.engine.sequence import PromptPositions, Sequence
-from kimiaudio.engine.stop_rules import RuleTokens, StreamRules
 
 BS = 4
 AUDIO_DELAY = 2
 
 
 def make_seq(seq_id, audio, max_new=3, digests=None, use_text=None, text=None, priority=0, output_type="text"):
-    """A sequence with the generation rules of a request of `output_type` (a "both" one awaits
-    its first audio for AUDIO_DELAY steps)."""
-    n = len(audio)
-    prompt = PromptPositions(
-        list(audio),
-        text or [7] * n,
-        use_text or [True] * n,
-        [d is not None for d in digests] if digests else [False] * n,
-        digests or [None] * n,
-    )
-    seq = Sequence(
+    """A sequence of this driver's block size (a "both" one awaits its first audio for
+    AUDIO_DELAY steps)."""
+    return make_sequence(
         seq_id,
-        f"r{seq_id}",
-        prompt,
+        audio,
         block_size=BS,
-        max_num_tokens=n + max_new - 1,
+        max_new=max_new,
+        text=text,
+        use_text=use_text,
+        digests=digests,
         priority=priority,
-        rules=StreamRules(output_type, RuleTokens(0, 1, 2, 3), AUDIO_DELAY, max_new, ignore_eos=True),
-        params=SamplingParams.greedy(),
-        random=RequestRandom(0),
+        output_type=output_type,
+        audio_delay=AUDIO_DELAY,
     )
-    seq.max_new = max_new
-    return seq
 
 
 def next_token(audio, text):
@@ -95,9 +85,9 @@ class FakeRunner:
                 assert self.pool[self.slot(seq, p)] == tuple(keys[: p + 1]), f"seq {seq.seq_id} pos {p}"
             tok = next_token(seq.audio_ids, seq.text_ids)
             self.generated.setdefault(seq.seq_id, []).append(tok)
-            seq.rules.step(tok, tok + 1)
+            finished = seq.rules.step(tok, tok + 1)[2]  # the length limit: ignore_eos
             seq.append_token(tok, tok + 1)
-            if seq.num_generated_tokens == seq.max_new:
+            if finished:
                 self.scheduler.finish(seq)
         return plan
 
