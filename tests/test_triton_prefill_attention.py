@@ -111,10 +111,10 @@ def test_bfloat16_and_many_short_runs(heads):
 
 def test_padded_rows_and_an_empty_sequence():
     """The static batch's padding (mixed_batch.py): a last sequence of no key owns the padded
-    rows, which come out zero; rows of the others are unaffected."""
+    rows, which come out zero, as rows outside every run do; rows of the others are unaffected."""
     heads = heads_of(KimiaConfig.from_dict(lm_config(FULL)))
-    out, used = run_case(heads, torch.float32, 4, [(6, 3), (0, 5), (0, 0)], pad_rows=0)
-    assert used == 8
+    out, used = run_case(heads, torch.float32, 4, [(6, 3), (0, 5), (0, 0)], pad_rows=3)
+    assert used == 8 and torch.equal(out[8:], torch.zeros_like(out[8:]))  # rows outside every run
     # Append the padding as a sequence of 4 rows and no key: zeros, never NaN.
     head_dim, num_heads, num_kv_heads = heads
     pool = KVPool(1, 4, 4, num_kv_heads, head_dim, DEVICE, torch.float32)
@@ -133,9 +133,10 @@ def test_padded_rows_and_an_empty_sequence():
 def test_tiles_hold_whole_query_head_groups():
     for group in (1, 2, 7, 8, 20):
         for interpreted in (True, False):
-            block_m, block_q, tile_n = tile_sizes(group, 128, interpreted)
+            block_m, block_q, tile_n = tile_sizes(group, 128, 2, interpreted)
             assert block_q >= 1 and block_q * group <= block_m and block_m & (block_m - 1) == 0
             assert block_m >= 16 and tile_n >= 16  # tl.dot's smallest tile
+    assert tile_sizes(7, 128, 2, False)[2] == 64 and tile_sizes(7, 128, 4, False)[2] == 32
 
 
 def test_mixed_steps_through_the_kernel_equal_the_torch_path(heads):

@@ -119,7 +119,7 @@ class MixedInputs:
             positions += range(start, end)
             slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
             rows = [r for r in seq.feature_rows[start:end] if r >= 0]
-            if rows:  # a sequence's continuous rows are consecutive: slice its feature tensor
+            if rows and seq.features is not None:  # its continuous rows are consecutive: a slice
                 features.append(seq.features[rows[0] : rows[-1] + 1])
             starts.append(starts[-1] + count)
             contexts.append(end)

@@ -51,6 +51,3 @@ class StepPlan:
         self.num_scheduled.append(num_tokens)
         self.num_tokens += num_tokens
         self.num_prefill_tokens += num_tokens
-
-    def __contains__(self, seq: object) -> bool:
-        return any(s is seq for s in self.seqs)

@@ -137,12 +137,14 @@ def _prefill_kernel(
         )
 
 
-def tile_sizes(group: int, head_dim: int, interpreted: bool) -> tuple[int, int, int]:
+def tile_sizes(group: int, head_dim: int, itemsize: int, interpreted: bool) -> tuple[int, int, int]:
     """-> (BLOCK_M query rows of a tile, BLOCK_Q tokens in it, TILE_N keys per iteration).
-    Small tiles in the interpreter (every program runs in Python); on a GPU about 64 rows."""
+    Small tiles in the interpreter (every program runs in Python); on a GPU about 64 rows, and
+    K/V tiles of at most 16 KiB each (64 keys of 128 bf16 dimensions), so that the loop's
+    pipelined loads fit shared memory in fp32 too."""
     rows = 16 if interpreted else 64
     block_m = max(rows, triton.next_power_of_2(group))
-    tile_n = 16 if interpreted else (32 if head_dim > 128 else 64)
+    tile_n = 16 if interpreted else max(16, min(64, (16 << 10) // (head_dim * itemsize)))
     return block_m, block_m // group, tile_n
 
 
@@ -156,16 +158,18 @@ def paged_prefill_attention_triton(
 ) -> torch.Tensor:
     """q [T, Hq, D] (runs of rows, one per sequence); k/v_cache [num_blocks, block_size, Hkv, D];
     block_tables [S, W] int32; query_starts [S + 1] int32 (run s is rows query_starts[s] up to
-    query_starts[s + 1], the last entry <= T; rows past it are not written); context_lens [S]
-    (keys of each sequence, the run's own included: >= the run's length; a sequence with no
-    key gets zero rows) -> [T, Hq, D] in q's dtype. Scale 1/sqrt(D)."""
+    query_starts[s + 1], the last entry <= T); context_lens [S] (keys of each sequence, the
+    run's own included: >= the run's length) -> [T, Hq, D] in q's dtype, scale 1/sqrt(D). Rows
+    of a sequence with no key, and rows outside every run, come out zero (a graph's warm-up
+    runs over buffers that describe no step yet)."""
     num_tokens, num_heads, head_dim = q.shape
     q = q if q.stride(-1) == 1 else q.contiguous()
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     num_seqs = block_tables.shape[0]
-    block_m, block_q, tile_n = tile_sizes(group, head_dim, interpreting() or q.device.type != "cuda")
-    out = torch.empty_like(q)
+    interpreted = interpreting() or q.device.type != "cuda"
+    block_m, block_q, tile_n = tile_sizes(group, head_dim, k_cache.element_size(), interpreted)
+    out = torch.zeros_like(q)
     _prefill_kernel[(num_tokens // block_q + num_seqs, num_kv_heads)](
         q,
         k_cache,

@@ -33,7 +33,7 @@ class AttentionBackend(Protocol):
 # an H200, later ones about 40 ms). Grouped-query attention through `enable_gqa` (torch 2.5+)
 # reads each kv head once instead of materialising it `group` times.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-HAS_ENABLE_GQA = torch.__version__ >= (2, 5)
+HAS_ENABLE_GQA = torch.__version__ >= "2.5"
 
 
 def sdpa(
