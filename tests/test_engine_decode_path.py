@@ -181,9 +181,9 @@ def test_padded_mixed_path_equals_reference(scenario):
     prepare = inputs.prepare
 
     def recording_prepare(plan):
-        bucket = prepare(plan)
+        bucket, sampling = prepare(plan)
         steps.append((plan.num_tokens, bucket, bool(inputs.fields[CONTINUOUS, : plan.num_tokens].any())))
-        return bucket
+        return bucket, sampling
 
     inputs.prepare = recording_prepare
     runner.mixed_inputs = inputs

@@ -55,7 +55,8 @@ def test_prepare_writes_rows_runs_logits_rows_and_padding():
     inputs = mixed_inputs(pool)
     plan, features = three_sequence_plan()
     assert inputs.fits(plan)
-    assert inputs.prepare(plan) == 16
+    bucket, sampling = inputs.prepare(plan)
+    assert bucket == 16 and sampling == [plan.seqs[0], plan.seqs[2]]
     batch = inputs.batch(16)
     scratch = pool.scratch_slot
     assert batch.audio_ids.tolist() == [15, 22, 23, 24, 25, 30, 31, 32, 33] + [0] * 7
@@ -74,7 +75,7 @@ def test_prepare_writes_rows_runs_logits_rows_and_padding():
     # A smaller step into the same buffers: earlier rows past it are padding again.
     small = StepPlan()
     small.add_decode(plan.seqs[0])
-    assert inputs.prepare(small) == 8
+    assert inputs.prepare(small) == (8, [plan.seqs[0]])
     assert inputs.fields[AUDIO, :3].tolist() == [15, 0, 0] and inputs.fields[SLOT, 1:9].eq(scratch).all()
     assert inputs.fields[POSITION, 1:].eq(0).all() and inputs.fields[CONTINUOUS].eq(0).all()
     assert inputs.query_starts.tolist() == [0, 1, 1, 1, 1, 8] and inputs.context_lens.tolist() == [6, 0, 0, 0, 0]
@@ -92,7 +93,7 @@ def test_padded_runs_attention_matches_reference():
     pool.kv.copy_(torch.randn(pool.kv.shape, generator=gen))
     inputs = mixed_inputs(pool)
     plan, _ = three_sequence_plan()
-    batch = inputs.batch(inputs.prepare(plan))
+    batch = inputs.batch(inputs.prepare(plan)[0])
     q = torch.randn(16, HQ, D, generator=gen)
     k, v = torch.randn(16, HKV, D, generator=gen), torch.randn(16, HKV, D, generator=gen)
     for layer in range(2):

@@ -189,7 +189,7 @@ def test_static_mixed_batch_through_the_kernel_equals_the_torch_path(heads):
         pool = KVPool(1, 12, block_size, num_kv_heads, head_dim, DEVICE, torch.float32)
         pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(9)))
         inputs = MixedInputs(pool, 4, [16], 40, 2, torch.float32, use_kernel)
-        batch = inputs.batch(inputs.prepare(plan))
+        batch = inputs.batch(inputs.prepare(plan)[0])
         outs.append(batch.attention(0, q, k, v))
         pools.append(pool)
     torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])

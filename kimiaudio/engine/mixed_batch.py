@@ -24,8 +24,17 @@ from dataclasses import dataclass
 
 import torch
 
+from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.kv_pool import KVPool
-from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, RunsMetadata, to_device
+from kimiaudio.engine.paged_attention import (
+    AttentionMetadata,
+    PagedAttention,
+    RunsMetadata,
+    run_lists,
+    slot_mapping,
+    to_device,
+)
+from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
 
 AUDIO, TEXT, USE_TEXT, CONTINUOUS, POSITION, SLOT = range(6)
@@ -96,65 +105,41 @@ class MixedInputs:
             and all(len(seq.block_table) <= self.max_blocks for seq in plan.seqs)
         )
 
-    def prepare(self, plan: StepPlan) -> int:
+    def prepare(self, plan: StepPlan) -> tuple[int, list[Sequence]]:
         """Write the step's rows, runs and logits rows (then padding) into the buffers, on the
-        current stream. -> the bucket; `batch(bucket)` gives the views."""
-        num_tokens = plan.num_tokens
-        bucket, pad = self.bucket(num_tokens), self.max_tokens - num_tokens
-        bs = self.block_size
-        audio: list[int] = []
-        text: list[int] = []
-        use_text: list[int] = []
-        continuous: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts, contexts, logits_rows = [0], [], []
-        features: list[torch.Tensor] = []
-        for seq, count in plan:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + count
-            audio += seq.audio_ids[start:end]
-            text += seq.text_ids[start:end]
-            use_text += map(int, seq.use_text[start:end])
-            continuous += map(int, seq.continuous_mask[start:end])
-            positions += range(start, end)
-            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
-            rows = [r for r in seq.feature_rows[start:end] if r >= 0]
-            if rows and seq.features is not None:  # its continuous rows are consecutive: a slice
-                features.append(seq.features[rows[0] : rows[-1] + 1])
-            starts.append(starts[-1] + count)
-            contexts.append(end)
-            if end == seq.num_tokens:
-                logits_rows.append(len(audio) - 1)
-        empty = self.max_seqs - len(plan)
+        current stream. -> (the bucket, the sequences that sample: logits row k is the k-th's);
+        `batch(bucket)` gives the views."""
+        step = FlatStep.of(plan)
+        num_tokens, num_seqs = step.num_tokens, len(plan)
+        bucket, pad, empty = self.bucket(num_tokens), self.max_tokens - num_tokens, self.max_seqs - num_seqs
         fields = torch.tensor(
             [
-                audio + [0] * pad,
-                text + [0] * pad,
-                use_text + [0] * pad,
-                continuous + [0] * pad,
-                positions + [0] * pad,
-                slots + [self.pool.scratch_slot] * pad,
+                step.audio_ids + [0] * pad,
+                step.text_ids + [0] * pad,
+                [int(u) for u in step.use_text] + [0] * pad,
+                [int(c) for c in step.continuous] + [0] * pad,
+                step.positions + [0] * pad,
+                slot_mapping(step.entries, self.block_size) + [self.pool.scratch_slot] * pad,
             ],
             dtype=torch.long,
         )
-        width = max(len(seq.block_table) for seq in plan.seqs)
-        tables = torch.tensor(
-            [seq.block_table + [seq.block_table[-1]] * (width - len(seq.block_table)) for seq in plan.seqs],
-            dtype=torch.int32,
-        )
+        runs = run_lists(step.entries, self.block_size)
+        width = len(runs.block_tables[0])
         # Columns past `width` and rows of empty slots keep earlier steps' ids: valid blocks,
         # never read (context lengths bound every read).
         self.fields.copy_(fields, non_blocking=True)
-        self.block_tables[: len(plan), :width].copy_(tables, non_blocking=True)
-        self.query_starts.copy_(
-            torch.tensor(starts + [num_tokens] * empty + [bucket], dtype=torch.int32), non_blocking=True
-        )
-        self.context_lens.copy_(torch.tensor(contexts + [0] * (empty + 1), dtype=torch.int32), non_blocking=True)
-        self.logits_rows.copy_(torch.tensor(logits_rows + [0] * (self.max_seqs - len(logits_rows))), non_blocking=True)
-        if features:
-            at = to_device(torch.tensor([i for i, c in enumerate(continuous) if c]), self.features.device)
-            self.features.index_copy_(0, at, torch.cat(features).to(self.features.dtype))
-        return bucket
+        tables = torch.tensor(runs.block_tables, dtype=torch.int32)
+        self.block_tables[:num_seqs, :width].copy_(tables, non_blocking=True)
+        starts = runs.query_starts + [num_tokens] * empty + [bucket]  # empty slots, then the padding's run
+        self.query_starts.copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
+        contexts = runs.context_lens + [0] * (empty + 1)
+        self.context_lens.copy_(torch.tensor(contexts, dtype=torch.int32), non_blocking=True)
+        rows = step.logits_rows + [0] * (self.max_seqs - len(step.logits_rows))
+        self.logits_rows.copy_(torch.tensor(rows), non_blocking=True)
+        if step.features:
+            at = to_device(torch.tensor(step.feature_positions), self.features.device)
+            self.features.index_copy_(0, at, torch.cat(step.features).to(self.features.dtype))
+        return bucket, step.sampling
 
     def batch(self, bucket: int) -> MixedBatch:
         """Views of the first `bucket` rows (every sequence slot and the full table width)."""

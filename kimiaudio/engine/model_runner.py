@@ -31,6 +31,7 @@ import torch
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
+from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
@@ -175,12 +176,11 @@ class ModelRunner:
         return self.lm(hidden, batch.positions, batch.attention)
 
     def _run_mixed_static(self, plan: StepPlan, inputs: MixedInputs) -> list[StepSample]:
-        bucket = inputs.prepare(plan)
+        bucket, sampling = inputs.prepare(plan)
         if self.mixed_graphs is not None:
             text_logits, audio_logits = self.mixed_graphs.replay(bucket)  # [S, V] each
         else:
             text_logits, audio_logits = self.mixed_forward(inputs.batch(bucket))
-        sampling = [seq for seq, count in plan if seq.num_computed_tokens + count == seq.num_tokens]
         if not sampling:
             return []
         return self._sample(sampling, text_logits[: len(sampling)], audio_logits[: len(sampling)])
@@ -195,41 +195,21 @@ class ModelRunner:
         return self.lm(hidden, batch.positions, batch.attention, batch.logits_rows)
 
     def _run_mixed(self, plan: StepPlan) -> list[StepSample]:
-        audio, text, use_text, continuous, positions = [], [], [], [], []
-        features: list[torch.Tensor] = []
-        entries: list[tuple[list[int], int, int]] = []
-        logits_rows: list[int] = []
-        sampling: list[Sequence] = []
-        for seq, num_tokens in plan:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_tokens
-            audio += seq.audio_ids[start:end]
-            text += seq.text_ids[start:end]
-            use_text += seq.use_text[start:end]
-            continuous += seq.continuous_mask[start:end]
-            positions += range(start, end)
-            rows = [r for r in seq.feature_rows[start:end] if r >= 0]
-            if rows:  # a sequence's continuous rows are consecutive: slice its feature tensor
-                features.append(seq.features[rows[0] : rows[-1] + 1])
-            entries.append((seq.block_table, start, end - start))
-            if end == seq.num_tokens:
-                logits_rows.append(len(audio) - 1)
-                sampling.append(seq)
-
-        feature_positions = self._long([i for i, c in enumerate(continuous) if c]) if features else None
+        step = FlatStep.of(plan)
+        features = step.features
         hidden = self.lm.embed(
-            self._long(audio),
-            self._long(text),
-            self._bool(use_text),
+            self._long(step.audio_ids),
+            self._long(step.text_ids),
+            self._bool(step.use_text),
             torch.cat(features) if features else None,
-            feature_positions,
+            self._long(step.feature_positions) if features else None,
         )
-        attn = PagedAttention(
-            self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype, self.use_kernels)
-        )
-        text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
-        if not sampling:
+        meta = AttentionMetadata.build(step.entries, self.block_size, self.device, self.dtype, self.use_kernels)
+        attn = PagedAttention(self.pool, meta)
+        text_logits, audio_logits = self.lm(hidden, self._long(step.positions), attn, self._long(step.logits_rows))
+        if not step.sampling:
             return []
-        return self._sample(sampling, text_logits, audio_logits)
+        return self._sample(step.sampling, text_logits, audio_logits)
 
     def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[StepSample]:
         # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.

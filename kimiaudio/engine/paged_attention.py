@@ -23,6 +23,7 @@ one padded, masked sdpa call, which runs on the CPU and is the kernel's referenc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -130,6 +131,14 @@ class RunsMetadata:
     use_kernel: bool = True  # False: the torch reference (runs_attention), which reads them on the host
 
 
+class RunLists(NamedTuple):
+    """RunsMetadata's contents on the host."""
+
+    block_tables: list[list[int]]
+    query_starts: list[int]
+    context_lens: list[int]
+
+
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: pool slot of every new token
@@ -150,11 +159,7 @@ class AttentionMetadata:
         """entries: per sequence in batch order (block_table, num_computed, num_scheduled);
         dtype: the queries' (the additive mask's, which sdpa kernels may require to match);
         use_kernel: every row goes through the Triton prefill kernel (no mask, no gather)."""
-        slot_mapping: list[int] = []
-        for table, start, count in entries:
-            for p in range(start, start + count):
-                slot_mapping.append(table[p // block_size] * block_size + p % block_size)
-        slots = to_device(torch.tensor(slot_mapping), device)
+        slots = to_device(torch.tensor(slot_mapping(entries, block_size)), device)
         if use_kernel:
             return cls(slots, None, None, [], _runs(entries, block_size, device))
         decode_rows: list[int] = []
@@ -188,16 +193,33 @@ class AttentionMetadata:
         return cls(slots, rows, decode, prefills)
 
 
-def _runs(entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device) -> RunsMetadata:
+def slot_mapping(entries: list[tuple[list[int], int, int]], block_size: int) -> list[int]:
+    """The pool slot of every position of (block_table, start, count) entries, in order."""
+    slots = []
+    for table, start, count in entries:
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, start + count)]
+    return slots
+
+
+def run_lists(entries: list[tuple[list[int], int, int]], block_size: int) -> RunLists:
+    """(block_table, start, count) entries -> their runs on the host: block tables cut to the
+    blocks each context uses and padded to one width with their last block, run starts (one
+    more than entries) and context lengths."""
     tables = [table[: -(-(start + count) // block_size)] for table, start, count in entries]
     width = max(len(t) for t in tables)
     starts = [0]
     for _, _, count in entries:
         starts.append(starts[-1] + count)
+    padded = [t + t[-1:] * (width - len(t)) for t in tables]
+    return RunLists(padded, starts, [start + count for _, start, count in entries])
+
+
+def _runs(entries: list[tuple[list[int], int, int]], block_size: int, device: torch.device) -> RunsMetadata:
+    runs = run_lists(entries, block_size)
     return RunsMetadata(
-        to_device(torch.tensor([t + t[-1:] * (width - len(t)) for t in tables], dtype=torch.int32), device),
-        to_device(torch.tensor(starts, dtype=torch.int32), device),
-        to_device(torch.tensor([start + count for _, start, count in entries], dtype=torch.int32), device),
+        to_device(torch.tensor(runs.block_tables, dtype=torch.int32), device),
+        to_device(torch.tensor(runs.query_starts, dtype=torch.int32), device),
+        to_device(torch.tensor(runs.context_lens, dtype=torch.int32), device),
     )
 
 
