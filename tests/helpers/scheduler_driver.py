@@ -57,6 +57,7 @@ class FakeRunner:
         self.generated: dict[int, list[int]] = {}
         self.steps: list[list[tuple[int, int]]] = []  # per step: (seq_id, num_scheduled) in batch order
         self.num_decodes: list[int] = []  # per step: its leading decode rows
+        self.num_preempted: list[int] = []  # per step: sequences preempted while it was planned
 
     def slot(self, seq, p):
         return seq.block_table[p // BS] * BS + p % BS
@@ -65,6 +66,7 @@ class FakeRunner:
         plan = self.scheduler.schedule()
         self.steps.append([(s.seq_id, n) for s, n in plan])
         self.num_decodes.append(plan.num_decodes)
+        self.num_preempted.append(plan.num_preempted)
         assert all(n == 1 and not s.is_prefilling for s, n in list(plan)[: plan.num_decodes])  # decodes lead
         assert all(s.is_prefilling for s in plan.seqs[plan.num_decodes :])
         budget = self.scheduler.max_num_batched_tokens - plan.num_decodes
