@@ -206,7 +206,7 @@ def test_batches_in_flight_on_the_device_are_released_in_order_as_each_lands(mon
     assert advance() == [] and batches == [2] and encoding.num_stages == 3  # launched whole
     assert advance() == [] and batches == [2, 2]  # the next one launched while the first runs
     assert advance() == [] and batches == [2, 2] and encoding.num_stages == 0  # two in flight: wait
-    assert not encoding.has_stages_to_run and encoding.on_device
+    assert encoding.on_device
     copies[0].landed = True
     assert advance() == [0, 1] and encoding.num_stages == 0  # released; nothing launched after it
     assert turns[1].encoded[bytes([1])][0] == [101]

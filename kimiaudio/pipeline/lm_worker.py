@@ -14,7 +14,7 @@ Each iteration it
    the turn's handle, speech codes to the detokenizer worker (one message per step), the end
    of a turn to the detokenizer worker (which flushes its audio and ends it) or, for a turn
    without speech, straight to the handle. Each step is recorded with what it carried
-   (metrics.LmStepRecord: a prefill chunk, encoder stages before it, a detokenizer batch
+   (pipeline/step_record.py: a prefill chunk, encoder stages before it, a detokenizer batch
    beside it, a new shape), so a bench can say why a step was slow.
 Any failure handling one turn fails that turn alone: its KV blocks are freed, its TurnDone
 says why. The event loop only posts here (submit, cancel); it never waits on this thread.
@@ -136,7 +136,7 @@ class LmWorker(Worker):
         self._count()
         if self.busy:
             return 0
-        if self._encoding.has_job and not self._encoding.has_stages_to_run:
+        if self._encoding.has_job and encode_stages == 0:
             return ENCODE_POLL_S  # only results on the device to wait for: no busy loop
         return 0 if (self._pending or self._encoding.has_job) else None
 

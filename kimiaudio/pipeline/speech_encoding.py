@@ -129,11 +129,6 @@ class SpeechEncoding:
         """A launched batch's work may still be running on the device (CUDA only)."""
         return bool(self._in_flight)
 
-    @property
-    def has_stages_to_run(self) -> bool:
-        """Encoder work the next `advance` can run now (False: only results to wait for)."""
-        return self._launching is not None or len(self._in_flight) < MAX_BATCHES_IN_FLIGHT
-
     def advance(self, pending: list[LmTurn], budget_s: float) -> list[tuple[bytes, Exception]]:
         """Give the pending turns what the cache has and what batches have finished; if none
         finished, run about `budget_s` of encoder stages. -> (utterance key, what failed) of
