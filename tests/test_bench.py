@@ -20,6 +20,25 @@ from kimiaudio.config import load_config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.step_record import LmStepRecord
 
+# A pipeline bench report's keys, the same on every device (values null where they do not apply).
+REPORT_KEYS = {
+    "device",
+    "dtype",
+    "demo_weights",
+    "model",
+    "max_new_tokens",
+    "turns",
+    "turn_lengths",
+    "arrivals",
+    "encode_batch_size",
+    "whisper_window",
+    "card_gib",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "memory_plan",
+    "rows",
+}
+
 
 def check_playback_figures(row: dict) -> None:
     """What a row's playback figures must satisfy whatever the machine's speed: a stall is
@@ -68,6 +87,7 @@ def test_bench_reports_every_figure(demo_checkpoint):
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
+    assert set(report) == REPORT_KEYS and report["memory_plan"] is None and report["peak_reserved_bytes"] is None
     assert report["demo_weights"] is True and report["turn_lengths"] == "fixed" and report["arrivals"] == "burst"
     assert report["whisper_window"] == "official" and report["encode_batch_size"] == 4
     rows = {row["sessions"]: row for row in report["rows"]}
@@ -281,6 +301,7 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
+    assert set(report) == REPORT_KEYS
     plan = report["memory_plan"]
     assert set(plan["weights"]) == {"lm", "whisper", "glm4_tokenizer", "dit", "vocoder"}
     assert plan["detok_state_per_session"] > 0 and plan["fixed_total"] > 0
@@ -401,7 +422,7 @@ def test_poisson_arrivals_through_the_pipeline(demo_checkpoint):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     (row,) = report["rows"]
-    assert report["arrivals"] == row["arrivals"] == "poisson:20"
+    assert set(report) == REPORT_KEYS and report["arrivals"] == row["arrivals"] == "poisson:20"
     assert row["generated_tokens"] == 3 * 10
     # The last session arrived after the first: the row lasts at least that gap.
     assert row["wall_s"] > Arrivals.parse("poisson:20").offsets(3)[-1]

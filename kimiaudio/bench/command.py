@@ -162,10 +162,10 @@ def run_bench_command(config, args) -> int:
         "encode_batch_size": config.audio.encode_batch_size,
         "whisper_window": config.audio.whisper_window,
     }
-    if memory is not None:
-        info["memory_plan"] = memory
+    # The same keys on every device (null where there is no GPU): one schema for every report.
+    info.update(card_gib=args.card_gib, peak_allocated_bytes=None, peak_reserved_bytes=None, memory_plan=memory)
     if stack.device.type == "cuda":
-        info.update(card_gib=args.card_gib, **peak_memory(stack.device))
+        info.update(peak_memory(stack.device))
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
