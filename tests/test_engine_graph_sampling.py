@@ -9,6 +9,7 @@ themselves replay them on a GPU (tests/test_gpu.py compares graphs with eager st
 from __future__ import annotations
 
 import torch
+from helpers.sequences import make_sequence
 
 from kimiaudio.engine.graph_sampling import GraphSampling, graph_sampleable, in_graph
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
@@ -17,7 +18,8 @@ from kimiaudio.layers.sampler import sample
 
 
 def sequence(seq_id: int, params: SamplingParams) -> Sequence:
-    seq = Sequence(seq_id, f"r{seq_id}", [1], [2], [False], [False], [None], 16)
+    """A one-position sequence sampling with `params` from its seed's random stream."""
+    seq = make_sequence(seq_id, [1], block_size=16)
     seq.params, seq.random = params, RequestRandom(params.seed)
     return seq
 

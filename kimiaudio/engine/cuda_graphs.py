@@ -1,12 +1,13 @@
-"""CUDA graphs of the all-decode step: one per padded batch size, captured once at start-up.
+"""CUDA graphs of a static-shape step, captured once at start-up: the all-decode step (one per
+padded batch size, decode_batch.py) and the mixed step (one per token bucket, mixed_batch.py).
 
 Follows nano-vllm's ModelRunner.capture_cudagraph: largest batch first, every graph in one
 shared memory pool (a smaller batch's activations fit in the blocks the larger one freed),
 one eager warm-up run before each capture (Triton compiles its kernels and cuBLAS picks its
-algorithms outside the capture). A graph replays the whole decode forward (embeddings, every
-trunk and MIMO layer, both heads, and the sampling of graph_sampling.py) over the static
-buffers of decode_batch.py, which the caller rewrites before each replay; its outputs (the
-logits, the samples) stay in the tensors the capture produced.
+algorithms outside the capture). A graph replays the whole forward (embeddings, every trunk
+and MIMO layer, both heads; the decode step's also samples, graph_sampling.py) over the static
+buffers, which the caller rewrites before each replay; its outputs (the logits, the decode
+step's samples) stay in the tensors the capture produced.
 
 Replay runs on the caller's current CUDA stream: a worker thread with its own stream may
 replay graphs captured on another thread, as long as it writes the static buffers on that
@@ -23,17 +24,20 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Outputs = tuple[torch.Tensor, ...]  # what the forward returns: text, audio logits [Bp, V], samples
+Outputs = tuple[torch.Tensor, ...]  # what the forward returns: text, audio logits [Bp, V] (, samples)
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[int], Outputs], batch_sizes: list[int], device: torch.device):
-        """forward(padded): the decode forward over the first `padded` rows of the static buffers."""
+    def __init__(
+        self, forward: Callable[[int], Outputs], batch_sizes: list[int], device: torch.device, what: str = "decode step"
+    ):
+        """forward(padded): the step's forward over the first `padded` rows of the static buffers."""
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.forward = forward
         self.batch_sizes = list(batch_sizes)
         self.device = device
+        self.what = what
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Outputs] = {}
         self.capture_seconds = 0.0
@@ -43,7 +47,8 @@ class DecodeGraphs:
     def capture(self) -> None:
         sizes = sorted(self.batch_sizes, reverse=True)
         log.info(
-            "capturing CUDA graphs of the decode step for %d batch sizes (%s)...",
+            "capturing CUDA graphs of the %s for %d sizes (%s)...",
+            self.what,
             len(sizes),
             ", ".join(map(str, reversed(sizes))),
         )
@@ -64,7 +69,8 @@ class DecodeGraphs:
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
         log.info(
-            "captured CUDA graphs for %d batch sizes in %.1f s, %.2f GiB",
+            "captured CUDA graphs of the %s for %d sizes in %.1f s, %.2f GiB",
+            self.what,
             len(sizes),
             self.capture_seconds,
             self.memory_bytes / 2**30,
