@@ -10,13 +10,14 @@ import math
 
 import pytest
 import torch
-from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sequence import Sequence
+
+from helpers.engine_scenarios import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 

@@ -13,8 +13,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
-from test_worker import Broken
 
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.model_runner import ModelRunner
@@ -24,6 +22,9 @@ from kimiaudio.pipeline import lm_worker
 from kimiaudio.pipeline import worker as worker_module
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.turn_request import TurnRequest
+
+from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
+from helpers.worker_faults import Broken
 
 
 @pytest.fixture(scope="module")

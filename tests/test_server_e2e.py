@@ -8,17 +8,19 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_support import demo_server, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import store_key
+
+from helpers.audio import silence
+from helpers.demo_server import kv_pool_full_again
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as started:
+async def server(demo_server):
+    async with demo_server() as started:
         yield started
 
 

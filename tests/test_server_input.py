@@ -9,16 +9,17 @@ import logging
 import re
 
 import pytest
-from test_server_support import INTERNAL_NAMES, demo_server, offer_sdp, route_templates
 
 from kimiaudio.server.app_keys import store_key
+
+from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp, route_templates
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture
-async def http(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=2) as (client, _):
+async def http(demo_server):
+    async with demo_server(max_sessions=2) as (client, _):
         yield client
 
 

@@ -6,16 +6,15 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_support import demo_server
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import store_key
 
 
 @pytest.fixture
-async def http(aiohttp_client, demo_checkpoint, tmp_path):
+async def http(demo_server):
     """The server with the real pipeline on the demo checkpoint, and room for one session."""
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=1) as (client, _):
+    async with demo_server(max_sessions=1) as (client, _):
         yield client
 
 

@@ -7,24 +7,25 @@ import contextlib
 
 import numpy as np
 import pytest
-from test_server_support import LONG_ANSWER, demo_server, eventually, heard_or_done, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.app_keys import sessions_key, store_key
 from kimiaudio.server.transport import rtc_peer
 
+from helpers.audio import silence
+from helpers.demo_server import LONG_ANSWER, heard_or_done, kv_pool_full_again
+from helpers.waiting import eventually
+
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 
 
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path):
+async def server(demo_server):
     """start(**server settings) -> (test client, RecordingPipeline); stopped after the test."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(**server_settings):
-            return await stack.enter_async_context(
-                demo_server(aiohttp_client, demo_checkpoint, tmp_path, **server_settings)
-            )
+            return await stack.enter_async_context(demo_server(**server_settings))
 
         yield start
 

@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 import pytest
-from test_server_support import demo_config, demo_stack, kv_pool_full_again, silence
 
 from kimiaudio.audio.vad import SileroVad, vad_executor
 from kimiaudio.pipeline.model_stack import ModelStack
@@ -22,6 +21,9 @@ from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.transport.audio_track import PlaybackTrack
 from kimiaudio.store import ConversationStore
+
+from helpers.audio import silence
+from helpers.demo_server import demo_config, demo_stack, kv_pool_full_again
 
 FRAME = 320  # 20 ms at 16 kHz, as a WebRTC client delivers it
 

@@ -13,9 +13,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline import worker as worker_module
 from kimiaudio.pipeline.worker import Worker
 
-
-class Broken(BaseException):
-    """Not an Exception: the handler guards let it through, as they would a thread's end."""
+from helpers.worker_faults import Broken
 
 
 class Recorder(Worker):
