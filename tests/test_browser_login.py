@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import API_KEY_ENV
 
 from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
@@ -24,7 +24,7 @@ async def server(tmp_path, monkeypatch, demo_server):
 
 
 async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
-    store = server.app[store_key]
+    store = server.app[SERVER_CONTEXT].store
     conversation = await store.create_conversation("Stored earlier")
     await store.add_turn(conversation["id"], "user", audio=np.full(8000, 0.1, np.float32))
     url = str(server.make_url("/"))

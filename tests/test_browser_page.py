@@ -10,7 +10,7 @@ import pytest
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.config import Config
 from kimiaudio.server.app import create_app
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
@@ -86,7 +86,7 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
     assert "Demo weights" in result["banner"] and "--model" in result["banner"]
     assert result["error_hidden"]
     assert result["user_turns"] >= 1
-    store = server.app[store_key]
+    store = server.app[SERVER_CONTEXT].store
     conversations = await store.list_conversations()
     assert len(conversations) == 1
     stored = [t for t in (await store.get_conversation(conversations[0]["id"]))["turns"] if t["role"] == "assistant"]
@@ -105,7 +105,7 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
 
 
 async def test_page_search_box_filters_the_conversations(server, tmp_path):
-    store = server.app[store_key]
+    store = server.app[SERVER_CONTEXT].store
     for words in ("the weather in Lisbon", "a recipe for bread"):
         conversation = await store.create_conversation()
         index = await store.add_turn(conversation["id"], "user", audio=silence(0.5))

@@ -6,7 +6,7 @@ import pytest
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
 
 from helpers.hostile_clients import fill_template, route_templates
@@ -52,7 +52,7 @@ async def test_every_route_but_the_page_needs_the_key(server):
 
 
 async def test_browser_forms_of_the_key(server):
-    conversation = await server.app[store_key].create_conversation()
+    conversation = await server.app[SERVER_CONTEXT].store.create_conversation()
     path = f"/api/conversations/{conversation['id']}"
     assert (await server.get(path, params={"api_key": KEY})).status == 200  # an <audio> src
     assert (await server.get(path, params={"api_key": "nope"})).status == 401
@@ -106,7 +106,7 @@ async def test_origin_check_for_state_changing_requests(monkeypatch, demo_server
         _,
     ):
         own = f"http://127.0.0.1:{client.server.port}"
-        conversation = await client.app[store_key].create_conversation()
+        conversation = await client.app[SERVER_CONTEXT].store.create_conversation()
         path = f"/api/conversations/{conversation['id']}"
         for origin in (
             "http://evil.example",

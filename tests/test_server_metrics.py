@@ -11,13 +11,14 @@ import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-from kimiaudio.server.app_keys import admission_key, server_metrics_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.observe.log_setup import configure_logging
-from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
+from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 
 from helpers.audio import silence
 from helpers.demo_server import kv_pool_full_again
 from helpers.metrics_scrape import scrape
+from helpers.playback import ListenerLog
 from helpers.waiting import eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -89,10 +90,10 @@ async def test_health_and_readiness(server):
     assert (await http.get("/healthz")).status == 200
     ready = await http.get("/readyz")
     assert ready.status == 200 and (await ready.json())["status"] == "ready"
-    http.app[admission_key].is_draining = True
+    http.app[SERVER_CONTEXT].sessions.is_draining = True
     resp = await http.get("/readyz")
     assert resp.status == 503 and "shutting down" in (await resp.json())["problems"]
-    http.app[admission_key].is_draining = False
+    http.app[SERVER_CONTEXT].sessions.is_draining = False
 
 
 async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhere(demo_server):
@@ -121,7 +122,7 @@ async def test_every_sample_carries_the_configured_instance_label(demo_server):
         assert m["kimiaudio_sessions_active"] == 0 and "kimiaudio_lm_step_seconds_count" in m
         assert (await (await http.get("/readyz")).json())["instance"] == "gpu-node-1.cuda-0"
         # The registry itself stays unlabelled: code reading a sample back names it as before.
-        assert http.app[server_metrics_key].registry.get_sample_value("kimiaudio_sessions_active") == 0
+        assert http.app[SERVER_CONTEXT].metrics.registry.get_sample_value("kimiaudio_sessions_active") == 0
 
 
 async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(server, speech, caplog):
@@ -183,7 +184,7 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
 async def test_underruns_are_counted_once_per_gap():
     counted, audio = [], []
     track = MeteredPlaybackTrack(on_audio=audio.append, on_underrun=lambda: counted.append(1))
-    track.begin("resp_1")
+    track.begin("resp_1", ListenerLog())
     track.push(np.full(4800, 0.1, np.float32))  # 0.2 s, then the generator is late: one gap
     for _ in range(20):
         await track.recv()

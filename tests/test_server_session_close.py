@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app_keys import sessions_key
+from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.waiting import eventually
 
@@ -19,7 +19,7 @@ async def test_a_second_close_waits_for_the_first(demo_server):
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 200
         await client.wait_for("session.created")
-        (session,) = http.app[sessions_key].values()
+        (session,) = http.app[SERVER_CONTEXT].sessions.live()
         real_close = session.session.close
         closing, stored = asyncio.Event(), asyncio.Event()
 

@@ -20,7 +20,7 @@ import numpy as np
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
-from kimiaudio.server.v1.models import MODEL_ID
+from kimiaudio.server.inputs.openai_params import MODEL_ID
 
 CHUNK_S = 0.1
 AUDIO_DELTAS = ("response.audio.delta", "response.output_audio.delta")

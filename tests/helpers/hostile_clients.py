@@ -63,11 +63,15 @@ def post_head(port: int, path: str, length: int, content_type: str = "applicatio
 
 
 def route_templates(app) -> list[tuple[str, str]]:
-    """(method, path template) of every route of the app, static files excepted; a catch-all
-    route ("*", e.g. /v1's OpenAI-shaped 404) is listed under each real method."""
+    """(method, path template) of every route of the app and of its sub-applications (/v1),
+    static files excepted; a catch-all route ("*", e.g. /v1's OpenAI-shaped 404) is listed
+    under each real method."""
     found = []
     for resource in app.router.resources():
         info = resource.get_info()
+        if "app" in info:  # a sub-application: its resources carry its prefix already
+            found += route_templates(info["app"])
+            continue
         if "directory" in info:
             continue
         template = info.get("formatter") or info.get("path")

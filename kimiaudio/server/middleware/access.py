@@ -26,6 +26,7 @@ from yarl import URL
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.middleware.errors import Handler, Middleware
 
 API_KEY_ENV = "KIMIAUDIO_API_KEY"
 WS_KEY_PREFIX = "openai-insecure-api-key."
@@ -118,11 +119,11 @@ def _same_origin(request: web.Request, origin: str) -> bool:
     return host is not None and origin == _origin(f"{request.scheme}://{host}")
 
 
-def access_middleware(policy: AccessPolicy):
+def access_middleware(policy: AccessPolicy) -> Middleware:
     """The middleware that holds every request to `policy` (Host, API key, Origin)."""
 
     @web.middleware
-    async def check_access(request: web.Request, handler):
+    async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
         _check(policy, request)
         return await handler(request)
 

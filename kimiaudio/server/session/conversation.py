@@ -6,7 +6,8 @@ leaves nothing behind. The conversation a session talks in is leased to it (stor
 opening one another live session holds, on this instance or another sharing the database, is
 refused with ConversationBusyError; the lease is released when the session moves on or closes.
 The history (what the pipeline's prompts are built from) is loaded
-lazily from the store and kept in step with every turn stored afterwards.
+lazily from the store and kept in step with every turn stored afterwards. The items the client
+was told of form a chain (each event names the previous item): `next_item` keeps its end.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ class Conversation:
         self.session_id = session_id  # the lease holder
         self._history: list[HistoryTurn] | None = None if conversation_id else []
         self._leased: str | None = None  # the conversation whose lease this session holds
+        self.last_item_id: str | None = None  # the newest item the client was told of
+
+    def next_item(self, item_id: str) -> str | None:
+        """`item_id` is the conversation's newest item now -> the one before it (None: the first)."""
+        previous, self.last_item_id = self.last_item_id, item_id
+        return previous
 
     async def open(self) -> None:
         """Take the lease of the conversation the session was opened with (ConversationBusyError)."""
@@ -67,6 +74,7 @@ class Conversation:
         else:
             await self.release()
         self.id, self._history = conversation_id, (None if conversation_id else [])
+        self.last_item_id = None
         if conversation_id is not None:
             await self.history()
 

@@ -26,8 +26,8 @@ from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
+from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
 
 DEFAULT_VOICE = MODEL_VOICE

@@ -13,6 +13,7 @@ from kimiaudio.errors import ConfigError
 from kimiaudio.server.inputs.openai_params import (
     AUDIO_INPUT_FIELDS,
     AUDIO_OUTPUT_FIELDS,
+    MODEL_ID,
     SESSION_FIELDS,
     RealtimeSampling,
     checked,
@@ -26,7 +27,6 @@ from kimiaudio.server.session.event_fields import (
     pcm16_rate,
     typed_field,
 )
-from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 

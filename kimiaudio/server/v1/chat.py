@@ -25,21 +25,22 @@ from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
-from kimiaudio.server.middleware.request_body import read_json
+from kimiaudio.server.context import server_context
+from kimiaudio.server.inputs.json_input import read_json_body
+from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
-from kimiaudio.server.v1.logprobs import logprobs_object
-from kimiaudio.server.v1.models import MODEL_ID
+from kimiaudio.server.v1.openai_output import logprobs_object
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
-    body = await read_json(request)  # bad JSON: 400, too large: 413 (the error middleware says so)
+    context = server_context(request)
+    config, pipeline, store = context.config, context.pipeline, context.store
+    # bad JSON: 400, too large: 413 (the error middleware says so)
+    body = await read_json_body(request, config.server.max_body_bytes)
     chat = await parse_chat_body(body, config, store, pipeline.can_speak)
     turn = TurnRequest(
         conversation_id="chat",

@@ -27,10 +27,9 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, checked
+from kimiaudio.server.inputs.audio_input import decode_base64, speech_from_bytes
+from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, check_model, checked
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
-from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
-from kimiaudio.server.v1.models import check_model
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
 

@@ -34,14 +34,12 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.transcription import transcription_request
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, vad_executor_key
+from kimiaudio.server.context import server_context
+from kimiaudio.server.inputs.audio_input import speech_from_bytes
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
-from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, checked
+from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, check_model, checked
 from kimiaudio.server.observe.request_log import request_record
-from kimiaudio.server.v1 import sse
-from kimiaudio.server.v1.audio_input import speech_from_bytes
-from kimiaudio.server.v1.logprobs import logprobs_object
-from kimiaudio.server.v1.models import check_model
+from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
@@ -62,7 +60,8 @@ TEXT_FIELDS = (
 async def _form(request: web.Request) -> dict:
     """The form's text fields by name (a list field: its values), and `file`: (its file name,
     its bytes). A field OpenAI's API does not have is refused."""
-    limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": request.app[max_body_bytes_key]}
+    max_file_bytes = server_context(request).config.server.max_body_bytes
+    limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": max_file_bytes}
     unknown: list[str] = []
     form = await read_form(request, limits, ("file",), "the audio as `file`", LIST_FIELDS, unknown)
     fields = {
@@ -124,7 +123,8 @@ def _options(fields: dict, response_format: str) -> tuple[bool, bool]:
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
-    config, pipeline = request.app[config_key], request.app[pipeline_key]
+    context = server_context(request)
+    config, pipeline = context.config, context.pipeline
     fields = await _form(request)
     check_model(fields.get("model"), config.server.model_aliases)
     response_format = fields.get("response_format") or "json"
@@ -160,7 +160,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     request_record(request).audio_in_s = seconds
     speech = None
     if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
-        speech = asyncio.get_running_loop().run_in_executor(request.app[vad_executor_key], _max_speech_probability, pcm)
+        speech = asyncio.get_running_loop().run_in_executor(context.vad_executor, _max_speech_probability, pcm)
     try:
         async with guarded_turn(request, pipeline, turn) as handle:
             if stream:
@@ -187,7 +187,7 @@ def _max_speech_probability(pcm) -> float:
 
 
 async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
-    response = await sse.open_stream(request)
+    response = await open_stream(request)
     text, logprobs = "", []
     async for event in handle:
         if isinstance(event, TextDelta) and event.text:
@@ -195,16 +195,16 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
             text += event.text
             extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
             logprobs += extra.get("logprobs", [])
-            await sse.send(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
+            await send_event(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
-                await sse.send_error(
+                await send_error(
                     response, failed_turn_error(event, "transcription_failed", "the transcription", "prompt")
                 )
             else:
                 extra = {"logprobs": logprobs} if with_logprobs else {}
-                await sse.send(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
-    await sse.send_done(response)
+                await send_event(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
+    await send_done(response)
     return response
 
 
