@@ -12,7 +12,7 @@ from pathlib import Path
 
 from helpers.demo_server import DEMO_MAX_NEW_TOKENS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 # The serve process's settings for the HTTP API tests: short demo answers, a small KV pool.
