@@ -192,13 +192,14 @@ class PagedAttention:
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] for the batch's new tokens -> [T, Hq, D]."""
         store_kv(self.pool, layer_idx, self.meta.slot_mapping, k, v, self.meta.use_kernel)
-        if not self.meta.prefills:  # an all-decode step: every row is a decode, in order
-            return decode_attention(self.pool, layer_idx, q, self.meta.decode)
+        decode = self.meta.decode
+        if not self.meta.prefills and decode is not None:  # an all-decode step: every row is a decode, in order
+            return decode_attention(self.pool, layer_idx, q, decode)
         keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
         out = torch.empty_like(q)
         rows = self.meta.decode_rows
-        if rows is not None:
-            out[rows] = decode_attention(self.pool, layer_idx, q[rows], self.meta.decode)
+        if rows is not None and decode is not None:
+            out[rows] = decode_attention(self.pool, layer_idx, q[rows], decode)
         for chunk in self.meta.prefills:
             rows = slice(chunk.row_start, chunk.row_start + chunk.num_rows)
             if chunk.slots is None:  # nothing cached before: the chunk's own keys suffice

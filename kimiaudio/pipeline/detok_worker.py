@@ -131,8 +131,9 @@ class DetokWorker(Worker):
         if batch:
             self.metrics.detok_guard_actions += plan.num_lowered
             self._run(batch, plan.ode_steps)
-        for turn in [t for t in self._turns.values() if t.final and not t.has_chunk_due]:
-            self._close(turn, turn.result.status)  # every chunk flushed
+        for turn in [t for t in self._turns.values() if not t.has_chunk_due]:
+            if turn.result is not None:  # final, and every chunk flushed
+                self._close(turn, turn.result.status)
         self.num_turns = len(self._turns)
         if any(t.has_chunk_due for t in self._turns.values()):
             if batch:

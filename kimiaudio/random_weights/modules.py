@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -104,7 +105,10 @@ class RandomParts:
         return _adopt(lambda: BigVGAN(self.vocoder_config), tensors, "vocoder").fold_weight_norm()
 
 
-def _adopt(build: Callable[[], nn.Module], state: dict[str, torch.Tensor], part: str) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def _adopt(build: Callable[[], M], state: dict[str, torch.Tensor], part: str) -> M:
     """`build()` on the meta device, its parameters and buffers then `state`'s tensors (no copy).
     The names and shapes must match exactly, and nothing may be left on the meta device."""
     with torch.device("meta"):

@@ -39,9 +39,10 @@ async def registered_voices(app: web.Application) -> AsyncIterator[None]:
     if pipeline.can_speak:
         for stored in await load_voices(context.store):
             pipeline.voices.add(Voice.create(stored.name, stored.pcm, stored.codes, stored.created_at))
-        if default and default in pipeline.voices:
+        voice = pipeline.voices.resolve(default) if default and default in pipeline.voices else None
+        if voice is not None:
             try:
-                await pipeline.prepare_voice(pipeline.voices.resolve(default))
+                await pipeline.prepare_voice(voice)
             except KimiAudioError as exc:
                 log.error("voices.default = %r cannot be used: %s", default, exc)
         elif default and default not in STOCK_VOICES:
@@ -62,13 +63,13 @@ async def sync_voices(context: ServerContext) -> None:
     known = {v.name: v.created_at for v in pipeline.voices.list()}
     for name, created_at in known.items():
         if stored.get(name) != created_at:  # deleted (maybe added again) through another instance
-            voice = pipeline.voices.remove(name)
-            if voice is not None:
-                pipeline.forget_voice(voice)
+            removed = pipeline.voices.remove(name)
+            if removed is not None:
+                pipeline.forget_voice(removed)
     if any(known.get(name) != created_at for name, created_at in stored.items()):
-        for voice in await load_voices(store):
-            if voice.name not in pipeline.voices:
-                pipeline.voices.add(Voice.create(voice.name, voice.pcm, voice.codes, voice.created_at))
+        for row in await load_voices(store):
+            if row.name not in pipeline.voices:
+                pipeline.voices.add(Voice.create(row.name, row.pcm, row.codes, row.created_at))
 
 
 async def voice_sync(app: web.Application) -> AsyncIterator[None]:

@@ -21,12 +21,12 @@ import os
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.middleware.errors import Handler, Middleware
 
 API_KEY_ENV = "KIMIAUDIO_API_KEY"
 WS_KEY_PREFIX = "openai-insecure-api-key."

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.middleware.errors import Handler, Middleware
 
 
 def body_limits_middleware(max_bytes: int, timeout_s: float) -> Middleware:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.middleware.errors import Handler, Middleware
 
 RETRY_AFTER_S = 10
 _ANSWERED_WHILE_DRAINING = ("/healthz", "/readyz", "/metrics")

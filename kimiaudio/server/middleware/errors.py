@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
@@ -31,8 +31,6 @@ from kimiaudio.store import ConversationBusyError
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 INTERNAL_MESSAGE = "internal server error (the details are in the server log)"
 DATABASE_RETRY_AFTER_S = 5  # what a client waits before trying a request the database refused

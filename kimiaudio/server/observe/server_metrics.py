@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 
 from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
+from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.observe.pipeline_collector import PipelineCollector
 
 INSTANCE_LABEL = "instance"
@@ -53,7 +54,7 @@ class InstanceLabelled:
 
 
 class ServerMetrics:
-    def __init__(self, pipeline: Callable[[], object | None], active_sessions: Callable[[], int], instance: str):
+    def __init__(self, pipeline: Callable[[], Pipeline | None], active_sessions: Callable[[], int], instance: str):
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.exposed = InstanceLabelled(registry, instance)  # what /metrics writes
         self.sessions = Counter("kimiaudio_sessions", "Sessions admitted", ["transport"], registry=registry)
@@ -103,8 +104,8 @@ class ServerMetrics:
         elif kind == "error":
             self.errors.labels("event", event["error"]["code"]).inc()
 
-    def note_http_error(self, code: str) -> None:
-        self.errors.labels("http", code).inc()
+    def note_http_error(self, code: str | None) -> None:
+        self.errors.labels("http", str(code)).inc()
 
     def note_audio(self, seconds: float) -> None:
         self.audio.inc(seconds)

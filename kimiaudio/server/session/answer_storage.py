@@ -105,7 +105,7 @@ class AnswerStorage:
         previous = conversation.next_item(response.item_id)
         spoken = response.output_type == "both"
         item = server_events.message_item(response.item_id, "assistant", text, spoken, index, interrupted)
-        self._events.send(server_events.item_created(conversation.id, item, previous))
+        self._events.send(server_events.item_created(conversation.stored_id, item, previous))
         return index, turn
 
     def _heard_samples(self, response: ResponseState) -> int:

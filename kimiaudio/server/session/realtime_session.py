@@ -207,7 +207,7 @@ class RealtimeSession:
         role = work.role if isinstance(work, QueuedText) else "user"
         try:
             if await self.conversation.ensure():
-                self.events.send(server_events.conversation_created(self.conversation.id))
+                self.events.send(server_events.conversation_created(self.conversation.stored_id))
             if role == "assistant":
                 index, _ = await self.conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
             else:
@@ -220,7 +220,7 @@ class RealtimeSession:
             log.exception("session %s: storing the user turn failed", self.id)
             self.events.error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
             return False
-        conversation_id = self.conversation.id
+        conversation_id = self.conversation.stored_id
         previous = self.conversation.next_item(work.item_id)
         if audio is not None:
             seconds = audio.size / SPEECH_INPUT_RATE

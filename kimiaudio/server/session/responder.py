@@ -81,15 +81,15 @@ class Responder:
         await self.settle()
         conversation = self._conversation
         last = await conversation.last_turn() if conversation.id is not None else None
-        if last is None or last[1].role != "user" or last[1].audio is None:
+        index, user_turn = last if last is not None else (-1, None)
+        if user_turn is None or user_turn.role != "user" or user_turn.audio is None:
             self._events.error(
                 "no_user_audio",
                 "response.create: the conversation does not end with a spoken user turn "
                 "(kimiaudio answers speech; text items are context for the next spoken turn)",
             )
             return
-        index, user_turn = last
-        turn = await self._turn_request(request, user_turn)
+        turn = await self._turn_request(request, user_turn.audio)
         if turn is None:
             return
         try:
@@ -108,9 +108,10 @@ class Responder:
         response.task = self._tasks.spawn(self._run(response), "response")
         response.recorder = self._tasks.spawn(self._storage.record(response), "recording")
 
-    async def _turn_request(self, request: ResponseCreate | None, user_turn: HistoryTurn) -> TurnRequest | None:
-        """The pipeline turn answering `user_turn` with the session's settings and the
-        response.create's; None (the client was told why) when they name an unknown voice."""
+    async def _turn_request(self, request: ResponseCreate | None, user_audio: np.ndarray) -> TurnRequest | None:
+        """The pipeline turn answering the newest user turn (`user_audio`) with the session's
+        settings and the response.create's; None (the client was told why) when they name an
+        unknown voice."""
         settings = self._settings
         history = list((await self._conversation.history())[:-1])
         instructions = request.instructions if request and request.instructions is not None else settings.instructions
@@ -128,9 +129,9 @@ class Responder:
             output_type, request.temperature if request else None, request.max_new_tokens if request else None
         )
         return TurnRequest(
-            conversation_id=self._conversation.id,
+            conversation_id=self._conversation.stored_id,
             history=history,
-            user_audio=user_turn.audio,
+            user_audio=user_audio,
             sampling=sampling,
             output_type=output_type,
             voice=voice,

@@ -156,6 +156,8 @@ class RtcPeer(ClosesOnce):
                 except MediaStreamError:
                     break
                 timeout = INPUT_TIMEOUT_S
+                if not isinstance(frame, av.AudioFrame):
+                    continue  # an audio track hands out audio frames; anything else is not its audio
                 if clock.is_behind(frame, waited=time.monotonic() - asked > FRAME_WAIT_S):
                     continue  # overloaded: this audio is dropped rather than queued without bound
                 for out in resampler.resample(frame):

@@ -22,6 +22,7 @@ import asyncio
 import math
 import zlib
 from functools import cache
+from typing import Any
 
 from aiohttp import web
 
@@ -57,21 +58,20 @@ TEXT_FIELDS = (
 )
 
 
-async def _form(request: web.Request) -> dict:
-    """The form's text fields by name (a list field: its values), and `file`: (its file name,
-    its bytes). A field OpenAI's API does not have is refused."""
+async def _form(request: web.Request) -> tuple[dict[str, Any], tuple[str, bytes]]:
+    """(The form's text fields by name (a list field: its values), `file`: (its file name, its
+    bytes)). A field OpenAI's API does not have is refused."""
     max_file_bytes = server_context(request).config.server.max_body_bytes
     limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": max_file_bytes}
     unknown: list[str] = []
     form = await read_form(request, limits, ("file",), "the audio as `file`", LIST_FIELDS, unknown)
-    fields = {
+    fields: dict[str, Any] = {
         name: (field.texts() if name in LIST_FIELDS else field.text()) for name, field in form.items() if name != "file"
     }
     # An object field arrives as `name[key]` parts (chunking_strategy[type]): judged by its name.
     names = [name.partition("[")[0] if "[" in name and not name.endswith("[]") else name for name in unknown]
     TRANSCRIPTION_FIELDS.check({**{name: {"object": name} for name in names}, **fields})
-    fields["file"] = (form["file"].filename or "file", form["file"].data)
-    return fields
+    return fields, (form["file"].filename or "file", form["file"].data)
 
 
 def _flag(value: str | None, param: str) -> bool:
@@ -125,7 +125,7 @@ def _options(fields: dict, response_format: str) -> tuple[bool, bool]:
 async def transcriptions(request: web.Request) -> web.StreamResponse:
     context = server_context(request)
     config, pipeline = context.config, context.pipeline
-    fields = await _form(request)
+    fields, (name, data) = await _form(request)
     check_model(fields.get("model"), config.server.model_aliases)
     response_format = fields.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
@@ -144,7 +144,6 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         except KimiAudioError as exc:
             raise ApiError(400, "invalid_value", str(exc), param="language") from None
     temperature = check_setting("sampling", "text_temperature", _temperature(fields.get("temperature"), config))
-    name, data = fields["file"]
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
     sampling = SamplingParams.from_config(config.sampling, text_temperature=temperature)
     turn = transcription_request(
@@ -158,7 +157,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     )  # a client waits for it
     seconds = pcm.size / SPEECH_INPUT_RATE
     request_record(request).audio_in_s = seconds
-    speech = None
+    speech: asyncio.Future[float] | None = None
     if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
         speech = asyncio.get_running_loop().run_in_executor(context.vad_executor, _max_speech_probability, pcm)
     try:
@@ -169,7 +168,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         if done is None or done.status != "completed":
             raise failed_turn_error(done, "transcription_failed", "the transcription", "prompt")
         text = done.text.strip()
-        if response_format == "verbose_json":
+        if speech is not None:  # verbose_json
             return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
         return _formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
     finally:
