@@ -24,8 +24,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compile as triton_compile
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kimiaudio.engine import triton_attention as attention  # noqa: E402
-from kimiaudio.layers import triton_ops as ops  # noqa: E402
+from kimiaudio.engine import triton_attention  # noqa: E402
+from kimiaudio.layers import triton_ops  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
 
@@ -51,13 +51,13 @@ def kernels(dt: str):
     ).split()
     decode.update(dict.fromkeys(ints, "i32"))
     yield (
-        attention._decode_partition_kernel,
+        triton_attention._decode_partition_kernel,
         decode,
         dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=True, DOT_FP32=dt == "fp32"),
         dict(num_warps=4),
     )
     yield (
-        attention._decode_partition_kernel,
+        triton_attention._decode_partition_kernel,
         decode,
         dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=False, DOT_FP32=dt == "fp32"),
         dict(num_warps=4),
@@ -73,7 +73,7 @@ def kernels(dt: str):
         stride_ob="i32",
         stride_oh="i32",
     )
-    yield attention._merge_partitions_kernel, merge, dict(NUM_HEADS=28, HEAD_DIM=128, PARTS_PAD=64, CHUNK=16), {}
+    yield triton_attention._merge_partitions_kernel, merge, dict(NUM_HEADS=28, HEAD_DIM=128, PARTS_PAD=64, CHUNK=16), {}
     store = dict(
         k_ptr=p,
         v_ptr=p,
@@ -82,7 +82,7 @@ def kernels(dt: str):
         slots_ptr="*i64",
         **dict.fromkeys("stride_kt stride_kh stride_vt stride_vh stride_cs stride_ch".split(), "i32"),
     )
-    yield attention._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
+    yield triton_attention._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
     norm = dict(
         x_ptr=p,
         residual_ptr=p,
@@ -94,7 +94,7 @@ def kernels(dt: str):
         num_cols="i32",
         eps="fp32",
     )
-    yield ops._rms_norm_kernel, norm, dict(HAS_RESIDUAL=True, BLOCK=4096), dict(num_warps=16)
+    yield triton_ops._rms_norm_kernel, norm, dict(HAS_RESIDUAL=True, BLOCK=4096), dict(num_warps=16)
     rotary = dict(
         q_ptr=p,
         k_ptr=p,
@@ -104,8 +104,13 @@ def kernels(dt: str):
         k_out_ptr=p,
         **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_cos stride_sin".split(), "i32"),
     )
-    yield ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
-    yield ops._silu_and_mul_kernel, dict(x_ptr=p, out_ptr=p, stride_x="i32", num_cols="i32"), dict(BLOCK=1024), {}
+    yield triton_ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
+    yield (
+        triton_ops._silu_and_mul_kernel,
+        dict(x_ptr=p, out_ptr=p, stride_x="i32", num_cols="i32"),
+        dict(BLOCK=1024),
+        {},
+    )
 
 
 def compile_all(dt: str) -> None:

@@ -27,7 +27,7 @@ from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
 from kimiaudio.server.tls import ssl_context
 from kimiaudio.store import database_location
-from kimiaudio.store.location import shown as shown_location
+from kimiaudio.store.location import shown
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,13 @@ def banner(config: Config, stack, warning: str | None) -> str:
     from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 
     host = config.server.host
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    display_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if config.server.tls_cert else "http"
     lines = [
         "",
-        f"  kimiaudio is ready: open {scheme}://{shown}:{config.server.port}/ and press Connect",
+        f"  kimiaudio is ready: open {scheme}://{display_host}:{config.server.port}/ and press Connect",
         f"  model: {stack.paths.root}",
-        f"  conversations: {shown_location(database_location(config))}",
+        f"  conversations: {shown(database_location(config))}",
     ]
     if stack.is_demo:
         lines += ["", "  " + DEMO_NOTICE]

@@ -46,10 +46,14 @@ from kimiaudio.store.conversation_rows import (
 from kimiaudio.store.db_thread import DbThread, SqliteConnector
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
-from kimiaudio.store.leases import ConversationBusyError, heartbeat, release_instance
-from kimiaudio.store.leases import acquire as acquire_row
-from kimiaudio.store.leases import drop_all as drop_all_leases
-from kimiaudio.store.leases import release as release_row
+from kimiaudio.store.leases import (
+    ConversationBusyError,
+    acquire_row,
+    drop_all_leases,
+    heartbeat,
+    release_instance,
+    release_row,
+)
 from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
 from kimiaudio.store.search import query_words, search_conversations

@@ -50,9 +50,9 @@ class SessionSettings:
         self.transcription: dict[str, str] | None = {"model": TRANSCRIPTION_MODEL} if transcribe else None
 
     def turn_settings(self) -> TurnSettings:
-        v = self.config.vad
+        vad = self.config.vad
         return TurnSettings(
-            v.threshold, v.min_speech_ms, v.silence_ms, v.prefix_padding_ms, self.config.audio.max_input_seconds
+            vad.threshold, vad.min_speech_ms, vad.silence_ms, vad.prefix_padding_ms, self.config.audio.max_input_seconds
         )
 
     def sampling(
