@@ -2,7 +2,7 @@
 
 Every error is JSON `{"error": {"message", "type", "param", "code"}}` (OpenAI's error object,
 for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain message. Bad
-input is refused where it enters (request_body.py, path_params.py, sdp_offer.py, the /v1
+input is refused where it enters (body_limits.py, inputs/, the routes' path values, the /v1
 parsers) with an ApiError or a KimiAudioError (-> 400; client JSON that is too large -> 413,
 mapped here only); a conversation another session holds is 409 and a database that does not
 answer 503, both with Retry-After; anything else that escapes a handler is a bug, logged once with its

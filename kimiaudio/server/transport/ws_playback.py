@@ -1,4 +1,4 @@
-"""A session's playback over a WebSocket: PlaybackTrack's interface without a media track.
+"""A session's playback over a WebSocket: the Playback protocol without a media track.
 
 Each chunk of a response's 24 kHz audio goes out at once as one `response.audio.delta`
 (base64 pcm16 24 kHz mono, OpenAI's format); the client buffers and plays it. The server
