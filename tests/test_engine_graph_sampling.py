@@ -9,12 +9,13 @@ themselves replay them on a GPU (tests/test_gpu.py compares graphs with eager st
 from __future__ import annotations
 
 import torch
-from helpers.sequences import make_sequence
 
 from kimiaudio.engine.graph_sampling import GraphSampling, graph_sampleable, in_graph
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.layers.sampler import sample
+
+from helpers.sequences import make_sequence
 
 
 def sequence(seq_id: int, params: SamplingParams) -> Sequence:

@@ -19,18 +19,6 @@ import threading
 
 import pytest
 import torch
-from test_bench import check_small_decode_bench
-from test_engine_e2e import (
-    build_requests,
-    check_bfloat16_engine,
-    golden_prompt,
-    load_tiny_lm,
-    make_request,
-    reference_steps,
-    run_scenario,
-)
-from test_lm_golden import SECTIONS, TOL, forward_logits
-from test_pipeline import run_turn, with_pipeline
 
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine.llm_engine import LLMEngine
@@ -41,6 +29,19 @@ from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker
+
+from helpers.bench_checks import check_small_decode_bench
+from helpers.engine_scenarios import (
+    build_requests,
+    check_bfloat16_engine,
+    golden_prompt,
+    load_tiny_lm,
+    make_request,
+    reference_steps,
+    run_scenario,
+)
+from helpers.lm_golden import SECTIONS, TOL, forward_logits
+from helpers.pipeline_turns import run_turn, with_pipeline
 
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(

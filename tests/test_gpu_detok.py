@@ -16,13 +16,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_detok_streaming import streamed_samples
 
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
 from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
+
+from helpers.detok_reference import streamed_samples
 
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
 ON_CUDA = DEVICE.type == "cuda"

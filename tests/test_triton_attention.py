@@ -122,13 +122,12 @@ def test_engine_through_the_kernels_equals_reference(monkeypatch, golden_checkpo
     # kernel and five requests in full; in the interpreter (every program of every kernel run in
     # Python: seconds a step) the paged pool's kernels, storing K/V and decode attention (the
     # layers' kernels are test_triton_layers.py's), and four requests of 7 tokens at most.
-    from test_engine_decode_path import run_scenario
-    from test_engine_e2e import build_requests, load_tiny_lm, reference_steps
-
     from kimiaudio.config import EngineConfig
     from kimiaudio.engine.decode_batch import decode_batch_sizes
     from kimiaudio.engine.llm_engine import LLMEngine
     from kimiaudio.layers.triton_support import kernel_mode
+
+    from helpers.engine_scenarios import build_requests, load_tiny_lm, reference_steps, run_scenario
 
     lm = load_tiny_lm(golden_checkpoint, DEVICE)
     tensors, rules = golden, golden_rules

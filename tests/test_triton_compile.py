@@ -24,11 +24,15 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compile as triton_compile
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kimiaudio.engine import triton_attention as attention  # noqa: E402
-from kimiaudio.engine import triton_kv_store as kv_store  # noqa: E402
-from kimiaudio.layers import fp8_quant  # noqa: E402
-from kimiaudio.layers import skinny_gemm as skinny  # noqa: E402
-from kimiaudio.layers import triton_ops as ops  # noqa: E402
+from kimiaudio.engine import (
+    triton_attention,  # noqa: E402
+    triton_kv_store,  # noqa: E402
+)
+from kimiaudio.layers import (
+    fp8_quant,  # noqa: E402
+    skinny_gemm,  # noqa: E402
+    triton_ops,  # noqa: E402
+)
 from kimiaudio.layers.gemm_tiles import CANDIDATES, DEFAULTS, Tile  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
@@ -56,13 +60,13 @@ def kernels(dt: str):
     ).split()
     decode.update(dict.fromkeys(ints, "i32"))
     yield (
-        attention._decode_partition_kernel,
+        triton_attention._decode_partition_kernel,
         decode,
         dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=True, DOT_FP32=dt == "fp32", PARTS_PAD=1, CHUNK=16),
         dict(num_warps=4),
     )
     yield (
-        attention._decode_partition_kernel,
+        triton_attention._decode_partition_kernel,
         decode,
         dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=False, DOT_FP32=dt == "fp32", PARTS_PAD=64, CHUNK=16),
         dict(num_warps=4),
@@ -75,7 +79,7 @@ def kernels(dt: str):
         slots_ptr="*i64",
         **dict.fromkeys("stride_kt stride_kh stride_vt stride_vh stride_cs stride_ch".split(), "i32"),
     )
-    yield kv_store._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
+    yield triton_kv_store._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
     rotary_store = dict(
         q_ptr=p,
         k_ptr=p,
@@ -89,7 +93,7 @@ def kernels(dt: str):
         **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_vt stride_vh".split(), "i32"),
         **dict.fromkeys("stride_cos stride_sin stride_cs stride_ch".split(), "i32"),
     )
-    yield kv_store._rotary_store_kernel, rotary_store, dict(NUM_Q_HEADS=28, HEAD_DIM=128), dict(num_warps=1)
+    yield triton_kv_store._rotary_store_kernel, rotary_store, dict(NUM_Q_HEADS=28, HEAD_DIM=128), dict(num_warps=1)
     norm = dict(
         x_ptr=p,
         residual_ptr=p,
@@ -104,7 +108,12 @@ def kernels(dt: str):
     norm["scale_ptr"] = "*fp32"
     for quantize in (False, True):
         constexprs = dict(HAS_RESIDUAL=True, QUANTIZE=quantize, INTERPRETED=False, BLOCK=4096)
-        yield ops._rms_norm_kernel, {**norm, "out_ptr": "*fp8e4nv" if quantize else p}, constexprs, dict(num_warps=16)
+        yield (
+            triton_ops._rms_norm_kernel,
+            {**norm, "out_ptr": "*fp8e4nv" if quantize else p},
+            constexprs,
+            dict(num_warps=16),
+        )
     rotary = dict(
         q_ptr=p,
         k_ptr=p,
@@ -114,11 +123,11 @@ def kernels(dt: str):
         k_out_ptr=p,
         **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_cos stride_sin".split(), "i32"),
     )
-    yield ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
+    yield triton_ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
     silu = dict(x_ptr=p, out_ptr=p, scale_ptr="*fp32", stride_x="i32", num_cols="i32")
     for quantize in (False, True):
         constexprs = dict(BLOCK=1024, QUANTIZE=quantize, INTERPRETED=False)
-        yield ops._silu_and_mul_kernel, {**silu, "out_ptr": "*fp8e4nv" if quantize else p}, constexprs, {}
+        yield triton_ops._silu_and_mul_kernel, {**silu, "out_ptr": "*fp8e4nv" if quantize else p}, constexprs, {}
     quant = dict(x_ptr=p, q_ptr="*fp8e4nv", scale_ptr="*fp32", stride_x="i32", num_cols="i32")
     yield fp8_quant._quantize_rows_kernel, quant, dict(BLOCK=4096, INTERPRETED=False), dict(num_warps=8)
     yield from skinny_kernels(dt)
@@ -150,7 +159,7 @@ def skinny_kernels(dt: str):
                     BLOCK_K=tile.block_k,
                 )
                 options = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
-                yield skinny._skinny_gemm_kernel, types, constexprs, options
+                yield skinny_gemm._skinny_gemm_kernel, types, constexprs, options
 
 
 def compile_all(dt: str) -> None:

@@ -100,7 +100,7 @@ def run_bench_command(config, args) -> int:
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)
-        rows = run_voice_bench(
+        voice_rows = run_voice_bench(
             stack,
             config,
             sessions,
@@ -110,7 +110,7 @@ def run_bench_command(config, args) -> int:
             args.voice or None,
             fixed_length=not args.natural_lengths,
         )
-        print_voice_rows(rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
+        print_voice_rows(voice_rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
         return 0
     if getattr(args, "transcribe", False):
         from kimiaudio.bench.transcription_bench import print_transcription_rows, run_transcription_bench

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import time
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,7 +109,8 @@ def prefill_flops(lm: KimiAudioLM, positions: int, continuous: int) -> float:
         p.numel() for layer in layers for n, p in layer.named_parameters() if n.endswith("weight") and p.dim() == 2
     )
     attention = len(layers) * 2 * 2 * (positions * (positions + 1) // 2) * cfg.hidden_size  # q.k and p.v
-    adaptor = sum(p.numel() for p in lm.model.vq_adaptor.parameters() if p.dim() == 2)
+    vq_adaptor = lm.model.vq_adaptor
+    adaptor = sum(p.numel() for p in vq_adaptor.parameters() if p.dim() == 2) if vq_adaptor is not None else 0
     heads = lm.lm_head.weight.numel() + lm.mimo_output.weight.numel()
     return 2.0 * (per_position * positions + adaptor * continuous + heads) + attention
 
@@ -233,7 +236,7 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     # decoding admits a few prompts per step), so no sequence ends inside the timed steps.
     prompts = Prompts(lm.config, DECODE_STEPS + PREFILL_SLACK)
     freeze_loaded_objects()  # as the server does: no full garbage collection lands on a timed step
-    info = {
+    info: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
         "dtype": str(dtype).replace("torch.", ""),
         "copy_bandwidth_gb_s": bandwidth / 1e9,
@@ -310,14 +313,14 @@ def _measure(
             }
         for batch in sessions:
             measured = time_batch(engine, prompts, batch)
-            p50 = percentile(measured["times"], 50)
+            p50 = percentile(measured["times"], 50, empty=math.nan)
             info["rows"].append(
                 {
                     "weights": weights,
                     "batch": batch,
                     "graphs": engine.runner.graphs is not None,
                     "step_ms_p50": 1e3 * p50,
-                    "step_ms_p95": 1e3 * percentile(measured["times"], 95),
+                    "step_ms_p95": 1e3 * percentile(measured["times"], 95, empty=math.nan),
                     "floor_ms": 1e3 * floor,
                     "ratio_to_floor": p50 / floor,
                     "tokens_per_s": batch / p50,

@@ -115,7 +115,7 @@ class ModelRunner:
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
             )
         self.graphs: DecodeGraphs | None = None
-        if use_graphs:
+        if use_graphs and sizes is not None:
             inputs = self.decode_inputs
             self.graph_sampling = GraphSampling(max_batch, self.device)
 
@@ -236,13 +236,14 @@ class ModelRunner:
         tops = [seq.params.text_top_logprobs for seq in seqs] + [0] * n
         out = sample(torch.cat([text_logits, audio_logits]), params, histories, uniforms, counts, tops)
         parts = [out.tokens.double(), out.logprobs[:n].double()]
-        if out.top_rows:
-            parts += [out.top_ids.double().flatten(), out.top_logprobs.double().flatten()]
+        top_ids, top_logprobs = out.top_ids, out.top_logprobs
+        if out.top_rows and top_ids is not None and top_logprobs is not None:
+            parts += [top_ids.double().flatten(), top_logprobs.double().flatten()]
         flat = torch.cat(parts).tolist()  # the step's one host-device synchronisation
         tokens, logprobs, rest = flat[: 2 * n], flat[2 * n : 3 * n], flat[3 * n :]
         top: list[tuple | None] = [None] * n
-        if out.top_rows:
-            width = out.top_ids.shape[1]
+        if out.top_rows and top_ids is not None:
+            width = top_ids.shape[1]
             ids, lps = rest[: len(rest) // 2], rest[len(rest) // 2 :]
             for k, row in enumerate(out.top_rows):
                 wanted = seqs[row].params.text_top_logprobs

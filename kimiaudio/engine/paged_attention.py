@@ -271,13 +271,14 @@ class PagedAttention:
         store_kv(self.pool, layer_idx, self.meta.slot_mapping, k, v, runs is not None and runs.use_kernel)
         if runs is not None:
             return runs_attention(self.pool, layer_idx, q, runs)
-        if not self.meta.prefills:  # an all-decode step: every row is a decode, in order
-            return decode_attention(self.pool, layer_idx, q, self.meta.decode)
+        decode = self.meta.decode
+        if not self.meta.prefills and decode is not None:  # an all-decode step: every row is a decode, in order
+            return decode_attention(self.pool, layer_idx, q, decode)
         keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
         out = torch.empty_like(q)
         rows = self.meta.decode_rows
-        if rows is not None:
-            out[rows] = decode_attention(self.pool, layer_idx, q[rows], self.meta.decode)
+        if rows is not None and decode is not None:
+            out[rows] = decode_attention(self.pool, layer_idx, q[rows], decode)
         for chunk in self.meta.prefills:
             rows = slice(chunk.row_start, chunk.row_start + chunk.num_rows)
             if chunk.slots is None:  # nothing cached before: the chunk's own keys suffice

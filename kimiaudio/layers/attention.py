@@ -103,8 +103,9 @@ class ContiguousKVCache:
         self.values = [None] * self.num_layers
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.keys[layer_idx] is not None:
-            k = torch.cat([self.keys[layer_idx], k], dim=0)
-            v = torch.cat([self.values[layer_idx], v], dim=0)
+        cached_k, cached_v = self.keys[layer_idx], self.values[layer_idx]
+        if cached_k is not None and cached_v is not None:
+            k = torch.cat([cached_k, k], dim=0)
+            v = torch.cat([cached_v, v], dim=0)
         self.keys[layer_idx], self.values[layer_idx] = k, v
         return causal_attention(q, k, v)

@@ -78,9 +78,9 @@ def sample(
     if sampled:
         tokens = tokens.index_copy(0, _index(sampled, device), _draw(logprobs, params, sampled, uniforms))
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-    wanted = [i for i in range(rows) if top_logprobs and top_logprobs[i] > 0]
+    wanted = [i for i in range(rows) if top_logprobs[i] > 0] if top_logprobs else []
     top_ids = top_lps = None
-    if wanted:
+    if top_logprobs and wanted:
         top_lps, top_ids = torch.topk(logprobs[_index(wanted, device)], max(top_logprobs[i] for i in wanted), dim=-1)
     return Sampled(tokens, chosen, wanted, top_ids, top_lps)
 

@@ -1,13 +1,18 @@
-"""The middleware that makes every failure of a request an ApiError (server/api_error.py).
+"""The middlewares that make every failure of a request an ApiError (server/api_error.py).
 
 Every error is JSON `{"error": {"message", "type", "param", "code"}}` (OpenAI's error object,
 for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain message. Bad
-input is refused where it enters (request_body.py, path_params.py, sdp_offer.py, the /v1
+input is refused where it enters (body_limits.py, inputs/, the routes' path values, the /v1
 parsers) with an ApiError or a KimiAudioError (-> 400; client JSON that is too large -> 413,
 mapped here only); a conversation another session holds is 409 and a database that does not
 answer 503, both with Retry-After; anything else that escapes a handler is a bug, logged once with its
 traceback and answered with a 500 that names no internal exception.
 A client that hangs up mid-request is one INFO line, not a traceback.
+
+`error_middleware(metrics)` is the app's outermost middleware: it answers every error and
+counts each one sent. `errors_as_api_errors` does the mapping; a sub-application (/v1) puts it
+innermost in its own chain, so that its middlewares (the request log) see the ApiError its
+client will get; the app's outermost one then finds an ApiError and only counts it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import logging
 import math
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
@@ -24,6 +30,7 @@ from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.store import ConversationBusyError
 
 log = logging.getLogger(__name__)
+
 
 INTERNAL_MESSAGE = "internal server error (the details are in the server log)"
 DATABASE_RETRY_AFTER_S = 5  # what a client waits before trying a request the database refused
@@ -34,14 +41,14 @@ def _is_page(path: str) -> bool:
     return path == "/" or path.startswith("/static/")
 
 
-def error_middleware(metrics: ServerMetrics):
+def error_middleware(metrics: ServerMetrics) -> Middleware:
     """The outermost middleware: every error leaves as JSON (or the page's plain answer), and
     each one sent is counted in `metrics`."""
 
     @web.middleware
-    async def answer_errors(request: web.Request, handler):
+    async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            return await _answer(request, handler)
+            return await errors_as_api_errors(request, handler)
         except ApiError as exc:
             metrics.note_http_error(exc.code)
             raise
@@ -49,7 +56,9 @@ def error_middleware(metrics: ServerMetrics):
     return answer_errors
 
 
-async def _answer(request: web.Request, handler):
+@web.middleware
+async def errors_as_api_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure of `handler` as the ApiError the client gets."""
     try:
         return await handler(request)
     except ApiError:

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from test_server_support import free_port
+from helpers.serve_process import free_port
 
 RUN_AS = "kimiaudio-pg"  # the system user the server runs as when the tests run as root
 USER = "kimiaudio"  # the database superuser the tests connect as (password-authenticated)

@@ -9,9 +9,8 @@ Adding a voice decodes the upload at 16 kHz (the GLM-4 tokenizer's codes) and 24
 vocoder's mel), has the pipeline compute its codes and DiT prefix (kept on the device), then
 stores its inputs (store/voice_store.py) and registers it by name (pipeline.voices), where
 session.update `voice`, the OpenAI routes' `audio.voice` / `voice` and the page find it. At
-start-up the stored voices are registered again; their prefixes are computed on first use
-(the default voice's at once). Instances sharing a database see each other's voices
-(voice_sync.py). Errors are the API's JSON errors (api_error.py).
+start-up the stored voices are registered again, and instances sharing a database see each
+other's voices (stored_voices.py). Errors are the API's JSON errors (api_error.py).
 """
 
 from __future__ import annotations
@@ -25,62 +24,41 @@ from aiohttp import web
 
 from kimiaudio.audio.io import decode_audio_bytes, resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
+from kimiaudio.config import Config
 from kimiaudio.errors import AudioInputError, KimiAudioError
-from kimiaudio.pipeline.voices import STOCK_VOICES, Voice, check_voice_name
+from kimiaudio.pipeline.voices import STOCK_VOICES, check_voice_name
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, store_key
+from kimiaudio.server.context import server_context
 from kimiaudio.server.inputs.multipart_form import read_form
-from kimiaudio.server.voice_sync import sync_voices, voice_sync_context
-from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, load_voices, save_voice
+from kimiaudio.server.stored_voices import sync_voices
+from kimiaudio.store.voice_store import VoiceExistsError, delete_voice, save_voice
 
 log = logging.getLogger(__name__)
 
 MAX_NAME_BYTES = 256
 
 
-def setup_voice_routes(app: web.Application) -> None:
-    app.router.add_get("/api/voices", list_voices)
-    app.router.add_post("/api/voices", add_voice)
-    app.router.add_delete("/api/voices/{name}", remove_voice)
-    app.cleanup_ctx.append(_register_stored_voices)
-    app.cleanup_ctx.append(voice_sync_context)
+routes = web.RouteTableDef()
 
 
-async def _register_stored_voices(app: web.Application):
-    """Runs after the store and pipeline contexts (appended after them)."""
-    pipeline, default = app[pipeline_key], app[config_key].voices.default
-    if pipeline.can_speak:
-        for stored in await load_voices(app[store_key]):
-            pipeline.voices.add(Voice.create(stored.name, stored.pcm, stored.codes, stored.created_at))
-        if default and default in pipeline.voices:
-            try:
-                await pipeline.prepare_voice(pipeline.voices.resolve(default))
-            except KimiAudioError as exc:
-                log.error("voices.default = %r cannot be used: %s", default, exc)
-        elif default and default not in STOCK_VOICES:
-            log.error(
-                "voices.default = %r is not a stored voice: answers that name no voice will fail "
-                "until it is added (POST /api/voices)",
-                default,
-            )
-    yield
-
-
+@routes.get("/api/voices")
 async def list_voices(request: web.Request) -> web.Response:
-    await sync_voices(request.app)
-    pipeline = request.app[pipeline_key]
+    context = server_context(request)
+    await sync_voices(context)
+    pipeline = context.pipeline
     return web.json_response(
         {
             "voices": [v.describe() for v in pipeline.voices.list()],
-            "default": request.app[config_key].voices.default or None,
+            "default": context.config.voices.default or None,
             "stock": sorted(STOCK_VOICES),
         }
     )
 
 
+@routes.post("/api/voices")
 async def add_voice(request: web.Request) -> web.Response:
-    app = request.app
-    pipeline, cfg = app[pipeline_key], app[config_key]
+    context = server_context(request)
+    pipeline, config = context.pipeline, context.config
     if not pipeline.can_speak:
         raise ApiError(400, "text_only", "this server answers in text only (model.text_only = true): no voices")
     name, data = await _read_upload(request)
@@ -88,20 +66,20 @@ async def add_voice(request: web.Request) -> web.Response:
         check_voice_name(name)
     except KimiAudioError as exc:
         raise ApiError(400, "invalid_name", str(exc)) from None
-    await sync_voices(app)
+    await sync_voices(context)
     if name in pipeline.voices:
         raise ApiError(409, "voice_exists", f"a voice named {name!r} exists already (delete it first)")
     try:
         pcm24, pcm16 = await asyncio.get_running_loop().run_in_executor(None, _decode, data)
     except AudioInputError as exc:
         raise ApiError(400, "undecodable", str(exc)) from None
-    _check_reference(pcm24, cfg)
+    _check_reference(pcm24, config)
     try:
         voice = await pipeline.make_voice(name, pcm16, pcm24)
     except KimiAudioError as exc:
         raise ApiError(400, "unusable_voice", f"this recording cannot be a voice: {exc}") from None
     try:
-        stored = await save_voice(app[store_key], name, voice.wav24k, SPEECH_OUTPUT_RATE, list(voice.codes))
+        stored = await save_voice(context.store, name, voice.wav24k, SPEECH_OUTPUT_RATE, list(voice.codes))
     except VoiceExistsError as exc:
         raise ApiError(409, "voice_exists", str(exc)) from None
     voice = dataclasses.replace(voice, created_at=stored.created_at)  # the same inputs: the same key
@@ -109,15 +87,16 @@ async def add_voice(request: web.Request) -> web.Response:
     return web.json_response(voice.describe(), status=201)
 
 
+@routes.delete("/api/voices/{name}")
 async def remove_voice(request: web.Request) -> web.Response:
-    app = request.app
-    pipeline, name = app[pipeline_key], request.match_info["name"]
-    await sync_voices(app)
+    context = server_context(request)
+    pipeline, name = context.pipeline, request.match_info["name"]
+    await sync_voices(context)
     if name not in pipeline.voices:
         raise ApiError(404, "not_found", f"no voice named {name!r}")
-    if name == app[config_key].voices.default:
+    if name == context.config.voices.default:
         raise ApiError(409, "default_voice", f"{name!r} is the default voice (voices.default): change the config first")
-    await delete_voice(app[store_key], name)
+    await delete_voice(context.store, name)
     voice = pipeline.voices.remove(name)
     if voice is not None:  # (a concurrent delete may have taken it meanwhile)
         pipeline.forget_voice(voice)
@@ -128,7 +107,7 @@ async def _read_upload(request: web.Request) -> tuple[str, bytes]:
     """The `name` and `file` fields of the form."""
     fields = await read_form(
         request,
-        {"name": MAX_NAME_BYTES, "file": request.app[max_body_bytes_key]},
+        {"name": MAX_NAME_BYTES, "file": server_context(request).config.server.max_body_bytes},
         ("name", "file"),
         "fields `name` and `file` (an audio file)",
     )
@@ -141,9 +120,9 @@ def _decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return pcm24, resample(pcm24, SPEECH_OUTPUT_RATE, SPEECH_INPUT_RATE)
 
 
-def _check_reference(pcm: np.ndarray, cfg) -> None:
+def _check_reference(pcm: np.ndarray, config: Config) -> None:
     seconds = pcm.size / SPEECH_OUTPUT_RATE
-    limits = cfg.voices
+    limits = config.voices
     if pcm.size and not np.all(np.isfinite(pcm)):
         raise ApiError(400, "undecodable", "the audio holds NaN or infinite samples")
     if seconds < limits.min_seconds:
@@ -161,9 +140,9 @@ def _check_reference(pcm: np.ndarray, cfg) -> None:
             f"{limits.max_seconds:g} s (voices.max_seconds)",
         )
     peak = float(np.max(np.abs(pcm)))
-    if peak < cfg.audio.silence_peak:
+    if peak < config.audio.silence_peak:
         raise ApiError(
             400,
             "silent",
-            f"the recording is silent (peak {peak:.2g} is below audio.silence_peak = {cfg.audio.silence_peak:g})",
+            f"the recording is silent (peak {peak:.2g} is below audio.silence_peak = {config.audio.silence_peak:g})",
         )

@@ -4,7 +4,7 @@ One JSON object per message, each with a "type". Names and fields follow the Ope
 API (beta shape, what `client.beta.realtime.connect()` parses) where a matching event exists;
 kimiaudio adds fields of its own beside them (conversation_id, item index, timings...), which
 OpenAI clients ignore. Every field name is written here once. Client events are parsed in
-client_events.py.
+client_events.py; a session's events go out through its EventSender (event_sender.py).
 
 Server events: session.created, session.updated, input_audio_buffer.speech_started,
 input_audio_buffer.speech_stopped, input_audio_buffer.committed, input_audio_buffer.cleared,
@@ -18,22 +18,11 @@ response.text.done, response.output_item.done, response.done, error.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from kimiaudio.server import api_error
 
 RESPONSE_STATUSES = ("completed", "cancelled", "failed")
-
-
-class EventIds:
-    """Numbers the events of one session: evt_1, evt_2, ..."""
-
-    def __init__(self) -> None:
-        self._counter = itertools.count(1)
-
-    def stamp(self, event: dict[str, Any]) -> dict[str, Any]:
-        return {"event_id": f"evt_{next(self._counter)}", **event}
 
 
 # ----- session -----

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "haproxy.cfg"
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
 
 
 class HaproxyUnavailable(RuntimeError):
