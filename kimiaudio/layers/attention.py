@@ -22,13 +22,30 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class AttentionBackend(Protocol):
-    """A backend may also rotate q and k itself, in the kernel that stores k and v: then it has
-    `fuses_rotary` True and `rotate_and_attend(layer_idx, q, k, v, cos, sin)`, which the model
-    calls with q and k before RoPE (cos/sin [T, 1, D]) instead of calling it."""
+    """A backend may also rotate q and k itself, in the kernel that stores k and v: see
+    RotaryAttentionBackend."""
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] (k post-RoPE) -> attention output [T, Hq, D]."""
         ...
+
+
+class RotaryAttentionBackend(AttentionBackend, Protocol):
+    """A backend that, while `fuses_rotary` is True, takes q and k before RoPE (cos/sin
+    [T, 1, D]) through `rotate_and_attend`, which the model calls instead of calling it."""
+
+    @property
+    def fuses_rotary(self) -> bool: ...
+
+    def rotate_and_attend(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor: ...
 
 
 # The SDPA kernels an attention call may use: flash or memory-efficient, the math path where

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kimiaudio.layers.activation import silu_and_mul
-from kimiaudio.layers.gemm_tiles import TORCH, LayerTiles
+from kimiaudio.layers.gemm_tiles import TORCH, LayerTiles, Tile
 from kimiaudio.layers.triton_support import use_triton
 
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
@@ -42,7 +42,7 @@ def skinny_product(
     if rows == 0 or not use_triton(x.device):
         return None
     tile = tiles.tile(rows)
-    if tile == TORCH:
+    if not isinstance(tile, Tile):  # TORCH
         return None
     from kimiaudio.layers.skinny_gemm import skinny_linear
 
@@ -69,7 +69,9 @@ class DecodeLinear(nn.Linear):
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2 * in_features] = [gate | up] -> self(silu(gate) * up)."""
         if gate_up.dtype in SIXTEEN_BIT and fuses_gate(self.tiles, gate_up.shape[0], gate_up.device):
-            return skinny_product(self.tiles, gate_up, self.weight, None, self.bias, gated=True)
+            out = skinny_product(self.tiles, gate_up, self.weight, None, self.bias, gated=True)
+            if out is not None:
+                return out
         return self(silu_and_mul(gate_up))
 
     def takes_fp8_rows(self, rows: int) -> bool:

@@ -92,6 +92,7 @@ def _candidates(fmt: str, bucket: int) -> list[Tile | str]:
     and split, plus cuBLAS where the weights are 16-bit."""
     default = DEFAULTS[fmt][bucket]
     wide = 1 if fmt == "bf16" else 2  # K elements a tile row holds per byte of 16-bit rows
+    tiles: list[Tile | str]
     if bucket == 0:
         tiles = [
             Tile(1, 64, 64 * wide, dot=False, waves=8),

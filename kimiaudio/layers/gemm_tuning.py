@@ -27,6 +27,7 @@ from kimiaudio.layers.quant_linear import QuantLinear
 
 log = logging.getLogger(__name__)
 
+SkinnyLayer = QuantLinear | DecodeLinear  # the layers the skinny GEMM serves
 PASSES = 5  # timed passes over a group, after one that compiles and warms up
 
 
@@ -45,11 +46,12 @@ def tune_linears(model: nn.Module, batch_sizes: list[int], dtype: torch.dtype) -
     """Measure the candidate tiles of every skinny-GEMM layer of `model` (on CUDA) for the
     buckets of `batch_sizes` and keep the fastest; buckets a layer already chose are skipped
     (a second engine over the same model). -> what was chosen."""
-    groups: dict[tuple, list[nn.Module]] = defaultdict(list)
+    groups: dict[tuple, list[SkinnyLayer]] = defaultdict(list)
     for layer in model.modules():
-        key = _group_key(layer, dtype)
-        if key is not None:
-            groups[key].append(layer)
+        if isinstance(layer, (QuantLinear, DecodeLinear)):
+            key = _group_key(layer, dtype)
+            if key is not None:
+                groups[key].append(layer)
     most_rows: dict[int, int] = {}
     for rows in batch_sizes:
         bucket = bucket_of(rows)
@@ -62,7 +64,7 @@ def tune_linears(model: nn.Module, batch_sizes: list[int], dtype: torch.dtype) -
             if bucket in layers[0].tiles.chosen or len(CANDIDATES[fmt][bucket]) < 2:
                 continue
             times = _time_candidates(layers, fmt, bucket, rows, k, dtype)
-            best = min(times, key=times.get)
+            best = min(times, key=lambda candidate: times[candidate])
             for layer in layers:
                 layer.tiles.chosen[bucket] = best
             name = f"{fmt} {n}x{k} x{len(layers)}"
@@ -77,8 +79,9 @@ def tune_linears(model: nn.Module, batch_sizes: list[int], dtype: torch.dtype) -
     return choices
 
 
-def _group_key(layer: nn.Module, dtype: torch.dtype) -> tuple | None:
+def _group_key(layer: SkinnyLayer, dtype: torch.dtype) -> tuple | None:
     """(format, out, in, has bias) of a layer the skinny GEMM serves on CUDA, else None."""
+    weight: torch.Tensor
     if isinstance(layer, QuantLinear):
         fmt, weight = layer.scheme, layer.qweight
     elif isinstance(layer, DecodeLinear) and dtype in (torch.bfloat16, torch.float16):
@@ -92,7 +95,7 @@ def _group_key(layer: nn.Module, dtype: torch.dtype) -> tuple | None:
 
 @torch.inference_mode()
 def _time_candidates(
-    layers: list[nn.Module], fmt: str, bucket: int, rows: int, k: int, dtype: torch.dtype
+    layers: list[SkinnyLayer], fmt: str, bucket: int, rows: int, k: int, dtype: torch.dtype
 ) -> dict[Tile | str, float]:
     """Microseconds a layer for each candidate that runs (one that fails to compile or launch
     on this GPU, e.g. out of shared memory, is left out)."""

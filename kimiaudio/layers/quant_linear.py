@@ -84,7 +84,9 @@ class QuantLinear(nn.Module):
         `_scaled_mm`, else a kernel of its own."""
         rows = gate_up.shape[0]
         if self._skinny(rows) and fuses_gate(self.tiles, rows, gate_up.device):
-            return skinny_product(self.tiles, gate_up, self.qweight, self.scale, self.bias, gated=True)
+            out = skinny_product(self.tiles, gate_up, self.qweight, self.scale, self.bias, gated=True)
+            if out is not None:
+                return out
         return self(silu_and_mul(gate_up, quantize=self.takes_fp8_rows(rows)))
 
     def takes_fp8_rows(self, rows: int) -> bool:

@@ -21,15 +21,16 @@ quantized by the norm (or silu-and-mul) kernel that makes it (takes_fp8_rows).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from kimiaudio.layers.activation import silu_mul
-from kimiaudio.layers.attention import AttentionBackend
+from kimiaudio.layers.attention import AttentionBackend, RotaryAttentionBackend
 from kimiaudio.layers.decode_linear import DecodeLinear
 from kimiaudio.layers.norm import RMSNorm
+from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.layers.rotary import apply_rotary_qk
 
 
@@ -62,7 +63,7 @@ class Qwen2Attention(nn.Module):
         self.k_proj = DecodeLinear(hidden, self.num_kv_heads * self.head_dim, bias=True)
         self.v_proj = DecodeLinear(hidden, self.num_kv_heads * self.head_dim, bias=True)
         self.o_proj = DecodeLinear(self.num_heads * self.head_dim, hidden, bias=False)
-        self.qkv_proj: nn.Module | None = None  # set by fuse_projections
+        self.qkv_proj: DecodeLinear | QuantLinear | None = None  # set by fuse_projections (quantized at load)
 
     def fuse_projections(self) -> None:
         fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
@@ -87,7 +88,7 @@ class Qwen2Attention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if getattr(attn, "fuses_rotary", False):  # one kernel rotates q, k and stores k, v
-            out = attn.rotate_and_attend(layer_idx, q, k, v, cos, sin)
+            out = cast(RotaryAttentionBackend, attn).rotate_and_attend(layer_idx, q, k, v, cos, sin)
         else:
             q, k = apply_rotary_qk(q, k, cos, sin)
             out = attn(layer_idx, q, k, v)  # [T, Hq, D]
@@ -100,7 +101,7 @@ class Qwen2MLP(nn.Module):
         self.gate_proj = DecodeLinear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = DecodeLinear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = DecodeLinear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up_proj: nn.Module | None = None  # set by fuse_projections
+        self.gate_up_proj: DecodeLinear | QuantLinear | None = None  # set by fuse_projections (quantized at load)
 
     def fuse_projections(self) -> None:
         fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
