@@ -33,7 +33,7 @@ from kimiaudio.server.middleware.draining import draining_middleware
 from kimiaudio.server.middleware.errors import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
-from kimiaudio.server.routes import conversations, ops, page, rtc_offer, voices
+from kimiaudio.server.routes import conversations, ops, page, rtc_offer, signin, voices
 from kimiaudio.server.session_registry import SessionRegistry
 from kimiaudio.server.stored_voices import registered_voices, voice_sync
 from kimiaudio.server.v1.api import create_v1_app
@@ -51,7 +51,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     app.middlewares.extend(
         [
             error_middleware(context.metrics),
-            access_middleware(context.access),
+            access_middleware(context.access, lambda: context.store),
             draining_middleware(lambda: context.sessions.is_draining),
             body_limits_middleware(server.max_body_bytes, server.body_timeout_s),
         ]
@@ -59,7 +59,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     app[SERVER_CONTEXT] = context
     app.cleanup_ctx.extend([_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync])
     app.on_shutdown.append(_close_sessions)
-    for group in (page, rtc_offer, conversations, voices, ops):
+    for group in (page, signin, rtc_offer, conversations, voices, ops):
         app.add_routes(group.routes)
     app.add_subapp("/v1", create_v1_app(server.max_body_bytes))
     return app

@@ -1,5 +1,7 @@
 """One WebRTC client: its peer connection, carrying a RealtimeSession (RtcPeer), and how a
-client's SDP offer becomes one (`answer_offer`: /api/rtc/offer; any route taking an offer).
+client's SDP offer becomes one (`answer_offer`: POST /v1/realtime/calls, and its deprecated
+alias /api/rtc/offer). Each peer has a call id (`rtc_...`), which names it to
+/v1/realtime/calls/{call_id}/hangup.
 
 Follows aiortc's examples/server: one RTCPeerConnection per client, every handler registered
 before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription returns once ICE
@@ -17,9 +19,10 @@ Data-channel messages go to `RealtimeSession.handle_message`, which checks them 
 (json_input.parse_json: size, depth, UTF-8, no NaN) and answers whatever fails with an `error`
 event: a client's message never ends in a silent traceback.
 
-`answer_offer(context, offer)` lets a client in, in this order: a session slot is reserved
-(503 when full), the peer is built, the conversation it continues is leased (409
-conversation_busy if another session holds it), its session settings applied (400 naming the
+`answer_offer(context, offer)` lets a client in, in this order: the conversation it continues
+must exist (404 conversation_not_found), a session slot is reserved (503 when full), the peer
+is built, the conversation is leased (409 conversation_busy if another session holds it), its
+session settings applied in order (an ephemeral key's, then the call's own; 400 naming the
 field), the offer answered (400 bad_offer if aiortc cannot use it); a failure at any step
 closes what was built and frees the slot (session_registry.py).
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -45,7 +49,7 @@ from kimiaudio.server.session import server_events
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.session_registry import Admitted
+from kimiaudio.server.session_registry import Admitted, Transport
 from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ice_servers import ice_servers
@@ -67,6 +71,7 @@ class RtcPeer(ClosesOnce):
     def __init__(self, context: ServerContext, admitted: Admitted, conversation_id: str | None):
         """conversation_id: the stored conversation the client continues (None: a new one)."""
         self.id = admitted.session_id
+        self.call_id = f"rtc_{secrets.token_hex(16)}"
         self._release = admitted.release
         metrics = self._metrics = context.metrics
         config = context.config
@@ -188,12 +193,15 @@ class RtcOffer:
     """A client's request for a WebRTC session, its parts checked where they entered."""
 
     sdp: str  # checked by inputs/sdp_offer.py
-    update: SessionUpdate | None = None  # session settings to start with
-    conversation_id: str | None = None  # a stored conversation to continue (known to exist)
+    updates: tuple[SessionUpdate, ...] = ()  # session settings to start with, applied in order
+    conversation_id: str | None = None  # a stored conversation to continue
 
 
 async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer, RTCSessionDescription]:
     """Let the client in (the module docstring's steps) -> (its peer, the SDP answer)."""
+    if offer.conversation_id is not None and await context.store.get_conversation(offer.conversation_id) is None:
+        shown = offer.conversation_id[:80]
+        raise ApiError(404, "conversation_not_found", f"no conversation with id {shown!r}", param="conversation_id")
 
     async def make(admitted: Admitted) -> RtcPeer:
         return RtcPeer(context, admitted, offer.conversation_id)
@@ -201,13 +209,18 @@ async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with context.sessions.opened("webrtc", make) as peer:
         await peer.session.conversation.open()  # its lease: 409 conversation_busy if held elsewhere
-        if offer.update is not None:
+        for update in offer.updates:
             try:
-                peer.session.apply_update(offer.update, announce=False)
+                peer.session.apply_update(update, announce=False)
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await _accept(peer, offer.sdp)
     return peer, answer
+
+
+def find_call(live: list[Transport], call_id: str) -> RtcPeer | None:
+    """The live WebRTC session with this call id, among the registry's `live` transports."""
+    return next((t for t in live if isinstance(t, RtcPeer) and t.call_id == call_id and not t.closed), None)
 
 
 async def _accept(peer: RtcPeer, sdp: str) -> RTCSessionDescription:

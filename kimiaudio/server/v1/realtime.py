@@ -15,6 +15,7 @@ from aiohttp import web
 
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
+from kimiaudio.server.ephemeral_keys import bound_update
 from kimiaudio.server.inputs.openai_params import check_model
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.realtime_socket import MAX_WS_MESSAGE_BYTES, RealtimeSocket
@@ -31,9 +32,14 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
 
+    bound = bound_update(context, request)  # an ephemeral key's session configuration
+
     async def make(admitted: Admitted) -> RealtimeSocket:
+        socket = RealtimeSocket(context, admitted, ws)
+        if bound is not None:
+            socket.session.apply_update(bound, announce=False)  # (a 400 still: before the upgrade)
         await ws.prepare(request)  # the upgrade: after the slot is taken (503 before it)
-        return RealtimeSocket(context, admitted, ws)
+        return socket
 
     async with context.sessions.opened("websocket", make) as socket:
         pass  # the upgrade is all the setup there is

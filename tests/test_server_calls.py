@@ -1,0 +1,176 @@
+"""WebRTC calls the OpenAI way (POST /v1/realtime/calls) against the real server and pipeline on
+the demo checkpoint: the offer as plain SDP or as the multipart form the official `openai`
+client sends, 201 with the SDP answer and the call id in Location, events on `oai-events`, the
+call's session configuration applied, a stored conversation continued, hang-up, the SIP-only
+routes refused, and every bad request a 4xx in OpenAI's error shape."""
+
+import json
+
+import aiohttp
+import pytest
+
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+from kimiaudio.server.context import SERVER_CONTEXT
+
+from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp
+from helpers.waiting import eventually
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture
+async def http(demo_server):
+    async with demo_server(max_sessions=2) as (client, _):
+        yield client
+
+
+async def error_of(resp, status: int, code: str) -> dict:
+    """The OpenAI-shaped error of a refused request, checked."""
+    body = await resp.json()
+    assert resp.status == status and body["error"]["code"] == code, (resp.status, body)
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and not INTERNAL_NAMES.search(body["error"]["message"])
+    return body["error"]
+
+
+async def live_sessions(http) -> int:
+    return len(http.app[SERVER_CONTEXT].sessions)
+
+
+async def test_a_plain_sdp_call_is_answered_201_with_its_id_and_hung_up(http):
+    client = RtcClient(ScriptedMic())
+    status, answer = await client.connect(http)
+    assert status == 201, answer
+    assert client.response_headers["Content-Type"].startswith("application/sdp")
+    assert client.response_headers["Location"] == f"/v1/realtime/calls/{answer['call_id']}"
+    assert answer["call_id"].startswith("rtc_") and answer["sdp"].startswith("v=0")
+    created = await client.wait_for("session.created")  # on the client's oai-events channel
+    assert created["session"]["id"].startswith("sess_")
+    assert client.channel.label == "oai-events"
+    assert await live_sessions(http) == 1
+    assert await client.hang_up(http) == 200
+    assert await live_sessions(http) == 0
+    await error_of(await http.post(f"/v1/realtime/calls/{answer['call_id']}/hangup"), 404, "call_not_found")
+    await client.close()
+
+
+async def test_the_call_session_configuration_applies(http):
+    client = RtcClient(ScriptedMic())
+    session = {"type": "realtime", "model": "gpt-realtime", "instructions": "Answer in one word."}
+    status, _ = await client.connect(http, session={**session, "audio": {"input": {"turn_detection": None}}})
+    assert status == 201
+    created = (await client.wait_for("session.created"))["session"]
+    assert created["instructions"] == "Answer in one word."
+    assert created["turn_detection"] is None or created["audio"]["input"]["turn_detection"] is None
+    await client.close()
+
+
+async def test_the_official_client_creates_and_hangs_up_a_call(http):
+    openai = pytest.importorskip("openai")
+    mic_client = RtcClient(ScriptedMic())
+    offer = await mic_client.offer()
+    api = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="unused", max_retries=0)
+    try:
+        raw = await api.realtime.calls.with_raw_response.create(
+            sdp=offer,
+            session={"type": "realtime", "model": "gpt-realtime", "instructions": "Be brief."},
+        )
+        assert raw.status_code == 201
+        answer = raw.content.decode()
+        await mic_client.answered(answer, raw.headers["location"])
+        call_id = mic_client.call_id
+        assert call_id.startswith("rtc_") and "a=fingerprint" in answer
+        created = await mic_client.wait_for("session.created")
+        assert created["session"]["instructions"] == "Be brief."
+        for sip_only in (
+            api.realtime.calls.accept(call_id, type="realtime"),
+            api.realtime.calls.reject(call_id),
+            api.realtime.calls.refer(call_id, target_uri="tel:+14155550123"),
+        ):
+            with pytest.raises(openai.BadRequestError, match="SIP"):
+                await sip_only
+        assert await api.realtime.calls.hangup(call_id) is None
+        assert await live_sessions(http) == 0
+        with pytest.raises(openai.NotFoundError):
+            await api.realtime.calls.hangup(call_id)
+    finally:
+        await api.close()
+        await mic_client.close()
+
+
+async def test_a_call_continues_a_stored_conversation(http):
+    store = http.app[SERVER_CONTEXT].store
+    conversation = await store.create_conversation()
+    client = RtcClient(ScriptedMic())
+    assert (await client.connect(http, conversation_id=conversation["id"]))[0] == 201
+    created = await client.wait_for("session.created")
+    assert created["session"]["conversation_id"] == conversation["id"]
+    # Held by this call: a second one is 409, with Retry-After.
+    other = RtcClient(ScriptedMic())
+    status, body = await other.connect(http, conversation_id=conversation["id"])
+    assert status == 409 and body["error"]["code"] == "conversation_busy"
+    assert int(other.response_headers["Retry-After"]) >= 1
+    await other.close()
+    await client.hang_up(http)
+    await client.close()
+    unknown = RtcClient(ScriptedMic())
+    status, body = await unknown.connect(http, conversation_id="no-such-conversation")
+    assert status == 404 and body["error"]["code"] == "conversation_not_found"
+    await unknown.close()
+
+
+async def test_a_full_server_answers_503(http):
+    clients = [RtcClient(ScriptedMic()) for _ in range(3)]
+    statuses = [(await c.connect(http))[0] for c in clients]
+    assert statuses == [201, 201, 503]
+    assert clients[2].response_headers["Retry-After"]
+    for c in clients:
+        await c.close()
+
+    async def freed():
+        return await live_sessions(http) == 0
+
+    await eventually(freed, "the closed calls' slots freed")
+
+
+async def test_bad_calls_are_refused_in_openai_shape(http):
+    sdp = await offer_sdp()
+    calls = "/v1/realtime/calls"
+
+    def sdp_body(text, content_type="application/sdp"):
+        return http.post(calls, data=text, headers={"Content-Type": content_type})
+
+    await error_of(await sdp_body(sdp, "text/plain"), 415, "unsupported_media_type")
+    await error_of(await http.post(calls, json={"sdp": sdp}), 415, "unsupported_media_type")
+    await error_of(await sdp_body("hello"), 400, "bad_offer")
+    await error_of(await sdp_body(sdp.replace("a=fingerprint", "a=fingerprinted")), 400, "bad_offer")
+    await error_of(await sdp_body(b"v=0\xff\xfe"), 400, "bad_offer")
+    await error_of(await sdp_body("v=0\r\n" + "a=x\r\n" * 20000), 413, "too_large")
+
+    def form(**parts):
+        data = aiohttp.FormData()
+        for name, (value, content_type) in parts.items():
+            data.add_field(name, value, content_type=content_type)
+        return http.post(calls, data=data)
+
+    await error_of(await form(session=("{}", "application/json")), 400, "missing_required_parameter")
+    await error_of(
+        await form(sdp=(sdp, "application/sdp"), session=("[object Object]", "application/json")), 400, "invalid_json"
+    )
+    err = await error_of(
+        await form(sdp=(sdp, "application/sdp"), session=(json.dumps({"voice": 7}), "application/json")),
+        400,
+        "invalid_value",
+    )
+    assert err["param"] == "session.voice"
+    await error_of(
+        await form(sdp=(sdp, "application/sdp"), session=('{"tools": [1]}', None)), 400, "unsupported_parameter"
+    )
+    await error_of(
+        await http.post(calls + "?model=gpt-2", data=sdp, headers={"Content-Type": "application/sdp"}),
+        404,
+        "model_not_found",
+    )
+    await error_of(await http.post(calls + "/rtc_nope/hangup"), 404, "call_not_found")
+    await error_of(await http.post(calls + "/rtc_nope/accept", json={"type": "realtime"}), 400, "unsupported")
+    assert await live_sessions(http) == 0 and http.app[SERVER_CONTEXT].sessions.num_reserved == 0
