@@ -232,15 +232,15 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         async def reconnected():
             client = RtcClient(ScriptedMic())
             status, answer = await client.connect(http, conversation_id=conversation_id)
-            if status == 200:
+            if status == 201:
                 return client, answer
             await client.close()
             assert status == 409 and answer["error"]["code"] == "conversation_busy", (status, answer)
             busy.append(int(client.response_headers["Retry-After"]))  # passed through HAProxy
             return None
 
-        client, answer = await eventually(reconnected, "the conversation free again", interval=0.5)
-        assert answer["conversation_id"] == conversation_id
+        client, _ = await eventually(reconnected, "the conversation free again", interval=0.5)
+        assert (await client.wait_for("session.created"))["session"]["conversation_id"] == conversation_id
         assert all(1 <= seconds <= LEASE_S + 1 for seconds in busy), busy
         assert await sessions_active(fleet, other) == 1
         dead = "kimi1" if holder == INSTANCES[0] else "kimi2"

@@ -28,7 +28,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     http, pipeline = server
     mic = ScriptedMic()
     client = RtcClient(mic)
-    assert (await client.connect(http))[0] == 200
+    assert (await client.connect(http))[0] == 201
     status = await (await http.get("/api/status")).json()
     assert status["demo_weights"] is True and "random weights" in status["demo_message"]
 
@@ -111,7 +111,7 @@ async def test_two_clients_at_once(server, speech):
     http, pipeline = server
     clients = [RtcClient(ScriptedMic()) for _ in range(2)]
     for client in clients:
-        assert (await client.connect(http))[0] == 200
+        assert (await client.connect(http))[0] == 201
     for client, clip in zip(clients, speech):
         client.mic.say(np.concatenate([clip, silence(1.0)]))
     dones = await asyncio.gather(*(c.wait_for("response.done") for c in clients))

@@ -60,7 +60,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     mic = ScriptedMic()
     client = RtcClient(mic)
     status, answer = await client.connect(http)
-    assert status == 200 and answer["session_id"].startswith("sess_")
+    assert status == 201 and answer["call_id"].startswith("rtc_")
     created = await client.wait_for("session.created")
     assert created["session"]["vad"]["silence_ms"] == 400
 
