@@ -174,3 +174,26 @@ async def test_bad_calls_are_refused_in_openai_shape(http):
     await error_of(await http.post(calls + "/rtc_nope/hangup"), 404, "call_not_found")
     await error_of(await http.post(calls + "/rtc_nope/accept", json={"type": "realtime"}), 400, "unsupported")
     assert await live_sessions(http) == 0 and http.app[SERVER_CONTEXT].sessions.num_reserved == 0
+
+
+async def test_a_hangup_reaching_another_instance_ends_the_call(demo_server, postgres_url, tmp_path):
+    async with (
+        demo_server(tmp_path / "a", postgres_url) as (holder, _),
+        demo_server(tmp_path / "b", postgres_url) as (other, _),
+    ):
+        client = RtcClient(ScriptedMic())
+        assert (await client.connect(holder))[0] == 201
+        await client.wait_for("session.created")
+        resp = await other.post(f"/v1/realtime/calls/{client.call_id}/hangup")
+        assert resp.status == 200, await resp.text()
+
+        async def ended():
+            return await live_sessions(holder) == 0
+
+        await eventually(ended, "the call ended on the instance holding it")
+
+        async def forgotten():  # the holder's next sync drops the ended call from the directory
+            return (await other.post(f"/v1/realtime/calls/{client.call_id}/hangup")).status == 404
+
+        await eventually(forgotten, "the ended call gone from the directory")
+        await client.close()

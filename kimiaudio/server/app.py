@@ -5,7 +5,8 @@
 and must stop are cleanup contexts, all added here, in the order they start (and the reverse
 of the order they stop): the conversation store (its writer/reader threads), the VAD thread,
 the pipeline (the GPU workers; unless the caller passes one it owns), the stored voices'
-registration, the voices' sync between instances. `on_shutdown` closes every session first,
+registration, the voices' sync between instances, the calls' directory (a hang-up reaching
+any instance). `on_shutdown` closes every session first,
 so interrupted turns are stored before the store and the pipeline go away.
 
 Every request passes the app's middlewares, outermost first: errors as JSON
@@ -36,6 +37,7 @@ from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
 from kimiaudio.server.routes import conversations, ops, page, rtc_offer, signin, voices
 from kimiaudio.server.session_registry import SessionRegistry
 from kimiaudio.server.stored_voices import registered_voices, voice_sync
+from kimiaudio.server.transport.call_directory import call_directory
 from kimiaudio.server.v1.api import create_v1_app
 from kimiaudio.store import ConversationStore, database_location
 
@@ -57,7 +59,9 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
         ]
     )
     app[SERVER_CONTEXT] = context
-    app.cleanup_ctx.extend([_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync])
+    app.cleanup_ctx.extend(
+        [_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync, call_directory]
+    )
     app.on_shutdown.append(_close_sessions)
     for group in (page, signin, rtc_offer, conversations, voices, ops):
         app.add_routes(group.routes)

@@ -31,6 +31,8 @@ Tables:
 - access_keys(key_hash, scope, created_at, expires_at, session) (version 7): short-lived keys
   the server handed out (ephemeral Realtime keys, the page's sign-ins), by the SHA-256 of
   the key (access_keys.py); shared, so a key minted by one instance opens sessions on all.
+- calls(call_id, instance_id, expires_at, hangup) (version 7): the live WebRTC calls of every
+  instance, so that a hang-up reaching another instance is passed on to it (calls.py).
 """
 
 from __future__ import annotations
@@ -127,6 +129,13 @@ CREATE TABLE access_keys (
     session TEXT
 );
 CREATE INDEX access_keys_by_expiry ON access_keys(expires_at);
+CREATE TABLE calls (
+    call_id TEXT PRIMARY KEY,
+    instance_id TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    hangup INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX calls_by_instance ON calls(instance_id);
 """
 
 Migration = str | dict[str, str]  # one script, or one per Sql.kind

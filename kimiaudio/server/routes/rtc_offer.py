@@ -20,7 +20,8 @@ from kimiaudio.server.context import ServerContext, server_context
 from kimiaudio.server.ephemeral_keys import parse_bound
 from kimiaudio.server.inputs.json_input import read_json_object
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
-from kimiaudio.server.transport.rtc_peer import RtcOffer, answer_offer
+from kimiaudio.server.transport.call_directory import open_call
+from kimiaudio.server.transport.rtc_peer import RtcOffer
 
 MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the session settings
 
@@ -32,7 +33,7 @@ async def offer(request: web.Request) -> web.Response:
     context = server_context(request)
     context.sessions.check()  # a full server says so before the body is read
     body = await read_json_object(request, MAX_OFFER_BYTES)
-    peer, answer = await answer_offer(context, _offer(context, body))
+    peer, answer = await open_call(context, _offer(context, body))
     return web.json_response(
         {
             "sdp": answer.sdp,

@@ -18,8 +18,9 @@ stored conversation, as `conversation.select` does on the channel.
 Admission is the WebSocket's and the page's: a full server answers 503 (Retry-After) before
 the body is read, a held conversation 409 conversation_busy; the API key (or an ephemeral
 key), Host and Origin are checked by the app's access middleware. A bad offer, body or
-content type is a 4xx in OpenAI's error shape; so is a call id naming no live call on this
-server instance (404 call_not_found).
+content type is a 4xx in OpenAI's error shape; so is a call id naming no live call (404
+call_not_found). A hang-up ends its call whichever instance of a fleet it reaches
+(transport/call_directory.py).
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ from __future__ import annotations
 from aiohttp import web
 
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.context import ServerContext, server_context
+from kimiaudio.server.context import server_context
 from kimiaudio.server.ephemeral_keys import bound_update, parse_bound
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.multipart_form import read_form
 from kimiaudio.server.inputs.openai_params import check_model
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
 from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.transport.rtc_peer import RtcOffer, RtcPeer, answer_offer, find_call
+from kimiaudio.server.transport.call_directory import hang_up, open_call
+from kimiaudio.server.transport.rtc_peer import RtcOffer
 
 MAX_SESSION_BYTES = 256 * 1024  # the `session` part: long instructions fit
 SDP = "application/sdp"
@@ -54,7 +56,7 @@ async def create_call(request: web.Request) -> web.Response:
     if session is not None:
         updates.append(parse_bound(context, _session_json(session)))
     offer = RtcOffer(sdp, tuple(updates), request.query.get("conversation_id") or None)
-    peer, answer = await answer_offer(context, offer)
+    peer, answer = await open_call(context, offer)
     return web.Response(
         status=201,
         body=answer.sdp.encode("utf-8"),
@@ -94,18 +96,11 @@ def _session_json(data: bytes) -> object:
         raise ApiError(400, "invalid_json", f"session: expected a JSON object ({exc})", param="session") from None
 
 
-def _live_call(context: ServerContext, request: web.Request) -> RtcPeer:
-    call_id = request.match_info["call_id"]
-    peer = find_call(context.sessions.live(), call_id)
-    if peer is None:
-        raise ApiError(404, "call_not_found", f"no live call with id {call_id[:80]!r} on this server", param="call_id")
-    return peer
-
-
 async def hangup(request: web.Request) -> web.Response:
-    """End a call: its session closes as if the client had hung up (what was heard is stored)."""
-    peer = _live_call(server_context(request), request)
-    await peer.close("hung up (POST /v1/realtime/calls/{call_id}/hangup)")
+    """End a call (on whichever instance holds it: transport/call_directory.py); what was heard is stored."""
+    call_id = request.match_info["call_id"]
+    if not await hang_up(server_context(request), call_id):
+        raise ApiError(404, "call_not_found", f"no live call with id {call_id[:80]!r}", param="call_id")
     return web.Response(status=200)
 
 
