@@ -318,17 +318,17 @@ function onEvent(event) {
       session.responses.set(event.response.id, addTurn("assistant", ""));
       setState("thinking");
       break;
-    case "response.text.delta": // a text answer
-    case "response.audio_transcript.delta": { // the text of a spoken answer
+    case "response.output_text.delta": // a text answer
+    case "response.output_audio_transcript.delta": { // the text of a spoken answer
       const r = session.responses.get(event.response_id);
       if (r) r.text.textContent += event.delta;
       break;
     }
-    case "response.audio.started":
+    case "output_audio_buffer.started": // its first audio is playing
       setState("speaking");
       break;
-    case "conversation.item.created":
-      if (event.item.role === "assistant" && event.item.has_audio) {
+    case "conversation.item.done": // a stored answer: its index in the conversation
+      if (event.item.role === "assistant" && event.item.has_audio && event.item.index !== null) {
         const last = [...session.responses.values()].pop();
         if (last && !last.li.querySelector("audio")) addReplay(last.li, event.conversation_id, event.item.index);
       }
