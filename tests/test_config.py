@@ -21,6 +21,7 @@ from kimiaudio.config.chunk_schedule import ChunkSchedule
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.errors import ConfigError, KimiAudioError
 from kimiaudio.server.session.client_events import ProtocolError, SessionUpdate, parse_client_event
+from kimiaudio.server.session.session_objects import ga_session
 from kimiaudio.server.session.session_settings import SessionSettings
 
 CONFIG_TOML = Path(__file__).resolve().parents[1] / "config.toml"
@@ -336,4 +337,4 @@ def test_openai_temperature_and_limit_reach_the_answer_sampling():
     assert (text.text_temperature, text.audio_temperature) == (0.9, 0.8)
     once = settings.sampling("both", temperature=0.7, max_new_tokens=3)
     assert (once.audio_temperature, once.max_new_tokens) == (0.7, 3)
-    assert settings.describe("s", None)["temperature"] == 0.9
+    assert ga_session(settings, "s", None)["temperature"] == 0.9

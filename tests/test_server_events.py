@@ -1,13 +1,14 @@
-"""The real-time protocol: server event builders (server_events.py), their numbering
-(event_sender.py) and client event parsing
-(client_events.py), in kimiaudio's own shape and in the OpenAI Realtime beta and GA shapes."""
+"""The real-time protocol: server event builders (server_events.py, response_events.py), their
+numbering (event_sender.py) and client event parsing (client_events.py), in kimiaudio's own
+shape and in the OpenAI Realtime beta and GA shapes (the shapes of server events:
+test_server_event_shapes.py)."""
 
 import base64
 import json
 
 import pytest
 
-from kimiaudio.server.session import server_events
+from kimiaudio.server.session import response_events, server_events
 from kimiaudio.server.session.client_events import (
     AudioAppend,
     AudioClear,
@@ -22,6 +23,7 @@ from kimiaudio.server.session.client_events import (
     parse_client_event,
 )
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.session_update import Transcription
 
 
 def test_client_events_parse():
@@ -128,15 +130,18 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         return parse_client_event(json.dumps({"type": "session.update", "session": session}))
 
     assert update({}).transcription is None  # unchanged
-    assert update({"input_audio_transcription": {"model": "whisper-1"}}).transcription == {"model": "whisper-1"}
-    assert update({"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}).transcription == {
-        "model": "gpt-4o-transcribe"
-    }
+    assert update({"input_audio_transcription": {"model": "whisper-1"}}).transcription == Transcription("whisper-1")
+    ga = {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe", "language": "EN", "prompt": "Ada"}}}}
+    assert update(ga).transcription == Transcription("gpt-4o-transcribe", "en", "Ada")
     assert update({"audio": {"input": {"transcription": None}}}).transcription is False
+    assert update({"type": "transcription"}).kind == "transcription" and update({}).kind is None
     for session, param in (
         ({"input_audio_transcription": "on"}, "session.input_audio_transcription"),
         ({"input_audio_transcription": {"model": 5}}, "session.input_audio_transcription.model"),
-        ({"audio": {"input": {"transcription": {"prompt": "names: Ada"}}}}, "session.audio.input.transcription.prompt"),
+        ({"input_audio_transcription": {"language": "klingon"}}, "session.input_audio_transcription.language"),
+        ({"audio": {"input": {"transcription": {"delay": "low"}}}}, "session.audio.input.transcription.delay"),
+        ({"audio": {"input": {"transcription": {"languages": ["en"]}}}}, "session.audio.input.transcription.languages"),
+        ({"type": "translation"}, "session.type"),
     ):
         with pytest.raises(ProtocolError) as info:
             update(session)
@@ -205,7 +210,12 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
         ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
         ('{"temperature": 0.1}', "session.temperature"),
-        ('{"type": "transcription"}', "session.type"),
+        ('{"reasoning": {"effort": "low"}}', "session.reasoning"),
+        ('{"turn_detection": {"idle_timeout_ms": 5000}}', "session.turn_detection.idle_timeout_ms"),
+        (
+            '{"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}',
+            "session.audio.input.turn_detection.eagerness",
+        ),
         ('{"frobnicate": 1}', "session.frobnicate"),
     ):
         with pytest.raises(ProtocolError) as info:
@@ -230,7 +240,8 @@ def test_server_event_builders():
     sent: list[dict] = []
     sender = EventSender("sess_1", lambda: None, sent.append)
     sender.send(server_events.speech_started(320, "item_1"))
-    sender.send(server_events.response_done("r1", "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
+    response = response_events.response_object("r1", None, True, "alloy", None)
+    sender.send(response_events.response_done(response, "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
     first, second = sent
     assert first == {
         "event_id": "evt_1",
@@ -248,11 +259,11 @@ def test_server_event_builders():
         "event_id": None,
     }
     with pytest.raises(ValueError):
-        server_events.response_done("r1", "exploded", "", {})
+        response_events.response_done(response, "exploded", "", {})
     item = server_events.message_item("item_2", "assistant", "Hello", has_audio=True, index=1)
-    assert item["content"] == [{"type": "audio", "transcript": "Hello"}] and item["index"] == 1
-    assert [e["type"] for e in server_events.text_done("r1", "item_2", "Hello", spoken=True)] == [
-        "response.audio.done",
-        "response.audio_transcript.done",
+    assert item["content"] == [{"type": "output_audio", "transcript": "Hello"}] and item["index"] == 1
+    assert [e["type"] for e in response_events.text_done("r1", "item_2", "Hello", spoken=True)] == [
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
     ]
     json.dumps(server_events.committed("c", 0, 1.23456, "item_1", None))  # every event is JSON-serialisable

@@ -162,7 +162,7 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 201
         client.mic.say(np.concatenate([speech[0], silence(1.0)]))
-        await client.wait_for("response.audio.started")
+        await client.wait_for("output_audio_buffer.started")
         await client.close()  # hang up mid-answer
 
         async def session_closed():

@@ -49,7 +49,7 @@ async def long_answer_playing(client, pipeline, mic, clip, seconds: float) -> in
         if len(handle.done.audio_tokens) * SECONDS_PER_CODE >= seconds:
             # An answer with no audio at all (the demo weights sometimes stop at once) never starts playing.
             rid = created["response"]["id"]
-            await client.wait_for("response.audio.started", where=lambda e: e["response_id"] == rid)
+            await client.wait_for("output_audio_buffer.started", where=lambda e: e["response_id"] == rid)
             return attempt
         await client.wait_for("response.done", count=attempt)
     raise AssertionError(f"no answer of {seconds} s in 6 attempts: {client.of_type('response.done')}")
@@ -78,13 +78,13 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert user_audio.dtype == np.float32 and user_audio.size > speech[0].size * 0.8
 
     await client.wait_for("response.created")
-    await client.wait_for("response.audio.started")
+    await client.wait_for("output_audio_buffer.started")
     done = await client.wait_for("response.done")
     assert done["response"]["status"] == "completed", done
     assert "commit_to_first_audio_s" in done["response"]["timings"]
     # What was streamed is what was generated and stored (the demo text may be empty).
     text = done["response"]["text"]
-    assert "".join(e["delta"] for e in client.of_type("response.audio_transcript.delta")) == text
+    assert "".join(e["delta"] for e in client.of_type("response.output_audio_transcript.delta")) == text
 
     conv = await store.get_conversation(conversation_id)
     user, assistant = conv["turns"]
@@ -99,7 +99,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
         return loud >= 0.5 * assistant["duration_s"] / 0.02 and loud >= 3
 
     await eventually(loud_frames, f"half of the {assistant['duration_s']} s answer received as loud frames")
-    items = client.of_type("conversation.item.created")
+    items = client.of_type("conversation.item.added")
     assert [i["item"]["role"] for i in items] == ["user", "assistant"]
     # The page's sessions transcribe the user's words ([server] transcribe_input): the same
     # utterance as a background-priority ASR turn, encoded once for both, its words stored.

@@ -27,6 +27,7 @@ from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.openai_params import Fields, check_model
 from kimiaudio.server.middleware.issued_keys import EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, bound_session
 from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.session_objects import ga_session
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
 from kimiaudio.store.access_keys import mint_key
@@ -51,12 +52,8 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
     settings = _checked_settings(context, session)
     key, record = await mint_key(context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session)
     expires_at = int(record.expires_at)
-    described = settings.describe(f"sess_{secrets.token_hex(8)}", None)
-    return {
-        "value": key,
-        "expires_at": expires_at,
-        "session": {**described, "type": "realtime", "expires_at": expires_at},
-    }
+    described = ga_session(settings, f"sess_{secrets.token_hex(8)}", None)
+    return {"value": key, "expires_at": expires_at, "session": {**described, "expires_at": expires_at}}
 
 
 def _ttl(expires_after: Any) -> int:

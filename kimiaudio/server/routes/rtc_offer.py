@@ -5,10 +5,12 @@ examples/server convention), kept for clients written before the calls route:
         -> {sdp, type, session_id, call_id, conversation_id}
 
 The body is read and checked (sdp_offer.py; `session` as a session.update), then the client is
-let in by the same `answer_offer` as a call (transport/rtc_peer.py); `call_id` names it to
-/v1/realtime/calls/{call_id}/hangup. A new conversation is created at its first committed
-turn (announced by conversation.created), so connecting without speaking leaves no empty
-conversation behind: `conversation_id` is null until then.
+let in as a call is (transport/call_directory.py's `open_call`); `call_id` names it to
+/v1/realtime/calls/{call_id}/hangup. Its events keep the beta shape the page spoke before the
+calls route (session/event_shape.py), with the WebRTC events output_audio_buffer.*. A new
+conversation is created at its first committed turn (announced by conversation.created), so
+connecting without speaking leaves no empty conversation behind: `conversation_id` is null
+until then.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kimiaudio.server.context import ServerContext, server_context
 from kimiaudio.server.ephemeral_keys import parse_bound
 from kimiaudio.server.inputs.json_input import read_json_object
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.transport.call_directory import open_call
 from kimiaudio.server.transport.rtc_peer import RtcOffer
 
@@ -55,4 +58,4 @@ def _offer(context: ServerContext, body: dict) -> RtcOffer:
         raise ApiError(404, "conversation_not_found", "no conversation with that id", param="conversation_id")
     updates = (parse_bound(context, body["session"]),) if body.get("session") is not None else ()
     check_offer(sdp)
-    return RtcOffer(sdp, updates, conversation_id)
+    return RtcOffer(sdp, updates, conversation_id, event_shape("beta", webrtc=True))

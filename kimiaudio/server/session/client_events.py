@@ -2,10 +2,12 @@
 
 The WebRTC data channel and the WebSocket (GET /v1/realtime) speak the same events. They are
 the OpenAI Realtime API's core, in its beta shape (what `client.beta.realtime.connect()`
-sends: `session.modalities`, `input_audio_format`, `turn_detection`, ...) and its GA shape
-(`client.realtime.connect()`: `session.output_modalities`, `session.audio.input.format`,
-`session.audio.input.turn_detection`, `session.audio.output.voice`, ...), plus kimiaudio's
-own session fields (`vad`, `sampling`, `output_type`) and `conversation.select`.
+sends: `session.modalities`, `input_audio_format`, `turn_detection`, ...,
+`transcription_session.update`) and its GA shape (`client.realtime.connect()`:
+`session.type`, `session.output_modalities`, `session.audio.input.format`,
+`session.audio.input.turn_detection`, `session.audio.output.voice`, ...), whichever shape the
+connection's server events take, plus kimiaudio's own session fields (`vad`, `sampling`,
+`output_type`) and `conversation.select`.
 
 Every field of OpenAI's session and response objects is honoured or refused unless its value
 asks for nothing (inputs/openai_params.py: tools, tracing, noise reduction...), and a wrong
@@ -110,6 +112,7 @@ CLIENT_EVENT_TYPES = (
     "response.cancel",
     "output_audio_buffer.clear",
     "conversation.select",
+    "transcription_session.update",
 )
 
 
@@ -166,7 +169,8 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
                 f"{kind}.conversation_id",
             )
         return ConversationSelect(conversation_id)
-    return parse_session_update(object_field(data.get("session", {}), "session"), "session")
+    kind = "transcription" if kind == "transcription_session.update" else None  # (beta's)
+    return parse_session_update(object_field(data.get("session", {}), "session"), "session", kind)
 
 
 def _item_create(item: dict, where: str) -> ItemCreate:

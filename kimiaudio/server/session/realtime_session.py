@@ -3,16 +3,18 @@
 A session is built from the server's context (configuration, pipeline, store, VAD thread,
 metrics) and what its transport was admitted with and gives it (WebRTC in transport/rtc_peer.py,
 WebSocket in transport/realtime_socket.py): the session id and its VAD, `send` (one JSON event
-out) and a Playback (session/playback.py) for a response's 24 kHz audio. The transport feeds
-microphone audio in with `push_audio` (16 kHz) and client events with `handle_message` /
-`handle_event`.
+out), a Playback (session/playback.py) for a response's 24 kHz audio, and the event shape its
+client speaks (GA or beta, over WebRTC or not: event_shape.py). The transport sends
+session.created first (`send_created`), then feeds microphone audio in with `push_audio`
+(16 kHz) and client events with `handle_message` / `handle_event`.
 
 The turn, from the mic to the speaker:
   push_audio -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
   (turn_detection none: the client's input_audio_buffer.commit queues the buffered audio)
   -> the turn task: the user turn (with audio) is stored, THEN answered (responder.py):
   submitted to the pipeline, text and audio streamed out, the answer stored; beside it, if the
-  session transcribes input, the user's words (input_transcription.py).
+  session transcribes input, the user's words (input_transcription.py). A transcription
+  session (type "transcription") stores and transcribes its turns and answers none.
 The microphone reader never waits on any of this: it only queues. Text items, explicit
 commits and response.create pass through the same queue, so they keep their order.
 """
@@ -38,6 +40,7 @@ from kimiaudio.server.session import client_events, server_events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
@@ -67,16 +70,19 @@ class RealtimeSession:
         playback: Playback,
         conversation_id: str | None = None,
         transcribe: bool = False,
+        *,
+        shape: EventShape,
     ):
         """conversation_id: the stored conversation it continues (None: a new one at its first
-        turn); transcribe: committed user turns are transcribed until a session.update says otherwise."""
+        turn); transcribe: committed user turns are transcribed until a session.update says
+        otherwise; shape: how its client names and shapes events (event_shape.event_shape)."""
         self.id = admitted.session_id
         pipeline = context.pipeline
         self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices, transcribe)
         self.conversation = Conversation(context.store, conversation_id, self.id)
         self.detector = TurnDetector(admitted.vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = context.vad_executor
-        self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics)
+        self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
         self.responder = Responder(pipeline, self.settings, self.conversation, self.events, playback, self.tasks)
         self.transcription = InputTranscription(pipeline, self.settings, self.conversation, self.events, self.tasks)
@@ -105,7 +111,12 @@ class RealtimeSession:
         self.tasks.spawn(self._take_turns(), "turns")
 
     def describe(self) -> dict:
-        return self.settings.describe(self.id, self.conversation.id)
+        """The session object of session.created / .updated, in the client's shape."""
+        return self.events.shape.session(self.settings, self.id, self.conversation.id)
+
+    def send_created(self) -> None:
+        """session.created: the first event a client gets, once it can receive events."""
+        self.events.send(server_events.session_created(self.describe()))
 
     # ----- audio in -----
     async def push_audio(self, pcm: np.ndarray) -> None:
@@ -127,7 +138,7 @@ class RealtimeSession:
                 case SpeechStopped(audio=audio, audio_end_ms=end_ms):
                     item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
                     self.events.send(server_events.speech_stopped(end_ms, item_id))
-                    self.commit(audio, item_id, respond=self.settings.create_response)
+                    self.commit(audio, item_id, respond=self.settings.answers_commits)
 
     def _buffer_audio(self, pcm: np.ndarray) -> None:
         limit = int(self.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
@@ -181,7 +192,12 @@ class RealtimeSession:
         if not await self._store_item(work):
             return
         # An utterance overtaken by a later one is kept as history, not answered.
-        if isinstance(work, QueuedAudio) and work.respond and work.barge_ins == self._barge_ins:
+        if (
+            isinstance(work, QueuedAudio)
+            and work.respond
+            and work.barge_ins == self._barge_ins
+            and self.settings.kind == "realtime"
+        ):
             await self.responder.start(None, committed_at)
 
     async def _respond(self, work: QueuedResponse) -> None:
@@ -226,7 +242,8 @@ class RealtimeSession:
             seconds = audio.size / SPEECH_INPUT_RATE
             self.events.send(server_events.committed(conversation_id, index, seconds, work.item_id, previous))
         item = server_events.message_item(work.item_id, role, work.text, audio is not None, index)
-        self.events.send(server_events.item_created(conversation_id, item, previous))
+        self.events.send(server_events.item_added(conversation_id, item, previous))
+        self.events.send(server_events.item_done(conversation_id, item, previous))
         if audio is not None:  # its input_audio part follows an input_text part, if any
             self.transcription.start(work.item_id, 1 if work.text else 0, index, audio)
         return True

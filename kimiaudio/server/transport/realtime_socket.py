@@ -1,12 +1,13 @@
 """One Realtime WebSocket client (GET /v1/realtime): the connection carrying a RealtimeSession.
 
 The same RealtimeSession as WebRTC's, fed by JSON text messages instead of RTP and a data
-channel: `input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session
-says so), resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
-`response.audio.delta` events through a WsPlayback. Events go out in order through one
-writer task; a client that reads too slowly to keep MAX_OUTBOX events in flight, or that
-disconnects, closes the session, which cancels its turn (KV and detokenizer state freed)
-and stores what was heard.
+channel, its events in the shape the client asked for at the upgrade (GA or beta: v1/realtime.py):
+`input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session says so),
+resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
+`response.output_audio.delta` (beta: `response.audio.delta`) events through a WsPlayback.
+Events go out in order through one writer task; a client that reads too slowly to keep
+MAX_OUTBOX events in flight, or that disconnects, closes the session, which cancels its turn
+(KV and detokenizer state freed) and stores what was heard.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.session import client_events, server_events
+from kimiaudio.server.session import client_events, response_events
 from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.closes_once import ClosesOnce
@@ -39,13 +41,14 @@ MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 class RealtimeSocket(ClosesOnce):
     """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, context: ServerContext, admitted: Admitted, ws: web.WebSocketResponse):
+    def __init__(self, context: ServerContext, admitted: Admitted, ws: web.WebSocketResponse, shape: EventShape):
+        """shape: the events' (GA or beta; never WebRTC's: the client plays the audio deltas)."""
         self.id = admitted.session_id
         self.ws = ws
         self._release = admitted.release
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
-        self.session = RealtimeSession(context, admitted, self._send, self.playback)
+        self.session = RealtimeSession(context, admitted, self._send, self.playback, shape=shape)
         self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
@@ -58,7 +61,7 @@ class RealtimeSocket(ClosesOnce):
         """Serve the connection until the client goes away (the route handler's body)."""
         self._writer = asyncio.get_running_loop().create_task(self._write())
         self.session.start()
-        self.session.events.send(server_events.session_created(self.session.describe()))
+        self.session.send_created()
         try:
             async for message in self.ws:
                 if message.type == WSMsgType.TEXT:
@@ -110,7 +113,7 @@ class RealtimeSocket(ClosesOnce):
     def _send_audio(self, response_id: str, raw: bytes) -> None:
         response = self.session.response
         item_id = response.item_id if response is not None and response.id == response_id else ""
-        self.session.events.send(server_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
+        self.session.events.send(response_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
 
     async def _write(self) -> None:
         try:

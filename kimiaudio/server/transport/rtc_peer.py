@@ -10,7 +10,9 @@ gathering is complete), closed when the connection fails or closes.
 What it carries: the incoming audio track (any rate/layout, resampled by PyAV to 16 kHz mono
 float) into `RealtimeSession.push_audio`; the data channel's messages into
 `RealtimeSession.handle_message` and the session's events out (queued until the channel
-opens); the session's responses out through a PlaybackTrack (48 kHz, 20 ms frames).
+opens), in the offer's event shape (GA over WebRTC unless the route says otherwise:
+session/event_shape.py); the session's responses out through a PlaybackTrack (48 kHz, 20 ms
+frames).
 
 A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
 the connection state; closing cancels its turn and tasks and frees its slot.
@@ -45,7 +47,7 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.session import server_events
+from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session.session_update import SessionUpdate
@@ -68,8 +70,11 @@ HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 class RtcPeer(ClosesOnce):
     """The peer connection of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, context: ServerContext, admitted: Admitted, conversation_id: str | None):
-        """conversation_id: the stored conversation the client continues (None: a new one)."""
+    def __init__(
+        self, context: ServerContext, admitted: Admitted, conversation_id: str | None, shape: EventShape | None = None
+    ):
+        """conversation_id: the stored conversation the client continues (None: a new one);
+        shape: how its events are named and shaped (None: GA over WebRTC)."""
         self.id = admitted.session_id
         self.call_id = f"rtc_{secrets.token_hex(16)}"
         self._release = admitted.release
@@ -79,7 +84,13 @@ class RtcPeer(ClosesOnce):
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(
-            context, admitted, self._send, self.track, conversation_id, transcribe=config.server.transcribe_input
+            context,
+            admitted,
+            self._send,
+            self.track,
+            conversation_id,
+            transcribe=config.server.transcribe_input,
+            shape=shape if shape is not None else event_shape("ga", webrtc=True),
         )
         self._channel: RTCDataChannel | None = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
@@ -111,7 +122,7 @@ class RtcPeer(ClosesOnce):
             return
         self._channel = channel
         channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
-        self.session.events.send(server_events.session_created(self.session.describe()))
+        self.session.send_created()
         outbox, self._outbox = self._outbox, []
         for event in outbox:
             self._send_now(event)
@@ -195,6 +206,7 @@ class RtcOffer:
     sdp: str  # checked by inputs/sdp_offer.py
     updates: tuple[SessionUpdate, ...] = ()  # session settings to start with, applied in order
     conversation_id: str | None = None  # a stored conversation to continue
+    shape: EventShape | None = None  # its events' (None: GA over WebRTC)
 
 
 async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer, RTCSessionDescription]:
@@ -204,7 +216,7 @@ async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer
         raise ApiError(404, "conversation_not_found", f"no conversation with id {shown!r}", param="conversation_id")
 
     async def make(admitted: Admitted) -> RtcPeer:
-        return RtcPeer(context, admitted, offer.conversation_id)
+        return RtcPeer(context, admitted, offer.conversation_id, offer.shape)
 
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with context.sessions.opened("webrtc", make) as peer:
