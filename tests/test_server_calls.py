@@ -1,21 +1,34 @@
 """WebRTC calls the OpenAI way (POST /v1/realtime/calls) against the real server and pipeline on
 the demo checkpoint: the offer as plain SDP or as the multipart form the official `openai`
 client sends, 201 with the SDP answer and the call id in Location, events on `oai-events`, the
-call's session configuration applied, a stored conversation continued, hang-up, the SIP-only
-routes refused, and every bad request a 4xx in OpenAI's error shape."""
+call's session configuration applied, a stored conversation continued, hang-up (on the instance
+holding the call or another one sharing its database), the SIP-only routes refused, every bad
+request a 4xx in OpenAI's error shape; and the whole flow as OpenAI's clients run it, with an
+ephemeral key, espeak speech, the answer's audio, barge-in and hang-up."""
 
 import json
 
 import aiohttp
+import numpy as np
 import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
+from kimiaudio.server.middleware.access import API_KEY_ENV
 
+from helpers.audio import silence
+from helpers.demo_server import kv_pool_full_again
 from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp
+from helpers.openai_strict import check
 from helpers.waiting import eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+KEY = "calls-test-key-0123"
+
+
+@pytest.fixture
+def no_env_key(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
 
 
 @pytest.fixture
@@ -61,7 +74,7 @@ async def test_the_call_session_configuration_applies(http):
     assert status == 201
     created = (await client.wait_for("session.created"))["session"]
     assert created["instructions"] == "Answer in one word."
-    assert created["turn_detection"] is None or created["audio"]["input"]["turn_detection"] is None
+    assert created["type"] == "realtime" and created["audio"]["input"]["turn_detection"] is None  # GA shape
     await client.close()
 
 
@@ -197,3 +210,54 @@ async def test_a_hangup_reaching_another_instance_ends_the_call(demo_server, pos
 
         await eventually(forgotten, "the ended call gone from the directory")
         await client.close()
+
+
+async def test_the_openai_webrtc_flow_end_to_end(no_env_key, demo_server, speech):
+    """A client secret minted with the API key (the official client), the offer to
+    /v1/realtime/calls with it, espeak speech in, the answer's audio out, talking over it
+    (barge-in), and the official client's hang-up; every event GA as the SDK's models hold it."""
+    openai = pytest.importorskip("openai")
+    async with demo_server(api_key=KEY) as (http, pipeline):
+        pipeline.answers_to_limit = True  # a long answer, still playing when the user talks over it
+        backend = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key=KEY, max_retries=0)
+        mic = ScriptedMic()
+        client = RtcClient(mic)
+        try:
+            secret = await backend.realtime.client_secrets.create(
+                expires_after={"anchor": "created_at", "seconds": 60},
+                session={"type": "realtime", "instructions": "Answer at length.", "max_output_tokens": 300},
+            )
+            status, _ = await client.connect(http, key=secret.value)
+            assert status == 201
+            created = await client.wait_for("session.created")
+            assert created["session"]["instructions"] == "Answer at length."
+            assert created["session"]["max_output_tokens"] == 300
+
+            mic.say(np.concatenate([silence(0.3), speech[0], silence(1.0)]))
+            for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.committed", "response.created"):
+                await client.wait_for(kind)
+            started = await client.wait_for("output_audio_buffer.started")
+
+            async def loud_frames():  # the answer's audio, on the media track
+                return sum(r > 0.01 for r in client.frames_rms) >= 10
+
+            await eventually(loud_frames, "the answer's audio received")
+            mic.say(np.concatenate([speech[1], silence(1.0)]))  # talk over it
+            await client.wait_for("input_audio_buffer.speech_started", count=2)
+            done = await client.wait_for("response.done")
+            assert done["response"]["id"] == started["response_id"]
+            assert done["response"]["status"] == "cancelled"
+            assert done["response"]["status_details"]["reason"] == "turn_detected"
+            await client.wait_for("output_audio_buffer.cleared")
+            await client.wait_for("response.created", count=2)  # what was said over it is answered
+
+            with pytest.raises(openai.AuthenticationError):  # the browser's key cannot hang up
+                await backend.with_options(api_key=secret.value).realtime.calls.hangup(client.call_id)
+            assert await backend.realtime.calls.hangup(client.call_id) is None
+            assert await live_sessions(http) == 0
+            for event in client.events:
+                check(event, "ga")
+        finally:
+            await backend.close()
+            await client.close()
+        await kv_pool_full_again(pipeline)

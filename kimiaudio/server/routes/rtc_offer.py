@@ -21,7 +21,7 @@ from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext, server_context
 from kimiaudio.server.ephemeral_keys import parse_bound
 from kimiaudio.server.inputs.json_input import read_json_object
-from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
 from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.transport.call_directory import open_call
 from kimiaudio.server.transport.rtc_peer import RtcOffer
@@ -57,5 +57,4 @@ def _offer(context: ServerContext, body: dict) -> RtcOffer:
     if conversation_id is not None and not isinstance(conversation_id, str):
         raise ApiError(404, "conversation_not_found", "no conversation with that id", param="conversation_id")
     updates = (parse_bound(context, body["session"]),) if body.get("session") is not None else ()
-    check_offer(sdp)
     return RtcOffer(sdp, updates, conversation_id, event_shape("beta", webrtc=True))

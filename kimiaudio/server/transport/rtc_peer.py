@@ -22,7 +22,8 @@ Data-channel messages go to `RealtimeSession.handle_message`, which checks them 
 event: a client's message never ends in a silent traceback.
 
 `answer_offer(context, offer)` lets a client in, in this order: the conversation it continues
-must exist (404 conversation_not_found), a session slot is reserved (503 when full), the peer
+must exist (404 conversation_not_found), the offer must be usable (inputs/sdp_offer.py: 400
+bad_offer), a session slot is reserved (503 when full), the peer
 is built, the conversation is leased (409 conversation_busy if another session holds it), its
 session settings applied in order (an ephemeral key's, then the call's own; 400 naming the
 field), the offer answered (400 bad_offer if aiortc cannot use it); a failure at any step
@@ -47,6 +48,7 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
+from kimiaudio.server.inputs.sdp_offer import check_offer
 from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
@@ -203,7 +205,7 @@ class RtcPeer(ClosesOnce):
 class RtcOffer:
     """A client's request for a WebRTC session, its parts checked where they entered."""
 
-    sdp: str  # checked by inputs/sdp_offer.py
+    sdp: str  # checked by answer_offer (inputs/sdp_offer.py)
     updates: tuple[SessionUpdate, ...] = ()  # session settings to start with, applied in order
     conversation_id: str | None = None  # a stored conversation to continue
     shape: EventShape | None = None  # its events' (None: GA over WebRTC)
@@ -214,6 +216,7 @@ async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer
     if offer.conversation_id is not None and await context.store.get_conversation(offer.conversation_id) is None:
         shown = offer.conversation_id[:80]
         raise ApiError(404, "conversation_not_found", f"no conversation with id {shown!r}", param="conversation_id")
+    check_offer(offer.sdp)
 
     async def make(admitted: Admitted) -> RtcPeer:
         return RtcPeer(context, admitted, offer.conversation_id, offer.shape)

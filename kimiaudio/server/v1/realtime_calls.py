@@ -33,7 +33,7 @@ from kimiaudio.server.ephemeral_keys import bound_update, parse_bound
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.multipart_form import read_form
 from kimiaudio.server.inputs.openai_params import check_model
-from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES, check_offer
+from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.transport.call_directory import hang_up, open_call
 from kimiaudio.server.transport.rtc_peer import RtcOffer
@@ -71,21 +71,20 @@ async def _read_offer(request: web.Request) -> tuple[str, bytes | None]:
         body = await request.read()
         if len(body) > MAX_SDP_BYTES:
             raise ApiError(413, "too_large", f"the SDP offer is larger than {MAX_SDP_BYTES} bytes")
-        return _checked_sdp(body), None
+        return _sdp_text(body), None
     if request.content_type == FORM:
         fields = await read_form(request, {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_BYTES}, ("sdp",), EXPECTED)
         session = fields.get("session")
-        return _checked_sdp(fields["sdp"].data), session.data if session is not None and session.data else None
+        return _sdp_text(fields["sdp"].data), session.data if session is not None and session.data else None
     raise ApiError(415, "unsupported_media_type", f"expected {EXPECTED} (got {request.content_type or 'none'})")
 
 
-def _checked_sdp(data: bytes) -> str:
+def _sdp_text(data: bytes) -> str:
+    """The offer's text (the offer itself is checked by answer_offer: transport/rtc_peer.py)."""
     try:
-        sdp = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "bad_offer", "the SDP offer is not UTF-8 text", param="sdp") from None
-    check_offer(sdp)
-    return sdp
 
 
 def _session_json(data: bytes) -> object:
