@@ -78,37 +78,43 @@ async def test_the_call_session_configuration_applies(http):
     await client.close()
 
 
-async def test_the_official_client_creates_and_hangs_up_a_call(http):
+@pytest.mark.parametrize("with_session", [True, False])
+async def test_the_official_client_calls_with_an_ephemeral_key_and_hangs_up(no_env_key, demo_server, with_session):
+    """README's example: the backend (API key) mints, the browser's client (the ephemeral key)
+    sends the offer (raw SDP, or the multipart form with a session), the backend hangs up."""
     openai = pytest.importorskip("openai")
-    mic_client = RtcClient(ScriptedMic())
-    offer = await mic_client.offer()
-    api = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="unused", max_retries=0)
-    try:
-        raw = await api.realtime.calls.with_raw_response.create(
-            sdp=offer,
-            session={"type": "realtime", "model": "gpt-realtime", "instructions": "Be brief."},
-        )
-        assert raw.status_code == 201
-        answer = raw.content.decode()
-        await mic_client.answered(answer, raw.headers["location"])
-        call_id = mic_client.call_id
-        assert call_id.startswith("rtc_") and "a=fingerprint" in answer
-        created = await mic_client.wait_for("session.created")
-        assert created["session"]["instructions"] == "Be brief."
-        for sip_only in (
-            api.realtime.calls.accept(call_id, type="realtime"),
-            api.realtime.calls.reject(call_id),
-            api.realtime.calls.refer(call_id, target_uri="tel:+14155550123"),
-        ):
-            with pytest.raises(openai.BadRequestError, match="SIP"):
-                await sip_only
-        assert await api.realtime.calls.hangup(call_id) is None
-        assert await live_sessions(http) == 0
-        with pytest.raises(openai.NotFoundError):
-            await api.realtime.calls.hangup(call_id)
-    finally:
-        await api.close()
-        await mic_client.close()
+    async with demo_server(api_key=KEY) as (http, _):
+        mic_client = RtcClient(ScriptedMic())
+        offer = await mic_client.offer()
+        backend = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key=KEY, max_retries=0)
+        try:
+            secret = await backend.realtime.client_secrets.create(session={"type": "realtime", "instructions": "Hi."})
+            browser = backend.with_options(api_key=secret.value)
+            session = {"type": "realtime", "model": "gpt-realtime", "instructions": "Be brief."}
+            raw = await browser.realtime.calls.with_raw_response.create(
+                sdp=offer, **({"session": session} if with_session else {})
+            )
+            assert raw.status_code == 201 and raw.headers["content-type"].startswith("application/sdp")
+            answer = raw.content.decode()
+            await mic_client.answered(answer, raw.headers["location"])
+            call_id = mic_client.call_id
+            assert call_id.startswith("rtc_") and "a=fingerprint" in answer
+            created = await mic_client.wait_for("session.created")
+            assert created["session"]["instructions"] == ("Be brief." if with_session else "Hi.")
+            for sip_only in (
+                backend.realtime.calls.accept(call_id, type="realtime"),
+                backend.realtime.calls.reject(call_id),
+                backend.realtime.calls.refer(call_id, target_uri="tel:+14155550123"),
+            ):
+                with pytest.raises(openai.BadRequestError, match="SIP"):
+                    await sip_only
+            assert await backend.realtime.calls.hangup(call_id) is None
+            assert await live_sessions(http) == 0
+            with pytest.raises(openai.NotFoundError):
+                await backend.realtime.calls.hangup(call_id)
+        finally:
+            await backend.close()
+            await mic_client.close()
 
 
 async def test_a_call_continues_a_stored_conversation(http):
