@@ -230,7 +230,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
             lambda: [
                 e
                 for e in events.of_type("conversation.item.added")
-                if getattr(e.item.content[0], "text", None) == "Bye."
+                if e.item.role == "user" and getattr(e.item.content[0], "text", None) == "Bye."
             ]
         )
         # A manual commit does not answer by itself: had it, that answer would have come first

@@ -130,7 +130,7 @@ class Responder:
         settings, conversation = self._settings, self._conversation
         if settings.kind == "transcription":
             raise ProtocolError(
-                "invalid_request",
+                "transcription_session",
                 'response.create: a transcription session (session.type "transcription") generates no responses',
             )
         last = await conversation.last_turn() if conversation.id is not None else None
