@@ -78,6 +78,23 @@ async def test_the_official_client_mints_a_key(server):
     assert secret.session.instructions == "Speak like a pirate."
 
 
+@pytest.mark.parametrize(
+    "session",
+    [BOUND, {"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}],
+    ids=["realtime", "transcription"],
+)
+async def test_the_answer_and_the_session_it_opens_are_as_the_sdk_models_them(server, session):
+    """The answer validates strictly against the SDK's ClientSecretCreateResponse, and a
+    transcription session bound to a key opens a transcription session."""
+    from openai.types.realtime import ClientSecretCreateResponse
+
+    body = await (await mint(server, {"session": session})).json()
+    ClientSecretCreateResponse.model_validate(body, strict=False)
+    assert body["session"]["type"] == session["type"]
+    status, opened = await ws_session(server, body["value"])
+    assert status == 101 and opened["type"] == session["type"]
+
+
 async def test_the_bound_session_applies_to_websocket_sessions_and_calls(server):
     key = (await (await mint(server, {"session": BOUND})).json())["value"]
     status, session = await ws_session(server, key)

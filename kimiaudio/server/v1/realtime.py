@@ -50,6 +50,14 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     context = server_context(request)
     if "model" in request.query:
         check_model(request.query["model"], context.config.server.model_aliases)
+    if "call_id" in request.query:  # OpenAI's sideband connection to a WebRTC or SIP call
+        raise ApiError(
+            400,
+            "unsupported",
+            "call_id: joining a call's session from a second connection is not supported; its events "
+            "travel on the call's oai-events data channel (POST /v1/realtime/calls)",
+            param="call_id",
+        )
     intent = request.query.get("intent")
     if intent is not None and intent not in INTENTS:
         raise ApiError(400, "invalid_value", f"intent: expected transcription, got {intent[:40]!r}", param="intent")
