@@ -159,8 +159,8 @@ class RealtimeSession:
         if self.settings.turn_detection != "none":
             raise ProtocolError(
                 "invalid_event",
-                "input_audio_buffer.commit: the server's VAD commits turns; set "
-                "session.turn_detection to null to commit yourself",
+                "input_audio_buffer.commit: the server's VAD commits turns; set turn detection to null "
+                "(session.audio.input.turn_detection; beta: session.turn_detection) to commit yourself",
                 "type",
             )
         audio = self.input.take()
