@@ -14,6 +14,7 @@ from kimiaudio.server.transport import rtc_peer
 
 from helpers.audio import silence
 from helpers.demo_server import LONG_ANSWER, heard_or_done, kv_pool_full_again
+from helpers.openai_strict import check
 from helpers.waiting import eventually
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
@@ -120,6 +121,15 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert history[0].audio is not None and history[0].audio_tokens == user["audio_tokens"]
     assert history[1].text == text and history[1].audio_tokens == assistant["audio_tokens"]
     assert len((await store.get_conversation(conversation_id))["turns"]) == 4
+    # The data channel speaks the GA shape, as OpenAI's WebRTC calls do: every event holds under
+    # the SDK's models; the answer's playback is told as it started and, after its
+    # response.done, as it ended.
+    for event in client.events:
+        check(event, "ga")
+    rid = done["response"]["id"]
+    kinds = [e["type"] for e in client.events if rid in (e.get("response_id"), e.get("response", {}).get("id"))]
+    assert kinds.count("output_audio_buffer.started") == 1 and kinds[-1] == "output_audio_buffer.stopped", kinds
+    assert kinds.index("response.done") < kinds.index("output_audio_buffer.stopped"), kinds
     await client.close()
     await kv_pool_full_again(pipeline)
 
@@ -141,6 +151,10 @@ async def test_barge_in_cancels_and_stores_truncated_interrupted_turn(server, sp
     done = await client.wait_for("response.done", count=n)
     assert done["response"]["status"] == "cancelled"
     assert pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
+    cut = [
+        e["type"] for e in client.of_type("output_audio_buffer.cleared") if e["response_id"] == done["response"]["id"]
+    ]
+    assert cut == ["output_audio_buffer.cleared"]  # the playback was cut where it was
     played_s = done["response"]["timings"]["played_s"]
     assert 0.32 < played_s < answer_s - 0.5
     turn = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"][2 * n - 1]

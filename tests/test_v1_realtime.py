@@ -320,7 +320,15 @@ async def test_the_client_picks_its_shape_at_the_upgrade(v1_server, protocols, h
             check(created, api)
             assert created["type"] == "session.created"
             assert ("type" in created["session"]) == (api == "ga")
-            await ws.send_json({"type": "conversation.item.create", "item": {"type": "message", "role": "user"}})
-            bad = json.loads((await ws.receive()).data)
-            check(bad, api)
-            assert bad["type"] == "error" and bad["error"]["param"] == "item.content", bad
+            # An error names the field and the client event at fault (OpenAI's error.event_id),
+            # found wrong as it is parsed or as it is handled.
+            item = {"type": "message", "role": "user"}
+            await ws.send_json({"type": "conversation.item.create", "event_id": "client_1", "item": item})
+            await ws.send_json({"type": "response.cancel", "event_id": "client_2"})
+            errors = [json.loads((await ws.receive()).data) for _ in range(2)]
+            for error in errors:
+                check(error, api)
+            assert [(e["error"]["param"], e["error"]["event_id"]) for e in errors] == [
+                ("item.content", "client_1"),
+                (None, "client_2"),
+            ], errors

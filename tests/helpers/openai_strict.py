@@ -19,21 +19,12 @@ from typing import Annotated, Any, Union
 
 import pydantic
 
-# The GA names of the events whose beta name differs (OpenAI's beta -> GA map), for tests that
-# run in both shapes and name events once, in GA.
-BETA_NAMES = {
-    "conversation.item.added": "conversation.item.created",
-    "response.output_text.delta": "response.text.delta",
-    "response.output_text.done": "response.text.done",
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-}
+from kimiaudio.server.session.event_shape import BETA_NAMES
 
 
 def named(ga_name: str, api: str) -> str:
-    """The event's name in the shape `api` ("ga" or "beta")."""
+    """The event's name in the shape `api` ("ga" or "beta"), for tests that run in both shapes
+    and name events once, in GA (test_server_event_shapes.py checks the beta names themselves)."""
     return BETA_NAMES.get(ga_name, ga_name) if api == "beta" else ga_name
 
 

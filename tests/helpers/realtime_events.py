@@ -27,7 +27,7 @@ class Events:
     timeouts only there to end a hung test (minutes: a loaded machine's demo model may generate
     slower than real time)."""
 
-    def __init__(self, conn, api: str = "ga"):
+    def __init__(self, conn, api: str):
         self.conn = conn
         self.api = api
         self.items: list = []

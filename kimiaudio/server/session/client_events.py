@@ -115,6 +115,12 @@ CLIENT_EVENT_TYPES = (
     "transcription_session.update",
 )
 
+# OpenAI's client events kimiaudio knows and refuses, and why.
+REFUSED_EVENT_TYPES = {
+    "conversation.item.retrieve": "the stored conversation is read with GET /api/conversations/{id}",
+    "conversation.item.delete": "stored turns are kept; delete the conversation with DELETE /api/conversations/{id}",
+}
+
 
 def decode_pcm16(data: Any, where: str) -> bytes:
     """Base64 audio of a client event: raw 16-bit samples (an even number of bytes)."""
@@ -128,12 +134,31 @@ def decode_pcm16(data: Any, where: str) -> bytes:
 
 def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES) -> ClientEvent:
     """Validate one message; raises ProtocolError saying what was wrong."""
+    return parse_client_message(message, max_bytes)[0]
+
+
+def parse_client_message(
+    message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES
+) -> tuple[ClientEvent, str | None]:
+    """(the event, the client's `event_id` for it); a ProtocolError names that id too, so the
+    `error` answering it can (OpenAI's `error.event_id`)."""
     try:
         data = parse_json(message, max_bytes)
     except JsonInputError as exc:
         raise ProtocolError("invalid_event" if exc.code == "too_large" else exc.code, f"message: {exc}") from None
     data = object_field(data, "event")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    try:
+        return _event(data), event_id
+    except ProtocolError as exc:
+        exc.event_id = event_id
+        raise
+
+
+def _event(data: dict) -> ClientEvent:
     kind = data.get("type")
+    if kind in REFUSED_EVENT_TYPES:
+        raise ProtocolError("unsupported", f"{kind}: not supported ({REFUSED_EVENT_TYPES[kind]})", "type")
     if kind not in CLIENT_EVENT_TYPES:
         raise ProtocolError(
             "unknown_event",

@@ -47,6 +47,6 @@ class EventSender:
         if shaped is not None:
             self._send({"event_id": f"evt_{next(self._numbers)}", **shaped})
 
-    def error(self, code: str, message: str, param: str | None = None) -> None:
-        """An `error` event (server_events.error)."""
-        self.send(server_events.error(code, message, param))
+    def error(self, code: str, message: str, param: str | None = None, event_id: str | None = None) -> None:
+        """An `error` event (server_events.error); event_id: the client event at fault."""
+        self.send(server_events.error(code, message, param, event_id))

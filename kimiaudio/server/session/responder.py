@@ -5,7 +5,7 @@ answer_storage.py's).
 A response answers the newest stored user turn, which must be spoken (the pipeline answers
 user audio; text items before it are context). It is submitted to the pipeline with the
 conversation before it as history (and the session's instructions as a leading user text
-message); its events go out in the order response_events.py lists, its text as transcript
+message: answer_request.py); its events go out in the order response_events.py lists, its text as transcript
 deltas (spoken answers) or text deltas (text answers), its audio through the playback.
 Barge-in (speech_started while a response is generating or playing) and response.cancel flush
 the playback at once, cancel the pipeline turn, and store the assistant turn marked
@@ -34,8 +34,8 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session import response_events, server_events
+from kimiaudio.server.session.answer_request import answer_request
 from kimiaudio.server.session.answer_storage import AnswerStorage
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
@@ -85,7 +85,7 @@ class Responder:
             return
         await self.settle()
         try:
-            index, user_turn, turn = await self._turn_request(request)
+            index, user_turn, turn = await answer_request(self._settings, self._conversation, request)
             handle = self._pipeline.submit(turn)
         except ProtocolError as exc:
             self._fail(request, exc.code, str(exc))
@@ -122,47 +122,6 @@ class Responder:
         )
         self._events.send(response_events.response_created(announced))
         self._events.send(response_events.response_done(announced, "failed", "", {}, message, error_code=code))
-
-    async def _turn_request(self, request: ResponseCreate | None) -> tuple[int, HistoryTurn, TurnRequest]:
-        """(the index of the newest user turn, that turn, the pipeline turn answering it with
-        the session's settings and the response.create's); ProtocolError when there is none to
-        answer or the voice named is no voice."""
-        settings, conversation = self._settings, self._conversation
-        if settings.kind == "transcription":
-            raise ProtocolError(
-                "transcription_session",
-                'response.create: a transcription session (session.type "transcription") generates no responses',
-            )
-        last = await conversation.last_turn() if conversation.id is not None else None
-        index, user_turn = last if last is not None else (-1, None)
-        if user_turn is None or user_turn.role != "user" or user_turn.audio is None:
-            raise ProtocolError(
-                "no_user_audio",
-                "response.create: the conversation does not end with a spoken user turn "
-                "(kimiaudio answers speech; text items are context for the next spoken turn)",
-            )
-        history = list((await conversation.history())[:-1])
-        instructions = request.instructions if request and request.instructions is not None else settings.instructions
-        if instructions:
-            history.insert(0, HistoryTurn("user", text=instructions))
-        output_type = settings.answer_type(request.output_type if request else None)
-        named = request.voice if request else None
-        try:
-            voice = settings.voice_prompt(named) if output_type == "both" else None
-        except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile
-            raise ProtocolError("unknown_voice", f"response.create: {exc}", "response.voice") from None
-        sampling = settings.sampling(
-            output_type, request.temperature if request else None, request.max_new_tokens if request else None
-        )
-        turn = TurnRequest(
-            conversation_id=conversation.stored_id,
-            history=history,
-            user_audio=user_turn.audio,
-            sampling=sampling,
-            output_type=output_type,
-            voice=voice,
-        )
-        return index, user_turn, turn
 
     def _item(self, response: ResponseState, status: str = "completed", index: int | None = None) -> dict:
         spoken = response.output_type == "both"

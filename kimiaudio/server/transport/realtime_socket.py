@@ -16,16 +16,11 @@ import asyncio
 import json
 import logging
 
-import numpy as np
 from aiohttp import WSMsgType, web
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import StreamResampler
-from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.session import client_events, response_events
-from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session import response_events
 from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session_registry import Admitted
@@ -49,7 +44,6 @@ class RealtimeSocket(ClosesOnce):
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
         self.session = RealtimeSession(context, admitted, self._send, self.playback, shape=shape)
-        self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
 
@@ -65,7 +59,7 @@ class RealtimeSocket(ClosesOnce):
         try:
             async for message in self.ws:
                 if message.type == WSMsgType.TEXT:
-                    await self._receive(message.data)
+                    await self.session.handle_message(message.data, MAX_WS_MESSAGE_BYTES)
                 elif message.type == WSMsgType.BINARY:
                     self.session.events.error("invalid_event", "send events as JSON text messages")
                 elif message.type == WSMsgType.ERROR:
@@ -74,30 +68,6 @@ class RealtimeSocket(ClosesOnce):
                     break
         finally:
             await self.close("the connection ended")
-
-    async def _receive(self, text: str) -> None:
-        try:
-            event = client_events.parse_client_event(text, MAX_WS_MESSAGE_BYTES)
-            match event:
-                case client_events.AudioAppend(pcm16=data):  # streamed: one resampler keeps chunk edges seamless
-                    await self.session.push_audio(self._to_16k(data))
-                case _:
-                    await self.session.handle_event(event)
-        except ProtocolError as exc:
-            self.session.events.error(exc.code, str(exc), exc.param)
-        except Exception as exc:  # KimiAudioError from a setting, or a bug: the session goes on
-            if not isinstance(exc, KimiAudioError):
-                log.exception("session %s: handling an event failed", self.id)
-            self.session.events.error("invalid_value", str(exc))
-
-    def _to_16k(self, raw: bytes) -> np.ndarray:
-        rate = self.session.settings.input_rate
-        pcm = pcm16.to_float(raw)
-        if rate == SPEECH_INPUT_RATE:
-            return pcm
-        if self._resampler is None or self._resampler.from_sr != rate:
-            self._resampler = StreamResampler(rate, SPEECH_INPUT_RATE)
-        return self._resampler.push(pcm)
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
