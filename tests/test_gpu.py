@@ -35,6 +35,7 @@ from test_pipeline import run_turn, with_pipeline
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.layers.precision import exact_float32
 from kimiaudio.layers.triton_support import kernel_mode
 from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.model_stack import ModelStack
@@ -47,6 +48,12 @@ pytestmark = pytest.mark.skipif(
     reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
 )
 cuda_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="means something on CUDA only")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _exact_float32():
+    """The fp32 comparisons in float32, as a float32 stack's load sets it (no TF32)."""
+    exact_float32(DEVICE, torch.float32)
 
 
 @pytest.mark.parametrize("section", SECTIONS)

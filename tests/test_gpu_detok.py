@@ -22,6 +22,7 @@ from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
+from kimiaudio.layers.precision import exact_float32
 from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
 
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
@@ -53,6 +54,7 @@ def eager(dit, vocoder, cfg: DetokConfig) -> Detokenizer:
 
 @pytest.fixture(scope="module")
 def golden_models(golden_checkpoint):
+    exact_float32(DEVICE, torch.float32)  # as a float32 stack's load does: no TF32 convolutions
     d = Detokenizer.load(find_checkpoint(golden_checkpoint), DEVICE, torch.float32, DetokConfig())
     return d.dit, d.vocoder
 

@@ -22,6 +22,7 @@ from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.checkpoint.files import read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config
+from kimiaudio.layers.precision import exact_float32
 
 if TYPE_CHECKING:
     # For the annotations only: `_load` imports the parts itself, inside the load's pause of the
@@ -91,6 +92,7 @@ class ModelStack:
         paths = resolve_checkpoint(config, text_only)
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
+        exact_float32(device, dtype)
         if paths.is_demo:
             log.warning(DEMO_NOTICE)
         from kimiaudio.pipeline.memory_plan import resolve_weights
