@@ -8,6 +8,7 @@ capture, the full shapes by the tiny ones): how this file was checked without a 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -23,7 +24,8 @@ from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
 from kimiaudio.layers.precision import exact_float32
-from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
+from kimiaudio.pipeline.memory_plan import plan_stack
+from kimiaudio.pipeline.memory_report import format_memory_plan
 
 DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
 ON_CUDA = DEVICE.type == "cuda"
@@ -226,12 +228,16 @@ class _nothing:
 
 
 def test_random_stack_memory_plan(stack):
-    free, total = torch.cuda.mem_get_info(DEVICE) if ON_CUDA else (None, 80 << 30)
-    plan = memory_budget(stack, sessions=64, device_bytes=total)
-    print("\n" + format_memory_budget(plan))
+    """The plan of the full-size stack (tiny on the CPU) as served to 64 sessions: on CUDA
+    against this card, with its graph pools; the KV pool gets what is left."""
+    config = dataclasses.replace(stack.config, server=dataclasses.replace(stack.config.server, max_sessions=64))
+    plan = plan_stack(stack, config)
+    print("\n" + format_memory_plan(plan))
     if ON_CUDA:
+        free, total = torch.cuda.mem_get_info(DEVICE)
         print(
             f"  (device now: {torch.cuda.memory_allocated(DEVICE) / (1 << 30):.2f} GiB allocated, "
             f"{(total - free) / (1 << 30):.2f} GiB in use)"
         )
-    assert plan["kv_pool"] > 0
+        assert {"detok_graph_pool", "lm_graph_pool", "cuda_context"} <= set(plan["reserved"])
+    assert plan["kv_pool"] > 0 and plan["reserved"]["detok_state"] == 64 * plan["detok_state_per_session"]

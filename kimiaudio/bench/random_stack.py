@@ -21,7 +21,7 @@ import time
 import torch
 
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_dtype
-from kimiaudio.config import Config
+from kimiaudio.config import Config, served_detok
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.layers.fp8 import require_fp8
 from kimiaudio.layers.precision import exact_float32
@@ -69,7 +69,8 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     detok = None
     if not config.model.text_only:
         detok = timed(
-            "detokenizer", lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(), config.detok)
+            "detokenizer",
+            lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(), served_detok(config)),
         )
     return ModelStack(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 

@@ -56,27 +56,20 @@ class ModelRunner:
         engine_config: EngineConfig,
         device: torch.device | str,
         dtype: torch.dtype,
-        reserved_bytes: int = 0,
+        num_blocks: int | None = None,
     ):
+        """num_blocks: the KV pool's usable blocks as the memory plan sized it (kv_pool.pool_num_blocks)."""
         self.lm = lm
         self.config = lm.config
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = engine_config.block_size
         cfg = self.config
-        per_block = KVPool.bytes_per_block(
-            cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
-        )
-        blocks_per_seq = -(-engine_config.max_model_len // self.block_size)
-        self.num_blocks = pool_num_blocks(
-            engine_config.num_kv_blocks,
-            engine_config.memory_fraction,
-            per_block,
-            engine_config.max_num_seqs * blocks_per_seq,
-            self.device,
-            reserved_bytes,
-        )
+        self.num_blocks = pool_num_blocks(engine_config, num_blocks)
         if self.num_blocks < 1:
+            per_block = KVPool.bytes_per_block(
+                cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
+            )
             raise ConfigError(
                 f"engine: no room for a KV pool ({per_block} bytes per block of "
                 f"{self.block_size} positions); lower engine.block_size or set engine.num_kv_blocks"
@@ -111,6 +104,13 @@ class ModelRunner:
                 lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)), sizes, self.device
             )
             self.graphs.capture()
+
+    def release(self) -> None:
+        """Drop the KV pool, the decode buffers and graphs (their device memory goes back to
+        the allocator): the engine is done, and the next one's pool is sized without them."""
+        self.graphs = None
+        self.decode_inputs = None
+        self.pool = None
 
     @property
     def capture_seconds(self) -> float:

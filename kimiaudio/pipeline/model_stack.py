@@ -21,7 +21,7 @@ import torch
 from kimiaudio.audio.staged_work import Stages, run_to_end
 from kimiaudio.checkpoint.files import read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
-from kimiaudio.config import Config
+from kimiaudio.config import Config, served_detok
 from kimiaudio.layers.precision import exact_float32
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class ModelStack:
         exact_float32(device, dtype)
         if paths.is_demo:
             log.warning(DEMO_NOTICE)
-        from kimiaudio.pipeline.memory_plan import resolve_weights
+        from kimiaudio.pipeline.weights_choice import resolve_weights
 
         lm_weights, dit_weights = resolve_weights(config, paths, device, dtype, text_only)
         seconds: dict[str, float] = {}
@@ -116,7 +116,7 @@ class ModelStack:
             from kimiaudio.detok.detokenizer import Detokenizer
 
             detok = timed(
-                "detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok, weights=dit_weights)
+                "detokenizer", lambda: Detokenizer.load(paths, device, dtype, served_detok(config), weights=dit_weights)
             )
         return cls(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 
