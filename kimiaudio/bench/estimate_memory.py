@@ -1,0 +1,163 @@
+"""`bench --memory-estimates`: measure on a GPU what pipeline/memory_estimates.py estimates.
+
+Builds the random full-size stack (bench --random-weights full's, served to max(--sessions))
+and measures, each against the counted base the plan multiplies (memory_plan.py):
+- detok_graph_pool: the memory prepare_for_serving adds, per byte of the static buffers, for
+  the stack's detokenizer and one of 8-row buckets (the larger ratio counts);
+- lm_graph_pool: the decode graphs' private pool per byte of their logits (engine.max_num_seqs);
+- activations: the allocator's peak beyond what is held before, over the largest forward's
+  counted tensors: an LM prefill of engine.max_num_batched_tokens positions, and the speech
+  encoders' largest batch (audio.encode_batch_size utterances of audio.max_input_seconds);
+- cuda_context: device memory in use outside torch's allocator (this process alone on the GPU);
+- allocator_slack: the allocator's reserved peak beyond its allocated peak.
+It prints the measured values beside the table's and the entries to write there (the margins
+kept); .ci/gpu-check's `estimates` step keeps the JSON in its report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+
+import numpy as np
+import torch
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.layers.device_memory import GIB
+
+
+def _settle(device: torch.device) -> None:
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+
+
+def _outside_allocator(device: torch.device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device)
+
+
+def _peak_beyond(device: torch.device, run) -> int:
+    """The allocator's allocated peak while `run()` runs, beyond what it held before."""
+    _settle(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def _detok_ratio(stack, rows: int) -> dict:
+    from kimiaudio.config import served_detok
+    from kimiaudio.detok.detokenizer import Detokenizer
+
+    own = stack.detokenizer
+    cfg = dataclasses.replace(served_detok(stack.config), max_batch_sessions=rows)
+    detok = own if own.buckets.batch_sizes[-1] == rows else Detokenizer(own.dit, own.vocoder, cfg)
+    info = detok.prepare_for_serving()
+    buffers = detok.flow.arena.nbytes
+    if info["added_bytes"] == 0 and detok is own:  # captured earlier in this process: capture afresh
+        detok = Detokenizer(own.dit, own.vocoder, cfg)
+        info, buffers = detok.prepare_for_serving(), detok.flow.arena.nbytes
+    return {"rows": rows, "graph_pool_bytes": info["added_bytes"], "static_buffer_bytes": buffers}
+
+
+def _lm_measures(stack, config, device) -> dict:
+    from kimiaudio.engine.engine_io import EngineRequest
+    from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.engine.sampling_params import SamplingParams
+    from kimiaudio.pipeline.memory_plan import graph_logits_bytes
+
+    cfg = stack.lm.config
+    engine = LLMEngine(stack.lm, config.engine, device, stack.dtype, num_blocks=1024)
+    graphs = engine.runner.graph_memory_bytes
+    tokens = min(config.engine.max_num_batched_tokens, 1024 * config.engine.block_size)
+    codes = np.random.default_rng(0).integers(cfg.kimia_token_offset, cfg.vocab_size, tokens).tolist()
+    blank = stack.specials.text_blank
+    request = EngineRequest(
+        "prefill",
+        codes,
+        [blank] * tokens,
+        [0] * tokens,
+        None,
+        SamplingParams(seed=0, max_new_tokens=1, ignore_eos=True),
+        "both",
+        stack.specials,
+    )
+
+    def prefill():
+        engine.add_request(request)
+        while engine.has_work():
+            engine.step()
+
+    prefill()  # warm: kernels chosen, rotary tables built
+    peak = _peak_beyond(device, prefill)
+    engine.release()
+    return {"graph_pool_bytes": graphs, "graph_logits_bytes": graph_logits_bytes(stack, config), "prefill_peak": peak}
+
+
+def _encoder_peak(stack, config, device) -> int:
+    seconds = config.audio.max_input_seconds
+    pcm = (np.random.default_rng(0).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
+    batch = [pcm] * config.audio.encode_batch_size
+    stack.encode_speech_batch(batch[:1])  # warm
+    return _peak_beyond(device, lambda: stack.encode_speech_batch(batch))
+
+
+def measure(config) -> dict:
+    from kimiaudio.bench.random_stack import build_random_stack
+    from kimiaudio.checkpoint.paths import resolve_device
+    from kimiaudio.pipeline.memory_estimates import ESTIMATES
+    from kimiaudio.pipeline.memory_plan import activation_bytes
+
+    device = resolve_device(config.model.device)
+    if device.type != "cuda":
+        raise KimiAudioError("--memory-estimates measures a GPU: run it with --device cuda")
+    torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)  # cuBLAS loaded
+    torch.nn.functional.conv1d(torch.ones(1, 1, 8, device=device), torch.ones(1, 1, 3, device=device))  # cuDNN
+    torch.cuda.synchronize(device)
+    stack = build_random_stack(config, "full")
+    detok = [_detok_ratio(stack, rows) for rows in sorted({8, stack.detokenizer.buckets.batch_sizes[-1]})]
+    _settle(device)
+    lm = _lm_measures(stack, config, device)
+    encoders = _encoder_peak(stack, config, device)
+    _settle(device)
+    counted = activation_bytes(stack, config)
+    measured = {
+        "detok_graph_pool": max(d["graph_pool_bytes"] / d["static_buffer_bytes"] for d in detok),
+        "lm_graph_pool": lm["graph_pool_bytes"] / lm["graph_logits_bytes"],
+        "activations": max(lm["prefill_peak"], encoders) / counted,
+        "cuda_context": _outside_allocator(device),
+        "allocator_slack": torch.cuda.max_memory_reserved(device) - torch.cuda.max_memory_allocated(device),
+    }
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "measured": measured,
+        "table_now": {name: e.measured for name, e in ESTIMATES.items()},
+        "proposed": {name: {"measured": round(v, 4), "margin": ESTIMATES[name].margin} for name, v in measured.items()},
+        "details": {
+            "detok": detok,
+            "lm": lm,
+            "encoders_peak": encoders,
+            "activations_counted": counted,
+            "lm_weights": getattr(stack.lm, "weights", "bf16"),
+        },
+    }
+
+
+def run_memory_estimates(config, args) -> int:
+    report = measure(config)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"memory estimates measured on {report['device']} (torch {report['torch']}, CUDA {report['cuda']}):")
+    for name, value in report["measured"].items():
+        now = report["table_now"][name]
+        in_bytes = name in ("cuda_context", "allocator_slack")
+        value, now, unit = (value / GIB, now / GIB, " GiB") if in_bytes else (value, now, "")
+        print(f"  {name:<18} measured {value:9.3f}{unit:<4}   table {now:9.3f}{unit}")
+    print("write the measured values into pipeline/memory_estimates.py (with this device and date as the source)")
+    return 0
