@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from aiohttp import web
-from aiortc import RTCSessionDescription
 
 from kimiaudio import __version__
 from kimiaudio.errors import KimiAudioError
@@ -45,11 +44,19 @@ from kimiaudio.server.middleware.request_body import read_json_object
 from kimiaudio.server.session import client_events
 from kimiaudio.server.session_registry import opened_session
 from kimiaudio.server.transport.ice_servers import ice_servers
-from kimiaudio.server.transport.rtc_peer import RtcPeer
 from kimiaudio.server.v1.routes import setup_openai_routes
 from kimiaudio.server.voice_routes import setup_voice_routes
 from kimiaudio.store import is_conversation_id
 from kimiaudio.store.search import SearchQueryError
+
+try:  # WebRTC needs aiortc (and PyAV); without them every other route still serves
+    from aiortc import RTCSessionDescription
+
+    from kimiaudio.server.transport.rtc_peer import RtcPeer
+except ImportError as exc:
+    WEBRTC_MISSING: str | None = exc.name or "aiortc"
+else:
+    WEBRTC_MISSING = None
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,12 @@ MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the se
 
 
 def setup_routes(app: web.Application) -> None:
+    if WEBRTC_MISSING:
+        log.warning(
+            "WebRTC is off: %s is not installed (pip install aiortc av); /api/rtc/offer answers 503, "
+            "the Realtime WebSocket and the HTTP routes serve",
+            WEBRTC_MISSING,
+        )
     app.router.add_get("/", index)
     app.router.add_static("/static", STATIC_DIR)
     app.router.add_get("/api/auth", auth)
@@ -105,6 +118,13 @@ def _demo_message() -> str:
 
 
 async def offer(request: web.Request) -> web.Response:
+    if WEBRTC_MISSING:
+        raise ApiError(
+            503,
+            "webrtc_unavailable",
+            f"WebRTC is not available on this server ({WEBRTC_MISSING} is not installed); "
+            "the Realtime WebSocket /v1/realtime is",
+        )
     app = request.app
     admission = app[admission_key]
     admission.check()  # a full server says so before the body is read
