@@ -32,6 +32,7 @@ from test_engine_e2e import (
 from test_lm_golden import SECTIONS, TOL, forward_logits
 from test_pipeline import run_turn, with_pipeline
 
+from kimiaudio.checkpoint.paths import resolve_device
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -42,7 +43,9 @@ from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker
 
-DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
+_NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
+# Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.
+DEVICE = resolve_device(_NAME) if _NAME == "cpu" or torch.cuda.is_available() else torch.device(_NAME)
 pytestmark = pytest.mark.skipif(
     DEVICE.type == "cuda" and not torch.cuda.is_available(),
     reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",

@@ -20,14 +20,16 @@ import torch
 from test_detok_streaming import streamed_samples
 
 from kimiaudio.bench.random_stack import build_random_stack
-from kimiaudio.checkpoint.paths import find_checkpoint
+from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device
 from kimiaudio.config import DetokConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
 from kimiaudio.layers.precision import exact_float32
 from kimiaudio.pipeline.memory_plan import plan_stack
 from kimiaudio.pipeline.memory_report import format_memory_plan
 
-DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
+_NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
+# Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.
+DEVICE = resolve_device(_NAME) if _NAME == "cpu" or torch.cuda.is_available() else torch.device(_NAME)
 ON_CUDA = DEVICE.type == "cuda"
 pytestmark = pytest.mark.skipif(
     ON_CUDA and not torch.cuda.is_available(),
