@@ -218,3 +218,29 @@ def test_card_gib_on_a_bench_run_needs_a_gpu(capsys):
     assert main(["bench", "--device", "cpu", "--random-weights", "full", "--card-gib", "24", "--sessions", "1"]) == 2
     err = capsys.readouterr().err
     assert "--card-gib 24 caps a GPU" in err and err.count("\n") == 1, err
+
+
+def test_the_start_plans_the_card_before_loading(monkeypatch, tmp_path):
+    """`serve` on a GPU resolves the weights from the plan of the checkpoint's config files
+    before reading any weight (here the full shapes, on a card made to look like 24 GiB, or
+    20 GiB, with fp8): auto takes fp8 for 8 sessions on 24 GiB; bf16 asked for on 24 GiB is
+    refused in one line naming the shortfall."""
+    from kimiaudio.checkpoint.paths import CheckpointPaths
+    from kimiaudio.pipeline import weights_choice
+    from kimiaudio.random_weights.config_files import GLM_DIR, write_config_files
+    from kimiaudio.random_weights.shapes import shape_named
+
+    write_config_files(tmp_path, shape_named("full"))
+    paths = CheckpointPaths(root=tmp_path, glm_tokenizer=tmp_path / GLM_DIR)
+    monkeypatch.setattr(weights_choice, "capacity_bytes", lambda device: 24 * GIB)
+    monkeypatch.setattr(weights_choice, "fp8_supported", lambda device: True)
+    monkeypatch.setattr(weights_choice, "require_fp8", lambda device, key: None)
+    config = tiny_config(tmp_path / "data", server={"max_sessions": 8}, engine={"max_model_len": 4096})
+    cuda = torch.device("cuda", 0)
+    assert weights_choice.resolve_weights(config, paths, cuda, torch.bfloat16, False) == ("fp8", "fp8")
+    config.model.weights = config.detok.weights = "bf16"
+    with pytest.raises(ConfigError) as info:
+        weights_choice.resolve_weights(config, paths, cuda, torch.bfloat16, False)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("cuda:0 (24.00 GiB): a KV pool for one sequence")
+    assert "does not fit by" in message and "largest: weights 24.06 GiB" in message

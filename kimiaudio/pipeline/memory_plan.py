@@ -230,8 +230,8 @@ def kv_blocks_on_device(plan: dict, device: torch.device) -> int:
     earlier pool is still alive: what the device has free, less the parts still to come, bounds
     the pool, with a warning naming the difference when it is smaller than planned."""
     planned = plan["kv_blocks"]
-    if device.type != "cuda" or planned == 0:
-        return planned
+    if device.type != "cuda" or planned == 0 or plan["kv_pool_source"] != "what is left":
+        return planned  # the CPU's budget, or engine.num_kv_blocks as configured
     gc.collect()  # an earlier engine's pool, held only by a reference cycle, goes now
     torch.cuda.empty_cache()  # ... and what the allocator cached back to the device
     later = sum(size for name, size in plan["reserved"].items() if name in AFTER_THE_POOL)

@@ -8,10 +8,9 @@ import logging
 import torch
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
-from kimiaudio.layers.device_memory import capacity_bytes
+from kimiaudio.layers.device_memory import GIB, capacity_bytes
 from kimiaudio.layers.fp8 import fp8_supported, require_fp8
 from kimiaudio.pipeline.memory_plan import check_plan, plan_memory
-from kimiaudio.pipeline.memory_report import format_memory_plan
 from kimiaudio.pipeline.meta_stack import meta_stack
 
 log = logging.getLogger(__name__)
@@ -34,8 +33,9 @@ def resolve_weights(
     """([model] weights, [detok] weights) with auto resolved: on the CPU the configured dtype
     unquantized; on CUDA bf16 where the plan for server.max_sessions sessions of
     engine.max_model_len positions fits the card, else fp8 where the GPU has it, else int8.
-    On CUDA the chosen plan is checked (check_plan: a card too small is a ConfigError now)
-    and logged; fp8 on a device without it is a ConfigError."""
+    On CUDA the chosen plan is checked (check_plan: a card too small is a ConfigError now,
+    before anything loads) and summed up in the log (the pipeline logs it whole); fp8 on a
+    device without it is a ConfigError."""
     lm, dit = config.model.weights, config.detok.weights
     plan = None
     if device.type != "cuda":
@@ -52,17 +52,19 @@ def resolve_weights(
         if value == "fp8":
             require_fp8(device, key)
     if plan is not None:
-        short = check_plan(plan, str(device))
+        check_plan(plan, str(device))  # refuses a card too small; the pipeline warns of a short pool
         auto = "auto" in (config.model.weights, config.detok.weights)
         log.info(
-            "weights: LM %s, DiT %s%s\n%s",
+            "weights: LM %s, DiT %s%s; on %s (%.2f GiB) the plan leaves %s KV tokens for %d sessions (%s)",
             lm,
             "none (text only)" if text_only else dit,
-            " (auto: the first that fits)" if auto and plan["fits"] else (" (auto: none fits)" if auto else ""),
-            format_memory_plan(plan),
+            (" (auto: the first that fits)" if plan["fits"] else " (auto: none fits, the smallest)") if auto else "",
+            device,
+            plan["device_total"] / GIB,
+            f"{plan['kv_pool_tokens']:,}",
+            plan["sessions"],
+            "fits" if plan["fits"] else "does not fit",
         )
-        if short:
-            log.warning(short)
     else:
         log.info("weights: LM %s, DiT %s", lm, "none (text only)" if text_only else dit)
     return lm, dit
