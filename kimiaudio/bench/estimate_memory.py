@@ -73,21 +73,16 @@ def _lm_measures(stack, config, device) -> dict:
     engine = LLMEngine(stack.lm, config.engine, device, stack.dtype, num_blocks=1024)
     graphs = engine.runner.graph_memory_bytes
     tokens = min(config.engine.max_num_batched_tokens, 1024 * config.engine.block_size)
-    codes = np.random.default_rng(0).integers(cfg.kimia_token_offset, cfg.vocab_size, tokens).tolist()
     blank = stack.specials.text_blank
-    request = EngineRequest(
-        "prefill",
-        codes,
-        [blank] * tokens,
-        [0] * tokens,
-        None,
-        SamplingParams(seed=0, max_new_tokens=1, ignore_eos=True),
-        "both",
-        stack.specials,
-    )
+    rng = np.random.default_rng(0)
 
     def prefill():
-        engine.add_request(request)
+        # New codes each time: a prompt the prefix cache has seen would not be computed again.
+        codes = rng.integers(cfg.kimia_token_offset, cfg.vocab_size, tokens).tolist()
+        params = SamplingParams(seed=0, max_new_tokens=1, ignore_eos=True)
+        engine.add_request(
+            EngineRequest("prefill", codes, [blank] * tokens, [0] * tokens, None, params, "both", stack.specials)
+        )
         while engine.has_work():
             engine.step()
 
@@ -105,19 +100,16 @@ def _encoder_peak(stack, config, device) -> int:
     return _peak_beyond(device, lambda: stack.encode_speech_batch(batch))
 
 
-def measure(config) -> dict:
+def measure(config, device: torch.device, shape: str = "full") -> dict:
+    """Every estimate measured on `device` with the random stack of `shape`."""
     from kimiaudio.bench.random_stack import build_random_stack
-    from kimiaudio.checkpoint.paths import resolve_device
     from kimiaudio.pipeline.memory_estimates import ESTIMATES
     from kimiaudio.pipeline.memory_plan import activation_bytes
 
-    device = resolve_device(config.model.device)
-    if device.type != "cuda":
-        raise KimiAudioError("--memory-estimates measures a GPU: run it with --device cuda")
     torch.ones(8, 8, device=device) @ torch.ones(8, 8, device=device)  # cuBLAS loaded
     torch.nn.functional.conv1d(torch.ones(1, 1, 8, device=device), torch.ones(1, 1, 3, device=device))  # cuDNN
     torch.cuda.synchronize(device)
-    stack = build_random_stack(config, "full")
+    stack = build_random_stack(config, shape)
     detok = [_detok_ratio(stack, rows) for rows in sorted({8, stack.detokenizer.buckets.batch_sizes[-1]})]
     _settle(device)
     lm = _lm_measures(stack, config, device)
@@ -149,7 +141,12 @@ def measure(config) -> dict:
 
 
 def run_memory_estimates(config, args) -> int:
-    report = measure(config)
+    from kimiaudio.checkpoint.paths import resolve_device
+
+    device = resolve_device(config.model.device)
+    if device.type != "cuda":
+        raise KimiAudioError("--memory-estimates measures a GPU: run it with --device cuda")
+    report = measure(config, device)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

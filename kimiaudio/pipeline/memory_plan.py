@@ -82,6 +82,39 @@ def graph_logits_bytes(stack, config) -> int:
     return sum(sizes) * 2 * stack.lm.config.vocab_size * stack.lm.dtype.itemsize
 
 
+def component_weights(stack) -> dict[str, int]:
+    """Bytes of every component's parameters and buffers, by component."""
+    weights = {
+        "lm": _bytes(stack.lm),
+        "whisper": _bytes(stack.whisper.encoder),
+        "glm4_tokenizer": _bytes(stack.glm4.model),
+    }
+    if stack.detokenizer is not None:
+        weights.update(dit=_bytes(stack.detokenizer.dit), vocoder=_bytes(stack.detokenizer.vocoder))
+    return weights
+
+
+def reserved_parts(stack, config, on_gpu: bool) -> dict[str, tuple[int, str]]:
+    """Every part reserved beside the KV pool: name -> (bytes, where the figure comes from)."""
+    parts = {"weights": (sum(component_weights(stack).values()), "counted")}
+    detok = stack.detokenizer
+    if detok is not None:
+        buffers = detok.flow.arena.nbytes
+        parts["detok_static_buffers"] = (buffers, "counted")
+        parts["detok_state"] = (config.server.max_sessions * detok.state_bytes_per_stream(), "counted")
+        parts["voice_cache"] = (config.voices.cache_mib * MIB, "configured")
+        # Graphed, the detokenizer's activations live in its graphs' pool; eager, they come and go.
+        workspace = "detok_graph_pool" if on_gpu and config.detok.cuda_graphs else "detok_activations"
+        parts[workspace] = _estimated("detok_graph_pool", buffers)
+    if on_gpu and config.engine.cuda_graphs:
+        parts["lm_graph_pool"] = _estimated("lm_graph_pool", graph_logits_bytes(stack, config))
+    parts["activations"] = _estimated("activations", activation_bytes(stack, config))
+    if on_gpu:
+        parts["cuda_context"] = _estimated("cuda_context", 1)
+        parts["allocator_slack"] = _estimated("allocator_slack", 1)
+    return parts
+
+
 def plan_memory(stack, config, device_bytes: int | None, on_gpu: bool, positions: int | None = None) -> dict:
     """Bytes of every reserved part and the KV pool for serving `config` on a device of
     `device_bytes` (None: no capacity, the CPU budget); `on_gpu`: CUDA graphs, the CUDA
@@ -89,51 +122,21 @@ def plan_memory(stack, config, device_bytes: int | None, on_gpu: bool, positions
     `fits` (default engine.max_model_len)."""
     sessions = config.server.max_sessions
     positions = config.engine.max_model_len if positions is None else positions
-    weights = {
-        "lm": _bytes(stack.lm),
-        "whisper": _bytes(stack.whisper.encoder),
-        "glm4_tokenizer": _bytes(stack.glm4.model),
-    }
-    choice = {"lm": getattr(stack.lm, "weights", "bf16")}
-    reserved: dict[str, int] = {}
-    sources = {"weights": "counted"}
-    detok = stack.detokenizer
-    if detok is not None:
-        weights.update(dit=_bytes(detok.dit), vocoder=_bytes(detok.vocoder))
-        choice["dit"] = getattr(detok.dit, "weights", "bf16")
-    reserved["weights"] = sum(weights.values())
-    if detok is not None:
-        buffers = detok.flow.arena.nbytes
-        workspace = "detok_graph_pool" if on_gpu and config.detok.cuda_graphs else "detok_activations"
-        reserved.update(
-            detok_static_buffers=buffers,
-            detok_state=sessions * detok.state_bytes_per_stream(),
-            voice_cache=config.voices.cache_mib * MIB,
-        )
-        reserved[workspace] = int(estimate("detok_graph_pool") * buffers)
-        sources.update(detok_static_buffers="counted", detok_state="counted", voice_cache="configured")
-        sources[workspace] = _estimated("detok_graph_pool")
-    if on_gpu and config.engine.cuda_graphs:
-        reserved["lm_graph_pool"] = int(estimate("lm_graph_pool") * graph_logits_bytes(stack, config))
-        sources["lm_graph_pool"] = _estimated("lm_graph_pool")
-    reserved["activations"] = int(estimate("activations") * activation_bytes(stack, config))
-    sources["activations"] = _estimated("activations")
-    if on_gpu:
-        for name in ("cuda_context", "allocator_slack"):
-            reserved[name] = int(estimate(name))
-            sources[name] = _estimated(name)
+    parts = reserved_parts(stack, config, on_gpu)
     plan = {
         "device_total": device_bytes,
         "on_gpu": on_gpu,
         "sessions": sessions,
         "positions_per_session": positions,
-        "weights_choice": choice,
-        "weights": weights,
-        "reserved": reserved,
-        "sources": sources,
-        "reserved_total": sum(reserved.values()),
+        "weights_choice": {"lm": getattr(stack.lm, "weights", "bf16")},
+        "weights": component_weights(stack),
+        "reserved": {name: size for name, (size, _) in parts.items()},
+        "sources": {name: source for name, (_, source) in parts.items()},
+        "reserved_total": sum(size for size, _ in parts.values()),
     }
+    detok = stack.detokenizer
     if detok is not None:
+        plan["weights_choice"]["dit"] = getattr(detok.dit, "weights", "bf16")
         plan.update(
             detok_batch_rows=detok.buckets.batch_sizes[-1], detok_state_per_session=detok.state_bytes_per_stream()
         )
@@ -143,14 +146,16 @@ def plan_memory(stack, config, device_bytes: int | None, on_gpu: bool, positions
     return plan
 
 
+def _estimated(name: str, base: int) -> tuple[int, str]:
+    """(the estimate of `name` for its counted base, its source line)."""
+    e = ESTIMATES[name]
+    source = f"estimated: {e.measured:g} x (1 + {e.margin:g}) per {e.per} ({e.source})"
+    return int(estimate(name) * base), source
+
+
 def size(nbytes: int) -> str:
     """GiB, or MiB below a tenth of one (a tiny checkpoint's parts)."""
     return f"{nbytes / GIB:.2f} GiB" if abs(nbytes) >= GIB / 10 else f"{nbytes / MIB:.1f} MiB"
-
-
-def _estimated(name: str) -> str:
-    e = ESTIMATES[name]
-    return f"estimated: {e.measured:g} x (1 + {e.margin:g}) per {e.per} ({e.source})"
 
 
 def _kv_pool(stack, config, device_bytes: int | None, reserved_total: int) -> dict:

@@ -74,6 +74,13 @@ class Pipeline:
                 )
         num_blocks = kv_blocks_on_device(self.memory, stack.device)
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, num_blocks=num_blocks)
+        if self.engine.runner.graphs is not None:
+            log.info(
+                "LM decode graphs: %.2f GiB (planned %.2f GiB); KV pool %d blocks",
+                self.engine.runner.graph_memory_bytes / 2**30,
+                self.memory["reserved"].get("lm_graph_pool", 0) / 2**30,
+                num_blocks,
+            )
         self._detok = None
         if detokenizer is not None:
             self._detok = DetokWorker(
