@@ -261,7 +261,11 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
     report = json.loads(result.stdout)
     plan = report["memory_plan"]
     assert set(plan["weights"]) == {"lm", "whisper", "glm4_tokenizer", "dit", "vocoder"}
-    assert plan["detok_state_per_session"] > 0 and plan["fixed_total"] > 0
+    assert plan["detok_state_per_session"] > 0 and plan["reserved_total"] > 0
+    # The plan the pipelines sized their pools from: for max(--sessions) sessions, on the CPU's budget.
+    assert plan["sessions"] == 2 and plan["reserved"]["detok_state"] == 2 * plan["detok_state_per_session"]
+    assert plan["kv_pool_source"] == "the CPU budget"
+    assert all(row["kv_blocks_total"] == plan["kv_blocks"] for row in report["rows"])
     for row in report["rows"]:
         assert row["reference_tokens_per_s"] is None  # no batch-1 reference at full size
         assert row["lm_step_ms_p50"] > 0 and row["detok_ms_p50"] > 0
