@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --random-weights 7b: torch.profiler over decode steps per batch size (GPU-busy vs wall "
         "time a step, kernels a step, the top kernels)",
     )
+    p.add_argument(
+        "--arrivals",
+        default="burst",
+        help="when sessions speak their first turn: burst (all at once, the default) or poisson:RATE "
+        "(a Poisson process of RATE sessions a second, fixed seed)",
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument(
         "--natural-lengths",

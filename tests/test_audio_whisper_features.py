@@ -90,3 +90,29 @@ def test_batch_equals_single_and_long_input_is_segmented(encoder, golden):
     # The second segment is encoded on its own (starts again at position 0).
     tail = encoder.features(long[segment:])
     torch.testing.assert_close(batch[1][first_rows:], tail, atol=1e-5, rtol=1e-5)
+
+
+def test_speech_window_is_the_official_window_at_30_s_and_batch_invariant(encoder):
+    """whisper_window = "speech" encodes each segment at its own length with the padding masked:
+    a segment of exactly 30 s is the official window itself, and a segment's features do not
+    depend on the others in its batch (lengths from under a token's worth to two segments)."""
+    rng = np.random.default_rng(11)
+    segment = encoder.mel.segment_samples
+    whole = (0.1 * rng.standard_normal(segment)).astype(np.float32)
+    torch.testing.assert_close(encoder.features(whole, exact=False), encoder.features(whole), atol=0, rtol=0)
+    inputs = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (1000, 50_000, segment + 20_000)]
+    batch = encoder.features_batch(inputs, exact=False)
+    for pcm, got in zip(inputs, batch):
+        assert got.shape == encoder.features(pcm).shape  # one row per token, as official
+        torch.testing.assert_close(got, encoder.features(pcm, exact=False), atol=1e-5, rtol=1e-5)
+
+
+def test_speech_window_is_not_the_official_features(encoder, golden):
+    """Why it is off by default: the official encoder attends over the window's padding, so a
+    short utterance's features differ without it (README, "Speech encoders", gives the size of
+    the difference on this checkpoint)."""
+    wav = golden["wav16k"][0].numpy()
+    official, speech = golden["whisper.features"][0], encoder.features(wav, exact=False)
+    assert speech.shape == official.shape
+    rms = ((speech - official).pow(2).mean() / official.pow(2).mean()).sqrt()
+    assert rms > 0.01

@@ -7,13 +7,37 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 from test_cli import assert_one_line_error, kimiaudio
 
+from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
 from kimiaudio.bench.pipeline_bench import PlaybackClock, bench_inputs
+from kimiaudio.bench.slow_steps import format_slow_steps, slow_step_report
 from kimiaudio.bench.stats import ms_p50_p95, percentile
 from kimiaudio.config import load_config
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.step_record import LmStepRecord
+
+# A pipeline bench report's keys, the same on every device (values null where they do not apply).
+REPORT_KEYS = {
+    "device",
+    "dtype",
+    "demo_weights",
+    "model",
+    "max_new_tokens",
+    "turns",
+    "turn_lengths",
+    "arrivals",
+    "encode_batch_size",
+    "whisper_window",
+    "card_gib",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "memory_plan",
+    "rows",
+}
 
 
 def check_playback_figures(row: dict) -> None:
@@ -28,6 +52,22 @@ def check_playback_figures(row: dict) -> None:
     assert set(stages) == {"queue", "encode", "prefill", "first_audio_token", "first_pcm"}
     assert all(0 <= value <= row["first_audio_ms_p50"] for value in stages.values()), (stages, row)
     assert stages["encode"] > 0 and stages["prefill"] > 0  # each of these runs a model
+    # p95 of the same per-turn values; each turn's stage lies within its first audio.
+    p95 = row["stages_ms_p95"]
+    assert set(p95) == set(stages) and all(stages[s] <= p95[s] <= row["first_audio_ms_p95"] for s in stages), row
+    check_slow_steps(row["slow_lm_steps"])
+
+
+def check_slow_steps(report: dict) -> None:
+    """The slow-step report's shape, the same on every device: steps above the threshold,
+    each counted under every tag it carries (or "none"), the slowest first."""
+    assert set(report) == {"threshold_ms", "steps", "slow", "by_tag", "slowest"}
+    assert set(report["by_tag"]) == {"prefill", "encode", "detok", "new_shape", "none"}
+    assert report["steps"] > 0 and 0 <= report["slow"] <= report["steps"]
+    assert sum(report["by_tag"].values()) >= report["slow"] >= report["by_tag"]["none"]
+    times = [step["ms"] for step in report["slowest"]]
+    assert len(times) == min(5, report["slow"]) and times == sorted(times, reverse=True)
+    assert all(t > report["threshold_ms"] for t in times)
 
 
 def test_bench_reports_every_figure(demo_checkpoint):
@@ -47,7 +87,9 @@ def test_bench_reports_every_figure(demo_checkpoint):
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["demo_weights"] is True and report["turn_lengths"] == "fixed"
+    assert set(report) == REPORT_KEYS and report["memory_plan"] is None and report["peak_reserved_bytes"] is None
+    assert report["demo_weights"] is True and report["turn_lengths"] == "fixed" and report["arrivals"] == "burst"
+    assert report["whisper_window"] == "official" and report["encode_batch_size"] == 4
     rows = {row["sessions"]: row for row in report["rows"]}
     assert set(rows) == {1, 3}
     timed = 0.0
@@ -259,6 +301,7 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
+    assert set(report) == REPORT_KEYS
     plan = report["memory_plan"]
     assert set(plan["weights"]) == {"lm", "whisper", "glm4_tokenizer", "dit", "vocoder"}
     assert plan["detok_state_per_session"] > 0 and plan["reserved_total"] > 0
@@ -353,3 +396,58 @@ def test_transcription_bench_compares_first_audio_steps_with_and_without(demo_ch
     # they are not compared there; test_engine_scheduler holds that promise step by step.
     assert one["max_extra_steps"] == 0
     assert one["with_asr_first_audio_steps_max"] == one["first_audio_steps_max"]
+
+
+def test_arrivals_are_a_burst_or_a_seeded_poisson_process():
+    assert Arrivals.parse("burst").offsets(3) == [0.0, 0.0, 0.0] and Arrivals.parse("burst").name == "burst"
+    poisson = Arrivals.parse("poisson:4")
+    offsets = poisson.offsets(2000)
+    assert poisson.name == "poisson:4" and offsets == poisson.offsets(2000)  # the same, run after run
+    assert offsets[0] == 0.0 and offsets == sorted(offsets)
+    gaps = np.diff(offsets)
+    assert gaps.min() > 0 and abs(gaps.mean() - 0.25) < 0.025  # 4 sessions a second on average
+    assert poisson.offsets(1) == [0.0] and poisson.offsets(0) == []
+    for bad in ("poisson:0", "poisson:-1", "poisson:x", "poisson:inf", "poisson", "burst:2", "uniform", ""):
+        with pytest.raises(KimiAudioError, match="--arrivals"):
+            Arrivals.parse(bad)
+
+
+def test_bad_arrivals_are_a_one_line_error():
+    result = kimiaudio("bench", "--arrivals", "poisson:0", "--device", "cpu")
+    assert_one_line_error(result, "--arrivals", "poisson:RATE")
+    assert_one_line_error(
+        kimiaudio("bench", "--arrivals", "poisson:2", "--webrtc", "--device", "cpu"), "goes with the pipeline bench"
+    )
+
+
+def test_poisson_arrivals_through_the_pipeline(demo_checkpoint):
+    options = "--sessions 3 --max-new-tokens 10 --no-reference --arrivals poisson:20 --json".split()
+    result = kimiaudio("bench", "--model", str(demo_checkpoint), *options)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (row,) = report["rows"]
+    assert set(report) == REPORT_KEYS and report["arrivals"] == row["arrivals"] == "poisson:20"
+    assert row["generated_tokens"] == 3 * 10
+    # The last session arrived after the first: the row lasts at least that gap.
+    assert row["wall_s"] > Arrivals.parse("poisson:20").offsets(3)[-1]
+    check_playback_figures(row)
+
+
+def test_slow_steps_are_counted_by_what_they_carried():
+    def step(ms, prefill=0, stages=0, on_device=False, detok=False, new=False):
+        return LmStepRecord(ms / 1000, 4, prefill, stages, on_device, detok, new)
+
+    records = [step(10)] * 6 + [
+        step(40, prefill=256, detok=True),
+        step(30, stages=3),
+        step(20, on_device=True, new=True),
+        step(14),  # slow, carrying nothing known
+    ]
+    report = slow_step_report(records)
+    assert report["threshold_ms"] == 13.0 and report["steps"] == 10 and report["slow"] == 4
+    assert report["by_tag"] == {"prefill": 1, "encode": 2, "detok": 1, "new_shape": 1, "none": 1}
+    assert [s["ms"] for s in report["slowest"]] == [40.0, 30.0, 20.0, 14.0]
+    assert report["slowest"][0]["tags"] == ["prefill", "detok"] and report["slowest"][0]["prefill_tokens"] == 256
+    assert "4/10 LM steps > 13.0 ms" in format_slow_steps(report)
+    empty = slow_step_report([])
+    assert empty["steps"] == 0 and empty["slowest"] == [] and set(empty["by_tag"]) == set(report["by_tag"])

@@ -101,6 +101,7 @@ def test_each_documented_range_takes_its_edges_and_refuses_the_next_value(name):
         ("model.device", ["auto", "cpu", "cuda", "cuda:1"], ["gpu", "cuda:", "CPU", ""]),
         ("model.dtype", ["auto", "float32", "bfloat16", "float16"], ["fp16", "int8"]),
         ("detok.preset", ["low_latency", "official"], ["fast", "Official"]),
+        ("audio.whisper_window", ["official", "speech"], ["30s", "Speech", ""]),
         ("server.ice_servers", [["stun:h:3478", "turns:t.example.org"]], [["http://h"], ["stun:"]]),
         ("server.instance_id", ["", "gpu-node-1:8081", "pod_7.cuda-0", "a" * 128], ["-x", "a b", "a" * 129, "é"]),
         ("server.model_aliases", [[], ["whisper-1", "org/model:v2"]], [["bad name"], [""], "whisper-1", ["-x"]]),

@@ -24,10 +24,38 @@ def cost(seconds_per_call: float) -> CostEstimate:
 
 
 def test_no_risk_no_lowering_most_urgent_first():
-    due = [Stream("later", 10.4), Stream("new", 9.0, is_playing=False), Stream("soon", 10.1)]
+    due = [Stream("later", 10.4), Stream("dry", 9.95), Stream("soon", 10.1)]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.001))
-    assert [s.name for s in plan.streams] == ["new", "soon", "later"]
+    assert [s.name for s in plan.streams] == ["dry", "soon", "later"]
     assert plan.ode_steps == [None, None, None] and plan.num_lowered == 0
+
+
+def test_a_first_chunk_goes_first_and_streams_with_slack_wait_for_the_next_batch():
+    """A turn waiting for its first audio runs ahead of every later chunk or flush; while one
+    does, a playing stream joins it only if it would run dry before the batch after this one
+    lands (this batch at 10 + 16 DiT calls and the next at 16, 1 ms a call: 42 ms), whether the
+    LM is busy or not; the longest-waiting first chunk first."""
+    due = [
+        Stream("later", 10.4),
+        Stream("new", 9.0, is_playing=False),
+        Stream("soon", 10.1),
+        Stream("dry", 9.95),
+        Stream("newer", 9.5, is_playing=False),
+    ]
+    for busy in (True, False):
+        plan = plan_chunks(due, now=10.0, llm_busy=busy, settings=SETTINGS, cost=cost(0.001))
+        assert [s.name for s in plan.streams] == ["new", "newer", "dry"]
+    # At 10.07 "soon" has 30 ms of audio left: it joins; "later" still waits.
+    plan = plan_chunks(due, now=10.07, llm_busy=True, settings=SETTINGS, cost=cost(0.001))
+    assert [s.name for s in plan.streams] == ["new", "newer", "dry", "soon"]
+    # The first chunks take the batch's room before any playing stream.
+    limited = GuardSettings(**{**SETTINGS.__dict__, "max_batch_sessions": 2})
+    plan = plan_chunks(due, now=10.0, llm_busy=True, settings=limited, cost=cost(0.001))
+    assert [s.name for s in plan.streams] == ["new", "newer"]
+    # Once no first chunk is due, every playing stream may run again (LM idle).
+    playing = [s for s in due if s.is_playing]
+    plan = plan_chunks(playing, now=10.0, llm_busy=False, settings=SETTINGS, cost=cost(0.001))
+    assert [s.name for s in plan.streams] == ["dry", "soon", "later"]
 
 
 def test_run_ahead_and_limit():
@@ -44,9 +72,11 @@ def test_at_risk_batch_gets_the_most_steps_that_fit():
     due = [
         Stream("new", 9.5, is_playing=False),
         Stream("tight", 10.1, next_chunk_s=0.3),
-        Stream("fine", 10.45, next_chunk_s=2.0),
+        Stream("fine", 10.3, next_chunk_s=2.0),
     ]
     plan = plan_chunks(due, now=10.0, llm_busy=True, settings=SETTINGS, cost=cost(0.01))
+    # With a first chunk due, "tight" and "fine" join it: each would run dry within the 0.42 s
+    # this batch and the next take (10 + 16 DiT calls, then 16).
     assert [s.name for s in plan.streams] == ["new", "tight", "fine"]
     # later chunks at s steps: 2 x (10 + s) x 0.01 <= 0.4 fails for s >= 11, and s = 10 joins the
     # first chunk's group (one group of 10 calls): the batch's later chunks run at 10 steps

@@ -10,13 +10,16 @@ import math
 
 import pytest
 import torch
+from helpers.sequences import make_sequence
 from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.mixed_batch import CONTINUOUS, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.step_plan import StepPlan
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 
@@ -31,20 +34,17 @@ def test_decode_batch_sizes():
 
 def decoding_seq(seq_id: int, length: int, table: list[int]) -> Sequence:
     """A sequence of `length` positions whose last one is this step's decode row."""
-    seq = Sequence(
-        seq_id,
-        f"r{seq_id}",
-        list(range(10, 10 + length)),
-        [7] * length,
-        [seq_id % 2 == 0] * length,
-        [False] * length,
-        [None] * length,
-        BS,
-    )
+    seq = make_sequence(seq_id, range(10, 10 + length), block_size=BS, use_text=[seq_id % 2 == 0] * length)
     seq.block_table = table
     seq.num_computed_tokens = length - 1
-    seq.num_scheduled_tokens = 1
     return seq
+
+
+def decode_plan(seqs: list[Sequence]) -> StepPlan:
+    plan = StepPlan()
+    for seq in seqs:
+        plan.add_decode(seq)
+    return plan
 
 
 def test_prepare_writes_rows_then_padding():
@@ -52,7 +52,7 @@ def test_prepare_writes_rows_then_padding():
     inputs = DecodeInputs(pool, 8, 40, torch.float32, use_kernel=False, batch_sizes=decode_batch_sizes(8))
     assert inputs.max_blocks == 10
     seqs = [decoding_seq(0, 6, [3, 9]), decoding_seq(1, 9, [1, 4, 12]), decoding_seq(2, 1, [0])]
-    assert inputs.fits(seqs)
+    assert inputs.fits(decode_plan(seqs))
     padded, width = inputs.prepare(seqs)
     assert (padded, width) == (4, 3)
     batch = inputs.batch(padded, width)
@@ -72,12 +72,14 @@ def test_prepare_writes_rows_then_padding():
     assert inputs.fields[SLOT, 1].item() == scratch and inputs.fields[CONTEXT, 1].item() == 1
     # Not a decode step: a prefill chunk, a continuous position, more rows than the buffers hold.
     chunk = decoding_seq(2, 5, [2, 5])
-    chunk.num_computed_tokens, chunk.num_scheduled_tokens = 2, 3
-    assert not inputs.fits([seqs[0], chunk])
+    chunk.num_computed_tokens = 2
+    mixed = decode_plan(seqs[:1])
+    mixed.add_chunk(chunk, 3)
+    assert not inputs.fits(mixed)
     feature = decoding_seq(3, 5, [2, 5])
     feature.continuous_mask[-1] = True
-    assert not inputs.fits([feature])
-    assert not inputs.fits([decoding_seq(i, 3, [i]) for i in range(9)])
+    assert not inputs.fits(decode_plan([feature]))
+    assert not inputs.fits(decode_plan([decoding_seq(i, 3, [i]) for i in range(9)]))
     with pytest.raises(ValueError, match="expected 1..8"):
         inputs.padded_size(9)
 
@@ -140,9 +142,12 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
     assert max(rows for rows, _ in padded_steps) >= (2 if num_blocks == 12 else 5)
 
     flat = LLMEngine(lm, config, "cpu", torch.float32)
-    monkeypatch.setattr(flat.runner.decode_inputs, "fits", lambda seqs: False)  # every step the flat batch
+    monkeypatch.setattr(flat.runner.decode_inputs, "fits", lambda plan: False)  # every step the flat batch
     assert run_scenario(flat, arrivals) == (outputs, finished)
+    assert_reference_results(outputs, finished, expected)
 
+
+def assert_reference_results(outputs: dict, finished: dict, expected: dict) -> None:
     for rid, (steps, reason) in expected.items():
         if rid == "abort-waiting":
             assert outputs[rid] == []
@@ -152,3 +157,39 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
             assert outputs[rid][: len(steps)] == steps and len(outputs[rid]) == 30
         else:
             assert (outputs[rid], finished[rid]) == (steps, reason), rid
+
+
+def test_padded_mixed_path_equals_reference(scenario):
+    """Every mixed step padded to its bucket (16 or 24 tokens) as with CUDA graphs, through the
+    static buffers of mixed_batch.py (the torch reference of the runs on the CPU), decodes
+    through the padded decode path; preemption included: token for token the reference loop's."""
+    lm, arrivals, expected = scenario
+    config = EngineConfig(block_size=8, num_kv_blocks=12, max_num_batched_tokens=24, max_num_seqs=8)
+    engine = LLMEngine(lm, config, "cpu", torch.float32)
+    runner = engine.runner
+    runner.decode_inputs.batch_sizes = decode_batch_sizes(8)
+    inputs = MixedInputs(
+        runner.pool,
+        8,
+        mixed_token_buckets(24),
+        config.max_model_len,
+        lm.config.kimia_adaptor_input_dim,
+        torch.float32,
+        use_kernel=False,
+    )
+    steps = []
+    prepare = inputs.prepare
+
+    def recording_prepare(plan):
+        bucket, sampling = prepare(plan)
+        steps.append((plan.num_tokens, bucket, bool(inputs.fields[CONTINUOUS, : plan.num_tokens].any())))
+        return bucket, sampling
+
+    inputs.prepare = recording_prepare
+    runner.mixed_inputs = inputs
+    outputs, finished = run_scenario(engine, arrivals)
+    assert engine.stats().num_preemptions > 0
+    assert len(steps) > 5 and sum(tokens < bucket for tokens, bucket, _ in steps) >= 3  # some padded
+    assert any(with_features for _, _, with_features in steps)
+    assert {bucket for _, bucket, _ in steps} == {16, 24}
+    assert_reference_results(outputs, finished, expected)

@@ -289,7 +289,7 @@ def test_bad_requests_fail_alone(setup):
     # A step that raises fails the requests it ran (blocks freed), and the engine keeps going.
     engine.add_request(make_request("doomed", good, params, "both", rules))
     run = engine.runner.run
-    engine.runner.run = lambda seqs: 1 / 0
+    engine.runner.run = lambda plan: 1 / 0
     failed = engine.step()
     engine.runner.run = run
     assert [(o.request_id, o.finished, o.finish_reason) for o in failed] == [("doomed", True, "error")]

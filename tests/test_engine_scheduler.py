@@ -1,105 +1,18 @@
-"""Block manager and scheduler without a model.
-
-A fake runner plays the model: it writes, for every computed position, a key of that
-position's whole causal context into a dict "KV pool" at the slot the block table gives, and
-before each sample checks that every position of the sequence holds its own key. So shared
-prefix blocks, preemption, chunking and abort are checked for wrong K/V, not only counts.
-"""
+"""Block manager and scheduler without a model (tests/helpers/scheduler_driver.py's fake
+runner checks the K/V of every slot, not only counts)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq
 
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.engine_io import RequestError
 from kimiaudio.engine.scheduler import Scheduler
-from kimiaudio.engine.sequence import Sequence, SequenceStatus
-
-BS = 4
-
-
-def make_seq(seq_id, audio, max_new=3, digests=None, use_text=None, text=None):
-    n = len(audio)
-    seq = Sequence(
-        seq_id,
-        f"r{seq_id}",
-        audio,
-        text or [7] * n,
-        use_text or [True] * n,
-        [d is not None for d in digests] if digests else [False] * n,
-        digests or [None] * n,
-        BS,
-    )
-    seq.max_num_tokens = n + max_new - 1
-    seq.max_new = max_new
-    return seq
-
-
-def next_token(audio, text):
-    """The fake model's deterministic "sample": a function of the whole context."""
-    return (sum((i + 1) * (a * 31 + t) for i, (a, t) in enumerate(zip(audio, text))) % 97) + 1
-
-
-def expected_tokens(prompt, max_new, text=7):
-    audio, texts, out = list(prompt), [text] * len(prompt), []
-    for _ in range(max_new):
-        tok = next_token(audio, texts)
-        out.append(tok)
-        audio.append(tok + 1)
-        texts.append(tok)
-    return out
-
-
-class FakeRunner:
-    def __init__(self, scheduler: Scheduler):
-        self.scheduler = scheduler
-        self.bm = scheduler.block_manager
-        self.pool: dict[int, tuple] = {}
-        self.generated: dict[int, list[int]] = {}
-        self.steps: list[list[tuple[int, int]]] = []  # per step: (seq_id, num_scheduled)
-
-    def slot(self, seq, p):
-        return seq.block_table[p // BS] * BS + p % BS
-
-    def step(self):
-        scheduled = self.scheduler.schedule()
-        self.steps.append([(s.seq_id, s.num_scheduled_tokens) for s in scheduled])
-        prefills = [s for s in scheduled if s.is_prefilling]
-        num_decodes = len(scheduled) - len(prefills)
-        budget = self.scheduler.max_num_batched_tokens - num_decodes
-        limit = self.scheduler.max_prefill_tokens_while_decoding
-        if num_decodes and limit is not None:
-            budget = min(budget, limit)
-        assert sum(s.num_scheduled_tokens for s in prefills) <= budget
-        if sum(s.num_scheduled_tokens for s in prefills) < budget:
-            # Budget left over: nobody scheduled may have been cut short.
-            assert all(s.num_scheduled_tokens == s.num_pending_tokens for s in scheduled)
-        for seq in scheduled:
-            keys = list(zip(seq.audio_ids, seq.text_ids))
-            for p in range(seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens):
-                self.pool[self.slot(seq, p)] = tuple(keys[: p + 1])
-        for seq in self.scheduler.postprocess(scheduled):
-            keys = list(zip(seq.audio_ids, seq.text_ids))
-            for p in range(seq.num_tokens):
-                assert self.pool[self.slot(seq, p)] == tuple(keys[: p + 1]), f"seq {seq.seq_id} pos {p}"
-            tok = next_token(seq.audio_ids, seq.text_ids)
-            self.generated.setdefault(seq.seq_id, []).append(tok)
-            seq.append_token(tok, tok + 1)
-            if seq.num_generated_tokens == seq.max_new:
-                self.scheduler.finish(seq)
-        return scheduled
-
-    def run(self, max_steps=500):
-        for _ in range(max_steps):
-            if not self.scheduler.has_work:
-                return
-            self.step()
-        raise AssertionError("scheduler did not finish")
-
-
-def assert_pool_idle(bm: BlockManager):
-    assert bm.num_free_blocks == bm.num_blocks
-    assert not any(bm.ref_counts)
+from kimiaudio.engine.sequence import SequenceStatus
 
 
 def test_refcounts_prefix_hits_and_free():
@@ -259,7 +172,7 @@ def test_preemption_when_pool_runs_out_keeps_results():
     for i, prompt in prompts.items():
         sched.add(make_seq(i, prompt, max_new=10))
     runner.run()
-    assert sched.num_preemptions > 0
+    assert sched.num_preemptions > 0 and sum(runner.num_preempted) == sched.num_preemptions
     for i, prompt in prompts.items():
         assert runner.generated[i] == expected_tokens(prompt, 10)
     assert_pool_idle(sched.block_manager)
@@ -328,8 +241,7 @@ def _answers_with_background(background: bool):
     for step in range(500):
         for sid in arrivals.get(step, []):
             prompt = answers.get(sid) or extra[sid]
-            seq = make_seq(sid, prompt, max_new=6 if sid in answers else 8)
-            seq.priority = 1 if sid in extra else 0
+            seq = make_seq(sid, prompt, max_new=6 if sid in answers else 8, priority=1 if sid in extra else 0)
             sched.add(seq)
         if not sched.has_work and step > 2:
             break
@@ -364,8 +276,7 @@ def test_an_answer_that_cannot_fit_yet_preempts_nothing():
     sched = Scheduler(BlockManager(10, BS), max_num_seqs=8, max_num_batched_tokens=64)
     runner = FakeRunner(sched)
     first = make_seq(0, list(range(1, 25)), max_new=3)  # 24 positions: 6 of the 10 blocks, then 7
-    background = make_seq(10, list(range(40, 44)), max_new=3)  # 1 block, then 2
-    background.priority = 1
+    background = make_seq(10, list(range(40, 44)), max_new=3, priority=1)  # 1 block, then 2
     sched.add(first)
     sched.add(background)
     runner.step()
@@ -378,3 +289,12 @@ def test_an_answer_that_cannot_fit_yet_preempts_nothing():
     assert runner.generated[1] == expected_tokens(range(60, 80), 2)
     assert runner.generated[10] == expected_tokens(range(40, 44), 3)
     assert_pool_idle(sched.block_manager)
+
+
+def test_bookkeeping_imports_no_torch():
+    """The scheduler, its plan, sequences, blocks and rules run (and are tested) without torch:
+    Sequence names torch and the params' types for type checking only."""
+    modules = ("scheduler", "step_plan", "sequence", "block_manager", "stop_rules", "engine_io")
+    code = ";".join(f"import kimiaudio.engine.{m}" for m in modules) + ";import sys;print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

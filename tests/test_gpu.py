@@ -35,6 +35,7 @@ from test_pipeline import run_turn, with_pipeline
 from kimiaudio.checkpoint.paths import resolve_device
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.mixed_batch import MixedInputs
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.layers.precision import exact_float32
 from kimiaudio.layers.triton_support import kernel_mode
@@ -123,6 +124,25 @@ def graph_config(**overrides) -> EngineConfig:
     )
 
 
+def padded_like(eager: LLMEngine, graphs: LLMEngine) -> LLMEngine:
+    """`eager` (no graphs) over the shapes the graphs of `graphs` were captured for: its decode
+    steps padded to their batch sizes, its mixed steps to their token buckets."""
+    runner, config = eager.runner, eager.config
+    runner.decode_inputs.batch_sizes = graphs.runner.graphs.batch_sizes
+    if graphs.runner.mixed_graphs is not None:
+        with torch.inference_mode():
+            runner.mixed_inputs = MixedInputs(
+                runner.pool,
+                runner.decode_inputs.max_batch,
+                graphs.runner.mixed_graphs.batch_sizes,
+                config.max_model_len,
+                eager.lm.config.kimia_adaptor_input_dim,
+                eager.dtype,
+                runner.use_kernels,
+            )
+    return eager
+
+
 def golden_scenario(golden_checkpoint, golden, golden_rules):
     """The tiny golden LM on the device and the engine scenario's requests (test_engine_e2e)."""
     lm = load_tiny_lm(golden_checkpoint, DEVICE)
@@ -145,8 +165,7 @@ def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, gol
     assert len(replays) > 20 and set(replays) > {1}
     eager = LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.float32)
     assert eager.runner.graphs is None
-    eager.runner.decode_inputs.batch_sizes = [1, 2, 4, 8]  # the graphs' shapes, run eagerly
-    assert run_scenario(eager, arrivals) == with_graphs
+    assert run_scenario(padded_like(eager, graphs), arrivals) == with_graphs  # the graphs' shapes, eagerly
     outputs, finished = with_graphs
     for _, req in arrivals:
         rid = req.request_id
@@ -154,6 +173,25 @@ def test_graphs_equal_eager_and_reference_in_fp32(golden_checkpoint, golden, gol
             continue
         steps, reason = reference_steps(lm, req)
         assert (outputs[rid], finished[rid]) == (steps, reason), rid
+
+
+@cuda_only
+def test_mixed_graphs_equal_eager_steps_in_fp32(golden_checkpoint, golden, golden_rules):
+    # Mixed steps (prefill chunks beside decodes) replayed from the graphs of their token
+    # buckets (16 and 24 tokens: max_num_batched_tokens) give the tokens of eager flat steps
+    # (the same prefill kernel, unpadded), as of the batch-1 reference loop (the test above).
+    lm, arrivals = golden_scenario(golden_checkpoint, golden, golden_rules)
+    engine = LLMEngine(lm, graph_config(), DEVICE, torch.float32)
+    graphs = engine.runner.mixed_graphs
+    assert graphs is not None and graphs.batch_sizes == [16, 24] and graphs.memory_bytes > 0
+    replays = []
+    replay = graphs.replay
+    graphs.replay = lambda bucket: replays.append(bucket) or replay(bucket)
+    with_graphs = run_scenario(engine, arrivals)
+    assert len(replays) > 5 and set(replays) == {16, 24}
+    eager = LLMEngine(lm, graph_config(mixed_cuda_graphs=False), DEVICE, torch.float32)
+    assert eager.runner.mixed_graphs is None and eager.runner.graphs is not None
+    assert run_scenario(eager, arrivals) == with_graphs
 
 
 @cuda_only
@@ -172,8 +210,7 @@ def test_quantized_graphs_equal_eager(golden_checkpoint, golden, golden_rules, w
     assert graphs.runner.graphs is not None
     with_graphs = run_scenario(graphs, arrivals)
     eager = LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.float32)
-    eager.runner.decode_inputs.batch_sizes = [1, 2, 4, 8]
-    assert run_scenario(eager, arrivals) == with_graphs
+    assert run_scenario(padded_like(eager, graphs), arrivals) == with_graphs
 
 
 @cuda_only
@@ -218,9 +255,7 @@ def test_graphs_in_bfloat16_replay_on_another_thread_and_stream(golden_checkpoin
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
-    eager = LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.bfloat16)
-    eager.runner.decode_inputs.batch_sizes = graphs.runner.graphs.batch_sizes
-    expected = run(eager)
+    expected = run(padded_like(LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.bfloat16), graphs))
     assert result["outputs"] == expected and all(len(v) == 16 for v in expected.values())
     assert graphs.stats().num_blocks_free == 40
 

@@ -204,11 +204,11 @@ def test_detokenizer_failure_fails_its_turns_and_the_next_turn_is_served(stack, 
     real_step_batch = stack.detokenizer.step_batch
     calls = []
 
-    def out_of_memory_once(jobs):
+    def out_of_memory_once(jobs, **options):
         calls.append(len(jobs))
         if len(calls) == 1:
             raise RuntimeError("CUDA out of memory (injected)")
-        return real_step_batch(jobs)
+        return real_step_batch(jobs, **options)
 
     monkeypatch.setattr(stack.detokenizer, "step_batch", out_of_memory_once)
     # Long enough that the first chunk (30 codes + look-ahead) fails while the LLM still runs.
@@ -246,11 +246,16 @@ def test_detokenizer_serves_the_stream_about_to_run_dry_first():
         dry_soon = turn(6.0, 0.5, 3.0)  # plays until 9.5
         assert [s.playback_deadline for s in (waiting, buffered, dry_soon)] == [9.0, 13.5, 9.5]
         due = [buffered, dry_soon, waiting]
+        # A first chunk is due: it goes first, and a playing turn joins it only if its audio runs
+        # out within the horizon (this batch and the next); the others wait, LLM busy or not.
+        assert chunks_to_run(due, 9.2, True, 0.5, 8) == [waiting]
+        assert chunks_to_run(due, 9.2, False, 0.5, 8, horizon_s=0.4) == [waiting, dry_soon]
+        assert chunks_to_run(due, 9.2, True, 0.5, 1, horizon_s=0.4) == [waiting]
+        playing = [buffered, dry_soon]  # the first chunk has run
         # The LLM is busy at t=9.2: the turn with 4.3 s left to play waits; the rest, soonest dry first.
-        assert chunks_to_run(due, 9.2, True, 0.5, 8) == [waiting, dry_soon]
-        assert chunks_to_run(due, 9.2, True, 0.5, 1) == [waiting]
-        assert chunks_to_run(due, 13.2, True, 0.5, 8) == [waiting, dry_soon, buffered]  # its turn came
+        assert chunks_to_run(playing, 9.2, True, 0.5, 8) == [dry_soon]
+        assert chunks_to_run(playing, 13.2, True, 0.5, 8) == [dry_soon, buffered]  # its turn came
         # Nothing to wait for when the LLM is idle: every due chunk runs.
-        assert chunks_to_run(due, 9.2, False, 0.5, 8) == [waiting, dry_soon, buffered]
+        assert chunks_to_run(playing, 9.2, False, 0.5, 8) == [dry_soon, buffered]
     finally:
         loop.close()

@@ -128,11 +128,11 @@ def test_detokenizer_failure_fails_its_turns_alone(stack, speech_16k, monkeypatc
     real = stack.detokenizer.step_batch
     calls = []
 
-    def step_batch(items):
+    def step_batch(items, **options):
         calls.append(len(items))
         if len(calls) == 1:
             raise ValueError("injected vocoder bug")
-        return real(items)
+        return real(items, **options)
 
     monkeypatch.setattr(stack.detokenizer, "step_batch", step_batch)
     # One stream per detokenizer batch, so the injected failure hits exactly one turn.
@@ -185,7 +185,7 @@ def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack,
         monkeypatch.setattr(LLMEngine, "step", step)
     else:
 
-        def step_batch(items):
+        def step_batch(items, **options):
             raise Broken("injected")
 
         monkeypatch.setattr(stack.detokenizer, "step_batch", step_batch)

@@ -5,6 +5,7 @@ committed while another answer runs is encoded between that answer's engine step
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import threading
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import pytest
 import torch
 from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
 
+from kimiaudio.audio.device_result import DeviceResult, HostCopy
 from kimiaudio.audio.staged_work import run_to_end
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -39,13 +41,15 @@ class FakeClock:
         return self.now
 
 
-def counting_stages(n: int, clock: FakeClock | None = None, seconds: float = 0.0, closed: list | None = None):
+def counting_stages(
+    n: int, clock: FakeClock | None = None, seconds: float = 0.0, closed: list | None = None, value="result"
+):
     try:
         for _ in range(n):
             if clock is not None:
                 clock.now += seconds
             yield
-        return "result"
+        return DeviceResult([], lambda host: value)
     finally:
         if closed is not None:
             closed.append(True)
@@ -53,19 +57,20 @@ def counting_stages(n: int, clock: FakeClock | None = None, seconds: float = 0.0
 
 def test_a_job_runs_one_stage_on_a_zero_budget_and_all_on_an_unbounded_one():
     job = EncodeJob([b"k"], counting_stages(3))
-    assert [job.advance(0.0) for _ in range(3)] == [None, None, None]
-    assert job.advance(0.0) == "result"
-    assert EncodeJob([b"k"], counting_stages(3)).advance(math.inf) == "result"
+    assert [job.advance(0.0) for _ in range(3)] == [False, False, False] and not job.launched
+    assert job.advance(0.0) and job.ready() and job.results() == "result"
+    job = EncodeJob([b"k"], counting_stages(3))
+    assert job.advance(math.inf) and job.num_stages == 4 and job.results() == "result"
 
 
 def test_a_job_runs_the_stages_that_fit_its_budget():
     clock = FakeClock()
     job = EncodeJob([b"k"], counting_stages(7, clock, seconds=0.010), clock=clock)
     runs = []
-    while (result := job.advance(0.035)) is None:
+    while not job.advance(0.035):
         runs.append(round(clock.now, 3))
     # 10 ms stages in 35 ms: three per call (a fourth would overrun), the last call the rest.
-    assert runs == [0.03, 0.06] and result == "result" and abs(job.seconds - 0.07) < 1e-9
+    assert runs == [0.03, 0.06] and job.results() == "result" and abs(job.seconds - 0.07) < 1e-9
 
 
 def test_a_batch_no_pending_turn_wants_any_more_is_dropped():
@@ -73,8 +78,8 @@ def test_a_batch_no_pending_turn_wants_any_more_is_dropped():
     stack_like = SimpleNamespace(encode_speech_stages=lambda pcms: counting_stages(5, closed=closed))
     encoding = SpeechEncoding(stack_like, batch_size=4, metrics=PipelineMetrics())
     turn = LmTurn(None, None, {b"u": np.zeros(16000, np.float32)}, 0.0)
-    assert encoding.advance([turn], busy=True, budget_s=0.0) == [] and encoding.has_job
-    assert encoding.advance([], busy=True, budget_s=0.0) == []  # the turn was cancelled meanwhile
+    assert encoding.advance([turn], budget_s=0.0) == [] and encoding.has_job
+    assert encoding.advance([], budget_s=0.0) == []  # the turn was cancelled meanwhile
     assert not encoding.has_job and closed == [True] and turn.encoded == {}
 
 
@@ -87,7 +92,7 @@ def test_staged_encoding_equals_the_one_call_encoders(stack, speech_16k):
             next(stages)
             count += 1
         except StopIteration as done:
-            staged = done.value
+            staged = HostCopy(done.value).value()
             break
     # A pause before every layer of both encoders and after each log-mel (sizes from the checkpoint).
     layers = len(stack.whisper.encoder.layers) + len(stack.glm4.model.layers)
@@ -95,7 +100,7 @@ def test_staged_encoding_equals_the_one_call_encoders(stack, speech_16k):
     for (codes, features), pcm in zip(staged, pcms):
         one_codes, one_features = stack.encode_speech_batch([pcm])[0]
         assert codes == one_codes and torch.equal(features, one_features)
-    assert run_to_end(counting_stages(2)) == "result"
+    assert run_to_end(counting_stages(2)).finish([]) == "result"
 
 
 def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, speech_16k, monkeypatch):
@@ -160,3 +165,97 @@ def test_a_turn_committed_during_an_answer_is_encoded_between_its_steps(stack, s
             slices[-1] += 1
     # Every worker iteration: two stages (a step's budget), then one step; the last slice the rest.
     assert len(slices) >= 3 and slices[:-1] == [2] * (len(slices) - 1) and slices[-1] in (1, 2), slices
+
+
+def test_batches_in_flight_on_the_device_are_released_in_order_as_each_lands(monkeypatch):
+    """The CUDA path's bookkeeping, on the CPU: a launched batch's results land when its event
+    is reached (here: when the test says). At most two batches are in flight; each is released
+    to its turns as it lands, oldest first (one stream finishes its work in order), and a
+    release returns at once so its turns start before any more encoder work is launched."""
+    copies = []
+
+    class LandsLater:  # HostCopy whose copies land when the test says, as a CUDA event not yet reached
+        def __init__(self, result):
+            self.result, self.landed = result, False
+            copies.append(self)
+
+        def ready(self):
+            return self.landed
+
+        def value(self):
+            return self.result.finish([])
+
+    monkeypatch.setattr(EncodeJob, "host_copy", LandsLater)
+    batches: list[int] = []
+
+    def stages(pcms):
+        batches.append(len(pcms))
+        yield
+        yield
+        return DeviceResult([], lambda host: [([len(p)], torch.zeros(1, 4)) for p in pcms])
+
+    metrics = PipelineMetrics()
+    encoding = SpeechEncoding(SimpleNamespace(encode_speech_stages=stages), batch_size=2, metrics=metrics)
+    turns = [LmTurn(None, None, {bytes([i]): np.zeros(100 + i, np.float32)}, 0.0) for i in range(5)]
+
+    def advance() -> list[int]:
+        """One LM worker iteration's encoding, nothing generating; the turns fully encoded."""
+        assert encoding.advance(turns, math.inf) == []
+        return [i for i, turn in enumerate(turns) if not turn.missing]
+
+    assert advance() == [] and batches == [2] and encoding.num_stages == 3  # launched whole
+    assert advance() == [] and batches == [2, 2]  # the next one launched while the first runs
+    assert advance() == [] and batches == [2, 2] and encoding.num_stages == 0  # two in flight: wait
+    assert encoding.on_device
+    copies[0].landed = True
+    assert advance() == [0, 1] and encoding.num_stages == 0  # released; nothing launched after it
+    assert turns[1].encoded[bytes([1])][0] == [101]
+    assert advance() == [0, 1] and batches == [2, 2, 1]  # now the last batch
+    copies[1].landed = copies[2].landed = True
+    assert advance() == [0, 1, 2, 3, 4] and not encoding.has_job
+    assert metrics.encode_batch_s.count == 3 and metrics.max_batch["encode"] == 2
+
+
+def test_a_burst_s_first_batch_reaches_prefill_before_its_last_batch_is_encoded(stack, speech_16k, monkeypatch):
+    """Five turns committed at once, at most two utterances a batch: each batch's turns start
+    as soon as it is encoded, so the first batch's turns produce their first tokens (their
+    prefill is done) before the last batch has been encoded. The order of events only."""
+    log: list[tuple] = []
+    lock = threading.Lock()
+    real_step, real_stages = LLMEngine.step, stack.encode_speech_stages
+
+    def step(self):
+        outputs = real_step(self)
+        with lock:
+            log.extend(("output", out.request_id) for out in outputs)
+        return outputs
+
+    def stages(pcms):
+        result = yield from real_stages(pcms)
+        with lock:
+            log.append(("encoded", tuple(len(p) for p in pcms)))
+        return result
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+    monkeypatch.setattr(stack, "encode_speech_stages", stages)
+    config = copy.deepcopy(stack.config)
+    config.audio.encode_batch_size = 2
+    inputs = voices(speech_16k, 5)
+    params = SamplingParams(seed=1, max_new_tokens=8, ignore_eos=True)
+
+    async def body(pipeline):
+        handles = [pipeline.submit(TurnRequest("c", [], pcm, params)) for pcm in inputs]
+        results = [[event async for event in handle] for handle in handles]
+        return {handle.turn_id: len(pcm) for handle, pcm in zip(handles, inputs)}, results
+
+    lengths, results = with_pipeline(stack, body, config)
+    assert all(events[-1].status == "completed" for events in results)
+    batches = [(i, sizes) for i, (kind, sizes) in enumerate(log) if kind == "encoded"]
+    assert len(batches) >= 3 and all(len(sizes) <= 2 for _, sizes in batches)
+    assert sorted(n for _, sizes in batches for n in sizes) == sorted(lengths.values())
+    (_, first), (last_at, _) = batches[0], batches[-1]
+    first_output = {}
+    for i, (kind, value) in enumerate(log):
+        if kind == "output":
+            first_output.setdefault(lengths[value], i)
+    assert all(first_output[n] < last_at for n in first), (first, log)

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
-from kimiaudio.audio.staged_work import Stages, run_to_end
+from kimiaudio.audio.device_result import DeviceResult, compute_now, to_device
+from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, padded_waveforms, split_segments
+from kimiaudio.audio.staged_work import Stages
 from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig, WhisperVQEncoder
 from kimiaudio.checkpoint.files import load_into, load_safetensors
 from kimiaudio.checkpoint.paths import CheckpointPaths
@@ -64,11 +65,13 @@ class Glm4SpeechTokenizer:
 
     def tokenize_batch(self, pcms: list[np.ndarray]) -> list[list[int]]:
         """Codes of several utterances; equal to calling `tokenize` on each."""
-        return run_to_end(self.tokenize_batch_stages(pcms))
+        return compute_now(self.tokenize_batch_stages(pcms))
 
     @torch.inference_mode()
-    def tokenize_batch_stages(self, pcms: list[np.ndarray]) -> Stages[list[list[int]]]:
-        """`tokenize_batch` in stages (audio/staged_work.py): the log-mels, then each encoder layer."""
+    def tokenize_batch_stages(self, pcms: list[np.ndarray]) -> Stages[DeviceResult[list[list[int]]]]:
+        """`tokenize_batch` in stages (audio/staged_work.py): the log-mels, then each encoder
+        layer; the codes and their masks stay on the device until the result is copied
+        (audio/device_result.py)."""
         mels: list[torch.Tensor] = []  # [n_mels, T_u] per segment
         lengths: list[int] = []  # samples per segment
         owners: list[int] = []
@@ -80,35 +83,38 @@ class Glm4SpeechTokenizer:
             mels += list(self._utterance_mels(segments))
             lengths += [len(segment) for segment in segments]
             owners += [index] * len(segments)
-        codes: list[list[int]] = [[] for _ in pcms]
+        outputs: list[torch.Tensor] = []  # per encoder batch: its codes [S, T] and their mask [S, T]
         for start in range(0, len(mels), self.max_batch_segments):
             stop = start + self.max_batch_segments
             yield
-            for owner, segment_codes in zip(
-                owners[start:stop], (yield from self._encode(mels[start:stop], lengths[start:stop]))
-            ):
+            outputs += yield from self._encode(mels[start:stop], lengths[start:stop])
+
+        def finish(host: list[torch.Tensor]) -> list[list[int]]:
+            codes: list[list[int]] = [[] for _ in pcms]
+            batches = zip(host[::2], host[1::2])  # (codes, mask) of each encoder batch
+            rows = (row[keep].tolist() for tokens, mask in batches for row, keep in zip(tokens, mask))
+            for owner, segment_codes in zip(owners, rows):
                 codes[owner].extend(segment_codes)
-        return codes
+            return codes
+
+        return DeviceResult(outputs, finish)
 
     def _utterance_mels(self, segments: list[np.ndarray]) -> torch.Tensor:
         """Log-mel of one utterance's segments as the official single call pads them: [S, n_mels, T_u]."""
         longest = max(len(segment) for segment in segments)
         padded_len = -(-longest // self.samples_per_token) * self.samples_per_token  # "longest", multiple of 1280
-        waveforms = torch.zeros(len(segments), padded_len, dtype=torch.float32)
-        for row, segment in enumerate(segments):
-            waveforms[row, : len(segment)] = torch.from_numpy(segment)
-        return log_mel_spectrogram(waveforms.to(self.device), self.filters, self.mel)
+        return log_mel_spectrogram(padded_waveforms(segments, padded_len, self.device), self.filters, self.mel)
 
-    def _encode(self, mels: list[torch.Tensor], lengths: list[int]) -> Stages[list[list[int]]]:
-        """Run one encoder batch over segments padded (masked) to the longest mel."""
+    def _encode(self, mels: list[torch.Tensor], lengths: list[int]) -> Stages[list[torch.Tensor]]:
+        """Run one encoder batch over segments padded (masked) to the longest mel: its codes
+        [S, T_tok] and which of them are real [S, T_tok], on the device."""
         num_frames = max(mel.shape[-1] for mel in mels)
         batch = torch.stack([F.pad(mel, (0, num_frames - mel.shape[-1])) for mel in mels])  # [S, n_mels, T]
-        frames = torch.arange(num_frames, device=self.device)
         # A mel frame is real if its first sample is (the extractor's sample mask taken every hop).
-        valid = torch.tensor([-(-n // self.mel.hop_length) for n in lengths], device=self.device)
-        mel_mask = frames[None, :] < valid[:, None]  # [S, T]
+        valid = torch.tensor([-(-n // self.mel.hop_length) for n in lengths])
+        mel_mask = to_device(torch.arange(num_frames)[None, :] < valid[:, None], self.device)  # [S, T]
         tokens, _, token_mask = yield from self.model.forward_stages(batch, mel_mask)
-        return [row[keep].tolist() for row, keep in zip(tokens.cpu(), token_mask.cpu())]
+        return [tokens, token_mask]
 
 
 def _encoder_state(state: dict[str, torch.Tensor], config: WhisperVQConfig) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kimiaudio.audio.device_result import to_device
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.checkpoint.files import config_value, read_json
 from kimiaudio.errors import CheckpointError
@@ -79,6 +80,19 @@ def slaney_mel_filters(n_fft: int, num_mels: int, sample_rate: int, fmin: float,
 def split_segments(pcm: np.ndarray, segment_samples: int) -> list[np.ndarray]:
     """Official 30 s cut: pcm[k*seg : (k+1)*seg] while k*seg < len (so empty input gives [])."""
     return [pcm[start : start + segment_samples] for start in range(0, len(pcm), segment_samples)]
+
+
+def padded_waveforms(segments: list[np.ndarray], length: int, device: torch.device) -> torch.Tensor:
+    """float32 [S, length] on `device`: each segment zero-padded at its end (pad_or_trim without
+    the trim: no segment may be longer). One host-to-device copy of the samples themselves
+    (asynchronous on CUDA: audio/device_result.py); the padding is made on the device."""
+    flat = to_device(torch.from_numpy(np.concatenate([np.asarray(s, dtype=np.float32) for s in segments])), device)
+    waveforms = torch.zeros(len(segments), length, dtype=torch.float32, device=device)
+    offset = 0
+    for row, segment in enumerate(segments):
+        waveforms[row, : len(segment)] = flat[offset : offset + len(segment)]
+        offset += len(segment)
+    return waveforms
 
 
 def log_mel_spectrogram(waveforms: torch.Tensor, filters: torch.Tensor, settings: MelSettings) -> torch.Tensor:

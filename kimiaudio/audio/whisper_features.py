@@ -2,10 +2,13 @@
 
 Follows the official `WhisperEncoder.tokenize_waveform` (kimia_infer whisper_Lv3/whisper.py)
 and `KimiAPromptManager.extract_whisper_feat`: cut 16 kHz audio into 30 s segments; for each,
-token_len = (L - 1) // 1280 + 1, zero-pad to 30 s, log-mel in float32 on the CPU, cast to the
-model dtype, run transformers' WhisperEncoder over all 3000 frames (the padding included, as
-the official code does), keep the first token_len * 4 frames (50 Hz); concatenate the segments
-and stack 4 frames per row: [4T, d_model] -> [T, 4 * d_model] (12.5 Hz, one row per token).
+token_len = (L - 1) // 1280 + 1, zero-pad to 30 s, log-mel in float32 (here on the model's
+device, where the official code uses the CPU: the same computation), cast to the model dtype,
+run transformers' WhisperEncoder over all 3000 frames (the padding included, as the official
+code does), keep the first token_len * 4 frames (50 Hz); concatenate the segments and stack 4
+frames per row: [4T, d_model] -> [T, 4 * d_model] (12.5 Hz, one row per token).
+Not official, on request (`exact=False`, [audio] whisper_window = "speech"): each segment
+encoded at its own length, about 30 s / its length times less work, at some error.
 The encoder is built from whisper-large-v3/config.json and loaded with the `encoder.*` tensors
 of its model.safetensors (the decoder is not used).
 """
@@ -16,8 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, split_segments
-from kimiaudio.audio.staged_work import Stages, run_to_end
+from kimiaudio.audio.device_result import DeviceResult, compute_now, to_device
+from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, padded_waveforms, split_segments
+from kimiaudio.audio.staged_work import Stages
 from kimiaudio.checkpoint.files import load_into, load_safetensors, read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import AudioInputError, CheckpointError
@@ -34,7 +38,7 @@ class WhisperFeatureEncoder:
     ):
         self.encoder = encoder
         self.mel = mel
-        self.filters = mel.filters()  # [n_mels, n_fft // 2 + 1], used on the CPU
+        self.filters = mel.filters().to(device)  # [n_mels, n_fft // 2 + 1]
         self.device = device
         self.dtype = dtype
         self.max_batch_segments = max_batch_segments
@@ -69,17 +73,22 @@ class WhisperFeatureEncoder:
             encoder = WhisperEncoder(config)
         return encoder.to(dtype).to_empty(device=device)
 
-    def features(self, pcm16k: np.ndarray) -> torch.Tensor:
-        """Features of one utterance: [T, 4 * d_model] in the model dtype, on the model device."""
-        return self.features_batch([pcm16k])[0]
+    def features(self, pcm16k: np.ndarray, exact: bool = True) -> torch.Tensor:
+        """Features of one utterance: [T, 4 * d_model] in the model dtype, on the host."""
+        return self.features_batch([pcm16k], exact)[0]
 
-    def features_batch(self, pcms: list[np.ndarray]) -> list[torch.Tensor]:
+    def features_batch(self, pcms: list[np.ndarray], exact: bool = True) -> list[torch.Tensor]:
         """Features of several utterances; all their 30 s segments go through one encoder batch."""
-        return run_to_end(self.features_batch_stages(pcms))
+        return compute_now(self.features_batch_stages(pcms, exact))
 
     @torch.inference_mode()
-    def features_batch_stages(self, pcms: list[np.ndarray]) -> Stages[list[torch.Tensor]]:
-        """`features_batch` in stages (audio/staged_work.py): the log-mel, the convolutions, each layer."""
+    def features_batch_stages(self, pcms: list[np.ndarray], exact: bool = True) -> Stages[DeviceResult[list]]:
+        """`features_batch` in stages (audio/staged_work.py): the log-mel, then each layer; the
+        kept frames stay on the device until the result is copied (audio/device_result.py).
+
+        `exact`: every segment fills the official 30 s window (the default). False: each is
+        encoded at its own length (whole tokens), its padding masked, faster and not the
+        official features (README, "Speech encoders")."""
         segments: list[np.ndarray] = []
         owners: list[int] = []
         for index, pcm in enumerate(pcms):
@@ -89,37 +98,72 @@ class WhisperFeatureEncoder:
             for segment in split_segments(pcm, self.mel.segment_samples):
                 segments.append(segment)
                 owners.append(index)
-        per_segment: list[torch.Tensor] = []
+        encode = self._encode_window if exact else self._encode_speech
+        packed: list[torch.Tensor] = []  # per encoder batch: the kept frames of its segments, [frames, d_model]
         for start in range(0, len(segments), self.max_batch_segments):
-            per_segment += yield from self._encode(segments[start : start + self.max_batch_segments])
-        results = []
-        for index in range(len(pcms)):
-            stacked = torch.cat([per_segment[i] for i, owner in enumerate(owners) if owner == index])  # [4T, d]
-            results.append(stacked.reshape(-1, FRAMES_PER_TOKEN * stacked.shape[-1]))  # [T, 4d], row-major
-        return results
+            packed.append((yield from encode(segments[start : start + self.max_batch_segments])))
+        kept = [self._token_len(segment) * FRAMES_PER_TOKEN for segment in segments]
 
-    def _encode(self, segments: list[np.ndarray]) -> Stages[list[torch.Tensor]]:
-        """Encoder frames kept for each segment: [token_len * 4, d_model] each."""
-        padded = np.zeros((len(segments), self.mel.segment_samples), dtype=np.float32)  # pad_or_trim
-        for row, segment in enumerate(segments):
-            padded[row, : len(segment)] = segment
-        mel = log_mel_spectrogram(torch.from_numpy(padded), self.filters, self.mel)  # [S, n_mels, 3000] fp32 CPU
-        mel = mel.to(device=self.device, dtype=self.dtype)
+        def finish(host: list[torch.Tensor]) -> list[torch.Tensor]:
+            frames = torch.cat(host).split(kept)  # per segment, [4T_s, d]
+            results = []
+            for index in range(len(pcms)):
+                stacked = torch.cat([f for f, owner in zip(frames, owners) if owner == index])  # [4T, d]
+                results.append(stacked.reshape(-1, FRAMES_PER_TOKEN * stacked.shape[-1]))  # [T, 4d], row-major
+            return results
+
+        return DeviceResult(packed, finish)
+
+    def _token_len(self, segment: np.ndarray) -> int:
+        return (len(segment) - 1) // self.samples_per_token + 1
+
+    def _encode_window(self, segments: list[np.ndarray]) -> Stages[torch.Tensor]:
+        """The official way: each segment zero-padded to the 30 s window (pad_or_trim) and encoded
+        whole, the padding included. The frames kept, segment after segment: [sum 4T_s, d_model]."""
+        waveforms = padded_waveforms(segments, self.mel.segment_samples, self.device)  # [S, 480000] fp32
+        mel = log_mel_spectrogram(waveforms, self.filters, self.mel).to(self.dtype)  # [S, n_mels, 3000]
         yield
         hidden = yield from self._encoder_stages(mel)  # [S, 1500, d_model]
-        token_lens = [(len(segment) - 1) // self.samples_per_token + 1 for segment in segments]
-        return [hidden[row, : n * FRAMES_PER_TOKEN] for row, n in enumerate(token_lens)]
+        return torch.cat([hidden[row, : self._token_len(s) * FRAMES_PER_TOKEN] for row, s in enumerate(segments)])
 
-    def _encoder_stages(self, mel: torch.Tensor) -> Stages[torch.Tensor]:
+    def _encode_speech(self, segments: list[np.ndarray]) -> Stages[torch.Tensor]:
+        """The inexact way: each segment's log-mel over its own whole tokens of samples (as if it
+        were alone), the batch padded to the longest with the padding masked out of the
+        convolutions and the attention, so a segment's frames do not depend on its batch."""
+        token_lens = [self._token_len(s) for s in segments]
+        lengths = [n * self.samples_per_token for n in token_lens]
+        waveforms = padded_waveforms(segments, max(lengths), self.device)
+        mels = [
+            log_mel_spectrogram(waveforms[row : row + 1, :length], self.filters, self.mel)[0]
+            for row, length in enumerate(lengths)
+        ]  # [n_mels, 8T_s] each
+        num_frames = max(m.shape[-1] for m in mels)
+        mel = torch.stack([F.pad(m, (0, num_frames - m.shape[-1])) for m in mels]).to(self.dtype)
+        mel_frames = to_device(torch.tensor([m.shape[-1] for m in mels]), self.device)  # [S]
+        yield
+        hidden = yield from self._encoder_stages(mel, mel_frames)
+        return torch.cat([hidden[row, : n * FRAMES_PER_TOKEN] for row, n in enumerate(token_lens)])
+
+    def _encoder_stages(self, mel: torch.Tensor, mel_frames: torch.Tensor | None = None) -> Stages[torch.Tensor]:
         """transformers' WhisperEncoder.forward in eval mode (no dropout or layer drop, so every
-        layer runs), through its own modules, pausing after each layer."""
+        layer runs), through its own modules, pausing before each layer. `mel_frames` [S]: each
+        row's real mel frames (None: every frame is real, the official window); past them the
+        first convolution's output is zeroed (what the second one would see as its padding if
+        the row were alone) and the keys are masked."""
         encoder = self.encoder
-        x = F.gelu(encoder.conv1(mel))
-        x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)
-        x = x + encoder.embed_positions.weight  # every position: the 30 s window is always whole
+        x = F.gelu(encoder.conv1(mel))  # [S, d, T_mel]
+        mask = None
+        if mel_frames is not None:
+            real = torch.arange(x.shape[-1], device=x.device)[None, :] < mel_frames[:, None]  # [S, T_mel]
+            x = x * real[:, None, :].to(x.dtype)
+            keys = real[:, :: encoder.conv2.stride[0]]  # [S, T]: encoder frames of real mel frames
+            mask = torch.zeros(keys.shape, dtype=x.dtype, device=x.device).masked_fill(~keys, torch.finfo(x.dtype).min)
+            mask = mask[:, None, None, :].expand(-1, 1, keys.shape[1], -1)  # additive [S, 1, T, T]
+        x = F.gelu(encoder.conv2(x)).permute(0, 2, 1)  # [S, T, d]
+        x = x + encoder.embed_positions.weight[: x.shape[1]]  # the official window: every position
         for layer in encoder.layers:
             yield
-            x = layer(x, None, layer_head_mask=None)[0]
+            x = layer(x, mask, layer_head_mask=None)[0]
         return encoder.layer_norm(x)
 
 

@@ -6,7 +6,9 @@ import json
 from dataclasses import asdict
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
+from kimiaudio.bench.arrivals import Arrivals
+from kimiaudio.bench.pipeline_bench import STAGES, BenchRow, run_bench
+from kimiaudio.bench.slow_steps import format_slow_steps
 from kimiaudio.errors import KimiAudioError
 
 
@@ -37,6 +39,15 @@ def format_rows(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def format_stages(rows: list[BenchRow]) -> str:
+    """Per row: each stage of a turn's wait for its first audio (p50 / p95, ms), and why LM steps were slow."""
+    lines = [f"{'N':>4} stages p50 / p95 ms: " + ", ".join(STAGES)]
+    for r in rows:
+        stages = ", ".join(f"{r.stages_ms_p50[s]:.0f}/{r.stages_ms_p95[s]:.0f}" for s in STAGES)
+        lines.append(f"{r.sessions:>4} {stages}; {format_slow_steps(r.slow_lm_steps)}")
+    return "\n".join(lines)
+
+
 def run_bench_command(config, args) -> int:
     from kimiaudio.audio.io import load_audio
     from kimiaudio.layers.device_memory import peak_memory
@@ -45,6 +56,14 @@ def run_bench_command(config, args) -> int:
     # A soak is a smaller, longer run than a throughput bench: its own defaults.
     args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
     args.turns = args.turns or (3 if args.soak else 1)
+    arrivals = Arrivals.parse(getattr(args, "arrivals", None) or "burst")
+    others = ("soak", "webrtc", "http", "transcribe", "memory_plan")
+    elsewhere = args.random_weights == "7b" or getattr(args, "voice", None) is not None
+    if arrivals.rate is not None and (elsewhere or any(getattr(args, k, False) for k in others)):
+        raise KimiAudioError(
+            "--arrivals poisson:RATE goes with the pipeline bench (not --random-weights 7b, --soak, --webrtc, "
+            "--http, --transcribe, --voice or --memory-plan)"
+        )
     if args.url and not args.soak:
         raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
     if args.soak:
@@ -140,6 +159,7 @@ def run_bench_command(config, args) -> int:
         reference=not (args.no_reference or args.random_weights),
         progress=not args.json,
         fixed_length=not args.natural_lengths,
+        arrivals=arrivals,
     )
     info = {
         "device": str(stack.device),
@@ -149,11 +169,20 @@ def run_bench_command(config, args) -> int:
         "max_new_tokens": args.max_new_tokens,
         "turns": args.turns,
         "turn_lengths": "natural" if args.natural_lengths else "fixed",
+        "arrivals": arrivals.name,
+        "encode_batch_size": config.audio.encode_batch_size,
+        "whisper_window": config.audio.whisper_window,
     }
-    if memory is not None:
-        info["memory_plan"] = memory
+    # The same keys on every device (null where there is no GPU): one schema for every report.
+    info.update(
+        card_gib=args.card_gib,
+        peak_allocated_bytes=None,
+        peak_reserved_bytes=None,
+        memory_plan=memory,
+        memory_check=None,
+    )
     if stack.device.type == "cuda":
-        info.update(card_gib=args.card_gib, **peak_memory(stack.device))
+        info.update(peak_memory(stack.device))
         info["memory_check"] = memory_check(memory, info["peak_reserved_bytes"])
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
@@ -164,14 +193,16 @@ def run_bench_command(config, args) -> int:
             print(format_memory_plan(memory))
         if stack.is_demo:
             print(DEMO_NOTICE)
-        if "memory_check" in info:
+        if info["memory_check"] is not None:
             print("memory: " + ", ".join(f"{k} {v}" for k, v in info["memory_check"].items()))
         length = "at most" if args.natural_lengths else "exactly"
         print(
             f"device {info['device']} dtype {info['dtype']}, {length} {args.max_new_tokens} new positions per turn, "
-            f"{args.turns} turn(s) per session; reference = the same sessions through the batch-1 loop, one by one"
+            f"{args.turns} turn(s) per session, arrivals {arrivals.name}; reference = the same sessions through "
+            "the batch-1 loop, one by one"
         )
         print(format_rows(rows))
+        print(format_stages(rows))
         print(
             "tok/s = generated positions (one text + one audio token each) per second. speedup: the whole "
             "pipeline vs encode + reference loop + offline detokenizer; LM speedup: engine vs reference loop "

@@ -6,7 +6,9 @@ offline batch-1 reference loop, and prints per N: aggregate and per-session gene
 tokens/s, LM step and detokenizer batch times, submit -> first audio chunk p50/p95, per-session
 real-time factor, KV blocks used, prefix-cache hit rate, and the speed-up over the reference.
 The same seeds are used on both sides, so both generate the same tokens. Every turn runs
-to its new-position limit unless `--natural-lengths` (see bench_inputs).
+to its new-position limit unless `--natural-lengths` (see bench_inputs). Sessions speak their
+first turn at once or as a Poisson process (bench/arrivals.py); each row says why its turns
+waited (p50 and p95 of each stage of a turn) and why its LM steps were slow (bench/slow_steps.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.bench.lm_bench import bench_lm, bench_reference
+from kimiaudio.bench.slow_steps import slow_step_report
 from kimiaudio.bench.speech import synthetic_speech
 from kimiaudio.bench.stats import percentile
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -47,9 +51,12 @@ class BenchRow:
     stall_ms_p95: float  # per turn: silence a listener playing from the first chunk hears (0 = never ran dry)
     underruns: int  # times a session's playback ran dry after it started, all turns
     guard_actions: int  # chunks the real-time guard ran with fewer ODE steps
-    # p50 per turn of each stage (ms): waiting for the LM worker, encoding, prefill (and queue
-    # in the engine), prefill -> first speech code, first code -> first PCM chunk.
+    # p50 and p95 per turn of each stage (ms): waiting for the LM worker, encoding, prefill (and
+    # queue in the engine), prefill -> first speech code, first code -> first PCM chunk.
     stages_ms_p50: dict
+    stages_ms_p95: dict
+    slow_lm_steps: dict  # steps above 1.3x the p50, by what they carried (bench/slow_steps.py)
+    arrivals: str  # burst, or poisson:RATE (sessions a second)
     device_memory_gb: float | None  # in use on the GPU at the end of the run (None on the CPU)
     kv_blocks_used_peak: int
     kv_blocks_total: int
@@ -63,6 +70,8 @@ class BenchRow:
     lm_reference_generated_tokens: int | None = None  # ... and by the reference loop
     lm_speedup: float | None = None
 
+
+BURST = Arrivals()
 
 # TurnDone.timings pairs (begin, end) of each stage reported per row.
 STAGES = {
@@ -101,7 +110,7 @@ class PlaybackClock:
 
 
 async def _run_session(
-    pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int, voice=None
+    pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int, voice=None, delay_s: float = 0.0
 ) -> dict:
     history: list[HistoryTurn] = []
     stats = {
@@ -112,6 +121,8 @@ async def _run_session(
         "underruns": 0,
         "stages": {stage: [] for stage in STAGES},
     }
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)  # its arrival (bench/arrivals.py)
     for pcm in inputs:
         handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params, voice=voice))
         clock, done = PlaybackClock(sr_out), None
@@ -148,16 +159,19 @@ async def bench_pipeline(
     inputs: list[list[np.ndarray]],
     params: list[SamplingParams],
     voice_audio: tuple[np.ndarray, np.ndarray] | None = None,
+    arrivals: Arrivals = BURST,
 ) -> BenchRow:
     """`voice_audio` (16 kHz, 24 kHz): every turn speaks in a voice made from it, added (its
-    prefix computed) before the clock starts, as a server adds a voice before it is used."""
+    prefix computed) before the clock starts, as a server adds a voice before it is used.
+    `arrivals`: when each session speaks its first turn."""
     pipeline = Pipeline(stack, config)
     await pipeline.start()
     try:
         voice = await pipeline.make_voice("bench", *voice_audio) if voice_audio is not None else None
+        sr_out, offsets = stack.detokenizer.sample_rate, arrivals.offsets(n)
         start = time.perf_counter()
         results = await asyncio.gather(
-            *[_run_session(pipeline, inputs[i], params[i], stack.detokenizer.sample_rate, voice) for i in range(n)]
+            *[_run_session(pipeline, inputs[i], params[i], sr_out, voice, offsets[i]) for i in range(n)]
         )
         wall = time.perf_counter() - start
         s = pipeline.stats()
@@ -168,9 +182,8 @@ async def bench_pipeline(
     rtf = [x for r in results for x in r["rtf"]]
     stalls = [x for r in results for x in r["stall"]]
     m = pipeline.metrics
-    stages = {
-        stage: round(1000 * _percentile([x for r in results for x in r["stages"][stage]], 50), 2) for stage in STAGES
-    }
+    per_stage = {stage: [x for r in results for x in r["stages"][stage]] for stage in STAGES}
+    stages = {q: {stage: round(1000 * _percentile(v, q), 2) for stage, v in per_stage.items()} for q in (50, 95)}
     memory = None
     if stack.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(stack.device)
@@ -192,7 +205,10 @@ async def bench_pipeline(
         stall_ms_p95=1000 * _percentile(stalls, 95),
         underruns=sum(r["underruns"] for r in results),
         guard_actions=m.detok_guard_actions,
-        stages_ms_p50=stages,
+        stages_ms_p50=stages[50],
+        stages_ms_p95=stages[95],
+        slow_lm_steps=slow_step_report(m.recent_steps()),
+        arrivals=arrivals.name,
         device_memory_gb=memory,
         kv_blocks_used_peak=s["kv_blocks_total"]
         - (m.min_free_blocks if m.min_free_blocks is not None else s["kv_blocks_total"]),
@@ -261,6 +277,7 @@ def run_bench(
     reference: bool = True,
     progress: bool = True,
     fixed_length: bool = True,
+    arrivals: Arrivals = BURST,
 ) -> list[BenchRow]:
     rows = []
     bar = None
@@ -271,7 +288,7 @@ def run_bench(
     warm_up(stack, config, reference)
     for n in sessions:
         inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech, fixed_length)
-        row = asyncio.run(bench_pipeline(stack, config, n, inputs, params))
+        row = asyncio.run(bench_pipeline(stack, config, n, inputs, params, arrivals=arrivals))
         if bar:
             bar.update()
         if reference:

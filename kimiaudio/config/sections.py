@@ -67,10 +67,13 @@ class AudioConfig:
     max_input_seconds: float = setting(120.0, Bounds(0.0, 3600.0, min_open=True))
     # Audio whose peak stays below this (full scale = 1.0) counts as silence and is refused.
     silence_peak: float = setting(1e-3, Bounds(0.0, 1.0, max_open=True))
-    # Most utterances the speech encoders take in one batch while answers are being generated
-    # (it runs a few layers between engine steps): each fills a 30 s Whisper window, and each
-    # in the batch waits for the whole batch.
+    # Most utterances the speech encoders take in one batch (pipeline/speech_encoding.py): a
+    # burst is encoded batch after batch, each released to its turns as it ends.
     encode_batch_size: int = setting(4, Bounds(1, 256))
+    # "official": every utterance's Whisper features from the padded 30 s window, as the
+    # official code computes them; "speech": from the utterance's own length (less work, not
+    # the official features: README, "Speech encoders").
+    whisper_window: str = setting("official", Bounds(choices=("official", "speech")))
 
 
 @dataclass
@@ -123,6 +126,9 @@ class EngineConfig:
     max_prefill_tokens_while_decoding: int = setting(256, Bounds(1, 1 << 20))
     # Decode steps replayed from CUDA graphs captured at start-up (CUDA only; needs triton).
     cuda_graphs: bool = True
+    # With cuda_graphs: mixed steps (prefill chunks beside decodes) replayed from CUDA graphs
+    # captured per token bucket (engine/mixed_batch.py); steps past the largest run eagerly.
+    mixed_cuda_graphs: bool = True
     # torch intra-op threads of each model worker thread when the model runs on the CPU (0 =
     # torch's default). One per worker leaves a core to the event loop: the LM and detokenizer
     # workers and the loop all compute at once, and oversubscribed cores slow every LM step.

@@ -3,10 +3,11 @@
 `detokenize` streams all tokens at once through a stream's chunk schedule: with
 `preset = "official"` (config/chunk_schedule.py) that is the official KimiAudio.detokenize_audio
 (chunks of 30 tokens through detokenize_streaming with look-ahead and cross-fade).
-`step_batch` is what the serving loop calls each step: it runs every chunk due across streams, the
-DiT for all chunks with the same ODE step count in one padded forward per step (bucket shapes,
-CUDA graphs on CUDA), the vocoder once per group of equal mel lengths (edge padding sees the
-ends, so only equal lengths share a forward). Each stream's output equals running it alone.
+`step_batch` is what the serving loop calls each step: it runs the chunks due across streams
+(one per stream when serving), the DiT for all chunks with the same ODE step count in one
+padded forward per step (bucket shapes, CUDA graphs on CUDA), the vocoder once per group of
+equal mel lengths (edge padding sees the ends, so only equal lengths share a forward). Each
+stream's output equals running it alone.
 `prepare_for_serving` captures the graphs before serving; `guard_settings` and `cost` feed the
 real-time guard (detok/realtime_guard.py), whose step counts come back in DetokItem.ode_steps.
 `voice_prefix` turns a reference voice into the DiT prefix its streams start from
@@ -15,6 +16,7 @@ real-time guard (detok/realtime_guard.py), whose step counts come back in DetokI
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -257,9 +259,13 @@ class Detokenizer:
         )
 
     @torch.inference_mode()
-    def step_batch(self, items: Sequence[DetokItem | tuple[DetokStream, list[int], bool]]) -> list[Tensor]:
-        """Push each stream's new tokens and run every chunk now due (all of them when final).
-        Items are DetokItems or (stream, tokens, final) tuples.
+    def step_batch(
+        self, items: Sequence[DetokItem | tuple[DetokStream, list[int], bool]], rounds: int | None = None
+    ) -> list[Tensor]:
+        """Push each stream's new tokens and run every chunk now due (all of them when final),
+        or at most `rounds` chunks per stream (the serving loop runs one: a stream with more
+        due goes back to the queue, and its later chunks never hold a batch's other chunks
+        back). Items are DetokItems or (stream, tokens, final) tuples.
 
         Returns per item the float32 CPU wav produced now (empty when no chunk was due). Also
         feeds `self.cost` (seconds per DiT call, for the guard's forecasts)."""
@@ -270,7 +276,7 @@ class Detokenizer:
         for item in items:
             item.stream.push(item.tokens)
         pieces: list[list[Tensor]] = [[] for _ in items]
-        while True:
+        for _ in itertools.count() if rounds is None else range(rounds):
             due = [i for i, item in enumerate(items) if item.stream.ready(item.final)]
             if not due:
                 break

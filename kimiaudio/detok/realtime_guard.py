@@ -2,12 +2,15 @@
 
 Priority is latency. Streams are judged by their playback deadline: the time at which the
 audio already sent to the listener runs out (before the first audio, the time the turn was
-submitted: it is waiting already). `chunks_to_run` picks the most urgent streams;
-`plan_chunks` adds the real-time guard: when the GPU cannot keep a stream ahead of its
-playback, the later chunks of its batch run with fewer ODE steps (down to a floor) rather than
-letting it run dry. Duck-typed: streams need `playback_deadline` (perf_counter seconds), and
-for the guard `is_playing` (its first audio went out, so its next chunk is a later one) and
-`next_chunk_s` (seconds of audio its next chunk adds).
+submitted: it is waiting already). A turn's first chunk goes ahead of any later chunk or
+flush of the sessions already playing, and a batch holding first chunks takes only the
+playing sessions that would run dry before the batch after it lands: the others have slack
+and wait, so the first audio is not held back by a batch sized for everyone
+(`chunks_to_run`). `plan_chunks` adds the real-time guard: when the GPU cannot keep a stream
+ahead of its playback, the later chunks of its batch run with fewer ODE steps (down to a
+floor) rather than letting it run dry. Duck-typed: streams need `playback_deadline`
+(perf_counter seconds), `is_playing` (its first audio went out, so its next chunk is a later
+one) and `next_chunk_s` (seconds of audio its next chunk adds).
 """
 
 from __future__ import annotations
@@ -17,12 +20,10 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 
-class HasDeadline(Protocol):
+class GuardCandidate(Protocol):
     @property
     def playback_deadline(self) -> float: ...
 
-
-class GuardCandidate(HasDeadline, Protocol):
     @property
     def is_playing(self) -> bool: ...
 
@@ -30,20 +31,29 @@ class GuardCandidate(HasDeadline, Protocol):
     def next_chunk_s(self) -> float: ...
 
 
-T = TypeVar("T", bound=HasDeadline)
 C = TypeVar("C", bound=GuardCandidate)
 
 
-def chunks_to_run(due: Sequence[T], now: float, llm_busy: bool, run_ahead_s: float, limit: int) -> list[T]:
-    """Which of the turns with a detokenizer chunk due run now (priority is latency:
-    docs/architecture.md, "Threads and CUDA streams"): while the LLM has work, only those with
-    less than `run_ahead_s` of audio left to play (a turn still waiting for its first audio
-    always qualifies: its deadline has passed), and at most `limit`, soonest to run dry first.
+def chunks_to_run(
+    due: Sequence[C], now: float, llm_busy: bool, run_ahead_s: float, limit: int, horizon_s: float = 0.0
+) -> list[C]:
+    """Which of the turns with a detokenizer chunk due run now, at most `limit` (priority is
+    latency: docs/architecture.md, "Threads and CUDA streams").
+
+    Turns waiting for their first audio come first, longest waiting first. While any does, a
+    playing turn joins the batch only if its audio runs out within `horizon_s` (the time this
+    batch and the next take): the others have audio to spare and wait, so the batch stays as
+    small as the first audio allows. Otherwise every playing turn may run, soonest to run dry
+    first, except, while the LLM has work, those with more than `run_ahead_s` left to play.
     A turn left out keeps its deadline while the served ones move theirs later, so it comes
     first next time: nobody starves."""
-    if llm_busy:
-        due = [s for s in due if s.playback_deadline <= now + run_ahead_s]
-    return sorted(due, key=lambda s: s.playback_deadline)[:limit]
+    first = sorted((s for s in due if not s.is_playing), key=lambda s: s.playback_deadline)
+    playing = [s for s in due if s.is_playing]
+    if first:
+        playing = [s for s in playing if s.playback_deadline <= now + horizon_s]
+    elif llm_busy:
+        playing = [s for s in playing if s.playback_deadline <= now + run_ahead_s]
+    return (first + sorted(playing, key=lambda s: s.playback_deadline))[:limit]
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,8 @@ class ChunkPlan(Generic[C]):
 def plan_chunks(
     due: Sequence[C], now: float, llm_busy: bool, settings: GuardSettings, cost: CostEstimate
 ) -> ChunkPlan[C]:
-    """The streams to run now (chunks_to_run) and their ODE steps.
+    """The streams to run now (chunks_to_run; its horizon: a batch of first and later chunks
+    at their normal steps, and one of later chunks after it) and their ODE steps.
 
     A playing stream is at risk when its audio would run dry before the chunk after this one
     can land: deadline + next_chunk_s < now + 2 x (this batch's forecast time at normal steps).
@@ -93,7 +104,10 @@ def plan_chunks(
     step counts share the DiT calls, so lowering only the at-risk ones would add a group and
     make the batch slower; the others in the batch are the next most urgent anyway. First
     chunks keep first_ode_steps unless lower_first_chunk."""
-    streams = chunks_to_run(due, now, llm_busy, settings.run_ahead_s, settings.max_batch_sessions)
+    horizon = cost.batch_seconds([settings.first_ode_steps, settings.ode_steps]) + cost.batch_seconds(
+        [settings.ode_steps]
+    )
+    streams = chunks_to_run(due, now, llm_busy, settings.run_ahead_s, settings.max_batch_sessions, horizon)
     first = [not s.is_playing for s in streams]
     normal = [settings.first_ode_steps if f else settings.ode_steps for f in first]
     lowerable = [not f or settings.lower_first_chunk for f in first]

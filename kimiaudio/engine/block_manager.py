@@ -8,7 +8,8 @@ block ids. A sequence's `block_table` maps its position p to slot
 Prefix cache: once every position of a full block has its K/V computed, the block is
 registered under a chained hash of (previous block's hash, this block's per-position keys).
 The keys are both token streams, the use_text flag and the continuous feature digest, so a
-hit means identical K/V. A later sequence whose leading blocks hash the same shares them
+hit means identical K/V. A sequence's full blocks are hashed once in its life (their
+positions never change). A later sequence whose leading blocks hash the same shares them
 (reference counts); a hit is checked against the stored keys, so a hash collision is a miss,
 never wrong K/V. Freed blocks keep their hash (lazy eviction): they are reused by a later hit
 or, least recently freed first, when no never-hashed block is left.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict, deque
 
-from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.sequence import PositionKey, Sequence
 
 
 class BlockManager:
@@ -33,7 +34,8 @@ class BlockManager:
         # collection to scan.
         self.ref_counts = [0] * num_blocks
         self.hashes: list[bytes | None] = [None] * num_blocks
-        self.keys: list[tuple | None] = [None] * num_blocks  # the per-position keys each was hashed from
+        # The per-position keys each block was hashed from.
+        self.keys: list[tuple[PositionKey, ...] | None] = [None] * num_blocks
         self.hash_to_block_id: dict[bytes, int] = {}
         # Free blocks: never-hashed ones first (nothing to lose), then hashed ones in the order
         # they were freed (least recently freed is evicted first).
@@ -45,7 +47,7 @@ class BlockManager:
         return len(self.empty_block_ids) + len(self.cached_free_ids)
 
     @staticmethod
-    def compute_hash(prefix: bytes | None, key: tuple) -> bytes:
+    def compute_hash(prefix: bytes | None, key: tuple[PositionKey, ...]) -> bytes:
         h = hashlib.blake2b(digest_size=16)
         h.update(prefix or b"root")
         h.update(repr(key).encode())  # ints, bools, hex digests and None: a stable repr
@@ -58,15 +60,24 @@ class BlockManager:
         prefill has a last token to take logits from.
         """
         matched: list[int] = []
-        prefix = None
-        for i in range((seq.num_tokens - 1) // self.block_size):
-            key = seq.block_key(i)
-            prefix = self.compute_hash(prefix, key)
-            block_id = self.hash_to_block_id.get(prefix)
-            if block_id is None or self.keys[block_id] != key:  # miss, or a collision
+        num_full = (seq.num_tokens - 1) // self.block_size
+        for i, block_hash in enumerate(self.block_hashes(seq, num_full)):
+            block_id = self.hash_to_block_id.get(block_hash)
+            if block_id is None or self.keys[block_id] != seq.block_key(i):  # miss, or a collision
                 break
             matched.append(block_id)
         return matched
+
+    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The chained hashes of seq's first `num_blocks` full blocks. A block's positions never
+        change once it is full, so each is hashed once in the sequence's life (kept in
+        seq.block_hashes), however often the sequence is matched or preempted."""
+        hashes = seq.block_hashes
+        prefix = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_blocks):
+            prefix = self.compute_hash(prefix, seq.block_key(i))
+            hashes.append(prefix)
+        return hashes[:num_blocks]
 
     def num_blocks_to_allocate(self, seq: Sequence, matched: list[int]) -> int:
         """Free blocks that allocate(seq, matched) would take (cached free blocks included)."""
@@ -120,13 +131,11 @@ class BlockManager:
     def hash_blocks(self, seq: Sequence) -> None:
         """Register seq's newly completed full blocks (all positions computed) in the cache."""
         num_full = seq.num_computed_tokens // self.block_size
-        prefix = self.hashes[seq.block_table[seq.num_hashed_blocks - 1]] if seq.num_hashed_blocks else None
+        hashes = self.block_hashes(seq, num_full)
         for i in range(seq.num_hashed_blocks, num_full):
             block_id = seq.block_table[i]
-            key = seq.block_key(i)
-            prefix = self.compute_hash(prefix, key)
-            self.hashes[block_id], self.keys[block_id] = prefix, key
-            self.hash_to_block_id[prefix] = block_id  # the newest copy wins
+            self.hashes[block_id], self.keys[block_id] = hashes[i], seq.block_key(i)
+            self.hash_to_block_id[hashes[i]] = block_id  # the newest copy wins
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_full)
 
     def _num_missing_blocks(self, seq: Sequence) -> int:

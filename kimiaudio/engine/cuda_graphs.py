@@ -1,4 +1,5 @@
-"""CUDA graphs of the all-decode step: one per padded batch size, captured once at start-up.
+"""CUDA graphs of a static-shape step, captured once at start-up: the all-decode step (one per
+padded batch size, decode_batch.py) and the mixed step (one per token bucket, mixed_batch.py).
 
 Follows nano-vllm's ModelRunner.capture_cudagraph: largest batch first, every graph in one
 shared memory pool (a smaller batch's activations fit in the blocks the larger one freed),
@@ -26,13 +27,16 @@ Logits = tuple[torch.Tensor, torch.Tensor]  # text, audio: [Bp, V] each
 
 
 class DecodeGraphs:
-    def __init__(self, forward: Callable[[int], Logits], batch_sizes: list[int], device: torch.device):
-        """forward(padded): the decode forward over the first `padded` rows of the static buffers."""
+    def __init__(
+        self, forward: Callable[[int], Logits], batch_sizes: list[int], device: torch.device, what: str = "decode step"
+    ):
+        """forward(padded): the step's forward over the first `padded` rows of the static buffers."""
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, got {device}")
         self.forward = forward
         self.batch_sizes = list(batch_sizes)
         self.device = device
+        self.what = what
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Logits] = {}
         self.capture_seconds = 0.0
@@ -42,7 +46,8 @@ class DecodeGraphs:
     def capture(self) -> None:
         sizes = sorted(self.batch_sizes, reverse=True)
         log.info(
-            "capturing CUDA graphs of the decode step for %d batch sizes (%s)...",
+            "capturing CUDA graphs of the %s for %d sizes (%s)...",
+            self.what,
             len(sizes),
             ", ".join(map(str, reversed(sizes))),
         )
@@ -69,7 +74,8 @@ class DecodeGraphs:
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = torch.cuda.memory_reserved(self.device) - before
         log.info(
-            "captured CUDA graphs for %d batch sizes in %.1f s, %.2f GiB",
+            "captured CUDA graphs of the %s for %d sizes in %.1f s, %.2f GiB",
+            self.what,
             len(sizes),
             self.capture_seconds,
             self.memory_bytes / 2**30,

@@ -23,6 +23,7 @@ import torch
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.paged_attention import DecodeMetadata, PagedDecodeAttention
 from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.step_plan import StepPlan
 
 AUDIO, TEXT, USE_TEXT, POSITION, SLOT, CONTEXT = range(6)
 NUM_FIELDS = 6
@@ -77,13 +78,15 @@ class DecodeInputs:
             raise ValueError(f"a decode batch of {batch} rows: expected 1..{self.max_batch}")
         return batch if self.batch_sizes is None else next(s for s in self.batch_sizes if s >= batch)
 
-    def fits(self, seqs: list[Sequence]) -> bool:
+    def fits(self, plan: StepPlan) -> bool:
         """True if every sequence is one decode row of a static batch (else: the eager path)."""
-        return len(seqs) <= self.max_batch and all(
-            seq.num_scheduled_tokens == 1
-            and not seq.continuous_mask[seq.num_computed_tokens]
-            and len(seq.block_table) <= self.max_blocks
-            for seq in seqs
+        return (
+            len(plan) <= self.max_batch
+            and plan.is_all_single
+            and all(
+                not seq.continuous_mask[seq.num_computed_tokens] and len(seq.block_table) <= self.max_blocks
+                for seq in plan.seqs
+            )
         )
 
     def prepare(self, seqs: list[Sequence]) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from kimiaudio.engine.engine_io import (
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.scheduler import Scheduler
-from kimiaudio.engine.sequence import Sequence, SequenceStatus
+from kimiaudio.engine.sequence import PromptPositions, Sequence, SequenceStatus
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.text.output_type import check_output_type
@@ -117,23 +117,20 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         outputs, self._pending = self._pending, []
-        seqs = self.scheduler.schedule()
-        if not seqs:
+        plan = self.scheduler.schedule()
+        if not plan:
             return outputs
         self._num_steps += 1
-        for seq in seqs:
-            if seq.is_prefilling:
-                self._num_prefill_computed += seq.num_scheduled_tokens
-            else:
-                self._num_decode += seq.num_scheduled_tokens
+        self._num_prefill_computed += plan.num_prefill_tokens
+        self._num_decode += plan.num_tokens - plan.num_prefill_tokens
         try:
-            samples = self.runner.run(seqs)
+            samples = self.runner.run(plan)
         except Exception as exc:  # a broken step fails the requests in it, not the server
             log.exception("engine step failed")
-            for seq in seqs:
+            for seq in plan.seqs:
                 outputs.append(self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}"))
             return outputs
-        for seq, sampled in zip(self.scheduler.postprocess(seqs), samples):
+        for seq, sampled in zip(self.scheduler.postprocess(plan), samples):
             text, audio, finished, reason = seq.rules.step(sampled.text, sampled.audio)
             seq.append_token(text, audio)
             if finished:
@@ -219,27 +216,30 @@ class LLMEngine:
         audio_ids = [int(t) for t in request.audio_ids]
         text_ids = [int(t) for t in request.text_ids]
         use_text = [sum(text_ids) != 0] * n  # the reference prefill: one decision for the prompt
-        seq = Sequence(next(self._seq_ids), rid, audio_ids, text_ids, use_text, mask, digests, self.config.block_size)
         limit = official_max_new_tokens(request.output_type, n, request.params.max_new_tokens)
         limit = min(limit, self.config.max_model_len - n + 1)  # the last sample's position needs no K/V
         try:
             tokens = RuleTokens.from_specials(request.specials)
         except (AttributeError, TypeError, ValueError) as exc:
             raise RequestError(f"request {rid}: specials lack a generation-rule token id ({exc})") from None
-        seq.rules = StreamRules(
-            request.output_type, tokens, self.lm.config.kimia_mimo_audiodelaytokens, limit, request.params.ignore_eos
-        )
-        seq.max_num_tokens = n + max(limit, 1) - 1
-        seq.params = request.params
         if not isinstance(request.priority, int) or request.priority not in (ANSWER_PRIORITY, BACKGROUND_PRIORITY):
             raise RequestError(
                 f"request {rid}: priority must be {ANSWER_PRIORITY} (an answer) or "
                 f"{BACKGROUND_PRIORITY} (background), got {request.priority!r}"
             )
-        seq.priority = request.priority
-        seq.random = RequestRandom(request.params.seed)
-        seq.features = None if features is None else features.to(self.device, self.dtype)
-        return seq
+        delay = self.lm.config.kimia_mimo_audiodelaytokens
+        return Sequence(
+            next(self._seq_ids),
+            rid,
+            PromptPositions(audio_ids, text_ids, use_text, mask, digests),
+            block_size=self.config.block_size,
+            max_num_tokens=n + max(limit, 1) - 1,
+            priority=request.priority,
+            rules=StreamRules(request.output_type, tokens, delay, limit, request.params.ignore_eos),
+            params=request.params,
+            random=RequestRandom(request.params.seed),
+            features=None if features is None else features.to(self.device, self.dtype),
+        )
 
     def _check_features(self, rid: str, features, num_continuous: int) -> torch.Tensor | None:
         """None, a [N, D] / [1, N, D] tensor or a list of them -> [N, D] or None, validated."""

@@ -15,8 +15,10 @@ which holds every token id exactly).
 An all-decode step (every sequence computes one position without features) takes the
 static-shape path: its inputs are written into fixed buffers padded to the next batch size
 of decode_batch.py, and the same decode forward runs over them, eagerly or (CUDA) replayed
-from the CUDA graph captured for that size. Every other step (prefill chunks, mixed with
-decodes or not) runs eagerly over a flat batch built for it.
+from the CUDA graph captured for that size. With CUDA graphs, a mixed step (prefill chunks
+beside decodes) whose tokens fit the largest bucket of mixed_batch.py is padded to its
+bucket and replayed from that bucket's graph. Every other step runs eagerly over a flat
+batch built for it.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ import torch
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
+from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
+from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.step_plan import StepPlan
 from kimiaudio.errors import ConfigError
 from kimiaudio.layers.sampler import sample
 from kimiaudio.layers.triton_support import use_triton
@@ -104,6 +109,23 @@ class ModelRunner:
                 lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)), sizes, self.device
             )
             self.graphs.capture()
+        # Mixed steps from graphs: their attention is the prefill kernel over the static runs.
+        self.mixed_inputs: MixedInputs | None = None
+        self.mixed_graphs: DecodeGraphs | None = None
+        if use_graphs and engine_config.mixed_cuda_graphs:
+            max_tokens = min(
+                engine_config.max_num_batched_tokens, max_batch + engine_config.max_prefill_tokens_while_decoding
+            )
+            buckets = mixed_token_buckets(max_tokens)
+            with torch.inference_mode():
+                mixed = MixedInputs(
+                    self.pool, max_batch, buckets, engine_config.max_model_len, cfg.kimia_adaptor_input_dim, dtype, True
+                )
+            self.mixed_inputs = mixed
+            self.mixed_graphs = DecodeGraphs(
+                lambda size: self.mixed_forward(mixed.batch(size)), buckets, self.device, "mixed step"
+            )
+            self.mixed_graphs.capture()
 
     def release(self) -> None:
         """Drop the KV pool, the decode buffers and graphs (their device memory goes back to
@@ -114,20 +136,22 @@ class ModelRunner:
 
     @property
     def capture_seconds(self) -> float:
-        return 0.0 if self.graphs is None else self.graphs.capture_seconds
+        return sum(g.capture_seconds for g in (self.graphs, self.mixed_graphs) if g is not None)
 
     @property
     def graph_memory_bytes(self) -> int:
-        return 0 if self.graphs is None else self.graphs.memory_bytes
+        return sum(g.memory_bytes for g in (self.graphs, self.mixed_graphs) if g is not None)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence]) -> list[StepSample]:
+    def run(self, plan: StepPlan) -> list[StepSample]:
         """Compute every scheduled position; return (text, audio, text logprob, text top
         alternatives) samples, one per sequence that completes its pending positions this
         step, in batch order."""
-        if self.decode_inputs.fits(seqs):
-            return self._run_decode(seqs)
-        return self._run_mixed(seqs)
+        if self.decode_inputs.fits(plan):
+            return self._run_decode(plan.seqs)
+        if self.mixed_inputs is not None and self.mixed_inputs.fits(plan):
+            return self._run_mixed_static(plan, self.mixed_inputs)
+        return self._run_mixed(plan)
 
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
@@ -151,42 +175,41 @@ class ModelRunner:
         hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
         return self.lm(hidden, batch.positions, batch.attention)
 
-    def _run_mixed(self, seqs: list[Sequence]) -> list[StepSample]:
-        audio, text, use_text, continuous, positions = [], [], [], [], []
-        features: list[torch.Tensor] = []
-        entries: list[tuple[list[int], int, int]] = []
-        logits_rows: list[int] = []
-        sampling: list[Sequence] = []
-        for seq in seqs:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
-            audio += seq.audio_ids[start:end]
-            text += seq.text_ids[start:end]
-            use_text += seq.use_text[start:end]
-            continuous += seq.continuous_mask[start:end]
-            positions += range(start, end)
-            rows = [r for r in seq.feature_rows[start:end] if r >= 0]
-            if rows:  # a sequence's continuous rows are consecutive: slice its feature tensor
-                features.append(seq.features[rows[0] : rows[-1] + 1])
-            entries.append((seq.block_table, start, end - start))
-            if end == seq.num_tokens:
-                logits_rows.append(len(audio) - 1)
-                sampling.append(seq)
-
-        feature_positions = self._long([i for i, c in enumerate(continuous) if c]) if features else None
-        hidden = self.lm.embed(
-            self._long(audio),
-            self._long(text),
-            self._bool(use_text),
-            torch.cat(features) if features else None,
-            feature_positions,
-        )
-        attn = PagedAttention(
-            self.pool, AttentionMetadata.build(entries, self.block_size, self.device, self.dtype, self.use_kernels)
-        )
-        text_logits, audio_logits = self.lm(hidden, self._long(positions), attn, self._long(logits_rows))
+    def _run_mixed_static(self, plan: StepPlan, inputs: MixedInputs) -> list[StepSample]:
+        bucket, sampling = inputs.prepare(plan)
+        if self.mixed_graphs is not None:
+            text_logits, audio_logits = self.mixed_graphs.replay(bucket)  # [S, V] each
+        else:
+            text_logits, audio_logits = self.mixed_forward(inputs.batch(bucket))
         if not sampling:
             return []
-        return self._sample(sampling, text_logits, audio_logits)
+        return self._sample(sampling, text_logits[: len(sampling)], audio_logits[: len(sampling)])
+
+    def mixed_forward(self, batch: MixedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mixed forward over static views: no host-device synchronisation, no shape that
+        depends on the data (what a CUDA graph captures). -> logits [S, V] of both heads, row k
+        the k-th sampling sequence's."""
+        hidden = self.lm.embed(
+            batch.audio_ids, batch.text_ids, batch.use_text != 0, batch.features, continuous=batch.continuous != 0
+        )
+        return self.lm(hidden, batch.positions, batch.attention, batch.logits_rows)
+
+    def _run_mixed(self, plan: StepPlan) -> list[StepSample]:
+        step = FlatStep.of(plan)
+        features = step.features
+        hidden = self.lm.embed(
+            self._long(step.audio_ids),
+            self._long(step.text_ids),
+            self._bool(step.use_text),
+            torch.cat(features) if features else None,
+            self._long(step.feature_positions) if features else None,
+        )
+        meta = AttentionMetadata.build(step.entries, self.block_size, self.device, self.dtype, self.use_kernels)
+        attn = PagedAttention(self.pool, meta)
+        text_logits, audio_logits = self.lm(hidden, self._long(step.positions), attn, self._long(step.logits_rows))
+        if not step.sampling:
+            return []
+        return self._sample(step.sampling, text_logits, audio_logits)
 
     def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[StepSample]:
         # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.

@@ -1,25 +1,34 @@
 """Which sequences run in the next step, and how many of their positions (no torch).
 
 Follows nano-vllm's Scheduler, with chunked prefill mixed into decode steps, abort and
-preemption done for a server:
-- every step first schedules one position for each running sequence that is decoding
-  (oldest first), so a long prompt never stalls the streams already playing;
-- the rest of the token budget (max_num_batched_tokens) goes to prefill chunks: running
-  sequences part-way through their prefill, then waiting sequences in arrival order, each
-  admitted only if the pool has free blocks for all its current positions (prefix-cache hits
-  count as already computed); while any sequence decodes, prefill chunks get at most
-  max_prefill_tokens_while_decoding positions per step, so that a long prompt arriving does
-  not stretch the steps (and the token rate) of the streams already playing;
+preemption done for a server. `schedule()` decides one step from its locals and returns it as
+a StepPlan (step_plan.py); `postprocess(plan)` accounts for the computed positions. Per step:
+- every running sequence that is decoding gets one position (oldest first), so a long prompt
+  never stalls the streams already playing;
+- the rest of the token budget (max_num_batched_tokens) goes to prefill chunks, and while
+  any sequence decodes, at most max_prefill_tokens_while_decoding positions of it, so that a
+  long prompt arriving does not stretch the steps (and the token rate) of the streams already
+  playing;
+- prefill chunks go first to the spoken answers still waiting for their first audio (their
+  listeners hear nothing until then), then to the other sequences of their priority (a
+  text-only answer, an answer already playing that is prefilled again after a preemption);
+  within each group: sequences part-way through their prefill, then waiting sequences in
+  arrival order, each admitted only if the pool has free blocks for all its current
+  positions (prefix-cache hits count as already computed; a prompt's blocks are matched
+  against the cache at most once per step). A waiting sequence that cannot be admitted
+  stops admissions for the step (first come, first served);
 - when a decoding sequence needs a new block and none is free, the newest running sequence
   is preempted by recompute: its blocks are freed (their prefix-cache hashes survive) and it
   goes back to the front of the waiting queue, to be prefilled again over its prompt plus
-  every token generated so far; the sampled results do not change;
+  every token generated so far; the sampled results do not change. A step that preempts
+  admits nobody (it would only thrash);
 - `abort` frees a sequence's blocks at once, wherever it is;
 - priorities (engine_io: answers, then background work such as transcribing the user's
   words): each step serves the levels in order, decodes then prefill chunks of each, so
   background work gets only what the answers leave of the budget and the sequence slots;
   an answer waiting for admission preempts background sequences for the blocks or the slot
-  it needs, and a background sequence is always the first victim of a preemption.
+  it needs, and a background sequence is always the first victim of a preemption. None is
+  preempted when all of them together could not make the room.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from collections import deque
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.engine_io import RequestError
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
+from kimiaudio.engine.step_plan import StepPlan
 
 
 class Scheduler:
@@ -77,146 +87,132 @@ class Scheduler:
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
-        seq.num_scheduled_tokens = 0
 
     def finish(self, seq: Sequence) -> None:
         """A running sequence is done: register its last full blocks, then free them."""
         self.block_manager.hash_blocks(seq)
         self.abort(seq)
 
-    def schedule(self) -> list[Sequence]:
-        """Pick this step's sequences; each gets num_scheduled_tokens > 0. Priority level by
-        level (answers first, background work after): its decodes, then its prefill chunks."""
-        self._budget = self.max_num_batched_tokens
-        self._prefill_left: int | None = None  # the prefill cap's remainder while something decodes
-        self._preempted = False  # the pool ran short this step: admitting now would only thrash
-        self._admitting = True  # false once a more urgent waiting sequence could not be admitted
-        self._num_decodes = 0
-        scheduled: list[Sequence] = []
-        levels = sorted({s.priority for s in self.running} | {s.priority for s in self.waiting})
-        for level in levels:
-            self._schedule_decodes(level, scheduled)
-            decoding_later = any(s.priority > level and not s.is_prefilling for s in self.running)
-            if (
-                self._prefill_left is None
-                and (self._num_decodes or decoding_later)
-                and self.max_prefill_tokens_while_decoding is not None
-            ):
-                self._prefill_left = self.max_prefill_tokens_while_decoding
-            self._schedule_prefills(level, scheduled)
-        return scheduled
+    def schedule(self) -> StepPlan:
+        """Plan the next step (empty when there is nothing to do)."""
+        plan = StepPlan()
+        decoding = any(not s.is_prefilling for s in self.running)
+        cap = self.max_prefill_tokens_while_decoding if decoding else None
+        admitting = True
+        for level in sorted({s.priority for s in self.running} | {s.priority for s in self.waiting}):
+            if self._schedule_decodes(level, plan):
+                admitting = False  # the pool ran short: admitting now would only thrash
+            admitting = self._schedule_prefills(level, plan, cap, admitting)
+        return plan
 
-    def _schedule_decodes(self, level: int, scheduled: list[Sequence]) -> None:
-        """One position for every decoding sequence of this priority, oldest first."""
-        for seq in list(self.running):
-            if seq.priority != level or seq.is_prefilling or seq.status != SequenceStatus.RUNNING:
-                continue  # another level, still prefilling, or preempted as a victim just now
-            if self._budget == 0 or len(scheduled) == self.max_num_seqs:
-                break
-            while not self.block_manager.can_append(seq):
-                victim = self._victim(scheduled, exclude=seq, level=level)
-                self._preempt(victim or seq)
-                self._preempted = True
-                if victim is None:
-                    break
-            else:
-                self.block_manager.append_slots(seq)
-                seq.num_scheduled_tokens = 1
-                self._budget -= 1
-                self._num_decodes += 1
-                scheduled.append(seq)
-
-    def _prefill_room(self, scheduled: list[Sequence]) -> int:
-        if len(scheduled) >= self.max_num_seqs:
-            return 0
-        return self._budget if self._prefill_left is None else min(self._budget, self._prefill_left)
-
-    def _take(self, seq: Sequence, scheduled: list[Sequence]) -> None:
-        taken = self._schedule_chunk(seq, self._prefill_room(scheduled), scheduled)
-        self._budget -= taken
-        if self._prefill_left is not None:
-            self._prefill_left -= taken
-
-    def _schedule_prefills(self, level: int, scheduled: list[Sequence]) -> None:
-        """Prefill chunks of this priority: sequences part-way through their prefill, then
-        new admissions in arrival order. An admission may preempt background work for the
-        blocks or the sequence slot it needs, never the other way round."""
-        for seq in self.running:
-            if seq.priority == level and seq.is_prefilling and self._prefill_room(scheduled) > 0:
-                self._take(seq, scheduled)
-        for seq in [s for s in self.waiting if s.priority == level]:
-            if not self._admitting or self._preempted or self._prefill_room(scheduled) == 0:
-                return
-            if not self._make_room(seq, level, scheduled):
-                self._admitting = False  # first come, first served: later and less urgent ones wait behind it
-                return
-            self.waiting.remove(seq)
-            matched = self.block_manager.match_prefix(seq)
-            self.block_manager.allocate(seq, matched)
-            seq.num_cached_tokens = seq.num_computed_tokens
-            self.num_cached_prefill_tokens += seq.num_cached_tokens
-            seq.status = SequenceStatus.RUNNING
-            seq.is_prefilling = True
-            self.running.append(seq)
-            self._take(seq, scheduled)
-
-    def _make_room(self, seq: Sequence, level: int, scheduled: list[Sequence]) -> bool:
-        """Whether `seq` can be admitted now: a free sequence slot and blocks for its positions,
-        made by preempting less urgent running sequences (newest first) where needed. None is
-        preempted when all of them together could not make the room (their blocks, an upper
-        bound: blocks shared with others stay): that would only throw their work away."""
-        candidates = self._candidates(scheduled, exclude=seq, level=level + 1)
-        missing_blocks = (
-            self.block_manager.num_blocks_to_allocate(seq, self.block_manager.match_prefix(seq))
-            - self.block_manager.num_free_blocks
-        )
-        missing_slots = len(self.running) - self.max_num_seqs + 1
-        if missing_slots > len(candidates) or missing_blocks > sum(len(s.block_table) for s in candidates):
-            return False
-        while len(self.running) >= self.max_num_seqs or not self.block_manager.can_allocate(
-            seq, self.block_manager.match_prefix(seq)
-        ):
-            victim = self._victim(scheduled, exclude=seq, level=level + 1)
-            if victim is None:
-                return False
-            self._preempt(victim)
-        return True
-
-    def _schedule_chunk(self, seq: Sequence, budget: int, scheduled: list[Sequence]) -> int:
-        seq.num_scheduled_tokens = min(seq.num_pending_tokens, budget)
-        scheduled.append(seq)
-        return seq.num_scheduled_tokens
-
-    def _victim(self, scheduled: list[Sequence], exclude: Sequence, level: int) -> Sequence | None:
-        """The running sequence to preempt: unscheduled, of priority `level` or less urgent,
-        the least urgent first and among those the newest."""
-        candidates = self._candidates(scheduled, exclude, level)
-        if not candidates:
-            return None
-        order = {s.seq_id: i for i, s in enumerate(self.running)}
-        return max(candidates, key=lambda s: (s.priority, order[s.seq_id]))
-
-    def _candidates(self, scheduled: list[Sequence], exclude: Sequence, level: int) -> list[Sequence]:
-        """Running sequences that may be preempted: unscheduled, of priority `level` or less urgent."""
-        taken = {s.seq_id for s in scheduled}
-        return [s for s in self.running if s is not exclude and s.seq_id not in taken and s.priority >= level]
-
-    def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.status = SequenceStatus.WAITING
-        seq.num_scheduled_tokens = 0
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
-
-    def postprocess(self, scheduled: list[Sequence]) -> list[Sequence]:
-        """Account for the computed positions; return the sequences that now sample a token."""
+    def postprocess(self, plan: StepPlan) -> list[Sequence]:
+        """Account for the computed positions; return the sequences that now sample a token,
+        in batch order."""
         sampling = []
-        for seq in scheduled:
-            seq.num_computed_tokens += seq.num_scheduled_tokens
-            seq.num_scheduled_tokens = 0
+        for seq, num_tokens in plan:
+            seq.num_computed_tokens += num_tokens
             self.block_manager.hash_blocks(seq)
             if seq.num_computed_tokens == seq.num_tokens:
                 seq.is_prefilling = False
                 sampling.append(seq)
         return sampling
+
+    def _schedule_decodes(self, level: int, plan: StepPlan) -> bool:
+        """One position for every decoding sequence of this priority, oldest first. -> whether
+        the pool ran short (something was preempted)."""
+        preempted = False
+        for seq in list(self.running):
+            if seq.priority != level or seq.is_prefilling or seq.status != SequenceStatus.RUNNING:
+                continue  # another level, still prefilling, or preempted as a victim just now
+            if plan.num_tokens == self.max_num_batched_tokens or len(plan) == self.max_num_seqs:
+                break
+            while not self.block_manager.can_append(seq):
+                victim = self._victim(plan, exclude=seq, level=level)
+                self._preempt(victim or seq, plan)
+                preempted = True
+                if victim is None:
+                    break
+            else:
+                self.block_manager.append_slots(seq)
+                plan.add_decode(seq)
+        return preempted
+
+    def _schedule_prefills(self, level: int, plan: StepPlan, cap: int | None, admitting: bool) -> bool:
+        """Prefill chunks of this priority, answers awaiting their first audio first; in each
+        group sequences part-way through their prefill, then admissions in arrival order.
+        -> whether later waiting sequences may still be admitted this step."""
+        running = [s for s in self.running if s.priority == level and s.is_prefilling]
+        waiting = [s for s in self.waiting if s.priority == level]
+        for first_audio in (True, False):
+            for seq in running:
+                room = self._prefill_room(plan, cap)
+                if seq.is_awaiting_first_audio == first_audio and room > 0:
+                    plan.add_chunk(seq, min(seq.num_pending_tokens, room))
+            for seq in waiting:
+                if seq.is_awaiting_first_audio != first_audio:
+                    continue
+                if not admitting or self._prefill_room(plan, cap) == 0:
+                    break
+                matched = self.block_manager.match_prefix(seq)  # once per candidate and step
+                if not self._make_room(seq, matched, level, plan):
+                    admitting = False  # first come, first served: later and less urgent ones wait behind it
+                    break
+                self._admit(seq, matched)
+                plan.add_chunk(seq, min(seq.num_pending_tokens, self._prefill_room(plan, cap)))
+        return admitting
+
+    def _prefill_room(self, plan: StepPlan, cap: int | None) -> int:
+        if len(plan) >= self.max_num_seqs:
+            return 0
+        room = self.max_num_batched_tokens - plan.num_tokens
+        return room if cap is None else min(room, cap - plan.num_prefill_tokens)
+
+    def _admit(self, seq: Sequence, matched: list[int]) -> None:
+        self.waiting.remove(seq)
+        self.block_manager.allocate(seq, matched)
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.num_cached_prefill_tokens += seq.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        seq.is_prefilling = True
+        self.running.append(seq)
+
+    def _make_room(self, seq: Sequence, matched: list[int], level: int, plan: StepPlan) -> bool:
+        """Whether `seq` (its cache hits `matched`) can be admitted now: a free sequence slot
+        and blocks for its positions, made by preempting less urgent running sequences (newest
+        first) where needed. None is preempted when all of them together could not make the
+        room (their blocks, an upper bound: blocks shared with others stay): that would only
+        throw their work away. Preempting keeps `matched` valid: freed blocks keep their hash
+        until a later allocation."""
+        candidates = self._candidates(plan, exclude=seq, level=level + 1)
+        missing_blocks = self.block_manager.num_blocks_to_allocate(seq, matched) - self.block_manager.num_free_blocks
+        missing_slots = len(self.running) - self.max_num_seqs + 1
+        if missing_slots > len(candidates) or missing_blocks > sum(len(s.block_table) for s in candidates):
+            return False
+        while len(self.running) >= self.max_num_seqs or not self.block_manager.can_allocate(seq, matched):
+            victim = self._victim(plan, exclude=seq, level=level + 1)
+            if victim is None:
+                return False
+            self._preempt(victim, plan)
+        return True
+
+    def _victim(self, plan: StepPlan, exclude: Sequence, level: int) -> Sequence | None:
+        """The running sequence to preempt: unscheduled, of priority `level` or less urgent,
+        the least urgent first and among those the newest."""
+        candidates = self._candidates(plan, exclude, level)
+        if not candidates:
+            return None
+        order = {s.seq_id: i for i, s in enumerate(self.running)}
+        return max(candidates, key=lambda s: (s.priority, order[s.seq_id]))
+
+    def _candidates(self, plan: StepPlan, exclude: Sequence, level: int) -> list[Sequence]:
+        """Running sequences that may be preempted: unscheduled, of priority `level` or less urgent."""
+        taken = {s.seq_id for s in plan.seqs}
+        return [s for s in self.running if s is not exclude and s.seq_id not in taken and s.priority >= level]
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        plan.num_preempted += 1

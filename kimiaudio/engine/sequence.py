@@ -8,16 +8,24 @@ and a digest of the continuous feature row placed there (None elsewhere). The pr
 hashes blocks of these per-position keys, so two prompts share KV only when both streams,
 the flags and the features agree.
 
-No torch here: the request's feature tensor, RNG and rules are opaque attributes that the
-model runner and the engine use. The engine API's values are in engine_io.py.
+Built whole by the engine from a validated request (PromptPositions, its generation rules,
+sampling params and random stream). No torch at run time: the feature tensor and the params'
+types are imported for type checking only. The engine API's values are in engine_io.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kimiaudio.engine.engine_io import RequestError
+
+if TYPE_CHECKING:
+    import torch
+
+    from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
+    from kimiaudio.engine.stop_rules import StreamRules
 
 
 class SequenceStatus(Enum):
@@ -30,49 +38,68 @@ class SequenceStatus(Enum):
 PositionKey = tuple[int, int, bool, "str | None"]
 
 
+@dataclass(frozen=True)
+class PromptPositions:
+    """A prompt, one entry per position in every list."""
+
+    audio_ids: list[int]
+    text_ids: list[int]
+    use_text: list[bool]
+    continuous_mask: list[bool]
+    feature_digests: list[str | None]  # of the feature row placed at a continuous position
+
+    def __len__(self) -> int:
+        return len(self.audio_ids)
+
+
 class Sequence:
     def __init__(
         self,
         seq_id: int,
         request_id: str,
-        audio_ids: list[int],
-        text_ids: list[int],
-        use_text: list[bool],
-        continuous_mask: list[bool],
-        feature_digests: list[str | None],
+        prompt: PromptPositions,
+        *,
         block_size: int,
+        max_num_tokens: int,
+        priority: int,
+        rules: StreamRules,
+        params: SamplingParams,
+        random: RequestRandom,
+        features: torch.Tensor | None = None,
     ):
-        n = len(audio_ids)
-        if not (len(text_ids) == len(use_text) == len(continuous_mask) == len(feature_digests) == n):
-            raise RequestError(f"request {request_id}: per-position lists differ in length")
+        """max_num_tokens: positions whose K/V may ever be needed (prompt + generated steps
+        but the last); priority: engine_io's ANSWER_PRIORITY / BACKGROUND_PRIORITY; features
+        [N, adaptor_dim] on the model's device: the rows of the N continuous positions."""
+        n = len(prompt)
+        lengths = (len(prompt.text_ids), len(prompt.use_text), len(prompt.continuous_mask), len(prompt.feature_digests))
+        if any(length != n for length in lengths):
+            raise RequestError(f"request {request_id}: per-position lists differ in length ({n}, {lengths})")
         self.seq_id = seq_id
         self.request_id = request_id
         self.block_size = block_size
-        self.audio_ids = list(audio_ids)
-        self.text_ids = list(text_ids)
-        self.use_text = list(use_text)
-        self.continuous_mask = list(continuous_mask)
-        self.feature_digests = list(feature_digests)
+        self.audio_ids = list(prompt.audio_ids)
+        self.text_ids = list(prompt.text_ids)
+        self.use_text = list(prompt.use_text)
+        self.continuous_mask = list(prompt.continuous_mask)
+        self.feature_digests = list(prompt.feature_digests)
+        self.feature_rows: list[int] = _feature_rows(self.continuous_mask)
+        self.features = features
         self.num_prompt_tokens = n
+        self.max_num_tokens = max_num_tokens
+        self.priority = priority
+        self.rules = rules
+        self.params = params
+        self.random = random
         self.status = SequenceStatus.WAITING
-        # KV bookkeeping: positions [0, num_computed_tokens) have K/V in the pool; a step
-        # computes [num_computed_tokens, num_computed_tokens + num_scheduled_tokens).
+        # KV bookkeeping: positions [0, num_computed_tokens) have K/V in the pool.
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
-        self.num_scheduled_tokens = 0
         self.num_hashed_blocks = 0  # leading blocks of block_table registered in the prefix cache
         self.num_cached_tokens = 0  # positions served from the prefix cache at the last admission
+        self.block_hashes: list[bytes] = []  # chained hashes of the leading full blocks (block_manager.py)
         self.is_prefilling = True  # from admission until its first sample after admission
-        self.max_num_tokens = n  # positions whose K/V may ever be needed (set by the engine)
-        self.priority = 0  # engine_io's ANSWER_PRIORITY / BACKGROUND_PRIORITY (set by the engine)
         self.finish_reason: str | None = None
         self.error: str | None = None
-        # Set by the engine/runner (torch objects are opaque here).
-        self.params: Any = None
-        self.rules: Any = None
-        self.random: Any = None
-        self.features: Any = None
-        self.feature_rows: list[int] = _feature_rows(self.continuous_mask)
 
     def __len__(self) -> int:
         return len(self.audio_ids)
@@ -89,6 +116,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def is_awaiting_first_audio(self) -> bool:
+        """A spoken answer none of whose audio exists yet: its listener hears silence until it
+        does (the scheduler serves its prefill before any other of its priority)."""
+        return self.rules.is_awaiting_audio
 
     @property
     def num_generated_tokens(self) -> int:

@@ -85,6 +85,11 @@ class StreamRules:
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def is_awaiting_audio(self) -> bool:
+        """Speech is asked for and none of it has been generated yet (the delay steps included)."""
+        return self.output_type == BOTH and self.num_valid_audio == 0
+
     def step(self, sampled_text: int, sampled_audio: int) -> tuple[int, int, bool, str | None]:
         """Apply the rules to one step's raw samples -> (text, audio, finished, reason).
 

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kimiaudio.engine.triton_paged_tiles import attend_tile, load_kv_tile
 from kimiaudio.layers.triton_support import interpreting
 
 LOG2E = 1.4426950408889634
@@ -85,42 +86,23 @@ def _decode_partition_kernel(
         for tile_start in range(start, end, TILE):
             pos = tile_start + t  # [TILE] positions
             valid = pos < end
-            block = tl.load(table + pos // block_size, mask=valid, other=0).to(tl.int64)
-            offset = (pos % block_size).to(tl.int64)
-            k = tl.load(
-                k_cache_ptr
-                + block[:, None] * stride_kb
-                + offset[:, None] * stride_ks
-                + kv_head * stride_kh
-                + d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )  # [TILE, D]
-            v = tl.load(
-                v_cache_ptr
-                + block[:, None] * stride_vb
-                + offset[:, None] * stride_vs
-                + kv_head * stride_vh
-                + d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )
-            if DOT_FP32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [GROUP_PAD, TILE]
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            denom = denom * alpha + tl.sum(p, 1)
-            if DOT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
+            k, v = load_kv_tile(
+                k_cache_ptr,
+                v_cache_ptr,
+                table,
+                pos,
+                valid,
+                kv_head,
+                d,
+                block_size,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+            )  # [TILE, D] each
+            m, denom, acc = attend_tile(q, k, v, valid[None, :], m, denom, acc, scale_log2, DOT_FP32)
         if SINGLE:
             out = acc / denom[:, None]
             tl.store(

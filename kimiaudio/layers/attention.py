@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class AttentionBackend(Protocol):
@@ -26,33 +27,55 @@ class AttentionBackend(Protocol):
         ...
 
 
+# The SDPA kernels an attention call may use: flash or memory-efficient, the math path where
+# neither takes the inputs, never cuDNN's, which builds an execution plan for every new shape
+# (an engine step's shapes vary with its batch: the first mixed step of a shape took 373 ms on
+# an H200, later ones about 40 ms). Grouped-query attention through `enable_gqa` (torch 2.5+)
+# reads each kv head once instead of materialising it `group` times.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+HAS_ENABLE_GQA = torch.__version__ >= "2.5"
+
+
+def sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """F.scaled_dot_product_attention on [B, H, T, D] over the SDPA_BACKENDS; q's heads may be
+    a multiple of k/v's (GQA: query head h uses kv head h // group)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1 and not HAS_ENABLE_GQA:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    with sdpa_kernel(SDPA_BACKENDS):
+        if group > 1 and HAS_ENABLE_GQA:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal GQA attention of the last Tq positions of one sequence over all S of its keys.
 
     q [Tq, Hq, D], k/v [S, Hkv, D] with Tq <= S; query i sits at position S - Tq + i and sees
     keys 0..S-Tq+i (bottom-right aligned mask). Returns [Tq, Hq, D]. Scale 1/sqrt(D).
     """
-    num_queries, num_heads, _ = q.shape
-    num_keys, num_kv_heads, _ = k.shape
-    group = num_heads // num_kv_heads
+    num_queries, num_keys = q.shape[0], k.shape[0]
     # [1, H, T, D] layout for sdpa: its fused kernels (flash and memory-efficient on CUDA, the
     # flash kernel on the CPU) take only 4-d inputs; 3-d ones fall back to the math path, which
     # materialises the fp32 score matrix (and on the CPU ran 1.6-4x slower: T = 100..400).
-    # kv heads repeated so q head h uses kv head h // group.
     qh = q.transpose(0, 1)[None]
     kh = k.transpose(0, 1)[None]
     vh = v.transpose(0, 1)[None]
-    if group > 1:
-        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
     if num_queries == 1:
-        out = F.scaled_dot_product_attention(qh, kh, vh)  # one query sees every key
+        out = sdpa(qh, kh, vh)  # one query sees every key
     elif num_queries == num_keys:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        out = sdpa(qh, kh, vh, is_causal=True)
     else:
         offset = num_keys - num_queries
         rows = torch.arange(num_queries, device=q.device)[:, None] + offset
         mask = torch.arange(num_keys, device=q.device)[None, :] <= rows  # [Tq, S], True = attend
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+        out = sdpa(qh, kh, vh, attn_mask=mask)
     return out[0].transpose(0, 1)
 
 

@@ -100,27 +100,36 @@ class KimiAudioLM(nn.Module):
         use_text: torch.Tensor,
         features: torch.Tensor | None = None,
         feature_positions: torch.Tensor | None = None,
+        continuous: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """audio_ids, text_ids [T] long, use_text [T] bool -> input embeddings [T, H].
 
         features [N, adaptor_dim] go to the N continuous positions `feature_positions` [N] long,
         in order. Positions, not a [T] mask: finding a mask's positions on the GPU would wait for
-        it, and every caller knows them on the host.
+        it, and every caller knows them on the host. Or, in the static shape a CUDA graph
+        captures: features [T, adaptor_dim], one row per token, added where `continuous` [T]
+        bool is set (the other rows are computed and dropped).
         """
         hidden = self.model.embed_tokens(audio_ids)  # [T, H]
         # Official: without the VQ adaptor (use_whisper_feature = false) features are ignored.
         if features is not None and features.shape[0] > 0 and self.model.vq_adaptor is not None:
-            if feature_positions is None:
-                raise KimiAudioError("continuous features were given without their positions")
-            index = feature_positions
-            if index.shape[0] != features.shape[0]:
-                raise KimiAudioError(
-                    f"{features.shape[0]} continuous feature rows for {index.shape[0]} continuous positions"
-                )
-            adapted = self.model.vq_adaptor(features.to(hidden.dtype))  # [N, H]
+            index = None
+            if continuous is None:
+                if feature_positions is None:
+                    raise KimiAudioError("continuous features were given without their positions")
+                if feature_positions.shape[0] != features.shape[0]:
+                    raise KimiAudioError(
+                        f"{features.shape[0]} continuous feature rows for {feature_positions.shape[0]} "
+                        "continuous positions"
+                    )
+                index = feature_positions
+            adapted = self.model.vq_adaptor(features.to(hidden.dtype))  # [N, H] (or [T, H])
             # sqrt(2) rounded to the model dtype, as official; a fill, not a host-to-device copy.
             sqrt2 = torch.full((), 2.0, dtype=hidden.dtype, device=hidden.device).sqrt()
-            hidden = hidden.index_copy(0, index, (hidden[index] + adapted) * sqrt2)
+            if index is not None:
+                hidden = hidden.index_copy(0, index, (hidden[index] + adapted) * sqrt2)
+            elif continuous is not None:
+                hidden = torch.where(continuous[:, None], (hidden + adapted) * sqrt2, hidden)
         text = self.model.embed_tokens(text_ids)
         return torch.where(use_text[:, None], hidden + text, hidden)
 

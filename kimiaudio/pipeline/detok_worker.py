@@ -3,12 +3,16 @@
 One thread (and on CUDA one stream) owns the detokenizer and every turn's DetokStream.
 The LM worker posts, in order per turn: `open` (a new speaking turn), `push_codes` (the codes
 of one LM step, all turns at once), `end` (the LM is done: its TurnDone so far). Each
-iteration runs the chunks now due as one batch across streams, most urgent first
-(detok/realtime_guard.py: the streams whose playback runs dry soonest; while the LM has work, a
-stream with more than detok.run_ahead_s of audio left waits, so the GPU time goes to the
-tokens everyone needs), at most detok.max_batch_sessions of them; when a playing stream would
-run dry before its next chunk lands, the real-time guard runs the batch's later chunks with
-fewer ODE steps (down to detok.min_ode_steps). On CUDA the detokenizer's graphs were captured
+iteration runs one chunk of each of the most urgent streams as one batch, at most
+detok.max_batch_sessions of them (detok/realtime_guard.py): a turn's first chunk before any
+later chunk or flush of the turns already playing, and while a first chunk is due only the
+playing turns that would run dry before the next batch lands join it, so first audio is not
+held back by a batch sized for everyone; otherwise the streams whose playback runs dry soonest
+(while the LM has work, a stream with more than detok.run_ahead_s of audio left waits, so the
+GPU time goes to the tokens everyone needs). When a playing stream would run dry before its
+next chunk lands, the real-time guard runs the batch's later chunks with fewer ODE steps (down
+to detok.min_ode_steps). A stream with more chunks due (a flush) gets the next one in a later
+batch. On CUDA the detokenizer's graphs were captured
 before the worker started (pipeline.py); they replay on this worker's stream. An LM step never waits for
 a batch here, and a batch waits for no LM step: the two threads run side by side.
 
@@ -171,14 +175,17 @@ class DetokWorker(Worker):
     # ---- chunks --------------------------------------------------------------------------
     def _run(self, batch: list[DetokTurn], ode_steps: list[int | None]) -> None:
         start = time.perf_counter()
+        self.metrics.detok_batches_started += 1  # the LM worker's step records read these
         try:
             wavs = self.detokenizer.step_batch(
-                [DetokItem(t.stream, [], t.final, steps) for t, steps in zip(batch, ode_steps)]
+                [DetokItem(t.stream, [], t.final, steps) for t, steps in zip(batch, ode_steps)], rounds=1
             )
         except Exception as exc:  # e.g. out of GPU memory: these turns fail, the server goes on
             log.exception("detokenizer batch of %d failed", len(batch))
             self._fail(batch, failure_message("detokenizer", exc))
             return
+        finally:
+            self.metrics.detok_batches_ended += 1
         self.metrics.detok_batch_s.observe(time.perf_counter() - start)
         ran = sum(1 for w in wavs if w.numel())
         self.metrics.detok_chunks += ran

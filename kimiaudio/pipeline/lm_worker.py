@@ -3,15 +3,19 @@
 One thread (and on CUDA one stream) owns the speech encoders, prompt building and the engine.
 Each iteration it
 1. encodes new user audio (Whisper features + GLM-4 VQ codes) in batches of at most
-   `audio.encode_batch_size` utterances while answers are being generated, a few encoder
-   stages per iteration (about one engine step's time: pipeline/speech_encoding.py), so a
-   new turn never holds the running answers back by its whole encode; all at once when idle;
+   `audio.encode_batch_size` utterances (pipeline/speech_encoding.py): while answers are being
+   generated a few encoder stages per iteration (about one engine step's time), all at once
+   when idle; on CUDA the encoders run on a stream of their own beside the decode steps, and a
+   batch's results come back to the host behind an event this thread polls, never waits on.
+   Each batch's turns get its results as soon as it ends, not when the whole burst is encoded;
 2. admits turns whose audio is all encoded: prompt (history KV is shared through the engine's
    prefix cache), engine request, detokenizer stream;
 3. runs one engine step over every running sequence and routes its outputs: text deltas to
    the turn's handle, speech codes to the detokenizer worker (one message per step), the end
    of a turn to the detokenizer worker (which flushes its audio and ends it) or, for a turn
-   without speech, straight to the handle.
+   without speech, straight to the handle. Each step is recorded with what it carried
+   (pipeline/step_record.py: a prefill chunk, encoder stages before it, a detokenizer batch
+   beside it, a new shape), so a bench can say why a step was slow.
 Any failure handling one turn fails that turn alone: its KV blocks are freed, its TurnDone
 says why. The event loop only posts here (submit, cancel); it never waits on this thread.
 """
@@ -34,6 +38,7 @@ from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
+from kimiaudio.pipeline.step_record import StepRecorder
 from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import URGENT, Worker
@@ -41,6 +46,10 @@ from kimiaudio.text.output_type import BOTH, TEXT, check_output_type
 from kimiaudio.text.prompt import build_prompt
 
 log = logging.getLogger(__name__)
+
+# While the only work left is an encoder batch running on the device: how often to look
+# whether its results are back (a message, such as a new turn, wakes the worker sooner).
+ENCODE_POLL_S = 0.0005
 
 
 def client_fault(exc: Exception) -> str | None:
@@ -72,6 +81,7 @@ class LmWorker(Worker):
         self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics, self.clock)
         self._step_s = 0.0  # the last engine step's time: one encoding slice's budget while busy
         self.num_steps = 0  # engine steps run (a turn's first audio is counted in steps from its submit)
+        self._steps = StepRecorder()  # what each step carried (pipeline/step_record.py)
 
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, handle: TurnHandle, request: TurnRequest) -> None:
@@ -113,16 +123,22 @@ class LmWorker(Worker):
         self._count()
 
     def iterate(self) -> float | None:
+        encode_stages = 0
         if self._pending or self._encoding.has_job:
             self._encode_some()
+            encode_stages = self._encoding.num_stages
             self._admit_ready()
         if self.engine.has_work():
-            self._step()
+            self._step(encode_stages)
         was_busy, self.busy = self.busy, self.engine.has_work()
         if was_busy and not self.busy and self.detok is not None:
             self.detok.wake()  # chunks held back while the LM was busy may run now
         self._count()
-        return 0 if (self.busy or self._pending) else None
+        if self.busy:
+            return 0
+        if self._encoding.has_job and encode_stages == 0:
+            return ENCODE_POLL_S  # only results on the device to wait for: no busy loop
+        return 0 if (self._pending or self._encoding.has_job) else None
 
     def on_stop(self) -> None:
         self._fail_all("server shutting down")
@@ -158,8 +174,8 @@ class LmWorker(Worker):
     def _encode_some(self) -> None:
         """About one engine step's worth of encoder stages while answers are being generated;
         the whole batch when nothing is (pipeline/speech_encoding.py)."""
-        busy = self.engine.has_work()
-        for key, exc in self._encoding.advance(self._pending, busy, self._step_s if busy else math.inf):
+        budget = self._step_s if self.engine.has_work() else math.inf
+        for key, exc in self._encoding.advance(self._pending, budget):
             self._fail_pending(key, failure_message("speech encoding", exc))
 
     def _fail_pending(self, key: bytes, error: str) -> None:
@@ -218,16 +234,21 @@ class LmWorker(Worker):
         if speaks:
             self.detok.open(handle, params.seed, request.voice)
 
-    def _step(self) -> None:
+    def _step(self, encode_stages: int) -> None:
+        m = self.metrics
+        self._steps.begin(self.engine.stats(), m.detok_batches(), encode_stages, self._encoding.on_device)
         start = self.clock()
         outputs = self.engine.step()
         self._step_s = self.clock() - start
         self.num_steps += 1
+        stats = self.engine.stats()
+        record = self._steps.end(self._step_s, stats, m.detok_batches()[0])
         if outputs:
-            self.metrics.lm_step_s.observe(self._step_s)
-            self.metrics.lm_batch.observe(len(outputs))
-            self.metrics.note_batch("llm", len(outputs))
-        self.metrics.note_free_blocks(self.engine.stats().num_blocks_free)
+            m.lm_step_s.observe(self._step_s)
+            m.lm_batch.observe(len(outputs))
+            m.note_batch("llm", len(outputs))
+            m.note_step(record)
+        m.note_free_blocks(stats.num_blocks_free)
         codes: list[tuple[str, int]] = []
         ended: list[tuple[LmTurn, str, str | None, str | None]] = []
         for out in outputs:

@@ -13,6 +13,8 @@ import bisect
 import threading
 from collections import Counter, deque
 
+from kimiaudio.pipeline.step_record import LmStepRecord
+
 # Seconds: from a fraction of a GPU decode step to a stalled multi-second turn.
 LATENCY_BUCKETS = (
     0.001,
@@ -86,8 +88,15 @@ class PipelineMetrics:
     def __init__(self) -> None:
         self.lm_step_s = Timing()  # one engine step (prefill and/or decode of the batch)
         self.lm_batch = Timing(buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256))  # sequences per step
-        self.encode_batch_s = Timing()  # one Whisper + GLM-4 batch
-        self.detok_batch_s = Timing()  # one detokenizer batch (all chunks due in it)
+        # One Whisper + GLM-4 batch, from its first stage to its results on the host (while
+        # answers are generated its stages are spread between engine steps).
+        self.encode_batch_s = Timing()
+        self.detok_batch_s = Timing()  # one detokenizer batch (the chunks run in it)
+        self.lm_steps: deque[LmStepRecord] = deque(maxlen=RECENT)  # what recent steps carried
+        # Detokenizer batches begun and ended (its worker counts, the LM worker reads: a step
+        # during which a batch ran shares the GPU with it).
+        self.detok_batches_started = 0
+        self.detok_batches_ended = 0
         self.detok_chunks = 0  # chunks detokenized
         self.detok_guard_actions = 0  # chunks whose ODE steps the real-time guard lowered
         self.turns = Counter()  # by final status
@@ -99,6 +108,17 @@ class PipelineMetrics:
     def note_batch(self, stage: str, size: int) -> None:
         if size > self.max_batch[stage]:
             self.max_batch[stage] = size
+
+    def detok_batches(self) -> tuple[int, int]:
+        """(begun, ended) detokenizer batches so far."""
+        return self.detok_batches_started, self.detok_batches_ended
+
+    def note_step(self, record: LmStepRecord) -> None:
+        self.lm_steps.append(record)
+
+    def recent_steps(self) -> list[LmStepRecord]:
+        """A copy of the recent steps' records (list() of a deque runs under the GIL in one go)."""
+        return list(self.lm_steps)
 
     def note_free_blocks(self, free: int) -> None:
         if self.min_free_blocks is None or free < self.min_free_blocks:
@@ -123,5 +143,6 @@ class PipelineMetrics:
             *self.turn_stage_s.values(),
         ):
             timing.reset_recent()
+        self.lm_steps.clear()
         self.min_free_blocks = None
         self.max_batch.clear()

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from kimiaudio.audio.staged_work import Stages, run_to_end
+from kimiaudio.audio.device_result import DeviceResult, compute_now
+from kimiaudio.audio.staged_work import Stages
 from kimiaudio.checkpoint.files import read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config, served_detok
 from kimiaudio.layers.precision import exact_float32
+from kimiaudio.pipeline.encode_cache import Encoded
 
 if TYPE_CHECKING:
     # For the annotations only: `_load` imports the parts itself, inside the load's pause of the
@@ -121,25 +123,32 @@ class ModelStack:
         return cls(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 
     def encode_speech(self, pcm16k: np.ndarray) -> tuple[list[int], torch.Tensor]:
-        """One utterance -> (VQ codes without offset, Whisper features [T, adaptor_dim])."""
+        """One utterance -> (VQ codes without offset, Whisper features [T, adaptor_dim] on the host)."""
         tokens, features = self.encode_speech_batch([pcm16k])[0]
         return tokens, features
 
-    def encode_speech_batch(self, pcms: list[np.ndarray]) -> list[tuple[list[int], torch.Tensor]]:
+    def encode_speech_batch(self, pcms: list[np.ndarray]) -> list[Encoded]:
         """Several utterances in one batch per encoder; equal to encoding them one by one."""
-        return run_to_end(self.encode_speech_stages(pcms))
+        return compute_now(self.encode_speech_stages(pcms))
 
-    def encode_speech_stages(self, pcms: list[np.ndarray]) -> Stages[list[tuple[list[int], torch.Tensor]]]:
-        """`encode_speech_batch` in stages (audio/staged_work.py): each encoder's log-mel and layers."""
-        token_lists = yield from self.glm4.tokenize_batch_stages(pcms)
-        feature_list = yield from self.whisper.features_batch_stages(pcms)
-        out = []
-        for tokens, features in zip(token_lists, feature_list):
-            # Both encoders yield ceil(samples/1280) positions; keep them aligned if a rounding
-            # edge ever disagrees, since each code position needs exactly one feature row.
-            n = min(len(tokens), features.shape[0])
-            out.append((list(tokens[:n]), features[:n]))
-        return out
+    def encode_speech_stages(self, pcms: list[np.ndarray]) -> Stages[DeviceResult[list[Encoded]]]:
+        """`encode_speech_batch` in stages (audio/staged_work.py): each encoder's log-mel and
+        layers; the result stays on the device until copied (audio/device_result.py). The
+        Whisper window follows [audio] whisper_window (official: the 30 s window)."""
+        codes = yield from self.glm4.tokenize_batch_stages(pcms)
+        exact = self.config.audio.whisper_window == "official"
+        features = yield from self.whisper.features_batch_stages(pcms, exact)
+        return DeviceResult.join(codes, features, _aligned)
+
+
+def _aligned(token_lists: list[list[int]], feature_list: list[torch.Tensor]) -> list[Encoded]:
+    """Both encoders yield ceil(samples/1280) positions; keep them aligned if a rounding edge
+    ever disagrees, since each code position needs exactly one feature row."""
+    out = []
+    for tokens, features in zip(token_lists, feature_list):
+        n = min(len(tokens), features.shape[0])
+        out.append((list(tokens[:n]), features[:n]))
+    return out
 
 
 def freeze_loaded_objects() -> None:

@@ -1,0 +1,94 @@
+"""Encoder inputs and outputs crossing between host and device without the host waiting.
+
+The speech encoders run on a CUDA stream of their own beside the LM's decode steps
+(pipeline/speech_encoding.py). Their inputs go to the device from pinned host memory,
+asynchronously on the current stream (`to_device`). Their outputs stay on the device as a
+`DeviceResult` (the tensors, and how their host copies become per-utterance values) until a
+`HostCopy` copies them into pinned host memory on the same stream and records an event after
+the copies. The LM worker polls `ready()` between engine steps and reads `value()` once the
+stream has got there: no host synchronisation per batch or per utterance, and no device tensor
+crosses to another stream (the engine copies a prompt's features from the host on its own).
+On the CPU every operation is synchronous: a result is ready as soon as it exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+from torch import Tensor
+
+from kimiaudio.audio.staged_work import Stages, run_to_end
+
+T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on `device`: on CUDA through pinned memory, without the host waiting for
+    the copy (it is ordered on the current stream); elsewhere an ordinary copy."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class DeviceResult(Generic[T]):
+    """A batch's outputs still on the device, and how their host copies (same order, same
+    shapes) become its value."""
+
+    tensors: list[Tensor]
+    finish: Callable[[list[Tensor]], T]
+
+    @staticmethod
+    def join(first: DeviceResult[A], second: DeviceResult[B], combine: Callable[[A, B], T]) -> DeviceResult[T]:
+        """One result of two: both copied together, their values combined."""
+        split = len(first.tensors)
+
+        def finish(host: list[Tensor]) -> T:
+            return combine(first.finish(host[:split]), second.finish(host[split:]))
+
+        return DeviceResult(first.tensors + second.tensors, finish)
+
+
+class HostCopy(Generic[T]):
+    """A DeviceResult on its way to the host: copied on the current stream, an event after the
+    copies. Not thread-safe: one owner polls it."""
+
+    def __init__(self, result: DeviceResult[T]):
+        self._finish = result.finish
+        self._event: torch.cuda.Event | None = None
+        on_cuda = [t for t in result.tensors if t.is_cuda]
+        if on_cuda:
+            # Pinned host buffers: the copies run asynchronously on the stream (pageable ones would
+            # make the host wait). The host allocator keeps each buffer until its copy is done.
+            self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in result.tensors]
+            for host, tensor in zip(self._host, result.tensors):
+                host.copy_(tensor, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = list(result.tensors)
+        self._value: T | None = None
+        self._done = False
+
+    def ready(self) -> bool:
+        """The copies have landed (never waits)."""
+        return self._event is None or self._event.query()
+
+    def value(self) -> T:
+        """The result's value (waits for the copies if they have not landed yet)."""
+        if not self._done:
+            if self._event is not None:
+                self._event.synchronize()
+            self._value, self._done = self._finish(self._host), True
+            self._host = []  # the pinned buffers go back to the host allocator
+        return self._value
+
+
+def compute_now(stages: Stages[DeviceResult[T]]) -> T:
+    """Run every stage now and wait for the result on the host (the one-call encoders)."""
+    return HostCopy(run_to_end(stages)).value()

@@ -1,0 +1,59 @@
+"""Why LM steps were slow: the steps of a bench row above SLOW_RATIO x their p50, counted by
+what they carried (pipeline/step_record.py: a prefill chunk, encoder stages before them or an
+encoder batch running beside them, a detokenizer batch beside them, a shape met for the first
+time), and the slowest few in full. The same keys on every device (on the CPU nothing runs
+beside a step on the device, so `encode` there means stages run just before it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kimiaudio.bench.stats import percentile
+from kimiaudio.pipeline.step_record import LmStepRecord
+
+SLOW_RATIO = 1.3  # issue 29's goal: the LM step's p95 within 1.3x its p50
+TAGS = ("prefill", "encode", "detok", "new_shape")
+NUM_SLOWEST = 5
+
+
+def slow_step_report(records: Sequence[LmStepRecord]) -> dict:
+    """{threshold_ms, steps, slow, by_tag: tag -> slow steps carrying it ("none": nothing), slowest}."""
+    if not records:
+        return {"threshold_ms": None, "steps": 0, "slow": 0, "by_tag": dict.fromkeys((*TAGS, "none"), 0), "slowest": []}
+    threshold = SLOW_RATIO * percentile([r.seconds for r in records], 50)
+    slow = [r for r in records if r.seconds > threshold]
+    by_tag = dict.fromkeys((*TAGS, "none"), 0)
+    for record in slow:
+        for tag in record.tags or ["none"]:
+            by_tag[tag] += 1
+    slowest = sorted(slow, key=lambda r: -r.seconds)[:NUM_SLOWEST]
+    return {
+        "threshold_ms": round(1000 * threshold, 3),
+        "steps": len(records),
+        "slow": len(slow),
+        "by_tag": by_tag,
+        "slowest": [
+            {
+                "ms": round(1000 * r.seconds, 3),
+                "decoding": r.num_decoding,
+                "prefill_tokens": r.prefill_tokens,
+                "encode_stages": r.encode_stages,
+                "encode_on_device": r.encode_on_device,
+                "detok_overlap": r.detok_overlap,
+                "new_shape": r.new_shape,
+                "tags": r.tags,
+            }
+            for r in slowest
+        ],
+    }
+
+
+def format_slow_steps(report: dict) -> str:
+    """One line: how many steps were slow and what they carried."""
+    if not report["steps"]:
+        return "no LM steps"
+    tags = ", ".join(f"{tag} {count}" for tag, count in report["by_tag"].items() if count)
+    return (
+        f"{report['slow']}/{report['steps']} LM steps > {report['threshold_ms']:.1f} ms "
+        f"({SLOW_RATIO:g}x p50){': ' + tags if tags else ''}"
+    )

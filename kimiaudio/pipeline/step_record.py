@@ -1,0 +1,77 @@
+"""What each LM engine step carried, so that a slow step can be explained (the benches' tags).
+
+The LM worker brackets every engine step with `StepRecorder.begin` and `end`; the record
+(LmStepRecord) says how many sequences decoded in it, how many prompt positions it computed
+(a prefill chunk), how many encoder stages the worker ran just before it and whether an
+encoder batch was still running on the device (CUDA) during it, whether a detokenizer batch
+ran beside it (the two workers share the GPU), and whether it was the first step of its shape
+(decoding sequences, prefill positions): a shape met for the first time may build kernels or
+plans. Everything is read from public counters: the engine's stats, the detokenizer worker's
+batch counts in the shared metrics.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+NUM_SHAPES_KEPT = 4096  # step shapes remembered for the "new shape" tag
+
+
+@dataclass(frozen=True)
+class LmStepRecord:
+    seconds: float
+    num_decoding: int  # sequences that decoded one position
+    prefill_tokens: int  # prompt positions computed (a prefill chunk; 0 = a decode-only step)
+    encode_stages: int  # encoder stages the LM worker ran just before the step
+    encode_on_device: bool  # an encoder batch was running on the device (CUDA: its own stream)
+    detok_overlap: bool  # a detokenizer batch ran during the step
+    new_shape: bool  # the first step with these (num_decoding, prefill_tokens)
+
+    @property
+    def tags(self) -> list[str]:
+        """Names of what the step carried besides its decodes (the bench's slow-step tags)."""
+        carried = {
+            "prefill": self.prefill_tokens > 0,
+            "encode": self.encode_stages > 0 or self.encode_on_device,
+            "detok": self.detok_overlap,
+            "new_shape": self.new_shape,
+        }
+        return [name for name, present in carried.items() if present]
+
+
+class StepRecorder:
+    """Owned by the LM worker: one `begin` / `end` pair per engine step."""
+
+    def __init__(self) -> None:
+        self._shapes: set[tuple[int, int]] = set()
+        self._order: deque[tuple[int, int]] = deque()  # the same shapes, oldest first (bounded)
+        self._begun: tuple | None = None
+
+    def begin(self, stats, detok_batches: tuple[int, int], encode_stages: int, encode_on_device: bool) -> None:
+        """Before the step: the engine's stats, the detokenizer's (started, ended) batch counts."""
+        self._begun = (stats, detok_batches, encode_stages, encode_on_device)
+
+    def end(self, seconds: float, stats, detok_started: int) -> LmStepRecord:
+        """After the step: its time, the engine's stats, the detokenizer batches started by now."""
+        before, (started, ended), encode_stages, encode_on_device = self._begun
+        decoding = stats.num_decode_tokens - before.num_decode_tokens
+        prefill = stats.num_prefill_tokens_computed - before.num_prefill_tokens_computed
+        return LmStepRecord(
+            seconds=seconds,
+            num_decoding=decoding,
+            prefill_tokens=prefill,
+            encode_stages=encode_stages,
+            encode_on_device=encode_on_device,
+            detok_overlap=started > ended or detok_started > started,
+            new_shape=self._is_new((decoding, prefill)),
+        )
+
+    def _is_new(self, shape: tuple[int, int]) -> bool:
+        if shape in self._shapes:
+            return False
+        self._shapes.add(shape)
+        self._order.append(shape)
+        if len(self._order) > NUM_SHAPES_KEPT:
+            self._shapes.discard(self._order.popleft())
+        return True
