@@ -18,7 +18,15 @@ from kimiaudio.config import load_config
 from kimiaudio.errors import ConfigError
 from kimiaudio.models.quantize import quantize_dit, quantize_lm
 from kimiaudio.pipeline.memory_estimates import estimate
-from kimiaudio.pipeline.memory_plan import GIB, activation_bytes, check_plan, graph_logits_bytes, plan_memory
+from kimiaudio.pipeline.memory_plan import (
+    GIB,
+    activation_bytes,
+    check_plan,
+    graph_logits_bytes,
+    lm_tensor_bytes,
+    mixed_graph_bytes,
+    plan_memory,
+)
 from kimiaudio.pipeline.meta_stack import plan_for_shape
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.weights_choice import choose_weights
@@ -31,6 +39,7 @@ GPU_PARTS = {
     "detok_state",
     "voice_cache",
     "lm_graph_pool",
+    "lm_mixed_graph_pool",
     "activations",
     "cuda_context",
     "allocator_slack",
@@ -93,6 +102,7 @@ def test_memory_plan_of_a_24_gib_card(capsys):
         assert plan["sessions"] == 8 and plan["detok_batch_rows"] == 8
         assert plan["reserved"]["detok_state"] == 8 * plan["detok_state_per_session"]
         assert plan["reserved"]["detok_graph_pool"] > 0.5 * GIB and plan["reserved"]["lm_graph_pool"] > 0.2 * GIB
+        assert plan["reserved"]["lm_mixed_graph_pool"] > 0.2 * GIB
         assert plan["kv_pool_tokens"] == plan["kv_blocks"] * 16
         if plan["kv_blocks"]:
             assert plan["reserved_total"] + plan["kv_pool"] + plan["left_unused"] == 24 * GIB
@@ -109,27 +119,33 @@ def test_memory_plan_of_a_24_gib_card(capsys):
 
 
 def test_estimated_parts_grow_with_what_they_stand_for(stack, config):
-    """The graph pools come from counted bases (the decode graphs' logits, the detokenizer's
-    buffers); the activations from the largest forward: an LM prefill of
-    max_num_batched_tokens positions, or the encoders' batch of 30 s windows."""
+    """The graph pools come from counted bases (the graphs' logits, the detokenizer's buffers);
+    the activations from the largest forward: an LM prefill of max_num_batched_tokens
+    positions, or the encoders' batch of 30 s windows."""
     plan = plan_memory(stack, config, 2 * GIB, on_gpu=True)
     vocab, item = stack.lm.config.vocab_size, stack.lm.dtype.itemsize
+    # Decode graphs of 1..64 rows; mixed-step graphs of 16..320 tokens (64 decodes + 256 of
+    # prefill), each with logits for the 64 rows of the static batch.
     assert graph_logits_bytes(stack, config) == sum([1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]) * 2 * vocab * item
+    assert mixed_graph_bytes(stack, config) == 7 * 64 * 2 * vocab * item + lm_tensor_bytes(stack.lm, 320)
     assert plan["reserved"]["lm_graph_pool"] == int(estimate("lm_graph_pool") * graph_logits_bytes(stack, config))
     assert plan["reserved"]["detok_graph_pool"] == int(
         estimate("detok_graph_pool") * stack.detokenizer.flow.arena.nbytes
     )
+    no_mixed = dataclasses.replace(config, engine=dataclasses.replace(config.engine, mixed_cuda_graphs=False))
+    assert "lm_mixed_graph_pool" not in plan_memory(stack, no_mixed, 2 * GIB, on_gpu=True)["reserved"]
     base = activation_bytes(stack, config)
     longer = dataclasses.replace(config, audio=dataclasses.replace(config.audio, max_input_seconds=240.0))
     big_prefill = dataclasses.replace(config, engine=dataclasses.replace(config.engine, max_num_batched_tokens=1 << 20))
     assert activation_bytes(stack, longer) > base and activation_bytes(stack, big_prefill) > base
     cfg = stack.lm.config
-    assert activation_bytes(stack, big_prefill) == (1 << 20) * item * (
-        3 * cfg.hidden_size
-        + max(
-            (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim + cfg.hidden_size,
-            3 * cfg.intermediate_size,
-        )
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    per_token = 2 * cfg.hidden_size + max(qkv + cfg.hidden_size, 3 * cfg.intermediate_size)
+    assert activation_bytes(stack, big_prefill) == (1 << 20) * item * per_token
+    # The encoders take at most max_batch_segments windows at once, however many are waiting.
+    many = dataclasses.replace(config, audio=dataclasses.replace(config.audio, encode_batch_size=256))
+    assert activation_bytes(stack, many) == activation_bytes(
+        stack, dataclasses.replace(config, audio=dataclasses.replace(config.audio, encode_batch_size=128))
     )
 
 

@@ -5,6 +5,7 @@ and measures, each against the counted base the plan multiplies (memory_plan.py)
 - detok_graph_pool: the memory prepare_for_serving adds, per byte of the static buffers, for
   the stack's detokenizer and one of 8-row buckets (the larger ratio counts);
 - lm_graph_pool: the decode graphs' private pool per byte of their logits (engine.max_num_seqs);
+  lm_mixed_graph_pool: the mixed-step graphs' pool per byte of what the plan counts of them;
 - activations: the allocator's peak beyond what is held before, over the largest forward's
   counted tensors: an LM prefill of engine.max_num_batched_tokens positions, and the speech
   encoders' largest batch (audio.encode_batch_size utterances of audio.max_input_seconds);
@@ -67,11 +68,17 @@ def _lm_measures(stack, config, device) -> dict:
     from kimiaudio.engine.engine_io import EngineRequest
     from kimiaudio.engine.llm_engine import LLMEngine
     from kimiaudio.engine.sampling_params import SamplingParams
-    from kimiaudio.pipeline.memory_plan import graph_logits_bytes
+    from kimiaudio.pipeline.memory_plan import graph_logits_bytes, mixed_graph_bytes
 
     cfg = stack.lm.config
     engine = LLMEngine(stack.lm, config.engine, device, stack.dtype, num_blocks=1024)
-    graphs = engine.runner.graph_memory_bytes
+    runner = engine.runner
+    graphs = {
+        "graph_pool_bytes": runner.graphs.memory_bytes if runner.graphs else 0,
+        "graph_logits_bytes": graph_logits_bytes(stack, config),
+        "mixed_graph_pool_bytes": runner.mixed_graphs.memory_bytes if runner.mixed_graphs else 0,
+        "mixed_graph_counted_bytes": mixed_graph_bytes(stack, config),
+    }
     tokens = min(config.engine.max_num_batched_tokens, 1024 * config.engine.block_size)
     blank = stack.specials.text_blank
     rng = np.random.default_rng(0)
@@ -89,7 +96,7 @@ def _lm_measures(stack, config, device) -> dict:
     prefill()  # warm: kernels chosen, rotary tables built
     peak = _peak_beyond(device, prefill)
     engine.release()
-    return {"graph_pool_bytes": graphs, "graph_logits_bytes": graph_logits_bytes(stack, config), "prefill_peak": peak}
+    return {**graphs, "prefill_peak": peak}
 
 
 def _encoder_peak(stack, config, device) -> int:
@@ -119,6 +126,7 @@ def measure(config, device: torch.device, shape: str = "full") -> dict:
     measured = {
         "detok_graph_pool": max(d["graph_pool_bytes"] / d["static_buffer_bytes"] for d in detok),
         "lm_graph_pool": lm["graph_pool_bytes"] / lm["graph_logits_bytes"],
+        "lm_mixed_graph_pool": lm["mixed_graph_pool_bytes"] / lm["mixed_graph_counted_bytes"],
         "activations": max(lm["prefill_peak"], encoders) / counted,
         "cuda_context": _outside_allocator(device),
         "allocator_slack": torch.cuda.max_memory_reserved(device) - torch.cuda.max_memory_allocated(device),

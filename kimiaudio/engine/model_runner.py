@@ -54,6 +54,14 @@ class StepSample(NamedTuple):
     text_top: tuple[tuple[int, float], ...] | None  # the likeliest text tokens, when asked for
 
 
+def graph_shapes(config: EngineConfig) -> tuple[int, list[int], list[int]]:
+    """(rows of the static decode and mixed batches, the decode batch sizes, the mixed steps'
+    token buckets): the shapes captured when CUDA graphs are on (the memory plan counts them)."""
+    max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)
+    max_tokens = min(config.max_num_batched_tokens, max_batch + config.max_prefill_tokens_while_decoding)
+    return max_batch, decode_batch_sizes(max_batch), mixed_token_buckets(max_tokens)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -96,8 +104,8 @@ class ModelRunner:
         use_graphs = self.device.type == "cuda" and engine_config.cuda_graphs and self.use_kernels
         if self.device.type == "cuda" and engine_config.cuda_graphs and not use_graphs:
             log.warning("engine.cuda_graphs: no Triton paged attention for this device/model: decoding eagerly")
-        max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
-        sizes = decode_batch_sizes(max_batch) if use_graphs else None
+        max_batch, decode_sizes, buckets = graph_shapes(engine_config)
+        sizes = decode_sizes if use_graphs else None
         with torch.inference_mode():
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
@@ -113,10 +121,6 @@ class ModelRunner:
         self.mixed_inputs: MixedInputs | None = None
         self.mixed_graphs: DecodeGraphs | None = None
         if use_graphs and engine_config.mixed_cuda_graphs:
-            max_tokens = min(
-                engine_config.max_num_batched_tokens, max_batch + engine_config.max_prefill_tokens_while_decoding
-            )
-            buckets = mixed_token_buckets(max_tokens)
             with torch.inference_mode():
                 mixed = MixedInputs(
                     self.pool, max_batch, buckets, engine_config.max_model_len, cfg.kimia_adaptor_input_dim, dtype, True
@@ -128,10 +132,10 @@ class ModelRunner:
             self.mixed_graphs.capture()
 
     def release(self) -> None:
-        """Drop the KV pool, the decode buffers and graphs (their device memory goes back to
-        the allocator): the engine is done, and the next one's pool is sized without them."""
-        self.graphs = None
-        self.decode_inputs = None
+        """Drop the KV pool, the static buffers and the graphs (their device memory goes back
+        to the allocator): the engine is done, and the next one's pool is sized without them."""
+        self.graphs = self.mixed_graphs = None
+        self.decode_inputs = self.mixed_inputs = None
         self.pool = None
 
     @property

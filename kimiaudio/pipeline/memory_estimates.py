@@ -51,14 +51,25 @@ ESTIMATES: dict[str, Estimate] = {
         per="byte of the decode graphs' logits",
         source="H200 at a55b0f3: at most 0.3 GB for batch sizes 1..64, whose logits are 0.199 GB",
     ),
+    # The mixed-step graphs (prefill chunks beside decodes, one graph per token bucket): every
+    # bucket's logits, a row per sequence of the static batch, and the largest bucket's live
+    # tensors, counted; the measured ratio of the decode graphs (allocator rounding of their
+    # small outputs) does not carry over to these large ones.
+    "lm_mixed_graph_pool": Estimate(
+        measured=1.0,
+        margin=0.10,
+        per="byte of the mixed-step graphs' logits and largest bucket (memory_plan.mixed_graph_bytes)",
+        source="not measured: counted (the mixed-step graphs came after the H200 run)",
+    ),
     # Tensors alive at once in the largest eager forward (a prefill of max_num_batched_tokens
     # positions, or the speech encoders' largest batch; memory_plan.activation_bytes counts
-    # them per layer): temporaries inside kernels and the allocator's rounding come on top.
+    # them tensor by tensor in one layer): kernels' temporaries come on top (the allocator's
+    # rounding and fragmentation are allocator_slack's).
     "activations": Estimate(
         measured=1.0,
-        margin=0.25,
+        margin=0.10,
         per="byte of the largest forward's live tensors (memory_plan.activation_bytes)",
-        source="not measured: the counted tensors, with a margin for temporaries",
+        source="not measured: the counted tensors, with a margin for kernels' temporaries",
     ),
     # Device memory outside torch's allocator: the CUDA context, cuBLAS/cuDNN handles and
     # workspaces, loaded kernel modules (Triton's included).

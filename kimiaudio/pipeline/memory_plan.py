@@ -13,8 +13,9 @@ device's capacity (the card, or this process's cap on it) and whether it is a GP
 - detok_static_buffers: the served buckets' buffers (at most server.max_sessions rows), counted;
 - detok_state: one session's prefix K/V at its cap and vocoder overlap, x server.max_sessions;
 - voice_cache: [voices] cache_mib;
-- detok_graph_pool (detok_activations without graphs), lm_graph_pool, activations, and on a
-  GPU cuda_context and allocator_slack: estimated from counted bases (memory_estimates.py).
+- detok_graph_pool (detok_activations without graphs), lm_graph_pool and
+  lm_mixed_graph_pool (the decode and mixed-step graphs), activations, and on a GPU
+  cuda_context and allocator_slack: estimated from counted bases (memory_estimates.py).
 
 The KV pool gets the rest in whole blocks (its scratch block included), at most what
 max_num_seqs sequences of max_model_len positions can use; engine.num_kv_blocks fixes it
@@ -31,8 +32,8 @@ import math
 
 import torch
 
-from kimiaudio.engine.decode_batch import decode_batch_sizes
 from kimiaudio.engine.kv_pool import KVPool, max_useful_blocks
+from kimiaudio.engine.model_runner import graph_shapes
 from kimiaudio.errors import ConfigError
 from kimiaudio.layers.device_memory import GIB, capacity_bytes, free_bytes
 from kimiaudio.pipeline.memory_estimates import ESTIMATES, estimate
@@ -44,42 +45,67 @@ CPU_KV_BUDGET = 2 * GIB  # the KV pool on the CPU, where no card bounds it
 WINDOW_SECONDS = 30  # both speech encoders take 30 s windows, a batch of them at once
 # Reserved parts allocated only after the KV pool is sized (or while serving): the pool must
 # leave room for them in what the device has free when it is allocated.
-AFTER_THE_POOL = ("detok_state", "voice_cache", "lm_graph_pool", "activations", "detok_activations", "allocator_slack")
+AFTER_THE_POOL = (
+    "detok_state",
+    "voice_cache",
+    "lm_graph_pool",
+    "lm_mixed_graph_pool",
+    "activations",
+    "detok_activations",
+    "allocator_slack",
+)
 
 
 def _bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
 
 
+def lm_tensor_bytes(lm, tokens: int) -> int:
+    """Tensors alive at once while `tokens` positions go through one LM layer: the residual
+    stream in and out, then q/k/v and the attention's output beside the normed input, or
+    gate/up and their product (the normed input freed)."""
+    cfg = lm.config
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    return tokens * (2 * cfg.hidden_size + max(qkv + cfg.hidden_size, 3 * cfg.intermediate_size)) * lm.dtype.itemsize
+
+
+def _encoder_bytes(module, max_batch_segments: int, config, mask: bool) -> int:
+    """One speech encoder's largest batch through one layer: its windows (audio.encode_batch_size
+    utterances of audio.max_input_seconds, at most the encoder's max_batch_segments) x the
+    residual beside q/k/v and the attention output, or beside its MLP's two hidden tensors; the
+    GLM encoder adds its [B, 1, T, T] additive mask."""
+    cfg = module.config
+    d_model, positions = cfg.d_model, cfg.max_source_positions
+    ffn = getattr(cfg, "encoder_ffn_dim", None) or cfg.ffn_dim  # transformers' name, or WhisperVQConfig's
+    windows = config.audio.encode_batch_size * math.ceil(config.audio.max_input_seconds / WINDOW_SECONDS)
+    width = d_model + max(4 * d_model, 2 * ffn) + (positions if mask else 0)
+    return min(windows, max_batch_segments) * positions * width * next(module.parameters()).element_size()
+
+
 def activation_bytes(stack, config) -> int:
     """Tensors alive at once in the largest eager forward: an LM prefill of
-    engine.max_num_batched_tokens positions (the residual stream in and out, the normed input,
-    then q/k/v and the attention output, or gate/up and their product), or the speech
-    encoders' largest batch (audio.encode_batch_size utterances of audio.max_input_seconds,
-    30 s windows, through one layer: its MLP's two hidden tensors or the attention's q/k/v,
-    and the GLM encoder's [B, 1, T, T] mask). The encoders run on the LM worker between its
-    steps, so the largest of them counts, not their sum."""
-    cfg, item = stack.lm.config, stack.lm.dtype.itemsize
-    tokens = config.engine.max_num_batched_tokens
-    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-    lm = tokens * (3 * cfg.hidden_size + max(qkv + cfg.hidden_size, 3 * cfg.intermediate_size)) * item
-    windows = config.audio.encode_batch_size * math.ceil(config.audio.max_input_seconds / WINDOW_SECONDS)
-    whisper = stack.whisper.encoder
-    w = whisper.config
-    width = 2 * w.d_model + max(4 * w.d_model, 2 * w.encoder_ffn_dim)
-    whisper_bytes = windows * w.max_source_positions * width * next(whisper.parameters()).element_size()
-    glm = stack.glm4.model
-    g, glm_item = glm.config, next(glm.parameters()).element_size()
-    width = 2 * g.d_model + max(4 * g.d_model, 2 * g.ffn_dim)
-    positions = g.max_source_positions
-    glm_bytes = windows * positions * (width + positions) * glm_item  # + the additive mask
-    return max(lm, whisper_bytes, glm_bytes)
+    engine.max_num_batched_tokens positions, or the speech encoders' largest batch. The
+    encoders run on the LM worker between its steps, so the largest counts, not their sum."""
+    whisper, glm = stack.whisper, stack.glm4
+    return max(
+        lm_tensor_bytes(stack.lm, config.engine.max_num_batched_tokens),
+        _encoder_bytes(whisper.encoder, whisper.max_batch_segments, config, mask=False),
+        _encoder_bytes(glm.model, glm.max_batch_segments, config, mask=True),
+    )
 
 
 def graph_logits_bytes(stack, config) -> int:
     """The logits every captured decode graph keeps (both heads, each padded batch size)."""
-    sizes = decode_batch_sizes(min(config.engine.max_num_seqs, config.engine.max_num_batched_tokens))
+    sizes = graph_shapes(config.engine)[1]
     return sum(sizes) * 2 * stack.lm.config.vocab_size * stack.lm.dtype.itemsize
+
+
+def mixed_graph_bytes(stack, config) -> int:
+    """What the mixed-step graphs keep, counted: each token bucket's logits (a row for each of
+    the static batch's sequences, both heads) and the largest bucket's live tensors."""
+    rows, _, buckets = graph_shapes(config.engine)
+    logits = len(buckets) * rows * 2 * stack.lm.config.vocab_size * stack.lm.dtype.itemsize
+    return logits + lm_tensor_bytes(stack.lm, buckets[-1])
 
 
 def component_weights(stack) -> dict[str, int]:
@@ -108,6 +134,8 @@ def reserved_parts(stack, config, on_gpu: bool) -> dict[str, tuple[int, str]]:
         parts[workspace] = _estimated("detok_graph_pool", buffers)
     if on_gpu and config.engine.cuda_graphs:
         parts["lm_graph_pool"] = _estimated("lm_graph_pool", graph_logits_bytes(stack, config))
+        if config.engine.mixed_cuda_graphs:
+            parts["lm_mixed_graph_pool"] = _estimated("lm_mixed_graph_pool", mixed_graph_bytes(stack, config))
     parts["activations"] = _estimated("activations", activation_bytes(stack, config))
     if on_gpu:
         parts["cuda_context"] = _estimated("cuda_context", 1)

@@ -13,6 +13,7 @@ _LABELS = {
     "detok_state": "detok state",
     "voice_cache": "voice cache",
     "lm_graph_pool": "LM graph pool",
+    "lm_mixed_graph_pool": "LM mixed-step graphs",
     "activations": "activations",
     "cuda_context": "CUDA context",
     "allocator_slack": "allocator slack",

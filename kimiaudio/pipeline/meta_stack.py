@@ -6,6 +6,7 @@ a loaded stack: `bench --memory-plan` and `weights = auto`.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,16 @@ from kimiaudio.pipeline.memory_plan import plan_memory
 
 @dataclass
 class _Part:
-    """What the plan reads of a speech encoder: its module."""
+    """What the plan reads of a speech encoder: its module and how many 30 s windows it takes
+    in one batch (the loaded encoder's default, read from its class)."""
 
+    max_batch_segments: int
     encoder: torch.nn.Module | None = None
     model: torch.nn.Module | None = None
+
+
+def _default_batch(cls) -> int:
+    return inspect.signature(cls.__init__).parameters["max_batch_segments"].default
 
 
 @dataclass
@@ -67,7 +74,12 @@ def meta_stack(
             dit = DiTPrefix(DiTConfig.from_yaml(paths.detokenizer / "config.yaml")).to(dtype)
             vocoder = BigVGAN(VocoderConfig.from_json(paths.vocoder / "config.json")).to(dtype).fold_weight_norm()
         detok = Detokenizer(quantize_dit(dit, dit_weights), vocoder, served_detok(config))
-    return MetaStack(lm, _Part(encoder=whisper), _Part(model=glm), detok)
+    return MetaStack(
+        lm,
+        _Part(_default_batch(WhisperFeatureEncoder), encoder=whisper),
+        _Part(_default_batch(Glm4SpeechTokenizer), model=glm),
+        detok,
+    )
 
 
 def plan_for_shape(
