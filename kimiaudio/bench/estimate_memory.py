@@ -3,7 +3,7 @@
 Builds the random full-size stack (bench --random-weights full's, served to max(--sessions))
 and measures, each against the counted base the plan multiplies (memory_plan.py):
 - detok_graph_pool: the memory prepare_for_serving adds, per byte of the static buffers, for
-  the stack's detokenizer and one of 8-row buckets (the larger ratio counts);
+  the stack's detokenizer (buckets of max(--sessions) rows, at most detok.max_batch_sessions);
 - lm_graph_pool: the decode graphs' private pool per byte of their logits (engine.max_num_seqs);
   lm_mixed_graph_pool: the mixed-step graphs' pool per byte of what the plan counts of them;
 - activations: the allocator's peak beyond what is held before, over the largest forward's
@@ -17,7 +17,6 @@ kept); .ci/gpu-check's `estimates` step keeps the JSON in its report.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 
@@ -49,19 +48,15 @@ def _peak_beyond(device: torch.device, run) -> int:
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def _detok_ratio(stack, rows: int) -> dict:
-    from kimiaudio.config import served_detok
-    from kimiaudio.detok.detokenizer import Detokenizer
-
-    own = stack.detokenizer
-    cfg = dataclasses.replace(served_detok(stack.config), max_batch_sessions=rows)
-    detok = own if own.buckets.batch_sizes[-1] == rows else Detokenizer(own.dit, own.vocoder, cfg)
+def _detok_graphs(stack) -> dict:
+    """The stack's detokenizer (built here, its graphs not captured yet) prepared for serving."""
+    detok = stack.detokenizer
     info = detok.prepare_for_serving()
-    buffers = detok.flow.arena.nbytes
-    if info["added_bytes"] == 0 and detok is own:  # captured earlier in this process: capture afresh
-        detok = Detokenizer(own.dit, own.vocoder, cfg)
-        info, buffers = detok.prepare_for_serving(), detok.flow.arena.nbytes
-    return {"rows": rows, "graph_pool_bytes": info["added_bytes"], "static_buffer_bytes": buffers}
+    return {
+        "rows": detok.buckets.batch_sizes[-1],
+        "graph_pool_bytes": info["added_bytes"],
+        "static_buffer_bytes": detok.flow.arena.nbytes,
+    }
 
 
 def _lm_measures(stack, config, device) -> dict:
@@ -117,14 +112,14 @@ def measure(config, device: torch.device, shape: str = "full") -> dict:
     torch.nn.functional.conv1d(torch.ones(1, 1, 8, device=device), torch.ones(1, 1, 3, device=device))  # cuDNN
     torch.cuda.synchronize(device)
     stack = build_random_stack(config, shape)
-    detok = [_detok_ratio(stack, rows) for rows in sorted({8, stack.detokenizer.buckets.batch_sizes[-1]})]
+    detok = _detok_graphs(stack)
     _settle(device)
     lm = _lm_measures(stack, config, device)
     encoders = _encoder_peak(stack, config, device)
     _settle(device)
     counted = activation_bytes(stack, config)
     measured = {
-        "detok_graph_pool": max(d["graph_pool_bytes"] / d["static_buffer_bytes"] for d in detok),
+        "detok_graph_pool": detok["graph_pool_bytes"] / detok["static_buffer_bytes"],
         "lm_graph_pool": lm["graph_pool_bytes"] / lm["graph_logits_bytes"],
         "lm_mixed_graph_pool": lm["mixed_graph_pool_bytes"] / lm["mixed_graph_counted_bytes"],
         "activations": max(lm["prefill_peak"], encoders) / counted,
