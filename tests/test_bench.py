@@ -36,6 +36,7 @@ REPORT_KEYS = {
     "peak_allocated_bytes",
     "peak_reserved_bytes",
     "memory_plan",
+    "memory_check",
     "rows",
 }
 
@@ -87,7 +88,11 @@ def test_bench_reports_every_figure(demo_checkpoint):
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == REPORT_KEYS and report["memory_plan"] is None and report["peak_reserved_bytes"] is None
+    assert set(report) == REPORT_KEYS and report["peak_reserved_bytes"] is None and report["memory_check"] is None
+    # The plan every row's pipeline sized its KV pool from: for max(--sessions), the CPU's budget.
+    plan = report["memory_plan"]
+    assert plan["sessions"] == 3 and plan["kv_pool_source"] == "the CPU budget"
+    assert all(row["kv_blocks_total"] == plan["kv_blocks"] for row in report["rows"])
     assert report["demo_weights"] is True and report["turn_lengths"] == "fixed" and report["arrivals"] == "burst"
     assert report["whisper_window"] == "official" and report["encode_batch_size"] == 4
     rows = {row["sessions"]: row for row in report["rows"]}
