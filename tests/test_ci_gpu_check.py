@@ -1,7 +1,8 @@
 """.ci/gpu-check's own logic, without a GPU: the plan it prints (steps in priority order, chosen
 on the command line, one deadline), its preflight (no CUDA here: one line, nothing run), steps
 left out for lack of time, and a step run, its report written as it ends (the smoke step, a
-real `serve` on the CPU: GPU_CHECK_DEVICE=cpu skips the CUDA preflight for this test)."""
+real `serve` on the CPU: GPU_CHECK_DEVICE=cpu skips the CUDA preflight for this test). The
+deadline's arithmetic is checked with steps that cannot fit, not with timings."""
 
 from __future__ import annotations
 
@@ -70,18 +71,17 @@ def test_steps_that_do_not_fit_the_deadline_are_named(tmp_path):
 @pytest.mark.slow
 def test_a_step_runs_and_reports_as_it_ends(tmp_path):
     """The smoke step through the script on the CPU: `serve` with the default configuration, a
-    spoken Realtime WebSocket turn and a chat completion with audio; then `tests` (90 s at
-    least) no longer fits a deadline of 130 s and is named."""
-    done = gpu_check("--deadline", "130", "smoke", "tests", out=tmp_path, GPU_CHECK_DEVICE="cpu")
+    spoken Realtime WebSocket turn and a chat completion with audio, its record written as the
+    step ends. (Steps left out for lack of time: the test above.)"""
+    done = gpu_check("smoke", out=tmp_path, GPU_CHECK_DEVICE="cpu")
     summary = (tmp_path / "summary.txt").read_text()
     assert done.returncode == 0, summary + (tmp_path / "logs.txt").read_text()[-3000:]
     (record,) = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert record["step"] == "smoke" and record["rc"] == 0 and record["seconds"] <= record["limit"] <= 125
+    assert record["step"] == "smoke" and record["rc"] == 0 and record["seconds"] <= record["limit"] <= 150
     report = record["report"]
     assert report["ok"] and report["device"] == "cpu"
     assert report["realtime"]["status"] == "completed" and report["realtime"]["audio_seconds"] > 0
     assert "input_audio_buffer.speech_stopped" in report["realtime"]["event_types"]  # the server's VAD committed
     assert report["chat"]["http_status"] == 200 and report["chat"]["audio_bytes"] > 44
     assert any("memory plan for" in line for line in report["server_lines"])
-    assert "smoke rc=0" in summary and "ok=True device=cpu" in summary
-    assert "not run for lack of time (deadline 130s): tests" in summary
+    assert "smoke rc=0" in summary and "ok=True device=cpu" in summary and "every step ran" in summary
