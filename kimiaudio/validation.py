@@ -142,9 +142,13 @@ def _converted(value: Any, expected: Any, bounds: Bounds) -> Any:
     return value
 
 
-@cache
 def declared(cls: type) -> dict[str, tuple[Any, Bounds]]:
     """{field name: (type hint, bounds)} of a dataclass; fields without `setting` get NO_BOUNDS."""
+    return _declared(cls)
+
+
+@cache
+def _declared(cls: type) -> dict[str, tuple[Any, Bounds]]:
     hints = typing.get_type_hints(cls)
     return {f.name: (hints[f.name], f.metadata.get("bounds", NO_BOUNDS)) for f in dataclasses.fields(cls)}
 

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.golden_data import GOLDEN_DIRS, GOLDEN_FILES
+
 # Without a GPU the Triton kernels' tests run them in Triton's interpreter (the product's CPU
 # path stays torch's: layers/triton_support.py). Triton decides interpreted or compiled when a
 # kernel is defined, i.e. when its module is first imported, so this is set here, before any
@@ -29,10 +31,9 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", _threads)
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-DATA = Path(__file__).parent / "data"
 # "Hello there, how are you doing today?" by espeak-ng -s 150, resampled to 16 kHz mono PCM16
 # with sox: what speech_wav says where espeak-ng cannot be run.
-SPEECH_FIXTURE = DATA / "speech_hello_16k.wav"
+SPEECH_FIXTURE = Path(__file__).parent / "data" / "speech_hello_16k.wav"
 # CI installs triton (its CPU wheel) so that every tests/test_triton_*.py runs in Triton's
 # interpreter; there a skipped Triton test is a failure, not a pass (.ci/run sets this).
 REQUIRE_TRITON = os.environ.get("KIMIAUDIO_REQUIRE_TRITON") == "1"
@@ -56,15 +57,6 @@ def pytest_sessionfinish(session, exitstatus):
     if _triton_skips and not hasattr(session.config, "workerinput"):  # the controller decides
         print("\nKIMIAUDIO_REQUIRE_TRITON=1 but Triton tests were skipped:\n  " + "\n  ".join(_triton_skips))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-# golden.safetensors as the golden data set's layout has it (docs/official-model.md, "The
-# golden data set"), or xz-compressed (variant a ships so: 3 MB instead of 6.6 MB in the
-# repository; every tensor in it is used by a test).
-GOLDEN_FILES = ("golden.safetensors", "golden.safetensors.xz")
-# Every golden folder present: variant a ships with the project; other variants (other sizes,
-# flags and token ids, same layout) dropped in beside it run the same tests.
-GOLDEN_DIRS = sorted(p for p in DATA.glob("golden_*") if any((p / name).is_file() for name in GOLDEN_FILES))
 
 
 @pytest.fixture(scope="session", params=GOLDEN_DIRS, ids=[p.name for p in GOLDEN_DIRS])
@@ -116,9 +108,9 @@ def golden_paths(golden_checkpoint):
 def detok(golden_paths, golden_meta):
     """The golden checkpoint's detokenizer with the official chunking, look-ahead and ODE
     steps, as golden.meta.json records them (tests share it read-only)."""
-    from test_detok_streaming import official_detok_config
-
     from kimiaudio.detok.detokenizer import Detokenizer
+
+    from helpers.detok_reference import official_detok_config
 
     return Detokenizer.load(golden_paths, "cpu", torch.float32, official_detok_config(golden_meta))
 
@@ -152,14 +144,29 @@ def speech_16k(speech_wav) -> np.ndarray:
 @pytest.fixture(scope="session")
 def speech(tmp_path_factory):
     """The server tests' sentences spoken by espeak-ng, float32 16 kHz, as bench --webrtc makes
-    its speech (test_server_support.SENTENCES)."""
-    from test_server_support import SENTENCES
-
+    its speech (helpers.audio.SENTENCES)."""
     from kimiaudio.bench.speech import espeak_speech
+
+    from helpers.audio import SENTENCES
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is needed to make test speech")
     return espeak_speech(SENTENCES, tmp_path_factory.mktemp("sentences"))
+
+
+@pytest.fixture
+def demo_server(aiohttp_client, demo_checkpoint, tmp_path):
+    """Opens the server app with the real pipeline on the demo checkpoint (helpers/demo_server.py):
+    `async with demo_server(**server_settings) as (test client, RecordingPipeline)`, stopped when
+    the block ends. Its SQLite file is under `data_dir` (the test's tmp_path unless given), or
+    `storage_url` names a PostgreSQL database; a test may open several, one after another or
+    at once."""
+    from helpers.demo_server import open_demo_server
+
+    def open_server(data_dir: Path | None = None, storage_url: str = "", **server):
+        return open_demo_server(aiohttp_client, demo_checkpoint, data_dir or tmp_path, storage_url, **server)
+
+    return open_server
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +174,7 @@ def v1_serve(tmp_path_factory):
     """A real `python -m kimiaudio serve` on the demo checkpoint for the /v1 tests: its process
     (its log in `proc.output_lines`) and base URL (http://127.0.0.1:PORT); one process shared
     by every test that asks for it."""
-    from test_server_support import SERVE_CONFIG, free_port, start_serve, stop_serve
+    from helpers.serve_process import SERVE_CONFIG, free_port, start_serve, stop_serve
 
     port = free_port()
     proc = start_serve(tmp_path_factory.mktemp("v1-serve"), port, SERVE_CONFIG)
@@ -215,9 +222,9 @@ REQUIRE_POSTGRES = os.environ.get("KIMIAUDIO_REQUIRE_POSTGRES") == "1"
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A PostgreSQL server of the tests' own (tests/postgres_server.py), shared by the session;
+    """A PostgreSQL server of the tests' own (tests/helpers/postgres_server.py), shared by the session;
     tests get their own databases from it (`postgres_url`)."""
-    from postgres_server import PostgresServer, PostgresUnavailable
+    from helpers.postgres_server import PostgresServer, PostgresUnavailable
 
     try:
         server = PostgresServer()

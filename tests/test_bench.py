@@ -9,16 +9,18 @@ import time
 
 import numpy as np
 import pytest
-from test_cli import assert_one_line_error, kimiaudio
 
 from kimiaudio.bench.arrivals import Arrivals
-from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
+from kimiaudio.bench.decode_7b import run_random_7b
 from kimiaudio.bench.pipeline_bench import PlaybackClock, bench_inputs
 from kimiaudio.bench.slow_steps import format_slow_steps, slow_step_report
 from kimiaudio.bench.stats import ms_p50_p95, percentile
 from kimiaudio.config import load_config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.step_record import LmStepRecord
+
+from helpers.bench_checks import SMALL_7B, check_small_decode_bench
+from helpers.cli import assert_one_line_error, kimiaudio
 
 # A pipeline bench report's keys, the same on every device (values null where they do not apply).
 REPORT_KEYS = {
@@ -150,47 +152,6 @@ def test_playback_clock_counts_the_silence_between_late_chunks():
     assert clock.stall_s == 1.0 and clock.samples == 350 and clock.played_until == 14.5
 
 
-SMALL_7B = {
-    **KIMI_AUDIO_7B,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "kimia_mimo_layers": 1,
-    "kimia_mimo_transformer_from_layer_index": 1,
-    "kimia_adaptor_input_dim": 32,
-}
-
-
-def check_small_decode_bench(device: str, capsys) -> None:
-    """`bench --random-weights` on a small shape of the 7B config (the same code path)."""
-    config = load_config(None, {"model": {"device": device}, "engine": {"num_kv_blocks": 512}})
-    assert run_random_7b(config, [1, 4], argparse.Namespace(json=True, profile=True), shape=SMALL_7B) == 0
-    report = json.loads(capsys.readouterr().out)
-    on_gpu = device.startswith("cuda")
-    # --profile: one summary a batch size, of the engine as served (graphs on CUDA).
-    assert [(p["weights"], p["batch"]) for p in report["profile"]] == [("bf16", 1), ("bf16", 4)]
-    for p in report["profile"]:
-        assert p["device"] == ("cuda kernels" if on_gpu else "cpu operators (no GPU)") and p["steps"] == 10
-        assert p["kernels_per_step"] > 0 and p["busy_ms_per_step"] > 0 and p["wall_ms_per_step"] > 0
-        times = [k["ms_per_step"] for k in p["top"]]
-        assert times == sorted(times, reverse=True) and sum(k["share_of_busy"] for k in p["top"]) <= 1 + 1e-9
-    # Graphs on and off in the same run on CUDA (with triton); eager only on the CPU.
-    modes = [True, False] if on_gpu else [False]
-    assert [(r["batch"], r["graphs"]) for r in report["rows"]] == [(b, g) for g in modes for b in (1, 4)]
-    for r in report["rows"]:
-        assert r["step_ms_p50"] > 0 and r["ratio_to_floor"] > 0 and r["step_ms_p50"] <= r["step_ms_p95"]
-        assert r["mixed_step_ms_p50"] > 0 and r["mixed_prefill_tokens"] == 256
-    prefill = report["prefill"]
-    assert prefill["positions"] == 1000 and prefill["ms_p50"] > 0 and prefill["ratio_to_floor"] > 0
-    assert report["matmul_tflops"] > 0
-    if on_gpu:
-        # The graphs' private pool holds at least every captured batch's logits (both heads, bf16).
-        assert report["capture_seconds"] > 0 and report["graph_batch_sizes"] == [1, 2, 4]
-        assert report["graph_memory_bytes"] >= sum(report["graph_batch_sizes"]) * 2 * SMALL_7B["vocab_size"] * 2
-
-
 def test_random_weight_decode_bench_runs_on_a_small_shape(capsys):
     check_small_decode_bench("cpu", capsys)
 
@@ -214,6 +175,12 @@ def test_step_profile_summary_counts_overlapping_kernels_once():
     gemm, norm = report["top"]
     assert (gemm["name"], gemm["calls_per_step"], gemm["ms_per_step"]) == ("gemm", 2, 0.9)
     assert norm["name"] == "norm" and norm["share_of_busy"] == 0.2
+    assert report["idle_ms_per_step"] == 1.0 and report["gemm_gb_s"] is None
+    # Grouped by name, and the GEMMs' bandwidth: 1.8 GB a step read in 0.9 ms of GEMM kernels.
+    events = [("_skinny_gemm_kernel", 0, 600), ("_rms_norm_kernel", 600, 200), ("sm90_xmma_gemm_bf16", 800, 300)]
+    report = summarize(events, steps=1, wall_s=0.002, weight_bytes=int(1.8e9))
+    assert report["groups_ms_per_step"]["gemm"] == pytest.approx(0.9) and report["groups_ms_per_step"]["norm"] == 0.2
+    assert report["gemm_gb_s"] == pytest.approx(2000) and report["gemm_weight_gb"] == 1.8
 
 
 def test_profile_needs_the_decode_bench():

@@ -10,12 +10,14 @@ import subprocess
 import sys
 
 import pytest
-from test_server_support import ROOT, demo_config, demo_stack
 
 from kimiaudio.bench.soak import run_soak
 from kimiaudio.bench.soak_clients import FAULTS, MALFORMED, plan_faults
 from kimiaudio.server.session import client_events
 from kimiaudio.store import ConversationStore
+
+from helpers.demo_server import demo_config, demo_stack
+from helpers.serve_process import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -6,40 +6,39 @@ import asyncio
 
 import numpy as np
 import pytest
-import test_browser_page
-from test_browser_page import _browser, _wait
-from test_server_support import demo_server
 
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import API_KEY_ENV
 
-pytestmark = test_browser_page.pytestmark  # the same markers and skips (no Chromium: skipped)
+from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+
+pytestmark = BROWSER_MARKS
 KEY = "page-test-key-42"
 
 
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
+async def server(tmp_path, monkeypatch, demo_server):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path / "data", api_key=KEY) as (client, _):
+    async with demo_server(tmp_path / "data", api_key=KEY) as (client, _):
         yield client
 
 
 async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
-    store = server.app[store_key]
+    store = server.app[SERVER_CONTEXT].store
     conversation = await store.create_conversation("Stored earlier")
     await store.add_turn(conversation["id"], "user", audio=np.full(8000, 0.1, np.float32))
     url = str(server.make_url("/"))
 
     def drive():
-        driver = _browser(tmp_path, None)
+        driver = start_chromium(tmp_path, None)
         try:
             driver.get(url)
-            _wait(driver, "return !document.getElementById('login').hidden")
+            wait_for_script(driver, "return !document.getElementById('login').hidden")
             listed_before = len(driver.find_elements("css selector", "#conversations li"))
             field = driver.find_element("id", "api-key")
             field.send_keys("wrong-key")
             driver.find_element("css selector", "#login button").click()
-            refused = _wait(
+            refused = wait_for_script(
                 driver,
                 "return document.getElementById('login-message').textContent.includes('not "
                 "accepted') && document.getElementById('login-message').textContent",
@@ -47,15 +46,15 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
             field.clear()
             field.send_keys(KEY)
             driver.find_element("css selector", "#login button").click()
-            _wait(driver, "return document.getElementById('login').hidden")
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
+            wait_for_script(driver, "return document.getElementById('login').hidden")
+            wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
             driver.find_element("css selector", "#conversations li").click()
-            src = _wait(driver, "const a = document.querySelector('#detail-turns audio'); return a && a.src")
+            src = wait_for_script(driver, "const a = document.querySelector('#detail-turns audio'); return a && a.src")
             audio_status = driver.execute_async_script(
                 "const done = arguments[1]; fetch(arguments[0]).then((r) => done(r.status));", src
             )
             driver.find_element("id", "connect").click()
-            _wait(driver, "return document.body.dataset.state === 'listening'")
+            wait_for_script(driver, "return document.body.dataset.state === 'listening'")
             return {
                 "listed_before": listed_before,
                 "refused": refused,

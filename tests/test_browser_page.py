@@ -3,63 +3,21 @@ connect with a fake microphone playing espeak speech, complete a turn, see the a
 text, the demo banner and the readable errors (server full, microphone denied)."""
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
-from test_server_support import silence, write_clip
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.config import Config
 from kimiaudio.server.app import create_app
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 
-CHROMIUM, CHROMEDRIVER = (
-    shutil.which("chromium") or "/usr/bin/chromium",
-    shutil.which("chromedriver") or "/usr/bin/chromedriver",
-)
+from helpers.audio import silence, write_clip
+from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-        reason="headless Chromium and chromedriver are needed",
-    ),
-]
-
-
-def _browser(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = True):
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--no-first-run",
-        "--autoplay-policy=no-user-gesture-required",
-        "--window-size=1200,900",
-        f"--user-data-dir={tmp_path / 'chrome-profile'}",
-    ):
-        options.add_argument(flag)
-    options.add_argument("--use-fake-device-for-media-stream")
-    if fake_audio is not None:
-        options.add_argument(f"--use-file-for-fake-audio-capture={fake_audio}%noloop")
-    # Grant the microphone without asking, or answer the permission prompt with "block".
-    options.add_argument("--use-fake-ui-for-media-stream" if allow_mic else "--deny-permission-prompts")
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-
-def _wait(driver, script: str, timeout: float = 120.0):
-    """Until `script` returns something truthy; the limit catches a hang, not a slow machine."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture
@@ -91,20 +49,22 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
     url = str(server.make_url("/"))
 
     def drive():
-        driver = _browser(tmp_path, wav)
+        driver = start_chromium(tmp_path, wav)
         try:
             driver.get(url)
-            _wait(driver, "return !document.getElementById('demo-banner').hidden")
+            wait_for_script(driver, "return !document.getElementById('demo-banner').hidden")
             driver.find_element("id", "connect").click()
-            _wait(
+            wait_for_script(
                 driver,
                 """
                 return [...document.querySelectorAll('#transcript .turn.assistant[data-status="completed"]')]
                     .some((r) => r.querySelector('.text').textContent !== '(no text)');""",
             )
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0")
+            wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0")
             # The user's words ([server] transcribe_input is on by default) replace "You spoke".
-            _wait(driver, "return document.querySelector('#transcript .turn.user[data-transcribed]') !== null")
+            wait_for_script(
+                driver, "return document.querySelector('#transcript .turn.user[data-transcribed]') !== null"
+            )
             ARTIFACTS.mkdir(exist_ok=True)
             driver.save_screenshot(str(ARTIFACTS / "browser_turn.png"))
             return {
@@ -126,7 +86,7 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
     assert "Demo weights" in result["banner"] and "--model" in result["banner"]
     assert result["error_hidden"]
     assert result["user_turns"] >= 1
-    store = server.app[store_key]
+    store = server.app[SERVER_CONTEXT].store
     conversations = await store.list_conversations()
     assert len(conversations) == 1
     stored = [t for t in (await store.get_conversation(conversations[0]["id"]))["turns"] if t["role"] == "assistant"]
@@ -145,7 +105,7 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
 
 
 async def test_page_search_box_filters_the_conversations(server, tmp_path):
-    store = server.app[store_key]
+    store = server.app[SERVER_CONTEXT].store
     for words in ("the weather in Lisbon", "a recipe for bread"):
         conversation = await store.create_conversation()
         index = await store.add_turn(conversation["id"], "user", audio=silence(0.5))
@@ -154,19 +114,19 @@ async def test_page_search_box_filters_the_conversations(server, tmp_path):
     url = str(server.make_url("/"))
 
     def drive():
-        driver = _browser(tmp_path, None)
+        driver = start_chromium(tmp_path, None)
         listed = (
             "return [...document.querySelectorAll('#conversations li:not(.muted)')]"
             ".map((li) => li.firstChild.textContent)"
         )
         try:
             driver.get(url)
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 2")
+            wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 2")
             driver.find_element("id", "search").send_keys("lisb")
-            _wait(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
+            wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
             found = driver.execute_script(listed)
             driver.find_element("id", "search").send_keys(" nothing-like-it")
-            _wait(driver, "return document.querySelector('#conversations li.muted') !== null")
+            wait_for_script(driver, "return document.querySelector('#conversations li.muted') !== null")
             return found, driver.find_element("css selector", "#conversations li.muted").text
         finally:
             driver.quit()
@@ -182,11 +142,11 @@ async def test_page_explains_server_full_and_mic_denied(server, tmp_path):
     url = str(server.make_url("/"))
 
     def error_after_connect(allow_mic: bool) -> str:
-        driver = _browser(tmp_path, None, allow_mic=allow_mic)
+        driver = start_chromium(tmp_path, None, allow_mic=allow_mic)
         try:
             driver.get(url)
             driver.find_element("id", "connect").click()
-            return _wait(
+            return wait_for_script(
                 driver,
                 """
                 const b = document.getElementById('error-banner');

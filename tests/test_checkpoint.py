@@ -11,12 +11,13 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_lm_golden import forward_logits
 
 from kimiaudio.checkpoint.files import load_safetensors
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.kimia_lm import load_lm
+
+from helpers.lm_golden import forward_logits
 
 
 def shard(checkpoint, tmp_path):
@@ -74,7 +75,7 @@ def test_corrupt_weights_are_one_line_errors(golden_checkpoint, tmp_path):
 def test_the_shipped_golden_is_found():
     """Variant a ships with the project: without it every golden test would be parametrized
     over nothing and skip silently."""
-    from conftest import DATA, GOLDEN_DIRS
+    from helpers.golden_data import DATA, GOLDEN_DIRS
 
     assert DATA / "golden_a" in GOLDEN_DIRS
 

@@ -6,12 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_detok_streaming import streamed_samples
 
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.cuda_graphs import GraphCache
 from kimiaudio.detok.detokenizer import Detokenizer
+
+from helpers.detok_reference import streamed_samples
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 SMALL = DetokConfig(

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_detok_streaming import vocoder_samples
 
 from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import ChunkSchedule
@@ -19,6 +18,8 @@ from kimiaudio.detok.vocoder_batch import VocoderBatcher
 from kimiaudio.errors import CheckpointError
 from kimiaudio.models.bigvgan import load_vocoder
 from kimiaudio.models.dit import DiTConfig, load_dit
+
+from helpers.detok_reference import vocoder_samples
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 

@@ -17,6 +17,7 @@ from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_handle import TurnHandle
+from kimiaudio.pipeline.worker_messages import EndTurn, OpenStream, PushCodes
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +61,15 @@ def test_a_first_chunk_runs_ahead_of_a_playing_answer_s_flush(config, detokenize
     loop = asyncio.new_event_loop()  # the handles' loop: events queue on it, never read here
     try:
         flush, new = TurnHandle("flush", loop), TurnHandle("new", loop)
-        worker.handle(("open", flush, 7, None))
-        worker.handle(("codes", [("flush", c) for c in codes]))
+        worker.handle(OpenStream(flush, 7, None))
+        worker.handle(PushCodes([("flush", c) for c in codes]))
         worker.iterate()  # its first chunk (8 codes of 40): it is playing now
         assert batches == [[("flush", False)]]
         # Its listener has far more audio queued than a batch takes: it has slack.
         flush.submitted_at += 1000.0
-        worker.handle(("end", "flush", TurnDone("completed")))  # the LM is done: the rest is a flush
-        worker.handle(("open", new, 8, None))
-        worker.handle(("codes", [("new", c) for c in codes[:8]]))  # its first chunk is due
+        worker.handle(EndTurn("flush", TurnDone("completed")))  # the LM is done: the rest is a flush
+        worker.handle(OpenStream(new, 8, None))
+        worker.handle(PushCodes([("new", c) for c in codes[:8]]))  # its first chunk is due
         while worker.iterate() == 0:
             pass
     finally:

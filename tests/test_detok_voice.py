@@ -6,13 +6,14 @@ import dataclasses
 
 import pytest
 import torch
-from test_detok_streaming import TOL, random_tokens
 
 from kimiaudio.config import DetokConfig
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.detok.voice_prefix import PROMPT_CHUNK_FRAMES, prefill_spans
 from kimiaudio.errors import KimiAudioError
+
+from helpers.detok_reference import TOL, random_tokens
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ import math
 
 import pytest
 import torch
-from helpers.sequences import make_sequence
-from test_engine_e2e import build_requests, load_tiny_lm, reference_steps, run_scenario
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.decode_batch import CONTEXT, POSITION, SLOT, DecodeInputs, decode_batch_sizes
@@ -20,6 +18,9 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.mixed_batch import CONTINUOUS, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
+
+from helpers.engine_scenarios import build_requests, load_tiny_lm, reference_steps, run_scenario
+from helpers.sequences import make_sequence
 
 HQ, HKV, D, BS = 4, 2, 8, 4
 

@@ -7,11 +7,11 @@ the control, a text-only answer, which keeps its place in arrival order.
 
 from __future__ import annotations
 
-from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq
-
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
 from kimiaudio.engine.scheduler import Scheduler
+
+from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq
 
 CAP = 6  # max_prefill_tokens_while_decoding
 PLAYING, TEXT_ANSWER, TRANSCRIPTION, NEW = 0, 1, 2, 3

@@ -10,11 +10,12 @@ import math
 
 import pytest
 import torch
-from helpers.sequences import make_sequence
 
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.mixed_batch import AUDIO, CONTINUOUS, POSITION, SLOT, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.step_plan import StepPlan
+
+from helpers.sequences import make_sequence
 
 HQ, HKV, D, BS, FEATURE_DIM = 4, 2, 8, 4, 3
 

@@ -7,12 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq
 
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.engine_io import RequestError
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import SequenceStatus
+
+from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq
 
 
 def test_refcounts_prefix_hits_and_free():

@@ -1,7 +1,7 @@
-"""The fleet end to end, with the real parts: a PostgreSQL server (tests/postgres_server.py), two
+"""The fleet end to end, with the real parts: a PostgreSQL server (tests/helpers/postgres_server.py), two
 `python -m kimiaudio serve` instances on the demo checkpoint sharing it through
 KIMIAUDIO_DATABASE_URL (each its own port and data dir), and HAProxy running the shipped
-deploy/haproxy.cfg (addresses through its environment variables; tests/haproxy_front.py).
+deploy/haproxy.cfg (addresses through its environment variables; tests/helpers/haproxy_front.py).
 
 Sessions through HAProxy land on both instances (leastconn; told apart by their metrics'
 `instance` label); `bench --soak --url` drives the front and its books pass; a conversation
@@ -30,20 +30,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 from prometheus_client.parser import text_string_to_metric_families
-from test_server_support import (
-    LONG_ANSWER,
-    ROOT,
-    SERVE_CONFIG,
-    eventually,
-    free_port,
-    heard_or_done,
-    silence,
-    start_serve,
-    stop_serve,
-)
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
+
+from helpers.audio import silence
+from helpers.demo_server import LONG_ANSWER, heard_or_done
+from helpers.serve_process import ROOT, SERVE_CONFIG, free_port, start_serve, stop_serve
+from helpers.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +70,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(postgres_server, tmp_path_factory):
-    from haproxy_front import HaproxyFront, HaproxyUnavailable
+    from helpers.haproxy_front import HaproxyFront, HaproxyUnavailable
 
     if not postgres_server.running:
         postgres_server.start()

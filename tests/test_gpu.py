@@ -19,18 +19,6 @@ import threading
 
 import pytest
 import torch
-from test_bench import check_small_decode_bench
-from test_engine_e2e import (
-    build_requests,
-    check_bfloat16_engine,
-    golden_prompt,
-    load_tiny_lm,
-    make_request,
-    reference_steps,
-    run_scenario,
-)
-from test_lm_golden import SECTIONS, TOL, forward_logits
-from test_pipeline import run_turn, with_pipeline
 
 from kimiaudio.checkpoint.paths import resolve_device
 from kimiaudio.config import EngineConfig, load_config
@@ -43,6 +31,19 @@ from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import NORMAL, URGENT, Worker
+
+from helpers.bench_checks import check_small_decode_bench
+from helpers.engine_scenarios import (
+    build_requests,
+    check_bfloat16_engine,
+    golden_prompt,
+    load_tiny_lm,
+    make_request,
+    reference_steps,
+    run_scenario,
+)
+from helpers.lm_golden import SECTIONS, TOL, forward_logits
+from helpers.pipeline_turns import run_turn, with_pipeline
 
 _NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
 # Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_detok_streaming import streamed_samples
 
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device
@@ -26,6 +25,8 @@ from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
 from kimiaudio.layers.precision import exact_float32
 from kimiaudio.pipeline.memory_plan import plan_stack
 from kimiaudio.pipeline.memory_report import format_memory_plan
+
+from helpers.detok_reference import streamed_samples
 
 _NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
 # Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.

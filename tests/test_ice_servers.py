@@ -7,7 +7,6 @@ import time
 
 import pytest
 from aiortc import RTCConfiguration, RTCIceServer
-from test_server_support import demo_server
 
 from kimiaudio.config import load_config
 from kimiaudio.errors import ConfigError
@@ -47,11 +46,9 @@ def test_credential_lifetime_out_of_range_is_refused(ttl):
         load_config(None, {"server": {"turn_credential_ttl_s": ttl}})
 
 
-async def test_the_page_gets_fresh_credentials_never_the_secret(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
+async def test_the_page_gets_fresh_credentials_never_the_secret(monkeypatch, demo_server):
     monkeypatch.delenv(TURN_SECRET_ENV, raising=False)
-    async with demo_server(
-        aiohttp_client, demo_checkpoint, tmp_path, ice_servers=URLS[:2], turn_secret="s3cret-value"
-    ) as (http, _):
+    async with demo_server(ice_servers=URLS[:2], turn_secret="s3cret-value") as (http, _):
         before = time.time()
         body = await (await http.get("/api/status")).json()
         stun, turn = body["ice_servers"]

@@ -1,9 +1,11 @@
-"""The package's layer order, as README states it, holds in the imports.
+"""The package's layer order, as README states it, holds in the imports; so does the server's
+own order of its parts, as kimiaudio/server/__init__.py states it.
 
 Every import in the package is read from the source (ast; function-local and type-checking
 imports included, since each is a dependency all the same): a package may import only the
 packages below its own layer, packages of one layer not each other, and no two modules may
-import each other, directly or round a longer circle. A failure names each offending import.
+import each other, directly or round a longer circle. Inside server/ the same holds for its
+parts (its sub-packages and top-level modules). A failure names each offending import.
 """
 
 from __future__ import annotations
@@ -18,13 +20,29 @@ PACKAGE = ROOT / "kimiaudio"
 ORDER_MARK = "→"
 
 
+def order_line(text: str, first: str, where: str) -> list[list[str]]:
+    """The line of `text` that starts with `first` and holds `→` (with the lines after it that
+    go on with `→`), as layers, lowest first."""
+    lines = [line.strip().strip("`") for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith(first) and ORDER_MARK in line:
+            for more in lines[i + 1 :]:
+                if not more.startswith(ORDER_MARK):
+                    break
+                line += " " + more
+            return [[name.strip() for name in layer.split(",")] for layer in line.split(ORDER_MARK)]
+    raise AssertionError(f"{where} states no layer order (a line `{first} → ...`)")
+
+
 def layer_order() -> list[list[str]]:
     """README's order line, lowest layer first: `errors, validation → config → ... → cli`."""
-    for line in (ROOT / "README.md").read_text().splitlines():
-        line = line.strip().strip("`")
-        if line.startswith("errors") and ORDER_MARK in line:
-            return [[name.strip() for name in layer.split(",")] for layer in line.split(ORDER_MARK)]
-    raise AssertionError("README.md states no layer order (a line `errors → ... → cli`)")
+    return order_line((ROOT / "README.md").read_text(), "errors", "README.md")
+
+
+def server_layer_order() -> list[list[str]]:
+    """The server's order line (its package docstring): `api_error, tls → inputs → ... → serve`."""
+    init = PACKAGE / "server" / "__init__.py"
+    return order_line(ast.get_docstring(ast.parse(init.read_text())) or "", "api_error", str(init))
 
 
 def module_name(path: Path) -> str:
@@ -90,6 +108,38 @@ def test_no_package_imports_one_above_it_or_beside_it():
                 where = "beside" if ranks.get(a) == ranks.get(b) else "above"
                 wrong.append(f"{module} (line {line}) imports {target}: {b} is {where} {a}")
     assert not wrong, "imports against README's layer order:\n" + "\n".join(wrong)
+
+
+def server_part(module: str) -> str | None:
+    """kimiaudio.server.session.responder -> session; kimiaudio.server.app -> app;
+    kimiaudio.server -> server (its docstring); anything outside server/ -> None."""
+    parts = module.split(".")
+    if parts[:2] != ["kimiaudio", "server"]:
+        return None
+    return parts[2] if len(parts) > 2 else "server"
+
+
+def test_every_server_part_has_a_layer():
+    ranks = {name: i for i, layer in enumerate(server_layer_order()) for name in layer}
+    parts = {server_part(m) for m in module_graph()} - {None, "server"}
+    assert not sorted(parts - set(ranks)), (
+        f"parts of server/ missing from its layer order: {sorted(parts - set(ranks))}"
+    )
+
+
+def test_no_server_part_imports_one_above_it_or_beside_it():
+    ranks = {name: i for i, layer in enumerate(server_layer_order()) for name in layer}
+    wrong = []
+    for module, targets in sorted(module_graph().items()):
+        a = server_part(module)
+        for target, line in sorted(targets.items()):
+            b = server_part(target)
+            if a is None or b is None or a == b or "server" in (a, b):
+                continue
+            if ranks.get(a, 0) <= ranks.get(b, 0):
+                where = "beside" if ranks.get(a) == ranks.get(b) else "above"
+                wrong.append(f"{module} (line {line}) imports {target}: {b} is {where} {a} in server/")
+    assert not wrong, "imports against server/'s layer order:\n" + "\n".join(wrong)
 
 
 def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:

@@ -20,7 +20,7 @@ from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import _layer_prefix, assemble_lm, load_lm
 from kimiaudio.models.quantize import quantize_lm
-from kimiaudio.random_weights import lm as random_lm_tensors
+from kimiaudio.random_weights.lm import iter_lm_tensors, lm_config
 from kimiaudio.random_weights.shapes import shape_named
 
 KEEP = ("model.", "lm_head.", "mimo_output.")
@@ -30,8 +30,8 @@ IGNORE = ("rotary_emb.inv_freq",)
 def _sources(golden_checkpoint):
     paths = find_checkpoint(golden_checkpoint)
     golden = (KimiaConfig.from_file(paths.lm_config), lambda: iter_safetensors(paths.root, KEEP, torch.float32))
-    cfg = random_lm_tensors.lm_config(shape_named("tiny"))
-    tiny = (KimiaConfig.from_dict(cfg, "tiny"), lambda: random_lm_tensors.iter_lm_tensors(0, cfg))
+    cfg = lm_config(shape_named("tiny"))
+    tiny = (KimiaConfig.from_dict(cfg, "tiny"), lambda: iter_lm_tensors(0, cfg))
     return {"golden": golden, "random": tiny}
 
 

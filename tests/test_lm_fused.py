@@ -4,11 +4,12 @@ checkpoint loads by its official names; the logits stay those of the separate pr
 from __future__ import annotations
 
 import torch
-from test_engine_e2e import load_tiny_lm
-from test_lm_golden import SECTIONS, TOL, forward_logits
 
 from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_lm import KimiAudioLM
+
+from helpers.engine_scenarios import load_tiny_lm
+from helpers.lm_golden import SECTIONS, TOL, forward_logits
 
 
 def test_load_fuses_every_layer_and_frees_the_originals(golden_checkpoint):

@@ -13,7 +13,6 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_engine_e2e import load_tiny_lm
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.engine.reference_loop import generate_reference, iter_reference
@@ -23,38 +22,13 @@ from kimiaudio.layers.attention import ContiguousKVCache
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import load_lm
 
-SECTIONS = ["lm.text", "lm.both", "lm_e2e"]
-TOL = dict(atol=1e-4, rtol=1e-4)
+from helpers.engine_scenarios import load_tiny_lm
+from helpers.lm_golden import SECTIONS, TOL, forward_logits, golden_inputs
 
 
 @pytest.fixture(scope="module")
 def lm(golden_checkpoint):
     return load_tiny_lm(golden_checkpoint)
-
-
-def _inputs(golden, section):
-    return (
-        golden[f"{section}.input.audio_input_ids"][0],
-        golden[f"{section}.input.text_input_ids"][0],
-        golden[f"{section}.input.is_continuous_mask"][0].bool(),
-        golden[f"{section}.input.whisper_feature"][0],
-    )
-
-
-def forward_logits(lm, golden, section, rows=None):
-    """One full-prompt forward of a golden section on lm's device -> (text, audio) logits on the CPU."""
-    audio_ids, text_ids, mask, features = (t.to(lm.device) for t in _inputs(golden, section))
-    positions = golden[f"{section}.input.position_ids"][0].to(lm.device)
-    use_text = torch.full(mask.shape, bool(text_ids.sum() != 0), device=lm.device)
-    with torch.inference_mode():
-        hidden = lm.embed(audio_ids, text_ids, use_text, features, mask.nonzero().squeeze(1))
-        text_logits, audio_logits = lm(
-            hidden,
-            positions,
-            ContiguousKVCache(lm.config.num_kv_layers, lm.device, lm.dtype),
-            None if rows is None else rows.to(lm.device),
-        )
-    return text_logits.cpu(), audio_logits.cpu()
 
 
 @pytest.mark.parametrize("section", SECTIONS)
@@ -75,7 +49,7 @@ def test_logits_rows_select_rows(lm, golden):
 @pytest.mark.parametrize("section", SECTIONS)
 def test_greedy_generation_matches_golden(lm, golden, golden_meta, golden_rules, section):
     info = golden_meta["sections"][section]
-    audio_ids, text_ids, mask, features = _inputs(golden, section)
+    audio_ids, text_ids, mask, features = golden_inputs(golden, section)
     result = generate_reference(
         lm,
         audio_ids,
@@ -106,7 +80,7 @@ def test_greedy_generation_matches_golden(lm, golden, golden_meta, golden_rules,
 
 
 def test_streaming_iterator_yields_the_same_steps(lm, golden, golden_meta, golden_rules):
-    audio_ids, text_ids, mask, features = _inputs(golden, "lm.both")
+    audio_ids, text_ids, mask, features = golden_inputs(golden, "lm.both")
     params = SamplingParams.greedy(max_new_tokens=golden_meta["sections"]["lm.both"]["max_new_tokens"])
     streamed = [
         (s.text_token, s.audio_token)
@@ -143,7 +117,7 @@ def test_missing_tensor_is_a_checkpoint_error(golden_checkpoint, tmp_path):
 
 
 def test_text_embedding_skipped_when_the_prompt_text_sums_to_zero(lm, golden, golden_rules):
-    audio_ids, _, mask, features = _inputs(golden, "lm.both")
+    audio_ids, _, mask, features = golden_inputs(golden, "lm.both")
     zeros = torch.zeros_like(audio_ids)
     positions = torch.arange(audio_ids.shape[0])
     last = torch.tensor([audio_ids.shape[0] - 1])

@@ -13,17 +13,17 @@ import asyncio
 
 import numpy as np
 import pytest
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
-from test_worker import Broken
 
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline import lm_worker
-from kimiaudio.pipeline import worker as worker_module
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.turn_request import TurnRequest
+
+from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
+from helpers.worker_faults import Broken
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_a_worker_that_cannot_start_fails_the_pipeline_start(stack, monkeypatch)
     def no_device(device, threads):
         raise RuntimeError("injected: the device is gone")
 
-    monkeypatch.setattr(worker_module, "configure_worker_thread", no_device)
+    monkeypatch.setattr("kimiaudio.pipeline.worker.configure_worker_thread", no_device)
 
     async def start():
         pipeline = Pipeline(stack, stack.config)

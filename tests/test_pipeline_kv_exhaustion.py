@@ -9,10 +9,11 @@ import asyncio
 import copy
 
 import pytest
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.turn_request import TurnRequest
+
+from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 BLOCK_SIZE = 8
 NEW_TOKENS = 48

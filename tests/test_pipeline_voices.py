@@ -10,13 +10,14 @@ import copy
 import numpy as np
 import pytest
 import torch
-from test_pipeline import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 from kimiaudio.audio.io import load_audio
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.voices import UnknownVoiceError, Voice, VoiceRegistry
+
+from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,12 @@ their dequantized weights (and, for fp8, their quantized activations).
 
 fp8 serves through its numerical emulation on the CPU (the same quantized operands multiplied
 exactly) and through `torch._scaled_mm` on a CUDA GPU of compute capability 8.9 or higher; the
-very `_scaled_mm` call the GPU makes is also checked on the CPU, where torch implements it; the
-int8 Triton kernel runs compiled on a GPU and in Triton's interpreter without one, as
-tests/test_triton_layers.py runs the other kernels.
+very `_scaled_mm` call the GPU makes is also checked on the CPU, where torch implements it. The
+skinny GEMM that multiplies 8-bit weights on CUDA has its own tests (test_triton_skinny_gemm.py,
+test_triton_decode_linears.py).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -119,24 +117,23 @@ def test_quantize_linears_swaps_every_linear_and_nothing_else():
     assert quantize_linears(nn.Linear(4, 4), None).weight.dtype == torch.float32  # bf16: unchanged
 
 
-@pytest.fixture
-def triton_ops():
-    if not CUDA:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # conftest sets it before any import, too
-    pytest.importorskip("triton")
-    from kimiaudio.layers import triton_ops
+def test_fp8_scaled_mm_adds_the_bias_in_its_epilogue():
+    # The prefill call: the bf16 bias goes into _scaled_mm (one rounding of product + bias).
+    layer = linear(64, 48)
+    q = QuantLinear.from_linear(layer, "fp8")
+    xq, x_scale = fp8.quantize_rows(x_of(5, 64))
+    bias = layer.bias.detach().bfloat16()
+    got = fp8.scaled_mm(xq, x_scale, q.qweight, q.scale, bias)
+    exact = (xq.double() @ q.qweight.double().t()) * x_scale.double()[:, None] * q.scale.double()[None, :]
+    exact = exact + bias.double()
+    torch.testing.assert_close(got.double(), exact, rtol=2.0**-8, atol=1e-6 * exact.abs().max().item())
+    assert not torch.equal(got, fp8.scaled_mm(xq, x_scale, q.qweight, q.scale))
 
-    return triton_ops
 
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,bias,block_n", [(3, True, None), (40, False, None), (3, False, 16), (17, True, 32)])
-def test_int8_triton_kernel(triton_ops, dtype, rows, bias, block_n):
-    layer = linear(100, 70, bias=bias, device=DEVICE, dtype=dtype)  # widths that are not multiples of a tile
-    q = QuantLinear.from_linear(layer, "int8")
-    x = x_of(rows, 100, dtype, DEVICE)
-    got = triton_ops.int8_linear(x, q.qweight, q.scale, q.bias, block_n=block_n)
-    expected = x.float() @ q.dequantized_weight().t() + (layer.bias.float() if bias else 0)
-    assert got.dtype == dtype and got.shape == (rows, 70)
-    tol = FP32 if dtype == torch.float32 else dict(atol=0.5, rtol=2e-2)  # the output rounded to bf16
-    torch.testing.assert_close(got.float(), expected, **tol)
+def test_fp8_layer_takes_rows_quantized_before_it():
+    # What the norm and silu-and-mul kernels hand over (Fp8Rows) gives the layer's own product.
+    layer = linear(64, 48)
+    q = QuantLinear.from_linear(layer, "fp8")
+    x = x_of(7, 64)
+    assert torch.equal(q(fp8.quantize_activations(x)), q(x))
+    assert not q.takes_fp8_rows(1000)  # no `_scaled_mm` on the CPU: nothing to quantize for

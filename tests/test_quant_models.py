@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_e2e import build_requests, engine_for, load_tiny_lm, run_scenario
-from test_lm_golden import SECTIONS, forward_logits
 
 from kimiaudio.bench.decode_7b import decode_weight_bytes
 from kimiaudio.engine.reference_loop import iter_reference
 from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.models.quantize import quantize_lm
+
+from helpers.engine_scenarios import build_requests, engine_for, load_tiny_lm, run_scenario
+from helpers.lm_golden import SECTIONS, forward_logits
 
 BOUNDS = {"fp8": (0.25, 0.60), "int8": (0.05, 0.90)}  # (largest relative error, least top-1 agreement)
 

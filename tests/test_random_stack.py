@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from test_pipeline import run_turn, with_pipeline
 
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.config import EngineConfig, load_config
@@ -20,6 +19,8 @@ from kimiaudio.pipeline.memory_plan import GIB, plan_memory
 from kimiaudio.pipeline.memory_report import format_memory_plan
 from kimiaudio.pipeline.pipeline import TurnRequest
 from kimiaudio.random_weights.shapes import SHAPES
+
+from helpers.pipeline_turns import run_turn, with_pipeline
 
 
 @pytest.fixture(scope="module")

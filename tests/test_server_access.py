@@ -3,12 +3,13 @@ but the page, the Host allow-list (DNS rebinding), the Origin check for state-ch
 requests, and the warning for a server exposed without a key."""
 
 import pytest
-from test_server_support import demo_server, fill_template, route_templates
 
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
+
+from helpers.hostile_clients import fill_template, route_templates
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 KEY = "s3cret-K3y_0123456789"
@@ -21,9 +22,9 @@ def _routes(app) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
+async def server(monkeypatch, demo_server):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, api_key=KEY) as (client, _):
+    async with demo_server(api_key=KEY) as (client, _):
         yield client
 
 
@@ -51,7 +52,7 @@ async def test_every_route_but_the_page_needs_the_key(server):
 
 
 async def test_browser_forms_of_the_key(server):
-    conversation = await server.app[store_key].create_conversation()
+    conversation = await server.app[SERVER_CONTEXT].store.create_conversation()
     path = f"/api/conversations/{conversation['id']}"
     assert (await server.get(path, params={"api_key": KEY})).status == 200  # an <audio> src
     assert (await server.get(path, params={"api_key": "nope"})).status == 401
@@ -59,16 +60,16 @@ async def test_browser_forms_of_the_key(server):
     assert (await server.get(path, headers={"Sec-WebSocket-Protocol": protocols})).status == 200
 
 
-async def test_the_environment_variable_sets_the_key(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
+async def test_the_environment_variable_sets_the_key(monkeypatch, demo_server):
     monkeypatch.setenv(API_KEY_ENV, "from-env")
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (client, _):
+    async with demo_server() as (client, _):
         assert (await client.get("/api/status")).status == 401
         assert (await client.get("/api/status", headers={"Authorization": "Bearer from-env"})).status == 200
 
 
-async def test_no_key_configured_means_open(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
+async def test_no_key_configured_means_open(monkeypatch, demo_server):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (client, _):
+    async with demo_server() as (client, _):
         assert (await (await client.get("/api/auth")).json()) == {"required": False}
         assert (await client.get("/api/status")).status == 200
 
@@ -88,9 +89,9 @@ async def test_no_key_configured_means_open(aiohttp_client, demo_checkpoint, tmp
         ("anything", ["*"], 200),
     ],
 )
-async def test_host_allow_list(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch, host, allowed, status):
+async def test_host_allow_list(monkeypatch, host, allowed, status, demo_server):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, allowed_hosts=allowed) as (client, _):
+    async with demo_server(allowed_hosts=allowed) as (client, _):
         for path in ("/", "/api/status", "/api/conversations"):
             resp = await client.get(path, headers={"Host": host})
             assert resp.status == status, (host, path, await resp.text())
@@ -98,14 +99,14 @@ async def test_host_allow_list(aiohttp_client, demo_checkpoint, tmp_path, monkey
             assert "allowed_hosts" in (await resp.json())["error"]["message"]
 
 
-async def test_origin_check_for_state_changing_requests(aiohttp_client, demo_checkpoint, tmp_path, monkeypatch):
+async def test_origin_check_for_state_changing_requests(monkeypatch, demo_server):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, allowed_origins=["https://app.example"]) as (
+    async with demo_server(allowed_origins=["https://app.example"]) as (
         client,
         _,
     ):
         own = f"http://127.0.0.1:{client.server.port}"
-        conversation = await client.app[store_key].create_conversation()
+        conversation = await client.app[SERVER_CONTEXT].store.create_conversation()
         path = f"/api/conversations/{conversation['id']}"
         for origin in (
             "http://evil.example",

@@ -7,7 +7,8 @@ import asyncio
 import json
 
 import pytest
-from test_server_support import demo_server, offer_sdp, post_head, raw_request
+
+from helpers.hostile_clients import offer_sdp, post_head, raw_request
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -16,10 +17,8 @@ BODY_TIMEOUT_S = 4.0  # well past the slow offers' 1 s pause, which a loaded mac
 
 
 @pytest.fixture
-async def http(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(
-        aiohttp_client, demo_checkpoint, tmp_path, max_sessions=CAP, body_timeout_s=BODY_TIMEOUT_S
-    ) as (client, _):
+async def http(demo_server):
+    async with demo_server(max_sessions=CAP, body_timeout_s=BODY_TIMEOUT_S) as (client, _):
         yield client
 
 

@@ -8,6 +8,8 @@ import pytest
 from kimiaudio.audio.io import resample
 from kimiaudio.server.transport.audio_track import FRAME_SAMPLES, PlaybackTrack
 
+from helpers.playback import ListenerLog
+
 
 def _tone(seconds, sr=24000, freq=440.0):
     t = np.arange(int(seconds * sr)) / sr
@@ -65,14 +67,10 @@ async def test_idle_track_sends_paced_silence(fake_time):
 
 
 async def test_response_is_resampled_and_played_in_order():
-    events = []
-    track = PlaybackTrack(
-        prebuffer_ms=40,
-        on_playback_started=lambda r: events.append(("start", r)),
-        on_playback_finished=lambda r: events.append(("end", r)),
-    )
+    listener = ListenerLog()
+    track = PlaybackTrack(prebuffer_ms=40)
     pcm = _tone(0.3)
-    track.begin("r1")
+    track.begin("r1", listener)
     track.push(pcm[:3000])
     track.push(pcm[3000:])
     track.end()
@@ -82,13 +80,13 @@ async def test_response_is_resampled_and_played_in_order():
     n = expected.size
     assert np.max(np.abs(played[:n] - expected)) < 2e-3  # only int16 rounding
     assert not played[n:].any()
-    assert events == [("start", "r1"), ("end", "r1")]
+    assert listener.calls == [("start", "r1"), ("end", "r1")]
     assert track.played_samples_24k == pytest.approx(pcm.size, abs=2)
 
 
 async def test_prebuffer_waits_and_flush_keeps_pts_running():
     track = PlaybackTrack(prebuffer_ms=60)
-    track.begin("r1")
+    track.begin("r1", ListenerLog())
     track.push(_tone(0.02))  # 20 ms < 60 ms prebuffer, response not ended: wait
     frames = await _frames(track, 2)
     assert not frames[0][2].any() and not frames[1][2].any()
@@ -104,11 +102,9 @@ async def test_prebuffer_waits_and_flush_keeps_pts_running():
 
 
 async def test_response_without_audio_finishes_without_starting():
-    events = []
-    track = PlaybackTrack(
-        on_playback_started=lambda r: events.append("start"), on_playback_finished=lambda r: events.append("end")
-    )
-    track.begin("r1")
+    listener = ListenerLog()
+    track = PlaybackTrack()
+    track.begin("r1", listener)
     track.end()
     await _frames(track, 2)
-    assert events == ["end"]
+    assert listener.calls == [("end", "r1")]

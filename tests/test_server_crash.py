@@ -11,9 +11,13 @@ import aiohttp
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_support import eventually, free_port, heard_or_done, silence, start_serve, stop_serve
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+
+from helpers.audio import silence
+from helpers.demo_server import heard_or_done
+from helpers.serve_process import free_port, start_serve, stop_serve
+from helpers.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +83,7 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
 
 
 async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speech):
-    from test_server_support import LONG_ANSWER
+    from helpers.demo_server import LONG_ANSWER
 
     port = free_port()
     proc = start_serve(tmp_path, port)

@@ -8,17 +8,19 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_support import demo_server, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
+
+from helpers.audio import silence
+from helpers.demo_server import kv_pool_full_again
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as started:
+async def server(demo_server):
+    async with demo_server() as started:
         yield started
 
 
@@ -50,7 +52,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     assert text == done["response"]["text"]
 
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
-    store = http.app[store_key]
+    store = http.app[SERVER_CONTEXT].store
     user, assistant = (await store.get_conversation(conversation_id))["turns"]
     assert user["role"] == "user" and user["has_audio"] and user["audio_tokens"]
     assert assistant["text"] == text and assistant["audio_tokens"] and not assistant["interrupted"]
@@ -94,7 +96,7 @@ async def test_barge_in_with_the_real_pipeline(server, speech):
             break
     assert done["response"]["status"] == "cancelled", client.of_type("response.done")
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
-    turns = (await http.app[store_key].get_conversation(conversation_id))["turns"]
+    turns = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"]
     interrupted = [t for t in turns if t["interrupted"]]
     assert len(interrupted) == 1 and interrupted[0]["role"] == "assistant"
     assert interrupted[0]["duration_s"] == pytest.approx(done["response"]["timings"]["played_s"], abs=0.05)

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
-from test_server_support import demo_server
 
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.server import api_error
@@ -36,8 +35,8 @@ async def failed_turn():
     yield TurnDone(status="failed", error="the LM worker stopped")
 
 
-async def test_http_bodies_and_the_realtime_event(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, _):
+async def test_http_bodies_and_the_realtime_event(demo_server):
+    async with demo_server() as (http, _):
         rest = await http.get("/api/conversations/nope")  # a handler's ApiError
         assert rest.status == 404 and list(await rest.json()) == ["error"]
         check((await rest.json())["error"], "conversation_not_found")

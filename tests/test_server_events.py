@@ -1,4 +1,5 @@
-"""The real-time protocol: server event builders (events.py) and client event parsing
+"""The real-time protocol: server event builders (server_events.py), their numbering
+(event_sender.py) and client event parsing
 (client_events.py), in kimiaudio's own shape and in the OpenAI Realtime beta and GA shapes."""
 
 import base64
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from kimiaudio.server.session import events
+from kimiaudio.server.session import server_events
 from kimiaudio.server.session.client_events import (
     AudioAppend,
     AudioClear,
@@ -20,6 +21,7 @@ from kimiaudio.server.session.client_events import (
     SessionUpdate,
     parse_client_event,
 )
+from kimiaudio.server.session.event_sender import EventSender
 
 
 def test_client_events_parse():
@@ -225,9 +227,11 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
 
 
 def test_server_event_builders():
-    ids = events.EventIds()
-    first = ids.stamp(events.speech_started(320, "item_1"))
-    second = ids.stamp(events.response_done("r1", "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
+    sent: list[dict] = []
+    sender = EventSender("sess_1", lambda: None, sent.append)
+    sender.send(server_events.speech_started(320, "item_1"))
+    sender.send(server_events.response_done("r1", "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
+    first, second = sent
     assert first == {
         "event_id": "evt_1",
         "type": "input_audio_buffer.speech_started",
@@ -236,7 +240,7 @@ def test_server_event_builders():
     }
     assert second["event_id"] == "evt_2" and second["response"]["status"] == "cancelled"
     assert second["response"]["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
-    assert events.error("x", "msg")["error"] == {
+    assert server_events.error("x", "msg")["error"] == {
         "type": "invalid_request_error",
         "code": "x",
         "message": "msg",
@@ -244,11 +248,11 @@ def test_server_event_builders():
         "event_id": None,
     }
     with pytest.raises(ValueError):
-        events.response_done("r1", "exploded", "", {})
-    item = events.message_item("item_2", "assistant", "Hello", has_audio=True, index=1)
+        server_events.response_done("r1", "exploded", "", {})
+    item = server_events.message_item("item_2", "assistant", "Hello", has_audio=True, index=1)
     assert item["content"] == [{"type": "audio", "transcript": "Hello"}] and item["index"] == 1
-    assert [e["type"] for e in events.text_done("r1", "item_2", "Hello", spoken=True)] == [
+    assert [e["type"] for e in server_events.text_done("r1", "item_2", "Hello", spoken=True)] == [
         "response.audio.done",
         "response.audio_transcript.done",
     ]
-    json.dumps(events.committed("c", 0, 1.23456, "item_1", None))  # every event is JSON-serialisable
+    json.dumps(server_events.committed("c", 0, 1.23456, "item_1", None))  # every event is JSON-serialisable

@@ -9,16 +9,17 @@ import logging
 import re
 
 import pytest
-from test_server_support import INTERNAL_NAMES, demo_server, offer_sdp, route_templates
 
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
+
+from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp, route_templates
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture
-async def http(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=2) as (client, _):
+async def http(demo_server):
+    async with demo_server(max_sessions=2) as (client, _):
         yield client
 
 
@@ -54,7 +55,7 @@ async def test_deeply_nested_json_is_refused(http, body):
     "index", ["9223372036854775808", str(2**64), str(10**30), "-1", "+1", "1_0", "1e3", "\u0661", str(2**31)]
 )
 async def test_out_of_range_turn_indices_are_refused(http, index):
-    conversation = await http.app[store_key].create_conversation()
+    conversation = await http.app[SERVER_CONTEXT].store.create_conversation()
     await refused(await http.get(f"/api/conversations/{conversation['id']}/turns/{index}/audio"), 400, "bad_request")
 
 
@@ -179,7 +180,7 @@ HOSTILE_BODIES = [
 
 
 async def test_every_route_refuses_hostile_input(http, caplog):
-    conversation = await http.app[store_key].create_conversation()
+    conversation = await http.app[SERVER_CONTEXT].store.create_conversation()
     caplog.set_level(logging.WARNING)
     routes = route_templates(http.app)
     assert len(routes) >= 8, routes

@@ -5,45 +5,28 @@ log line per answer, libraries kept quiet and client faults kept to one INFO lin
 
 import asyncio
 import logging
-import socket
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-from kimiaudio.server.app_keys import admission_key, server_metrics_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.observe.log_setup import configure_logging
-from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
+from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
+
+from helpers.audio import silence
+from helpers.demo_server import kv_pool_full_again
+from helpers.metrics_scrape import scrape
+from helpers.playback import ListenerLog
+from helpers.waiting import eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-DEFAULT_INSTANCE = f"{socket.gethostname()}:8080"  # the demo config's port
-
-
-async def scrape(http, instance: str = DEFAULT_INSTANCE) -> dict[str, float]:
-    """{sample name + sorted labels: value} of one /metrics scrape; every sample must carry the
-    label instance=`instance` (left out of the keys)."""
-    resp = await http.get("/metrics")
-    assert resp.status == 200 and resp.content_type == "text/plain"
-    samples = {}
-    for family in text_string_to_metric_families(await resp.text()):
-        for s in family.samples:
-            assert s.labels.get("instance") == instance, s
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("le", "instance"))
-            key = f"{s.name}{{{labels}}}" if labels else s.name
-            if "le" in s.labels:
-                key += f"@{s.labels['le']}"
-            samples[key] = s.value
-    return samples
-
-
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as started:
+async def server(demo_server):
+    async with demo_server() as started:
         yield started
 
 
@@ -107,16 +90,14 @@ async def test_health_and_readiness(server):
     assert (await http.get("/healthz")).status == 200
     ready = await http.get("/readyz")
     assert ready.status == 200 and (await ready.json())["status"] == "ready"
-    http.app[admission_key].is_draining = True
+    http.app[SERVER_CONTEXT].sessions.is_draining = True
     resp = await http.get("/readyz")
     assert resp.status == 503 and "shutting down" in (await resp.json())["problems"]
-    http.app[admission_key].is_draining = False
+    http.app[SERVER_CONTEXT].sessions.is_draining = False
 
 
-async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhere(
-    aiohttp_client, demo_checkpoint, tmp_path
-):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=1) as (http, _):
+async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhere(demo_server):
+    async with demo_server(max_sessions=1) as (http, _):
         client = RealtimeWsClient()
         assert await client.connect(http) == 101
         await client.wait_for("session.created")
@@ -135,13 +116,13 @@ async def test_readiness_fails_while_full_so_a_router_sends_new_sessions_elsewhe
         assert (await resp.json())["problems"] == []
 
 
-async def test_every_sample_carries_the_configured_instance_label(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, instance_id="gpu-node-1.cuda-0") as (http, _):
+async def test_every_sample_carries_the_configured_instance_label(demo_server):
+    async with demo_server(instance_id="gpu-node-1.cuda-0") as (http, _):
         m = await scrape(http, instance="gpu-node-1.cuda-0")  # asserts the label on every sample
         assert m["kimiaudio_sessions_active"] == 0 and "kimiaudio_lm_step_seconds_count" in m
         assert (await (await http.get("/readyz")).json())["instance"] == "gpu-node-1.cuda-0"
         # The registry itself stays unlabelled: code reading a sample back names it as before.
-        assert http.app[server_metrics_key].registry.get_sample_value("kimiaudio_sessions_active") == 0
+        assert http.app[SERVER_CONTEXT].metrics.registry.get_sample_value("kimiaudio_sessions_active") == 0
 
 
 async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(server, speech, caplog):
@@ -203,7 +184,7 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
 async def test_underruns_are_counted_once_per_gap():
     counted, audio = [], []
     track = MeteredPlaybackTrack(on_audio=audio.append, on_underrun=lambda: counted.append(1))
-    track.begin("resp_1")
+    track.begin("resp_1", ListenerLog())
     track.push(np.full(4800, 0.1, np.float32))  # 0.2 s, then the generator is late: one gap
     for _ in range(20):
         await track.recv()
@@ -221,10 +202,10 @@ async def test_underruns_are_counted_once_per_gap():
 async def test_readiness_fails_once_a_model_worker_has_stopped(server, speech, monkeypatch):
     """A worker whose loop broke cannot serve again: /readyz says so, so that an orchestrator
     restarts the process (the turn in flight ended failed; new ones are refused)."""
-    from test_worker import Broken
-
     from kimiaudio.engine.llm_engine import LLMEngine
     from kimiaudio.pipeline.turn_request import TurnRequest
+
+    from helpers.worker_faults import Broken
 
     def step(self):
         raise Broken("injected")

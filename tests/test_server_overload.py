@@ -6,18 +6,18 @@ import logging
 import time
 
 import pytest
-from test_server_metrics import scrape
-from test_server_support import demo_server, eventually, silence
 
 from kimiaudio.audio.vad import TurnDetector
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 
+from helpers.audio import silence
+from helpers.metrics_scrape import scrape
+from helpers.waiting import eventually
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-async def test_a_microphone_the_server_cannot_keep_up_with_is_dropped_not_queued(
-    aiohttp_client, demo_checkpoint, tmp_path, monkeypatch, caplog
-):
+async def test_a_microphone_the_server_cannot_keep_up_with_is_dropped_not_queued(monkeypatch, caplog, demo_server):
     real_push = TurnDetector.push
 
     def slow_push(self, pcm):  # three times slower than real time (20 ms frames)
@@ -26,7 +26,7 @@ async def test_a_microphone_the_server_cannot_keep_up_with_is_dropped_not_queued
 
     monkeypatch.setattr(TurnDetector, "push", slow_push)
     caplog.set_level(logging.WARNING)
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, _):
+    async with demo_server() as (http, _):
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 200
         await client.wait_for("session.created")

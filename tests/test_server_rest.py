@@ -6,16 +6,15 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_support import demo_server
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app_keys import store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 
 
 @pytest.fixture
-async def http(aiohttp_client, demo_checkpoint, tmp_path):
+async def http(demo_server):
     """The server with the real pipeline on the demo checkpoint, and room for one session."""
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, max_sessions=1) as (client, _):
+    async with demo_server(max_sessions=1) as (client, _):
         yield client
 
 
@@ -82,7 +81,7 @@ async def test_session_cap_gives_503_with_retry_after(http):
 
 
 async def test_conversation_api(http):
-    store = http.app[store_key]
+    store = http.app[SERVER_CONTEXT].store
     conv = await store.create_conversation()
     tone = (0.2 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 200)).astype(np.float32)
     await store.add_turn(conv["id"], "user", audio=np.zeros(8000, np.float32) + 0.1)

@@ -7,24 +7,25 @@ import contextlib
 
 import numpy as np
 import pytest
-from test_server_support import LONG_ANSWER, demo_server, eventually, heard_or_done, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app_keys import sessions_key, store_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.transport import rtc_peer
+
+from helpers.audio import silence
+from helpers.demo_server import LONG_ANSWER, heard_or_done, kv_pool_full_again
+from helpers.waiting import eventually
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
 
 
 @pytest.fixture
-async def server(aiohttp_client, demo_checkpoint, tmp_path):
+async def server(demo_server):
     """start(**server settings) -> (test client, RecordingPipeline); stopped after the test."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(**server_settings):
-            return await stack.enter_async_context(
-                demo_server(aiohttp_client, demo_checkpoint, tmp_path, **server_settings)
-            )
+            return await stack.enter_async_context(demo_server(**server_settings))
 
         yield start
 
@@ -71,7 +72,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert client.of_type("conversation.created")[0]["conversation"]["id"] == conversation_id
     assert committed["duration_s"] == pytest.approx(speech[0].size / 16000, abs=0.8)
     # The user turn (with audio) was in the database before the pipeline saw it.
-    store = http.app[store_key]
+    store = http.app[SERVER_CONTEXT].store
     assert len(pipeline.requests) == 1 and pipeline.requests[0].history == []
     user_audio = pipeline.requests[0].user_audio
     assert user_audio.dtype == np.float32 and user_audio.size > speech[0].size * 0.8
@@ -142,7 +143,7 @@ async def test_barge_in_cancels_and_stores_truncated_interrupted_turn(server, sp
     assert pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
     played_s = done["response"]["timings"]["played_s"]
     assert 0.32 < played_s < answer_s - 0.5
-    turn = (await http.app[store_key].get_conversation(conversation_id))["turns"][2 * n - 1]
+    turn = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"][2 * n - 1]
     assert turn["role"] == "assistant" and turn["interrupted"] is True
     assert turn["duration_s"] == pytest.approx(played_s, abs=0.05)
     # Truncated codes: those of the audio heard (80 ms each, the one cut into included).
@@ -191,7 +192,7 @@ async def test_response_cancel_and_session_update(server, speech):
     sampling = pipeline.requests[0].sampling
     assert sampling.audio_temperature == 0.5 and sampling.max_new_tokens == LONG_ANSWER["max_new_tokens"]
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
-    turn = (await http.app[store_key].get_conversation(conversation_id))["turns"][2 * n - 1]
+    turn = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"][2 * n - 1]
     assert turn["interrupted"] and turn["duration_s"] == pytest.approx(
         done["response"]["timings"]["played_s"], abs=0.05
     )
@@ -202,7 +203,7 @@ async def test_response_cancel_and_session_update(server, speech):
 @pytest.mark.parametrize("how", ["select", "offer"])
 async def test_continue_a_stored_conversation(server, speech, how):
     http, pipeline = await server()
-    store = http.app[store_key]
+    store = http.app[SERVER_CONTEXT].store
     conv = await store.create_conversation()
     await store.add_turn(conv["id"], "user", audio=speech[1], audio_tokens=[3, 4])
     await store.add_turn(conv["id"], "assistant", "Earlier answer.", audio_tokens=[5])
@@ -240,7 +241,7 @@ async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch
     await client.connect(http, session={"sampling": LONG_ANSWER})
     n = await long_answer_playing(client, pipeline, mic, speech[0], 3.0)
     mic.hang()  # the client stops sending anything, without a goodbye
-    sessions = http.app[sessions_key]
+    sessions = http.app[SERVER_CONTEXT].sessions
 
     async def closed():
         return not sessions
@@ -251,7 +252,7 @@ async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch
     # The answer was still in progress when the session closed (not completed before).
     assert [d["response"]["status"] for d in client.of_type("response.done")][n - 1 :] in ([], ["cancelled"])
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
-    turns = (await http.app[store_key].get_conversation(conversation_id))["turns"]
+    turns = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"] * n and turns[-1]["interrupted"]
     assert 0 < turns[-1]["duration_s"] < len(pipeline.handles[n - 1].done.audio_tokens) * SECONDS_PER_CODE
     await client.close()

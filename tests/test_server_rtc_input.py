@@ -8,9 +8,12 @@ import logging
 
 import numpy as np
 import pytest
-from test_server_support import demo_server, eventually, kv_pool_full_again, silence
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
+
+from helpers.audio import silence
+from helpers.demo_server import kv_pool_full_again
+from helpers.waiting import eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -32,8 +35,8 @@ HOSTILE_MESSAGES = [
 
 
 @pytest.fixture
-async def client(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, pipeline):
+async def client(demo_server):
+    async with demo_server() as (http, pipeline):
         rtc = RtcClient(ScriptedMic())
         status, _ = await rtc.connect(http)
         assert status == 200

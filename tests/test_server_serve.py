@@ -9,7 +9,8 @@ import sys
 import urllib.request
 
 import pytest
-from test_server_support import ROOT, SERVE_CONFIG, free_port, start_serve, stop_serve
+
+from helpers.serve_process import ROOT, SERVE_CONFIG, free_port, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 

@@ -14,44 +14,38 @@ import time
 
 import numpy as np
 import pytest
-from test_server_support import demo_config, demo_stack, kv_pool_full_again, silence
 
-from kimiaudio.audio.vad import SileroVad, vad_executor
+from kimiaudio.audio.vad import SileroVad
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.server.app import new_context
 from kimiaudio.server.session.realtime_session import RealtimeSession
+from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.audio_track import PlaybackTrack
 from kimiaudio.store import ConversationStore
+
+from helpers.audio import silence
+from helpers.demo_server import demo_config, demo_stack, kv_pool_full_again
 
 FRAME = 320  # 20 ms at 16 kHz, as a WebRTC client delivers it
 
 
 class Session:
-    """A RealtimeSession with its parts, started; `events` collects what it sent."""
+    """A RealtimeSession built from a server context of its own (its pipeline and store
+    started, no app), started; `events` collects what it sent."""
 
     def __init__(self, stack, config, tmp_path):
-        self.pipeline = Pipeline(stack, config)
-        self.store = ConversationStore(tmp_path / "history.db")
-        self.executor = vad_executor()
+        self.context = new_context(config, stack)
+        self.pipeline = self.context.pipeline = Pipeline(stack, config)
+        self.store = self.context.store = ConversationStore(tmp_path / "history.db")
         self.events: list[dict] = []
-        self.config = config
-        self.stack = stack
 
     async def __aenter__(self) -> Session:
         await self.pipeline.start()
         await self.store.open()
-        vad = await asyncio.get_running_loop().run_in_executor(self.executor, SileroVad)
-        self.session = RealtimeSession(
-            "sess_test",
-            self.config,
-            self.pipeline,
-            self.store,
-            vad,
-            self.executor,
-            None,
-            send=self.events.append,
-            playback=PlaybackTrack(),
-        )
+        vad = await asyncio.get_running_loop().run_in_executor(self.context.vad_executor, SileroVad)
+        admitted = Admitted("sess_test", vad, release=lambda: None)
+        self.session = RealtimeSession(self.context, admitted, self.events.append, PlaybackTrack())
         self.session.start()
         return self
 
@@ -59,7 +53,7 @@ class Session:
         await self.session.close()
         await self.pipeline.stop()
         await self.store.close()
-        self.executor.shutdown(wait=True)
+        self.context.vad_executor.shutdown(wait=True)
 
     async def say(self, pcm: np.ndarray) -> None:
         """Push `pcm` in 20 ms frames at real-time pace (as a microphone does)."""

@@ -5,20 +5,21 @@ so the shutdown cannot stop the VAD thread and the store under a session still c
 import asyncio
 
 import pytest
-from test_server_support import demo_server, eventually
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
-from kimiaudio.server.app_keys import sessions_key
+from kimiaudio.server.context import SERVER_CONTEXT
+
+from helpers.waiting import eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-async def test_a_second_close_waits_for_the_first(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, _):
+async def test_a_second_close_waits_for_the_first(demo_server):
+    async with demo_server() as (http, _):
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 200
         await client.wait_for("session.created")
-        (session,) = http.app[sessions_key].values()
+        (session,) = http.app[SERVER_CONTEXT].sessions.live()
         real_close = session.session.close
         closing, stored = asyncio.Event(), asyncio.Event()
 

@@ -5,20 +5,22 @@ it 503 and /readyz 503, and both recover without a restart once it is back."""
 import asyncio
 
 import pytest
-from test_server_support import demo_server, eventually, offer_sdp
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
+
+from helpers.hostile_clients import offer_sdp
+from helpers.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def shared(aiohttp_client, demo_checkpoint, tmp_path, postgres_url):
+async def shared(postgres_url, demo_server):
     """(test client of one instance, the store of another instance on the same database)."""
     elsewhere = ConversationStore(postgres_url, lease_seconds=30.0)
     await elsewhere.open()
     try:
-        async with demo_server(aiohttp_client, demo_checkpoint, tmp_path, storage_url=postgres_url) as (client, _):
+        async with demo_server(storage_url=postgres_url) as (client, _):
             yield client, elsewhere
     finally:
         await elsewhere.close()
@@ -105,14 +107,12 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
     await eventually(released, "the closed session's lease released", interval=0.25)
 
 
-async def test_voices_are_shared_by_instances_on_one_database(
-    aiohttp_client, demo_checkpoint, tmp_path, postgres_url, espeak_voice
-):
+async def test_voices_are_shared_by_instances_on_one_database(tmp_path, postgres_url, espeak_voice, demo_server):
     import aiohttp
 
     async with (
-        demo_server(aiohttp_client, demo_checkpoint, tmp_path / "a", storage_url=postgres_url) as (a, pa),
-        demo_server(aiohttp_client, demo_checkpoint, tmp_path / "b", storage_url=postgres_url) as (b, pb),
+        demo_server(tmp_path / "a", storage_url=postgres_url) as (a, pa),
+        demo_server(tmp_path / "b", storage_url=postgres_url) as (b, pb),
     ):
         upload = aiohttp.FormData(default_to_multipart=True)
         upload.add_field("name", "shared-voice")

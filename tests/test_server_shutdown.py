@@ -11,10 +11,14 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from test_server_support import LONG_ANSWER, eventually, free_port, heard_or_done, silence, start_serve
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.store import ConversationStore
+
+from helpers.audio import silence
+from helpers.demo_server import LONG_ANSWER, heard_or_done
+from helpers.serve_process import free_port, start_serve
+from helpers.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from test_server_support import ROOT, free_port, start_serve, stop_serve
+
+from helpers.serve_process import ROOT, free_port, start_serve, stop_serve
 
 pytestmark = [
     pytest.mark.slow,

@@ -2,7 +2,6 @@
 
 import numpy as np
 import torch
-from test_server_support import silence
 
 from kimiaudio.audio.vad import (
     WINDOW,
@@ -13,6 +12,8 @@ from kimiaudio.audio.vad import (
     TurnSettings,
     vad_executor,
 )
+
+from helpers.audio import silence
 
 
 def _feed(detector, pcm, rng):

@@ -7,30 +7,22 @@ from __future__ import annotations
 import base64
 import io
 
-import aiohttp
 import av
 import numpy as np
 import pytest
-from test_server_support import demo_server, kv_pool_full_again
 
 from kimiaudio.audio.io import load_audio, wav_bytes
+
+from helpers.demo_server import kv_pool_full_again
+from helpers.voice_upload import form
 
 openai = pytest.importorskip("openai")
 
 
 @pytest.fixture
-async def served(aiohttp_client, demo_checkpoint, tmp_path):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (client, pipeline):
+async def served(demo_server):
+    async with demo_server() as (client, pipeline):
         yield client, pipeline
-
-
-def form(name: str | None, data: bytes | None, filename: str = "voice.wav") -> aiohttp.FormData:
-    f = aiohttp.FormData(default_to_multipart=True)
-    if name is not None:
-        f.add_field("name", name)
-    if data is not None:
-        f.add_field("file", data, filename=filename, content_type="application/octet-stream")
-    return f
 
 
 async def error(resp, status: int, code: str) -> str:
@@ -118,10 +110,10 @@ async def _speak_in_the_voice(http, pipeline, client, speech_wav, espeak_voice, 
         await chat(client, "espeak", question)
 
 
-async def test_voice_survives_a_restart(aiohttp_client, demo_checkpoint, tmp_path, espeak_voice):
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, _):
+async def test_voice_survives_a_restart(espeak_voice, demo_server):
+    async with demo_server() as (http, _):
         assert (await http.post("/api/voices", data=form("kept", espeak_voice.read_bytes()))).status == 201
-    async with demo_server(aiohttp_client, demo_checkpoint, tmp_path) as (http, pipeline):
+    async with demo_server() as (http, pipeline):
         listed = await (await http.get("/api/voices")).json()
         assert [v["name"] for v in listed["voices"]] == ["kept"]
         assert pipeline.voices.resolve("kept").codes  # registered again from the store

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_pipeline import load_demo_stack, run_turn, voices, with_pipeline
 
 from kimiaudio.audio.device_result import DeviceResult, HostCopy
 from kimiaudio.audio.staged_work import run_to_end
@@ -24,6 +23,8 @@ from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.speech_encoding import EncodeJob, SpeechEncoding
 from kimiaudio.pipeline.turn_request import TurnRequest
+
+from helpers.pipeline_turns import load_demo_stack, run_turn, voices, with_pipeline
 
 
 @pytest.fixture(scope="module")

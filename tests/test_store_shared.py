@@ -11,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
-from test_server_support import eventually, free_port
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationStore
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.postgres import check_and_migrate
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
+
+from helpers.serve_process import free_port
+from helpers.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 

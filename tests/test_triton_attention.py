@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from kimiaudio.engine import triton_attention  # noqa: E402
 from kimiaudio.engine.kv_pool import KVPool  # noqa: E402
 from kimiaudio.engine.paged_attention import DecodeMetadata, decode_attention, store_kv  # noqa: E402
 from kimiaudio.engine.triton_attention import decode_partitions  # noqa: E402
@@ -97,19 +98,36 @@ def test_decode_attention_matches_torch_gather(dtype, head_dim, num_heads, num_k
         torch.testing.assert_close(got.float(), expected.float(), **TOL[dtype])
 
 
+def test_partitions_merge_in_the_launch_and_leave_the_semaphores_zeroed(monkeypatch):
+    # One sequence of 7B-like GQA heads split in many partitions, against the same attention
+    # unsplit: the last partition to finish merges the others in the same launch.
+    head_dim, num_heads, num_kv_heads, block_size = SEVEN_B[0], SEVEN_B[1], SEVEN_B[2], 16
+    pool, gen = random_pool(1, 12, block_size, num_kv_heads, head_dim, torch.float32, seed=5)
+    tables = torch.tensor([list(range(10)), [10, 11] + [pool.scratch_block] * 8], dtype=torch.int32, device=DEVICE)
+    lengths = torch.tensor([150, 20], device=DEVICE)
+    q = torch.randn(2, num_heads, head_dim, generator=gen).to(DEVICE)
+    meta = DecodeMetadata.create(tables, lengths, block_size, torch.float32, use_kernel=True)
+    outputs = []
+    for target in (64, 1):  # split (the second row uses only the first partition); whole
+        monkeypatch.setattr(triton_attention, "_target_programs", lambda device, target=target: target)
+        outputs.append(decode_attention(pool, 0, q, meta))
+    assert decode_partitions(2, num_kv_heads, 160, 32 if head_dim >= 128 else 64, 64)[1] >= 3
+    torch.testing.assert_close(outputs[0], outputs[1], **TOL[torch.float32])
+    assert pool.semaphores(1).numel() >= 2 * num_kv_heads and not pool.semaphores(1).any()
+
+
 def test_engine_through_the_kernels_equals_reference(monkeypatch, golden_checkpoint, golden, golden_rules):
     # The golden scenario of test_engine_decode_path with the kernels in every step (padded
     # static decodes and flat mixed steps): token for token the reference loop's. On a GPU every
     # kernel and five requests in full; in the interpreter (every program of every kernel run in
     # Python: seconds a step) the paged pool's kernels, storing K/V and decode attention (the
     # layers' kernels are test_triton_layers.py's), and four requests of 7 tokens at most.
-    from test_engine_decode_path import run_scenario
-    from test_engine_e2e import build_requests, load_tiny_lm, reference_steps
-
     from kimiaudio.config import EngineConfig
     from kimiaudio.engine.decode_batch import decode_batch_sizes
     from kimiaudio.engine.llm_engine import LLMEngine
     from kimiaudio.layers.triton_support import kernel_mode
+
+    from helpers.engine_scenarios import build_requests, load_tiny_lm, reference_steps, run_scenario
 
     lm = load_tiny_lm(golden_checkpoint, DEVICE)
     tensors, rules = golden, golden_rules

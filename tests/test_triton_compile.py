@@ -24,8 +24,16 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compile as triton_compile
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from kimiaudio.engine import triton_attention as attention  # noqa: E402
-from kimiaudio.layers import triton_ops as ops  # noqa: E402
+from kimiaudio.engine import (
+    triton_attention,  # noqa: E402
+    triton_kv_store,  # noqa: E402
+)
+from kimiaudio.layers import (
+    fp8_quant,  # noqa: E402
+    skinny_gemm,  # noqa: E402
+    triton_ops,  # noqa: E402
+)
+from kimiaudio.layers.gemm_tiles import CANDIDATES, DEFAULTS, Tile  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
 
@@ -43,6 +51,7 @@ def kernels(dt: str):
         m_ptr="*fp32",
         l_ptr="*fp32",
         acc_ptr="*fp32",
+        semaphore_ptr="*i32",
         scale_log2="fp32",
     )
     ints = (
@@ -51,29 +60,17 @@ def kernels(dt: str):
     ).split()
     decode.update(dict.fromkeys(ints, "i32"))
     yield (
-        attention._decode_partition_kernel,
+        triton_attention._decode_partition_kernel,
         decode,
-        dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=True, DOT_FP32=dt == "fp32"),
+        dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=True, DOT_FP32=dt == "fp32", PARTS_PAD=1, CHUNK=16),
         dict(num_warps=4),
     )
     yield (
-        attention._decode_partition_kernel,
+        triton_attention._decode_partition_kernel,
         decode,
-        dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=False, DOT_FP32=dt == "fp32"),
+        dict(GROUP=7, GROUP_PAD=16, HEAD_DIM=128, TILE=32, SINGLE=False, DOT_FP32=dt == "fp32", PARTS_PAD=64, CHUNK=16),
         dict(num_warps=4),
     )
-    merge = dict(
-        context_lens_ptr="*i64",
-        m_ptr="*fp32",
-        l_ptr="*fp32",
-        acc_ptr="*fp32",
-        out_ptr=p,
-        partition_size="i32",
-        num_partitions="i32",
-        stride_ob="i32",
-        stride_oh="i32",
-    )
-    yield attention._merge_partitions_kernel, merge, dict(NUM_HEADS=28, HEAD_DIM=128, PARTS_PAD=64, CHUNK=16), {}
     store = dict(
         k_ptr=p,
         v_ptr=p,
@@ -82,7 +79,21 @@ def kernels(dt: str):
         slots_ptr="*i64",
         **dict.fromkeys("stride_kt stride_kh stride_vt stride_vh stride_cs stride_ch".split(), "i32"),
     )
-    yield attention._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
+    yield triton_kv_store._store_kv_kernel, store, dict(NUM_KV_HEADS=4, HEADS_PAD=4, HEAD_DIM=128), {}
+    rotary_store = dict(
+        q_ptr=p,
+        k_ptr=p,
+        v_ptr=p,
+        cos_ptr=p,
+        sin_ptr=p,
+        q_out_ptr=p,
+        k_cache_ptr=p,
+        v_cache_ptr=p,
+        slots_ptr="*i64",
+        **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_vt stride_vh".split(), "i32"),
+        **dict.fromkeys("stride_cos stride_sin stride_cs stride_ch".split(), "i32"),
+    )
+    yield triton_kv_store._rotary_store_kernel, rotary_store, dict(NUM_Q_HEADS=28, HEAD_DIM=128), dict(num_warps=1)
     norm = dict(
         x_ptr=p,
         residual_ptr=p,
@@ -94,7 +105,15 @@ def kernels(dt: str):
         num_cols="i32",
         eps="fp32",
     )
-    yield ops._rms_norm_kernel, norm, dict(HAS_RESIDUAL=True, BLOCK=4096), dict(num_warps=16)
+    norm["scale_ptr"] = "*fp32"
+    for quantize in (False, True):
+        constexprs = dict(HAS_RESIDUAL=True, QUANTIZE=quantize, INTERPRETED=False, BLOCK=4096)
+        yield (
+            triton_ops._rms_norm_kernel,
+            {**norm, "out_ptr": "*fp8e4nv" if quantize else p},
+            constexprs,
+            dict(num_warps=16),
+        )
     rotary = dict(
         q_ptr=p,
         k_ptr=p,
@@ -104,8 +123,43 @@ def kernels(dt: str):
         k_out_ptr=p,
         **dict.fromkeys("stride_qt stride_qh stride_kt stride_kh stride_cos stride_sin".split(), "i32"),
     )
-    yield ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
-    yield ops._silu_and_mul_kernel, dict(x_ptr=p, out_ptr=p, stride_x="i32", num_cols="i32"), dict(BLOCK=1024), {}
+    yield triton_ops._rotary_kernel, rotary, dict(NUM_Q_HEADS=28, NUM_KV_HEADS=4, HEAD_DIM=128), dict(num_warps=1)
+    silu = dict(x_ptr=p, out_ptr=p, scale_ptr="*fp32", stride_x="i32", num_cols="i32")
+    for quantize in (False, True):
+        constexprs = dict(BLOCK=1024, QUANTIZE=quantize, INTERPRETED=False)
+        yield triton_ops._silu_and_mul_kernel, {**silu, "out_ptr": "*fp8e4nv" if quantize else p}, constexprs, {}
+    quant = dict(x_ptr=p, q_ptr="*fp8e4nv", scale_ptr="*fp32", stride_x="i32", num_cols="i32")
+    yield fp8_quant._quantize_rows_kernel, quant, dict(BLOCK=4096, INTERPRETED=False), dict(num_warps=8)
+    yield from skinny_kernels(dt)
+
+
+def skinny_kernels(dt: str):
+    """The skinny GEMM with each default tile of its weight format (fp8 needs sm_89+: the H100
+    has it), gated (the down projection) where it may be, and, for fp8 in bf16, every candidate
+    the tuner may choose."""
+    for fmt, w in (("fp8", "fp8e4nv"), ("int8", "i8"), ("bf16", dt)):
+        tiles = {t for t in DEFAULTS[fmt] if isinstance(t, Tile)}
+        if dt == "bf16" and fmt == "fp8":
+            tiles |= {t for bucket in CANDIDATES[fmt] for t in bucket if isinstance(t, Tile)}
+        for tile in sorted(tiles, key=str):
+            types = dict(x_ptr=f"*{dt}", w_ptr=f"*{w}", scale_ptr="*fp32", bias_ptr=f"*{dt}", out_ptr=f"*{dt}")
+            types.update(partial_ptr="*fp32", semaphore_ptr="*i32")
+            types.update(dict.fromkeys("M N K blocks_per_split stride_xm stride_wn stride_om".split(), "i32"))
+            for gated in (False, True) if tile in DEFAULTS["fp8"][:3] else (False,):
+                constexprs = dict(
+                    HAS_SCALE=w != dt,
+                    HAS_BIAS=True,
+                    GATED=gated,
+                    DOT=tile.dot,
+                    DOT_FP32=dt == "fp32",
+                    EVEN_K=True,
+                    ASM=True,
+                    BLOCK_M=tile.block_m,
+                    BLOCK_N=tile.block_n,
+                    BLOCK_K=tile.block_k,
+                )
+                options = dict(num_warps=tile.num_warps, num_stages=tile.num_stages)
+                yield skinny_gemm._skinny_gemm_kernel, types, constexprs, options
 
 
 def compile_all(dt: str) -> None:

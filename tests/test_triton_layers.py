@@ -69,9 +69,9 @@ def test_silu_and_mul(dtype):
 
 
 def test_golden_forward_through_the_kernels(golden_checkpoint, golden, monkeypatch):
-    from test_engine_e2e import load_tiny_lm
-    from test_lm_golden import SECTIONS, forward_logits
-    from test_lm_golden import TOL as GOLDEN_TOL
+    from helpers.engine_scenarios import load_tiny_lm
+    from helpers.lm_golden import SECTIONS, forward_logits
+    from helpers.lm_golden import TOL as GOLDEN_TOL
 
     lm = load_tiny_lm(golden_checkpoint, DEVICE)
     monkeypatch.setenv("KIMIAUDIO_KERNELS", "triton")

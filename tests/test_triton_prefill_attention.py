@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+
 from helpers.sequences import make_sequence
 
 pytest.importorskip("triton")

@@ -11,7 +11,8 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from test_server_support import eventually
+
+from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow

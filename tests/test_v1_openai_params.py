@@ -9,10 +9,12 @@ import zlib
 
 import numpy as np
 import pytest
-from test_server_support import eventually, silence
-from test_v1_realtime import Events, say
 
 from kimiaudio.audio.io import wav_bytes
+
+from helpers.audio import silence
+from helpers.realtime_events import Events, say
+from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow

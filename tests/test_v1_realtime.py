@@ -12,97 +12,21 @@ import time
 import aiohttp
 import numpy as np
 import pytest
-from test_server_support import silence
 
-from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from helpers.audio import silence
+from helpers.realtime_events import MODEL, Events, conversation, say
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
 
-MODEL = "kimi-audio-7b-instruct"
 SECONDS_PER_CODE = 0.08
-
-
-class Events:
-    """Reads a Realtime connection in the background; the events as the client parsed them.
-    Waits are for events, with timeouts only there to end a hung test (minutes: a loaded
-    machine's demo model may generate slower than real time)."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.items: list = []
-        self.arrived: list[float] = []  # time.monotonic() of each event's arrival
-        self._changed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self):
-        try:
-            async for event in self.conn:
-                self.items.append(event)
-                self.arrived.append(time.monotonic())
-                self._changed.set()
-        finally:
-            self._changed.set()
-
-    def of_type(self, kind: str) -> list:
-        return [e for e in self.items if e.type == kind]
-
-    async def until(self, ready, timeout: float = 300.0):
-        """Waits until ready() is true (checked at each event), returns its value."""
-
-        async def wait():
-            while not (value := ready()):
-                if self.task.done():
-                    raise AssertionError(f"the connection ended: {[e.type for e in self.items]}")
-                self._changed.clear()
-                await self._changed.wait()
-            return value
-
-        try:
-            return await asyncio.wait_for(wait(), timeout)
-        except TimeoutError:
-            raise AssertionError(f"not ready in {timeout} s: {[e.type for e in self.items]}") from None
-
-    async def wait_for(self, kind: str, count: int = 1, timeout: float = 300.0):
-        await self.until(lambda: len(self.of_type(kind)) >= count, timeout)
-        return self.of_type(kind)[count - 1]
-
-    def done(self, response_id: str):
-        """The response.done of response_id, or None."""
-        return next((e for e in self.of_type("response.done") if e.response.id == response_id), None)
-
-    def audio_seconds(self, response_id: str) -> float:
-        return (
-            sum(
-                len(base64.b64decode(e.delta)) // 2
-                for e in self.of_type("response.audio.delta")
-                if e.response_id == response_id
-            )
-            / 24000
-        )
-
-
-async def say(conn, pcm16k: np.ndarray, chunk_s: float = 0.1) -> None:
-    """Append 16 kHz speech as OpenAI's pcm16 (24 kHz), in 100 ms messages."""
-    pcm = pcm16.to_bytes(resample(pcm16k, 16000, 24000))
-    step = int(chunk_s * 24000) * 2
-    for start in range(0, len(pcm), step):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[start : start + step]).decode())
-        await asyncio.sleep(0.005)
 
 
 async def speak(conn, pcm16k: np.ndarray, spoken: list[float]) -> None:
     """say() an utterance and 1 s of silence (server VAD ends the turn), noting when it began."""
     spoken.append(time.monotonic())
     await say(conn, np.concatenate([pcm16k, silence(1.0)]))
-
-
-async def conversation(base_url: str, conversation_id: str) -> dict:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"{base_url}/api/conversations/{conversation_id}") as resp:
-            return await resp.json()
 
 
 async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech, openai_client):

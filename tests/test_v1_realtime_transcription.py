@@ -12,11 +12,12 @@ from urllib.parse import urlencode
 import aiohttp
 import numpy as np
 import pytest
-from test_server_support import silence
-from test_v1_realtime import MODEL, Events, conversation
 
 from kimiaudio.audio import pcm16
 from kimiaudio.store.search import query_tokens
+
+from helpers.audio import silence
+from helpers.realtime_events import MODEL, Events, conversation
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")

@@ -72,8 +72,7 @@ class HostCopy(Generic[T]):
             self._event.record()
         else:
             self._host = list(result.tensors)
-        self._value: T | None = None
-        self._done = False
+        self._result: tuple[T] | None = None  # (the value,) once finished
 
     def ready(self) -> bool:
         """The copies have landed (never waits)."""
@@ -81,12 +80,12 @@ class HostCopy(Generic[T]):
 
     def value(self) -> T:
         """The result's value (waits for the copies if they have not landed yet)."""
-        if not self._done:
+        if self._result is None:
             if self._event is not None:
                 self._event.synchronize()
-            self._value, self._done = self._finish(self._host), True
+            self._result = (self._finish(self._host),)
             self._host = []  # the pinned buffers go back to the host allocator
-        return self._value
+        return self._result[0]
 
 
 def compute_now(stages: Stages[DeviceResult[T]]) -> T:

@@ -12,11 +12,16 @@ FFmpeg and most players accept), and `encode_audio` (a whole answer) writes an e
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kimiaudio.audio import pcm16
 from kimiaudio.errors import KimiAudioError
+
+if TYPE_CHECKING:
+    from av import AudioFrame, AudioStream
+    from av.container import OutputContainer
 
 # format -> (container, codec, MIME type); "wav" and "pcm16" are written here without PyAV.
 FORMATS = {
@@ -75,15 +80,18 @@ class StreamEncoder:
         self.sample_rate = sample_rate
         self.mime_type = FORMATS[fmt][2]
         self._started = False
-        self._container = self._stream = None
+        self._sink = _Sink()
+        self._muxer: tuple[OutputContainer, AudioStream] | None = None  # None: written here, without PyAV
         container, codec, _ = FORMATS[fmt]
-        if container is not None:
+        if container is not None and codec is not None:
             import av
 
-            self._sink = _Sink()
             options = {"page_duration": str(OGG_PAGE_US)} if container == "ogg" else {}
-            self._container = av.open(self._sink, "w", format=container, options=options)
-            self._stream = self._container.add_stream(codec, rate=sample_rate, layout="mono")
+            out = av.open(self._sink, "w", format=container, options=options)
+            stream = out.add_stream(codec, rate=sample_rate, layout="mono")
+            if not isinstance(stream, av.AudioStream):
+                raise KimiAudioError(f"{codec}: PyAV made no audio stream for it")
+            self._muxer = (out, stream)
 
     def push(self, pcm: np.ndarray) -> bytes:
         """Encode one chunk; returns the bytes ready now (possibly none)."""
@@ -92,31 +100,33 @@ class StreamEncoder:
             self._started = True
             head = wav_header(self.sample_rate, None) if self.format == "wav" else b""
         pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
-        if self._container is None:
+        if self._muxer is None:
             return head + pcm16.to_bytes(pcm)
         if pcm.size:
-            self._mux(self._frame(pcm))
+            self._mux(self._muxer, self._frame(pcm))
         return head + self._sink.drain()
 
     def finish(self) -> bytes:
         """The rest: what the encoder held back, and the container's trailer."""
         head = b"" if self._started else self.push(np.zeros(0, np.float32))
-        if self._container is None:
+        if self._muxer is None:
             return head
-        self._mux(None)
-        self._container.close()
+        self._mux(self._muxer, None)
+        self._muxer[0].close()
         return head + self._sink.drain()
 
-    def _frame(self, pcm: np.ndarray):
+    def _frame(self, pcm: np.ndarray) -> AudioFrame:
         import av
 
         frame = av.AudioFrame.from_ndarray(np.clip(pcm, -1.0, 1.0)[None, :], format="flt", layout="mono")
         frame.sample_rate = self.sample_rate
         return frame
 
-    def _mux(self, frame) -> None:
-        for packet in self._stream.encode(frame):
-            self._container.mux(packet)
+    @staticmethod
+    def _mux(muxer: tuple[OutputContainer, AudioStream], frame: AudioFrame | None) -> None:
+        container, stream = muxer
+        for packet in stream.encode(frame):
+            container.mux(packet)
 
 
 def encode_audio(pcm: np.ndarray, fmt: str, sample_rate: int) -> bytes:

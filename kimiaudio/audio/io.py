@@ -141,7 +141,7 @@ def _decode(source, name: str, sr: int) -> np.ndarray:
     if not chunks:
         return np.zeros(0, dtype=np.float32)
     pcm = np.concatenate(chunks).astype(np.float32, copy=False)
-    if rate == sr:
+    if rate is None or rate == sr:  # (None: no frame, and so no samples)
         return pcm
     try:
         return resample(pcm, rate, sr)

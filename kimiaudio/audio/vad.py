@@ -123,6 +123,7 @@ class TurnDetector:
         self._vad = vad
         self._pending = np.zeros(0, dtype=np.float32)  # samples not yet making a full window
         self._num_windows = 0  # windows processed since creation (the stream clock)
+        self._before: deque[np.ndarray] = deque(maxlen=1)  # the last windows before an onset: the prefix padding
         self.configure(settings or TurnSettings())
         self.reset()
 
@@ -133,7 +134,7 @@ class TurnDetector:
         self._min_speech_windows = _windows(settings.min_speech_ms)
         self._silence_windows = _windows(settings.silence_ms)
         self._max_windows = _windows(settings.max_speech_s * 1000)
-        self._before = deque(self._before if hasattr(self, "_before") else (), maxlen=self._padding_windows or 1)
+        self._before = deque(self._before, maxlen=self._padding_windows or 1)
 
     def reset(self) -> None:
         """Forget any utterance in progress (e.g. input ignored while the assistant speaks)."""

@@ -71,7 +71,7 @@ class WhisperFeatureEncoder:
         config._attn_implementation = "sdpa"
         with torch.device("meta"):
             encoder = WhisperEncoder(config)
-        return encoder.to(dtype).to_empty(device=device)
+        return torch.nn.Module.to(encoder, dtype).to_empty(device=device)  # (transformers' `to` adds only checks)
 
     def features(self, pcm16k: np.ndarray, exact: bool = True) -> torch.Tensor:
         """Features of one utterance: [T, 4 * d_model] in the model dtype, on the host."""

@@ -93,17 +93,15 @@ def run_bench_command(config, args) -> int:
         from kimiaudio.bench.decode_7b import run_random_7b
 
         return run_random_7b(config, sessions, args)
-    memory = None
     if args.random_weights == "full":
         stack = _random_full_stack(config)
     else:
         stack = ModelStack.load(config, progress=not args.json)
-    if stack.detokenizer is not None:
-        from kimiaudio.pipeline.memory_plan import plan_stack
-
-        memory = plan_stack(stack, config)  # what each pipeline below plans, from the same inputs
     if stack.detokenizer is None:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
+    from kimiaudio.pipeline.memory_plan import plan_stack
+
+    memory = plan_stack(stack, config)  # what each pipeline below plans, from the same inputs
     freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
     if getattr(args, "voice", None) is not None:
@@ -111,7 +109,7 @@ def run_bench_command(config, args) -> int:
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)
-        rows = run_voice_bench(
+        voice_rows = run_voice_bench(
             stack,
             config,
             sessions,
@@ -121,7 +119,7 @@ def run_bench_command(config, args) -> int:
             args.voice or None,
             fixed_length=not args.natural_lengths,
         )
-        print_voice_rows(rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
+        print_voice_rows(voice_rows, voice_audio(args.voice or None)[1].size / SPEECH_OUTPUT_RATE, args.json)
         return 0
     if getattr(args, "transcribe", False):
         from kimiaudio.bench.transcription_bench import print_transcription_rows, run_transcription_bench
@@ -187,10 +185,9 @@ def run_bench_command(config, args) -> int:
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
-        if memory is not None:
-            from kimiaudio.pipeline.memory_report import format_memory_plan
+        from kimiaudio.pipeline.memory_report import format_memory_plan
 
-            print(format_memory_plan(memory))
+        print(format_memory_plan(memory))
         if stack.is_demo:
             print(DEMO_NOTICE)
         if info["memory_check"] is not None:

@@ -13,7 +13,10 @@ random_weights/shapes.py FULL, drawn by random_weights.modules.random_lm on the 
 With `--weights fp8|int8` the same rows are measured twice in one run: with bf16 weights, then
 with the decoder layers quantized in place (models/quantize.py), each against its own floor
 (the quantized parameters are counted at their stored size: 1 byte a weight plus the scales).
-With `--profile`, torch.profiler's account of the steps per batch size (bench/step_profile.py).
+With `--profile`, torch.profiler's account of the steps per batch size (bench/step_profile.py):
+the top kernels, the time of each group of kernels (GEMMs, attention, norms, sampler, ...) and
+the idle time a step, and the GEMMs' achieved bandwidth (a step's weight bytes over their time).
+The skinny GEMM's tiles chosen by measurement at start-up are in the JSON (`gemm_tiles`).
 Only the LM is built here; first-audio latency is measured by the pipeline bench.
 """
 
@@ -21,13 +24,16 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import time
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import torch
 
 from kimiaudio.bench.stats import percentile
-from kimiaudio.bench.step_profile import profile_decode, start_decoding
+from kimiaudio.bench.step_profile import groups_line, profile_decode, start_decoding
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.llm_engine import LLMEngine
@@ -103,7 +109,8 @@ def prefill_flops(lm: KimiAudioLM, positions: int, continuous: int) -> float:
         p.numel() for layer in layers for n, p in layer.named_parameters() if n.endswith("weight") and p.dim() == 2
     )
     attention = len(layers) * 2 * 2 * (positions * (positions + 1) // 2) * cfg.hidden_size  # q.k and p.v
-    adaptor = sum(p.numel() for p in lm.model.vq_adaptor.parameters() if p.dim() == 2)
+    vq_adaptor = lm.model.vq_adaptor
+    adaptor = sum(p.numel() for p in vq_adaptor.parameters() if p.dim() == 2) if vq_adaptor is not None else 0
     heads = lm.lm_head.weight.numel() + lm.mimo_output.weight.numel()
     return 2.0 * (per_position * positions + adaptor * continuous + heads) + attention
 
@@ -229,7 +236,7 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     # decoding admits a few prompts per step), so no sequence ends inside the timed steps.
     prompts = Prompts(lm.config, DECODE_STEPS + PREFILL_SLACK)
     freeze_loaded_objects()  # as the server does: no full garbage collection lands on a timed step
-    info = {
+    info: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
         "dtype": str(dtype).replace("torch.", ""),
         "copy_bandwidth_gb_s": bandwidth / 1e9,
@@ -286,6 +293,8 @@ def _measure(
             }
         )
         engine = LLMEngine(lm, engine_cfg, device, dtype)
+        for choice in engine.runner.gemm_tiles:  # measured by the first engine over these weights
+            info.setdefault("gemm_tiles", []).append({"weights": weights, **asdict(choice), "tile": str(choice.tile)})
         if engine.runner.graphs is not None:
             info.update(
                 capture_seconds=engine.runner.capture_seconds,
@@ -304,14 +313,14 @@ def _measure(
             }
         for batch in sessions:
             measured = time_batch(engine, prompts, batch)
-            p50 = percentile(measured["times"], 50)
+            p50 = percentile(measured["times"], 50, empty=math.nan)
             info["rows"].append(
                 {
                     "weights": weights,
                     "batch": batch,
                     "graphs": engine.runner.graphs is not None,
                     "step_ms_p50": 1e3 * p50,
-                    "step_ms_p95": 1e3 * percentile(measured["times"], 95),
+                    "step_ms_p95": 1e3 * percentile(measured["times"], 95, empty=math.nan),
                     "floor_ms": 1e3 * floor,
                     "ratio_to_floor": p50 / floor,
                     "tokens_per_s": batch / p50,
@@ -324,7 +333,9 @@ def _measure(
                     {
                         "weights": weights,
                         "batch": batch,
-                        **profile_decode(engine, [prompts.short() for _ in range(batch)]),
+                        **profile_decode(
+                            engine, [prompts.short() for _ in range(batch)], weight_bytes=decode_weight_bytes(lm)
+                        ),
                     }
                 )
         del engine
@@ -369,6 +380,7 @@ def print_report(info: dict) -> None:
             f"{p['kernels_per_step']:.0f} kernels a step; top: "
             + ", ".join(f"{k['name'][:40]} {k['ms_per_step']:.2f} ms" for k in p["top"][:5])
         )
+        print(f"  {p['weights']} batch {p['batch']}: {groups_line(p, info['copy_bandwidth_gb_s'])}")
     print(
         f"mixed: a step with the batch's decodes and a {info['rows'][0]['mixed_prefill_tokens']}-position chunk "
         f"of a {pre['positions']}-position prompt (engine.max_prefill_tokens_while_decoding)."

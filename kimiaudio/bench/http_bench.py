@@ -36,7 +36,7 @@ from kimiaudio.pipeline.turn_request import TurnRequest
 MODEL = "kimi-audio-7b-instruct"
 
 
-async def _pipeline_first_audio(pipeline, config, clip: np.ndarray, seed: int) -> float:
+async def _pipeline_first_audio(pipeline, config, clip: np.ndarray, seed: int) -> float | None:
     sampling = SamplingParams.from_config(config.sampling, seed=seed)
     start = time.perf_counter()
     handle = pipeline.submit(TurnRequest(f"bench-{seed}", [], clip, sampling, "both"))

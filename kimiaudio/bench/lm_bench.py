@@ -123,6 +123,8 @@ def lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampli
             if out.finish_reason == "error":
                 raise KimiAudioError(f"bench LM turn failed: {out.error}")
             done = out.completion
+            if done is None:
+                raise KimiAudioError("bench LM turn finished without its completion")
             reply = OfflineAnswer.from_tokens(
                 stack, done.text_tokens, done.audio_tokens, out.finish_reason, done.num_steps
             )

@@ -8,13 +8,15 @@ import asyncio
 import fractions
 import json
 import time
+from collections.abc import Mapping
 
 import numpy as np
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.errors import KimiAudioError
 
 
 class ScriptedMic(MediaStreamTrack):
@@ -75,13 +77,13 @@ class RtcClient:
         self.events: list[dict] = []
         self._new_event = asyncio.Condition()
         self.frames_rms: list[float] = []  # one per received 20 ms frame
-        self.channel = None
-        self.response_headers = None
-        self._tasks = []
+        self.channel: RTCDataChannel | None = None
+        self.response_headers: Mapping[str, str] = {}
+        self._tasks: list[asyncio.Future] = []
 
     async def connect(self, http, **body) -> tuple[int, dict]:
-        self.channel = self.pc.createDataChannel("events")
-        self.channel.on("message", self._on_message)
+        channel = self.channel = self.pc.createDataChannel("events")
+        channel.on("message", self._on_message)
         self.pc.addTrack(self.mic)
         self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._consume(track))))
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -112,6 +114,8 @@ class RtcClient:
             pass
 
     def send(self, event: dict) -> None:
+        if self.channel is None:
+            raise KimiAudioError("send: connect first")
         self.channel.send(json.dumps(event))
 
     def of_type(self, kind: str) -> list[dict]:

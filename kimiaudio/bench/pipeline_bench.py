@@ -17,6 +17,7 @@ import asyncio
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,7 +114,7 @@ async def _run_session(
     pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int, voice=None, delay_s: float = 0.0
 ) -> dict:
     history: list[HistoryTurn] = []
-    stats = {
+    stats: dict[str, Any] = {
         "tokens": 0,
         "first_audio": [],
         "rtf": [],

@@ -20,7 +20,8 @@ import numpy as np
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
-from kimiaudio.server.v1.models import MODEL_ID
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.inputs.openai_params import MODEL_ID
 
 CHUNK_S = 0.1
 AUDIO_DELTAS = ("response.audio.delta", "response.output_audio.delta")
@@ -43,13 +44,13 @@ class RealtimeWsClient:
             self.ws = await http.ws_connect(path, headers=headers or {}, heartbeat=None)
         except aiohttp.WSServerHandshakeError as exc:
             return exc.status
-        self._reader = asyncio.ensure_future(self._read())
+        self._reader = asyncio.ensure_future(self._read(self.ws))
         return 101
 
-    async def _read(self) -> None:
+    async def _read(self, ws) -> None:
         import aiohttp
 
-        async for message in self.ws:
+        async for message in ws:
             if message.type != aiohttp.WSMsgType.TEXT:
                 continue
             event = json.loads(message.data)
@@ -65,6 +66,8 @@ class RealtimeWsClient:
         return self.ws is None or self.ws.closed
 
     async def send(self, event: dict | str) -> None:
+        if self.ws is None:
+            raise KimiAudioError("send: connect first")
         await self.ws.send_str(event if isinstance(event, str) else json.dumps(event))
 
     def say(self, pcm16k: np.ndarray, silence_s: float = 1.2) -> asyncio.Task:

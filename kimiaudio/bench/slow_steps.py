@@ -20,7 +20,7 @@ def slow_step_report(records: Sequence[LmStepRecord]) -> dict:
     """{threshold_ms, steps, slow, by_tag: tag -> slow steps carrying it ("none": nothing), slowest}."""
     if not records:
         return {"threshold_ms": None, "steps": 0, "slow": 0, "by_tag": dict.fromkeys((*TAGS, "none"), 0), "slowest": []}
-    threshold = SLOW_RATIO * percentile([r.seconds for r in records], 50)
+    threshold = SLOW_RATIO * percentile([r.seconds for r in records], 50, empty=0.0)
     slow = [r for r in records if r.seconds > threshold]
     by_tag = dict.fromkeys((*TAGS, "none"), 0)
     for record in slow:

@@ -71,13 +71,13 @@ class _ErrorCounter(logging.Handler):
 
 
 async def _settle(app, pipeline, timeout: float) -> dict:
-    from kimiaudio.server.app_keys import admission_key
+    from kimiaudio.server.context import SERVER_CONTEXT
 
     deadline = time.monotonic() + timeout
     while True:
         stats = pipeline.stats()
         idle = stats["turns"] == 0 and stats["kv_blocks_free"] == stats["kv_blocks_total"]
-        if (idle and app[admission_key].num_reserved == 0) or time.monotonic() > deadline:
+        if (idle and app[SERVER_CONTEXT].sessions.num_reserved == 0) or time.monotonic() > deadline:
             return stats
         await asyncio.sleep(0.1)
 
@@ -98,7 +98,7 @@ async def _soak(
 
     from kimiaudio.pipeline.pipeline import Pipeline
     from kimiaudio.server.app import create_app
-    from kimiaudio.server.app_keys import admission_key, server_metrics_key, store_key
+    from kimiaudio.server.context import SERVER_CONTEXT
 
     pipeline = Pipeline(stack, config)
     await pipeline.start()
@@ -125,10 +125,10 @@ async def _soak(
         sampler.cancel()
         stats = await _settle(app, pipeline, SETTLE_S)
         rss_end = rss_mb()
-        integrity = await app[store_key].integrity_problems()
-        missing = await missing_commits(app[store_key], logs)
-        reserved = app[admission_key].num_reserved
-        left_open = app[server_metrics_key].registry.get_sample_value("kimiaudio_responses_in_progress")
+        integrity = await app[SERVER_CONTEXT].store.integrity_problems()
+        missing = await missing_commits(app[SERVER_CONTEXT].store, logs)
+        reserved = app[SERVER_CONTEXT].sessions.num_reserved
+        left_open = app[SERVER_CONTEXT].metrics.registry.get_sample_value("kimiaudio_responses_in_progress")
     finally:
         sampler.cancel()
         await runner.cleanup()  # its shutdown is watched for ERROR lines too

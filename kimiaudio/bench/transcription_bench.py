@@ -33,13 +33,13 @@ from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 class TranscriptionRow:
     sessions: int
     turns: int
-    first_audio_steps_p50: float  # answers alone
+    first_audio_steps_p50: float | None  # answers alone
     first_audio_steps_max: int
-    with_asr_first_audio_steps_p50: float  # each answer beside its user turn's transcription
+    with_asr_first_audio_steps_p50: float | None  # each answer beside its user turn's transcription
     with_asr_first_audio_steps_max: int
     max_extra_steps: int  # the largest (with - without) of one answer, paired by session and turn
-    first_audio_ms_p50: float
-    with_asr_first_audio_ms_p50: float
+    first_audio_ms_p50: float | None
+    with_asr_first_audio_ms_p50: float | None
     transcripts_completed: int
     transcripts_nonempty: int
 

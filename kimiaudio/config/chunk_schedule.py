@@ -12,6 +12,7 @@ a ConfigError that names the key.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from kimiaudio.errors import ConfigError
 from kimiaudio.validation import check_fields
@@ -20,7 +21,7 @@ UPSAMPLE = 4  # mel frames per semantic token (official upsample_factor)
 MAX_POSITION = 4096  # official max_pos_size of the DiT positions
 # What preset = "official" sets (official PrefixStreamingFlowMatchingDetokenizer as
 # KimiAudio.detokenize_audio drives it); the guard cannot lower steps below ode_steps then.
-OFFICIAL = dict(
+OFFICIAL: dict[str, Any] = dict(
     first_chunk_tokens=30,
     first_look_ahead_tokens=12,
     first_ode_steps=30,

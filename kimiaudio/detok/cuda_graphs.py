@@ -69,7 +69,7 @@ def capture(body: Callable[[], None], pool, stream: torch.cuda.Stream, warmup: i
 class DiTStepGraphs:
     """FlowMatcher's `run_step` on CUDA: replay the bucket's captured Euler step."""
 
-    def __init__(self, pool, stream: torch.cuda.Stream, capacity: int = 256, capture_fn=capture):
+    def __init__(self, pool, stream: torch.cuda.Stream | None, capacity: int = 256, capture_fn=capture):
         self.pool, self.stream, self.capture_fn = pool, stream, capture_fn
         self.cache: GraphCache[torch.cuda.CUDAGraph] = GraphCache(capacity)
 
@@ -91,14 +91,14 @@ class VocoderGraphs:
     """VocoderBatcher's `forward` on CUDA: mel [B, num_mels, T] -> wav [B, T * hop] by
     replaying the graph of (B, T) on its static input; the output is copied out."""
 
-    def __init__(self, vocoder, pool, stream: torch.cuda.Stream, capacity: int = 64, capture_fn=capture):
+    def __init__(self, vocoder, pool, stream: torch.cuda.Stream | None, capacity: int = 64, capture_fn=capture):
         self.vocoder, self.pool, self.stream, self.capture_fn = vocoder, pool, stream, capture_fn
         self.cache: GraphCache[tuple[Tensor, list[Tensor], torch.cuda.CUDAGraph]] = GraphCache(capacity)
 
-    def capture(self, shape: tuple[int, int, int]) -> None:
+    def capture(self, shape: tuple[int, ...]) -> None:
         self.cache.get(shape, lambda: self._capture(shape))
 
-    def _capture(self, shape: tuple[int, int, int]) -> tuple[Tensor, list[Tensor], torch.cuda.CUDAGraph]:
+    def _capture(self, shape: tuple[int, ...]) -> tuple[Tensor, list[Tensor], torch.cuda.CUDAGraph]:
         param = next(self.vocoder.parameters())
         mel = torch.zeros(shape, dtype=param.dtype, device=param.device)  # outside the pool: ours
         out: list[Tensor] = []  # the captured call's output [B, T * hop], in the graph pool

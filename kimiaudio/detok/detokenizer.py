@@ -29,7 +29,7 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.chunk_shapes import rehearse
-from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs
+from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs, capture
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
@@ -67,13 +67,14 @@ class Detokenizer:
         if self.uses_graphs and not bucketed:
             raise KimiAudioError("Detokenizer: CUDA graphs need bucketed shapes")
         self.buckets = Buckets.for_schedule(self.schedule, cfg.max_batch_sessions, exact=not bucketed)
-        self.dit_graphs = self.vocoder_graphs = None
+        self.dit_graphs: DiTStepGraphs | None = None
+        self.vocoder_graphs: VocoderGraphs | None = None
         if self.uses_graphs:  # one pool and one capture stream for every graph of this detokenizer
             pool = torch.cuda.graph_pool_handle() if on_cuda else None
             stream = torch.cuda.Stream(self.device) if on_cuda else None
-            capture = {} if capture_fn is None else dict(capture_fn=capture_fn)
-            self.dit_graphs = DiTStepGraphs(pool, stream, **capture)
-            self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, **capture)
+            graph_capture = capture_fn or capture
+            self.dit_graphs = DiTStepGraphs(pool, stream, capture_fn=graph_capture)
+            self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, capture_fn=graph_capture)
         self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)
         self.cost = CostEstimate()
         # On the CPU one mel per vocoder call: batching gains nothing without parallel hardware,
@@ -132,7 +133,8 @@ class Detokenizer:
             added_bytes=0,
             static_buffer_bytes=self.flow.arena.nbytes,
         )
-        if not self.uses_graphs:
+        dit_graphs, vocoder_graphs = self.dit_graphs, self.vocoder_graphs
+        if dit_graphs is None or vocoder_graphs is None:
             return info
         on_cuda = self.device.type == "cuda"
         if on_cuda:  # the buffers were zeroed on the loading thread's stream: let that finish first
@@ -142,20 +144,20 @@ class Detokenizer:
         for shape in self.buckets.serving_shapes([(c.frames, c.prefix) for c in stream]):
             batch = self.flow.batch(shape)
             batch.load([])  # harmless inputs (padded rows: zeros, all keys valid) for the warm-up calls
-            self.dit_graphs.capture(batch)
+            dit_graphs.capture(batch)
         lengths = sorted({c.vocoder_frames for c in stream})
         # room for the planned shapes and as many more (final chunks' lengths) before any is dropped
         planned = len(lengths) * len(self.buckets.batch_sizes)
-        self.vocoder_graphs.cache.capacity = max(self.vocoder_graphs.cache.capacity, 2 * planned)
+        vocoder_graphs.cache.capacity = max(vocoder_graphs.cache.capacity, 2 * planned)
         for length in lengths:
             for rows in self.buckets.batch_sizes:
-                self.vocoder_graphs.capture((rows, self.dit.cfg.input_size, length))
+                vocoder_graphs.capture((rows, self.dit.cfg.input_size, length))
         if on_cuda:
             torch.cuda.current_stream(self.device).synchronize()
             info.update(added_bytes=torch.cuda.memory_reserved(self.device) - before)
         info.update(
-            dit_graphs=len(self.dit_graphs.cache),
-            vocoder_graphs=len(self.vocoder_graphs.cache),
+            dit_graphs=len(dit_graphs.cache),
+            vocoder_graphs=len(vocoder_graphs.cache),
             seconds=time.perf_counter() - start,
             static_buffer_bytes=self.flow.arena.nbytes,
         )
@@ -269,22 +271,22 @@ class Detokenizer:
 
         Returns per item the float32 CPU wav produced now (empty when no chunk was due). Also
         feeds `self.cost` (seconds per DiT call, for the guard's forecasts)."""
-        items = [item if isinstance(item, DetokItem) else DetokItem(*item) for item in items]
-        if len({id(item.stream) for item in items}) != len(items):
+        batch = [item if isinstance(item, DetokItem) else DetokItem(*item) for item in items]
+        if len({id(item.stream) for item in batch}) != len(batch):
             raise KimiAudioError("step_batch: a stream appears twice in one call")
         start, calls = time.perf_counter(), self.flow.num_calls
-        for item in items:
+        for item in batch:
             item.stream.push(item.tokens)
-        pieces: list[list[Tensor]] = [[] for _ in items]
+        pieces: list[list[Tensor]] = [[] for _ in batch]
         for _ in itertools.count() if rounds is None else range(rounds):
-            due = [i for i, item in enumerate(items) if item.stream.ready(item.final)]
+            due = [i for i, item in enumerate(batch) if item.stream.ready(item.final)]
             if not due:
                 break
-            jobs = [items[i].stream.next_job(items[i].final, items[i].ode_steps) for i in due]
+            jobs = [batch[i].stream.next_job(batch[i].final, batch[i].ode_steps) for i in due]
             outs = self.flow.infer_chunks(jobs)
-            mels = [items[i].stream.finish_dit(out) for i, out in zip(due, outs)]
+            mels = [batch[i].stream.finish_dit(out) for i, out in zip(due, outs)]
             for i, wav in zip(due, self.vocoders.vocode(mels)):
-                pieces[i].append(items[i].stream.finish_vocoder(wav))
+                pieces[i].append(batch[i].stream.finish_vocoder(wav))
         # one device->host copy for the whole step (it also waits for the work: the time is real)
         flat = [torch.cat(p) if p else torch.zeros(0, device=self.device) for p in pieces]
         sizes = [w.numel() for w in flat]

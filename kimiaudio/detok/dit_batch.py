@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from kimiaudio.detok.buckets import BucketShape
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.models.dit import DiTContext, DiTPrefix
 
 
@@ -88,10 +89,11 @@ class DiTBatch:
         self.x.copy_(noise)  # fp32 noise -> x's dtype, as the official .to(dtype)
         self.cond.copy_(self.dit.semantic_token_embedding(ids))
         pos_emb, rope = self.dit.position_inputs(positions)
-        if pos_emb is not None:
-            self.pos_emb.copy_(pos_emb)
-        if rope is not None:
-            self.rope.copy_(rope)
+        for buffer, value in ((self.pos_emb, pos_emb), (self.rope, rope)):
+            if value is not None:
+                if buffer is None:
+                    raise KimiAudioError("DiTBatch: the DiT gives a position input this batch has no buffer for")
+                buffer.copy_(value)
         self._keys = keys
         self.mask.copy_(keys[:, None, None, :])
         for i, job in enumerate(jobs):
@@ -111,6 +113,8 @@ class DiTBatch:
     def restrict_keys(self, rows: list[int], kept: list[int]) -> None:
         """For the K/V refresh call: rows[j] attends only to its first kept[j] chunk frames (and
         its prefix), as the official refresh runs the DiT on the kept frames alone."""
+        if self._keys is None:
+            raise KimiAudioError("restrict_keys: the batch has no jobs loaded")
         keys = self._keys.clone()
         p = self.shape.prefix
         for row, k in zip(rows, kept):

@@ -100,7 +100,7 @@ class FlowMatcher:
     def infer_chunks(self, jobs: list[ChunkJob]) -> list[ChunkOutput]:
         """Run the ODE for every job: one batch per step count (split at the largest bucket);
         results equal running each job alone."""
-        outputs: list[ChunkOutput | None] = [None] * len(jobs)
+        outputs: dict[int, ChunkOutput] = {}
         limit = self.buckets.batch_sizes[-1]
         for steps in sorted({job.ode_steps for job in jobs}):
             rows = [i for i, job in enumerate(jobs) if job.ode_steps == steps]
@@ -108,7 +108,7 @@ class FlowMatcher:
                 group = rows[start : start + limit]
                 for i, out in zip(group, self._infer_group([jobs[i] for i in group], steps)):
                     outputs[i] = out
-        return outputs
+        return [outputs[i] for i in range(len(jobs))]
 
     def _infer_group(self, jobs: list[ChunkJob], steps: int) -> list[ChunkOutput]:
         mel_bins, dev = self.dit.cfg.input_size, self.arena.device
@@ -154,8 +154,10 @@ class FlowMatcher:
         Runs eagerly: prompts come once per voice, in shapes no graph was captured for."""
         cfg, dtype = self.dit.cfg, self.dit.input_linear.weight.dtype
         x = mel.to(self.arena.device, dtype)
-        if cfg.normalize_mel:  # as the official: cast first, normalise in the DiT's dtype
-            x = (x - cfg.mel_mean) / cfg.mel_std
+        stats = cfg.mel_stats()
+        if stats is not None:  # as the official: cast first, normalise in the DiT's dtype
+            mean, std = stats
+            x = (x - mean) / std
         job = ChunkJob(token_ids, x.float().cpu(), start_position, prefix_kv, 0, True)
         batch = self.batch(self.buckets.shape(1, job.token_ids.numel(), job.prefix_frames))
         batch.load([job])
@@ -165,8 +167,11 @@ class FlowMatcher:
         return batch.chunk_kv(0, job.token_ids.numel())
 
     def _denormalise(self, mel: Tensor) -> Tensor:
-        cfg = self.dit.cfg
-        return mel * cfg.mel_std + cfg.mel_mean if cfg.normalize_mel else mel
+        stats = self.dit.cfg.mel_stats()
+        if stats is None:
+            return mel
+        mean, std = stats
+        return mel * std + mean
 
 
 REFRESH_ID = int(timestep_ids(torch.tensor([REFRESH_T])).item())  # 999

@@ -71,6 +71,8 @@ class DetokStream:
         self.noise_fn = noise_fn  # tests inject captured noise: noise_fn(n_frames) -> [n_frames, mel_bins]
         self.trace: list[dict] | None = None  # set to a list to record every chunk (tests, debugging)
         self.pending: list[int] = []
+        self.start_position = 0
+        self.kv: Tensor | None = None  # [depth, 2, heads, frames, head_dim]: the prefix of the next chunk
         self._reset()
 
     def _reset(self) -> None:
@@ -141,7 +143,7 @@ class DetokStream:
 
     def finish_dit(self, out: ChunkOutput) -> Tensor:
         """Take this chunk's mel and K/V; returns the mel to vocode [frames, mel_bins]."""
-        job, p = self._job, self.params
+        job, p = self._current_job(), self.params
         kept = out.mel.shape[0]
         # carried into the next chunk (none after a chunk without look-ahead)
         self.look_ahead_ids = job.token_ids[-job.look_ahead :] if job.look_ahead > 0 else None
@@ -156,7 +158,10 @@ class DetokStream:
 
     def finish_vocoder(self, wav: Tensor) -> Tensor:
         """wav [samples] of the mel from finish_dit -> the float32 piece to play now."""
-        mel, job, hop = self._mel, self._job, self.params.hop_size
+        job, hop = self._current_job(), self.params.hop_size
+        mel = self._mel
+        if mel is None:
+            raise KimiAudioError("detokenizer: finish_vocoder before finish_dit")
         if self._final:
             out = wav
         elif self.pre_wav is None:
@@ -186,13 +191,21 @@ class DetokStream:
             self._advance(mel.shape[0])
         return out.float()
 
+    def _current_job(self) -> ChunkJob:
+        if self._job is None:
+            raise KimiAudioError("detokenizer: no chunk in progress (next_job first)")
+        return self._job
+
     def _cross_fade(self, wav: Tensor, mel: Tensor) -> Tensor:
-        held = self.pre_wav.shape[0]
+        pre_wav = self.pre_wav
+        if pre_wav is None:
+            raise KimiAudioError("detokenizer: a cross-fade needs the previous chunk's held samples")
+        held = pre_wav.shape[0]
         gen = 2 * held if wav.shape[0] > 2 * held else wav.shape[0] // 2
         out = wav[:gen].clone()
         half = gen // 2
         window = _hamming(gen, wav.device, wav.dtype)
-        out[:half] = self.pre_wav[:half] * window[-half:] + out[:half] * window[:half]
+        out[:half] = pre_wav[:half] * window[-half:] + out[:half] * window[:half]
         rest = wav.shape[0] - gen
         self.pre_wav = wav[-rest:].clone()
         self.pre_mel = mel[-(rest // self.params.hop_size) :].clone()  # python slicing: 0 keeps the whole mel
@@ -210,7 +223,7 @@ class DetokStream:
         """Positions and K/V of a stream's start: the voice prefix (the official state_dict_backup
         taken after prefill), or position 0 and no K/V without a voice."""
         self.start_position = 0 if self.voice is None else self.voice.next_position
-        self.kv: Tensor | None = None if self.voice is None else self.voice.kv  # [depth, 2, heads, frames, head_dim]
+        self.kv = None if self.voice is None else self.voice.kv
 
 
 @lru_cache(maxsize=64)

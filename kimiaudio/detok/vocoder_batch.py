@@ -41,7 +41,7 @@ class VocoderBatcher:
 
     def vocode(self, mels: list[Tensor]) -> list[Tensor]:
         """[frames, mel_bins] each -> wav [frames * hop] each."""
-        wavs: list[Tensor | None] = [None] * len(mels)
+        wavs: dict[int, Tensor] = {}
         groups: dict[int, list[int]] = {}
         for i, mel in enumerate(mels):
             groups.setdefault(mel.shape[0], []).append(i)
@@ -60,4 +60,4 @@ class VocoderBatcher:
                 out = self.forward(batch.transpose(1, 2))  # [B, T * hop]
                 for j, i in enumerate(rows):
                     wavs[i] = out[j]
-        return wavs
+        return [wavs[i] for i in range(len(mels))]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from kimiaudio.config.chunk_schedule import UPSAMPLE
+from kimiaudio.errors import KimiAudioError
 
 PROMPT_CHUNK_FRAMES = 150  # official prefill(chunk_size=150)
 MAX_PROMPT_CHUNKS = 10  # official get_audio_detokenizer(max_prompt_chunk=10)
@@ -67,4 +68,6 @@ def build_voice_prefix(
         chunk_kv = flow.prefill_chunk(ids[start:end], mel[start:end], start, kv)
         kv = chunk_kv if kv is None else torch.cat([kv, chunk_kv], dim=3)
         kv = kv[:, :, :, -max_kv_cache_frames:].contiguous()
+    if kv is None:
+        raise KimiAudioError("a voice prefix needs a reference of at least one code")
     return VoicePrefix(kv, ids.numel())

@@ -4,9 +4,10 @@ padded batch size, decode_batch.py) and the mixed step (one per token bucket, mi
 Follows nano-vllm's ModelRunner.capture_cudagraph: largest batch first, every graph in one
 shared memory pool (a smaller batch's activations fit in the blocks the larger one freed),
 one eager warm-up run before each capture (Triton compiles its kernels and cuBLAS picks its
-algorithms outside the capture). A graph replays the whole decode forward (embeddings, every
-trunk and MIMO layer, both heads) over the static buffers of decode_batch.py, which the
-caller rewrites before each replay; its logits stay in the tensors the capture produced.
+algorithms outside the capture). A graph replays the whole forward (embeddings, every trunk
+and MIMO layer, both heads; the decode step's also samples, graph_sampling.py) over the static
+buffers, which the caller rewrites before each replay; its outputs (the logits, the decode
+step's samples) stay in the tensors the capture produced.
 
 Replay runs on the caller's current CUDA stream: a worker thread with its own stream may
 replay graphs captured on another thread, as long as it writes the static buffers on that
@@ -23,12 +24,12 @@ import torch
 
 log = logging.getLogger(__name__)
 
-Logits = tuple[torch.Tensor, torch.Tensor]  # text, audio: [Bp, V] each
+Outputs = tuple[torch.Tensor, ...]  # what the forward returns: text, audio logits [Bp, V] (, samples)
 
 
 class DecodeGraphs:
     def __init__(
-        self, forward: Callable[[int], Logits], batch_sizes: list[int], device: torch.device, what: str = "decode step"
+        self, forward: Callable[[int], Outputs], batch_sizes: list[int], device: torch.device, what: str = "decode step"
     ):
         """forward(padded): the step's forward over the first `padded` rows of the static buffers."""
         if device.type != "cuda":
@@ -38,7 +39,7 @@ class DecodeGraphs:
         self.device = device
         self.what = what
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, Logits] = {}
+        self.outputs: dict[int, Outputs] = {}
         self.capture_seconds = 0.0
         self.memory_bytes = 0  # device memory the graphs' private pool holds (their logits included)
 
@@ -53,10 +54,10 @@ class DecodeGraphs:
         )
         torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        pool, before = None, None
+        pool, before = None, torch.cuda.memory_reserved(self.device)
         for size in sizes:
             self.forward(size)  # warm-up
-            if before is None:
+            if size == sizes[0]:
                 # What the allocator holds once the largest warm-up's activations are cached (the
                 # smaller warm-ups reuse them): the captures add their private pool on top. The
                 # driver's free memory is no measure of it: it does not move while the
@@ -81,8 +82,8 @@ class DecodeGraphs:
             self.memory_bytes / 2**30,
         )
 
-    def replay(self, padded: int) -> Logits:
-        """Run the graph of this padded size over the buffers' current contents -> its logits
+    def replay(self, padded: int) -> Outputs:
+        """Run the graph of this padded size over the buffers' current contents -> its outputs
         (tensors of the graph's own, rewritten by its next replay)."""
         self.graphs[padded].replay()
         return self.outputs[padded]

@@ -4,7 +4,9 @@ Layout [2, layers, num_blocks + 1, block_size, Hkv, D] (keys, then values; trunk
 0..L-1, then MIMO layers L..L+M-1, the model's layer_idx order). Blocks 0..num_blocks-1 are
 handed out by the BlockManager; the extra last one is the scratch block: the padded rows of
 a static-shape decode batch (CUDA graphs) write their K/V there and read only its first slot,
-so they never touch a sequence's blocks and never see an empty softmax.
+so they never touch a sequence's blocks and never see an empty softmax. The pool also holds
+the decode attention kernel's semaphores (triton_attention.py), one zeroed int32 per sequence
+and kv head of a batch.
 """
 
 from __future__ import annotations
@@ -40,10 +42,19 @@ class KVPool:
             self.kv = torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
         else:
             self.kv = torch.zeros(shape, device=device, dtype=dtype)
+        # Every size made stays alive: a captured graph keeps the address it was captured with.
+        self._semaphores = [torch.zeros(0, dtype=torch.int32, device=device)]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
+
+    def semaphores(self, count: int) -> torch.Tensor:
+        """At least `count` zeroed int32, each left zeroed by the kernel that uses it: made anew
+        for a larger batch than any before (the largest graph's eager warm-up runs first)."""
+        if self._semaphores[-1].numel() < count:
+            self._semaphores.append(torch.zeros(count, dtype=torch.int32, device=self.kv.device))
+        return self._semaphores[-1]
 
     @property
     def scratch_slot(self) -> int:

@@ -15,10 +15,11 @@ which holds every token id exactly).
 An all-decode step (every sequence computes one position without features) takes the
 static-shape path: its inputs are written into fixed buffers padded to the next batch size
 of decode_batch.py, and the same decode forward runs over them, eagerly or (CUDA) replayed
-from the CUDA graph captured for that size. With CUDA graphs, a mixed step (prefill chunks
-beside decodes) whose tokens fit the largest bucket of mixed_batch.py is padded to its
-bucket and replayed from that bucket's graph. Every other step runs eagerly over a flat
-batch built for it.
+from the CUDA graph captured for that size, which also samples the rows whose settings allow
+it (graph_sampling.py: the host sampler then has nothing to do). With CUDA graphs, a mixed
+step (prefill chunks beside decodes) whose tokens fit the largest bucket of mixed_batch.py is
+padded to its bucket and replayed from that bucket's graph. Every other step runs eagerly
+over a flat batch built for it.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ from kimiaudio.config import EngineConfig
 from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.flat_step import FlatStep
+from kimiaudio.engine.graph_sampling import GraphSampling, in_graph
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
 from kimiaudio.errors import ConfigError
+from kimiaudio.layers.gemm_tuning import tune_linears
 from kimiaudio.layers.sampler import sample
 from kimiaudio.layers.triton_support import use_triton
 from kimiaudio.models.kimia_lm import KimiAudioLM
@@ -106,16 +109,22 @@ class ModelRunner:
             log.warning("engine.cuda_graphs: no Triton paged attention for this device/model: decoding eagerly")
         max_batch, decode_sizes, buckets = graph_shapes(engine_config)
         sizes = decode_sizes if use_graphs else None
+        # The decode GEMMs' tiles, measured for the batch sizes served (before any capture).
+        self.gemm_tiles = tune_linears(lm, decode_sizes, dtype) if use_triton(self.device) else []
         with torch.inference_mode():
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
             )
         self.graphs: DecodeGraphs | None = None
-        if use_graphs:
+        if use_graphs and sizes is not None:
             inputs = self.decode_inputs
-            self.graphs = DecodeGraphs(
-                lambda size: self.decode_forward(inputs.batch(size, inputs.max_blocks)), sizes, self.device
-            )
+            self.graph_sampling = GraphSampling(max_batch, self.device)
+
+            def decode_and_sample(size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                text_logits, audio_logits = self.decode_forward(inputs.batch(size, inputs.max_blocks))
+                return text_logits, audio_logits, self.graph_sampling.sample(text_logits, audio_logits)
+
+            self.graphs = DecodeGraphs(decode_and_sample, sizes, self.device)
             self.graphs.capture()
         # Mixed steps from graphs: their attention is the prefill kernel over the static runs.
         self.mixed_inputs: MixedInputs | None = None
@@ -135,8 +144,8 @@ class ModelRunner:
         """Drop the KV pool, the static buffers and the graphs (their device memory goes back
         to the allocator): the engine is done, and the next one's pool is sized without them."""
         self.graphs = self.mixed_graphs = None
-        self.decode_inputs = self.mixed_inputs = None
-        self.pool = None
+        self.mixed_inputs = None
+        del self.decode_inputs, self.pool  # no step runs again: nothing may reach for them
 
     @property
     def capture_seconds(self) -> float:
@@ -159,11 +168,16 @@ class ModelRunner:
 
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
+        sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
         if self.graphs is not None:
-            text_logits, audio_logits = self.graphs.replay(padded)  # [Bp, V] each
+            sampled_in_graph = bool(sampling) and in_graph([seqs[i] for i in sampling])
+            if sampled_in_graph:
+                self.graph_sampling.write(seqs, sampling, padded)
+            text_logits, audio_logits, samples = self.graphs.replay(padded)  # [Bp, V] each
+            if sampled_in_graph:
+                return [StepSample(*sample, None) for sample in GraphSampling.read(samples, sampling)]
         else:
             text_logits, audio_logits = self.decode_forward(self.decode_inputs.batch(padded, width))
-        sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
         if not sampling:
             return []
         if len(sampling) == len(seqs):  # the usual case: a slice, no gather
@@ -226,13 +240,14 @@ class ModelRunner:
         tops = [seq.params.text_top_logprobs for seq in seqs] + [0] * n
         out = sample(torch.cat([text_logits, audio_logits]), params, histories, uniforms, counts, tops)
         parts = [out.tokens.double(), out.logprobs[:n].double()]
-        if out.top_rows:
-            parts += [out.top_ids.double().flatten(), out.top_logprobs.double().flatten()]
+        top_ids, top_logprobs = out.top_ids, out.top_logprobs
+        if out.top_rows and top_ids is not None and top_logprobs is not None:
+            parts += [top_ids.double().flatten(), top_logprobs.double().flatten()]
         flat = torch.cat(parts).tolist()  # the step's one host-device synchronisation
         tokens, logprobs, rest = flat[: 2 * n], flat[2 * n : 3 * n], flat[3 * n :]
         top: list[tuple | None] = [None] * n
-        if out.top_rows:
-            width = out.top_ids.shape[1]
+        if out.top_rows and top_ids is not None:
+            width = top_ids.shape[1]
             ids, lps = rest[: len(rest) // 2], rest[len(rest) // 2 :]
             for k, row in enumerate(out.top_rows):
                 wanted = seqs[row].params.text_top_logprobs

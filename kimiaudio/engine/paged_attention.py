@@ -66,7 +66,7 @@ def store_kv(
 ) -> None:
     """Write k/v [T, Hkv, D] of the new tokens at their slots [T] of one layer."""
     if use_kernel:
-        from kimiaudio.engine.triton_attention import store_kv_triton
+        from kimiaudio.engine.triton_kv_store import store_kv_triton
 
         store_kv_triton(pool.keys(layer_idx), pool.values(layer_idx), slot_mapping, k, v)
         return
@@ -80,7 +80,12 @@ def decode_attention(pool: KVPool, layer_idx: int, q: torch.Tensor, meta: Decode
         from kimiaudio.engine.triton_attention import paged_decode_attention_triton
 
         return paged_decode_attention_triton(
-            q, pool.kv[0, layer_idx], pool.kv[1, layer_idx], meta.block_tables, meta.context_lens
+            q,
+            pool.kv[0, layer_idx],
+            pool.kv[1, layer_idx],
+            meta.block_tables,
+            meta.context_lens,
+            pool.semaphores(q.shape[0] * pool.kv.shape[-2]),
         )
     batch, num_heads, head_dim = q.shape
     num_kv_heads = pool.kv.shape[-2]
@@ -99,15 +104,31 @@ def decode_attention(pool: KVPool, layer_idx: int, q: torch.Tensor, meta: Decode
 
 
 class PagedDecodeAttention:
-    """AttentionBackend of an all-decode batch: row i is sequence i's one new token."""
+    """AttentionBackend of an all-decode batch: row i is sequence i's one new token. With the
+    Triton kernels it also takes q and k before RoPE (`fuses_rotary`, `rotate_and_attend`):
+    one kernel rotates them and stores k and v."""
 
     def __init__(self, pool: KVPool, slot_mapping: torch.Tensor, meta: DecodeMetadata):
         self.pool = pool
         self.slot_mapping = slot_mapping  # [B] long
         self.meta = meta
 
+    @property
+    def fuses_rotary(self) -> bool:
+        return self.meta.mask is None
+
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         store_kv(self.pool, layer_idx, self.slot_mapping, k, v, self.meta.mask is None)
+        return decode_attention(self.pool, layer_idx, q, self.meta)
+
+    def rotate_and_attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """As __call__, for q and k not yet rotated by cos/sin [B, 1, D] (Triton kernels only)."""
+        from kimiaudio.engine.triton_kv_store import rotary_store_triton
+
+        keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
+        q = rotary_store_triton(keys, values, self.slot_mapping, q, k, v, cos, sin)
         return decode_attention(self.pool, layer_idx, q, self.meta)
 
 
@@ -250,13 +271,14 @@ class PagedAttention:
         store_kv(self.pool, layer_idx, self.meta.slot_mapping, k, v, runs is not None and runs.use_kernel)
         if runs is not None:
             return runs_attention(self.pool, layer_idx, q, runs)
-        if not self.meta.prefills:  # an all-decode step: every row is a decode, in order
-            return decode_attention(self.pool, layer_idx, q, self.meta.decode)
+        decode = self.meta.decode
+        if not self.meta.prefills and decode is not None:  # an all-decode step: every row is a decode, in order
+            return decode_attention(self.pool, layer_idx, q, decode)
         keys, values = self.pool.keys(layer_idx), self.pool.values(layer_idx)
         out = torch.empty_like(q)
         rows = self.meta.decode_rows
-        if rows is not None:
-            out[rows] = decode_attention(self.pool, layer_idx, q[rows], self.meta.decode)
+        if rows is not None and decode is not None:
+            out[rows] = decode_attention(self.pool, layer_idx, q[rows], decode)
         for chunk in self.meta.prefills:
             rows = slice(chunk.row_start, chunk.row_start + chunk.num_rows)
             if chunk.slots is None:  # nothing cached before: the chunk's own keys suffice

@@ -1,4 +1,5 @@
-"""Triton kernels of the paged KV pool: store the new tokens' K/V, and decode attention.
+"""The Triton kernel of decode attention over the paged KV pool (storing into the pool is
+triton_kv_store.py's).
 
 Imported only when the kernels are used (layers/triton_support.py); the torch versions in
 paged_attention.py are the reference the tests hold these to.
@@ -10,8 +11,11 @@ sequence's positions TILE at a time, finds each position's block through the blo
 and keeps an online softmax (running max, sum and weighted values in fp32). It reads only
 the first context_lens[b] positions, whatever the table's width, so the grid and every
 shape are fixed by the batch size and the table width: the kernel can live in a CUDA graph.
-With few sequences the context is split into partitions that run in parallel, and a second
-kernel merges their partial softmaxes.
+With few sequences the context is split into partitions that run in parallel; each writes its
+partial softmax (running max, sum, weighted values) and counts itself on its (sequence, kv head)
+semaphore, and the last of them merges the partials of the group's heads in the same launch (a
+second kernel cost a launch a layer, 0.08 ms a step at batch 1) and resets the semaphore. The
+semaphores are the pool's (KVPool.semaphores): zeroed once, left zeroed by every launch.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kimiaudio.engine.triton_kv_store import last_dim_contiguous
 from kimiaudio.engine.triton_paged_tiles import attend_tile, load_kv_tile
 from kimiaudio.layers.triton_support import interpreting
 
@@ -42,6 +47,7 @@ def _decode_partition_kernel(
     m_ptr,
     l_ptr,
     acc_ptr,
+    semaphore_ptr,
     scale_log2,
     block_size,
     partition_size,
@@ -63,6 +69,8 @@ def _decode_partition_kernel(
     TILE: tl.constexpr,
     SINGLE: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    PARTS_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -116,101 +124,50 @@ def _decode_partition_kernel(
             tl.store(m_ptr + index, m, mask=rows)
             tl.store(l_ptr + index, denom, mask=rows)
             tl.store(acc_ptr + index[:, None] * HEAD_DIM + d[None, :], acc, mask=rows[:, None])
+    if not SINGLE:  # every partition counts in, empty ones too; the last merges the group's heads
+        tl.debug_barrier()  # this program's partials are all written before it counts itself
+        semaphore = semaphore_ptr + seq * tl.num_programs(1) + kv_head
+        if tl.atomic_add(semaphore, 1, sem="acq_rel") == num_partitions - 1:
+            for g in tl.static_range(GROUP):
+                head = kv_head * GROUP + g
+                base = (seq * GROUP * tl.num_programs(1) + head) * num_partitions
+                dst = out_ptr + seq * stride_ob + head * stride_oh
+                _merge_head(context, m_ptr, l_ptr, acc_ptr, dst, base, partition_size, HEAD_DIM, PARTS_PAD, CHUNK)
+            tl.atomic_xchg(semaphore, 0)
 
 
-@triton.jit(do_not_specialize=["partition_size", "num_partitions"])
-def _merge_partitions_kernel(
-    context_lens_ptr,
+@triton.jit
+def _merge_head(
+    context,
     m_ptr,
     l_ptr,
     acc_ptr,
     out_ptr,
+    base,
     partition_size,
-    num_partitions,
-    stride_ob,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PARTS_PAD: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    context = tl.load(context_lens_ptr + seq).to(tl.int32)
+    """One head's output from its partitions' partial softmaxes at base .. base + used (loaded
+    past L1: other programs wrote them)."""
     used = (context + partition_size - 1) // partition_size  # partitions that ran
-    base = (seq * NUM_HEADS + head) * num_partitions
     s = tl.arange(0, PARTS_PAD)
-    m_all = tl.max(tl.load(m_ptr + base + s, mask=s < used, other=float("-inf")), 0)
+    m_all = tl.max(tl.load(m_ptr + base + s, mask=s < used, other=float("-inf"), cache_modifier=".cg"), 0)
     d = tl.arange(0, HEAD_DIM)
     total = tl.sum(tl.zeros([CHUNK], tl.float32), 0)
     out = tl.zeros([HEAD_DIM], tl.float32)
     for first in range(0, used, CHUNK):  # CHUNK partitions at a time: [CHUNK, D] tiles stay small
         c = first + tl.arange(0, CHUNK)
         live = c < used
-        w = tl.where(live, tl.exp2(tl.load(m_ptr + base + c, mask=live, other=0.0) - m_all), 0.0)
-        total += tl.sum(tl.load(l_ptr + base + c, mask=live, other=0.0) * w, 0)
-        acc = tl.load(acc_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0)
+        m = tl.load(m_ptr + base + c, mask=live, other=0.0, cache_modifier=".cg")
+        w = tl.where(live, tl.exp2(m - m_all), 0.0)
+        total += tl.sum(tl.load(l_ptr + base + c, mask=live, other=0.0, cache_modifier=".cg") * w, 0)
+        acc = tl.load(
+            acc_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg"
+        )
         out += tl.sum(acc * w[:, None], 0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + d, (out / total).to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _store_kv_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slots_ptr,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cs,
-    stride_ch,
-    NUM_KV_HEADS: tl.constexpr,
-    HEADS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    token = tl.program_id(0)
-    slot = tl.load(slots_ptr + token).to(tl.int64)
-    h = tl.arange(0, HEADS_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    mask = (h < NUM_KV_HEADS)[:, None]
-    k = tl.load(k_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
-    v = tl.load(v_ptr + token * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
-    dst = slot * stride_cs + h[:, None] * stride_ch + d[None, :]
-    tl.store(k_cache_ptr + dst, k, mask=mask)
-    tl.store(v_cache_ptr + dst, v, mask=mask)
-
-
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def store_kv_triton(
-    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> None:
-    """keys/values [num_slots, Hkv, D] (one layer of the pool) <- k/v [T, Hkv, D] at slots [T]."""
-    tokens, num_kv_heads, head_dim = k.shape
-    if tokens == 0:
-        return
-    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
-    _store_kv_kernel[(tokens,)](
-        k,
-        v,
-        keys,
-        values,
-        slots,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        keys.stride(0),
-        keys.stride(1),
-        NUM_KV_HEADS=num_kv_heads,
-        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        HEAD_DIM=head_dim,
-    )
+    tl.store(out_ptr + d, (out / total).to(out_ptr.dtype.element_ty))
 
 
 @functools.cache
@@ -236,11 +193,13 @@ def paged_decode_attention_triton(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
+    semaphores: torch.Tensor,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k/v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, W] int32;
-    context_lens [B] (>= 1 each) -> [B, Hq, D] in q's dtype. Scale 1/sqrt(D)."""
+    context_lens [B] (>= 1 each) -> [B, Hq, D] in q's dtype. Scale 1/sqrt(D). semaphores: at
+    least B * Hkv zeroed int32 (KVPool.semaphores), left zeroed."""
     batch, num_heads, head_dim = q.shape
-    q = _last_dim_contiguous(q)
+    q = last_dim_contiguous(q)
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     tile = 32 if head_dim >= 128 else 64
@@ -250,6 +209,8 @@ def paged_decode_attention_triton(
     single = parts == 1
     if single:
         m = denom = acc = out  # unused
+    elif semaphores.numel() < batch * num_kv_heads:
+        raise ValueError(f"decode attention: {semaphores.numel()} semaphores for {batch} x {num_kv_heads} merges")
     else:
         m = torch.empty(batch, num_heads, parts, device=q.device, dtype=torch.float32)
         denom = torch.empty_like(m)
@@ -264,6 +225,7 @@ def paged_decode_attention_triton(
         m,
         denom,
         acc,
+        semaphores,
         head_dim**-0.5 * LOG2E,
         block_size,
         size,
@@ -285,23 +247,8 @@ def paged_decode_attention_triton(
         TILE=tile,
         SINGLE=single,
         DOT_FP32=q.dtype == torch.float32 or interpreting(),
+        PARTS_PAD=triton.next_power_of_2(parts),
+        CHUNK=16,
         num_warps=4,
     )
-    if not single:
-        _merge_partitions_kernel[(batch, num_heads)](
-            context_lens,
-            m,
-            denom,
-            acc,
-            out,
-            size,
-            parts,
-            out.stride(0),
-            out.stride(1),
-            NUM_HEADS=num_heads,
-            HEAD_DIM=head_dim,
-            PARTS_PAD=triton.next_power_of_2(parts),
-            CHUNK=16,
-            num_warps=4,
-        )
     return out

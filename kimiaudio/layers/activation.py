@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kimiaudio.layers.fp8 import Fp8Rows, quantize_activations
 from kimiaudio.layers.triton_support import use_triton
 
 
@@ -13,10 +14,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [T, 2I] = [gate | up] -> silu(gate) * up [T, I] (one Triton kernel on CUDA)."""
+def silu_and_mul(gate_up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
+    """gate_up [T, 2I] = [gate | up] -> silu(gate) * up [T, I] (one Triton kernel on CUDA);
+    `quantize`: quantized per row to e4m3 (Fp8Rows) for the fp8 GEMM after it, in that kernel."""
     if use_triton(gate_up.device):
         from kimiaudio.layers import triton_ops
 
-        return triton_ops.silu_and_mul(gate_up)
-    return silu_mul(*gate_up.chunk(2, dim=-1))
+        return triton_ops.silu_and_mul(gate_up, quantize)
+    out = silu_mul(*gate_up.chunk(2, dim=-1))
+    return quantize_activations(out) if quantize else out

@@ -22,9 +22,30 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 class AttentionBackend(Protocol):
+    """A backend may also rotate q and k itself, in the kernel that stores k and v: see
+    RotaryAttentionBackend."""
+
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] (k post-RoPE) -> attention output [T, Hq, D]."""
         ...
+
+
+class RotaryAttentionBackend(AttentionBackend, Protocol):
+    """A backend that, while `fuses_rotary` is True, takes q and k before RoPE (cos/sin
+    [T, 1, D]) through `rotate_and_attend`, which the model calls instead of calling it."""
+
+    @property
+    def fuses_rotary(self) -> bool: ...
+
+    def rotate_and_attend(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor: ...
 
 
 # The SDPA kernels an attention call may use: flash or memory-efficient, the math path where
@@ -99,8 +120,9 @@ class ContiguousKVCache:
         self.values = [None] * self.num_layers
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.keys[layer_idx] is not None:
-            k = torch.cat([self.keys[layer_idx], k], dim=0)
-            v = torch.cat([self.values[layer_idx], v], dim=0)
+        cached_k, cached_v = self.keys[layer_idx], self.values[layer_idx]
+        if cached_k is not None and cached_v is not None:
+            k = torch.cat([cached_k, k], dim=0)
+            v = torch.cat([cached_v, v], dim=0)
         self.keys[layer_idx], self.values[layer_idx] = k, v
         return causal_attention(q, k, v)

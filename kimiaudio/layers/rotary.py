@@ -24,21 +24,24 @@ class RotaryEmbedding(nn.Module):
         self._cos: torch.Tensor | None = None  # fp32 [P, D]
         self._sin: torch.Tensor | None = None
 
-    def ensure_length(self, length: int, device: torch.device) -> None:
-        if self._cos is not None and self._cos.device == device and self._cos.shape[0] >= length:
-            return
+    def ensure_length(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 cos and sin tables [P, D] of at least `length` positions on `device`."""
+        cos, sin = self._cos, self._sin
+        if cos is not None and sin is not None and cos.device == device and cos.shape[0] >= length:
+            return cos, sin
         length = max(length, self.max_position_embeddings)
         inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device).float() / self.head_dim))
         t = torch.arange(length, device=device, dtype=torch.float32)
         freqs = t[:, None] * inv_freq[None, :]  # [P, D/2], the official einsum("i,j->ij")
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
         self._cos, self._sin = emb.cos(), emb.sin()
+        return self._cos, self._sin
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] long -> cos, sin [T, 1, D] in `dtype` (broadcast over heads)."""
-        self.ensure_length(self.max_position_embeddings, positions.device)
+        cos, sin = self.ensure_length(self.max_position_embeddings, positions.device)
         # fp32 values rounded to the model dtype, as the official cos_cached.to(x.dtype).
-        return self._cos[positions].to(dtype)[:, None, :], self._sin[positions].to(dtype)[:, None, :]
+        return cos[positions].to(dtype)[:, None, :], sin[positions].to(dtype)[:, None, :]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,9 @@ import torch
 
 from kimiaudio.layers.stream_sampling import StreamSampling
 
+# Candidates a top-k draw always takes (at least): the official settings (text 5, audio 10) fit.
+TOP_K_WIDTH = 16
+
 
 @dataclass
 class Sampled:
@@ -75,9 +78,9 @@ def sample(
     if sampled:
         tokens = tokens.index_copy(0, _index(sampled, device), _draw(logprobs, params, sampled, uniforms))
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-    wanted = [i for i in range(rows) if top_logprobs and top_logprobs[i] > 0]
+    wanted = [i for i in range(rows) if top_logprobs[i] > 0] if top_logprobs else []
     top_ids = top_lps = None
-    if wanted:
+    if top_logprobs and wanted:
         top_lps, top_ids = torch.topk(logprobs[_index(wanted, device)], max(top_logprobs[i] for i in wanted), dim=-1)
     return Sampled(tokens, chosen, wanted, top_ids, top_lps)
 
@@ -95,27 +98,54 @@ def _draw(
     nucleus_rows = [j for j, i in enumerate(sampled) if params[i].top_p < 1.0]
     top_k_rows = [j for j, i in enumerate(sampled) if params[i].top_k > 0 and params[i].top_p >= 1.0]
     full_rows = [j for j, i in enumerate(sampled) if params[i].top_k == 0 and params[i].top_p >= 1.0]
-    for group, nucleus in ((top_k_rows, False), (nucleus_rows, True)):
-        if not group:
-            continue
-        vocab = probs.shape[1]
-        ks = [min(params[sampled[j]].top_k, vocab) or vocab for j in group]
-        sub = _index(group, device)
+    vocab = probs.shape[1]
+    if top_k_rows:
+        ks = [min(params[sampled[j]].top_k, vocab) for j in top_k_rows]
+        sub = _index(top_k_rows, device)
+        width = min(vocab, max(TOP_K_WIDTH, *ks))
+        picks[sub] = draw_top_k(probs[sub], torch.tensor(ks).to(device, non_blocking=True), u[sub], width)
+    if nucleus_rows:
+        ks = [min(params[sampled[j]].top_k, vocab) or vocab for j in nucleus_rows]
+        sub = _index(nucleus_rows, device)
         top_probs, top_ids = torch.topk(probs[sub], max(ks), dim=-1)  # [R, kmax], descending
         keep = torch.arange(max(ks), device=device)[None, :] < torch.tensor(ks).to(device, non_blocking=True)[:, None]
         weights = torch.where(keep, top_probs, torch.zeros_like(top_probs))
-        if nucleus:
-            top_p = torch.tensor([params[sampled[j]].top_p for j in group], dtype=torch.float32)
-            before = (weights.cumsum(dim=-1) - weights) / weights.sum(dim=-1, keepdim=True)  # mass ahead of each
-            weights = torch.where(
-                before < top_p.to(device, non_blocking=True)[:, None], weights, torch.zeros_like(weights)
-            )
+        top_p = torch.tensor([params[sampled[j]].top_p for j in nucleus_rows], dtype=torch.float32)
+        before = (weights.cumsum(dim=-1) - weights) / weights.sum(dim=-1, keepdim=True)  # mass ahead of each
+        weights = torch.where(before < top_p.to(device, non_blocking=True)[:, None], weights, torch.zeros_like(weights))
         picked = _inverse_cdf(weights, u[sub])
         picks[sub] = top_ids.gather(1, picked[:, None]).squeeze(1)
     if full_rows:
         sub = _index(full_rows, device)
         picks[sub] = _inverse_cdf(probs[sub], u[sub])
     return picks
+
+
+def draw_top_k(probs: torch.Tensor, ks: torch.Tensor, u: torch.Tensor, width: int) -> torch.Tensor:
+    """probs [R, V] (unnormalised), ks [R] (1..width), u [R] -> token [R] drawn from each row's
+    ks largest in proportion. The candidates are always the `width` largest (then masked to each
+    row's k): a row's draw is then the same computation whatever other rows share its batch,
+    and a fixed shape, which the decode graphs sample with (engine/graph_sampling.py)."""
+    top_probs, top_ids = torch.topk(probs, width, dim=-1)  # [R, width], descending
+    keep = torch.arange(width, device=probs.device)[None, :] < ks[:, None]
+    picked = _inverse_cdf(torch.where(keep, top_probs, torch.zeros_like(top_probs)), u)
+    return top_ids.gather(1, picked[:, None]).squeeze(1)
+
+
+def sample_greedy_or_top_k(
+    logits: torch.Tensor, top_ks: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` for rows without penalties, nucleus or alternatives, as fixed-shape device ops
+    (no host work: a CUDA graph captures it). logits [B, V]; top_ks [B] long: 0 = greedy, else
+    1..TOP_K_WIDTH; temperatures, uniforms [B] fp32 (a greedy row's are not read) -> (tokens [B]
+    long, their log-probabilities [B] fp32), equal to `sample`'s for the same rows."""
+    logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    greedy = top_ks == 0
+    probs = torch.exp(logprobs / torch.where(greedy, 1.0, temperatures)[:, None])
+    width = min(TOP_K_WIDTH, logits.shape[1])
+    drawn = draw_top_k(probs, top_ks.clamp(1, width), uniforms, width)
+    tokens = torch.where(greedy, logprobs.argmax(dim=-1), drawn)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
 
 
 def _index(values: list[int], device: torch.device) -> torch.Tensor:

@@ -8,20 +8,19 @@ gives the official values (up to the last bit of fp32 intermediates) and in fp32
   rounded, times the weight: one kernel per row instead of add + 4;
 - `rotary`: q and k of every token rotated in one launch (x * cos + rotate_half(x) * sin,
   each product rounded) instead of 5 ops per tensor;
-- `silu_and_mul`: silu(gate) rounded, times up, from the fused gate/up GEMM's output;
-- `int8_linear`: an int8-weight GEMM (layers/int8.py): each int8 weight tile is converted in
-  registers and multiplied in the activations' dtype with fp32 accumulation, the per-channel
-  scale (and the bias) applied once to the accumulator, so the weights are read at one byte each.
+- `silu_and_mul`: silu(gate) rounded, times up, from the fused gate/up GEMM's output.
+`rms_norm` and `silu_and_mul` can write their output quantized to e4m3 per row instead
+(fp8.Fp8Rows, the values of fp8.quantize_rows of the output), for an fp8 GEMM after them.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from kimiaudio.layers.fp8 import FP8, Fp8Rows
+from kimiaudio.layers.fp8_quant import fp8_scale, fp8_values
 from kimiaudio.layers.triton_support import interpreting
 
 
@@ -32,11 +31,14 @@ def _rms_norm_kernel(
     weight_ptr,
     out_ptr,
     sum_ptr,
+    scale_ptr,
     stride_x,
     stride_r,
     num_cols,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -51,16 +53,26 @@ def _rms_norm_kernel(
     inv_rms = 1.0 / tl.sqrt_rn(tl.sum(xf * xf, 0) / num_cols + eps)
     y = (xf * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * num_cols + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+    if QUANTIZE:  # the normed row as the model rounds it; all here: its scale needs no second pass
+        out = (w * y).to(x_ptr.dtype.element_ty).to(tl.float32)
+        scale = fp8_scale(tl.max(tl.abs(out), 0))
+        tl.store(scale_ptr + row, scale)
+        tl.store(out_ptr + row * num_cols + cols, fp8_values(out, scale, INTERPRETED), mask=mask)
+    else:
+        tl.store(out_ptr + row * num_cols + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, residual [T, H] (rows contiguous) -> (norm(x + residual) * weight, x + residual)."""
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, quantize: bool = False
+) -> tuple[torch.Tensor | Fp8Rows, torch.Tensor]:
+    """x, residual [T, H] (rows contiguous) -> (norm(x + residual) * weight, x + residual); the
+    first quantized per row (Fp8Rows) with `quantize`."""
     rows, cols = x.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
-    out = torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, weight.dtype))
+    if quantize and weight.dtype != x.dtype:
+        raise ValueError(f"rms_norm: a {weight.dtype} weight for {x.dtype} rows to quantize: expected one dtype")
+    out = torch.empty(x.shape, device=x.device, dtype=FP8 if quantize else torch.promote_types(x.dtype, weight.dtype))
+    scale = torch.empty(rows, device=x.device, dtype=torch.float32) if quantize else out
     total = torch.empty_like(x) if residual is not None else x
     if rows:
         block = triton.next_power_of_2(cols)
@@ -70,15 +82,18 @@ def rms_norm(
             weight,
             out,
             total,
+            scale,
             x.stride(0),
             0 if residual is None else residual.stride(0),
             cols,
             eps,
             HAS_RESIDUAL=residual is not None,
+            QUANTIZE=quantize,
+            INTERPRETED=interpreting(),
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
-    return out, total
+    return (Fp8Rows(out, scale, x.dtype) if quantize else out), total
 
 
 @triton.jit
@@ -102,21 +117,28 @@ def _rotary_kernel(
     token = tl.program_id(0)
     head = tl.program_id(1)  # q heads, then k heads
     d = tl.arange(0, HEAD_DIM)
-    partner = (d + HEAD_DIM // 2) % HEAD_DIM
-    sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)  # rotate_half: [-x2, x1]
     if head < NUM_Q_HEADS:
         src = q_ptr + token * stride_qt + head * stride_qh
         dst = q_out_ptr + (token * NUM_Q_HEADS + head) * HEAD_DIM
     else:
         src = k_ptr + token * stride_kt + (head - NUM_Q_HEADS) * stride_kh
         dst = k_out_ptr + (token * NUM_KV_HEADS + head - NUM_Q_HEADS) * HEAD_DIM
-    dtype = q_out_ptr.dtype.element_ty
+    tl.store(dst + d, rotated_head(src, cos_ptr + token * stride_cos, sin_ptr + token * stride_sin, HEAD_DIM))
+
+
+@triton.jit
+def rotated_head(src, cos_row, sin_row, HEAD_DIM: tl.constexpr):
+    """The head vector at src [D] rotated: x * cos + rotate_half(x) * sin, each product rounded
+    to x's dtype as the official ops round them."""
+    d = tl.arange(0, HEAD_DIM)
+    partner = (d + HEAD_DIM // 2) % HEAD_DIM
+    sign = tl.where(d < HEAD_DIM // 2, -1.0, 1.0)  # rotate_half: [-x2, x1]
+    dtype = src.dtype.element_ty
     x = tl.load(src + d).to(tl.float32)
     rotated = tl.load(src + partner).to(tl.float32) * sign
-    cos = tl.load(cos_ptr + token * stride_cos + d).to(tl.float32)
-    sin = tl.load(sin_ptr + token * stride_sin + d).to(tl.float32)
-    out = (x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)
-    tl.store(dst + d, out.to(dtype))
+    cos = tl.load(cos_row + d).to(tl.float32)
+    sin = tl.load(sin_row + d).to(tl.float32)
+    return ((x * cos).to(dtype).to(tl.float32) + (rotated * sin).to(dtype).to(tl.float32)).to(dtype)
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,128 +172,56 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, num_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < num_cols
-    dtype = out_ptr.dtype.element_ty
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + num_cols + cols, mask=mask, other=0.0).to(tl.float32)
+def silu_mul(gate_ptrs, mask, half):
+    """silu(gate) * up of the [gate | up] elements at gate_ptrs (up `half` elements on): silu
+    rounded to the dtype, then the product, as the official two ops."""
+    dtype = gate_ptrs.dtype.element_ty
+    gate = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gate_ptrs + half, mask=mask, other=0.0).to(tl.float32)
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * num_cols + cols, (silu * up).to(dtype), mask=mask)
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I]."""
-    rows, cols = x.shape[0], x.shape[1] // 2
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    out = torch.empty(rows, cols, device=x.device, dtype=x.dtype)
-    if rows:
-        block = 1024
-        _silu_and_mul_kernel[(rows, triton.cdiv(cols, block))](x, out, x.stride(0), cols, BLOCK=block, num_warps=4)
-    return out
+    return (silu * up).to(dtype)
 
 
 @triton.jit
-def _int8_linear_kernel(
+def _silu_and_mul_kernel(
     x_ptr,
-    w_ptr,
-    scale_ptr,
-    bias_ptr,
     out_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_om,
-    HAS_BIAS: tl.constexpr,
-    IEEE_FP32: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    scale_ptr,
+    stride_x,
+    num_cols,
+    BLOCK: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + ks
-        x = tl.load(
-            x_ptr + rows[:, None] * stride_xm + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < K), other=0.0
-        )
-        w = tl.load(
-            w_ptr + cols[None, :] * stride_wn + k[:, None], mask=(cols[None, :] < N) & (k[:, None] < K), other=0
-        )  # [BLOCK_K, BLOCK_N]: the weight tile transposed
-        if IEEE_FP32:  # no TF32 rounding: fp32 activations give the dequantized product
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:  # int8 values are exact in bf16 / fp16
-            acc += tl.dot(x, w.to(tl.float32).to(x.dtype))
-    acc = acc * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(
-        out_ptr + rows[:, None] * stride_om + cols[None, :],
-        acc.to(out_ptr.dtype.element_ty),
-        mask=(rows[:, None] < M) & (cols[None, :] < N),
-    )
+    row = tl.program_id(0)
+    src = x_ptr + row * stride_x
+    dst = out_ptr + row * num_cols
+    if QUANTIZE:  # one program a row: its scale needs the whole row first
+        amax = tl.max(tl.zeros([BLOCK], tl.float32), 0)
+        for first in range(0, num_cols, BLOCK):
+            cols = first + tl.arange(0, BLOCK)
+            y = silu_mul(src + cols, cols < num_cols, num_cols).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.abs(y), 0))
+        scale = fp8_scale(amax)
+        tl.store(scale_ptr + row, scale)
+        for first in range(0, num_cols, BLOCK):  # the row again (from L2), quantized
+            cols = first + tl.arange(0, BLOCK)
+            y = silu_mul(src + cols, cols < num_cols, num_cols).to(tl.float32)
+            tl.store(dst + cols, fp8_values(y, scale, INTERPRETED), mask=cols < num_cols)
+    else:
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + cols, silu_mul(src + cols, cols < num_cols, num_cols), mask=cols < num_cols)
 
 
-def int8_linear(
-    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, block_n: int | None = None
-) -> torch.Tensor:
-    """x [T, K] @ (qweight [N, K] int8 * scale [N] fp32)^T + bias -> [T, N] in x's dtype.
-    `block_n` (16, 32 or 64) overrides the tile width the kernel picks (tests run each)."""
-    rows, k = x.shape
-    n = qweight.shape[0]
+def silu_and_mul(x: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
+    """x [T, 2I] = [gate | up] -> silu(gate) * up [T, I]; quantized per row with `quantize`."""
+    rows, cols = x.shape[0], x.shape[1] // 2
     x = x if x.stride(-1) == 1 else x.contiguous()
-    out = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    out = torch.empty(rows, cols, device=x.device, dtype=FP8 if quantize else x.dtype)
+    scale = torch.empty(rows, device=x.device, dtype=torch.float32) if quantize else out
     if rows:
-        # Decode batches are a few rows: the smallest tile tl.dot takes, so no rows are wasted.
-        block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-        block_k = 128
-        if block_n is None:
-            block_n = _int8_tile_width(triton.cdiv(rows, block_m), n, x.device)
-        # Triton 3.9's interpreter computes bf16 tl.dot wrongly (1e10 off on a 16x16 tile):
-        # there every dtype is multiplied in fp32, which the bf16 result then rounds from.
-        ieee = x.dtype == torch.float32 or interpreting()
-        _int8_linear_kernel[(triton.cdiv(rows, block_m), triton.cdiv(n, block_n))](
-            x,
-            qweight,
-            scale,
-            x if bias is None else bias,
-            out,
-            rows,
-            n,
-            k,
-            x.stride(0),
-            qweight.stride(0),
-            out.stride(0),
-            HAS_BIAS=bias is not None,
-            IEEE_FP32=ieee,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_K=block_k,
-            num_warps=4,
+        block = 1024
+        _silu_and_mul_kernel[(rows, 1 if quantize else triton.cdiv(cols, block))](
+            x, out, scale, x.stride(0), cols, BLOCK=block, QUANTIZE=quantize, INTERPRETED=interpreting(), num_warps=4
         )
-    return out
-
-
-def _int8_tile_width(row_tiles: int, n: int, device: torch.device) -> int:
-    """Output columns a program computes. A decode step's weight read is the whole cost, and
-    it is spread over the GPU only with enough programs: o_proj and down_proj (3,584 outputs)
-    at batch 1 give 56 programs of 64 columns on a 132-SM H100. Narrower tiles until there
-    are two programs an SM, down to tl.dot's 16 (a heuristic, not yet tuned on a GPU)."""
-    if device.type != "cuda":
-        return 64  # the interpreter: fewest programs
-    programs_wanted = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    width = 64
-    while width > 16 and row_tiles * triton.cdiv(n, width) < programs_wanted:
-        width //= 2
-    return width
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    """Streaming multiprocessors of a GPU, asked once (every eager int8 product wants it)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return Fp8Rows(out, scale, x.dtype) if quantize else out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +144,8 @@ class Snake(nn.Module):
 
 
 class UpSample1d(nn.Module):
+    filter: Tensor  # a buffer: the checkpoint's kaiser-sinc taps
+
     def __init__(self):
         super().__init__()
         self.register_buffer("filter", torch.zeros(1, 1, FILTER_TAPS))
@@ -158,6 +161,8 @@ class UpSample1d(nn.Module):
 
 
 class LowPassFilter1d(nn.Module):
+    filter: Tensor  # a buffer: the checkpoint's kaiser-sinc taps
+
     def __init__(self):
         super().__init__()
         self.register_buffer("filter", torch.zeros(1, 1, FILTER_TAPS))
@@ -262,7 +267,7 @@ class BigVGAN(nn.Module):
         x = self.conv_pre(mel)
         kernels = len(self.cfg.resblock_kernel_sizes)
         for i, up in enumerate(self.ups):
-            x = up[0](x)
+            x = cast(nn.ModuleList, up)[0](x)  # ups.i.0: the checkpoint's names
             stage = self.resblocks[i * kernels : (i + 1) * kernels]
             xs = stage[0](x)
             for block in stage[1:]:

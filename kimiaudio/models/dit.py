@@ -51,7 +51,7 @@ class TimestepEmbedder(nn.Module):
         freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
         args = t[:, None].float() * freqs[None]
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+        return self.mlp(emb.to(next(self.mlp.parameters()).dtype))  # the first linear's weight
 
 
 class Attention(nn.Module):
@@ -124,10 +124,12 @@ class DiTPrefix(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         self.cfg = cfg
+        self.weights = "bf16"  # its blocks' linear weights: bf16 (as loaded), fp8 or int8 (quantize.py)
         h = cfg.hidden_size
         self.t_embedder = TimestepEmbedder(h)
         self.semantic_token_embedding = nn.Embedding(cfg.semantic_vocab_size + 1, h)  # +1: CFG null row
         self.input_linear = nn.Linear(cfg.input_size, h)
+        self.position_embedding: nn.Module
         if cfg.position_embedding_type == "learnable":
             self.position_embedding = nn.Embedding(cfg.max_seq_len + 1, h)
         elif cfg.position_embedding_type == "sincos":
@@ -163,11 +165,11 @@ class DiTPrefix(nn.Module):
         nonzero = position_ids.ne(0).long()
         positions = torch.cumsum(nonzero, dim=1) * nonzero
         rows = int(positions.max()) + 1
-        if self._sincos.shape[0] < rows:
-            self._sincos = sincos_table(rows, self.cfg.hidden_size)
-        if self._sincos.device != position_ids.device:
-            self._sincos = self._sincos.to(position_ids.device)
-        return self._sincos.to(dtype)[positions]
+        table = self._sincos
+        if table is None or table.shape[0] < rows:
+            table = sincos_table(rows, self.cfg.hidden_size)
+        self._sincos = table = table.to(position_ids.device)
+        return table.to(dtype)[positions]
 
     def forward(self, x: Tensor, t: Tensor, ctx: DiTContext) -> Tensor:
         """x [B, N, input_size], t [B] or [1] long timestep (t*1000) -> velocity [B, N, input_size].

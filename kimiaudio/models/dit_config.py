@@ -44,6 +44,12 @@ class DiTConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def mel_stats(self) -> tuple[float, float] | None:
+        """(mel_mean, mel_std) when the model works on normalised mels, else None."""
+        if not self.normalize_mel or self.mel_mean is None or self.mel_std is None:
+            return None
+        return self.mel_mean, self.mel_std
+
     @classmethod
     def from_yaml(cls, path: Path) -> DiTConfig:
         raw = read_yaml(path)

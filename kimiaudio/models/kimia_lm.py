@@ -25,6 +25,7 @@ from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.checkpoint.tensor_check import TensorCheck
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.layers.attention import AttentionBackend
+from kimiaudio.layers.decode_linear import DecodeLinear
 from kimiaudio.layers.norm import RMSNorm
 from kimiaudio.layers.quant_linear import quantize_linears
 from kimiaudio.layers.rotary import RotaryEmbedding
@@ -73,9 +74,10 @@ class KimiAudioLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = KimiaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.mimo_output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = DecodeLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.mimo_output = DecodeLinear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.weights = "bf16"  # its decoder layers' linear weights: bf16 (as loaded), fp8 or int8 (quantize.py)
 
     def fuse_projections(self) -> KimiAudioLM:
         """Merge every layer's q/k/v and gate/up projections (see qwen2.fuse_linears); call
@@ -154,6 +156,8 @@ class KimiAudioLM(nn.Module):
                 mimo, mimo_residual = hidden, residual  # the official mimo_h = h.clone()
         for layer in self.model.mimo_layers:
             mimo, mimo_residual = layer(mimo, mimo_residual, cos, sin, attn)
+        if residual is None:
+            raise KimiAudioError("the LM has no decoder layers")
         if logits_rows is not None:
             hidden, residual = hidden[logits_rows], residual[logits_rows]
             mimo, mimo_residual = mimo[logits_rows], mimo_residual[logits_rows]
@@ -203,7 +207,9 @@ def assemble_lm(
         lm = KimiAudioLM(config).to(dtype)
     check = TensorCheck(lm, source, ignore)
     dtypes = {name: t.dtype for name, t in lm.state_dict().items()}
-    layers = {f"model.{kind}.{i}.": layer for kind in DECODER_STACKS for i, layer in enumerate(getattr(lm.model, kind))}
+    layers: dict[str, Qwen2DecoderLayer] = {
+        f"model.{kind}.{i}.": layer for kind in DECODER_STACKS for i, layer in enumerate(getattr(lm.model, kind))
+    }
     wanted = {prefix: len(layer.state_dict()) for prefix, layer in layers.items()}
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in tensors:
@@ -228,7 +234,7 @@ def _layer_prefix(name: str) -> str:
     return ".".join(parts[:3]) + "." if parts[1] in DECODER_STACKS else ""
 
 
-def _finish_layer(layer: nn.Module, state: dict[str, torch.Tensor], weights: str) -> None:
+def _finish_layer(layer: Qwen2DecoderLayer, state: dict[str, torch.Tensor], weights: str) -> None:
     layer.load_state_dict(state, strict=True, assign=True)
     state.clear()  # the layer holds its tensors now; fusing and quantizing free the originals
     layer.self_attn.fuse_projections()

@@ -14,12 +14,53 @@ is resolved before loading (pipeline/memory_plan.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import chain
+from typing import Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from kimiaudio.layers.quant_linear import quantize_linears
+
+
+class _DecoderStacks(Protocol):
+    @property
+    def layers(self) -> nn.ModuleList: ...
+
+    @property
+    def mimo_layers(self) -> nn.ModuleList: ...
+
+
+class QuantizableLM(Protocol):
+    """What quantize_lm reads of the LM (models/kimia_lm.py's KimiAudioLM)."""
+
+    weights: str
+
+    @property
+    def model(self) -> _DecoderStacks: ...
+
+
+class QuantizableDiT(Protocol):
+    """What quantize_dit reads of the DiT (models/dit.py's DiTPrefix)."""
+
+    weights: str
+
+    @property
+    def blocks(self) -> nn.ModuleList: ...
+
+    @property
+    def final_layer(self) -> nn.Module: ...
+
+    def parameters(self, recurse: bool = ...) -> Iterator[nn.Parameter]: ...
+
+    def buffers(self, recurse: bool = ...) -> Iterator[torch.Tensor]: ...
+
+    def named_children(self) -> Iterator[tuple[str, nn.Module]]: ...
+
+
+LM = TypeVar("LM", bound=QuantizableLM)
+DiT = TypeVar("DiT", bound=QuantizableDiT)
 
 
 def scheme_of(choice: str) -> str | None:
@@ -29,7 +70,7 @@ def scheme_of(choice: str) -> str | None:
     return None if choice == "bf16" else choice
 
 
-def quantize_lm(lm: nn.Module, choice: str) -> nn.Module:
+def quantize_lm(lm: LM, choice: str) -> LM:
     """Quantize lm's decoder layers in place (after fuse_projections), one layer at a time."""
     scheme = scheme_of(choice)
     for layer in [*lm.model.layers, *lm.model.mimo_layers]:
@@ -38,9 +79,7 @@ def quantize_lm(lm: nn.Module, choice: str) -> nn.Module:
     return lm
 
 
-def quantize_dit(
-    dit: nn.Module, choice: str, device: torch.device | None = None, dtype: torch.dtype | None = None
-) -> nn.Module:
+def quantize_dit(dit: DiT, choice: str, device: torch.device | None = None, dtype: torch.dtype | None = None) -> DiT:
     """Quantize the DiT's blocks and final layer in place. With `device`, the DiT also moves
     there (in `dtype`) one block at a time, each quantized before the next moves: the device
     never holds the whole DiT in full precision (2.95 GiB in bf16 at full size)."""

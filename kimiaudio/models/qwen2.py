@@ -13,19 +13,24 @@ which sequence each belongs to. Attribute names equal the checkpoint's tensor na
 by one `qkv_proj` and gate/up_proj by one `gate_up_proj`, as nano-vllm's merged linears: one
 GEMM reads the concatenated weights instead of three (two) reading theirs, which matters at
 decode, where every GEMM is a pass over its weights. The concatenation is per layer, so the
-device never holds two copies of the model.
+device never holds two copies of the model. The linears are DecodeLinear (nn.Linear with the
+skinny GEMM for decode batches) or, quantized, QuantLinear: the down projection takes the
+gate/up output itself (forward_gated), and an fp8 projection on `_scaled_mm` takes its input
+quantized by the norm (or silu-and-mul) kernel that makes it (takes_fp8_rows).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from kimiaudio.layers.activation import silu_and_mul, silu_mul
-from kimiaudio.layers.attention import AttentionBackend
+from kimiaudio.layers.activation import silu_mul
+from kimiaudio.layers.attention import AttentionBackend, RotaryAttentionBackend
+from kimiaudio.layers.decode_linear import DecodeLinear
 from kimiaudio.layers.norm import RMSNorm
+from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.layers.rotary import apply_rotary_qk
 
 
@@ -37,7 +42,7 @@ def fuse_linears(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> 
     parts = [getattr(parent, name) for name in names]
     has_bias = parts[0].bias is not None
     weight = parts[0].weight
-    fused = nn.Linear(weight.shape[1], sum(p.weight.shape[0] for p in parts), bias=has_bias, device="meta")
+    fused = DecodeLinear(weight.shape[1], sum(p.weight.shape[0] for p in parts), bias=has_bias, device="meta")
     with torch.no_grad():
         fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
         if has_bias:
@@ -54,14 +59,18 @@ class Qwen2Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=True)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=True)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
-        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections
+        self.q_proj = DecodeLinear(hidden, self.num_heads * self.head_dim, bias=True)
+        self.k_proj = DecodeLinear(hidden, self.num_kv_heads * self.head_dim, bias=True)
+        self.v_proj = DecodeLinear(hidden, self.num_kv_heads * self.head_dim, bias=True)
+        self.o_proj = DecodeLinear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.qkv_proj: DecodeLinear | QuantLinear | None = None  # set by fuse_projections (quantized at load)
 
     def fuse_projections(self) -> None:
         fuse_linears(self, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+
+    def takes_fp8_rows(self, tokens: int) -> bool:
+        """Whether x should come quantized (fp8.Fp8Rows): fp8 projections (fused) on `_scaled_mm`."""
+        return self.qkv_proj is not None and self.qkv_proj.takes_fp8_rows(tokens)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, H] -> q [T, Hq*D], k, v [T, Hkv*D] (views of one GEMM's output once fused)."""
@@ -78,26 +87,35 @@ class Qwen2Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary_qk(q, k, cos, sin)
-        out = attn(layer_idx, q, k, v)  # [T, Hq, D]
+        if getattr(attn, "fuses_rotary", False):  # one kernel rotates q, k and stores k, v
+            out = cast(RotaryAttentionBackend, attn).rotate_and_attend(layer_idx, q, k, v, cos, sin)
+        else:
+            q, k = apply_rotary_qk(q, k, cos, sin)
+            out = attn(layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
 class Qwen2MLP(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.gate_up_proj: nn.Linear | None = None  # set by fuse_projections
+        self.gate_proj = DecodeLinear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = DecodeLinear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = DecodeLinear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: DecodeLinear | QuantLinear | None = None  # set by fuse_projections (quantized at load)
 
     def fuse_projections(self) -> None:
         fuse_linears(self, ("gate_proj", "up_proj"), "gate_up_proj")
 
+    def takes_fp8_rows(self, tokens: int) -> bool:
+        """Whether x should come quantized (fp8.Fp8Rows): an fp8 gate/up (fused) on `_scaled_mm`."""
+        return self.gate_up_proj is not None and self.gate_up_proj.takes_fp8_rows(tokens)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, H]
+        # [T, 2I] -> silu(gate) * up [T, I] (fused into the down projection or its input's
+        # quantization where they take it) -> [T, H]
+        return self.down_proj.forward_gated(self.gate_up_proj(x))
 
 
 class Qwen2DecoderLayer(nn.Module):
@@ -125,7 +143,9 @@ class Qwen2DecoderLayer(nn.Module):
         (one fused add-and-norm): the layer's output hidden state is h + residual. residual
         None: h is the input embedding.
         """
-        x, residual = self.input_layernorm(h, residual)  # residual <- h + residual
+        tokens = h.shape[0]
+        # residual <- h + residual; x quantized in the norm's kernel for an fp8 `_scaled_mm`
+        x, residual = self.input_layernorm(h, residual, self.self_attn.takes_fp8_rows(tokens))
         h = self.self_attn(x, cos, sin, attn, self.layer_idx)
-        x, residual = self.post_attention_layernorm(h, residual)
+        x, residual = self.post_attention_layernorm(h, residual, self.mlp.takes_fp8_rows(tokens))
         return self.mlp(x), residual

@@ -41,7 +41,9 @@ from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
 from kimiaudio.pipeline.voice_bank import VoiceBank
+from kimiaudio.pipeline.voices import Voice
 from kimiaudio.pipeline.worker import Worker
+from kimiaudio.pipeline.worker_messages import CancelTurn, EndTurn, OpenStream, PushCodes
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +73,17 @@ class DetokWorker(Worker):
         )
 
     # ---- any thread (the LM worker) --------------------------------------------------------
-    def open(self, handle: TurnHandle, seed: int | None, voice=None) -> None:
-        self.post("open", handle, seed, voice)
+    def open(self, handle: TurnHandle, seed: int | None, voice: Voice | None = None) -> None:
+        self.post(OpenStream(handle, seed, voice))
 
     def push_codes(self, codes: list[tuple[str, int]]) -> None:
-        self.post("codes", codes)
+        self.post(PushCodes(codes))
 
     def end(self, turn_id: str, result: TurnDone) -> None:
-        self.post("end", turn_id, result)
+        self.post(EndTurn(turn_id, result))
 
     def cancel(self, turn_id: str) -> None:
-        self.post("cancel", turn_id)
+        self.post(CancelTurn(turn_id))
 
     def prepare_voice(self, voice) -> Future:
         """Compute (or find) the voice's prefix now; the future fails if the voice cannot be used."""
@@ -95,35 +97,33 @@ class DetokWorker(Worker):
         return self.call(lambda: self.voices.forget(key))
 
     # ---- worker thread -----------------------------------------------------------------------
-    def handle(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "open":
-            _, handle, seed, voice = message
-            prefix = None if voice is None else self.voices.prefix(voice)
-            self._turns[handle.turn_id] = DetokTurn(handle, self.detokenizer.new_stream(seed=seed, voice=prefix))
-        elif kind == "codes":
-            by_turn: dict[str, list[int]] = {}
-            for turn_id, code in message[1]:
-                by_turn.setdefault(turn_id, []).append(code)
-            for turn_id, codes in by_turn.items():
+    def handle(self, message: object) -> None:
+        match message:
+            case OpenStream(handle=handle, seed=seed, voice=voice):
+                prefix = None if voice is None else self.voices.prefix(voice)
+                self._turns[handle.turn_id] = DetokTurn(handle, self.detokenizer.new_stream(seed=seed, voice=prefix))
+            case PushCodes(codes=step_codes):
+                by_turn: dict[str, list[int]] = {}
+                for turn_id, code in step_codes:
+                    by_turn.setdefault(turn_id, []).append(code)
+                for turn_id, codes in by_turn.items():
+                    turn = self._turns.get(turn_id)
+                    if turn is None:
+                        continue  # cancelled or failed meanwhile
+                    try:
+                        turn.push(codes)
+                    except Exception as exc:
+                        self._fail([turn], failure_message("detokenizer", exc))
+            case EndTurn(turn_id=turn_id, result=result):
                 turn = self._turns.get(turn_id)
-                if turn is None:
-                    continue  # cancelled or failed meanwhile
-                try:
-                    turn.push(codes)
-                except Exception as exc:
-                    self._fail([turn], failure_message("detokenizer", exc))
-        elif kind == "end":
-            _, turn_id, result = message
-            turn = self._turns.get(turn_id)
-            if turn is not None:
-                turn.result = result
-                if result.status != "completed":  # cancelled or failed: no more audio is wanted
-                    self._close(turn, result.status)
-        elif kind == "cancel":
-            turn = self._turns.get(message[1])
-            if turn is not None:
-                self._close(turn, "cancelled")
+                if turn is not None:
+                    turn.result = result
+                    if result.status != "completed":  # cancelled or failed: no more audio is wanted
+                        self._close(turn, result.status)
+            case CancelTurn(turn_id=turn_id):
+                turn = self._turns.get(turn_id)
+                if turn is not None:
+                    self._close(turn, "cancelled")
         self.num_turns = len(self._turns)
 
     def iterate(self) -> float | None:
@@ -135,8 +135,9 @@ class DetokWorker(Worker):
         if batch:
             self.metrics.detok_guard_actions += plan.num_lowered
             self._run(batch, plan.ode_steps)
-        for turn in [t for t in self._turns.values() if t.final and not t.has_chunk_due]:
-            self._close(turn, turn.result.status)  # every chunk flushed
+        for turn in [t for t in self._turns.values() if not t.has_chunk_due]:
+            if turn.result is not None:  # final, and every chunk flushed
+                self._close(turn, turn.result.status)
         self.num_turns = len(self._turns)
         if any(t.has_chunk_due for t in self._turns.values()):
             if batch:
@@ -150,24 +151,24 @@ class DetokWorker(Worker):
         for turn in list(self._turns.values()):
             self._close(turn, "failed", "server shutting down")
 
-    def on_error(self, message: tuple | None, exc: Exception) -> None:
+    def on_error(self, message: object | None, exc: Exception) -> None:
         error = failure_message("detokenizer", exc)
-        kind = message[0] if message is not None else None
-        if kind == "open":  # the stream could not be made: the turn ends before its audio
-            deliver_done(message[1], TurnDone("failed", error=error), self.metrics)
-            self._on_failed(message[1].turn_id)
-        elif kind in ("end", "cancel") and message[1] in self._turns:
-            self._fail([self._turns[message[1]]], error)
-        else:  # a bug past any one turn: fail them all, keep serving
-            self._fail(list(self._turns.values()), error)
+        match message:
+            case OpenStream(handle=handle):  # the stream could not be made: the turn ends before its audio
+                deliver_done(handle, TurnDone("failed", error=error), self.metrics)
+                self._on_failed(handle.turn_id)
+            case EndTurn(turn_id=turn_id) | CancelTurn(turn_id=turn_id) if turn_id in self._turns:
+                self._fail([self._turns[turn_id]], error)
+            case _:  # a bug past any one turn: fail them all, keep serving
+                self._fail(list(self._turns.values()), error)
 
     def on_died(self, error: str) -> None:
         self._fail(list(self._turns.values()), error)
 
-    def on_refused(self, message: tuple, reason: str) -> None:
-        if message[0] == "open":  # the turn would wait for audio no thread makes
-            deliver_done(message[1], TurnDone("failed", error=reason), self.metrics)
-            self._on_failed(message[1].turn_id)
+    def on_refused(self, message: object, reason: str) -> None:
+        if isinstance(message, OpenStream):  # the turn would wait for audio no thread makes
+            deliver_done(message.handle, TurnDone("failed", error=reason), self.metrics)
+            self._on_failed(message.handle.turn_id)
 
     def _build_prefix(self, voice):
         return self.detokenizer.voice_prefix(torch.from_numpy(voice.wav24k), voice.codes, self._max_prompt_chunks)

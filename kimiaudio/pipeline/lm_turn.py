@@ -14,6 +14,8 @@ until it is not), and its tokens' log-probabilities go with the text when it ask
 
 from __future__ import annotations
 
+import numpy as np
+
 from kimiaudio.pipeline.encode_cache import Encoded, audio_key
 from kimiaudio.pipeline.events import TextDelta, TokenLogprob, TurnDone
 from kimiaudio.pipeline.turn_handle import TurnHandle
@@ -22,7 +24,7 @@ from kimiaudio.text.prompt import Message
 
 
 class LmTurn:
-    def __init__(self, handle: TurnHandle, request: TurnRequest, audio: dict[bytes, object], queued_s: float):
+    def __init__(self, handle: TurnHandle, request: TurnRequest, audio: dict[bytes, np.ndarray], queued_s: float):
         self.handle = handle
         self.request = request
         # Until it starts: key -> 16 kHz pcm of every user utterance it needs, and those encoded.
@@ -138,7 +140,7 @@ class LmTurn:
         new, start, self._scored = [], self._scored, self._num_decoded
         for token, logprob, top in self._scores[start : self._num_decoded]:
             text = tokenizer.token_bytes(token) if logprob is not None else b""
-            if not text:
+            if logprob is None or not text:
                 continue  # forced, or no text (a blank the model chose)
             new.append(TokenLogprob(token, text, logprob, tuple((tokenizer.token_bytes(t), lp) for t, lp in top or ())))
         if self.stopped:  # keep the tokens that begin before the cut

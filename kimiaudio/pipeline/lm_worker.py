@@ -42,6 +42,7 @@ from kimiaudio.pipeline.step_record import StepRecorder
 from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import URGENT, Worker
+from kimiaudio.pipeline.worker_messages import CancelTurn, DropTurn, SubmitTurn
 from kimiaudio.text.output_type import BOTH, TEXT, check_output_type
 from kimiaudio.text.prompt import build_prompt
 
@@ -85,11 +86,11 @@ class LmWorker(Worker):
 
     # ---- any thread ------------------------------------------------------------------------
     def submit(self, handle: TurnHandle, request: TurnRequest) -> None:
-        self.post("submit", handle, request)
+        self.post(SubmitTurn(handle, request))
 
     def cancel(self, turn_id: str) -> None:
         """End the turn now, status cancelled, wherever it is (also past the LM)."""
-        self.post("cancel", turn_id)
+        self.post(CancelTurn(turn_id))
 
     def voice_codes(self, pcm16k) -> Future:
         """The GLM-4 tokenizer's codes of a voice reference (16 kHz), computed on this thread."""
@@ -97,30 +98,33 @@ class LmWorker(Worker):
 
     def drop(self, turn_id: str) -> None:
         """Stop generating for a turn that already ended downstream (its detokenizer failed)."""
-        self.post("drop", turn_id)
+        self.post(DropTurn(turn_id))
 
     # ---- worker thread -----------------------------------------------------------------------
-    def handle(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "submit":
-            _, handle, request = message
-            try:
-                check_speech_input(request.user_audio, self.config.audio)
-            except KimiAudioError as exc:
-                deliver_done(handle, TurnDone("failed", error=str(exc)), self.metrics)
-                return
-            audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
-            audio[audio_key(request.user_audio)] = request.user_audio
-            pending = LmTurn(handle, request, audio, handle.seconds())
-            pending.submit_step = self.num_steps
-            self._pending.append(pending)
-        elif kind == "cancel":
-            self._cancel(message[1])
-        elif kind == "drop":
-            turn = self._turns.pop(message[1], None)
-            if turn is not None and turn.seq_id is not None:
-                self.engine.abort(turn.seq_id)
+    def handle(self, message: object) -> None:
+        match message:
+            case SubmitTurn(handle=handle, request=request):
+                self._take(handle, request)
+            case CancelTurn(turn_id=turn_id):
+                self._cancel(turn_id)
+            case DropTurn(turn_id=turn_id):
+                turn = self._turns.pop(turn_id, None)
+                if turn is not None and turn.seq_id is not None:
+                    self.engine.abort(turn.seq_id)
         self._count()
+
+    def _take(self, handle: TurnHandle, request: TurnRequest) -> None:
+        """A submitted turn waits for its audio to be encoded."""
+        try:
+            check_speech_input(request.user_audio, self.config.audio)
+        except KimiAudioError as exc:
+            deliver_done(handle, TurnDone("failed", error=str(exc)), self.metrics)
+            return
+        audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
+        audio[audio_key(request.user_audio)] = request.user_audio
+        pending = LmTurn(handle, request, audio, handle.seconds())
+        pending.submit_step = self.num_steps
+        self._pending.append(pending)
 
     def iterate(self) -> float | None:
         encode_stages = 0
@@ -147,14 +151,14 @@ class LmWorker(Worker):
         self.busy = False
         self._fail_all(error)
 
-    def on_refused(self, message: tuple, reason: str) -> None:
-        if message[0] == "submit":
-            deliver_done(message[1], TurnDone("failed", error=reason), self.metrics)
+    def on_refused(self, message: object, reason: str) -> None:
+        if isinstance(message, SubmitTurn):
+            deliver_done(message.handle, TurnDone("failed", error=reason), self.metrics)
 
-    def on_error(self, message: tuple | None, exc: Exception) -> None:
-        if message is not None and message[0] == "submit":
+    def on_error(self, message: object | None, exc: Exception) -> None:
+        if isinstance(message, SubmitTurn):
             deliver_done(
-                message[1],
+                message.handle,
                 TurnDone("failed", error=failure_message("starting the turn", exc), error_code=client_fault(exc)),
                 self.metrics,
             )

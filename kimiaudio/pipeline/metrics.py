@@ -99,11 +99,12 @@ class PipelineMetrics:
         self.detok_batches_ended = 0
         self.detok_chunks = 0  # chunks detokenized
         self.detok_guard_actions = 0  # chunks whose ODE steps the real-time guard lowered
-        self.turns = Counter()  # by final status
+        self.turns: Counter[str] = Counter()  # by final status
         self.turn_stage_s = {stage: Timing() for stage in TURN_STAGES}  # per finished turn
-        self.background_turns = Counter()  # by final status: transcriptions, kept out of the answers' figures
+        # By final status: transcriptions, kept out of the answers' figures.
+        self.background_turns: Counter[str] = Counter()
         self.min_free_blocks: int | None = None  # KV pool low-water mark since the last reset
-        self.max_batch = Counter()  # largest batch seen per stage: encode, llm, detok
+        self.max_batch: Counter[str] = Counter()  # largest batch seen per stage: encode, llm, detok
 
     def note_batch(self, stage: str, size: int) -> None:
         if size > self.max_batch[stage]:

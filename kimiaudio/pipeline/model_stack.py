@@ -8,6 +8,7 @@ lives in which file; the CLI, the pipeline and the server only hold a ModelStack
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import time
@@ -155,9 +156,17 @@ def freeze_loaded_objects() -> None:
     """Once the models are loaded, before serving: take every object alive now (imported
     libraries, modules, tokenizer tables: about 350k) out of the garbage collector's scans.
     A full collection over them took 0.21 s on the demo stack and lands at random on the worker
-    thread; afterwards it scans only what serving allocates. Call once per process."""
+    thread; afterwards it scans only what serving allocates. Call once per process.
+
+    They are handed back to the collector at exit (atexit runs before the interpreter's last
+    collection): a frozen object is never collected, not even then, and Triton's reference
+    cycles (ir objects of its nanobind extension, made when it is imported) would outlive the
+    interpreter; nanobind's check at exit then prints "nanobind: leaked ..." for each of them
+    and every type and function of the extension, some 30 lines after a bench or `serve`."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # once, however often it is called
+    atexit.register(gc.unfreeze)
 
 
 def resolve_checkpoint(config: Config, text_only: bool = False) -> CheckpointPaths:

@@ -147,6 +147,8 @@ def run_chat_command(config, args) -> int:
         turn = answer(stack, history, params, "both")
         turn.timings.update(encode_timings, input_audio_s=len(pcm) / SPEECH_INPUT_RATE)
         path = _reply_path(out, index, len(pcms))
+        if turn.audio is None or stack.detokenizer is None:
+            raise KimiAudioError("chat: the model stack has no detokenizer, so the answer has no speech")
         write_wav(path, turn.audio, stack.detokenizer.sample_rate)
         history.append(turn.history_message(stack.specials.token_offset))
         turns.append({"input": file, "reply_wav": str(path), **_turn_json(turn)})

@@ -162,27 +162,29 @@ class Pipeline:
         """A voice from a reference recording: its codes (the GLM-4 tokenizer, on the LM worker)
         and its DiT prefix (on the detokenizer worker, kept on the device). Raises
         KimiAudioError when the reference cannot be a voice for this checkpoint."""
-        self._check_speaking("voices")
+        detok = self._speaking_worker("voices")
         codes = await asyncio.wrap_future(self._lm.voice_codes(pcm16k))
         voice = Voice.create(name, pcm24k, codes, created_at)
-        await asyncio.wrap_future(self._detok.prepare_voice(voice))
+        await asyncio.wrap_future(detok.prepare_voice(voice))
         return voice
 
     async def prepare_voice(self, voice: Voice) -> None:
         """Make sure the voice's prefix is on the device (e.g. the stored voices at start-up)."""
-        self._check_speaking("voices")
-        await asyncio.wrap_future(self._detok.prepare_voice(voice))
+        detok = self._speaking_worker("voices")
+        await asyncio.wrap_future(detok.prepare_voice(voice))
 
     def forget_voice(self, voice: Voice) -> None:
         """A deleted voice: its prefix leaves the device (turns speaking in it finish)."""
         if self._running and self._detok is not None:
             self._detok.forget_voice(voice.key)
 
-    def _check_speaking(self, what: str) -> None:
-        if not self.can_speak:
+    def _speaking_worker(self, what: str) -> DetokWorker:
+        """The detokenizer worker, for `what` needs speech; KimiAudioError if there is none."""
+        if not self.can_speak or self._detok is None:
             raise KimiAudioError(f"{what}: this server answers in text only (model.text_only = true)")
         if not self._running:
             raise KimiAudioError("the pipeline is not running")
+        return self._detok
 
     def cancel(self, handle: TurnHandle) -> None:
         """Stop a turn now: its KV blocks and detokenizer state are dropped on the workers, and

@@ -35,6 +35,7 @@ import torch
 
 from kimiaudio.audio.device_result import DeviceResult, HostCopy
 from kimiaudio.audio.staged_work import Stages
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import EncodeCache, Encoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
@@ -100,6 +101,8 @@ class EncodeJob:
 
     def results(self) -> list[Encoded]:
         """(codes, host features) per key, once `ready`."""
+        if self._copy is None:
+            raise KimiAudioError("speech encoding: no batch's results to take")
         return self._copy.value()
 
     def drop(self) -> None:

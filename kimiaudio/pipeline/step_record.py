@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
+
+from kimiaudio.errors import KimiAudioError
 
 NUM_SHAPES_KEPT = 4096  # step shapes remembered for the "new shape" tag
 
@@ -46,7 +49,7 @@ class StepRecorder:
     def __init__(self) -> None:
         self._shapes: set[tuple[int, int]] = set()
         self._order: deque[tuple[int, int]] = deque()  # the same shapes, oldest first (bounded)
-        self._begun: tuple | None = None
+        self._begun: tuple[Any, tuple[int, int], int, bool] | None = None
 
     def begin(self, stats, detok_batches: tuple[int, int], encode_stages: int, encode_on_device: bool) -> None:
         """Before the step: the engine's stats, the detokenizer's (started, ended) batch counts."""
@@ -54,6 +57,8 @@ class StepRecorder:
 
     def end(self, seconds: float, stats, detok_started: int) -> LmStepRecord:
         """After the step: its time, the engine's stats, the detokenizer batches started by now."""
+        if self._begun is None:
+            raise KimiAudioError("StepRecorder.end: the step was not begun")
         before, (started, ended), encode_stages, encode_on_device = self._begun
         decoding = stats.num_decode_tokens - before.num_decode_tokens
         prefill = stats.num_prefill_tokens_computed - before.num_prefill_tokens_computed

@@ -27,7 +27,7 @@ class TurnHandle(EventStream[PipelineEvent]):
     @property
     def done(self) -> TurnDone | None:
         """The TurnDone, once it reached the loop (None while the turn runs)."""
-        return self.last
+        return self.last if isinstance(self.last, TurnDone) else None
 
     async def result(self) -> TurnDone | None:
         """Read the turn's events to the end; its TurnDone (None if the stream ended without one)."""

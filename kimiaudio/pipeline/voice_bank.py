@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kimiaudio.detok.voice_prefix import VoicePrefix
+from kimiaudio.pipeline.voices import Voice
+
 
 class VoiceBank:
-    def __init__(self, build: Callable[[object], object], budget_bytes: int):
+    def __init__(self, build: Callable[[Voice], VoicePrefix], budget_bytes: int):
         self._build = build  # Voice -> VoicePrefix (runs the DiT)
         self.budget_bytes = budget_bytes
-        self._prefixes: OrderedDict[str, object] = OrderedDict()  # voice key -> VoicePrefix, oldest use first
+        self._prefixes: OrderedDict[str, VoicePrefix] = OrderedDict()  # voice key -> VoicePrefix, oldest use first
         self.num_built = 0  # prefixes computed so far (a recomputation after eviction counts again)
         self.num_evicted = 0
 
@@ -29,7 +32,7 @@ class VoiceBank:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self._prefixes.values())
 
-    def prefix(self, voice):
+    def prefix(self, voice: Voice) -> VoicePrefix:
         """The voice's prefix, computed now unless cached."""
         found = self._prefixes.get(voice.key)
         if found is not None:

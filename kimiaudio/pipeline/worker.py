@@ -4,7 +4,8 @@ The pipeline has two (docs/architecture.md, "Threads and CUDA streams"): the LM 
 detokenizer worker. Each runs `iterate()` in a loop on its own thread and, on CUDA, on its own
 stream, so neither waits for the other's kernels; they meet only through each other's inbox.
 Messages are posted from any thread (the event loop, the other worker) and handled on the
-worker's thread in arrival order, so a worker's state has exactly one owner.
+worker's thread in arrival order, so a worker's state has exactly one owner. A message is a
+typed value (worker_messages.py), matched by its type, never by a tag.
 
 A worker sleeps when `iterate()` reports no work and no message is waiting, until a message
 arrives or the deadline `iterate()` asked for passes. An exception escaping a handler is
@@ -23,6 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,7 +33,13 @@ from kimiaudio.errors import KimiAudioError
 
 log = logging.getLogger(__name__)
 
-_CALL = object()  # the inbox tag of `call` messages, handled by the base loop
+
+@dataclass(frozen=True)
+class Call:
+    """Run `fn` on the worker thread (`Worker.call`); handled by the base loop itself."""
+
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
 
 
 def configure_worker_thread(device: torch.device, threads: int) -> None:
@@ -58,7 +66,7 @@ class Worker:
         self.device = device
         self._cpu_threads = cpu_threads
         self._stream_priority = stream_priority
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
         # Set once the thread runs its loop (on its device and stream); the exception if it
@@ -72,7 +80,7 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def post(self, *message: Any) -> None:
+    def post(self, message: object) -> None:
         with self._post_lock:
             if self._closed is None:
                 self._inbox.put(message)
@@ -84,7 +92,7 @@ class Worker:
         """Run `fn` on the worker thread between iterations (work on state the worker owns, e.g.
         a voice's codes or prefix); its result or exception arrive in the future."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self.post(_CALL, fn, future)
+        self.post(Call(fn, future))
         return future
 
     def wake(self) -> None:
@@ -101,7 +109,7 @@ class Worker:
         return self._thread.is_alive() and self._closed is None
 
     # ---- worker thread: subclasses fill these in -------------------------------------------
-    def handle(self, message: tuple) -> None:
+    def handle(self, message: object) -> None:
         raise NotImplementedError
 
     def iterate(self) -> float | None:
@@ -112,13 +120,13 @@ class Worker:
     def on_stop(self) -> None:
         """Once, on the worker thread, after the last iteration: end whatever is in flight."""
 
-    def on_error(self, message: tuple | None, exc: Exception) -> None:
+    def on_error(self, message: object | None, exc: Exception) -> None:
         """A handler or iterate() raised: contain it (fail the turns involved)."""
 
     def on_died(self, error: str) -> None:
         """The loop broke (on the worker thread, which runs nothing more): fail every turn held."""
 
-    def on_refused(self, message: tuple, reason: str) -> None:
+    def on_refused(self, message: object, reason: str) -> None:
         """A message that will never be handled (on the posting thread): fail its turn, if it
         starts one; touch nothing but the message."""
 
@@ -150,14 +158,14 @@ class Worker:
                 return
             self._refuse(message, reason)
 
-    def _refuse(self, message: tuple, reason: str) -> None:
+    def _refuse(self, message: object, reason: str) -> None:
         try:
-            if message[0] is _CALL:
-                future = message[2]
-                if future.set_running_or_notify_cancel():
-                    future.set_exception(KimiAudioError(reason))
-            else:
-                self.on_refused(message, reason)
+            match message:
+                case Call(future=future):
+                    if future.set_running_or_notify_cancel():
+                        future.set_exception(KimiAudioError(reason))
+                case _:
+                    self.on_refused(message, reason)
         except Exception:
             log.exception("%s: refusing a message failed", self.name)
 
@@ -185,12 +193,13 @@ class Worker:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if message[0] is _CALL:
-                _run_call(*message[1:])
-            else:
-                self._guard(message, self.handle, message)
+            match message:
+                case Call(fn=fn, future=future):
+                    _run_call(fn, future)
+                case _:
+                    self._guard(message, self.handle, message)
 
-    def _guard(self, message: tuple | None, fn, *args):
+    def _guard(self, message: object | None, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception as exc:

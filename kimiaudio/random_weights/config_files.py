@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kimiaudio.random_weights import encoders, lm, speech
+from kimiaudio.random_weights import encoders, lm, speech_output
 from kimiaudio.random_weights.shapes import StackShape
 
 # The directories of the official layout (moonshotai/Kimi-Audio-7B-Instruct, plus
@@ -35,9 +35,9 @@ def write_config_files(out: Path, shape: StackShape) -> None:
     write_json(out / GLM_DIR / "config.json", encoders.glm_config(shape))
     write_json(out / GLM_DIR / "preprocessor_config.json", encoders.preprocessor_config())
     (out / DETOKENIZER_DIR / "config.yaml").write_text(
-        yaml.safe_dump(speech.dit_yaml(shape), sort_keys=False), encoding="utf-8"
+        yaml.safe_dump(speech_output.dit_yaml(shape), sort_keys=False), encoding="utf-8"
     )
-    write_json(out / VOCODER_DIR / "config.json", speech.vocoder_config(shape), sort_keys=False)
+    write_json(out / VOCODER_DIR / "config.json", speech_output.vocoder_config(shape), sort_keys=False)
 
 
 def write_json(path: Path, data: dict, sort_keys: bool = True) -> None:

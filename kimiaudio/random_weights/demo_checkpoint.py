@@ -21,7 +21,7 @@ import torch
 
 from kimiaudio.checkpoint.paths import DEMO_MARKER, find_checkpoint
 from kimiaudio.errors import CheckpointError, KimiAudioError
-from kimiaudio.random_weights import encoders, lm, speech
+from kimiaudio.random_weights import encoders, lm, speech_output
 from kimiaudio.random_weights.config_files import (
     DETOKENIZER_DIR,
     GLM_DIR,
@@ -121,11 +121,11 @@ def _write_glm(out: Path, seed: int) -> None:
 
 
 def _write_detokenizer(out: Path, seed: int) -> None:
-    _save_torch({"state_dict": speech.dit_tensors(seed, DEMO)}, out / DETOKENIZER_DIR / "model.pt")
+    _save_torch({"state_dict": speech_output.dit_tensors(seed, DEMO)}, out / DETOKENIZER_DIR / "model.pt")
 
 
 def _write_vocoder(out: Path, seed: int) -> None:
-    _save_torch({"generator": speech.vocoder_tensors(seed, DEMO)}, out / VOCODER_DIR / "model.pt")
+    _save_torch({"generator": speech_output.vocoder_tensors(seed, DEMO)}, out / VOCODER_DIR / "model.pt")
 
 
 # ---- marker and file helpers --------------------------------------------------------------

@@ -3,7 +3,7 @@
 whisper-large-v3/ (a transformers WhisperModel) and glm-4-voice-tokenizer/ (GLM-4-Voice's
 WhisperVQEncoder, quantizer layers only): the official config keys and tensor names, the
 shape's sizes; whisper's sinusoid positions are computed as the official code computes them.
-The speech output's parts (DiT, BigVGAN) are in speech.py, the LM in lm.py.
+The speech output's parts (DiT, BigVGAN) are in speech_output.py, the LM in lm.py.
 """
 
 from __future__ import annotations

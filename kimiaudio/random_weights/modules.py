@@ -3,7 +3,7 @@
 Each part is built from the config file a random checkpoint of that shape holds
 (config_files.py), parsed by its loader's own parser, and takes as its parameters the seeded
 tensors that checkpoint's weight file would hold (the generators of encoders.py, lm.py,
-speech.py), drawn where the part runs: the module is made on the "meta" device and adopts them,
+speech_output.py), drawn where the part runs: the module is made on the "meta" device and adopts them,
 so the weights exist once, on the target device. For shapes.DEMO on the CPU in float32 the
 parts equal the demo checkpoint's files loaded by the real loaders.
 """
@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from kimiaudio.models.dit import DiTPrefix
 from kimiaudio.models.dit_config import DiTConfig
 from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM, assemble_lm
-from kimiaudio.random_weights import encoders, lm, speech
+from kimiaudio.random_weights import encoders, lm, speech_output
 from kimiaudio.random_weights.config_files import DETOKENIZER_DIR, GLM_DIR, VOCODER_DIR, WHISPER_DIR, write_config_files
 from kimiaudio.random_weights.shapes import StackShape
 
@@ -95,16 +96,19 @@ class RandomParts:
         return Glm4SpeechTokenizer(model, self.glm_mel, self.device)
 
     def dit(self) -> DiTPrefix:
-        tensors = speech.dit_tensors(self.seed, self.shape, self.device, self.dtype)
+        tensors = speech_output.dit_tensors(self.seed, self.shape, self.device, self.dtype)
         state = {name.replace("speech_model.", ""): t for name, t in tensors.items()}  # as load_dit reads them
         return _adopt(lambda: DiTPrefix(self.dit_config), state, "DiT")
 
     def vocoder(self) -> BigVGAN:
-        tensors = speech.vocoder_tensors(self.seed, self.shape, self.device, self.dtype)
+        tensors = speech_output.vocoder_tensors(self.seed, self.shape, self.device, self.dtype)
         return _adopt(lambda: BigVGAN(self.vocoder_config), tensors, "vocoder").fold_weight_norm()
 
 
-def _adopt(build: Callable[[], nn.Module], state: dict[str, torch.Tensor], part: str) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def _adopt(build: Callable[[], M], state: dict[str, torch.Tensor], part: str) -> M:
     """`build()` on the meta device, its parameters and buffers then `state`'s tensors (no copy).
     The names and shapes must match exactly, and nothing may be left on the meta device."""
     with torch.device("meta"):

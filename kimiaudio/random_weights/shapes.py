@@ -1,7 +1,7 @@
 """The sizes of every random-weight stack, one description per component.
 
 A `StackShape` is what the config files of a random checkpoint are written from (configs.py),
-and the tensors from those configs (encoders.py, lm.py, speech.py): the demo checkpoint on disk
+and the tensors from those configs (encoders.py, lm.py, speech_output.py): the demo checkpoint on disk
 is DEMO, `bench --random-weights full` builds FULL on a GPU and TINY on the CPU, and
 `bench --random-weights 7b` builds FULL's LM alone. Only the sizes differ between them; the
 layout, names and seeded init are the same code.

@@ -1,21 +1,23 @@
 """The aiohttp application: its factory and the lifetime of its parts (serve.py runs it).
 
-`create_app(config, stack, pipeline=None)` builds the app with typed AppKeys (no module
-globals). Things that start and must stop are cleanup contexts: the conversation store (its
-writer/reader threads) and, unless the caller passes one it owns, the pipeline (the GPU
-worker). `on_shutdown` closes every peer connection first, so interrupted turns are stored
-before the store and the pipeline go away.
+`create_app(config, stack, pipeline=None)` builds the app and its one ServerContext
+(context.py), under SERVER_CONTEXT: no module globals, no other app state. Things that start
+and must stop are cleanup contexts, all added here, in the order they start (and the reverse
+of the order they stop): the conversation store (its writer/reader threads), the VAD thread,
+the pipeline (the GPU workers; unless the caller passes one it owns), the stored voices'
+registration, the voices' sync between instances. `on_shutdown` closes every session first,
+so interrupted turns are stored before the store and the pipeline go away.
 
-Every request passes the same middlewares, outermost first: one log line per /v1 request
-(observe/request_log.py), errors as JSON (error_middleware.py),
-Host / API key / Origin (access.py), no new work while shutting down (admission.py), body size
-and read deadline (request_body.py).
+Every request passes the app's middlewares, outermost first: errors as JSON
+(middleware/errors.py), Host / API key / Origin (access.py), no new work while shutting down
+(draining.py), body size and read deadline (body_limits.py). The OpenAI API is a
+sub-application mounted at /v1 (v1/api.py) with its own: a log line per request, then the
+same error mapping. The other routes are grouped by what they serve (routes/).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -24,33 +26,18 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.server.app_keys import (
-    access_key,
-    admission_key,
-    body_timeout_key,
-    config_key,
-    max_body_bytes_key,
-    pipeline_key,
-    ready_key,
-    server_metrics_key,
-    sessions_key,
-    stack_key,
-    store_key,
-    vad_executor_key,
-)
+from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
-from kimiaudio.server.middleware.admission import Admission, draining_middleware
-from kimiaudio.server.middleware.error_middleware import error_middleware
-from kimiaudio.server.middleware.request_body import body_limits_middleware
-from kimiaudio.server.observe.instance_label import instance_id
+from kimiaudio.server.middleware.body_limits import body_limits_middleware
+from kimiaudio.server.middleware.draining import draining_middleware
+from kimiaudio.server.middleware.errors import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
-from kimiaudio.server.observe.request_log import request_log_middleware
-from kimiaudio.server.observe.server_metrics import ServerMetrics
-from kimiaudio.server.ops_routes import setup_ops_routes
-from kimiaudio.server.routes import setup_routes
+from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
+from kimiaudio.server.routes import conversations, ops, page, rtc_offer, voices
+from kimiaudio.server.session_registry import SessionRegistry
+from kimiaudio.server.stored_voices import registered_voices, voice_sync
+from kimiaudio.server.v1.api import create_v1_app
 from kimiaudio.store import ConversationStore, database_location
-
-log = logging.getLogger(__name__)
 
 
 def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | None = None) -> web.Application:
@@ -58,76 +45,76 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     if stack is None and pipeline is None:
         raise KimiAudioError("create_app needs a model stack or a pipeline")
     filter_client_faults()
-    admission = Admission(config.server.max_sessions)
-    policy = AccessPolicy.from_config(config)
-    app = web.Application(client_max_size=config.server.max_body_bytes)
-    metrics = ServerMetrics(
-        lambda: app.get(pipeline_key),
-        lambda: admission.num_reserved,
-        instance_id(config.server.instance_id, config.server.port),
-    )
+    context = new_context(config, stack)
+    server = config.server
+    app = web.Application(client_max_size=server.max_body_bytes)
     app.middlewares.extend(
         [
-            request_log_middleware,
-            error_middleware(metrics),
-            access_middleware(policy),
-            draining_middleware(admission),
-            body_limits_middleware,
+            error_middleware(context.metrics),
+            access_middleware(context.access),
+            draining_middleware(lambda: context.sessions.is_draining),
+            body_limits_middleware(server.max_body_bytes, server.body_timeout_s),
         ]
     )
-    app[config_key] = config
-    app[stack_key] = stack
-    app[sessions_key] = {}
-    app[admission_key] = admission
-    app[access_key] = policy
-    app[max_body_bytes_key] = config.server.max_body_bytes
-    app[body_timeout_key] = config.server.body_timeout_s
-    app[ready_key] = asyncio.Event()
-    app[server_metrics_key] = metrics
-    app.cleanup_ctx.append(_store_context)
-    app.cleanup_ctx.append(_vad_context)
-    app.cleanup_ctx.append(_pipeline_context(pipeline))
+    app[SERVER_CONTEXT] = context
+    app.cleanup_ctx.extend([_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync])
     app.on_shutdown.append(_close_sessions)
-    setup_routes(app)
-    setup_ops_routes(app)
+    for group in (page, rtc_offer, conversations, voices, ops):
+        app.add_routes(group.routes)
+    rtc_offer.warn_if_missing()
+    app.add_subapp("/v1", create_v1_app(server.max_body_bytes))
     return app
 
 
-async def _store_context(app: web.Application):
-    config = app[config_key]
+def new_context(config: Config, stack: ModelStack | None) -> ServerContext:
+    """The context of a new app: its parts built, none started (the cleanup contexts start them)."""
+    server = config.server
+    sessions: SessionRegistry | None = None
+    context: ServerContext | None = None
+    metrics = ServerMetrics(
+        lambda: context.running_pipeline() if context is not None else None,
+        lambda: sessions.num_reserved if sessions is not None else 0,
+        instance_id(server.instance_id, server.port),
+    )
+    executor = vad_executor()  # its one thread starts with the first VAD call
+    sessions = SessionRegistry(server.max_sessions, metrics, executor)
+    context = ServerContext(config, stack, AccessPolicy.from_config(config), sessions, metrics, executor)
+    return context
+
+
+async def _store_context(app: web.Application) -> AsyncIterator[None]:
+    context = app[SERVER_CONTEXT]
+    config = context.config
     store = ConversationStore(database_location(config), lease_seconds=config.storage.lease_seconds)
     await store.open()
-    app[store_key] = store
+    context.store = store
     yield
     await store.close()
 
 
-async def _vad_context(app: web.Application):
-    app[vad_executor_key] = executor = vad_executor()
+async def _vad_context(app: web.Application) -> AsyncIterator[None]:
     yield
-    executor.shutdown(wait=True)
+    app[SERVER_CONTEXT].vad_executor.shutdown(wait=True)
 
 
-def _pipeline_context(pipeline):
-    async def context(app: web.Application):
-        if pipeline is not None:
-            app[pipeline_key] = pipeline
-            app[ready_key].set()
-            yield
-            app[ready_key].clear()
-            return
-        owned = Pipeline(app[stack_key], app[config_key])
-        await owned.start()
-        app[pipeline_key] = owned
-        app[ready_key].set()
+def _pipeline_context(pipeline: Pipeline | None):
+    async def running_pipeline(app: web.Application) -> AsyncIterator[None]:
+        context = app[SERVER_CONTEXT]
+        owned = None
+        if pipeline is None:
+            if context.stack is None:
+                raise KimiAudioError("create_app needs a model stack or a pipeline")
+            owned = Pipeline(context.stack, context.config)
+            await owned.start()
+        context.pipeline = pipeline or owned
+        context.ready.set()
         yield
-        app[ready_key].clear()
-        await owned.stop()
+        context.ready.clear()
+        if owned is not None:
+            await owned.stop()
 
-    return context
+    return running_pipeline
 
 
 async def _close_sessions(app: web.Application) -> None:
-    app[admission_key].is_draining = True
-    await asyncio.gather(*(s.close() for s in list(app[sessions_key].values())), return_exceptions=True)
-    app[sessions_key].clear()
+    await app[SERVER_CONTEXT].sessions.close_all()

@@ -1,7 +1,8 @@
 """`python -m kimiaudio serve`: load the model, serve, and stop gracefully on SIGTERM/SIGINT.
 
 Stopping, in order:
-1. stop admitting: new offers and requests get 503 (admission.py), /readyz says not ready;
+1. stop admitting: new offers and requests get 503 (session_registry.py, middleware/draining.py),
+   /readyz says not ready;
 2. let the answers in flight finish, for at most `server.shutdown_grace_s` (a second signal
    cuts the wait short);
 3. close every session: an answer still playing is cut there and stored with what was heard
@@ -22,11 +23,11 @@ from aiohttp import web
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.app import create_app
-from kimiaudio.server.app_keys import access_key, admission_key, ready_key, sessions_key
+from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
 from kimiaudio.server.tls import ssl_context
 from kimiaudio.store import database_location
-from kimiaudio.store.location import shown as shown_location
+from kimiaudio.store.location import shown
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,14 @@ def banner(config: Config, stack, warning: str | None) -> str:
     from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 
     host = config.server.host
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    display_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scheme = "https" if config.server.tls_cert else "http"
     lines = [
         "",
-        f"  kimiaudio is ready: open {scheme}://{shown}:{config.server.port}/ and press Connect",
+        f"  kimiaudio is ready: open {scheme}://{display_host}:{config.server.port}/ and press Connect",
         f"  model: {stack.paths.root}",
         f"  device: {stack.device} ({str(stack.dtype).removeprefix('torch.')})",
-        f"  conversations: {shown_location(database_location(config))}",
+        f"  conversations: {shown(database_location(config))}",
     ]
     if stack.is_demo:
         lines += ["", "  " + DEMO_NOTICE]
@@ -81,15 +82,16 @@ def loading_message(config: Config) -> str:
 
 async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) -> None:
     """Refuse new work, then wait (at most `grace_s`) until no session is answering."""
-    app[admission_key].is_draining = True
-    app[ready_key].clear()
+    context = app[SERVER_CONTEXT]
+    context.sessions.is_draining = True
+    context.ready.clear()
     deadline = time.monotonic() + grace_s
-    answering = [s for s in app[sessions_key].values() if s.is_answering]
+    answering = [s for s in context.sessions.live() if s.is_answering]
     if answering:
         log.info("stopping: no new sessions; waiting up to %.0f s for %d answer(s) in flight", grace_s, len(answering))
     while answering and time.monotonic() < deadline and not cut_short.is_set():
         await asyncio.sleep(POLL_S)
-        answering = [s for s in app[sessions_key].values() if s.is_answering]
+        answering = [s for s in context.sessions.live() if s.is_answering]
     if answering:
         log.info("stopping: %d answer(s) cut short (what was heard is stored)", len(answering))
 
@@ -127,7 +129,7 @@ async def serve_until_signalled(
 def run_server(config: Config) -> int:
     """Load the model and serve until SIGTERM/SIGINT; returns the exit code."""
     from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
-    from kimiaudio.server.routes import STATIC_DIR
+    from kimiaudio.server.routes.page import STATIC_DIR
 
     if not (STATIC_DIR / "index.html").is_file():
         raise KimiAudioError(
@@ -148,7 +150,7 @@ def run_server(config: Config) -> int:
         return 130
     app = create_app(config, stack)
     freeze_loaded_objects()
-    warning = exposure_warning(config, app[access_key])
+    warning = exposure_warning(config, app[SERVER_CONTEXT].access)
     if warning:
         log.warning("%s", warning)
     asyncio.run(serve_until_signalled(app, config, lambda: print(banner(config, stack, warning), flush=True), tls))

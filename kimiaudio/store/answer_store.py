@@ -39,17 +39,18 @@ async def save_answer(
     store: ConversationStore, answer_id: str, text: str, audio_tokens: list[int], audio: np.ndarray, ttl_s: float
 ) -> AudioAnswer:
     now = time.time()
+    expires_at = now + ttl_s
     record = {
         "id": answer_id,
         "created_at": now,
-        "expires_at": now + ttl_s,
+        "expires_at": expires_at,
         "text": text,
         "audio_tokens": json.dumps([int(t) for t in audio_tokens]),
         "sample_rate": SPEECH_OUTPUT_RATE,
         "wav": wav_bytes(np.asarray(audio, dtype=np.float32).reshape(-1), SPEECH_OUTPUT_RATE),
     }
     await store.write(_insert, record)
-    return AudioAnswer(answer_id, record["expires_at"], text, list(audio_tokens))
+    return AudioAnswer(answer_id, expires_at, text, list(audio_tokens))
 
 
 async def load_answer(store: ConversationStore, answer_id: str) -> AudioAnswer | None:

@@ -22,7 +22,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,13 +46,20 @@ from kimiaudio.store.conversation_rows import (
 from kimiaudio.store.db_thread import DbThread, SqliteConnector
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
-from kimiaudio.store.leases import ConversationBusyError, heartbeat, release_instance
-from kimiaudio.store.leases import acquire as acquire_row
-from kimiaudio.store.leases import drop_all as drop_all_leases
-from kimiaudio.store.leases import release as release_row
+from kimiaudio.store.leases import (
+    ConversationBusyError,
+    acquire_row,
+    drop_all_leases,
+    heartbeat,
+    release_instance,
+    release_row,
+)
 from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
 from kimiaudio.store.search import query_words, search_conversations
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 __all__ = ["ConversationStore", "StoredTurn"]
 
@@ -73,12 +80,25 @@ class ConversationStore:
         self.lease_seconds = lease_seconds
         self.clock = clock
         self.instance_id = instance_id or f"inst_{secrets.token_hex(8)}"
-        self._pool = None
-        self._writer: DbThread | None = None
-        self._reader: DbThread | None = None
+        self._pool: ConnectionPool | None = None  # PostgreSQL's
+        # The database threads, from open() on (the probe's: PostgreSQL only).
+        self._threads: tuple[DbThread, DbThread] | None = None  # (writer, reader)
         self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
         self._heartbeat: asyncio.Task | None = None
         self._held: dict[tuple[str, str], None] = {}  # (conversation, session) leases the heartbeat renews
+
+    @property
+    def _writer(self) -> DbThread:
+        return self._open_threads()[0]
+
+    @property
+    def _reader(self) -> DbThread:
+        return self._open_threads()[1]
+
+    def _open_threads(self) -> tuple[DbThread, DbThread]:
+        if self._threads is None:
+            raise KimiAudioError("the conversation store is not open (await store.open() first)")
+        return self._threads
 
     @property
     def shown(self) -> str:
@@ -92,16 +112,19 @@ class ConversationStore:
 
             # Off the event loop: connecting, migrating (maybe waiting for another instance's
             # migration) and filling the pool.
-            await loop.run_in_executor(None, check_and_migrate, self.location)
-            self._pool = await loop.run_in_executor(None, open_pool, self.location)
-            connector = PostgresConnector(self._pool, self.location)
-            self._writer = DbThread(connector, "kimiaudio-db-writer")
-            self._reader = DbThread(connector, "kimiaudio-db-reader")
+            url = str(self.location)
+            await loop.run_in_executor(None, check_and_migrate, url)
+            self._pool = await loop.run_in_executor(None, open_pool, url)
+            connector = PostgresConnector(self._pool, url)
+            self._threads = (DbThread(connector, "kimiaudio-db-writer"), DbThread(connector, "kimiaudio-db-reader"))
             # Its own thread: health probes answer while a query waits for a server gone away.
             self._probe = DbThread(connector, "kimiaudio-db-probe")
         else:
-            self._writer = DbThread(SqliteConnector(self.location), "kimiaudio-db-writer")
-            self._reader = DbThread(SqliteConnector(self.location), "kimiaudio-db-reader")
+            path = Path(self.location)
+            self._threads = (
+                DbThread(SqliteConnector(path), "kimiaudio-db-writer"),
+                DbThread(SqliteConnector(path), "kimiaudio-db-reader"),
+            )
             # The writer opens first: it creates and migrates the schema the reader relies on.
             # One process owns the file: the leases of an earlier one (killed) are void.
             await self._writer.call(drop_all_leases)
@@ -115,11 +138,12 @@ class ConversationStore:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
-        if self._writer is not None:
+        if self._threads is not None:
+            writer, reader = self._threads
             with contextlib.suppress(KimiAudioError):  # a database gone: its leases expire by themselves
-                await self._writer.call(release_instance, self.instance_id)
-            await self._writer.close()
-            await self._reader.close()
+                await writer.call(release_instance, self.instance_id)
+            await writer.close()
+            await reader.close()
         if self._probe is not None:
             await self._probe.close()
         if self._pool is not None:

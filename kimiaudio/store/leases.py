@@ -36,7 +36,7 @@ class ConversationBusyError(KimiAudioError):
         self.retry_after_s = retry_after_s
 
 
-def acquire(
+def acquire_row(
     db: Sql, conversation_id: str, instance_id: str, session_id: str, now: float, expires_at: float
 ) -> float | None:
     """Take (or renew) the lease; None if this session holds it now, else the seconds until
@@ -65,7 +65,7 @@ def acquire(
         return None
 
 
-def release(db: Sql, conversation_id: str, instance_id: str, session_id: str) -> None:
+def release_row(db: Sql, conversation_id: str, instance_id: str, session_id: str) -> None:
     db.execute(
         "DELETE FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
         [conversation_id, instance_id, session_id],
@@ -86,7 +86,7 @@ def release_instance(db: Sql, instance_id: str) -> None:
     db.execute("DELETE FROM leases WHERE instance_id = ?", [instance_id])
 
 
-def drop_all(db: Sql) -> None:
+def drop_all_leases(db: Sql) -> None:
     db.execute("DELETE FROM leases")
 
 

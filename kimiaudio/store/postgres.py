@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.store.location import shown
 from kimiaudio.store.schema import migrate
 from kimiaudio.store.sql import PostgresSql
+
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
 
 CONNECT_TIMEOUT_S = 5  # a server that does not answer at all
 POOL_SIZE = 4  # the writer and reader threads, the lease heartbeat, /readyz
@@ -61,7 +65,7 @@ def check_and_migrate(url: str) -> int:
             ) from None
 
 
-def open_pool(url: str):
+def open_pool(url: str) -> ConnectionPool:
     from psycopg_pool import ConnectionPool
 
     pool = ConnectionPool(

@@ -14,7 +14,7 @@ def check_database(config: Config) -> str:
     """Check (and migrate) the configured database; where it is, for the banner."""
     location = database_location(config)
     if is_postgres_url(location):
-        check_and_migrate(location)
+        check_and_migrate(str(location))
     else:
         open_database(location).close()
     return shown(location)

@@ -37,16 +37,17 @@ async def save_voice(
 ) -> StoredVoice:
     """Add a voice; VoiceExistsError if the name is taken."""
     pcm = np.ascontiguousarray(pcm, dtype="<f4").reshape(-1)
+    created_at = time.time()
     record = {
         "name": name,
-        "created_at": time.time(),
+        "created_at": created_at,
         "sample_rate": int(sample_rate),
         "num_samples": int(pcm.size),
         "pcm": pcm.tobytes(),
         "codes": json.dumps([int(c) for c in codes]),
     }
     await store.write(_insert, record)
-    return StoredVoice(name, record["created_at"], sample_rate, pcm.astype(np.float32), [int(c) for c in codes])
+    return StoredVoice(name, created_at, sample_rate, pcm.astype(np.float32), [int(c) for c in codes])
 
 
 async def load_voices(store: ConversationStore) -> list[StoredVoice]:

@@ -163,7 +163,7 @@ def _add_text(builder: _Streams, message: Message, tokenizer, specials: SpecialT
 
 def _add_audio(builder: _Streams, message: Message, specials: SpecialTokens, ct: bool, output_type: str) -> None:
     builder.audio(specials.media_begin)
-    for code in message.audio_tokens:
+    for code in message.audio_tokens or ():
         builder.audio(int(code) + specials.token_offset, continuous=True)
     builder.audio(specials.media_end)
     if ct:
@@ -184,7 +184,7 @@ def _add_audio_text(builder: _Streams, message: Message, tokenizer, specials: Sp
     """
     text_tokens = tokenizer.encode(message.text)
     audio = [specials.text_blank] * specials.audio_delay + [
-        int(c) + specials.token_offset for c in message.audio_tokens
+        int(c) + specials.token_offset for c in message.audio_tokens or ()
     ]
     length = max(len(audio), len(text_tokens))
     audio += [specials.text_blank] * (length - len(audio))

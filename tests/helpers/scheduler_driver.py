@@ -8,10 +8,10 @@ prefix blocks, preemption, chunking and abort are checked for wrong K/V, not onl
 
 from __future__ import annotations
 
-from helpers.sequences import make_sequence
-
 from kimiaudio.engine.block_manager import BlockManager
 from kimiaudio.engine.scheduler import Scheduler
+
+from helpers.sequences import make_sequence
 
 BS = 4
 AUDIO_DELAY = 2

@@ -5,6 +5,10 @@ no Infinity, no float that overflows to it like 1e400), nested at most `max_dept
 Anything else is a JsonInputError with a plain message: deep nesting would otherwise escape
 as RecursionError, a lone surrogate as UnicodeError, a 5,000-digit number as ValueError from
 deep inside a handler.
+
+`read_json_body(request, max_bytes)` is how a handler takes an HTTP request's JSON body:
+Content-Type application/json (415 otherwise: a web page can send text/plain across origins
+without asking), then `parse_json`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from aiohttp import web
+
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.api_error import ApiError
 
 MAX_DEPTH = 32
 
@@ -70,3 +77,21 @@ def _check_depth(value: Any, max_depth: int) -> None:
                 item.encode("utf-8")
             except UnicodeEncodeError:  # a lone surrogate (\ud800) decodes but cannot be stored or sent
                 raise JsonInputError("invalid_json", "the JSON has a string that is not valid Unicode") from None
+
+
+async def read_json_body(request: web.Request, max_bytes: int) -> Any:
+    """The request's JSON body, at most `max_bytes`."""
+    if request.content_type != "application/json":
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the body as Content-Type: application/json (got {request.content_type or 'none'})",
+        )
+    return parse_json(await request.read(), max_bytes)
+
+
+async def read_json_object(request: web.Request, max_bytes: int) -> dict:
+    body = await read_json_body(request, max_bytes)
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_json", "the request body must be a JSON object")
+    return body

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from kimiaudio.server.api_error import ApiError
@@ -64,8 +64,8 @@ async def read_form(
     fields: dict[str, FormField] = {}
     try:
         async for part in await request.multipart():
-            name = getattr(part, "name", None)  # (a nested multipart part has none)
-            if name not in limits:
+            name = part.name if isinstance(part, BodyPartReader) else None  # (a nested multipart part has none)
+            if not isinstance(part, BodyPartReader) or name is None or name not in limits:
                 if unknown is not None and name not in unknown and len(unknown) < MAX_LIST_VALUES:
                     unknown.append(str(name)[:100])
                 continue

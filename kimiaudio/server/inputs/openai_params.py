@@ -8,6 +8,13 @@ ignored ones are read by nobody. Any other field is refused as OpenAI refuses an
 does not know. A `null` is a field not sent. Ranges of the honoured numbers are declared as
 settings of a dataclass per route (validation.py's one check), OpenAI's ranges where they are
 narrower than the engine's. README's compatibility table lists the same fields.
+
+The server serves one model, `MODEL_ID`. Requests name it as `kimi-audio-7b-instruct` (any case,
+with or without the `moonshotai/` prefix, as Hugging Face spells it) or by one of [server]
+model_aliases (by default OpenAI's transcription, audio chat and realtime model names, so
+OpenAI's examples run unchanged); any other name is a 404 model_not_found, as OpenAI answers
+it (`check_model`). The demo checkpoint answers to the same id (GET /api/status says when the
+weights are the demo's).
 """
 
 from __future__ import annotations
@@ -21,7 +28,25 @@ from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.validation import Bounds, check_value, declared, setting
 
+MODEL_ID = "kimi-audio-7b-instruct"
 OUTPUT_LIMIT = Bounds(1, MAX_NEW_TOKENS.max)
+
+
+def check_model(model: Any, aliases: tuple[str, ...] | list[str] = (), param: str = "model") -> str:
+    """The served model id for a request's `model` (the id or one of `aliases`); ApiError if it
+    names another model."""
+    if model is None or model == "":
+        raise ApiError(
+            400, "missing_required_parameter", f"{param} is required (this server serves {MODEL_ID!r})", param=param
+        )
+    if not isinstance(model, str) or (model.lower().removeprefix("moonshotai/") != MODEL_ID and model not in aliases):
+        raise ApiError(
+            404,
+            "model_not_found",
+            f"the model {str(model)[:100]!r} does not exist; this server serves {MODEL_ID!r}",
+            param=param,
+        )
+    return MODEL_ID
 
 
 def _empty(value: Any) -> bool:

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
 from kimiaudio.config import Config
@@ -118,11 +119,11 @@ def _same_origin(request: web.Request, origin: str) -> bool:
     return host is not None and origin == _origin(f"{request.scheme}://{host}")
 
 
-def access_middleware(policy: AccessPolicy):
+def access_middleware(policy: AccessPolicy) -> Middleware:
     """The middleware that holds every request to `policy` (Host, API key, Origin)."""
 
     @web.middleware
-    async def check_access(request: web.Request, handler):
+    async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
         _check(policy, request)
         return await handler(request)
 

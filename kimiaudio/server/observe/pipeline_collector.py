@@ -16,11 +16,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from kimiaudio.pipeline.metrics import Timing
+from kimiaudio.pipeline.pipeline import Pipeline
 
 
 def _buckets(timing: Timing) -> tuple[list[tuple[str, float]], float]:
     counts, count, total = timing.snapshot()
-    cumulative, running = [], 0
+    cumulative: list[tuple[str, float]] = []
+    running = 0
     for bound, n in zip(timing.buckets, counts):
         running += n
         cumulative.append((repr(float(bound)), running))
@@ -34,7 +36,7 @@ def _histogram(name: str, doc: str, timing: Timing) -> HistogramMetricFamily:
 
 
 class PipelineCollector(Collector):
-    def __init__(self, pipeline: Callable[[], object | None]):
+    def __init__(self, pipeline: Callable[[], Pipeline | None]):
         self._pipeline = pipeline  # the app's pipeline once it has started, else None
 
     def collect(self):

@@ -1,7 +1,9 @@
 """One log line per /v1 request: what it was answered, or why it was refused.
 
-The outermost middleware (`request_log_middleware`) gives each /v1 request a RequestRecord;
-the route fills in the audio it took and gave (seconds) and marks when the first byte of the
+The /v1 sub-application's outermost middleware (`request_log_middleware`, v1/api.py) gives
+each of its requests a RequestRecord (requests the app refused before they reached /v1, by
+their Host, API key, body size or while draining, are counted in the metrics instead); the
+route fills in the audio it took and gave (seconds) and marks when the first byte of the
 answer left (a stream's first text or audio; a whole answer when it is returned). When the
 request ends, one INFO line goes to the `kimiaudio.requests` logger:
 
@@ -19,12 +21,12 @@ import time
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.observe.turn_log import key_values
 
 log = logging.getLogger("kimiaudio.requests")
-_RECORD = web.RequestKey("request_record", "RequestRecord")
 
 
 @dataclass
@@ -43,6 +45,9 @@ class RequestRecord:
         self.audio_out_s = (self.audio_out_s or 0.0) + seconds
 
 
+_RECORD = web.RequestKey("request_record", RequestRecord)
+
+
 def request_record(request: web.Request) -> RequestRecord:
     """The request's record (a detached one outside the middleware: tests calling a handler)."""
     record = request.get(_RECORD)
@@ -50,21 +55,19 @@ def request_record(request: web.Request) -> RequestRecord:
 
 
 @web.middleware
-async def request_log_middleware(request: web.Request, handler):
-    if not request.path.startswith("/v1/"):
-        return await handler(request)
+async def request_log_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     record = request[_RECORD] = RequestRecord(time.monotonic())
     where = f"{request.method} {request.path}"
     try:
         response = await handler(request)
     except ApiError as exc:
-        fields = {"status": exc.status, "refused": exc.code, "param": exc.param}
+        fields: dict[str, int | float | str | None] = {"status": exc.status, "refused": exc.code, "param": exc.param}
         if exc.status >= 500:
             fields = {"status": exc.status, "failed": exc.code}
         log.info("request %s %s", where, key_values({k: v for k, v in fields.items() if v is not None}))
         raise
     record.first_byte()
-    fields = {
+    done: dict[str, int | float | str | None] = {
         "status": response.status,
         "audio_in_s": record.audio_in_s,
         "audio_out_s": record.audio_out_s,
@@ -74,6 +77,6 @@ async def request_log_middleware(request: web.Request, handler):
     log.info(
         "request %s %s",
         where,
-        key_values({k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items() if v is not None}),
+        key_values({k: round(v, 3) if isinstance(v, float) else v for k, v in done.items() if v is not None}),
     )
     return response

@@ -5,21 +5,56 @@ timings, counters and KV pool, read at scrape time). Transports report what thei
 send through `observe_event` (response.done: status and commit -> first packet sent; error:
 its code) and their playback through `note_audio` / `note_underrun`; the error middleware
 reports HTTP errors.
+
+Every sample of `/metrics` carries an `instance` label, so a Prometheus scraping every
+instance of a fleet tells them apart (docs/deploy.md). The registry itself stays unlabelled
+(code that reads a sample back, e.g. the soak's books, names it as before); the label is added
+when the exposition is written (`InstanceLabelled`). Its value is `[server] instance_id`, or by
+default `hostname:port` (a pod's name on Kubernetes).
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
-from kimiaudio.server.observe.instance_label import InstanceLabelled
+from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.observe.pipeline_collector import PipelineCollector
+
+INSTANCE_LABEL = "instance"
+
+
+def instance_id(configured: str, port: int) -> str:
+    """`configured` (the setting), or this machine's name and the port served."""
+    return configured or f"{socket.gethostname()}:{port}"
+
+
+class InstanceLabelled:
+    """A collector that yields `registry`'s metric families with the instance label added."""
+
+    def __init__(self, registry: CollectorRegistry, instance: str):
+        self._registry = registry
+        self.instance = instance
+
+    def collect(self):
+        for family in self._registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [
+                sample._replace(labels={**sample.labels, INSTANCE_LABEL: self.instance}) for sample in family.samples
+            ]
+            yield labelled
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every sample, labelled."""
+        return generate_latest(self)
 
 
 class ServerMetrics:
-    def __init__(self, pipeline: Callable[[], object | None], active_sessions: Callable[[], int], instance: str):
+    def __init__(self, pipeline: Callable[[], Pipeline | None], active_sessions: Callable[[], int], instance: str):
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.exposed = InstanceLabelled(registry, instance)  # what /metrics writes
         self.sessions = Counter("kimiaudio_sessions", "Sessions admitted", ["transport"], registry=registry)
@@ -69,8 +104,8 @@ class ServerMetrics:
         elif kind == "error":
             self.errors.labels("event", event["error"]["code"]).inc()
 
-    def note_http_error(self, code: str) -> None:
-        self.errors.labels("http", code).inc()
+    def note_http_error(self, code: str | None) -> None:
+        self.errors.labels("http", str(code)).inc()
 
     def note_audio(self, seconds: float) -> None:
         self.audio.inc(seconds)

@@ -7,8 +7,8 @@ logger (so it can be routed or silenced on its own):
     turn session=sess_.. conversation=Q2.. response=resp_.. status=completed commit_to_first_audio_s=0.41
          first_pcm_s=0.32 done_s=1.9 played_s=.. prefill_tokens_cached=.. prefill_tokens_computed=.. text_chars=12
 
-RealtimeSession calls it for each response.done it sends, whatever the transport (rtc_peer.py,
-realtime_socket.py).
+A session's EventSender (session/event_sender.py) calls it for each response.done it sends,
+whatever the transport.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ leaves nothing behind. The conversation a session talks in is leased to it (stor
 opening one another live session holds, on this instance or another sharing the database, is
 refused with ConversationBusyError; the lease is released when the session moves on or closes.
 The history (what the pipeline's prompts are built from) is loaded
-lazily from the store and kept in step with every turn stored afterwards.
+lazily from the store and kept in step with every turn stored afterwards. The items the client
+was told of form a chain (each event names the previous item): `next_item` keeps its end.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import StoreUnavailableError
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.store import ConversationStore
 
@@ -26,6 +27,19 @@ class Conversation:
         self.session_id = session_id  # the lease holder
         self._history: list[HistoryTurn] | None = None if conversation_id else []
         self._leased: str | None = None  # the conversation whose lease this session holds
+        self.last_item_id: str | None = None  # the newest item the client was told of
+
+    @property
+    def stored_id(self) -> str:
+        """The id of the stored conversation the session talks in (ensure() makes one)."""
+        if self.id is None:
+            raise KimiAudioError("no conversation yet: it is created with the first committed turn")
+        return self.id
+
+    def next_item(self, item_id: str) -> str | None:
+        """`item_id` is the conversation's newest item now -> the one before it (None: the first)."""
+        previous, self.last_item_id = self.last_item_id, item_id
+        return previous
 
     async def open(self) -> None:
         """Take the lease of the conversation the session was opened with (ConversationBusyError)."""
@@ -67,12 +81,13 @@ class Conversation:
         else:
             await self.release()
         self.id, self._history = conversation_id, (None if conversation_id else [])
+        self.last_item_id = None
         if conversation_id is not None:
             await self.history()
 
     async def history(self) -> list[HistoryTurn]:
         if self._history is None:
-            stored = await self.store.load_history(self.id) or []
+            stored = (await self.store.load_history(self.id) or []) if self.id is not None else []
             self._history = [
                 HistoryTurn(
                     role=t.role, text=t.text, audio_tokens=t.audio_tokens, audio=t.audio if t.role == "user" else None
@@ -86,7 +101,7 @@ class Conversation:
         spoken turn); (its index, history turn)."""
         history = await self.history()
         timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
-        index = await self.store.add_turn(self.id, "user", text, audio=audio, timings=timings)
+        index = await self.store.add_turn(self.stored_id, "user", text, audio=audio, timings=timings)
         turn = HistoryTurn(role="user", text=text, audio=audio)
         history.append(turn)
         return index, turn
@@ -103,13 +118,13 @@ class Conversation:
 
     async def set_user_codes(self, index: int, turn: HistoryTurn, codes: list[int]) -> None:
         turn.audio_tokens = list(codes)
-        await self.store.update_turn(self.id, index, audio_tokens=codes)
+        await self.store.update_turn(self.stored_id, index, audio_tokens=codes)
 
     async def add_assistant(
         self, text: str, text_tokens: list[int], codes: list[int], timings: dict, interrupted: bool, audio: np.ndarray
     ) -> tuple[int, HistoryTurn]:
         index = await self.store.add_turn(
-            self.id,
+            self.stored_id,
             "assistant",
             text,
             text_tokens=text_tokens,
@@ -125,7 +140,7 @@ class Conversation:
     async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str, codes: list[int]) -> None:
         """While an answer plays: append the audio heard since the last call; its text and the
         codes of everything heard so far."""
-        await self.store.append_heard(self.id, index, pcm, text, codes)
+        await self.store.append_heard(self.stored_id, index, pcm, text, codes)
         turn.text, turn.audio_tokens = text, list(codes)
 
     async def update_assistant(
@@ -142,7 +157,7 @@ class Conversation:
         """The answer's final record (after it ended, was cut, or truncated): what was heard,
         interrupted or not."""
         await self.store.update_turn(
-            self.id,
+            self.stored_id,
             index,
             text=text,
             text_tokens=text_tokens,

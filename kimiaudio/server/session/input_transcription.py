@@ -19,46 +19,65 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.transcription import transcription_request
-from kimiaudio.server.session import events
+from kimiaudio.server.session import server_events
+from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.owned_tasks import OwnedTasks
+from kimiaudio.server.session.session_settings import SessionSettings
 
 log = logging.getLogger(__name__)
 
 
 class InputTranscription:
-    def __init__(self, session):
-        self.session = session  # RealtimeSession: settings, conversation, pipeline, send, spawn
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        settings: SessionSettings,
+        conversation: Conversation,
+        events: EventSender,
+        tasks: OwnedTasks,
+    ):
+        self._pipeline = pipeline
+        self._settings = settings
+        self._conversation = conversation
+        self._events = events
+        self._tasks = tasks
 
     def start(self, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
         """Transcribe the user turn stored at `index` of the current conversation, if asked to."""
-        s = self.session
-        if s.settings.transcription is None:
+        conversation_id = self._conversation.id
+        if self._settings.transcription is None or conversation_id is None:
             return
-        s.tasks.spawn(self._run(s.conversation.id, item_id, content_index, index, audio), "input transcription")
+        self._tasks.spawn(self._run(conversation_id, item_id, content_index, index, audio), "input transcription")
 
     async def _run(self, conversation_id: str, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
-        s = self.session
+        pipeline, events = self._pipeline, self._events
         try:
             # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings
             # (its token limit, say) are not the words' settings.
-            sampling = SamplingParams.from_config(s.pipeline.config.sampling)
-            handle = s.pipeline.submit(transcription_request(conversation_id, audio, sampling))
+            sampling = SamplingParams.from_config(pipeline.config.sampling)
+            handle = pipeline.submit(transcription_request(conversation_id, audio, sampling))
         except KimiAudioError as exc:
-            s.send(events.transcription_failed(item_id, content_index, f"the transcription could not start ({exc})"))
+            failed = f"the transcription could not start ({exc})"
+            events.send(server_events.transcription_failed(item_id, content_index, failed))
             return
         try:
             done = await handle.result()
         finally:
             if handle.done is None:  # the session closed meanwhile
-                s.pipeline.cancel(handle)
+                pipeline.cancel(handle)
         if done is None or done.status != "completed":
             reason = (done.error or done.status) if done is not None else "no result"
-            s.send(events.transcription_failed(item_id, content_index, f"the transcription failed ({reason})"))
+            failed = f"the transcription failed ({reason})"
+            events.send(server_events.transcription_failed(item_id, content_index, failed))
             return
         transcript = done.text.strip()
         try:
-            await s.conversation.store_transcript(conversation_id, index, transcript)
+            await self._conversation.store_transcript(conversation_id, index, transcript)
         except Exception as exc:  # the client still gets the words; the log says why they were not kept
-            log.exception("session %s: storing the transcript of turn %d failed", s.id, index)
-            s.send_error("storage_failed", f"the transcript could not be stored ({type(exc).__name__})")
-        s.send(events.transcription_completed(item_id, content_index, transcript, audio.size / SPEECH_INPUT_RATE))
+            log.exception("session %s: storing the transcript of turn %d failed", events.session_id, index)
+            events.error("storage_failed", f"the transcript could not be stored ({type(exc).__name__})")
+        seconds = audio.size / SPEECH_INPUT_RATE
+        events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds))

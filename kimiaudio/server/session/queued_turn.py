@@ -1,5 +1,9 @@
 """What a Realtime session queues for its turns to take in order (realtime_session.py), and
-the ids of the conversation items it creates."""
+the ids of the conversation items it creates.
+
+Three kinds of entry, each its own type, taken by structural match: a user utterance or an
+audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse).
+"""
 
 from __future__ import annotations
 
@@ -15,16 +19,34 @@ def new_item_id() -> str:
     return f"item_{secrets.token_hex(8)}"
 
 
-@dataclass
-class QueuedTurn:
-    """One entry of a session's turn queue: what the client committed or asked for, taken in order."""
+@dataclass(frozen=True)
+class QueuedAudio:
+    """A user utterance (committed by the VAD or the client), or a conversation.item.create
+    with audio: stored as a spoken user turn, then answered if `respond`."""
 
-    kind: str  # "audio" (a user utterance) | "text" (a text item) | "respond" (response.create)
     item_id: str
-    audio: np.ndarray | None = None  # 16 kHz
-    text: str = ""
-    role: str = "user"
-    barge_ins: int = 0  # the session's barge-in count when it was queued
+    audio: np.ndarray  # 16 kHz
+    text: str = ""  # an item's text parts, before its audio
+    barge_ins: int = 0  # the session's barge-in count when it was queued: a later one makes it moot
     respond: bool = False
-    request: ResponseCreate | None = None
-    cancels: int = 0  # the session's count of response.cancel events that found no response yet
+
+
+@dataclass(frozen=True)
+class QueuedText:
+    """A conversation.item.create with text only: context for the next spoken turn."""
+
+    item_id: str
+    text: str
+    role: str  # "user" | "assistant" (a system message is context like a user's text)
+
+
+@dataclass(frozen=True)
+class QueuedResponse:
+    """A response.create."""
+
+    request: ResponseCreate
+    cancels: int  # the session's count of response.cancel events that found no response yet
+
+
+QueuedItem = QueuedAudio | QueuedText
+QueuedTurn = QueuedAudio | QueuedText | QueuedResponse

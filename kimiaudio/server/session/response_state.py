@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,36 +20,46 @@ import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import TurnDone
+from kimiaudio.pipeline.turn_handle import TurnHandle
+from kimiaudio.pipeline.turn_request import HistoryTurn
+from kimiaudio.server.session.queued_turn import new_item_id
+
+
+def _state(default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
+    """A field of the response's state: not a constructor argument, it starts at its default."""
+    if factory is not None:
+        return field(default_factory=factory, init=False)
+    return field(default=default, init=False)
 
 
 @dataclass
 class ResponseState:
-    id: str
-    item_id: str  # the assistant item it makes
     output_type: str  # "both" | "text"
-    handle: Any  # the pipeline's TurnHandle
+    handle: TurnHandle  # the pipeline's
     user_index: int  # stored index of the user turn it answers
-    user_turn: Any  # that turn's HistoryTurn (its VQ codes arrive with UserEncoded)
+    user_turn: HistoryTurn  # that turn (its VQ codes arrive with UserEncoded)
     committed_at: float  # time.monotonic() of the commit
-    playback_done: asyncio.Future
-    text: str = ""
-    pcm: list[np.ndarray] = field(default_factory=list)  # 24 kHz chunks as generated (add_pcm)
-    num_samples: int = 0  # in `pcm`, kept as chunks come: the recorder asks every second
-    codes: list[int] = field(default_factory=list)  # speech codes of those chunks, as they came
-    cancelled: bool = False
-    generation_ended: bool = False
-    played_samples: int | None = None  # samples heard, set when playback was cut short (None: all)
-    cancel_reason: str | None = None  # turn_detected (barge-in) | client_cancelled
-    done: TurnDone | None = None  # the pipeline's, once generation ended
-    first_played_at: float | None = None
-    stored: tuple[int, Any] | None = None  # the assistant turn once stored: (index, its HistoryTurn)
-    task: asyncio.Task | None = None
-    # Progressive storing (responder.py _record): set at the first audio played (the first
+    id: str = _state(factory=lambda: f"resp_{secrets.token_hex(6)}")
+    item_id: str = _state(factory=new_item_id)  # the assistant item it makes
+    text: str = _state("")
+    pcm: list[np.ndarray] = _state(factory=list)  # 24 kHz chunks as generated (add_pcm)
+    num_samples: int = _state(0)  # in `pcm`, kept as chunks come: the recorder asks every second
+    codes: list[int] = _state(factory=list)  # speech codes of those chunks, as they came
+    cancelled: bool = _state(False)
+    generation_ended: bool = _state(False)
+    played_samples: int | None = _state()  # samples heard, set when playback was cut short (None: all)
+    cancel_reason: str | None = _state()  # turn_detected (barge-in) | client_cancelled
+    done: TurnDone | None = _state()  # the pipeline's, once generation ended
+    first_played_at: float | None = _state()
+    stored: tuple[int, HistoryTurn] | None = _state()  # the assistant turn once stored: (index, its history turn)
+    task: asyncio.Task[None] | None = _state()
+    playback_done: asyncio.Event = _state(factory=asyncio.Event)  # its last audio played (or it was cut)
+    # Progressive storing (answer_storage.py `record`): set at the first audio played (the first
     # text sent, for a text answer); set to stop; samples already stored; the recording task.
-    first_heard: asyncio.Event = field(default_factory=asyncio.Event)
-    stop_recording: asyncio.Event = field(default_factory=asyncio.Event)
-    recorded_samples: int = 0
-    recorder: asyncio.Task | None = None
+    first_heard: asyncio.Event = _state(factory=asyncio.Event)
+    stop_recording: asyncio.Event = _state(factory=asyncio.Event)
+    recorded_samples: int = _state(0)
+    recorder: asyncio.Task[None] | None = _state()
 
     def codes_heard(self, samples: int, samples_per_code: int | None) -> list[int]:
         """The codes of the first `samples` heard, rounded up so the code being spoken is kept."""

@@ -26,8 +26,8 @@ from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
+from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
 
 DEFAULT_VOICE = MODEL_VOICE
@@ -50,9 +50,9 @@ class SessionSettings:
         self.transcription: dict[str, str] | None = {"model": TRANSCRIPTION_MODEL} if transcribe else None
 
     def turn_settings(self) -> TurnSettings:
-        v = self.config.vad
+        vad = self.config.vad
         return TurnSettings(
-            v.threshold, v.min_speech_ms, v.silence_ms, v.prefix_padding_ms, self.config.audio.max_input_seconds
+            vad.threshold, vad.min_speech_ms, vad.silence_ms, vad.prefix_padding_ms, self.config.audio.max_input_seconds
         )
 
     def sampling(

@@ -6,13 +6,14 @@ apply it (session_settings.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from kimiaudio.config import check_setting
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.inputs.openai_params import (
     AUDIO_INPUT_FIELDS,
     AUDIO_OUTPUT_FIELDS,
+    MODEL_ID,
     SESSION_FIELDS,
     RealtimeSampling,
     checked,
@@ -26,7 +27,6 @@ from kimiaudio.server.session.event_fields import (
     pcm16_rate,
     typed_field,
 )
-from kimiaudio.server.v1.models import MODEL_ID
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 
@@ -42,7 +42,7 @@ class SessionUpdate:
     input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
     temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
     # input_audio_transcription: None = unchanged, False = off, {"model": name} = on
-    transcription: dict[str, str] | bool | None = None
+    transcription: dict[str, str] | Literal[False] | None = None
 
 
 def parse_session_update(session: dict, where: str) -> SessionUpdate:
@@ -95,7 +95,7 @@ def parse_session_update(session: dict, where: str) -> SessionUpdate:
     )
 
 
-def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] | bool | None:
+def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] | Literal[False] | None:
     """Beta `input_audio_transcription` or GA `audio.input.transcription`: null turns it off,
     {"model": ...} on (any model name: the words are Kimi-Audio's own ASR). Its `language`
     and `prompt` are refused: the official ASR prompt is fixed and detects the language."""

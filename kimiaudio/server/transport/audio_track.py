@@ -9,7 +9,13 @@ stuttering. When idle it sends silence; `flush()` (barge-in) drops the buffer at
 pts keeps advancing by one frame per frame, so the receiver sees no timestamp jump.
 
 The track counts what it has actually sent for the current response, which is what an
-interrupted turn is truncated to.
+interrupted turn is truncated to. It is the session's Playback (session/playback.py): the
+listener given to `begin` hears when the response's first frame is sent and its last one was.
+
+`MeteredPlaybackTrack` (what a WebRTC peer sends) also tells the server's metrics (a) the
+seconds of answer audio pushed to it and (b) each underrun: a response that had started playing
+runs out of buffered audio before its end and the listener hears a gap (counted once per gap,
+not per silent frame).
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ from aiortc.mediastreams import MediaStreamError
 
 from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.server.session.playback import PlaybackListener
 
 SAMPLE_RATE = 48000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz
 _TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 _MAX_LAG_S = 0.1  # further behind than this, re-anchor the clock instead of sending a burst
+_FRAME_24K = FRAME_SAMPLES * SPEECH_OUTPUT_RATE // SAMPLE_RATE  # one 20 ms frame in 24 kHz samples
 
 
 class PlaybackTrack(MediaStreamTrack):
@@ -40,17 +48,10 @@ class PlaybackTrack(MediaStreamTrack):
     clock = staticmethod(time.monotonic)
     sleep = staticmethod(asyncio.sleep)
 
-    def __init__(
-        self,
-        prebuffer_ms: float = 60.0,
-        on_playback_started: Callable[[str], None] | None = None,
-        on_playback_finished: Callable[[str], None] | None = None,
-    ):
+    def __init__(self, prebuffer_ms: float = 60.0):
         super().__init__()
         self._prebuffer = int(prebuffer_ms * SAMPLE_RATE / 1000)
-        # Told the response id when its first frame is sent and when its last one was.
-        self.on_playback_started = on_playback_started
-        self.on_playback_finished = on_playback_finished
+        self._listener: PlaybackListener | None = None  # the current response's
         self._chunks: deque[np.ndarray] = deque()  # int16 48 kHz pieces
         self._num_buffered = 0
         self._resampler: StreamResampler | None = None
@@ -63,10 +64,11 @@ class PlaybackTrack(MediaStreamTrack):
         self.is_consumed = False  # set by the first recv(): someone is sending this track
 
     # ----- producer side (the session) -----
-    def begin(self, response_id: str) -> None:
+    def begin(self, response_id: str, listener: PlaybackListener) -> None:
         """Start a new response (anything still buffered is dropped)."""
         self.flush()
         self.response_id = response_id
+        self._listener = listener
         self._resampler = StreamResampler(SPEECH_OUTPUT_RATE, SAMPLE_RATE)
 
     def push(self, pcm24k: np.ndarray) -> None:
@@ -87,6 +89,7 @@ class PlaybackTrack(MediaStreamTrack):
         self._num_buffered = 0
         self._resampler = None
         self.response_id = None
+        self._listener = None
         self._input_ended = False
         self._playing = False
         self._num_played = 0
@@ -144,8 +147,8 @@ class PlaybackTrack(MediaStreamTrack):
             if self._num_buffered < self._prebuffer and not self._input_ended:
                 return out
             self._playing = True
-            if self._num_played == 0 and self.on_playback_started is not None:
-                self.on_playback_started(self.response_id)
+            if self._num_played == 0 and self._listener is not None:
+                self._listener.playback_started(self.response_id)
         filled = 0
         while filled < FRAME_SAMPLES and self._chunks:
             chunk = self._chunks[0]
@@ -166,6 +169,34 @@ class PlaybackTrack(MediaStreamTrack):
         return out
 
     def _finish(self) -> None:
-        response_id, self.response_id, self._playing = self.response_id, None, False
-        if self.on_playback_finished is not None:
-            self.on_playback_finished(response_id)
+        response_id, listener = self.response_id, self._listener
+        self.response_id, self._listener, self._playing = None, None, False
+        if listener is not None and response_id is not None:
+            listener.playback_finished(response_id)
+
+
+class MeteredPlaybackTrack(PlaybackTrack):
+    """A PlaybackTrack that reports the audio pushed to it (`on_audio`, seconds) and each
+    underrun (`on_underrun`); only the track's public state is read."""
+
+    def __init__(self, on_audio: Callable[[float], None], on_underrun: Callable[[], None]):
+        super().__init__()
+        self._on_audio, self._on_underrun = on_audio, on_underrun
+        self._starved = False  # inside a gap of the current response
+
+    def push(self, pcm24k: np.ndarray) -> None:
+        if self.response_id is not None:
+            self._on_audio(np.size(pcm24k) / SPEECH_OUTPUT_RATE)
+        super().push(pcm24k)
+
+    async def recv(self) -> av.AudioFrame:
+        response_id, played = self.response_id, self.played_samples_24k
+        frame = await super().recv()
+        if response_id is not None and self.response_id == response_id and played > 0:
+            short = self.played_samples_24k - played < _FRAME_24K  # the buffer ran dry in this frame
+            if short and not self._starved:
+                self._on_underrun()
+            self._starved = short
+        else:
+            self._starved = False
+        return frame

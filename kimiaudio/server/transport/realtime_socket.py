@@ -14,20 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
-from concurrent.futures import Executor
 
+import numpy as np
 from aiohttp import WSMsgType, web
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.observe.server_metrics import ServerMetrics
-from kimiaudio.server.session import client_events as ce
-from kimiaudio.server.session import events
+from kimiaudio.server.context import ServerContext
+from kimiaudio.server.session import client_events, server_events
+from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.realtime_session import RealtimeSession
+from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ws_playback import WsPlayback
 
@@ -40,35 +39,13 @@ MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 class RealtimeSocket(ClosesOnce):
     """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(
-        self,
-        session_id: str,
-        ws: web.WebSocketResponse,
-        config: Config,
-        pipeline,
-        store,
-        vad,
-        vad_executor: Executor,
-        on_closed: Callable[[RealtimeSocket], None],
-        metrics: ServerMetrics | None = None,
-    ):
-        self.id = session_id
+    def __init__(self, context: ServerContext, admitted: Admitted, ws: web.WebSocketResponse):
+        self.id = admitted.session_id
         self.ws = ws
-        self._on_closed = on_closed
+        self._release = admitted.release
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
-        self.session = RealtimeSession(
-            session_id,
-            config,
-            pipeline,
-            store,
-            vad,
-            vad_executor,
-            None,
-            send=self._send,
-            playback=self.playback,
-            metrics=metrics,
-        )
+        self.session = RealtimeSession(context, admitted, self._send, self.playback)
         self._resampler: StreamResampler | None = None
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
@@ -81,13 +58,13 @@ class RealtimeSocket(ClosesOnce):
         """Serve the connection until the client goes away (the route handler's body)."""
         self._writer = asyncio.get_running_loop().create_task(self._write())
         self.session.start()
-        self.session.send(events.session_created(self.session.describe()))
+        self.session.events.send(server_events.session_created(self.session.describe()))
         try:
             async for message in self.ws:
                 if message.type == WSMsgType.TEXT:
                     await self._receive(message.data)
                 elif message.type == WSMsgType.BINARY:
-                    self.session.send_error("invalid_event", "send events as JSON text messages")
+                    self.session.events.error("invalid_event", "send events as JSON text messages")
                 elif message.type == WSMsgType.ERROR:
                     break
                 if self._dropped:
@@ -97,19 +74,20 @@ class RealtimeSocket(ClosesOnce):
 
     async def _receive(self, text: str) -> None:
         try:
-            event = ce.parse_client_event(text, MAX_WS_MESSAGE_BYTES)
-            if isinstance(event, ce.AudioAppend):  # streamed: one resampler keeps chunk edges seamless
-                await self.session.push_audio(self._to_16k(event.pcm16))
-            else:
-                await self.session.handle_event(event)
-        except ce.ProtocolError as exc:
-            self.session.send_error(exc.code, str(exc), exc.param)
+            event = client_events.parse_client_event(text, MAX_WS_MESSAGE_BYTES)
+            match event:
+                case client_events.AudioAppend(pcm16=data):  # streamed: one resampler keeps chunk edges seamless
+                    await self.session.push_audio(self._to_16k(data))
+                case _:
+                    await self.session.handle_event(event)
+        except ProtocolError as exc:
+            self.session.events.error(exc.code, str(exc), exc.param)
         except Exception as exc:  # KimiAudioError from a setting, or a bug: the session goes on
             if not isinstance(exc, KimiAudioError):
                 log.exception("session %s: handling an event failed", self.id)
-            self.session.send_error("invalid_value", str(exc))
+            self.session.events.error("invalid_value", str(exc))
 
-    def _to_16k(self, raw: bytes):
+    def _to_16k(self, raw: bytes) -> np.ndarray:
         rate = self.session.settings.input_rate
         pcm = pcm16.to_float(raw)
         if rate == SPEECH_INPUT_RATE:
@@ -130,9 +108,9 @@ class RealtimeSocket(ClosesOnce):
         self._outbox.put_nowait(json.dumps(event))
 
     def _send_audio(self, response_id: str, raw: bytes) -> None:
-        r = self.session.response
-        item_id = r.item_id if r is not None and r.id == response_id else ""
-        self.session.send(events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
+        response = self.session.response
+        item_id = response.item_id if response is not None and response.id == response_id else ""
+        self.session.events.send(server_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
 
     async def _write(self) -> None:
         try:
@@ -158,5 +136,5 @@ class RealtimeSocket(ClosesOnce):
                 except TimeoutError:
                     self._writer.cancel()
             await self.ws.close()
-            self._on_closed(self)
+            self._release()
             log.info("session %s closed: %s", self.id, reason)

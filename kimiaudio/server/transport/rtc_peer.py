@@ -1,4 +1,5 @@
-"""One WebRTC client: its peer connection, carrying a RealtimeSession (RtcPeer).
+"""One WebRTC client: its peer connection, carrying a RealtimeSession (RtcPeer), and how a
+client's SDP offer becomes one (`answer_offer`: /api/rtc/offer; any route taking an offer).
 
 Follows aiortc's examples/server: one RTCPeerConnection per client, every handler registered
 before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription returns once ICE
@@ -15,6 +16,12 @@ the connection state; closing cancels its turn and tasks and frees its slot.
 Data-channel messages go to `RealtimeSession.handle_message`, which checks them as JSON
 (json_input.parse_json: size, depth, UTF-8, no NaN) and answers whatever fails with an `error`
 event: a client's message never ends in a silent traceback.
+
+`answer_offer(context, offer)` lets a client in, in this order: a session slot is reserved
+(503 when full), the peer is built, the conversation it continues is leased (409
+conversation_busy if another session holds it), its session settings applied (400 naming the
+field), the offer answered (400 bad_offer if aiortc cannot use it); a failure at any step
+closes what was built and frees the slot (session_registry.py).
 """
 
 from __future__ import annotations
@@ -23,27 +30,26 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Executor
+from dataclasses import dataclass
 
 import av
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InvalidStateError
-from aiortc.mediastreams import MediaStreamError
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.audio.vad import SileroVad
-from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.observe.server_metrics import ServerMetrics
-from kimiaudio.server.session import events
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.context import ServerContext
+from kimiaudio.server.session import server_events
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
+from kimiaudio.server.session.session_update import SessionUpdate
+from kimiaudio.server.session_registry import Admitted
+from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.input_clock import InputClock
-from kimiaudio.server.transport.metered_track import MeteredPlaybackTrack
-from kimiaudio.store import ConversationStore
 
 log = logging.getLogger(__name__)
 
@@ -58,40 +64,21 @@ HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 class RtcPeer(ClosesOnce):
     """The peer connection of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(
-        self,
-        session_id: str,
-        config: Config,
-        pipeline,
-        store: ConversationStore,
-        vad: SileroVad,
-        vad_executor: Executor,
-        conversation_id: str | None,
-        on_closed: Callable[[RtcPeer], None],
-        metrics: ServerMetrics,
-    ):
-        self.id = session_id
-        self._on_closed = on_closed
-        self._metrics = metrics
+    def __init__(self, context: ServerContext, admitted: Admitted, conversation_id: str | None):
+        """conversation_id: the stored conversation the client continues (None: a new one)."""
+        self.id = admitted.session_id
+        self._release = admitted.release
+        metrics = self._metrics = context.metrics
+        config = context.config
         ice = [RTCIceServer(**server) for server in ice_servers(config, time.time())]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(
-            session_id,
-            config,
-            pipeline,
-            store,
-            vad,
-            vad_executor,
-            conversation_id,
-            send=self._send,
-            playback=self.track,
-            metrics=metrics,
-            transcribe=config.server.transcribe_input,
+            context, admitted, self._send, self.track, conversation_id, transcribe=config.server.transcribe_input
         )
-        self._channel = None
+        self._channel: RTCDataChannel | None = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
-        self._tasks = OwnedTasks(f"session {session_id}", quiet=HANG_UPS)
+        self._tasks = OwnedTasks(f"session {self.id}", quiet=HANG_UPS)
         self._has_audio_track = False
 
     # ----- signalling -----
@@ -107,19 +94,19 @@ class RtcPeer(ClosesOnce):
         self.session.start()
         return self.pc.localDescription
 
-    def _on_track(self, track) -> None:
+    def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio" or self._has_audio_track:
             return
         self._has_audio_track = True
         self.pc.addTrack(self.track)
         self._tasks.spawn(self._read_audio(track), "reading audio")
 
-    def _on_datachannel(self, channel) -> None:
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if self._channel is not None:
             return
         self._channel = channel
         channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
-        self.session.send(events.session_created(self.session.describe()))
+        self.session.events.send(server_events.session_created(self.session.describe()))
         outbox, self._outbox = self._outbox, []
         for event in outbox:
             self._send_now(event)
@@ -142,13 +129,15 @@ class RtcPeer(ClosesOnce):
         self._send_now(event)
 
     def _send_now(self, event: dict) -> None:
+        if self._channel is None:
+            return
         try:
             self._channel.send(json.dumps(event))
         except Exception as exc:  # the channel went away under us; closing will follow
             log.debug("session %s: could not send %s: %s", self.id, event["type"], exc)
 
     # ----- audio in -----
-    async def _read_audio(self, track) -> None:
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="flt", layout="mono", rate=SPEECH_INPUT_RATE)
         clock = InputClock(self.id, self._metrics.note_input_dropped)
         timeout = FIRST_FRAME_TIMEOUT_S
@@ -167,6 +156,8 @@ class RtcPeer(ClosesOnce):
                 except MediaStreamError:
                     break
                 timeout = INPUT_TIMEOUT_S
+                if not isinstance(frame, av.AudioFrame):
+                    continue  # an audio track hands out audio frames; anything else is not its audio
                 if clock.is_behind(frame, waited=time.monotonic() - asked > FRAME_WAIT_S):
                     continue  # overloaded: this audio is dropped rather than queued without bound
                 for out in resampler.resample(frame):
@@ -188,5 +179,44 @@ class RtcPeer(ClosesOnce):
             await self._tasks.stop()
             self.track.stop()
             await self.pc.close()
-            self._on_closed(self)
+            self._release()
             log.info("session %s closed: %s", self.id, reason)
+
+
+@dataclass(frozen=True)
+class RtcOffer:
+    """A client's request for a WebRTC session, its parts checked where they entered."""
+
+    sdp: str  # checked by inputs/sdp_offer.py
+    update: SessionUpdate | None = None  # session settings to start with
+    conversation_id: str | None = None  # a stored conversation to continue (known to exist)
+
+
+async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer, RTCSessionDescription]:
+    """Let the client in (the module docstring's steps) -> (its peer, the SDP answer)."""
+
+    async def make(admitted: Admitted) -> RtcPeer:
+        return RtcPeer(context, admitted, offer.conversation_id)
+
+    # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
+    async with context.sessions.opened("webrtc", make) as peer:
+        await peer.session.conversation.open()  # its lease: 409 conversation_busy if held elsewhere
+        if offer.update is not None:
+            try:
+                peer.session.apply_update(offer.update, announce=False)
+            except KimiAudioError as exc:
+                raise ApiError(400, "invalid_value", str(exc)) from None
+        answer = await _accept(peer, offer.sdp)
+    return peer, answer
+
+
+async def _accept(peer: RtcPeer, sdp: str) -> RTCSessionDescription:
+    try:
+        return await peer.accept(RTCSessionDescription(sdp=sdp, type="offer"))
+    except KimiAudioError as exc:
+        raise ApiError(400, "bad_offer", str(exc)) from None
+    except Exception as exc:  # aiortc refusing an offer that passed our checks (e.g. no common codec)
+        log.info("session %s: aiortc refused the offer (%s: %s)", peer.id, type(exc).__name__, exc)
+        raise ApiError(
+            400, "bad_offer", "the SDP offer could not be used (no common audio codec or transport?)"
+        ) from None

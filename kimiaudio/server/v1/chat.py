@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import secrets
 import time
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -22,24 +23,28 @@ from aiohttp import web
 from kimiaudio.audio.encode import encode_audio
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
+from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.voices import UnknownVoiceError
+from kimiaudio.pipeline.voices import UnknownVoiceError, Voice
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, pipeline_key, store_key
-from kimiaudio.server.middleware.request_body import read_json
+from kimiaudio.server.context import server_context
+from kimiaudio.server.inputs.json_input import read_json_body
+from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
-from kimiaudio.server.v1.logprobs import logprobs_object
-from kimiaudio.server.v1.models import MODEL_ID
+from kimiaudio.server.v1.openai_output import logprobs_object
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
+from kimiaudio.store import ConversationStore
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    config, pipeline, store = app[config_key], app[pipeline_key], app[store_key]
-    body = await read_json(request)  # bad JSON: 400, too large: 413 (the error middleware says so)
+    context = server_context(request)
+    config, pipeline, store = context.config, context.pipeline, context.store
+    # bad JSON: 400, too large: 413 (the error middleware says so)
+    body = await read_json_body(request, config.server.max_body_bytes)
     chat = await parse_chat_body(body, config, store, pipeline.can_speak)
     turn = TurnRequest(
         conversation_id="chat",
@@ -61,7 +66,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     record.add_audio_out(pcm.size / SPEECH_OUTPUT_RATE)
     if done is None or done.status != "completed":
         raise failed_turn_error(done, "generation_failed", "the answer", "messages")
-    message = {"role": "assistant", "content": done.text, "refusal": None}
+    message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
     if chat.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript
         message["audio"] = await _audio(chat, done, pcm, store, config.server.audio_answer_ttl_s)
@@ -82,7 +87,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _voice(pipeline, chat: ChatRequest):
+def _voice(pipeline: Pipeline, chat: ChatRequest) -> Voice | None:
     """The stored voice `audio.voice` names (stock names and none: the model's own)."""
     if chat.output_type != "both":
         return None
@@ -92,8 +97,9 @@ def _voice(pipeline, chat: ChatRequest):
         raise ApiError(400, "invalid_value", str(exc), param="audio.voice") from None
 
 
-async def _collect(handle) -> tuple[np.ndarray, TurnDone]:
-    chunks, done = [], None
+async def _collect(handle: TurnHandle) -> tuple[np.ndarray, TurnDone | None]:
+    chunks: list[np.ndarray] = []
+    done = None
     async for event in handle:
         if isinstance(event, AudioChunk):
             chunks.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
@@ -102,7 +108,7 @@ async def _collect(handle) -> tuple[np.ndarray, TurnDone]:
     return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), done
 
 
-async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store, ttl_s: float) -> dict:
+async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store: ConversationStore, ttl_s: float) -> dict:
     answer = await save_answer(store, new_answer_id(), done.text, done.audio_tokens, pcm, ttl_s)
     data = encode_audio(pcm, chat.audio_format, SPEECH_OUTPUT_RATE)
     return {

@@ -27,10 +27,9 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, checked
+from kimiaudio.server.inputs.audio_input import decode_base64, speech_from_bytes
+from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, check_model, checked
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
-from kimiaudio.server.v1.audio_input import decode_base64, speech_from_bytes
-from kimiaudio.server.v1.models import check_model
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
 
@@ -40,7 +39,7 @@ class ChatRequest:
     history: list[HistoryTurn]
     user_audio: np.ndarray  # at SPEECH_INPUT_RATE
     output_type: str  # text/output_type.py
-    audio_format: str | None  # of the spoken answer
+    audio_format: str  # of the spoken answer ("": a text answer)
     voice: str | None
     stream: bool
     include_usage: bool
@@ -49,7 +48,7 @@ class ChatRequest:
     logprobs: bool = False
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> ApiError:
+def _bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, code, message, param=param)
 
 
@@ -71,15 +70,16 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
     if output_type is None:
         raise _bad(f"modalities: expected {EXPECTED_MODALITIES}", "modalities")
     audio = _option(body, "audio", dict, 'an object {"voice", "format"}') or {}
-    audio_format = voice = None
+    audio_format, voice = "", None
     if output_type == BOTH:
         if not can_speak:
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
-        audio_format, voice = audio.get("format"), audio.get("voice")
-        if not isinstance(audio_format, str) or audio_format not in FORMATS:
+        requested, voice = audio.get("format"), audio.get("voice")
+        if not isinstance(requested, str) or requested not in FORMATS:
             raise ApiError(
                 400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}", param="audio.format"
             )
+        audio_format = requested
     stream = bool(_option(body, "stream", bool, "true or false"))
     stream_options = _option(body, "stream_options", dict, "an object") or {}
     history, user_audio = await _messages(body.get("messages"), config, store)
@@ -234,9 +234,10 @@ async def _assistant_turn(message: dict, where: str, store) -> HistoryTurn:
     content = message.get("content")
     if isinstance(content, list):
         texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if not all(isinstance(text, str) for text in texts):
+        strings = [text for text in texts if isinstance(text, str)]
+        if len(strings) != len(texts):
             raise _bad(f'{where}.content: expected text parts {{"type": "text", "text": "..."}}', f"{where}.content")
-        content = "".join(texts)
+        content = "".join(strings)
     if not isinstance(content, str):
         raise _bad(f"{where}.content: expected text (or an audio id)", f"{where}.content")
     return HistoryTurn("assistant", text=content)

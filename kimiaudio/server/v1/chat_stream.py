@@ -24,18 +24,17 @@ from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.observe.request_log import request_record
-from kimiaudio.server.v1 import sse
-from kimiaudio.server.v1.logprobs import logprobs_object
+from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
-    response = await sse.open_stream(request)
+    response = await open_stream(request)
     record = request_record(request)
 
     async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
-        await sse.send(
+        await send_event(
             response,
             {
                 **completion,
@@ -76,8 +75,8 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             elif isinstance(event, TurnDone):
                 done = event
         if done is None or done.status != "completed":
-            await sse.send_error(response, failed_turn_error(done, "generation_failed", "the answer", "messages"))
-            await sse.send_done(response)
+            await send_error(response, failed_turn_error(done, "generation_failed", "the answer", "messages"))
+            await send_done(response)
             return response
         if encoder is not None:
             await _audio_data(chunk, answer_id, encoder.finish())
@@ -85,18 +84,18 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             try:
                 answer = await save_answer(store, answer_id, done.text, done.audio_tokens, audio, ttl_s)
             except StoreUnavailableError as exc:  # the status line is sent: said in the stream
-                await sse.send_error(
+                await send_error(
                     response, ApiError(503, "database_unavailable", f"the answer's audio id could not be kept ({exc})")
                 )
-                await sse.send_done(response)
+                await send_done(response)
                 return response
             await chunk({"audio": {"id": answer_id, "expires_at": int(answer.expires_at)}})
         await chunk({}, finish_reason(done))
         if chat.include_usage:
-            await sse.send(
+            await send_event(
                 response, {**completion, "object": "chat.completion.chunk", "choices": [], "usage": usage(done)}
             )
-        await sse.send_done(response)
+        await send_done(response)
     except ConnectionResetError:  # the client went away between two writes
         pass
     return response

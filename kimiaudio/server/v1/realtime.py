@@ -14,38 +14,28 @@ import logging
 from aiohttp import web
 
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, pipeline_key, server_metrics_key, store_key, vad_executor_key
-from kimiaudio.server.session_registry import opened_session
+from kimiaudio.server.context import server_context
+from kimiaudio.server.inputs.openai_params import check_model
+from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.realtime_socket import MAX_WS_MESSAGE_BYTES, RealtimeSocket
-from kimiaudio.server.v1.models import check_model
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connection
 
 
 async def realtime(request: web.Request) -> web.StreamResponse:
-    app = request.app
+    context = server_context(request)
     if "model" in request.query:
-        check_model(request.query["model"], app[config_key].server.model_aliases)
+        check_model(request.query["model"], context.config.server.model_aliases)
     ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S)
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
 
-    async def make(session_id: str, vad, on_closed) -> RealtimeSocket:
+    async def make(admitted: Admitted) -> RealtimeSocket:
         await ws.prepare(request)  # the upgrade: after the slot is taken (503 before it)
-        return RealtimeSocket(
-            session_id,
-            ws,
-            app[config_key],
-            app[pipeline_key],
-            app[store_key],
-            vad,
-            app[vad_executor_key],
-            on_closed=on_closed,
-            metrics=app[server_metrics_key],
-        )
+        return RealtimeSocket(context, admitted, ws)
 
-    async with opened_session(app, "websocket", make) as socket:
+    async with context.sessions.opened("websocket", make) as socket:
         pass  # the upgrade is all the setup there is
     try:
         await socket.run()

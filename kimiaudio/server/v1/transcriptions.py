@@ -22,6 +22,7 @@ import asyncio
 import math
 import zlib
 from functools import cache
+from typing import Any
 
 from aiohttp import web
 
@@ -34,14 +35,12 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.transcription import transcription_request
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.app_keys import config_key, max_body_bytes_key, pipeline_key, vad_executor_key
+from kimiaudio.server.context import server_context
+from kimiaudio.server.inputs.audio_input import speech_from_bytes
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
-from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, checked
+from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, check_model, checked
 from kimiaudio.server.observe.request_log import request_record
-from kimiaudio.server.v1 import sse
-from kimiaudio.server.v1.audio_input import speech_from_bytes
-from kimiaudio.server.v1.logprobs import logprobs_object
-from kimiaudio.server.v1.models import check_model
+from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
@@ -59,20 +58,20 @@ TEXT_FIELDS = (
 )
 
 
-async def _form(request: web.Request) -> dict:
-    """The form's text fields by name (a list field: its values), and `file`: (its file name,
-    its bytes). A field OpenAI's API does not have is refused."""
-    limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": request.app[max_body_bytes_key]}
+async def _form(request: web.Request) -> tuple[dict[str, Any], tuple[str, bytes]]:
+    """(The form's text fields by name (a list field: its values), `file`: (its file name, its
+    bytes)). A field OpenAI's API does not have is refused."""
+    max_file_bytes = server_context(request).config.server.max_body_bytes
+    limits = {name: MAX_TEXT_BYTES for name in TEXT_FIELDS} | {"file": max_file_bytes}
     unknown: list[str] = []
     form = await read_form(request, limits, ("file",), "the audio as `file`", LIST_FIELDS, unknown)
-    fields = {
+    fields: dict[str, Any] = {
         name: (field.texts() if name in LIST_FIELDS else field.text()) for name, field in form.items() if name != "file"
     }
     # An object field arrives as `name[key]` parts (chunking_strategy[type]): judged by its name.
     names = [name.partition("[")[0] if "[" in name and not name.endswith("[]") else name for name in unknown]
     TRANSCRIPTION_FIELDS.check({**{name: {"object": name} for name in names}, **fields})
-    fields["file"] = (form["file"].filename or "file", form["file"].data)
-    return fields
+    return fields, (form["file"].filename or "file", form["file"].data)
 
 
 def _flag(value: str | None, param: str) -> bool:
@@ -124,8 +123,9 @@ def _options(fields: dict, response_format: str) -> tuple[bool, bool]:
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:
-    config, pipeline = request.app[config_key], request.app[pipeline_key]
-    fields = await _form(request)
+    context = server_context(request)
+    config, pipeline = context.config, context.pipeline
+    fields, (name, data) = await _form(request)
     check_model(fields.get("model"), config.server.model_aliases)
     response_format = fields.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
@@ -144,7 +144,6 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         except KimiAudioError as exc:
             raise ApiError(400, "invalid_value", str(exc), param="language") from None
     temperature = check_setting("sampling", "text_temperature", _temperature(fields.get("temperature"), config))
-    name, data = fields["file"]
     pcm = speech_from_bytes(data, None, config.audio, "file", name)
     sampling = SamplingParams.from_config(config.sampling, text_temperature=temperature)
     turn = transcription_request(
@@ -158,9 +157,9 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
     )  # a client waits for it
     seconds = pcm.size / SPEECH_INPUT_RATE
     request_record(request).audio_in_s = seconds
-    speech = None
+    speech: asyncio.Future[float] | None = None
     if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
-        speech = asyncio.get_running_loop().run_in_executor(request.app[vad_executor_key], _max_speech_probability, pcm)
+        speech = asyncio.get_running_loop().run_in_executor(context.vad_executor, _max_speech_probability, pcm)
     try:
         async with guarded_turn(request, pipeline, turn) as handle:
             if stream:
@@ -169,7 +168,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         if done is None or done.status != "completed":
             raise failed_turn_error(done, "transcription_failed", "the transcription", "prompt")
         text = done.text.strip()
-        if response_format == "verbose_json":
+        if speech is not None:  # verbose_json
             return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
         return _formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
     finally:
@@ -187,7 +186,7 @@ def _max_speech_probability(pcm) -> float:
 
 
 async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
-    response = await sse.open_stream(request)
+    response = await open_stream(request)
     text, logprobs = "", []
     async for event in handle:
         if isinstance(event, TextDelta) and event.text:
@@ -195,16 +194,16 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
             text += event.text
             extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
             logprobs += extra.get("logprobs", [])
-            await sse.send(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
+            await send_event(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
-                await sse.send_error(
+                await send_error(
                     response, failed_turn_error(event, "transcription_failed", "the transcription", "prompt")
                 )
             else:
                 extra = {"logprobs": logprobs} if with_logprobs else {}
-                await sse.send(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
-    await sse.send_done(response)
+                await send_event(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
+    await send_done(response)
     return response
 
 

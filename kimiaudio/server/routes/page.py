@@ -1,0 +1,54 @@
+"""The demo page and what it asks before it connects.
+
+GET    /                the demo page (static/index.html)
+GET    /static/...      its scripts and styles
+GET    /api/auth        {"required": bool}: does the server need an API key
+GET    /api/status      model, demo flag, ICE servers, sessions, pipeline stats
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from kimiaudio import __version__
+from kimiaudio.pipeline.model_stack import DEMO_NOTICE
+from kimiaudio.server.context import server_context
+from kimiaudio.server.transport.ice_servers import ice_servers
+
+# The demo page ships inside the package (package data), so any install serves it.
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+
+routes = web.RouteTableDef()
+routes.static("/static", STATIC_DIR)
+
+
+@routes.get("/")
+async def index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@routes.get("/api/auth")
+async def auth(request: web.Request) -> web.Response:
+    """Unauthenticated: tells the page whether to ask for a key (and says nothing else)."""
+    return web.json_response({"required": bool(server_context(request).access.api_key)})
+
+
+@routes.get("/api/status")
+async def status(request: web.Request) -> web.Response:
+    context = server_context(request)
+    stack, pipeline, config = context.stack, context.running_pipeline(), context.config
+    is_demo = bool(stack is not None and stack.is_demo)
+    body = {
+        "status": "ok",
+        "version": __version__,
+        "model": {"path": str(stack.paths.root) if stack is not None else None, "is_demo": is_demo},
+        "demo_weights": is_demo,
+        "demo_message": DEMO_NOTICE if is_demo else None,
+        "ice_servers": ice_servers(config, time.time()),  # TURN with fresh credentials
+        "sessions": {"active": context.sessions.num_reserved, "max": config.server.max_sessions},
+        "pipeline": pipeline.stats() if pipeline is not None else None,
+    }
+    return web.json_response(body)

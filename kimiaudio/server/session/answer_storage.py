@@ -1,0 +1,121 @@
+"""A session's answers kept as they are heard: the assistant turns of its conversation.
+
+Nothing heard is lost: the assistant turn is stored when its first audio is played (its first
+text sent, for a text answer), marked interrupted, and what was heard since is added at least
+every RECORD_INTERVAL_S (`record`, a task beside the response); the final record (everything,
+or the heard part of a cut answer, with the speech codes, which the pipeline reports at the
+end) replaces it when the response ends (`store_final`). The user turn an answer follows gets
+its speech codes as soon as the pipeline has encoded it (`store_user_codes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from kimiaudio.errors import StoreUnavailableError
+from kimiaudio.pipeline.events import TurnDone
+from kimiaudio.pipeline.turn_request import HistoryTurn
+from kimiaudio.server.session import server_events
+from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.playback import Playback
+from kimiaudio.server.session.response_state import ResponseState
+
+log = logging.getLogger(__name__)
+
+RECORD_INTERVAL_S = 1.0  # a playing answer's heard part is stored at least this often
+
+
+class AnswerStorage:
+    def __init__(
+        self, conversation: Conversation, events: EventSender, playback: Playback, samples_per_code: int | None
+    ):
+        """samples_per_code: 24 kHz samples per speech code (None: a text-only server)."""
+        self._conversation = conversation
+        self._events = events
+        self._playback = playback
+        self._samples_per_code = samples_per_code
+
+    async def store_user_codes(self, response: ResponseState, codes: list[int]) -> None:
+        try:
+            await self._conversation.set_user_codes(response.user_index, response.user_turn, codes)
+        except Exception as exc:  # e.g. the conversation was deleted meanwhile: the answer goes on
+            self._log_failure("storing the user turn's codes", exc)
+
+    async def store_final(self, response: ResponseState, done: TurnDone) -> None:
+        """The assistant turn's final record: inserted, or the progressive one updated."""
+        pcm, codes = response.heard(done, self._samples_per_code)
+        text, timings = response.text or done.text, response.timings(done)
+        try:
+            if response.stored is None:
+                await self._insert(response, text, list(done.text_tokens), codes, timings, response.cancelled, pcm)
+            else:
+                index, turn = response.stored
+                await self._conversation.update_assistant(
+                    index, turn, text, list(done.text_tokens), codes, timings, pcm, response.cancelled
+                )
+        except Exception as exc:
+            self._log_failure("storing the assistant turn", exc)
+            self._events.error("storage_failed", f"the answer could not be stored ({exc})")
+
+    async def record(self, response: ResponseState) -> None:
+        """Store the answer from its first audio played (or text sent) on, marked interrupted,
+        and add what was heard at least every RECORD_INTERVAL_S: after a crash, the store holds
+        what the user heard, as audio and as the codes of that audio (history after a restart)."""
+        loop = asyncio.get_running_loop()
+        stop = loop.create_task(response.stop_recording.wait())
+        first_heard = loop.create_task(response.first_heard.wait())
+        await asyncio.wait([stop, first_heard], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            while not response.stop_recording.is_set():
+                heard = self._heard_samples(response)
+                pcm = response.pcm_between(response.recorded_samples, heard)
+                index, turn = response.stored or await self._insert(
+                    response, response.text, [], [], {}, True, np.zeros(0, np.float32)
+                )
+                heard = max(heard, response.recorded_samples)
+                codes = response.codes_heard(heard, self._samples_per_code)
+                await self._conversation.record_heard(index, turn, pcm, response.text, codes)
+                response.recorded_samples = heard
+                await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
+        except Exception as exc:  # the answer goes on; its final record is attempted at the end
+            self._log_failure("storing the answer as it plays", exc)
+            self._events.error("storage_failed", f"the answer could not be stored as it played ({exc})")
+        finally:
+            stop.cancel()
+            first_heard.cancel()
+
+    async def _insert(
+        self,
+        response: ResponseState,
+        text: str,
+        text_tokens: list[int],
+        codes: list[int],
+        timings: dict[str, float],
+        interrupted: bool,
+        pcm: np.ndarray,
+    ) -> tuple[int, HistoryTurn]:
+        """Insert the assistant turn and announce its item -> (its index, its history turn)."""
+        conversation = self._conversation
+        index, turn = await conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
+        response.stored = (index, turn)
+        previous = conversation.next_item(response.item_id)
+        spoken = response.output_type == "both"
+        item = server_events.message_item(response.item_id, "assistant", text, spoken, index, interrupted)
+        self._events.send(server_events.item_created(conversation.stored_id, item, previous))
+        return index, turn
+
+    def _heard_samples(self, response: ResponseState) -> int:
+        if response.output_type != "both" or self._playback.response_id != response.id:
+            return response.recorded_samples
+        return min(self._playback.played_samples_24k, response.num_samples)
+
+    def _log_failure(self, what: str, exc: BaseException) -> None:
+        """A lost database is one warning line (the session talks on); anything else is a bug."""
+        if isinstance(exc, StoreUnavailableError):
+            log.warning("session %s: %s failed: %s", self._events.session_id, what, exc)
+        else:
+            log.exception("session %s: %s failed", self._events.session_id, what)

@@ -1,0 +1,56 @@
+"""The /v1 sub-application: OpenAI's API, its routes and its own middleware.
+
+Mounted under /v1 by app.py, so every request passes the app's middlewares first (errors,
+access, draining, body limits), then this sub-application's: one log line per request
+(observe/request_log.py), and errors mapped to the ApiError the client gets innermost
+(middleware/errors.py), so that the log line says what the client was answered. A path
+under /v1 that names no route is OpenAI's 404 `unknown_url`. The routes are listed in the
+package docstring; GET /v1/models is here.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.context import server_context
+from kimiaudio.server.inputs.openai_params import MODEL_ID
+from kimiaudio.server.middleware.errors import errors_as_api_errors
+from kimiaudio.server.observe.request_log import request_log_middleware
+from kimiaudio.server.v1.chat import chat_completions
+from kimiaudio.server.v1.realtime import realtime
+from kimiaudio.server.v1.transcriptions import transcriptions
+
+_CREATED = int(time.time())
+
+
+def create_v1_app(client_max_size: int) -> web.Application:
+    """The sub-application to mount at /v1 (client_max_size: server.max_body_bytes, as the app's)."""
+    app = web.Application(client_max_size=client_max_size, middlewares=[request_log_middleware, errors_as_api_errors])
+    app.router.add_get("/models", list_models)
+    app.router.add_get("/realtime", realtime)
+    app.router.add_post("/audio/transcriptions", transcriptions)
+    app.router.add_post("/chat/completions", chat_completions)
+    app.router.add_route("*", "/{tail:.*}", not_found)
+    return app
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """The served model, under its id and each of [server] model_aliases."""
+    names = [MODEL_ID, *dict.fromkeys(server_context(request).config.server.model_aliases)]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": _CREATED, "owned_by": "moonshotai"} for name in names],
+        }
+    )
+
+
+async def not_found(request: web.Request) -> web.Response:
+    raise ApiError(
+        404,
+        "unknown_url",
+        f"no route {request.method} {request.path} (see GET /v1/models and the README's HTTP API section)",
+    )

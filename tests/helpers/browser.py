@@ -1,0 +1,54 @@
+"""Headless Chromium for the page tests (selenium), and waiting on the page's state."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM, CHROMEDRIVER = (
+    shutil.which("chromium") or "/usr/bin/chromium",
+    shutil.which("chromedriver") or "/usr/bin/chromedriver",
+)
+
+
+# The browser tests' markers and skip: without headless Chromium and chromedriver they are skipped.
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="headless Chromium and chromedriver are needed",
+    ),
+]
+
+
+def start_chromium(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = True):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--autoplay-policy=no-user-gesture-required",
+        "--window-size=1200,900",
+        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+    ):
+        options.add_argument(flag)
+    options.add_argument("--use-fake-device-for-media-stream")
+    if fake_audio is not None:
+        options.add_argument(f"--use-file-for-fake-audio-capture={fake_audio}%noloop")
+    # Grant the microphone without asking, or answer the permission prompt with "block".
+    options.add_argument("--use-fake-ui-for-media-stream" if allow_mic else "--deny-permission-prompts")
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def wait_for_script(driver, script: str, timeout: float = 120.0):
+    """Until `script` returns something truthy; the limit catches a hang, not a slow machine."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
