@@ -61,6 +61,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     app.on_shutdown.append(_close_sessions)
     for group in (page, rtc_offer, conversations, voices, ops):
         app.add_routes(group.routes)
+    rtc_offer.warn_if_missing()
     app.add_subapp("/v1", create_v1_app(server.max_body_bytes))
     return app
 

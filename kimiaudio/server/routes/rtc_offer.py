@@ -6,12 +6,14 @@ The body is read and checked (sdp_offer.py; `session` as a session.update; a con
 that names a stored conversation), then the client is let in (transport/rtc_peer.py's
 `answer_offer`). A new conversation is created at its first committed turn (announced by
 conversation.created), so connecting without speaking leaves no empty conversation behind:
-`conversation_id` is null until then.
+`conversation_id` is null until then. Without aiortc (a machine that lacks its wheels:
+.ci/gpu-wheels) the offer answers 503 webrtc_unavailable and every other route serves.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 
 from aiohttp import web
 
@@ -23,8 +25,15 @@ from kimiaudio.server.routes.conversations import conversation_or_404
 from kimiaudio.server.session import client_events
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.transport.rtc_peer import RtcOffer, answer_offer
 
+try:  # WebRTC needs aiortc (and PyAV); without them every other route still serves
+    from kimiaudio.server.transport.rtc_peer import RtcOffer, answer_offer
+except ImportError as exc:
+    WEBRTC_MISSING: str | None = exc.name or "aiortc"
+else:
+    WEBRTC_MISSING = None
+
+log = logging.getLogger(__name__)
 MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the session settings
 
 routes = web.RouteTableDef()
@@ -32,6 +41,13 @@ routes = web.RouteTableDef()
 
 @routes.post("/api/rtc/offer")
 async def offer(request: web.Request) -> web.Response:
+    if WEBRTC_MISSING:
+        raise ApiError(
+            503,
+            "webrtc_unavailable",
+            f"WebRTC is not available on this server ({WEBRTC_MISSING} is not installed); "
+            "the Realtime WebSocket /v1/realtime is",
+        )
     context = server_context(request)
     context.sessions.check()  # a full server says so before the body is read
     body = await read_json_object(request, MAX_OFFER_BYTES)
@@ -58,3 +74,13 @@ async def _offer(request: web.Request, body: dict) -> RtcOffer:
         update = event if isinstance(event, SessionUpdate) else None
     check_offer(sdp)
     return RtcOffer(sdp, update, conversation_id)
+
+
+def warn_if_missing() -> None:
+    """One line at start when the offer can only answer 503."""
+    if WEBRTC_MISSING:
+        log.warning(
+            "WebRTC is off: %s is not installed (pip install aiortc av); /api/rtc/offer answers 503, "
+            "the Realtime WebSocket and the HTTP routes serve",
+            WEBRTC_MISSING,
+        )
