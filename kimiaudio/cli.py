@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         "for max(--sessions) sessions, computed on the meta device: nothing is loaded",
     )
     p.add_argument(
+        "--memory-estimates",
+        action="store_true",
+        help="measure on this GPU what the memory plan estimates (graph pools, activations, CUDA "
+        "context; random full-size weights) and print the values for pipeline/memory_estimates.py",
+    )
+    p.add_argument(
         "--card-gib",
         type=float,
         help="--memory-plan: the card's memory in GiB (default: this GPU's); on a GPU bench run: cap "

@@ -38,6 +38,7 @@ REPORT_KEYS = {
     "peak_allocated_bytes",
     "peak_reserved_bytes",
     "memory_plan",
+    "memory_check",
     "rows",
 }
 
@@ -89,7 +90,11 @@ def test_bench_reports_every_figure(demo_checkpoint):
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == REPORT_KEYS and report["memory_plan"] is None and report["peak_reserved_bytes"] is None
+    assert set(report) == REPORT_KEYS and report["peak_reserved_bytes"] is None and report["memory_check"] is None
+    # The plan every row's pipeline sized its KV pool from: for max(--sessions), the CPU's budget.
+    plan = report["memory_plan"]
+    assert plan["sessions"] == 3 and plan["kv_pool_source"] == "the CPU budget"
+    assert all(row["kv_blocks_total"] == plan["kv_blocks"] for row in report["rows"])
     assert report["demo_weights"] is True and report["turn_lengths"] == "fixed" and report["arrivals"] == "burst"
     assert report["whisper_window"] == "official" and report["encode_batch_size"] == 4
     rows = {row["sessions"]: row for row in report["rows"]}
@@ -271,7 +276,11 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
     assert set(report) == REPORT_KEYS
     plan = report["memory_plan"]
     assert set(plan["weights"]) == {"lm", "whisper", "glm4_tokenizer", "dit", "vocoder"}
-    assert plan["detok_state_per_session"] > 0 and plan["fixed_total"] > 0
+    assert plan["detok_state_per_session"] > 0 and plan["reserved_total"] > 0
+    # The plan the pipelines sized their pools from: for max(--sessions) sessions, on the CPU's budget.
+    assert plan["sessions"] == 2 and plan["reserved"]["detok_state"] == 2 * plan["detok_state_per_session"]
+    assert plan["kv_pool_source"] == "the CPU budget"
+    assert all(row["kv_blocks_total"] == plan["kv_blocks"] for row in report["rows"])
     for row in report["rows"]:
         assert row["reference_tokens_per_s"] is None  # no batch-1 reference at full size
         assert row["lm_step_ms_p50"] > 0 and row["detok_ms_p50"] > 0

@@ -49,7 +49,6 @@ DOCUMENTED_RANGES = {
     "detok.max_batch_sessions": "1..1024",
     "detok.run_ahead_s": "[0, 600]",
     "engine.num_kv_blocks": "0..16777216",
-    "engine.memory_fraction": "(0, 1]",
     "engine.max_num_seqs": "1..4096",
     "engine.max_prefill_tokens_while_decoding": "1..1048576",
     "engine.cpu_threads": "0..1024",
@@ -210,6 +209,28 @@ def test_overrides_apply_on_top_of_the_file(tmp_path):
     assert (config.server.port, config.server.max_sessions) == (9001, 3)
     with pytest.raises(ConfigError, match=r"^server\.port: expected an integer in \[1, 65535\], got 0$"):
         load_config(path, {"server": {"port": 0}})
+
+
+def test_a_retired_setting_is_ignored_with_a_warning_naming_the_file(tmp_path, caplog):
+    """engine.memory_fraction (the KV pool's share of free memory) gave way to the memory plan:
+    a config written for the earlier version still starts, and the log says what to do."""
+    path = tmp_path / "c.toml"
+    path.write_text("[engine]\nmemory_fraction = 0.5\nmax_num_seqs = 8\n")
+    with caplog.at_level("WARNING", logger="kimiaudio.config"):
+        config = load_config(path)
+    assert config.engine.max_num_seqs == 8 and not hasattr(config.engine, "memory_fraction")
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"{path}: engine.memory_fraction: the KV pool takes what the memory plan")
+    assert "bench --memory-plan" in record.getMessage() and "ignored" in record.getMessage()
+
+
+def test_the_served_detokenizer_batches_at_most_the_served_sessions():
+    from kimiaudio.config import served_detok
+
+    assert served_detok(load_config(None, {"server": {"max_sessions": 8}})).max_batch_sessions == 8
+    assert served_detok(load_config(None, {"server": {"max_sessions": 64}})).max_batch_sessions == 16
+    config = load_config(None, {"server": {"max_sessions": 2}, "detok": {"ode_steps": 12}})
+    assert served_detok(config) == dataclasses.replace(config.detok, max_batch_sessions=2)
 
 
 # The rules between settings: each names the key it refuses and the one it is held to.

@@ -7,11 +7,13 @@ output row is compared with an independent float64 softmax(q k^T / sqrt(D)) v.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
+from kimiaudio.config import EngineConfig
+from kimiaudio.engine.kv_pool import KVPool, max_useful_blocks, pool_num_blocks
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention
 
 HQ, HKV, D, BS, LAYERS = 4, 2, 8, 4, 2
@@ -75,11 +77,15 @@ def test_paged_matches_contiguous_causal_attention():
 
 
 def test_pool_size_from_config():
+    """engine.num_kv_blocks when set; else the memory plan's blocks, never more than
+    max_num_seqs sequences of max_model_len positions use; an engine alone, that many."""
     per_block = KVPool.bytes_per_block(6, 16, 2, 16, torch.float32)
     assert per_block == 2 * 6 * 16 * 2 * 16 * 4
-    assert pool_num_blocks(12, 0.5, per_block, 10**9, torch.device("cpu")) == 12
-    assert pool_num_blocks(0, 0.5, per_block, 100, torch.device("cpu")) == 100  # capped by use
-    assert pool_num_blocks(0, 0.5, 1 << 30, 100, torch.device("cpu")) == 2  # the CPU budget
+    config = EngineConfig(block_size=16, max_num_seqs=4, max_model_len=100)  # 7 blocks a sequence
+    assert max_useful_blocks(config) == 28
+    assert pool_num_blocks(dataclasses.replace(config, num_kv_blocks=12), 5) == 12
+    assert pool_num_blocks(config, 20) == 20 and pool_num_blocks(config, 100) == 28  # capped by use
+    assert pool_num_blocks(config, None) == 28 and pool_num_blocks(config, -3) == 0
 
 
 def test_cpu_pool_starts_zeroed_in_any_dtype():

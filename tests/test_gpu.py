@@ -20,10 +20,12 @@ import threading
 import pytest
 import torch
 
+from kimiaudio.checkpoint.paths import resolve_device
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.mixed_batch import MixedInputs
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.layers.precision import exact_float32
 from kimiaudio.layers.triton_support import kernel_mode
 from kimiaudio.pipeline.encode_cache import EncodeCache
 from kimiaudio.pipeline.model_stack import ModelStack
@@ -43,12 +45,20 @@ from helpers.engine_scenarios import (
 from helpers.lm_golden import SECTIONS, TOL, forward_logits
 from helpers.pipeline_turns import run_turn, with_pipeline
 
-DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
+_NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
+# Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.
+DEVICE = resolve_device(_NAME) if _NAME == "cpu" or torch.cuda.is_available() else torch.device(_NAME)
 pytestmark = pytest.mark.skipif(
     DEVICE.type == "cuda" and not torch.cuda.is_available(),
     reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
 )
 cuda_only = pytest.mark.skipif(DEVICE.type != "cuda", reason="means something on CUDA only")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _exact_float32():
+    """The fp32 comparisons in float32, as a float32 stack's load sets it (no TF32)."""
+    exact_float32(DEVICE, torch.float32)
 
 
 @pytest.mark.parametrize("section", SECTIONS)
@@ -251,20 +261,68 @@ def test_graphs_in_bfloat16_replay_on_another_thread_and_stream(golden_checkpoin
     assert graphs.stats().num_blocks_free == 40
 
 
-@cuda_only
-def test_pool_sized_from_memory_is_the_same_for_a_second_engine(golden_checkpoint):
-    # The second pool must not shrink by what the first one left in the allocator's cache.
-    lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
-    # A pool far below its useful maximum, so that free memory (not the cap) sizes it.
-    config = EngineConfig(
-        block_size=16, num_kv_blocks=0, memory_fraction=0.1, max_model_len=65536, max_num_seqs=4096, cuda_graphs=False
+def roomy_config(demo_checkpoint, **engine):
+    """The demo checkpoint on the device with a KV pool that only the device bounds (so many
+    sequences of so many positions that what the plan leaves is the limit), eager decode."""
+    return load_config(
+        None,
+        {
+            "model": {"path": str(demo_checkpoint), "device": str(DEVICE)},
+            "engine": {"max_model_len": 65536, "max_num_seqs": 4096, "cuda_graphs": False, **engine},
+        },
     )
-    engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)
-    first = engine.runner.num_blocks
-    del engine
-    gc.collect()  # its pool goes back to torch's cache, which the second sizing must see through
-    second = LLMEngine(lm, config, DEVICE, torch.bfloat16).runner.num_blocks
-    assert first > 0 and second >= 0.95 * first
+
+
+@cuda_only
+def test_a_second_pipeline_gets_the_planned_pool_too(demo_checkpoint):
+    """The pool is the memory plan's, and a stopped pipeline gives it back: the next one in the
+    same process (as a bench builds one a row) gets the same plan's blocks, not what the first
+    one left free."""
+    import asyncio
+
+    from kimiaudio.pipeline.pipeline import Pipeline
+
+    stack = ModelStack.load(roomy_config(demo_checkpoint))
+    pools = []
+    for _ in range(2):
+        pipeline = Pipeline(stack, stack.config)
+        assert pipeline.memory["kv_pool_source"] == "what is left" and pipeline.memory["on_gpu"]
+        pools.append(pipeline.engine.runner.num_blocks)
+        assert pools[-1] == pipeline.memory["kv_blocks"] > 0
+        asyncio.run(_start_and_stop(pipeline))
+    assert pools[0] == pools[1]
+
+
+async def _start_and_stop(pipeline):
+    await pipeline.start()
+    await pipeline.stop()
+
+
+@cuda_only
+def test_pool_sized_under_a_process_cap_stays_inside_it(demo_checkpoint):
+    """bench --card-gib caps the process (set_per_process_memory_fraction); the driver's free
+    memory still counts the whole card, so a pool sized from it alone would fail to allocate:
+    the plan sizes it from the cap."""
+    from kimiaudio.layers.device_memory import GIB, cap_process, capacity_bytes, free_bytes
+    from kimiaudio.pipeline.pipeline import Pipeline
+
+    stack = ModelStack.load(roomy_config(demo_checkpoint))
+    gc.collect()
+    torch.cuda.empty_cache()
+    cap = torch.cuda.memory_reserved(DEVICE) + 4 * GIB  # 4 GiB beyond what this process holds
+    try:
+        cap_process(DEVICE, cap / GIB)
+        assert abs(capacity_bytes(DEVICE) - cap) < 1 << 20
+        assert free_bytes(DEVICE) <= 4 * GIB + (1 << 20)
+        pipeline = Pipeline(stack, stack.config)  # uncapped, the plan would fill the card
+        assert pipeline.memory["device_total"] == capacity_bytes(DEVICE)
+        assert pipeline.engine.runner.num_blocks == pipeline.memory["kv_blocks"] > 0
+        assert torch.cuda.memory_reserved(DEVICE) <= cap
+        pipeline.engine.release()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, DEVICE)
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @cuda_only
@@ -311,32 +369,6 @@ def test_quantized_dit_load_moves_one_block_at_a_time(golden_checkpoint):
     block_bf16 = 2 * sum(t.numel() for n, t in dit.blocks[0].state_dict().items() if not n.endswith("scale"))
     peak = torch.cuda.max_memory_allocated(DEVICE) - base
     assert peak <= model + 6 * block_bf16 + (1 << 20), (peak, model, block_bf16)
-
-
-@cuda_only
-def test_pool_sized_under_a_process_cap_stays_inside_it(golden_checkpoint):
-    """bench --card-gib caps the process (set_per_process_memory_fraction); the driver's free
-    memory still counts the whole card, so a pool sized from it alone would fail to allocate."""
-    from kimiaudio.layers.device_memory import GIB, cap_process, capacity_bytes, free_bytes
-
-    lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
-    gc.collect()
-    torch.cuda.empty_cache()
-    cap = torch.cuda.memory_reserved(DEVICE) + 2 * GIB  # 2 GiB beyond what this process holds
-    config = EngineConfig(
-        block_size=16, num_kv_blocks=0, memory_fraction=0.9, max_model_len=1 << 20, max_num_seqs=4096, cuda_graphs=False
-    )
-    try:
-        cap_process(DEVICE, cap / GIB)
-        assert abs(capacity_bytes(DEVICE) - cap) < 1 << 20
-        assert free_bytes(DEVICE) <= 2 * GIB + (1 << 20)
-        engine = LLMEngine(lm, config, DEVICE, torch.bfloat16)  # uncapped sizing would ask for ~90% of the card
-        assert engine.runner.num_blocks > 0 and torch.cuda.memory_reserved(DEVICE) <= cap
-        del engine
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, DEVICE)
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def test_pipeline_turn_on_device(demo_checkpoint, speech_16k, monkeypatch):

@@ -8,6 +8,7 @@ capture, the full shapes by the tiny ones): how this file was checked without a 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -18,14 +19,18 @@ import pytest
 import torch
 
 from kimiaudio.bench.random_stack import build_random_stack
-from kimiaudio.checkpoint.paths import find_checkpoint
+from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device
 from kimiaudio.config import DetokConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer, DetokItem
-from kimiaudio.pipeline.memory_plan import format_memory_budget, memory_budget
+from kimiaudio.layers.precision import exact_float32
+from kimiaudio.pipeline.memory_plan import plan_stack
+from kimiaudio.pipeline.memory_report import format_memory_plan
 
 from helpers.detok_reference import streamed_samples
 
-DEVICE = torch.device(os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda"))
+_NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
+# Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.
+DEVICE = resolve_device(_NAME) if _NAME == "cpu" or torch.cuda.is_available() else torch.device(_NAME)
 ON_CUDA = DEVICE.type == "cuda"
 pytestmark = pytest.mark.skipif(
     ON_CUDA and not torch.cuda.is_available(),
@@ -54,6 +59,7 @@ def eager(dit, vocoder, cfg: DetokConfig) -> Detokenizer:
 
 @pytest.fixture(scope="module")
 def golden_models(golden_checkpoint):
+    exact_float32(DEVICE, torch.float32)  # as a float32 stack's load does: no TF32 convolutions
     d = Detokenizer.load(find_checkpoint(golden_checkpoint), DEVICE, torch.float32, DetokConfig())
     return d.dit, d.vocoder
 
@@ -225,12 +231,16 @@ class _nothing:
 
 
 def test_random_stack_memory_plan(stack):
-    free, total = torch.cuda.mem_get_info(DEVICE) if ON_CUDA else (None, 80 << 30)
-    plan = memory_budget(stack, sessions=64, device_bytes=total)
-    print("\n" + format_memory_budget(plan))
+    """The plan of the full-size stack (tiny on the CPU) as served to 64 sessions: on CUDA
+    against this card, with its graph pools; the KV pool gets what is left."""
+    config = dataclasses.replace(stack.config, server=dataclasses.replace(stack.config.server, max_sessions=64))
+    plan = plan_stack(stack, config)
+    print("\n" + format_memory_plan(plan))
     if ON_CUDA:
+        free, total = torch.cuda.mem_get_info(DEVICE)
         print(
             f"  (device now: {torch.cuda.memory_allocated(DEVICE) / (1 << 30):.2f} GiB allocated, "
             f"{(total - free) / (1 << 30):.2f} GiB in use)"
         )
-    assert plan["kv_pool"] > 0
+        assert {"detok_graph_pool", "lm_graph_pool", "cuda_context"} <= set(plan["reserved"])
+    assert plan["kv_pool"] > 0 and plan["reserved"]["detok_state"] == 64 * plan["detok_state_per_session"]

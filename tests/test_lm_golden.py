@@ -101,7 +101,8 @@ def test_config_errors_name_the_file(golden_checkpoint, tmp_path):
     data["hidden_size"] = str(hidden_size)
     bad.write_text(json.dumps(data))
     with pytest.raises(
-        CheckpointError, match=r"config\.json: hidden_size: expected an integer in \[1, 2147483647\], got '64'"
+        CheckpointError,
+        match=rf"config\.json: hidden_size: expected an integer in \[1, 2147483647\], got '{hidden_size}'",
     ):
         KimiaConfig.from_file(bad)
 

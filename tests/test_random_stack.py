@@ -11,10 +11,12 @@ import torch
 from kimiaudio.bench.random_stack import build_random_stack
 from kimiaudio.config import EngineConfig, load_config
 from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.engine.kv_pool import max_useful_blocks
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.memory_plan import GIB, format_memory_budget, memory_budget
+from kimiaudio.pipeline.memory_plan import GIB, plan_memory
+from kimiaudio.pipeline.memory_report import format_memory_plan
 from kimiaudio.pipeline.pipeline import TurnRequest
 from kimiaudio.random_weights.shapes import SHAPES
 
@@ -84,7 +86,9 @@ def held_bytes(session) -> int:
 def test_memory_plan(stack):
     """The plan against the memory of real tensors: the built modules' weights, the engine's
     KV pool, a detokenizer session's state at its K/V cap; and the pool is what is left."""
-    plan = memory_budget(stack, sessions=64, device_bytes=80 * GIB)
+    config = dataclasses.replace(stack.config, engine=dataclasses.replace(stack.config.engine, num_kv_blocks=0))
+    config.server = dataclasses.replace(config.server, max_sessions=64)
+    plan = plan_memory(stack, config, 80 * GIB, on_gpu=False)
     detok = stack.detokenizer
     parts = {
         "lm": stack.lm,
@@ -94,6 +98,7 @@ def test_memory_plan(stack):
         "vocoder": detok.vocoder,
     }
     assert plan["weights"] == {name: storage_bytes(module) for name, module in parts.items()}
+    assert plan["reserved"]["weights"] == sum(plan["weights"].values())
     # A token's K/V: what the engine's own pool allocates per position.
     engine = LLMEngine(
         stack.lm,
@@ -115,20 +120,27 @@ def test_memory_plan(stack):
         most = max(most, held_bytes(session))
         capped = session.kv is not None and session.kv.shape[3] == detok.cfg.max_kv_cache_frames
     assert most <= plan["detok_state_per_session"] and session.kv.untyped_storage().nbytes() < most
-    # Fixed: the weights and the detokenizer's static buffers (no CUDA graphs on the CPU), and
-    # every session's state; the KV pool gets what is left of the card after the headroom.
-    empty = memory_budget(stack, sessions=0, device_bytes=80 * GIB)
-    assert empty["fixed_total"] == sum(plan["weights"].values()) + detok.flow.arena.nbytes > 0
-    assert plan["fixed_total"] == empty["fixed_total"] + 64 * plan["detok_state_per_session"]
-    assert empty["kv_pool"] - plan["kv_pool"] == 64 * plan["detok_state_per_session"]
-    assert memory_budget(stack, sessions=64, device_bytes=81 * GIB)["kv_pool"] - plan["kv_pool"] == GIB
-    assert plan["kv_pool"] + plan["fixed_total"] + plan["headroom"] == 80 * GIB
-    assert memory_budget(stack, sessions=64, device_bytes=plan["fixed_total"])["kv_pool"] == 0  # never below 0
-    assert (
-        plan["kv_pool_tokens"] * plan["lm_kv_per_token"]
-        <= plan["kv_pool"]
-        < (plan["kv_pool_tokens"] + 1) * plan["lm_kv_per_token"]
-    )
-    text = format_memory_budget(plan)
-    assert "LM KV pool (sized last)" in text and "detok state" in text
+    # Reserved: the weights, the detokenizer's static buffers, every session's state, the voice
+    # cache, the eager detokenizer's and the largest forward's activations (no CUDA graphs, no
+    # context on the CPU); the KV pool gets what is left in whole blocks.
+    assert plan["reserved"]["detok_static_buffers"] == detok.flow.arena.nbytes
+    assert plan["reserved"]["detok_state"] == 64 * plan["detok_state_per_session"]
+    assert set(plan["reserved"]) == {
+        "weights",
+        "detok_static_buffers",
+        "detok_state",
+        "voice_cache",
+        "detok_activations",
+        "activations",
+    }
+    # On 80 GiB the pool stops at what max_num_seqs x max_model_len can use; on a device just
+    # larger than the reserved parts it is what is left, in whole blocks (its scratch block too).
+    assert plan["kv_blocks"] == max_useful_blocks(config.engine) and plan["kv_pool_source"] == "what is left"
+    assert plan["reserved_total"] + plan["kv_pool"] + plan["left_unused"] == 80 * GIB
+    small = plan_memory(stack, config, plan["reserved_total"] + 100 * plan["kv_block_bytes"] + 5, on_gpu=False)
+    assert small["kv_blocks"] == 99 and small["kv_pool"] == 100 * small["kv_block_bytes"] and small["left_unused"] == 5
+    assert plan_memory(stack, config, plan["reserved_total"], on_gpu=False)["kv_blocks"] == 0  # never below 0
+    assert plan["kv_pool_tokens"] == plan["kv_blocks"] * config.engine.block_size
+    text = format_memory_plan(plan)
+    assert "LM KV pool (what is left)" in text and "detok state" in text
     assert f"{plan['kv_pool_tokens']:,} tokens" in text

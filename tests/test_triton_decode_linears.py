@@ -2,7 +2,8 @@
 path gives the layer's product: the skinny GEMM for decode batches, the torch path past them.
 
 With KIMIAUDIO_KERNELS=triton the kernels run in Triton's interpreter on CPU tensors (compiled
-on a GPU). The tile tuner (layers/gemm_tuning.py) needs CUDA: its test is skipped without it.
+on a GPU). The tile tuner (layers/gemm_tuning.py) times kernels on a GPU: its test is in
+tests/test_gpu_gemm_tuning.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ pytest.importorskip("triton")
 
 from kimiaudio.layers import fp8  # noqa: E402
 from kimiaudio.layers.decode_linear import DecodeLinear  # noqa: E402
-from kimiaudio.layers.gemm_tiles import LARGE, TORCH, Tile, bucket_of  # noqa: E402
+from kimiaudio.layers.gemm_tiles import LARGE, TORCH, bucket_of  # noqa: E402
 from kimiaudio.layers.quant_linear import QuantLinear  # noqa: E402
 from kimiaudio.layers.triton_support import kernel_mode  # noqa: E402
 
@@ -109,17 +110,3 @@ def test_fp8_prefill_rows_keep_the_quantized_product(kernels):
     layer = QuantLinear.from_linear(torch.nn.Linear(96, 70).to(DEVICE), "fp8")
     x = torch.randn(100, 96, device=DEVICE)
     assert torch.equal(layer(x), fp8.fp8_linear(x, layer.qweight, layer.scale, layer.bias))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tuner times kernels on a GPU")
-def test_tuner_keeps_a_measured_tile_per_bucket():
-    from kimiaudio.layers.gemm_tuning import tune_linears
-
-    model = torch.nn.Sequential(*[decode_linear(512, 384, seed=i) for i in range(3)])
-    choices = tune_linears(model, [1, 2, 4, 8, 16, 24], torch.bfloat16)
-    assert {c.rows for c in choices} == {1, 4, 16, 24}
-    assert all(isinstance(c.tile, Tile) or c.tile == TORCH for c in choices)
-    assert all(layer.tiles.chosen == model[0].tiles.chosen for layer in model)
-    assert tune_linears(model, [1, 2], torch.bfloat16) == []  # chosen already
-    x = torch.randn(4, 512, device="cuda").bfloat16()
-    torch.testing.assert_close(model[0](x).float(), F.linear(x, model[0].weight, model[0].bias).float(), **BF16)

@@ -78,21 +78,30 @@ def run_bench_command(config, args) -> int:
         raise KimiAudioError("--sessions and --turns must be positive")
     if getattr(args, "profile", False) and args.random_weights != "7b":
         raise KimiAudioError("--profile goes with --random-weights 7b (the decode steps it profiles)")
+    # The pipelines serve max(--sessions): the memory plan, the detokenizer's batch buckets and
+    # its state are those of a server with that many sessions (as `--memory-plan` plans them).
+    config.server.max_sessions = max(sessions)
     if getattr(args, "memory_plan", False):
-        return _memory_plan_command(config, max(sessions), args)
+        return _memory_plan_command(config, args)
     if args.card_gib is not None:
         _cap_gpu(config, args.card_gib)
+    if getattr(args, "memory_estimates", False):
+        from kimiaudio.bench.estimate_memory import run_memory_estimates
+
+        return run_memory_estimates(config, args)
     if args.random_weights == "7b":
         from kimiaudio.bench.decode_7b import run_random_7b
 
         return run_random_7b(config, sessions, args)
-    memory = None
     if args.random_weights == "full":
-        stack, memory = _random_full_stack(config, max(sessions))
+        stack = _random_full_stack(config)
     else:
         stack = ModelStack.load(config, progress=not args.json)
     if stack.detokenizer is None:
         raise KimiAudioError("bench needs the detokenizer: set model.text_only = false")
+    from kimiaudio.pipeline.memory_plan import plan_stack
+
+    memory = plan_stack(stack, config)  # what each pipeline below plans, from the same inputs
     freeze_loaded_objects()
     speech = [load_audio(path) for path in args.speech] or None
     if getattr(args, "voice", None) is not None:
@@ -163,18 +172,26 @@ def run_bench_command(config, args) -> int:
         "whisper_window": config.audio.whisper_window,
     }
     # The same keys on every device (null where there is no GPU): one schema for every report.
-    info.update(card_gib=args.card_gib, peak_allocated_bytes=None, peak_reserved_bytes=None, memory_plan=memory)
+    info.update(
+        card_gib=args.card_gib,
+        peak_allocated_bytes=None,
+        peak_reserved_bytes=None,
+        memory_plan=memory,
+        memory_check=None,
+    )
     if stack.device.type == "cuda":
         info.update(peak_memory(stack.device))
+        info["memory_check"] = memory_check(memory, info["peak_reserved_bytes"])
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
-        if memory is not None:
-            from kimiaudio.pipeline.memory_plan import format_memory_budget
+        from kimiaudio.pipeline.memory_report import format_memory_plan
 
-            print(format_memory_budget(memory))
-        elif stack.is_demo:
+        print(format_memory_plan(memory))
+        if stack.is_demo:
             print(DEMO_NOTICE)
+        if info["memory_check"] is not None:
+            print("memory: " + ", ".join(f"{k} {v}" for k, v in info["memory_check"].items()))
         length = "at most" if args.natural_lengths else "exactly"
         print(
             f"device {info['device']} dtype {info['dtype']}, {length} {args.max_new_tokens} new positions per turn, "
@@ -203,36 +220,44 @@ def _cap_gpu(config, gib: float) -> None:
     cap_process(device, gib)
 
 
-def _random_full_stack(config, sessions: int):
+def memory_check(plan: dict, peak_reserved: int) -> dict:
+    """The allocator's reserved peak against the plan: every planned part but the CUDA context
+    (outside the allocator) and the KV pool are what the plan says the allocator may hold at
+    most; under a cap (--card-gib) the allocator may hold no more than the cap."""
+    predicted = plan["reserved_total"] - plan["reserved"].get("cuda_context", 0) + plan["kv_pool"]
+    return {
+        "device_total_bytes": plan["device_total"],
+        "predicted_peak_reserved_bytes": predicted,
+        "peak_reserved_bytes": peak_reserved,
+        "peak_within_device": peak_reserved <= plan["device_total"],
+        "peak_vs_predicted": round(peak_reserved / predicted - 1, 4),
+    }
+
+
+def _random_full_stack(config):
     """Every component with random weights in the real shapes on a GPU (a shrunken shape of
-    the same code on the CPU), its detokenizer graphs captured, and the memory plan."""
+    the same code on the CPU), its detokenizer graphs captured (the pipelines reuse them)."""
     from kimiaudio.bench.random_stack import build_random_stack
     from kimiaudio.checkpoint.paths import resolve_device
-    from kimiaudio.layers.device_memory import capacity_bytes
-    from kimiaudio.pipeline.memory_plan import memory_budget
 
     on_gpu = resolve_device(config.model.device).type == "cuda"
     stack = build_random_stack(config, "full" if on_gpu else "tiny")
-    graphs = stack.detokenizer.prepare_for_serving()  # the pipelines reuse these
-    total = capacity_bytes(stack.device) if on_gpu else None  # the card, or its --card-gib cap
-    return stack, memory_budget(stack, sessions, total, graphs=graphs)
+    stack.detokenizer.prepare_for_serving()
+    return stack
 
 
-def _memory_plan_command(config, sessions: int, args) -> int:
+def _memory_plan_command(config, args) -> int:
     """`bench --memory-plan`: the plan of the full-size shapes (--random-weights full) or of the
-    configured checkpoint's configs, built on the meta device; auto resolved as serve would."""
+    configured checkpoint's configs, built on the meta device, for server.max_sessions =
+    max(--sessions); auto resolved as serve would."""
     import torch
 
     from kimiaudio.checkpoint.paths import resolve_dtype
-    from kimiaudio.pipeline.memory_plan import (
-        GIB,
-        choose_weights,
-        format_memory_budget,
-        memory_budget,
-        meta_stack,
-        plan_for_shape,
-    )
+    from kimiaudio.pipeline.memory_plan import GIB, plan_memory
+    from kimiaudio.pipeline.memory_report import format_memory_plan
+    from kimiaudio.pipeline.meta_stack import meta_stack, plan_for_shape
     from kimiaudio.pipeline.model_stack import resolve_checkpoint
+    from kimiaudio.pipeline.weights_choice import choose_weights
 
     if args.random_weights == "7b":
         raise KimiAudioError("--memory-plan plans a whole stack: use --random-weights full or a checkpoint")
@@ -243,7 +268,7 @@ def _memory_plan_command(config, sessions: int, args) -> int:
     if args.card_gib is None:
         if not torch.cuda.is_available():
             raise KimiAudioError("--memory-plan needs --card-gib N without a GPU (e.g. --card-gib 24)")
-        card = torch.cuda.mem_get_info()[1]
+        card = torch.cuda.mem_get_info(torch.cuda.current_device())[1]
     else:
         card = int(args.card_gib * GIB)
     # The plan is of a GPU: its dtype, unless one is configured.
@@ -252,14 +277,14 @@ def _memory_plan_command(config, sessions: int, args) -> int:
     if args.random_weights == "full":
 
         def plan_of(lm, dit):
-            return plan_for_shape("full", config, lm, None if text_only else dit, sessions, card, args.positions, dtype)
+            return plan_for_shape("full", config, lm, None if text_only else dit, card, args.positions, dtype)
     else:
         paths = resolve_checkpoint(config, text_only)
 
         def plan_of(lm, dit):
-            stack = meta_stack(paths, dtype, config.detok, lm, None if text_only else dit, sessions)
-            return memory_budget(stack, sessions, card, positions=args.positions)
+            stack = meta_stack(paths, dtype, config, lm, None if text_only else dit)
+            return plan_memory(stack, config, card, on_gpu=True, positions=args.positions)
 
     plan = choose_weights(config.model.weights, config.detok.weights, True, plan_of)[2]
-    print(json.dumps(plan, indent=1) if args.json else format_memory_budget(plan))
+    print(json.dumps(plan, indent=1) if args.json else format_memory_plan(plan))
     return 0

@@ -82,10 +82,13 @@ def bench_lm(
 def lm_engine_run(stack, config, users: list[list[Message]], params: list[SamplingParams]) -> tuple[int, float]:
     """(generated positions, seconds) of every session's turns through a fresh engine."""
     from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.pipeline.memory_plan import kv_blocks_on_device, plan_stack
     from kimiaudio.pipeline.offline import OfflineAnswer
 
     offset = stack.specials.token_offset
-    engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype)
+    # The pool a pipeline of this config gets (memory_plan.py), so both sides hold the same.
+    num_blocks = kv_blocks_on_device(plan_stack(stack, config), stack.device)
+    engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, num_blocks=num_blocks)
     histories: list[list[Message]] = [[] for _ in users]
     live: dict[str, int] = {}  # request id -> session
 
@@ -128,4 +131,6 @@ def lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampli
             histories[session].append(reply.history_message(offset))
             if len(histories[session]) < 2 * len(users[session]):
                 submit(session)
-    return tokens, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    engine.release()  # the next run's pool is planned without this one
+    return tokens, seconds

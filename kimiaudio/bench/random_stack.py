@@ -21,9 +21,10 @@ import time
 import torch
 
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_dtype
-from kimiaudio.config import Config
+from kimiaudio.config import Config, served_detok
 from kimiaudio.detok.detokenizer import Detokenizer
 from kimiaudio.layers.fp8 import require_fp8
+from kimiaudio.layers.precision import exact_float32
 from kimiaudio.models.quantize import quantize_dit
 from kimiaudio.random_weights.modules import RandomParts
 from kimiaudio.random_weights.shapes import shape_named
@@ -40,6 +41,7 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     sizes = shape_named(shape)
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
+    exact_float32(device, dtype)
     paths = find_checkpoint(ensure_demo_checkpoint(config.data_dir))  # its tokenizer and special tokens
     tokenizer = KimiTokenizer.from_checkpoint(paths)
     parts = RandomParts(sizes, device, dtype, seed)
@@ -67,7 +69,8 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     detok = None
     if not config.model.text_only:
         detok = timed(
-            "detokenizer", lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(), config.detok)
+            "detokenizer",
+            lambda: Detokenizer(quantize_dit(parts.dit(), dit_weights), parts.vocoder(), served_detok(config)),
         )
     return ModelStack(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 

@@ -95,15 +95,22 @@ def find_checkpoint(
 
 
 def resolve_device(name: str) -> torch.device:
+    """model.device as the one device everything runs on: auto is cuda where CUDA is available,
+    else cpu; cuda without an index is the current CUDA device, so every torch.cuda call below
+    (memory figures, caps, streams) gets an indexed device (some refuse an index-less one)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise CheckpointError(f"model.device: unknown device {name!r} (expected auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise CheckpointError("model.device: cuda was asked for but no CUDA device is available")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.index >= torch.cuda.device_count():
         raise CheckpointError(f"model.device: {name} does not exist ({torch.cuda.device_count()} CUDA devices)")
     return device
 

@@ -13,6 +13,7 @@ follow the ranges (`_validate`; the detokenizer's in chunk_schedule.py).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -81,7 +82,21 @@ __all__ = [
     "apply_overrides",
     "check_setting",
     "load_config",
+    "served_detok",
 ]
+
+log = logging.getLogger(__name__)
+
+# Settings that no longer exist but that configs written for an earlier version still set:
+# taken with a warning that says what replaced them (a start that failed on them would gain
+# the user nothing).
+RETIRED = {
+    "engine.memory_fraction": (
+        "the KV pool takes what the memory plan leaves of the device (weights, detokenizer buffers, "
+        "state and graphs, activations; `python -m kimiaudio bench --memory-plan` prints it), so "
+        "this setting is ignored: remove it (engine.num_kv_blocks still fixes the pool's size)"
+    ),
+}
 
 
 @dataclass
@@ -130,13 +145,17 @@ def check_setting(section: str, key: str, value: Any) -> Any:
     return check_value(f"{section}.{key}", value, expected, bounds)
 
 
-def apply_overrides(config: Config, overrides: dict[str, dict]) -> Config:
-    """Apply {"section": {"key": value}} on top of `config` with the same validation."""
+def apply_overrides(config: Config, overrides: dict[str, dict], source: str = "") -> Config:
+    """Apply {"section": {"key": value}} on top of `config` with the same validation (`source`:
+    the file they come from, named in a retired setting's warning)."""
     for name, values in overrides.items():
         _section(name)
         if not isinstance(values, dict):
             raise ConfigError(f"[{name}]: expected a table of settings, got {values!r}")
         for key, value in values.items():
+            if f"{name}.{key}" in RETIRED:
+                log.warning("%s%s.%s: %s", f"{source}: " if source else "", name, key, RETIRED[f"{name}.{key}"])
+                continue
             setattr(getattr(config, name), key, check_setting(name, key, value))
     _validate(config)
     return config
@@ -171,7 +190,15 @@ def load_config(path: str | Path | None = None, overrides: dict[str, dict] | Non
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         config.base_dir = str(path.resolve().parent)
         try:
-            apply_overrides(config, data)
+            apply_overrides(config, data, str(path))
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     return apply_overrides(config, overrides or {})
+
+
+def served_detok(config: Config) -> DetokConfig:
+    """The [detok] settings a detokenizer serving `config` is built with: it batches at most
+    server.max_sessions streams (no bigger batch can form), so its buckets and static buffers
+    stop there. The served stack, the random stack and the memory plan all build it so."""
+    rows = min(config.detok.max_batch_sessions, config.server.max_sessions)
+    return dataclasses.replace(config.detok, max_batch_sessions=rows)

@@ -98,7 +98,8 @@ class DetokConfig:
     min_ode_steps: int = setting(8, ODE_STEPS)
     guard_lowers_first_chunk: bool = False
     # Most sessions whose chunks run in one worker iteration, most urgent first (see
-    # detok/realtime_guard.py); the rest wait for the next iteration. Also the largest batch captured.
+    # detok/realtime_guard.py); the rest wait for the next iteration. Also the largest batch
+    # captured, unless server.max_sessions is smaller (no bigger batch can form: `served_detok`).
     max_batch_sessions: int = setting(16, Bounds(1, 1024))
     # While the LLM has work, a session's next chunk waits until less than this much of its
     # audio is left to play (a reply still waiting for its first audio never waits).
@@ -113,9 +114,9 @@ class DetokConfig:
 class EngineConfig:
     # Tokens per KV block: a power of two up to 256, the sizes paged-attention kernels take.
     block_size: int = setting(16, Bounds(choices=tuple(2**i for i in range(9))))
-    num_kv_blocks: int = setting(0, Bounds(0, 1 << 24))  # 0 = size the pool from memory_fraction
-    # Of free device memory (or, on CPU, a 2 GiB budget).
-    memory_fraction: float = setting(0.85, Bounds(0.0, 1.0, min_open=True))
+    # 0 = what the memory plan leaves of the device (pipeline/memory_plan.py), at most what
+    # max_num_seqs sequences of max_model_len positions can use.
+    num_kv_blocks: int = setting(0, Bounds(0, 1 << 24))
     max_num_seqs: int = setting(64, Bounds(1, 4096))
     max_num_batched_tokens: int = setting(2048, Bounds(1, 1 << 20))
     max_model_len: int = setting(8192, Bounds(1, 1 << 20))

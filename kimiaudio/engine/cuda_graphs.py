@@ -41,7 +41,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Outputs] = {}
         self.capture_seconds = 0.0
-        self.memory_bytes = 0  # device memory the graphs hold (their pool and their own)
+        self.memory_bytes = 0  # device memory the graphs' private pool holds (their logits included)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -53,11 +53,17 @@ class DecodeGraphs:
             ", ".join(map(str, reversed(sizes))),
         )
         torch.cuda.synchronize(self.device)
-        free_before = torch.cuda.mem_get_info(self.device)[0]
         start = time.perf_counter()
-        pool = None
+        pool, before = None, torch.cuda.memory_reserved(self.device)
         for size in sizes:
             self.forward(size)  # warm-up
+            if size == sizes[0]:
+                # What the allocator holds once the largest warm-up's activations are cached (the
+                # smaller warm-ups reuse them): the captures add their private pool on top. The
+                # driver's free memory is no measure of it: it does not move while the
+                # allocator has cached segments to hand out.
+                torch.cuda.synchronize(self.device)
+                before = torch.cuda.memory_reserved(self.device)
             graph = torch.cuda.CUDAGraph()
             # thread_local: another thread's CUDA calls (a server's other worker) may go on
             # during the capture without invalidating it.
@@ -67,7 +73,7 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - start
-        self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
+        self.memory_bytes = torch.cuda.memory_reserved(self.device) - before
         log.info(
             "captured CUDA graphs of the %s for %d sizes in %.1f s, %.2f GiB",
             self.what,

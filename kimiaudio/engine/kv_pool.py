@@ -14,9 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kimiaudio.layers.device_memory import free_bytes
-
-CPU_KV_BUDGET_BYTES = 2 << 30  # the pool budget on the CPU (config: engine.memory_fraction note)
+from kimiaudio.config import EngineConfig
 
 
 class KVPool:
@@ -76,25 +74,16 @@ class KVPool:
         return self.kv[kind, layer_idx].flatten(1)
 
 
-def pool_num_blocks(
-    num_kv_blocks: int,
-    memory_fraction: float,
-    bytes_per_block: int,
-    max_useful_blocks: int,
-    device: torch.device,
-    reserved_bytes: int = 0,
-) -> int:
-    """Blocks for the pool: the configured count, else memory_fraction of the free device
-    memory less `reserved_bytes` (what others will still allocate: the detokenizer's streams;
-    a fixed budget on the CPU), never more than can ever be in use at once."""
-    if num_kv_blocks > 0:
-        return num_kv_blocks
-    if device.type == "cuda":
-        # The driver's free memory counts what torch's allocator freed but keeps cached (a
-        # previous engine's pool, load-time temporaries) as used: hand that back first.
-        torch.cuda.empty_cache()
-        free = free_bytes(device)  # under a per-process cap, what the cap leaves
-        budget = int(max(free - reserved_bytes, 0) * memory_fraction)
-    else:
-        budget = CPU_KV_BUDGET_BYTES
-    return max(0, min(budget // bytes_per_block, max_useful_blocks))  # (+ the scratch block: noise)
+def max_useful_blocks(config: EngineConfig) -> int:
+    """The most blocks ever in use at once: max_num_seqs sequences of max_model_len positions."""
+    return config.max_num_seqs * -(-config.max_model_len // config.block_size)
+
+
+def pool_num_blocks(config: EngineConfig, planned_blocks: int | None) -> int:
+    """Usable blocks of the pool (the scratch block comes on top): engine.num_kv_blocks when
+    set, else the memory plan's (pipeline/memory_plan.py), else (an engine run alone: a bench,
+    a test) as many as can ever be in use; never more than that."""
+    if config.num_kv_blocks > 0:
+        return config.num_kv_blocks
+    useful = max_useful_blocks(config)
+    return useful if planned_blocks is None else max(0, min(planned_blocks, useful))

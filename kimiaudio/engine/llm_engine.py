@@ -66,14 +66,14 @@ class LLMEngine:
         config: EngineConfig,
         device: torch.device | str,
         dtype: torch.dtype,
-        reserved_bytes: int = 0,
+        num_blocks: int | None = None,
     ):
-        """reserved_bytes: device memory the KV pool must leave for others (ModelRunner)."""
+        """num_blocks: the KV pool's usable blocks, as the memory plan sized them (ModelRunner)."""
         self.lm = lm
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
-        self.runner = ModelRunner(lm, config, self.device, dtype, reserved_bytes)
+        self.runner = ModelRunner(lm, config, self.device, dtype, num_blocks)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -109,6 +109,11 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         return bool(self._pending) or self.scheduler.has_work
+
+    def release(self) -> None:
+        """Give the KV pool and the decode graphs' memory back, once no step will run again
+        (a stopped pipeline): a pipeline built next in the same process plans without them."""
+        self.runner.release()
 
     def step(self) -> list[StepOutput]:
         outputs, self._pending = self._pending, []

@@ -57,6 +57,14 @@ class StepSample(NamedTuple):
     text_top: tuple[tuple[int, float], ...] | None  # the likeliest text tokens, when asked for
 
 
+def graph_shapes(config: EngineConfig) -> tuple[int, list[int], list[int]]:
+    """(rows of the static decode and mixed batches, the decode batch sizes, the mixed steps'
+    token buckets): the shapes captured when CUDA graphs are on (the memory plan counts them)."""
+    max_batch = min(config.max_num_seqs, config.max_num_batched_tokens)
+    max_tokens = min(config.max_num_batched_tokens, max_batch + config.max_prefill_tokens_while_decoding)
+    return max_batch, decode_batch_sizes(max_batch), mixed_token_buckets(max_tokens)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -64,27 +72,20 @@ class ModelRunner:
         engine_config: EngineConfig,
         device: torch.device | str,
         dtype: torch.dtype,
-        reserved_bytes: int = 0,
+        num_blocks: int | None = None,
     ):
+        """num_blocks: the KV pool's usable blocks as the memory plan sized it (kv_pool.pool_num_blocks)."""
         self.lm = lm
         self.config = lm.config
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = engine_config.block_size
         cfg = self.config
-        per_block = KVPool.bytes_per_block(
-            cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
-        )
-        blocks_per_seq = -(-engine_config.max_model_len // self.block_size)
-        self.num_blocks = pool_num_blocks(
-            engine_config.num_kv_blocks,
-            engine_config.memory_fraction,
-            per_block,
-            engine_config.max_num_seqs * blocks_per_seq,
-            self.device,
-            reserved_bytes,
-        )
+        self.num_blocks = pool_num_blocks(engine_config, num_blocks)
         if self.num_blocks < 1:
+            per_block = KVPool.bytes_per_block(
+                cfg.num_kv_layers, self.block_size, cfg.num_key_value_heads, cfg.head_dim, dtype
+            )
             raise ConfigError(
                 f"engine: no room for a KV pool ({per_block} bytes per block of "
                 f"{self.block_size} positions); lower engine.block_size or set engine.num_kv_blocks"
@@ -106,10 +107,10 @@ class ModelRunner:
         use_graphs = self.device.type == "cuda" and engine_config.cuda_graphs and self.use_kernels
         if self.device.type == "cuda" and engine_config.cuda_graphs and not use_graphs:
             log.warning("engine.cuda_graphs: no Triton paged attention for this device/model: decoding eagerly")
-        max_batch = min(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
-        sizes = decode_batch_sizes(max_batch) if use_graphs else None
+        max_batch, decode_sizes, buckets = graph_shapes(engine_config)
+        sizes = decode_sizes if use_graphs else None
         # The decode GEMMs' tiles, measured for the batch sizes served (before any capture).
-        self.gemm_tiles = tune_linears(lm, decode_batch_sizes(max_batch), dtype) if use_triton(self.device) else []
+        self.gemm_tiles = tune_linears(lm, decode_sizes, dtype) if use_triton(self.device) else []
         with torch.inference_mode():
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
@@ -129,10 +130,6 @@ class ModelRunner:
         self.mixed_inputs: MixedInputs | None = None
         self.mixed_graphs: DecodeGraphs | None = None
         if use_graphs and engine_config.mixed_cuda_graphs:
-            max_tokens = min(
-                engine_config.max_num_batched_tokens, max_batch + engine_config.max_prefill_tokens_while_decoding
-            )
-            buckets = mixed_token_buckets(max_tokens)
             with torch.inference_mode():
                 mixed = MixedInputs(
                     self.pool, max_batch, buckets, engine_config.max_model_len, cfg.kimia_adaptor_input_dim, dtype, True
@@ -142,6 +139,13 @@ class ModelRunner:
                 lambda size: self.mixed_forward(mixed.batch(size)), buckets, self.device, "mixed step"
             )
             self.mixed_graphs.capture()
+
+    def release(self) -> None:
+        """Drop the KV pool, the static buffers and the graphs (their device memory goes back
+        to the allocator): the engine is done, and the next one's pool is sized without them."""
+        self.graphs = self.mixed_graphs = None
+        self.mixed_inputs = None
+        del self.decode_inputs, self.pool  # no step runs again: nothing may reach for them
 
     @property
     def capture_seconds(self) -> float:

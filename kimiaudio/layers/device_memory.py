@@ -16,6 +16,14 @@ from kimiaudio.errors import ConfigError
 GIB = 1 << 30
 
 
+def indexed(device: torch.device) -> torch.device:
+    """`device` itself when it names one CUDA device; ValueError otherwise (the resolved
+    model.device always does: checkpoint/paths.py resolve_device)."""
+    if device.type != "cuda" or device.index is None:
+        raise ValueError(f"{device}: expected an indexed CUDA device such as cuda:0")
+    return device
+
+
 def _fraction(device: torch.device) -> float:
     # get_per_process_memory_fraction is newer than some torch builds the project meets.
     get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
@@ -24,12 +32,14 @@ def _fraction(device: torch.device) -> float:
 
 def capacity_bytes(device: torch.device) -> int:
     """The bytes this process may hold on `device` in all: the card's, or its cap."""
+    device = indexed(device)
     total = torch.cuda.mem_get_info(device)[1]
     return int(total * _fraction(device))
 
 
 def free_bytes(device: torch.device) -> int:
     """The bytes this process can still allocate on `device` beyond what it has reserved."""
+    device = indexed(device)
     free, total = torch.cuda.mem_get_info(device)
     fraction = _fraction(device)
     if fraction < 1.0:
@@ -39,6 +49,7 @@ def free_bytes(device: torch.device) -> int:
 
 def cap_process(device: torch.device, gib: float, what: str = "--card-gib") -> None:
     """Let this process use at most `gib` GiB of `device`, as on a card of that size."""
+    device = indexed(device)
     total = torch.cuda.mem_get_info(device)[1]
     if not 0 < gib * GIB <= total:
         raise ConfigError(f"{what} {gib:g}: expected more than 0 and at most this GPU's {total / GIB:.1f} GiB")

@@ -1,239 +1,287 @@
-"""The device memory plan: what is fixed, what grows per session, and what is left for the LM's
-KV pool, which is sized last; and the `weights = auto` choice made from it before loading.
+"""The device memory plan: every part reserved on the device, and the LM's KV pool, which gets
+exactly what is left.
 
-Fixed: every component's weights, the detokenizer's static batch buffers and CUDA graph pool
-(known once prepare_for_serving ran). Per session: the detokenizer's prefix K/V at its cap
-(max_kv_cache_frames) plus the vocoder overlap it holds; per LM token, its K/V in every trunk
-and MIMO layer. The KV pool gets what is left of the card after those and a headroom; the plan
-fits when that pool holds `positions` tokens for each of `sessions` sessions.
+`plan_memory` is the one function that plans, with the same inputs wherever a plan is made: a
+stack's modules (loaded, or built on the meta device from a checkpoint's config files:
+meta_stack.py), the config (server.max_sessions, [engine], [detok], [voices], [audio]), the
+device's capacity (the card, or this process's cap on it) and whether it is a GPU.
+`bench --memory-plan` prints it before anything is loaded, `weights = auto` chooses from it
+(weights_choice.py), and the pipeline sizes its KV pool from it (`plan_stack`,
+`kv_blocks_on_device`) and logs it. The reserved parts:
 
-`memory_budget` plans a loaded stack; `meta_stack` builds the same parts from a checkpoint's
-config files on the "meta" device (shapes and dtypes, no memory, quantized as chosen), so the
-same function plans a card before anything is loaded: `bench --memory-plan` and `auto`.
+- weights: every parameter and buffer of each component, counted;
+- detok_static_buffers: the served buckets' buffers (at most server.max_sessions rows), counted;
+- detok_state: one session's prefix K/V at its cap and vocoder overlap, x server.max_sessions;
+- voice_cache: [voices] cache_mib;
+- detok_graph_pool (detok_activations without graphs), lm_graph_pool and
+  lm_mixed_graph_pool (the decode and mixed-step graphs), activations, and on a GPU
+  cuda_context and allocator_slack: estimated from counted bases (memory_estimates.py).
+
+The KV pool gets the rest in whole blocks (its scratch block included), at most what
+max_num_seqs sequences of max_model_len positions can use; engine.num_kv_blocks fixes it
+instead. Without a capacity (the CPU) it gets CPU_KV_BUDGET. The plan fits when the pool holds
+`positions` tokens for each of server.max_sessions sessions; a pool that cannot hold one
+sequence of engine.max_model_len is refused in one line (`check_plan`).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-import tempfile
-from dataclasses import dataclass, replace
-from pathlib import Path
+import math
 
 import torch
 
-from kimiaudio.checkpoint.paths import CheckpointPaths
-from kimiaudio.layers.device_memory import GIB, capacity_bytes
-from kimiaudio.layers.fp8 import fp8_supported, require_fp8
+from kimiaudio.engine.kv_pool import KVPool, max_useful_blocks
+from kimiaudio.engine.model_runner import graph_shapes
+from kimiaudio.errors import ConfigError
+from kimiaudio.layers.device_memory import GIB, capacity_bytes, free_bytes
+from kimiaudio.pipeline.memory_estimates import ESTIMATES, estimate
 
 log = logging.getLogger(__name__)
 
-HEADROOM = 4 * GIB  # activations, CUDA context, the LM's graph pool, allocator slack
+MIB = 1 << 20
+CPU_KV_BUDGET = 2 * GIB  # the KV pool on the CPU, where no card bounds it
+WINDOW_SECONDS = 30  # both speech encoders take 30 s windows, a batch of them at once
+# Reserved parts allocated only after the KV pool is sized (or while serving): the pool must
+# leave room for them in what the device has free when it is allocated.
+AFTER_THE_POOL = (
+    "detok_state",
+    "voice_cache",
+    "lm_graph_pool",
+    "lm_mixed_graph_pool",
+    "activations",
+    "detok_activations",
+    "allocator_slack",
+)
 
 
 def _bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
 
 
-def memory_budget(
-    stack,
-    sessions: int,
-    device_bytes: int | None = None,
-    graphs: dict | None = None,
-    headroom_bytes: int = HEADROOM,
-    positions: int | None = None,
-) -> dict:
-    """Bytes by item for `sessions` concurrent sessions. `device_bytes`: the card's total (None:
-    no KV pool line); `graphs`: Detokenizer.prepare_for_serving()'s report; `positions`: the
-    positions each session must be able to hold (None: no `fits`)."""
+def lm_tensor_bytes(lm, tokens: int) -> int:
+    """Tensors alive at once while `tokens` positions go through one LM layer: the residual
+    stream in and out, then q/k/v and the attention's output beside the normed input, or
+    gate/up and their product (the normed input freed)."""
+    cfg = lm.config
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    return tokens * (2 * cfg.hidden_size + max(qkv + cfg.hidden_size, 3 * cfg.intermediate_size)) * lm.dtype.itemsize
+
+
+def _encoder_bytes(module, max_batch_segments: int, config, mask: bool) -> int:
+    """One speech encoder's largest batch through one layer: its windows (audio.encode_batch_size
+    utterances of audio.max_input_seconds, at most the encoder's max_batch_segments) x the
+    residual beside q/k/v and the attention output, or beside its MLP's two hidden tensors; the
+    GLM encoder adds its [B, 1, T, T] additive mask."""
+    cfg = module.config
+    d_model, positions = cfg.d_model, cfg.max_source_positions
+    ffn = getattr(cfg, "encoder_ffn_dim", None) or cfg.ffn_dim  # transformers' name, or WhisperVQConfig's
+    windows = config.audio.encode_batch_size * math.ceil(config.audio.max_input_seconds / WINDOW_SECONDS)
+    width = d_model + max(4 * d_model, 2 * ffn) + (positions if mask else 0)
+    return min(windows, max_batch_segments) * positions * width * next(module.parameters()).element_size()
+
+
+def activation_bytes(stack, config) -> int:
+    """Tensors alive at once in the largest eager forward: an LM prefill of
+    engine.max_num_batched_tokens positions, or the speech encoders' largest batch. The
+    encoders run on the LM worker between its steps, so the largest counts, not their sum."""
+    whisper, glm = stack.whisper, stack.glm4
+    return max(
+        lm_tensor_bytes(stack.lm, config.engine.max_num_batched_tokens),
+        _encoder_bytes(whisper.encoder, whisper.max_batch_segments, config, mask=False),
+        _encoder_bytes(glm.model, glm.max_batch_segments, config, mask=True),
+    )
+
+
+def graph_logits_bytes(stack, config) -> int:
+    """The logits every captured decode graph keeps (both heads, each padded batch size)."""
+    sizes = graph_shapes(config.engine)[1]
+    return sum(sizes) * 2 * stack.lm.config.vocab_size * stack.lm.dtype.itemsize
+
+
+def mixed_graph_bytes(stack, config) -> int:
+    """What the mixed-step graphs keep, counted: each token bucket's logits (a row for each of
+    the static batch's sequences, both heads) and the largest bucket's live tensors."""
+    rows, _, buckets = graph_shapes(config.engine)
+    logits = len(buckets) * rows * 2 * stack.lm.config.vocab_size * stack.lm.dtype.itemsize
+    return logits + lm_tensor_bytes(stack.lm, buckets[-1])
+
+
+def component_weights(stack) -> dict[str, int]:
+    """Bytes of every component's parameters and buffers, by component."""
     weights = {
         "lm": _bytes(stack.lm),
         "whisper": _bytes(stack.whisper.encoder),
         "glm4_tokenizer": _bytes(stack.glm4.model),
     }
+    if stack.detokenizer is not None:
+        weights.update(dit=_bytes(stack.detokenizer.dit), vocoder=_bytes(stack.detokenizer.vocoder))
+    return weights
+
+
+def reserved_parts(stack, config, on_gpu: bool) -> dict[str, tuple[int, str]]:
+    """Every part reserved beside the KV pool: name -> (bytes, where the figure comes from)."""
+    parts = {"weights": (sum(component_weights(stack).values()), "counted")}
     detok = stack.detokenizer
-    plan: dict = {
-        "weights": weights,
-        "sessions": sessions,
-        "weights_choice": {"lm": getattr(stack.lm, "weights", "bf16")},
-    }
-    fixed = sum(weights.values())
     if detok is not None:
-        weights.update(dit=_bytes(detok.dit), vocoder=_bytes(detok.vocoder))
+        buffers = detok.flow.arena.nbytes
+        parts["detok_static_buffers"] = (buffers, "counted")
+        parts["detok_state"] = (config.server.max_sessions * detok.state_bytes_per_stream(), "counted")
+        parts["voice_cache"] = (config.voices.cache_mib * MIB, "configured")
+        # Graphed, the detokenizer's activations live in its graphs' pool; eager, they come and go.
+        workspace = "detok_graph_pool" if on_gpu and config.detok.cuda_graphs else "detok_activations"
+        parts[workspace] = _estimated("detok_graph_pool", buffers)
+    if on_gpu and config.engine.cuda_graphs:
+        parts["lm_graph_pool"] = _estimated("lm_graph_pool", graph_logits_bytes(stack, config))
+        if config.engine.mixed_cuda_graphs:
+            parts["lm_mixed_graph_pool"] = _estimated("lm_mixed_graph_pool", mixed_graph_bytes(stack, config))
+    parts["activations"] = _estimated("activations", activation_bytes(stack, config))
+    if on_gpu:
+        parts["cuda_context"] = _estimated("cuda_context", 1)
+        parts["allocator_slack"] = _estimated("allocator_slack", 1)
+    return parts
+
+
+def plan_memory(stack, config, device_bytes: int | None, on_gpu: bool, positions: int | None = None) -> dict:
+    """Bytes of every reserved part and the KV pool for serving `config` on a device of
+    `device_bytes` (None: no capacity, the CPU budget); `on_gpu`: CUDA graphs, the CUDA
+    context and the allocator's slack are planned. `positions`: each session's positions for
+    `fits` (default engine.max_model_len)."""
+    sessions = config.server.max_sessions
+    positions = config.engine.max_model_len if positions is None else positions
+    parts = reserved_parts(stack, config, on_gpu)
+    plan = {
+        "device_total": device_bytes,
+        "on_gpu": on_gpu,
+        "sessions": sessions,
+        "positions_per_session": positions,
+        "weights_choice": {"lm": getattr(stack.lm, "weights", "bf16")},
+        "weights": component_weights(stack),
+        "reserved": {name: size for name, (size, _) in parts.items()},
+        "sources": {name: source for name, (_, source) in parts.items()},
+        "reserved_total": sum(size for size, _ in parts.values()),
+    }
+    detok = stack.detokenizer
+    if detok is not None:
         plan["weights_choice"]["dit"] = getattr(detok.dit, "weights", "bf16")
-        fixed += weights["dit"] + weights["vocoder"]
-        graph_bytes = (graphs or {}).get("added_bytes", 0)
         plan.update(
-            detok_static_buffers=detok.flow.arena.nbytes,
-            detok_graph_pool=graph_bytes,
-            detok_state_per_session=detok.state_bytes_per_stream(),
-            detok_state_all_sessions=sessions * detok.state_bytes_per_stream(),
+            detok_batch_rows=detok.buckets.batch_sizes[-1], detok_state_per_session=detok.state_bytes_per_stream()
         )
-        fixed += detok.flow.arena.nbytes + graph_bytes + plan["detok_state_all_sessions"]
-    cfg = stack.lm.config
-    plan["weights_total_bytes"] = sum(weights.values())
-    plan["lm_kv_per_token"] = cfg.num_kv_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * stack.lm.dtype.itemsize
-    plan["fixed_total"] = fixed
-    if device_bytes is not None:
-        plan.update(
-            device_total=device_bytes, headroom=headroom_bytes, kv_pool=max(0, device_bytes - fixed - headroom_bytes)
-        )
-        plan["kv_pool_tokens"] = plan["kv_pool"] // plan["lm_kv_per_token"]
-        plan["tokens_per_session"] = plan["kv_pool_tokens"] // max(1, sessions)
-        if positions is not None:
-            plan.update(positions_per_session=positions, fits=plan["kv_pool_tokens"] >= sessions * positions)
+    plan.update(_kv_pool(stack, config, device_bytes, plan["reserved_total"]))
+    plan["tokens_per_session"] = plan["kv_pool_tokens"] // max(1, sessions)
+    plan["fits"] = plan["kv_pool_tokens"] >= sessions * positions
     return plan
 
 
-@dataclass
-class _Part:
-    """What memory_budget reads of a speech encoder: its module."""
-
-    encoder: torch.nn.Module | None = None
-    model: torch.nn.Module | None = None
-
-
-@dataclass
-class MetaStack:
-    lm: torch.nn.Module
-    whisper: _Part
-    glm4: _Part
-    detokenizer: object | None
+def _estimated(name: str, base: int) -> tuple[int, str]:
+    """(the estimate of `name` for its counted base, its source line)."""
+    e = ESTIMATES[name]
+    source = f"estimated: {e.measured:g} x (1 + {e.margin:g}) per {e.per} ({e.source})"
+    return int(estimate(name) * base), source
 
 
-def meta_stack(
-    paths: CheckpointPaths, dtype: torch.dtype, detok_cfg, lm_weights: str, dit_weights: str | None, sessions: int
-) -> MetaStack:
-    """The parts `paths`' config files describe, on the meta device, as the loaders would leave
-    them (projections fused; LM and DiT quantized as chosen; the GLM encoder in float32).
-    dit_weights None: text only. The detokenizer batches at most `sessions` streams."""
-    from transformers import WhisperConfig
-
-    from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer
-    from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
-    from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig
-    from kimiaudio.checkpoint.files import read_json
-    from kimiaudio.models.kimia_config import KimiaConfig
-    from kimiaudio.models.kimia_lm import KimiAudioLM
-    from kimiaudio.models.quantize import quantize_dit, quantize_lm
-
-    with torch.device("meta"):
-        lm = KimiAudioLM(KimiaConfig.from_file(paths.lm_config)).to(dtype)
-    lm = quantize_lm(lm.fuse_projections(), lm_weights)
-    whisper = WhisperFeatureEncoder.empty_encoder(
-        WhisperConfig(**read_json(paths.whisper / "config.json")), "meta", dtype
-    )
-    glm = Glm4SpeechTokenizer.empty_model(WhisperVQConfig.from_file(paths.glm_tokenizer / "config.json"), "meta")
-    detok = None
-    if dit_weights is not None:
-        from kimiaudio.detok.detokenizer import Detokenizer
-        from kimiaudio.models.bigvgan import BigVGAN, VocoderConfig
-        from kimiaudio.models.dit import DiTPrefix
-        from kimiaudio.models.dit_config import DiTConfig
-
-        with torch.device("meta"):
-            dit = DiTPrefix(DiTConfig.from_yaml(paths.detokenizer / "config.yaml")).to(dtype)
-            vocoder = BigVGAN(VocoderConfig.from_json(paths.vocoder / "config.json")).to(dtype).fold_weight_norm()
-        batch = min(detok_cfg.max_batch_sessions, max(1, sessions))  # no bigger batch can form
-        detok = Detokenizer(quantize_dit(dit, dit_weights), vocoder, replace(detok_cfg, max_batch_sessions=batch))
-    return MetaStack(lm, _Part(encoder=whisper), _Part(model=glm), detok)
+def size(nbytes: int) -> str:
+    """GiB, or MiB below a tenth of one (a tiny checkpoint's parts)."""
+    return f"{nbytes / GIB:.2f} GiB" if abs(nbytes) >= GIB / 10 else f"{nbytes / MIB:.1f} MiB"
 
 
-def plan_for_shape(
-    shape: str,
-    config,
-    lm_weights: str,
-    dit_weights: str | None,
-    sessions: int,
-    card_bytes: int,
-    positions: int,
-    dtype: torch.dtype = torch.bfloat16,
-) -> dict:
-    """The plan of a random_weights shape (e.g. "full": the real model's shapes) on a card."""
-    from kimiaudio.random_weights.config_files import GLM_DIR, write_config_files
-    from kimiaudio.random_weights.shapes import shape_named
-
-    with tempfile.TemporaryDirectory(prefix="kimiaudio-plan-") as tmp:
-        root = Path(tmp)
-        write_config_files(root, shape_named(shape))
-        paths = CheckpointPaths(root=root, glm_tokenizer=root / GLM_DIR, text_only=dit_weights is None)
-        stack = meta_stack(paths, dtype, config.detok, lm_weights, dit_weights, sessions)
-    return memory_budget(stack, sessions, card_bytes, positions=positions)
-
-
-def choose_weights(lm: str, dit: str, fp8: bool, plan_of) -> tuple[str, str, dict]:
-    """Resolve auto in (lm, dit): the first of bf16, fp8 (when `fp8`), int8 whose plan fits
-    (the last one tried if none does). plan_of(lm, dit) -> a plan with `fits`."""
-    for choice in ["bf16", *(["fp8"] if fp8 else []), "int8"]:
-        picked = tuple(choice if w == "auto" else w for w in (lm, dit))
-        plan = plan_of(*picked)
-        if plan["fits"] or "auto" not in (lm, dit):
-            break
-    return picked[0], picked[1], plan
-
-
-def resolve_weights(
-    config, paths: CheckpointPaths, device: torch.device, dtype: torch.dtype, text_only: bool
-) -> tuple[str, str]:
-    """([model] weights, [detok] weights) with auto resolved: on the CPU the configured dtype
-    unquantized; on CUDA bf16 where the plan for server.max_sessions sessions of
-    engine.max_model_len positions fits the card, else fp8 where the GPU has it, else int8.
-    fp8 on a device without it is a ConfigError. The choice and its plan are logged."""
-    lm, dit = config.model.weights, config.detok.weights
-    plan = None
-    if "auto" in (lm, dit):
-        if device.type != "cuda":
-            lm, dit = (("bf16" if w == "auto" else w) for w in (lm, dit))
-        else:
-            card = capacity_bytes(device)  # the card, or this process's cap on it
-            sessions, positions = config.server.max_sessions, config.engine.max_model_len
-
-            def plan_of(lm_weights, dit_weights):
-                stack = meta_stack(paths, dtype, config.detok, lm_weights, None if text_only else dit_weights, sessions)
-                return memory_budget(stack, sessions, card, positions=positions)
-
-            lm, dit, plan = choose_weights(lm, dit, fp8_supported(device), plan_of)
-    for key, value in (("model.weights", lm), ("detok.weights", None if text_only else dit)):
-        if value == "fp8":
-            require_fp8(device, key)
-    if plan is not None:
-        log.info(
-            "weights = auto: LM %s, DiT %s (%s)\n%s",
-            lm,
-            dit,
-            "fits" if plan["fits"] else "no choice fits; the smallest is used",
-            format_memory_budget(plan),
-        )
+def _kv_pool(stack, config, device_bytes: int | None, reserved_total: int) -> dict:
+    cfg, engine = stack.lm.config, config.engine
+    per_token = KVPool.bytes_per_block(cfg.num_kv_layers, 1, cfg.num_key_value_heads, cfg.head_dim, stack.lm.dtype)
+    per_block = per_token * engine.block_size
+    left = CPU_KV_BUDGET if device_bytes is None else max(0, device_bytes - reserved_total)
+    if engine.num_kv_blocks > 0:
+        blocks, source = engine.num_kv_blocks, "engine.num_kv_blocks"
     else:
-        log.info("weights: LM %s, DiT %s", lm, "none (text only)" if text_only else dit)
-    return lm, dit
+        blocks = max(0, min(left // per_block - 1, max_useful_blocks(engine)))  # - the scratch block
+        source = "what is left" if device_bytes is not None else "the CPU budget"
+    pool = (blocks + 1) * per_block if blocks else 0
+    return {
+        "lm_kv_per_token": per_token,
+        "kv_block_bytes": per_block,
+        "kv_blocks": blocks,
+        "kv_pool": pool,
+        "kv_pool_source": source,
+        "kv_pool_tokens": blocks * engine.block_size,
+        "max_model_len": engine.max_model_len,
+        "kv_blocks_one_sequence": -(-engine.max_model_len // engine.block_size),
+        "left_unused": None if device_bytes is None else device_bytes - reserved_total - pool,
+    }
 
 
-def format_memory_budget(plan: dict) -> str:
-    """The plan as lines a reviewer can check against the card (GiB, and tokens for the pool)."""
-    choice = ", ".join(f"{k} {v}" for k, v in plan.get("weights_choice", {}).items())
-    lines = [f"memory plan for {plan['sessions']} sessions (weights: {choice}):"]
-    for name, size in plan["weights"].items():
-        lines.append(f"  weights {name:<16} {size / GIB:8.2f} GiB")
-    lines.append(f"  weights total           {plan['weights_total_bytes'] / GIB:8.2f} GiB")
-    if "detok_state_per_session" in plan:
-        lines.append(f"  detok static buffers    {plan['detok_static_buffers'] / GIB:8.2f} GiB")
-        lines.append(f"  detok graph pool        {plan['detok_graph_pool'] / GIB:8.2f} GiB")
-        lines.append(
-            f"  detok state             {plan['detok_state_all_sessions'] / GIB:8.2f} GiB "
-            f"({plan['detok_state_per_session'] / (1 << 20):.1f} MiB a session at the K/V cap)"
+def check_plan(plan: dict, where: str) -> str | None:
+    """For a plan against a device's capacity: ConfigError (one line) when the KV pool sized
+    from what is left cannot hold one sequence of engine.max_model_len, or a fixed
+    engine.num_kv_blocks does not fit, saying what does not fit and by how much. Else a warning
+    line when the pool is short of server.max_sessions x positions (sessions then share it),
+    or None (also for the CPU budget: no device to fit)."""
+    total = plan["device_total"]
+    if total is None:
+        return None
+    room = max(0, total - plan["reserved_total"])
+    what = None
+    if plan["kv_pool_source"] == "engine.num_kv_blocks" and plan["left_unused"] < 0:
+        what, short = (
+            f"engine.num_kv_blocks = {plan['kv_blocks']:,} ({plan['kv_pool'] / GIB:.2f} GiB)",
+            -plan["left_unused"],
         )
-    lines.append(f"  fixed total             {plan['fixed_total'] / GIB:8.2f} GiB")
-    if "kv_pool" in plan:
-        lines.append(f"  headroom                {plan['headroom'] / GIB:8.2f} GiB")
-        lines.append(
-            f"  LM KV pool (sized last) {plan['kv_pool'] / GIB:8.2f} GiB = {plan['kv_pool_tokens']:,} tokens "
-            f"({plan['lm_kv_per_token'] / 1024:.0f} KiB a token) of {plan['device_total'] / GIB:.1f} GiB, "
-            f"{plan['tokens_per_session']:,} a session"
+    elif plan["kv_pool_source"] == "what is left" and plan["kv_blocks"] < plan["kv_blocks_one_sequence"]:
+        one = (plan["kv_blocks_one_sequence"] + 1) * plan["kv_block_bytes"]
+        what = f"a KV pool for one sequence of engine.max_model_len = {plan['max_model_len']:,} ({size(one)})"
+        short = one - room
+    if what is not None:
+        largest = sorted(plan["reserved"].items(), key=lambda kv: -kv[1])[:3]
+        parts = ", ".join(f"{name} {size(part)}" for name, part in largest)
+        raise ConfigError(
+            f"{where} ({total / GIB:.2f} GiB): {what} does not fit by {size(short)}: the other parts "
+            f"take {size(plan['reserved_total'])} (largest: {parts}) with server.max_sessions = "
+            f"{plan['sessions']}. Use weights = fp8 or int8, or lower server.max_sessions or engine.max_model_len "
+            f"(bench --memory-plan prints the plan)"
         )
-    if "fits" in plan:
-        need = plan["sessions"] * plan["positions_per_session"]
-        lines.append(
-            f"  {'fits' if plan['fits'] else 'does NOT fit'}: {plan['sessions']} sessions x "
-            f"{plan['positions_per_session']:,} positions = {need:,} tokens"
+    if plan["kv_pool_source"] == "what is left" and not plan["fits"]:
+        return (
+            f"{where}: the KV pool holds {plan['kv_pool_tokens']:,} tokens, {plan['tokens_per_session']:,} a session, "
+            f"short of {plan['positions_per_session']:,} for each of server.max_sessions = {plan['sessions']}: "
+            f"sessions share it (a long conversation may wait for room)"
         )
-    return "\n".join(lines)
+    return None
+
+
+def plan_stack(stack, config, device_bytes: int | None = None) -> dict:
+    """The plan of a loaded stack as served with `config`: on CUDA against the card's capacity
+    (or this process's cap); on the CPU against `device_bytes` if given, else the CPU budget."""
+    on_gpu = stack.device.type == "cuda"
+    if on_gpu and device_bytes is None:
+        device_bytes = capacity_bytes(stack.device)
+    return plan_memory(stack, config, device_bytes, on_gpu)
+
+
+def kv_blocks_on_device(plan: dict, device: torch.device) -> int:
+    """The plan's KV blocks, allocated now. On CUDA the parts allocated so far (weights,
+    detokenizer buffers and graphs) are what the plan says only if its estimates hold and no
+    earlier pool is still alive: what the device has free, less the parts still to come, bounds
+    the pool, with a warning naming the difference when it is smaller than planned."""
+    planned = plan["kv_blocks"]
+    if device.type != "cuda" or planned == 0 or plan["kv_pool_source"] != "what is left":
+        return planned  # the CPU's budget, or engine.num_kv_blocks as configured
+    gc.collect()  # an earlier engine's pool, held only by a reference cycle, goes now
+    torch.cuda.empty_cache()  # ... and what the allocator cached back to the device
+    later = sum(size for name, size in plan["reserved"].items() if name in AFTER_THE_POOL)
+    room = free_bytes(device) - later
+    blocks = max(0, room // plan["kv_block_bytes"] - 1)
+    if blocks < planned:
+        allocated = torch.cuda.memory_allocated(device)
+        log.warning(
+            "memory plan: %s has room for %d KV blocks, not the %d planned (%.2f GiB less): it holds %.2f GiB "
+            "already, the plan expected %.2f GiB by now (an estimate in pipeline/memory_estimates.py too "
+            "low, or another pipeline or process holding memory)",
+            device,
+            blocks,
+            planned,
+            (planned - blocks) * plan["kv_block_bytes"] / GIB,
+            allocated / GIB,
+            sum(size for name, size in plan["reserved"].items() if name not in AFTER_THE_POOL + ("cuda_context",))
+            / GIB,
+        )
+    return min(blocks, planned)

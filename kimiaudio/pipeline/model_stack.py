@@ -23,7 +23,8 @@ from kimiaudio.audio.device_result import DeviceResult, compute_now
 from kimiaudio.audio.staged_work import Stages
 from kimiaudio.checkpoint.files import read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
-from kimiaudio.config import Config
+from kimiaudio.config import Config, served_detok
+from kimiaudio.layers.precision import exact_float32
 from kimiaudio.pipeline.encode_cache import Encoded
 
 if TYPE_CHECKING:
@@ -94,9 +95,10 @@ class ModelStack:
         paths = resolve_checkpoint(config, text_only)
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
+        exact_float32(device, dtype)
         if paths.is_demo:
             log.warning(DEMO_NOTICE)
-        from kimiaudio.pipeline.memory_plan import resolve_weights
+        from kimiaudio.pipeline.weights_choice import resolve_weights
 
         lm_weights, dit_weights = resolve_weights(config, paths, device, dtype, text_only)
         seconds: dict[str, float] = {}
@@ -117,7 +119,7 @@ class ModelStack:
             from kimiaudio.detok.detokenizer import Detokenizer
 
             detok = timed(
-                "detokenizer", lambda: Detokenizer.load(paths, device, dtype, config.detok, weights=dit_weights)
+                "detokenizer", lambda: Detokenizer.load(paths, device, dtype, served_detok(config), weights=dit_weights)
             )
         return cls(config, paths, device, dtype, tokenizer, specials, lm, whisper, glm4, detok, seconds)
 

@@ -22,6 +22,8 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.lm_worker import LmWorker
+from kimiaudio.pipeline.memory_plan import check_plan, kv_blocks_on_device, plan_stack
+from kimiaudio.pipeline.memory_report import format_memory_plan
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import TurnRequest
@@ -37,7 +39,9 @@ STOP_TIMEOUT_S = 30.0
 
 
 class Pipeline:
-    def __init__(self, stack, config):
+    def __init__(self, stack, config, device_bytes: int | None = None):
+        """`device_bytes`: the capacity the memory plan sizes the KV pool from (default: the
+        card or this process's cap on CUDA, the CPU budget on the CPU)."""
         detokenizer = stack.detokenizer
         if detokenizer is not None and detokenizer.sample_rate != SPEECH_OUTPUT_RATE:
             raise KimiAudioError(
@@ -47,26 +51,36 @@ class Pipeline:
         self.stack = stack
         self.config = config
         self.metrics = PipelineMetrics()
-        # Memory is planned with the KV pool last: the detokenizer's graphs and static buffers
-        # first (captured now, replayed later on its worker's stream), its streams' state at
-        # the most streams that can speak at once and the voice prefixes' budget reserved, then
-        # the pool takes its share.
-        reserved = 0
+        self.memory = plan_stack(stack, config, device_bytes)
+        short = check_plan(self.memory, str(stack.device))
+        log.info("%s", format_memory_plan(self.memory))
+        if short:
+            log.warning(short)
+        # Memory is planned with the KV pool last (memory_plan.py): the detokenizer's graphs
+        # are captured first (replayed later on its worker's stream), then the pool gets what
+        # the plan leaves after every other part, this config's sessions included.
         self.detok_graphs: dict = {}
         if detokenizer is not None:
             self.detok_graphs = detokenizer.prepare_for_serving()
             if self.detok_graphs["cuda_graphs"]:
                 g = self.detok_graphs
                 log.info(
-                    "detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB",
+                    "detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB (planned %.2f GiB)",
                     g["dit_graphs"],
                     g["vocoder_graphs"],
                     g["seconds"],
                     g["added_bytes"] / 2**30,
+                    self.memory["reserved"].get("detok_graph_pool", 0) / 2**30,
                 )
-            reserved = detokenizer.state_bytes_per_stream() * config.engine.max_num_seqs
-            reserved += config.voices.cache_mib * 2**20  # the voices' prefixes (pipeline/voice_bank.py)
-        self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, reserved_bytes=reserved)
+        num_blocks = kv_blocks_on_device(self.memory, stack.device)
+        self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, num_blocks=num_blocks)
+        if self.engine.runner.graphs is not None:
+            log.info(
+                "LM decode graphs: %.2f GiB (planned %.2f GiB); KV pool %d blocks",
+                self.engine.runner.graph_memory_bytes / 2**30,
+                self.memory["reserved"].get("lm_graph_pool", 0) / 2**30,
+                num_blocks,
+            )
         self._detok = None
         if detokenizer is not None:
             self._detok = DetokWorker(
@@ -119,7 +133,8 @@ class Pipeline:
         self._running = True
 
     async def stop(self) -> None:
-        """End every turn in flight (failed, "server shutting down") and stop both workers."""
+        """End every turn in flight (failed, "server shutting down"), stop both workers and give
+        the KV pool's memory back."""
         if not self._running:
             return
         self._running = False
@@ -127,6 +142,8 @@ class Pipeline:
         await loop.run_in_executor(None, self._lm.stop, STOP_TIMEOUT_S)  # its turns' ends reach the detok worker
         if self._detok is not None:
             await loop.run_in_executor(None, self._detok.stop, STOP_TIMEOUT_S)
+        if not self._lm.is_alive:  # its loop has ended: no step uses the pool again
+            self.engine.release()  # a pipeline built next in this process plans without it
 
     # ---- turns -----------------------------------------------------------------------------
     def submit(self, request: TurnRequest) -> TurnHandle:

@@ -6,8 +6,8 @@ and must stop are cleanup contexts, all added here, in the order they start (and
 of the order they stop): the conversation store (its writer/reader threads), the VAD thread,
 the pipeline (the GPU workers; unless the caller passes one it owns), the stored voices'
 registration, the voices' sync between instances, the calls' directory (a hang-up reaching
-any instance). `on_shutdown` closes every session first,
-so interrupted turns are stored before the store and the pipeline go away.
+any instance; where WebRTC is available: transport/webrtc.py). `on_shutdown` closes every
+session first, so interrupted turns are stored before the store and the pipeline go away.
 
 Every request passes the app's middlewares, outermost first: errors as JSON
 (middleware/errors.py), Host / API key / Origin (access.py), no new work while shutting down
@@ -37,7 +37,7 @@ from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
 from kimiaudio.server.routes import conversations, ops, page, rtc_offer, signin, voices
 from kimiaudio.server.session_registry import SessionRegistry
 from kimiaudio.server.stored_voices import registered_voices, voice_sync
-from kimiaudio.server.transport.call_directory import call_directory
+from kimiaudio.server.transport import webrtc
 from kimiaudio.server.v1.api import create_v1_app
 from kimiaudio.store import ConversationStore, database_location
 
@@ -59,12 +59,13 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
         ]
     )
     app[SERVER_CONTEXT] = context
-    app.cleanup_ctx.extend(
-        [_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync, call_directory]
-    )
+    app.cleanup_ctx.extend([_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync])
+    if webrtc.MISSING is None:
+        app.cleanup_ctx.append(webrtc.call_directory)
     app.on_shutdown.append(_close_sessions)
     for group in (page, signin, rtc_offer, conversations, voices, ops):
         app.add_routes(group.routes)
+    webrtc.warn_if_missing()
     app.add_subapp("/v1", create_v1_app(server.max_body_bytes))
     return app
 

@@ -45,6 +45,7 @@ def banner(config: Config, stack, warning: str | None) -> str:
         "",
         f"  kimiaudio is ready: open {scheme}://{display_host}:{config.server.port}/ and press Connect",
         f"  model: {stack.paths.root}",
+        f"  device: {stack.device} ({str(stack.dtype).removeprefix('torch.')})",
         f"  conversations: {shown(database_location(config))}",
     ]
     if stack.is_demo:

@@ -46,6 +46,6 @@ def check_small_decode_bench(device: str, capsys) -> None:
     assert prefill["positions"] == 1000 and prefill["ms_p50"] > 0 and prefill["ratio_to_floor"] > 0
     assert report["matmul_tflops"] > 0
     if on_gpu:
-        # The graphs' private memory pool takes device memory of its own (never the cached blocks).
-        assert report["capture_seconds"] > 0 and report["graph_memory_bytes"] > 0
-        assert report["graph_batch_sizes"] == [1, 2, 4]
+        # The graphs' private pools hold at least every captured decode batch's logits (both heads, bf16).
+        assert report["capture_seconds"] > 0 and report["graph_batch_sizes"] == [1, 2, 4]
+        assert report["graph_memory_bytes"] >= sum(report["graph_batch_sizes"]) * 2 * SMALL_7B["vocab_size"] * 2

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
-
-from aiortc.sdp import SessionDescription
+from typing import TYPE_CHECKING
 
 from kimiaudio.server.api_error import ApiError
+
+if TYPE_CHECKING:  # imported where an offer is parsed: a server without aiortc imports this module
+    from aiortc.sdp import SessionDescription
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,8 @@ def _bad(message: str) -> ApiError:
 
 def check_offer(sdp: object) -> SessionDescription:
     """The parsed offer, or ApiError 400 bad_offer saying what is wrong."""
+    from aiortc.sdp import SessionDescription
+
     if not isinstance(sdp, str) or not sdp.strip():
         raise _bad('expected {"sdp": "<SDP text>", "type": "offer"}')
     if len(sdp.encode("utf-8", "surrogatepass")) > MAX_SDP_BYTES:

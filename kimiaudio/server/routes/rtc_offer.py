@@ -10,7 +10,7 @@ let in as a call is (transport/call_directory.py's `open_call`); `call_id` names
 calls route (session/event_shape.py), with the WebRTC events output_audio_buffer.*. A new
 conversation is created at its first committed turn (announced by conversation.created), so
 connecting without speaking leaves no empty conversation behind: `conversation_id` is null
-until then.
+until then. Without aiortc the offer answers 503 webrtc_unavailable (transport/webrtc.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from kimiaudio.server.ephemeral_keys import parse_bound
 from kimiaudio.server.inputs.json_input import read_json_object
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
 from kimiaudio.server.session.event_shape import event_shape
-from kimiaudio.server.transport.call_directory import open_call
-from kimiaudio.server.transport.rtc_peer import RtcOffer
+from kimiaudio.server.transport import webrtc
 
 MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the session settings
 
@@ -33,10 +32,11 @@ routes = web.RouteTableDef()
 
 @routes.post("/api/rtc/offer")
 async def offer(request: web.Request) -> web.Response:
+    webrtc.require()
     context = server_context(request)
     context.sessions.check()  # a full server says so before the body is read
     body = await read_json_object(request, MAX_OFFER_BYTES)
-    peer, answer = await open_call(context, _offer(context, body))
+    peer, answer = await webrtc.open_call(context, _offer(context, body))
     return web.json_response(
         {
             "sdp": answer.sdp,
@@ -48,7 +48,7 @@ async def offer(request: web.Request) -> web.Response:
     )
 
 
-def _offer(context: ServerContext, body: dict) -> RtcOffer:
+def _offer(context: ServerContext, body: dict) -> webrtc.RtcOffer:
     """The offer body's parts, each checked."""
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or not sdp.strip() or body.get("type") != "offer":
@@ -57,4 +57,4 @@ def _offer(context: ServerContext, body: dict) -> RtcOffer:
     if conversation_id is not None and not isinstance(conversation_id, str):
         raise ApiError(404, "conversation_not_found", "no conversation with that id", param="conversation_id")
     updates = (parse_bound(context, body["session"]),) if body.get("session") is not None else ()
-    return RtcOffer(sdp, updates, conversation_id, event_shape("beta", webrtc=True))
+    return webrtc.RtcOffer(sdp, updates, conversation_id, event_shape("beta", webrtc=True))

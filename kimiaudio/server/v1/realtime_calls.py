@@ -20,7 +20,8 @@ the body is read, a held conversation 409 conversation_busy; the API key (or an 
 key), Host and Origin are checked by the app's access middleware. A bad offer, body or
 content type is a 4xx in OpenAI's error shape; so is a call id naming no live call (404
 call_not_found). A hang-up ends its call whichever instance of a fleet it reaches
-(transport/call_directory.py).
+(transport/call_directory.py). Without aiortc both answer 503 webrtc_unavailable
+(transport/webrtc.py).
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ from kimiaudio.server.inputs.multipart_form import read_form
 from kimiaudio.server.inputs.openai_params import check_model
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
 from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.transport.call_directory import hang_up, open_call
-from kimiaudio.server.transport.rtc_peer import RtcOffer
+from kimiaudio.server.transport import webrtc
 
 MAX_SESSION_BYTES = 256 * 1024  # the `session` part: long instructions fit
 SDP = "application/sdp"
@@ -45,6 +45,7 @@ EXPECTED = f"the SDP offer as {SDP}, or {FORM} with the parts sdp and session (J
 
 
 async def create_call(request: web.Request) -> web.Response:
+    webrtc.require()
     context = server_context(request)
     if "model" in request.query:
         check_model(request.query["model"], context.config.server.model_aliases)
@@ -55,8 +56,8 @@ async def create_call(request: web.Request) -> web.Response:
         updates.append(bound)
     if session is not None:
         updates.append(parse_bound(context, _session_json(session)))
-    offer = RtcOffer(sdp, tuple(updates), request.query.get("conversation_id") or None)
-    peer, answer = await open_call(context, offer)
+    offer = webrtc.RtcOffer(sdp, tuple(updates), request.query.get("conversation_id") or None)
+    peer, answer = await webrtc.open_call(context, offer)
     return web.Response(
         status=201,
         body=answer.sdp.encode("utf-8"),
@@ -97,8 +98,9 @@ def _session_json(data: bytes) -> object:
 
 async def hangup(request: web.Request) -> web.Response:
     """End a call (on whichever instance holds it: transport/call_directory.py); what was heard is stored."""
+    webrtc.require()
     call_id = request.match_info["call_id"]
-    if not await hang_up(server_context(request), call_id):
+    if not await webrtc.hang_up(server_context(request), call_id):
         raise ApiError(404, "call_not_found", f"no live call with id {call_id[:80]!r}", param="call_id")
     return web.Response(status=200)
 
