@@ -160,6 +160,26 @@ async def test_a_full_server_answers_503(http):
     await eventually(freed, "the closed calls' slots freed")
 
 
+async def test_the_deprecated_offer_route_is_a_call_that_says_so(http):
+    """POST /api/rtc/offer, kept for clients written before the calls route: the same call (its
+    id hangs it up), the events in the beta shape it always had, and headers saying where to go."""
+    client = RtcClient(ScriptedMic())
+    resp = await http.post("/api/rtc/offer", json={"sdp": await client.offer(), "type": "offer"})
+    body = await resp.json()
+    assert resp.status == 200, body
+    assert resp.headers["Deprecation"] == "true" and "</v1/realtime/calls>" in resp.headers["Link"]
+    await client.answered(body["sdp"], f"/v1/realtime/calls/{body['call_id']}")
+    created = await client.wait_for("session.created")
+    assert "type" not in created["session"] and created["session"]["modalities"]  # the beta session object
+    assert await client.hang_up(http) == 200
+    await client.close()
+
+    async def freed():
+        return await live_sessions(http) == 0
+
+    await eventually(freed, "the call's slot freed")
+
+
 async def test_bad_calls_are_refused_in_openai_shape(http):
     sdp = await offer_sdp()
     calls = "/v1/realtime/calls"
@@ -170,6 +190,7 @@ async def test_bad_calls_are_refused_in_openai_shape(http):
     await error_of(await sdp_body(sdp, "text/plain"), 415, "unsupported_media_type")
     await error_of(await http.post(calls, json={"sdp": sdp}), 415, "unsupported_media_type")
     await error_of(await sdp_body("hello"), 400, "bad_offer")
+    assert (await error_of(await sdp_body(" \r\n"), 400, "missing_required_parameter"))["param"] == "sdp"
     await error_of(await sdp_body(sdp.replace("a=fingerprint", "a=fingerprinted")), 400, "bad_offer")
     await error_of(await sdp_body(b"v=0\xff\xfe"), 400, "bad_offer")
     await error_of(await sdp_body("v=0\r\n" + "a=x\r\n" * 20000), 413, "too_large")
@@ -193,6 +214,10 @@ async def test_bad_calls_are_refused_in_openai_shape(http):
     await error_of(
         await form(sdp=(sdp, "application/sdp"), session=('{"tools": [1]}', None)), 400, "unsupported_parameter"
     )
+    err = await error_of(
+        await form(sdp=(sdp, "application/sdp"), model=("gpt-realtime", None)), 400, "unknown_parameter"
+    )
+    assert err["param"] == "model"
     await error_of(
         await http.post(calls + "?model=gpt-2", data=sdp, headers={"Content-Type": "application/sdp"}),
         404,

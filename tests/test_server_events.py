@@ -186,6 +186,8 @@ def test_input_audio_transcription_beta_and_ga_shapes():
             "content[0].text",
         ),
         ('{"type": "session.update", "session": {"audio": []}}', "invalid_event", "session.audio"),
+        ('{"type": "session.update"}', "missing_required_parameter", "session is required"),
+        ('{"type": "transcription_session.update"}', "missing_required_parameter", "session is required"),
         ('{"type": "response.create", "response": []}', "invalid_event", "response"),
         ("[" * 100 + "]" * 100, "invalid_json", "nested"),
         ("x" * 70000, "invalid_event", "too large"),

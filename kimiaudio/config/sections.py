@@ -144,8 +144,8 @@ class ServerConfig:
     tls_cert: str = ""
     tls_key: str = ""
     max_sessions: int = setting(16, Bounds(1, 4096))
-    # The page's WebRTC sessions transcribe each committed user turn (the user's words, shown
-    # and stored); a session.update's input_audio_transcription changes it per session.
+    # WebRTC calls (the page's and any other) transcribe each committed user turn (the user's
+    # words, shown and stored); a session's transcription setting changes it per session.
     transcribe_input: bool = True
     # e.g. ["stun:stun.l.google.com:19302"]
     ice_servers: list[str] = setting(

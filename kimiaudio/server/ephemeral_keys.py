@@ -24,7 +24,7 @@ from aiohttp import web
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.inputs.openai_params import Fields, check_model
+from kimiaudio.server.inputs.openai_params import CLIENT_SECRET_FIELDS, EXPIRES_AFTER_FIELDS, check_model
 from kimiaudio.server.middleware.issued_keys import EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, bound_session
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_objects import ga_session
@@ -35,9 +35,6 @@ from kimiaudio.store.access_keys import mint_key
 DEFAULT_TTL_S = 600  # OpenAI's, when expires_after is not given
 MIN_TTL_S, MAX_TTL_S = 10, 7200
 MAX_BODY_BYTES = 256 * 1024  # long instructions fit; a session is no upload
-
-CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))
-EXPIRES_AFTER_FIELDS = Fields(honoured=frozenset({"anchor", "seconds"}))
 
 
 def _bad(code: str, message: str, param: str | None) -> ApiError:

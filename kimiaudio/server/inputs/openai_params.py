@@ -189,6 +189,10 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
     ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
 )
 
+CALL_FIELDS = Fields(honoured=frozenset({"sdp", "session"}))  # POST /v1/realtime/calls' multipart parts
+CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))  # POST /v1/realtime/client_secrets
+EXPIRES_AFTER_FIELDS = Fields(honoured=frozenset({"anchor", "seconds"}))
+
 AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
     honoured=frozenset({"format", "turn_detection", "transcription"}),
     neutral={"noise_reduction": (lambda v: False, "null")},

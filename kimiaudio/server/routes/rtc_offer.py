@@ -10,7 +10,8 @@ let in as a call is (transport/call_directory.py's `open_call`); `call_id` names
 calls route (session/event_shape.py), with the WebRTC events output_audio_buffer.*. A new
 conversation is created at its first committed turn (announced by conversation.created), so
 connecting without speaking leaves no empty conversation behind: `conversation_id` is null
-until then. Without aiortc the offer answers 503 webrtc_unavailable (transport/webrtc.py).
+until then. Its answers carry `Deprecation: true` and a Link to the calls route. Without
+aiortc the offer answers 503 webrtc_unavailable (transport/webrtc.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.transport import webrtc
 
 MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the session settings
+
+# Says so to a client that looks (the Deprecation header's draft form; RFC 8288's Link).
+DEPRECATED = {"Deprecation": "true", "Link": '</v1/realtime/calls>; rel="successor-version"'}
 
 routes = web.RouteTableDef()
 
@@ -44,7 +48,8 @@ async def offer(request: web.Request) -> web.Response:
             "session_id": peer.id,
             "call_id": peer.call_id,
             "conversation_id": peer.session.conversation.id,
-        }
+        },
+        headers=DEPRECATED,
     )
 
 

@@ -194,8 +194,10 @@ def _event(data: dict) -> ClientEvent:
                 f"{kind}.conversation_id",
             )
         return ConversationSelect(conversation_id)
+    if "session" not in data:
+        raise ProtocolError("missing_required_parameter", f"{kind}: session is required", "session")
     kind = "transcription" if kind == "transcription_session.update" else None  # (beta's)
-    return parse_session_update(object_field(data.get("session", {}), "session"), "session", kind)
+    return parse_session_update(object_field(data["session"], "session"), "session", kind)
 
 
 def _item_create(item: dict, where: str) -> ItemCreate:

@@ -1,6 +1,6 @@
 """The user's words: each committed spoken user turn of a session, transcribed and stored.
 
-While the session's `input_audio_transcription` is set (the page's sessions and transcription
+While the session's `input_audio_transcription` is set (WebRTC calls and transcription
 sessions by default), a committed user turn is submitted a second time, as the official ASR
 turn at background priority (pipeline/transcription.py; the setting's `language` picks its
 instruction, its `prompt` is prior text): the engine batches it beside the answer without

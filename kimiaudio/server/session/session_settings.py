@@ -7,7 +7,7 @@ instructions (a leading user text message of every prompt), the voice (a stored 
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
 the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
 its text stream for a text answer), whether committed user turns are transcribed
-(input_audio_transcription; the page's sessions by default, `[server] transcribe_input`), and
+(input_audio_transcription; WebRTC calls by default, `[server] transcribe_input`), and
 the session's type: "realtime" (it answers) or "transcription" (it only transcribes what it
 hears: no responses, the words always). The values of a session.update were checked once, as
 it was parsed (session_update.py); `apply` adds what needs the session (its speech, its

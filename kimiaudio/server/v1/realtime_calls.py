@@ -33,7 +33,7 @@ from kimiaudio.server.context import server_context
 from kimiaudio.server.ephemeral_keys import bound_update, parse_bound
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.multipart_form import read_form
-from kimiaudio.server.inputs.openai_params import check_model
+from kimiaudio.server.inputs.openai_params import CALL_FIELDS, check_model
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.transport import webrtc
@@ -72,9 +72,14 @@ async def _read_offer(request: web.Request) -> tuple[str, bytes | None]:
         body = await request.read()
         if len(body) > MAX_SDP_BYTES:
             raise ApiError(413, "too_large", f"the SDP offer is larger than {MAX_SDP_BYTES} bytes")
+        if not body.strip():
+            raise ApiError(400, "missing_required_parameter", f"the body is empty: expected {EXPECTED}", param="sdp")
         return _sdp_text(body), None
     if request.content_type == FORM:
-        fields = await read_form(request, {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_BYTES}, ("sdp",), EXPECTED)
+        unknown: list[str] = []
+        limits = {"sdp": MAX_SDP_BYTES, "session": MAX_SESSION_BYTES}
+        fields = await read_form(request, limits, ("sdp",), EXPECTED, unknown=unknown)
+        CALL_FIELDS.check(dict.fromkeys(unknown, ""))
         session = fields.get("session")
         return _sdp_text(fields["sdp"].data), session.data if session is not None and session.data else None
     raise ApiError(415, "unsupported_media_type", f"expected {EXPECTED} (got {request.content_type or 'none'})")
