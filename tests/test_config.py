@@ -23,6 +23,7 @@ from kimiaudio.errors import ConfigError, KimiAudioError
 from kimiaudio.server.session.client_events import ProtocolError, SessionUpdate, parse_client_event
 from kimiaudio.server.session.session_objects import ga_session
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.session_update import AnswerUpdate, TurnUpdate
 
 CONFIG_TOML = Path(__file__).resolve().parents[1] / "config.toml"
 
@@ -338,7 +339,7 @@ def test_a_parsed_session_update_applies_to_the_session_only():
     config = Config()
     settings = SessionSettings(config, can_speak=False)
     update = _update({"vad": {"threshold": 0.6}, "sampling": {"audio_temperature": 1}})
-    assert update == SessionUpdate({"threshold": 0.6}, {"audio_temperature": 1.0})
+    assert update == SessionUpdate(TurnUpdate({"threshold": 0.6}), AnswerUpdate({"audio_temperature": 1.0}))
     settings.apply(update)
     assert settings.config.vad.threshold == 0.6 and settings.sampling().audio_temperature == 1.0
     assert config.vad.threshold == 0.5 and config.sampling.audio_temperature == 0.8

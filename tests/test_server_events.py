@@ -23,7 +23,7 @@ from kimiaudio.server.session.client_events import (
     parse_client_event,
 )
 from kimiaudio.server.session.event_sender import EventSender
-from kimiaudio.server.session.session_update import Transcription
+from kimiaudio.server.session.session_update import AnswerUpdate, Transcription, TurnUpdate
 
 
 def test_client_events_parse():
@@ -39,7 +39,7 @@ def test_client_events_parse():
             }
         )
     )
-    assert update == SessionUpdate({"threshold": 0.6}, {"audio_temperature": 0.5}, "text")
+    assert update == SessionUpdate(TurnUpdate({"threshold": 0.6}), AnswerUpdate({"audio_temperature": 0.5}, "text"))
     audio = base64.b64encode(b"\x01\x00\xff\x7f").decode()
     assert parse_client_event(json.dumps({"type": "input_audio_buffer.append", "audio": audio})) == AudioAppend(
         b"\x01\x00\xff\x7f"
@@ -96,15 +96,19 @@ def test_openai_session_update_beta_and_ga_shapes():
         )
     )
     assert beta == SessionUpdate(
-        vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
-        sampling={"max_new_tokens": 200},
-        output_type="both",
-        turn_detection="server_vad",
-        create_response=False,
-        instructions="Answer briefly.",
-        voice="alloy",
+        turns=TurnUpdate(
+            vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
+            detection="server_vad",
+            create_response=False,
+        ),
+        answers=AnswerUpdate(
+            sampling={"max_new_tokens": 200},
+            output_type="both",
+            instructions="Answer briefly.",
+            voice="alloy",
+            temperature=0.8,
+        ),
         input_rate=24000,
-        temperature=0.8,
         transcription=False,
     )  # input_audio_transcription: null = off
     ga = parse_client_event(
@@ -122,7 +126,12 @@ def test_openai_session_update_beta_and_ga_shapes():
             }
         )
     )
-    assert (ga.output_type, ga.turn_detection, ga.input_rate, ga.voice) == ("text", "none", 16000, "marin")
+    assert (ga.answers.output_type, ga.turns.detection, ga.input_rate, ga.answers.voice) == (
+        "text",
+        "none",
+        16000,
+        "marin",
+    )
 
 
 def test_input_audio_transcription_beta_and_ga_shapes():

@@ -71,16 +71,15 @@ class RealtimeSession:
         send: Callable[[dict[str, Any]], None],
         playback: Playback,
         conversation_id: str | None = None,
-        transcribe: bool = False,
         *,
         shape: EventShape,
     ):
         """conversation_id: the stored conversation it continues (None: a new one at its first
-        turn); transcribe: committed user turns are transcribed until a session.update says
-        otherwise; shape: how its client names and shapes events (event_shape.event_shape)."""
+        turn); shape: how its client names and shapes events (event_shape.event_shape). It starts
+        with the server's settings; the transport applies any others (`apply_update`)."""
         self.id = admitted.session_id
         pipeline = context.pipeline
-        self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices, transcribe)
+        self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
         self.conversation = Conversation(context.store, conversation_id, self.id)
         self.detector = TurnDetector(admitted.vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = context.vad_executor

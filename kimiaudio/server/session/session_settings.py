@@ -33,7 +33,7 @@ DEFAULT_VOICE = MODEL_VOICE
 
 
 class SessionSettings:
-    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None, transcribe: bool = False):
+    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None):
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.can_speak = can_speak
         self._voices = voices if voices is not None else VoiceRegistry()
@@ -45,7 +45,7 @@ class SessionSettings:
         self.input_rate = OPENAI_PCM16_RATE
         self.temperature: float | None = None  # None: [sampling]'s
         # input_audio_transcription: set while committed user turns are transcribed
-        self.transcription: Transcription | None = Transcription() if transcribe else None
+        self.transcription: Transcription | None = None
         self.kind = "realtime"  # or "transcription"
 
     @property
@@ -80,20 +80,26 @@ class SessionSettings:
         """Apply a session.update (its values already checked); raises KimiAudioError (naming the
         key) and changes nothing when the session cannot take it."""
         # New section objects: the old ones may still be read by a response in flight.
+        turns, answers = update.turns, update.answers
         config = dataclasses.replace(
             self.config,
-            vad=dataclasses.replace(self.config.vad, **update.vad),
-            sampling=dataclasses.replace(self.config.sampling, **update.sampling),
+            vad=dataclasses.replace(self.config.vad, **turns.vad),
+            sampling=dataclasses.replace(self.config.sampling, **answers.sampling),
         )
-        if update.output_type == BOTH and not self.can_speak:
+        if answers.output_type == BOTH and not self.can_speak:
             raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
-        if update.voice is not None:
-            self._voices.resolve(update.voice)  # an unknown name is refused here, before anything changes
+        if answers.voice is not None:
+            self._voices.resolve(answers.voice)  # an unknown name is refused here, before anything changes
         self.config = config
-        if update.output_type is not None:
-            self.output_type = update.output_type
-        for name in ("turn_detection", "create_response", "instructions", "voice", "input_rate", "temperature"):
-            value = getattr(update, name)
+        for name, value in (
+            ("turn_detection", turns.detection),
+            ("create_response", turns.create_response),
+            ("output_type", answers.output_type),
+            ("instructions", answers.instructions),
+            ("voice", answers.voice),
+            ("temperature", answers.temperature),
+            ("input_rate", update.input_rate),
+        ):
             if value is not None:
                 setattr(self, name, value)
         if update.transcription is not None:

@@ -46,16 +46,32 @@ class Transcription:
 
 
 @dataclass(frozen=True)
-class SessionUpdate:
+class TurnUpdate:
+    """How the session's turns are detected: OpenAI's turn_detection, onto config [vad] keys."""
+
     vad: dict[str, Any] = field(default_factory=dict)  # keys of config [vad]
+    detection: str | None = None  # "server_vad" | "none"
+    create_response: bool | None = None  # server VAD: a commit starts a response
+
+
+@dataclass(frozen=True)
+class AnswerUpdate:
+    """How the session's answers are made."""
+
     sampling: dict[str, Any] = field(default_factory=dict)  # keys of config [sampling]
     output_type: str | None = None  # "both" | "text"
-    turn_detection: str | None = None  # "server_vad" | "none"
-    create_response: bool | None = None  # server VAD: a commit starts a response
     instructions: str | None = None
     voice: str | None = None  # a stored voice, or a stock name
-    input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
     temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    """A session.update's changes; every None (or empty part) leaves that setting as it is."""
+
+    turns: TurnUpdate = field(default_factory=TurnUpdate)
+    answers: AnswerUpdate = field(default_factory=AnswerUpdate)
+    input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
     # input_audio_transcription: None = unchanged, False = off
     transcription: Transcription | Literal[False] | None = None
     kind: str | None = None  # the session's type: "realtime" | "transcription" (None: unchanged)
@@ -100,15 +116,15 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     vad, sampling = _checked(vad, "vad", where), _checked(sampling, "sampling", where)
     return SessionUpdate(
-        vad=vad,
-        sampling=sampling,
-        output_type=output_type,
-        turn_detection=turn_detection,
-        create_response=create_response,
-        instructions=typed_field(session, "instructions", str, where, "text"),
-        voice=voice,
+        turns=TurnUpdate(vad, turn_detection, create_response),
+        answers=AnswerUpdate(
+            sampling,
+            output_type,
+            typed_field(session, "instructions", str, where, "text"),
+            voice,
+            temperature.get("temperature"),
+        ),
         input_rate=input_rate,
-        temperature=temperature.get("temperature"),
         transcription=_transcription(session, audio_in, where),
         kind=kind,
     )

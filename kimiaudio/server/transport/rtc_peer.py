@@ -25,7 +25,8 @@ event: a client's message never ends in a silent traceback.
 must exist (404 conversation_not_found), the offer must be usable (inputs/sdp_offer.py: 400
 bad_offer), a session slot is reserved (503 when full), the peer
 is built, the conversation is leased (409 conversation_busy if another session holds it), its
-session settings applied in order (an ephemeral key's, then the call's own; 400 naming the
+session settings applied in order (a call's defaults: the user's words transcribed if
+`[server] transcribe_input`; then an ephemeral key's, then the call's own; 400 naming the
 field), the offer answered (400 bad_offer if aiortc cannot use it); a failure at any step
 closes what was built and frees the slot (session_registry.py).
 """
@@ -52,7 +53,7 @@ from kimiaudio.server.inputs.sdp_offer import check_offer
 from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
-from kimiaudio.server.session.session_update import SessionUpdate
+from kimiaudio.server.session.session_update import SessionUpdate, Transcription
 from kimiaudio.server.session_registry import Admitted, Transport
 from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 from kimiaudio.server.transport.closes_once import ClosesOnce
@@ -91,7 +92,6 @@ class RtcPeer(ClosesOnce):
             self._send,
             self.track,
             conversation_id,
-            transcribe=config.server.transcribe_input,
             shape=shape if shape is not None else event_shape("ga", webrtc=True),
         )
         self._channel: RTCDataChannel | None = None
@@ -224,13 +224,19 @@ async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with context.sessions.opened("webrtc", make) as peer:
         await peer.session.conversation.open()  # its lease: 409 conversation_busy if held elsewhere
-        for update in offer.updates:
+        for update in (*_call_defaults(context), *offer.updates):
             try:
                 peer.session.apply_update(update, announce=False)
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await _accept(peer, offer.sdp)
     return peer, answer
+
+
+def _call_defaults(context: ServerContext) -> tuple[SessionUpdate, ...]:
+    """What a call starts with beyond a WebSocket session's defaults: the user's words
+    transcribed (`[server] transcribe_input`), unless its own settings say otherwise."""
+    return (SessionUpdate(transcription=Transcription()),) if context.config.server.transcribe_input else ()
 
 
 def find_call(live: list[Transport], call_id: str) -> RtcPeer | None:
