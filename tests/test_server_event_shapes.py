@@ -9,8 +9,7 @@ import pytest
 
 from kimiaudio.config import Config
 from kimiaudio.pipeline.events import TurnDone
-from kimiaudio.server.session import response_events as rev
-from kimiaudio.server.session import server_events as sev
+from kimiaudio.server.session import response_events, server_events
 from kimiaudio.server.session.client_events import parse_client_event
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.event_shape import event_shape
@@ -26,54 +25,61 @@ def session_events(settings: SessionSettings, shape) -> list[dict]:
     sent: list[dict] = []
     sender = EventSender("sess_1", lambda: None, sent.append, shape=shape)
     session = shape.session(settings, "sess_1", "conv_1")
-    for event in (sev.session_created(session), sev.session_updated(session)):
+    for event in (server_events.session_created(session), server_events.session_updated(session)):
         sender.send(event)
     return sent
 
 
 def every_event(spoken: bool) -> list[dict]:
     """One of each event the server builds, in a response's order."""
-    user = sev.message_item("item_u", "user", "", has_audio=True, index=0)
-    typed = sev.message_item("item_t", "user", "Hello.", index=1)
-    added = sev.message_item("item_a", "assistant", status="in_progress")
-    final = sev.message_item("item_a", "assistant", "Hi there.", spoken, index=2)
-    cut = sev.message_item("item_a", "assistant", "Hi", spoken, index=2, interrupted=True, status="incomplete")
-    response = rev.response_object("resp_1", "conv_1", spoken, "alloy", None)
+    user = server_events.message_item("item_u", "user", "", has_audio=True, index=0)
+    typed = server_events.message_item("item_t", "user", "Hello.", index=1)
+    added = server_events.message_item("item_a", "assistant", status="in_progress")
+    final = server_events.message_item("item_a", "assistant", "Hi there.", spoken, index=2)
+    cut = server_events.message_item(
+        "item_a", "assistant", "Hi", spoken, index=2, interrupted=True, status="incomplete"
+    )
+    response = response_events.response_object("resp_1", "conv_1", spoken, "alloy", None)
     done = TurnDone("completed", "Hi there.", [1, 2, 3], prefill_tokens_computed=40, prefill_tokens_cached=8)
-    delta = rev.transcript_delta if spoken else rev.text_delta
+    delta = response_events.transcript_delta if spoken else response_events.text_delta
     return [
-        sev.speech_started(100, "item_u"),
-        sev.speech_stopped(900, "item_u"),
-        sev.committed("conv_1", 0, 0.8, "item_u", None),
-        sev.conversation_created("conv_1"),
-        sev.item_added("conv_1", user, None),
-        sev.item_done("conv_1", user, None),
-        sev.item_added("conv_1", typed, "item_u"),
-        sev.transcription_delta("item_u", 0, "hel"),
-        sev.transcription_completed("item_u", 0, "hello", 0.8),
-        sev.transcription_failed("item_u", 0, "the transcription failed (no result)"),
-        rev.response_created(response),
-        rev.output_item_added("resp_1", added),
-        sev.item_added("conv_1", added, "item_t"),
-        rev.content_part_added("resp_1", "item_a", spoken),
-        rev.audio_buffer("started", "resp_1"),
+        server_events.speech_started(100, "item_u"),
+        server_events.speech_stopped(900, "item_u"),
+        server_events.committed("conv_1", 0, 0.8, "item_u", None),
+        server_events.conversation_created("conv_1"),
+        server_events.item_added("conv_1", user, None),
+        server_events.item_done("conv_1", user, None),
+        server_events.item_added("conv_1", typed, "item_u"),
+        server_events.transcription_delta("item_u", 0, "hel"),
+        server_events.transcription_completed("item_u", 0, "hello", 0.8),
+        server_events.transcription_failed("item_u", 0, "the transcription failed (no result)"),
+        response_events.response_created(response),
+        response_events.output_item_added("resp_1", added),
+        server_events.item_added("conv_1", added, "item_t"),
+        response_events.content_part_added("resp_1", "item_a", spoken),
+        response_events.audio_buffer("started", "resp_1"),
         delta("resp_1", "item_a", "Hi"),
-        rev.audio_delta("resp_1", "item_a", "AAAA"),
-        *rev.text_done("resp_1", "item_a", "Hi there.", spoken),
-        rev.content_part_done("resp_1", "item_a", spoken, "Hi there."),
-        rev.output_item_done("resp_1", final),
-        sev.item_done("conv_1", final, "item_t"),
-        rev.response_done(
-            response, "completed", "Hi there.", {"done_s": 1.0}, output=[final], usage=rev.response_usage(done)
+        response_events.audio_delta("resp_1", "item_a", "AAAA"),
+        *response_events.text_done("resp_1", "item_a", "Hi there.", spoken),
+        response_events.content_part_done("resp_1", "item_a", spoken, "Hi there."),
+        response_events.output_item_done("resp_1", final),
+        server_events.item_done("conv_1", final, "item_t"),
+        response_events.response_done(
+            response,
+            "completed",
+            "Hi there.",
+            {"done_s": 1.0},
+            output=[final],
+            usage=response_events.response_usage(done),
         ),
-        rev.audio_buffer("stopped", "resp_1"),
-        rev.response_done(response, "cancelled", "Hi", {}, output=[cut], reason="turn_detected"),
-        rev.audio_buffer("cleared", "resp_1"),
-        rev.response_done(response, "failed", "", {}, "too long", error_code="context_length_exceeded"),
-        rev.response_done(response, "failed", "", {}, "the GPU worker stopped"),
-        sev.item_truncated("item_a", 300),
-        sev.buffer_cleared(),
-        sev.error("invalid_value", "session.voice: no such voice", "session.voice"),
+        response_events.audio_buffer("stopped", "resp_1"),
+        response_events.response_done(response, "cancelled", "Hi", {}, output=[cut], reason="turn_detected"),
+        response_events.audio_buffer("cleared", "resp_1"),
+        response_events.response_done(response, "failed", "", {}, "too long", error_code="context_length_exceeded"),
+        response_events.response_done(response, "failed", "", {}, "the GPU worker stopped"),
+        server_events.item_truncated("item_a", 300),
+        server_events.buffer_cleared(),
+        server_events.error("invalid_value", "session.voice: no such voice", "session.voice"),
     ]
 
 
