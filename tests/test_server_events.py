@@ -165,6 +165,8 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         ("[1]", "invalid_event", "JSON object"),
         ('{"type": "response.explode"}', "unknown_event", "response.cancel"),
         ('{"kind": "x"}', "unknown_event", "None"),
+        ('{"type": ["response.cancel"]}', "unknown_event", "['response.cancel']"),
+        ('{"type": {"conversation.item.delete": 1}}', "unknown_event", "unknown event type {"),
         ('{"type": "conversation.item.delete", "item_id": "item_1"}', "unsupported", "DELETE /api/conversations"),
         ('{"type": "conversation.select", "conversation_id": 5}', "invalid_event", "conversation_id"),
         ('{"type": "session.update", "session": {"vad": "fast"}}', "invalid_event", "session.vad"),

@@ -157,7 +157,7 @@ def parse_client_message(
 
 def _event(data: dict) -> ClientEvent:
     kind = data.get("type")
-    if kind in REFUSED_EVENT_TYPES:
+    if isinstance(kind, str) and kind in REFUSED_EVENT_TYPES:  # (a list or an object is no key)
         raise ProtocolError("unsupported", f"{kind}: not supported ({REFUSED_EVENT_TYPES[kind]})", "type")
     if kind not in CLIENT_EVENT_TYPES:
         raise ProtocolError(
