@@ -1,7 +1,8 @@
 """WebRTC calls the OpenAI way (POST /v1/realtime/calls) against the real server and pipeline on
 the demo checkpoint: the offer as plain SDP or as the multipart form the official `openai`
 client sends, 201 with the SDP answer and the call id in Location, events on `oai-events`, the
-call's session configuration applied, a stored conversation continued, hang-up (on the instance
+call's session configuration applied, the user's words transcribed (a transcription call
+answering nothing), a stored conversation continued, the deprecated /api/rtc/offer alias, hang-up (on the instance
 holding the call or another one sharing its database), the SIP-only routes refused, every bad
 request a 4xx in OpenAI's error shape; and the whole flow as OpenAI's clients run it, with an
 ephemeral key, espeak speech, the answer's audio, barge-in and hang-up."""
@@ -50,6 +51,10 @@ async def live_sessions(http) -> int:
     return len(http.app[SERVER_CONTEXT].sessions)
 
 
+async def _no_sessions(http) -> bool:
+    return await live_sessions(http) == 0
+
+
 async def test_a_plain_sdp_call_is_answered_201_with_its_id_and_hung_up(http):
     client = RtcClient(ScriptedMic())
     status, answer = await client.connect(http)
@@ -76,6 +81,39 @@ async def test_the_call_session_configuration_applies(http):
     assert created["instructions"] == "Answer in one word."
     assert created["type"] == "realtime" and created["audio"]["input"]["turn_detection"] is None  # GA shape
     await client.close()
+
+
+async def test_calls_transcribe_the_users_words_and_a_transcription_call_answers_nothing(demo_server, speech):
+    """A call hears with the server VAD; a realtime call starts transcribing the user's words
+    ([server] transcribe_input, on by default: the page shows them) and answers; a transcription
+    call (its `session` part's type) sends the words as deltas and a completion, stores them
+    with the turn, and submits no answer."""
+    async with demo_server() as (http, pipeline):
+        for kind in ("realtime", "transcription"):
+            mic = ScriptedMic()
+            client = RtcClient(mic)
+            status, _ = await client.connect(http, session={"type": kind})
+            assert status == 201
+            created = await client.wait_for("session.created")
+            assert created["session"]["type"] == kind and created["session"]["audio"]["input"]["transcription"]
+            answers = len(pipeline.requests)
+            mic.say(np.concatenate([silence(0.3), speech[0], silence(1.0)]))
+            committed = await client.wait_for("input_audio_buffer.committed")
+            completed = await client.wait_for("conversation.item.input_audio_transcription.completed")
+            assert completed["item_id"] == committed["item_id"] and completed["transcript"]
+            deltas = client.of_type("conversation.item.input_audio_transcription.delta")
+            assert "".join(d["delta"] for d in deltas).strip() == completed["transcript"]
+            if kind == "realtime":
+                await client.wait_for("response.done")
+            await client.close()
+            await eventually(lambda: _no_sessions(http), "the call closed")
+            stored = await http.app[SERVER_CONTEXT].store.get_conversation(committed["conversation_id"])
+            user = stored["turns"][committed["item_index"]]
+            assert user["role"] == "user" and user["transcript"] == completed["transcript"]
+            # One answer for the realtime call, none for the transcription call (closed now: none can come).
+            assert len(pipeline.requests) - answers == (1 if kind == "realtime" else 0), kind
+            assert bool(client.of_type("response.created")) == (kind == "realtime"), kind
+        await kv_pool_full_again(pipeline)
 
 
 @pytest.mark.parametrize("with_session", [True, False])
@@ -173,11 +211,7 @@ async def test_the_deprecated_offer_route_is_a_call_that_says_so(http):
     assert "type" not in created["session"] and created["session"]["modalities"]  # the beta session object
     assert await client.hang_up(http) == 200
     await client.close()
-
-    async def freed():
-        return await live_sessions(http) == 0
-
-    await eventually(freed, "the call's slot freed")
+    await eventually(lambda: _no_sessions(http), "the call's slot freed")
 
 
 async def test_bad_calls_are_refused_in_openai_shape(http):
