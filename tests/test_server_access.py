@@ -156,6 +156,50 @@ async def test_origin_check_for_state_changing_requests(monkeypatch, demo_server
         assert (await client.delete(path, headers={"Origin": own})).status == 200
 
 
+async def test_an_allowed_origins_page_calls_cross_origin(monkeypatch, demo_server):
+    """An app's page on an allowed origin calls the server as OpenAI's browser examples call
+    OpenAI (middleware/cors.py): its preflight is answered without a key, every answer (errors
+    too) lets it read the body, Location and Retry-After; no other origin gets that."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    async with demo_server(api_key=KEY, allowed_origins=["https://app.example"]) as (client, _):
+        preflight = {
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os",
+        }
+        resp = await client.options("/v1/realtime/calls", headers=preflight)
+        assert resp.status == 204
+        assert resp.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "POST" in resp.headers["Access-Control-Allow-Methods"]
+        assert resp.headers["Access-Control-Allow-Headers"] == "authorization,content-type,x-stainless-os"
+        assert "Access-Control-Allow-Credentials" not in resp.headers
+        refused = await client.options("/v1/realtime/calls", headers={**preflight, "Origin": "http://evil.example"})
+        assert refused.status == 403 and "Access-Control-Allow-Origin" not in refused.headers
+
+        minted = await client.post(
+            "/v1/realtime/client_secrets",
+            json={},
+            headers={"Origin": "https://app.example", "Authorization": f"Bearer {KEY}"},
+        )
+        assert minted.status == 200 and minted.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        key = (await minted.json())["value"]
+        bad_offer = await client.post(
+            "/v1/realtime/calls",
+            data="v=0",
+            headers={
+                "Origin": "https://app.example",
+                "Authorization": f"Bearer {key}",
+                "Content-Type": "application/sdp",
+            },
+        )
+        assert bad_offer.status == 400 and bad_offer.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "Location" in bad_offer.headers["Access-Control-Expose-Headers"]
+        unkeyed = await client.post("/v1/realtime/calls", headers={"Origin": "https://app.example"})
+        assert unkeyed.status == 401 and unkeyed.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        own = await client.get("/api/auth", headers={"Origin": f"http://127.0.0.1:{client.server.port}"})
+        assert own.status == 200 and "Access-Control-Allow-Origin" not in own.headers  # same origin: no need
+
+
 def test_key_compare_and_exposure_warning(monkeypatch):
     assert key_matches("abc", "abc") and not key_matches("abd", "abc") and not key_matches("ab", "abc")
     assert not key_matches(None, "abc") and not key_matches("\udcff", "abc")

@@ -166,7 +166,8 @@ class ServerConfig:
     # host, localhost, 127.0.0.1 and [::1]; "*" = any (behind a proxy that checks it).
     allowed_hosts: list[str] = setting(factory=list, bounds=Bounds(pattern=r"\S+", means="a host name"))
     # Origins (scheme://host:port) allowed to POST, DELETE or open a WebSocket besides the
-    # server's own page; requests without an Origin header (non-browser clients) pass.
+    # server's own page, and to call it cross-origin (CORS); requests without an Origin header
+    # (non-browser clients) pass.
     allowed_origins: list[str] = setting(
         factory=list, bounds=Bounds(pattern=r"https?://\S+", means="an origin like https://example.org:8443")
     )

@@ -10,7 +10,8 @@ a module imports only from layers below its own, or from its own sub-package):
 - inputs/: what clients send, checked where it enters (JSON, multipart forms, SDP offers,
   audio, OpenAI's request fields and model names).
 - observe/: metrics (Prometheus), the request and turn log lines, logging setup.
-- middleware/: errors as JSON, access (Host, API key, Origin), draining, body limits.
+- middleware/: cross-origin answers (CORS), errors as JSON, access (Host, API key, Origin),
+  draining, body limits.
 - session_registry.py: admission (session slots) and the live sessions; the Transport protocol.
 - context.py: ServerContext, everything a handler or a session is built from, one per app.
 - session/: one client's conversation (RealtimeSession), whatever carries it: its events in

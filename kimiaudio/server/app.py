@@ -9,9 +9,10 @@ registration, the voices' sync between instances, the calls' directory (a hang-u
 any instance; where WebRTC is available: transport/webrtc.py). `on_shutdown` closes every
 session first, so interrupted turns are stored before the store and the pipeline go away.
 
-Every request passes the app's middlewares, outermost first: errors as JSON
-(middleware/errors.py), Host / API key / Origin (access.py), no new work while shutting down
-(draining.py), body size and read deadline (body_limits.py). The OpenAI API is a
+Every request passes the app's middlewares, outermost first: cross-origin answers for the
+allowed origins (middleware/cors.py), errors as JSON (middleware/errors.py), Host / API key /
+Origin (access.py), no new work while shutting down (draining.py), body size and read
+deadline (body_limits.py). The OpenAI API is a
 sub-application mounted at /v1 (v1/api.py) with its own: a log line per request, then the
 same error mapping. The other routes are grouped by what they serve (routes/).
 """
@@ -30,6 +31,7 @@ from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.body_limits import body_limits_middleware
+from kimiaudio.server.middleware.cors import cors_middleware
 from kimiaudio.server.middleware.draining import draining_middleware
 from kimiaudio.server.middleware.errors import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
@@ -52,6 +54,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     app = web.Application(client_max_size=server.max_body_bytes)
     app.middlewares.extend(
         [
+            cors_middleware(context.access),
             error_middleware(context.metrics),
             access_middleware(context.access, lambda: context.store),
             draining_middleware(lambda: context.sessions.is_draining),

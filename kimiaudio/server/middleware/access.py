@@ -14,7 +14,8 @@ One middleware, applied to every route (today's and any added later):
    the page's sign-in cookie the page's routes under /api/.
 3. Origin: a state-changing request (any method but GET/HEAD/OPTIONS, and WebSocket upgrades)
    that carries an Origin header must come from the server's own page or an allowed origin
-   (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass.
+   (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass. What a
+   browser on an allowed origin may read of the answers: cors.py.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class AccessPolicy:
                 "ASCII without spaces (it travels in an HTTP header)"
             )
         return cls(api_key, allowed_hosts, origins)
+
+    def allows_origin(self, origin: str) -> bool:
+        """`origin` (an Origin header) is one of `server.allowed_origins`."""
+        return _origin(origin) in self.allowed_origins
 
 
 def _is_token(key: str) -> bool:
@@ -175,8 +180,7 @@ def _check_origin(policy: AccessPolicy, request: web.Request) -> None:
     origin = request.headers.get("Origin")
     changes_state = request.method not in _SAFE_METHODS or request.headers.get("Upgrade", "").lower() == "websocket"
     if origin is not None and changes_state:
-        normalised = _origin(origin)
-        if normalised not in policy.allowed_origins and not _same_origin(request, normalised):
+        if not policy.allows_origin(origin) and not _same_origin(request, _origin(origin)):
             raise ApiError(
                 403,
                 "forbidden_origin",
