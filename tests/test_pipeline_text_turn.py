@@ -11,7 +11,6 @@ import asyncio
 import numpy as np
 import pytest
 
-from kimiaudio.checkpoint.files import read_json
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.lm_turn import LmTurn
@@ -19,20 +18,24 @@ from kimiaudio.pipeline.offline import answer
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.prompt import Message, build_prompt
-from kimiaudio.text.special_tokens import SpecialTokens
-from kimiaudio.text.tokenizer import KimiTokenizer
 
+from helpers.golden_text import golden_text
 from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, with_pipeline
 
 
 @pytest.fixture(scope="module")
-def tok(golden_paths):
-    return KimiTokenizer.from_checkpoint(golden_paths)
+def text_side(golden_paths):
+    return golden_text(golden_paths)
 
 
 @pytest.fixture(scope="module")
-def sp(tok, golden_paths):
-    return SpecialTokens.from_tokenizer(tok, read_json(golden_paths.lm_config))
+def tok(text_side):
+    return text_side[0]
+
+
+@pytest.fixture(scope="module")
+def sp(text_side):
+    return text_side[1]
 
 
 def test_a_turn_is_spoken_or_written_not_both_nor_neither():
