@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from kimiaudio.engine.engine_io import RequestError
 from kimiaudio.engine.reference_loop import generate_reference
+from kimiaudio.engine.request import RequestError
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.models.kimia_lm import KimiAudioLM
 

@@ -35,8 +35,8 @@ import torch
 from kimiaudio.bench.stats import percentile
 from kimiaudio.bench.step_profile import groups_line, profile_decode, start_decoding
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.errors import KimiAudioError

@@ -60,8 +60,8 @@ def _detok_graphs(stack) -> dict:
 
 
 def _lm_measures(stack, config, device) -> dict:
-    from kimiaudio.engine.engine_io import EngineRequest
     from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.engine.request import EngineRequest
     from kimiaudio.engine.sampling_params import SamplingParams
     from kimiaudio.pipeline.memory_plan import graph_logits_bytes, mixed_graph_bytes
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from kimiaudio.engine.engine_io import EngineRequest
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.text.prompt import Message, build_prompt

@@ -4,7 +4,7 @@ Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest int
 Sequence, `step` = schedule, run the model, apply each request's official generation rules
 (stop_rules.StreamRules) to its samples, feed the tokens back, free finished sequences.
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
-sequences it ran. Each StepOutput carries what callers need (see engine/engine_io.py), so they
+sequences it ran. Each StepOutput carries what callers need (see engine/step_output.py), so they
 never read the engine's sequences or block manager. Not thread-safe: one owner thread (the
 pipeline's LM worker).
 """
@@ -20,19 +20,18 @@ import torch
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.engine_io import (
+from kimiaudio.engine.model_runner import ModelRunner
+from kimiaudio.engine.request import (
     ANSWER_PRIORITY,
     BACKGROUND_PRIORITY,
-    Completion,
     EngineRequest,
     PromptTooLongError,
     RequestError,
-    StepOutput,
 )
-from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import PromptPositions, Sequence, SequenceStatus
+from kimiaudio.engine.step_output import Completion, StepOutput
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.text.output_type import check_output_type

@@ -29,8 +29,8 @@ from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.engine.engine_io import EngineRequest, RequestError
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.request import EngineRequest, RequestError
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key

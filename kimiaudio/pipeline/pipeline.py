@@ -17,8 +17,8 @@ import logging
 import sys
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.lm_worker import LmWorker

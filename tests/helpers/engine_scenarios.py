@@ -9,10 +9,10 @@ import torch
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.paged_attention import AttentionMetadata
 from kimiaudio.engine.reference_loop import iter_reference
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_lm import load_lm
