@@ -29,7 +29,7 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.chunk_shapes import rehearse
-from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs, capture
+from kimiaudio.detok.dit_vocoder_graphs import DiTStepGraphs, VocoderGraphs, capture
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
@@ -57,7 +57,7 @@ class Detokenizer:
         """`mel`: the vocoder's mel settings (vocoder/config.json), needed for voice prompts.
         `bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
         on, which need fixed shapes; otherwise each batch runs at its own shape, same code).
-        `capture_fn`: a stand-in for cuda_graphs.capture, to run the graph path on the CPU."""
+        `capture_fn`: a stand-in for dit_vocoder_graphs.capture, to run the graph path on the CPU."""
         self.dit, self.vocoder, self.cfg, self.mel = dit, vocoder, cfg, mel
         self.device = dit.input_linear.weight.device
         self.schedule = ChunkSchedule.from_config(cfg, self._max_position())  # checks every [detok] setting
