@@ -41,7 +41,7 @@ from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
 from kimiaudio.pipeline.voice_bank import VoiceBank
-from kimiaudio.pipeline.voices import Voice
+from kimiaudio.pipeline.voice_registry import Voice
 from kimiaudio.pipeline.worker import Worker
 from kimiaudio.pipeline.worker_messages import CancelTurn, EndTurn, OpenStream, PushCodes
 

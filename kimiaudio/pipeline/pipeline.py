@@ -27,7 +27,7 @@ from kimiaudio.pipeline.memory_report import format_memory_plan
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.voices import Voice, VoiceRegistry
+from kimiaudio.pipeline.voice_registry import Voice, VoiceRegistry
 
 log = logging.getLogger(__name__)
 

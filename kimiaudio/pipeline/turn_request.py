@@ -8,7 +8,7 @@ import numpy as np
 
 from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.pipeline.voices import Voice
+from kimiaudio.pipeline.voice_registry import Voice
 
 
 @dataclass
