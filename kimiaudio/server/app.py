@@ -9,8 +9,8 @@ registration, the voices' sync between instances. `on_shutdown` closes every ses
 so interrupted turns are stored before the store and the pipeline go away.
 
 Every request passes the app's middlewares, outermost first: errors as JSON
-(middleware/errors.py), Host / API key / Origin (access.py), no new work while shutting down
-(draining.py), body size and read deadline (body_limits.py). The OpenAI API is a
+(middleware/error_responses.py), Host / API key / Origin (access.py), no new work while
+shutting down (draining.py), body size and read deadline (body_limits.py). The OpenAI API is a
 sub-application mounted at /v1 (v1/api.py) with its own: a log line per request, then the
 same error mapping. The other routes are grouped by what they serve (routes/).
 """
@@ -30,7 +30,7 @@ from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.body_limits import body_limits_middleware
 from kimiaudio.server.middleware.draining import draining_middleware
-from kimiaudio.server.middleware.errors import error_middleware
+from kimiaudio.server.middleware.error_responses import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
 from kimiaudio.server.routes import conversations, ops, page, rtc_offer, voices
