@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kimiaudio.bench.decode_7b import decode_weight_bytes
+from kimiaudio.bench.roofline import decode_weight_bytes
 from kimiaudio.engine.reference_loop import iter_reference
 from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.models.quantize import quantize_lm
