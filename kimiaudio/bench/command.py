@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.bench.arrivals import Arrivals
-from kimiaudio.bench.pipeline_bench import STAGES, BenchRow, run_bench
+from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
+from kimiaudio.bench.session_run import STAGES
 from kimiaudio.bench.slow_steps import format_slow_steps
 from kimiaudio.errors import KimiAudioError
 
