@@ -80,10 +80,10 @@ def _reference(lm, request) -> list:
     return list(
         iter_reference(
             lm,
-            request.audio_ids,
-            request.text_ids,
-            request.continuous_mask,
-            request.features,
+            request.prompt.audio_ids,
+            request.prompt.text_ids,
+            request.prompt.continuous_mask,
+            request.prompt.features,
             request.params,
             request.output_type,
             request.specials,

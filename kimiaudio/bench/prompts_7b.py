@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kimiaudio.engine.request import EngineRequest
+from kimiaudio.engine.request import EngineRequest, RequestPrompt
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_config import KimiaConfig
@@ -47,10 +47,7 @@ class Prompts:
         self.count += 1
         return EngineRequest(
             f"r{self.count}",
-            self.codes(PROMPT_LEN),
-            [SPECIALS_7B.text_blank] * PROMPT_LEN,
-            [0] * PROMPT_LEN,
-            None,
+            RequestPrompt(self.codes(PROMPT_LEN), [SPECIALS_7B.text_blank] * PROMPT_LEN, [0] * PROMPT_LEN, None),
             self.params,
             "both",
             SPECIALS_7B,
@@ -69,10 +66,7 @@ class Prompts:
         features = torch.from_numpy(self.gen.standard_normal((n, cfg.kimia_adaptor_input_dim), dtype=np.float32))
         return EngineRequest(
             f"r{self.count}",
-            audio,
-            [SPECIALS_7B.text_blank] * PREFILL_LEN,
-            mask,
-            features,
+            RequestPrompt(audio, [SPECIALS_7B.text_blank] * PREFILL_LEN, mask, features),
             SamplingParams(seed=1, max_new_tokens=4, ignore_eos=True),
             "both",
             SPECIALS_7B,

@@ -1,4 +1,4 @@
-"""What goes into the engine: a request (EngineRequest), its priority, and the errors for a
+"""What goes into the engine: a request (EngineRequest) and its prompt, its priority, and the errors for a
 request the engine cannot run. What a step returns is in step_output.py. No torch."""
 
 from __future__ import annotations
@@ -29,19 +29,28 @@ BACKGROUND_PRIORITY = 1  # work nobody waits on to speak (the user's words trans
 
 
 @dataclass
-class EngineRequest:
-    """What a caller submits: a prompt of two streams plus features, params and stop rules.
+class RequestPrompt:
+    """A prompt of two streams plus the features of its continuous positions.
 
     audio_ids / text_ids / continuous_mask have one entry per prompt position; `features` is a
     Tensor [N, adaptor_dim] whose rows fill the N continuous positions in order (or None).
-    `specials` is the `SpecialTokens`-like object StreamRules reads its ids from.
     """
 
-    request_id: str
     audio_ids: list[int]
     text_ids: list[int]
     continuous_mask: list[int]
     features: Any  # torch.Tensor [N, adaptor_dim] | None
+
+
+@dataclass
+class EngineRequest:
+    """What a caller submits: a prompt, its sampling params, output type and stop rules.
+
+    `specials` is the `SpecialTokens`-like object StreamRules reads its ids from.
+    """
+
+    request_id: str
+    prompt: RequestPrompt
     params: Any  # kimiaudio.engine.sampling_params.SamplingParams
     output_type: str  # "text" | "both"
     specials: Any

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.request import EngineRequest
+from kimiaudio.engine.request import EngineRequest, RequestPrompt
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key
@@ -214,10 +214,7 @@ class LmWorker(Worker):
         turn.seq_id = self.engine.add_request(
             EngineRequest(
                 handle.turn_id,
-                prompt.audio_ids,
-                prompt.text_ids,
-                prompt.continuous_mask,
-                prompt.features_tensor(),
+                RequestPrompt(prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor()),
                 params,
                 output_type,
                 specials,
