@@ -1,6 +1,8 @@
 """The demo page against a server with an API key, in headless Chromium: it asks for the key,
-refuses a wrong one, and with the right one lists and replays the stored conversations and
-connects (the key goes with every request: Bearer for fetch, ?api_key= for <audio>)."""
+refuses a wrong one, and with the right one signs in, lists and replays the stored
+conversations and calls the server as OpenAI's browser examples do (an ephemeral key from its
+backend, the SDP offer to /v1/realtime/calls). The key itself is kept nowhere a script or a
+URL could show it: what the browser keeps is an HttpOnly sign-in cookie."""
 
 import asyncio
 
@@ -23,7 +25,7 @@ async def server(tmp_path, monkeypatch, demo_server):
         yield client
 
 
-async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
+async def test_page_signs_in_without_keeping_the_key(server, tmp_path):
     store = server.app[SERVER_CONTEXT].store
     conversation = await store.create_conversation("Stored earlier")
     await store.add_turn(conversation["id"], "user", audio=np.full(8000, 0.1, np.float32))
@@ -43,7 +45,6 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
                 "return document.getElementById('login-message').textContent.includes('not "
                 "accepted') && document.getElementById('login-message').textContent",
             )
-            field.clear()
             field.send_keys(KEY)
             driver.find_element("css selector", "#login button").click()
             wait_for_script(driver, "return document.getElementById('login').hidden")
@@ -55,11 +56,26 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
             )
             driver.find_element("id", "connect").click()
             wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+            call_id = driver.execute_script("return session.callId")
+            # Where a script could find the key: storage, cookies, the page itself.
+            visible = driver.execute_script(
+                "return [JSON.stringify(sessionStorage), JSON.stringify(localStorage), document.cookie, "
+                "document.documentElement.outerHTML].join(' ')"
+            )
+            reloaded = driver.get(url) or wait_for_script(
+                driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1"
+            )
+            driver.find_element("id", "signout").click()
+            signed_out = wait_for_script(driver, "return !document.getElementById('login').hidden")
             return {
                 "listed_before": listed_before,
                 "refused": refused,
                 "src": src,
                 "audio_status": audio_status,
+                "call_id": call_id,
+                "visible": visible,
+                "reloaded": reloaded,
+                "signed_out": signed_out,
                 "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden"),
             }
         finally:
@@ -68,5 +84,13 @@ async def test_page_asks_for_the_key_and_sends_it(server, tmp_path):
     result = await asyncio.to_thread(drive)
     assert result["listed_before"] == 0  # nothing was shown before the key was given
     assert "not accepted" in result["refused"]
-    assert f"api_key={KEY}" in result["src"] and result["audio_status"] == 200
+    assert "api_key" not in result["src"] and result["audio_status"] == 200  # the cookie, not the key
+    assert result["call_id"].startswith("rtc_") and KEY not in result["visible"]
+    assert result["reloaded"] and result["signed_out"]  # signed in across a reload, until signing out
     assert result["error_hidden"]
+
+    # The call was opened with an ephemeral key minted for the page (the realtime scope).
+    def realtime_keys(db):
+        return db.execute("SELECT COUNT(*) FROM access_keys WHERE scope = 'realtime'").fetchone()[0]
+
+    assert await store.read(realtime_keys) == 1

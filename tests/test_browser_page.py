@@ -138,7 +138,7 @@ async def test_page_search_box_filters_the_conversations(server, tmp_path):
 async def test_page_explains_server_full_and_mic_denied(server, tmp_path):
     # Occupy the only session slot with another client.
     holder = RtcClient(ScriptedMic())
-    assert (await holder.connect(server))[0] == 200
+    assert (await holder.connect(server))[0] == 201
     url = str(server.make_url("/"))
 
     def error_after_connect(allow_mic: bool) -> str:

@@ -21,7 +21,9 @@ from kimiaudio.config.chunk_schedule import ChunkSchedule
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.errors import ConfigError, KimiAudioError
 from kimiaudio.server.session.client_events import ProtocolError, SessionUpdate, parse_client_event
+from kimiaudio.server.session.session_objects import ga_session
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.session_update import AnswerUpdate, TurnUpdate
 
 CONFIG_TOML = Path(__file__).resolve().parents[1] / "config.toml"
 
@@ -337,7 +339,7 @@ def test_a_parsed_session_update_applies_to_the_session_only():
     config = Config()
     settings = SessionSettings(config, can_speak=False)
     update = _update({"vad": {"threshold": 0.6}, "sampling": {"audio_temperature": 1}})
-    assert update == SessionUpdate({"threshold": 0.6}, {"audio_temperature": 1.0})
+    assert update == SessionUpdate(TurnUpdate({"threshold": 0.6}), AnswerUpdate({"audio_temperature": 1.0}))
     settings.apply(update)
     assert settings.config.vad.threshold == 0.6 and settings.sampling().audio_temperature == 1.0
     assert config.vad.threshold == 0.5 and config.sampling.audio_temperature == 0.8
@@ -357,4 +359,4 @@ def test_openai_temperature_and_limit_reach_the_answer_sampling():
     assert (text.text_temperature, text.audio_temperature) == (0.9, 0.8)
     once = settings.sampling("both", temperature=0.7, max_new_tokens=3)
     assert (once.audio_temperature, once.max_new_tokens) == (0.7, 3)
-    assert settings.describe("s", None)["temperature"] == 0.9
+    assert ga_session(settings, "s", None)["temperature"] == 0.9

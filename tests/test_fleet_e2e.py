@@ -4,12 +4,13 @@ KIMIAUDIO_DATABASE_URL (each its own port and data dir), and HAProxy running the
 deploy/haproxy.cfg (addresses through its environment variables; tests/helpers/haproxy_front.py).
 
 Sessions through HAProxy land on both instances (leastconn; told apart by their metrics'
-`instance` label); `bench --soak --url` drives the front and its books pass; a conversation
-started through one is listed by the other, and opening it through HAProxy while it is held is
-409 with Retry-After; the instance
-holding a conversation is killed (-9) mid-answer; the client reconnects through HAProxy and
-resumes the same conversation on the other instance once the lease has expired, its history
-intact with the heard part of the cut answer; the database's foreign keys hold and no audio row
+`instance` label); an ephemeral key minted by one instance opens a call on the other, and a
+hang-up reaching any instance ends it; `bench --soak --url` drives the front and its books
+pass; a conversation started through one is listed by the other, and opening it through
+HAProxy while it is held is 409 with Retry-After; the instance holding a conversation is
+killed (-9) mid-answer; the client reconnects through HAProxy and resumes the same
+conversation on the other instance once the lease has expired, its history intact with the
+heard part of the cut answer; the database's foreign keys hold and no audio row
 is orphaned. With no instance left up, HAProxy answers 503 itself, in the servers' error shape,
 with Retry-After. One module: the processes are started once and shared by its tests, in order.
 """
@@ -149,6 +150,32 @@ async def test_sessions_through_the_front_land_on_both_instances(fleet):
     await wait_until_idle(fleet)
 
 
+async def test_keys_and_calls_work_across_instances(fleet):
+    """An ephemeral key minted by one instance opens a call on the other; a hang-up reaching
+    either instance, or the front, ends the call where it lives."""
+    first, second = INSTANCES
+    async with (
+        aiohttp.ClientSession(base_url=fleet.url(first)) as at_first,
+        aiohttp.ClientSession(base_url=fleet.url(second)) as at_second,
+        aiohttp.ClientSession(base_url=fleet.front.url) as front,
+    ):
+        minted = await at_second.post("/v1/realtime/client_secrets", json={"session": {"instructions": "Fleet."}})
+        key = (await minted.json())["value"]
+        client = RtcClient(ScriptedMic())
+        assert (await client.connect(at_first, key=key))[0] == 201
+        assert (await client.wait_for("session.created"))["session"]["instructions"] == "Fleet."
+        assert [await sessions_active(fleet, name) for name in INSTANCES] == [1, 0]
+        assert (await at_second.post(f"/v1/realtime/calls/{client.call_id}/hangup")).status == 200
+        await wait_until_idle(fleet)
+        await client.close()
+        through_front = RtcClient(ScriptedMic())
+        assert (await through_front.connect(front, key=key))[0] == 201
+        await through_front.wait_for("session.created")
+        assert (await front.post(f"/v1/realtime/calls/{through_front.call_id}/hangup")).status == 200
+        await wait_until_idle(fleet)
+        await through_front.close()
+
+
 def test_bench_soak_drives_the_front(fleet):
     """`bench --soak --url`: the soak's sessions, faults and reconnects through HAProxy (a
     reconnect may land on the other instance and wait out conversation_busy), and its books."""
@@ -232,15 +259,15 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         async def reconnected():
             client = RtcClient(ScriptedMic())
             status, answer = await client.connect(http, conversation_id=conversation_id)
-            if status == 200:
+            if status == 201:
                 return client, answer
             await client.close()
             assert status == 409 and answer["error"]["code"] == "conversation_busy", (status, answer)
             busy.append(int(client.response_headers["Retry-After"]))  # passed through HAProxy
             return None
 
-        client, answer = await eventually(reconnected, "the conversation free again", interval=0.5)
-        assert answer["conversation_id"] == conversation_id
+        client, _ = await eventually(reconnected, "the conversation free again", interval=0.5)
+        assert (await client.wait_for("session.created"))["session"]["conversation_id"] == conversation_id
         assert all(1 <= seconds <= LEASE_S + 1 for seconds in busy), busy
         assert await sessions_active(fleet, other) == 1
         dead = "kimi1" if holder == INSTANCES[0] else "kimi2"

@@ -1,6 +1,7 @@
 """Access control on the real app (kimiaudio/server/middleware/access.py): the API key on every route
-but the page, the Host allow-list (DNS rebinding), the Origin check for state-changing
-requests, and the warning for a server exposed without a key."""
+but the page, the page's sign-in (a cookie for the page's routes, never the key kept in the
+browser), the Host allow-list (DNS rebinding), the Origin check for state-changing requests,
+and the warning for a server exposed without a key. Ephemeral keys: test_server_ephemeral_keys.py."""
 
 import pytest
 
@@ -13,7 +14,7 @@ from helpers.hostile_clients import fill_template, route_templates
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 KEY = "s3cret-K3y_0123456789"
-PUBLIC = {("GET", "/"), ("GET", "/api/auth")}
+PUBLIC = {("GET", "/"), ("GET", "/api/auth"), ("POST", "/api/signin"), ("POST", "/api/signout")}
 
 
 def _routes(app) -> list[tuple[str, str]]:
@@ -40,15 +41,41 @@ async def test_every_route_but_the_page_needs_the_key(server):
         ):
             resp = await server.request(method, path, headers=headers)
             if (method, path) in PUBLIC:
-                assert resp.status == 200, (method, path)
+                assert resp.status != 401 or path == "/api/signin", (method, path)
                 continue
             assert resp.status == 401, (method, path, headers, resp.status)
             assert resp.headers["WWW-Authenticate"] == "Bearer"
             assert (await resp.json())["error"]["code"] == "unauthorized"
         resp = await server.request(method, path, headers={"Authorization": f"Bearer {KEY}"})
         assert resp.status != 401, (method, path)
-    assert (await (await server.get("/api/auth")).json()) == {"required": True}
+    assert (await (await server.get("/api/auth")).json()) == {"required": True, "signed_in": False}
     assert (await server.get("/static/app.js")).status == 200
+
+
+async def test_the_page_signs_in_once_and_keeps_a_cookie_not_the_key(server):
+    refused = await server.post("/api/signin", json={"api_key": "wrong"})
+    assert refused.status == 401 and (await refused.json())["error"]["code"] == "invalid_api_key"
+    assert "Set-Cookie" not in refused.headers
+    resp = await server.post("/api/signin", json={"api_key": KEY})
+    assert resp.status == 200
+    cookie = resp.cookies["kimiaudio_signin"]
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
+    assert KEY not in cookie.value and int(cookie["max-age"]) == 12 * 3600
+    server.session.cookie_jar.clear()  # the cookie goes only where it is sent below
+    signed = {"Cookie": f"kimiaudio_signin={cookie.value}"}
+    assert (await (await server.get("/api/auth", headers=signed)).json()) == {"required": True, "signed_in": True}
+    # The cookie opens the page's routes, and mints the page's ephemeral keys...
+    assert (await server.get("/api/conversations", headers=signed)).status == 200
+    assert (await server.get("/api/status", headers=signed)).status == 200
+    minted = await server.post("/api/client_secrets", json={}, headers=signed)
+    assert minted.status == 200 and (await minted.json())["value"].startswith("ek_")
+    # ...and nothing outside /api/: /v1 (minting included) and operations need the key itself.
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/realtime/client_secrets"), ("GET", "/metrics")):
+        assert (await server.request(method, path, headers=signed)).status == 401, path
+    assert (await server.get("/api/conversations", headers={"Cookie": "kimiaudio_signin=forged"})).status == 401
+    out = await server.post("/api/signout", headers=signed)
+    assert out.status == 200 and out.cookies["kimiaudio_signin"].value == ""
+    assert (await server.get("/api/conversations", headers=signed)).status == 401  # gone from the store too
 
 
 async def test_browser_forms_of_the_key(server):
@@ -70,7 +97,8 @@ async def test_the_environment_variable_sets_the_key(monkeypatch, demo_server):
 async def test_no_key_configured_means_open(monkeypatch, demo_server):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     async with demo_server() as (client, _):
-        assert (await (await client.get("/api/auth")).json()) == {"required": False}
+        assert (await (await client.get("/api/auth")).json()) == {"required": False, "signed_in": False}
+        assert (await (await client.post("/api/signin", json={})).json()) == {"required": False}
         assert (await client.get("/api/status")).status == 200
 
 
@@ -126,6 +154,50 @@ async def test_origin_check_for_state_changing_requests(monkeypatch, demo_server
             assert resp.status == 400, origin  # past the check: the empty offer itself is refused
         assert (await client.post("/api/rtc/offer", json={})).status == 400  # no Origin: not a browser
         assert (await client.delete(path, headers={"Origin": own})).status == 200
+
+
+async def test_an_allowed_origins_page_calls_cross_origin(monkeypatch, demo_server):
+    """An app's page on an allowed origin calls the server as OpenAI's browser examples call
+    OpenAI (middleware/cors.py): its preflight is answered without a key, every answer (errors
+    too) lets it read the body, Location and Retry-After; no other origin gets that."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    async with demo_server(api_key=KEY, allowed_origins=["https://app.example"]) as (client, _):
+        preflight = {
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os",
+        }
+        resp = await client.options("/v1/realtime/calls", headers=preflight)
+        assert resp.status == 204
+        assert resp.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "POST" in resp.headers["Access-Control-Allow-Methods"]
+        assert resp.headers["Access-Control-Allow-Headers"] == "authorization,content-type,x-stainless-os"
+        assert "Access-Control-Allow-Credentials" not in resp.headers
+        refused = await client.options("/v1/realtime/calls", headers={**preflight, "Origin": "http://evil.example"})
+        assert refused.status == 403 and "Access-Control-Allow-Origin" not in refused.headers
+
+        minted = await client.post(
+            "/v1/realtime/client_secrets",
+            json={},
+            headers={"Origin": "https://app.example", "Authorization": f"Bearer {KEY}"},
+        )
+        assert minted.status == 200 and minted.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        key = (await minted.json())["value"]
+        bad_offer = await client.post(
+            "/v1/realtime/calls",
+            data="v=0",
+            headers={
+                "Origin": "https://app.example",
+                "Authorization": f"Bearer {key}",
+                "Content-Type": "application/sdp",
+            },
+        )
+        assert bad_offer.status == 400 and bad_offer.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "Location" in bad_offer.headers["Access-Control-Expose-Headers"]
+        unkeyed = await client.post("/v1/realtime/calls", headers={"Origin": "https://app.example"})
+        assert unkeyed.status == 401 and unkeyed.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        own = await client.get("/api/auth", headers={"Origin": f"http://127.0.0.1:{client.server.port}"})
+        assert own.status == 200 and "Access-Control-Allow-Origin" not in own.headers  # same origin: no need
 
 
 def test_key_compare_and_exposure_warning(monkeypatch):

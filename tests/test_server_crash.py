@@ -39,8 +39,9 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
             mic = ScriptedMic()
             client = RtcClient(mic)
-            status, first = await client.connect(http)
-            assert status == 200 and first["conversation_id"] is None  # created at the first commit
+            status, _ = await client.connect(http)
+            created = await client.wait_for("session.created")
+            assert status == 201 and created["session"]["conversation_id"] is None  # created at the first commit
             mic.say(np.concatenate([speech[0], silence(1.0)]))
             committed = await client.wait_for("input_audio_buffer.committed")
             await client.wait_for("response.created")
@@ -66,8 +67,9 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             # Continue the same conversation: its history is re-encoded from the store.
             mic = ScriptedMic()
             client = RtcClient(mic)
-            status, answer = await client.connect(http, conversation_id=conversation_id)
-            assert status == 200 and answer["conversation_id"] == conversation_id
+            status, _ = await client.connect(http, conversation_id=conversation_id)
+            created = await client.wait_for("session.created")
+            assert status == 201 and created["session"]["conversation_id"] == conversation_id
             mic.say(np.concatenate([speech[1], silence(1.0)]))
             done = await client.wait_for("response.done")
             assert done["response"]["status"] == "completed", done

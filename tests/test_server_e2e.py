@@ -28,7 +28,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     http, pipeline = server
     mic = ScriptedMic()
     client = RtcClient(mic)
-    assert (await client.connect(http))[0] == 200
+    assert (await client.connect(http))[0] == 201
     status = await (await http.get("/api/status")).json()
     assert status["demo_weights"] is True and "random weights" in status["demo_message"]
 
@@ -38,8 +38,8 @@ async def test_two_turns_with_history_reuse(server, speech):
         "input_audio_buffer.speech_stopped",
         "input_audio_buffer.committed",
         "response.created",
-        "response.audio_transcript.delta",
-        "response.audio.started",
+        "response.output_audio_transcript.delta",
+        "output_audio_buffer.started",
     ):
         await client.wait_for(kind)
     done = await client.wait_for("response.done")
@@ -48,7 +48,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     assert 0 < timings["commit_to_first_audio_s"] < 120 and "first_pcm_s" in timings  # a duration, however slow
     # The random demo weights may end the text at once, so the deltas are compared with
     # the final text rather than required to be non-empty.
-    text = "".join(e["delta"] for e in client.of_type("response.audio_transcript.delta"))
+    text = "".join(e["delta"] for e in client.of_type("response.output_audio_transcript.delta"))
     assert text == done["response"]["text"]
 
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
@@ -89,7 +89,7 @@ async def test_barge_in_with_the_real_pipeline(server, speech):
     # loaded machine delays the microphone's frames) makes the cut-in the next turn, and the
     # test talks over that answer instead.
     for attempt in range(1, 4):
-        await client.wait_for("response.audio.started", count=attempt)
+        await client.wait_for("output_audio_buffer.started", count=attempt)
         mic.say(np.concatenate([speech[1], silence(0.8)]))
         done = await client.wait_for("response.done", count=attempt)
         if done["response"]["status"] == "cancelled":
@@ -111,7 +111,7 @@ async def test_two_clients_at_once(server, speech):
     http, pipeline = server
     clients = [RtcClient(ScriptedMic()) for _ in range(2)]
     for client in clients:
-        assert (await client.connect(http))[0] == 200
+        assert (await client.connect(http))[0] == 201
     for client, clip in zip(clients, speech):
         client.mic.say(np.concatenate([clip, silence(1.0)]))
     dones = await asyncio.gather(*(c.wait_for("response.done") for c in clients))

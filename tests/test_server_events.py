@@ -1,13 +1,14 @@
-"""The real-time protocol: server event builders (server_events.py), their numbering
-(event_sender.py) and client event parsing
-(client_events.py), in kimiaudio's own shape and in the OpenAI Realtime beta and GA shapes."""
+"""The real-time protocol: server event builders (server_events.py, response_events.py), their
+numbering (event_sender.py) and client event parsing (client_events.py), in kimiaudio's own
+shape and in the OpenAI Realtime beta and GA shapes (the shapes of server events:
+test_server_event_shapes.py)."""
 
 import base64
 import json
 
 import pytest
 
-from kimiaudio.server.session import server_events
+from kimiaudio.server.session import response_events, server_events
 from kimiaudio.server.session.client_events import (
     AudioAppend,
     AudioClear,
@@ -22,6 +23,7 @@ from kimiaudio.server.session.client_events import (
     parse_client_event,
 )
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.session_update import AnswerUpdate, Transcription, TurnUpdate
 
 
 def test_client_events_parse():
@@ -37,7 +39,7 @@ def test_client_events_parse():
             }
         )
     )
-    assert update == SessionUpdate({"threshold": 0.6}, {"audio_temperature": 0.5}, "text")
+    assert update == SessionUpdate(TurnUpdate({"threshold": 0.6}), AnswerUpdate({"audio_temperature": 0.5}, "text"))
     audio = base64.b64encode(b"\x01\x00\xff\x7f").decode()
     assert parse_client_event(json.dumps({"type": "input_audio_buffer.append", "audio": audio})) == AudioAppend(
         b"\x01\x00\xff\x7f"
@@ -94,15 +96,19 @@ def test_openai_session_update_beta_and_ga_shapes():
         )
     )
     assert beta == SessionUpdate(
-        vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
-        sampling={"max_new_tokens": 200},
-        output_type="both",
-        turn_detection="server_vad",
-        create_response=False,
-        instructions="Answer briefly.",
-        voice="alloy",
+        turns=TurnUpdate(
+            vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
+            detection="server_vad",
+            create_response=False,
+        ),
+        answers=AnswerUpdate(
+            sampling={"max_new_tokens": 200},
+            output_type="both",
+            instructions="Answer briefly.",
+            voice="alloy",
+            temperature=0.8,
+        ),
         input_rate=24000,
-        temperature=0.8,
         transcription=False,
     )  # input_audio_transcription: null = off
     ga = parse_client_event(
@@ -120,7 +126,12 @@ def test_openai_session_update_beta_and_ga_shapes():
             }
         )
     )
-    assert (ga.output_type, ga.turn_detection, ga.input_rate, ga.voice) == ("text", "none", 16000, "marin")
+    assert (ga.answers.output_type, ga.turns.detection, ga.input_rate, ga.answers.voice) == (
+        "text",
+        "none",
+        16000,
+        "marin",
+    )
 
 
 def test_input_audio_transcription_beta_and_ga_shapes():
@@ -128,15 +139,18 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         return parse_client_event(json.dumps({"type": "session.update", "session": session}))
 
     assert update({}).transcription is None  # unchanged
-    assert update({"input_audio_transcription": {"model": "whisper-1"}}).transcription == {"model": "whisper-1"}
-    assert update({"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}).transcription == {
-        "model": "gpt-4o-transcribe"
-    }
+    assert update({"input_audio_transcription": {"model": "whisper-1"}}).transcription == Transcription("whisper-1")
+    ga = {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe", "language": "EN", "prompt": "Ada"}}}}
+    assert update(ga).transcription == Transcription("gpt-4o-transcribe", "en", "Ada")
     assert update({"audio": {"input": {"transcription": None}}}).transcription is False
+    assert update({"type": "transcription"}).kind == "transcription" and update({}).kind is None
     for session, param in (
         ({"input_audio_transcription": "on"}, "session.input_audio_transcription"),
         ({"input_audio_transcription": {"model": 5}}, "session.input_audio_transcription.model"),
-        ({"audio": {"input": {"transcription": {"prompt": "names: Ada"}}}}, "session.audio.input.transcription.prompt"),
+        ({"input_audio_transcription": {"language": "klingon"}}, "session.input_audio_transcription.language"),
+        ({"audio": {"input": {"transcription": {"delay": "low"}}}}, "session.audio.input.transcription.delay"),
+        ({"audio": {"input": {"transcription": {"languages": ["en"]}}}}, "session.audio.input.transcription.languages"),
+        ({"type": "translation"}, "session.type"),
     ):
         with pytest.raises(ProtocolError) as info:
             update(session)
@@ -151,6 +165,9 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         ("[1]", "invalid_event", "JSON object"),
         ('{"type": "response.explode"}', "unknown_event", "response.cancel"),
         ('{"kind": "x"}', "unknown_event", "None"),
+        ('{"type": ["response.cancel"]}', "unknown_event", "['response.cancel']"),
+        ('{"type": {"conversation.item.delete": 1}}', "unknown_event", "unknown event type {"),
+        ('{"type": "conversation.item.delete", "item_id": "item_1"}', "unsupported", "DELETE /api/conversations"),
         ('{"type": "conversation.select", "conversation_id": 5}', "invalid_event", "conversation_id"),
         ('{"type": "session.update", "session": {"vad": "fast"}}', "invalid_event", "session.vad"),
         ('{"type": "session.update", "session": {"output_type": "audio"}}', "invalid_event", "output_type"),
@@ -180,6 +197,8 @@ def test_input_audio_transcription_beta_and_ga_shapes():
             "content[0].text",
         ),
         ('{"type": "session.update", "session": {"audio": []}}', "invalid_event", "session.audio"),
+        ('{"type": "session.update"}', "missing_required_parameter", "session is required"),
+        ('{"type": "transcription_session.update"}', "missing_required_parameter", "session is required"),
         ('{"type": "response.create", "response": []}', "invalid_event", "response"),
         ("[" * 100 + "]" * 100, "invalid_json", "nested"),
         ("x" * 70000, "invalid_event", "too large"),
@@ -205,7 +224,12 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
         ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
         ('{"temperature": 0.1}', "session.temperature"),
-        ('{"type": "transcription"}', "session.type"),
+        ('{"reasoning": {"effort": "low"}}', "session.reasoning"),
+        ('{"turn_detection": {"idle_timeout_ms": 5000}}', "session.turn_detection.idle_timeout_ms"),
+        (
+            '{"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}',
+            "session.audio.input.turn_detection.eagerness",
+        ),
         ('{"frobnicate": 1}', "session.frobnicate"),
     ):
         with pytest.raises(ProtocolError) as info:
@@ -230,7 +254,8 @@ def test_server_event_builders():
     sent: list[dict] = []
     sender = EventSender("sess_1", lambda: None, sent.append)
     sender.send(server_events.speech_started(320, "item_1"))
-    sender.send(server_events.response_done("r1", "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
+    response = response_events.response_object("r1", None, True, "alloy", None)
+    sender.send(response_events.response_done(response, "cancelled", "hi", {"played_s": 0.5}, reason="turn_detected"))
     first, second = sent
     assert first == {
         "event_id": "evt_1",
@@ -248,11 +273,11 @@ def test_server_event_builders():
         "event_id": None,
     }
     with pytest.raises(ValueError):
-        server_events.response_done("r1", "exploded", "", {})
+        response_events.response_done(response, "exploded", "", {})
     item = server_events.message_item("item_2", "assistant", "Hello", has_audio=True, index=1)
-    assert item["content"] == [{"type": "audio", "transcript": "Hello"}] and item["index"] == 1
-    assert [e["type"] for e in server_events.text_done("r1", "item_2", "Hello", spoken=True)] == [
-        "response.audio.done",
-        "response.audio_transcript.done",
+    assert item["content"] == [{"type": "output_audio", "transcript": "Hello"}] and item["index"] == 1
+    assert [e["type"] for e in response_events.text_done("r1", "item_2", "Hello", spoken=True)] == [
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
     ]
     json.dumps(server_events.committed("c", 0, 1.23456, "item_1", None))  # every event is JSON-serialisable

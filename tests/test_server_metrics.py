@@ -36,7 +36,7 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     before = await scrape(http)
     assert before["kimiaudio_sessions_active"] == 0 and before["kimiaudio_lm_step_seconds_count"] == 0
     client = RtcClient(ScriptedMic())
-    assert (await client.connect(http))[0] == 200
+    assert (await client.connect(http))[0] == 201
     client.mic.say(np.concatenate([speech[0], silence(1.0)]))
     done = await client.wait_for("response.done")
     assert done["response"]["status"] == "completed"
@@ -160,9 +160,9 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
             }
         )
         client = RtcClient(ScriptedMic())
-        assert (await client.connect(http))[0] == 200
+        assert (await client.connect(http))[0] == 201
         client.mic.say(np.concatenate([speech[0], silence(1.0)]))
-        await client.wait_for("response.audio.started")
+        await client.wait_for("output_audio_buffer.started")
         await client.close()  # hang up mid-answer
 
         async def session_closed():

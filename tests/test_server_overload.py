@@ -28,7 +28,7 @@ async def test_a_microphone_the_server_cannot_keep_up_with_is_dropped_not_queued
     caplog.set_level(logging.WARNING)
     async with demo_server() as (http, _):
         client = RtcClient(ScriptedMic())
-        assert (await client.connect(http))[0] == 200
+        assert (await client.connect(http))[0] == 201
         await client.wait_for("session.created")
         client.mic.say(silence(6.0))
 

@@ -71,7 +71,7 @@ async def test_bad_offers_are_4xx_with_a_message(http, body, code, status):
 async def test_session_cap_gives_503_with_retry_after(http):
     first = RtcClient(ScriptedMic())
     status, _ = await first.connect(http)
-    assert status == 200
+    assert status == 201
     second = RtcClient(ScriptedMic())
     resp = await http.post("/api/rtc/offer", json={"sdp": "v=0\r\nm=audio 9 UDP 111\r\n", "type": "offer"})
     assert "full" in await _error(resp, 503, "server_full")

@@ -14,6 +14,7 @@ from kimiaudio.server.transport import rtc_peer
 
 from helpers.audio import silence
 from helpers.demo_server import LONG_ANSWER, heard_or_done, kv_pool_full_again
+from helpers.openai_strict import check
 from helpers.waiting import eventually
 
 SECONDS_PER_CODE = 0.08  # the detokenizer makes 80 ms of 24 kHz audio per VQ code
@@ -49,7 +50,7 @@ async def long_answer_playing(client, pipeline, mic, clip, seconds: float) -> in
         if len(handle.done.audio_tokens) * SECONDS_PER_CODE >= seconds:
             # An answer with no audio at all (the demo weights sometimes stop at once) never starts playing.
             rid = created["response"]["id"]
-            await client.wait_for("response.audio.started", where=lambda e: e["response_id"] == rid)
+            await client.wait_for("output_audio_buffer.started", where=lambda e: e["response_id"] == rid)
             return attempt
         await client.wait_for("response.done", count=attempt)
     raise AssertionError(f"no answer of {seconds} s in 6 attempts: {client.of_type('response.done')}")
@@ -60,7 +61,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     mic = ScriptedMic()
     client = RtcClient(mic)
     status, answer = await client.connect(http)
-    assert status == 200 and answer["session_id"].startswith("sess_")
+    assert status == 201 and answer["call_id"].startswith("rtc_")
     created = await client.wait_for("session.created")
     assert created["session"]["vad"]["silence_ms"] == 400
 
@@ -78,13 +79,13 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert user_audio.dtype == np.float32 and user_audio.size > speech[0].size * 0.8
 
     await client.wait_for("response.created")
-    await client.wait_for("response.audio.started")
+    await client.wait_for("output_audio_buffer.started")
     done = await client.wait_for("response.done")
     assert done["response"]["status"] == "completed", done
     assert "commit_to_first_audio_s" in done["response"]["timings"]
     # What was streamed is what was generated and stored (the demo text may be empty).
     text = done["response"]["text"]
-    assert "".join(e["delta"] for e in client.of_type("response.audio_transcript.delta")) == text
+    assert "".join(e["delta"] for e in client.of_type("response.output_audio_transcript.delta")) == text
 
     conv = await store.get_conversation(conversation_id)
     user, assistant = conv["turns"]
@@ -99,7 +100,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
         return loud >= 0.5 * assistant["duration_s"] / 0.02 and loud >= 3
 
     await eventually(loud_frames, f"half of the {assistant['duration_s']} s answer received as loud frames")
-    items = client.of_type("conversation.item.created")
+    items = client.of_type("conversation.item.added")
     assert [i["item"]["role"] for i in items] == ["user", "assistant"]
     # The page's sessions transcribe the user's words ([server] transcribe_input): the same
     # utterance as a background-priority ASR turn, encoded once for both, its words stored.
@@ -120,6 +121,15 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     assert history[0].audio is not None and history[0].audio_tokens == user["audio_tokens"]
     assert history[1].text == text and history[1].audio_tokens == assistant["audio_tokens"]
     assert len((await store.get_conversation(conversation_id))["turns"]) == 4
+    # The data channel speaks the GA shape, as OpenAI's WebRTC calls do: every event holds under
+    # the SDK's models; the answer's playback is told as it started and, after its
+    # response.done, as it ended.
+    for event in client.events:
+        check(event, "ga")
+    rid = done["response"]["id"]
+    kinds = [e["type"] for e in client.events if rid in (e.get("response_id"), e.get("response", {}).get("id"))]
+    assert kinds.count("output_audio_buffer.started") == 1 and kinds[-1] == "output_audio_buffer.stopped", kinds
+    assert kinds.index("response.done") < kinds.index("output_audio_buffer.stopped"), kinds
     await client.close()
     await kv_pool_full_again(pipeline)
 
@@ -141,6 +151,10 @@ async def test_barge_in_cancels_and_stores_truncated_interrupted_turn(server, sp
     done = await client.wait_for("response.done", count=n)
     assert done["response"]["status"] == "cancelled"
     assert pipeline.cancelled == [pipeline.handles[n - 1].turn_id]
+    cut = [
+        e["type"] for e in client.of_type("output_audio_buffer.cleared") if e["response_id"] == done["response"]["id"]
+    ]
+    assert cut == ["output_audio_buffer.cleared"]  # the playback was cut where it was
     played_s = done["response"]["timings"]["played_s"]
     assert 0.32 < played_s < answer_s - 0.5
     turn = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"][2 * n - 1]

@@ -39,7 +39,7 @@ async def client(demo_server):
     async with demo_server() as (http, pipeline):
         rtc = RtcClient(ScriptedMic())
         status, _ = await rtc.connect(http)
-        assert status == 200
+        assert status == 201
         await rtc.wait_for("session.created")
         yield rtc, pipeline
         await rtc.close()

@@ -19,6 +19,7 @@ from kimiaudio.audio.vad import SileroVad
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.app import new_context
+from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.audio_track import PlaybackTrack
@@ -45,7 +46,9 @@ class Session:
         await self.store.open()
         vad = await asyncio.get_running_loop().run_in_executor(self.context.vad_executor, SileroVad)
         admitted = Admitted("sess_test", vad, release=lambda: None)
-        self.session = RealtimeSession(self.context, admitted, self.events.append, PlaybackTrack())
+        self.session = RealtimeSession(
+            self.context, admitted, self.events.append, PlaybackTrack(), shape=event_shape("ga", webrtc=True)
+        )
         self.session.start()
         return self
 
@@ -111,8 +114,8 @@ async def test_text_only_server_answers_in_text(demo_checkpoint, tmp_path, speec
         await s.say(np.concatenate([silence(0.3), speech[0], silence(0.8)]))
         done = await s.wait_for("response.done")
         assert done["response"]["status"] == "completed", done
-        assert not s.of_type("response.audio.started") and not s.of_type("error")
-        deltas = "".join(e["delta"] for e in s.of_type("response.text.delta"))
+        assert not s.of_type("output_audio_buffer.started") and not s.of_type("error")
+        deltas = "".join(e["delta"] for e in s.of_type("response.output_text.delta"))
         assert deltas == done["response"]["text"]
         conversation = await s.store.get_conversation(s.session.conversation.id)
         user, assistant = conversation["turns"]
@@ -162,7 +165,7 @@ async def test_a_transcription_that_cannot_run_is_reported_failed(demo_checkpoin
             '{"type": "session.update", "session": {"turn_detection": null, '
             '"input_audio_transcription": {"model": "whisper-1"}}}'
         )
-        assert s.of_type("session.updated")[-1]["session"]["input_audio_transcription"] == {"model": "whisper-1"}
+        assert s.of_type("session.updated")[-1]["session"]["audio"]["input"]["transcription"]["model"] == "whisper-1"
         await s.pipeline.stop()  # as in a shutdown: nothing more can be submitted
         s.session.commit(np.concatenate([speech[0], silence(0.3)]), "item_words", respond=False)
         failed = await s.wait_for("conversation.item.input_audio_transcription.failed")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 async def test_a_second_close_waits_for_the_first(demo_server):
     async with demo_server() as (http, _):
         client = RtcClient(ScriptedMic())
-        assert (await client.connect(http))[0] == 200
+        assert (await client.connect(http))[0] == 201
         await client.wait_for("session.created")
         (session,) = http.app[SERVER_CONTEXT].sessions.live()
         real_close = session.session.close

@@ -43,7 +43,7 @@ async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | Non
     or {}, status of an offer made once /readyz says the server drains; None if it was gone)."""
     async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
         client = RtcClient(ScriptedMic())
-        assert (await client.connect(http))[0] == 200
+        assert (await client.connect(http))[0] == 201
         for attempt in range(1, 6):
             client.mic.say(np.concatenate([speech[0], silence(1.0)]))
             committed = await client.wait_for("input_audio_buffer.committed", count=attempt)

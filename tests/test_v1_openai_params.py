@@ -187,7 +187,7 @@ async def test_transcription_refuses_what_it_cannot_do(v1_server, question, open
 
 async def test_realtime_session_and_response_fields(v1_server, speech, openai_client):
     async with openai_client.beta.realtime.connect(model="gpt-4o-realtime-preview") as conn:
-        events = Events(conn)
+        events = Events(conn, "beta")
         await events.wait_for("session.created")
         for session, param in (
             ({"temperature": 5}, "session.temperature"),

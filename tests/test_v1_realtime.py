@@ -1,8 +1,10 @@
 """GET /v1/realtime with the official `openai` client (its Realtime connection, unchanged)
-against a real `serve` process on the demo checkpoint: a conversation with server VAD, a
-barge-in, conversation.item.truncate, manual commits, and error events for bad input. The
-demo weights answer with noise, so the checks are about what was generated, streamed and
-stored, not about words."""
+against a real `serve` process on the demo checkpoint, as a GA client (`client.realtime.connect()`)
+and as a beta one (`client.beta.realtime.connect()`), every event checked against the SDK's
+models of its shape (helpers/realtime_events.py): a conversation with server VAD, a barge-in,
+conversation.item.truncate, manual commits, and error events for bad input; which shape a
+connection speaks, and the subprotocol a browser is answered with. The demo weights answer
+with noise, so the checks are about what was generated, streamed and stored, not about words."""
 
 import asyncio
 import base64
@@ -14,7 +16,9 @@ import numpy as np
 import pytest
 
 from helpers.audio import silence
-from helpers.realtime_events import MODEL, Events, conversation, say
+from helpers.openai_strict import check, named
+from helpers.realtime_events import Events, conversation, say
+from helpers.realtime_sessions import APIS, connect, session_update, text_only, turn_detection
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -29,22 +33,52 @@ async def speak(conn, pcm16k: np.ndarray, spoken: list[float]) -> None:
     await say(conn, np.concatenate([pcm16k, silence(1.0)]))
 
 
-async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech, openai_client):
-    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
-        events = Events(conn)
+# A response's events other than deltas, in order (GA names; a beta connection has no
+# conversation.item.done and names the rest its way).
+RESPONSE_EVENTS = (
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+)
+
+
+def response_events(events: Events, response_id: str, item_id: str) -> list[str]:
+    """The types of the events of one response (and its item), deltas left out."""
+    return [
+        e.type
+        for e in events.items
+        if not e.type.endswith(".delta")
+        and (
+            getattr(e, "response_id", None) == response_id
+            or getattr(getattr(e, "response", None), "id", None) == response_id
+            or getattr(getattr(e, "item", None), "id", None) == item_id
+        )
+    ]
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech, openai_client, api):
+    async with connect(openai_client, api) as conn:
+        events = Events(conn, api)
         created = await events.wait_for("session.created")
-        assert created.session.turn_detection.type == "server_vad"
+        assert turn_detection(created.session, api).type == "server_vad" and created.session.id.startswith("sess_")
         await conn.session.update(
-            session={
-                "instructions": "Answer briefly.",
-                "turn_detection": {"type": "server_vad", "silence_duration_ms": 400, "threshold": 0.5},
-            }
+            session=session_update(
+                api,
+                instructions="Answer briefly.",
+                turn_detection={"type": "server_vad", "silence_duration_ms": 400, "threshold": 0.5},
+            )
         )
         updated = await events.wait_for("session.updated")
-        assert (
-            updated.session.instructions == "Answer briefly."
-            and updated.session.turn_detection.silence_duration_ms == 400
-        )
+        assert updated.session.instructions == "Answer briefly."
+        assert turn_detection(updated.session, api).silence_duration_ms == 400
 
         # Turn 1: server VAD hears the end of the utterance and answers.
         spoken = [time.monotonic()]  # when each utterance began to be sent (answer n follows spoken[n - 1])
@@ -54,10 +88,16 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
         done = await events.wait_for("response.done")
         assert done.response.status == "completed", done
         first_id = done.response.id
-        transcript = "".join(e.delta for e in events.of_type("response.audio_transcript.delta"))
+        transcript = "".join(e.delta for e in events.of_type("response.output_audio_transcript.delta"))
         assert transcript == done.response.text
-        pcm = np.frombuffer(b"".join(base64.b64decode(e.delta) for e in events.of_type("response.audio.delta")), "<i2")
+        deltas = events.of_type("response.output_audio.delta")
+        pcm = np.frombuffer(b"".join(base64.b64decode(e.delta) for e in deltas), "<i2")
         assert pcm.size > 0 and np.abs(pcm).max() > 300  # the demo's noise speech, not silence
+        item = done.response.output[0]
+        assert {e.item_id for e in deltas} == {item.id} and item.content[0].transcript == transcript
+        expected = [named(kind, api) for kind in RESPONSE_EVENTS if api == "ga" or kind != "conversation.item.done"]
+        assert response_events(events, first_id, item.id) == expected
+        assert not events.of_type("output_audio_buffer.started")  # WebRTC only: a WebSocket client plays the deltas
         conversation_id = committed.model_extra["conversation_id"]
 
         # Turn 2: long answers; the user talks over one once the client has received 1 s of it
@@ -65,7 +105,8 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
         # the server's clock (played = min(sent, elapsed since the first delta)) then reads
         # > 0.5 s. Every utterance is answered once (interrupted or not), so answer n is the
         # n-th response.created; one that ends before the barge-in lands is retried.
-        await conn.session.update(session={"max_response_output_tokens": 400, "sampling": {"audio_top_k": 1}})
+        limit = "max_output_tokens" if api == "ga" else "max_response_output_tokens"
+        await conn.session.update(session=session_update(api, sampling={"audio_top_k": 1}, **{limit: 400}))
         await events.wait_for("session.updated", count=2)
         await speak(conn, speech[1], spoken)
         for _ in range(8):
@@ -99,13 +140,16 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
             sum(
                 len(base64.b64decode(e.delta)) // 2
                 for e in events.items[:started]
-                if e.type == "response.audio.delta" and e.response_id == rid
+                if e.type == named("response.output_audio.delta", api) and e.response_id == rid
             )
             / 24000
         )
         assert 0.4 < played_s <= received_s + 0.01, (played_s, received_s)
         assert played_s <= events.arrived[started] - spoken[-2] + 0.01
-        assert not [e for e in events.items[started:] if e.type == "response.audio.delta" and e.response_id == rid]
+        after_cut = events.items[started:]
+        assert not [
+            e for e in after_cut if e.type == named("response.output_audio.delta", api) and e.response_id == rid
+        ]
         after = await events.wait_for("response.done", count=len(spoken))
         assert after.response.id != rid and after.response.status == "completed", after
 
@@ -129,24 +173,29 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
     assert first_id != rid
 
 
-async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_client):
-    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
-        events = Events(conn)
+@pytest.mark.parametrize("api", APIS)
+async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_client, api):
+    async with connect(openai_client, api) as conn:
+        events = Events(conn, api)
         await events.wait_for("session.created")
-        await conn.session.update(
-            session={"turn_detection": None, "modalities": ["text"], "input_audio_format": "pcm16"}
-        )
+        await conn.session.update(session=session_update(api, turn_detection=None, text_only=True))
         updated = await events.wait_for("session.updated")
-        assert updated.session.turn_detection is None and updated.session.modalities == ["text"]
+        assert turn_detection(updated.session, api) is None and text_only(updated.session, api)
 
         await conn.send({"type": "input_audio_buffer.commit"})  # nothing appended yet
         assert (await events.wait_for("error")).error.code == "input_audio_buffer_commit_empty"
         await conn.send({"type": "input_audio_buffer.append", "audio": "%%%"})
         bad = await events.wait_for("error", count=2)
         assert bad.error.code == "invalid_audio" and "base64" in bad.error.message
-        await conn.session.update(session={"input_audio_format": "g711_ulaw"})
+        if api == "ga":
+            await conn.session.update(
+                session={"type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}
+            )
+        else:
+            await conn.session.update(session={"input_audio_format": "g711_ulaw"})
         bad = await events.wait_for("error", count=3)
-        assert bad.error.code == "unsupported_format" and bad.error.param == "session.input_audio_format"
+        param = "session.audio.input.format" if api == "ga" else "session.input_audio_format"
+        assert bad.error.code == "unsupported_format" and bad.error.param == param
 
         # Absences proven by order, not by waiting: the socket handles a client's events one at
         # a time, in order (a VAD's commit is queued while its audio is handled), and the
@@ -157,7 +206,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello there."}]}
         )
-        text_item = await events.wait_for("conversation.item.created")
+        text_item = await events.wait_for("conversation.item.added")
         assert text_item.item.role == "user" and text_item.item.content[0].text == "Hello there."
         assert not events.of_type("input_audio_buffer.committed")  # no VAD: nothing happens by itself
         await conn.input_audio_buffer.commit()
@@ -166,23 +215,27 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         await conn.response.create()
         done = await events.wait_for("response.done")
         assert done.response.status == "completed", done
-        assert "".join(e.delta for e in events.of_type("response.text.delta")) == done.response.text
-        assert not events.of_type("response.audio.delta")  # text only
-        await conn.response.create()  # the conversation now ends with an answer: nothing to answer
-        assert (await events.wait_for("error", count=4)).error.code == "no_user_audio"
+        assert "".join(e.delta for e in events.of_type("response.output_text.delta")) == done.response.text
+        assert done.response.output[0].content[0].type == ("output_text" if api == "ga" else "text")
+        assert not events.of_type("response.output_audio.delta")  # text only
+        # The conversation now ends with an answer: nothing to answer, and the response ends
+        # failed (a client waiting for its response.done is not left waiting).
+        await conn.response.create()
+        refused = await events.wait_for("response.done", count=2)
+        assert refused.response.status == "failed" and refused.response.status_details.error.code == "no_user_audio"
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Bye."}]}
         )
         await events.until(
             lambda: [
                 e
-                for e in events.of_type("conversation.item.created")
-                if getattr(e.item.content[0], "text", None) == "Bye."
+                for e in events.of_type("conversation.item.added")
+                if e.item.role == "user" and getattr(e.item.content[0], "text", None) == "Bye."
             ]
         )
         # A manual commit does not answer by itself: had it, that answer would have come first
         # and the response.create asked for would have found nothing to answer.
-        assert len(events.of_type("response.created")) == 1 and len(events.of_type("error")) == 4, [
+        assert len(events.of_type("response.created")) == 2 and len(events.of_type("error")) == 3, [
             e.type for e in events.items
         ]
 
@@ -191,15 +244,15 @@ async def test_response_create_while_one_runs_and_early_cancels(v1_server, speec
     """A second response.create is refused while a response runs (the running one is not lost); a
     response.cancel right after response.create cancels it though it had not started; one with
     nothing to cancel is an error, as OpenAI answers each."""
-    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
-        events = Events(conn)
+    async with connect(openai_client, "ga") as conn:
+        events = Events(conn, "ga")
         await events.wait_for("session.created")
-        await conn.session.update(session={"turn_detection": None, "modalities": ["text"]})
+        await conn.session.update(session=session_update("ga", turn_detection=None, text_only=True))
         await events.wait_for("session.updated")
         await conn.send({"type": "output_audio_buffer.clear"})  # "stop what plays": nothing does, no error
         await conn.response.cancel()
         assert (await events.wait_for("error")).error.code == "response_cancel_not_active"
-        await conn.session.update(session={"modalities": ["text"]})
+        await conn.session.update(session=session_update("ga", text_only=True))
         await events.wait_for("session.updated", count=2)  # events are handled in order: any error came before
         assert len(events.of_type("error")) == 1, [e.error for e in events.of_type("error")]
 
@@ -235,9 +288,47 @@ async def test_wrong_model_and_plain_http_are_refused(v1_server):
             assert resp.status == 404 and body["error"]["code"] == "model_not_found"
         async with http.get(f"{v1_server}/v1/realtime") as resp:
             assert resp.status == 400 and (await resp.json())["error"]["code"] == "websocket_expected"
+        async with http.get(f"{v1_server}/v1/realtime?intent=translation") as resp:
+            body = await resp.json()
+            assert resp.status == 400 and body["error"]["param"] == "intent", body
         async with http.ws_connect(f"{v1_server}/v1/realtime") as ws:
             assert json.loads((await ws.receive()).data)["type"] == "session.created"
             await ws.send_bytes(b"\x00\x01")
             await ws.send_str("{" * 5000)
             errors = [json.loads((await ws.receive()).data) for _ in range(2)]
             assert [e["error"]["code"] for e in errors] == ["invalid_event", "invalid_json"], errors
+
+
+@pytest.mark.parametrize(
+    "protocols, headers, api",
+    [
+        ((), {}, "ga"),
+        ((), {"OpenAI-Beta": "realtime=v1"}, "beta"),
+        # A browser's WebSocket (openai-node): its key rides in a subprotocol, never echoed.
+        (("realtime", "openai-insecure-api-key.sk-test"), {}, "ga"),
+        (("realtime", "openai-insecure-api-key.sk-test", "openai-beta.realtime-v1"), {}, "beta"),
+    ],
+)
+async def test_the_client_picks_its_shape_at_the_upgrade(v1_server, protocols, headers, api):
+    """GA unless the client asks for beta (header or subprotocol); session.created is the first
+    event, in that shape; a browser is answered with a subprotocol it offered."""
+    async with aiohttp.ClientSession() as http:
+        url = f"{v1_server}/v1/realtime?model=gpt-realtime-2"
+        async with http.ws_connect(url, protocols=protocols, headers=headers) as ws:
+            assert ws.protocol == ("realtime" if protocols else None)
+            created = json.loads((await ws.receive()).data)
+            check(created, api)
+            assert created["type"] == "session.created"
+            assert ("type" in created["session"]) == (api == "ga")
+            # An error names the field and the client event at fault (OpenAI's error.event_id),
+            # found wrong as it is parsed or as it is handled.
+            item = {"type": "message", "role": "user"}
+            await ws.send_json({"type": "conversation.item.create", "event_id": "client_1", "item": item})
+            await ws.send_json({"type": "response.cancel", "event_id": "client_2"})
+            errors = [json.loads((await ws.receive()).data) for _ in range(2)]
+            for error in errors:
+                check(error, api)
+            assert [(e["error"]["param"], e["error"]["event_id"]) for e in errors] == [
+                ("item.content", "client_1"),
+                (None, "client_2"),
+            ], errors

@@ -1,10 +1,12 @@
 """The user's words over /v1/realtime with the official `openai` client against a real
-`serve` (demo checkpoint): with input_audio_transcription set, each committed user turn is
-transcribed by the engine beside the answer, sent as OpenAI's
-conversation.item.input_audio_transcription.completed, stored with the turn and found by
-GET /api/conversations?q=; without it, nothing of the kind happens. The demo weights' words
-are random tokens, so the transcript is checked against what an ASR request on the same
-stored audio produces (the server's sampling seed is fixed: the same audio, the same words)."""
+`serve` (demo checkpoint), GA and beta: with input_audio_transcription set, each committed user
+turn is transcribed by the engine beside the answer, sent as OpenAI's
+conversation.item.input_audio_transcription.delta events and .completed, stored with the turn
+and found by GET /api/conversations?q=; without it, nothing of the kind happens. A
+transcription session (GA `?intent=transcription`, beta `transcription_session.update`) hears
+turns with server VAD and transcribes them, answering none. The demo weights' words are random
+tokens, so the transcript is checked against what an ASR request on the same stored audio
+produces (the server's sampling seed is fixed: the same audio, the same words)."""
 
 import base64
 from urllib.parse import urlencode
@@ -17,13 +19,14 @@ from kimiaudio.audio import pcm16
 from kimiaudio.store.search import query_tokens
 
 from helpers.audio import silence
-from helpers.realtime_events import MODEL, Events, conversation
+from helpers.realtime_events import MODEL, Events, conversation, say
+from helpers.realtime_sessions import APIS, connect, session_update, transcription
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
 
-PCM16K = {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}  # no resampling on the way in
+PCM16K = 16000  # input at the speech encoders' rate: no resampling on the way in
 
 
 async def commit_speech(conn, events: Events, pcm16k: np.ndarray, count: int):
@@ -51,24 +54,25 @@ async def found(base: str, q: str) -> list[str]:
     return [c["id"] for c in body["conversations"]]
 
 
-async def test_input_transcription_is_sent_stored_and_searchable(v1_server, speech, openai_client):
-    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
-        events = Events(conn)
+@pytest.mark.parametrize("api", APIS)
+async def test_input_transcription_is_sent_stored_and_searchable(v1_server, speech, openai_client, api):
+    async with connect(openai_client, api) as conn:
+        events = Events(conn, api)
         created = await events.wait_for("session.created")
-        assert created.session.input_audio_transcription is None  # off unless asked for, as OpenAI's
+        assert transcription(created.session, api) is None  # off unless asked for, as OpenAI's
         await conn.session.update(
-            session={
-                "turn_detection": None,
-                "modalities": ["text"],
-                "input_audio_transcription": {"model": "whisper-1"},
-                **PCM16K,
-            }
+            session=session_update(
+                api, turn_detection=None, text_only=True, transcription={"model": "whisper-1"}, input_rate=PCM16K
+            )
         )
         updated = await events.wait_for("session.updated")
-        assert updated.session.input_audio_transcription.model == "whisper-1"
+        assert transcription(updated.session, api).model == "whisper-1"
         committed, done = await commit_speech(conn, events, np.concatenate([speech[0], silence(0.3)]), 1)
         completed = await events.wait_for("conversation.item.input_audio_transcription.completed")
         assert completed.item_id == committed.item_id and completed.content_index == 0
+        deltas = events.of_type("conversation.item.input_audio_transcription.delta")
+        assert {(d.item_id, d.content_index) for d in deltas} <= {(committed.item_id, 0)}
+        assert "".join(d.delta for d in deltas).strip() == completed.transcript
         assert completed.usage.type == "duration" and completed.usage.seconds == pytest.approx(
             committed.model_extra["duration_s"], abs=0.01
         )
@@ -94,8 +98,8 @@ async def test_input_transcription_is_sent_stored_and_searchable(v1_server, spee
         assert conversation_id in await found(v1_server, transcript), transcript
     # FTS syntax around a word is text, never a 500 (test_store_search: the syntax on both
     # backends): words typed into a conversation of their own, found through the route.
-    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
-        events = Events(conn)
+    async with connect(openai_client, api) as conn:
+        events = Events(conn, api)
         await events.wait_for("session.created")
         await conn.conversation.item.create(
             item={
@@ -104,7 +108,7 @@ async def test_input_transcription_is_sent_stored_and_searchable(v1_server, spee
                 "content": [{"type": "input_text", "text": "Pelicans near the crossing at dawn"}],
             }
         )
-        typed = (await events.wait_for("conversation.item.created")).model_extra["conversation_id"]
+        typed = (await events.wait_for("conversation.item.added")).model_extra["conversation_id"]
     for q in ("pelic", '"pelicans', "NEAR(pelic dawn)", "(dawn) crossing", "-dawn", "CROSS*"):
         assert typed in await found(v1_server, q), q
     for q in ("zzzqqq-never-said", "*", '"', "pelicans OR zzzqqq"):
@@ -114,26 +118,24 @@ async def test_input_transcription_is_sent_stored_and_searchable(v1_server, spee
 
 
 async def test_no_transcription_unless_asked_and_bad_settings_refused(v1_server, speech, openai_client):
-    async with openai_client.beta.realtime.connect(model=MODEL) as conn:
-        events = Events(conn)
+    async with connect(openai_client, "ga") as conn:
+        events = Events(conn, "ga")
         await events.wait_for("session.created")
         await conn.session.update(
-            session={
-                "turn_detection": None,
-                "modalities": ["text"],
-                "input_audio_transcription": {"model": "whisper-1", "language": "en"},
-            }
+            session=session_update(
+                "ga", turn_detection=None, text_only=True, transcription={"model": "whisper-1", "language": "klingon"}
+            )
         )
         bad = await events.wait_for("error")
-        assert bad.error.param == "session.input_audio_transcription.language"
+        assert bad.error.param == "session.audio.input.transcription.language", bad
         await conn.session.update(
-            session={"turn_detection": None, "modalities": ["text"], **PCM16K, "input_audio_transcription": None}
+            session=session_update("ga", turn_detection=None, text_only=True, input_rate=PCM16K, transcription=None)
         )
         updated = await events.wait_for("session.updated")
-        assert updated.session.input_audio_transcription is None
+        assert transcription(updated.session, "ga") is None
         said = np.concatenate([speech[1], silence(0.3)])
         committed, _ = await commit_speech(conn, events, said, 1)
-        created = next(e for e in events.of_type("conversation.item.created") if e.item.id == committed.item_id)
+        created = next(e for e in events.of_type("conversation.item.added") if e.item.id == committed.item_id)
         assert [c.type for c in created.item.content] == ["input_audio"] and created.item.content[0].transcript is None
 
         # Absence proven by order, not by waiting: the same audio again, with the words asked
@@ -144,21 +146,55 @@ async def test_no_transcription_unless_asked_and_bad_settings_refused(v1_server,
         # so long before the second: the LM worker admits background turns in arrival order and
         # the scheduler decodes them oldest first, a position each per step, preempting the
         # newest. So it would have ended, and its event been sent, before the second turn's.
-        await conn.session.update(session={"input_audio_transcription": {"model": "whisper-1"}})
+        await conn.session.update(session=session_update("ga", transcription={"model": "whisper-1"}))
         await events.wait_for("session.updated", count=2)
         data = pcm16.to_bytes(said)
         for start in range(0, len(data), 6400):
             await conn.input_audio_buffer.append(audio=base64.b64encode(data[start : start + 6400]).decode())
         await conn.input_audio_buffer.commit()
         second = await events.wait_for("input_audio_buffer.committed", count=2)
-        words = await events.until(
-            lambda: [e for e in events.items if e.type.startswith("conversation.item.input_audio_transcription")]
-        )
-        assert [(e.type, e.item_id) for e in words] == [
-            ("conversation.item.input_audio_transcription.completed", second.item_id)
-        ], words
+        completed = await events.wait_for("conversation.item.input_audio_transcription.completed")
+        words = [e for e in events.items if e.type.startswith("conversation.item.input_audio_transcription")]
+        assert {e.item_id for e in words} == {second.item_id}, words
         conversation_id = committed.model_extra["conversation_id"]
         assert second.model_extra["conversation_id"] == conversation_id
         stored = await conversation(v1_server, conversation_id)
         assert stored["turns"][committed.model_extra["item_index"]]["transcript"] is None
-        assert stored["turns"][second.model_extra["item_index"]]["transcript"] == words[0].transcript
+        assert stored["turns"][second.model_extra["item_index"]]["transcript"] == completed.transcript
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_transcription_session_transcribes_and_answers_nothing(v1_server, speech, openai_client, api):
+    """GA: ?intent=transcription; beta: transcription_session.update. Server VAD commits each
+    turn; its words come as deltas and a completion and are stored; no response is generated,
+    and a response.create ends failed at once."""
+    options = {"extra_query": {"intent": "transcription"}} if api == "ga" else {}
+    async with connect(openai_client, api, **options) as conn:
+        events = Events(conn, api)
+        created = await events.wait_for("session.created")
+        if api == "ga":
+            assert created.session.type == "transcription" and created.session.audio.input.transcription.model
+        else:
+            await conn.transcription_session.update(
+                session={"input_audio_transcription": {"model": "gpt-4o-transcribe", "language": "en"}}
+            )
+            updated = await events.wait_for("transcription_session.updated")
+            assert updated.session.input_audio_transcription.model == "gpt-4o-transcribe"
+            assert updated.session.turn_detection.type == "server_vad"
+        await say(conn, np.concatenate([silence(0.3), speech[0], silence(1.0)]))
+        committed = await events.wait_for("input_audio_buffer.committed")
+        completed = await events.wait_for("conversation.item.input_audio_transcription.completed")
+        assert completed.item_id == committed.item_id and completed.content_index == 0
+        deltas = events.of_type("conversation.item.input_audio_transcription.delta")
+        assert "".join(d.delta for d in deltas).strip() == completed.transcript
+        await conn.response.create()
+        refused = await events.wait_for("response.done")
+        assert (
+            refused.response.status == "failed"
+            and refused.response.status_details.error.code == "transcription_session"
+        )
+        # Nothing was generated for the turn: the only response is the refused one.
+        assert [e.response.id for e in events.of_type("response.created")] == [refused.response.id]
+        conversation_id = committed.model_extra["conversation_id"]
+    turns = (await conversation(v1_server, conversation_id))["turns"]
+    assert [(t["role"], t["has_audio"], t["transcript"]) for t in turns] == [("user", True, completed.transcript)]

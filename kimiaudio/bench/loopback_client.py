@@ -1,6 +1,8 @@
 """A real WebRTC client for loopback use: the bench drives the server with it, and so do the
-tests. It speaks 16 kHz clips through an aiortc audio track paced in real time, and records
-the server's data-channel events and the loudness of every audio frame it receives."""
+tests. It calls as OpenAI's Realtime WebRTC clients do (the SDP offer to POST
+/v1/realtime/calls, the events on a data channel named `oai-events`), speaks 16 kHz clips
+through an aiortc audio track paced in real time, and records the server's events and the
+loudness of every audio frame it receives."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from av import AudioFrame
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
+
+CALLS = "/v1/realtime/calls"
+EVENTS_CHANNEL = "oai-events"  # the data channel OpenAI's clients open
 
 
 class ScriptedMic(MediaStreamTrack):
@@ -78,21 +83,56 @@ class RtcClient:
         self._new_event = asyncio.Condition()
         self.frames_rms: list[float] = []  # one per received 20 ms frame
         self.channel: RTCDataChannel | None = None
+        self.call_id: str | None = None
         self.response_headers: Mapping[str, str] = {}
         self._tasks: list[asyncio.Future] = []
 
-    async def connect(self, http, **body) -> tuple[int, dict]:
-        channel = self.channel = self.pc.createDataChannel("events")
+    async def connect(
+        self, http, session: dict | None = None, conversation_id: str | None = None, key: str | None = None
+    ) -> tuple[int, dict]:
+        """Call the server (`http`: an aiohttp client of it) -> (status, {"call_id", "sdp"} when
+        answered (201), else the error body). `session`: a session object, sent as the
+        multipart form's `session` part (without one, the offer goes as plain application/sdp);
+        `conversation_id`: a stored conversation to continue; `key`: the Bearer token (an
+        ephemeral key), instead of what `http` sends."""
+        import aiohttp
+
+        sdp = await self.offer()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        body: str | aiohttp.FormData = sdp
+        if session is None:
+            headers["Content-Type"] = "application/sdp"
+        else:
+            body = aiohttp.FormData()
+            body.add_field("sdp", sdp, content_type="application/sdp")
+            body.add_field("session", json.dumps(session), content_type="application/json")
+        params = {"conversation_id": conversation_id} if conversation_id else {}
+        resp = await http.post(CALLS, data=body, headers=headers, params=params)
+        self.response_headers = resp.headers  # e.g. Retry-After of a 409 or 503
+        if resp.status != 201:
+            return resp.status, await resp.json()
+        answer = await resp.text()
+        await self.answered(answer, resp.headers["Location"])
+        return resp.status, {"call_id": self.call_id, "sdp": answer}
+
+    async def offer(self) -> str:
+        """The SDP offer (the microphone and the `oai-events` channel), for a call made by other means."""
+        channel = self.channel = self.pc.createDataChannel(EVENTS_CHANNEL)
         channel.on("message", self._on_message)
         self.pc.addTrack(self.mic)
         self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._consume(track))))
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        resp = await http.post("/api/rtc/offer", json={"sdp": self.pc.localDescription.sdp, "type": "offer", **body})
-        answer = await resp.json()
-        self.response_headers = resp.headers  # e.g. Retry-After of a 409 or 503
-        if resp.status == 200:
-            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
-        return resp.status, answer
+        return self.pc.localDescription.sdp
+
+    async def answered(self, sdp: str, location: str) -> None:
+        """The server's SDP answer and the call's Location (its last segment is the call id)."""
+        self.call_id = location.rsplit("/", 1)[-1]
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
+
+    async def hang_up(self, http) -> int:
+        """POST /v1/realtime/calls/{call_id}/hangup -> its status."""
+        resp = await http.post(f"{CALLS}/{self.call_id}/hangup")
+        return resp.status
 
     def _on_message(self, message):
         event = json.loads(message)

@@ -102,8 +102,8 @@ def _done(client, response_id: str):
 
 
 def _playing(client, response_id: str):
-    """The answer is being heard: the data channel's audio.started, or a WebSocket audio delta."""
-    kinds = ("response.audio.started", "response.audio.delta", "response.output_audio.delta")
+    """The answer is being heard: the data channel's output_audio_buffer.started, or a WebSocket audio delta."""
+    kinds = ("output_audio_buffer.started", "response.audio.delta", "response.output_audio.delta")
     return lambda: any(e.get("response_id") == response_id for kind in kinds for e in client.of_type(kind))
 
 

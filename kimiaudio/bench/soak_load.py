@@ -56,12 +56,11 @@ def _transports(http) -> dict[str, Transport]:
     silence = np.zeros(int(SILENCE_S * SPEECH_INPUT_RATE), np.float32)
 
     async def rtc_connect(conversation_id):
-        body = {"conversation_id": conversation_id} if conversation_id else {}
         for _ in range(BUSY_RETRIES):
             client = RtcClient(ScriptedMic())
-            status, _ = await client.connect(http, **body)
+            status, _ = await client.connect(http, conversation_id=conversation_id)
             try:
-                if status == 200:
+                if status == 201:
                     await client.wait_for("session.created", timeout=30)  # the data channel is open
                     return client
             except AssertionError:

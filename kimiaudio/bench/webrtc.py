@@ -36,7 +36,7 @@ async def _client_turns(base_url: str, clips: list[np.ndarray], turns: int, offs
         mic = ScriptedMic()
         client = RtcClient(mic)
         status, answer = await client.connect(http)
-        if status != 200:
+        if status != 201:
             raise KimiAudioError(f"bench client could not connect: {answer}")
         try:
             for turn in range(turns):

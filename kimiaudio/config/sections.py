@@ -144,8 +144,8 @@ class ServerConfig:
     tls_cert: str = ""
     tls_key: str = ""
     max_sessions: int = setting(16, Bounds(1, 4096))
-    # The page's WebRTC sessions transcribe each committed user turn (the user's words, shown
-    # and stored); a session.update's input_audio_transcription changes it per session.
+    # WebRTC calls (the page's and any other) transcribe each committed user turn (the user's
+    # words, shown and stored); a session's transcription setting changes it per session.
     transcribe_input: bool = True
     # e.g. ["stun:stun.l.google.com:19302"]
     ice_servers: list[str] = setting(
@@ -166,7 +166,8 @@ class ServerConfig:
     # host, localhost, 127.0.0.1 and [::1]; "*" = any (behind a proxy that checks it).
     allowed_hosts: list[str] = setting(factory=list, bounds=Bounds(pattern=r"\S+", means="a host name"))
     # Origins (scheme://host:port) allowed to POST, DELETE or open a WebSocket besides the
-    # server's own page; requests without an Origin header (non-browser clients) pass.
+    # server's own page, and to call it cross-origin (CORS); requests without an Origin header
+    # (non-browser clients) pass.
     allowed_origins: list[str] = setting(
         factory=list, bounds=Bounds(pattern=r"https?://\S+", means="an origin like https://example.org:8443")
     )

@@ -5,14 +5,16 @@
 and must stop are cleanup contexts, all added here, in the order they start (and the reverse
 of the order they stop): the conversation store (its writer/reader threads), the VAD thread,
 the pipeline (the GPU workers; unless the caller passes one it owns), the stored voices'
-registration, the voices' sync between instances. `on_shutdown` closes every session first,
-so interrupted turns are stored before the store and the pipeline go away.
+registration, the voices' sync between instances, the calls' directory (a hang-up reaching
+any instance; where WebRTC is available: transport/webrtc.py). `on_shutdown` closes every
+session first, so interrupted turns are stored before the store and the pipeline go away.
 
-Every request passes the app's middlewares, outermost first: errors as JSON
-(middleware/error_responses.py), Host / API key / Origin (access.py), no new work while
-shutting down (draining.py), body size and read deadline (body_limits.py). The OpenAI API is a
-sub-application mounted at /v1 (v1/api.py) with its own: a log line per request, then the
-same error mapping. The other routes are grouped by what they serve (routes/).
+Every request passes the app's middlewares, outermost first: cross-origin answers for the
+allowed origins (middleware/cors.py), errors as JSON (middleware/error_responses.py), Host /
+API key / Origin (access.py), no new work while shutting down (draining.py), body size and
+read deadline (body_limits.py). The OpenAI API is a sub-application mounted at /v1
+(v1/api.py) with its own: a log line per request, then the same error mapping. The other
+routes are grouped by what they serve (routes/).
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.body_limits import body_limits_middleware
+from kimiaudio.server.middleware.cors import cors_middleware
 from kimiaudio.server.middleware.draining import draining_middleware
 from kimiaudio.server.middleware.error_responses import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
-from kimiaudio.server.routes import conversations, ops, page, rtc_offer, voices
+from kimiaudio.server.routes import conversations, ops, page, rtc_offer, signin, voices
 from kimiaudio.server.session_registry import SessionRegistry
 from kimiaudio.server.stored_voices import registered_voices, voice_sync
+from kimiaudio.server.transport import webrtc
 from kimiaudio.server.v1.api import create_v1_app
 from kimiaudio.store import ConversationStore, database_location
 
@@ -50,18 +54,21 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
     app = web.Application(client_max_size=server.max_body_bytes)
     app.middlewares.extend(
         [
+            cors_middleware(context.access),
             error_middleware(context.metrics),
-            access_middleware(context.access),
+            access_middleware(context.access, lambda: context.store),
             draining_middleware(lambda: context.sessions.is_draining),
             body_limits_middleware(server.max_body_bytes, server.body_timeout_s),
         ]
     )
     app[SERVER_CONTEXT] = context
     app.cleanup_ctx.extend([_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync])
+    if webrtc.MISSING is None:
+        app.cleanup_ctx.append(webrtc.call_directory)
     app.on_shutdown.append(_close_sessions)
-    for group in (page, rtc_offer, conversations, voices, ops):
+    for group in (page, signin, rtc_offer, conversations, voices, ops):
         app.add_routes(group.routes)
-    rtc_offer.warn_if_missing()
+    webrtc.warn_if_missing()
     app.add_subapp("/v1", create_v1_app(server.max_body_bytes))
     return app
 

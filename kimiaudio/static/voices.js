@@ -1,7 +1,7 @@
 // kimiaudio demo page: the voice selector. The choices come from GET /api/voices (voices are
 // added with POST /api/voices, see the README); the choice goes with the next Connect (the
-// offer's `session`) and, while connected, to the live session as a session.update.
-// Loaded after app.js, whose send() it uses.
+// session bound to the call's ephemeral key: call.js) and, while connected, to the live
+// session as a session.update. Loaded before app.js, which calls loadVoices once signed in.
 "use strict";
 
 const voiceSelect = document.getElementById("voice");
@@ -22,14 +22,13 @@ async function loadVoices() {
   voiceSelect.value = [...voiceSelect.options].some((o) => o.value === current) ? current : MODEL_VOICE;
 }
 
-// The offer's `session` (a session.update's session object): the voice chosen here.
+// A GA session object with the voice chosen here.
 function voiceSession() {
-  return { voice: voiceSelect.value || MODEL_VOICE };
+  return { type: "realtime", audio: { output: { voice: voiceSelect.value || MODEL_VOICE } } };
 }
 
 voiceSelect.addEventListener("focus", loadVoices); // voices added since the page loaded
 voiceSelect.addEventListener("change", () => {
   voiceSelect.dataset.chosen = voiceSelect.value;
-  send({ type: "session.update", session: voiceSession() }); // no-op while disconnected
+  send({ type: "session.update", session: voiceSession() }); // call.js; a no-op while disconnected
 });
-loadVoices();

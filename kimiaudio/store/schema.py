@@ -28,6 +28,11 @@ Tables:
 - turns.transcript (version 6): a spoken user turn's words, transcribed (NULL: not transcribed),
   and the full-text index of every turn's text and transcript (search.py: SQLite's FTS5 table
   turns_fts, PostgreSQL's tsvector column turns.search_doc).
+- access_keys(key_hash, scope, created_at, expires_at, session) (version 7): short-lived keys
+  the server handed out (ephemeral Realtime keys, the page's sign-ins), by the SHA-256 of
+  the key (access_keys.py); shared, so a key minted by one instance opens sessions on all.
+- calls(call_id, instance_id, expires_at, hangup) (version 7): the live WebRTC calls of every
+  instance, so that a hang-up reaching another instance is passed on to it (calls.py).
 """
 
 from __future__ import annotations
@@ -115,9 +120,27 @@ CREATE INDEX leases_by_instance ON leases(instance_id);
 
 _V6 = {kind: "ALTER TABLE turns ADD COLUMN transcript TEXT;\n" + schema for kind, schema in SEARCH_SCHEMA.items()}
 
+_V7 = """
+CREATE TABLE access_keys (
+    key_hash TEXT PRIMARY KEY,
+    scope TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    session TEXT
+);
+CREATE INDEX access_keys_by_expiry ON access_keys(expires_at);
+CREATE TABLE calls (
+    call_id TEXT PRIMARY KEY,
+    instance_id TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    hangup INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX calls_by_instance ON calls(instance_id);
+"""
+
 Migration = str | dict[str, str]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
-MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6]
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,8 +1,10 @@
 """A Realtime client's side for the /v1 tests (the official `openai` client): events read in the
-background, speech appended as pcm16, a conversation read back."""
+background (each checked strictly against the SDK's models of the connection's shape), speech
+appended as pcm16, a conversation read back."""
 
 import asyncio
 import base64
+import json
 import time
 
 import aiohttp
@@ -11,43 +13,69 @@ import numpy as np
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 
+from helpers.openai_strict import check, named
+
 MODEL = "kimi-audio-7b-instruct"
 
 
 class Events:
     """Reads a Realtime connection in the background; the events as the client parsed them.
-    Waits are for events, with timeouts only there to end a hung test (minutes: a loaded
-    machine's demo model may generate slower than real time)."""
+    `api`: the shape the connection speaks ("ga": client.realtime.connect(), "beta":
+    client.beta.realtime.connect()); every event is checked against the SDK's models of that
+    shape (helpers/openai_strict.py) and a wait fails at the first that does not hold. Events
+    are named in GA (`of_type`, `wait_for`), whatever the shape. Waits are for events, with
+    timeouts only there to end a hung test (minutes: a loaded machine's demo model may generate
+    slower than real time)."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, api: str):
         self.conn = conn
+        self.api = api
         self.items: list = []
+        self.raw: list[dict] = []  # the events as sent (JSON)
         self.arrived: list[float] = []  # time.monotonic() of each event's arrival
+        self.invalid: list[str] = []  # what strict validation said of each event that failed it
         self._changed = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self):
+        from websockets.exceptions import ConnectionClosed
+
         try:
-            async for event in self.conn:
-                self.items.append(event)
+            while True:
+                try:
+                    data = await self.conn.recv_bytes()
+                except ConnectionClosed:
+                    return
+                raw = json.loads(data)
+                try:
+                    check(raw, self.api)
+                except Exception as exc:
+                    self.invalid.append(f"{raw.get('type')}: {exc}")
+                self.raw.append(raw)
+                self.items.append(self.conn.parse_event(data))
                 self.arrived.append(time.monotonic())
                 self._changed.set()
         finally:
             self._changed.set()
 
     def of_type(self, kind: str) -> list:
+        """The events named `kind` in GA (their beta name on a beta connection)."""
+        kind = named(kind, self.api)
         return [e for e in self.items if e.type == kind]
 
     async def until(self, ready, timeout: float = 300.0):
         """Waits until ready() is true (checked at each event), returns its value."""
 
         async def wait():
-            while not (value := ready()):
+            while True:
+                if self.invalid:
+                    raise AssertionError(f"events the SDK's {self.api} models do not hold: {self.invalid}")
+                if value := ready():
+                    return value
                 if self.task.done():
                     raise AssertionError(f"the connection ended: {[e.type for e in self.items]}")
                 self._changed.clear()
                 await self._changed.wait()
-            return value
 
         try:
             return await asyncio.wait_for(wait(), timeout)
@@ -66,7 +94,7 @@ class Events:
         return (
             sum(
                 len(base64.b64decode(e.delta)) // 2
-                for e in self.of_type("response.audio.delta")
+                for e in self.of_type("response.output_audio.delta")
                 if e.response_id == response_id
             )
             / 24000

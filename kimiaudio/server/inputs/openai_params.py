@@ -153,9 +153,10 @@ TRANSCRIPTION_FIELDS = Fields(
     },
 )
 
-SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes)
+SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), transcription_session.update's
     honoured=frozenset(
         {
+            "type",
             "modalities",
             "output_modalities",
             "instructions",
@@ -175,17 +176,22 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes)
     ),
     neutral={
         **_NO_TOOLS,
-        "type": (lambda v: v == "realtime", '"realtime" (transcription sessions are not supported)'),
         "input_audio_noise_reduction": (lambda v: False, "null"),
         "speed": (lambda v: v == 1.0, "1.0"),
         "tracing": (lambda v: False, "null (no traces are kept)"),
         "include": (_empty, "[]"),
         "prompt": (lambda v: False, "nothing"),
         "truncation": (lambda v: v == "auto", '"auto"'),
+        "reasoning": (lambda v: False, "nothing: not a reasoning model"),
+        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
     },
     # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
     ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
 )
+
+CALL_FIELDS = Fields(honoured=frozenset({"sdp", "session"}))  # POST /v1/realtime/calls' multipart parts
+CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))  # POST /v1/realtime/client_secrets
+EXPIRES_AFTER_FIELDS = Fields(honoured=frozenset({"anchor", "seconds"}))
 
 AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
     honoured=frozenset({"format", "turn_detection", "transcription"}),
@@ -195,6 +201,25 @@ AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
 AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
     honoured=frozenset({"format", "voice"}),
     neutral={"speed": (lambda v: v == 1.0, "1.0")},
+)
+
+TURN_DETECTION_FIELDS = Fields(  # beta session.turn_detection, GA session.audio.input.turn_detection
+    honoured=frozenset(
+        {"type", "threshold", "silence_duration_ms", "prefix_padding_ms", "create_response", "interrupt_response"}
+    ),
+    neutral={
+        "idle_timeout_ms": (lambda v: False, "null (no idle timeout)"),
+        "eagerness": (lambda v: v == "auto", '"auto" (the silence duration decides)'),
+    },
+)
+
+INPUT_TRANSCRIPTION_FIELDS = Fields(  # beta input_audio_transcription, GA audio.input.transcription
+    honoured=frozenset({"model", "language", "prompt"}),
+    neutral={
+        "languages": (_empty, "[] (name one `language`)"),
+        "keywords": (_empty, "[] (give them in `prompt`)"),
+        "delay": (lambda v: False, "null"),
+    },
 )
 
 RESPONSE_FIELDS = Fields(  # response.create's response
@@ -216,6 +241,8 @@ RESPONSE_FIELDS = Fields(  # response.create's response
         "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
         "input": (lambda v: False, "nothing: the response answers the conversation"),
         "prompt": (lambda v: False, "nothing"),
+        "reasoning": (lambda v: False, "nothing: not a reasoning model"),
+        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
     },
     ignored=frozenset({"metadata"}),
 )

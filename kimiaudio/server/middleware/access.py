@@ -4,14 +4,18 @@ One middleware, applied to every route (today's and any added later):
 1. Host: the Host header must name this server (`server.allowed_hosts`; by default the bound
    host, localhost, 127.0.0.1, [::1]). A DNS-rebinding page reaches 127.0.0.1 under its own
    name, so its requests carry that name: 421, before anything else is looked at.
-2. API key (`server.api_key`, or KIMIAUDIO_API_KEY): required by every route but the demo page
-   and `/api/auth` (which only says whether a key is needed). Accepted as
-   `Authorization: Bearer KEY`; for what a browser cannot give headers to, as `?api_key=KEY`
-   (an <audio> src) or the WebSocket subprotocol `openai-insecure-api-key.KEY` (the OpenAI
-   Realtime browser convention). Compared in constant time; 401 otherwise.
+2. API key (`server.api_key`, or KIMIAUDIO_API_KEY): required by every route but the demo page,
+   `/api/auth` (which only says whether a key is needed) and the page's sign-in and sign-out.
+   Accepted as `Authorization: Bearer KEY`; for what a browser cannot give headers to, as
+   `?api_key=KEY` or the WebSocket subprotocol `openai-insecure-api-key.KEY` (the OpenAI
+   Realtime browser convention). Compared in constant time; 401 otherwise. Keys the server
+   issued grant less (issued_keys.py): an ephemeral `ek_` key opens a Realtime session or
+   call only (checked with or without an API key: its session configuration comes with it),
+   the page's sign-in cookie the page's routes under /api/.
 3. Origin: a state-changing request (any method but GET/HEAD/OPTIONS, and WebSocket upgrades)
    that carries an Origin header must come from the server's own page or an allowed origin
-   (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass.
+   (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass. What a
+   browser on an allowed origin may read of the answers: cors.py.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from yarl import URL
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.middleware import issued_keys
 
 API_KEY_ENV = "KIMIAUDIO_API_KEY"
 WS_KEY_PREFIX = "openai-insecure-api-key."
@@ -54,6 +59,10 @@ class AccessPolicy:
                 "ASCII without spaces (it travels in an HTTP header)"
             )
         return cls(api_key, allowed_hosts, origins)
+
+    def allows_origin(self, origin: str) -> bool:
+        """`origin` (an Origin header) is one of `server.allowed_origins`."""
+        return _origin(origin) in self.allowed_origins
 
 
 def _is_token(key: str) -> bool:
@@ -92,8 +101,11 @@ def exposure_warning(config: Config, policy: AccessPolicy) -> str | None:
     )
 
 
+PUBLIC_PATHS = ("/", "/api/auth", "/api/signin", "/api/signout")
+
+
 def _is_public(path: str) -> bool:
-    return path == "/" or path.startswith("/static/") or path == "/api/auth"
+    return path in PUBLIC_PATHS or path.startswith("/static/")
 
 
 def _presented_key(request: web.Request) -> str | None:
@@ -119,18 +131,21 @@ def _same_origin(request: web.Request, origin: str) -> bool:
     return host is not None and origin == _origin(f"{request.scheme}://{host}")
 
 
-def access_middleware(policy: AccessPolicy) -> Middleware:
-    """The middleware that holds every request to `policy` (Host, API key, Origin)."""
+def access_middleware(policy: AccessPolicy, store: issued_keys.Store) -> Middleware:
+    """The middleware that holds every request to `policy` (Host, API key, Origin); `store`
+    gives the conversation store, where the keys the server issued are."""
 
     @web.middleware
     async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
-        _check(policy, request)
+        _check_host(policy, request)
+        await _check_key(policy, store, request)
+        _check_origin(policy, request)
         return await handler(request)
 
     return check_access
 
 
-def _check(policy: AccessPolicy, request: web.Request) -> None:
+def _check_host(policy: AccessPolicy, request: web.Request) -> None:
     host = request.headers.get("Host")
     if host is not None and policy.allowed_hosts is not None and _host_name(host) not in policy.allowed_hosts:
         raise ApiError(
@@ -138,18 +153,34 @@ def _check(policy: AccessPolicy, request: web.Request) -> None:
             "unknown_host",
             f"this server does not answer to the host {host[:100]!r} (add it to server.allowed_hosts)",
         )
-    if policy.api_key and not _is_public(request.path) and not key_matches(_presented_key(request), policy.api_key):
-        raise ApiError(
-            401,
-            "unauthorized",
-            "this server needs an API key: send Authorization: Bearer <key>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+
+
+async def _check_key(policy: AccessPolicy, store: issued_keys.Store, request: web.Request) -> None:
+    presented = _presented_key(request)
+    if policy.api_key and key_matches(presented, policy.api_key):
+        return
+    if issued_keys.is_ephemeral(presented) and issued_keys.opens_realtime(request):
+        await issued_keys.check_ephemeral(store, request, presented or "")
+        return
+    if not policy.api_key or _is_public(request.path):
+        return
+    if issued_keys.is_ephemeral(presented):
+        raise issued_keys.out_of_scope()
+    if request.path.startswith("/api/") and await issued_keys.signed_in(store, request):
+        return
+    raise ApiError(
+        401,
+        "unauthorized",
+        "this server needs an API key: send Authorization: Bearer <key>",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _check_origin(policy: AccessPolicy, request: web.Request) -> None:
     origin = request.headers.get("Origin")
     changes_state = request.method not in _SAFE_METHODS or request.headers.get("Upgrade", "").lower() == "websocket"
     if origin is not None and changes_state:
-        normalised = _origin(origin)
-        if normalised not in policy.allowed_origins and not _same_origin(request, normalised):
+        if not policy.allows_origin(origin) and not _same_origin(request, _origin(origin)):
             raise ApiError(
                 403,
                 "forbidden_origin",

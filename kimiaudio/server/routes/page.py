@@ -2,7 +2,8 @@
 
 GET    /                the demo page (static/index.html)
 GET    /static/...      its scripts and styles
-GET    /api/auth        {"required": bool}: does the server need an API key
+GET    /api/auth        {"required": bool, "signed_in": bool}: does the server need an API key,
+                        and has this browser signed in (routes/signin.py)
 GET    /api/status      model, demo flag, ICE servers, sessions, pipeline stats
 """
 
@@ -16,6 +17,7 @@ from aiohttp import web
 from kimiaudio import __version__
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 from kimiaudio.server.context import server_context
+from kimiaudio.server.middleware.issued_keys import signed_in
 from kimiaudio.server.transport.ice_servers import ice_servers
 
 # The demo page ships inside the package (package data), so any install serves it.
@@ -33,7 +35,10 @@ async def index(request: web.Request) -> web.StreamResponse:
 @routes.get("/api/auth")
 async def auth(request: web.Request) -> web.Response:
     """Unauthenticated: tells the page whether to ask for a key (and says nothing else)."""
-    return web.json_response({"required": bool(server_context(request).access.api_key)})
+    context = server_context(request)
+    required = bool(context.access.api_key)
+    signed = required and await signed_in(lambda: context.store, request)
+    return web.json_response({"required": required, "signed_in": signed})
 
 
 @routes.get("/api/status")

@@ -18,7 +18,6 @@ import numpy as np
 from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn
-from kimiaudio.server.session import server_events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.playback import Playback
@@ -98,14 +97,9 @@ class AnswerStorage:
         interrupted: bool,
         pcm: np.ndarray,
     ) -> tuple[int, HistoryTurn]:
-        """Insert the assistant turn and announce its item -> (its index, its history turn)."""
-        conversation = self._conversation
-        index, turn = await conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
+        """Insert the assistant turn -> (its index, its history turn)."""
+        index, turn = await self._conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
         response.stored = (index, turn)
-        previous = conversation.next_item(response.item_id)
-        spoken = response.output_type == "both"
-        item = server_events.message_item(response.item_id, "assistant", text, spoken, index, interrupted)
-        self._events.send(server_events.item_created(conversation.stored_id, item, previous))
         return index, turn
 
     def _heard_samples(self, response: ResponseState) -> int:

@@ -2,10 +2,12 @@
 
 The WebRTC data channel and the WebSocket (GET /v1/realtime) speak the same events. They are
 the OpenAI Realtime API's core, in its beta shape (what `client.beta.realtime.connect()`
-sends: `session.modalities`, `input_audio_format`, `turn_detection`, ...) and its GA shape
-(`client.realtime.connect()`: `session.output_modalities`, `session.audio.input.format`,
-`session.audio.input.turn_detection`, `session.audio.output.voice`, ...), plus kimiaudio's
-own session fields (`vad`, `sampling`, `output_type`) and `conversation.select`.
+sends: `session.modalities`, `input_audio_format`, `turn_detection`, ...,
+`transcription_session.update`) and its GA shape (`client.realtime.connect()`:
+`session.type`, `session.output_modalities`, `session.audio.input.format`,
+`session.audio.input.turn_detection`, `session.audio.output.voice`, ...), whichever shape the
+connection's server events take, plus kimiaudio's own session fields (`vad`, `sampling`,
+`output_type`) and `conversation.select`.
 
 Every field of OpenAI's session and response objects is honoured or refused unless its value
 asks for nothing (inputs/openai_params.py: tools, tracing, noise reduction...), and a wrong
@@ -110,7 +112,14 @@ CLIENT_EVENT_TYPES = (
     "response.cancel",
     "output_audio_buffer.clear",
     "conversation.select",
+    "transcription_session.update",
 )
+
+# OpenAI's client events kimiaudio knows and refuses, and why.
+REFUSED_EVENT_TYPES = {
+    "conversation.item.retrieve": "the stored conversation is read with GET /api/conversations/{id}",
+    "conversation.item.delete": "stored turns are kept; delete the conversation with DELETE /api/conversations/{id}",
+}
 
 
 def decode_pcm16(data: Any, where: str) -> bytes:
@@ -125,12 +134,31 @@ def decode_pcm16(data: Any, where: str) -> bytes:
 
 def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES) -> ClientEvent:
     """Validate one message; raises ProtocolError saying what was wrong."""
+    return parse_client_message(message, max_bytes)[0]
+
+
+def parse_client_message(
+    message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES
+) -> tuple[ClientEvent, str | None]:
+    """(the event, the client's `event_id` for it); a ProtocolError names that id too, so the
+    `error` answering it can (OpenAI's `error.event_id`)."""
     try:
         data = parse_json(message, max_bytes)
     except JsonInputError as exc:
         raise ProtocolError("invalid_event" if exc.code == "too_large" else exc.code, f"message: {exc}") from None
     data = object_field(data, "event")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    try:
+        return _event(data), event_id
+    except ProtocolError as exc:
+        exc.event_id = event_id
+        raise
+
+
+def _event(data: dict) -> ClientEvent:
     kind = data.get("type")
+    if isinstance(kind, str) and kind in REFUSED_EVENT_TYPES:  # (a list or an object is no key)
+        raise ProtocolError("unsupported", f"{kind}: not supported ({REFUSED_EVENT_TYPES[kind]})", "type")
     if kind not in CLIENT_EVENT_TYPES:
         raise ProtocolError(
             "unknown_event",
@@ -166,7 +194,10 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
                 f"{kind}.conversation_id",
             )
         return ConversationSelect(conversation_id)
-    return parse_session_update(object_field(data.get("session", {}), "session"), "session")
+    if "session" not in data:
+        raise ProtocolError("missing_required_parameter", f"{kind}: session is required", "session")
+    kind = "transcription" if kind == "transcription_session.update" else None  # (beta's)
+    return parse_session_update(object_field(data["session"], "session"), "session", kind)
 
 
 def _item_create(item: dict, where: str) -> ItemCreate:

@@ -21,6 +21,7 @@ class ProtocolError(KimiAudioError):
         super().__init__(message)
         self.code = code
         self.param = param
+        self.event_id: str | None = None  # the client event at fault, when it named itself
 
 
 def object_field(value: Any, where: str) -> dict[str, Any]:

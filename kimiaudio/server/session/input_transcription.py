@@ -1,13 +1,15 @@
 """The user's words: each committed spoken user turn of a session, transcribed and stored.
 
-While the session's `input_audio_transcription` is set (the page's sessions by default), a
-committed user turn is submitted a second time, as the official ASR turn at background
-priority (pipeline/transcription.py): the engine batches it beside the answer without taking
-the answer's room, and the LM worker reuses the utterance's encoding. When it ends, its text
-is stored with the turn (turns.transcript, found by search) and sent as OpenAI sends it,
-`conversation.item.input_audio_transcription.completed` (or `.failed`). It runs apart from
-the turn queue: an answer never waits for it, nor it for the answer, and a barge-in does not
-cancel it (the words were said). Closing the session cancels what is still running.
+While the session's `input_audio_transcription` is set (WebRTC calls and transcription
+sessions by default), a committed user turn is submitted a second time, as the official ASR
+turn at background priority (pipeline/transcription.py; the setting's `language` picks its
+instruction, its `prompt` is prior text): the engine batches it beside the answer without
+taking the answer's room, and the LM worker reuses the utterance's encoding. Its words are
+sent as they are generated, `conversation.item.input_audio_transcription.delta`; when it ends
+its text is stored with the turn (turns.transcript, found by search) and sent as OpenAI sends
+it, `conversation.item.input_audio_transcription.completed` (or `.failed`). It runs apart
+from the turn queue: an answer never waits for it, nor it for the answer, and a barge-in does
+not cancel it (the words were said). Closing the session cancels what is still running.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.events import TextDelta
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.transcription import transcription_request
+from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.server.session import server_events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_sender import EventSender
@@ -47,24 +51,30 @@ class InputTranscription:
 
     def start(self, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
         """Transcribe the user turn stored at `index` of the current conversation, if asked to."""
-        conversation_id = self._conversation.id
-        if self._settings.transcription is None or conversation_id is None:
+        conversation_id, setting = self._conversation.id, self._settings.transcription
+        if setting is None or conversation_id is None:
             return
-        self._tasks.spawn(self._run(conversation_id, item_id, content_index, index, audio), "input transcription")
+        # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings
+        # (its token limit, say) are not the words' settings.
+        sampling = SamplingParams.from_config(self._pipeline.config.sampling)
+        request = transcription_request(
+            conversation_id, audio, sampling, language=setting.language, prompt=setting.prompt
+        )
+        self._tasks.spawn(self._run(request, item_id, content_index, index), "input transcription")
 
-    async def _run(self, conversation_id: str, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
+    async def _run(self, request: TurnRequest, item_id: str, content_index: int, index: int) -> None:
         pipeline, events = self._pipeline, self._events
         try:
-            # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings
-            # (its token limit, say) are not the words' settings.
-            sampling = SamplingParams.from_config(pipeline.config.sampling)
-            handle = pipeline.submit(transcription_request(conversation_id, audio, sampling))
+            handle = pipeline.submit(request)
         except KimiAudioError as exc:
             failed = f"the transcription could not start ({exc})"
             events.send(server_events.transcription_failed(item_id, content_index, failed))
             return
         try:
-            done = await handle.result()
+            async for event in handle:
+                if isinstance(event, TextDelta) and event.text:
+                    events.send(server_events.transcription_delta(item_id, content_index, event.text))
+            done = handle.done
         finally:
             if handle.done is None:  # the session closed meanwhile
                 pipeline.cancel(handle)
@@ -75,9 +85,9 @@ class InputTranscription:
             return
         transcript = done.text.strip()
         try:
-            await self._conversation.store_transcript(conversation_id, index, transcript)
+            await self._conversation.store_transcript(request.conversation_id, index, transcript)
         except Exception as exc:  # the client still gets the words; the log says why they were not kept
             log.exception("session %s: storing the transcript of turn %d failed", events.session_id, index)
             events.error("storage_failed", f"the transcript could not be stored ({type(exc).__name__})")
-        seconds = audio.size / SPEECH_INPUT_RATE
+        seconds = request.user_audio.size / SPEECH_INPUT_RATE
         events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds))

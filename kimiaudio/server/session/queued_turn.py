@@ -3,6 +3,7 @@ the ids of the conversation items it creates.
 
 Three kinds of entry, each its own type, taken by structural match: a user utterance or an
 audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse).
+The ids of items and responses are made here too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from kimiaudio.server.session.client_events import ResponseCreate
 
 def new_item_id() -> str:
     return f"item_{secrets.token_hex(8)}"
+
+
+def new_response_id() -> str:
+    return f"resp_{secrets.token_hex(6)}"
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,18 @@
 A session is built from the server's context (configuration, pipeline, store, VAD thread,
 metrics) and what its transport was admitted with and gives it (WebRTC in transport/rtc_peer.py,
 WebSocket in transport/realtime_socket.py): the session id and its VAD, `send` (one JSON event
-out) and a Playback (session/playback.py) for a response's 24 kHz audio. The transport feeds
-microphone audio in with `push_audio` (16 kHz) and client events with `handle_message` /
-`handle_event`.
+out), a Playback (session/playback.py) for a response's 24 kHz audio, and the event shape its
+client speaks (GA or beta, over WebRTC or not: event_shape.py). The transport sends
+session.created first (`send_created`), then feeds microphone audio in with `push_audio`
+(16 kHz) and client events with `handle_message` / `handle_event`.
 
 The turn, from the mic to the speaker:
   push_audio -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
   (turn_detection none: the client's input_audio_buffer.commit queues the buffered audio)
-  -> the turn task: the user turn (with audio) is stored, THEN answered (responder.py):
+  -> the turn task: the user turn (with audio) is stored (user_items.py), THEN answered (responder.py):
   submitted to the pipeline, text and audio streamed out, the answer stored; beside it, if the
-  session transcribes input, the user's words (input_transcription.py).
+  session transcribes input, the user's words (input_transcription.py). A transcription
+  session (type "transcription") stores and transcribes its turns and answers none.
 The microphone reader never waits on any of this: it only queues. Text items, explicit
 commits and response.create pass through the same queue, so they keep their order.
 """
@@ -28,16 +30,18 @@ from typing import Any
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import check_speech_input, resample
+from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.config import Config
-from kimiaudio.errors import KimiAudioError, StoreUnavailableError
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.session import client_events, server_events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.event_shape import EventShape
+from kimiaudio.server.session.input_buffer import InputBuffer
 from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
@@ -52,6 +56,7 @@ from kimiaudio.server.session.queued_turn import (
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.user_items import UserItems
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.store import ConversationBusyError
 
@@ -66,22 +71,25 @@ class RealtimeSession:
         send: Callable[[dict[str, Any]], None],
         playback: Playback,
         conversation_id: str | None = None,
-        transcribe: bool = False,
+        *,
+        shape: EventShape,
     ):
         """conversation_id: the stored conversation it continues (None: a new one at its first
-        turn); transcribe: committed user turns are transcribed until a session.update says otherwise."""
+        turn); shape: how its client names and shapes events (event_shape.event_shape). It starts
+        with the server's settings; the transport applies any others (`apply_update`)."""
         self.id = admitted.session_id
         pipeline = context.pipeline
-        self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices, transcribe)
+        self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
         self.conversation = Conversation(context.store, conversation_id, self.id)
         self.detector = TurnDetector(admitted.vad, self.settings.turn_settings())  # used only in the VAD thread
         self._vad_executor = context.vad_executor
-        self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics)
+        self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
         self.responder = Responder(pipeline, self.settings, self.conversation, self.events, playback, self.tasks)
         self.transcription = InputTranscription(pipeline, self.settings, self.conversation, self.events, self.tasks)
+        self.items = UserItems(self.settings, self.conversation, self.events, self.responder, self.transcription)
         self._queue: asyncio.Queue[QueuedTurn] = asyncio.Queue()
-        self._buffer: list[np.ndarray] = []  # input audio awaiting an explicit commit (turn_detection none)
+        self.input = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
         self._creates_waiting = 0  # response.create events queued or starting, not yet a response
@@ -105,7 +113,12 @@ class RealtimeSession:
         self.tasks.spawn(self._take_turns(), "turns")
 
     def describe(self) -> dict:
-        return self.settings.describe(self.id, self.conversation.id)
+        """The session object of session.created / .updated, in the client's shape."""
+        return self.events.shape.session(self.settings, self.id, self.conversation.id)
+
+    def send_created(self) -> None:
+        """session.created: the first event a client gets, once it can receive events."""
+        self.events.send(server_events.session_created(self.describe()))
 
     # ----- audio in -----
     async def push_audio(self, pcm: np.ndarray) -> None:
@@ -127,18 +140,15 @@ class RealtimeSession:
                 case SpeechStopped(audio=audio, audio_end_ms=end_ms):
                     item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
                     self.events.send(server_events.speech_stopped(end_ms, item_id))
-                    self.commit(audio, item_id, respond=self.settings.create_response)
+                    self.commit(audio, item_id, respond=self.settings.answers_commits)
 
     def _buffer_audio(self, pcm: np.ndarray) -> None:
-        limit = int(self.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
-        if sum(b.size for b in self._buffer) + pcm.size > limit:
+        seconds = self.config.audio.max_input_seconds
+        if not self.input.keep(pcm, int(seconds * SPEECH_INPUT_RATE)):
             self.events.error(
                 "input_audio_buffer_full",
-                f"the input audio buffer holds at most "
-                f"{self.config.audio.max_input_seconds:g} s (audio.max_input_seconds); commit or clear it",
+                f"the input audio buffer holds at most {seconds:g} s (audio.max_input_seconds); commit or clear it",
             )
-            return
-        self._buffer.append(np.asarray(pcm, dtype=np.float32))
 
     def commit(self, audio: np.ndarray, item_id: str | None = None, respond: bool = True) -> None:
         """Queue an utterance as the next user turn (the turn task stores and maybe answers it)."""
@@ -148,17 +158,17 @@ class RealtimeSession:
         if self.settings.turn_detection != "none":
             raise ProtocolError(
                 "invalid_event",
-                "input_audio_buffer.commit: the server's VAD commits turns; set "
-                "session.turn_detection to null to commit yourself",
+                "input_audio_buffer.commit: the server's VAD commits turns; set turn detection to null "
+                "(session.audio.input.turn_detection; beta: session.turn_detection) to commit yourself",
                 "type",
             )
-        if not self._buffer:
+        audio = self.input.take()
+        if audio is None:
             raise ProtocolError("input_audio_buffer_commit_empty", "input_audio_buffer.commit: the buffer is empty")
-        audio, self._buffer = np.concatenate(self._buffer), []
         self.commit(audio, respond=False)
 
     def _clear_buffer(self) -> None:
-        self._buffer = []
+        self.input.clear()
         self._vad_executor.submit(self.detector.reset)  # forget an utterance in progress
         self.events.send(server_events.buffer_cleared())
 
@@ -178,10 +188,15 @@ class RealtimeSession:
 
     async def _take_item(self, work: QueuedItem) -> None:
         committed_at = time.monotonic()
-        if not await self._store_item(work):
+        if not await self.items.store(work):
             return
         # An utterance overtaken by a later one is kept as history, not answered.
-        if isinstance(work, QueuedAudio) and work.respond and work.barge_ins == self._barge_ins:
+        if (
+            isinstance(work, QueuedAudio)
+            and work.respond
+            and work.barge_ins == self._barge_ins
+            and self.settings.kind == "realtime"
+        ):
             await self.responder.start(None, committed_at)
 
     async def _respond(self, work: QueuedResponse) -> None:
@@ -194,62 +209,28 @@ class RealtimeSession:
         if started is not None and started is not before and work.cancels != self._cancels:
             self.responder.interrupt("client_cancelled")  # cancelled while it waited: created, then ended
 
-    async def _store_item(self, work: QueuedItem) -> bool:
-        """Store a user utterance or a text item (and announce it); False if it was refused."""
-        audio = work.audio if isinstance(work, QueuedAudio) else None
-        if audio is not None:
-            try:
-                check_speech_input(audio, self.config.audio)
-            except KimiAudioError as exc:
-                self.events.error("invalid_audio", str(exc))
-                return False
-        await self.responder.settle()
-        role = work.role if isinstance(work, QueuedText) else "user"
-        try:
-            if await self.conversation.ensure():
-                self.events.send(server_events.conversation_created(self.conversation.stored_id))
-            if role == "assistant":
-                index, _ = await self.conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
-            else:
-                index, _ = await self.conversation.add_user(audio, work.text)
-        except StoreUnavailableError as exc:  # the database is away: the session lives on
-            log.warning("session %s: the user turn could not be stored: %s", self.id, exc)
-            self.events.error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
-            return False
-        except Exception as exc:
-            log.exception("session %s: storing the user turn failed", self.id)
-            self.events.error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
-            return False
-        conversation_id = self.conversation.stored_id
-        previous = self.conversation.next_item(work.item_id)
-        if audio is not None:
-            seconds = audio.size / SPEECH_INPUT_RATE
-            self.events.send(server_events.committed(conversation_id, index, seconds, work.item_id, previous))
-        item = server_events.message_item(work.item_id, role, work.text, audio is not None, index)
-        self.events.send(server_events.item_created(conversation_id, item, previous))
-        if audio is not None:  # its input_audio part follows an input_text part, if any
-            self.transcription.start(work.item_id, 1 if work.text else 0, index, audio)
-        return True
-
     # ----- client events -----
     async def handle_message(
         self, message: str | bytes, max_bytes: int = client_events.MAX_CLIENT_MESSAGE_BYTES
     ) -> None:
         """One client event (JSON text); anything wrong with it is answered with an error event."""
+        event_id = None
         try:
-            await self.handle_event(client_events.parse_client_event(message, max_bytes))
+            event, event_id = client_events.parse_client_message(message, max_bytes)
+            await self.handle_event(event)
         except ProtocolError as exc:
-            self.events.error(exc.code, str(exc), exc.param)
+            self.events.error(exc.code, str(exc), exc.param, exc.event_id or event_id)
         except KimiAudioError as exc:
-            self.events.error("invalid_value", str(exc))
+            self.events.error("invalid_value", str(exc), event_id=event_id)
         except Exception:  # a bug: logged once, and the client still hears about it
             log.exception("session %s: handling a client event failed", self.id)
-            self.events.error("internal", "the event could not be handled (the details are in the server log)")
+            text = "the event could not be handled (the details are in the server log)"
+            self.events.error("internal", text, event_id=event_id)
 
     async def handle_event(self, event: client_events.ClientEvent) -> None:
         match event:
             case client_events.AudioAppend(pcm16=data):
-                await self.push_audio(resample(pcm16.to_float(data), self.settings.input_rate, SPEECH_INPUT_RATE))
+                await self.push_audio(self.input.to_16k(data, self.settings.input_rate))
             case client_events.AudioCommit():
                 self._commit_buffer()
             case client_events.AudioClear():

@@ -5,13 +5,17 @@ answer_storage.py's).
 A response answers the newest stored user turn, which must be spoken (the pipeline answers
 user audio; text items before it are context). It is submitted to the pipeline with the
 conversation before it as history (and the session's instructions as a leading user text
-message); its text goes out as response.audio_transcript.delta (spoken answers) or
-response.text.delta (text answers), its audio through the playback. Barge-in (speech_started
-while a response is generating or playing) and response.cancel flush the playback at once,
-cancel the pipeline turn, and store the assistant turn marked interrupted and truncated to
-the audio that was played; conversation.item.truncate (the client saying what it played)
-overrides that estimate, for the response in progress or one of the last ones stored. A
-response.create while a response is in progress is refused (barge-in, a user turn, replaces it).
+message: answer_request.py); its events go out in the order response_events.py lists, its text as transcript
+deltas (spoken answers) or text deltas (text answers), its audio through the playback.
+Barge-in (speech_started while a response is generating or playing) and response.cancel flush
+the playback at once, cancel the pipeline turn, and store the assistant turn marked
+interrupted and truncated to the audio that was played; conversation.item.truncate (the
+client saying what it played) overrides that estimate, for the response in progress or one of
+the last ones stored. A response.create while a response is in progress is refused with an
+error (barge-in, a user turn, replaces it). A response that cannot be generated (the
+conversation does not end with speech, a transcription session, an unknown voice, a turn the
+pipeline refuses) still ends: response.created, then response.done `failed` with its error,
+so a client waiting for response.done never waits forever.
 
 The Responder holds no session: it is given the parts it works with (the pipeline, the
 session's settings and conversation, its events out, its playback and its tasks), and it is
@@ -30,8 +34,8 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
-from kimiaudio.server.session import server_events
+from kimiaudio.server.session import response_events, server_events
+from kimiaudio.server.session.answer_request import answer_request
 from kimiaudio.server.session.answer_storage import AnswerStorage
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
@@ -39,6 +43,7 @@ from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
+from kimiaudio.server.session.queued_turn import new_response_id
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
 
@@ -79,63 +84,44 @@ class Responder:
             )
             return
         await self.settle()
-        conversation = self._conversation
-        last = await conversation.last_turn() if conversation.id is not None else None
-        index, user_turn = last if last is not None else (-1, None)
-        if user_turn is None or user_turn.role != "user" or user_turn.audio is None:
-            self._events.error(
-                "no_user_audio",
-                "response.create: the conversation does not end with a spoken user turn "
-                "(kimiaudio answers speech; text items are context for the next spoken turn)",
-            )
-            return
-        turn = await self._turn_request(request, user_turn.audio)
-        if turn is None:
-            return
         try:
+            index, user_turn, turn = await answer_request(self._settings, self._conversation, request)
             handle = self._pipeline.submit(turn)
+        except ProtocolError as exc:
+            self._fail(request, exc.code, str(exc))
+            return
         except Exception as exc:
             if not isinstance(exc, KimiAudioError):
                 log.exception("session %s: submitting the turn failed", self._events.session_id)
-            self._events.error("response_failed", f"the turn could not be started ({exc})")
+            self._fail(request, None, f"the turn could not be started ({exc})")
             return
+        conversation = self._conversation
         response = ResponseState(turn.output_type, handle, index, user_turn, committed_at)
         self.current = response
-        if response.output_type == "both":
+        spoken = response.output_type == "both"
+        if spoken:
             self._playback.begin(response.id, self)
-        self._events.send(server_events.response_created(response.id, conversation.id))
-        self._events.send(server_events.output_item_added(response.id, self._item(response, status="in_progress")))
+        voice = (request.voice if request else None) or self._settings.voice
+        limit = turn.sampling.max_new_tokens if turn.sampling is not None else None
+        response.announced = response_events.response_object(response.id, conversation.id, spoken, voice, limit)
+        self._events.send(response_events.response_created(response.announced))
+        item = self._item(response, status="in_progress")
+        self._events.send(response_events.output_item_added(response.id, item))
+        response.previous_item_id = conversation.next_item(response.item_id)
+        self._events.send(server_events.item_added(conversation.id, item, response.previous_item_id))
+        self._events.send(response_events.content_part_added(response.id, response.item_id, spoken))
         response.task = self._tasks.spawn(self._run(response), "response")
         response.recorder = self._tasks.spawn(self._storage.record(response), "recording")
 
-    async def _turn_request(self, request: ResponseCreate | None, user_audio: np.ndarray) -> TurnRequest | None:
-        """The pipeline turn answering the newest user turn (`user_audio`) with the session's
-        settings and the response.create's; None (the client was told why) when they name an
-        unknown voice."""
-        settings = self._settings
-        history = list((await self._conversation.history())[:-1])
-        instructions = request.instructions if request and request.instructions is not None else settings.instructions
-        if instructions:
-            history.insert(0, HistoryTurn("user", text=instructions))
-        output_type = settings.answer_type(request.output_type if request else None)
-        named = request.voice if request else None
-        try:
-            voice = settings.voice_prompt(named) if output_type == "both" else None
-        except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile
-            param = "response.voice" if named else "session.voice"
-            self._events.error("unknown_voice", f"response.create: {exc}", param)
-            return None
-        sampling = settings.sampling(
-            output_type, request.temperature if request else None, request.max_new_tokens if request else None
+    def _fail(self, request: ResponseCreate | None, code: str | None, message: str) -> None:
+        """A response that could not be generated: created, and done at once, failed. `code`:
+        the request's fault, named (None: the server's)."""
+        spoken = self._settings.answer_type(request.output_type if request else None) == "both"
+        announced = response_events.response_object(
+            new_response_id(), self._conversation.id, spoken, self._settings.voice, None
         )
-        return TurnRequest(
-            conversation_id=self._conversation.stored_id,
-            history=history,
-            user_audio=user_audio,
-            sampling=sampling,
-            output_type=output_type,
-            voice=voice,
-        )
+        self._events.send(response_events.response_created(announced))
+        self._events.send(response_events.response_done(announced, "failed", "", {}, message, error_code=code))
 
     def _item(self, response: ResponseState, status: str = "completed", index: int | None = None) -> dict:
         spoken = response.output_type == "both"
@@ -147,7 +133,7 @@ class Responder:
     async def _run(self, response: ResponseState) -> None:
         done: TurnDone | None = None
         spoken = response.output_type == "both"
-        delta = server_events.transcript_delta if spoken else server_events.text_delta
+        delta = response_events.transcript_delta if spoken else response_events.text_delta
         try:
             async for event in response.handle:
                 match event:
@@ -180,7 +166,7 @@ class Responder:
 
     async def _finish(self, response: ResponseState, done: TurnDone) -> None:
         if done.status == "failed" and not response.cancelled:
-            self._playback.flush()  # what was stored while it played stays, marked interrupted
+            self._flush(response)  # what was stored while it played stays, marked interrupted
         elif not response.cancelled and response.pcm and self._playback.is_consumed:
             try:  # cut short by interrupt(); bounded in case nobody is receiving
                 await asyncio.wait_for(response.playback_done.wait(), response.audio_seconds + 5.0)
@@ -199,17 +185,21 @@ class Responder:
             del self.ended[next(iter(self.ended))]
 
     def _send_done(self, response: ResponseState, done: TurnDone) -> None:
-        """The response's last events: its content's end, its item's, response.done."""
+        """The response's last events: its content's end, its item's, response.done, and the
+        end of its playback."""
         status = "cancelled" if response.cancelled else done.status
         text = response.text or done.text
-        for event in server_events.text_done(response.id, response.item_id, text, response.output_type == "both"):
+        spoken = response.output_type == "both"
+        for event in response_events.text_done(response.id, response.item_id, text, spoken):
             self._events.send(event)
+        self._events.send(response_events.content_part_done(response.id, response.item_id, spoken, text))
         ended = "incomplete" if response.cancelled or status == "failed" else "completed"
         item = self._item(response, ended, response.stored[0] if response.stored else None)
-        self._events.send(server_events.output_item_done(response.id, item))
+        self._events.send(response_events.output_item_done(response.id, item))
+        self._events.send(server_events.item_done(self._conversation.id, item, response.previous_item_id))
         self._events.send(
-            server_events.response_done(
-                response.id,
+            response_events.response_done(
+                response.announced,
                 status,
                 text,
                 response.timings(done),
@@ -219,9 +209,11 @@ class Responder:
                 error_code=done.error_code,
                 prefill_tokens_cached=done.prefill_tokens_cached,
                 prefill_tokens_computed=done.prefill_tokens_computed,
-                usage=server_events.response_usage(done),
+                usage=response_events.response_usage(done),
             )
         )
+        if response.first_played_at is not None and not response.playback_cut:
+            self._events.send(response_events.audio_buffer("stopped", response.id))
 
     # ----- interrupt -----
     def interrupt(self, reason: str, played_samples: int | None = None) -> None:
@@ -230,7 +222,7 @@ class Responder:
         if response is None or response.cancelled:
             return
         response.cancelled, response.cancel_reason = True, reason
-        flushed = self._playback.flush()
+        flushed = self._flush(response)
         response.played_samples = flushed if played_samples is None else played_samples
         self._pipeline.cancel(response.handle)
         response.playback_done.set()
@@ -274,13 +266,23 @@ class Responder:
                 await self._storage.store_final(response, response.done)
         self._events.send(server_events.item_truncated(item_id, audio_end_ms))
 
+    def _flush(self, response: ResponseState) -> int:
+        """Stop the response's playback now (output_audio_buffer.cleared if it was playing) ->
+        its samples played."""
+        playing = response.first_played_at is not None and self._playback.response_id == response.id
+        played = self._playback.flush()
+        if playing:
+            response.playback_cut = True
+            self._events.send(response_events.audio_buffer("cleared", response.id))
+        return played
+
     # ----- the playback's listener -----
     def playback_started(self, response_id: str) -> None:
         response = self.current
         if response is not None and response.id == response_id:
             response.first_played_at = time.monotonic()
             response.first_heard.set()
-            self._events.send(server_events.audio_started(response_id))
+            self._events.send(response_events.audio_buffer("started", response_id))
 
     def playback_finished(self, response_id: str) -> None:
         response = self.current

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import HistoryTurn
-from kimiaudio.server.session.queued_turn import new_item_id
+from kimiaudio.server.session.queued_turn import new_item_id, new_response_id
 
 
 def _state(default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
@@ -39,8 +38,10 @@ class ResponseState:
     user_index: int  # stored index of the user turn it answers
     user_turn: HistoryTurn  # that turn (its VQ codes arrive with UserEncoded)
     committed_at: float  # time.monotonic() of the commit
-    id: str = _state(factory=lambda: f"resp_{secrets.token_hex(6)}")
+    id: str = _state(factory=new_response_id)
     item_id: str = _state(factory=new_item_id)  # the assistant item it makes
+    previous_item_id: str | None = _state()  # the item before it in the conversation
+    announced: dict[str, Any] = _state(factory=dict)  # its response object, as response.created sent it
     text: str = _state("")
     pcm: list[np.ndarray] = _state(factory=list)  # 24 kHz chunks as generated (add_pcm)
     num_samples: int = _state(0)  # in `pcm`, kept as chunks come: the recorder asks every second
@@ -48,6 +49,7 @@ class ResponseState:
     cancelled: bool = _state(False)
     generation_ended: bool = _state(False)
     played_samples: int | None = _state()  # samples heard, set when playback was cut short (None: all)
+    playback_cut: bool = _state(False)  # its audio was stopped while it played (output_audio_buffer.cleared)
     cancel_reason: str | None = _state()  # turn_detected (barge-in) | client_cancelled
     done: TurnDone | None = _state()  # the pipeline's, once generation ended
     first_played_at: float | None = _state()

@@ -1,19 +1,17 @@
-"""Server -> client events of the real-time protocol (WebRTC data channel and /v1/realtime).
+"""Server -> client events of the real-time protocol: the session, the input audio, the
+conversation's items, the user's words and errors (a response's own events:
+response_events.py).
 
-One JSON object per message, each with a "type". Names and fields follow the OpenAI Realtime
-API (beta shape, what `client.beta.realtime.connect()` parses) where a matching event exists;
-kimiaudio adds fields of its own beside them (conversation_id, item index, timings...), which
-OpenAI clients ignore. Every field name is written here once. Client events are parsed in
-client_events.py; a session's events go out through its EventSender (event_sender.py).
+Built in the OpenAI Realtime API's GA names and shapes; a connection speaking the beta shape
+gets them renamed and reshaped by its EventShape (event_shape.py), the one place that tells
+the shapes apart. kimiaudio adds fields of its own beside OpenAI's (conversation_id, item
+index, duration_s...), which OpenAI's clients keep without reading. Every field name is written
+here once. Client events are parsed in client_events.py; a session's events go out through
+its EventSender (event_sender.py).
 
-Server events: session.created, session.updated, input_audio_buffer.speech_started,
-input_audio_buffer.speech_stopped, input_audio_buffer.committed, input_audio_buffer.cleared,
-conversation.created, conversation.item.created, conversation.item.truncated,
-conversation.item.input_audio_transcription.completed / .failed,
-response.created, response.output_item.added, response.text.delta,
-response.audio_transcript.delta, response.audio.delta, response.audio.started (kimiaudio:
-the first audio was played), response.audio.done, response.audio_transcript.done,
-response.text.done, response.output_item.done, response.done, error.
+Events: session.created, session.updated, input_audio_buffer.speech_started / .speech_stopped
+/ .committed / .cleared, conversation.created, conversation.item.added / .done / .truncated,
+conversation.item.input_audio_transcription.delta / .completed / .failed, error.
 """
 
 from __future__ import annotations
@@ -22,12 +20,10 @@ from typing import Any
 
 from kimiaudio.server import api_error
 
-RESPONSE_STATUSES = ("completed", "cancelled", "failed")
-
 
 # ----- session -----
 def session_created(session: dict[str, Any]) -> dict:
-    """`session`: RealtimeSession.describe() (OpenAI's session fields and kimiaudio's)."""
+    """`session`: the session object in the connection's shape (session_objects.py)."""
     return {"type": "session.created", "session": session}
 
 
@@ -75,16 +71,19 @@ def message_item(
     interrupted: bool = False,
     status: str = "completed",
 ) -> dict:
-    """A conversation item as OpenAI describes a message, plus kimiaudio's fields (index, role,
-    text, interrupted, has_audio: as GET /api/conversations/{id} lists turns)."""
+    """A conversation item as OpenAI describes a message, plus kimiaudio's fields (index, text,
+    interrupted, has_audio: as GET /api/conversations/{id} lists turns). An assistant item in
+    progress has no content yet."""
     if role == "user":
         content = ([{"type": "input_text", "text": text}] if text else []) + (
             [{"type": "input_audio", "transcript": None}] if has_audio else []
         )
+    elif status == "in_progress":
+        content = []
     elif has_audio:
-        content = [{"type": "audio", "transcript": text}]
+        content = [{"type": "output_audio", "transcript": text}]
     else:
-        content = [{"type": "text", "text": text}]
+        content = [{"type": "output_text", "text": text}]
     return {
         "id": item_id,
         "object": "realtime.item",
@@ -99,17 +98,33 @@ def message_item(
     }
 
 
-def item_created(conversation_id: str, item: dict[str, Any], previous_item_id: str | None = None) -> dict:
+def item_added(conversation_id: str | None, item: dict[str, Any], previous_item_id: str | None) -> dict:
+    """An item entered the conversation (an assistant's while it is generated)."""
     return {
-        "type": "conversation.item.created",
+        "type": "conversation.item.added",
         "conversation_id": conversation_id,
         "previous_item_id": previous_item_id,
         "item": item,
     }
 
 
+def item_done(conversation_id: str | None, item: dict[str, Any], previous_item_id: str | None) -> dict:
+    """An item is final (a user's at once; an assistant's when its response ends)."""
+    return {**item_added(conversation_id, item, previous_item_id), "type": "conversation.item.done"}
+
+
 def item_truncated(item_id: str, audio_end_ms: int) -> dict:
     return {"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
+
+
+# ----- the user's words -----
+def transcription_delta(item_id: str, content_index: int, delta: str) -> dict:
+    return {
+        "type": "conversation.item.input_audio_transcription.delta",
+        "item_id": item_id,
+        "content_index": content_index,
+        "delta": delta,
+    }
 
 
 def transcription_completed(item_id: str, content_index: int, transcript: str, seconds: float) -> dict:
@@ -132,105 +147,7 @@ def transcription_failed(item_id: str, content_index: int, message: str) -> dict
     }
 
 
-# ----- responses -----
-def response_created(response_id: str, conversation_id: str | None) -> dict:
-    return {
-        "type": "response.created",
-        "response": {
-            "id": response_id,
-            "object": "realtime.response",
-            "status": "in_progress",
-            "output": [],
-            "conversation_id": conversation_id,
-        },
-    }
-
-
-def output_item_added(response_id: str, item: dict[str, Any]) -> dict:
-    return {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": item}
-
-
-def output_item_done(response_id: str, item: dict[str, Any]) -> dict:
-    return {"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": item}
-
-
-def _part(kind: str, response_id: str, item_id: str, **fields: Any) -> dict:
-    return {
-        "type": kind,
-        "response_id": response_id,
-        "item_id": item_id,
-        "output_index": 0,
-        "content_index": 0,
-        **fields,
-    }
-
-
-def text_delta(response_id: str, item_id: str, delta: str) -> dict:
-    """Text of a text-only answer."""
-    return _part("response.text.delta", response_id, item_id, delta=delta)
-
-
-def transcript_delta(response_id: str, item_id: str, delta: str) -> dict:
-    """Text of a spoken answer (its transcript, generated beside the speech)."""
-    return _part("response.audio_transcript.delta", response_id, item_id, delta=delta)
-
-
-def audio_delta(response_id: str, item_id: str, audio_base64: str) -> dict:
-    return _part("response.audio.delta", response_id, item_id, delta=audio_base64)
-
-
-def audio_started(response_id: str) -> dict:
-    return {"type": "response.audio.started", "response_id": response_id}
-
-
-def text_done(response_id: str, item_id: str, text: str, spoken: bool) -> list[dict]:
-    """The end of a response's content: text.done, or audio.done + audio_transcript.done."""
-    if not spoken:
-        return [_part("response.text.done", response_id, item_id, text=text)]
-    return [
-        _part("response.audio.done", response_id, item_id),
-        _part("response.audio_transcript.done", response_id, item_id, transcript=text),
-    ]
-
-
-def response_done(
-    response_id: str,
-    status: str,
-    text: str,
-    timings: dict[str, float],
-    error: str | None = None,
-    output: list[dict] | None = None,
-    reason: str | None = None,
-    error_code: str | None = None,
-    **extra: Any,
-) -> dict:
-    """error_code: a failure that was the request's fault (TurnDone.error_code), named as OpenAI does."""
-    if status not in RESPONSE_STATUSES:
-        raise ValueError(f"response status must be one of {RESPONSE_STATUSES}, got {status!r}")
-    response = {
-        "id": response_id,
-        "object": "realtime.response",
-        "status": status,
-        "output": output or [],
-        "text": text,
-        "timings": timings,
-        **extra,
-    }
-    if status != "completed":
-        response["status_details"] = {
-            "type": status,
-            "reason": reason or status,
-            **({"error": {"message": error, **_client_fault(error_code)}} if error else {}),
-        }
-    if error:
-        response["error"] = error
-    return {"type": "response.done", "response": response}
-
-
-def _client_fault(code: str | None) -> dict:
-    return {"type": api_error.INVALID_REQUEST, "code": code} if code is not None else {}
-
-
+# ----- errors -----
 SERVER_FAULTS = ("turn_failed", "storage_failed", "response_failed", "internal")
 
 
@@ -239,14 +156,3 @@ def error(code: str, message: str, param: str | None = None, event_id: str | Non
     event, naming the client event at fault (`event_id`, None when none is known)."""
     kind = api_error.SERVER_ERROR if code in SERVER_FAULTS else api_error.INVALID_REQUEST
     return api_error.error_event({**api_error.error_object(message, kind, param, code), "event_id": event_id})
-
-
-def response_usage(done) -> dict:
-    """OpenAI's response usage of a TurnDone: prompt positions in, generated positions out."""
-    prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
-    return {
-        "total_tokens": prompt + len(done.text_tokens),
-        "input_tokens": prompt,
-        "output_tokens": len(done.text_tokens),
-        "input_token_details": {"cached_tokens": done.prefill_tokens_cached},
-    }

@@ -6,19 +6,19 @@ silero VAD commits; none: the client commits), whether a VAD commit starts a res
 instructions (a leading user text message of every prompt), the voice (a stored voice's
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
 the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
-its text stream for a text answer), and whether committed user turns are transcribed
-(input_audio_transcription; the page's sessions by default, `[server] transcribe_input`).
-The values of a session.update were checked once, as it was parsed (session_update.py);
-`apply` adds what needs the session (its speech, its voices) and changes nothing unless all
-of it holds. `describe` is the `session` object of
-session.created / updated.
+its text stream for a text answer), whether committed user turns are transcribed
+(input_audio_transcription; WebRTC calls by default, `[server] transcribe_input`), and
+the session's type: "realtime" (it answers) or "transcription" (it only transcribes what it
+hears: no responses, the words always). The values of a session.update were checked once, as
+it was parsed (session_update.py); `apply` adds what needs the session (its speech, its
+voices) and changes nothing unless all of it holds. The `session` object of session.created /
+updated is built from these by the connection's event shape (session_objects.py).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
 
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE
 from kimiaudio.audio.vad import TurnSettings
@@ -26,16 +26,14 @@ from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voice_registry import MODEL_VOICE, Voice, VoiceRegistry
-from kimiaudio.server.inputs.openai_params import MODEL_ID
-from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.text.output_type import BOTH, TEXT, modalities_of
+from kimiaudio.server.session.session_update import SessionUpdate, Transcription
+from kimiaudio.text.output_type import BOTH, TEXT
 
 DEFAULT_VOICE = MODEL_VOICE
-TRANSCRIPTION_MODEL = MODEL_ID  # what a session transcribing by default reports
 
 
 class SessionSettings:
-    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None, transcribe: bool = False):
+    def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None):
         self.config = copy.deepcopy(config)  # session.update changes this copy only
         self.can_speak = can_speak
         self._voices = voices if voices is not None else VoiceRegistry()
@@ -46,8 +44,14 @@ class SessionSettings:
         self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_PCM16_RATE
         self.temperature: float | None = None  # None: [sampling]'s
-        # input_audio_transcription: {"model": name} while committed user turns are transcribed
-        self.transcription: dict[str, str] | None = {"model": TRANSCRIPTION_MODEL} if transcribe else None
+        # input_audio_transcription: set while committed user turns are transcribed
+        self.transcription: Transcription | None = None
+        self.kind = "realtime"  # or "transcription"
+
+    @property
+    def answers_commits(self) -> bool:
+        """A commit of the server's VAD starts a response."""
+        return self.create_response and self.kind == "realtime"
 
     def turn_settings(self) -> TurnSettings:
         vad = self.config.vad
@@ -76,66 +80,36 @@ class SessionSettings:
         """Apply a session.update (its values already checked); raises KimiAudioError (naming the
         key) and changes nothing when the session cannot take it."""
         # New section objects: the old ones may still be read by a response in flight.
+        turns, answers = update.turns, update.answers
         config = dataclasses.replace(
             self.config,
-            vad=dataclasses.replace(self.config.vad, **update.vad),
-            sampling=dataclasses.replace(self.config.sampling, **update.sampling),
+            vad=dataclasses.replace(self.config.vad, **turns.vad),
+            sampling=dataclasses.replace(self.config.sampling, **answers.sampling),
         )
-        if update.output_type == BOTH and not self.can_speak:
+        if answers.output_type == BOTH and not self.can_speak:
             raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
-        if update.voice is not None:
-            self._voices.resolve(update.voice)  # an unknown name is refused here, before anything changes
+        if answers.voice is not None:
+            self._voices.resolve(answers.voice)  # an unknown name is refused here, before anything changes
         self.config = config
-        if update.output_type is not None:
-            self.output_type = update.output_type
-        for name in ("turn_detection", "create_response", "instructions", "voice", "input_rate", "temperature"):
-            value = getattr(update, name)
+        for name, value in (
+            ("turn_detection", turns.detection),
+            ("create_response", turns.create_response),
+            ("output_type", answers.output_type),
+            ("instructions", answers.instructions),
+            ("voice", answers.voice),
+            ("temperature", answers.temperature),
+            ("input_rate", update.input_rate),
+        ):
             if value is not None:
                 setattr(self, name, value)
         if update.transcription is not None:
             self.transcription = update.transcription or None
+        if update.kind is not None:
+            self.kind = update.kind
+        if self.kind == "transcription" and self.transcription is None:
+            self.transcription = Transcription()  # what a transcription session is for
 
     def voice_prompt(self, name: str | None = None) -> Voice | None:
         """The voice this session speaks in now, or the one named (None: the model's own);
         raises UnknownVoiceError for a name that is no voice (or a voice deleted since)."""
         return self._voices.resolve(name or self.voice)
-
-    def describe(self, session_id: str, conversation_id: str | None) -> dict[str, Any]:
-        vad = self.config.vad
-        turn_detection = (
-            None
-            if self.turn_detection == "none"
-            else {
-                "type": "server_vad",
-                "threshold": vad.threshold,
-                "prefix_padding_ms": vad.prefix_padding_ms,
-                "silence_duration_ms": vad.silence_ms,
-                "create_response": self.create_response,
-                "interrupt_response": vad.barge_in,
-            }
-        )
-        return {
-            "id": session_id,
-            "object": "realtime.session",
-            "conversation_id": conversation_id,
-            "modalities": modalities_of(self.output_type),
-            "instructions": self.instructions,
-            "voice": self.voice,
-            "input_audio_format": "pcm16",
-            "input_audio_rate": self.input_rate,
-            "output_audio_format": "pcm16",
-            "input_audio_transcription": self.transcription,
-            "turn_detection": turn_detection,
-            "max_response_output_tokens": self.config.sampling.max_new_tokens or "inf",
-            "temperature": self.temperature
-            if self.temperature is not None
-            else (
-                self.config.sampling.audio_temperature
-                if self.output_type == BOTH
-                else self.config.sampling.text_temperature
-            ),
-            "vad": dataclasses.asdict(vad),
-            "sampling": dataclasses.asdict(self.config.sampling),
-            "output_type": self.output_type,
-            "can_speak": self.can_speak,
-        }

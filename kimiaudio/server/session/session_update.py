@@ -1,7 +1,8 @@
 """A `session.update`, parsed and checked once (both shapes of OpenAI's session object, beta
-and GA, plus kimiaudio's `vad`, `sampling` and `output_type`): every value is checked here,
-against the same declared ranges as the configuration, so SessionSettings.apply has only to
-apply it (session_settings.py)."""
+and GA, realtime or transcription, plus kimiaudio's `vad`, `sampling` and `output_type`; beta's
+`transcription_session.update` too): every value is checked here, against the same declared
+ranges as the configuration, so SessionSettings.apply has only to apply it
+(session_settings.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kimiaudio.config import check_setting
-from kimiaudio.errors import ConfigError
+from kimiaudio.errors import ConfigError, KimiAudioError
 from kimiaudio.server.inputs.openai_params import (
     AUDIO_INPUT_FIELDS,
     AUDIO_OUTPUT_FIELDS,
+    INPUT_TRANSCRIPTION_FIELDS,
     MODEL_ID,
     SESSION_FIELDS,
+    TURN_DETECTION_FIELDS,
     RealtimeSampling,
     checked,
 )
@@ -27,26 +30,57 @@ from kimiaudio.server.session.event_fields import (
     pcm16_rate,
     typed_field,
 )
+from kimiaudio.text.asr_instruction import check_language
 from kimiaudio.text.output_type import OUTPUT_TYPES
+
+SESSION_TYPES = ("realtime", "transcription")
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """How a session transcribes the user's words (OpenAI's input audio transcription)."""
+
+    model: str = MODEL_ID  # the name the client gave (the words are Kimi-Audio's own ASR)
+    language: str | None = None  # a Whisper code: picks the official instruction (asr_instruction.py)
+    prompt: str = ""  # prior text, as /v1/audio/transcriptions' prompt
+
+
+@dataclass(frozen=True)
+class TurnUpdate:
+    """How the session's turns are detected: OpenAI's turn_detection, onto config [vad] keys."""
+
+    vad: dict[str, Any] = field(default_factory=dict)  # keys of config [vad]
+    detection: str | None = None  # "server_vad" | "none"
+    create_response: bool | None = None  # server VAD: a commit starts a response
+
+
+@dataclass(frozen=True)
+class AnswerUpdate:
+    """How the session's answers are made."""
+
+    sampling: dict[str, Any] = field(default_factory=dict)  # keys of config [sampling]
+    output_type: str | None = None  # "both" | "text"
+    instructions: str | None = None
+    voice: str | None = None  # a stored voice, or a stock name
+    temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
 
 
 @dataclass(frozen=True)
 class SessionUpdate:
-    vad: dict[str, Any] = field(default_factory=dict)  # keys of config [vad]
-    sampling: dict[str, Any] = field(default_factory=dict)  # keys of config [sampling]
-    output_type: str | None = None  # "both" | "text"
-    turn_detection: str | None = None  # "server_vad" | "none"
-    create_response: bool | None = None  # server VAD: a commit starts a response
-    instructions: str | None = None
-    voice: str | None = None  # a stored voice, or a stock name
+    """A session.update's changes; every None (or empty part) leaves that setting as it is."""
+
+    turns: TurnUpdate = field(default_factory=TurnUpdate)
+    answers: AnswerUpdate = field(default_factory=AnswerUpdate)
     input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
-    temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
-    # input_audio_transcription: None = unchanged, False = off, {"model": name} = on
-    transcription: dict[str, str] | Literal[False] | None = None
+    # input_audio_transcription: None = unchanged, False = off
+    transcription: Transcription | Literal[False] | None = None
+    kind: str | None = None  # the session's type: "realtime" | "transcription" (None: unchanged)
 
 
-def parse_session_update(session: dict, where: str) -> SessionUpdate:
+def parse_session_update(session: dict, where: str, kind: str | None = None) -> SessionUpdate:
+    """`kind`: the session type the event implies (beta's transcription_session.update)."""
     SESSION_FIELDS.check(session, f"{where}.", ProtocolError)
+    kind = _session_type(session, where) or kind
     output_type = session.get("output_type")
     if output_type is not None and output_type not in OUTPUT_TYPES:
         raise ProtocolError(
@@ -82,23 +116,33 @@ def parse_session_update(session: dict, where: str) -> SessionUpdate:
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     vad, sampling = _checked(vad, "vad", where), _checked(sampling, "sampling", where)
     return SessionUpdate(
-        vad=vad,
-        sampling=sampling,
-        output_type=output_type,
-        turn_detection=turn_detection,
-        create_response=create_response,
-        instructions=typed_field(session, "instructions", str, where, "text"),
-        voice=voice,
+        turns=TurnUpdate(vad, turn_detection, create_response),
+        answers=AnswerUpdate(
+            sampling,
+            output_type,
+            typed_field(session, "instructions", str, where, "text"),
+            voice,
+            temperature.get("temperature"),
+        ),
         input_rate=input_rate,
-        temperature=temperature.get("temperature"),
         transcription=_transcription(session, audio_in, where),
+        kind=kind,
     )
 
 
-def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] | Literal[False] | None:
+def _session_type(session: dict, where: str) -> str | None:
+    kind = session.get("type")
+    if kind is not None and kind not in SESSION_TYPES:
+        raise ProtocolError(
+            "invalid_value", f"{where}.type: expected realtime or transcription, got {kind!r}"[:200], f"{where}.type"
+        )
+    return kind
+
+
+def _transcription(session: dict, audio_in: dict, where: str) -> Transcription | Literal[False] | None:
     """Beta `input_audio_transcription` or GA `audio.input.transcription`: null turns it off,
-    {"model": ...} on (any model name: the words are Kimi-Audio's own ASR). Its `language`
-    and `prompt` are refused: the official ASR prompt is fixed and detects the language."""
+    an object on (any model name: the words are Kimi-Audio's own ASR); its `language` picks the
+    official instruction and its `prompt` is prior text, as /v1/audio/transcriptions takes them."""
     for container, path in (
         (session, f"{where}.input_audio_transcription"),
         (audio_in, f"{where}.audio.input.transcription"),
@@ -109,16 +153,18 @@ def _transcription(session: dict, audio_in: dict, where: str) -> dict[str, str] 
         if container[key] is None:
             return False
         value = object_field(container[key], path)
-        model = typed_field(value, "model", str, path, "a model name") or MODEL_ID
-        for unused in ("language", "prompt"):
-            if value.get(unused) not in (None, ""):
-                raise ProtocolError(
-                    "unsupported",
-                    f"{path}.{unused}: not supported (the user's words are "
-                    "transcribed with Kimi-Audio's fixed ASR prompt, which detects the language)",
-                    f"{path}.{unused}",
-                )
-        return {"model": model}
+        INPUT_TRANSCRIPTION_FIELDS.check(value, f"{path}.", ProtocolError)
+        language = typed_field(value, "language", str, path, "a language code") or None
+        if language is not None:
+            try:
+                language = check_language(language)
+            except KimiAudioError as exc:
+                raise ProtocolError("invalid_value", f"{path}.{exc}", f"{path}.language") from None
+        return Transcription(
+            typed_field(value, "model", str, path, "a model name") or MODEL_ID,
+            language,
+            typed_field(value, "prompt", str, path, "text") or "",
+        )
     return None
 
 
@@ -136,6 +182,7 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
     if value is None:
         return "none", None
     value = object_field(value, where)
+    TURN_DETECTION_FIELDS.check(value, f"{where}.", ProtocolError)
     kind = value.get("type", "server_vad")
     if kind not in ("server_vad", "semantic_vad", "none"):  # semantic_vad: served by the same silero VAD
         raise ProtocolError(

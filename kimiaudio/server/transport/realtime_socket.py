@@ -1,12 +1,13 @@
 """One Realtime WebSocket client (GET /v1/realtime): the connection carrying a RealtimeSession.
 
 The same RealtimeSession as WebRTC's, fed by JSON text messages instead of RTP and a data
-channel: `input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session
-says so), resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
-`response.audio.delta` events through a WsPlayback. Events go out in order through one
-writer task; a client that reads too slowly to keep MAX_OUTBOX events in flight, or that
-disconnects, closes the session, which cancels its turn (KV and detokenizer state freed)
-and stores what was heard.
+channel, its events in the shape the client asked for at the upgrade (GA or beta: v1/realtime.py):
+`input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session says so),
+resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
+`response.output_audio.delta` (beta: `response.audio.delta`) events through a WsPlayback.
+Events go out in order through one writer task; a client that reads too slowly to keep
+MAX_OUTBOX events in flight, or that disconnects, closes the session, which cancels its turn
+(KV and detokenizer state freed) and stores what was heard.
 """
 
 from __future__ import annotations
@@ -15,16 +16,12 @@ import asyncio
 import json
 import logging
 
-import numpy as np
 from aiohttp import WSMsgType, web
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import StreamResampler
-from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.session import client_events, server_events
-from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session import response_events
+from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.closes_once import ClosesOnce
@@ -39,14 +36,14 @@ MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 class RealtimeSocket(ClosesOnce):
     """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, context: ServerContext, admitted: Admitted, ws: web.WebSocketResponse):
+    def __init__(self, context: ServerContext, admitted: Admitted, ws: web.WebSocketResponse, shape: EventShape):
+        """shape: the events' (GA or beta; never WebRTC's: the client plays the audio deltas)."""
         self.id = admitted.session_id
         self.ws = ws
         self._release = admitted.release
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
-        self.session = RealtimeSession(context, admitted, self._send, self.playback)
-        self._resampler: StreamResampler | None = None
+        self.session = RealtimeSession(context, admitted, self._send, self.playback, shape=shape)
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
 
@@ -58,11 +55,11 @@ class RealtimeSocket(ClosesOnce):
         """Serve the connection until the client goes away (the route handler's body)."""
         self._writer = asyncio.get_running_loop().create_task(self._write())
         self.session.start()
-        self.session.events.send(server_events.session_created(self.session.describe()))
+        self.session.send_created()
         try:
             async for message in self.ws:
                 if message.type == WSMsgType.TEXT:
-                    await self._receive(message.data)
+                    await self.session.handle_message(message.data, MAX_WS_MESSAGE_BYTES)
                 elif message.type == WSMsgType.BINARY:
                     self.session.events.error("invalid_event", "send events as JSON text messages")
                 elif message.type == WSMsgType.ERROR:
@@ -71,30 +68,6 @@ class RealtimeSocket(ClosesOnce):
                     break
         finally:
             await self.close("the connection ended")
-
-    async def _receive(self, text: str) -> None:
-        try:
-            event = client_events.parse_client_event(text, MAX_WS_MESSAGE_BYTES)
-            match event:
-                case client_events.AudioAppend(pcm16=data):  # streamed: one resampler keeps chunk edges seamless
-                    await self.session.push_audio(self._to_16k(data))
-                case _:
-                    await self.session.handle_event(event)
-        except ProtocolError as exc:
-            self.session.events.error(exc.code, str(exc), exc.param)
-        except Exception as exc:  # KimiAudioError from a setting, or a bug: the session goes on
-            if not isinstance(exc, KimiAudioError):
-                log.exception("session %s: handling an event failed", self.id)
-            self.session.events.error("invalid_value", str(exc))
-
-    def _to_16k(self, raw: bytes) -> np.ndarray:
-        rate = self.session.settings.input_rate
-        pcm = pcm16.to_float(raw)
-        if rate == SPEECH_INPUT_RATE:
-            return pcm
-        if self._resampler is None or self._resampler.from_sr != rate:
-            self._resampler = StreamResampler(rate, SPEECH_INPUT_RATE)
-        return self._resampler.push(pcm)
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
@@ -110,7 +83,7 @@ class RealtimeSocket(ClosesOnce):
     def _send_audio(self, response_id: str, raw: bytes) -> None:
         response = self.session.response
         item_id = response.item_id if response is not None and response.id == response_id else ""
-        self.session.events.send(server_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
+        self.session.events.send(response_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
 
     async def _write(self) -> None:
         try:

@@ -1,5 +1,7 @@
 """One WebRTC client: its peer connection, carrying a RealtimeSession (RtcPeer), and how a
-client's SDP offer becomes one (`answer_offer`: /api/rtc/offer; any route taking an offer).
+client's SDP offer becomes one (`answer_offer`: POST /v1/realtime/calls, and its deprecated
+alias /api/rtc/offer). Each peer has a call id (`rtc_...`), which names it to
+/v1/realtime/calls/{call_id}/hangup.
 
 Follows aiortc's examples/server: one RTCPeerConnection per client, every handler registered
 before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription returns once ICE
@@ -8,7 +10,9 @@ gathering is complete), closed when the connection fails or closes.
 What it carries: the incoming audio track (any rate/layout, resampled by PyAV to 16 kHz mono
 float) into `RealtimeSession.push_audio`; the data channel's messages into
 `RealtimeSession.handle_message` and the session's events out (queued until the channel
-opens); the session's responses out through a PlaybackTrack (48 kHz, 20 ms frames).
+opens), in the offer's event shape (GA over WebRTC unless the route says otherwise:
+session/event_shape.py); the session's responses out through a PlaybackTrack (48 kHz, 20 ms
+frames).
 
 A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
 the connection state; closing cancels its turn and tasks and frees its slot.
@@ -17,9 +21,12 @@ Data-channel messages go to `RealtimeSession.handle_message`, which checks them 
 (json_input.parse_json: size, depth, UTF-8, no NaN) and answers whatever fails with an `error`
 event: a client's message never ends in a silent traceback.
 
-`answer_offer(context, offer)` lets a client in, in this order: a session slot is reserved
-(503 when full), the peer is built, the conversation it continues is leased (409
-conversation_busy if another session holds it), its session settings applied (400 naming the
+`answer_offer(context, offer)` lets a client in, in this order: the conversation it continues
+must exist (404 conversation_not_found), the offer must be usable (inputs/sdp_offer.py: 400
+bad_offer), a session slot is reserved (503 when full), the peer
+is built, the conversation is leased (409 conversation_busy if another session holds it), its
+session settings applied in order (a call's defaults: the user's words transcribed if
+`[server] transcribe_input`; then an ephemeral key's, then the call's own; 400 naming the
 field), the offer answered (400 bad_offer if aiortc cannot use it); a failure at any step
 closes what was built and frees the slot (session_registry.py).
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -41,11 +49,12 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.session import server_events
+from kimiaudio.server.inputs.sdp_offer import check_offer
+from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
-from kimiaudio.server.session.session_update import SessionUpdate
-from kimiaudio.server.session_registry import Admitted
+from kimiaudio.server.session.session_update import SessionUpdate, Transcription
+from kimiaudio.server.session_registry import Admitted, Transport
 from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.ice_servers import ice_servers
@@ -64,9 +73,13 @@ HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 class RtcPeer(ClosesOnce):
     """The peer connection of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, context: ServerContext, admitted: Admitted, conversation_id: str | None):
-        """conversation_id: the stored conversation the client continues (None: a new one)."""
+    def __init__(
+        self, context: ServerContext, admitted: Admitted, conversation_id: str | None, shape: EventShape | None = None
+    ):
+        """conversation_id: the stored conversation the client continues (None: a new one);
+        shape: how its events are named and shaped (None: GA over WebRTC)."""
         self.id = admitted.session_id
+        self.call_id = f"rtc_{secrets.token_hex(16)}"
         self._release = admitted.release
         metrics = self._metrics = context.metrics
         config = context.config
@@ -74,7 +87,12 @@ class RtcPeer(ClosesOnce):
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(
-            context, admitted, self._send, self.track, conversation_id, transcribe=config.server.transcribe_input
+            context,
+            admitted,
+            self._send,
+            self.track,
+            conversation_id,
+            shape=shape if shape is not None else event_shape("ga", webrtc=True),
         )
         self._channel: RTCDataChannel | None = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
@@ -106,7 +124,7 @@ class RtcPeer(ClosesOnce):
             return
         self._channel = channel
         channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
-        self.session.events.send(server_events.session_created(self.session.describe()))
+        self.session.send_created()
         outbox, self._outbox = self._outbox, []
         for event in outbox:
             self._send_now(event)
@@ -187,27 +205,43 @@ class RtcPeer(ClosesOnce):
 class RtcOffer:
     """A client's request for a WebRTC session, its parts checked where they entered."""
 
-    sdp: str  # checked by inputs/sdp_offer.py
-    update: SessionUpdate | None = None  # session settings to start with
-    conversation_id: str | None = None  # a stored conversation to continue (known to exist)
+    sdp: str  # checked by answer_offer (inputs/sdp_offer.py)
+    updates: tuple[SessionUpdate, ...] = ()  # session settings to start with, applied in order
+    conversation_id: str | None = None  # a stored conversation to continue
+    shape: EventShape | None = None  # its events' (None: GA over WebRTC)
 
 
 async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer, RTCSessionDescription]:
     """Let the client in (the module docstring's steps) -> (its peer, the SDP answer)."""
+    if offer.conversation_id is not None and await context.store.get_conversation(offer.conversation_id) is None:
+        shown = offer.conversation_id[:80]
+        raise ApiError(404, "conversation_not_found", f"no conversation with id {shown!r}", param="conversation_id")
+    check_offer(offer.sdp)
 
     async def make(admitted: Admitted) -> RtcPeer:
-        return RtcPeer(context, admitted, offer.conversation_id)
+        return RtcPeer(context, admitted, offer.conversation_id, offer.shape)
 
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with context.sessions.opened("webrtc", make) as peer:
         await peer.session.conversation.open()  # its lease: 409 conversation_busy if held elsewhere
-        if offer.update is not None:
+        for update in (*_call_defaults(context), *offer.updates):
             try:
-                peer.session.apply_update(offer.update, announce=False)
+                peer.session.apply_update(update, announce=False)
             except KimiAudioError as exc:
                 raise ApiError(400, "invalid_value", str(exc)) from None
         answer = await _accept(peer, offer.sdp)
     return peer, answer
+
+
+def _call_defaults(context: ServerContext) -> tuple[SessionUpdate, ...]:
+    """What a call starts with beyond a WebSocket session's defaults: the user's words
+    transcribed (`[server] transcribe_input`), unless its own settings say otherwise."""
+    return (SessionUpdate(transcription=Transcription()),) if context.config.server.transcribe_input else ()
+
+
+def find_call(live: list[Transport], call_id: str) -> RtcPeer | None:
+    """The live WebRTC session with this call id, among the registry's `live` transports."""
+    return next((t for t in live if isinstance(t, RtcPeer) and t.call_id == call_id and not t.closed), None)
 
 
 async def _accept(peer: RtcPeer, sdp: str) -> RTCSessionDescription:

@@ -1,6 +1,6 @@
 """A session's playback over a WebSocket: the Playback protocol without a media track.
 
-Each chunk of a response's 24 kHz audio goes out at once as one `response.audio.delta`
+Each chunk of a response's 24 kHz audio goes out at once as one `response.output_audio.delta`
 (base64 pcm16 24 kHz mono, OpenAI's format); the client buffers and plays it. The server
 cannot hear the client's speaker, so what has been played is estimated by a real-time clock
 started at the first delta: played = min(sent, elapsed * 24 kHz). That estimate is what a
@@ -25,7 +25,7 @@ from kimiaudio.server.session.playback import PlaybackListener
 
 class WsPlayback:
     def __init__(self, send_audio: Callable[[str, bytes], None], clock: Callable[[], float] = time.monotonic):
-        self._send_audio = send_audio  # (response id, pcm16 bytes) -> sends one response.audio.delta
+        self._send_audio = send_audio  # (response id, pcm16 bytes) -> sends one audio delta
         self._clock = clock
         self._listener: PlaybackListener | None = None  # the current response's
         self.is_consumed = True  # a WebSocket client receives what is sent

@@ -1,0 +1,107 @@
+"""Ephemeral Realtime keys (OpenAI's client secrets): what an app's backend hands its browser.
+
+`create_client_secret(context, body)` is POST /v1/realtime/client_secrets (called with the
+server's API key) and the page's own POST /api/client_secrets (its sign-in; routes/signin.py):
+the body is OpenAI's `{expires_after?: {anchor: "created_at", seconds: 10..7200}, session?}`
+(600 s when not given, as OpenAI's), the session a GA realtime session object, checked now as
+a session.update is, against this server (its voices, whether it speaks), so that a bad one is
+a 400 here rather than an error when the key is used. The answer is OpenAI's
+`{value: "ek_...", expires_at, session}`. The key is stored in the shared database
+(store/access_keys.py), by its hash, with the session; middleware/issued_keys.py checks it
+where it is presented, and the route opening the session applies the bound session before
+the client's own (`bound_update`), as OpenAI applies it: "these can also be overridden by the
+client connection". A key opens any number of sessions until it expires; a session it opened
+may last longer.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from aiohttp import web
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.context import ServerContext
+from kimiaudio.server.inputs.openai_params import CLIENT_SECRET_FIELDS, EXPIRES_AFTER_FIELDS, check_model
+from kimiaudio.server.middleware.issued_keys import EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, bound_session
+from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.session_objects import ga_session
+from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
+from kimiaudio.store.access_keys import mint_key
+
+DEFAULT_TTL_S = 600  # OpenAI's, when expires_after is not given
+MIN_TTL_S, MAX_TTL_S = 10, 7200
+MAX_BODY_BYTES = 256 * 1024  # long instructions fit; a session is no upload
+
+
+def _bad(code: str, message: str, param: str | None) -> ApiError:
+    return ApiError(400, code, message, param=param)
+
+
+async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
+    """Mint an ephemeral key for `body` (the module docstring) -> OpenAI's answer."""
+    CLIENT_SECRET_FIELDS.check(body)
+    ttl_s = _ttl(body.get("expires_after"))
+    session = body.get("session")
+    settings = _checked_settings(context, session)
+    key, record = await mint_key(context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session)
+    expires_at = int(record.expires_at)
+    described = ga_session(settings, f"sess_{secrets.token_hex(8)}", None)
+    return {"value": key, "expires_at": expires_at, "session": {**described, "expires_at": expires_at}}
+
+
+def _ttl(expires_after: Any) -> int:
+    if expires_after is None:
+        return DEFAULT_TTL_S
+    if not isinstance(expires_after, dict):
+        raise _bad("invalid_type", "expires_after: expected {anchor, seconds}", "expires_after")
+    EXPIRES_AFTER_FIELDS.check(expires_after, "expires_after.")
+    anchor = expires_after.get("anchor", "created_at")
+    if anchor != "created_at":
+        message = f"expires_after.anchor: expected 'created_at', got {anchor!r}"[:200]
+        raise _bad("invalid_value", message, "expires_after.anchor")
+    seconds = expires_after.get("seconds", DEFAULT_TTL_S)
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S:
+        raise _bad(
+            "invalid_value",
+            f"expires_after.seconds: expected an integer from {MIN_TTL_S} to {MAX_TTL_S}, got {seconds!r}"[:200],
+            "expires_after.seconds",
+        )
+    return seconds
+
+
+def _checked_settings(context: ServerContext, session: Any) -> SessionSettings:
+    """The settings a session opened with this configuration starts with (ApiError 400 if it
+    cannot be used here)."""
+    update = parse_bound(context, session) if session is not None else SessionUpdate()
+    pipeline = context.pipeline
+    settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
+    try:
+        settings.apply(update)
+    except ProtocolError as exc:
+        raise _bad(exc.code, str(exc), exc.param) from None
+    except KimiAudioError as exc:  # a voice this server does not have, speech from a text-only server
+        raise _bad("invalid_value", f"session: {exc}", "session") from None
+    return settings
+
+
+def parse_bound(context: ServerContext, session: Any, where: str = "session") -> SessionUpdate:
+    """A session object (bound to a key, or a call's `session` part) as a session.update
+    (ApiError 400 naming the field; 404 for a model this server does not serve)."""
+    if not isinstance(session, dict):
+        raise _bad("invalid_type", f"{where}: expected a JSON object (a realtime session)", where)
+    if session.get("model") is not None:
+        check_model(session["model"], context.config.server.model_aliases, f"{where}.model")
+    try:
+        return parse_session_update(session, where)
+    except ProtocolError as exc:
+        raise _bad(exc.code, str(exc), exc.param) from None
+
+
+def bound_update(context: ServerContext, request: web.Request) -> SessionUpdate | None:
+    """The session configuration of the ephemeral key that opens this request's session, if any."""
+    session = bound_session(request)
+    return None if session is None else parse_bound(context, session)

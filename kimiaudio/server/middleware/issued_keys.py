@@ -1,0 +1,78 @@
+"""What a key the server issued grants (the keys are in the shared store: store/access_keys.py).
+
+- An ephemeral Realtime key (`ek_...`, POST /v1/realtime/client_secrets, minted with the API
+  key): opens a Realtime session (GET /v1/realtime) or a call (POST /v1/realtime/calls),
+  any number of them until it expires, and nothing else; the session configuration bound to
+  it is put on the request (`BOUND_SESSION`) for the route to apply before the client's own.
+  An unknown or expired one is 401 `invalid_api_key`, even on a server without an API key
+  (a client then learns its key expired instead of getting a session without its settings).
+- The page's sign-in (the cookie SIGNIN_COOKIE, set by POST /api/signin for the API key typed
+  once): the page's own routes under /api/, so that the page never keeps the API key.
+A session a key opened may outlive the key, as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from kimiaudio.server.api_error import ApiError
+from kimiaudio.store import ConversationStore
+from kimiaudio.store.access_keys import find_key
+
+EPHEMERAL_PREFIX = "ek_"
+EPHEMERAL_SCOPE = "realtime"
+PAGE_SCOPE = "page"
+SIGNIN_COOKIE = "kimiaudio_signin"
+# Where an ephemeral key is accepted: (method, path) of opening a Realtime session or call.
+EPHEMERAL_ROUTES = (("GET", "/v1/realtime"), ("POST", "/v1/realtime/calls"))
+BOUND_SESSION = web.RequestKey("bound_session", dict)  # the session configuration of the key used
+
+Store = Callable[[], ConversationStore]
+
+
+def is_ephemeral(key: str | None) -> bool:
+    return key is not None and key.startswith(EPHEMERAL_PREFIX)
+
+
+def opens_realtime(request: web.Request) -> bool:
+    return (request.method, request.path.rstrip("/")) in EPHEMERAL_ROUTES
+
+
+def invalid_key(message: str) -> ApiError:
+    return ApiError(401, "invalid_api_key", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def check_ephemeral(store: Store, request: web.Request, key: str) -> None:
+    """An ephemeral key presented to open a session or call: valid, or 401; its bound session
+    goes on the request."""
+    record = await find_key(store(), key)
+    if record is None or record.scope != EPHEMERAL_SCOPE:
+        raise invalid_key("this ephemeral key is not valid (mint one with POST /v1/realtime/client_secrets)")
+    if record.expired(store().clock()):
+        raise invalid_key("this ephemeral key has expired (mint a new one with POST /v1/realtime/client_secrets)")
+    if record.session is not None:
+        request[BOUND_SESSION] = record.session
+
+
+def out_of_scope() -> ApiError:
+    return invalid_key(
+        "an ephemeral key (ek_...) only opens a Realtime session (GET /v1/realtime) or call "
+        "(POST /v1/realtime/calls); this route needs the server's API key"
+    )
+
+
+async def signed_in(store: Store, request: web.Request) -> bool:
+    """The request carries the cookie of an unexpired page sign-in."""
+    key = request.cookies.get(SIGNIN_COOKIE)
+    if not key:
+        return False
+    record = await find_key(store(), key)
+    return record is not None and record.scope == PAGE_SCOPE and not record.expired(store().clock())
+
+
+def bound_session(request: web.Request) -> dict[str, Any] | None:
+    """The session configuration of the ephemeral key that opened this request's session, if any."""
+    return request.get(BOUND_SESSION)

@@ -1,0 +1,60 @@
+"""What a response asks of the pipeline: the turn answering the newest user turn of the
+conversation, with the session's settings and those of the response.create that asked for it.
+
+The newest stored turn must be the user's and spoken (the pipeline answers user audio; text
+items before it are context); the conversation before it is the history, led by the
+instructions as a user text message; the output type, voice and sampling are the session's
+unless the response.create names its own. What cannot be answered is a ProtocolError naming
+why: the Responder ends that response failed (responder.py).
+"""
+
+from __future__ import annotations
+
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
+from kimiaudio.server.session.client_events import ResponseCreate
+from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.session_settings import SessionSettings
+
+
+async def answer_request(
+    settings: SessionSettings, conversation: Conversation, request: ResponseCreate | None
+) -> tuple[int, HistoryTurn, TurnRequest]:
+    """(the index of the newest user turn, that turn, the pipeline turn answering it);
+    `request`: the response.create (None: a turn the server's VAD committed)."""
+    if settings.kind == "transcription":
+        raise ProtocolError(
+            "transcription_session",
+            'response.create: a transcription session (session.type "transcription") generates no responses',
+        )
+    last = await conversation.last_turn() if conversation.id is not None else None
+    index, user_turn = last if last is not None else (-1, None)
+    if user_turn is None or user_turn.role != "user" or user_turn.audio is None:
+        raise ProtocolError(
+            "no_user_audio",
+            "response.create: the conversation does not end with a spoken user turn "
+            "(kimiaudio answers speech; text items are context for the next spoken turn)",
+        )
+    history = list((await conversation.history())[:-1])
+    instructions = request.instructions if request and request.instructions is not None else settings.instructions
+    if instructions:
+        history.insert(0, HistoryTurn("user", text=instructions))
+    output_type = settings.answer_type(request.output_type if request else None)
+    named = request.voice if request else None
+    try:
+        voice = settings.voice_prompt(named) if output_type == "both" else None
+    except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile
+        raise ProtocolError("unknown_voice", f"response.create: {exc}", "response.voice") from None
+    sampling = settings.sampling(
+        output_type, request.temperature if request else None, request.max_new_tokens if request else None
+    )
+    turn = TurnRequest(
+        conversation_id=conversation.stored_id,
+        history=history,
+        user_audio=user_turn.audio,
+        sampling=sampling,
+        output_type=output_type,
+        voice=voice,
+    )
+    return index, user_turn, turn

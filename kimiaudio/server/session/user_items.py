@@ -1,0 +1,83 @@
+"""A session's user items stored and announced: a committed utterance, or a text item
+(conversation.item.create), becomes a turn of its conversation before anything answers it.
+
+The item is refused (an `error`, False) when its audio is no usable speech or the store cannot
+take it: a turn that is not stored is not answered. A stored one is announced as OpenAI does,
+input_audio_buffer.committed for an utterance, then conversation.item.added and .done (its id
+chained to the item before it), and an utterance's words are transcribed beside what follows
+(input_transcription.py). A response in progress is settled first (barge-in: what was heard of
+it is stored before the new turn).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from kimiaudio.audio.io import check_speech_input
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
+from kimiaudio.server.session import server_events
+from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.input_transcription import InputTranscription
+from kimiaudio.server.session.queued_turn import QueuedAudio, QueuedItem, QueuedText
+from kimiaudio.server.session.responder import Responder
+from kimiaudio.server.session.session_settings import SessionSettings
+
+log = logging.getLogger(__name__)
+
+
+class UserItems:
+    def __init__(
+        self,
+        settings: SessionSettings,
+        conversation: Conversation,
+        events: EventSender,
+        responder: Responder,
+        transcription: InputTranscription,
+    ):
+        self._settings = settings
+        self._conversation = conversation
+        self._events = events
+        self._responder = responder
+        self._transcription = transcription
+
+    async def store(self, work: QueuedItem) -> bool:
+        """Store a user utterance or a text item (and announce it); False if it was refused."""
+        events, conversation = self._events, self._conversation
+        audio = work.audio if isinstance(work, QueuedAudio) else None
+        if audio is not None:
+            try:
+                check_speech_input(audio, self._settings.config.audio)
+            except KimiAudioError as exc:
+                events.error("invalid_audio", str(exc))
+                return False
+        await self._responder.settle()
+        role = work.role if isinstance(work, QueuedText) else "user"
+        try:
+            if await conversation.ensure():
+                events.send(server_events.conversation_created(conversation.stored_id))
+            if role == "assistant":
+                index, _ = await conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
+            else:
+                index, _ = await conversation.add_user(audio, work.text)
+        except Exception as exc:
+            if isinstance(exc, StoreUnavailableError):  # the database is away: the session lives on
+                log.warning("session %s: the user turn could not be stored: %s", events.session_id, exc)
+            else:
+                log.exception("session %s: storing the user turn failed", events.session_id)
+            events.error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
+            return False
+        conversation_id = conversation.stored_id
+        previous = conversation.next_item(work.item_id)
+        if audio is not None:
+            seconds = audio.size / SPEECH_INPUT_RATE
+            events.send(server_events.committed(conversation_id, index, seconds, work.item_id, previous))
+        item = server_events.message_item(work.item_id, role, work.text, audio is not None, index)
+        events.send(server_events.item_added(conversation_id, item, previous))
+        events.send(server_events.item_done(conversation_id, item, previous))
+        if audio is not None:  # its input_audio part follows an input_text part, if any
+            self._transcription.start(work.item_id, 1 if work.text else 0, index, audio)
+        return True

@@ -1,0 +1,147 @@
+// kimiaudio demo page: a WebRTC call, made as OpenAI's Realtime browser examples make one.
+// 1. An ephemeral key from the page's backend (POST /api/client_secrets, which mints it as
+//    POST /v1/realtime/client_secrets does), with the session to start with (the voice).
+// 2. A peer connection with the microphone and a data channel named "oai-events", where the
+//    Realtime events travel as JSON (GA shape) both ways.
+// 3. The SDP offer to POST /v1/realtime/calls (Authorization: Bearer ek_...; Content-Type:
+//    application/sdp; ?conversation_id= continues a stored conversation), the SDP answer back
+//    (201; the call id in Location). The answer's audio plays from the remote track.
+// Hanging up closes the peer connection; the server stores what was heard. Loaded before app.js.
+"use strict";
+
+async function getMicrophone() {
+  if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
+    throw new Error("This browser gives the microphone only to https:// or localhost pages. Open the page through http://localhost or set up https.");
+  }
+  try {
+    return await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
+    });
+  } catch (e) {
+    if (e.name === "NotAllowedError" || e.name === "SecurityError") {
+      throw new Error("Microphone access was denied. Allow the microphone for this page (the icon in the address bar) and press Connect again.");
+    }
+    if (e.name === "NotFoundError" || e.name === "OverconstrainedError") {
+      throw new Error("No microphone was found. Plug one in and press Connect again.");
+    }
+    throw new Error(`The microphone could not be opened (${e.name}: ${e.message}).`);
+  }
+}
+
+// The ephemeral key for one call, with the session it starts with bound to it.
+async function ephemeralKey() {
+  const body = { expires_after: { anchor: "created_at", seconds: 60 }, session: voiceSession() }; // static/voices.js
+  let resp;
+  try {
+    resp = await apiFetch("/api/client_secrets", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+  } catch (e) {
+    throw e instanceof Unauthorized ? e : new Error(UNREACHABLE);
+  }
+  if (!resp.ok) throw new Error(`The server refused the session: ${await apiError(resp)}`);
+  return (await resp.json()).value;
+}
+
+async function openSession() {
+  session.mic = await getMicrophone();
+  const key = await ephemeralKey();
+  // RTCIceServer dictionaries (TURN ones with the server's time-limited credentials).
+  const iceServers = (session.status && session.status.ice_servers) || [];
+  const pc = new RTCPeerConnection({ iceServers });
+  session.pc = pc;
+  session.channel = pc.createDataChannel("oai-events");
+  session.channel.onmessage = (e) => onEvent(JSON.parse(e.data));
+  session.mic.getTracks().forEach((track) => pc.addTrack(track, session.mic));
+  pc.ontrack = (e) => { $("remote-audio").srcObject = e.streams[0] || new MediaStream([e.track]); };
+  const lost = () => {
+    if (pc !== session.pc) return; // we hung up ourselves
+    showError("The connection to the server was lost. Press Connect to start again.");
+    disconnect();
+  };
+  session.channel.onclose = lost; // the server closed the session (or stopped)
+  pc.onconnectionstatechange = () => {
+    if (pc.connectionState === "failed" || pc.connectionState === "closed") lost();
+    // "disconnected" may heal by itself; give it a few seconds.
+    if (pc.connectionState === "disconnected") setTimeout(() => { if (pc.connectionState === "disconnected") lost(); }, 5000);
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGatheringComplete(pc);
+
+  const query = session.continueId ? `?conversation_id=${encodeURIComponent(session.continueId)}` : "";
+  let resp;
+  try {
+    resp = await fetch(`/v1/realtime/calls${query}`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/sdp" },
+      body: pc.localDescription.sdp,
+    });
+  } catch (e) {
+    throw new Error(UNREACHABLE);
+  }
+  if (resp.status === 503 || resp.status === 409) {
+    const wait = resp.headers.get("Retry-After") || "a few";
+    const what = resp.status === 503 ? "The server is full" : "That conversation is open elsewhere";
+    throw new Error(`${what}: ${await apiError(resp)}. Try again in ${wait} seconds.`);
+  }
+  if (resp.status !== 201) throw new Error(`The server refused the call: ${await apiError(resp)}`);
+  session.callId = (resp.headers.get("Location") || "").split("/").pop();
+  await pc.setRemoteDescription({ type: "answer", sdp: await resp.text() });
+  startMeter(session.mic);
+}
+
+function iceGatheringComplete(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const check = () => {
+      if (pc.iceGatheringState === "complete") {
+        pc.removeEventListener("icegatheringstatechange", check);
+        resolve();
+      }
+    };
+    pc.addEventListener("icegatheringstatechange", check);
+    setTimeout(resolve, 5000); // some networks never finish gathering: go with what we have
+  });
+}
+
+function disconnect() {
+  const pc = session.pc;
+  session.pc = null;
+  session.channel = null;
+  session.callId = null;
+  if (pc) pc.close();
+  if (session.mic) session.mic.getTracks().forEach((t) => t.stop());
+  session.mic = null;
+  if (session.meter) session.meter.stop();
+  session.meter = null;
+  $("mic-level").style.width = "0";
+  $("connect").textContent = "Connect";
+  setState("disconnected");
+}
+
+function send(event) {
+  if (session.channel && session.channel.readyState === "open") session.channel.send(JSON.stringify(event));
+}
+
+// ---------------------------------------------------------------- microphone level meter
+function startMeter(stream) {
+  const AudioCtx = window.AudioContext || window.webkitAudioContext;
+  if (!AudioCtx) return;
+  const ctx = new AudioCtx();
+  const analyser = ctx.createAnalyser();
+  analyser.fftSize = 1024;
+  ctx.createMediaStreamSource(stream).connect(analyser);
+  const data = new Float32Array(analyser.fftSize);
+  let running = true;
+  const tick = () => {
+    if (!running) return;
+    analyser.getFloatTimeDomainData(data);
+    let sum = 0;
+    for (const v of data) sum += v * v;
+    const db = 20 * Math.log10(Math.sqrt(sum / data.length) + 1e-6); // -120..0 dBFS
+    $("mic-level").style.width = `${Math.max(0, Math.min(100, (db + 60) * 100 / 60))}%`;
+    requestAnimationFrame(tick);
+  };
+  tick();
+  session.meter = { stop() { running = false; ctx.close(); } };
+}

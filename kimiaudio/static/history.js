@@ -1,0 +1,116 @@
+// kimiaudio demo page: the stored conversations (GET /api/conversations...): the list and its
+// search box, one conversation's turns with their audio, continuing one (the next call's
+// ?conversation_id=, or conversation.select on the live call's channel), deleting one.
+// Loaded before app.js.
+"use strict";
+
+let selectedId = null; // conversation shown in the side panel
+let listRequests = 0; // a slower answer to an older search must not replace a newer one
+
+function audioUrl(conversationId, index) {
+  // The sign-in cookie goes with the request: no key in the URL.
+  return `/api/conversations/${encodeURIComponent(conversationId)}/turns/${index}/audio`;
+}
+
+function addReplay(li, conversationId, index) {
+  const audio = document.createElement("audio");
+  audio.controls = true;
+  audio.preload = "none";
+  audio.src = audioUrl(conversationId, index);
+  li.append(audio);
+}
+
+async function refreshConversations() {
+  const q = $("search").value.trim();
+  const request = ++listRequests;
+  let body;
+  try {
+    const resp = await apiFetch(q ? `/api/conversations?q=${encodeURIComponent(q)}` : "/api/conversations");
+    if (!resp.ok) { if (q) showError(await apiError(resp)); return; }
+    body = await resp.json();
+  } catch (e) {
+    return;
+  }
+  if (request !== listRequests) return;
+  const list = $("conversations");
+  list.replaceChildren();
+  for (const c of body.conversations) {
+    const li = document.createElement("li");
+    li.textContent = c.title || "Untitled conversation";
+    li.classList.toggle("selected", c.id === selectedId);
+    const when = document.createElement("span");
+    when.className = "when";
+    when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${c.num_turns} turns`;
+    li.append(when);
+    li.onclick = () => showConversation(c.id);
+    list.append(li);
+  }
+  if (!body.conversations.length) {
+    list.innerHTML = q ? '<li class="muted">No conversation matches.</li>' : '<li class="muted">No conversations yet.</li>';
+  }
+}
+
+async function showConversation(id) {
+  let resp;
+  try {
+    resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`);
+  } catch (e) {
+    return;
+  }
+  if (!resp.ok) { showError(await apiError(resp)); return; }
+  const c = await resp.json();
+  selectedId = id;
+  $("detail-title").textContent = c.title || "Untitled conversation";
+  const turns = $("detail-turns");
+  turns.replaceChildren();
+  for (const t of c.turns) {
+    const li = document.createElement("li");
+    li.className = `turn ${t.role}` + (t.interrupted ? " interrupted" : "");
+    const span = document.createElement("span");
+    span.className = "text";
+    if (t.role === "user" && t.has_audio) {
+      span.textContent = t.transcript ?? `You spoke (${t.duration_s.toFixed(1)} s)`;
+      if (t.text) span.textContent = `${t.text} · ${span.textContent}`;
+    } else {
+      span.textContent = t.text || "(no text)";
+    }
+    li.append(span);
+    if (t.has_audio) addReplay(li, id, t.index);
+    turns.append(li);
+  }
+  $("conversation-detail").hidden = false;
+  refreshConversations();
+}
+
+function continueSelected() {
+  if (!selectedId) return;
+  session.continueId = selectedId;
+  if (session.pc) send({ type: "conversation.select", conversation_id: selectedId });
+  else $("conversation-note").textContent = "Press Connect to continue the selected conversation.";
+  $("transcript").replaceChildren();
+}
+
+async function deleteSelected() {
+  if (!selectedId || !confirm("Delete this conversation and its audio?")) return;
+  let resp;
+  try {
+    resp = await apiFetch(`/api/conversations/${encodeURIComponent(selectedId)}`, { method: "DELETE" });
+  } catch (e) {
+    return;
+  }
+  if (!resp.ok) {  // e.g. 409: a live session holds it; it is still there
+    showError(await apiError(resp));
+    return;
+  }
+  if (session.continueId === selectedId) session.continueId = null;
+  selectedId = null;
+  $("conversation-detail").hidden = true;
+  refreshConversations();
+}
+
+function newConversation() {
+  session.continueId = null;
+  if (session.pc) send({ type: "conversation.select", conversation_id: null });
+  $("transcript").replaceChildren();
+  $("conversation-note").textContent = "A new conversation starts when you speak.";
+}

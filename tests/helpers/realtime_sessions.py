@@ -1,0 +1,72 @@
+"""Realtime sessions in either shape with the official `openai` client, for tests that run the
+same conversation as a GA client (`client.realtime.connect()`) and as a beta one
+(`client.beta.realtime.connect()`): the connection, and the session settings written and read
+the way each shape's clients write and read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from helpers.realtime_events import MODEL
+
+APIS = ("ga", "beta")
+UNSET: Any = object()
+
+
+def connect(client, api: str, model: str = MODEL, **options):
+    """The connection manager of `client` for the shape `api` (`async with` opens it)."""
+    if api == "ga":
+        return client.realtime.connect(model=model, **options)
+    return client.beta.realtime.connect(model=model, **options)
+
+
+def session_update(
+    api: str,
+    *,
+    turn_detection: Any = UNSET,
+    text_only: bool | None = None,
+    transcription: Any = UNSET,
+    input_rate: int | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A session.update's `session` in the shape `api`: turn detection (a dict or None), text
+    answers, input transcription (a dict or None), 16 kHz input (kimiaudio's), and any field
+    both shapes name alike (instructions, kimiaudio's vad and sampling)."""
+    if api == "beta":
+        session: dict[str, Any] = dict(fields)
+        if turn_detection is not UNSET:
+            session["turn_detection"] = turn_detection
+        if text_only is not None:
+            session["modalities"] = ["text"] if text_only else ["text", "audio"]
+        if transcription is not UNSET:
+            session["input_audio_transcription"] = transcription
+        if input_rate is not None:  # beta's pcm16 is 24 kHz; kimiaudio takes GA's format object in either shape
+            session["audio"] = {"input": {"format": {"type": "audio/pcm", "rate": input_rate}}}
+        return session
+    audio_in: dict[str, Any] = {}
+    if turn_detection is not UNSET:
+        audio_in["turn_detection"] = turn_detection
+    if transcription is not UNSET:
+        audio_in["transcription"] = transcription
+    if input_rate is not None:
+        audio_in["format"] = {"type": "audio/pcm", "rate": input_rate}
+    session = {"type": "realtime", **fields}
+    if audio_in:
+        session["audio"] = {"input": audio_in}
+    if text_only is not None:
+        session["output_modalities"] = ["text"] if text_only else ["audio"]
+    return session
+
+
+def turn_detection(session, api: str):
+    """The turn detection a session.created / .updated reports (None: the client commits)."""
+    return session.turn_detection if api == "beta" else session.audio.input.turn_detection
+
+
+def transcription(session, api: str):
+    """The input transcription a session.created / .updated reports (None: off)."""
+    return session.input_audio_transcription if api == "beta" else session.audio.input.transcription
+
+
+def text_only(session, api: str) -> bool:
+    return (session.modalities if api == "beta" else session.output_modalities) == ["text"]
