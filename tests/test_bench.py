@@ -12,7 +12,8 @@ import pytest
 
 from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.bench.decode_7b import run_random_7b
-from kimiaudio.bench.pipeline_bench import PlaybackClock, bench_inputs
+from kimiaudio.bench.pipeline_bench import bench_inputs
+from kimiaudio.bench.session_run import PlaybackClock
 from kimiaudio.bench.slow_steps import format_slow_steps, slow_step_report
 from kimiaudio.bench.stats import ms_p50_p95, percentile
 from kimiaudio.config import load_config

@@ -9,8 +9,8 @@ import torch
 
 from kimiaudio.checkpoint.paths import find_checkpoint
 from kimiaudio.config import DetokConfig
-from kimiaudio.detok.cuda_graphs import GraphCache
 from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.detok.dit_vocoder_graphs import GraphCache
 
 from helpers.detok_reference import streamed_samples
 
@@ -48,7 +48,7 @@ def test_graph_cache_is_lazy_and_bounded():
 
 
 class StandInCapture:
-    """Runs the warm-up like cuda_graphs.capture; replay calls the body again."""
+    """Runs the warm-up like dit_vocoder_graphs.capture; replay calls the body again."""
 
     def __init__(self):
         self.captured = 0

@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from kimiaudio.engine.engine_io import RequestError
 from kimiaudio.engine.reference_loop import generate_reference
+from kimiaudio.engine.request import RequestError
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.models.kimia_lm import KimiAudioLM
 
@@ -111,7 +111,7 @@ def test_follow_up_prompt_is_served_from_prefix_cache(setup):
     # The first request computed K/V for its prompt and every step but the last: the full
     # blocks of those positions are the hit.
     block_size = engine.config.block_size
-    cached = (len(first.audio_ids) + len(generated) - 1) // block_size * block_size
+    cached = (len(first.prompt.audio_ids) + len(generated) - 1) // block_size * block_size
     while engine.has_work():
         steps += engine.step()
     outputs = [(o.text_token, o.audio_token) for o in steps]
@@ -195,10 +195,10 @@ def test_finishing_output_carries_the_official_return_values(setup):
     for request in requests:
         reference = generate_reference(
             lm,
-            request.audio_ids,
-            request.text_ids,
-            request.continuous_mask,
-            request.features,
+            request.prompt.audio_ids,
+            request.prompt.text_ids,
+            request.prompt.continuous_mask,
+            request.prompt.features,
             request.params,
             request.output_type,
             request.specials,

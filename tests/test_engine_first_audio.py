@@ -8,7 +8,7 @@ the control, a text-only answer, which keeps its place in arrival order.
 from __future__ import annotations
 
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
+from kimiaudio.engine.request import BACKGROUND_PRIORITY
 from kimiaudio.engine.scheduler import Scheduler
 
 from helpers.scheduler_driver import BS, FakeRunner, assert_pool_idle, expected_tokens, make_seq

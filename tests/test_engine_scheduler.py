@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.engine_io import RequestError
+from kimiaudio.engine.request import RequestError
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import SequenceStatus
 
@@ -295,7 +295,7 @@ def test_an_answer_that_cannot_fit_yet_preempts_nothing():
 def test_bookkeeping_imports_no_torch():
     """The scheduler, its plan, sequences, blocks and rules run (and are tested) without torch:
     Sequence names torch and the params' types for type checking only."""
-    modules = ("scheduler", "step_plan", "sequence", "block_manager", "stop_rules", "engine_io")
+    modules = ("scheduler", "step_plan", "sequence", "block_manager", "stop_rules", "request", "step_output")
     code = ";".join(f"import kimiaudio.engine.{m}" for m in modules) + ";import sys;print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

@@ -15,7 +15,7 @@ from kimiaudio.audio.io import load_audio
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.voices import UnknownVoiceError, Voice, VoiceRegistry
+from kimiaudio.pipeline.voice_registry import UnknownVoiceError, Voice, VoiceRegistry
 
 from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kimiaudio.bench.decode_7b import decode_weight_bytes
+from kimiaudio.bench.roofline import decode_weight_bytes
 from kimiaudio.engine.reference_loop import iter_reference
 from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.models.quantize import quantize_lm
@@ -80,10 +80,10 @@ def _reference(lm, request) -> list:
     return list(
         iter_reference(
             lm,
-            request.audio_ids,
-            request.text_ids,
-            request.continuous_mask,
-            request.features,
+            request.prompt.audio_ids,
+            request.prompt.text_ids,
+            request.prompt.continuous_mask,
+            request.prompt.features,
             request.params,
             request.output_type,
             request.specials,

@@ -19,8 +19,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from kimiaudio.engine import triton_attention  # noqa: E402
-from kimiaudio.engine.kv_pool import KVPool  # noqa: E402
-from kimiaudio.engine.paged_attention import DecodeMetadata, decode_attention, store_kv  # noqa: E402
+from kimiaudio.engine.decode_attention import DecodeMetadata, decode_attention  # noqa: E402
+from kimiaudio.engine.kv_pool import KVPool, store_kv  # noqa: E402
 from kimiaudio.engine.triton_attention import decode_partitions  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

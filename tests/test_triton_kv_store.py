@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from kimiaudio.engine.decode_attention import DecodeMetadata, PagedDecodeAttention  # noqa: E402
 from kimiaudio.engine.kv_pool import KVPool  # noqa: E402
-from kimiaudio.engine.paged_attention import DecodeMetadata, PagedDecodeAttention  # noqa: E402
 from kimiaudio.engine.triton_kv_store import rotary_store_triton, store_kv_triton  # noqa: E402
 from kimiaudio.layers import triton_ops  # noqa: E402
 from kimiaudio.layers.rotary import RotaryEmbedding  # noqa: E402

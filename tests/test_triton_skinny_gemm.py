@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from kimiaudio.layers import fp8, int8, skinny_gemm, triton_ops  # noqa: E402
+from kimiaudio.layers import fp8, int8, skinny_gemm, triton_ops, weight_widening  # noqa: E402
 from kimiaudio.layers.gemm_tiles import DEFAULTS, LARGE, SEMAPHORES, TORCH, Tile, split_k  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -186,7 +186,7 @@ def run_ptx(asm: str, byte_word: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("name, dtype", [("_E4M3_TO_BF16", fp8.FP8), ("_INT8_TO_BF16", torch.int8)])
 def test_widening_ptx_gives_every_byte_its_value(name, dtype):
-    asm = getattr(skinny_gemm, name).value
+    asm = getattr(weight_widening, name).value
     modelled = {"mov.b32", "prmt.b32", "lop3.b32", "shr.b32", "fma.rn.bf16x2"}
     assert set(re.findall(r"^([a-z][a-z0-9.]*) ", asm, re.M)) <= modelled  # run_ptx models each
     values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()

@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.bench.arrivals import Arrivals
-from kimiaudio.bench.pipeline_bench import STAGES, BenchRow, run_bench
+from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
+from kimiaudio.bench.session_run import STAGES
 from kimiaudio.bench.slow_steps import format_slow_steps
 from kimiaudio.errors import KimiAudioError
 
@@ -141,7 +142,7 @@ def run_bench_command(config, args) -> int:
         print_rows(run_http_bench(stack, config, sessions, args.turns, speech, args.max_new_tokens), args.json)
         return 0
     if args.webrtc:
-        from kimiaudio.bench.webrtc import print_rows, run_webrtc_bench
+        from kimiaudio.bench.webrtc_bench import print_rows, run_webrtc_bench
 
         if stack.is_demo and not args.json:
             print(DEMO_NOTICE)

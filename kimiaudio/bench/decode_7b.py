@@ -17,7 +17,8 @@ With `--profile`, torch.profiler's account of the steps per batch size (bench/st
 the top kernels, the time of each group of kernels (GEMMs, attention, norms, sampler, ...) and
 the idle time a step, and the GEMMs' achieved bandwidth (a step's weight bytes over their time).
 The skinny GEMM's tiles chosen by measurement at start-up are in the JSON (`gemm_tiles`).
-Only the LM is built here; first-audio latency is measured by the pipeline bench.
+Only the LM is built here; first-audio latency is measured by the pipeline bench. The floors
+are measured in roofline.py; the prompts, in the official token numbering, are prompts_7b.py's.
 """
 
 from __future__ import annotations
@@ -32,142 +33,23 @@ from typing import Any
 import numpy as np
 import torch
 
+from kimiaudio.bench.prompts_7b import KIMI_AUDIO_7B, PREFILL_LEN, PROMPT_LEN, Prompts
+from kimiaudio.bench.roofline import copy_bandwidth, decode_weight_bytes, matmul_flops, prefill_flops
 from kimiaudio.bench.stats import percentile
 from kimiaudio.bench.step_profile import groups_line, profile_decode, start_decoding
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.llm_engine import LLMEngine
-from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.engine.stop_rules import RuleTokens
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.layers.device_memory import peak_memory
 from kimiaudio.layers.fp8 import require_fp8
-from kimiaudio.models.kimia_config import KimiaConfig
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.models.quantize import quantize_lm
-from kimiaudio.random_weights.lm import lm_config
 from kimiaudio.random_weights.modules import random_lm
-from kimiaudio.random_weights.shapes import FULL
 
-# The official special-token ids (the prompts here are built by hand in that numbering, not
-# with the demo tokenizer): the LM finds the Whisper features between the media ids.
-SPECIALS_7B = RuleTokens(text_blank=151666, text_eos=151667, msg_end=151645, media_end=151663)
-MEDIA_BEGIN_7B = 151661
-USER_MSG_START, SPEECH_CTD, ASSISTANT_MSG_START = 151670, 151676, 151671  # docs/official-model.md, "Special tokens"
-# config.json of moonshotai/Kimi-Audio-7B-Instruct: the FULL shape's LM, the official media ids.
-KIMI_AUDIO_7B = {**lm_config(FULL), "kimia_media_begin": MEDIA_BEGIN_7B, "kimia_media_end": SPECIALS_7B.media_end}
-PROMPT_LEN = 128
-PREFILL_LEN = 1000  # the long prompt: media begin, PREFILL_LEN - 5 continuous positions, 4 markers
 PREFILL_SLACK = 256  # steps a sequence may decode before its whole batch does
 DECODE_STEPS = 32
 WARMUP_STEPS = 4
-
-
-def decode_weight_bytes(lm: KimiAudioLM) -> int:
-    """Bytes one decode step reads: all parameters except the two embedding lookups' tables
-    (only B rows of embed_tokens are read) and the VQ adaptor (prefill only). Quantized layers'
-    parameters are their int8 / fp8 weights and fp32 scales: what the step reads of them."""
-    skip = ("embed_tokens", "vq_adaptor")
-    return sum(p.numel() * p.element_size() for n, p in lm.named_parameters() if not any(s in n for s in skip))
-
-
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
-    """Bytes/s of a device-to-device copy (read + write counted)."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    _sync(device)
-    start, reps = time.perf_counter(), 10
-    for _ in range(reps):
-        dst.copy_(src)
-    _sync(device)
-    return 2 * nbytes * reps / (time.perf_counter() - start)
-
-
-def matmul_flops(device: torch.device, dtype: torch.dtype, n: int) -> float:
-    """FLOP/s of an n x n x n matmul in `dtype` (the compute roof prefill GEMMs can reach)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(2):
-        a @ b
-    _sync(device)
-    start, reps = time.perf_counter(), 10
-    for _ in range(reps):
-        a @ b
-    _sync(device)
-    return 2 * n**3 * reps / (time.perf_counter() - start)
-
-
-def prefill_flops(lm: KimiAudioLM, positions: int, continuous: int) -> float:
-    """Matmul FLOPs of one prompt's prefill: every layer's projections at every position, the
-    causal attention scores and sums, the VQ adaptor at the continuous positions, both heads
-    at the last position only."""
-    cfg = lm.config
-    layers = [*lm.model.layers, *lm.model.mimo_layers]
-    per_position = sum(
-        p.numel() for layer in layers for n, p in layer.named_parameters() if n.endswith("weight") and p.dim() == 2
-    )
-    attention = len(layers) * 2 * 2 * (positions * (positions + 1) // 2) * cfg.hidden_size  # q.k and p.v
-    vq_adaptor = lm.model.vq_adaptor
-    adaptor = sum(p.numel() for p in vq_adaptor.parameters() if p.dim() == 2) if vq_adaptor is not None else 0
-    heads = lm.lm_head.weight.numel() + lm.mimo_output.weight.numel()
-    return 2.0 * (per_position * positions + adaptor * continuous + heads) + attention
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class Prompts:
-    """Distinct prompts (so the prefix cache never serves one from another) and their params."""
-
-    def __init__(self, config: KimiaConfig, steps: int):
-        self.config = config
-        self.gen = np.random.default_rng(0)
-        self.count = 0
-        # ignore_eos: random weights may sample msg_end, and every step must run the whole batch.
-        self.params = SamplingParams(seed=1, max_new_tokens=steps, ignore_eos=True)  # the default sampling
-
-    def codes(self, n: int) -> list[int]:
-        return self.gen.integers(self.config.kimia_token_offset, self.config.vocab_size, n).tolist()
-
-    def short(self) -> EngineRequest:
-        """PROMPT_LEN speech codes, no features."""
-        self.count += 1
-        return EngineRequest(
-            f"r{self.count}",
-            self.codes(PROMPT_LEN),
-            [SPECIALS_7B.text_blank] * PROMPT_LEN,
-            [0] * PROMPT_LEN,
-            None,
-            self.params,
-            "both",
-            SPECIALS_7B,
-        )
-
-    def long(self) -> EngineRequest:
-        """PREFILL_LEN positions: a user turn of speech codes with a Whisper feature each."""
-        self.count += 1
-        cfg, n = self.config, PREFILL_LEN - 5
-        audio = (
-            [USER_MSG_START, cfg.kimia_media_begin]
-            + self.codes(n)
-            + [cfg.kimia_media_end, SPEECH_CTD, ASSISTANT_MSG_START]
-        )
-        mask = [0, 0] + [1] * n + [0, 0, 0]
-        features = torch.from_numpy(self.gen.standard_normal((n, cfg.kimia_adaptor_input_dim), dtype=np.float32))
-        return EngineRequest(
-            f"r{self.count}",
-            audio,
-            [SPECIALS_7B.text_blank] * PREFILL_LEN,
-            mask,
-            features,
-            SamplingParams(seed=1, max_new_tokens=4, ignore_eos=True),
-            "both",
-            SPECIALS_7B,
-        )
 
 
 def _timed_step(engine: LLMEngine) -> tuple[float, list]:

@@ -60,8 +60,8 @@ def _detok_graphs(stack) -> dict:
 
 
 def _lm_measures(stack, config, device) -> dict:
-    from kimiaudio.engine.engine_io import EngineRequest
     from kimiaudio.engine.llm_engine import LLMEngine
+    from kimiaudio.engine.request import EngineRequest, RequestPrompt
     from kimiaudio.engine.sampling_params import SamplingParams
     from kimiaudio.pipeline.memory_plan import graph_logits_bytes, mixed_graph_bytes
 
@@ -83,7 +83,9 @@ def _lm_measures(stack, config, device) -> dict:
         codes = rng.integers(cfg.kimia_token_offset, cfg.vocab_size, tokens).tolist()
         params = SamplingParams(seed=0, max_new_tokens=1, ignore_eos=True)
         engine.add_request(
-            EngineRequest("prefill", codes, [blank] * tokens, [0] * tokens, None, params, "both", stack.specials)
+            EngineRequest(
+                "prefill", RequestPrompt(codes, [blank] * tokens, [0] * tokens, None), params, "both", stack.specials
+            )
         )
         while engine.has_work():
             engine.step()

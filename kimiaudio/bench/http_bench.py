@@ -112,7 +112,7 @@ async def _bench_n(stack, config, n: int, turns: int, clips: list[np.ndarray]) -
 def run_http_bench(
     stack, config, sessions: list[int], turns: int, speech: list[np.ndarray] | None, max_new_tokens: int
 ) -> list[dict]:
-    from kimiaudio.bench.webrtc import espeak_speech
+    from kimiaudio.bench.webrtc_bench import espeak_speech
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="kimiaudio-bench-") as tmp:

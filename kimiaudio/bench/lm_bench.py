@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from kimiaudio.engine.engine_io import EngineRequest
+from kimiaudio.engine.request import EngineRequest, RequestPrompt
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.text.prompt import Message, build_prompt
@@ -100,10 +100,7 @@ def lm_engine_run(stack, config, users: list[list[Message]], params: list[Sampli
         engine.add_request(
             EngineRequest(
                 request_id,
-                prompt.audio_ids,
-                prompt.text_ids,
-                prompt.continuous_mask,
-                prompt.features_tensor(),
+                RequestPrompt(prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor()),
                 params[session],
                 "both",
                 stack.specials,

@@ -9,6 +9,7 @@ The same seeds are used on both sides, so both generate the same tokens. Every t
 to its new-position limit unless `--natural-lengths` (see bench_inputs). Sessions speak their
 first turn at once or as a Poisson process (bench/arrivals.py); each row says why its turns
 waited (p50 and p95 of each stage of a turn) and why its LM steps were slow (bench/slow_steps.py).
+One session's conversation, as its listener hears it, is bench/session_run.py.
 """
 
 from __future__ import annotations
@@ -17,21 +18,18 @@ import asyncio
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.bench.lm_bench import bench_lm, bench_reference
+from kimiaudio.bench.session_run import STAGES, run_session
 from kimiaudio.bench.slow_steps import slow_step_report
 from kimiaudio.bench.speech import synthetic_speech
 from kimiaudio.bench.stats import percentile
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.pipeline import Pipeline
-from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.pipeline.worker import configure_worker_thread
 
 
@@ -74,83 +72,9 @@ class BenchRow:
 
 BURST = Arrivals()
 
-# TurnDone.timings pairs (begin, end) of each stage reported per row.
-STAGES = {
-    "queue": (None, "queued_s"),
-    "encode": ("queued_s", "encoded_s"),
-    "prefill": ("encoded_s", "prefill_done_s"),
-    "first_audio_token": ("prefill_done_s", "first_audio_token_s"),
-    "first_pcm": ("first_audio_token_s", "first_pcm_s"),
-}
-
 
 def _percentile(values: list[float], q: float) -> float:
     return percentile(values, q, empty=float("nan"))  # the row's fields are floats
-
-
-class PlaybackClock:
-    """A listener who starts playing at the first chunk and plays without pausing: the
-    seconds of silence it hears because a chunk came after the audio before it ran out."""
-
-    def __init__(self, sample_rate: int):
-        self.sample_rate = sample_rate
-        self.played_until: float | None = None
-        self.stall_s = 0.0
-        self.underruns = 0
-        self.samples = 0
-
-    def arrive(self, now: float, num_samples: int) -> None:
-        if self.played_until is None:
-            self.played_until = now
-        elif now > self.played_until:
-            self.stall_s += now - self.played_until
-            self.underruns += 1
-            self.played_until = now
-        self.played_until += num_samples / self.sample_rate
-        self.samples += num_samples
-
-
-async def _run_session(
-    pipeline: Pipeline, inputs: list[np.ndarray], params: SamplingParams, sr_out: int, voice=None, delay_s: float = 0.0
-) -> dict:
-    history: list[HistoryTurn] = []
-    stats: dict[str, Any] = {
-        "tokens": 0,
-        "first_audio": [],
-        "rtf": [],
-        "stall": [],
-        "underruns": 0,
-        "stages": {stage: [] for stage in STAGES},
-    }
-    if delay_s > 0:
-        await asyncio.sleep(delay_s)  # its arrival (bench/arrivals.py)
-    for pcm in inputs:
-        handle = pipeline.submit(TurnRequest("bench", list(history), pcm, params, voice=voice))
-        clock, done = PlaybackClock(sr_out), None
-        async for event in handle:
-            if isinstance(event, AudioChunk):
-                clock.arrive(time.perf_counter(), event.pcm.size)
-            elif isinstance(event, TurnDone):
-                done = event
-        samples = clock.samples
-        stats["stall"].append(clock.stall_s)
-        stats["underruns"] += clock.underruns
-        if done is None or done.status != "completed":
-            raise KimiAudioError(f"bench turn failed: {done.error if done else 'no result'}")
-        stats["tokens"] += len(done.text_tokens)  # one text token per generated position
-        if "first_pcm_s" in done.timings:
-            stats["first_audio"].append(done.timings["first_pcm_s"])
-        for stage, (begin, end) in STAGES.items():
-            if end in done.timings and (begin is None or begin in done.timings):
-                stats["stages"][stage].append(done.timings[end] - (done.timings[begin] if begin else 0.0))
-        if samples:
-            busy = done.timings["done_s"] - done.timings.get("encoded_s", 0.0)
-            stats["rtf"].append(busy / (samples / sr_out))
-        history += [
-            HistoryTurn("user", audio=pcm),
-            HistoryTurn("assistant", text=done.text, audio_tokens=done.audio_tokens),
-        ]
-    return stats
 
 
 async def bench_pipeline(
@@ -172,7 +96,7 @@ async def bench_pipeline(
         sr_out, offsets = stack.detokenizer.sample_rate, arrivals.offsets(n)
         start = time.perf_counter()
         results = await asyncio.gather(
-            *[_run_session(pipeline, inputs[i], params[i], sr_out, voice, offsets[i]) for i in range(n)]
+            *[run_session(pipeline, inputs[i], params[i], sr_out, voice, offsets[i]) for i in range(n)]
         )
         wall = time.perf_counter() - start
         s = pipeline.stats()

@@ -183,7 +183,7 @@ def run_soak(
 ) -> dict:
     """The report (see the module docstring); `client_processes` None: in this process for a
     few sessions, else one worker process per 8 sessions (at most the CPU count)."""
-    from kimiaudio.bench.webrtc import espeak_speech
+    from kimiaudio.bench.webrtc_bench import espeak_speech
 
     with tempfile.TemporaryDirectory(prefix="kimiaudio-soak-") as tmp:
         config = copy.deepcopy(config)

@@ -115,7 +115,7 @@ def run_remote_soak(
     api_key: str | None = None,
 ) -> dict:
     """The report (see the module docstring and soak.py's); `api_key` is sent as a Bearer token."""
-    from kimiaudio.bench.webrtc import espeak_speech
+    from kimiaudio.bench.webrtc_bench import espeak_speech
 
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):

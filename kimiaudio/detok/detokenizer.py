@@ -29,13 +29,13 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.chunk_shapes import rehearse
-from kimiaudio.detok.cuda_graphs import DiTStepGraphs, VocoderGraphs, capture
+from kimiaudio.detok.dit_vocoder_graphs import DiTStepGraphs, VocoderGraphs, capture
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
 from kimiaudio.detok.streaming import DetokStream, StreamParams
 from kimiaudio.detok.vocoder_batch import VocoderBatcher
-from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix
+from kimiaudio.detok.voice_prefix import MAX_PROMPT_CHUNKS, VoicePrefix, build_voice_prefix, voice_codes
 from kimiaudio.errors import CheckpointError, KimiAudioError
 from kimiaudio.models.bigvgan import BigVGAN, load_vocoder
 from kimiaudio.models.dit import DiTPrefix, load_dit
@@ -57,7 +57,7 @@ class Detokenizer:
         """`mel`: the vocoder's mel settings (vocoder/config.json), needed for voice prompts.
         `bucketed`: pad batches to the planned bucket shapes (default: when CUDA graphs are
         on, which need fixed shapes; otherwise each batch runs at its own shape, same code).
-        `capture_fn`: a stand-in for cuda_graphs.capture, to run the graph path on the CPU."""
+        `capture_fn`: a stand-in for dit_vocoder_graphs.capture, to run the graph path on the CPU."""
         self.dit, self.vocoder, self.cfg, self.mel = dit, vocoder, cfg, mel
         self.device = dit.input_linear.weight.device
         self.schedule = ChunkSchedule.from_config(cfg, self._max_position())  # checks every [detok] setting
@@ -202,21 +202,8 @@ class Detokenizer:
         `codes` its 12.5 Hz semantic codes (the GLM-4 tokenizer's, no offset)."""
         if self.mel is None:
             raise KimiAudioError("this detokenizer was built without the vocoder's mel settings (use Detokenizer.load)")
-        codes = torch.as_tensor(codes, dtype=torch.long).reshape(-1)
-        if codes.numel() == 0:
-            raise KimiAudioError("a voice prompt needs at least one semantic code")
-        bad = codes[(codes < 0) | (codes >= self.dit.cfg.semantic_vocab_size)]
-        if bad.numel():
-            raise KimiAudioError(
-                f"voice prompt: code {int(bad[0])} out of range 0..{self.dit.cfg.semantic_vocab_size - 1}"
-            )
-        frames, limit = UPSAMPLE * codes.numel(), self._max_position()
         longest = max(self.schedule.frames(i) for i in range(self.schedule.num_growing_chunks() + 1))
-        if frames + 2 * longest > limit:
-            raise KimiAudioError(
-                f"voice prompt of {frames} frames: this checkpoint's {limit} DiT positions leave "
-                f"no room for speech after it (at most {limit - 2 * longest} frames)"
-            )
+        codes = voice_codes(codes, self.dit.cfg.semantic_vocab_size, longest, self._max_position())
         return build_voice_prefix(self.flow, self.mel(wav), codes, self.schedule.max_kv_cache_frames, max_prompt_chunks)
 
     def detokenize(

@@ -3,7 +3,7 @@
 `load` copies a group of chunk jobs in (eagerly, once per chunk): noise x0, the semantic-token
 condition, positions (RoPE factors / position embedding), each stream's prefix K/V and the key
 mask; `step` is one Euler step `x += dt * v(t, x)` that reads and writes only these buffers,
-which is what a CUDA graph captures (detok/cuda_graphs.py) and what the CPU runs eagerly.
+which is what a CUDA graph captures (detok/dit_vocoder_graphs.py) and what the CPU runs eagerly.
 Masking makes padding exact: a padded key (prefix beyond a stream's own, frames beyond its
 chunk) gets zero attention weight, a padded frame's output is dropped, and a padded row only
 computes garbage nobody reads. Rows never have every key masked (no NaN anywhere), and every

@@ -9,7 +9,7 @@ K/V that later chunks attend to; without look-ahead, the K/V of the last Euler c
 Batching: jobs with the same step count run together, at most max_batch_sessions at a time,
 padded to a bucket shape (detok/buckets.py) in static buffers (detok/dit_batch.py); the refresh
 is one more call of the same bucket with the look-ahead keys masked and dt = 0. `run_step` runs
-one call of a loaded bucket: eagerly, or by replaying its CUDA graph (detok/cuda_graphs.py).
+one call of a loaded bucket: eagerly, or by replaying its CUDA graph (detok/dit_vocoder_graphs.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every conv and anti-aliasing filter pads its own input at the edges (zeros, or r
 padding a mel in time changes the samples near its end: only mels of the same length may share
 a forward. Rows are independent, so a group pads only the batch dimension, to a batch bucket
 (when `padded`, i.e. for CUDA graphs: one captured graph per (length, rows) pair, see
-detok/cuda_graphs.py); the CPU runs each group at its own size.
+detok/dit_vocoder_graphs.py); the CPU runs each group at its own size.
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ and up to max_prompt_chunk chunks of chunk_size frames taken from the end; each 
 DiT once at t = 0.999 on the clean mel over the K/V so far (positions advancing), and the K/V
 keep the last max_kv_cache_frames after each part (the official update_incremental_state,
 which reserves no room for the prompt). The result is immutable and shared by every stream in
-that voice: a stream grows its own K/V by concatenation, never in place.
+that voice: a stream grows its own K/V by concatenation, never in place. A prompt's codes are
+checked first (`voice_codes`): in the DiT's vocabulary, and leaving room for speech after them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +38,25 @@ class VoicePrefix:
     @property
     def nbytes(self) -> int:
         return self.kv.numel() * self.kv.element_size()
+
+
+def voice_codes(codes: Sequence[int] | Tensor, vocab_size: int, longest_chunk_frames: int, max_position: int) -> Tensor:
+    """A voice prompt's 12.5 Hz codes as a long tensor [n], checked: at least one, each below
+    the DiT's `vocab_size`, and few enough that the DiT's `max_position` positions leave room
+    after the prompt for speech (two chunks of the schedule's longest)."""
+    codes = torch.as_tensor(codes, dtype=torch.long).reshape(-1)
+    if codes.numel() == 0:
+        raise KimiAudioError("a voice prompt needs at least one semantic code")
+    bad = codes[(codes < 0) | (codes >= vocab_size)]
+    if bad.numel():
+        raise KimiAudioError(f"voice prompt: code {int(bad[0])} out of range 0..{vocab_size - 1}")
+    frames = UPSAMPLE * codes.numel()
+    if frames + 2 * longest_chunk_frames > max_position:
+        raise KimiAudioError(
+            f"voice prompt of {frames} frames: this checkpoint's {max_position} DiT positions leave "
+            f"no room for speech after it (at most {max_position - 2 * longest_chunk_frames} frames)"
+        )
+    return codes
 
 
 def prefill_spans(

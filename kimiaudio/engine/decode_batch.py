@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kimiaudio.engine.decode_attention import DecodeMetadata, PagedDecodeAttention
 from kimiaudio.engine.kv_pool import KVPool
-from kimiaudio.engine.paged_attention import DecodeMetadata, PagedDecodeAttention
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
 

@@ -6,7 +6,8 @@ handed out by the BlockManager; the extra last one is the scratch block: the pad
 a static-shape decode batch (CUDA graphs) write their K/V there and read only its first slot,
 so they never touch a sequence's blocks and never see an empty softmax. The pool also holds
 the decode attention kernel's semaphores (triton_attention.py), one zeroed int32 per sequence
-and kv head of a batch.
+and kv head of a batch. `store_kv` writes a step's new K/V at their slots, for every attention
+backend (decode_attention.py, paged_attention.py).
 """
 
 from __future__ import annotations
@@ -87,3 +88,16 @@ def pool_num_blocks(config: EngineConfig, planned_blocks: int | None) -> int:
         return config.num_kv_blocks
     useful = max_useful_blocks(config)
     return useful if planned_blocks is None else max(0, min(planned_blocks, useful))
+
+
+def store_kv(
+    pool: KVPool, layer_idx: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_kernel: bool
+) -> None:
+    """Write k/v [T, Hkv, D] of the new tokens at their slots [T] of one layer."""
+    if use_kernel:
+        from kimiaudio.engine.triton_kv_store import store_kv_triton
+
+        store_kv_triton(pool.keys(layer_idx), pool.values(layer_idx), slot_mapping, k, v)
+        return
+    pool.keys(layer_idx).index_copy_(0, slot_mapping, k)
+    pool.values(layer_idx).index_copy_(0, slot_mapping, v)

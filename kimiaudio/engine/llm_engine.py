@@ -4,7 +4,7 @@ Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest int
 Sequence, `step` = schedule, run the model, apply each request's official generation rules
 (stop_rules.StreamRules) to its samples, feed the tokens back, free finished sequences.
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
-sequences it ran. Each StepOutput carries what callers need (see engine/engine_io.py), so they
+sequences it ran. Each StepOutput carries what callers need (see engine/step_output.py), so they
 never read the engine's sequences or block manager. Not thread-safe: one owner thread (the
 pipeline's LM worker).
 """
@@ -20,19 +20,18 @@ import torch
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.engine_io import (
+from kimiaudio.engine.model_runner import ModelRunner
+from kimiaudio.engine.request import (
     ANSWER_PRIORITY,
     BACKGROUND_PRIORITY,
-    Completion,
     EngineRequest,
     PromptTooLongError,
     RequestError,
-    StepOutput,
 )
-from kimiaudio.engine.model_runner import ModelRunner
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.scheduler import Scheduler
 from kimiaudio.engine.sequence import PromptPositions, Sequence, SequenceStatus
+from kimiaudio.engine.step_output import Completion, StepOutput
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
 from kimiaudio.models.kimia_lm import KimiAudioLM
 from kimiaudio.text.output_type import check_output_type
@@ -185,36 +184,36 @@ class LLMEngine:
         )
 
     def _make_sequence(self, request: EngineRequest) -> Sequence:
-        rid = request.request_id
-        n = len(request.audio_ids)
+        rid, prompt = request.request_id, request.prompt
+        n = len(prompt.audio_ids)
         if n == 0:
             raise RequestError(f"request {rid}: empty prompt")
-        if len(request.text_ids) != n or len(request.continuous_mask) != n:
+        if len(prompt.text_ids) != n or len(prompt.continuous_mask) != n:
             raise RequestError(
                 f"request {rid}: audio_ids, text_ids and continuous_mask must have one entry per "
-                f"position (got {n}, {len(request.text_ids)}, {len(request.continuous_mask)})"
+                f"position (got {n}, {len(prompt.text_ids)}, {len(prompt.continuous_mask)})"
             )
         check_output_type(request.output_type, f"request {rid}: output_type", RequestError)
         if not isinstance(request.params, SamplingParams):
             raise RequestError(f"request {rid}: params must be a SamplingParams")
         vocab = self.lm.config.vocab_size
-        for name, ids in (("audio_ids", request.audio_ids), ("text_ids", request.text_ids)):
+        for name, ids in (("audio_ids", prompt.audio_ids), ("text_ids", prompt.text_ids)):
             if any(not 0 <= int(t) < vocab for t in ids):
                 raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
         if n > self.config.max_model_len:
             raise PromptTooLongError(
                 f"request {rid}: prompt of {n} positions exceeds engine.max_model_len ({self.config.max_model_len})"
             )
-        mask = [bool(m) for m in request.continuous_mask]
-        features = self._check_features(rid, request.features, sum(mask))
+        mask = [bool(m) for m in prompt.continuous_mask]
+        features = self._check_features(rid, prompt.features, sum(mask))
         if features is None:
             mask = [False] * n  # nothing to add at those positions: plain embeddings, as the reference
         digests: list[str | None] = [None] * n
         if features is not None:
             rows = iter(feature_digests(features))
             digests = [next(rows) if m else None for m in mask]
-        audio_ids = [int(t) for t in request.audio_ids]
-        text_ids = [int(t) for t in request.text_ids]
+        audio_ids = [int(t) for t in prompt.audio_ids]
+        text_ids = [int(t) for t in prompt.text_ids]
         use_text = [sum(text_ids) != 0] * n  # the reference prefill: one decision for the prompt
         limit = official_max_new_tokens(request.output_type, n, request.params.max_new_tokens)
         limit = min(limit, self.config.max_model_len - n + 1)  # the last sample's position needs no K/V

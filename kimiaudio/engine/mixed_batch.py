@@ -2,7 +2,7 @@
 
 As decode_batch.py does for the all-decode step: a mixed step's inputs are written in place
 into tensors allocated once, so a CUDA graph captured over views of them replays any later step
-whose tokens fit the same bucket (cuda_graphs.py, one graph per bucket). Per token, up to
+whose tokens fit the same bucket (step_graphs.py, one graph per bucket). Per token, up to
 T = the largest bucket: audio id, text id, use_text, continuous flag, position and slot
 ([NUM_FIELDS, T] long) and the feature row placed there ([T, adaptor_dim]; the model adds it
 only where the continuous flag is set). Per sequence slot, S = max_num_seqs of them plus one

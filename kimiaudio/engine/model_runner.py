@@ -30,7 +30,6 @@ from typing import NamedTuple
 import torch
 
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.cuda_graphs import DecodeGraphs
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.graph_sampling import GraphSampling, in_graph
@@ -38,6 +37,7 @@ from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
+from kimiaudio.engine.step_graphs import StepGraphs
 from kimiaudio.engine.step_plan import StepPlan
 from kimiaudio.errors import ConfigError
 from kimiaudio.layers.gemm_tuning import tune_linears
@@ -115,7 +115,7 @@ class ModelRunner:
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
             )
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None
         if use_graphs and sizes is not None:
             inputs = self.decode_inputs
             self.graph_sampling = GraphSampling(max_batch, self.device)
@@ -124,18 +124,18 @@ class ModelRunner:
                 text_logits, audio_logits = self.decode_forward(inputs.batch(size, inputs.max_blocks))
                 return text_logits, audio_logits, self.graph_sampling.sample(text_logits, audio_logits)
 
-            self.graphs = DecodeGraphs(decode_and_sample, sizes, self.device)
+            self.graphs = StepGraphs(decode_and_sample, sizes, self.device)
             self.graphs.capture()
         # Mixed steps from graphs: their attention is the prefill kernel over the static runs.
         self.mixed_inputs: MixedInputs | None = None
-        self.mixed_graphs: DecodeGraphs | None = None
+        self.mixed_graphs: StepGraphs | None = None
         if use_graphs and engine_config.mixed_cuda_graphs:
             with torch.inference_mode():
                 mixed = MixedInputs(
                     self.pool, max_batch, buckets, engine_config.max_model_len, cfg.kimia_adaptor_input_dim, dtype, True
                 )
             self.mixed_inputs = mixed
-            self.mixed_graphs = DecodeGraphs(
+            self.mixed_graphs = StepGraphs(
                 lambda size: self.mixed_forward(mixed.batch(size)), buckets, self.device, "mixed step"
             )
             self.mixed_graphs.capture()

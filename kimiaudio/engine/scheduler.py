@@ -23,7 +23,7 @@ a StepPlan (step_plan.py); `postprocess(plan)` accounts for the computed positio
   every token generated so far; the sampled results do not change. A step that preempts
   admits nobody (it would only thrash);
 - `abort` frees a sequence's blocks at once, wherever it is;
-- priorities (engine_io: answers, then background work such as transcribing the user's
+- priorities (request.py: answers, then background work such as transcribing the user's
   words): each step serves the levels in order, decodes then prefill chunks of each, so
   background work gets only what the answers leave of the budget and the sequence slots;
   an answer waiting for admission preempts background sequences for the blocks or the slot
@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import deque
 
 from kimiaudio.engine.block_manager import BlockManager
-from kimiaudio.engine.engine_io import RequestError
+from kimiaudio.engine.request import RequestError
 from kimiaudio.engine.sequence import Sequence, SequenceStatus
 from kimiaudio.engine.step_plan import StepPlan
 

@@ -10,7 +10,7 @@ the flags and the features agree.
 
 Built whole by the engine from a validated request (PromptPositions, its generation rules,
 sampling params and random stream). No torch at run time: the feature tensor and the params'
-types are imported for type checking only. The engine API's values are in engine_io.py.
+types are imported for type checking only. The engine API's values are in request.py and step_output.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
-from kimiaudio.engine.engine_io import RequestError
+from kimiaudio.engine.request import RequestError
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ class Sequence:
         features: torch.Tensor | None = None,
     ):
         """max_num_tokens: positions whose K/V may ever be needed (prompt + generated steps
-        but the last); priority: engine_io's ANSWER_PRIORITY / BACKGROUND_PRIORITY; features
+        but the last); priority: request.py's ANSWER_PRIORITY / BACKGROUND_PRIORITY; features
         [N, adaptor_dim] on the model's device: the rows of the N continuous positions."""
         n = len(prompt)
         lengths = (len(prompt.text_ids), len(prompt.use_text), len(prompt.continuous_mask), len(prompt.feature_digests))

@@ -1,8 +1,8 @@
 """The Triton kernel of decode attention over the paged KV pool (storing into the pool is
 triton_kv_store.py's).
 
-Imported only when the kernels are used (layers/triton_support.py); the torch versions in
-paged_attention.py are the reference the tests hold these to.
+Imported only when the kernels are used (layers/triton_support.py); the torch version in
+decode_attention.py is the reference the tests hold these to.
 
 Decode attention follows the shape of vLLM's paged attention and flash-decoding, written
 for this pool: one program per (sequence, kv head, partition of the context), holding the

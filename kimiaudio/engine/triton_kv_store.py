@@ -1,7 +1,7 @@
 """Triton kernels that write the new tokens' K/V into the paged KV pool (kv_pool.py).
 
-Imported only when the kernels are used (layers/triton_support.py); paged_attention.py's
-index_copy (and layers/rotary.py) is the reference the tests hold these to.
+Imported only when the kernels are used (layers/triton_support.py); kv_pool.py's store_kv
+(index_copy, and layers/rotary.py) is the reference the tests hold these to.
 - `store_kv_triton`: k and v of every token at its slot, one launch for both;
 - `rotary_store_triton`: a decode step's q and k rotated (RoPE, as triton_ops.rotary rounds it)
   and k, v stored, in one launch instead of the rotary kernel and the store kernel.

@@ -3,9 +3,9 @@ for 8-bit (fp8 e4m3, int8) and 16-bit weights, the tile per M bucket from gemm_t
 
 A decode step reads every weight once, so its GEMMs are bound by the weight bytes; this kernel
 reads each weight tile once (8-bit weights at one byte each), converts it in registers straight
-to the compute dtype (bf16 for tl.dot, fp32 for the CUDA-core GEMV), and applies the per-output
-scale and the bias to the fp32 accumulator once, in the epilogue. A program reads its rows of
-activations once per K block for all BLOCK_N outputs. `gated`: the input is the fused gate/up
+to the compute dtype (bf16 for tl.dot, fp32 for the CUDA-core GEMV; weight_widening.py), and
+applies the per-output scale and the bias to the fp32 accumulator once, in the epilogue. A
+program reads its rows of activations once per K block for all BLOCK_N outputs. `gated`: the input is the fused gate/up
 GEMM's output [M, 2K] and the kernel multiplies silu(gate) * up (each rounded to the dtype, as
 activation.silu_and_mul) as it loads it, so the MLP's down projection needs no kernel before it.
 
@@ -31,6 +31,7 @@ import triton.language as tl
 from kimiaudio.layers.gemm_tiles import SEMAPHORES, Tile, split_k
 from kimiaudio.layers.triton_ops import silu_mul
 from kimiaudio.layers.triton_support import interpreting
+from kimiaudio.layers.weight_widening import widen
 
 # Programs the interpreter aims for (it runs them one by one): small, but enough that the
 # tests' shapes split K.
@@ -45,63 +46,6 @@ def _activations(ptrs, mask, half, GATED: tl.constexpr):
     else:
         x = tl.load(ptrs, mask=mask, other=0.0)
     return x
-
-
-# Four 8-bit weights (one register) -> four bf16 (two registers, two each), with integer and
-# bf16x2 instructions (2 to 2.5 a weight) instead of Triton's conversions (F2F.BF16.F16, 16 a clock and
-# SM for e4m3; 4-5 instructions a weight for int8). Byte i of $2 becomes lane i % 2 of $(i // 2).
-# e4m3: each byte moved to the high byte of a 16-bit lane; sign kept, exponent and mantissa
-# shifted right by 4 into bf16's fields (which reads as w * 2^-120, subnormals included), then
-# times 2^120 (0x7B80) in bf16x2 (an fma with -0: fma.bf16x2 runs on sm_80 and later).
-_E4M3_TO_BF16 = tl.constexpr("""{
-.reg .b32 lo, hi, scale, zero;
-mov.b32 scale, 0x7B807B80;
-mov.b32 zero, 0x80008000;
-prmt.b32 lo, $2, 0, 0x1404;
-prmt.b32 hi, $2, 0, 0x3424;
-lop3.b32 $0, lo, 0x80008000, 0, 0xC0;
-lop3.b32 $1, hi, 0x80008000, 0, 0xC0;
-shr.b32 lo, lo, 4;
-shr.b32 hi, hi, 4;
-lop3.b32 $0, lo, 0x07F007F0, $0, 0xEA;
-lop3.b32 $1, hi, 0x07F007F0, $1, 0xEA;
-fma.rn.bf16x2 $0, $0, scale, zero;
-fma.rn.bf16x2 $1, $1, scale, zero;
-}""")
-# int8: each byte moved to the low byte of a 16-bit lane; a = 128 + (w & 0x7F) and
-# b = 128 + (w & 0x80) as bf16 (0x43xx), exact; w = a - b = fma(b, -1, a).
-_INT8_TO_BF16 = tl.constexpr("""{
-.reg .b32 lo, hi, a, b, minus;
-mov.b32 minus, 0xBF80BF80;
-prmt.b32 lo, $2, 0, 0x4140;
-prmt.b32 hi, $2, 0, 0x4342;
-lop3.b32 a, lo, 0x007F007F, 0x43004300, 0xEA;
-lop3.b32 b, lo, 0x00800080, 0x43004300, 0xEA;
-fma.rn.bf16x2 $0, b, minus, a;
-lop3.b32 a, hi, 0x007F007F, 0x43004300, 0xEA;
-lop3.b32 b, hi, 0x00800080, 0x43004300, 0xEA;
-fma.rn.bf16x2 $1, b, minus, a;
-}""")
-
-
-@triton.jit
-def _widen(w, dtype: tl.constexpr, ASM: tl.constexpr):
-    """A weight tile in the compute dtype, exactly. ASM (compiled kernels only: the interpreter
-    runs no PTX): 8-bit -> bf16 in the packed PTX above. Without it, and for fp32 (the GEMV),
-    int8 -> fp32 reads the float of 2^23 + (w + 128) instead of an I2F (16 a clock and SM);
-    the rest are Triton's conversions (e4m3 -> fp16 / fp32 are packed F2FP instructions)."""
-    if w.dtype == dtype:
-        out = w
-    elif ASM and (dtype == tl.bfloat16) and (w.dtype == tl.float8e4nv):
-        out = tl.inline_asm_elementwise(_E4M3_TO_BF16, "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=4)
-    elif ASM and (dtype == tl.bfloat16) and (w.dtype == tl.int8):
-        out = tl.inline_asm_elementwise(_INT8_TO_BF16, "=r,=r,r", [w], dtype=tl.bfloat16, is_pure=True, pack=4)
-    elif (w.dtype == tl.int8) and (dtype == tl.float32):
-        byte = w.to(tl.uint8, bitcast=True).to(tl.uint32)
-        out = (byte ^ 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0  # 2^23 + 128
-    else:
-        out = w.to(dtype)
-    return out
 
 
 @triton.jit
@@ -146,7 +90,7 @@ def _gemv(
         else:
             k_ok = (k0 + ks) < K
             w = tl.load(w_tile + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        w = _widen(w, tl.float32, ASM)
+        w = widen(w, tl.float32, ASM)
         acc0 += _gemv_row(x_ptr, w, k0, ks, k_ok, first, M, K, stride_xm, GATED)
         if BLOCK_M > 1:
             acc1 += _gemv_row(x_ptr, w, k0, ks, k_ok, first + 1, M, K, stride_xm, GATED)
@@ -225,9 +169,9 @@ def _skinny_gemm_kernel(
                 x = _activations(x_tile + k0, row_ok[:, None] & k_ok[None, :], K, GATED)
             # The weight tile is the MMA's left operand: its rows fill the 64-row side.
             if DOT_FP32:
-                acc = tl.dot(_widen(w, tl.float32, ASM), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
+                acc = tl.dot(widen(w, tl.float32, ASM), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
             else:  # fp8 and int8 values are exact in bf16 / fp16
-                acc = tl.dot(_widen(w, x.dtype, ASM), tl.trans(x), acc)
+                acc = tl.dot(widen(w, x.dtype, ASM), tl.trans(x), acc)
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     else:
         rows_from = (tile % m_tiles) * BLOCK_M

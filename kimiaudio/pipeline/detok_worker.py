@@ -37,11 +37,10 @@ from kimiaudio.detok.detokenizer import DetokItem
 from kimiaudio.detok.realtime_guard import plan_chunks
 from kimiaudio.pipeline.detok_turn import DetokTurn
 from kimiaudio.pipeline.events import TurnDone
-from kimiaudio.pipeline.lm_worker import failure_message
 from kimiaudio.pipeline.metrics import PipelineMetrics
-from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
+from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done, failure_message
 from kimiaudio.pipeline.voice_bank import VoiceBank
-from kimiaudio.pipeline.voices import Voice
+from kimiaudio.pipeline.voice_registry import Voice
 from kimiaudio.pipeline.worker import Worker
 from kimiaudio.pipeline.worker_messages import CancelTurn, EndTurn, OpenStream, PushCodes
 

@@ -10,12 +10,13 @@ Each iteration it
    Each batch's turns get its results as soon as it ends, not when the whole burst is encoded;
 2. admits turns whose audio is all encoded: prompt (history KV is shared through the engine's
    prefix cache), engine request, detokenizer stream;
-3. runs one engine step over every running sequence and routes its outputs: text deltas to
-   the turn's handle, speech codes to the detokenizer worker (one message per step), the end
-   of a turn to the detokenizer worker (which flushes its audio and ends it) or, for a turn
-   without speech, straight to the handle. Each step is recorded with what it carried
-   (pipeline/step_record.py: a prefill chunk, encoder stages before it, a detokenizer batch
-   beside it, a new shape), so a bench can say why a step was slow.
+3. runs one engine step over every running sequence and routes its outputs
+   (pipeline/output_routing.py): text deltas to the turn's handle, speech codes to the
+   detokenizer worker (one message per step), the end of a turn to the detokenizer worker
+   (which flushes its audio and ends it) or, for a turn without speech, straight to the
+   handle. Each step is recorded with what it carried (pipeline/step_record.py: a prefill
+   chunk, encoder stages before it, a detokenizer batch beside it, a new shape), so a bench
+   can say why a step was slow.
 Any failure handling one turn fails that turn alone: its KV blocks are freed, its TurnDone
 says why. The event loop only posts here (submit, cancel); it never waits on this thread.
 """
@@ -29,17 +30,18 @@ from concurrent.futures import Future
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.engine.engine_io import EngineRequest, RequestError
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.request import EngineRequest, RequestPrompt
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.encode_cache import audio_key
 from kimiaudio.pipeline.events import TurnDone, UserEncoded
 from kimiaudio.pipeline.lm_turn import LmTurn
 from kimiaudio.pipeline.metrics import PipelineMetrics
+from kimiaudio.pipeline.output_routing import route_outputs
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
 from kimiaudio.pipeline.step_record import StepRecorder
-from kimiaudio.pipeline.turn_handle import TurnHandle, deliver_done
+from kimiaudio.pipeline.turn_handle import TurnHandle, client_fault, deliver_done, failure_message
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import URGENT, Worker
 from kimiaudio.pipeline.worker_messages import CancelTurn, DropTurn, SubmitTurn
@@ -51,18 +53,6 @@ log = logging.getLogger(__name__)
 # While the only work left is an encoder batch running on the device: how often to look
 # whether its results are back (a message, such as a new turn, wakes the worker sooner).
 ENCODE_POLL_S = 0.0005
-
-
-def client_fault(exc: Exception) -> str | None:
-    """The TurnDone.error_code of a failure that was the request's fault, else None."""
-    return exc.code if isinstance(exc, RequestError) else None
-
-
-def failure_message(stage: str, exc: Exception) -> str:
-    """What a client is told: a KimiAudioError says itself; anything else names its type."""
-    if isinstance(exc, KimiAudioError):
-        return f"{stage}: {exc}"
-    return f"{stage} failed ({type(exc).__name__}: {exc})"
 
 
 class LmWorker(Worker):
@@ -231,10 +221,7 @@ class LmWorker(Worker):
         turn.seq_id = self.engine.add_request(
             EngineRequest(
                 handle.turn_id,
-                prompt.audio_ids,
-                prompt.text_ids,
-                prompt.continuous_mask,
-                prompt.features_tensor(),
+                RequestPrompt(prompt.audio_ids, prompt.text_ids, prompt.continuous_mask, prompt.features_tensor()),
                 params,
                 output_type,
                 specials,
@@ -260,42 +247,10 @@ class LmWorker(Worker):
             m.note_batch("llm", len(outputs))
             m.note_step(record)
         m.note_free_blocks(stats.num_blocks_free)
-        codes: list[tuple[str, int]] = []
-        ended: list[tuple[LmTurn, str, str | None, str | None]] = []
-        for out in outputs:
-            turn = self._turns.get(out.request_id)
-            if turn is None:
-                continue
-            try:
-                if "prefill_done_s" not in turn.timings:
-                    turn.mark("prefill_done_s")
-                    turn.prompt_len, turn.num_cached = out.num_prompt_tokens, out.num_cached_tokens
-                code = turn.add_tokens(out.text_token, out.audio_token, out.text_logprob, out.text_top)
-                delta = turn.text_delta(self.stack.tokenizer, final=out.finished)
-                if delta is not None:
-                    turn.handle.deliver(delta)
-                if code is not None and turn.speaks:
-                    codes.append((turn.turn_id, code))
-                    if turn.first_audio_steps is None:
-                        turn.first_audio_steps = self.num_steps - turn.submit_step
-                if out.finished:
-                    turn.seq_id = None  # the engine is done with it
-                    ended.append(
-                        (
-                            turn,
-                            "failed" if out.error else "completed",
-                            out.error,
-                            "stop" if turn.stopped else out.finish_reason,
-                        )
-                    )
-                elif turn.stopped:  # a stop string: the answer ends here (_finish frees its KV)
-                    ended.append((turn, "completed", None, "stop"))
-            except Exception as exc:
-                log.exception("routing the output of turn %s failed", turn.turn_id)
-                ended.append((turn, "failed", failure_message("generation", exc), None))
-        if codes:
-            self.detok.push_codes(codes)  # before any end below: a turn's codes precede its end
-        for turn, status, error, reason in ended:
+        routed = route_outputs(outputs, self._turns, self.stack.tokenizer, self.num_steps)
+        if routed.codes:
+            self.detok.push_codes(routed.codes)  # before any end below: a turn's codes precede its end
+        for turn, status, error, reason in routed.ended:
             self._finish(turn, status, error, reason)
 
     def _finish(

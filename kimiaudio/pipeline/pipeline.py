@@ -17,8 +17,8 @@ import logging
 import sys
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-from kimiaudio.engine.engine_io import ANSWER_PRIORITY
 from kimiaudio.engine.llm_engine import LLMEngine
+from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
 from kimiaudio.pipeline.lm_worker import LmWorker
@@ -27,7 +27,7 @@ from kimiaudio.pipeline.memory_report import format_memory_plan
 from kimiaudio.pipeline.metrics import PipelineMetrics
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.voices import Voice, VoiceRegistry
+from kimiaudio.pipeline.voice_registry import Voice, VoiceRegistry
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
+from kimiaudio.engine.request import BACKGROUND_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.asr_instruction import asr_instruction

@@ -2,7 +2,9 @@
 
 Events arrive in order (UserEncoded for a spoken turn, TextDelta / AudioChunk as generated, one
 TurnDone): every worker delivers through `loop.call_soon_threadsafe`, and a turn's events pass the
-workers one way (LM worker, then detokenizer worker), so their order is kept.
+workers one way (LM worker, then detokenizer worker), so their order is kept. A stage that
+fails a turn says why in its TurnDone the same way on either worker (`failure_message`,
+`client_fault`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import asyncio
 import dataclasses
 import time
 
+from kimiaudio.engine.request import RequestError
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.event_stream import EventStream
 from kimiaudio.pipeline.events import PipelineEvent, TurnDone
 
@@ -47,3 +51,15 @@ def deliver_done(handle: TurnHandle, done: TurnDone, metrics) -> None:
     done = dataclasses.replace(done, timings=timings)
     metrics.note_turn(done.status, timings, handle.background)
     handle.deliver(done)
+
+
+def client_fault(exc: Exception) -> str | None:
+    """The TurnDone.error_code of a failure that was the request's fault, else None."""
+    return exc.code if isinstance(exc, RequestError) else None
+
+
+def failure_message(stage: str, exc: Exception) -> str:
+    """What a client is told: a KimiAudioError says itself; anything else names its type."""
+    if isinstance(exc, KimiAudioError):
+        return f"{stage}: {exc}"
+    return f"{stage} failed ({type(exc).__name__}: {exc})"

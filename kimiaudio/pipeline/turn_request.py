@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kimiaudio.engine.engine_io import ANSWER_PRIORITY
+from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.voices import Voice
+from kimiaudio.pipeline.voice_registry import Voice
 
 
 @dataclass
@@ -40,7 +40,7 @@ class TurnRequest:
     # Text at which the answer ends (not included), as OpenAI's `stop`; its speech ends there too.
     stop: tuple[str, ...] = ()
     logprobs: bool = False  # report the text tokens' log-probabilities (TextDelta, TurnDone)
-    # engine_io's ANSWER_PRIORITY, or BACKGROUND_PRIORITY for work nobody waits on to speak
+    # request.py's ANSWER_PRIORITY, or BACKGROUND_PRIORITY for work nobody waits on to speak
     # (the user's words transcribed: pipeline/transcription.py)
     priority: int = ANSWER_PRIORITY
     user_text: str | None = None  # a written turn (user_audio None)

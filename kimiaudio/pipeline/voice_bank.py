@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from kimiaudio.detok.voice_prefix import VoicePrefix
-from kimiaudio.pipeline.voices import Voice
+from kimiaudio.pipeline.voice_registry import Voice
 
 
 class VoiceBank:

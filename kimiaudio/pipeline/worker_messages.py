@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.voices import Voice
+from kimiaudio.pipeline.voice_registry import Voice
 
 
 @dataclass(frozen=True)

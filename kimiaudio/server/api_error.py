@@ -3,7 +3,7 @@
 Every error a client sees holds OpenAI's error object, its fields in OpenAI's order:
 `{"message", "type", "param", "code"}` (`error_object`). Where it is sent:
 - an HTTP answer (/api, /v1): the body `{"error": {...}}` with a 4xx/5xx status (ApiError,
-  raised by a handler or made by the error middleware, middleware/errors.py);
+  raised by a handler or made by the error middleware, middleware/error_responses.py);
 - a server-sent event stream whose status line is sent already (/v1 streaming), and the
   Realtime events (WebRTC data channel, /v1/realtime): the event
   `{"type": "error", "event_id"?, "error": {...}}` (`error_event`), as OpenAI's Realtime API

@@ -10,11 +10,11 @@ any instance; where WebRTC is available: transport/webrtc.py). `on_shutdown` clo
 session first, so interrupted turns are stored before the store and the pipeline go away.
 
 Every request passes the app's middlewares, outermost first: cross-origin answers for the
-allowed origins (middleware/cors.py), errors as JSON (middleware/errors.py), Host / API key /
-Origin (access.py), no new work while shutting down (draining.py), body size and read
-deadline (body_limits.py). The OpenAI API is a
-sub-application mounted at /v1 (v1/api.py) with its own: a log line per request, then the
-same error mapping. The other routes are grouped by what they serve (routes/).
+allowed origins (middleware/cors.py), errors as JSON (middleware/error_responses.py), Host /
+API key / Origin (access.py), no new work while shutting down (draining.py), body size and
+read deadline (body_limits.py). The OpenAI API is a sub-application mounted at /v1
+(v1/api.py) with its own: a log line per request, then the same error mapping. The other
+routes are grouped by what they serve (routes/).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.body_limits import body_limits_middleware
 from kimiaudio.server.middleware.cors import cors_middleware
 from kimiaudio.server.middleware.draining import draining_middleware
-from kimiaudio.server.middleware.errors import error_middleware
+from kimiaudio.server.middleware.error_responses import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
 from kimiaudio.server.observe.server_metrics import ServerMetrics, instance_id
 from kimiaudio.server.routes import conversations, ops, page, rtc_offer, signin, voices

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.voices import STOCK_VOICES, Voice
+from kimiaudio.pipeline.voice_registry import STOCK_VOICES, Voice
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.store.voice_store import load_voices, voice_names
 

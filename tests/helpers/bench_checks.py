@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from kimiaudio.bench.decode_7b import KIMI_AUDIO_7B, run_random_7b
+from kimiaudio.bench.decode_7b import run_random_7b
+from kimiaudio.bench.prompts_7b import KIMI_AUDIO_7B
 from kimiaudio.config import load_config
 
 SMALL_7B = {

@@ -12,7 +12,7 @@ import functools
 from pathlib import Path
 
 from kimiaudio.config import Config
-from kimiaudio.engine.engine_io import BACKGROUND_PRIORITY
+from kimiaudio.engine.request import BACKGROUND_PRIORITY
 from kimiaudio.pipeline.pipeline import Pipeline
 
 from helpers.waiting import eventually

@@ -9,10 +9,10 @@ import torch
 
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.config import EngineConfig
-from kimiaudio.engine.engine_io import EngineRequest
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.paged_attention import AttentionMetadata
 from kimiaudio.engine.reference_loop import iter_reference
+from kimiaudio.engine.request import EngineRequest, RequestPrompt
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import RuleTokens
 from kimiaudio.models.kimia_lm import load_lm
@@ -71,10 +71,7 @@ def joined(first: dict, second: dict, first_len: int) -> dict:
 def make_request(request_id: str, prompt: dict, params, output_type: str, rules: RuleTokens) -> EngineRequest:
     return EngineRequest(
         request_id,
-        prompt["audio_ids"],
-        prompt["text_ids"],
-        prompt["continuous_mask"],
-        prompt["features"],
+        RequestPrompt(prompt["audio_ids"], prompt["text_ids"], prompt["continuous_mask"], prompt["features"]),
         params,
         output_type,
         rules,
@@ -86,10 +83,10 @@ def reference_steps(lm, request: EngineRequest) -> tuple[list[tuple[int, int]], 
     steps = list(
         iter_reference(
             lm,
-            request.audio_ids,
-            request.text_ids,
-            request.continuous_mask,
-            request.features,
+            request.prompt.audio_ids,
+            request.prompt.text_ids,
+            request.prompt.continuous_mask,
+            request.prompt.features,
             request.params,
             request.output_type,
             request.specials,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimiaudio.engine.engine_io import ANSWER_PRIORITY
+from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.sequence import PromptPositions, Sequence
 from kimiaudio.engine.stop_rules import RuleTokens, StreamRules

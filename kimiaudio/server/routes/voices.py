@@ -26,7 +26,7 @@ from kimiaudio.audio.io import decode_audio_bytes, resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.config import Config
 from kimiaudio.errors import AudioInputError, KimiAudioError
-from kimiaudio.pipeline.voices import STOCK_VOICES, check_voice_name
+from kimiaudio.pipeline.voice_registry import STOCK_VOICES, check_voice_name
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.inputs.multipart_form import read_form

@@ -25,7 +25,7 @@ from kimiaudio.audio.vad import TurnSettings
 from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.voices import MODEL_VOICE, Voice, VoiceRegistry
+from kimiaudio.pipeline.voice_registry import MODEL_VOICE, Voice, VoiceRegistry
 from kimiaudio.server.session.session_update import SessionUpdate, Transcription
 from kimiaudio.text.output_type import BOTH, TEXT
 

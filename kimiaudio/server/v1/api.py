@@ -3,7 +3,7 @@
 Mounted under /v1 by app.py, so every request passes the app's middlewares first (errors,
 access, draining, body limits), then this sub-application's: one log line per request
 (observe/request_log.py), and errors mapped to the ApiError the client gets innermost
-(middleware/errors.py), so that the log line says what the client was answered. A path
+(middleware/error_responses.py), so that the log line says what the client was answered. A path
 under /v1 that names no route is OpenAI's 404 `unknown_url`. The routes are listed in the
 package docstring; GET /v1/models is here.
 """
@@ -17,7 +17,7 @@ from aiohttp import web
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.inputs.openai_params import MODEL_ID
-from kimiaudio.server.middleware.errors import errors_as_api_errors
+from kimiaudio.server.middleware.error_responses import errors_as_api_errors
 from kimiaudio.server.observe.request_log import request_log_middleware
 from kimiaudio.server.v1.chat import chat_completions
 from kimiaudio.server.v1.client_secrets import client_secrets

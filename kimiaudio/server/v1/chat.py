@@ -26,7 +26,7 @@ from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import TurnRequest
-from kimiaudio.pipeline.voices import UnknownVoiceError, Voice
+from kimiaudio.pipeline.voice_registry import UnknownVoiceError, Voice
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.inputs.json_input import read_json_body

@@ -29,7 +29,7 @@ from aiohttp import web
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import check_setting
-from kimiaudio.engine.engine_io import ANSWER_PRIORITY
+from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone

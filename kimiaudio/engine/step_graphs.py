@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 Outputs = tuple[torch.Tensor, ...]  # what the forward returns: text, audio logits [Bp, V] (, samples)
 
 
-class DecodeGraphs:
+class StepGraphs:
     def __init__(
         self, forward: Callable[[int], Outputs], batch_sizes: list[int], device: torch.device, what: str = "decode step"
     ):
