@@ -1,7 +1,8 @@
 """POST /v1/chat/completions with the official `openai` client against a real `serve` process
-on the demo checkpoint: text answers, spoken answers in every format (decoded with PyAV,
-not silent), streaming (audio leaves before the answer ends), earlier answers named by
-audio id, and a client that disconnects mid-answer (its KV blocks are free within a second)."""
+on the demo checkpoint: text answers, spoken answers in every format (decoded with PyAV, not
+silent), a last user message of text alone answered in text or in speech, streaming (audio
+leaves before the answer ends), earlier answers named by audio id, and a client that
+disconnects mid-answer (its KV blocks are free within a second)."""
 
 import base64
 import io
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "kimi-audio-7b-instruct"
 SEED = 3  # the demo weights speak for a second or more to the test sentence with this seed
+TEXT_SEED = 8  # the demo weights write text (sampled at temperature 1.5) to the text-only question
 
 
 def user_audio(wav: bytes, text: str | None = None) -> dict:
@@ -60,6 +62,41 @@ async def test_text_answer(v1_server, question, openai_client):
     assert choice.message.audio is None and choice.finish_reason in ("stop", "length")
     # The prompt held the system text, the user text and the audio: more than the audio's codes.
     assert completion.usage.prompt_tokens > 30 and 0 < completion.usage.completion_tokens <= 30
+
+
+async def test_a_text_only_turn_is_answered_in_text(v1_server, question, openai_client):
+    """A last user message of text alone is the turn to answer (the official prompt's user text
+    message). Sampled text: the demo's greedy text ends at once (TEXT_SEED: it writes some)."""
+    completion = await openai_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a joke."}],
+        max_tokens=20,
+        temperature=1.5,
+        seed=TEXT_SEED,
+    )
+    choice = completion.choices[0]
+    assert choice.message.content and choice.message.audio is None and choice.finish_reason in ("stop", "length")
+    assert 0 < completion.usage.completion_tokens <= 20
+    spoken = await openai_client.chat.completions.create(
+        model=MODEL, messages=[user_audio(question)], max_tokens=1, seed=SEED
+    )
+    # Two short texts and the role markers: fewer positions than the spoken question's codes.
+    assert 0 < completion.usage.prompt_tokens < spoken.usage.prompt_tokens
+
+
+async def test_a_text_only_turn_is_answered_in_speech(v1_server, openai_client):
+    completion = await openai_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me a joke."}]}],
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "wav"},
+        seed=SEED,
+    )
+    message = completion.choices[0].message
+    assert message.content is None and message.audio.id.startswith("audio_")
+    assert isinstance(message.audio.transcript, str)
+    pcm = decode(base64.b64decode(message.audio.data), "wav")
+    assert pcm.size > 0 and np.abs(pcm).max() > 0.01, pcm.size
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac", "pcm16"])

@@ -109,10 +109,17 @@ def cases(wav: str):
     yield "chat/completions", chat(ok, max_tokens="many"), 400, "invalid_value", "max_tokens"
     yield (
         "chat/completions",
-        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]},
         400,
-        "audio_required",
-        "messages[0].content",
+        "invalid_value",
+        "messages[1].role",
+    )
+    yield (
+        "chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": ""}]},
+        400,
+        "invalid_value",
+        "messages[1].content",
     )
     yield (
         "chat/completions",

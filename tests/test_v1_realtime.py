@@ -222,7 +222,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         # failed (a client waiting for its response.done is not left waiting).
         await conn.response.create()
         refused = await events.wait_for("response.done", count=2)
-        assert refused.response.status == "failed" and refused.response.status_details.error.code == "no_user_audio"
+        assert refused.response.status == "failed" and refused.response.status_details.error.code == "no_user_turn"
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Bye."}]}
         )

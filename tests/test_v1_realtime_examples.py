@@ -3,8 +3,8 @@ each in both shapes, with the calls and the event handling the examples use, eve
 checked against the SDK's models of its shape:
 
 - examples/realtime/realtime.py and the README snippet: a text session (`gpt-realtime-2`), a
-  user text message, response.create, read until response.done. The model answers speech, so
-  the response ends `failed` (no_user_audio) instead of leaving the loop waiting.
+  user text message, response.create, read until response.done: the text message is answered,
+  its text deltas making the response's text.
 - examples/realtime/push_to_talk_app.py: server VAD, one response.cancel as the first audio
   goes out, the microphone as 20 ms chunks of 24 kHz pcm16, the answer's audio and transcript
   deltas keyed by item_id; and its manual mode (audio_util.py): commit, then
@@ -64,9 +64,8 @@ async def test_the_text_example_ends_with_response_done(v1_server, openai_client
         raise AssertionError("the connection ended before response.done")
 
     text, done = await asyncio.wait_for(example(), HANG_S)
-    assert done.response.status == "failed" and text == ""
-    assert done.response.status_details.error.code == "no_user_audio"
-    assert "spoken user turn" in done.response.status_details.error.message
+    assert done.response.status == "completed", done
+    assert done.response.output[0].content[0].text == text  # the demo's greedy text may be empty
 
 
 def microphone(speech: np.ndarray) -> list[str]:

@@ -2,14 +2,16 @@
 their encodings, then its engine request, the tokens generated so far and its text.
 
 The LM worker owns LmTurn. A submitted turn waits until every utterance it needs (its history's
-and the new one) is encoded, holding its own encodings so that the encode cache's evictions
-never take them; `messages` then makes its prompt (user utterances as their codes and Whisper
-features, text turns, earlier answers as text and codes) and `start` admits it to generation.
-Text is decoded incrementally from the valid text ids (before the text EOS, below the audio
-token offset), so multi-byte characters are emitted whole. Speech codes (audio ids at or above
-the offset, minus it) are handed on to the detokenizer worker. A request's stop strings end the
-text where the first of them begins (`stopped`; text that may be the start of one is held back
-until it is not), and its tokens' log-probabilities go with the text when it asked for them.
+and the new one, when the user spoke it rather than wrote it) is encoded, holding its own
+encodings so that the encode cache's evictions never take them; `messages` then makes its
+prompt (user utterances as their codes and Whisper features, text turns, the user's written
+turn as a user text message, earlier answers as text and codes) and `start` admits it to
+generation. Text is decoded incrementally from the valid text ids (before the text EOS, below
+the audio token offset), so multi-byte characters are emitted whole. Speech codes (audio ids at
+or above the offset, minus it) are handed on to the detokenizer worker. A request's stop
+strings end the text where the first of them begins (`stopped`; text that may be the start of
+one is held back until it is not), and its tokens' log-probabilities go with the text when it
+asked for them.
 """
 
 from __future__ import annotations
@@ -65,7 +67,11 @@ class LmTurn:
         """The prompt's messages, once nothing is missing."""
         history = (_history_message(t, self.encoded) for t in self.request.history)
         messages = [m for m in history if m is not None]
-        codes, features = self.encoded[audio_key(self.request.user_audio)]
+        spoken = self.request.user_audio
+        if spoken is None:  # a written turn: the user's text message (official layout)
+            messages.append(Message("user", "text", text=self.request.user_text or ""))
+            return messages
+        codes, features = self.encoded[audio_key(spoken)]
         messages.append(Message("user", "audio", audio_tokens=codes, features=features))
         return messages
 

@@ -104,14 +104,17 @@ class LmWorker(Worker):
         self._count()
 
     def _take(self, handle: TurnHandle, request: TurnRequest) -> None:
-        """A submitted turn waits for its audio to be encoded."""
+        """A submitted turn waits for its audio to be encoded (a written turn: its history's)."""
+        spoken = request.user_audio
         try:
-            check_speech_input(request.user_audio, self.config.audio)
+            if spoken is not None:
+                check_speech_input(spoken, self.config.audio)
         except KimiAudioError as exc:
             deliver_done(handle, TurnDone("failed", error=str(exc)), self.metrics)
             return
         audio = {audio_key(t.audio): t.audio for t in request.history if t.role == "user" and t.audio is not None}
-        audio[audio_key(request.user_audio)] = request.user_audio
+        if spoken is not None:
+            audio[audio_key(spoken)] = spoken
         pending = LmTurn(handle, request, audio, handle.seconds())
         pending.submit_step = self.num_steps
         self._pending.append(pending)
@@ -204,13 +207,17 @@ class LmWorker(Worker):
         speaks = check_output_type(request.output_type) == BOTH and self.detok is not None
         output_type = BOTH if speaks else TEXT
         prompt = build_prompt(turn.messages(), output_type, self.stack.tokenizer, self.stack.specials)
-        codes = turn.encoded[audio_key(request.user_audio)][0]
+        spoken = request.user_audio  # None: a written turn, no audio of its own to report
+        encoded = None
+        if spoken is not None:
+            encoded = UserEncoded(list(turn.encoded[audio_key(spoken)][0]), len(spoken) / SPEECH_INPUT_RATE)
         params = request.sampling or SamplingParams.from_config(self.config.sampling)
         specials = self.stack.specials
         turn.start(specials.token_offset, specials.text_eos, speaks)
         turn.timings["queued_s"] = turn.queued_s
         turn.mark("encoded_s")
-        handle.deliver(UserEncoded(list(codes), len(request.user_audio) / SPEECH_INPUT_RATE))
+        if encoded is not None:
+            handle.deliver(encoded)
         turn.seq_id = self.engine.add_request(
             EngineRequest(
                 handle.turn_id,

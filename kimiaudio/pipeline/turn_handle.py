@@ -1,8 +1,8 @@
 """The asyncio side of one turn: an async iterator of its events, fed by the workers.
 
-Events arrive in order (UserEncoded, TextDelta / AudioChunk as generated, one TurnDone):
-every worker delivers through `loop.call_soon_threadsafe`, and a turn's events pass the
-workers one way (LM worker, then detokenizer worker), so their order is kept. A stage that
+Events arrive in order (UserEncoded for a spoken turn, TextDelta / AudioChunk as generated,
+one TurnDone): every worker delivers through `loop.call_soon_threadsafe`, and a turn's events
+pass the workers one way (LM worker, then detokenizer worker), so their order is kept. A stage that
 fails a turn says why in its TurnDone the same way on either worker (`failure_message`,
 `client_fault`).
 """

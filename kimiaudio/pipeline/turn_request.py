@@ -1,4 +1,9 @@
-"""What a caller submits to the pipeline: one user turn with the conversation before it."""
+"""What a caller submits to the pipeline: one user turn with the conversation before it.
+
+The user's turn is what they said (`user_audio`) or what they wrote (`user_text`), exactly one
+of the two: a spoken turn is encoded and answered as an audio message, a written one as a
+user text message (the official prompt answers either: text/prompt.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import numpy as np
 
 from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voice_registry import Voice
 
 
@@ -23,11 +29,11 @@ class HistoryTurn:
 
 @dataclass
 class TurnRequest:
-    """One user turn as a caller submits it (Pipeline.submit)."""
+    """One user turn as a caller submits it (Pipeline.submit): spoken or written, not both."""
 
     conversation_id: str
     history: list[HistoryTurn]
-    user_audio: np.ndarray  # float32 mono 16 kHz
+    user_audio: np.ndarray | None = None  # float32 mono 16 kHz: a spoken turn
     sampling: SamplingParams | None = None  # None: config [sampling]
     output_type: str = "both"  # "both" (text + speech) | "text"
     voice: Voice | None = None  # the voice prompt its speech is conditioned on; None = the model's own
@@ -37,3 +43,13 @@ class TurnRequest:
     # request.py's ANSWER_PRIORITY, or BACKGROUND_PRIORITY for work nobody waits on to speak
     # (the user's words transcribed: pipeline/transcription.py)
     priority: int = ANSWER_PRIORITY
+    user_text: str | None = None  # a written turn (user_audio None)
+
+    def __post_init__(self) -> None:
+        if (self.user_audio is None) == (self.user_text is None):
+            raise KimiAudioError(
+                "a turn needs the user's audio or the user's text, exactly one of them "
+                f"(got {'both' if self.user_audio is not None else 'neither'})"
+            )
+        if self.user_text is not None and not self.user_text:
+            raise KimiAudioError("the user's text is empty: there is nothing to answer")

@@ -1,9 +1,9 @@
 """What a response asks of the pipeline: the turn answering the newest user turn of the
 conversation, with the session's settings and those of the response.create that asked for it.
 
-The newest stored turn must be the user's and spoken (the pipeline answers user audio; text
-items before it are context); the conversation before it is the history, led by the
-instructions as a user text message; the output type, voice and sampling are the session's
+The newest stored turn must be the user's, spoken or written (a text item: answered as the
+official prompt answers a user text message); the conversation before it is the history, led
+by the instructions as a user text message; the output type, voice and sampling are the session's
 unless the response.create names its own. What cannot be answered is a ProtocolError naming
 why: the Responder ends that response failed (responder.py).
 """
@@ -30,11 +30,11 @@ async def answer_request(
         )
     last = await conversation.last_turn() if conversation.id is not None else None
     index, user_turn = last if last is not None else (-1, None)
-    if user_turn is None or user_turn.role != "user" or user_turn.audio is None:
+    if user_turn is None or user_turn.role != "user" or (user_turn.audio is None and not user_turn.text):
         raise ProtocolError(
-            "no_user_audio",
-            "response.create: the conversation does not end with a spoken user turn "
-            "(kimiaudio answers speech; text items are context for the next spoken turn)",
+            "no_user_turn",
+            "response.create: the conversation does not end with a user turn to answer "
+            "(add a user message item, spoken or text, or commit the input audio buffer first)",
         )
     history = list((await conversation.history())[:-1])
     instructions = request.instructions if request and request.instructions is not None else settings.instructions
@@ -53,6 +53,7 @@ async def answer_request(
         conversation_id=conversation.stored_id,
         history=history,
         user_audio=user_turn.audio,
+        user_text=user_turn.text if user_turn.audio is None else None,
         sampling=sampling,
         output_type=output_type,
         voice=voice,

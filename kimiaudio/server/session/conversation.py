@@ -97,8 +97,8 @@ class Conversation:
         return self._history
 
     async def add_user(self, audio: np.ndarray | None, text: str = "") -> tuple[int, HistoryTurn]:
-        """Store a user turn (spoken: before the model starts on it; or text, context for the next
-        spoken turn); (its index, history turn)."""
+        """Store a user turn, spoken or text, before the model starts on it; (its index, history
+        turn)."""
         history = await self.history()
         timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
         index = await self.store.add_turn(self.stored_id, "user", text, audio=audio, timings=timings)

@@ -60,9 +60,10 @@ class InputTranscription:
         request = transcription_request(
             conversation_id, audio, sampling, language=setting.language, prompt=setting.prompt
         )
-        self._tasks.spawn(self._run(request, item_id, content_index, index), "input transcription")
+        seconds = audio.size / SPEECH_INPUT_RATE
+        self._tasks.spawn(self._run(request, item_id, content_index, index, seconds), "input transcription")
 
-    async def _run(self, request: TurnRequest, item_id: str, content_index: int, index: int) -> None:
+    async def _run(self, request: TurnRequest, item_id: str, content_index: int, index: int, seconds: float) -> None:
         pipeline, events = self._pipeline, self._events
         try:
             handle = pipeline.submit(request)
@@ -89,5 +90,4 @@ class InputTranscription:
         except Exception as exc:  # the client still gets the words; the log says why they were not kept
             log.exception("session %s: storing the transcript of turn %d failed", events.session_id, index)
             events.error("storage_failed", f"the transcript could not be stored ({type(exc).__name__})")
-        seconds = request.user_audio.size / SPEECH_INPUT_RATE
         events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds))

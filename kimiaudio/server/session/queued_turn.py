@@ -38,7 +38,8 @@ class QueuedAudio:
 
 @dataclass(frozen=True)
 class QueuedText:
-    """A conversation.item.create with text only: context for the next spoken turn."""
+    """A conversation.item.create with text only: stored as a turn (a user's is answered when a
+    response.create asks)."""
 
     item_id: str
     text: str

@@ -36,7 +36,7 @@ class ResponseState:
     output_type: str  # "both" | "text"
     handle: TurnHandle  # the pipeline's
     user_index: int  # stored index of the user turn it answers
-    user_turn: HistoryTurn  # that turn (its VQ codes arrive with UserEncoded)
+    user_turn: HistoryTurn  # that turn (a spoken one's VQ codes arrive with UserEncoded)
     committed_at: float  # time.monotonic() of the commit
     id: str = _state(factory=new_response_id)
     item_id: str = _state(factory=new_item_id)  # the assistant item it makes

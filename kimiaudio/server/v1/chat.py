@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions: audio (and text) in; text, or speech and its transcript, out.
+"""POST /v1/chat/completions: audio or text in; text, or speech and its transcript, out.
 
 The request becomes one pipeline turn (chat_body.py), run in the shared pipeline and
 cancelled at once if the client goes away (turn_guard.py). Without `stream` the answer is
@@ -50,6 +50,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         conversation_id="chat",
         history=chat.history,
         user_audio=chat.user_audio,
+        user_text=chat.user_text,
         sampling=chat.sampling,
         output_type=chat.output_type,
         voice=_voice(pipeline, chat),
@@ -57,7 +58,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         logprobs=chat.logprobs,
     )
     record = request_record(request)
-    record.audio_in_s = chat.user_audio.size / SPEECH_INPUT_RATE
+    if chat.user_audio is not None:  # a written turn brings no audio
+        record.audio_in_s = chat.user_audio.size / SPEECH_INPUT_RATE
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
     async with guarded_turn(request, pipeline, turn) as handle:
         if chat.stream:

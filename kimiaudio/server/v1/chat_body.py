@@ -1,7 +1,8 @@
 """A POST /v1/chat/completions body turned into one pipeline turn (validated, OpenAI's shapes).
 
-The model answers speech, so the last message must be a user message with an `input_audio`
-part (base64, format wav/mp3/... or pcm16); its text parts come just before the audio.
+The last message is the user's turn to answer: spoken, with an `input_audio` part (base64,
+format wav/mp3/... or pcm16; its text parts come just before the audio), or written, text alone
+(a string or text parts, answered as the official prompt answers a user text message).
 Everything earlier becomes history: system/developer messages and user text as user text
 turns, user audio as spoken user turns, assistant text as text answers, and an assistant
 `audio: {"id": ...}` naming an answer this server produced (its transcript and speech codes,
@@ -37,7 +38,9 @@ from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_t
 @dataclass
 class ChatRequest:
     history: list[HistoryTurn]
-    user_audio: np.ndarray  # at SPEECH_INPUT_RATE
+    # The turn to answer: the user's audio (at SPEECH_INPUT_RATE), or else the user's text.
+    user_audio: np.ndarray | None
+    user_text: str | None
     output_type: str  # text/output_type.py
     audio_format: str  # of the spoken answer ("": a text answer)
     voice: str | None
@@ -82,13 +85,14 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         audio_format = requested
     stream = bool(_option(body, "stream", bool, "true or false"))
     stream_options = _option(body, "stream_options", dict, "an object") or {}
-    history, user_audio = await _messages(body.get("messages"), config, store)
+    history, user_turn = await _messages(body.get("messages"), config, store)
     logprobs = bool(openai_sampling.get("logprobs"))
     if openai_sampling.get("top_logprobs") and not logprobs:
         raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
     return ChatRequest(
         history,
-        user_audio,
+        user_turn.audio,
+        user_turn.text if user_turn.audio is None else None,
         output_type,
         audio_format,
         voice,
@@ -141,32 +145,35 @@ def _stop(stop) -> tuple[str, ...]:
     return tuple(stops)
 
 
-async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn], np.ndarray]:
+async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn], HistoryTurn]:
+    """(the history, the user's turn to answer: the last message's audio, or its text)."""
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: expected a non-empty list of messages", "messages")
     history: list[HistoryTurn] = []
+    last_turns: list[HistoryTurn] = []  # the last message's
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise _bad(f"{where}: expected a message object", where)
         role = message.get("role")
         if role in ("system", "developer", "user"):
-            history += _user_turns(message.get("content"), f"{where}.content", config)
+            last_turns = _user_turns(message.get("content"), f"{where}.content", config)
         elif role == "assistant":
-            history.append(await _assistant_turn(message, where, store))
+            last_turns = [await _assistant_turn(message, where, store)]
         else:
             raise _bad(
                 f"{where}.role: expected system, developer, user or assistant, got {str(role)[:40]!r}", f"{where}.role"
             )
-    last = history[-1] if history else None
-    if messages[-1].get("role") != "user" or last is None or last.audio is None:
+        history += last_turns
+    where = f"messages[{len(messages) - 1}]"
+    if messages[-1].get("role") != "user":
+        raise _bad(f"{where}.role: the last message must be the user's (the turn to answer)", f"{where}.role")
+    if not last_turns:
         raise _bad(
-            "the last message must be a user message with an input_audio part: kimiaudio answers speech "
-            "(text parts and earlier messages are context)",
-            f"messages[{len(messages) - 1}].content",
-            "audio_required",
+            f"{where}.content: the last message has nothing to answer (expected text or an input_audio part)",
+            f"{where}.content",
         )
-    return history[:-1], last.audio
+    return history[:-1], history[-1]
 
 
 def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
