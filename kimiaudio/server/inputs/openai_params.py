@@ -257,6 +257,12 @@ class ChatSampling:
     presence_penalty: float | None = setting(None, PRESENCE_FREQUENCY_PENALTY)
     frequency_penalty: float | None = setting(None, PRESENCE_FREQUENCY_PENALTY)
     seed: int | None = setting(None, SEED)
+
+
+@dataclass(frozen=True)
+class ChatOutput:
+    """The chat fields that shape what comes out: its length, its log-probabilities, one choice."""
+
     max_completion_tokens: int | None = setting(None, OUTPUT_LIMIT)
     max_tokens: int | None = setting(None, OUTPUT_LIMIT)
     logprobs: bool | None = None

@@ -52,24 +52,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         user_audio=chat.user_audio,
         user_text=chat.user_text,
         sampling=chat.sampling,
-        output_type=chat.output_type,
+        output_type=chat.answer.output_type,
         voice=_voice(pipeline, chat),
         stop=chat.stop,
-        logprobs=chat.logprobs,
+        logprobs=chat.answer.logprobs,
     )
     record = request_record(request)
     if chat.user_audio is not None:  # a written turn brings no audio
         record.audio_in_s = chat.user_audio.size / SPEECH_INPUT_RATE
     completion = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": MODEL_ID}
     async with guarded_turn(request, pipeline, turn) as handle:
-        if chat.stream:
+        if chat.streaming.on:
             return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
         pcm, done = await _collect(handle)
     record.add_audio_out(pcm.size / SPEECH_OUTPUT_RATE)
     if done is None or done.status != "completed":
         raise failed_turn_error(done, "generation_failed", "the answer", "messages")
     message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
-    if chat.output_type == "both":
+    if chat.answer.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript
         message["audio"] = await _audio(chat, done, pcm, store, config.server.audio_answer_ttl_s)
     return web.json_response(
@@ -81,7 +81,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                     "index": 0,
                     "message": message,
                     "finish_reason": finish_reason(done),
-                    "logprobs": logprobs_object(done.logprobs) if chat.logprobs else None,
+                    "logprobs": logprobs_object(done.logprobs) if chat.answer.logprobs else None,
                 }
             ],
             "usage": usage(done),
@@ -91,10 +91,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 def _voice(pipeline: Pipeline, chat: ChatRequest) -> Voice | None:
     """The stored voice `audio.voice` names (stock names and none: the model's own)."""
-    if chat.output_type != "both":
+    if chat.answer.output_type != "both":
         return None
     try:
-        return pipeline.voices.resolve(chat.voice)
+        return pipeline.voices.resolve(chat.answer.voice)
     except UnknownVoiceError as exc:
         raise ApiError(400, "invalid_value", str(exc), param="audio.voice") from None
 
@@ -112,7 +112,7 @@ async def _collect(handle: TurnHandle) -> tuple[np.ndarray, TurnDone | None]:
 
 async def _audio(chat: ChatRequest, done: TurnDone, pcm: np.ndarray, store: ConversationStore, ttl_s: float) -> dict:
     answer = await save_answer(store, new_answer_id(), done.text, done.audio_tokens, pcm, ttl_s)
-    data = encode_audio(pcm, chat.audio_format, SPEECH_OUTPUT_RATE)
+    data = encode_audio(pcm, chat.answer.audio_format, SPEECH_OUTPUT_RATE)
     return {
         "id": answer.id,
         "data": base64.b64encode(data).decode("ascii"),

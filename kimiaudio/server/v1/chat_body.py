@@ -29,26 +29,49 @@ from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.audio_input import decode_base64, speech_from_bytes
-from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatSampling, check_model, checked
+from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatOutput, ChatSampling, check_model, checked
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
 
 
 @dataclass
+class ChatAnswerForm:
+    """How the answer is given: text or speech (text/output_type.py), the spoken answer's
+    audio format ("" for a text answer) and voice, and whether the text's log-probabilities
+    come with it."""
+
+    output_type: str
+    audio_format: str
+    voice: str | None
+    logprobs: bool = False
+
+
+@dataclass
+class ChatStreaming:
+    """`stream`: the answer as server-sent chunks; `stream_options.include_usage`: a last chunk
+    with the token counts."""
+
+    on: bool
+    include_usage: bool
+
+
+@dataclass
 class ChatRequest:
     history: list[HistoryTurn]
-    # The turn to answer: the user's audio (at SPEECH_INPUT_RATE), or else the user's text.
-    user_audio: np.ndarray | None
-    user_text: str | None
-    output_type: str  # text/output_type.py
-    audio_format: str  # of the spoken answer ("": a text answer)
-    voice: str | None
-    stream: bool
-    include_usage: bool
+    user_turn: HistoryTurn  # the turn to answer: the user's audio (SPEECH_INPUT_RATE), or else text
+    answer: ChatAnswerForm
+    streaming: ChatStreaming
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
-    logprobs: bool = False
+
+    @property
+    def user_audio(self) -> np.ndarray | None:
+        return self.user_turn.audio
+
+    @property
+    def user_text(self) -> str | None:
+        return self.user_turn.text if self.user_turn.audio is None else None
 
 
 def _bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
@@ -67,7 +90,7 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         raise _bad("the request body must be a JSON object", None, "invalid_json")
     check_model(body.get("model"), config.server.model_aliases)
     CHAT_FIELDS.check(body)
-    openai_sampling = checked(ChatSampling, body)
+    openai_sampling = checked(ChatSampling, body) | checked(ChatOutput, body)
     modalities = _option(body, "modalities", list, EXPECTED_MODALITIES)
     output_type = output_type_of(modalities) if modalities else TEXT
     if output_type is None:
@@ -91,16 +114,11 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
     return ChatRequest(
         history,
-        user_turn.audio,
-        user_turn.text if user_turn.audio is None else None,
-        output_type,
-        audio_format,
-        voice,
-        stream,
-        bool(stream_options.get("include_usage")),
+        user_turn,
+        ChatAnswerForm(output_type, audio_format, voice, logprobs),
+        ChatStreaming(stream, bool(stream_options.get("include_usage"))),
         _sampling(openai_sampling, config),
         _stop(body.get("stop")),
-        logprobs,
     )
 
 

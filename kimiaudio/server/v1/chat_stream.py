@@ -32,6 +32,7 @@ from kimiaudio.store.answer_store import new_answer_id, save_answer
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
     response = await open_stream(request)
     record = request_record(request)
+    wants_logprobs = chat.answer.logprobs
 
     async def chunk(delta: dict, reason: str | None = None, logprobs=None, **extra) -> None:
         await send_event(
@@ -44,16 +45,16 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
                         "index": 0,
                         "delta": delta,
                         "finish_reason": reason,
-                        "logprobs": logprobs_object(logprobs) if chat.logprobs and logprobs is not None else None,
+                        "logprobs": logprobs_object(logprobs) if wants_logprobs and logprobs is not None else None,
                     }
                 ],
                 **extra,
             },
         )
 
-    spoken = chat.output_type == "both"
+    spoken = chat.answer.output_type == "both"
     answer_id = new_answer_id()
-    encoder = StreamEncoder(chat.audio_format, SPEECH_OUTPUT_RATE) if spoken else None
+    encoder = StreamEncoder(chat.answer.audio_format, SPEECH_OUTPUT_RATE) if spoken else None
     pcm: list[np.ndarray] = []
     done: TurnDone | None = None
     try:
@@ -91,7 +92,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
                 return response
             await chunk({"audio": {"id": answer_id, "expires_at": int(answer.expires_at)}})
         await chunk({}, finish_reason(done))
-        if chat.include_usage:
+        if chat.streaming.include_usage:
             await send_event(
                 response, {**completion, "object": "chat.completion.chunk", "choices": [], "usage": usage(done)}
             )
