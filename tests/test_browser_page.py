@@ -91,9 +91,16 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
     assert len(conversations) == 1
     stored = [t for t in (await store.get_conversation(conversations[0]["id"]))["turns"] if t["role"] == "assistant"]
     # What the page shows is what the server generated and stored, streamed delta by delta.
+    # On a loaded machine an answer may still play when the second utterance starts: that one
+    # is cut by the barge-in, and stored as interrupted.
     for (status, text, meta), turn in zip(result["assistant"], stored):
-        assert status == "completed" and "first audio after" in meta
+        assert status in ("completed", "cancelled")
+        if status == "cancelled":
+            assert turn["interrupted"]
+            continue
+        assert "first audio after" in meta and not turn["interrupted"]
         assert text == (turn["text"] or "(no text)")
+    assert any(status == "completed" for status, _, _ in result["assistant"])
     assert any(text != "(no text)" for _, text, _ in result["assistant"])
     # The user's line shows the words the server transcribed and stored with the turn.
     transcripts = [
