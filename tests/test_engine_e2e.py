@@ -27,6 +27,7 @@ from helpers.engine_scenarios import (
     golden_prompt,
     load_tiny_lm,
     make_request,
+    reference_args,
     reference_steps,
     run_scenario,
 )
@@ -193,16 +194,7 @@ def test_finishing_output_carries_the_official_return_values(setup):
             if out.finished:
                 last[out.request_id] = out
     for request in requests:
-        reference = generate_reference(
-            lm,
-            request.prompt.audio_ids,
-            request.prompt.text_ids,
-            request.prompt.continuous_mask,
-            request.prompt.features,
-            request.params,
-            request.output_type,
-            request.specials,
-        )
+        reference = generate_reference(lm, *reference_args(request))
         done = last[request.request_id].completion
         assert done.text_tokens == reference.text_tokens and done.audio_tokens == reference.audio_tokens
         assert (

@@ -27,7 +27,7 @@ from kimiaudio.engine.reference_loop import iter_reference
 from kimiaudio.layers.quant_linear import QuantLinear
 from kimiaudio.models.quantize import quantize_lm
 
-from helpers.engine_scenarios import build_requests, engine_for, load_tiny_lm, run_scenario
+from helpers.engine_scenarios import build_requests, engine_for, load_tiny_lm, reference_args, run_scenario
 from helpers.lm_golden import SECTIONS, forward_logits
 
 BOUNDS = {"fp8": (0.25, 0.60), "int8": (0.05, 0.90)}  # (largest relative error, least top-1 agreement)
@@ -77,19 +77,7 @@ def test_golden_logits_within_bounds(quantized, golden, record_property):
 
 
 def _reference(lm, request) -> list:
-    return list(
-        iter_reference(
-            lm,
-            request.prompt.audio_ids,
-            request.prompt.text_ids,
-            request.prompt.continuous_mask,
-            request.prompt.features,
-            request.params,
-            request.output_type,
-            request.specials,
-            record_steps=True,
-        )
-    )
+    return list(iter_reference(lm, *reference_args(request), record_steps=True))
 
 
 def _margin(logits: torch.Tensor) -> float:

@@ -78,20 +78,23 @@ def make_request(request_id: str, prompt: dict, params, output_type: str, rules:
     )
 
 
+def reference_args(request: EngineRequest) -> tuple:
+    """An engine request's prompt and settings as the reference loop takes them, after `lm`."""
+    prompt = request.prompt
+    return (
+        prompt.audio_ids,
+        prompt.text_ids,
+        prompt.continuous_mask,
+        prompt.features,
+        request.params,
+        request.output_type,
+        request.specials,
+    )
+
+
 def reference_steps(lm, request: EngineRequest) -> tuple[list[tuple[int, int]], str | None]:
     """(text, audio) after the rules for every step of the batch-1 reference loop, and its reason."""
-    steps = list(
-        iter_reference(
-            lm,
-            request.prompt.audio_ids,
-            request.prompt.text_ids,
-            request.prompt.continuous_mask,
-            request.prompt.features,
-            request.params,
-            request.output_type,
-            request.specials,
-        )
-    )
+    steps = list(iter_reference(lm, *reference_args(request)))
     return [(s.text_token, s.audio_token) for s in steps], steps[-1].reason
 
 
