@@ -32,10 +32,13 @@ _NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
 # Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.
 DEVICE = resolve_device(_NAME) if _NAME == "cpu" or torch.cuda.is_available() else torch.device(_NAME)
 ON_CUDA = DEVICE.type == "cuda"
-pytestmark = pytest.mark.skipif(
-    ON_CUDA and not torch.cuda.is_available(),
-    reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        ON_CUDA and not torch.cuda.is_available(),
+        reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
+    ),
+]
 TOL = dict(atol=1e-4, rtol=1e-4)
 SHAPE = "full" if ON_CUDA else "tiny"
 
