@@ -44,8 +44,9 @@ SHAPE = "full" if ON_CUDA else "tiny"
 
 
 def _stand_in_capture(body, pool, stream, warmup=2):
-    for _ in range(warmup):
-        body()
+    """cuda_graphs.capture on the CPU: each shape prepared runs once (more warm-up runs, for
+    CUDA's lazy inits, would only run the same shape again), and replay runs it again."""
+    body()
     return SimpleNamespace(replay=body)
 
 
