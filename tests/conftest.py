@@ -59,6 +59,29 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_configure(config):
+    # README's command runs the files on two workers (--dist loadfile) in the order that
+    # pytest_collection_modifyitems below gives, not in xdist's (the files with most tests first).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with `slow` tests first, then the others, most tests first; each file's tests stay
+    together in their order. With --dist loadfile a worker runs one file at a time, and takes
+    the next when its file is nearly done: the long files (few tests, each starting processes
+    or servers) start early and the short ones fill the end, instead of one worker still
+    running a long file after the other ran out of files."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def order(tests: list) -> tuple[bool, int]:
+        return (not any(test.get_closest_marker("slow") for test in tests), -len(tests))
+
+    items[:] = [item for tests in sorted(files.values(), key=order) for item in tests]
+
+
 @pytest.fixture(scope="session", params=GOLDEN_DIRS, ids=[p.name for p in GOLDEN_DIRS])
 def golden_dir(request) -> Path:
     return request.param

@@ -12,6 +12,8 @@ import soundfile
 from helpers.cli import assert_one_line_error, kimiaudio
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each test starts the CLI: a process importing torch and loading a model (seconds each).
+pytestmark = pytest.mark.slow
 
 
 def test_chat_writes_24k_reply_and_prints_token_ids(demo_checkpoint, speech_wav, tmp_path):

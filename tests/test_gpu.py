@@ -393,6 +393,9 @@ def test_pipeline_turn_on_device(demo_checkpoint, speech_16k, monkeypatch):
         assert cached and all(features.device.type == "cpu" for _, features in cached)  # history cache off the GPU
 
 
+# On the CPU this is test_bench.py's test_random_weight_decode_bench_runs_on_a_small_shape,
+# which CI runs anyway: here it runs where it differs from that, with graphs and kernels.
+@cuda_only
 def test_random_weight_decode_bench_on_device(capsys):
     check_small_decode_bench(str(DEVICE), capsys)
 

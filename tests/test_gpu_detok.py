@@ -32,17 +32,21 @@ _NAME = os.environ.get("KIMIAUDIO_TEST_DEVICE", "cuda")
 # Resolved as model.device is (cuda -> cuda:N), where it can be: torch.cuda calls get an index.
 DEVICE = resolve_device(_NAME) if _NAME == "cpu" or torch.cuda.is_available() else torch.device(_NAME)
 ON_CUDA = DEVICE.type == "cuda"
-pytestmark = pytest.mark.skipif(
-    ON_CUDA and not torch.cuda.is_available(),
-    reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        ON_CUDA and not torch.cuda.is_available(),
+        reason="needs a CUDA GPU (KIMIAUDIO_TEST_DEVICE=cpu runs these on the CPU)",
+    ),
+]
 TOL = dict(atol=1e-4, rtol=1e-4)
 SHAPE = "full" if ON_CUDA else "tiny"
 
 
 def _stand_in_capture(body, pool, stream, warmup=2):
-    for _ in range(warmup):
-        body()
+    """cuda_graphs.capture on the CPU: each shape prepared runs once (more warm-up runs, for
+    CUDA's lazy inits, would only run the same shape again), and replay runs it again."""
+    body()
     return SimpleNamespace(replay=body)
 
 

@@ -40,6 +40,7 @@ def offline_answer(stack: ModelStack, pcm: np.ndarray, params: SamplingParams):
 
 
 # 1 stream per detok batch: streams take turns; run-ahead 0: chunks wait as long as they can.
+@pytest.mark.slow
 @pytest.mark.parametrize("detok_batch, run_ahead", [(8, 0.5), (1, 0.5), (8, 0.0)])
 def test_concurrent_turns_equal_offline_reference(stack, speech_16k, detok_batch, run_ahead):
     inputs = voices(speech_16k, 4)

@@ -116,6 +116,7 @@ def test_partitions_merge_in_the_launch_and_leave_the_semaphores_zeroed(monkeypa
     assert pool.semaphores(1).numel() >= 2 * num_kv_heads and not pool.semaphores(1).any()
 
 
+@pytest.mark.slow
 def test_engine_through_the_kernels_equals_reference(monkeypatch, golden_checkpoint, golden, golden_rules):
     # The golden scenario of test_engine_decode_path with the kernels in every step (padded
     # static decodes and flat mixed steps): token for token the reference loop's. On a GPU every

@@ -16,6 +16,7 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.config import Config
 from kimiaudio.engine.reference_loop import generate_reference
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import official_codes, official_text_ids
@@ -114,12 +115,13 @@ def _params(stack: ModelStack, args) -> SamplingParams:
     return SamplingParams.from_config(stack.config.sampling, **overrides)
 
 
-def _load_inputs(stack: ModelStack, files: list[str]) -> list[np.ndarray]:
+def _load_inputs(config: Config, files: list[str]) -> list[np.ndarray]:
+    """The input files read and checked, before the model loads: a bad file is refused at once."""
     pcms = []
     for file in files:
         pcm = load_audio(file)
         try:
-            check_speech_input(pcm, stack.config.audio)
+            check_speech_input(pcm, config.audio)
         except AudioInputError as exc:
             raise AudioInputError(f"{file}: {exc}") from None
         pcms.append(pcm)
@@ -134,10 +136,10 @@ def run_chat_command(config, args) -> int:
     out = Path(args.out)
     if not out.parent.exists():
         raise KimiAudioError(f"--out {out}: directory {out.parent} does not exist")
+    pcms = _load_inputs(config, args.inputs)
     start = time.perf_counter()
     stack = ModelStack.load(config, progress=True, text_only=False)  # chat always speaks
     load_s = time.perf_counter() - start
-    pcms = _load_inputs(stack, args.inputs)
     params = _params(stack, args)
     history: list[Message] = [Message("user", "text", text=t) for t in args.text]
     turns = []
@@ -157,10 +159,10 @@ def run_chat_command(config, args) -> int:
 
 
 def run_transcribe_command(config, args) -> int:
+    pcm = _load_inputs(config, [args.input])[0]
     start = time.perf_counter()
     stack = ModelStack.load(config, progress=True, text_only=True)
     load_s = time.perf_counter() - start
-    pcm = _load_inputs(stack, [args.input])[0]
     message, encode_timings = user_audio_message(stack, pcm)
     messages = [Message("user", "text", text=ASR_INSTRUCTION), message]
     turn = answer(stack, messages, _params(stack, args), "text")
