@@ -13,6 +13,7 @@ from aiohttp import web
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.server import api_error
 from kimiaudio.server.v1 import chat_stream, transcriptions
+from kimiaudio.server.v1.chat_body import ChatAnswerForm, ChatStreaming
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 FIELDS = ["message", "type", "param", "code"]
@@ -69,7 +70,7 @@ async def stream_events(aiohttp_client, handler) -> list[dict]:
 
 async def test_the_streams_send_the_same_error_event(aiohttp_client):
     async def chat(request):
-        options = SimpleNamespace(output_type="text", audio_format=None, include_usage=False, logprobs=False)
+        options = SimpleNamespace(answer=ChatAnswerForm("text", "", None), streaming=ChatStreaming(True, False))
         return await chat_stream.stream_answer(request, failed_turn(), options, {"id": "chatcmpl-1"}, None, 0)
 
     async def transcription(request):
