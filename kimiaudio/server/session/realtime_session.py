@@ -9,7 +9,7 @@ session.created first (`send_created`), then feeds microphone audio in with `pus
 (16 kHz) and client events with `handle_message` / `handle_event`.
 
 The turn, from the mic to the speaker:
-  push_audio -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
+  push_audio -> MicInput -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
   (turn_detection none: the client's input_audio_buffer.commit queues the buffered audio)
   -> the turn task: the user turn (with audio) is stored (user_items.py), THEN answered (responder.py):
   submitted to the pipeline, text and audio streamed out, the answer stored; beside it, if the
@@ -32,7 +32,7 @@ import numpy as np
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
+from kimiaudio.audio.vad import TurnDetector
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.context import ServerContext
@@ -41,8 +41,8 @@ from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.event_shape import EventShape
-from kimiaudio.server.session.input_buffer import InputBuffer
 from kimiaudio.server.session.input_transcription import InputTranscription
+from kimiaudio.server.session.mic_input import MicInput
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.queued_turn import (
@@ -81,16 +81,16 @@ class RealtimeSession:
         pipeline = context.pipeline
         self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
         self.conversation = Conversation(context.store, conversation_id, self.id)
-        self.detector = TurnDetector(admitted.vad, self.settings.turn_settings())  # used only in the VAD thread
-        self._vad_executor = context.vad_executor
         self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
         self.responder = Responder(pipeline, self.settings, self.conversation, self.events, playback, self.tasks)
         self.transcription = InputTranscription(pipeline, self.settings, self.conversation, self.events, self.tasks)
         self.items = UserItems(self.settings, self.conversation, self.events, self.responder, self.transcription)
+        detector = TurnDetector(admitted.vad, self.settings.turn_settings())
+        self.mic = MicInput(
+            self.settings, detector, context.vad_executor, self.events, self._speech_started, self._utterance
+        )
         self._queue: asyncio.Queue[QueuedTurn] = asyncio.Queue()
-        self.input = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
-        self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
         self._creates_waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
@@ -123,54 +123,19 @@ class RealtimeSession:
     # ----- audio in -----
     async def push_audio(self, pcm: np.ndarray) -> None:
         """16 kHz mono float32 from the microphone. Waits for the VAD only, never for a turn."""
-        if self.settings.turn_detection == "none":
-            self._buffer_audio(pcm)
-            return
-        if self.response is not None and not self.config.vad.barge_in:
-            return  # half duplex: the assistant is speaking, input is ignored
-        loop = asyncio.get_running_loop()
-        for event in await loop.run_in_executor(self._vad_executor, self.detector.push, pcm):
-            match event:
-                case SpeechStarted(audio_start_ms=start_ms):
-                    self._speech_item_id = new_item_id()
-                    self.events.send(server_events.speech_started(start_ms, self._speech_item_id))
-                    if self.config.vad.barge_in:
-                        self._barge_ins += 1
-                        self.responder.interrupt("turn_detected")
-                case SpeechStopped(audio=audio, audio_end_ms=end_ms):
-                    item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
-                    self.events.send(server_events.speech_stopped(end_ms, item_id))
-                    self.commit(audio, item_id, respond=self.settings.answers_commits)
+        await self.mic.push(pcm, listening=self.response is None or self.config.vad.barge_in)
 
-    def _buffer_audio(self, pcm: np.ndarray) -> None:
-        seconds = self.config.audio.max_input_seconds
-        if not self.input.keep(pcm, int(seconds * SPEECH_INPUT_RATE)):
-            self.events.error(
-                "input_audio_buffer_full",
-                f"the input audio buffer holds at most {seconds:g} s (audio.max_input_seconds); commit or clear it",
-            )
+    def _speech_started(self) -> None:
+        if self.config.vad.barge_in:
+            self._barge_ins += 1
+            self.responder.interrupt("turn_detected")
+
+    def _utterance(self, audio: np.ndarray, item_id: str) -> None:
+        self.commit(audio, item_id, respond=self.settings.answers_commits)
 
     def commit(self, audio: np.ndarray, item_id: str | None = None, respond: bool = True) -> None:
         """Queue an utterance as the next user turn (the turn task stores and maybe answers it)."""
         self._queue.put_nowait(QueuedAudio(item_id or new_item_id(), audio, barge_ins=self._barge_ins, respond=respond))
-
-    def _commit_buffer(self) -> None:
-        if self.settings.turn_detection != "none":
-            raise ProtocolError(
-                "invalid_event",
-                "input_audio_buffer.commit: the server's VAD commits turns; set turn detection to null "
-                "(session.audio.input.turn_detection; beta: session.turn_detection) to commit yourself",
-                "type",
-            )
-        audio = self.input.take()
-        if audio is None:
-            raise ProtocolError("input_audio_buffer_commit_empty", "input_audio_buffer.commit: the buffer is empty")
-        self.commit(audio, respond=False)
-
-    def _clear_buffer(self) -> None:
-        self.input.clear()
-        self._vad_executor.submit(self.detector.reset)  # forget an utterance in progress
-        self.events.send(server_events.buffer_cleared())
 
     # ----- turns -----
     async def _take_turns(self) -> None:
@@ -230,11 +195,11 @@ class RealtimeSession:
     async def handle_event(self, event: client_events.ClientEvent) -> None:
         match event:
             case client_events.AudioAppend(pcm16=data):
-                await self.push_audio(self.input.to_16k(data, self.settings.input_rate))
+                await self.push_audio(self.mic.buffer.to_16k(data, self.settings.input_rate))
             case client_events.AudioCommit():
-                self._commit_buffer()
+                self.commit(self.mic.take_buffer(), respond=False)
             case client_events.AudioClear():
-                self._clear_buffer()
+                self.mic.clear()
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
                 self._cancel(response_id, stop_playback)
             case client_events.ResponseCreate():
@@ -276,10 +241,7 @@ class RealtimeSession:
     def apply_update(self, event: client_events.SessionUpdate, announce: bool = True) -> None:
         """session.update: new settings for this session (validated first)."""
         self.settings.apply(event)
-        if self.settings.turn_detection == "none":
-            self._speech_item_id = None
-        # Through the VAD thread, so the change lands between two pushes.
-        self._vad_executor.submit(self.detector.configure, self.settings.turn_settings())
+        self.mic.configure()
         if announce:
             self.events.send(server_events.session_updated(self.describe()))
 

@@ -1,0 +1,99 @@
+"""A session's microphone side: audio into the server's VAD (turn detection), or, with turn
+detection off, into the input buffer the client commits itself.
+
+The VAD's detector lives in the VAD thread (every call to it goes through `vad_executor`, so a
+settings change lands between two pushes). What it hears goes back to the session through two
+callbacks: `on_speech_started()` (a barge-in, when barge-in is on) and `on_utterance(audio,
+item_id)` (an utterance ended: the next user turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+import numpy as np
+
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
+from kimiaudio.server.session import server_events
+from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.input_buffer import InputBuffer
+from kimiaudio.server.session.queued_turn import new_item_id
+from kimiaudio.server.session.session_settings import SessionSettings
+
+
+class MicInput:
+    def __init__(
+        self,
+        settings: SessionSettings,
+        detector: TurnDetector,
+        vad_executor: Executor,
+        events: EventSender,
+        on_speech_started: Callable[[], None],
+        on_utterance: Callable[[np.ndarray, str], None],
+    ):
+        self._settings = settings
+        self._detector = detector  # used only in the VAD thread
+        self._vad_executor = vad_executor
+        self._events = events
+        self._on_speech_started = on_speech_started
+        self._on_utterance = on_utterance
+        self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
+        self._speech_item_id: str | None = None  # the item an utterance in progress will become
+
+    async def push(self, pcm: np.ndarray, listening: bool) -> None:
+        """16 kHz mono float32. Waits for the VAD only, never for a turn. `listening` False: the
+        assistant is speaking and barge-in is off (half duplex), the audio is dropped."""
+        if self._settings.turn_detection == "none":
+            self._keep(pcm)
+            return
+        if not listening:
+            return
+        loop = asyncio.get_running_loop()
+        for event in await loop.run_in_executor(self._vad_executor, self._detector.push, pcm):
+            match event:
+                case SpeechStarted(audio_start_ms=start_ms):
+                    self._speech_item_id = new_item_id()
+                    self._events.send(server_events.speech_started(start_ms, self._speech_item_id))
+                    self._on_speech_started()
+                case SpeechStopped(audio=audio, audio_end_ms=end_ms):
+                    item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
+                    self._events.send(server_events.speech_stopped(end_ms, item_id))
+                    self._on_utterance(audio, item_id)
+
+    def _keep(self, pcm: np.ndarray) -> None:
+        seconds = self._settings.config.audio.max_input_seconds
+        if not self.buffer.keep(pcm, int(seconds * SPEECH_INPUT_RATE)):
+            self._events.error(
+                "input_audio_buffer_full",
+                f"the input audio buffer holds at most {seconds:g} s (audio.max_input_seconds); commit or clear it",
+            )
+
+    def take_buffer(self) -> np.ndarray:
+        """input_audio_buffer.commit: the buffered audio (turn detection must be off)."""
+        if self._settings.turn_detection != "none":
+            raise ProtocolError(
+                "invalid_event",
+                "input_audio_buffer.commit: the server's VAD commits turns; set turn detection to null "
+                "(session.audio.input.turn_detection; beta: session.turn_detection) to commit yourself",
+                "type",
+            )
+        audio = self.buffer.take()
+        if audio is None:
+            raise ProtocolError("input_audio_buffer_commit_empty", "input_audio_buffer.commit: the buffer is empty")
+        return audio
+
+    def clear(self) -> None:
+        """input_audio_buffer.clear: the buffer, and an utterance in progress, forgotten."""
+        self.buffer.clear()
+        self._vad_executor.submit(self._detector.reset)
+        self._events.send(server_events.buffer_cleared())
+
+    def configure(self) -> None:
+        """The session's settings changed: the VAD takes them between two pushes."""
+        if self._settings.turn_detection == "none":
+            self._speech_item_id = None
+        self._vad_executor.submit(self._detector.configure, self._settings.turn_settings())
