@@ -29,7 +29,8 @@ def _rows(report: dict) -> str:
             first, rate = r["first_audio_ms_p50"], r["tokens_per_s"]
             parts.append(f"N={r['sessions']} 1st-audio p50 {first:.0f}ms {rate:.0f} tok/s")
         elif "step_ms_p50" in r and r.get("graphs", True):
-            parts.append(f"{r['weights']} B={r['batch']} {r['step_ms_p50']:.2f}ms ({r['ratio_to_floor']:.2f}x floor)")
+            kind = r["weights"] if r.get("overlap", True) else f"{r['weights']} no-overlap"
+            parts.append(f"{kind} B={r['batch']} {r['step_ms_p50']:.2f}ms ({r['ratio_to_floor']:.2f}x floor)")
     return "; ".join(parts)
 
 

@@ -131,8 +131,8 @@ def test_padded_static_path_equals_flat_path_and_reference(scenario, monkeypatch
     padded_steps = []
     prepare = static.runner.decode_inputs.prepare
 
-    def recording_prepare(seqs):
-        padded, width = prepare(seqs)
+    def recording_prepare(seqs, previous=None):
+        padded, width = prepare(seqs, previous)
         padded_steps.append((len(seqs), padded))
         return padded, width
 

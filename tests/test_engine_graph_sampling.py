@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kimiaudio.engine.graph_sampling import GraphSampling, graph_sampleable, in_graph
+from kimiaudio.engine.launched_step import read_samples
 from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.layers.sampler import sample
@@ -43,7 +44,7 @@ def test_graph_samples_equal_the_host_samplers():
     assert in_graph([seqs[i] for i in rows])
     for _ in range(3):  # each step draws the next pair of uniforms of every sampling sequence
         graph.write(seqs, rows, padded)
-        got = GraphSampling.read(graph.sample(text_logits, audio_logits), rows)
+        got = read_samples(graph.sample(text_logits, audio_logits), rows)
         pairs = [twin.random.next_uniforms() for twin in twins]
         n = len(rows)
         host = sample(
@@ -53,7 +54,7 @@ def test_graph_samples_equal_the_host_samplers():
             torch.tensor([t for t, _ in pairs] + [a for _, a in pairs]),
         )
         tokens, logprobs = host.tokens.tolist(), host.logprobs.tolist()
-        assert got == [(tokens[k], tokens[n + k], logprobs[k]) for k in range(n)]
+        assert got == [(tokens[k], tokens[n + k], logprobs[k], None) for k in range(n)]
         text_logits, audio_logits = text_logits.roll(1, 1), audio_logits.roll(3, 1)
 
 

@@ -94,15 +94,18 @@ def test_prompt_failure_fails_only_that_turn(stack, speech_16k, monkeypatch):
 
 def test_model_runner_failure_fails_the_step_and_serving_goes_on(stack, speech_16k, monkeypatch):
     calls = []
-    real = ModelRunner.run
 
-    def run(self, seqs):
-        calls.append(len(seqs))
-        if len(calls) == 3:  # mid-generation, with every turn in the batch
-            raise RuntimeError("injected kernel failure")
-        return real(self, seqs)
+    def failing(real):
+        def run_or_launch(self, plan, *previous):  # a step read at once, or launched
+            calls.append(len(plan))
+            if len(calls) == 3:  # mid-generation, with every turn in the batch
+                raise RuntimeError("injected kernel failure")
+            return real(self, plan, *previous)
 
-    monkeypatch.setattr(ModelRunner, "run", run)
+        return run_or_launch
+
+    monkeypatch.setattr(ModelRunner, "run", failing(ModelRunner.run))
+    monkeypatch.setattr(ModelRunner, "launch", failing(ModelRunner.launch))
     results, stats, after = turns_with(stack, voices(speech_16k, 2))
     assert all(r["done"].status == "failed" for r in results)  # both ran in the failing step
     assert_contained(results, stats, after, {0, 1}, "engine step failed: RuntimeError")

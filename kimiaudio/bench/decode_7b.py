@@ -54,7 +54,7 @@ WARMUP_STEPS = 4
 
 def _timed_step(engine: LLMEngine) -> tuple[float, list]:
     start = time.perf_counter()
-    outputs = engine.step()  # ends in one .tolist(): the step is synchronised
+    outputs = engine.step()  # ends reading a step's samples: timed back to back, one step each
     return time.perf_counter() - start, outputs
 
 
@@ -72,6 +72,7 @@ def time_batch(engine: LLMEngine, prompts: Prompts, batch: int) -> dict:
     """B sequences decoding: decode step times, then the mixed steps while a long prompt
     prefills beside them. Every request is aborted afterwards (the pool is left empty)."""
     seq_ids = start_decoding(engine, [prompts.short() for _ in range(batch)])
+    engine.step()  # with overlapped steps, launched here and read by the first timed step
     times = []
     for _ in range(DECODE_STEPS):
         elapsed, outputs = _timed_step(engine)
@@ -150,6 +151,16 @@ def run_random_7b(config, sessions: list[int], args, shape: dict | None = None) 
     return 0
 
 
+def _engine_variants(on_gpu: bool, overlap: bool, weights: str) -> list[tuple[bool, bool]]:
+    """(CUDA graphs, overlapped steps) of the engines measured: as served first, then on a GPU
+    each of the two turned off alone (overlap with the bf16 weights only: what it saves is
+    host time, the same whatever the weights)."""
+    if not on_gpu:
+        return [(False, overlap)]
+    baseline = [(True, False)] if overlap and weights == "bf16" else []
+    return [(True, overlap), *baseline, (False, overlap)]
+
+
 def _measure(
     lm: KimiAudioLM,
     config,
@@ -161,16 +172,20 @@ def _measure(
     weights: str,
     profile: bool = False,
 ) -> None:
-    """Rows of decode steps (graphs on and off on CUDA); the prefill with the bf16 weights only;
-    with `profile`, a torch.profiler summary per batch size of the engine as served."""
+    """Rows of decode steps (on CUDA: as served, then without overlapped steps and without
+    graphs, the baselines of the same run); the prefill with the bf16 weights only; with
+    `profile`, a torch.profiler summary per batch size of the engine as served."""
     device, dtype = lm.device, lm.dtype
     on_gpu = device.type == "cuda"
-    for graphs in (True, False) if on_gpu else (False,):
+    served = config.engine.overlap_steps
+    for graphs, overlap in _engine_variants(on_gpu, served, weights):
+        as_served = (graphs or not on_gpu) and overlap == served
         engine_cfg = EngineConfig(
             **{
                 **vars(config.engine),
                 "max_num_seqs": max(sessions),
                 "cuda_graphs": graphs,
+                "overlap_steps": overlap,
                 "max_model_len": max(PREFILL_LEN + 16, PROMPT_LEN + DECODE_STEPS + PREFILL_SLACK + 8),
             }
         )
@@ -183,7 +198,7 @@ def _measure(
                 graph_memory_bytes=engine.runner.graph_memory_bytes,
                 graph_batch_sizes=engine.runner.graphs.batch_sizes,
             )
-        if (graphs or not on_gpu) and weights == "bf16":  # prefill is eager either way: measured once
+        if as_served and weights == "bf16":  # prefill is eager either way: measured once
             times = time_prefill(engine, prompts)
             ms, floor_ms = 1e3 * float(np.median(times)), 1e3 * prefill_flops(lm, PREFILL_LEN, PREFILL_LEN - 5) / flops
             info["prefill"] = {
@@ -201,6 +216,7 @@ def _measure(
                     "weights": weights,
                     "batch": batch,
                     "graphs": engine.runner.graphs is not None,
+                    "overlap": overlap,
                     "step_ms_p50": 1e3 * p50,
                     "step_ms_p95": 1e3 * percentile(measured["times"], 95, empty=math.nan),
                     "floor_ms": 1e3 * floor,
@@ -210,7 +226,7 @@ def _measure(
                     "mixed_prefill_tokens": config.engine.max_prefill_tokens_while_decoding,
                 }
             )
-            if profile and (graphs or not on_gpu):
+            if profile and as_served:
                 info.setdefault("profile", []).append(
                     {
                         "weights": weights,
@@ -246,12 +262,13 @@ def print_report(info: dict) -> None:
             f"-> floor {info['rows'][-1]['floor_ms']:.2f} ms"
         )
     print(
-        f"{'weights':>7} {'batch':>5} {'graphs':>6} {'step p50':>9} {'step p95':>9} {'x floor':>8} {'tok/s':>9} "
-        f"{'mixed p50':>10}"
+        f"{'weights':>7} {'batch':>5} {'graphs':>6} {'overlap':>7} {'step p50':>9} {'step p95':>9} {'x floor':>8} "
+        f"{'tok/s':>9} {'mixed p50':>10}"
     )
     for r in info["rows"]:
         print(
-            f"{r['weights']:>7} {r['batch']:>5} {str(r['graphs']).lower():>6} {r['step_ms_p50']:7.2f}ms "
+            f"{r['weights']:>7} {r['batch']:>5} {str(r['graphs']).lower():>6} {str(r['overlap']).lower():>7} "
+            f"{r['step_ms_p50']:7.2f}ms "
             f"{r['step_ms_p95']:7.2f}ms "
             f"{r['ratio_to_floor']:8.2f} {r['tokens_per_s']:9.0f} {r['mixed_step_ms_p50']:8.2f}ms"
         )

@@ -126,7 +126,7 @@ def profile_decode(engine, requests: list, steps: int = PROFILE_STEPS, weight_by
     with profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            engine.step()  # each ends in one .tolist(): synchronised
+            engine.step()  # each ends reading a step's samples (overlapped: the one launched before)
         wall = time.perf_counter() - start
     for seq_id in seq_ids:
         engine.abort(seq_id)

@@ -107,6 +107,10 @@ class BlockManager:
         """True if seq's next position fits its blocks or one free block."""
         return self._num_missing_blocks(seq) <= self.num_free_blocks
 
+    def can_append_all(self, seqs: list[Sequence]) -> bool:
+        """True if the next position of every one of seqs fits its blocks or the free ones."""
+        return sum(self._num_missing_blocks(seq) for seq in seqs) <= self.num_free_blocks
+
     def append_slots(self, seq: Sequence) -> None:
         """Grow seq's block table to cover all its positions."""
         for _ in range(self._num_missing_blocks(seq)):
@@ -129,8 +133,9 @@ class BlockManager:
         seq.num_hashed_blocks = 0
 
     def hash_blocks(self, seq: Sequence) -> None:
-        """Register seq's newly completed full blocks (all positions computed) in the cache."""
-        num_full = seq.num_computed_tokens // self.block_size
+        """Register seq's newly completed full blocks (all positions computed, their ids
+        known on the host) in the cache."""
+        num_full = seq.num_settled_tokens // self.block_size
         hashes = self.block_hashes(seq, num_full)
         for i in range(seq.num_hashed_blocks, num_full):
             block_id = seq.block_table[i]

@@ -4,8 +4,9 @@ The default settings (text greedy, audio top-k at a temperature, no penalties) n
 work but the uniforms: each decode graph ends with `sample_greedy_or_top_k` over both heads'
 logits, reading each row's top-k (0 = greedy), temperature and uniform from a static buffer
 that the runner fills before the replay, and leaves the tokens and their log-probabilities in
-one float64 tensor, read back by the step's one `.tolist()`. Outside the host sampler's many
-small launches and host-to-device copies, the step then waits only on its graph.
+one float64 tensor, read back by the step's one `.tolist()` (launched_step.py). Outside the
+host sampler's many small launches and host-to-device copies, the step then waits only on its
+graph, and the next step can be launched from the samples before they are read.
 
 A step samples in the graph when every sequence that samples in it has graph-sampleable
 settings in both streams (`in_graph`): greedy, or top-k of 1..TOP_K_WIDTH, with no repetition
@@ -21,6 +22,7 @@ import functools
 
 import torch
 
+from kimiaudio.engine.decode_batch import copy_in
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.layers.sampler import TOP_K_WIDTH, sample_greedy_or_top_k
 from kimiaudio.layers.stream_sampling import StreamSampling
@@ -73,12 +75,4 @@ class GraphSampling:
                 floats[stream][row] = params.temperature
                 floats[2 + stream][row] = u
         host = torch.cat([torch.tensor(top_ks), torch.tensor(floats, dtype=torch.float64).view(torch.long)])
-        self.fields[:, :padded].copy_(host, non_blocking=True)
-
-    @staticmethod
-    def read(samples: torch.Tensor, rows: list[int]) -> list[tuple[int, int, float]]:
-        """The graph's samples -> (text token, audio token, text log-probability) of each of
-        `rows`, with the step's one host-device synchronisation."""
-        tokens, logprobs = samples.tolist()
-        padded = len(tokens) // 2
-        return [(int(tokens[row]), int(tokens[padded + row]), logprobs[row]) for row in rows]
+        copy_in(self.fields[:, :padded], host)

@@ -1,8 +1,12 @@
-"""The synchronous engine: requests in, one (text, audio) token pair per request per step out.
+"""The engine: requests in, one (text, audio) token pair per request per step out.
 
 Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest into a
-Sequence, `step` = schedule, run the model, apply each request's official generation rules
-(stop_rules.StreamRules) to its samples, feed the tokens back, free finished sequences.
+Sequence (input_processor.py), `step` = schedule, run the model, apply each request's
+official generation rules (stop_rules.StreamRules) to its samples, feed the tokens back,
+free finished sequences.
+Decode steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): `step` launches
+the next decode step from the previous one's samples still on the device, then reads those,
+so a step's outputs may come from the call after the one that launched it (see `step`).
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
 sequences it ran. Each StepOutput carries what callers need (see engine/step_output.py), so they
 never read the engine's sequences or block manager. Not thread-safe: one owner thread (the
@@ -11,32 +15,33 @@ pipeline's LM worker).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.block_manager import BlockManager
+from kimiaudio.engine.input_processor import new_sequence
+from kimiaudio.engine.launched_step import LaunchedStep, StepSample
 from kimiaudio.engine.model_runner import ModelRunner
-from kimiaudio.engine.request import (
-    ANSWER_PRIORITY,
-    BACKGROUND_PRIORITY,
-    EngineRequest,
-    PromptTooLongError,
-    RequestError,
-)
-from kimiaudio.engine.sampling_params import RequestRandom, SamplingParams
+from kimiaudio.engine.request import EngineRequest
 from kimiaudio.engine.scheduler import Scheduler
-from kimiaudio.engine.sequence import PromptPositions, Sequence, SequenceStatus
+from kimiaudio.engine.sequence import Sequence, SequenceStatus
 from kimiaudio.engine.step_output import Completion, StepOutput
-from kimiaudio.engine.stop_rules import RuleTokens, StreamRules, official_max_new_tokens
+from kimiaudio.engine.step_plan import StepPlan
 from kimiaudio.models.kimia_lm import KimiAudioLM
-from kimiaudio.text.output_type import check_output_type
 
 log = logging.getLogger(__name__)
+
+
+class InFlight(NamedTuple):
+    """A launched step and its number (EngineStats.num_steps when it was planned)."""
+
+    launched: LaunchedStep
+    step: int
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,6 @@ class EngineStats:
     num_decode_tokens: int
     num_preemptions: int
     num_steps: int
-
-
-def feature_digests(features: torch.Tensor) -> list[str]:
-    """One digest per feature row [N, D] (over its float32 bytes): the prefix-cache key part."""
-    data = features.detach().to("cpu", torch.float32).contiguous().numpy()
-    return [hashlib.blake2b(row.tobytes(), digest_size=16).hexdigest() for row in data]
 
 
 class LLMEngine:
@@ -83,13 +82,14 @@ class LLMEngine:
         self.seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
         self._pending: list[StepOutput] = []  # outputs decided outside a step (e.g. zero-length)
+        self._launched: InFlight | None = None  # a step whose samples are not read yet
         self._num_prefill_computed = 0
         self._num_decode = 0
         self._num_steps = 0
 
     def add_request(self, request: EngineRequest) -> int:
         """Validate and queue a request; raises RequestError (for this request only)."""
-        seq = self._make_sequence(request)
+        seq = new_sequence(next(self._seq_ids), request, self.lm.config, self.config, self.device, self.dtype)
         if seq.rules.is_finished:  # the length limit allows no step at all
             self._pending.append(self._output(seq, None, None, True, seq.rules.finish_reason))
             return seq.seq_id
@@ -107,40 +107,109 @@ class LLMEngine:
         return True
 
     def has_work(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work
+        return bool(self._pending) or self.scheduler.has_work or self._launched is not None
 
     def release(self) -> None:
         """Give the KV pool and the decode graphs' memory back, once no step will run again
         (a stopped pipeline): a pipeline built next in the same process plans without them."""
+        self._launched = None
         self.runner.release()
 
     def step(self) -> list[StepOutput]:
+        """Run one step; -> the outputs of every step whose samples were read in this call.
+
+        A decode step that samples on the device is launched, not read (LaunchedStep): when
+        the next plan is certain to be every running sequence decoding again (`_may_chain`),
+        the next call launches that step from its samples on the device first and reads it
+        after, so the host's work overlaps the device's; otherwise its samples are read
+        before anything is scheduled. A sequence that stopped in the step read last ran one
+        more row in the step launched before it: that row's output is dropped."""
         outputs, self._pending = self._pending, []
+        previous, self._launched = self._launched, None
+        if previous is not None and not self._may_chain():
+            outputs += self._read(previous)
+            previous = None
         plan = self.scheduler.schedule()
-        if not plan:
-            return outputs
-        self._num_steps += 1
-        self._num_prefill_computed += plan.num_prefill_tokens
-        self._num_decode += plan.num_tokens - plan.num_prefill_tokens
+        if plan and previous is not None and not self.runner.can_launch(plan):
+            outputs += self._read(previous)  # `_may_chain` foresaw another plan: no overlap
+            previous = None
+            plan = plan.without([seq for seq in plan.seqs if seq.is_finished])
+        if plan:
+            self._num_steps += 1
+            self._num_prefill_computed += plan.num_prefill_tokens
+            self._num_decode += plan.num_tokens - plan.num_prefill_tokens
+            outputs += self._launch(plan, previous) if self.runner.can_launch(plan) else self._run(plan)
+        if previous is not None:
+            outputs += self._read(previous)
+        return outputs
+
+    def _may_chain(self) -> bool:
+        """Whether the next plan is every running sequence decoding one position, none ending
+        by its length in the step launched last, with the blocks it needs free: what a step
+        launched before that one's samples are read may run (nothing waits, nothing prefills,
+        nothing is preempted)."""
+        running = self.scheduler.running
+        return (
+            bool(running)
+            and not self.scheduler.waiting
+            and not any(seq.is_prefilling or seq.rules.next_step_is_last for seq in running)
+            and self.block_manager.can_append_all(running)
+        )
+
+    def _launch(self, plan: StepPlan, previous: InFlight | None) -> list[StepOutput]:
+        try:
+            launched = self.runner.launch(plan, None if previous is None else previous.launched)
+        except Exception as exc:  # a broken step fails the requests in it, not the server
+            return self._fail_step(plan.seqs, exc)
+        for seq in self.scheduler.postprocess(plan):
+            seq.append_unresolved()
+        self._launched = InFlight(launched, self._num_steps)
+        return []
+
+    def _run(self, plan: StepPlan) -> list[StepOutput]:
         try:
             samples = self.runner.run(plan)
-        except Exception as exc:  # a broken step fails the requests in it, not the server
-            log.exception("engine step failed")
-            for seq in plan.seqs:
-                outputs.append(self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}"))
-            return outputs
-        for seq, sampled in zip(self.scheduler.postprocess(plan), samples):
-            text, audio, finished, reason = seq.rules.step(sampled.text, sampled.audio)
-            seq.append_token(text, audio)
-            if finished:
-                seq.finish_reason = reason
-                self.scheduler.finish(seq)
-                del self.seqs[seq.seq_id]
-            output = self._output(seq, text, audio, finished, reason)
-            if text == sampled.text:  # the sampled token itself, not one the rules forced
-                output.text_logprob, output.text_top = sampled.text_logprob, sampled.text_top
-            outputs.append(output)
-        return outputs
+        except Exception as exc:
+            return self._fail_step(plan.seqs, exc)
+        sampling = self.scheduler.postprocess(plan)
+        for seq in sampling:
+            seq.append_unresolved()
+        return [self._apply(seq, sampled, self._num_steps) for seq, sampled in zip(sampling, samples)]
+
+    def _read(self, in_flight: InFlight) -> list[StepOutput]:
+        """The launched step's outputs, for the sequences still live."""
+        launched = in_flight.launched
+        try:
+            samples = launched.read()
+        except Exception as exc:
+            return self._fail_step([seq for seq in launched.seqs if self._is_live(seq)], exc)
+        return [
+            self._apply(seq, sampled, in_flight.step)
+            for seq, sampled in zip(launched.seqs, samples)
+            if self._is_live(seq)
+        ]
+
+    def _apply(self, seq: Sequence, sampled: StepSample, step: int) -> StepOutput:
+        """The official rules over one sequence's samples: its fed-back ids resolved, its end."""
+        text, audio, finished, reason = seq.rules.step(sampled.text, sampled.audio)
+        seq.resolve(text, audio)
+        if finished:
+            seq.finish_reason = reason
+            self.scheduler.finish(seq)
+            del self.seqs[seq.seq_id]
+        output = self._output(seq, text, audio, finished, reason)
+        output.step = step
+        if text == sampled.text:  # the sampled token itself, not one the rules forced
+            output.text_logprob, output.text_top = sampled.text_logprob, sampled.text_top
+        return output
+
+    def _fail_step(self, seqs: list[Sequence], exc: Exception) -> list[StepOutput]:
+        log.exception("engine step failed", exc_info=exc)
+        return [self._fail(seq, f"engine step failed: {type(exc).__name__}: {exc}") for seq in seqs]
+
+    def _is_live(self, seq: Sequence) -> bool:
+        """Not finished, failed or aborted since its step was launched."""
+        return self.seqs.get(seq.seq_id) is seq
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -182,79 +251,3 @@ class LLMEngine:
             seq.num_cached_tokens,
             completion,
         )
-
-    def _make_sequence(self, request: EngineRequest) -> Sequence:
-        rid, prompt = request.request_id, request.prompt
-        n = len(prompt.audio_ids)
-        if n == 0:
-            raise RequestError(f"request {rid}: empty prompt")
-        if len(prompt.text_ids) != n or len(prompt.continuous_mask) != n:
-            raise RequestError(
-                f"request {rid}: audio_ids, text_ids and continuous_mask must have one entry per "
-                f"position (got {n}, {len(prompt.text_ids)}, {len(prompt.continuous_mask)})"
-            )
-        check_output_type(request.output_type, f"request {rid}: output_type", RequestError)
-        if not isinstance(request.params, SamplingParams):
-            raise RequestError(f"request {rid}: params must be a SamplingParams")
-        vocab = self.lm.config.vocab_size
-        for name, ids in (("audio_ids", prompt.audio_ids), ("text_ids", prompt.text_ids)):
-            if any(not 0 <= int(t) < vocab for t in ids):
-                raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
-        if n > self.config.max_model_len:
-            raise PromptTooLongError(
-                f"request {rid}: prompt of {n} positions exceeds engine.max_model_len ({self.config.max_model_len})"
-            )
-        mask = [bool(m) for m in prompt.continuous_mask]
-        features = self._check_features(rid, prompt.features, sum(mask))
-        if features is None:
-            mask = [False] * n  # nothing to add at those positions: plain embeddings, as the reference
-        digests: list[str | None] = [None] * n
-        if features is not None:
-            rows = iter(feature_digests(features))
-            digests = [next(rows) if m else None for m in mask]
-        audio_ids = [int(t) for t in prompt.audio_ids]
-        text_ids = [int(t) for t in prompt.text_ids]
-        use_text = [sum(text_ids) != 0] * n  # the reference prefill: one decision for the prompt
-        limit = official_max_new_tokens(request.output_type, n, request.params.max_new_tokens)
-        limit = min(limit, self.config.max_model_len - n + 1)  # the last sample's position needs no K/V
-        try:
-            tokens = RuleTokens.from_specials(request.specials)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise RequestError(f"request {rid}: specials lack a generation-rule token id ({exc})") from None
-        if not isinstance(request.priority, int) or request.priority not in (ANSWER_PRIORITY, BACKGROUND_PRIORITY):
-            raise RequestError(
-                f"request {rid}: priority must be {ANSWER_PRIORITY} (an answer) or "
-                f"{BACKGROUND_PRIORITY} (background), got {request.priority!r}"
-            )
-        delay = self.lm.config.kimia_mimo_audiodelaytokens
-        return Sequence(
-            next(self._seq_ids),
-            rid,
-            PromptPositions(audio_ids, text_ids, use_text, mask, digests),
-            block_size=self.config.block_size,
-            max_num_tokens=n + max(limit, 1) - 1,
-            priority=request.priority,
-            rules=StreamRules(request.output_type, tokens, delay, limit, request.params.ignore_eos),
-            params=request.params,
-            random=RequestRandom(request.params.seed),
-            features=None if features is None else features.to(self.device, self.dtype),
-        )
-
-    def _check_features(self, rid: str, features, num_continuous: int) -> torch.Tensor | None:
-        """None, a [N, D] / [1, N, D] tensor or a list of them -> [N, D] or None, validated."""
-        if features is None or not self.lm.config.use_whisper_feature:
-            return None  # official: a checkpoint without the VQ adaptor ignores the features
-        parts = [features] if isinstance(features, torch.Tensor) else list(features)
-        if not parts:
-            return None
-        if any(not isinstance(p, torch.Tensor) or not p.is_floating_point() for p in parts):
-            raise RequestError(f"request {rid}: features must be float tensors")
-        dim = self.lm.config.kimia_adaptor_input_dim
-        if any(p.dim() not in (2, 3) or p.shape[-1] != dim or (p.dim() == 3 and p.shape[0] != 1) for p in parts):
-            raise RequestError(
-                f"request {rid}: features must be [N, {dim}] tensors, got {[tuple(p.shape) for p in parts]}"
-            )
-        rows = torch.cat([p.reshape(-1, dim) for p in parts])
-        if rows.shape[0] != num_continuous:
-            raise RequestError(f"request {rid}: {rows.shape[0]} feature rows for {num_continuous} continuous positions")
-        return rows

@@ -20,12 +20,16 @@ it (graph_sampling.py: the host sampler then has nothing to do). With CUDA graph
 step (prefill chunks beside decodes) whose tokens fit the largest bucket of mixed_batch.py is
 padded to its bucket and replayed from that bucket's graph. Every other step runs eagerly
 over a flat batch built for it.
+
+An all-decode step whose every sequence samples on the device (`can_launch`) may instead be
+launched: `launch` queues it, taking any ids still unresolved from the previous launched
+step's samples on the device, and returns a LaunchedStep that the engine reads later
+(launched_step.py): its one synchronisation then waits for that step only.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
 
 import torch
 
@@ -34,6 +38,7 @@ from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batc
 from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.graph_sampling import GraphSampling, in_graph
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
+from kimiaudio.engine.launched_step import LaunchedStep, StepSample, read_samples
 from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
@@ -46,15 +51,6 @@ from kimiaudio.layers.triton_support import use_triton
 from kimiaudio.models.kimia_lm import KimiAudioLM
 
 log = logging.getLogger(__name__)
-
-
-class StepSample(NamedTuple):
-    """One sequence's samples of a step."""
-
-    text: int
-    audio: int
-    text_logprob: float  # of the text token, from the sampler's distribution (sampler.py)
-    text_top: tuple[tuple[int, float], ...] | None  # the likeliest text tokens, when asked for
 
 
 def graph_shapes(config: EngineConfig) -> tuple[int, list[int], list[int]]:
@@ -115,10 +111,11 @@ class ModelRunner:
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes
             )
+        self.graph_sampling = GraphSampling(max_batch, self.device)
+        self.overlap_steps = engine_config.overlap_steps
         self.graphs: StepGraphs | None = None
         if use_graphs and sizes is not None:
             inputs = self.decode_inputs
-            self.graph_sampling = GraphSampling(max_batch, self.device)
 
             def decode_and_sample(size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
                 text_logits, audio_logits = self.decode_forward(inputs.batch(size, inputs.max_blocks))
@@ -166,6 +163,29 @@ class ModelRunner:
             return self._run_mixed_static(plan, self.mixed_inputs)
         return self._run_mixed(plan)
 
+    def can_launch(self, plan: StepPlan) -> bool:
+        """Whether `launch` runs this step: overlap on, every sequence decodes one position in
+        the static batch and samples, each with settings the device sampler computes."""
+        return (
+            self.overlap_steps
+            and self.decode_inputs.fits(plan)
+            and all(seq.num_computed_tokens + 1 == seq.num_tokens for seq in plan.seqs)
+            and in_graph(plan.seqs)
+        )
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:
+        """Queue the step (a `can_launch` one) without waiting for it: its ids still unresolved
+        come from `previous`'s samples on the device, its own samples stay there until read."""
+        seqs = plan.seqs
+        padded, width = self.decode_inputs.prepare(seqs, previous)
+        self.graph_sampling.write(seqs, list(range(len(seqs))), padded)
+        if self.graphs is not None:
+            _, _, samples = self.graphs.replay(padded)
+        else:
+            samples = self.graph_sampling.sample(*self.decode_forward(self.decode_inputs.batch(padded, width)))
+        return LaunchedStep(seqs, samples)
+
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
         sampling = [i for i, seq in enumerate(seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
@@ -175,7 +195,7 @@ class ModelRunner:
                 self.graph_sampling.write(seqs, sampling, padded)
             text_logits, audio_logits, samples = self.graphs.replay(padded)  # [Bp, V] each
             if sampled_in_graph:
-                return [StepSample(*sample, None) for sample in GraphSampling.read(samples, sampling)]
+                return read_samples(samples, sampling)
         else:
             text_logits, audio_logits = self.decode_forward(self.decode_inputs.batch(padded, width))
         if not sampling:

@@ -34,6 +34,9 @@ class SequenceStatus(Enum):
     FINISHED = auto()
 
 
+# The host's id at a position whose sampled ids are not read yet (never fed to the model).
+UNRESOLVED = -1
+
 # One position's cache key: (audio id, text id, use_text, feature digest or None).
 PositionKey = tuple[int, int, bool, "str | None"]
 
@@ -98,6 +101,7 @@ class Sequence:
         self.num_cached_tokens = 0  # positions served from the prefix cache at the last admission
         self.block_hashes: list[bytes] = []  # chained hashes of the leading full blocks (block_manager.py)
         self.is_prefilling = True  # from admission until its first sample after admission
+        self.num_unresolved = 0  # trailing positions whose ids are still on the device
         self.finish_reason: str | None = None
         self.error: str | None = None
 
@@ -149,6 +153,27 @@ class Sequence:
                 self.feature_digests[start:end],
             )
         )
+
+    @property
+    def num_settled_tokens(self) -> int:
+        """Computed positions whose ids the host knows: what the prefix cache may key."""
+        return min(self.num_computed_tokens, self.num_tokens - self.num_unresolved)
+
+    def append_unresolved(self) -> None:
+        """A launched step samples this sequence's next tokens: their position exists (the
+        next step may compute it, reading the ids from the samples on the device) but its ids
+        are known on the host only when the samples are read (`resolve`)."""
+        self.append_token(UNRESOLVED, UNRESOLVED)
+        self.num_unresolved += 1
+
+    def resolve(self, text_token: int, audio_token: int) -> None:
+        """The oldest unresolved position's ids, as the generation rules fed them back."""
+        if self.num_unresolved == 0:
+            raise RuntimeError(f"sequence {self.seq_id}: no unresolved position")
+        position = self.num_tokens - self.num_unresolved
+        self.text_ids[position], self.audio_ids[position] = text_token, audio_token
+        self.use_text[position] = text_token != 0
+        self.num_unresolved -= 1
 
     def append_token(self, text_token: int, audio_token: int) -> None:
         """Feed back one generated step: both tokens at the next position, no features."""

@@ -38,3 +38,6 @@ class StepOutput:
     # the request asked for them), from the sampler's distribution; None for a forced token.
     text_logprob: float | None = None
     text_top: tuple[tuple[int, float], ...] | None = None
+    # The step that computed it (EngineStats.num_steps once it ran; an overlapped step's
+    # outputs come from a later `step` call); 0 for an end decided outside any step.
+    step: int = 0

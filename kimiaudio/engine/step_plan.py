@@ -40,6 +40,20 @@ class StepPlan:
         """Every sequence computes one position (decodes, or one-position prefill chunks)."""
         return all(n == 1 for n in self.num_scheduled)
 
+    def without(self, dropped: list[Sequence]) -> StepPlan:
+        """The same plan but for `dropped` (sequences that ended before it ran)."""
+        if not dropped:
+            return self
+        plan = StepPlan(num_preempted=self.num_preempted)
+        for i, (seq, count) in enumerate(self):
+            if seq in dropped:
+                continue
+            if i < self.num_decodes:
+                plan.add_decode(seq)
+            else:
+                plan.add_chunk(seq, count)
+        return plan
+
     def add_decode(self, seq: Sequence) -> None:
         self.seqs.insert(self.num_decodes, seq)
         self.num_scheduled.insert(self.num_decodes, 1)

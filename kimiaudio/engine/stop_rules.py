@@ -90,6 +90,20 @@ class StreamRules:
         """Speech is asked for and none of it has been generated yet (the delay steps included)."""
         return self.output_type == BOTH and self.num_valid_audio == 0
 
+    @property
+    def next_step_is_last(self) -> bool:
+        """The next step reaches max_new_tokens: it ends the sequence whatever is sampled."""
+        return self.num_steps + 1 >= self.max_new_tokens
+
+    def forced(self) -> tuple[int | None, int | None]:
+        """The (text, audio) ids the next step feeds back whatever is sampled; None where the
+        sample itself is fed back. Known before the step's samples are: the engine can build
+        the following step's input on the device from them (engine/decode_batch.py)."""
+        blank = self.tokens.text_blank
+        text = blank if self.is_text_finished else None
+        audio = blank if self.num_steps < self.audio_delay or self.output_type == "text" else None
+        return text, audio
+
     def step(self, sampled_text: int, sampled_audio: int) -> tuple[int, int, bool, str | None]:
         """Apply the rules to one step's raw samples -> (text, audio, finished, reason).
 
@@ -98,20 +112,20 @@ class StreamRules:
         """
         if self.is_finished:
             raise RuntimeError("StreamRules.step called after the sequence finished")
-        blank = self.tokens.text_blank
+        forced_text, forced_audio = self.forced()
         text = int(sampled_text)
-        if self.is_text_finished:
-            text = blank
+        if forced_text is not None:
+            text = forced_text
         elif text == self.tokens.text_eos:
             self.is_text_finished = True
         else:
             self.num_valid_text += 1
-            if text != blank:
+            if text != self.tokens.text_blank:
                 self.text_counts[text] = self.text_counts.get(text, 0) + 1
 
         audio = int(sampled_audio)
-        if self.num_steps < self.audio_delay or self.output_type == "text":
-            audio = blank
+        if forced_audio is not None:
+            audio = forced_audio
         else:
             self.num_valid_audio += 1
 

@@ -51,7 +51,7 @@ class LmTurn:
         self._scored = 0  # _scores entries already turned into `logprobs`
         self.logprobs: list[TokenLogprob] = []  # of the text emitted so far, when asked for
         self.timings: dict[str, float] = {}
-        self.submit_step = 0  # the LM worker's engine step count when it took the turn
+        self.submit_step = 0  # the engine's step count (EngineStats.num_steps) when the worker took the turn
         self.first_audio_steps: int | None = None
 
     @property

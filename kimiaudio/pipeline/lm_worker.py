@@ -71,7 +71,6 @@ class LmWorker(Worker):
         self._turns: dict[str, LmTurn] = {}  # generating: request id (= turn id) -> turn
         self._encoding = SpeechEncoding(stack, config.audio.encode_batch_size, metrics, self.clock)
         self._step_s = 0.0  # the last engine step's time: one encoding slice's budget while busy
-        self.num_steps = 0  # engine steps run (a turn's first audio is counted in steps from its submit)
         self._steps = StepRecorder()  # what each step carried (pipeline/step_record.py)
 
     # ---- any thread ------------------------------------------------------------------------
@@ -116,7 +115,7 @@ class LmWorker(Worker):
         if spoken is not None:
             audio[audio_key(spoken)] = spoken
         pending = LmTurn(handle, request, audio, handle.seconds())
-        pending.submit_step = self.num_steps
+        pending.submit_step = self.engine.stats().num_steps
         self._pending.append(pending)
 
     def iterate(self) -> float | None:
@@ -238,7 +237,6 @@ class LmWorker(Worker):
         start = self.clock()
         outputs = self.engine.step()
         self._step_s = self.clock() - start
-        self.num_steps += 1
         stats = self.engine.stats()
         record = self._steps.end(self._step_s, stats, m.detok_batches()[0])
         if outputs:
@@ -247,7 +245,7 @@ class LmWorker(Worker):
             m.note_batch("llm", len(outputs))
             m.note_step(record)
         m.note_free_blocks(stats.num_blocks_free)
-        routed = route_outputs(outputs, self._turns, self.stack.tokenizer, self.num_steps)
+        routed = route_outputs(outputs, self._turns, self.stack.tokenizer)
         if routed.codes:
             self.detok.push_codes(routed.codes)  # before any end below: a turn's codes precede its end
         for turn, status, error, reason in routed.ended:

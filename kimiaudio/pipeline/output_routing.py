@@ -35,9 +35,9 @@ class RoutedStep:
     ended: list[Ended] = field(default_factory=list)
 
 
-def route_outputs(outputs: list[StepOutput], turns: dict[str, LmTurn], tokenizer, num_steps: int) -> RoutedStep:
+def route_outputs(outputs: list[StepOutput], turns: dict[str, LmTurn], tokenizer) -> RoutedStep:
     """Feed each output to its turn in `turns` (an output of a turn no longer there is dropped);
-    `num_steps`: the worker's step count, this step included (a turn's first audio in steps)."""
+    a turn's first audio is counted in engine steps, to the step that computed it."""
     routed = RoutedStep()
     for out in outputs:
         turn = turns.get(out.request_id)
@@ -54,7 +54,7 @@ def route_outputs(outputs: list[StepOutput], turns: dict[str, LmTurn], tokenizer
             if code is not None and turn.speaks:
                 routed.codes.append((turn.turn_id, code))
                 if turn.first_audio_steps is None:
-                    turn.first_audio_steps = num_steps - turn.submit_step
+                    turn.first_audio_steps = out.step - turn.submit_step
             if out.finished:
                 turn.seq_id = None  # the engine is done with it
                 status = "failed" if out.error else "completed"

@@ -98,9 +98,13 @@ def reference_steps(lm, request: EngineRequest) -> tuple[list[tuple[int, int]], 
     return [(s.text_token, s.audio_token) for s in steps], steps[-1].reason
 
 
-def engine_for(lm, num_blocks=12, block_size=8, budget=24, max_num_seqs=8):
+def engine_for(lm, num_blocks=12, block_size=8, budget=24, max_num_seqs=8, overlap_steps=True):
     config = EngineConfig(
-        block_size=block_size, num_kv_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        overlap_steps=overlap_steps,
     )
     return LLMEngine(lm, config, "cpu", torch.float32)
 
