@@ -229,7 +229,8 @@ def test_kernels_equal_torch_path_in_fp32(golden_checkpoint, golden, golden_rule
 @cuda_only
 def test_graphs_in_bfloat16_replay_on_another_thread_and_stream(golden_checkpoint, golden, golden_rules):
     # Captured here, replayed by a worker thread on its own stream (as the pipeline's LM
-    # worker does): the same tokens as eager steps over the same padded shapes.
+    # worker does): the same tokens as eager steps over the same padded shapes, with each
+    # decode step launched from the previous one's samples on the device and without.
     lm = load_tiny_lm(golden_checkpoint, DEVICE, torch.bfloat16)
     tensors, rules = golden, golden_rules
     sections = ("lm.both", "lm.text", "lm_e2e")
@@ -245,20 +246,21 @@ def test_graphs_in_bfloat16_replay_on_another_thread_and_stream(golden_checkpoin
                 outputs.setdefault(out.request_id, []).append((out.text_token, out.audio_token))
         return outputs
 
-    graphs = LLMEngine(lm, graph_config(), DEVICE, torch.bfloat16)
-    assert graphs.runner.graphs is not None
     result = {}
+    for overlap in (True, False):
+        graphs = LLMEngine(lm, graph_config(overlap_steps=overlap), DEVICE, torch.bfloat16)
+        assert graphs.runner.graphs is not None
 
-    def worker():
-        with torch.cuda.stream(torch.cuda.Stream(DEVICE)):
-            result["outputs"] = run(graphs)
+        def worker(engine=graphs, key=overlap):
+            with torch.cuda.stream(torch.cuda.Stream(DEVICE)):
+                result[key] = run(engine)
 
-    thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join()
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert graphs.stats().num_blocks_free == 40
     expected = run(padded_like(LLMEngine(lm, graph_config(cuda_graphs=False), DEVICE, torch.bfloat16), graphs))
-    assert result["outputs"] == expected and all(len(v) == 16 for v in expected.values())
-    assert graphs.stats().num_blocks_free == 40
+    assert result[True] == result[False] == expected and all(len(v) == 16 for v in expected.values())
 
 
 def roomy_config(demo_checkpoint, **engine):
