@@ -2,9 +2,9 @@
 previous one's samples on the device before the host reads them.
 
 The order of events is recorded around the runner and the launched steps (no clock): each
-decode step of a steady batch is launched before the previous one is read; anything that
-changes the next plan (a request arriving, host-side sampling settings, a sequence at its
-length limit) makes the engine read first. The results equal the batch-1 reference loop token
+decode step of a steady batch is launched before the previous one is read, a request waiting
+for a slot does not stop that; a plan a launch cannot run (a prefill chunk, host-side sampling)
+runs once the step in flight is read. The results equal the batch-1 reference loop token
 for token with overlap on and off, a sequence that stops inside a chain gives no output past
 its end, and the prefix cache never keys a position whose ids were still on the device.
 """
@@ -104,11 +104,11 @@ def request(setup, rid, section="lm.both", output_type="both", params=None):
     return make_request(rid, golden_prompt(tensors, section), params, output_type, rules)
 
 
-def recorded_run(setup, monkeypatch, arrivals) -> Recorder:
-    """Requests (step, request) through an engine with room for all, until idle; each one's
+def recorded_run(setup, monkeypatch, arrivals, max_num_seqs=8) -> Recorder:
+    """Requests (step, request) through an engine with blocks for all, until idle; each one's
     tokens are the reference loop's. -> the events."""
     lm = setup[0]
-    engine = engine_for(lm, num_blocks=40)
+    engine = engine_for(lm, num_blocks=40, max_num_seqs=max_num_seqs)
     events = Recorder(engine, monkeypatch)
     outputs = drain(engine, arrivals)
     for _, req in arrivals:
@@ -169,14 +169,21 @@ def test_a_sequence_stopping_inside_a_chain_ends_there_and_keys_no_unresolved_po
     assert keys and all(UNRESOLVED not in position[:2] for key in keys for position in key)
 
 
-def test_a_new_request_is_scheduled_after_the_launched_step_is_read(setup, monkeypatch):
+def test_a_new_requests_prefill_runs_once_the_launched_step_is_read(setup, monkeypatch):
     events = recorded_run(setup, monkeypatch, [(0, request(setup, "first")), (6, request(setup, "late", "lm_e2e"))])
     order = events.events
-    # The step that prefills `late` is a plain run; a launched step was in flight before it.
-    admitting = next(i for i, e in enumerate(order) if e[0] == "run" and i > order.index(("launch", 0, None)))
-    last_schedule = max(i for i in range(admitting) if order[i] == ("schedule",))
-    in_flight = [e for e in order[:last_schedule] if e[0] == "launch"]
-    assert in_flight and ("read", in_flight[-1][1]) in order[:last_schedule]  # read before planning
+    # Planned while a step was in flight; run (a prefill chunk beside a decode) once it is read.
+    admitting = order.index(("run", 2))
+    (_, k, previous), *rest = order[admitting - 4 : admitting]
+    assert previous == k - 1 and rest == [("read", k - 1), ("schedule",), ("read", k)]
+
+
+def test_a_request_waiting_for_a_slot_does_not_stop_the_chain(setup, monkeypatch):
+    arrivals = [(0, request(setup, "first")), (0, request(setup, "second", "lm_e2e"))]
+    events = recorded_run(setup, monkeypatch, arrivals, max_num_seqs=1)  # one runs, one waits
+    runs_alone = [e for e in events.of("launch") if e[2] is not None]
+    assert len(runs_alone) >= 2 * 10  # each request's decode steps chained, the other waiting or done
+    assert {seq for rows in events.rows for seq in rows} == {0, 1} and all(len(rows) == 1 for rows in events.rows)
 
 
 def test_an_abort_drops_the_launched_rows_output(setup, monkeypatch):

@@ -4,9 +4,9 @@ Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest int
 Sequence (input_processor.py), `step` = schedule, run the model, apply each request's
 official generation rules (stop_rules.StreamRules) to its samples, feed the tokens back,
 free finished sequences.
-Decode steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): `step` launches
-the next decode step from the previous one's samples still on the device, then reads those,
-so a step's outputs may come from the call after the one that launched it (see `step`).
+Decode steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): `step` plans and
+launches the next decode step from the previous one's samples still on the device, then reads
+those, so a step's outputs may come from the call after the one that launched it (see `step`).
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
 sequences it ran. Each StepOutput carries what callers need (see engine/step_output.py), so they
 never read the engine's sequences or block manager. Not thread-safe: one owner thread (the
@@ -118,20 +118,21 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         """Run one step; -> the outputs of every step whose samples were read in this call.
 
-        A decode step that samples on the device is launched, not read (LaunchedStep): when
-        the next plan is certain to be every running sequence decoding again (`_may_chain`),
-        the next call launches that step from its samples on the device first and reads it
-        after, so the host's work overlaps the device's; otherwise its samples are read
-        before anything is scheduled. A sequence that stopped in the step read last ran one
+        A decode step that samples on the device is launched, not read (LaunchedStep). The
+        next call plans the next step before reading it (`_may_plan_ahead`); if that plan is
+        one a launch runs too, it is launched first, from the samples on the device, and the
+        step in flight is read after, so the host's work overlaps the device's. Any other plan
+        (a prefill chunk, host-side sampling) runs once the step in flight is read, without
+        the sequences that ended in it. A sequence that stopped in the step read last ran one
         more row in the step launched before it: that row's output is dropped."""
         outputs, self._pending = self._pending, []
         previous, self._launched = self._launched, None
-        if previous is not None and not self._may_chain():
+        if previous is not None and not self._may_plan_ahead():
             outputs += self._read(previous)
             previous = None
         plan = self.scheduler.schedule()
-        if plan and previous is not None and not self.runner.can_launch(plan):
-            outputs += self._read(previous)  # `_may_chain` foresaw another plan: no overlap
+        if previous is not None and not (plan and self.runner.can_launch(plan)):
+            outputs += self._read(previous)  # the plan needs the host to know its tokens
             previous = None
             plan = plan.without([seq for seq in plan.seqs if seq.is_finished])
         if plan:
@@ -143,18 +144,15 @@ class LLMEngine:
             outputs += self._read(previous)
         return outputs
 
-    def _may_chain(self) -> bool:
-        """Whether the next plan is every running sequence decoding one position, none ending
-        by its length in the step launched last, with the blocks it needs free: what a step
-        launched before that one's samples are read may run (nothing waits, nothing prefills,
-        nothing is preempted)."""
+    def _may_plan_ahead(self) -> bool:
+        """Whether the next step may be planned before the step in flight is read: none of its
+        sequences ends by its length in it (planning on would spend a row, perhaps a block, on
+        it), and every running sequence's next position has its block free (planning on would
+        otherwise preempt on what is not known yet)."""
         running = self.scheduler.running
-        return (
-            bool(running)
-            and not self.scheduler.waiting
-            and not any(seq.is_prefilling or seq.rules.next_step_is_last for seq in running)
-            and self.block_manager.can_append_all(running)
-        )
+        return not any(
+            seq.num_unresolved and seq.rules.next_step_is_last for seq in running
+        ) and self.block_manager.can_append_all(running)
 
     def _launch(self, plan: StepPlan, previous: InFlight | None) -> list[StepOutput]:
         try:
