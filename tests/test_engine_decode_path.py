@@ -181,8 +181,8 @@ def test_padded_mixed_path_equals_reference(scenario):
     steps = []
     prepare = inputs.prepare
 
-    def recording_prepare(plan):
-        bucket, sampling = prepare(plan)
+    def recording_prepare(plan, previous=None):
+        bucket, sampling = prepare(plan, previous)
         steps.append((plan.num_tokens, bucket, bool(inputs.fields[CONTINUOUS, : plan.num_tokens].any())))
         return bucket, sampling
 

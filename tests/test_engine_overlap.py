@@ -3,8 +3,8 @@ previous one's samples on the device before the host reads them.
 
 The order of events is recorded around the runner and the launched steps (no clock): each
 decode step of a steady batch is launched before the previous one is read, a request waiting
-for a slot does not stop that; a plan a launch cannot run (a prefill chunk, host-side sampling)
-runs once the step in flight is read. The results equal the batch-1 reference loop token
+for a slot does not stop that, a new request's prefill chunk is launched too; a plan a launch
+cannot run (host-side sampling) runs once the step in flight is read. The results equal the batch-1 reference loop token
 for token with overlap on and off, a sequence that stops inside a chain gives no output past
 its end, and the prefix cache never keys a position whose ids were still on the device.
 """
@@ -169,13 +169,14 @@ def test_a_sequence_stopping_inside_a_chain_ends_there_and_keys_no_unresolved_po
     assert keys and all(UNRESOLVED not in position[:2] for key in keys for position in key)
 
 
-def test_a_new_requests_prefill_runs_once_the_launched_step_is_read(setup, monkeypatch):
+def test_a_new_requests_prefill_is_launched_beside_the_decodes(setup, monkeypatch):
     events = recorded_run(setup, monkeypatch, [(0, request(setup, "first")), (6, request(setup, "late", "lm_e2e"))])
-    order = events.events
-    # Planned while a step was in flight; run (a prefill chunk beside a decode) once it is read.
-    admitting = order.index(("run", 2))
-    (_, k, previous), *rest = order[admitting - 4 : admitting]
-    assert previous == k - 1 and rest == [("read", k - 1), ("schedule",), ("read", k)]
+    # Planned while a step was in flight, the prefill chunk and the decode beside it are
+    # launched from that step's samples, and it is read after.
+    late_seq = 1  # the second request added
+    k = next(i for i, rows in enumerate(events.rows) if late_seq in rows)
+    launched_at = events.events.index(("launch", k, k - 1))
+    assert events.events[launched_at + 1] == ("read", k - 1) and events.rows[k] == [0, 1]
 
 
 def test_a_request_waiting_for_a_slot_does_not_stop_the_chain(setup, monkeypatch):
@@ -214,8 +215,8 @@ def test_host_sampled_settings_never_launch(setup, monkeypatch):
 
 
 def test_a_plan_the_launched_step_cannot_run_beside_reads_it_first(setup, monkeypatch):
-    """Should the plan made while a step is in flight not be one a launch runs (here: the static
-    batch refuses the plan that still holds a sequence whose last sample is in flight), the
+    """Should the plan made while a step is in flight not be one a launch runs (here: the one
+    that still holds a sequence whose last sample is in flight is refused), the
     engine reads that step, drops the sequences that ended in it from the plan, and runs the
     rest at once: the same tokens."""
     lm = setup[0]
@@ -224,13 +225,13 @@ def test_a_plan_the_launched_step_cannot_run_beside_reads_it_first(setup, monkey
     stops = request(setup, "stops", "lm.text", "text", SamplingParams.greedy(max_new_tokens=40))
     expected, _ = reference_steps(lm, stops)
     other = request(setup, "other", params=SamplingParams(seed=3, max_new_tokens=len(expected) + 6, ignore_eos=True))
-    fits = engine.runner.decode_inputs.fits
+    can_launch = engine.runner.can_launch
 
     def refusing_the_stopping_one(plan):
         ending = any(seq.request_id == "stops" and seq.rules.num_steps == len(expected) - 1 for seq in plan.seqs)
-        return fits(plan) and not ending
+        return can_launch(plan) and not ending
 
-    monkeypatch.setattr(engine.runner.decode_inputs, "fits", refusing_the_stopping_one)
+    monkeypatch.setattr(engine.runner, "can_launch", refusing_the_stopping_one)
     outputs = drain(engine, [(0, stops), (0, other)])
     assert tokens(outputs["stops"]) == expected
     assert tokens(outputs["other"]) == reference_steps(lm, other)[0]

@@ -129,10 +129,10 @@ class EngineConfig:
     # With cuda_graphs: mixed steps (prefill chunks beside decodes) replayed from CUDA graphs
     # captured per token bucket (engine/mixed_batch.py); steps past the largest run eagerly.
     mixed_cuda_graphs: bool = True
-    # Launch the next decode step before reading this one's samples (its ids are taken from
-    # them on the device), so the host's work between steps overlaps the device's; a step with
-    # a prefill chunk, or whose sampling needs the host (penalties, nucleus, log-probability
-    # alternatives), runs once they are read.
+    # Launch the next step before reading this one's samples (its ids are taken from them on
+    # the device), so the host's work between steps overlaps the device's; a step whose
+    # sampling needs the host (penalties, nucleus, log-probability alternatives) runs once
+    # they are read.
     overlap_steps: bool = True
     # torch intra-op threads of each model worker thread when the model runs on the CPU (0 =
     # torch's default). One per worker leaves a core to the event loop: the LM and detokenizer

@@ -23,13 +23,13 @@ nothing of any sequence, and their logits are discarded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
 from kimiaudio.engine.decode_attention import DecodeMetadata, PagedDecodeAttention
 from kimiaudio.engine.kv_pool import KVPool
-from kimiaudio.engine.launched_step import LaunchedStep
+from kimiaudio.engine.launched_step import LaunchedStep, row_ids, take_sampled
+from kimiaudio.engine.paged_attention import copy_in
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
 
@@ -37,28 +37,10 @@ AUDIO, TEXT, USE_TEXT, POSITION, SLOT, CONTEXT, TEXT_FROM, AUDIO_FROM = range(8)
 NUM_FIELDS = 8
 
 
-def copy_in(buffer: torch.Tensor, host: torch.Tensor) -> None:
-    """A fresh host tensor into a static device buffer, queued on the current stream. On CUDA
-    through pinned memory: from pageable memory the driver may wait for the stream, and a
-    launched step's inputs are written while the step before it still runs."""
-    buffer.copy_(host.pin_memory() if buffer.is_cuda else host, non_blocking=True)
-
-
 def decode_batch_sizes(max_num_seqs: int) -> list[int]:
     """Padded batch sizes: 1, 2, 4, 8, then every 8 to 64, every 16 beyond, and max_num_seqs."""
     steps = [1, 2, 4, 8] + list(range(16, 64, 8)) + list(range(64, max(64, max_num_seqs), 16))
     return [s for s in steps if s < max_num_seqs] + [max_num_seqs]
-
-
-class RowIds(NamedTuple):
-    """The ids of one row the host writes: known ones, or the previous step's row to take
-    the sampled id from on the device (-1: none)."""
-
-    audio: int
-    text: int
-    use_text: int
-    text_from: int = -1
-    audio_from: int = -1
 
 
 @dataclass
@@ -122,7 +104,7 @@ class DecodeInputs:
         padded, pad = self.padded_size(len(seqs)), self.max_batch - len(seqs)
         bs, scratch = self.block_size, self.pool.scratch_block
         positions = [seq.num_computed_tokens for seq in seqs]
-        ids = [self._row_ids(seq, p, previous) for seq, p in zip(seqs, positions)]
+        ids = [row_ids(seq, p, previous) for seq, p in zip(seqs, positions)]
         # One host tensor per buffer, built from lists: one copy to the device, not one per row.
         fields = torch.tensor(
             [
@@ -147,35 +129,8 @@ class DecodeInputs:
         copy_in(self.fields, fields)
         copy_in(self.block_tables[:padded, :width], tables)
         if previous is not None and any(row.text_from >= 0 or row.audio_from >= 0 for row in ids):
-            self._take_sampled(previous.samples)
+            take_sampled(self.fields[AUDIO : USE_TEXT + 1], self.fields[TEXT_FROM : AUDIO_FROM + 1], previous.samples)
         return padded, width
-
-    @staticmethod
-    def _row_ids(seq: Sequence, position: int, previous: LaunchedStep | None) -> RowIds:
-        if position < seq.num_tokens - seq.num_unresolved:
-            return RowIds(seq.audio_ids[position], seq.text_ids[position], int(seq.use_text[position]))
-        row = previous.row_of(seq) if previous is not None else None
-        if row is None:
-            raise RuntimeError(
-                f"sequence {seq.seq_id}: position {position} unresolved, and no launched step samples it"
-            )
-        text, audio = seq.rules.forced()  # None: the sampled id is fed back
-        audio_id, audio_from = (0, row) if audio is None else (audio, -1)
-        if text is None:  # the sampled id, and its use_text, are set on the device
-            return RowIds(audio_id, 0, 0, row, audio_from)
-        return RowIds(audio_id, text, int(text != 0), -1, audio_from)
-
-    def _take_sampled(self, samples: torch.Tensor) -> None:
-        """The rows marked TEXT_FROM / AUDIO_FROM take those ids from the previous step's
-        samples (float64 [2, 2 * Bp]: text rows, then audio rows), on the device."""
-        tokens = samples[0]
-        previous_padded = tokens.shape[0] // 2
-        f = self.fields
-        for field, source, offset in ((TEXT, TEXT_FROM, 0), (AUDIO, AUDIO_FROM, previous_padded)):
-            take = f[source] >= 0
-            sampled = tokens[f[source].clamp(min=0) + offset].long()
-            f[field] = torch.where(take, sampled, f[field])
-        f[USE_TEXT] = torch.where(f[TEXT_FROM] >= 0, (f[TEXT] != 0).long(), f[USE_TEXT])
 
     def batch(self, padded: int, width: int) -> DecodeBatch:
         """Views of the first `padded` rows, block tables `width` columns wide: W for a graph,

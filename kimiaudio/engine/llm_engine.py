@@ -4,8 +4,8 @@ Follows nano-vllm's LLMEngine: `add_request` turns a validated EngineRequest int
 Sequence (input_processor.py), `step` = schedule, run the model, apply each request's
 official generation rules (stop_rules.StreamRules) to its samples, feed the tokens back,
 free finished sequences.
-Decode steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): `step` plans and
-launches the next decode step from the previous one's samples still on the device, then reads
+Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): `step` plans and
+launches the next step from the previous one's samples still on the device, then reads
 those, so a step's outputs may come from the call after the one that launched it (see `step`).
 A bad request fails alone (RequestError from add_request); a step that raises fails only the
 sequences it ran. Each StepOutput carries what callers need (see engine/step_output.py), so they
@@ -118,12 +118,12 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         """Run one step; -> the outputs of every step whose samples were read in this call.
 
-        A decode step that samples on the device is launched, not read (LaunchedStep). The
-        next call plans the next step before reading it (`_may_plan_ahead`); if that plan is
-        one a launch runs too, it is launched first, from the samples on the device, and the
-        step in flight is read after, so the host's work overlaps the device's. Any other plan
-        (a prefill chunk, host-side sampling) runs once the step in flight is read, without
-        the sequences that ended in it. A sequence that stopped in the step read last ran one
+        A step that samples on the device is launched, not read (LaunchedStep). The next
+        call plans the next step before reading it (`_may_plan_ahead`); if that plan is one a
+        launch runs too, it is launched first, from the samples on the device, and the step in
+        flight is read after, so the host's work overlaps the device's. Any other plan
+        (host-side sampling) runs once the step in flight is read, without the sequences that
+        ended in it. A sequence that stopped in the step read last ran one
         more row in the step launched before it: that row's output is dropped."""
         outputs, self._pending = self._pending, []
         previous, self._launched = self._launched, None

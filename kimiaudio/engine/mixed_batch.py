@@ -26,10 +26,12 @@ import torch
 
 from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.kv_pool import KVPool
+from kimiaudio.engine.launched_step import LaunchedStep, take_sampled
 from kimiaudio.engine.paged_attention import (
     AttentionMetadata,
     PagedAttention,
     RunsMetadata,
+    copy_in,
     run_lists,
     slot_mapping,
     to_device,
@@ -37,8 +39,8 @@ from kimiaudio.engine.paged_attention import (
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
 
-AUDIO, TEXT, USE_TEXT, CONTINUOUS, POSITION, SLOT = range(6)
-NUM_FIELDS = 6
+AUDIO, TEXT, USE_TEXT, CONTINUOUS, POSITION, SLOT, TEXT_FROM, AUDIO_FROM = range(8)
+NUM_FIELDS = 8
 
 
 def mixed_token_buckets(max_tokens: int) -> list[int]:
@@ -105,11 +107,12 @@ class MixedInputs:
             and all(len(seq.block_table) <= self.max_blocks for seq in plan.seqs)
         )
 
-    def prepare(self, plan: StepPlan) -> tuple[int, list[Sequence]]:
+    def prepare(self, plan: StepPlan, previous: LaunchedStep | None = None) -> tuple[int, list[Sequence]]:
         """Write the step's rows, runs and logits rows (then padding) into the buffers, on the
-        current stream. -> (the bucket, the sequences that sample: logits row k is the k-th's);
-        `batch(bucket)` gives the views."""
-        step = FlatStep.of(plan)
+        current stream; rows at a position still unresolved take their ids from `previous`'s
+        samples on the device. -> (the bucket, the sequences that sample: logits row k is the
+        k-th's); `batch(bucket)` gives the views."""
+        step = FlatStep.of(plan, previous)
         num_tokens, num_seqs = step.num_tokens, len(plan)
         bucket, pad, empty = self.bucket(num_tokens), self.max_tokens - num_tokens, self.max_seqs - num_seqs
         fields = torch.tensor(
@@ -120,6 +123,8 @@ class MixedInputs:
                 [int(c) for c in step.continuous] + [0] * pad,
                 step.positions + [0] * pad,
                 slot_mapping(step.entries, self.block_size) + [self.pool.scratch_slot] * pad,
+                step.text_from + [-1] * pad,
+                step.audio_from + [-1] * pad,
             ],
             dtype=torch.long,
         )
@@ -127,15 +132,17 @@ class MixedInputs:
         width = len(runs.block_tables[0])
         # Columns past `width` and rows of empty slots keep earlier steps' ids: valid blocks,
         # never read (context lengths bound every read).
-        self.fields.copy_(fields, non_blocking=True)
+        copy_in(self.fields, fields)
         tables = torch.tensor(runs.block_tables, dtype=torch.int32)
-        self.block_tables[:num_seqs, :width].copy_(tables, non_blocking=True)
+        copy_in(self.block_tables[:num_seqs, :width], tables)
         starts = runs.query_starts + [num_tokens] * empty + [bucket]  # empty slots, then the padding's run
-        self.query_starts.copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
+        copy_in(self.query_starts, torch.tensor(starts, dtype=torch.int32))
         contexts = runs.context_lens + [0] * (empty + 1)
-        self.context_lens.copy_(torch.tensor(contexts, dtype=torch.int32), non_blocking=True)
+        copy_in(self.context_lens, torch.tensor(contexts, dtype=torch.int32))
         rows = step.logits_rows + [0] * (self.max_seqs - len(step.logits_rows))
-        self.logits_rows.copy_(torch.tensor(rows), non_blocking=True)
+        copy_in(self.logits_rows, torch.tensor(rows))
+        if previous is not None and step.takes_sampled:
+            take_sampled(self.fields[AUDIO : USE_TEXT + 1], self.fields[TEXT_FROM : AUDIO_FROM + 1], previous.samples)
         if step.features:
             at = to_device(torch.tensor(step.feature_positions), self.features.device)
             self.features.index_copy_(0, at, torch.cat(step.features).to(self.features.dtype))

@@ -21,10 +21,12 @@ step (prefill chunks beside decodes) whose tokens fit the largest bucket of mixe
 padded to its bucket and replayed from that bucket's graph. Every other step runs eagerly
 over a flat batch built for it.
 
-An all-decode step whose every sequence samples on the device (`can_launch`) may instead be
-launched: `launch` queues it, taking any ids still unresolved from the previous launched
-step's samples on the device, and returns a LaunchedStep that the engine reads later
-(launched_step.py): its one synchronisation then waits for that step only.
+A step whose sampling sequences all have settings the device sampler computes (`can_launch`)
+may instead be launched: `launch` queues it (the same static or flat paths, sampled on the
+device: in the decode graph, or after the mixed step's logits), taking any ids still
+unresolved from the previous launched step's samples on the device, and returns a
+LaunchedStep that the engine reads later (launched_step.py): its one synchronisation then
+waits for that step only.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batc
 from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.graph_sampling import GraphSampling, in_graph
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
-from kimiaudio.engine.launched_step import LaunchedStep, StepSample, read_samples
+from kimiaudio.engine.launched_step import LaunchedStep, StepSample, read_samples, take_sampled
 from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
 from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
 from kimiaudio.engine.sequence import Sequence
@@ -159,32 +161,34 @@ class ModelRunner:
         step, in batch order."""
         if self.decode_inputs.fits(plan):
             return self._run_decode(plan.seqs)
-        if self.mixed_inputs is not None and self.mixed_inputs.fits(plan):
-            return self._run_mixed_static(plan, self.mixed_inputs)
-        return self._run_mixed(plan)
+        text_logits, audio_logits, sampling = self._mixed_logits(plan, None)
+        if not sampling:
+            return []
+        return self._sample(sampling, text_logits[: len(sampling)], audio_logits[: len(sampling)])
 
     def can_launch(self, plan: StepPlan) -> bool:
-        """Whether `launch` runs this step: overlap on, every sequence decodes one position in
-        the static batch and samples, each with settings the device sampler computes."""
-        return (
-            self.overlap_steps
-            and self.decode_inputs.fits(plan)
-            and all(seq.num_computed_tokens + 1 == seq.num_tokens for seq in plan.seqs)
-            and in_graph(plan.seqs)
-        )
+        """Whether `launch` runs this step: overlap on, and every sequence that samples in it
+        (one at least) has settings the device sampler computes."""
+        sampling = [seq for seq, count in plan if seq.num_computed_tokens + count == seq.num_tokens]
+        return self.overlap_steps and bool(sampling) and in_graph(sampling)
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:
         """Queue the step (a `can_launch` one) without waiting for it: its ids still unresolved
         come from `previous`'s samples on the device, its own samples stay there until read."""
         seqs = plan.seqs
-        padded, width = self.decode_inputs.prepare(seqs, previous)
-        self.graph_sampling.write(seqs, list(range(len(seqs))), padded)
-        if self.graphs is not None:
-            _, _, samples = self.graphs.replay(padded)
-        else:
-            samples = self.graph_sampling.sample(*self.decode_forward(self.decode_inputs.batch(padded, width)))
-        return LaunchedStep(seqs, samples)
+        if self.decode_inputs.fits(plan) and all(seq.num_computed_tokens + 1 == seq.num_tokens for seq in seqs):
+            padded, width = self.decode_inputs.prepare(seqs, previous)
+            self.graph_sampling.write(seqs, list(range(len(seqs))), padded)
+            if self.graphs is not None:
+                _, _, samples = self.graphs.replay(padded)
+            else:
+                samples = self.graph_sampling.sample(*self.decode_forward(self.decode_inputs.batch(padded, width)))
+            return LaunchedStep(seqs, samples)
+        text_logits, audio_logits, sampling = self._mixed_logits(plan, previous)
+        n = len(sampling)
+        self.graph_sampling.write(sampling, list(range(n)), n)
+        return LaunchedStep(sampling, self.graph_sampling.sample(text_logits[:n], audio_logits[:n]))
 
     def _run_decode(self, seqs: list[Sequence]) -> list[StepSample]:
         padded, width = self.decode_inputs.prepare(seqs)
@@ -213,16 +217,6 @@ class ModelRunner:
         hidden = self.lm.embed(batch.audio_ids, batch.text_ids, batch.use_text != 0)
         return self.lm(hidden, batch.positions, batch.attention)
 
-    def _run_mixed_static(self, plan: StepPlan, inputs: MixedInputs) -> list[StepSample]:
-        bucket, sampling = inputs.prepare(plan)
-        if self.mixed_graphs is not None:
-            text_logits, audio_logits = self.mixed_graphs.replay(bucket)  # [S, V] each
-        else:
-            text_logits, audio_logits = self.mixed_forward(inputs.batch(bucket))
-        if not sampling:
-            return []
-        return self._sample(sampling, text_logits[: len(sampling)], audio_logits[: len(sampling)])
-
     def mixed_forward(self, batch: MixedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The mixed forward over static views: no host-device synchronisation, no shape that
         depends on the data (what a CUDA graph captures). -> logits [S, V] of both heads, row k
@@ -232,22 +226,37 @@ class ModelRunner:
         )
         return self.lm(hidden, batch.positions, batch.attention, batch.logits_rows)
 
-    def _run_mixed(self, plan: StepPlan) -> list[StepSample]:
-        step = FlatStep.of(plan)
+    def _mixed_logits(
+        self, plan: StepPlan, previous: LaunchedStep | None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Sequence]]:
+        """A step the static decode batch does not take: through the mixed step's buffers (and
+        its graph) when it fits them, else over a flat batch built for it; ids still unresolved
+        come from `previous`'s samples on the device. -> both heads' logits, row k the k-th
+        sampling sequence's (rows past them: padding), and those sequences in batch order."""
+        inputs = self.mixed_inputs
+        if inputs is not None and inputs.fits(plan):
+            bucket, sampling = inputs.prepare(plan, previous)
+            if self.mixed_graphs is not None:
+                text_logits, audio_logits = self.mixed_graphs.replay(bucket)  # [S, V] each
+            else:
+                text_logits, audio_logits = self.mixed_forward(inputs.batch(bucket))
+            return text_logits, audio_logits, sampling
+        step = FlatStep.of(plan, previous)
+        ids = self._long([step.audio_ids, step.text_ids, [int(u) for u in step.use_text]])
+        if previous is not None and step.takes_sampled:
+            take_sampled(ids, self._long([step.text_from, step.audio_from]), previous.samples)
         features = step.features
         hidden = self.lm.embed(
-            self._long(step.audio_ids),
-            self._long(step.text_ids),
-            self._bool(step.use_text),
+            ids[0],
+            ids[1],
+            ids[2] != 0,
             torch.cat(features) if features else None,
             self._long(step.feature_positions) if features else None,
         )
         meta = AttentionMetadata.build(step.entries, self.block_size, self.device, self.dtype, self.use_kernels)
         attn = PagedAttention(self.pool, meta)
         text_logits, audio_logits = self.lm(hidden, self._long(step.positions), attn, self._long(step.logits_rows))
-        if not step.sampling:
-            return []
-        return self._sample(step.sampling, text_logits, audio_logits)
+        return text_logits, audio_logits, step.sampling
 
     def _sample(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor) -> list[StepSample]:
         # Rows 0..B-1 are text, B..2B-1 audio; each row depends only on its own inputs.
@@ -274,8 +283,5 @@ class ModelRunner:
                 top[row] = tuple((int(ids[k * width + j]), lps[k * width + j]) for j in range(wanted))
         return [StepSample(int(tokens[i]), int(tokens[n + i]), logprobs[i], top[i]) for i in range(n)]
 
-    def _long(self, values: list[int]) -> torch.Tensor:
+    def _long(self, values: list[int] | list[list[int]]) -> torch.Tensor:
         return to_device(torch.tensor(values, dtype=torch.long), self.device)
-
-    def _bool(self, values: list[bool]) -> torch.Tensor:
-        return to_device(torch.tensor(values, dtype=torch.bool), self.device)

@@ -151,6 +151,13 @@ def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     return values.to(device, non_blocking=True)
 
 
+def copy_in(buffer: torch.Tensor, host: torch.Tensor) -> None:
+    """A fresh host tensor into a static device buffer, queued on the current stream. On CUDA
+    through pinned memory: from pageable memory the driver may wait for the stream, and a
+    launched step's inputs are written while the step before it still runs."""
+    buffer.copy_(host.pin_memory() if buffer.is_cuda else host, non_blocking=True)
+
+
 def _slots(table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
     """Block ids [n] -> slots of positions 0..length-1 [length] (long, on the table's device)."""
     offsets = torch.arange(block_size, device=table.device)
