@@ -1,4 +1,4 @@
-"""Encoder inputs and outputs crossing between host and device without the host waiting.
+"""Inputs and outputs crossing between host and device without the host waiting.
 
 The speech encoders run on a CUDA stream of their own beside the LM's decode steps
 (pipeline/speech_encoding.py). Their inputs go to the device from pinned host memory,
@@ -8,7 +8,10 @@ asynchronously on the current stream (`to_device`). Their outputs stay on the de
 the copies. The LM worker polls `ready()` between engine steps and reads `value()` once the
 stream has got there: no host synchronisation per batch or per utterance, and no device tensor
 crosses to another stream (the engine copies a prompt's features from the host on its own).
-On the CPU every operation is synchronous: a result is ready as soon as it exists.
+The engine's step inputs take the same way in (`to_device`; `copy_in` for the static buffers
+its CUDA graphs read), and a launched step's samples come back through a HostCopy
+(engine/launched_step.py). On the CPU every operation is synchronous: a result is ready as
+soon as it exists.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ def to_device(tensor: Tensor, device: torch.device) -> Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def copy_in(buffer: Tensor, host: Tensor) -> None:
+    """A fresh host tensor into a device buffer allocated once (a static input of a CUDA
+    graph), ordered on the current stream: on CUDA through pinned memory, as `to_device`, so
+    the host does not wait for the work queued before it (the engine writes a launched step's
+    inputs while the step before it still runs)."""
+    buffer.copy_(host.pin_memory() if buffer.is_cuda else host, non_blocking=True)
 
 
 @dataclass

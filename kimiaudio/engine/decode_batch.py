@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kimiaudio.audio.device_result import copy_in
 from kimiaudio.engine.decode_attention import DecodeMetadata, PagedDecodeAttention
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.launched_step import LaunchedStep, row_ids, take_sampled
-from kimiaudio.engine.paged_attention import copy_in
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan
 

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from kimiaudio.engine.paged_attention import copy_in
+from kimiaudio.audio.device_result import copy_in
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.layers.sampler import TOP_K_WIDTH, sample_greedy_or_top_k
 from kimiaudio.layers.stream_sampling import StreamSampling

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kimiaudio.audio.device_result import copy_in, to_device
 from kimiaudio.engine.flat_step import FlatStep
 from kimiaudio.engine.kv_pool import KVPool
 from kimiaudio.engine.launched_step import LaunchedStep, take_sampled
@@ -31,10 +32,8 @@ from kimiaudio.engine.paged_attention import (
     AttentionMetadata,
     PagedAttention,
     RunsMetadata,
-    copy_in,
     run_lists,
     slot_mapping,
-    to_device,
 )
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_plan import StepPlan

@@ -35,6 +35,7 @@ import logging
 
 import torch
 
+from kimiaudio.audio.device_result import to_device
 from kimiaudio.config import EngineConfig
 from kimiaudio.engine.decode_batch import DecodeBatch, DecodeInputs, decode_batch_sizes
 from kimiaudio.engine.flat_step import FlatStep
@@ -42,7 +43,7 @@ from kimiaudio.engine.graph_sampling import GraphSampling, in_graph
 from kimiaudio.engine.kv_pool import KVPool, pool_num_blocks
 from kimiaudio.engine.launched_step import LaunchedStep, StepSample, read_samples, take_sampled
 from kimiaudio.engine.mixed_batch import MixedBatch, MixedInputs, mixed_token_buckets
-from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports, to_device
+from kimiaudio.engine.paged_attention import AttentionMetadata, PagedAttention, attention_kernel_supports
 from kimiaudio.engine.sequence import Sequence
 from kimiaudio.engine.step_graphs import StepGraphs
 from kimiaudio.engine.step_plan import StepPlan

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from kimiaudio.audio.device_result import to_device
 from kimiaudio.engine.decode_attention import DecodeMetadata, decode_attention
 from kimiaudio.engine.kv_pool import KVPool, store_kv
 from kimiaudio.layers.attention import causal_attention
@@ -141,21 +142,6 @@ def _runs(entries: list[tuple[list[int], int, int]], block_size: int, device: to
         to_device(torch.tensor(runs.query_starts, dtype=torch.int32), device),
         to_device(torch.tensor(runs.context_lens, dtype=torch.int32), device),
     )
-
-
-def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A fresh host tensor onto the device without a host-device synchronisation (a blocking
-    copy waits for the GPU; the runner's one sync per step is the sampled tokens'). Safe: the
-    host tensor is staged by CUDA before this returns and never written again. Every per-step
-    input of the engine goes through here."""
-    return values.to(device, non_blocking=True)
-
-
-def copy_in(buffer: torch.Tensor, host: torch.Tensor) -> None:
-    """A fresh host tensor into a static device buffer, queued on the current stream. On CUDA
-    through pinned memory: from pageable memory the driver may wait for the stream, and a
-    launched step's inputs are written while the step before it still runs."""
-    buffer.copy_(host.pin_memory() if buffer.is_cuda else host, non_blocking=True)
 
 
 def _slots(table: torch.Tensor, block_size: int, length: int) -> torch.Tensor:
