@@ -118,20 +118,21 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         """Run one step; -> the outputs of every step whose samples were read in this call.
 
-        A step that samples on the device is launched, not read (LaunchedStep). The next
-        call plans the next step before reading it (`_may_plan_ahead`); if that plan is one a
-        launch runs too, it is launched first, from the samples on the device, and the step in
-        flight is read after, so the host's work overlaps the device's. Any other plan
-        (host-side sampling) runs once the step in flight is read, without the sequences that
-        ended in it. A sequence that stopped in the step read last ran one
-        more row in the step launched before it: that row's output is dropped."""
+        A step that samples on the device is launched, not read (LaunchedStep). The next call
+        plans the next step before reading it (`_may_plan_ahead`); if that plan is one a launch
+        runs too, it is launched first, from the samples on the device, and the step in flight
+        is read after, so the host's work overlaps the device's. Any other plan (host-side
+        sampling) runs once the step in flight is read, without the sequences that ended in
+        it. A sequence that stopped in the step read last ran one more row in the step launched
+        before it: that row's output is dropped."""
         outputs, self._pending = self._pending, []
         previous, self._launched = self._launched, None
         if previous is not None and not self._may_plan_ahead():
             outputs += self._read(previous)
             previous = None
         plan = self.scheduler.schedule()
-        if previous is not None and not (plan and self.runner.can_launch(plan)):
+        launch = bool(plan) and self.runner.can_launch(plan)
+        if previous is not None and not launch:
             outputs += self._read(previous)  # the plan needs the host to know its tokens
             previous = None
             plan = plan.without([seq for seq in plan.seqs if seq.is_finished])
@@ -139,7 +140,7 @@ class LLMEngine:
             self._num_steps += 1
             self._num_prefill_computed += plan.num_prefill_tokens
             self._num_decode += plan.num_tokens - plan.num_prefill_tokens
-            outputs += self._launch(plan, previous) if self.runner.can_launch(plan) else self._run(plan)
+            outputs += self._launch(plan, previous) if launch else self._run(plan)
         if previous is not None:
             outputs += self._read(previous)
         return outputs
@@ -159,8 +160,7 @@ class LLMEngine:
             launched = self.runner.launch(plan, None if previous is None else previous.launched)
         except Exception as exc:  # a broken step fails the requests in it, not the server
             return self._fail_step(plan.seqs, exc)
-        for seq in self.scheduler.postprocess(plan):
-            seq.append_unresolved()
+        self._computed(plan)
         self._launched = InFlight(launched, self._num_steps)
         return []
 
@@ -169,10 +169,16 @@ class LLMEngine:
             samples = self.runner.run(plan)
         except Exception as exc:
             return self._fail_step(plan.seqs, exc)
+        sampling = self._computed(plan)
+        return [self._apply(seq, sampled, self._num_steps) for seq, sampled in zip(sampling, samples)]
+
+    def _computed(self, plan: StepPlan) -> list[Sequence]:
+        """Account for the plan's positions; each sequence that sampled gets its next position,
+        unresolved until its samples are read (`_apply`). -> those sequences, in batch order."""
         sampling = self.scheduler.postprocess(plan)
         for seq in sampling:
             seq.append_unresolved()
-        return [self._apply(seq, sampled, self._num_steps) for seq, sampled in zip(sampling, samples)]
+        return sampling
 
     def _read(self, in_flight: InFlight) -> list[StepOutput]:
         """The launched step's outputs, for the sequences still live."""
