@@ -327,12 +327,18 @@ def _update(session: dict) -> SessionUpdate:
         ),
         ({"vad": {"silence_ms": 60001}}, "session.vad.silence_ms: expected an integer in [0, 60000], got 60001"),
         ({"sampling": {"nonsense": 1}}, "session.sampling.nonsense: unknown setting"),
+        (  # OpenAI's name for it, not the config key it sets
+            {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 7}}}},
+            "session.audio.input.turn_detection.threshold: expected a finite number in (0.0, 1.0), got 7",
+        ),
     ],
 )
 def test_a_session_update_is_checked_as_it_is_parsed(session, message):
     with pytest.raises(ProtocolError) as info:
         _update(session)
     assert info.value.code == "invalid_value" and str(info.value).startswith(message)
+    if "turn_detection" in message:  # the param too is the client's field
+        assert info.value.param == "session.audio.input.turn_detection.threshold"
 
 
 def test_a_parsed_session_update_applies_to_the_session_only():

@@ -167,7 +167,7 @@ async def test_a_transcription_that_cannot_run_is_reported_failed(demo_checkpoin
         )
         assert s.of_type("session.updated")[-1]["session"]["audio"]["input"]["transcription"]["model"] == "whisper-1"
         await s.pipeline.stop()  # as in a shutdown: nothing more can be submitted
-        s.session.commit(np.concatenate([speech[0], silence(0.3)]), "item_words", respond=False)
+        s.session.commit(np.concatenate([speech[0], silence(0.3)]), "item_words")
         failed = await s.wait_for("conversation.item.input_audio_transcription.failed")
         assert failed["item_id"] == "item_words" and failed["content_index"] == 0
         assert failed["error"]["type"] == "transcription_error" and "not running" in failed["error"]["message"]

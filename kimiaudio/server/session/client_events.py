@@ -82,6 +82,7 @@ class ItemCreate:
     text: str = ""
     pcm16: bytes | None = None  # user audio at the session's input rate
     item_id: str | None = None
+    previous_item_id: str | None = None  # None: appended at the end; "root": the first item
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,9 @@ def parse_client_message(
     except JsonInputError as exc:
         raise ProtocolError("invalid_event" if exc.code == "too_large" else exc.code, f"message: {exc}") from None
     data = object_field(data, "event")
-    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    event_id = data.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ProtocolError("invalid_value", f"event_id: expected a string, got {event_id!r}"[:200], "event_id")
     try:
         return _event(data), event_id
     except ProtocolError as exc:
@@ -176,13 +179,13 @@ def _event(data: dict) -> ClientEvent:
     if kind == "input_audio_buffer.clear":
         return AudioClear()
     if kind == "conversation.item.create":
-        return _item_create(object_field(data.get("item"), "item"), "item")
+        previous = typed_field(data, "previous_item_id", str, kind, "an item id")
+        if previous == "":
+            where = f"{kind}.previous_item_id"
+            raise ProtocolError("invalid_value", f"{where}: expected an item id", where)
+        return _item_create(object_field(data.get("item"), "item"), "item", previous)
     if kind == "conversation.item.truncate":
-        item_id = typed_field(data, "item_id", str, kind, "an item id")
-        end_ms = typed_field(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
-        if not item_id or end_ms is None or end_ms < 0:
-            raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
-        return ItemTruncate(item_id, end_ms)
+        return _item_truncate(data, kind)
     if kind == "response.create":
         return _response_create(optional_object(data, "response", "response"), "response")
     if kind == "conversation.select":
@@ -200,7 +203,21 @@ def _event(data: dict) -> ClientEvent:
     return parse_session_update(object_field(data["session"], "session"), "session", kind)
 
 
-def _item_create(item: dict, where: str) -> ItemCreate:
+def _item_truncate(data: dict, kind: str) -> ItemTruncate:
+    item_id = typed_field(data, "item_id", str, kind, "an item id")
+    end_ms = typed_field(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
+    if not item_id or end_ms is None or end_ms < 0:
+        raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
+    if typed_field(data, "content_index", int, kind, "an integer") not in (None, 0):
+        raise ProtocolError(
+            "invalid_value",
+            f"{kind}.content_index: an assistant item has one content part, its audio: 0",
+            f"{kind}.content_index",
+        )
+    return ItemTruncate(item_id, end_ms)
+
+
+def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCreate:
     if item.get("type", "message") != "message":
         raise ProtocolError(
             "unsupported",
@@ -241,7 +258,10 @@ def _item_create(item: dict, where: str) -> ItemCreate:
             )
     if not texts and audio is None:
         raise ProtocolError("invalid_value", f"{where}.content: no text or audio", f"{where}.content")
-    return ItemCreate(role, "\n".join(texts), audio, typed_field(item, "id", str, where, "a string"))
+    item_id = typed_field(item, "id", str, where, "a string")
+    if item_id == "":
+        raise ProtocolError("invalid_value", f"{where}.id: expected a non-empty string", f"{where}.id")
+    return ItemCreate(role, "\n".join(texts), audio, item_id, previous_item_id)
 
 
 def _response_create(response: dict, where: str) -> ResponseCreate:

@@ -28,6 +28,7 @@ class Conversation:
         self._history: list[HistoryTurn] | None = None if conversation_id else []
         self._leased: str | None = None  # the conversation whose lease this session holds
         self.last_item_id: str | None = None  # the newest item the client was told of
+        self._item_ids: set[str] = set()  # every item of it the client was told of
 
     @property
     def stored_id(self) -> str:
@@ -39,7 +40,12 @@ class Conversation:
     def next_item(self, item_id: str) -> str | None:
         """`item_id` is the conversation's newest item now -> the one before it (None: the first)."""
         previous, self.last_item_id = self.last_item_id, item_id
+        self._item_ids.add(item_id)
         return previous
+
+    def has_item(self, item_id: str) -> bool:
+        """Whether the client was told of this item of the conversation."""
+        return item_id in self._item_ids
 
     async def open(self) -> None:
         """Take the lease of the conversation the session was opened with (ConversationBusyError)."""
@@ -82,6 +88,7 @@ class Conversation:
             await self.release()
         self.id, self._history = conversation_id, (None if conversation_id else [])
         self.last_item_id = None
+        self._item_ids = set()
         if conversation_id is not None:
             await self.history()
 

@@ -43,14 +43,13 @@ class MicInput:
         self._on_utterance = on_utterance
         self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
+        self._mode = settings.turn_detection  # "none": the client commits; else the VAD does
 
-    async def push(self, pcm: np.ndarray, listening: bool) -> None:
-        """16 kHz mono float32. Waits for the VAD only, never for a turn. `listening` False: the
-        assistant is speaking and barge-in is off (half duplex), the audio is dropped."""
+    async def push(self, pcm: np.ndarray, event_id: str | None = None) -> None:
+        """16 kHz mono float32 (`event_id`: the input_audio_buffer.append's, for an error about
+        it). Waits for the VAD only, never for a turn."""
         if self._settings.turn_detection == "none":
-            self._keep(pcm)
-            return
-        if not listening:
+            self._keep(pcm, event_id)
             return
         loop = asyncio.get_running_loop()
         for event in await loop.run_in_executor(self._vad_executor, self._detector.push, pcm):
@@ -64,12 +63,13 @@ class MicInput:
                     self._events.send(server_events.speech_stopped(end_ms, item_id))
                     self._on_utterance(audio, item_id)
 
-    def _keep(self, pcm: np.ndarray) -> None:
+    def _keep(self, pcm: np.ndarray, event_id: str | None) -> None:
         seconds = self._settings.config.audio.max_input_seconds
         if not self.buffer.keep(pcm, int(seconds * SPEECH_INPUT_RATE)):
             self._events.error(
                 "input_audio_buffer_full",
                 f"the input audio buffer holds at most {seconds:g} s (audio.max_input_seconds); commit or clear it",
+                event_id=event_id,
             )
 
     def take_buffer(self) -> np.ndarray:
@@ -93,7 +93,15 @@ class MicInput:
         self._events.send(server_events.buffer_cleared())
 
     def configure(self) -> None:
-        """The session's settings changed: the VAD takes them between two pushes."""
-        if self._settings.turn_detection == "none":
+        """The session's settings changed: the VAD takes them between two pushes. A switch
+        between the VAD and the client's commits starts from an empty buffer: audio kept for a
+        commit, or an utterance the VAD was hearing, belongs to the way it was taken
+        (input_audio_buffer.cleared says so, when there was any)."""
+        mode, self._mode = self._mode, self._settings.turn_detection
+        if (mode == "none") != (self._mode == "none"):
+            held = self.buffer.take() is not None or self._speech_item_id is not None
             self._speech_item_id = None
+            self._vad_executor.submit(self._detector.reset)
+            if held:
+                self._events.send(server_events.buffer_cleared())
         self._vad_executor.submit(self._detector.configure, self._settings.turn_settings())

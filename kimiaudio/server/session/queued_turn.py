@@ -2,8 +2,9 @@
 the ids of the conversation items it creates.
 
 Three kinds of entry, each its own type, taken by structural match: a user utterance or an
-audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse).
-The ids of items and responses are made here too.
+audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse). Each
+names the client event that queued it (an `error` about it echoes that id), and an item where
+the client placed it. The ids of items and responses are made here too.
 """
 
 from __future__ import annotations
@@ -25,15 +26,33 @@ def new_response_id() -> str:
 
 
 @dataclass(frozen=True)
+class ItemOrigin:
+    """The client event an item came from: its `event_id`, and the item the client placed it
+    after (conversation.item.create's previous_item_id; None: the end of the conversation)."""
+
+    event_id: str | None = None
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """What the input audio buffer committed (the server's VAD, or the client's commit)."""
+
+    barge_ins: int = 0  # the session's barge-in count when it was queued: a later one makes it moot
+    respond: bool = False  # answered once stored (server VAD with create_response)
+    interrupts: bool = False  # its speech interrupted the response in progress (barge-in)
+
+
+@dataclass(frozen=True)
 class QueuedAudio:
-    """A user utterance (committed by the VAD or the client), or a conversation.item.create
-    with audio: stored as a spoken user turn, then answered if `respond`."""
+    """A user utterance (`utterance` set) or a conversation.item.create with audio: stored as
+    a spoken user turn, then answered if the utterance asks."""
 
     item_id: str
     audio: np.ndarray  # 16 kHz
     text: str = ""  # an item's text parts, before its audio
-    barge_ins: int = 0  # the session's barge-in count when it was queued: a later one makes it moot
-    respond: bool = False
+    utterance: Utterance | None = None
+    origin: ItemOrigin = ItemOrigin()
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,7 @@ class QueuedText:
     item_id: str
     text: str
     role: str  # "user" | "assistant" (a system message is context like a user's text)
+    origin: ItemOrigin = ItemOrigin()
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,7 @@ class QueuedResponse:
 
     request: ResponseCreate
     cancels: int  # the session's count of response.cancel events that found no response yet
+    event_id: str | None = None
 
 
 QueuedItem = QueuedAudio | QueuedText

@@ -46,11 +46,13 @@ from kimiaudio.server.session.mic_input import MicInput
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.queued_turn import (
+    ItemOrigin,
     QueuedAudio,
     QueuedItem,
     QueuedResponse,
     QueuedText,
     QueuedTurn,
+    Utterance,
     new_item_id,
 )
 from kimiaudio.server.session.responder import Responder
@@ -121,21 +123,34 @@ class RealtimeSession:
         self.events.send(server_events.session_created(self.describe()))
 
     # ----- audio in -----
-    async def push_audio(self, pcm: np.ndarray) -> None:
-        """16 kHz mono float32 from the microphone. Waits for the VAD only, never for a turn."""
-        await self.mic.push(pcm, listening=self.response is None or self.config.vad.barge_in)
+    async def push_audio(self, pcm: np.ndarray, event_id: str | None = None) -> None:
+        """16 kHz mono float32 from the microphone (or an input_audio_buffer.append, `event_id`).
+        Waits for the VAD only, never for a turn."""
+        await self.mic.push(pcm, event_id)
 
     def _speech_started(self) -> None:
+        # Without barge-in (interrupt_response false) the answer goes on, and the speech is
+        # the next turn, taken once it has ended.
         if self.config.vad.barge_in:
             self._barge_ins += 1
             self.responder.interrupt("turn_detected")
 
     def _utterance(self, audio: np.ndarray, item_id: str) -> None:
-        self.commit(audio, item_id, respond=self.settings.answers_commits)
+        barge_in = self.config.vad.barge_in
+        self.commit(audio, item_id, Utterance(self._barge_ins, self.settings.answers_commits, barge_in))
 
-    def commit(self, audio: np.ndarray, item_id: str | None = None, respond: bool = True) -> None:
-        """Queue an utterance as the next user turn (the turn task stores and maybe answers it)."""
-        self._queue.put_nowait(QueuedAudio(item_id or new_item_id(), audio, barge_ins=self._barge_ins, respond=respond))
+    def commit(
+        self,
+        audio: np.ndarray,
+        item_id: str | None = None,
+        utterance: Utterance | None = None,
+        event_id: str | None = None,
+    ) -> None:
+        """Queue an utterance as the next user turn (the turn task stores it, and answers it if
+        `utterance` asks; None: the client's commit, stored only)."""
+        utterance = utterance if utterance is not None else Utterance(self._barge_ins)
+        work = QueuedAudio(item_id or new_item_id(), audio, utterance=utterance, origin=ItemOrigin(event_id))
+        self._queue.put_nowait(work)
 
     # ----- turns -----
     async def _take_turns(self) -> None:
@@ -156,10 +171,11 @@ class RealtimeSession:
         if not await self.items.store(work):
             return
         # An utterance overtaken by a later one is kept as history, not answered.
+        utterance = work.utterance if isinstance(work, QueuedAudio) else None
         if (
-            isinstance(work, QueuedAudio)
-            and work.respond
-            and work.barge_ins == self._barge_ins
+            utterance is not None
+            and utterance.respond
+            and utterance.barge_ins == self._barge_ins
             and self.settings.kind == "realtime"
         ):
             await self.responder.start(None, committed_at)
@@ -167,7 +183,7 @@ class RealtimeSession:
     async def _respond(self, work: QueuedResponse) -> None:
         before = self.responder.current
         try:
-            await self.responder.start(work.request, time.monotonic())
+            await self.responder.start(work.request, time.monotonic(), work.event_id)
         finally:
             self._creates_waiting -= 1
         started = self.responder.current
@@ -182,7 +198,7 @@ class RealtimeSession:
         event_id = None
         try:
             event, event_id = client_events.parse_client_message(message, max_bytes)
-            await self.handle_event(event)
+            await self.handle_event(event, event_id)
         except ProtocolError as exc:
             self.events.error(exc.code, str(exc), exc.param, exc.event_id or event_id)
         except KimiAudioError as exc:
@@ -192,21 +208,23 @@ class RealtimeSession:
             text = "the event could not be handled (the details are in the server log)"
             self.events.error("internal", text, event_id=event_id)
 
-    async def handle_event(self, event: client_events.ClientEvent) -> None:
+    async def handle_event(self, event: client_events.ClientEvent, event_id: str | None = None) -> None:
+        """One parsed client event; `event_id`, the client's id for it, names it in any error
+        about it, however much later that comes."""
         match event:
             case client_events.AudioAppend(pcm16=data):
-                await self.push_audio(self.mic.buffer.to_16k(data, self.settings.input_rate))
+                await self.push_audio(self.mic.buffer.to_16k(data, self.settings.input_rate), event_id)
             case client_events.AudioCommit():
-                self.commit(self.mic.take_buffer(), respond=False)
+                self.commit(self.mic.take_buffer(), event_id=event_id)
             case client_events.AudioClear():
                 self.mic.clear()
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
                 self._cancel(response_id, stop_playback)
             case client_events.ResponseCreate():
                 self._creates_waiting += 1
-                self._queue.put_nowait(QueuedResponse(event, self._cancels))
+                self._queue.put_nowait(QueuedResponse(event, self._cancels, event_id))
             case client_events.ItemCreate():
-                self._create_item(event)
+                self._create_item(event, event_id)
             case client_events.ItemTruncate(item_id=item_id, audio_end_ms=end_ms):
                 await self.responder.truncate(item_id, end_ms)
             case client_events.ConversationSelect(conversation_id=conversation_id):
@@ -229,14 +247,15 @@ class RealtimeSession:
                 "response_id" if response_id is not None else None,
             )
 
-    def _create_item(self, event: client_events.ItemCreate) -> None:
+    def _create_item(self, event: client_events.ItemCreate, event_id: str | None) -> None:
         item_id = event.item_id or new_item_id()
+        origin = ItemOrigin(event_id, event.previous_item_id)
         if event.pcm16 is not None:
             audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, SPEECH_INPUT_RATE)
-            self._queue.put_nowait(QueuedAudio(item_id, audio, text=event.text))
+            self._queue.put_nowait(QueuedAudio(item_id, audio, text=event.text, origin=origin))
         else:  # a system message is context like a user's text (the prompt has no system role)
             role = "assistant" if event.role == "assistant" else "user"
-            self._queue.put_nowait(QueuedText(item_id, event.text, role))
+            self._queue.put_nowait(QueuedText(item_id, event.text, role, origin))
 
     def apply_update(self, event: client_events.SessionUpdate, announce: bool = True) -> None:
         """session.update: new settings for this session (validated first)."""
@@ -255,6 +274,7 @@ class RealtimeSession:
             await self.conversation.select(conversation_id)
         except ConversationBusyError as exc:
             raise ProtocolError(exc.code, str(exc), "conversation_id") from None
+        self.responder.forget_ended()
         self.events.send(server_events.session_updated(self.describe()))
 
     # ----- lifetime -----

@@ -46,11 +46,11 @@ from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.queued_turn import new_response_id
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.truncatable import Truncatable
 
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 3.0  # how long a cancelled pipeline turn may take to report TurnDone
-NUM_TRUNCATABLE = 8  # ended responses a conversation.item.truncate may still name
 
 
 class Responder:
@@ -71,16 +71,18 @@ class Responder:
         self._tasks = tasks
         self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code)
         self.current: ResponseState | None = None
-        self.ended: dict[str, ResponseState] = {}  # item id -> the newest responses that ended (for truncate)
+        self._truncatable = Truncatable()  # what a conversation.item.truncate may name
 
     # ----- start -----
-    async def start(self, request: ResponseCreate | None, committed_at: float) -> None:
-        """Answer the newest user turn (it must be spoken); errors go to the client."""
+    async def start(self, request: ResponseCreate | None, committed_at: float, event_id: str | None = None) -> None:
+        """Answer the newest user turn; errors go to the client (naming `event_id`, the
+        response.create's)."""
         if request is not None and self.current is not None and not self.current.cancelled:
             self._events.error(
                 "conversation_already_has_active_response",
                 f"response.create: response {self.current.id} "
                 "is in progress; wait for its response.done or cancel it (response.cancel)",
+                event_id=event_id,
             )
             return
         await self.settle()
@@ -180,9 +182,7 @@ class Responder:
         self._send_done(response, done)
         if self.current is response:
             self.current = None
-        self.ended[response.item_id] = response
-        if len(self.ended) > NUM_TRUNCATABLE:
-            del self.ended[next(iter(self.ended))]
+        self._truncatable.ended(response)
 
     def _send_done(self, response: ResponseState, done: TurnDone) -> None:
         """The response's last events: its content's end, its item's, response.done, and the
@@ -233,26 +233,22 @@ class Responder:
                 CANCEL_GRACE_S, lambda: None if response.generation_ended else task.cancel()
             )
 
-    async def settle(self) -> None:
-        """Interrupt any response in progress and wait until it is stored."""
+    async def settle(self, interrupt: bool = True) -> None:
+        """Wait until the response in progress has ended and is stored: interrupted now, or
+        (interrupt False) generated and played out."""
         response = self.current
-        if response is not None:
+        if response is None:
+            return
+        if interrupt:
             self.interrupt("turn_detected")
-            if response.task is not None:
-                await asyncio.wait([response.task], timeout=CANCEL_GRACE_S + 1.0)
+        if response.task is not None:  # (an interrupted one reports within the grace)
+            await asyncio.wait([response.task], timeout=CANCEL_GRACE_S + 1.0 if interrupt else None)
 
     async def truncate(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate: the answer was heard up to audio_end_ms."""
         samples = audio_end_ms * SPEECH_OUTPUT_RATE // 1000
         current = self.current
-        response = current if current is not None and current.item_id == item_id else self.ended.get(item_id)
-        if response is None:
-            raise ProtocolError(
-                "item_not_found",
-                f"conversation.item.truncate: {item_id!r} is not an assistant "
-                f"item of this session's last {NUM_TRUNCATABLE} responses",
-                "item_id",
-            )
+        response = self._truncatable.named(item_id, audio_end_ms, current)
         if response is current:  # generating or playing: stop it there
             if response.cancelled:
                 response.played_samples = min(response.played_samples or 0, samples)
@@ -265,6 +261,10 @@ class Responder:
             if response.stored is not None and response.done is not None:
                 await self._storage.store_final(response, response.done)
         self._events.send(server_events.item_truncated(item_id, audio_end_ms))
+
+    def forget_ended(self) -> None:
+        """The session moved to another conversation: its answers are not items of this one."""
+        self._truncatable.forget()
 
     def _flush(self, response: ResponseState) -> int:
         """Stop the response's playback now (output_audio_buffer.cleared if it was playing) ->

@@ -195,6 +195,10 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
         ("barge_in", "interrupt_response", bool),
     ):
         if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
-            vad[ours] = value[theirs]
+            try:  # checked here, so the error names the client's field, not the config key it sets
+                vad[ours] = check_setting("vad", ours, value[theirs])
+            except ConfigError as exc:
+                message = str(exc).replace(f"vad.{ours}", f"{where}.{theirs}", 1)
+                raise ProtocolError("invalid_value", message, f"{where}.{theirs}") from None
     create = typed_field(value, "create_response", bool, where, "true or false")
     return ("none" if kind == "none" else "server_vad"), create

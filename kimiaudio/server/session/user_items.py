@@ -5,8 +5,10 @@ The item is refused (an `error`, False) when its audio is no usable speech or th
 take it: a turn that is not stored is not answered. A stored one is announced as OpenAI does,
 input_audio_buffer.committed for an utterance, then conversation.item.added and .done (its id
 chained to the item before it), and an utterance's words are transcribed beside what follows
-(input_transcription.py). A response in progress is settled first (barge-in: what was heard of
-it is stored before the new turn).
+(input_transcription.py). An item follows the response in progress: an utterance whose speech
+interrupted it (barge-in) comes after what was heard of it, any other item after all of it. An
+item goes at the end of the conversation (the store only appends): one the client placed
+elsewhere (previous_item_id), or whose id is taken, is refused with an `error` naming its event.
 """
 
 from __future__ import annotations
@@ -47,14 +49,22 @@ class UserItems:
     async def store(self, work: QueuedItem) -> bool:
         """Store a user utterance or a text item (and announce it); False if it was refused."""
         events, conversation = self._events, self._conversation
+        event_id = work.origin.event_id
         audio = work.audio if isinstance(work, QueuedAudio) else None
+        utterance = work.utterance if isinstance(work, QueuedAudio) else None
         if audio is not None:
             try:
                 check_speech_input(audio, self._settings.config.audio)
             except KimiAudioError as exc:
-                events.error("invalid_audio", str(exc))
+                events.error("invalid_audio", str(exc), event_id=event_id)
                 return False
-        await self._responder.settle()
+        # The item follows the response in progress: what was heard of it, if the utterance
+        # interrupted it (barge-in), or all of it, played out.
+        await self._responder.settle(interrupt=utterance is not None and utterance.interrupts)
+        refused = await self._misplaced(work)
+        if refused is not None:
+            events.error(*refused, event_id=event_id)
+            return False
         role = work.role if isinstance(work, QueuedText) else "user"
         try:
             if await conversation.ensure():
@@ -68,11 +78,12 @@ class UserItems:
                 log.warning("session %s: the user turn could not be stored: %s", events.session_id, exc)
             else:
                 log.exception("session %s: storing the user turn failed", events.session_id)
-            events.error("storage_failed", f"the turn could not be stored, so it was not answered ({exc})")
+            text = f"the turn could not be stored, so it was not answered ({exc})"
+            events.error("storage_failed", text, event_id=event_id)
             return False
         conversation_id = conversation.stored_id
         previous = conversation.next_item(work.item_id)
-        if audio is not None:
+        if audio is not None and utterance is not None:
             seconds = audio.size / SPEECH_INPUT_RATE
             events.send(server_events.committed(conversation_id, index, seconds, work.item_id, previous))
         item = server_events.message_item(work.item_id, role, work.text, audio is not None, index)
@@ -81,3 +92,23 @@ class UserItems:
         if audio is not None:  # its input_audio part follows an input_text part, if any
             self._transcription.start(work.item_id, 1 if work.text else 0, index, audio)
         return True
+
+    async def _misplaced(self, work: QueuedItem) -> tuple[str, str, str] | None:
+        """Why an item cannot go where the client put it -> (code, message, param); None: it
+        can. Stored turns only ever grow at the end: an item follows the conversation's last
+        one (previous_item_id absent, or naming it), or is its first ("root")."""
+        conversation = self._conversation
+        where = "conversation.item.create"
+        if conversation.has_item(work.item_id):
+            return "invalid_value", f"{where}: the conversation has an item {work.item_id!r} already", "item.id"
+        previous = work.origin.previous_item_id
+        last = conversation.last_item_id
+        if previous is None or previous == last:
+            return None
+        if previous == "root" and (conversation.id is None or await conversation.last_turn() is None):
+            return None
+        if previous != "root" and not conversation.has_item(previous):
+            return "item_not_found", f"{where}: previous_item_id {previous!r}: no such item", "previous_item_id"
+        end = f"after {last!r}" if last is not None else "after its stored turns"
+        message = f"{where}: previous_item_id {previous!r}: items are added at the end of the conversation ({end})"
+        return "unsupported", message, "previous_item_id"

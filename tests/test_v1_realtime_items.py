@@ -1,0 +1,201 @@
+"""Items and the response in progress, with the official `openai` client against a real `serve`
+on the demo checkpoint (GA shape, every event checked against the SDK's models):
+
+- an item created while a response plays waits for it instead of cancelling it;
+- speech heard while a response plays with interrupt_response false is the next turn, answered
+  after it;
+- errors about a client event name its event_id, however late they come (a queued
+  response.create, a commit of silence, an item placed where items cannot go);
+- items go at the end of the conversation: previous_item_id naming anything else is refused,
+  as is an id already taken;
+- conversation.item.truncate is checked against the item's audio, and names only items of the
+  conversation the session is in;
+- an audio item is no commit of the input buffer, and a switch of turn detection empties it;
+- a conversation longer than the context loses its oldest turns (truncation "auto").
+The order of events proves each absence: the session takes items and responses from one queue."""
+
+import base64
+
+import numpy as np
+import pytest
+
+from kimiaudio.audio import pcm16
+from kimiaudio.audio.io import resample
+
+from helpers.audio import silence
+from helpers.realtime_events import Events, conversation, say
+from helpers.realtime_sessions import connect, session_update
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
+pytestmark = pytest.mark.slow
+
+
+def user_text(text: str, item_id: str | None = None) -> dict:
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    return item | ({"id": item_id} if item_id else {})
+
+
+def added(events: Events, item_id: str):
+    """The conversation.item.added of item_id, or None."""
+    return next((e for e in events.of_type("conversation.item.added") if e.item.id == item_id), None)
+
+
+def position(events: Events, event) -> int:
+    return next(i for i, e in enumerate(events.items) if e is event)
+
+
+async def open_session(conn, **fields) -> Events:
+    events = Events(conn, "ga")
+    await events.wait_for("session.created")
+    await conn.session.update(session=session_update("ga", **fields))
+    await events.wait_for("session.updated")
+    return events
+
+
+async def test_an_item_created_while_a_response_plays_waits_for_it(v1_server, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None)
+        await conn.conversation.item.create(item=user_text("Tell me a story."))
+        await conn.response.create()
+        await events.wait_for("response.output_audio.delta")  # it plays until its audio has been heard
+        await conn.conversation.item.create(item=user_text("And then?", "item_and_then"))
+        first = await events.wait_for("response.done")
+        assert first.response.status == "completed", first.response.status_details
+        later = await events.until(lambda: added(events, "item_and_then"))
+        assert position(events, later) > position(events, first)
+        assert later.previous_item_id == first.response.output[0].id
+        await conn.response.create()  # it answers the new item
+        second = await events.wait_for("response.done", count=2)
+        assert second.response.status == "completed", second.response.status_details
+        assert not events.of_type("error"), [e.error for e in events.of_type("error")]
+
+
+async def test_speech_without_interrupt_response_is_the_next_turn(v1_server, speech, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        detection = {"type": "server_vad", "interrupt_response": False}
+        events = await open_session(conn, turn_detection=detection)
+        await say(conn, np.concatenate([speech[0], silence(1.0)]))
+        await events.wait_for("response.output_audio.delta")
+        await say(conn, np.concatenate([speech[1], silence(1.0)]))  # over the answer
+        first = await events.wait_for("response.done")
+        assert first.response.status == "completed", first.response.status_details
+        committed = await events.wait_for("input_audio_buffer.committed", count=2)
+        assert committed.previous_item_id == first.response.output[0].id
+        second = await events.wait_for("response.done", count=2)
+        assert second.response.status == "completed", second.response.status_details
+        assert len(events.of_type("input_audio_buffer.speech_started")) == 2
+
+
+async def test_errors_name_their_event_and_items_go_at_the_end(v1_server, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None, text_only=True)
+
+        async def refused(count: int, code: str, event_id: str, param: str | None = None):
+            error = (await events.wait_for("error", count=count)).error
+            assert (error.code, error.event_id) == (code, event_id), error
+            assert param is None or error.param == param, error
+
+        await conn.send({"type": "input_audio_buffer.clear", "event_id": 123})
+        error = (await events.wait_for("error")).error
+        assert error.code == "invalid_value" and error.param == "event_id", error
+
+        create = {"type": "conversation.item.create", "item": user_text("Hi.", "item_a")}
+        await conn.send(create | {"previous_item_id": "item_nope", "event_id": "ev_unknown"})
+        await refused(2, "item_not_found", "ev_unknown", "previous_item_id")
+        await conn.send(create | {"event_id": "ev_a"})
+        first = await events.until(lambda: added(events, "item_a"))
+        await conn.send(create | {"event_id": "ev_again"})
+        await refused(3, "invalid_value", "ev_again", "item.id")
+        first_of_all = {"item": user_text("First?", "item_b"), "previous_item_id": "root", "event_id": "ev_r"}
+        await conn.send(create | first_of_all)
+        await refused(4, "unsupported", "ev_r", "previous_item_id")
+        await conn.send(create | {"item": user_text("Hello.", "item_c"), "previous_item_id": "item_a"})
+        third = await events.until(lambda: added(events, "item_c"))
+        assert third.previous_item_id == "item_a" and first.previous_item_id is None
+        assert added(events, "item_b") is None and len(events.of_type("conversation.item.added")) == 2
+
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 8}, "event_id": "ev_1"})
+        await conn.send({"type": "response.create", "event_id": "ev_2"})  # while the first runs
+        await refused(5, "conversation_already_has_active_response", "ev_2")
+        done = await events.wait_for("response.done")
+        assert done.response.status in ("completed", "incomplete"), done.response.status_details
+
+        answer = done.response.output[0].id  # a text answer: no audio to truncate into
+        truncate = {"type": "conversation.item.truncate", "item_id": answer, "audio_end_ms": 0}
+        await conn.send(truncate | {"content_index": 0, "audio_end_ms": 1})
+        await refused(6, "invalid_value", None, "audio_end_ms")
+        await conn.send(truncate | {"content_index": 1})
+        await refused(7, "invalid_value", None, "conversation.item.truncate.content_index")
+
+        quiet = pcm16.to_bytes(resample(silence(0.5), 16000, 24000))
+        await conn.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(quiet).decode()})
+        await conn.send({"type": "input_audio_buffer.commit", "event_id": "ev_quiet"})
+        await refused(8, "invalid_audio", "ev_quiet")
+
+
+async def test_truncate_names_items_of_the_conversation_in_use(v1_server, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None)
+        await conn.conversation.item.create(item=user_text("Say something."))
+        await conn.response.create()
+        done = await events.wait_for("response.done")
+        assert done.response.status == "completed", done.response.status_details
+        first_id = done.response.conversation_id
+        answer = done.response.output[0].id
+        before = (await conversation(v1_server, first_id))["turns"]
+
+        await conn.send({"type": "conversation.select", "conversation_id": None})
+        await events.wait_for("session.updated", count=2)
+        await conn.conversation.item.create(item=user_text("A new conversation.", "item_new"))
+        await events.until(lambda: added(events, "item_new"))
+        await conn.send({"type": "conversation.item.truncate", "item_id": answer, "audio_end_ms": 0})
+        error = (await events.wait_for("error")).error
+        assert error.code == "item_not_found" and error.param == "item_id", error
+        assert not events.of_type("conversation.item.truncated")
+        assert (await conversation(v1_server, first_id))["turns"] == before
+
+
+async def test_an_audio_item_is_no_commit_and_a_mode_switch_empties_the_buffer(v1_server, speech, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None, text_only=True)
+        audio = base64.b64encode(pcm16.to_bytes(resample(speech[0], 16000, 24000))).decode()
+        item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+        await conn.conversation.item.create(item=item | {"id": "item_spoken"})
+        await events.until(lambda: added(events, "item_spoken"))
+
+        await say(conn, speech[1])  # kept for a commit that never comes
+        await conn.session.update(session=session_update("ga", turn_detection={"type": "server_vad"}))
+        updated = await events.wait_for("session.updated", count=2)
+        cleared = events.of_type("input_audio_buffer.cleared")
+        assert len(cleared) == 1 and position(events, cleared[0]) < position(events, updated)
+        await conn.session.update(session=session_update("ga", turn_detection=None))
+        await events.wait_for("session.updated", count=3)
+        await say(conn, speech[0])
+        await conn.input_audio_buffer.commit()
+        await events.wait_for("input_audio_buffer.committed")
+        committed = next(e for e in events.raw if e["type"] == "input_audio_buffer.committed")
+        assert committed["duration_s"] == pytest.approx(speech[0].size / 16000, abs=0.05)
+        assert committed["previous_item_id"] == "item_spoken"
+        assert len(events.of_type("input_audio_buffer.committed")) == 1
+
+
+async def test_a_conversation_longer_than_the_context_loses_its_oldest_turns(v1_server, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None, text_only=True, instructions="Be brief.")
+        long_text = "hello world " * 5000  # past engine.max_model_len alone
+        await conn.conversation.item.create(item=user_text(long_text, "item_long"))
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "OK."}]}
+        )
+        await conn.conversation.item.create(item=user_text("And now?"))
+        await conn.response.create(response={"max_output_tokens": 8})
+        done = await events.wait_for("response.done")
+        assert done.response.status in ("completed", "incomplete"), done.response.status_details
+        assert done.response.usage.input_tokens < 1000  # the long turn left out, the rest kept
+
+        await conn.conversation.item.create(item=user_text(long_text))  # the turn itself too long
+        await conn.response.create(response={"max_output_tokens": 8})
+        failed = await events.wait_for("response.done", count=2)
+        assert failed.response.status == "failed"
+        assert failed.response.status_details.error.code == "context_length_exceeded"
