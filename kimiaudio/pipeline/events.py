@@ -1,5 +1,5 @@
-"""Events a turn produces, in order: UserEncoded (a spoken turn's only), then TextDelta /
-AudioChunk as they are generated, then exactly one TurnDone. They cross from the GPU worker
+"""Events a turn produces, in order: UserEncoded (a spoken turn's only, once its prompt is in the
+engine), then TextDelta / AudioChunk as they are generated, then exactly one TurnDone. They cross from the GPU worker
 thread to the asyncio loop, so they are plain immutable values."""
 
 from __future__ import annotations

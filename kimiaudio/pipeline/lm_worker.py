@@ -42,6 +42,7 @@ from kimiaudio.pipeline.output_routing import route_outputs
 from kimiaudio.pipeline.speech_encoding import SpeechEncoding
 from kimiaudio.pipeline.step_record import StepRecorder
 from kimiaudio.pipeline.turn_handle import TurnHandle, client_fault, deliver_done, failure_message
+from kimiaudio.pipeline.turn_prompt import turn_prompt
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.pipeline.worker import URGENT, Worker
 from kimiaudio.pipeline.worker_messages import CancelTurn, DropTurn, SubmitTurn
@@ -205,18 +206,24 @@ class LmWorker(Worker):
         handle, request = turn.handle, turn.request
         speaks = check_output_type(request.output_type) == BOTH and self.detok is not None
         output_type = BOTH if speaks else TEXT
-        prompt = build_prompt(turn.messages(), output_type, self.stack.tokenizer, self.stack.specials)
+        tokenizer, specials = self.stack.tokenizer, self.stack.specials
+        prompt, params, left_out = turn_prompt(
+            turn.messages(),
+            lambda messages: build_prompt(messages, output_type, tokenizer, specials),
+            output_type,
+            request.sampling or SamplingParams.from_config(self.config.sampling),
+            self.config.engine.max_model_len,
+            request.truncate_after,
+        )
+        if left_out:
+            log.info("turn %s: the %d oldest history messages left out (truncation)", handle.turn_id, left_out)
         spoken = request.user_audio  # None: a written turn, no audio of its own to report
         encoded = None
         if spoken is not None:
             encoded = UserEncoded(list(turn.encoded[audio_key(spoken)][0]), len(spoken) / SPEECH_INPUT_RATE)
-        params = request.sampling or SamplingParams.from_config(self.config.sampling)
-        specials = self.stack.specials
         turn.start(specials.token_offset, specials.text_eos, speaks)
         turn.timings["queued_s"] = turn.queued_s
         turn.mark("encoded_s")
-        if encoded is not None:
-            handle.deliver(encoded)
         turn.seq_id = self.engine.add_request(
             EngineRequest(
                 handle.turn_id,
@@ -227,6 +234,8 @@ class LmWorker(Worker):
                 request.priority,
             )
         )
+        if encoded is not None:  # after the engine took the prompt: the turn's first event says it did
+            handle.deliver(encoded)
         self._turns[handle.turn_id] = turn
         if speaks:
             self.detok.open(handle, params.seed, request.voice)

@@ -22,6 +22,7 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import official_codes, official_text_ids
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
+from kimiaudio.pipeline.turn_prompt import answer_params
 from kimiaudio.text.prompt import ASR_INSTRUCTION, Message, build_prompt
 
 
@@ -71,6 +72,8 @@ def answer(
     """Generate the assistant's answer to `messages` (and speak it when output_type is both
     and `speak`; speak=False leaves the codes undecoded, e.g. to time the LM alone)."""
     prompt = build_prompt(messages, output_type, stack.tokenizer, stack.specials)
+    # A conversation's answer gets the room of its own exchange, as the server's does.
+    params = answer_params(prompt, messages, output_type, params)
     start = time.perf_counter()
     result = generate_reference(
         stack.lm,

@@ -44,6 +44,10 @@ class TurnRequest:
     # (the user's words transcribed: pipeline/transcription.py)
     priority: int = ANSWER_PRIORITY
     user_text: str | None = None  # a written turn (user_audio None)
+    # Truncation "auto" (turn_prompt.py): None keeps the whole history (what does not fit is
+    # refused); N: the history after its first N turns (each one a message: not empty) may be
+    # left out, oldest first, to fit.
+    truncate_after: int | None = None
 
     def __post_init__(self) -> None:
         if (self.user_audio is None) == (self.user_text is None):

@@ -74,6 +74,7 @@ class Prompt:
     text_ids: list[int]
     continuous_mask: list[int]  # 1 where a whisper feature row is added (audio code positions)
     features: list[torch.Tensor] = field(default_factory=list)  # one [N_k, adaptor_dim] per audio message
+    message_starts: list[int] = field(default_factory=list)  # the position each message begins at
 
     def __len__(self) -> int:
         return len(self.audio_ids)
@@ -111,7 +112,9 @@ def build_prompt(messages: Sequence[Message], output_type: str, tokenizer, speci
 
     builder = _Streams(specials.text_blank)
     features: list[torch.Tensor] = []
+    starts: list[int] = []
     for index, message in enumerate(messages):
+        starts.append(len(builder.audio_ids))
         starts_run = index == 0 or messages[index - 1].role != message.role
         ends_run = index == len(messages) - 1 or messages[index + 1].role != message.role
         if starts_run:
@@ -127,7 +130,7 @@ def build_prompt(messages: Sequence[Message], output_type: str, tokenizer, speci
         if ends_run:
             builder.audio(specials.msg_end)
     builder.audio(specials.assistant_msg_start)  # generation prefix, no msg_end
-    prompt = Prompt(builder.audio_ids, builder.text_ids, builder.mask, features)
+    prompt = Prompt(builder.audio_ids, builder.text_ids, builder.mask, features, starts)
     prompt.validate()
     return prompt
 

@@ -4,7 +4,9 @@ conversation, with the session's settings and those of the response.create that 
 The newest stored turn must be the user's, spoken or written (a text item: answered as the
 official prompt answers a user text message); the conversation before it is the history, led
 by the instructions as a user text message; the output type, voice and sampling are the session's
-unless the response.create names its own. What cannot be answered is a ProtocolError naming
+unless the response.create names its own. A conversation that outgrows the model's context
+loses its oldest turns from the prompt, never the instructions (truncation "auto",
+pipeline/turn_prompt.py). What cannot be answered is a ProtocolError naming
 why: the Responder ends that response failed (responder.py).
 """
 
@@ -57,5 +59,6 @@ async def answer_request(
         sampling=sampling,
         output_type=output_type,
         voice=voice,
+        truncate_after=1 if instructions else 0,  # the session's truncation "auto", its instructions kept
     )
     return index, user_turn, turn

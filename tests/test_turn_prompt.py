@@ -1,0 +1,61 @@
+"""A conversation turn's prompt (pipeline/turn_prompt.py): the answer's room counted from the
+last answer, and truncation "auto" leaving out the fewest oldest history messages, never the
+pinned ones nor the turn. A stand-in prompt builder gives each message as many positions as its
+text has characters (plus one for the generation prefix), so every length is known here."""
+
+from kimiaudio.engine.sampling_params import SamplingParams
+from kimiaudio.engine.stop_rules import BOTH_MAX_POSITIONS, TEXT_MAX_POSITIONS
+from kimiaudio.pipeline.turn_prompt import answer_params, turn_prompt
+from kimiaudio.text.prompt import Message, Prompt
+
+
+def build(messages) -> Prompt:
+    starts, ids = [], []
+    for message in messages:
+        starts.append(len(ids))
+        ids += [1] * len(message.text)
+    ids.append(2)  # the generation prefix
+    return Prompt(ids, ids, [0] * len(ids), [], starts)
+
+
+def user(n: int) -> Message:
+    return Message("user", "text", text="u" * n)
+
+
+def assistant(n: int) -> Message:
+    return Message("assistant", "text", text="a" * n)
+
+
+def test_the_room_is_the_official_limit_of_the_exchange_since_the_last_answer():
+    params = SamplingParams()
+    first = [user(40), user(100)]  # no answer yet: one exchange, the official limit as it is
+    assert answer_params(build(first), first, "both", params) is params
+    talk = [user(900), assistant(700), user(100)]  # 1,701 positions: nothing left of 1,500 in all
+    room = answer_params(build(talk), talk, "both", params).max_new_tokens
+    assert room == BOTH_MAX_POSITIONS - 101
+    assert answer_params(build(talk), talk, "text", params).max_new_tokens == TEXT_MAX_POSITIONS - 101
+    own = SamplingParams(max_new_tokens=7)
+    assert answer_params(build(talk), talk, "both", own) is own
+
+
+def test_truncation_leaves_out_the_fewest_oldest_messages_that_make_it_fit():
+    messages = [user(10), user(5000), assistant(300), user(200), assistant(100), user(50)]
+    params = SamplingParams(max_new_tokens=100)
+    kept = turn_prompt(messages, build, "both", params, 4096)
+    assert len(kept.prompt) == 5661 and kept.num_left_out == 0  # None: the whole history, too long or not
+    cut = turn_prompt(messages, build, "both", params, 4096, truncate_after=1)
+    assert cut.num_left_out == 1 and len(cut.prompt) == 10 + 300 + 200 + 100 + 50 + 1
+    assert cut.params.max_new_tokens == 100
+    tight = turn_prompt(messages, build, "both", params, 400, truncate_after=1)  # 10 + 200 + 100 + 50 + 1 + 99 > 400
+    assert tight.num_left_out == 3 and len(tight.prompt) == 10 + 100 + 50 + 1
+    none_fit = turn_prompt(messages, build, "both", params, 100, truncate_after=1)
+    assert none_fit.num_left_out == 4 and len(none_fit.prompt) == 10 + 50 + 1  # the least there is
+
+
+def test_the_room_kept_is_at_most_half_the_context():
+    fits = [user(2000), assistant(10), user(29)]  # 2,040 positions + 2,047: the room is 7,489, but
+    cut = turn_prompt(fits, build, "text", SamplingParams(), 4096, truncate_after=0)
+    assert cut.num_left_out == 0 and cut.params.max_new_tokens == TEXT_MAX_POSITIONS - 30
+    longer = [user(2000), assistant(10), user(40)]  # 2,051 + 2,047 > 4,096
+    cut = turn_prompt(longer, build, "text", SamplingParams(), 4096, truncate_after=0)
+    assert cut.num_left_out == 1 and len(cut.prompt) == 10 + 40 + 1
