@@ -22,6 +22,10 @@ class AudioInputError(KimiAudioError):
     """An input audio file or buffer cannot be used (unreadable, empty, silent, too long)."""
 
 
+class AudioTooLongError(AudioInputError):
+    """An audio file longer than the limit its decoding was given."""
+
+
 class StoreUnavailableError(KimiAudioError):
     """The conversation database does not answer (lost connection, server down): the server
     answers 503 until it is back."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import soundfile
 
 from kimiaudio.audio.io import (
+    DurationLimit,
     StreamResampler,
     check_speech_input,
     decode_audio_bytes,
@@ -16,7 +19,7 @@ from kimiaudio.audio.io import (
     write_wav,
 )
 from kimiaudio.config import AudioConfig
-from kimiaudio.errors import AudioInputError
+from kimiaudio.errors import AudioInputError, AudioTooLongError
 
 
 def sine(freq: float, sr: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:
@@ -128,6 +131,7 @@ def test_check_speech_input_accepts_speech_like_audio():
         (sine(200, 16000, 1.0, 1e-4), AudioConfig(silence_peak=1e-3), "audio.silence_peak"),
         (sine(200, 16000, 2.5), AudioConfig(max_input_seconds=2.0), "audio.max_input_seconds"),
         (np.array([0.5, np.nan], np.float32), AudioConfig(), "NaN"),
+        (sine(200, 16000, 1.0, 1e30), AudioConfig(), r"reaches 1e\+30: float samples must lie in \[-1, 1\]"),
     ],
 )
 def test_check_speech_input_refuses(pcm, cfg, words):
@@ -139,6 +143,17 @@ def test_too_long_message_names_the_limit():
     with pytest.raises(AudioInputError) as info:
         check_speech_input(sine(200, 16000, 2.5), AudioConfig(max_input_seconds=2.0))
     assert "2.5 s" in str(info.value) and "limit is 2 s" in str(info.value)
+
+
+def test_decoding_stops_past_the_limit():
+    """Ten minutes of one level compress to a few kilobytes of FLAC: decoding stops once it is
+    past the limit, the rest never decoded (hours would take gigabytes)."""
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.full(8000 * 600, 0.25, np.float32), 8000, subtype="PCM_16", format="FLAC")
+    data = buffer.getvalue()
+    assert len(data) < 200_000
+    with pytest.raises(AudioTooLongError, match=r"longer than 5 s, the limit \(audio.max_input_seconds\)"):
+        decode_audio_bytes(data, name="upload", limit=DurationLimit(5.0, "audio.max_input_seconds"))
 
 
 def test_garbage_bytes_and_files(tmp_path):

@@ -159,7 +159,7 @@ async def test_origin_check_for_state_changing_requests(monkeypatch, demo_server
 async def test_an_allowed_origins_page_calls_cross_origin(monkeypatch, demo_server):
     """An app's page on an allowed origin calls the server as OpenAI's browser examples call
     OpenAI (middleware/cors.py): its preflight is answered without a key, every answer (errors
-    too) lets it read the body, Location and Retry-After; no other origin gets that."""
+    and streams too) lets it read the body, Location and Retry-After; no other origin gets that."""
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     async with demo_server(api_key=KEY, allowed_origins=["https://app.example"]) as (client, _):
         preflight = {
@@ -196,6 +196,18 @@ async def test_an_allowed_origins_page_calls_cross_origin(monkeypatch, demo_serv
         assert "Location" in bad_offer.headers["Access-Control-Expose-Headers"]
         unkeyed = await client.post("/v1/realtime/calls", headers={"Origin": "https://app.example"})
         assert unkeyed.status == 401 and unkeyed.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        streamed = await client.post(  # prepared by its handler, before any middleware sees it
+            "/v1/chat/completions",
+            json={
+                "model": "kimi-audio-7b-instruct",
+                "stream": True,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "Hi"}],
+            },
+            headers={"Origin": "https://app.example", "Authorization": f"Bearer {KEY}"},
+        )
+        assert streamed.status == 200 and streamed.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert (await streamed.read()).rstrip().endswith(b"data: [DONE]")
         own = await client.get("/api/auth", headers={"Origin": f"http://127.0.0.1:{client.server.port}"})
         assert own.status == 200 and "Access-Control-Allow-Origin" not in own.headers  # same origin: no need
 

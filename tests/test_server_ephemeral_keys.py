@@ -78,6 +78,30 @@ async def test_the_official_client_mints_a_key(server):
     assert secret.session.instructions == "Speak like a pirate."
 
 
+async def test_the_beta_api_mints_a_key_with_its_session(server):
+    """The beta API's POST /v1/realtime/sessions (client.beta.realtime.sessions.create): the
+    session in the beta shape with its client_secret, a one-minute key that opens a session
+    with what it bound."""
+    openai = pytest.importorskip("openai")
+    api = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key=KEY, max_retries=0)
+    now = server.app[SERVER_CONTEXT].store.clock()
+    try:
+        session = await api.beta.realtime.sessions.create(
+            model="gpt-4o-realtime-preview", instructions="Speak like a pirate.", modalities=["text"]
+        )
+        with pytest.raises(openai.BadRequestError) as info:
+            await api.beta.realtime.sessions.create(voice="nobody-stored")
+    finally:
+        await api.close()
+    assert info.value.body["code"] == "invalid_value"
+    assert session.instructions == "Speak like a pirate." and session.modalities == ["text"]
+    key = session.client_secret.value
+    assert key.startswith("ek_") and now + 59 <= session.client_secret.expires_at <= now + 62
+    status, opened = await ws_session(server, key)
+    assert status == 101 and opened["instructions"] == "Speak like a pirate."
+    assert opened["output_modalities"] == ["text"]
+
+
 @pytest.mark.parametrize(
     "session",
     [BOUND, {"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}],

@@ -10,6 +10,7 @@ import io
 import av
 import numpy as np
 import pytest
+import soundfile
 
 from kimiaudio.audio.io import load_audio, wav_bytes
 
@@ -41,6 +42,13 @@ def flac(pcm: np.ndarray, sr: int) -> bytes:
         frame.sample_rate = sr
         for packet in [*stream.encode(frame), *stream.encode(None)]:
             out.mux(packet)
+    return buffer.getvalue()
+
+
+def float_wav(pcm: np.ndarray, sr: int) -> bytes:
+    """A float WAV file: its samples as they are, however far past full scale."""
+    buffer = io.BytesIO()
+    soundfile.write(buffer, pcm.astype(np.float32), sr, subtype="FLOAT", format="WAV")
     return buffer.getvalue()
 
 
@@ -126,9 +134,11 @@ async def test_voice_survives_a_restart(espeak_voice, demo_server):
         ("too_long", 400, "too_long"),
         ("silent", 400, "silent"),
         ("undecodable", 400, "undecodable"),
+        ("out_of_range", 400, "undecodable"),
         ("no_file", 400, "missing_required_parameter"),
         ("no_name", 400, "missing_required_parameter"),
         ("bad_name", 400, "invalid_name"),
+        ("model_voice_name", 400, "invalid_name"),
         ("json", 415, "unsupported_media_type"),
     ],
 )
@@ -141,9 +151,11 @@ async def test_bad_uploads(served, case, status, code):
         "too_long": form("long", wav_bytes(np.tile(tone, 9), sr)),
         "silent": form("quiet", wav_bytes(np.zeros(sr * 4, np.float32), sr)),
         "undecodable": form("junk", b"this is not audio at all" * 100),
+        "out_of_range": form("loud", float_wav(tone * 1e30, sr)),
         "no_file": form("nofile", None),
         "no_name": form(None, wav_bytes(tone, sr)),
         "bad_name": form("../etc", wav_bytes(tone, sr)),
+        "model_voice_name": form("Kimi", wav_bytes(tone, sr)),
     }
     if case == "json":
         resp = await http.post("/api/voices", json={"name": "x"})

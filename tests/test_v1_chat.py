@@ -176,6 +176,14 @@ async def test_prompt_past_max_model_len_is_the_clients_error(v1_server, questio
         "invalid_request_error",
     )
     assert "engine.max_model_len" in body["message"], body
+    with pytest.raises(openai.BadRequestError) as info:  # streamed: refused before the stream opens
+        await openai_client.chat.completions.create(
+            model=MODEL,
+            max_tokens=2,
+            stream=True,
+            messages=[{"role": "system", "content": "hello world " * 5000}, user_audio(question)],
+        )
+    assert (info.value.status_code, info.value.body["code"]) == (400, "context_length_exceeded")
 
 
 async def test_client_disconnect_mid_answer_frees_its_kv_at_once(v1_server, question):

@@ -3,10 +3,12 @@ error ({"error": {"message", "type", "param", "code"}}) with a 4xx status, never
 traceback. Raw HTTP (aiohttp), so that malformed bodies can be sent at all."""
 
 import base64
+import io
 
 import aiohttp
 import numpy as np
 import pytest
+import soundfile
 
 from kimiaudio.audio.io import wav_bytes
 
@@ -35,6 +37,9 @@ def cases(wav: str):
     silent = base64.b64encode(wav_bytes(np.zeros(16000, np.float32), 16000)).decode()
     noise = np.random.default_rng(0).uniform(-0.1, 0.1, 121 * 8000).astype(np.float32)
     too_long = base64.b64encode(wav_bytes(noise, 8000)).decode()
+    loud = io.BytesIO()  # float samples far past full scale: no feature can be computed from them
+    soundfile.write(loud, np.tile(np.float32([1e30, -1e30]), 8000), 16000, subtype="FLOAT", format="WAV")
+    loud = base64.b64encode(loud.getvalue()).decode()
     ok = {"data": wav, "format": "wav"}
     yield "chat/completions", b"{not json", 400, "invalid_json", None
     yield "chat/completions", b'{"a": ' * 100 + b"1" + b"}" * 100, 400, "invalid_json", None
@@ -63,6 +68,13 @@ def cases(wav: str):
     yield (
         "chat/completions",
         chat({"data": too_long, "format": "wav"}),
+        400,
+        "invalid_audio",
+        "messages[0].content[0].input_audio.data",
+    )
+    yield (
+        "chat/completions",
+        chat({"data": loud, "format": "wav"}),
         400,
         "invalid_audio",
         "messages[0].content[0].input_audio.data",
@@ -148,3 +160,16 @@ async def test_bad_input_gets_openai_shaped_4xx_errors(v1_server, wav):
                 assert (error["code"], error["param"]) == (code, param), (path, error)
                 assert error["type"] == "invalid_request_error" and error["message"], error
                 assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("path", ["chat/completions", "audio/transcriptions", "realtime/client_secrets"])
+async def test_a_body_not_in_its_content_encoding_is_a_400(v1_server, path, encoding):
+    kind = "multipart/form-data; boundary=b" if path == "audio/transcriptions" else "application/json"
+    headers = {"Content-Type": kind, "Content-Encoding": encoding}
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        async with http.post(f"{v1_server}/v1/{path}", data=b"not compressed", headers=headers) as resp:
+            text = await resp.text()
+            assert resp.status == 400, text[:300]
+            error = (await resp.json())["error"]
+            assert error["code"] == "invalid_body" and encoding in error["message"], error

@@ -55,6 +55,12 @@ async def test_models_lists_the_served_model_and_its_aliases(v1_server, openai_c
         "gpt-4o-realtime-preview",
         "gpt-4o-mini-realtime-preview",
     } <= set(ids)
+    for name in (MODEL, "whisper-1"):  # each one listed is there to retrieve
+        model = await openai_client.models.retrieve(name)
+        assert (model.id, model.object) == (name, "model")
+    with pytest.raises(openai.NotFoundError) as info:
+        await openai_client.models.retrieve("gpt-4-turbo")
+    assert info.value.body["code"] == "model_not_found"
 
 
 async def test_every_response_format(v1_server, speech_files, openai_client):
@@ -132,6 +138,11 @@ async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_cli
             model=MODEL, file=("a.wav", speech_files["wav"]), prompt="hello world " * 5000
         )
     assert (info.value.body["code"], info.value.body["param"]) == ("context_length_exceeded", "prompt")
+    with pytest.raises(openai.BadRequestError) as info:  # streamed: refused before the stream opens
+        await client.audio.transcriptions.create(
+            model=MODEL, file=("a.wav", speech_files["wav"]), prompt="hello world " * 5000, stream=True
+        )
+    assert (info.value.status_code, info.value.body["code"]) == (400, "context_length_exceeded")
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")

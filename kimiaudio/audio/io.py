@@ -14,11 +14,16 @@ from __future__ import annotations
 import io
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import AudioInputError
+from kimiaudio.errors import AudioInputError, AudioTooLongError
+
+# The largest sample magnitude taken: float files may overshoot full scale a little; far past
+# it the input is broken, not loud.
+MAX_SAMPLE_PEAK = 64.0
 
 
 class StreamResampler:
@@ -73,11 +78,22 @@ def load_audio(path: str | Path, sr: int = SPEECH_INPUT_RATE) -> np.ndarray:
     return _decode(str(path), str(path), sr)
 
 
-def decode_audio_bytes(data: bytes, sr: int = SPEECH_INPUT_RATE, name: str = "audio data") -> np.ndarray:
-    """Decode an encoded audio file held in memory (e.g. an upload) to float32 mono at `sr` Hz."""
+class DurationLimit(NamedTuple):
+    """The longest audio a decode takes, and the config key that sets it (named in the error)."""
+
+    seconds: float
+    key: str
+
+
+def decode_audio_bytes(
+    data: bytes, sr: int = SPEECH_INPUT_RATE, name: str = "audio data", limit: DurationLimit | None = None
+) -> np.ndarray:
+    """Decode an encoded audio file held in memory (e.g. an upload) to float32 mono at `sr` Hz;
+    with a `limit`, decoding stops as soon as the audio is longer (a few compressed kilobytes
+    can hold hours of audio, gigabytes once decoded)."""
     if not data:
         raise AudioInputError(f"{name}: empty (0 bytes)")
-    return _decode(io.BytesIO(data), name, sr)
+    return _decode(io.BytesIO(data), name, sr, limit)
 
 
 def write_wav(path: str | Path, pcm: np.ndarray, sr: int) -> None:
@@ -96,27 +112,39 @@ def wav_bytes(pcm: np.ndarray, sr: int) -> bytes:
     return buffer.getvalue()
 
 
+def peak_level(pcm: np.ndarray) -> float:
+    """The largest magnitude of a non-empty clip; AudioInputError for samples no feature can be
+    computed from: NaN, infinite, or far outside [-1, 1] (a float file's samples of 1e17 or
+    more overflow the log-mel's power spectrum)."""
+    if not np.all(np.isfinite(pcm)):
+        raise AudioInputError("audio input contains NaN or infinite samples")
+    peak = float(np.max(np.abs(pcm)))
+    if peak > MAX_SAMPLE_PEAK:
+        raise AudioInputError(
+            f"audio input reaches {peak:.3g}: float samples must lie in [-1, 1] (up to {MAX_SAMPLE_PEAK:g} is taken)"
+        )
+    return peak
+
+
 def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE) -> None:
-    """Refuse input the models cannot use: empty, non-finite, silent or too long."""
+    """Refuse input the models cannot use: empty, non-finite, out of range, silent or too long."""
     pcm = np.asarray(pcm)
     if pcm.size == 0:
         raise AudioInputError("audio input is empty (0 samples)")
-    if not np.all(np.isfinite(pcm)):
-        raise AudioInputError("audio input contains NaN or infinite samples")
+    peak = peak_level(pcm)
     seconds = pcm.size / sr
     if seconds > audio_cfg.max_input_seconds:
         raise AudioInputError(
             f"audio input is {seconds:.1f} s long; the limit is {audio_cfg.max_input_seconds:g} s "
             f"(config key audio.max_input_seconds)"
         )
-    peak = float(np.max(np.abs(pcm)))
     if peak < audio_cfg.silence_peak:
         raise AudioInputError(
             f"audio input is silent (peak {peak:.2g} is below audio.silence_peak = {audio_cfg.silence_peak:g})"
         )
 
 
-def _decode(source, name: str, sr: int) -> np.ndarray:
+def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> np.ndarray:
     import av
 
     try:
@@ -127,14 +155,17 @@ def _decode(source, name: str, sr: int) -> np.ndarray:
             # Format conversion only (same rate and layout): any sample format -> planar float.
             to_float = av.AudioResampler(format="fltp")
             chunks: list[np.ndarray] = []
-            rate = None
+            rate, num_samples = None, 0
             for frame in container.decode(stream):
                 if rate is not None and frame.sample_rate != rate:
                     raise AudioInputError(f"{name}: the sample rate changes inside the stream")
                 rate = frame.sample_rate
                 chunks += [f.to_ndarray().mean(axis=0) for f in to_float.resample(frame)]  # [channels, n] -> [n]
+                num_samples += frame.samples
+                if limit is not None and num_samples > limit.seconds * rate:
+                    raise AudioTooLongError(f"{name}: longer than {limit.seconds:g} s, the limit ({limit.key})")
             chunks += [f.to_ndarray().mean(axis=0) for f in to_float.resample(None)]
-    except AudioInputError:
+    except AudioInputError:  # (AudioTooLongError too)
         raise
     except (av.FFmpegError, OSError, ValueError, EOFError, RuntimeError) as exc:
         raise AudioInputError(f"{name}: not a readable audio file ({type(exc).__name__}: {exc})") from None

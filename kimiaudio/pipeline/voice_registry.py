@@ -76,8 +76,12 @@ class Voice:
 
 
 def check_voice_name(name) -> str:
+    """A stored voice's name. OpenAI's stock names may be taken (a stored "alloy" is what an
+    OpenAI client asking for alloy hears); the model's own voice's may not."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise KimiAudioError(f"voice name {name!r}: expected {NAME_RULE}")
+    if name.lower() == MODEL_VOICE:
+        raise KimiAudioError(f"voice name {name!r}: {MODEL_VOICE!r} is the model's own voice; choose another name")
     return name
 
 

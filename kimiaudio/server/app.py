@@ -31,7 +31,7 @@ from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import AccessPolicy, access_middleware
 from kimiaudio.server.middleware.body_limits import body_limits_middleware
-from kimiaudio.server.middleware.cors import cors_middleware
+from kimiaudio.server.middleware.cors import cors_headers, cors_middleware
 from kimiaudio.server.middleware.draining import draining_middleware
 from kimiaudio.server.middleware.error_responses import error_middleware
 from kimiaudio.server.observe.log_setup import filter_client_faults
@@ -61,6 +61,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
             body_limits_middleware(server.max_body_bytes, server.body_timeout_s),
         ]
     )
+    app.on_response_prepare.append(cors_headers(context.access))
     app[SERVER_CONTEXT] = context
     app.cleanup_ctx.extend([_store_context, _vad_context, _pipeline_context(pipeline), registered_voices, voice_sync])
     if webrtc.MISSING is None:

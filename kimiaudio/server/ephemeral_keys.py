@@ -1,7 +1,11 @@
 """Ephemeral Realtime keys (OpenAI's client secrets): what an app's backend hands its browser.
 
 `create_client_secret(context, body)` is POST /v1/realtime/client_secrets (called with the
-server's API key) and the page's own POST /api/client_secrets (its sign-in; routes/signin.py):
+server's API key) and the page's own POST /api/client_secrets (its sign-in; routes/signin.py);
+`create_beta_session` is the beta API's POST /v1/realtime/sessions
+(`client.beta.realtime.sessions.create`): its body is the session itself (beta shape), its
+answer the beta session object with `client_secret: {value, expires_at}`, the key living
+BETA_TTL_S (OpenAI's beta keys: one minute). For client_secrets:
 the body is OpenAI's `{expires_after?: {anchor: "created_at", seconds: 10..7200}, session?}`
 (600 s when not given, as OpenAI's), the session a GA realtime session object, checked now as
 a session.update is, against this server (its voices, whether it speaks), so that a bad one is
@@ -27,12 +31,13 @@ from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.openai_params import CLIENT_SECRET_FIELDS, EXPIRES_AFTER_FIELDS, check_model
 from kimiaudio.server.middleware.issued_keys import EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, bound_session
 from kimiaudio.server.session.event_fields import ProtocolError
-from kimiaudio.server.session.session_objects import ga_session
+from kimiaudio.server.session.session_objects import beta_session, ga_session
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
 from kimiaudio.store.access_keys import mint_key
 
 DEFAULT_TTL_S = 600  # OpenAI's, when expires_after is not given
+BETA_TTL_S = 60
 MIN_TTL_S, MAX_TTL_S = 10, 7200
 MAX_BODY_BYTES = 256 * 1024  # long instructions fit; a session is no upload
 
@@ -51,6 +56,14 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
     expires_at = int(record.expires_at)
     described = ga_session(settings, f"sess_{secrets.token_hex(8)}", None)
     return {"value": key, "expires_at": expires_at, "session": {**described, "expires_at": expires_at}}
+
+
+async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
+    """Mint an ephemeral key bound to the beta session `body` -> the beta API's answer."""
+    settings = _checked_settings(context, body)
+    key, record = await mint_key(context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, BETA_TTL_S, body)
+    described = beta_session(settings, f"sess_{secrets.token_hex(8)}", None)
+    return {**described, "client_secret": {"value": key, "expires_at": int(record.expires_at)}}
 
 
 def _ttl(expires_after: Any) -> int:

@@ -9,10 +9,12 @@ silent, not longer than audio.max_input_seconds); every failure is a 400 naming 
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import check_speech_input, decode_audio_bytes, resample
+from kimiaudio.audio.io import DurationLimit, check_speech_input, decode_audio_bytes, resample
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError
 from kimiaudio.server.api_error import ApiError
@@ -30,7 +32,8 @@ def decode_base64(data, param: str) -> bytes:
 
 
 def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
-    """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech."""
+    """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech. It takes a while for
+    a long file: a handler runs it off the event loop (`decoded_speech`)."""
     if fmt is not None and fmt not in INPUT_FORMATS:
         raise ApiError(
             400,
@@ -42,8 +45,15 @@ def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, nam
         if fmt == "pcm16":
             pcm = resample(pcm16.to_float(raw, name), OPENAI_PCM16_RATE, SPEECH_INPUT_RATE)
         else:
-            pcm = decode_audio_bytes(raw, name=name)
+            pcm = decode_audio_bytes(
+                raw, name=name, limit=DurationLimit(audio_config.max_input_seconds, "audio.max_input_seconds")
+            )
         check_speech_input(pcm, audio_config)
     except AudioInputError as exc:
         raise ApiError(400, "invalid_audio", str(exc), param=param) from None
     return pcm
+
+
+async def decoded_speech(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
+    """speech_from_bytes in a worker thread: the event loop (every session's audio) goes on."""
+    return await asyncio.to_thread(speech_from_bytes, raw, fmt, audio_config, param, name)

@@ -6,15 +6,18 @@ body, the call id read from `Location`).
 - A preflight (OPTIONS with Access-Control-Request-Method) from an allowed origin is answered
   204 with the methods and headers it may use, before the API key is looked for (a browser
   sends none with a preflight); from any other origin it is a 403 forbidden_origin.
-- Every answer to a request from an allowed origin, errors included, says so
+- Every answer to a request from an allowed origin, errors and streams included, says so
   (Access-Control-Allow-Origin, Vary: Origin) and lets the page read `Location` and
-  `Retry-After`.
+  `Retry-After`: `cors_headers` adds them as the answer is prepared (a streamed answer is
+  prepared by its handler, before any middleware sees it).
 No credentials go cross-origin (no Access-Control-Allow-Credentials): the page's sign-in
 cookie is for the server's own page, which is same-origin and needs none of this. The key,
 Host and Origin checks themselves are access.py's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -29,28 +32,30 @@ MAX_REQUESTED_HEADERS = 2048  # an SDK's own headers (X-Stainless-*, OpenAI-Beta
 
 
 def cors_middleware(policy: AccessPolicy) -> Middleware:
-    """The app's outermost middleware: preflights answered, allowed origins told so."""
+    """The app's outermost middleware: preflights answered (the answers' headers are
+    `cors_headers`')."""
 
     @web.middleware
-    async def cross_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def preflights(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin")
-        allowed = origin is not None and policy.allows_origin(origin)
         if request.method == "OPTIONS" and origin is not None and "Access-Control-Request-Method" in request.headers:
-            if not allowed:
+            if not policy.allows_origin(origin):
                 raise ApiError(403, "forbidden_origin", f"the origin {origin[:100]!r} is not allowed cross-origin")
             return web.Response(status=204, headers=_preflight_headers(request, origin))
-        if not allowed or origin is None:
-            return await handler(request)
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:  # an error answer (ApiError): the page may read it too
-            exc.headers.update(_answer_headers(origin))
-            raise
-        if not response.prepared:  # (a WebSocket's headers are sent already; CORS is not for it)
-            response.headers.update(_answer_headers(origin))
-        return response
+        return await handler(request)
 
-    return cross_origin
+    return preflights
+
+
+def cors_headers(policy: AccessPolicy) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The app's on_response_prepare hook: an answer to an allowed origin says so."""
+
+    async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+        origin = request.headers.get("Origin")
+        if origin is not None and policy.allows_origin(origin):
+            response.headers.update(_answer_headers(origin))
+
+    return add_headers
 
 
 def _answer_headers(origin: str) -> dict[str, str]:

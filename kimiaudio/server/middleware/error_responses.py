@@ -3,10 +3,11 @@
 Every error is JSON `{"error": {"message", "type", "param", "code"}}` (OpenAI's error object,
 for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain message. Bad
 input is refused where it enters (body_limits.py, inputs/, the routes' path values, the /v1
-parsers) with an ApiError or a KimiAudioError (-> 400; client JSON that is too large -> 413,
-mapped here only); a conversation another session holds is 409 and a database that does not
-answer 503, both with Retry-After; anything else that escapes a handler is a bug, logged once with its
-traceback and answered with a 500 that names no internal exception.
+parsers) with an ApiError or a KimiAudioError (-> 400). Mapped here only: client JSON that is
+too large -> 413, a body that cannot be read (not in its Content-Encoding) -> 400. A
+conversation another session holds is 409 and a database that does not answer 503, both with
+Retry-After; anything else that escapes a handler is a bug, logged once with its traceback and
+answered with a 500 that names no internal exception.
 A client that hangs up mid-request is one INFO line, not a traceback.
 
 `error_middleware(metrics)` is the app's outermost middleware: it answers every error and
@@ -21,7 +22,9 @@ import logging
 import math
 
 from aiohttp import web
+from aiohttp.http_exceptions import PayloadEncodingError
 from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
@@ -73,6 +76,8 @@ async def errors_as_api_errors(request: web.Request, handler: Handler) -> web.St
     except JsonInputError as exc:
         status = 413 if exc.code == "too_large" else 400
         raise ApiError(status, exc.code, str(exc)) from None
+    except (RequestPayloadError, PayloadEncodingError) as exc:  # e.g. a body not in its Content-Encoding
+        raise ApiError(400, "invalid_body", f"the request body could not be read: {exc}") from None
     except ConversationBusyError as exc:
         raise ApiError(409, exc.code, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
     except StoreUnavailableError as exc:

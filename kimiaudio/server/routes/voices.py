@@ -22,10 +22,10 @@ import logging
 import numpy as np
 from aiohttp import web
 
-from kimiaudio.audio.io import decode_audio_bytes, resample
+from kimiaudio.audio.io import DurationLimit, decode_audio_bytes, peak_level, resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.config import Config
-from kimiaudio.errors import AudioInputError, KimiAudioError
+from kimiaudio.errors import AudioInputError, AudioTooLongError, KimiAudioError
 from kimiaudio.pipeline.voice_registry import STOCK_VOICES, check_voice_name
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
@@ -70,9 +70,9 @@ async def add_voice(request: web.Request) -> web.Response:
     if name in pipeline.voices:
         raise ApiError(409, "voice_exists", f"a voice named {name!r} exists already (delete it first)")
     try:
-        pcm24, pcm16 = await asyncio.get_running_loop().run_in_executor(None, _decode, data)
+        pcm24, pcm16 = await asyncio.get_running_loop().run_in_executor(None, _decode, data, config.voices.max_seconds)
     except AudioInputError as exc:
-        raise ApiError(400, "undecodable", str(exc)) from None
+        raise ApiError(400, "too_long" if isinstance(exc, AudioTooLongError) else "undecodable", str(exc)) from None
     _check_reference(pcm24, config)
     try:
         voice = await pipeline.make_voice(name, pcm16, pcm24)
@@ -114,17 +114,15 @@ async def _read_upload(request: web.Request) -> tuple[str, bytes]:
     return fields["name"].text().strip(), fields["file"].data
 
 
-def _decode(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+def _decode(data: bytes, max_seconds: float) -> tuple[np.ndarray, np.ndarray]:
     """The upload at the vocoder's rate (the mel) and at the tokenizer's (the codes): decoded once."""
-    pcm24 = decode_audio_bytes(data, SPEECH_OUTPUT_RATE, "file")
+    pcm24 = decode_audio_bytes(data, SPEECH_OUTPUT_RATE, "file", DurationLimit(max_seconds, "voices.max_seconds"))
     return pcm24, resample(pcm24, SPEECH_OUTPUT_RATE, SPEECH_INPUT_RATE)
 
 
 def _check_reference(pcm: np.ndarray, config: Config) -> None:
     seconds = pcm.size / SPEECH_OUTPUT_RATE
     limits = config.voices
-    if pcm.size and not np.all(np.isfinite(pcm)):
-        raise ApiError(400, "undecodable", "the audio holds NaN or infinite samples")
     if seconds < limits.min_seconds:
         raise ApiError(
             400,
@@ -139,7 +137,10 @@ def _check_reference(pcm: np.ndarray, config: Config) -> None:
             f"the recording is {seconds:.2f} s long; a voice takes at most "
             f"{limits.max_seconds:g} s (voices.max_seconds)",
         )
-    peak = float(np.max(np.abs(pcm)))
+    try:
+        peak = peak_level(pcm)
+    except AudioInputError as exc:
+        raise ApiError(400, "undecodable", str(exc)) from None
     if peak < config.audio.silence_peak:
         raise ApiError(
             400,

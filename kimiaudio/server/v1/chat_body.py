@@ -28,7 +28,7 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.inputs.audio_input import decode_base64, speech_from_bytes
+from kimiaudio.server.inputs.audio_input import decode_base64, decoded_speech
 from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatOutput, ChatSampling, check_model, checked
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
 from kimiaudio.store.answer_store import load_answer
@@ -175,7 +175,7 @@ async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn],
             raise _bad(f"{where}: expected a message object", where)
         role = message.get("role")
         if role in ("system", "developer", "user"):
-            last_turns = _user_turns(message.get("content"), f"{where}.content", config)
+            last_turns = await _user_turns(message.get("content"), f"{where}.content", config)
         elif role == "assistant":
             last_turns = [await _assistant_turn(message, where, store)]
         else:
@@ -194,7 +194,7 @@ async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn],
     return history[:-1], history[-1]
 
 
-def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
+async def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
     """One message's turns: its text (joined) as a text turn, then its audio parts (joined) as
     one spoken turn."""
     if isinstance(content, str):
@@ -215,7 +215,7 @@ def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
                 raise _bad(f'{where}[{j}].input_audio: expected {{"data", "format"}}', f"{where}[{j}].input_audio")
             param = f"{where}[{j}].input_audio"
             audio.append(
-                speech_from_bytes(
+                await decoded_speech(
                     decode_base64(spec.get("data"), f"{param}.data"),
                     spec.get("format", "wav"),
                     config.audio,

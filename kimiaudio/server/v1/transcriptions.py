@@ -36,12 +36,12 @@ from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.transcription import transcription_request
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
-from kimiaudio.server.inputs.audio_input import speech_from_bytes
+from kimiaudio.server.inputs.audio_input import decoded_speech
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, check_model, checked
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
-from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
+from kimiaudio.server.v1.turn_guard import failed_turn_error, first_output, guarded_turn
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -144,7 +144,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         except KimiAudioError as exc:
             raise ApiError(400, "invalid_value", str(exc), param="language") from None
     temperature = check_setting("sampling", "text_temperature", _temperature(fields.get("temperature"), config))
-    pcm = speech_from_bytes(data, None, config.audio, "file", name)
+    pcm = await decoded_speech(data, None, config.audio, "file", name)
     sampling = SamplingParams.from_config(config.sampling, text_temperature=temperature)
     turn = transcription_request(
         "transcription",
@@ -186,9 +186,10 @@ def _max_speech_probability(pcm) -> float:
 
 
 async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
+    events = await first_output(handle, "transcription_failed", "the transcription", "prompt")
     response = await open_stream(request)
     text, logprobs = "", []
-    async for event in handle:
+    async for event in events:
         if isinstance(event, TextDelta) and event.text:
             request_record(request).first_byte()
             text += event.text

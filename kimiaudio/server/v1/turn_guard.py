@@ -7,7 +7,9 @@ turn cancelled at once, which frees its KV blocks and detokenizer state on the w
 turn is also cancelled if the handler ends any other way before it is done (an error, a
 failed write, a handler cancelled by a shutdown). A turn that did not complete is answered by
 `failed_turn_error`: the client's error when the request was at fault (a prompt too long for
-engine.max_model_len), the server's otherwise.
+engine.max_model_len), the server's otherwise. A streamed answer opens its stream at the turn's
+first event (`first_output`), so a turn refused before it starts is answered with that error's
+status, as OpenAI answers it, not with a 200 holding an error event.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.events import TurnDone
+from kimiaudio.pipeline.events import PipelineEvent, TurnDone
 from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.server.api_error import ApiError
 
@@ -65,3 +68,20 @@ def failed_turn_error(done: TurnDone | None, code: str, what: str, param: str | 
     if done is not None and done.error_code is not None:
         return ApiError(400, done.error_code, f"{what} failed ({error})", param=param)
     return ApiError(500, code, f"{what} failed ({error})")
+
+
+async def first_output(handle, code: str, what: str, param: str | None) -> AsyncIterator[PipelineEvent]:
+    """The turn's events from the start, once the first has come (the user's speech encoded,
+    which the pipeline sends once the engine took the prompt, or the first output, or the end):
+    raises failed_turn_error(...) if the turn ended before anything else."""
+    first = await anext(handle, None)
+    if first is None or (isinstance(first, TurnDone) and first.status != "completed"):
+        raise failed_turn_error(first, code, what, param)
+
+    async def events() -> AsyncIterator[PipelineEvent]:
+        yield first
+        if not isinstance(first, TurnDone):
+            async for event in handle:
+                yield event
+
+    return events()
