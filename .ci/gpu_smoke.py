@@ -123,7 +123,7 @@ async def realtime_turn(http, base: str, speech: np.ndarray, limit_s: float) -> 
         "first_audio_ms_after_speech_sent": None if first_audio is None else round(1000 * (first_audio - sent)),
         "text": "".join(text)[:200],
         "event_types": sorted(set(types)),
-        "ok": bool(done and done.get("status") == "completed" and audio),
+        "ok": bool(done and done.get("status") in ("completed", "incomplete") and audio),  # (incomplete: cut by length)
     }
 
 

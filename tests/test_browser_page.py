@@ -57,7 +57,8 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
             wait_for_script(
                 driver,
                 """
-                return [...document.querySelectorAll('#transcript .turn.assistant[data-status="completed"]')]
+                return [...document.querySelectorAll('#transcript .turn.assistant[data-status]')]
+                    .filter((r) => ['completed', 'incomplete'].includes(r.dataset.status))
                     .some((r) => r.querySelector('.text').textContent !== '(no text)');""",
             )
             wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length > 0")
@@ -94,13 +95,13 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
     # On a loaded machine an answer may still play when the second utterance starts: that one
     # is cut by the barge-in, and stored as interrupted.
     for (status, text, meta), turn in zip(result["assistant"], stored):
-        assert status in ("completed", "cancelled")
+        assert status in ("completed", "incomplete", "cancelled")
         if status == "cancelled":
             assert turn["interrupted"]
             continue
         assert "first audio after" in meta and not turn["interrupted"]
         assert text == (turn["text"] or "(no text)")
-    assert any(status == "completed" for status, _, _ in result["assistant"])
+    assert any(status in ("completed", "incomplete") for status, _, _ in result["assistant"])
     assert any(text != "(no text)" for _, text, _ in result["assistant"])
     # The user's line shows the words the server transcribed and stored with the turn.
     transcripts = [

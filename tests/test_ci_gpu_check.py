@@ -80,7 +80,7 @@ def test_a_step_runs_and_reports_as_it_ends(tmp_path):
     assert record["step"] == "smoke" and record["rc"] == 0 and record["seconds"] <= record["limit"] <= 150
     report = record["report"]
     assert report["ok"] and report["device"] == "cpu"
-    assert report["realtime"]["status"] == "completed" and report["realtime"]["audio_seconds"] > 0
+    assert report["realtime"]["status"] in ("completed", "incomplete") and report["realtime"]["audio_seconds"] > 0
     assert "input_audio_buffer.speech_stopped" in report["realtime"]["event_types"]  # the server's VAD committed
     assert report["chat"]["http_status"] == 200 and report["chat"]["audio_bytes"] > 44
     assert any("memory plan for" in line for line in report["server_lines"])

@@ -286,7 +286,7 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
         await client.wait_for("session.created")
         client.mic.say(np.concatenate([speech[1], silence(1.0)]))
         done = await client.wait_for("response.done")
-        assert done["response"]["status"] in ("completed", "cancelled"), done
+        assert done["response"]["status"] in ("completed", "incomplete", "cancelled"), done
 
         async def both_turns():  # the assistant turn is written as its answer ends
             after = (await (await http.get(f"/api/conversations/{conversation_id}")).json())["turns"]

@@ -72,7 +72,7 @@ async def test_kill_9_during_a_response_loses_no_committed_turn(tmp_path, speech
             assert status == 201 and created["session"]["conversation_id"] == conversation_id
             mic.say(np.concatenate([speech[1], silence(1.0)]))
             done = await client.wait_for("response.done")
-            assert done["response"]["status"] == "completed", done
+            assert done["response"]["status"] in ("completed", "incomplete"), done
             await client.close()
             after = await turns_stored(http, conversation_id, len(turns) + 2)
             roles = [t["role"] for t in after]
@@ -136,7 +136,7 @@ async def test_kill_9_while_an_answer_plays_keeps_what_was_heard(tmp_path, speec
             await client.connect(http, conversation_id=conversation_id)
             mic.say(np.concatenate([speech[1], silence(1.0)]))
             done = await client.wait_for("response.done")
-            assert done["response"]["status"] in ("completed", "cancelled"), done
+            assert done["response"]["status"] in ("completed", "incomplete", "cancelled"), done
             await client.close()
             after = await turns_stored(http, conversation_id, len(turns) + 2)
             assert [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1)

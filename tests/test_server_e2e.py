@@ -43,7 +43,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     ):
         await client.wait_for(kind)
     done = await client.wait_for("response.done")
-    assert done["response"]["status"] == "completed", done
+    assert done["response"]["status"] in ("completed", "incomplete"), done
     timings = done["response"]["timings"]
     assert 0 < timings["commit_to_first_audio_s"] < 120 and "first_pcm_s" in timings  # a duration, however slow
     # The random demo weights may end the text at once, so the deltas are compared with
@@ -71,7 +71,7 @@ async def test_two_turns_with_history_reuse(server, speech):
     # Second turn: the history (first user + assistant turn) comes from the prefix cache.
     mic.say(np.concatenate([speech[1], silence(1.0)]))
     second = await client.wait_for("response.done", count=2)
-    assert second["response"]["status"] == "completed"
+    assert second["response"]["status"] in ("completed", "incomplete")
     assert second["response"]["prefill_tokens_cached"] > 0, second
     assert len((await store.get_conversation(conversation_id))["turns"]) == 4
     await client.close()
@@ -102,7 +102,7 @@ async def test_barge_in_with_the_real_pipeline(server, speech):
     assert interrupted[0]["duration_s"] == pytest.approx(done["response"]["timings"]["played_s"], abs=0.05)
     # The interrupting utterance is answered in turn.
     after = await client.wait_for("response.done", count=attempt + 1)
-    assert after["response"]["status"] in ("completed", "cancelled")
+    assert after["response"]["status"] in ("completed", "incomplete", "cancelled")
     await client.close()
     await kv_pool_full_again(pipeline)
 
@@ -115,7 +115,7 @@ async def test_two_clients_at_once(server, speech):
     for client, clip in zip(clients, speech):
         client.mic.say(np.concatenate([clip, silence(1.0)]))
     dones = await asyncio.gather(*(c.wait_for("response.done") for c in clients))
-    assert [d["response"]["status"] for d in dones] == ["completed", "completed"]
+    assert all(d["response"]["status"] in ("completed", "incomplete") for d in dones) and len(dones) == 2
     ids = {c.of_type("input_audio_buffer.committed")[0]["conversation_id"] for c in clients}
     assert len(ids) == 2
     for client in clients:

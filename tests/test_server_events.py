@@ -239,7 +239,7 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         '{"type": "response.create", "response": {"voice": "alloy", "temperature": 0.7, '
         '"max_output_tokens": 9, "instructions": "Hi", "conversation": "auto", "metadata": {}}}'
     )
-    assert create == ResponseCreate(None, "Hi", "alloy", 0.7, 9)
+    assert create == ResponseCreate(None, "Hi", "alloy", 0.7, 9, metadata={})  # (echoed in the response)
     for response, param in (
         ('{"conversation": "none"}', "response.conversation"),
         ('{"input": []}', "response.input"),

@@ -39,11 +39,12 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     assert (await client.connect(http))[0] == 201
     client.mic.say(np.concatenate([speech[0], silence(1.0)]))
     done = await client.wait_for("response.done")
-    assert done["response"]["status"] == "completed"
+    assert done["response"]["status"] in ("completed", "incomplete")
     await http.post("/api/rtc/offer", data="[" * 100, headers={"Content-Type": "application/json"})
     m = await scrape(http)
     assert m["kimiaudio_sessions_total{transport=webrtc}"] == 1 and m["kimiaudio_sessions_active"] == 1
-    assert m["kimiaudio_responses_total{status=completed}"] == 1 and m["kimiaudio_turns_total{status=completed}"] == 1
+    answered = sum(m.get(f"kimiaudio_responses_total{{status={s}}}", 0) for s in ("completed", "incomplete"))
+    assert answered == 1 and m["kimiaudio_turns_total{status=completed}"] == 1
     # The user's words ([server] transcribe_input) are counted apart, out of the answers' figures.
     assert m["kimiaudio_background_turns_total{status=completed}"] <= 1
     for stage in ("queued", "encoded", "prefill_done", "first_audio_token", "first_pcm", "done"):
@@ -74,13 +75,13 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     conversation_id = client.of_type("input_audio_buffer.committed")[0]["conversation_id"]
     for part in (
         f"conversation={conversation_id}",
-        "status=completed",
         "commit_to_first_audio_s=",
         "done_s=",
         "prefill_tokens_computed=",
         "text_chars=",
     ):
         assert part in line, (part, line)
+    assert f"status={done['response']['status']}" in line, line
     await client.close()
     await kv_pool_full_again(pipeline)
 

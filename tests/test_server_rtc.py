@@ -81,7 +81,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     await client.wait_for("response.created")
     await client.wait_for("output_audio_buffer.started")
     done = await client.wait_for("response.done")
-    assert done["response"]["status"] == "completed", done
+    assert done["response"]["status"] in ("completed", "incomplete"), done
     assert "commit_to_first_audio_s" in done["response"]["timings"]
     # What was streamed is what was generated and stored (the demo text may be empty).
     text = done["response"]["text"]
@@ -115,7 +115,7 @@ async def test_turn_is_detected_stored_answered_and_played(server, speech):
     # A second turn carries the history (user audio + codes, assistant text + codes).
     mic.say(np.concatenate([speech[1], silence(1.0)]))
     second = await client.wait_for("response.done", count=2)
-    assert second["response"]["status"] == "completed", second
+    assert second["response"]["status"] in ("completed", "incomplete"), second
     history = pipeline.requests[1].history
     assert [h.role for h in history] == ["user", "assistant"]
     assert history[0].audio is not None and history[0].audio_tokens == user["audio_tokens"]
@@ -164,7 +164,7 @@ async def test_barge_in_cancels_and_stores_truncated_interrupted_turn(server, sp
     assert 0 < len(turn["audio_tokens"]) <= int(played_s / SECONDS_PER_CODE) + 2
     # The barge-in utterance becomes the next turn, with the interrupted turn in its history.
     after = await client.wait_for("response.done", count=n + 1)
-    assert after["response"]["status"] == "completed", after
+    assert after["response"]["status"] in ("completed", "incomplete"), after
     history = pipeline.requests[n].history
     assert [h.role for h in history] == ["user", "assistant"] * n
     assert history[-1].audio_tokens == turn["audio_tokens"]
@@ -235,7 +235,7 @@ async def test_continue_a_stored_conversation(server, speech, how):
         assert updated["session"]["conversation_id"] == conv["id"]
     mic.say(np.concatenate([speech[0], silence(0.8)]))
     done = await client.wait_for("response.done")
-    assert done["response"]["status"] == "completed", done
+    assert done["response"]["status"] in ("completed", "incomplete"), done
     history = pipeline.requests[0].history
     assert [h.role for h in history] == ["user", "assistant"]
     assert history[0].audio is not None and history[0].audio_tokens == [3, 4]

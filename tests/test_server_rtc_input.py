@@ -91,4 +91,4 @@ async def test_an_unusable_setting_is_refused_or_the_turn_still_ends(client, spe
         return
     rtc.mic.say(np.concatenate([speech[0], silence(1.0)]))
     done = await rtc.wait_for("response.done")
-    assert done["response"]["status"] in ("completed", "failed"), done
+    assert done["response"]["status"] in ("completed", "incomplete", "failed"), done

@@ -219,7 +219,8 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
             }
         )
         done = await events.wait_for("response.done")
-        assert done.response.status == "completed" and done.response.output[0].content[0].type == "text"
+        assert done.response.status in ("completed", "incomplete")
+        assert done.response.output[0].content[0].type == "text"
         said = "".join(e.delta for e in events.of_type("response.text.delta") if e.response_id == done.response.id)
         assert done.response.output[0].content[0].text == said == done.response.model_extra["text"], done
         assert 0 < done.response.usage.output_tokens <= 3

@@ -64,7 +64,7 @@ async def test_the_text_example_ends_with_response_done(v1_server, openai_client
         raise AssertionError("the connection ended before response.done")
 
     text, done = await asyncio.wait_for(example(), HANG_S)
-    assert done.response.status == "completed", done
+    assert done.response.status in ("completed", "incomplete"), done
     assert done.response.output[0].content[0].text == text  # the demo's greedy text may be empty
 
 
@@ -116,7 +116,7 @@ async def test_the_push_to_talk_example(v1_server, speech, openai_client, api, m
         raise AssertionError("the connection ended before response.done")
 
     session_id, audio, transcripts, done = await asyncio.wait_for(example(), HANG_S)
-    assert session_id.startswith("sess_") and done.response.status == "completed", done
+    assert session_id.startswith("sess_") and done.response.status in ("completed", "incomplete"), done
     (item,) = done.response.output
     assert set(audio) == {item.id} and len(audio[item.id]) > 0
     assert transcripts.get(item.id, "") == item.content[0].transcript == done.response.model_extra["text"]

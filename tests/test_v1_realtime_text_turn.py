@@ -53,7 +53,7 @@ async def test_a_text_item_is_answered_with_speech_or_text(v1_server, openai_cli
         # Text in, speech out (the session's output): audio deltas and their transcript.
         await conn.response.create()
         spoken = await events.wait_for("response.done", count=2)
-        assert spoken.response.status == "completed", spoken
+        assert spoken.response.status in ("completed", "incomplete"), spoken
         rid = spoken.response.id
         audio = [e for e in events.of_type("response.output_audio.delta") if e.response_id == rid]
         pcm = np.frombuffer(b"".join(base64.b64decode(e.delta) for e in audio), "<i2")
@@ -77,7 +77,7 @@ async def test_a_text_item_is_answered_with_speech_or_text(v1_server, openai_cli
         )
         await conn.response.create(response=text_response(api))
         written = await events.wait_for("response.done", count=4)
-        assert written.response.status == "completed", written
+        assert written.response.status in ("completed", "incomplete"), written
         rid = written.response.id
         text = "".join(e.delta for e in events.of_type("response.output_text.delta") if e.response_id == rid)
         assert text and text == written.response.output[0].content[0].text

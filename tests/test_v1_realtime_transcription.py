@@ -37,7 +37,7 @@ async def commit_speech(conn, events: Events, pcm16k: np.ndarray, count: int):
     committed = await events.wait_for("input_audio_buffer.committed", count=count)
     await conn.response.create()
     done = await events.wait_for("response.done", count=count)
-    assert done.response.status == "completed", done
+    assert done.response.status in ("completed", "incomplete"), done
     return committed, done
 
 

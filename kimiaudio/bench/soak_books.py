@@ -63,7 +63,7 @@ def client_books(plan: list[list[str]], logs: list[SessionLog], kinds: list[str]
         "commits_by_transport": {
             kind: sum(len(log.commits) for log in logs if log.transport == kind) for kind in kinds
         },
-        "responses_by_status": {s: statuses.count(s) for s in ("completed", "cancelled", "failed")},
+        "responses_by_status": {s: statuses.count(s) for s in ("completed", "incomplete", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
         "planned_commits": sum(planned_utterances),
         "planned_faults": planned_faults,

@@ -182,7 +182,8 @@ function onEvent(event) {
         if (!r.text.textContent) r.text.textContent = event.response.text || "(no text)";
         if (event.response.status === "cancelled") r.li.classList.add("interrupted");
         const failed = event.response.status === "failed";
-        const status = failed ? `failed: ${event.response.error || "unknown error"}` : "";
+        const cut = event.response.status === "incomplete" ? "cut at its length limit" : "";
+        const status = failed ? `failed: ${event.response.error || "unknown error"}` : cut;
         r.meta.textContent = [status, formatTimings(event.response.timings || {})].filter(Boolean).join(" · ");
         r.li.dataset.status = event.response.status;
       }

@@ -234,6 +234,7 @@ RESPONSE_FIELDS = Fields(  # response.create's response
             "max_response_output_tokens",
             "output_audio_format",
             "audio",
+            "metadata",
         }
     ),
     neutral={
@@ -244,7 +245,6 @@ RESPONSE_FIELDS = Fields(  # response.create's response
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
         "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
     },
-    ignored=frozenset({"metadata"}),
 )
 
 

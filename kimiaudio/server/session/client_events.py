@@ -29,6 +29,7 @@ from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.openai_params import AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling, checked
 from kimiaudio.server.session.event_fields import (
     ProtocolError,
+    metadata_field,
     object_field,
     optional_object,
     output_limit,
@@ -54,6 +55,7 @@ class ResponseCreate:  # each field: this response only, None = the session's
     voice: str | None = None
     temperature: float | None = None
     max_new_tokens: int | None = None
+    metadata: dict[str, str] | None = None  # echoed in the response object
 
 
 @dataclass(frozen=True)
@@ -281,4 +283,5 @@ def _response_create(response: dict, where: str) -> ResponseCreate:
         voice,
         sampling.get("temperature"),
         limit,
+        metadata_field(response.get("metadata"), f"{where}.metadata"),
     )

@@ -1,6 +1,6 @@
 """The fields client events share, each parsed and checked once: a JSON object, a typed
-field, the output modalities, an output token limit and a pcm16 audio format. A wrong value is a
-ProtocolError naming the field (`param`), sent back as an `error` event."""
+field, the output modalities, an output token limit, a pcm16 audio format and metadata. A
+wrong value is a ProtocolError naming the field (`param`), sent back as an `error` event."""
 
 from __future__ import annotations
 
@@ -86,3 +86,20 @@ def pcm16_rate(fmt: Any, where: str, output: bool = False) -> int | None:
         f"{where}: kimiaudio takes and sends pcm16 (24 kHz{'' if output else ' or 16 kHz'} mono), got {fmt!r}"[:300],
         where,
     )
+
+
+def metadata_field(value: Any, where: str) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values up to 512."""
+    if value is None:
+        return None
+
+    def fits(key: Any, item: Any) -> bool:
+        return isinstance(key, str) and isinstance(item, str) and len(key) <= 64 and len(item) <= 512
+
+    if not isinstance(value, dict) or len(value) > 16 or not all(fits(k, v) for k, v in value.items()):
+        raise ProtocolError(
+            "invalid_value",
+            f"{where}: expected at most 16 string pairs (keys up to 64 characters, values up to 512)",
+            where,
+        )
+    return dict(value)

@@ -105,7 +105,10 @@ class Responder:
             self._playback.begin(response.id, self)
         voice = (request.voice if request else None) or self._settings.voice
         limit = turn.sampling.max_new_tokens if turn.sampling is not None else None
-        response.announced = response_events.response_object(response.id, conversation.id, spoken, voice, limit)
+        metadata = request.metadata if request else None
+        response.announced = response_events.response_object(
+            response.id, conversation.id, spoken, voice, limit, metadata
+        )
         self._events.send(response_events.response_created(response.announced))
         item = self._item(response, status="in_progress")
         self._events.send(response_events.output_item_added(response.id, item))
@@ -188,12 +191,14 @@ class Responder:
         """The response's last events: its content's end, its item's, response.done, and the
         end of its playback."""
         status = "cancelled" if response.cancelled else done.status
+        if status == "completed" and done.finish_reason == "length":  # cut by its length limit
+            status = "incomplete"
         text = response.text or done.text
         spoken = response.output_type == "both"
         for event in response_events.text_done(response.id, response.item_id, text, spoken):
             self._events.send(event)
         self._events.send(response_events.content_part_done(response.id, response.item_id, spoken, text))
-        ended = "incomplete" if response.cancelled or status == "failed" else "completed"
+        ended = "completed" if status == "completed" else "incomplete"
         item = self._item(response, ended, response.stored[0] if response.stored else None)
         self._events.send(response_events.output_item_done(response.id, item))
         self._events.send(server_events.item_done(self._conversation.id, item, response.previous_item_id))

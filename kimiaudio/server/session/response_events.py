@@ -23,14 +23,21 @@ from typing import Any
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE
 from kimiaudio.server import api_error
 
-RESPONSE_STATUSES = ("completed", "cancelled", "failed")
+RESPONSE_STATUSES = ("completed", "incomplete", "cancelled", "failed")
 CANCEL_REASONS = ("turn_detected", "client_cancelled")  # OpenAI's reasons for a cancelled response
+INCOMPLETE_REASON = "max_output_tokens"  # an answer cut by its length limit (OpenAI's reason)
 
 
 def response_object(
-    response_id: str, conversation_id: str | None, spoken: bool, voice: str | None, max_output_tokens: int | None
+    response_id: str,
+    conversation_id: str | None,
+    spoken: bool,
+    voice: str | None,
+    max_output_tokens: int | None,
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's response object as a response starts (in progress, no output yet)."""
+    """OpenAI's response object as a response starts (in progress, no output yet); `metadata`:
+    the response.create's, echoed as OpenAI echoes it."""
     return {
         "id": response_id,
         "object": "realtime.response",
@@ -40,6 +47,7 @@ def response_object(
         "output_modalities": ["audio"] if spoken else ["text"],
         "max_output_tokens": max_output_tokens or "inf",
         "audio": {"output": {"format": {"type": "audio/pcm", "rate": OPENAI_PCM16_RATE}, "voice": voice}},
+        "metadata": metadata,
     }
 
 
@@ -123,8 +131,8 @@ def response_done(
     **extra: Any,
 ) -> dict:
     """`response`: its response_object. A cancelled response says why (`reason`, one of
-    CANCEL_REASONS); a failed one, its error (`error_code`: a failure that was the request's
-    fault, TurnDone.error_code, named as OpenAI does)."""
+    CANCEL_REASONS), an incomplete one INCOMPLETE_REASON; a failed one, its error (`error_code`:
+    a failure that was the request's fault, TurnDone.error_code, named as OpenAI does)."""
     if status not in RESPONSE_STATUSES:
         raise ValueError(f"response status must be one of {RESPONSE_STATUSES}, got {status!r}")
     done = {**response, "status": status, "output": output or [], "text": text, "timings": timings, **extra}
@@ -132,6 +140,8 @@ def response_done(
         details: dict[str, Any] = {"type": status}
         if status == "cancelled" and reason in CANCEL_REASONS:  # (none: not the client's doing)
             details["reason"] = reason
+        elif status == "incomplete":
+            details["reason"] = INCOMPLETE_REASON
         if error:
             details["error"] = {"message": error, **_client_fault(error_code)}
         done["status_details"] = details

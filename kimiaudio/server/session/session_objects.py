@@ -118,8 +118,9 @@ def _transcription(transcription: Transcription | None) -> dict[str, Any] | None
 
 
 def _turn_detection(settings: SessionSettings) -> dict[str, Any] | None:
-    """The server VAD's settings (None: the client commits). A transcription session answers
-    nothing, so it reports neither create_response nor interrupt_response."""
+    """The server VAD's settings (None: the client commits), or semantic_vad's, as the client
+    named it. A transcription session answers nothing, so it reports neither create_response
+    nor interrupt_response."""
     if settings.turn_detection == "none":
         return None
     vad = settings.config.vad
@@ -129,6 +130,8 @@ def _turn_detection(settings: SessionSettings) -> dict[str, Any] | None:
         "prefix_padding_ms": vad.prefix_padding_ms,
         "silence_duration_ms": vad.silence_ms,
     }
+    if settings.turn_detection == "semantic_vad":  # as asked for (the same VAD serves it)
+        detection = {"type": "semantic_vad", "eagerness": "auto"}
     if settings.kind == "realtime":
         detection |= {"create_response": settings.create_response, "interrupt_response": vad.barge_in}
     return detection

@@ -50,7 +50,7 @@ class TurnUpdate:
     """How the session's turns are detected: OpenAI's turn_detection, onto config [vad] keys."""
 
     vad: dict[str, Any] = field(default_factory=dict)  # keys of config [vad]
-    detection: str | None = None  # "server_vad" | "none"
+    detection: str | None = None  # "server_vad" | "semantic_vad" (the same VAD) | "none"
     create_response: bool | None = None  # server VAD: a commit starts a response
 
 
@@ -201,4 +201,4 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
                 message = str(exc).replace(f"vad.{ours}", f"{where}.{theirs}", 1)
                 raise ProtocolError("invalid_value", message, f"{where}.{theirs}") from None
     create = typed_field(value, "create_response", bool, where, "true or false")
-    return ("none" if kind == "none" else "server_vad"), create
+    return kind, create
