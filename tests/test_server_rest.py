@@ -1,6 +1,7 @@
 """REST routes and their errors (kimiaudio/server/routes.py): status, offer validation and the
 session cap, the conversation API, the static page. Bad input gets a JSON 4xx, never a traceback."""
 
+import asyncio
 import io
 
 import numpy as np
@@ -118,3 +119,6 @@ async def test_conversation_api(http):
     assert (await http.delete(f"/api/conversations/{conv['id']}")).status == 200
     await _error(await http.delete(f"/api/conversations/{conv['id']}"), 404, "conversation_not_found")
     assert (await (await http.get("/api/conversations")).json())["conversations"] == []
+    other = await store.create_conversation()  # deleted by five at once: one deletes it
+    statuses = await asyncio.gather(*[http.delete(f"/api/conversations/{other['id']}") for _ in range(5)])
+    assert sorted(r.status for r in statuses) == [200, 404, 404, 404, 404]

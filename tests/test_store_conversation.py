@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.store import ConversationBusyError, ConversationStore
+from kimiaudio.store import ConversationBusyError, ConversationNotFoundError, ConversationStore
 
 
 def _tone(seconds, sr, freq=220.0):
@@ -78,7 +78,7 @@ async def test_unknown_conversation(store):
     assert await store.get_conversation("nope") is None
     assert await store.load_history("nope") is None
     assert await store.delete_conversation("nope") is False
-    with pytest.raises(KimiAudioError, match="does not exist"):
+    with pytest.raises(ConversationNotFoundError, match="no conversation with id 'nope'"):
         await store.add_turn("nope", "user")
     conv = await store.create_conversation()
     with pytest.raises(KimiAudioError, match="role"):
@@ -94,7 +94,7 @@ async def test_concurrent_writes_get_distinct_indices(store):
 
 
 async def test_a_conversation_a_live_session_holds_is_not_deleted(store):
-    """Deleting it under the session would lose that session's next turn ("does not exist")."""
+    """Deleting it under the session would lose that session's next turn (not found)."""
     conv = await store.create_conversation()
     await store.add_turn(conv["id"], "user", "hi")
     await store.acquire_lease(conv["id"], "sess_a")
@@ -104,6 +104,34 @@ async def test_a_conversation_a_live_session_holds_is_not_deleted(store):
     await store.add_turn(conv["id"], "user", "still here")
     await store.release_lease(conv["id"], "sess_a")
     assert await store.delete_conversation(conv["id"]) is True
+
+
+async def test_the_title_is_the_first_answer_as_stored_now(store):
+    """An answer is inserted at its first audio with the text there is by then, and grows as it
+    plays: the title follows it, and later answers do not change it."""
+    conv = await store.create_conversation()
+    await store.add_turn(conv["id"], "user", "hi")
+    index = await store.add_turn(conv["id"], "assistant", "", interrupted=True)
+    assert (await store.get_conversation(conv["id"]))["title"] == ""
+    await store.append_heard(conv["id"], index, _tone(0.1, 24000), "Hel")
+    assert (await store.get_conversation(conv["id"]))["title"] == "Hel"
+    await store.append_heard(conv["id"], index, _tone(0.1, 24000), "Hello there")
+    await store.update_turn(conv["id"], index, text="Hello there, friend.", interrupted=False)
+    await store.add_turn(conv["id"], "assistant", "A later answer.")
+    assert (await store.get_conversation(conv["id"]))["title"] == "Hello there, friend."
+
+
+async def test_a_conversation_gone_is_not_found_and_deleted_once(store):
+    """A session opening a conversation deleted meanwhile is told it is not found (404), and of
+    two deletes only one deletes."""
+    conv = await store.create_conversation()
+    assert await store.delete_conversation(conv["id"]) is True
+    assert await store.delete_conversation(conv["id"]) is False
+    with pytest.raises(ConversationNotFoundError) as info:
+        await store.acquire_lease(conv["id"], "sess_a")
+    assert info.value.code == "conversation_not_found"
+    with pytest.raises(ConversationNotFoundError):
+        await store.add_turn(conv["id"], "user", "hi")
 
 
 def _count(db, table):

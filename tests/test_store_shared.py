@@ -129,7 +129,7 @@ async def test_a_conversation_is_held_by_one_session(store_location):
             await store.delete_conversation(conversation)
         await store.release_lease(conversation, "sess_a")
         await store.acquire_lease(conversation, "sess_b")
-        with pytest.raises(KimiAudioError, match="does not exist"):
+        with pytest.raises(KimiAudioError, match="no conversation with id 'nope'"):
             await store.acquire_lease("nope", "sess_b")
     finally:
         await store.close()

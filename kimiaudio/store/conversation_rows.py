@@ -17,8 +17,9 @@ from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.identifiers import new_conversation_id
-from kimiaudio.store.leases import ConversationBusyError
+from kimiaudio.store.leases import ConversationBusyError, ConversationNotFoundError
 from kimiaudio.store.sql import Sql
+from kimiaudio.store.titles import retitle
 
 
 @dataclass
@@ -78,7 +79,7 @@ def add_turn(db: Sql, conversation_id: str, fields: dict, blob: dict | None) -> 
     with db.atomic():
         # Locked (PostgreSQL) until the turn is in: two writers never take the same index.
         if db.execute("SELECT 1 FROM conversations WHERE id = ?" + db.for_update, [conversation_id]).fetchone() is None:
-            raise KimiAudioError(f"conversation {conversation_id!r} does not exist")
+            raise ConversationNotFoundError(conversation_id)
         index = db.execute(
             "SELECT COALESCE(MAX(turn_index) + 1, 0) FROM turns WHERE conversation_id = ?", [conversation_id]
         ).fetchone()[0]
@@ -86,19 +87,10 @@ def add_turn(db: Sql, conversation_id: str, fields: dict, blob: dict | None) -> 
         turn_id = db.insert_returning_id("turns", row)
         if blob is not None:
             db.insert("turn_audio", {"turn_id": turn_id, **blob})
-        updates: dict[str, Any] = {"updated_at": now}
-        # A conversation is titled by the first words the assistant said in it.
-        if fields["role"] == "assistant" and fields["text"].strip():
-            title = db.execute("SELECT title FROM conversations WHERE id = ?", [conversation_id]).fetchone()[0]
-            if not title:
-                updates["title"] = title_from(fields["text"])
-        db.update("conversations", conversation_id, updates)
+        db.update("conversations", conversation_id, {"updated_at": now})
+        if fields["role"] == "assistant":
+            retitle(db, conversation_id)
     return index
-
-
-def title_from(text: str, limit: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
 def turn_row_id(db: Sql, conversation_id: str, index: int) -> int:
@@ -123,6 +115,8 @@ def update_turn(db: Sql, conversation_id: str, index: int, fields: dict, audio) 
             else:
                 db.insert("turn_audio", {"turn_id": turn_id, **record}, upsert_key="turn_id")
         db.update("conversations", conversation_id, {"updated_at": time.time()})
+        if "text" in fields:
+            retitle(db, conversation_id)
 
 
 def delete_conversation(db: Sql, conversation_id: str, now: float) -> bool:

@@ -21,6 +21,7 @@ from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import wav_bytes
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.store.sql import Sql
+from kimiaudio.store.titles import retitle
 
 
 def append_part(db: Sql, conversation_id: str, index: int, pcm: bytes, text: str, codes, timings) -> None:
@@ -42,6 +43,7 @@ def append_part(db: Sql, conversation_id: str, index: int, pcm: bytes, text: str
             ).fetchone()[0]
             db.insert("turn_audio_parts", {"turn_id": row[0], "part_index": part, "pcm": pcm})
         db.update("conversations", conversation_id, {"updated_at": time.time()})
+        retitle(db, conversation_id)
 
 
 def join_parts(db: Sql, turn_id: int) -> None:

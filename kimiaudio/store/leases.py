@@ -36,6 +36,15 @@ class ConversationBusyError(KimiAudioError):
         self.retry_after_s = retry_after_s
 
 
+class ConversationNotFoundError(KimiAudioError):
+    """The conversation is not (or no longer) stored: deleted, perhaps, while it was opened."""
+
+    code = "conversation_not_found"
+
+    def __init__(self, conversation_id: str):
+        super().__init__(f"no conversation with id {conversation_id[:80]!r}")
+
+
 def acquire_row(
     db: Sql, conversation_id: str, instance_id: str, session_id: str, now: float, expires_at: float
 ) -> float | None:
@@ -43,7 +52,7 @@ def acquire_row(
     the other holder's lease expires."""
     with db.atomic():
         if db.execute("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]).fetchone() is None:
-            raise KimiAudioError(f"conversation {conversation_id!r} does not exist")
+            raise ConversationNotFoundError(conversation_id)
         row = db.execute(
             "SELECT instance_id, session_id FROM leases WHERE conversation_id = ?", [conversation_id]
         ).fetchone()

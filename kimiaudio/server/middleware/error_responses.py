@@ -5,9 +5,10 @@ for the /v1 routes and the app's own alike) with a 4xx/5xx status and a plain me
 input is refused where it enters (body_limits.py, inputs/, the routes' path values, the /v1
 parsers) with an ApiError or a KimiAudioError (-> 400). Mapped here only: client JSON that is
 too large -> 413, a body that cannot be read (not in its Content-Encoding) -> 400. A
-conversation another session holds is 409 and a database that does not answer 503, both with
-Retry-After; anything else that escapes a handler is a bug, logged once with its traceback and
-answered with a 500 that names no internal exception.
+conversation no longer stored (deleted while a session opened it) is 404, one another session
+holds 409, and a database that does not answer 503, the last two with Retry-After; anything
+else that escapes a handler is a bug, logged once with its traceback and answered with a 500
+that names no internal exception.
 A client that hangs up mid-request is one INFO line, not a traceback.
 
 `error_middleware(metrics)` is the app's outermost middleware: it answers every error and
@@ -30,7 +31,7 @@ from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.json_input import JsonInputError
 from kimiaudio.server.observe.server_metrics import ServerMetrics
-from kimiaudio.store import ConversationBusyError
+from kimiaudio.store import ConversationBusyError, ConversationNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ async def errors_as_api_errors(request: web.Request, handler: Handler) -> web.St
         raise ApiError(status, exc.code, str(exc)) from None
     except (RequestPayloadError, PayloadEncodingError) as exc:  # e.g. a body not in its Content-Encoding
         raise ApiError(400, "invalid_body", f"the request body could not be read: {exc}") from None
+    except ConversationNotFoundError as exc:  # e.g. deleted while a session was opening it
+        raise ApiError(404, exc.code, str(exc)) from None
     except ConversationBusyError as exc:
         raise ApiError(409, exc.code, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
     except StoreUnavailableError as exc:

@@ -47,7 +47,8 @@ async def get_conversation(request: web.Request) -> web.Response:
 async def delete_conversation(request: web.Request) -> web.Response:
     conversation_id = _conversation_id(request)
     await conversation_or_404(request, conversation_id)
-    await server_context(request).store.delete_conversation(conversation_id)
+    if not await server_context(request).store.delete_conversation(conversation_id):  # (a concurrent delete)
+        raise ApiError(404, "conversation_not_found", f"no conversation with id {conversation_id[:80]!r}")
     return web.json_response({"deleted": conversation_id})
 
 

@@ -96,10 +96,12 @@ async def remove_voice(request: web.Request) -> web.Response:
         raise ApiError(404, "not_found", f"no voice named {name!r}")
     if name == context.config.voices.default:
         raise ApiError(409, "default_voice", f"{name!r} is the default voice (voices.default): change the config first")
-    await delete_voice(context.store, name)
+    deleted = await delete_voice(context.store, name)
     voice = pipeline.voices.remove(name)
     if voice is not None:  # (a concurrent delete may have taken it meanwhile)
         pipeline.forget_voice(voice)
+    if not deleted:  # a concurrent delete took it first
+        raise ApiError(404, "not_found", f"no voice named {name!r}")
     return web.json_response({"deleted": name})
 
 

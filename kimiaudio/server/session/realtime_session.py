@@ -60,7 +60,7 @@ from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.user_items import UserItems
 from kimiaudio.server.session_registry import Admitted
-from kimiaudio.store import ConversationBusyError
+from kimiaudio.store import ConversationBusyError, ConversationNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class RealtimeSession:
         await self.responder.settle()
         try:
             await self.conversation.select(conversation_id)
-        except ConversationBusyError as exc:
+        except (ConversationBusyError, ConversationNotFoundError) as exc:  # (deleted meanwhile: not found)
             raise ProtocolError(exc.code, str(exc), "conversation_id") from None
         self.responder.forget_ended()
         self.events.send(server_events.session_updated(self.describe()))
