@@ -255,8 +255,8 @@ def test_a_burst_s_first_batch_reaches_prefill_before_its_last_batch_is_encoded(
     assert len(batches) >= 3 and all(len(sizes) <= 2 for _, sizes in batches)
     assert sorted(n for _, sizes in batches for n in sizes) == sorted(lengths.values())
     (_, first), (last_at, _) = batches[0], batches[-1]
-    first_output = {}
+    once_started = {}
     for i, (kind, value) in enumerate(log):
         if kind == "output":
-            first_output.setdefault(lengths[value], i)
-    assert all(first_output[n] < last_at for n in first), (first, log)
+            once_started.setdefault(lengths[value], i)
+    assert all(once_started[n] < last_at for n in first), (first, log)

@@ -32,8 +32,8 @@ MAX_REQUESTED_HEADERS = 2048  # an SDK's own headers (X-Stainless-*, OpenAI-Beta
 
 
 def cors_middleware(policy: AccessPolicy) -> Middleware:
-    """The app's outermost middleware: preflights answered (the answers' headers are
-    `cors_headers`')."""
+    """The app's outermost middleware: preflights answered (every other answer gets its headers
+    from `cors_headers`)."""
 
     @web.middleware
     async def preflights(request: web.Request, handler: Handler) -> web.StreamResponse:

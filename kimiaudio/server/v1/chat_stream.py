@@ -7,7 +7,7 @@ encoded bytes in audio.format, pcm16 being raw 24 kHz s16le), as the pipeline ma
 the first audio leaves before the answer is finished; the last audio piece holds `expires_at`.
 Then a chunk with finish_reason, a usage chunk if stream_options.include_usage, and [DONE].
 The stream opens at the turn's first event: a turn refused before it (a prompt too long) is an
-HTTP error (turn_guard.first_output), one that fails after is an `error` event in the stream
+HTTP error (turn_guard.once_started), one that fails after is an `error` event in the stream
 (the status line is sent already). A client that goes away ends the stream: its turn is cancelled by the guard and
 nothing more is written.
 """
@@ -26,12 +26,12 @@ from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
-from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, first_output
+from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, once_started
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
-    events = await first_output(handle, "generation_failed", "the answer", "messages")
+    events = await once_started(handle, "generation_failed", "the answer", "messages")
     response = await open_stream(request)
     record = request_record(request)
     wants_logprobs = chat.answer.logprobs

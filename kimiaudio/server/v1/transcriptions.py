@@ -41,7 +41,7 @@ from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, check_model, checked
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
-from kimiaudio.server.v1.turn_guard import failed_turn_error, first_output, guarded_turn
+from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn, once_started
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -186,7 +186,7 @@ def _max_speech_probability(pcm) -> float:
 
 
 async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
-    events = await first_output(handle, "transcription_failed", "the transcription", "prompt")
+    events = await once_started(handle, "transcription_failed", "the transcription", "prompt")
     response = await open_stream(request)
     text, logprobs = "", []
     async for event in events:

@@ -8,7 +8,7 @@ turn is also cancelled if the handler ends any other way before it is done (an e
 failed write, a handler cancelled by a shutdown). A turn that did not complete is answered by
 `failed_turn_error`: the client's error when the request was at fault (a prompt too long for
 engine.max_model_len), the server's otherwise. A streamed answer opens its stream at the turn's
-first event (`first_output`), so a turn refused before it starts is answered with that error's
+first event (`once_started`), so a turn refused before it starts is answered with that error's
 status, as OpenAI answers it, not with a 200 holding an error event.
 """
 
@@ -70,7 +70,7 @@ def failed_turn_error(done: TurnDone | None, code: str, what: str, param: str | 
     return ApiError(500, code, f"{what} failed ({error})")
 
 
-async def first_output(handle, code: str, what: str, param: str | None) -> AsyncIterator[PipelineEvent]:
+async def once_started(handle, code: str, what: str, param: str | None) -> AsyncIterator[PipelineEvent]:
     """The turn's events from the start, once the first has come (the user's speech encoded,
     which the pipeline sends once the engine took the prompt, or the first output, or the end):
     raises failed_turn_error(...) if the turn ended before anything else."""
