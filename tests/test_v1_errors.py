@@ -117,6 +117,21 @@ def cases(wav: str):
         "invalid_value",
         "messages[0].content",
     )
+    yield "chat/completions", chat(ok, stream_options={"include_usage": True}), 400, "invalid_value", "stream_options"
+    yield (
+        "chat/completions",
+        chat(ok, stream=True, stream_options={"include_usage": True, "bogus": 1}),
+        400,
+        "unknown_parameter",
+        "stream_options.bogus",
+    )
+    yield (
+        "chat/completions",
+        chat(ok, modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav", "speed": 2}),
+        400,
+        "unknown_parameter",
+        "audio.speed",
+    )
     yield "chat/completions", chat(ok, modalities=["video"]), 400, "invalid_value", "modalities"
     yield "chat/completions", chat(ok, max_tokens="many"), 400, "invalid_value", "max_tokens"
     yield (

@@ -29,10 +29,17 @@ from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.audio_input import decode_base64, decoded_speech
-from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatOutput, ChatSampling, check_model, checked
+from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatOutput, ChatSampling, Fields, check_model, checked
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
+
+# The objects inside a chat body, checked as CHAT_FIELDS checks the body (openai_params.py).
+AUDIO_FIELDS = Fields(honoured=frozenset({"voice", "format"}))
+STREAM_OPTIONS_FIELDS = Fields(  # with `stream` only, as OpenAI has it
+    honoured=frozenset({"include_usage"}),
+    neutral={"include_obfuscation": (lambda v: v is False, "false (nothing is padded)")},
+)
 
 
 @dataclass
@@ -96,6 +103,7 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
     if output_type is None:
         raise _bad(f"modalities: expected {EXPECTED_MODALITIES}", "modalities")
     audio = _option(body, "audio", dict, 'an object {"voice", "format"}') or {}
+    AUDIO_FIELDS.check(audio, "audio.")
     audio_format, voice = "", None
     if output_type == BOTH:
         if not can_speak:
@@ -108,6 +116,9 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
         audio_format = requested
     stream = bool(_option(body, "stream", bool, "true or false"))
     stream_options = _option(body, "stream_options", dict, "an object") or {}
+    STREAM_OPTIONS_FIELDS.check(stream_options, "stream_options.")
+    if stream_options and not stream:
+        raise _bad("stream_options: only allowed when stream is true", "stream_options")
     history, user_turn = await _messages(body.get("messages"), config, store)
     logprobs = bool(openai_sampling.get("logprobs"))
     if openai_sampling.get("top_logprobs") and not logprobs:
