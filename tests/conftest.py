@@ -119,6 +119,14 @@ def golden_checkpoint(golden_dir) -> Path:
     return golden_dir / "checkpoint"
 
 
+@pytest.fixture(scope="module")
+def tiny_engine_setup(golden_checkpoint, golden, golden_rules):
+    """The golden checkpoint's tiny LM, its goldens and its generation rules (the engine tests')."""
+    from helpers.engine_scenarios import load_tiny_lm
+
+    return load_tiny_lm(golden_checkpoint), golden, golden_rules
+
+
 @pytest.fixture(scope="session")
 def golden_paths(golden_checkpoint):
     """The golden checkpoint found as `serve` finds a real one."""

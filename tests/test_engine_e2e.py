@@ -25,7 +25,6 @@ from helpers.engine_scenarios import (
     check_bfloat16_engine,
     engine_for,
     golden_prompt,
-    load_tiny_lm,
     make_request,
     reference_args,
     reference_steps,
@@ -33,13 +32,8 @@ from helpers.engine_scenarios import (
 )
 
 
-@pytest.fixture(scope="module")
-def setup(golden_checkpoint, golden, golden_rules):
-    return load_tiny_lm(golden_checkpoint), golden, golden_rules
-
-
-def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
-    lm, tensors, rules = setup
+def test_engine_matches_reference_with_chunking_preemption_and_abort(tiny_engine_setup):
+    lm, tensors, rules = tiny_engine_setup
     arrivals = build_requests(lm, tensors, rules)
     expected = {req.request_id: reference_steps(lm, req) for _, req in arrivals if req.request_id != "abort-waiting"}
     engine = engine_for(lm)
@@ -61,10 +55,10 @@ def test_engine_matches_reference_with_chunking_preemption_and_abort(setup):
         assert finished[rid] == reason, rid
 
 
-def test_nucleus_sampling_and_penalties_batched_equal_the_reference(setup):
+def test_nucleus_sampling_and_penalties_batched_equal_the_reference(tiny_engine_setup):
     """Not official (OpenAI's): top_p and the presence / frequency penalties, in a batch with
     official requests, sample what the batch-1 reference loop samples."""
-    lm, tensors, rules = setup
+    lm, tensors, rules = tiny_engine_setup
     text, both = golden_prompt(tensors, "lm.text"), golden_prompt(tensors, "lm.both")
     nucleus = SamplingParams(
         seed=3,
@@ -87,8 +81,8 @@ def test_nucleus_sampling_and_penalties_batched_equal_the_reference(setup):
         assert outputs[rid] == steps and finished[rid] == reason, rid
 
 
-def test_follow_up_prompt_is_served_from_prefix_cache(setup):
-    lm, tensors, rules = setup
+def test_follow_up_prompt_is_served_from_prefix_cache(tiny_engine_setup):
+    lm, tensors, rules = tiny_engine_setup
     engine = engine_for(lm, num_blocks=32, budget=64)
     first = make_request(
         "first", golden_prompt(tensors, "lm_e2e"), SamplingParams.greedy(max_new_tokens=20), "both", rules
@@ -126,8 +120,8 @@ def test_follow_up_prompt_is_served_from_prefix_cache(setup):
     assert after.num_blocks_free == after.num_blocks_total
 
 
-def test_bad_requests_fail_alone(setup):
-    lm, tensors, rules = setup
+def test_bad_requests_fail_alone(tiny_engine_setup):
+    lm, tensors, rules = tiny_engine_setup
     engine = engine_for(lm)
     good = golden_prompt(tensors, "lm.both")
     params = SamplingParams.greedy(max_new_tokens=4)
@@ -164,10 +158,10 @@ def test_bad_requests_fail_alone(setup):
     assert engine.stats().num_blocks_free == 12
 
 
-def test_finishing_output_carries_the_official_return_values(setup):
+def test_finishing_output_carries_the_official_return_values(tiny_engine_setup):
     """The last output of a request holds what the official loop returns (the caller needs
     nothing from the engine's sequences); an abort produces no output at all."""
-    lm, tensors, rules = setup
+    lm, tensors, rules = tiny_engine_setup
     engine = engine_for(lm)
     requests = [
         make_request(
@@ -207,10 +201,10 @@ def test_bfloat16_engine_serves_a_mixed_batch(monkeypatch, golden_checkpoint, go
     check_bfloat16_engine("cpu", monkeypatch, golden_checkpoint, golden, golden_rules)
 
 
-def test_checkpoint_without_whisper_features_ignores_them(setup):
+def test_checkpoint_without_whisper_features_ignores_them(tiny_engine_setup):
     """use_whisper_feature = false (no VQ adaptor): the official model ignores the features it
     is given; so do the engine and the reference loop, rather than failing every turn."""
-    lm, tensors, rules = setup
+    lm, tensors, rules = tiny_engine_setup
     config = dataclasses.replace(lm.config, use_whisper_feature=False)
     plain = KimiAudioLM(config).eval().requires_grad_(False)
     plain.fuse_projections()  # as load_lm leaves the golden model

@@ -11,8 +11,6 @@ its end, and the prefix cache never keys a position whose ids were still on the 
 
 from __future__ import annotations
 
-import pytest
-
 from kimiaudio.engine.launched_step import LaunchedStep
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.sequence import UNRESOLVED
@@ -21,16 +19,10 @@ from helpers.engine_scenarios import (
     build_requests,
     engine_for,
     golden_prompt,
-    load_tiny_lm,
     make_request,
     reference_steps,
     run_scenario,
 )
-
-
-@pytest.fixture(scope="module")
-def setup(golden_checkpoint, golden, golden_rules):
-    return load_tiny_lm(golden_checkpoint), golden, golden_rules
 
 
 class Recorder:
@@ -98,16 +90,16 @@ def tokens(outs) -> list[tuple[int, int]]:
     return [(o.text_token, o.audio_token) for o in outs]
 
 
-def request(setup, rid, section="lm.both", output_type="both", params=None):
-    lm, tensors, rules = setup
+def request(tiny_engine_setup, rid, section="lm.both", output_type="both", params=None):
+    lm, tensors, rules = tiny_engine_setup
     params = params or SamplingParams(seed=7, max_new_tokens=16, ignore_eos=True)  # the defaults, sampled
     return make_request(rid, golden_prompt(tensors, section), params, output_type, rules)
 
 
-def recorded_run(setup, monkeypatch, arrivals, max_num_seqs=8) -> Recorder:
+def recorded_run(tiny_engine_setup, monkeypatch, arrivals, max_num_seqs=8) -> Recorder:
     """Requests (step, request) through an engine with blocks for all, until idle; each one's
     tokens are the reference loop's. -> the events."""
-    lm = setup[0]
+    lm = tiny_engine_setup[0]
     engine = engine_for(lm, num_blocks=40, max_num_seqs=max_num_seqs)
     events = Recorder(engine, monkeypatch)
     outputs = drain(engine, arrivals)
@@ -116,8 +108,12 @@ def recorded_run(setup, monkeypatch, arrivals, max_num_seqs=8) -> Recorder:
     return events
 
 
-def test_each_decode_step_is_launched_before_the_previous_one_is_read(setup, monkeypatch):
-    events = recorded_run(setup, monkeypatch, [(0, request(setup, "a")), (0, request(setup, "b", "lm_e2e"))])
+def test_each_decode_step_is_launched_before_the_previous_one_is_read(tiny_engine_setup, monkeypatch):
+    events = recorded_run(
+        tiny_engine_setup,
+        monkeypatch,
+        [(0, request(tiny_engine_setup, "a")), (0, request(tiny_engine_setup, "b", "lm_e2e"))],
+    )
     chained = [e for e in events.of("launch") if e[2] is not None]
     assert len(chained) >= 10
     order = events.events
@@ -129,10 +125,10 @@ def test_each_decode_step_is_launched_before_the_previous_one_is_read(setup, mon
     assert sorted(reads) == list(range(len(events.steps)))  # every launched step read once
 
 
-def test_overlap_on_and_off_equal_the_reference(setup, monkeypatch):
+def test_overlap_on_and_off_equal_the_reference(tiny_engine_setup, monkeypatch):
     """The engine scenario (chunked prefill, preemption, aborts, penalties, features) gives the
     same tokens with overlap on and off, and the reference loop's."""
-    lm, tensors, rules = setup
+    lm, tensors, rules = tiny_engine_setup
     arrivals = build_requests(lm, tensors, rules)
     off = engine_for(lm, overlap_steps=False)
     off_events = Recorder(off, monkeypatch)
@@ -148,14 +144,16 @@ def test_overlap_on_and_off_equal_the_reference(setup, monkeypatch):
             assert (outputs[req.request_id], finished[req.request_id]) == reference_steps(lm, req), req.request_id
 
 
-def test_a_sequence_stopping_inside_a_chain_ends_there_and_keys_no_unresolved_position(setup, monkeypatch):
-    lm = setup[0]
+def test_a_sequence_stopping_inside_a_chain_ends_there_and_keys_no_unresolved_position(tiny_engine_setup, monkeypatch):
+    lm = tiny_engine_setup[0]
     engine = engine_for(lm, num_blocks=40, block_size=4)
     events = Recorder(engine, monkeypatch)
-    stops = request(setup, "stops", "lm.text", "text", SamplingParams.greedy(max_new_tokens=40))
+    stops = request(tiny_engine_setup, "stops", "lm.text", "text", SamplingParams.greedy(max_new_tokens=40))
     expected, reason = reference_steps(lm, stops)
     assert reason == "stop" and len(expected) < 40  # the golden text answer ends on its own
-    long = request(setup, "long", params=SamplingParams(seed=3, max_new_tokens=len(expected) + 12, ignore_eos=True))
+    long = request(
+        tiny_engine_setup, "long", params=SamplingParams(seed=3, max_new_tokens=len(expected) + 12, ignore_eos=True)
+    )
     ended = []
     outputs = drain(engine, [(0, stops), (0, long)], lambda out: out.finished and ended.append(out.request_id))
     assert tokens(outputs["stops"]) == expected and outputs["stops"][-1].finish_reason == "stop"
@@ -169,8 +167,12 @@ def test_a_sequence_stopping_inside_a_chain_ends_there_and_keys_no_unresolved_po
     assert keys and all(UNRESOLVED not in position[:2] for key in keys for position in key)
 
 
-def test_a_new_requests_prefill_is_launched_beside_the_decodes(setup, monkeypatch):
-    events = recorded_run(setup, monkeypatch, [(0, request(setup, "first")), (6, request(setup, "late", "lm_e2e"))])
+def test_a_new_requests_prefill_is_launched_beside_the_decodes(tiny_engine_setup, monkeypatch):
+    events = recorded_run(
+        tiny_engine_setup,
+        monkeypatch,
+        [(0, request(tiny_engine_setup, "first")), (6, request(tiny_engine_setup, "late", "lm_e2e"))],
+    )
     # Planned while a step was in flight, the prefill chunk and the decode beside it are
     # launched from that step's samples, and it is read after.
     late_seq = 1  # the second request added
@@ -179,19 +181,19 @@ def test_a_new_requests_prefill_is_launched_beside_the_decodes(setup, monkeypatc
     assert events.events[launched_at + 1] == ("read", k - 1) and events.rows[k] == [0, 1]
 
 
-def test_a_request_waiting_for_a_slot_does_not_stop_the_chain(setup, monkeypatch):
-    arrivals = [(0, request(setup, "first")), (0, request(setup, "second", "lm_e2e"))]
-    events = recorded_run(setup, monkeypatch, arrivals, max_num_seqs=1)  # one runs, one waits
+def test_a_request_waiting_for_a_slot_does_not_stop_the_chain(tiny_engine_setup, monkeypatch):
+    arrivals = [(0, request(tiny_engine_setup, "first")), (0, request(tiny_engine_setup, "second", "lm_e2e"))]
+    events = recorded_run(tiny_engine_setup, monkeypatch, arrivals, max_num_seqs=1)  # one runs, one waits
     runs_alone = [e for e in events.of("launch") if e[2] is not None]
     assert len(runs_alone) >= 2 * 10  # each request's decode steps chained, the other waiting or done
     assert {seq for rows in events.rows for seq in rows} == {0, 1} and all(len(rows) == 1 for rows in events.rows)
 
 
-def test_an_abort_drops_the_launched_rows_output(setup, monkeypatch):
-    lm = setup[0]
+def test_an_abort_drops_the_launched_rows_output(tiny_engine_setup, monkeypatch):
+    lm = tiny_engine_setup[0]
     engine = engine_for(lm, num_blocks=40)
     events = Recorder(engine, monkeypatch)
-    keep, drop = request(setup, "keep"), request(setup, "drop", "lm_e2e")
+    keep, drop = request(tiny_engine_setup, "keep"), request(tiny_engine_setup, "drop", "lm_e2e")
     seq_ids, outs = {}, []
 
     def record(out):
@@ -208,23 +210,25 @@ def test_an_abort_drops_the_launched_rows_output(setup, monkeypatch):
     assert any(seq_ids["drop"] in ids for ids in events.rows[1:])
 
 
-def test_host_sampled_settings_never_launch(setup, monkeypatch):
+def test_host_sampled_settings_never_launch(tiny_engine_setup, monkeypatch):
     params = SamplingParams(seed=4, max_new_tokens=10, audio_repetition_penalty=1.2)
-    events = recorded_run(setup, monkeypatch, [(0, request(setup, "penalised", params=params))])
+    events = recorded_run(tiny_engine_setup, monkeypatch, [(0, request(tiny_engine_setup, "penalised", params=params))])
     assert not events.of("launch") and len(events.of("run")) >= 10
 
 
-def test_a_plan_the_launched_step_cannot_run_beside_reads_it_first(setup, monkeypatch):
+def test_a_plan_the_launched_step_cannot_run_beside_reads_it_first(tiny_engine_setup, monkeypatch):
     """Should the plan made while a step is in flight not be one a launch runs (here: the one
     that still holds a sequence whose last sample is in flight is refused), the
     engine reads that step, drops the sequences that ended in it from the plan, and runs the
     rest at once: the same tokens."""
-    lm = setup[0]
+    lm = tiny_engine_setup[0]
     engine = engine_for(lm, num_blocks=40)
     events = Recorder(engine, monkeypatch)
-    stops = request(setup, "stops", "lm.text", "text", SamplingParams.greedy(max_new_tokens=40))
+    stops = request(tiny_engine_setup, "stops", "lm.text", "text", SamplingParams.greedy(max_new_tokens=40))
     expected, _ = reference_steps(lm, stops)
-    other = request(setup, "other", params=SamplingParams(seed=3, max_new_tokens=len(expected) + 6, ignore_eos=True))
+    other = request(
+        tiny_engine_setup, "other", params=SamplingParams(seed=3, max_new_tokens=len(expected) + 6, ignore_eos=True)
+    )
     can_launch = engine.runner.can_launch
 
     def refusing_the_stopping_one(plan):

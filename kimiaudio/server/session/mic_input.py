@@ -99,7 +99,8 @@ class MicInput:
         (input_audio_buffer.cleared says so, when there was any)."""
         mode, self._mode = self._mode, self._settings.turn_detection
         if (mode == "none") != (self._mode == "none"):
-            held = self.buffer.take() is not None or self._speech_item_id is not None
+            kept = self.buffer.take() is not None  # (emptied either way)
+            held = kept or self._speech_item_id is not None
             self._speech_item_id = None
             self._vad_executor.submit(self._detector.reset)
             if held:
