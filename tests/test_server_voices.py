@@ -187,6 +187,7 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
         await ws.send_json({"type": "session.update", "session": {"voice": "nobody"}})
         bad = await next_of("session.updated")
         assert bad["type"] == "error" and "unknown voice 'nobody'" in bad["error"]["message"]
+        assert bad["error"]["param"] == "session.voice"
         await ws.send_json({"type": "session.update", "session": {"voice": "espeak", "turn_detection": None}})
         assert (await next_of("session.updated"))["session"]["audio"]["output"]["voice"] == "espeak"
         audio = base64.b64encode(pcm16.to_bytes(resample(speech_16k, 16000, 24000))).decode()

@@ -96,7 +96,7 @@ def _checked_settings(context: ServerContext, session: Any) -> SessionSettings:
         settings.apply(update)
     except ProtocolError as exc:
         raise _bad(exc.code, str(exc), exc.param) from None
-    except KimiAudioError as exc:  # a voice this server does not have, speech from a text-only server
+    except KimiAudioError as exc:  # speech asked of a text-only server
         raise _bad("invalid_value", f"session: {exc}", "session") from None
     return settings
 

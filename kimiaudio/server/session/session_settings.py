@@ -25,7 +25,8 @@ from kimiaudio.audio.vad import TurnSettings
 from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.pipeline.voice_registry import MODEL_VOICE, Voice, VoiceRegistry
+from kimiaudio.pipeline.voice_registry import MODEL_VOICE, UnknownVoiceError, Voice, VoiceRegistry
+from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_update import SessionUpdate, Transcription
 from kimiaudio.text.output_type import BOTH, TEXT
 
@@ -88,8 +89,11 @@ class SessionSettings:
         )
         if answers.output_type == BOTH and not self.can_speak:
             raise KimiAudioError("session.output_type: this server answers in text only (model.text_only = true)")
-        if answers.voice is not None:
-            self._voices.resolve(answers.voice)  # an unknown name is refused here, before anything changes
+        if answers.voice is not None:  # an unknown name is refused here, before anything changes
+            try:
+                self._voices.resolve(answers.voice)
+            except UnknownVoiceError as exc:
+                raise ProtocolError("invalid_value", str(exc), answers.voice_field) from None
         self.config = config
         for name, value in (
             ("turn_detection", turns.detection),

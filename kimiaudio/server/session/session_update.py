@@ -62,6 +62,7 @@ class AnswerUpdate:
     output_type: str | None = None  # "both" | "text"
     instructions: str | None = None
     voice: str | None = None  # a stored voice, or a stock name
+    voice_field: str = "session.voice"  # where the client named it (its error's `param`)
     temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
 
 
@@ -107,9 +108,10 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
     temperature = checked(RealtimeSampling, {"temperature": session.get("temperature")}, f"{where}.", ProtocolError)
-    voice = typed_field(session, "voice", str, where, "a voice name") or typed_field(
-        audio_out, "voice", str, f"{where}.audio.output", "a voice name"
-    )
+    voice, voice_field = typed_field(session, "voice", str, where, "a voice name"), f"{where}.voice"
+    ga_voice = typed_field(audio_out, "voice", str, f"{where}.audio.output", "a voice name")
+    if voice is None and ga_voice is not None:
+        voice, voice_field = ga_voice, f"{where}.audio.output.voice"
     input_rate = pcm16_rate(session.get("input_audio_format"), f"{where}.input_audio_format")
     input_rate = pcm16_rate(audio_in.get("format"), f"{where}.audio.input.format") or input_rate
     pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", output=True)
@@ -122,6 +124,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
             output_type,
             typed_field(session, "instructions", str, where, "text"),
             voice,
+            voice_field,
             temperature.get("temperature"),
         ),
         input_rate=input_rate,
