@@ -366,3 +366,10 @@ def test_openai_temperature_and_limit_reach_the_answer_sampling():
     once = settings.sampling("both", temperature=0.7, max_new_tokens=3)
     assert (once.audio_temperature, once.max_new_tokens) == (0.7, 3)
     assert ga_session(settings, "s", None)["temperature"] == 0.9
+    # "inf" lifts a limit: for one response, then for the session (0 = the official limit).
+    create = parse_client_event('{"type": "response.create", "response": {"max_output_tokens": "inf"}}')
+    assert settings.sampling("both", max_new_tokens=create.max_new_tokens).max_new_tokens == 0
+    assert ga_session(settings, "s", None)["max_output_tokens"] == 40
+    settings.apply(_update({"max_output_tokens": "inf"}))
+    assert settings.sampling("both").max_new_tokens == 0
+    assert ga_session(settings, "s", None)["max_output_tokens"] == "inf"

@@ -46,11 +46,15 @@ def typed_field(obj: dict, key: str, kinds: type | tuple, where: str, what: str)
 
 
 def output_limit(obj: dict, where: str) -> int | None:
-    """max_output_tokens (GA) or max_response_output_tokens (beta): a positive integer or "inf"."""
+    """max_output_tokens (GA) or max_response_output_tokens (beta): a positive integer, or "inf"
+    as 0 (config [sampling] max_new_tokens' "the official limit", so it lifts an earlier
+    integer); None where the client left it out."""
     key = "max_output_tokens" if "max_output_tokens" in obj else "max_response_output_tokens"
     limit = obj.get(key)
-    if limit is None or limit == "inf":
+    if limit is None:
         return None
+    if limit == "inf":
+        return 0
 
     def error(code: str, message: str, param: str) -> ProtocolError:
         return ProtocolError(code, message.replace("max_output_tokens", key), f"{where}.{key}")
