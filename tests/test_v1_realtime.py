@@ -184,8 +184,11 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
 
         await conn.send({"type": "input_audio_buffer.commit"})  # nothing appended yet
         assert (await events.wait_for("error")).error.code == "input_audio_buffer_commit_empty"
+        await conn.send({"type": "input_audio_buffer.append", "audio": ""})  # nothing appended
+        await conn.send({"type": "input_audio_buffer.commit"})
+        assert (await events.wait_for("error", count=2)).error.code == "input_audio_buffer_commit_empty"
         await conn.send({"type": "input_audio_buffer.append", "audio": "%%%"})
-        bad = await events.wait_for("error", count=2)
+        bad = await events.wait_for("error", count=3)
         assert bad.error.code == "invalid_audio" and "base64" in bad.error.message
         if api == "ga":
             await conn.session.update(
@@ -193,7 +196,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
             )
         else:
             await conn.session.update(session={"input_audio_format": "g711_ulaw"})
-        bad = await events.wait_for("error", count=3)
+        bad = await events.wait_for("error", count=4)
         param = "session.audio.input.format" if api == "ga" else "session.input_audio_format"
         assert bad.error.code == "unsupported_format" and bad.error.param == param
 
@@ -235,7 +238,7 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         )
         # A manual commit does not answer by itself: had it, that answer would have come first
         # and the response.create asked for would have found nothing to answer.
-        assert len(events.of_type("response.created")) == 2 and len(events.of_type("error")) == 3, [
+        assert len(events.of_type("response.created")) == 2 and len(events.of_type("error")) == 4, [
             e.type for e in events.items
         ]
 

@@ -34,7 +34,8 @@ class InputBuffer:
         """Keep 16 kHz audio for a commit; False (nothing kept) if it would hold more than max_samples."""
         if sum(c.size for c in self._chunks) + pcm.size > max_samples:
             return False
-        self._chunks.append(np.asarray(pcm, dtype=np.float32))
+        if pcm.size:  # (an empty append leaves an empty buffer empty: its commit is commit_empty)
+            self._chunks.append(np.asarray(pcm, dtype=np.float32))
         return True
 
     def take(self) -> np.ndarray | None:
