@@ -11,7 +11,8 @@ on the demo checkpoint (GA shape, every event checked against the SDK's models):
 - conversation.item.truncate is checked against the item's audio, and names only items of the
   conversation the session is in;
 - an audio item is no commit of the input buffer, and a switch of turn detection empties it;
-- a conversation longer than the context loses its oldest turns (truncation "auto").
+- a conversation longer than the context loses its oldest turns (truncation "auto");
+- an item's text parts reach the model with its audio.
 The order of events proves each absence: the session takes items and responses from one queue."""
 
 import base64
@@ -229,3 +230,33 @@ async def test_semantic_vad_is_reported_as_asked(v1_server, openai_client):
         events = await open_session(conn, turn_detection={"type": "semantic_vad", "eagerness": "auto"})
         detection = events.of_type("session.updated")[-1].session.audio.input.turn_detection
         assert (detection.type, detection.eagerness, detection.interrupt_response) == ("semantic_vad", "auto", True)
+
+
+async def test_an_items_text_reaches_the_model_with_its_audio(v1_server, speech, openai_client):
+    """A user item of text and audio is prompted as its text, then its speech: as the turn
+    answered and as history. The prompt's length (usage.input_tokens) grows by the same text
+    message in both places."""
+    audio = base64.b64encode(pcm16.to_bytes(resample(speech[0], 16000, 24000))).decode()
+    text = {"type": "input_text", "text": "Answer in one word, please."}
+
+    async def prompt_length(with_text: bool, as_history: bool) -> int:
+        content = ([text] if with_text else []) + [{"type": "input_audio", "audio": audio}]
+        async with connect(openai_client, "ga") as conn:
+            events = await open_session(conn, turn_detection=None, text_only=True)
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": content})
+            if as_history:
+                assistant = {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "OK."}],
+                }
+                await conn.conversation.item.create(item=assistant)
+                await conn.conversation.item.create(item=user_text("And then?"))
+            await conn.response.create(response={"max_output_tokens": 1})
+            done = await events.wait_for("response.done")
+            assert done.response.status in ("completed", "incomplete"), done.response.status_details
+            return done.response.usage.input_tokens
+
+    answered = await prompt_length(True, False) - await prompt_length(False, False)
+    in_history = await prompt_length(True, True) - await prompt_length(False, True)
+    assert answered == in_history > 0

@@ -3,7 +3,10 @@ conversation, with the session's settings and those of the response.create that 
 
 The newest stored turn must be the user's, spoken or written (a text item: answered as the
 official prompt answers a user text message); the conversation before it is the history, led
-by the instructions as a user text message; the output type, voice and sampling are the session's
+by the instructions as a user text message. A user item with text parts and audio is stored as
+one turn, its text (the parts joined) before its audio, and prompted as two user messages in
+that order, as /v1/chat/completions prompts a message's parts (the official layout of an
+instruction and the speech it is about); the output type, voice and sampling are the session's
 unless the response.create names its own. A conversation that outgrows the model's context
 loses its oldest turns from the prompt, never the instructions (truncation "auto",
 pipeline/turn_prompt.py). What cannot be answered is a ProtocolError naming
@@ -11,6 +14,8 @@ why: the Responder ends that response failed (responder.py).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
@@ -38,7 +43,9 @@ async def answer_request(
             "response.create: the conversation does not end with a user turn to answer "
             "(add a user message item, spoken or text, or commit the input audio buffer first)",
         )
-    history = list((await conversation.history())[:-1])
+    history = [part for turn in (await conversation.history())[:-1] for part in _prompted(turn)]
+    if user_turn.audio is not None and user_turn.text:
+        history.append(HistoryTurn("user", text=user_turn.text))
     instructions = request.instructions if request and request.instructions is not None else settings.instructions
     if instructions:
         history.insert(0, HistoryTurn("user", text=instructions))
@@ -62,3 +69,11 @@ async def answer_request(
         truncate_after=1 if instructions else 0,  # the session's truncation "auto", its instructions kept
     )
     return index, user_turn, turn
+
+
+def _prompted(turn: HistoryTurn) -> list[HistoryTurn]:
+    """A stored turn as the prompt's history takes it: a user turn with text and audio as its
+    text message, then its speech."""
+    if turn.role == "user" and turn.audio is not None and turn.text:
+        return [HistoryTurn("user", text=turn.text), dataclasses.replace(turn, text="")]
+    return [turn]
