@@ -5,6 +5,7 @@ test_server_event_shapes.py)."""
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -240,6 +241,9 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         '"max_output_tokens": 9, "instructions": "Hi", "conversation": "auto", "metadata": {}}}'
     )
     assert create == ResponseCreate(None, "Hi", "alloy", 0.7, 9, metadata={})  # (echoed in the response)
+    for field, expected in (("output_modalities", '["audio"] or ["text"]'), ("modalities", '["text", "audio"]')):
+        with pytest.raises(ProtocolError, match=re.escape(expected)):  # each shape's own values
+            parse_client_event(json.dumps({"type": "response.create", "response": {field: []}}))
     for response, param in (
         ('{"conversation": "none"}', "response.conversation"),
         ('{"input": []}', "response.input"),

@@ -16,6 +16,7 @@ OUTPUT_TYPES = (TEXT, BOTH)
 # `output_modalities`), as a sorted set, and the output type each asks for.
 MODALITIES = {("text",): TEXT, ("audio",): BOTH, ("audio", "text"): BOTH}
 EXPECTED_MODALITIES = '["text"] or ["text", "audio"]'
+EXPECTED_OUTPUT_MODALITIES = '["audio"] or ["text"]'  # the GA Realtime API's `output_modalities`
 
 
 def check_output_type(value: Any, where: str = "output_type", error: type[KimiAudioError] = KimiAudioError) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.inputs.openai_params import RealtimeSampling, checked
-from kimiaudio.text.output_type import EXPECTED_MODALITIES, output_type_of
+from kimiaudio.text.output_type import EXPECTED_MODALITIES, EXPECTED_OUTPUT_MODALITIES, output_type_of
 
 INPUT_RATES = (SPEECH_INPUT_RATE, OPENAI_PCM16_RATE)  # pcm16 input rates a session takes
 
@@ -69,9 +69,10 @@ def output_type_field(obj: dict, where: str) -> str | None:
         return None
     output_type = output_type_of(modalities)
     if output_type is None:
+        expected = EXPECTED_OUTPUT_MODALITIES if key == "output_modalities" else EXPECTED_MODALITIES
         raise ProtocolError(
             "invalid_value",
-            f"{where}.{key}: expected {EXPECTED_MODALITIES}, got {modalities!r}"[:200],
+            f"{where}.{key}: expected {expected}, got {modalities!r}"[:200],
             f"{where}.{key}",
         )
     return output_type
