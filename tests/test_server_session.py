@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from kimiaudio.audio.vad import SileroVad
+from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.app import new_context
@@ -174,3 +175,31 @@ async def test_a_transcription_that_cannot_run_is_reported_failed(demo_checkpoin
         assert not s.of_type("conversation.item.input_audio_transcription.completed")
         turn = (await s.store.get_conversation(s.session.conversation.id))["turns"][0]
         assert turn["has_audio"] and turn["transcript"] is None  # the turn is kept, without words
+
+
+async def test_a_lost_database_loses_the_transcript_with_a_warning(
+    demo_checkpoint, tmp_path, speech, monkeypatch, caplog
+):
+    """A database away while a transcript is stored: the client still gets the words, and an
+    error saying why they were not kept; the log has one warning line, no traceback."""
+    config = demo_config(demo_checkpoint, tmp_path)
+    real_update_turn = ConversationStore.update_turn
+
+    async def unavailable_for_transcripts(self, conversation_id, index, **fields):
+        if "transcript" in fields:
+            raise StoreUnavailableError("injected: the database does not answer")
+        return await real_update_turn(self, conversation_id, index, **fields)
+
+    monkeypatch.setattr(ConversationStore, "update_turn", unavailable_for_transcripts)
+    async with Session(demo_stack(demo_checkpoint), config, tmp_path) as s:
+        await s.session.handle_message(
+            '{"type": "session.update", "session": {"turn_detection": null, '
+            '"input_audio_transcription": {"model": "whisper-1"}}}'
+        )
+        s.session.commit(np.concatenate([speech[0], silence(0.3)]), "item_words")
+        completed = await s.wait_for("conversation.item.input_audio_transcription.completed")
+        error = s.of_type("error")[-1]["error"]  # sent before the words (input_transcription.py)
+        assert error["code"] == "storage_failed" and "injected: the database does not answer" in error["message"]
+        assert completed["item_id"] == "item_words"
+    records = [r for r in caplog.records if "storing the transcript" in r.getMessage()]
+    assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)]

@@ -15,13 +15,13 @@ import logging
 
 import numpy as np
 
-from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.response_state import ResponseState
+from kimiaudio.server.session.store_failure import log_store_failure
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class AnswerStorage:
         try:
             await self._conversation.set_user_codes(response.user_index, response.user_turn, codes)
         except Exception as exc:  # e.g. the conversation was deleted meanwhile: the answer goes on
-            self._log_failure("storing the user turn's codes", exc)
+            log_store_failure(log, self._events.session_id, "storing the user turn's codes", exc)
 
     async def store_final(self, response: ResponseState, done: TurnDone) -> None:
         """The assistant turn's final record: inserted, or the progressive one updated."""
@@ -57,7 +57,7 @@ class AnswerStorage:
                     index, turn, text, list(done.text_tokens), codes, timings, pcm, response.cancelled
                 )
         except Exception as exc:
-            self._log_failure("storing the assistant turn", exc)
+            log_store_failure(log, self._events.session_id, "storing the assistant turn", exc)
             self._events.error("storage_failed", f"the answer could not be stored ({exc})")
 
     async def record(self, response: ResponseState) -> None:
@@ -81,7 +81,7 @@ class AnswerStorage:
                 response.recorded_samples = heard
                 await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
         except Exception as exc:  # the answer goes on; its final record is attempted at the end
-            self._log_failure("storing the answer as it plays", exc)
+            log_store_failure(log, self._events.session_id, "storing the answer as it plays", exc)
             self._events.error("storage_failed", f"the answer could not be stored as it played ({exc})")
         finally:
             stop.cancel()
@@ -106,10 +106,3 @@ class AnswerStorage:
         if response.output_type != "both" or self._playback.response_id != response.id:
             return response.recorded_samples
         return min(self._playback.played_samples_24k, response.num_samples)
-
-    def _log_failure(self, what: str, exc: BaseException) -> None:
-        """A lost database is one warning line (the session talks on); anything else is a bug."""
-        if isinstance(exc, StoreUnavailableError):
-            log.warning("session %s: %s failed: %s", self._events.session_id, what, exc)
-        else:
-            log.exception("session %s: %s failed", self._events.session_id, what)

@@ -30,6 +30,7 @@ from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.store_failure import log_store_failure
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,6 @@ class InputTranscription:
         try:
             await self._conversation.store_transcript(request.conversation_id, index, transcript)
         except Exception as exc:  # the client still gets the words; the log says why they were not kept
-            log.exception("session %s: storing the transcript of turn %d failed", events.session_id, index)
-            events.error("storage_failed", f"the transcript could not be stored ({type(exc).__name__})")
+            log_store_failure(log, events.session_id, f"storing the transcript of turn {index}", exc)
+            events.error("storage_failed", f"the transcript could not be stored ({exc})")
         events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds))

@@ -19,7 +19,7 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import KimiAudioError, StoreUnavailableError
+from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import server_events
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_sender import EventSender
@@ -27,6 +27,7 @@ from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.queued_turn import QueuedAudio, QueuedItem, QueuedText
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.store_failure import log_store_failure
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,7 @@ class UserItems:
             else:
                 index, _ = await conversation.add_user(audio, work.text)
         except Exception as exc:
-            if isinstance(exc, StoreUnavailableError):  # the database is away: the session lives on
-                log.warning("session %s: the user turn could not be stored: %s", events.session_id, exc)
-            else:
-                log.exception("session %s: storing the user turn failed", events.session_id)
+            log_store_failure(log, events.session_id, "storing the user turn", exc)
             text = f"the turn could not be stored, so it was not answered ({exc})"
             events.error("storage_failed", text, event_id=event_id)
             return False
