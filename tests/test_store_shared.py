@@ -6,16 +6,17 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationStore
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
-from kimiaudio.store.postgres import check_and_migrate
+from kimiaudio.store.postgres import AWAY_WAIT_S, POOL_WAIT_S, PostgresConnector, check_and_migrate, open_pool
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
 
 from helpers.serve_process import free_port
@@ -252,3 +253,44 @@ def test_the_environment_url_wins_and_bad_urls_name_their_key(monkeypatch, tmp_p
         load_config(None, {"storage": {"url": "mysql://u:p@h/db"}})
     with pytest.raises(ConfigError, match=r"storage.lease_seconds: expected a finite number in \[1.0, 3600.0\]"):
         load_config(None, {"storage": {"lease_seconds": 0.5}})
+
+
+def test_a_database_gone_away_fails_fast_until_it_answers(postgres_server, postgres_url):
+    """The first query that finds the server away waits for it (POOL_WAIT_S); the ones after it
+    wait AWAY_WAIT_S, until one gets a connection again. The waits asked of the real pool are
+    recorded, not timed."""
+    pool = open_pool(postgres_url)
+    connector = PostgresConnector(pool, postgres_url)
+    asked: list[float] = []
+    connection = pool.connection
+
+    def recorded(timeout: float):
+        asked.append(timeout)
+        return connection(timeout=timeout)
+
+    pool.connection = recorded
+
+    def query() -> bool:
+        try:
+            with connector.session() as db:
+                db.execute("SELECT 1")
+            return True
+        except StoreUnavailableError:
+            return False
+
+    try:
+        assert query()
+        postgres_server.stop()
+        try:
+            assert not query() and not query()
+        finally:
+            postgres_server.start()
+        deadline = time.monotonic() + 120  # (catches a hang: the pool reconnects with a back-off)
+        while not query():
+            assert time.monotonic() < deadline, "no query answered once the database was back"
+            time.sleep(0.2)
+        assert query()
+    finally:
+        pool.close()
+    assert asked[:3] == [POOL_WAIT_S, POOL_WAIT_S, AWAY_WAIT_S]  # answered, found it away, failed fast
+    assert asked[-2:] == [AWAY_WAIT_S, POOL_WAIT_S]  # the query that got through, and the one after it

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_S = 5  # a server that does not answer at all
 POOL_SIZE = 4  # the writer and reader threads, the lease heartbeat, /readyz
 POOL_WAIT_S = 5.0  # a query waiting for a connection while the server is away
+# Once a query has found the server away, the next ones wait this long, until one gets a
+# connection: the writes queued behind it (a session's turn, its answer) fail in turn at once
+# instead of each waiting out POOL_WAIT_S while the client hears nothing.
+AWAY_WAIT_S = 0.5
 # The pool retries a failed connection with a doubling back-off; it gives up after this, and the
 # next query starts again from a short delay, so a server back after a long outage is found quickly.
 RECONNECT_GIVE_UP_S = 10.0
@@ -84,22 +88,26 @@ def open_pool(url: str) -> ConnectionPool:
 
 
 class PostgresConnector:
-    """One thread's access to the shared pool (db_thread.py): a connection per call."""
+    """The store threads' access to the shared pool (db_thread.py): a connection per call."""
 
     def __init__(self, pool, url: str):
         self.pool, self.url = pool, url
+        self.wait_s = POOL_WAIT_S  # AWAY_WAIT_S from a query that found the server away to one that did not
 
     @contextlib.contextmanager
     def session(self) -> Iterator[PostgresSql]:
         from psycopg_pool import PoolTimeout
 
         try:
-            with self.pool.connection() as conn:
+            with self.pool.connection(timeout=self.wait_s) as conn:
+                self.wait_s = POOL_WAIT_S
                 yield PostgresSql(conn)
         except PoolTimeout:
+            self.wait_s = AWAY_WAIT_S
             raise StoreUnavailableError(f"the database {shown(self.url)} does not answer") from None
         except Exception as exc:
             if _is_connection_lost(exc):
+                self.wait_s = AWAY_WAIT_S
                 raise StoreUnavailableError(
                     f"the database {shown(self.url)} is unreachable ({_one_line(exc)})"
                 ) from None
