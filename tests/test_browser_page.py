@@ -13,7 +13,7 @@ from kimiaudio.server.app import create_app
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, console_errors, start_chromium, wait_for_script
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
@@ -79,13 +79,14 @@ async def test_page_completes_a_turn_and_shows_the_text(server, tmp_path, speech
                         .map((u) => u.querySelector('.text').textContent);"""),
                 "banner": driver.find_element("id", "demo-banner").text,
                 "error_hidden": driver.execute_script("return document.getElementById('error-banner').hidden"),
+                "console_errors": console_errors(driver),
             }
         finally:
             driver.quit()
 
     result = await asyncio.to_thread(drive)
     assert "Demo weights" in result["banner"] and "--model" in result["banner"]
-    assert result["error_hidden"]
+    assert result["error_hidden"] and result["console_errors"] == []
     assert result["user_turns"] >= 1
     store = server.app[SERVER_CONTEXT].store
     conversations = await store.list_conversations()

@@ -44,6 +44,7 @@ def start_chromium(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = Tr
         options.add_argument(f"--use-file-for-fake-audio-capture={fake_audio}%noloop")
     # Grant the microphone without asking, or answer the permission prompt with "block".
     options.add_argument("--use-fake-ui-for-media-stream" if allow_mic else "--deny-permission-prompts")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for console_errors()
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
@@ -52,3 +53,8 @@ def wait_for_script(driver, script: str, timeout: float = 120.0):
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+
+
+def console_errors(driver) -> list[str]:
+    """The page's console errors so far (uncaught exceptions, failed loads)."""
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
