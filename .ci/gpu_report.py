@@ -25,7 +25,10 @@ def _rows(report: dict) -> str:
     rows = report.get("rows") or []
     parts = []
     for r in rows:
-        if "first_audio_ms_p50" in r:
+        if "voice" in r:  # bench --voice: the same sessions without and with a voice prompt
+            plain, voiced = r["no_voice"]["first_audio_ms_p50"], r["voice"]["first_audio_ms_p50"]
+            parts.append(f"N={r['sessions']} 1st-audio p50 {plain:.0f}ms, with a voice {voiced:.0f}ms")
+        elif "first_audio_ms_p50" in r:
             first, rate = r["first_audio_ms_p50"], r["tokens_per_s"]
             parts.append(f"N={r['sessions']} 1st-audio p50 {first:.0f}ms {rate:.0f} tok/s")
         elif "step_ms_p50" in r and r.get("graphs", True):

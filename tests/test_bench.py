@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +25,8 @@ from kimiaudio.pipeline.step_record import LmStepRecord
 
 from helpers.bench_checks import SMALL_7B, check_small_decode_bench
 from helpers.cli import assert_one_line_error, kimiaudio
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A pipeline bench report's keys, the same on every device (values null where they do not apply).
 REPORT_KEYS = {
@@ -292,7 +297,7 @@ def test_full_size_bench_runs_on_a_shrunken_shape_on_the_cpu():
         assert row["guard_actions"] <= row["generated_tokens"] and row["underruns"] <= row["generated_tokens"], row
 
 
-def test_voice_bench_compares_first_audio_at_the_same_load(demo_checkpoint, speech_wav):
+def test_voice_bench_compares_first_audio_at_the_same_load(demo_checkpoint, speech_wav, tmp_path):
     result = kimiaudio(
         "bench",
         "--model",
@@ -315,6 +320,15 @@ def test_voice_bench_compares_first_audio_at_the_same_load(demo_checkpoint, spee
     assert plain["generated_tokens"] == voiced["generated_tokens"] > 0
     for r in (plain, voiced):
         assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p95"] and r["detok_ms_p50"] > 0
+    # .ci/gpu-check's summary line of this step names both.
+    (tmp_path / "out").write_text(result.stdout)
+    (tmp_path / "err").write_text("")
+    args = ["voice", "0", "1", "120", "bench --voice", *(str(tmp_path / n) for n in ("out", "err", "records"))]
+    summary = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "gpu_report.py"), *args], capture_output=True, text=True
+    )
+    first, with_voice = plain["first_audio_ms_p50"], voiced["first_audio_ms_p50"]
+    assert summary.stdout.strip() == f"N=2 1st-audio p50 {first:.0f}ms, with a voice {with_voice:.0f}ms", summary
 
 
 def test_voice_bench_without_a_file_makes_one(demo_checkpoint):

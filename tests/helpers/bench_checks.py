@@ -37,9 +37,13 @@ def check_small_decode_bench(device: str, capsys) -> None:
         assert times == sorted(times, reverse=True) and sum(k["share_of_busy"] for k in p["top"]) <= 1 + 1e-9
         # The linears (aten::linear on the CPU) as the GEMM group, their bandwidth over the bytes.
         assert p["groups_ms_per_step"]["gemm"] > 0 and p["gemm_gb_s"] > 0 and p["gemm_weight_gb"] > 0
-    # Graphs on and off in the same run on CUDA (with triton); eager only on the CPU.
-    modes = [True, False] if on_gpu else [False]
-    assert [(r["batch"], r["graphs"]) for r in report["rows"]] == [(b, g) for g in modes for b in (1, 4)]
+    # (graphs, overlapped steps): the engine as served, then on CUDA each of the two turned off
+    # alone, in the same run; eager only on the CPU.
+    served = config.engine.overlap_steps
+    variants = [(True, served), *([(True, False)] if served else []), (False, served)] if on_gpu else [(False, served)]
+    assert [(r["batch"], r["graphs"], r["overlap"]) for r in report["rows"]] == [
+        (b, g, o) for g, o in variants for b in (1, 4)
+    ]
     for r in report["rows"]:
         assert r["step_ms_p50"] > 0 and r["ratio_to_floor"] > 0 and r["step_ms_p50"] <= r["step_ms_p95"]
         assert r["mixed_step_ms_p50"] > 0 and r["mixed_prefill_tokens"] == 256
