@@ -63,6 +63,17 @@ def test_stereo_flac_44k_is_mixed_to_mono_16k(tmp_path):
     assert abs(np.max(np.abs(pcm[1000:-1000])) - 0.4) < 0.01
 
 
+@pytest.mark.parametrize("channels", [8, 16])
+def test_many_channels_are_mixed_to_mono(tmp_path, channels):
+    """(PyAV's planar frames of 8 or more channels crashed the process when read.)"""
+    amplitudes = np.linspace(0.1, 0.8, channels)
+    path = tmp_path / "many.wav"
+    soundfile.write(str(path), np.stack([sine(300, 16000, 1.0, a) for a in amplitudes], axis=1), 16000)
+    pcm = load_audio(path)
+    assert pcm.shape == (16000,) and abs(peak_frequency(pcm, 16000) - 300) < 2
+    assert abs(np.max(np.abs(pcm)) - amplitudes.mean()) < 0.01
+
+
 @pytest.mark.parametrize(
     "fmt,subtype,sr",
     [("MP3", "MPEG_LAYER_III", 48000), ("OGG", "VORBIS", 22050), ("OGG", "OPUS", 48000)],

@@ -152,19 +152,21 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
             stream = next((s for s in container.streams if s.type == "audio"), None)
             if stream is None:
                 raise AudioInputError(f"{name}: no audio stream found")
-            # Format conversion only (same rate and layout): any sample format -> planar float.
-            to_float = av.AudioResampler(format="fltp")
+            # Format conversion only (same rate and layout): any sample format -> interleaved
+            # float, averaged to mono here. (Planar frames of 8 or more channels crash PyAV's
+            # to_ndarray: a segfault, which took the server down.)
+            to_float = av.AudioResampler(format="flt")
             chunks: list[np.ndarray] = []
             rate, num_samples = None, 0
             for frame in container.decode(stream):
                 if rate is not None and frame.sample_rate != rate:
                     raise AudioInputError(f"{name}: the sample rate changes inside the stream")
                 rate = frame.sample_rate
-                chunks += [f.to_ndarray().mean(axis=0) for f in to_float.resample(frame)]  # [channels, n] -> [n]
+                chunks += [_mono(f) for f in to_float.resample(frame)]
                 num_samples += frame.samples
                 if limit is not None and num_samples > limit.seconds * rate:
                     raise AudioTooLongError(f"{name}: longer than {limit.seconds:g} s, the limit ({limit.key})")
-            chunks += [f.to_ndarray().mean(axis=0) for f in to_float.resample(None)]
+            chunks += [_mono(f) for f in to_float.resample(None)]
     except AudioInputError:  # (AudioTooLongError too)
         raise
     except (av.FFmpegError, OSError, ValueError, EOFError, RuntimeError) as exc:
@@ -180,6 +182,11 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
         raise AudioInputError(
             f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz ({type(exc).__name__}: {exc})"
         ) from None
+
+
+def _mono(frame) -> np.ndarray:
+    """An interleaved float frame ([1, n * channels]) as the mean of its channels ([n])."""
+    return frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1)
 
 
 def _frames_to_pcm(frames) -> np.ndarray:
