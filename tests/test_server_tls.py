@@ -102,10 +102,18 @@ def serve_fails(tmp_path: Path, *flags: str) -> list[str]:
     return done.stderr.strip().splitlines()
 
 
-@pytest.mark.parametrize("case", ["missing key", "mismatched key", "cert without key", "key as cert"])
+@pytest.mark.parametrize("case", ["missing key", "mismatched key", "cert without key", "key as cert", "encrypted key"])
 def test_bad_certificate_files_stop_the_start_with_one_line(certs, tmp_path, case):
     directory, (cert, key), (_, other_key) = certs
+    encrypted = tmp_path / "encrypted.key"
+    if case == "encrypted key":  # (OpenSSL would ask for its passphrase on the terminal)
+        subprocess.run(
+            ["openssl", "pkey", "-in", str(key), "-out", str(encrypted), "-aes256", "-passout", "pass:secret"],
+            check=True,
+            capture_output=True,
+        )
     flags, named = {
+        "encrypted key": (["--tls-cert", str(cert), "--tls-key", str(encrypted)], "server.tls_key"),
         "missing key": (["--tls-cert", str(cert), "--tls-key", str(directory / "nope.key")], "server.tls_key"),
         "mismatched key": (["--tls-cert", str(cert), "--tls-key", str(other_key)], "server.tls_key"),
         "cert without key": (["--tls-cert", str(cert)], "server.tls_key"),
@@ -117,3 +125,5 @@ def test_bad_certificate_files_stop_the_start_with_one_line(certs, tmp_path, cas
         assert "nope.key" in lines[0] and "cannot be read" in lines[0]
     if case == "mismatched key":
         assert str(other_key) in lines[0] and "not the private key" in lines[0]
+    if case == "encrypted key":
+        assert str(encrypted) in lines[0] and "passphrase" in lines[0]

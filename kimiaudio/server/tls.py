@@ -16,6 +16,14 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 
 
+class _EncryptedKey(Exception):
+    """The private key asked for a passphrase."""
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKey
+
+
 def _readable(config: Config, key: str) -> Path:
     path = config.resolve(getattr(config.server, key))
     try:
@@ -46,8 +54,14 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
         raise KimiAudioError(f"server.tls_cert: {cert}: not a usable PEM certificate ({exc.reason or exc})") from None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(str(cert), str(key))
-    except ssl.SSLError as exc:
+        # A password callback, so that OpenSSL never prompts on the terminal for a passphrase.
+        context.load_cert_chain(str(cert), str(key), password=_no_passphrase)
+    except _EncryptedKey:
+        raise KimiAudioError(
+            f"server.tls_key: {key}: is encrypted with a passphrase; give the key unencrypted "
+            f"(openssl pkey -in {key} -out KEY.pem)"
+        ) from None
+    except (ssl.SSLError, OSError) as exc:
         if "MISMATCH" in str(exc).upper():
             raise KimiAudioError(f"server.tls_key: {key}: is not the private key of the certificate {cert}") from None
         raise KimiAudioError(
