@@ -171,12 +171,19 @@ async def broken_worker_turns(pipeline, inputs, params):
     return results, pipeline.workers_alive
 
 
-@pytest.mark.parametrize("where", ["lm", "detok"])
+@pytest.mark.parametrize("where", ["lm", "lm-admit", "detok"])
 def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack, speech_16k, monkeypatch, where):
     """No turn waits for a thread that is gone: those in flight end failed, naming the worker;
-    new ones are refused; the pipeline still stops cleanly."""
+    new ones are refused; the pipeline still stops cleanly. (lm-admit: the loop breaks as a
+    turn is admitted, e.g. a tokenizer's panic; that turn is failed too.)"""
     calls = []
-    if where == "lm":
+    if where == "lm-admit":
+
+        def turn_prompt(*args, **kwargs):
+            raise Broken("injected")
+
+        monkeypatch.setattr(lm_worker, "turn_prompt", turn_prompt)
+    elif where == "lm":
         real = LLMEngine.step
 
         def step(self):
@@ -197,7 +204,8 @@ def test_a_worker_whose_loop_breaks_fails_every_turn_and_refuses_new_ones(stack,
     assert not alive
     for result in results:
         done = result["done"]
-        assert done.status == "failed" and f"kimiaudio-{where} worker stopped (Broken: injected)" in done.error
+        worker = where.removesuffix("-admit")
+        assert done.status == "failed" and f"kimiaudio-{worker} worker stopped (Broken: injected)" in done.error
 
 
 def test_a_worker_that_cannot_start_fails_the_pipeline_start(stack, monkeypatch):

@@ -100,6 +100,15 @@ def test_malformed_tiktoken_names_file_and_line(paths, tmp_path):
         KimiTokenizer.from_checkpoint(paths)
 
 
+def test_a_tiktoken_model_without_every_single_byte_is_refused(paths, tmp_path):
+    """(tiktoken panics, a BaseException, when it meets a byte it has no token for.)"""
+    paths = _copy_tokenizer_files(paths, tmp_path)
+    lines = paths.tiktoken_model.read_text().splitlines()
+    paths.tiktoken_model.write_text("\n".join(lines[:50]) + "\n")
+    with pytest.raises(CheckpointError, match=r"tiktoken.model: 206 of the 256 single-byte tokens are missing"):
+        KimiTokenizer.from_checkpoint(paths)
+
+
 def test_special_id_inside_ranks_is_refused(paths, tmp_path):
     paths = _copy_tokenizer_files(paths, tmp_path)
     config = json.loads(paths.tokenizer_config.read_text())

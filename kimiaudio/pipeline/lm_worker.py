@@ -162,7 +162,8 @@ class LmWorker(Worker):
     def _fail_all(self, error: str) -> None:
         """Every turn on this worker ends, failed with `error`."""
         for pending in self._pending:
-            deliver_done(pending.handle, TurnDone("failed", error=error), self.metrics)
+            if pending.handle.turn_id not in self._turns:  # (one admitted as the worker broke: ended below)
+                deliver_done(pending.handle, TurnDone("failed", error=error), self.metrics)
         self._pending.clear()
         for turn in list(self._turns.values()):
             self._finish(turn, "failed", error)
@@ -182,7 +183,6 @@ class LmWorker(Worker):
 
     def _admit_ready(self) -> None:
         for pending in [p for p in self._pending if not p.missing]:
-            self._pending.remove(pending)
             try:
                 self._admit(pending)
             except Exception as exc:
@@ -201,6 +201,9 @@ class LmWorker(Worker):
                         ),
                         self.metrics,
                     )
+            # Pending until here: a BaseException in _admit (the worker's end) leaves it to
+            # _fail_all, which fails every turn held, admitted or not.
+            self._pending.remove(pending)
 
     def _admit(self, turn: LmTurn) -> None:
         handle, request = turn.handle, turn.request

@@ -118,6 +118,14 @@ def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
         seen_ranks.add(rank)
     if not ranks:
         raise CheckpointError(f"{path}: no ranks found (expected lines 'base64token rank')")
+    # Byte-level BPE falls back to single bytes: without one of them, encoding text that holds it
+    # panics inside tiktoken (a BaseException, which would end the model worker's thread).
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise CheckpointError(
+            f"{path}: {len(missing)} of the 256 single-byte tokens are missing (e.g. byte {missing[0]}): "
+            "a byte-level BPE needs them all (a cut or corrupt file?)"
+        )
     return ranks
 
 
