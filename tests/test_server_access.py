@@ -78,6 +78,32 @@ async def test_the_page_signs_in_once_and_keeps_a_cookie_not_the_key(server):
     assert (await server.get("/api/conversations", headers=signed)).status == 401  # gone from the store too
 
 
+async def test_a_new_api_key_voids_the_sign_ins_and_ephemeral_keys_of_the_old(monkeypatch, demo_server, tmp_path):
+    """Changing the API key is how an operator revokes it: what was issued under the old key
+    (a page's cookie, an ek_ key) is unknown to the server restarted with the new one, on the
+    same store, and what the new key issues works."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+
+    async def issue(client, key: str) -> tuple[dict, dict]:
+        cookie = (await client.post("/api/signin", json={"api_key": key})).cookies["kimiaudio_signin"].value
+        client.session.cookie_jar.clear()
+        minted = await client.post("/v1/realtime/client_secrets", json={}, headers={"Authorization": f"Bearer {key}"})
+        ephemeral = (await minted.json())["value"]
+        return {"Cookie": f"kimiaudio_signin={cookie}"}, {"Authorization": f"Bearer {ephemeral}"}
+
+    async def granted(client, signed: dict, ephemeral: dict) -> tuple[int, int]:
+        page = await client.get("/api/conversations", headers=signed)
+        opened = await client.get("/v1/realtime", headers=ephemeral)  # not a WebSocket: 400 once the key passes
+        return page.status, opened.status
+
+    async with demo_server(tmp_path / "data", api_key="old-key-123456") as (client, _):
+        old = await issue(client, "old-key-123456")
+        assert await granted(client, *old) == (200, 400)
+    async with demo_server(tmp_path / "data", api_key="new-key-654321") as (client, _):
+        assert await granted(client, *old) == (401, 401)
+        assert await granted(client, *await issue(client, "new-key-654321")) == (200, 400)
+
+
 async def test_browser_forms_of_the_key(server):
     conversation = await server.app[SERVER_CONTEXT].store.create_conversation()
     path = f"/api/conversations/{conversation['id']}"

@@ -52,7 +52,9 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
     ttl_s = _ttl(body.get("expires_after"))
     session = body.get("session")
     settings = _checked_settings(context, session)
-    key, record = await mint_key(context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session)
+    key, record = await mint_key(
+        context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session, issuer=context.access.api_key
+    )
     expires_at = int(record.expires_at)
     described = ga_session(settings, f"sess_{secrets.token_hex(8)}", None)
     return {"value": key, "expires_at": expires_at, "session": {**described, "expires_at": expires_at}}
@@ -61,7 +63,9 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
 async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """Mint an ephemeral key bound to the beta session `body` -> the beta API's answer."""
     settings = _checked_settings(context, body)
-    key, record = await mint_key(context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, BETA_TTL_S, body)
+    key, record = await mint_key(
+        context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, BETA_TTL_S, body, issuer=context.access.api_key
+    )
     described = beta_session(settings, f"sess_{secrets.token_hex(8)}", None)
     return {**described, "client_secret": {"value": key, "expires_at": int(record.expires_at)}}
 

@@ -4,8 +4,11 @@ Two kinds, told apart by their `scope`: ephemeral Realtime keys (`ek_...`, minte
 POST /v1/realtime/client_secrets with the server's API key: they open a Realtime session or
 call, with the session configuration bound to them) and the demo page's sign-ins (the
 cookie a browser gets for the API key it typed once). A key is `prefix` + 32 random bytes
-(secrets.token_urlsafe): unguessable. Only its SHA-256 is stored, so the database (a backup,
-a dump) holds no key anyone could present; a lookup hashes what was presented. Because the
+(secrets.token_urlsafe): unguessable. Only its digest is stored, so the database (a backup,
+a dump) holds no key anyone could present; a lookup digests what was presented. The digest is
+keyed by the `issuer`, the server's API key that the key was minted under (HMAC-SHA-256; plain
+SHA-256 on a server without one): a key stands for the API key it was minted with, so once an
+operator changes the API key, every key issued under the old one is unknown, as the old key is. Because the
 table is in the database every instance shares, a key minted by one instance is honoured by
 all of them. Expired rows are deleted whenever a key is minted. Times come from the store's
 clock (injectable in tests).
@@ -14,6 +17,7 @@ clock (injectable in tests).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 from dataclasses import dataclass
@@ -36,28 +40,37 @@ class AccessKey:
         return now >= self.expires_at
 
 
-def key_hash(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+def key_hash(key: str, issuer: str = "") -> str:
+    data = key.encode("utf-8", "surrogateescape")
+    if not issuer:
+        return hashlib.sha256(data).hexdigest()
+    return hmac.new(issuer.encode("utf-8", "surrogateescape"), data, hashlib.sha256).hexdigest()
 
 
 async def mint_key(
-    store: ConversationStore, prefix: str, scope: str, ttl_s: float, session: dict[str, Any] | None = None
+    store: ConversationStore,
+    prefix: str,
+    scope: str,
+    ttl_s: float,
+    session: dict[str, Any] | None = None,
+    issuer: str = "",
 ) -> tuple[str, AccessKey]:
     """A new key (`prefix` + random) valid for `ttl_s` seconds from now -> (the key, its record)."""
     key = prefix + secrets.token_urlsafe(KEY_BYTES)
     now = store.clock()
     record = AccessKey(scope, now, now + ttl_s, session)
-    await store.write(_insert, key_hash(key), record)
+    await store.write(_insert, key_hash(key, issuer), record)
     return key, record
 
 
-async def find_key(store: ConversationStore, key: str) -> AccessKey | None:
-    """The record of a key (expired or not, unless deleted since), or None if it is no key of ours."""
-    return await store.read(_select, key_hash(key))
+async def find_key(store: ConversationStore, key: str, issuer: str = "") -> AccessKey | None:
+    """The record of a key minted under `issuer` (expired or not, unless deleted since), or None
+    if it is no key of ours."""
+    return await store.read(_select, key_hash(key, issuer))
 
 
-async def delete_key(store: ConversationStore, key: str) -> None:
-    await store.write(_delete, key_hash(key))
+async def delete_key(store: ConversationStore, key: str, issuer: str = "") -> None:
+    await store.write(_delete, key_hash(key, issuer))
 
 
 def _insert(db: Sql, digest: str, record: AccessKey) -> None:

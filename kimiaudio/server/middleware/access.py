@@ -160,13 +160,13 @@ async def _check_key(policy: AccessPolicy, store: issued_keys.Store, request: we
     if policy.api_key and key_matches(presented, policy.api_key):
         return
     if issued_keys.is_ephemeral(presented) and issued_keys.opens_realtime(request):
-        await issued_keys.check_ephemeral(store, request, presented or "")
+        await issued_keys.check_ephemeral(store, request, presented or "", policy.api_key)
         return
     if not policy.api_key or _is_public(request.path):
         return
     if issued_keys.is_ephemeral(presented):
         raise issued_keys.out_of_scope()
-    if request.path.startswith("/api/") and await issued_keys.signed_in(store, request):
+    if request.path.startswith("/api/") and await issued_keys.signed_in(store, request, policy.api_key):
         return
     raise ApiError(
         401,

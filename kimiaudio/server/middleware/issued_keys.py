@@ -8,7 +8,8 @@
   (a client then learns its key expired instead of getting a session without its settings).
 - The page's sign-in (the cookie SIGNIN_COOKIE, set by POST /api/signin for the API key typed
   once): the page's own routes under /api/, so that the page never keeps the API key.
-A session a key opened may outlive the key, as OpenAI's do.
+A session a key opened may outlive the key, as OpenAI's do. Both kinds are minted under the
+server's API key (store/access_keys.py: `issuer`): a new API key voids them.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def invalid_key(message: str) -> ApiError:
     return ApiError(401, "invalid_api_key", message, headers={"WWW-Authenticate": "Bearer"})
 
 
-async def check_ephemeral(store: Store, request: web.Request, key: str) -> None:
-    """An ephemeral key presented to open a session or call: valid, or 401; its bound session
-    goes on the request."""
-    record = await find_key(store(), key)
+async def check_ephemeral(store: Store, request: web.Request, key: str, issuer: str) -> None:
+    """An ephemeral key presented to open a session or call: valid (minted under `issuer`, the
+    server's API key now), or 401; its bound session goes on the request."""
+    record = await find_key(store(), key, issuer)
     if record is None or record.scope != EPHEMERAL_SCOPE:
         raise invalid_key("this ephemeral key is not valid (mint one with POST /v1/realtime/client_secrets)")
     if record.expired(store().clock()):
@@ -64,12 +65,13 @@ def out_of_scope() -> ApiError:
     )
 
 
-async def signed_in(store: Store, request: web.Request) -> bool:
-    """The request carries the cookie of an unexpired page sign-in."""
+async def signed_in(store: Store, request: web.Request, issuer: str) -> bool:
+    """The request carries the cookie of an unexpired page sign-in, made with `issuer` (the
+    server's API key now)."""
     key = request.cookies.get(SIGNIN_COOKIE)
     if not key:
         return False
-    record = await find_key(store(), key)
+    record = await find_key(store(), key, issuer)
     return record is not None and record.scope == PAGE_SCOPE and not record.expired(store().clock())
 
 

@@ -37,7 +37,7 @@ async def auth(request: web.Request) -> web.Response:
     """Unauthenticated: tells the page whether to ask for a key (and says nothing else)."""
     context = server_context(request)
     required = bool(context.access.api_key)
-    signed = required and await signed_in(lambda: context.store, request)
+    signed = required and await signed_in(lambda: context.store, request, context.access.api_key)
     return web.json_response({"required": required, "signed_in": signed})
 
 

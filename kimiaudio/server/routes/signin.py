@@ -41,7 +41,7 @@ async def signin(request: web.Request) -> web.Response:
     typed = body.get("api_key")
     if not key_matches(typed if isinstance(typed, str) else None, context.access.api_key):
         raise invalid_key("that is not this server's API key")
-    key, record = await mint_key(context.store, "", PAGE_SCOPE, SIGNIN_S)
+    key, record = await mint_key(context.store, "", PAGE_SCOPE, SIGNIN_S, issuer=context.access.api_key)
     response = web.json_response({"required": True, "expires_at": int(record.expires_at)})
     response.set_cookie(
         SIGNIN_COOKIE, key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=request.secure
@@ -53,7 +53,8 @@ async def signin(request: web.Request) -> web.Response:
 async def signout(request: web.Request) -> web.Response:
     key = request.cookies.get(SIGNIN_COOKIE)
     if key:
-        await delete_key(server_context(request).store, key)
+        context = server_context(request)
+        await delete_key(context.store, key, context.access.api_key)
     response = web.json_response({"signed_out": True})
     response.del_cookie(SIGNIN_COOKIE, path="/")
     return response
