@@ -71,9 +71,10 @@ async def test_the_official_client_mints_a_key(server):
             await ephemeral.realtime.client_secrets.create()
     finally:
         await api.close()
+    later = server.app[SERVER_CONTEXT].store.clock()  # (minted between now and later, however slow)
     assert secret.value.startswith("ek_") and len(secret.value) > 40 and secret.value != default.value
-    assert now + 119 <= secret.expires_at <= now + 122
-    assert now + 599 <= default.expires_at <= now + 602  # OpenAI's default: 600 s
+    assert now + 119 <= secret.expires_at <= later + 121
+    assert now + 599 <= default.expires_at <= later + 601  # OpenAI's default: 600 s
     assert secret.session.type == "realtime" and secret.session.id.startswith("sess_")
     assert secret.session.instructions == "Speak like a pirate."
 
@@ -93,10 +94,11 @@ async def test_the_beta_api_mints_a_key_with_its_session(server):
             await api.beta.realtime.sessions.create(voice="nobody-stored")
     finally:
         await api.close()
+    later = server.app[SERVER_CONTEXT].store.clock()
     assert info.value.body["code"] == "invalid_value"
     assert session.instructions == "Speak like a pirate." and session.modalities == ["text"]
     key = session.client_secret.value
-    assert key.startswith("ek_") and now + 59 <= session.client_secret.expires_at <= now + 62
+    assert key.startswith("ek_") and now + 59 <= session.client_secret.expires_at <= later + 61
     status, opened = await ws_session(server, key)
     assert status == 101 and opened["instructions"] == "Speak like a pirate."
     assert opened["output_modalities"] == ["text"]
