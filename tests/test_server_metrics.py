@@ -1,9 +1,12 @@
 """Metrics, health and logs of the real server (demo checkpoint, real aiortc client):
 /metrics in Prometheus format with non-zero latency histograms after a turn, /healthz and
-/readyz (503 when full or draining), every sample labelled with its instance, one structured
-log line per answer, libraries kept quiet and client faults kept to one INFO line."""
+/readyz (503 when full or draining), every sample labelled with its instance, the answer audio
+generated counted once whatever carries it (WebRTC, the Realtime WebSocket and chat completions
+with the official `openai` client), one structured log line per answer, libraries kept quiet
+and client faults kept to one INFO line."""
 
 import asyncio
+import base64
 import logging
 
 import numpy as np
@@ -13,12 +16,14 @@ from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
 from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.observe.log_setup import configure_logging
+from kimiaudio.server.session.playback import CountedPlayback
 from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 
 from helpers.audio import silence
 from helpers.demo_server import kv_pool_full_again
 from helpers.metrics_scrape import scrape
 from helpers.playback import ListenerLog
+from helpers.realtime_events import MODEL, Events, say
 from helpers.waiting import eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -184,20 +189,80 @@ async def test_client_faults_and_library_chatter_stay_out_of_the_error_log(serve
 
 async def test_underruns_are_counted_once_per_gap():
     counted, audio = [], []
-    track = MeteredPlaybackTrack(on_audio=audio.append, on_underrun=lambda: counted.append(1))
-    track.begin("resp_1", ListenerLog())
-    track.push(np.full(4800, 0.1, np.float32))  # 0.2 s, then the generator is late: one gap
+    track = MeteredPlaybackTrack(on_underrun=lambda: counted.append(1))
+    playback = CountedPlayback(track, audio.append)  # what a WebRTC session is given
+    playback.begin("resp_1", ListenerLog())
+    playback.push(np.full(4800, 0.1, np.float32))  # 0.2 s, then the generator is late: one gap
     for _ in range(20):
         await track.recv()
-    track.push(np.full(4800, 0.1, np.float32))  # late audio resumes playback; it runs dry again
+    playback.push(np.full(4800, 0.1, np.float32))  # late audio resumes playback; it runs dry again
     for _ in range(20):
         await track.recv()
-    track.push(np.full(2400, 0.1, np.float32))
-    track.end()  # the answer's last frames: running out at its end is not a gap
+    playback.push(np.full(2400, 0.1, np.float32))
+    playback.end()  # the answer's last frames: running out at its end is not a gap
     for _ in range(10):
         await track.recv()
     assert len(counted) == 2 and sum(audio) == pytest.approx(0.5)
     track.stop()
+
+
+# The client's audio and the count are the same samples (pcm16 both ways): well within one
+# detokenizer chunk (0.08 s a code).
+SAME_AUDIO_S = 1e-3
+
+
+async def audio_generated(http) -> float:
+    return (await scrape(http))["kimiaudio_audio_generated_seconds_total"]
+
+
+def pcm16_seconds(b64: str) -> float:
+    return len(base64.b64decode(b64)) / 2 / 24000
+
+
+async def test_audio_generated_counts_spoken_answers_over_the_websocket_and_chat(server, speech):
+    """Each spoken answer raises kimiaudio_audio_generated_seconds_total by the audio its client
+    received, whatever carried it: a Realtime WebSocket turn, a chat completion, one streamed."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
+    http, pipeline = server
+    base = f"http://127.0.0.1:{http.server.port}"
+    client = openai.AsyncOpenAI(
+        base_url=f"{base}/v1",
+        api_key="unused",
+        max_retries=0,
+        websocket_base_url=f"ws://127.0.0.1:{http.server.port}/v1",
+    )
+    try:
+        before = await audio_generated(http)
+        async with client.realtime.connect(model=MODEL) as conn:
+            events = Events(conn, "ga")
+            await events.wait_for("session.created")
+            await say(conn, np.concatenate([speech[0], silence(1.0)]))  # server VAD ends the turn
+            done = await events.wait_for("response.done")
+            received = events.audio_seconds(done.response.id)
+        after = await audio_generated(http)
+        assert received > 0 and after - before == pytest.approx(received, abs=SAME_AUDIO_S)
+
+        spoken = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "pcm16"}}
+        question = [{"role": "user", "content": "Say something."}]
+        before = after
+        completion = await client.chat.completions.create(model=MODEL, messages=question, **spoken)
+        received = pcm16_seconds(completion.choices[0].message.audio.data)
+        after = await audio_generated(http)
+        assert received > 0 and after - before == pytest.approx(received, abs=SAME_AUDIO_S)
+
+        before = after
+        stream = await client.chat.completions.create(model=MODEL, messages=question, stream=True, **spoken)
+        received = 0.0
+        async for chunk in stream:
+            audio = chunk.choices[0].delta.audio if chunk.choices else None
+            if audio is not None and audio.data:
+                received += pcm16_seconds(audio.data)
+        after = await audio_generated(http)
+        assert received > 0 and after - before == pytest.approx(received, abs=SAME_AUDIO_S)
+    finally:
+        await client.close()
+    await kv_pool_full_again(pipeline)
 
 
 async def test_readiness_fails_once_a_model_worker_has_stopped(server, speech, monkeypatch):

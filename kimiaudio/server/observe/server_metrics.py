@@ -3,8 +3,11 @@
 The registry holds the server's own metrics (below) and the PipelineCollector (the pipeline's
 timings, counters and KV pool, read at scrape time). Transports report what their sessions
 send through `observe_event` (response.done: status and commit -> first packet sent; error:
-its code) and their playback through `note_audio` / `note_underrun`; the error middleware
-reports HTTP errors.
+its code) and WebRTC's playback gaps through `note_underrun` (a WebSocket client buffers and
+plays the audio itself: the server cannot hear it run dry). Every spoken answer's audio is
+counted once by `note_audio`, where it leaves the server's hands: a session's playback
+(CountedPlayback, session/playback.py, whichever transport) or a chat completion
+(v1/chat_stream.py `note_audio_out`, streamed or not). The error middleware reports HTTP errors.
 
 Every sample of `/metrics` carries an `instance` label, so a Prometheus scraping every
 instance of a fleet tells them apart (docs/deploy.md). The registry itself stays unlabelled
@@ -75,11 +78,13 @@ class ServerMetrics:
             registry=registry,
         )
         self.audio = Counter(
-            "kimiaudio_audio_generated_seconds", "Seconds of answer audio handed to transports", registry=registry
+            "kimiaudio_audio_generated_seconds",
+            "Seconds of answer audio generated (WebRTC, Realtime WebSocket and chat completions)",
+            registry=registry,
         )
         self.underruns = Counter(
             "kimiaudio_playback_underruns",
-            "Answers that ran out of audio while playing (once per gap)",
+            "WebRTC answers that ran out of audio while playing (once per gap)",
             registry=registry,
         )
         self.input_dropped = Counter(

@@ -12,10 +12,10 @@ The track counts what it has actually sent for the current response, which is wh
 interrupted turn is truncated to. It is the session's Playback (session/playback.py): the
 listener given to `begin` hears when the response's first frame is sent and its last one was.
 
-`MeteredPlaybackTrack` (what a WebRTC peer sends) also tells the server's metrics (a) the
-seconds of answer audio pushed to it and (b) each underrun: a response that had started playing
-runs out of buffered audio before its end and the listener hears a gap (counted once per gap,
-not per silent frame).
+`MeteredPlaybackTrack` (what a WebRTC peer sends) also tells the server's metrics each
+underrun: a response that had started playing runs out of buffered audio before its end and
+the listener hears a gap (counted once per gap, not per silent frame). The audio pushed to it
+is counted by the session's CountedPlayback (session/playback.py), as for any transport.
 """
 
 from __future__ import annotations
@@ -176,18 +176,13 @@ class PlaybackTrack(MediaStreamTrack):
 
 
 class MeteredPlaybackTrack(PlaybackTrack):
-    """A PlaybackTrack that reports the audio pushed to it (`on_audio`, seconds) and each
-    underrun (`on_underrun`); only the track's public state is read."""
+    """A PlaybackTrack that reports each underrun (`on_underrun`); only the track's public
+    state is read."""
 
-    def __init__(self, on_audio: Callable[[float], None], on_underrun: Callable[[], None]):
+    def __init__(self, on_underrun: Callable[[], None]):
         super().__init__()
-        self._on_audio, self._on_underrun = on_audio, on_underrun
+        self._on_underrun = on_underrun
         self._starved = False  # inside a gap of the current response
-
-    def push(self, pcm24k: np.ndarray) -> None:
-        if self.response_id is not None:
-            self._on_audio(np.size(pcm24k) / SPEECH_OUTPUT_RATE)
-        super().push(pcm24k)
 
     async def recv(self) -> av.AudioFrame:
         response_id, played = self.response_id, self.played_samples_24k

@@ -52,6 +52,7 @@ from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.sdp_offer import check_offer
 from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
+from kimiaudio.server.session.playback import CountedPlayback
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session.session_update import SessionUpdate, Transcription
 from kimiaudio.server.session_registry import Admitted, Transport
@@ -85,12 +86,12 @@ class RtcPeer(ClosesOnce):
         config = context.config
         ice = [RTCIceServer(**server) for server in ice_servers(config, time.time())]
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
-        self.track = MeteredPlaybackTrack(on_audio=metrics.note_audio, on_underrun=metrics.note_underrun)
+        self.track = MeteredPlaybackTrack(on_underrun=metrics.note_underrun)
         self.session = RealtimeSession(
             context,
             admitted,
             self._send,
-            self.track,
+            CountedPlayback(self.track, metrics.note_audio),
             conversation_id,
             shape=shape if shape is not None else event_shape("ga", webrtc=True),
         )

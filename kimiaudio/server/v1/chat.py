@@ -33,7 +33,7 @@ from kimiaudio.server.inputs.json_input import read_json_body
 from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
-from kimiaudio.server.v1.chat_stream import finish_reason, stream_answer, usage
+from kimiaudio.server.v1.chat_stream import finish_reason, note_audio_out, stream_answer, usage
 from kimiaudio.server.v1.openai_output import logprobs_object
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 from kimiaudio.store import ConversationStore
@@ -65,7 +65,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if chat.streaming.on:
             return await stream_answer(request, handle, chat, completion, store, config.server.audio_answer_ttl_s)
         pcm, done = await _collect(handle)
-    record.add_audio_out(pcm.size / SPEECH_OUTPUT_RATE)
+    note_audio_out(request, pcm)
     if done is None or done.status != "completed":
         raise failed_turn_error(done, "generation_failed", "the answer", "messages")
     message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}

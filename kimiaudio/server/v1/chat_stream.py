@@ -24,6 +24,7 @@ from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.context import server_context
 from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, once_started
@@ -73,7 +74,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
                 )
             elif isinstance(event, AudioChunk) and encoder is not None:
                 pcm.append(np.asarray(event.pcm, dtype=np.float32).reshape(-1))
-                record.add_audio_out(pcm[-1].size / SPEECH_OUTPUT_RATE)
+                note_audio_out(request, pcm[-1])
                 await _audio_data(chunk, answer_id, encoder.push(pcm[-1]))
             elif isinstance(event, TurnDone):
                 done = event
@@ -102,6 +103,14 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
     except ConnectionResetError:  # the client went away between two writes
         pass
     return response
+
+
+def note_audio_out(request: web.Request, pcm: np.ndarray) -> None:
+    """Answer audio (24 kHz) going to the client: on the request's log line, and in the server's
+    kimiaudio_audio_generated_seconds as the sessions' audio is (session/playback.py)."""
+    seconds = pcm.size / SPEECH_OUTPUT_RATE
+    request_record(request).add_audio_out(seconds)
+    server_context(request).metrics.note_audio(seconds)
 
 
 async def _audio_data(chunk, answer_id: str, data: bytes) -> None:
