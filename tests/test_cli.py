@@ -131,3 +131,30 @@ def test_demo_checkpoint_into_a_file_is_one_line(tmp_path):
     result = kimiaudio("demo-checkpoint", str(taken))
     assert result.returncode == 2, result.stderr  # a user's error (2), not an internal one (1)
     assert_one_line_error(result, str(taken), "cannot be made a directory")
+
+
+def test_unusable_places_to_write_are_one_line_before_any_answer(demo_checkpoint, speech_wav, tmp_path):
+    """Found before the model loads: --out a directory; a data directory that is a file (the
+    demo checkpoint is written there)."""
+    result = kimiaudio("chat", str(speech_wav), "--model", str(demo_checkpoint), "--out", str(tmp_path))
+    assert_one_line_error(result, f"--out {tmp_path}: a directory")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = kimiaudio("transcribe", str(speech_wav), "--data-dir", str(a_file))
+    assert_one_line_error(result, f"{a_file}: the demo checkpoint cannot be written there")
+
+
+def test_an_input_that_leaves_no_room_for_the_answer_is_one_line(demo_checkpoint, speech_wav, tmp_path):
+    """The official limit of a spoken answer is 1500 positions, prompt included: 125 s of speech
+    (12.5 positions a second) leaves none, which the official loop answers with nothing."""
+    pcm, sr = soundfile.read(str(speech_wav), dtype="float32")
+    long_wav = tmp_path / "long.wav"
+    soundfile.write(str(long_wav), np.resize(pcm, int(125 * sr)), sr)
+    config = tmp_path / "long.toml"
+    config.write_text("[audio]\nmax_input_seconds = 200.0\n")
+    out = tmp_path / "r.wav"
+    result = kimiaudio(
+        "chat", str(long_wav), "--model", str(demo_checkpoint), "--config", str(config), "--out", str(out)
+    )
+    assert_one_line_error(result, "which leaves no room for a spoken answer")
+    assert not out.exists()

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.errors import AudioInputError, AudioTooLongError
+from kimiaudio.errors import AudioInputError, AudioTooLongError, KimiAudioError
 
 # The largest sample magnitude taken: float files may overshoot full scale a little; far past
 # it the input is broken, not loud.
@@ -97,10 +97,14 @@ def decode_audio_bytes(
 
 
 def write_wav(path: str | Path, pcm: np.ndarray, sr: int) -> None:
-    """Write mono float audio as 16-bit PCM WAV (clipped to [-1, 1])."""
+    """Write mono float audio as 16-bit PCM WAV (clipped to [-1, 1]); KimiAudioError naming the
+    file when it cannot be written."""
     import soundfile
 
-    soundfile.write(str(path), _to_pcm16_range(pcm), int(sr), subtype="PCM_16", format="WAV")
+    try:
+        soundfile.write(str(path), _to_pcm16_range(pcm), int(sr), subtype="PCM_16", format="WAV")
+    except (soundfile.LibsndfileError, OSError) as exc:
+        raise KimiAudioError(f"{path}: cannot be written ({exc})") from None
 
 
 def wav_bytes(pcm: np.ndarray, sr: int) -> bytes:

@@ -7,7 +7,9 @@ the `chat` and `transcribe` commands and reports the timings a user compares bet
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config
 from kimiaudio.engine.reference_loop import generate_reference
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.engine.stop_rules import official_codes, official_text_ids
+from kimiaudio.engine.stop_rules import official_codes, official_max_new_tokens, official_text_ids
 from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
 from kimiaudio.pipeline.turn_prompt import answer_params
@@ -73,7 +75,7 @@ def answer(
     and `speak`; speak=False leaves the codes undecoded, e.g. to time the LM alone)."""
     prompt = build_prompt(messages, output_type, stack.tokenizer, stack.specials)
     # A conversation's answer gets the room of its own exchange, as the server's does.
-    params = answer_params(prompt, messages, output_type, params)
+    params = _within_positions(stack, len(prompt), answer_params(prompt, messages, output_type, params), output_type)
     start = time.perf_counter()
     result = generate_reference(
         stack.lm,
@@ -107,6 +109,24 @@ def answer(
     return turn
 
 
+def _within_positions(stack: ModelStack, prompt_len: int, params: SamplingParams, output_type: str) -> SamplingParams:
+    """`params`, its answer kept within the model's positions (config.json max_position_embeddings,
+    the official cache length); KimiAudioError when no room is left for an answer (the official
+    loop would silently answer nothing, or index past its position table)."""
+    positions = stack.lm.config.max_position_embeddings
+    room = official_max_new_tokens(output_type, prompt_len, params.max_new_tokens)
+    if room < 1 or prompt_len >= positions:
+        kind = "spoken" if output_type == "both" else "text"
+        raise KimiAudioError(
+            f"the prompt is {prompt_len} positions, which leaves no room for a {kind} answer (the official "
+            f"limit is {official_max_new_tokens(output_type, 0)} positions, prompt included; the model's "
+            f"max_position_embeddings is {positions}): give shorter audio"
+        )
+    if prompt_len + room > positions:
+        return dataclasses.replace(params, max_new_tokens=positions - prompt_len)
+    return params
+
+
 def _params(stack: ModelStack, args) -> SamplingParams:
     overrides = {}
     if getattr(args, "seed", None) is not None:
@@ -137,8 +157,10 @@ def _reply_path(out: Path, index: int, count: int) -> Path:
 
 def run_chat_command(config, args) -> int:
     out = Path(args.out)
-    if not out.parent.exists():
+    if not out.parent.is_dir():
         raise KimiAudioError(f"--out {out}: directory {out.parent} does not exist")
+    if out.is_dir() or not os.access(out.parent, os.W_OK):  # found now, not after the answers are made
+        raise KimiAudioError(f"--out {out}: " + ("a directory" if out.is_dir() else f"{out.parent} is not writable"))
     pcms = _load_inputs(config, args.inputs)
     start = time.perf_counter()
     stack = ModelStack.load(config, progress=True, text_only=False)  # chat always speaks

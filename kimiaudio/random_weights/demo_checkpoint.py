@@ -65,8 +65,14 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
         raise CheckpointError(
             f"{target}: incomplete demo checkpoint (no {DEMO_MARKER}); delete the directory to rewrite it"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_DIR_NAME}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_DIR_NAME}-", dir=target.parent))
+    except OSError as exc:  # a file where the directory goes, no permission, a read-only disk
+        raise CheckpointError(
+            f"{target.parent}: the demo checkpoint cannot be written there ({exc.strerror or exc}); "
+            "set another data directory (--data-dir, storage.data_dir)"
+        ) from None
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is ordinary data
     try:
         write_demo_checkpoint(tmp, seed=seed, progress=progress)
