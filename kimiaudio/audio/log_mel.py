@@ -18,7 +18,7 @@ import torch
 
 from kimiaudio.audio.device_result import to_device
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.checkpoint.files import config_value, read_json
+from kimiaudio.checkpoint.files import POSITIVE_INT, checked_value, read_json
 from kimiaudio.errors import CheckpointError
 
 
@@ -42,17 +42,21 @@ class MelSettings:
         if not path.is_file():
             return cls(num_mel_bins=num_mel_bins)
         cfg = read_json(path)
-        feature_size = int(config_value(cfg, "feature_size", path, num_mel_bins))
+
+        def positive(key: str, default: int) -> int:
+            return checked_value(cfg, key, path, int, POSITIVE_INT, default)
+
+        feature_size = positive("feature_size", num_mel_bins)
         if feature_size != num_mel_bins:
             raise CheckpointError(
                 f"{path}: feature_size {feature_size} differs from the model's num_mel_bins {num_mel_bins}"
             )
         return cls(
-            sample_rate=int(config_value(cfg, "sampling_rate", path, cls.sample_rate)),
-            n_fft=int(config_value(cfg, "n_fft", path, cls.n_fft)),
-            hop_length=int(config_value(cfg, "hop_length", path, cls.hop_length)),
+            sample_rate=positive("sampling_rate", cls.sample_rate),
+            n_fft=positive("n_fft", cls.n_fft),
+            hop_length=positive("hop_length", cls.hop_length),
             num_mel_bins=num_mel_bins,
-            chunk_seconds=int(config_value(cfg, "chunk_length", path, cls.chunk_seconds)),
+            chunk_seconds=positive("chunk_length", cls.chunk_seconds),
         )
 
     def filters(self) -> torch.Tensor:

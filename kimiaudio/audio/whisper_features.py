@@ -15,6 +15,8 @@ of its model.safetensors (the decoder is not used).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,9 +24,10 @@ import torch.nn.functional as F
 from kimiaudio.audio.device_result import DeviceResult, compute_now, to_device
 from kimiaudio.audio.log_mel import MelSettings, log_mel_spectrogram, padded_waveforms, split_segments
 from kimiaudio.audio.staged_work import Stages
-from kimiaudio.checkpoint.files import load_into, load_safetensors, read_json
+from kimiaudio.checkpoint.files import POSITIVE_INT, checked_value, load_into, load_safetensors, read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths
 from kimiaudio.errors import AudioInputError, CheckpointError
+from kimiaudio.validation import NO_BOUNDS, Bounds
 
 # Official constant: 4 encoder frames (50 Hz) are stacked into one 12.5 Hz feature row.
 FRAMES_PER_TOKEN = 4
@@ -48,10 +51,8 @@ class WhisperFeatureEncoder:
 
     @classmethod
     def load(cls, paths: CheckpointPaths, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-        from transformers import WhisperConfig
-
         directory = paths.whisper
-        config = WhisperConfig(**read_json(directory / "config.json"))
+        config = cls.read_config(directory / "config.json")
         mel = MelSettings.from_preprocessor_config(directory / "preprocessor_config.json", int(config.num_mel_bins))
         if mel.segment_samples != config.max_source_positions * 2 * mel.hop_length:
             # The encoder only accepts exactly max_source_positions * 2 mel frames.
@@ -61,6 +62,33 @@ class WhisperFeatureEncoder:
         load_into(encoder, state, directory / "model.safetensors")
         encoder.eval()
         return cls(encoder, mel, torch.device(device), dtype)
+
+    @staticmethod
+    def read_config(path: Path):
+        """transformers' WhisperConfig of a whisper-large-v3/config.json, the keys the encoder
+        is built from checked first: transformers takes any value and fails later, deep in
+        building the encoder, without naming the file. A key left out keeps transformers'
+        default, as the official code builds it."""
+        from transformers import WhisperConfig
+        from transformers.activations import ACT2FN
+
+        raw = read_json(path)
+        checks: dict[str, tuple[type, Bounds]] = {key: (int, POSITIVE_INT) for key in _SIZES}
+        checks.update(activation_function=(str, Bounds(choices=tuple(ACT2FN))), scale_embedding=(bool, NO_BOUNDS))
+        for key, (expected, bounds) in checks.items():
+            if key in raw:
+                checked_value(raw, key, path, expected, bounds)
+        try:
+            config = WhisperConfig(**raw)
+        except (TypeError, ValueError, AttributeError) as exc:  # a key transformers itself refuses
+            first = next(iter(str(exc).splitlines()), "")
+            raise CheckpointError(f"{path}: not a Whisper config ({type(exc).__name__}: {first})") from None
+        if config.d_model % config.encoder_attention_heads:
+            raise CheckpointError(
+                f"{path}: d_model {config.d_model} is not a multiple of "
+                f"encoder_attention_heads {config.encoder_attention_heads}"
+            )
+        return config
 
     @staticmethod
     def empty_encoder(config, device: str | torch.device, dtype: torch.dtype):
@@ -166,6 +194,16 @@ class WhisperFeatureEncoder:
             x = layer(x, mask, layer_head_mask=None)[0]
         return encoder.layer_norm(x)
 
+
+# The sizes transformers' WhisperEncoder is built from (and num_mel_bins, that of the log-mel).
+_SIZES = (
+    "d_model",
+    "encoder_layers",
+    "encoder_attention_heads",
+    "encoder_ffn_dim",
+    "num_mel_bins",
+    "max_source_positions",
+)
 
 # WhisperModel checkpoints name the encoder `encoder.*`; WhisperForConditionalGeneration ones `model.encoder.*`.
 _PREFIXES = ("encoder.", "model.encoder.")

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kimiaudio.audio.staged_work import Stages, run_to_end
-from kimiaudio.checkpoint.files import config_value, read_json
+from kimiaudio.checkpoint.files import POSITIVE_INT, checked_value, read_json
 from kimiaudio.errors import CheckpointError
+from kimiaudio.validation import NO_BOUNDS, Bounds
 
 
 @dataclass(frozen=True)
@@ -44,33 +45,42 @@ class WhisperVQConfig:
 
     @classmethod
     def from_file(cls, path: Path) -> WhisperVQConfig:
+        from transformers.activations import ACT2FN
+
         cfg = read_json(path)
 
-        def get(key, default=...):
-            return config_value(cfg, key, path, default)
+        def get(key, expected, bounds=NO_BOUNDS, default=...):
+            return checked_value(cfg, key, path, expected, bounds, default)
+
+        def size(key, default=...):
+            return get(key, int | None if default is None else int, POSITIVE_INT, default)
 
         config = cls(
-            d_model=int(get("d_model")),
-            num_heads=int(get("encoder_attention_heads")),
-            ffn_dim=int(get("encoder_ffn_dim")),
-            num_mel_bins=int(get("num_mel_bins")),
-            max_source_positions=int(get("max_source_positions")),
-            activation_function=str(get("activation_function", "gelu")),
-            quantize_position=int(get("quantize_position")),
-            quantize_vocab_size=int(get("quantize_vocab_size")),
-            pooling_kernel_size=get("pooling_kernel_size", None),
-            pooling_type=str(get("pooling_type", "avg")),
-            pooling_position=get("pooling_position", None),
-            quantize_causal_block_size=get("quantize_causal_block_size", None),
-            causal_convolution=bool(get("encoder_causal_convolution", False)),
-            causal_attention=bool(get("encoder_causal_attention", False) or get("quantize_causal_encoder", False)),
+            d_model=size("d_model"),
+            num_heads=size("encoder_attention_heads"),
+            ffn_dim=size("encoder_ffn_dim"),
+            num_mel_bins=size("num_mel_bins"),
+            max_source_positions=size("max_source_positions"),
+            activation_function=get("activation_function", str, Bounds(choices=tuple(ACT2FN)), "gelu"),
+            quantize_position=size("quantize_position"),
+            quantize_vocab_size=size("quantize_vocab_size"),
+            pooling_kernel_size=size("pooling_kernel_size", None),
+            pooling_type=get("pooling_type", str, Bounds(choices=("avg", "max")), "avg"),
+            pooling_position=size("pooling_position", None),
+            quantize_causal_block_size=size("quantize_causal_block_size", None),
+            causal_convolution=get("encoder_causal_convolution", bool, default=False),
+            causal_attention=get("encoder_causal_attention", bool, default=False)
+            or get("quantize_causal_encoder", bool, default=False),
         )
-        if config.pooling_type not in ("avg", "max"):
+        if config.d_model % config.num_heads:
             raise CheckpointError(
-                f"{path}: pooling_type {config.pooling_type!r} is not supported (expected avg or max)"
+                f"{path}: d_model {config.d_model} is not a multiple of encoder_attention_heads {config.num_heads}"
             )
         if config.pooling_position is not None and config.pooling_position > config.quantize_position:
             raise CheckpointError(f"{path}: pooling_position must not exceed quantize_position")
+        if config.quantize_causal_block_size is not None and config.quantize_causal_block_size < config.pool:
+            # the block is counted in pooled frames after pooling: it must keep at least one
+            raise CheckpointError(f"{path}: quantize_causal_block_size must be at least pooling_kernel_size")
         return config
 
     @property

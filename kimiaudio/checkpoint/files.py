@@ -17,7 +17,12 @@ from typing import Any
 import torch
 
 from kimiaudio.checkpoint.tensor_check import TensorCheck
-from kimiaudio.errors import CheckpointError
+from kimiaudio.errors import CheckpointError, ConfigError
+from kimiaudio.validation import NO_BOUNDS, Bounds, check_value
+
+# Sizes and ids of a checkpoint's configs index int32 tensors.
+POSITIVE_INT = Bounds(1, 2**31 - 1)
+POSITIVE_NUMBER = Bounds(min=0.0, min_open=True)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -55,6 +60,25 @@ def config_value(config: dict[str, Any], key: str, path: Path, default: Any = ..
     return default
 
 
+def checked_value(
+    config: dict[str, Any],
+    key: str,
+    path: Path,
+    expected: Any,
+    bounds: Bounds = NO_BOUNDS,
+    default: Any = ...,
+    where: str = "",
+) -> Any:
+    """config[key] (or `default`) as the `expected` type in `bounds` (validation.check_value),
+    or a CheckpointError `<path>: <where><key>: expected <what>, got <value>`. `where` names the
+    mapping the key is in, e.g. "model.dit." """
+    value = config_value(config, key, path, default)
+    try:
+        return check_value(where + key, value, expected, bounds)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+
 def safetensors_files(directory: Path) -> list[Path]:
     """The weight files of a HF-style directory: the shards of the index, or model.safetensors."""
     index = directory / "model.safetensors.index.json"
@@ -62,6 +86,12 @@ def safetensors_files(directory: Path) -> list[Path]:
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index}: expected a non-empty 'weight_map'")
+        for name, file in weight_map.items():
+            # A shard is named by its file name in the same directory, as HF writes the index.
+            if not isinstance(file, str) or not file or Path(file).name != file:
+                raise CheckpointError(
+                    f"{index}: weight_map[{name!r}] = {file!r}, expected the file name of a shard in {directory}"
+                )
         files = [directory / name for name in dict.fromkeys(weight_map.values())]
     else:
         files = [directory / "model.safetensors"]
@@ -129,7 +159,9 @@ def load_torch_file(path: Path, key: str | None = None) -> dict[str, torch.Tenso
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(
+            f"{path}: not a readable PyTorch weights file (corrupt, or not a state dict): {_load_failure(exc)}"
+        ) from None
     if key is not None:
         if not isinstance(obj, dict) or key not in obj:
             raise CheckpointError(f"{path}: expected a dict with key {key!r}")
@@ -137,6 +169,20 @@ def load_torch_file(path: Path, key: str | None = None) -> dict[str, torch.Tenso
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a state dict")
     return obj
+
+
+def _load_failure(exc: Exception) -> str:
+    """The part of torch.load's error that describes the file, on one line. A weights_only
+    refusal comes wrapped in advice to load with weights_only=False, which would run whatever a
+    corrupt or hostile file holds: only the unpickler's own reason is kept."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    # torch's messages go on with advice after their first sentence
+    first = first.split(". ", 1)[0].rstrip(".")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def load_into(

@@ -2,8 +2,10 @@
 
 A name the module does not have is a layout mismatch, unless it matches `ignore` (substrings:
 e.g. the rotary inv_freq buffers the official code recomputes); a wrong shape names both shapes;
-what never came is reported once reading ends. Every problem is a one-line CheckpointError that
-starts with the file (`source`).
+an integer or bool tensor where the module holds floating-point values is not the weight
+(copying it would cast it to float without a word), while where the module itself holds
+integers (a buffer the code expects so) any dtype is taken; what never came is reported once
+reading ends. Every problem is a one-line CheckpointError that starts with the file (`source`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from kimiaudio.errors import CheckpointError
 
 class TensorCheck:
     def __init__(self, module: torch.nn.Module, source: Path | str, ignore: tuple[str, ...] = ()):
-        self.shapes = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+        state = module.state_dict()
+        self.shapes = {name: tuple(t.shape) for name, t in state.items()}
+        self.floating = {name for name, t in state.items() if t.is_floating_point()}
         self.source, self.ignore = source, ignore
         self.seen: set[str] = set()
 
@@ -30,6 +34,11 @@ class TensorCheck:
         if tuple(tensor.shape) != self.shapes[name]:
             raise CheckpointError(
                 f"{self.source}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {self.shapes[name]}"
+            )
+        if name in self.floating and not tensor.is_floating_point():
+            raise CheckpointError(
+                f"{self.source}: tensor {name!r} has dtype {str(tensor.dtype).removeprefix('torch.')}, "
+                "expected a floating-point dtype"
             )
         self.seen.add(name)
         return True

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kimiaudio.checkpoint.files import config_value, read_yaml
+from kimiaudio.checkpoint.files import POSITIVE_INT, POSITIVE_NUMBER, checked_value, config_value, read_yaml
 from kimiaudio.errors import CheckpointError
+from kimiaudio.validation import NO_BOUNDS, Bounds
 
 POSITION_EMBEDDINGS = ("skip", "sincos", "learnable")
 
@@ -58,50 +59,39 @@ class DiTConfig:
         if not isinstance(dit, dict):
             raise CheckpointError(f"{path}: expected a mapping under 'model.dit'")
 
-        def get(key, kind, default=...):
-            value = config_value(dit, key, path, default)
-            accepted = (int, float) if kind is float else kind
-            if (
-                isinstance(value, bool) != (kind is bool)
-                or not isinstance(value, accepted)
-                or (kind is int and value <= 0)
-            ):
-                raise CheckpointError(
-                    f"{path}: 'model.dit.{key}' = {value!r}, expected a {'positive ' * (kind is int)}{kind.__name__}"
-                )
-            return kind(value)
+        def get(key, kind, bounds=NO_BOUNDS, default=...):
+            return checked_value(dit, key, path, kind, bounds, default, where="model.dit.")
 
-        ffn = config_value(dit, "ffn_type", path, "conv1d_conv1d")  # official default
-        if ffn != "vanilla_mlp":
-            raise CheckpointError(f"{path}: 'model.dit.ffn_type' = {ffn!r}, only 'vanilla_mlp' is supported")
-        kind = config_value(dit, "position_embedding_type", path)
-        if kind not in POSITION_EMBEDDINGS:
-            raise CheckpointError(
-                f"{path}: 'model.dit.position_embedding_type' = {kind!r}, expected one of {POSITION_EMBEDDINGS}"
-            )
-        rope = config_value(dit, "rope_params", path, {})
-        if not isinstance(rope, dict):
-            raise CheckpointError(f"{path}: 'model.dit.rope_params' must be a mapping")
-        normalize = config_value(raw, "normalize_mel", path)
-        mean, std = config_value(raw, "mel_mean", path, None), config_value(raw, "mel_std", path, None)
-        if normalize and not all(isinstance(v, (int, float)) for v in (mean, std)):
-            raise CheckpointError(f"{path}: normalize_mel is true but mel_mean/mel_std are not numbers")
+        def size(key, default=...):
+            return get(key, int, POSITIVE_INT, default)
+
+        # The only feed-forward supported; left out, it is the official default conv1d_conv1d.
+        get("ffn_type", str, Bounds(choices=("vanilla_mlp",)), "conv1d_conv1d")
+        rope = get("rope_params", dict, default={})
+
+        def rope_value(key, bounds, default):
+            return checked_value(rope, key, path, type(default), bounds, default, where="model.dit.rope_params.")
+
+        normalize = checked_value(raw, "normalize_mel", path, bool)
+        # Only a normalising model reads them: (mel - mean) / std on the way in, undone on the way out.
+        mean = checked_value(raw, "mel_mean", path, float) if normalize else None
+        std = checked_value(raw, "mel_std", path, float, POSITIVE_NUMBER) if normalize else None
         cfg = cls(
-            input_size=get("input_size", int),
-            semantic_vocab_size=get("semantic_vocab_size", int),
-            hidden_size=get("hidden_size", int),
-            depth=get("depth", int),
-            num_heads=get("num_heads", int),
-            mlp_ratio=get("mlp_ratio", float, 4.0),
-            use_rope=get("use_rope", bool, False),
-            rope_max_positions=int(rope.get("max_position_embeddings", 4096)),
-            rope_base=float(rope.get("rope_base", 10000.0)),
-            rope_interpolation_factor=float(rope.get("rope_interpolation_factor", 1.0)),
-            position_embedding_type=kind,
-            max_seq_len=get("max_seq_len", int),
-            normalize_mel=bool(normalize),
-            mel_mean=float(mean) if normalize else None,
-            mel_std=float(std) if normalize else None,
+            input_size=size("input_size"),
+            semantic_vocab_size=size("semantic_vocab_size"),
+            hidden_size=size("hidden_size"),
+            depth=size("depth"),
+            num_heads=size("num_heads"),
+            mlp_ratio=get("mlp_ratio", float, POSITIVE_NUMBER, 4.0),
+            use_rope=get("use_rope", bool, default=False),
+            rope_max_positions=rope_value("max_position_embeddings", POSITIVE_INT, 4096),
+            rope_base=rope_value("rope_base", POSITIVE_NUMBER, 10000.0),
+            rope_interpolation_factor=rope_value("rope_interpolation_factor", POSITIVE_NUMBER, 1.0),
+            position_embedding_type=get("position_embedding_type", str, Bounds(choices=POSITION_EMBEDDINGS)),
+            max_seq_len=size("max_seq_len"),
+            normalize_mel=normalize,
+            mel_mean=mean,
+            mel_std=std,
         )
         if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 2:
             raise CheckpointError(

@@ -46,12 +46,10 @@ def meta_stack(
     """The parts `paths`' config files describe, on the meta device, as the loaders would leave
     them (projections fused; LM and DiT quantized as chosen; the GLM encoder in float32; the
     detokenizer's batch as served: `served_detok`). dit_weights None: text only."""
-    from transformers import WhisperConfig
 
     from kimiaudio.audio.glm4_tokenizer import Glm4SpeechTokenizer
     from kimiaudio.audio.whisper_features import WhisperFeatureEncoder
     from kimiaudio.audio.whisper_vq_encoder import WhisperVQConfig
-    from kimiaudio.checkpoint.files import read_json
     from kimiaudio.models.kimia_config import KimiaConfig
     from kimiaudio.models.kimia_lm import KimiAudioLM
     from kimiaudio.models.quantize import quantize_dit, quantize_lm
@@ -60,7 +58,7 @@ def meta_stack(
         lm = KimiAudioLM(KimiaConfig.from_file(paths.lm_config)).to(dtype)
     lm = quantize_lm(lm.fuse_projections(), lm_weights)
     whisper = WhisperFeatureEncoder.empty_encoder(
-        WhisperConfig(**read_json(paths.whisper / "config.json")), "meta", dtype
+        WhisperFeatureEncoder.read_config(paths.whisper / "config.json"), "meta", dtype
     )
     glm = Glm4SpeechTokenizer.empty_model(WhisperVQConfig.from_file(paths.glm_tokenizer / "config.json"), "meta")
     detok = None
