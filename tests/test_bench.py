@@ -407,6 +407,21 @@ def test_bad_arrivals_are_a_one_line_error():
     )
 
 
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--turns", "0"], "--turns 0"),
+        (["--max-new-tokens", "-3"], "--max-new-tokens -3"),
+        (["--soak", "--client-processes", "-1"], "--client-processes -1"),
+        (["--speech", "/no/such.wav"], "--speech /no/such.wav: no such file"),
+        (["--voice", "/no/voice.wav"], "--voice /no/voice.wav: no such file"),
+    ],
+)
+def test_bad_bench_arguments_are_refused_before_a_model_loads(tmp_path, flags, named):
+    """(The model named does not exist: an error about it would mean it was loaded first.)"""
+    assert_one_line_error(kimiaudio("bench", "--model", str(tmp_path / "nowhere"), *flags), named)
+
+
 def test_poisson_arrivals_through_the_pipeline(demo_checkpoint):
     options = "--sessions 3 --max-new-tokens 10 --no-reference --arrivals poisson:20 --json".split()
     result = kimiaudio("bench", "--model", str(demo_checkpoint), *options)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.bench.arrivals import Arrivals
@@ -56,7 +57,8 @@ def run_bench_command(config, args) -> int:
 
     # A soak is a smaller, longer run than a throughput bench: its own defaults.
     args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
-    args.turns = args.turns or (3 if args.soak else 1)
+    args.turns = args.turns if args.turns is not None else (3 if args.soak else 1)
+    _check_before_loading(args)
     arrivals = Arrivals.parse(getattr(args, "arrivals", None) or "burst")
     others = ("soak", "webrtc", "http", "transcribe", "memory_plan")
     elsewhere = args.random_weights == "7b" or getattr(args, "voice", None) is not None
@@ -289,3 +291,18 @@ def _memory_plan_command(config, args) -> int:
     plan = choose_weights(config.model.weights, config.detok.weights, True, plan_of)[2]
     print(json.dumps(plan, indent=1) if args.json else format_memory_plan(plan))
     return 0
+
+
+def _check_before_loading(args) -> None:
+    """What the command line alone can be wrong about, refused before a model loads (minutes
+    for the 7B): counts out of range, input files that are not there."""
+    if args.turns < 1 or args.max_new_tokens < 1:
+        raise KimiAudioError(f"--turns {args.turns} and --max-new-tokens {args.max_new_tokens} must be positive")
+    if getattr(args, "client_processes", None) is not None and args.client_processes < 0:
+        raise KimiAudioError(f"--client-processes {args.client_processes}: expected 0 or more")
+    files = [("--speech", path) for path in args.speech]
+    if getattr(args, "voice", None):
+        files.append(("--voice", args.voice))
+    for flag, path in files:
+        if not Path(path).is_file():
+            raise KimiAudioError(f"{flag} {path}: no such file")
