@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -182,6 +183,15 @@ def test_garbage_bytes_and_files(tmp_path):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(AudioInputError, match="nothere.flac: audio file not found"):
         load_audio(tmp_path / "nothere.flac")
+    with pytest.raises(AudioInputError, match=f"{re.escape(str(tmp_path))}: a directory, not an audio file"):
+        load_audio(tmp_path)
+
+
+def test_a_rate_too_high_to_leave_a_sample_says_so(tmp_path):
+    path = tmp_path / "fast.wav"
+    soundfile.write(str(path), np.full(1000, 0.5, np.float32), 1 << 30)
+    with pytest.raises(AudioInputError, match=f"1000 samples at {1 << 30} Hz are less than one sample at 16000 Hz"):
+        load_audio(path)
 
 
 def test_file_without_audio_stream(tmp_path):

@@ -66,6 +66,9 @@ def test_missing_shard_and_missing_files_name_the_file(golden_checkpoint, tmp_pa
     shutil.rmtree(sharded / "vocoder")
     with pytest.raises(CheckpointError, match="vocoder/config.json: missing"):
         find_checkpoint(sharded)
+    (sharded / "vocoder" / "config.json").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="vocoder/config.json: a directory, not a file"):
+        find_checkpoint(sharded)
     assert find_checkpoint(sharded, text_only=True).text_only  # text-only needs no detokenizer files
 
 

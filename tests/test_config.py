@@ -203,6 +203,12 @@ def test_an_unreadable_file_is_a_config_error(tmp_path):
         load_config(tmp_path)  # a directory (was an internal IsADirectoryError)
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_bytes("\ufeff[server]\nport = 9000\n".encode())
+    assert load_config(path).server.port == 9000
+
+
 def test_overrides_apply_on_top_of_the_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[server]\nport = 9000\nmax_sessions = 3\n")

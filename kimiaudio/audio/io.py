@@ -74,7 +74,9 @@ def load_audio(path: str | Path, sr: int = SPEECH_INPUT_RATE) -> np.ndarray:
     """Decode an audio file to float32 mono at `sr` Hz."""
     path = Path(path)
     if not path.is_file():
-        raise AudioInputError(f"{path}: audio file not found")
+        raise AudioInputError(
+            f"{path}: {'a directory, not an audio file' if path.is_dir() else 'audio file not found'}"
+        )
     return _decode(str(path), str(path), sr)
 
 
@@ -181,11 +183,14 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
     if rate is None or rate == sr:  # (None: no frame, and so no samples)
         return pcm
     try:
-        return resample(pcm, rate, sr)
+        resampled = resample(pcm, rate, sr)
     except av.FFmpegError as exc:  # a header's absurd rate (2**31 - 1 Hz) that FFmpeg cannot convert
         raise AudioInputError(
             f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz ({type(exc).__name__}: {exc})"
         ) from None
+    if pcm.size and not resampled.size:  # (said here: "empty" alone would blame the file's samples)
+        raise AudioInputError(f"{name}: {pcm.size} samples at {rate} Hz are less than one sample at {sr} Hz")
+    return resampled
 
 
 def _mono(frame) -> np.ndarray:

@@ -88,7 +88,7 @@ def find_checkpoint(
             hint = ""
             if file.parent == glm:
                 hint = " (download THUDM/glm-4-voice-tokenizer and set model.glm_tokenizer_path)"
-            raise CheckpointError(f"{file}: missing{hint}")
+            raise CheckpointError(f"{file}: {'a directory, not a file' if file.is_dir() else 'missing'}{hint}")
     if not (root / "model.safetensors").is_file() and not (root / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{root}: expected model.safetensors or model.safetensors.index.json with its shards")
     return paths

@@ -181,7 +181,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, dict] | Non
     if path is not None:
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # (an editor's byte order mark too)
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except OSError as exc:  # a directory, no permission
