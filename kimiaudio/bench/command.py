@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from pathlib import Path
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
-from kimiaudio.bench.arrivals import Arrivals
+from kimiaudio.bench.bench_arguments import check_arguments, session_counts
 from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
 from kimiaudio.bench.session_run import STAGES
 from kimiaudio.bench.slow_steps import format_slow_steps
@@ -55,32 +54,12 @@ def run_bench_command(config, args) -> int:
     from kimiaudio.layers.device_memory import peak_memory
     from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack, freeze_loaded_objects
 
-    # A soak is a smaller, longer run than a throughput bench: its own defaults.
-    args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
-    args.turns = args.turns if args.turns is not None else (3 if args.soak else 1)
-    _check_before_loading(args)
-    arrivals = Arrivals.parse(getattr(args, "arrivals", None) or "burst")
-    others = ("soak", "webrtc", "http", "transcribe", "memory_plan")
-    elsewhere = args.random_weights == "7b" or getattr(args, "voice", None) is not None
-    if arrivals.rate is not None and (elsewhere or any(getattr(args, k, False) for k in others)):
-        raise KimiAudioError(
-            "--arrivals poisson:RATE goes with the pipeline bench (not --random-weights 7b, --soak, --webrtc, "
-            "--http, --transcribe, --voice or --memory-plan)"
-        )
-    if args.url and not args.soak:
-        raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
+    arrivals = check_arguments(args)
     if args.soak:
         from kimiaudio.bench.soak import run_soak_command
 
         return run_soak_command(config, args)
-    try:
-        sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
-    except ValueError:
-        raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
-    if not sessions or min(sessions) < 1 or args.turns < 1:
-        raise KimiAudioError("--sessions and --turns must be positive")
-    if getattr(args, "profile", False) and args.random_weights != "7b":
-        raise KimiAudioError("--profile goes with --random-weights 7b (the decode steps it profiles)")
+    sessions = session_counts(args)
     # The pipelines serve max(--sessions): the memory plan, the detokenizer's batch buckets and
     # its state are those of a server with that many sessions (as `--memory-plan` plans them).
     config.server.max_sessions = max(sessions)
@@ -291,18 +270,3 @@ def _memory_plan_command(config, args) -> int:
     plan = choose_weights(config.model.weights, config.detok.weights, True, plan_of)[2]
     print(json.dumps(plan, indent=1) if args.json else format_memory_plan(plan))
     return 0
-
-
-def _check_before_loading(args) -> None:
-    """What the command line alone can be wrong about, refused before a model loads (minutes
-    for the 7B): counts out of range, input files that are not there."""
-    if args.turns < 1 or args.max_new_tokens < 1:
-        raise KimiAudioError(f"--turns {args.turns} and --max-new-tokens {args.max_new_tokens} must be positive")
-    if getattr(args, "client_processes", None) is not None and args.client_processes < 0:
-        raise KimiAudioError(f"--client-processes {args.client_processes}: expected 0 or more")
-    files = [("--speech", path) for path in args.speech]
-    if getattr(args, "voice", None):
-        files.append(("--voice", args.voice))
-    for flag, path in files:
-        if not Path(path).is_file():
-            raise KimiAudioError(f"{flag} {path}: no such file")

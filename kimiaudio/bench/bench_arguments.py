@@ -1,0 +1,51 @@
+"""The `bench` command line, its defaults filled in and what it alone can be wrong about refused
+before any model loads (minutes for the 7B): counts out of range, input files that are not
+there, options that do not go together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kimiaudio.bench.arrivals import Arrivals
+from kimiaudio.errors import KimiAudioError
+
+
+def check_arguments(args) -> Arrivals:
+    """Fill in the defaults (a soak is a smaller, longer run than a throughput bench: its own)
+    and check the options -> the arrivals asked for; KimiAudioError naming the option."""
+    args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
+    args.turns = args.turns if args.turns is not None else (3 if args.soak else 1)
+    if args.turns < 1 or args.max_new_tokens < 1:
+        raise KimiAudioError(f"--turns {args.turns} and --max-new-tokens {args.max_new_tokens} must be positive")
+    if getattr(args, "client_processes", None) is not None and args.client_processes < 0:
+        raise KimiAudioError(f"--client-processes {args.client_processes}: expected 0 or more")
+    files = [("--speech", path) for path in args.speech]
+    if getattr(args, "voice", None):
+        files.append(("--voice", args.voice))
+    for flag, path in files:
+        if not Path(path).is_file():
+            raise KimiAudioError(f"{flag} {path}: no such file")
+    arrivals = Arrivals.parse(getattr(args, "arrivals", None) or "burst")
+    others = ("soak", "webrtc", "http", "transcribe", "memory_plan")
+    elsewhere = args.random_weights == "7b" or getattr(args, "voice", None) is not None
+    if arrivals.rate is not None and (elsewhere or any(getattr(args, k, False) for k in others)):
+        raise KimiAudioError(
+            "--arrivals poisson:RATE goes with the pipeline bench (not --random-weights 7b, --soak, --webrtc, "
+            "--http, --transcribe, --voice or --memory-plan)"
+        )
+    if args.url and not args.soak:
+        raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
+    if getattr(args, "profile", False) and args.random_weights != "7b":
+        raise KimiAudioError("--profile goes with --random-weights 7b (the decode steps it profiles)")
+    return arrivals
+
+
+def session_counts(args) -> list[int]:
+    """--sessions of a bench other than the soak (which takes one count): the rows to measure."""
+    try:
+        sessions = [int(x) for x in args.sessions.split(",") if x.strip()]
+    except ValueError:
+        raise KimiAudioError(f"--sessions {args.sessions!r}: expected comma-separated integers, e.g. 1,4,16") from None
+    if not sessions or min(sessions) < 1:
+        raise KimiAudioError(f"--sessions {args.sessions!r}: each count must be positive")
+    return sessions
