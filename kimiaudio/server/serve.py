@@ -3,27 +3,30 @@
 Stopping, in order:
 1. stop admitting: new offers and requests get 503 (session_registry.py, middleware/draining.py),
    /readyz says not ready;
-2. let the answers in flight finish, for at most `server.shutdown_grace_s` (a second signal
-   cuts the wait short);
-3. close every session: an answer still playing is cut there and stored with what was heard
-   (app.py's on_shutdown), peers are closed;
-4. stop the pipeline and the store (cleanup contexts) and exit 0.
+2. let the answers in flight finish, the sessions' and the /v1 requests' (context.py's
+   AnswersInFlight), for at most `server.shutdown_grace_s` (a second signal cuts the wait short);
+3. cut the /v1 answers still running: each client is told so (503 `shutting_down`, an `error`
+   event in a stream open already; v1/turn_guard.py), and they are given ANSWER_CUT_S to say it;
+4. close the listener and every session: an answer still playing is cut there and stored with
+   what was heard (app.py's on_shutdown), peers are closed; the requests still open (none of
+   them an answer by now) are given HTTP_SHUTDOWN_TIMEOUT_S, then cancelled;
+5. stop the pipeline and the store (cleanup contexts) and exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import ssl
-import time
 
 from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.app import create_app
-from kimiaudio.server.context import SERVER_CONTEXT
+from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
 from kimiaudio.server.tls import ssl_context
 from kimiaudio.store import database_location
@@ -31,8 +34,11 @@ from kimiaudio.store.location import shown
 
 log = logging.getLogger(__name__)
 
-HTTP_SHUTDOWN_TIMEOUT_S = 5.0  # requests still open when the listener closes (not sessions)
-POLL_S = 0.1
+# aiohttp waits this long for the requests still open when the listener closes (the answers
+# have ended in the drain), then cancels them and waits as long again.
+HTTP_SHUTDOWN_TIMEOUT_S = 5.0
+ANSWER_CUT_S = 5.0  # for the /v1 answers cut at the grace's end to end their streams
+POLL_S = 0.1  # sessions say whether they are answering by a property, not an event
 
 
 def banner(config: Config, stack, warning: str | None) -> str:
@@ -80,20 +86,41 @@ def loading_message(config: Config) -> str:
     return f"Creating the demo checkpoint in {demo} (random weights: its speech is noise), then loading it..."
 
 
+def _sessions_answering(context: ServerContext) -> int:
+    return sum(1 for s in context.sessions.live() if s.is_answering)
+
+
+async def _all_answered(context: ServerContext) -> None:
+    """Returns once no /v1 answer runs and no session answers, both at once."""
+    while True:
+        await context.answers.none_running()
+        if not _sessions_answering(context):
+            return
+        await asyncio.sleep(POLL_S)
+
+
 async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) -> None:
-    """Refuse new work, then wait (at most `grace_s`) until no session is answering."""
+    """Refuse new work, wait (at most `grace_s`, or until `cut_short` is set) until no answer is in
+    flight, then cut the /v1 answers left."""
     context = app[SERVER_CONTEXT]
     context.sessions.is_draining = True
     context.ready.clear()
-    deadline = time.monotonic() + grace_s
-    answering = [s for s in context.sessions.live() if s.is_answering]
-    if answering:
-        log.info("stopping: no new sessions; waiting up to %.0f s for %d answer(s) in flight", grace_s, len(answering))
-    while answering and time.monotonic() < deadline and not cut_short.is_set():
-        await asyncio.sleep(POLL_S)
-        answering = [s for s in context.sessions.live() if s.is_answering]
-    if answering:
-        log.info("stopping: %d answer(s) cut short (what was heard is stored)", len(answering))
+    in_flight = _sessions_answering(context) + len(context.answers)
+    if in_flight:
+        log.info("stopping: no new work; waiting up to %.0f s for %d answer(s) in flight", grace_s, in_flight)
+        waits = [asyncio.ensure_future(_all_answered(context)), asyncio.ensure_future(cut_short.wait())]
+        await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+    answering = _sessions_answering(context)
+    if answering:  # on_shutdown cuts them
+        log.info("stopping: %d session answer(s) cut short (what was heard is stored)", answering)
+    cut = context.answers.close()
+    if cut:
+        log.info("stopping: %d /v1 answer(s) cut short (their clients are told: shutting_down)", cut)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ANSWER_CUT_S):
+                await context.answers.none_running()
 
 
 async def serve_until_signalled(

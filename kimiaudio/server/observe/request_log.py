@@ -9,6 +9,10 @@ request ends, one INFO line goes to the `kimiaudio.requests` logger:
 
     request POST /v1/chat/completions status=200 audio_in_s=2.6 audio_out_s=3.1 first_byte_s=0.41 done_s=1.9
     request POST /v1/chat/completions status=400 refused=unsupported_parameter param=tools
+    request POST /v1/chat/completions status=200 failed=shutting_down audio_in_s=2.6 audio_out_s=0.8 ...
+
+(the last: a stream that ended with an `error` event, here an answer cut at the end of a
+shutdown's grace).
 
 A WebSocket (/v1/realtime) is one line when it closes (its answers have their own `turn`
 lines, turn_log.py).
@@ -35,6 +39,7 @@ class RequestRecord:
     audio_in_s: float | None = None
     audio_out_s: float | None = None
     first_byte_s: float | None = None
+    failed: str | None = None  # the code of the `error` event that ended a stream
 
     def first_byte(self) -> None:
         """The answer's first byte leaves now (only the first call counts)."""
@@ -69,6 +74,7 @@ async def request_log_middleware(request: web.Request, handler: Handler) -> web.
     record.first_byte()
     done: dict[str, int | float | str | None] = {
         "status": response.status,
+        "failed": record.failed,
         "audio_in_s": record.audio_in_s,
         "audio_out_s": record.audio_out_s,
         "first_byte_s": record.first_byte_s,

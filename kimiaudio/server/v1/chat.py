@@ -67,7 +67,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         pcm, done = await _collect(handle)
     note_audio_out(request, pcm)
     if done is None or done.status != "completed":
-        raise failed_turn_error(done, "generation_failed", "the answer", "messages")
+        raise failed_turn_error(request, done, "generation_failed", "the answer", "messages")
     message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
     if chat.answer.output_type == "both":
         message["content"] = None  # as OpenAI: a spoken answer's text is its transcript

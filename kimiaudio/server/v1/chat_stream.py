@@ -32,7 +32,7 @@ from kimiaudio.store.answer_store import new_answer_id, save_answer
 
 
 async def stream_answer(request: web.Request, handle, chat, completion: dict, store, ttl_s: float):
-    events = await once_started(handle, "generation_failed", "the answer", "messages")
+    events = await once_started(request, handle, "generation_failed", "the answer", "messages")
     response = await open_stream(request)
     record = request_record(request)
     wants_logprobs = chat.answer.logprobs
@@ -79,7 +79,8 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             elif isinstance(event, TurnDone):
                 done = event
         if done is None or done.status != "completed":
-            await send_error(response, failed_turn_error(done, "generation_failed", "the answer", "messages"))
+            error = failed_turn_error(request, done, "generation_failed", "the answer", "messages")
+            await send_error(request, response, error)
             await send_done(response)
             return response
         if encoder is not None:
@@ -89,7 +90,9 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
                 answer = await save_answer(store, answer_id, done.text, done.audio_tokens, audio, ttl_s)
             except StoreUnavailableError as exc:  # the status line is sent: said in the stream
                 await send_error(
-                    response, ApiError(503, "database_unavailable", f"the answer's audio id could not be kept ({exc})")
+                    request,
+                    response,
+                    ApiError(503, "database_unavailable", f"the answer's audio id could not be kept ({exc})"),
                 )
                 await send_done(response)
                 return response

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from kimiaudio.pipeline.events import TokenLogprob
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.observe.request_log import request_record
 
 
 async def open_stream(request: web.Request) -> web.StreamResponse:
@@ -34,7 +35,9 @@ async def send_event(response: web.StreamResponse, data: dict) -> None:
     await response.write(b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n")
 
 
-async def send_error(response: web.StreamResponse, error: ApiError) -> None:
+async def send_error(request: web.Request, response: web.StreamResponse, error: ApiError) -> None:
+    """The `error` event; the request's log line names its code (its status is the 200 sent)."""
+    request_record(request).failed = error.code
     await send_event(response, error.event())
 
 

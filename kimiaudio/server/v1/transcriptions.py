@@ -166,7 +166,7 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
                 return await _stream(request, handle, with_logprobs)
             done = await handle.result()
         if done is None or done.status != "completed":
-            raise failed_turn_error(done, "transcription_failed", "the transcription", "prompt")
+            raise failed_turn_error(request, done, "transcription_failed", "the transcription", "prompt")
         text = done.text.strip()
         if speech is not None:  # verbose_json
             return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
@@ -186,7 +186,7 @@ def _max_speech_probability(pcm) -> float:
 
 
 async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.StreamResponse:
-    events = await once_started(handle, "transcription_failed", "the transcription", "prompt")
+    events = await once_started(request, handle, "transcription_failed", "the transcription", "prompt")
     response = await open_stream(request)
     text, logprobs = "", []
     async for event in events:
@@ -198,9 +198,8 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
             await send_event(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
         elif isinstance(event, TurnDone):
             if event.status != "completed":  # the status line is sent already: say it in the stream
-                await send_error(
-                    response, failed_turn_error(event, "transcription_failed", "the transcription", "prompt")
-                )
+                error = failed_turn_error(request, event, "transcription_failed", "the transcription", "prompt")
+                await send_error(request, response, error)
             else:
                 extra = {"logprobs": logprobs} if with_logprobs else {}
                 await send_event(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
