@@ -158,3 +158,17 @@ def test_an_input_that_leaves_no_room_for_the_answer_is_one_line(demo_checkpoint
     )
     assert_one_line_error(result, "which leaves no room for a spoken answer")
     assert not out.exists()
+
+
+def test_an_address_serve_cannot_listen_on_is_one_line_before_the_model_loads(tmp_path):
+    """(The model named does not exist: an error about it would mean it was loaded first.)"""
+    import socket
+
+    nowhere = ["--model", str(tmp_path / "nowhere"), "--data-dir", str(tmp_path / "data")]
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = kimiaudio("serve", "--port", str(port), *nowhere)
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}", "is another server running?")
+    result = kimiaudio("serve", "--host", "999.1.1.1", *nowhere)
+    assert_one_line_error(result, "cannot listen on 999.1.1.1:8080")
+    assert "another server" not in result.stderr

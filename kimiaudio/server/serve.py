@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 import ssl
 
 from aiohttp import web
@@ -133,10 +135,7 @@ async def serve_until_signalled(
         await web.TCPSite(runner, config.server.host, config.server.port, ssl_context=ssl_context).start()
     except OSError as exc:
         await runner.cleanup()
-        raise KimiAudioError(
-            f"cannot listen on {config.server.host}:{config.server.port} ({exc.strerror or exc}); "
-            "is another server running? choose another port with --port"
-        ) from None
+        raise _cannot_listen(config, exc) from None
     signals = asyncio.Event()
     second = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -153,6 +152,32 @@ async def serve_until_signalled(
             loop.remove_signal_handler(number)
 
 
+def _cannot_listen(config: Config, exc: OSError) -> KimiAudioError:
+    hint = "; is another server running? choose another port with --port" if exc.errno == errno.EADDRINUSE else ""
+    where = f"{config.server.host}:{config.server.port}"
+    return KimiAudioError(f"cannot listen on {where} ({exc.strerror or exc}){hint}")
+
+
+def check_listen_address(config: Config) -> None:
+    """Bind the server's address once and let it go, before the model loads (minutes for the
+    7B): a port in use or a host that is no address of this machine is said at once. (The
+    listener itself is made once the app has started; another process could take the port
+    in between, which that bind then says.)"""
+    host, port = config.server.host, config.server.port
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise KimiAudioError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            if hasattr(socket, "SO_REUSEADDR"):  # as asyncio's listener binds: a port in TIME_WAIT is free
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise _cannot_listen(config, exc) from None
+
+
 def run_server(config: Config) -> int:
     """Load the model and serve until SIGTERM/SIGINT; returns the exit code."""
     from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
@@ -166,8 +191,10 @@ def run_server(config: Config) -> int:
     from kimiaudio.store.startup_check import check_database
 
     # Before the model, and in this order: bad certificate files stop the start before anything
-    # is written (the SQLite file's directory included); then a database problem is said at once.
+    # is written (the SQLite file's directory included); then an address it cannot listen on and
+    # a database problem are said at once.
     tls = ssl_context(config)
+    check_listen_address(config)
     check_database(config)
     print(loading_message(config), flush=True)
     try:
