@@ -60,7 +60,9 @@ async def test_the_page_signs_in_once_and_keeps_a_cookie_not_the_key(server):
     assert resp.status == 200
     cookie = resp.cookies["kimiaudio_signin"]
     assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
-    assert KEY not in cookie.value and int(cookie["max-age"]) == 12 * 3600
+    assert KEY not in cookie.value and int(cookie["max-age"]) == 12 * 3600 and not cookie["secure"]
+    behind_tls = await server.post("/api/signin", json={"api_key": KEY}, headers={"X-Forwarded-Proto": "https"})
+    assert behind_tls.cookies["kimiaudio_signin"]["secure"]  # a front that ends TLS (deploy/haproxy.cfg)
     server.session.cookie_jar.clear()  # the cookie goes only where it is sent below
     signed = {"Cookie": f"kimiaudio_signin={cookie.value}"}
     assert (await (await server.get("/api/auth", headers=signed)).json()) == {"required": True, "signed_in": True}

@@ -43,9 +43,10 @@ async def signin(request: web.Request) -> web.Response:
         raise invalid_key("that is not this server's API key")
     key, record = await mint_key(context.store, "", PAGE_SCOPE, SIGNIN_S, issuer=context.access.api_key)
     response = web.json_response({"required": True, "expires_at": int(record.expires_at)})
-    response.set_cookie(
-        SIGNIN_COOKIE, key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=request.secure
-    )
+    # Secure over TLS, also where a front ends it (deploy/haproxy.cfg sets X-Forwarded-Proto). The
+    # header is the client's to forge, but all it can do is keep its own cookie off plain HTTP.
+    secure = request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+    response.set_cookie(SIGNIN_COOKIE, key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=secure)
     return response
 
 
