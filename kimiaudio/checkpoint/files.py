@@ -21,7 +21,8 @@ from kimiaudio.errors import CheckpointError, ConfigError
 from kimiaudio.validation import NO_BOUNDS, Bounds, check_value
 
 # Sizes and ids of a checkpoint's configs index int32 tensors.
-POSITIVE_INT = Bounds(1, 2**31 - 1)
+INT32_MAX = 2**31 - 1
+POSITIVE_INT = Bounds(1, INT32_MAX)
 POSITIVE_NUMBER = Bounds(min=0.0, min_open=True)
 
 

@@ -14,31 +14,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kimiaudio.checkpoint.files import config_value, read_json
-from kimiaudio.errors import CheckpointError, ConfigError
-from kimiaudio.validation import Bounds, check_value, declared, setting
+from kimiaudio.checkpoint.files import INT32_MAX, POSITIVE_INT, POSITIVE_NUMBER, checked_value, read_json
+from kimiaudio.errors import CheckpointError
+from kimiaudio.validation import Bounds, declared, setting
 
-INT32_MAX = 2**31 - 1  # sizes and ids index int32 tensors
-POSITIVE = Bounds(1, INT32_MAX)
 COUNT = Bounds(0, INT32_MAX)
-POSITIVE_NUMBER = Bounds(min=0.0, min_open=True)
 
 
 @dataclass(frozen=True)
 class KimiaConfig:
-    hidden_size: int = setting(bounds=POSITIVE)
-    intermediate_size: int = setting(bounds=POSITIVE)
-    num_hidden_layers: int = setting(bounds=POSITIVE)
-    num_attention_heads: int = setting(bounds=POSITIVE)
-    num_key_value_heads: int = setting(bounds=POSITIVE)
-    vocab_size: int = setting(bounds=POSITIVE)
+    hidden_size: int = setting(bounds=POSITIVE_INT)
+    intermediate_size: int = setting(bounds=POSITIVE_INT)
+    num_hidden_layers: int = setting(bounds=POSITIVE_INT)
+    num_attention_heads: int = setting(bounds=POSITIVE_INT)
+    num_key_value_heads: int = setting(bounds=POSITIVE_INT)
+    vocab_size: int = setting(bounds=POSITIVE_INT)
     kimia_mimo_layers: int = setting(bounds=COUNT)
     kimia_mimo_transformer_from_layer_index: int = setting(bounds=COUNT)  # and < num_hidden_layers
-    kimia_token_offset: int = setting(bounds=POSITIVE)  # and <= vocab_size
-    kimia_adaptor_input_dim: int = setting(bounds=POSITIVE)
+    kimia_token_offset: int = setting(bounds=POSITIVE_INT)  # and <= vocab_size
+    kimia_adaptor_input_dim: int = setting(bounds=POSITIVE_INT)
     rms_norm_eps: float = setting(1e-6, POSITIVE_NUMBER)
     rope_theta: float = setting(10000.0, POSITIVE_NUMBER)
-    max_position_embeddings: int = setting(8192, POSITIVE)
+    max_position_embeddings: int = setting(8192, POSITIVE_INT)
     kimia_mimo_audiodelaytokens: int = setting(6, COUNT)
     kimia_media_begin: int = 151661
     kimia_media_end: int = 151663
@@ -69,12 +66,7 @@ class KimiaConfig:
                 continue
             default = ... if field.default is dataclasses.MISSING else field.default
             expected, bounds = declared(cls)[field.name]
-            try:
-                values[field.name] = check_value(
-                    field.name, config_value(data, field.name, path, default), expected, bounds
-                )
-            except ConfigError as exc:
-                raise CheckpointError(f"{path}: {exc}") from None
+            values[field.name] = checked_value(data, field.name, path, expected, bounds, default)
         config = cls(**values, source=str(path))
         config._validate(path)
         return config
