@@ -36,6 +36,7 @@ from kimiaudio.server.middleware.draining import shutting_down
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.05
+CUT_BY_SHUTDOWN = web.RequestKey("cut_by_shutdown", bool)  # set on a request whose turn the drain cut
 
 
 def client_gone(request: web.Request) -> bool:
@@ -65,6 +66,7 @@ async def guarded_turn(request: web.Request, pipeline, turn: TurnRequest):
 
     def cut() -> None:
         log.info("stopping: the shutdown grace has ended, cutting %s of %s", handle.turn_id, request.path)
+        request[CUT_BY_SHUTDOWN] = True
         pipeline.cancel(handle)
 
     watcher = asyncio.get_running_loop().create_task(watch())
@@ -84,7 +86,7 @@ def failed_turn_error(request: web.Request, done: TurnDone | None, code: str, wh
     error = done.error or done.status if done is not None else "the turn ended without a result"
     if done is not None and done.error_code is not None:
         return ApiError(400, done.error_code, f"{what} failed ({error})", param=param)
-    if server_context(request).answers.is_closed:
+    if request.get(CUT_BY_SHUTDOWN):
         return shutting_down()
     return ApiError(500, code, f"{what} failed ({error})")
 
