@@ -167,7 +167,7 @@ def check_listen_address(config: Config) -> None:
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise KimiAudioError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        raise _cannot_listen(config, exc) from None
     for family, kind, proto, _, address in infos:
         with socket.socket(family, kind, proto) as probe:
             if hasattr(socket, "SO_REUSEADDR"):  # as asyncio's listener binds: a port in TIME_WAIT is free

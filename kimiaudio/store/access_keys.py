@@ -8,10 +8,10 @@ cookie a browser gets for the API key it typed once). A key is `prefix` + 32 ran
 a dump) holds no key anyone could present; a lookup digests what was presented. The digest is
 keyed by the `issuer`, the server's API key that the key was minted under (HMAC-SHA-256; plain
 SHA-256 on a server without one): a key stands for the API key it was minted with, so once an
-operator changes the API key, every key issued under the old one is unknown, as the old key is. Because the
-table is in the database every instance shares, a key minted by one instance is honoured by
-all of them. Expired rows are deleted whenever a key is minted. Times come from the store's
-clock (injectable in tests).
+operator changes the API key, every key issued under the old one is unknown, as the old key is.
+Because the table is in the database every instance shares, a key minted by one instance is
+honoured by all of them. Expired rows are deleted whenever a key is minted. Times come from the
+store's clock (injectable in tests).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ timings, counters and KV pool, read at scrape time). Transports report what thei
 send through `observe_event` (response.done: status and commit -> first packet sent; error:
 its code) and WebRTC's playback gaps through `note_underrun` (a WebSocket client buffers and
 plays the audio itself: the server cannot hear it run dry). Every spoken answer's audio is
-counted once by `note_audio`, where it leaves the server's hands: a session's playback
-(CountedPlayback, session/playback.py, whichever transport) or a chat completion
+counted once by `note_audio`, where it leaves the server's hands: a session's Responder, as it
+pushes the audio to its playback (whichever transport), or a chat completion
 (v1/chat_stream.py `note_audio_out`, streamed or not). The error middleware reports HTTP errors.
 
 Every sample of `/metrics` carries an `instance` label, so a Prometheus scraping every

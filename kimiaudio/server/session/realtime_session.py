@@ -85,7 +85,9 @@ class RealtimeSession:
         self.conversation = Conversation(context.store, conversation_id, self.id)
         self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
-        self.responder = Responder(pipeline, self.settings, self.conversation, self.events, playback, self.tasks)
+        self.responder = Responder(
+            pipeline, self.settings, self.conversation, self.events, playback, self.tasks, context.metrics.note_audio
+        )
         self.transcription = InputTranscription(pipeline, self.settings, self.conversation, self.events, self.tasks)
         self.items = UserItems(self.settings, self.conversation, self.events, self.responder, self.transcription)
         detector = TurnDetector(admitted.vad, self.settings.turn_settings())

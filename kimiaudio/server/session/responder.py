@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -62,13 +63,17 @@ class Responder:
         events: EventSender,
         playback: Playback,
         tasks: OwnedTasks,
+        on_audio: Callable[[float], None] = lambda seconds: None,
     ):
+        """on_audio: the seconds of each piece of answer audio played, whatever the transport (the
+        server's kimiaudio_audio_generated_seconds)."""
         self._pipeline = pipeline
         self._settings = settings
         self._conversation = conversation
         self._events = events
         self._playback = playback
         self._tasks = tasks
+        self._on_audio = on_audio
         self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code)
         self.current: ResponseState | None = None
         self._truncatable = Truncatable()  # what a conversation.item.truncate may name
@@ -155,6 +160,7 @@ class Responder:
                         response.codes += codes
                         if not response.cancelled:
                             self._playback.push(response.pcm[-1])
+                            self._on_audio(response.pcm[-1].size / SPEECH_OUTPUT_RATE)
                     case TurnDone():
                         done = event
         except asyncio.CancelledError:

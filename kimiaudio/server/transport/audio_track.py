@@ -14,8 +14,8 @@ listener given to `begin` hears when the response's first frame is sent and its 
 
 `MeteredPlaybackTrack` (what a WebRTC peer sends) also tells the server's metrics each
 underrun: a response that had started playing runs out of buffered audio before its end and
-the listener hears a gap (counted once per gap, not per silent frame). The audio pushed to it
-is counted by the session's CountedPlayback (session/playback.py), as for any transport.
+the listener hears a gap (counted once per gap, not per silent frame). The answer audio itself
+is counted by the session's Responder, as for any transport.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from kimiaudio.audio import pcm16
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.session import response_events
 from kimiaudio.server.session.event_shape import EventShape
-from kimiaudio.server.session.playback import CountedPlayback
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.closes_once import ClosesOnce
@@ -44,8 +43,7 @@ class RealtimeSocket(ClosesOnce):
         self._release = admitted.release
         self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.playback = WsPlayback(self._send_audio)
-        playback = CountedPlayback(self.playback, context.metrics.note_audio)
-        self.session = RealtimeSession(context, admitted, self._send, playback, shape=shape)
+        self.session = RealtimeSession(context, admitted, self._send, self.playback, shape=shape)
         self._writer: asyncio.Task | None = None
         self._dropped = False  # the client is gone or too slow: nothing more is sent
 

@@ -52,7 +52,6 @@ from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.sdp_offer import check_offer
 from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
-from kimiaudio.server.session.playback import CountedPlayback
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session.session_update import SessionUpdate, Transcription
 from kimiaudio.server.session_registry import Admitted, Transport
@@ -91,7 +90,7 @@ class RtcPeer(ClosesOnce):
             context,
             admitted,
             self._send,
-            CountedPlayback(self.track, metrics.note_audio),
+            self.track,
             conversation_id,
             shape=shape if shape is not None else event_shape("ga", webrtc=True),
         )
