@@ -65,8 +65,7 @@ class Responder:
         tasks: OwnedTasks,
         on_audio: Callable[[float], None] = lambda seconds: None,
     ):
-        """on_audio: the seconds of each piece of answer audio played, whatever the transport (the
-        server's kimiaudio_audio_generated_seconds)."""
+        """on_audio: the seconds of each piece of answer audio played (kimiaudio_audio_generated_seconds)."""
         self._pipeline = pipeline
         self._settings = settings
         self._conversation = conversation
