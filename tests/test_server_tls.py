@@ -1,6 +1,8 @@
 """HTTPS and WSS (`[server] tls_cert` / `tls_key`, server/tls.py) with a self-signed certificate
 made here by the openssl CLI: a real `serve` answers HTTPS requests and a Realtime WebSocket
-over WSS; missing or mismatched files stop the start with one line naming the file."""
+over WSS; missing or mismatched files stop the start with one line naming the file; a
+certificate outside its validity period (made with `cryptography`, dated as needed) starts
+with a warning naming it."""
 
 import json
 import os
@@ -8,10 +10,18 @@ import shutil
 import ssl
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from kimiaudio.config import load_config
+from kimiaudio.server.tls import validity_warning
 
 from helpers.serve_process import ROOT, free_port, start_serve, stop_serve
 
@@ -127,3 +137,47 @@ def test_bad_certificate_files_stop_the_start_with_one_line(certs, tmp_path, cas
         assert str(other_key) in lines[0] and "not the private key" in lines[0]
     if case == "encrypted key":
         assert str(encrypted) in lines[0] and "passphrase" in lines[0]
+
+
+def dated_certificate(directory: Path, not_before: datetime, not_after: datetime) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "dated.pem", directory / "dated.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+def test_a_certificate_outside_its_validity_is_named_by_a_warning(tmp_path):
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    cert, key = dated_certificate(tmp_path, start, start + timedelta(days=30))
+    config = load_config(overrides={"server": {"tls_cert": str(cert), "tls_key": str(key)}})
+    assert validity_warning(config, start + timedelta(days=1)) is None
+    before = validity_warning(config, start - timedelta(days=1))
+    assert before is not None and str(cert) in before and "not valid before 2030-01-01" in before
+    after = validity_warning(config, start + timedelta(days=31))
+    assert after is not None and str(cert) in after and "expired on 2030-01-31" in after
+    assert validity_warning(load_config(), start) is None  # plain HTTP
+
+
+def test_serve_with_an_expired_certificate_starts_and_says_so(tmp_path):
+    now = datetime.now(UTC)
+    cert, key = dated_certificate(tmp_path, now - timedelta(days=60), now - timedelta(days=30))
+    proc = start_serve(tmp_path, free_port(), extra_args=("--tls-cert", str(cert), "--tls-key", str(key)))
+    try:
+        warnings = [line for line in proc.output_lines if "expired on" in line]
+        assert warnings and all(str(cert) in line for line in warnings), proc.output_lines
+    finally:
+        stop_serve(proc)

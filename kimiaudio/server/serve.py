@@ -22,6 +22,7 @@ import logging
 import signal
 import socket
 import ssl
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -30,7 +31,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.app import create_app
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
-from kimiaudio.server.tls import ssl_context
+from kimiaudio.server.tls import ssl_context, validity_warning
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown
 
@@ -43,7 +44,7 @@ ANSWER_CUT_S = 5.0  # for the /v1 answers cut at the grace's end to end their st
 POLL_S = 0.1  # sessions say whether they are answering by a property, not an event
 
 
-def banner(config: Config, stack, warning: str | None) -> str:
+def banner(config: Config, stack, warnings: list[str]) -> str:
     from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 
     host = config.server.host
@@ -69,7 +70,7 @@ def banner(config: Config, stack, warning: str | None) -> str:
                 "  note: only requests for localhost and the bound address are served; add the names clients "
                 "use to server.allowed_hosts"
             ]
-    if warning:
+    for warning in warnings:
         lines += ["", "  " + warning]
     lines += ["", "  Press Ctrl-C to stop.", ""]
     return "\n".join(lines)
@@ -204,9 +205,16 @@ def run_server(config: Config) -> int:
         return 130
     app = create_app(config, stack)
     freeze_loaded_objects()
-    warning = exposure_warning(config, app[SERVER_CONTEXT].access)
-    if warning:
+    warnings = [
+        warning
+        for warning in (
+            exposure_warning(config, app[SERVER_CONTEXT].access),
+            validity_warning(config, datetime.now(UTC)),
+        )
+        if warning
+    ]
+    for warning in warnings:
         log.warning("%s", warning)
-    asyncio.run(serve_until_signalled(app, config, lambda: print(banner(config, stack, warning), flush=True), tls))
+    asyncio.run(serve_until_signalled(app, config, lambda: print(banner(config, stack, warnings), flush=True), tls))
     print("kimiaudio stopped.")
     return 0

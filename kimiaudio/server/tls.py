@@ -4,13 +4,18 @@ Browsers give a page the microphone (getUserMedia) only on a secure origin, http
 localhost, so a server used from another machine serves HTTPS; aiohttp then serves the
 Realtime WebSocket as WSS on the same port. Every way the files can be wrong (one without
 the other, missing, unreadable, not PEM, a key that is not the certificate's) stops the
-start with one line naming the file, before the model is loaded.
+start with one line naming the file, before the model is loaded. A certificate outside its
+validity period still loads (a browser's user may click through), but `validity_warning`
+says so at start: the page would otherwise fail in the browser with nothing in the log.
 """
 
 from __future__ import annotations
 
 import ssl
+from datetime import datetime
 from pathlib import Path
+
+from cryptography import x509
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
@@ -69,3 +74,21 @@ def ssl_context(config: Config) -> ssl.SSLContext | None:
             "-----BEGIN PRIVATE KEY----- block)"
         ) from None
     return context
+
+
+def validity_warning(config: Config, now: datetime) -> str | None:
+    """A line naming the certificate if `now` (aware) is outside its validity period, else None."""
+    if not config.server.tls_cert:
+        return None
+    cert = config.resolve(config.server.tls_cert)
+    try:
+        parsed = x509.load_pem_x509_certificate(cert.read_bytes())
+    except (OSError, ValueError):
+        return None  # ssl_context has said what is wrong with the file
+    if now > parsed.not_valid_after_utc:
+        when = f"expired on {parsed.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    elif now < parsed.not_valid_before_utc:
+        when = f"not valid before {parsed.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    else:
+        return None
+    return f"warning: server.tls_cert: {cert}: {when}; browsers will refuse the page"
