@@ -16,6 +16,8 @@ from kimiaudio.server.session.client_events import (
     AudioCommit,
     ConversationSelect,
     ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
     ItemTruncate,
     ProtocolError,
     ResponseCancel,
@@ -66,6 +68,12 @@ def test_client_events_parse():
         )
     )
     assert item == ItemCreate("user", "Be brief.", b"\x01\x00\xff\x7f")
+    spoken_first = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+    spoken_first["content"] += [{"type": "input_text", "text": "Is this English?"}]
+    item = parse_client_event(json.dumps({"type": "conversation.item.create", "item": spoken_first}))
+    assert item == ItemCreate("user", "Is this English?", b"\x01\x00\xff\x7f", audio_first=True)
+    assert parse_client_event('{"type": "conversation.item.retrieve", "item_id": "i1"}') == ItemRetrieve("i1")
+    assert parse_client_event('{"type": "conversation.item.delete", "item_id": "i1"}') == ItemDelete("i1")
 
 
 def test_openai_session_update_beta_and_ga_shapes():
@@ -168,7 +176,14 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         ('{"kind": "x"}', "unknown_event", "None"),
         ('{"type": ["response.cancel"]}', "unknown_event", "['response.cancel']"),
         ('{"type": {"conversation.item.delete": 1}}', "unknown_event", "unknown event type {"),
-        ('{"type": "conversation.item.delete", "item_id": "item_1"}', "unsupported", "DELETE /api/conversations"),
+        ('{"type": "conversation.item.delete"}', "missing_required_parameter", "item_id is required"),
+        ('{"type": "conversation.item.retrieve", "item_id": 7}', "invalid_value", "item_id: expected an item id"),
+        (
+            '{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text", '
+            '"text": "a"}, {"type": "input_audio", "audio": "AQD/fw=="}, {"type": "input_text", "text": "b"}]}}',
+            "unsupported",
+            "all before or all after",
+        ),
         ('{"type": "conversation.select", "conversation_id": 5}', "invalid_event", "conversation_id"),
         ('{"type": "session.update", "session": {"vad": "fast"}}', "invalid_event", "session.vad"),
         ('{"type": "session.update", "session": {"output_type": "audio"}}', "invalid_event", "output_type"),

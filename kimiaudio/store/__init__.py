@@ -6,10 +6,13 @@ from kimiaudio.store.identifiers import MAX_TURN_INDEX, is_conversation_id, is_t
 from kimiaudio.store.leases import ConversationBusyError, ConversationNotFoundError
 from kimiaudio.store.location import DATABASE_URL_ENV, database_location
 from kimiaudio.store.schema import SCHEMA_VERSION, open_database
+from kimiaudio.store.turn_by_index import delete_turn, get_turn
 
 __all__ = [
     "ConversationStore",
     "StoredTurn",
+    "get_turn",
+    "delete_turn",
     "SCHEMA_VERSION",
     "open_database",
     "MAX_TURN_INDEX",

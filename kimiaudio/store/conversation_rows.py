@@ -35,6 +35,7 @@ class StoredTurn:
     interrupted: bool
     created_at: float
     transcript: str | None = None  # a spoken user turn's words, once transcribed
+    audio_first: bool = False  # a user turn's text came after its audio (the client's order)
     audio: np.ndarray | None = None
     sample_rate: int | None = None
 
@@ -50,6 +51,7 @@ def turn_dict(row: dict) -> dict[str, Any]:
         "interrupted": bool(row["interrupted"]),
         "created_at": row["created_at"],
         "transcript": row["transcript"],
+        "audio_first": bool(row["audio_first"]),
     }
 
 
@@ -75,19 +77,23 @@ def create_conversation(db: Sql, title: str) -> dict[str, Any]:
 
 
 def add_turn(db: Sql, conversation_id: str, fields: dict, blob: dict | None) -> int:
+    """The turn gets the conversation's next_turn_index: past every turn it has had, deleted
+    ones included, so an index names one turn for good (a writer holding it never writes into
+    a later turn)."""
     now = time.time()
     with db.atomic():
         # Locked (PostgreSQL) until the turn is in: two writers never take the same index.
-        if db.execute("SELECT 1 FROM conversations WHERE id = ?" + db.for_update, [conversation_id]).fetchone() is None:
+        found = db.execute(
+            "SELECT next_turn_index FROM conversations WHERE id = ?" + db.for_update, [conversation_id]
+        ).fetchone()
+        if found is None:
             raise ConversationNotFoundError(conversation_id)
-        index = db.execute(
-            "SELECT COALESCE(MAX(turn_index) + 1, 0) FROM turns WHERE conversation_id = ?", [conversation_id]
-        ).fetchone()[0]
+        index = found[0]
         row = {"conversation_id": conversation_id, "turn_index": index, "created_at": now, **fields}
         turn_id = db.insert_returning_id("turns", row)
         if blob is not None:
             db.insert("turn_audio", {"turn_id": turn_id, **blob})
-        db.update("conversations", conversation_id, {"updated_at": now})
+        db.update("conversations", conversation_id, {"updated_at": now, "next_turn_index": index + 1})
         if fields["role"] == "assistant":
             retitle(db, conversation_id)
     return index

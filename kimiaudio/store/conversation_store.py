@@ -81,8 +81,7 @@ class ConversationStore:
         self.clock = clock
         self.instance_id = instance_id or f"inst_{secrets.token_hex(8)}"
         self._pool: ConnectionPool | None = None  # PostgreSQL's
-        # The database threads, from open() on (the probe's: PostgreSQL only).
-        self._threads: tuple[DbThread, DbThread] | None = None  # (writer, reader)
+        self._threads: tuple[DbThread, DbThread] | None = None  # (writer, reader), from open() on
         self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
         self._heartbeat: asyncio.Task | None = None
         self._held: dict[tuple[str, str], None] = {}  # (conversation, session) leases the heartbeat renews
@@ -216,8 +215,9 @@ class ConversationStore:
         timings: dict[str, Any] | None = None,
         interrupted: bool = False,
         audio: np.ndarray | None = None,
+        audio_first: bool = False,  # a user turn's text came after its audio
     ) -> int:
-        """Append a turn (and its audio) in one transaction; returns its index."""
+        """Append a turn (and its audio) in one transaction; its index (never a deleted turn's)."""
         if role not in ("user", "assistant"):
             raise KimiAudioError(f"turn role must be 'user' or 'assistant', got {role!r}")
         fields = {
@@ -227,9 +227,9 @@ class ConversationStore:
             "audio_tokens": json_or_none(audio_tokens),
             "timings": json.dumps(timings or {}),
             "interrupted": int(interrupted),
+            "audio_first": int(audio_first),
         }
-        blob = audio_record(audio, role)
-        return await self._writer.call(add_turn, conversation_id, fields, blob)
+        return await self._writer.call(add_turn, conversation_id, fields, audio_record(audio, role))
 
     async def update_turn(
         self,

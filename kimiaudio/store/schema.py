@@ -33,6 +33,9 @@ Tables:
   the key (access_keys.py); shared, so a key minted by one instance opens sessions on all.
 - calls(call_id, instance_id, expires_at, hangup) (version 7): the live WebRTC calls of every
   instance, so that a hang-up reaching another instance is passed on to it (calls.py).
+- conversations.next_turn_index (version 8): the index its next turn gets, above every index
+  it ever had, so that a deleted turn's index is never given again (turn_by_index.py); and
+  turns.audio_first: a user turn whose text came after its audio (0: before it, or none).
 """
 
 from __future__ import annotations
@@ -138,9 +141,17 @@ CREATE TABLE calls (
 CREATE INDEX calls_by_instance ON calls(instance_id);
 """
 
+_V8 = """
+ALTER TABLE conversations ADD COLUMN next_turn_index INTEGER NOT NULL DEFAULT 0;
+UPDATE conversations SET next_turn_index = (
+    SELECT COALESCE(MAX(t.turn_index) + 1, 0) FROM turns t WHERE t.conversation_id = conversations.id
+);
+ALTER TABLE turns ADD COLUMN audio_first INTEGER NOT NULL DEFAULT 0;
+"""
+
 Migration = str | dict[str, str]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
-MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -4,13 +4,14 @@ conversation, with the session's settings and those of the response.create that 
 The newest stored turn must be the user's, spoken or written (a text item: answered as the
 official prompt answers a user text message); the conversation before it is the history, led
 by the instructions as a user text message. A user item with text parts and audio is stored as
-one turn, its text (the parts joined) before its audio, and prompted as two user messages in
-that order, as /v1/chat/completions prompts a message's parts (the official layout of an
-instruction and the speech it is about); the output type, voice and sampling are the session's
-unless the response.create names its own. A conversation that outgrows the model's context
-loses its oldest turns from the prompt, never the instructions (truncation "auto",
-pipeline/turn_prompt.py). What cannot be answered is a ProtocolError naming
-why: the Responder ends that response failed (responder.py).
+one turn (its text: the parts joined) and prompted as two user messages in the order the client
+gave them: its text, then its speech (the official layout of an instruction and the speech it
+is about, as /v1/chat/completions prompts a message's parts), or its speech, then its text
+(answered as a written turn, its speech the history's last message). The output type, voice
+and sampling are the session's unless the response.create names its own. A conversation that
+outgrows the model's context loses its oldest turns from the prompt, never the instructions
+(truncation "auto", pipeline/turn_prompt.py). What cannot be answered is a ProtocolError
+naming why: the Responder ends that response failed (responder.py).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ async def answer_request(
             "response.create: the conversation does not end with a user turn to answer "
             "(add a user message item, spoken or text, or commit the input audio buffer first)",
         )
-    history = [part for turn in (await conversation.history())[:-1] for part in _prompted(turn)]
-    if user_turn.audio is not None and user_turn.text:
-        history.append(HistoryTurn("user", text=user_turn.text))
+    earlier = list((await conversation.history()).items())[:-1]
+    history = [part for i, turn in earlier for part in _prompted(turn, conversation.audio_first(i))]
+    # A turn of text and speech is answered as its last part; its first closes the history.
+    *first, answered = _prompted(user_turn, conversation.audio_first(index))
+    history += first
     instructions = request.instructions if request and request.instructions is not None else settings.instructions
     if instructions:
         history.insert(0, HistoryTurn("user", text=instructions))
@@ -61,8 +64,8 @@ async def answer_request(
     turn = TurnRequest(
         conversation_id=conversation.stored_id,
         history=history,
-        user_audio=user_turn.audio,
-        user_text=user_turn.text if user_turn.audio is None else None,
+        user_audio=answered.audio,
+        user_text=answered.text if answered.audio is None else None,
         sampling=sampling,
         output_type=output_type,
         voice=voice,
@@ -71,9 +74,10 @@ async def answer_request(
     return index, user_turn, turn
 
 
-def _prompted(turn: HistoryTurn) -> list[HistoryTurn]:
-    """A stored turn as the prompt's history takes it: a user turn with text and audio as its
-    text message, then its speech."""
+def _prompted(turn: HistoryTurn, audio_first: bool) -> list[HistoryTurn]:
+    """A stored turn as the prompt's history takes it: a user turn with text and audio as two
+    messages, its text message and its speech, in the order the client gave them."""
     if turn.role == "user" and turn.audio is not None and turn.text:
-        return [HistoryTurn("user", text=turn.text), dataclasses.replace(turn, text="")]
+        parts = [HistoryTurn("user", text=turn.text), dataclasses.replace(turn, text="")]
+        return parts[::-1] if audio_first else parts
     return [turn]

@@ -97,9 +97,10 @@ class AnswerStorage:
         interrupted: bool,
         pcm: np.ndarray,
     ) -> tuple[int, HistoryTurn]:
-        """Insert the assistant turn -> (its index, its history turn)."""
+        """Insert the assistant turn -> (its index, its history turn); its item's turn from now on."""
         index, turn = await self._conversation.add_assistant(text, text_tokens, codes, timings, interrupted, pcm)
         response.stored = (index, turn)
+        self._conversation.items.stored(response.item_id, index)
         return index, turn
 
     def _heard_samples(self, response: ResponseState) -> int:

@@ -15,20 +15,20 @@ value is a ProtocolError whose message names the field, sent back as an `error` 
 `temperature` (OpenAI's range, 0.6..1.2) is the sampling temperature of the answer's speech
 stream, or of its text stream for a text answer. Every message goes through
 `json_input.parse_json`, so nesting, huge numbers or bad Unicode end as a ProtocolError too.
-A session.update is parsed in session_update.py; the fields events share, in event_fields.py.
+A session.update is parsed in session_update.py, the events about conversation items
+(create, truncate, retrieve, delete) in item_events.py, and the fields events share in
+event_fields.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from kimiaudio.audio import pcm16
-from kimiaudio.errors import AudioInputError
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.openai_params import AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling, checked
 from kimiaudio.server.session.event_fields import (
     ProtocolError,
+    decode_pcm16,
     metadata_field,
     object_field,
     optional_object,
@@ -36,6 +36,14 @@ from kimiaudio.server.session.event_fields import (
     output_type_field,
     pcm16_rate,
     typed_field,
+)
+from kimiaudio.server.session.item_events import (
+    ITEM_EVENT_TYPES,
+    ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    parse_item_event,
 )
 from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
 
@@ -78,21 +86,6 @@ class AudioClear:
     pass
 
 
-@dataclass(frozen=True)
-class ItemCreate:
-    role: str  # "user" | "assistant" | "system"
-    text: str = ""
-    pcm16: bytes | None = None  # user audio at the session's input rate
-    item_id: str | None = None
-    previous_item_id: str | None = None  # None: appended at the end; "root": the first item
-
-
-@dataclass(frozen=True)
-class ItemTruncate:
-    item_id: str
-    audio_end_ms: int
-
-
 ClientEvent = (
     SessionUpdate
     | ResponseCancel
@@ -103,36 +96,21 @@ ClientEvent = (
     | AudioClear
     | ItemCreate
     | ItemTruncate
+    | ItemRetrieve
+    | ItemDelete
 )
 CLIENT_EVENT_TYPES = (
     "session.update",
     "input_audio_buffer.append",
     "input_audio_buffer.commit",
     "input_audio_buffer.clear",
-    "conversation.item.create",
-    "conversation.item.truncate",
+    *ITEM_EVENT_TYPES,
     "response.create",
     "response.cancel",
     "output_audio_buffer.clear",
     "conversation.select",
     "transcription_session.update",
 )
-
-# OpenAI's client events kimiaudio knows and refuses, and why.
-REFUSED_EVENT_TYPES = {
-    "conversation.item.retrieve": "the stored conversation is read with GET /api/conversations/{id}",
-    "conversation.item.delete": "stored turns are kept; delete the conversation with DELETE /api/conversations/{id}",
-}
-
-
-def decode_pcm16(data: Any, where: str) -> bytes:
-    """Base64 audio of a client event: raw 16-bit samples (an even number of bytes)."""
-    if not isinstance(data, str):
-        raise ProtocolError("invalid_value", f"{where}: expected base64 text", where)
-    try:
-        return pcm16.check_samples(pcm16.from_base64(data, where), where)
-    except AudioInputError as exc:
-        raise ProtocolError("invalid_audio", str(exc), where) from None
 
 
 def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES) -> ClientEvent:
@@ -162,8 +140,6 @@ def parse_client_message(
 
 def _event(data: dict) -> ClientEvent:
     kind = data.get("type")
-    if isinstance(kind, str) and kind in REFUSED_EVENT_TYPES:  # (a list or an object is no key)
-        raise ProtocolError("unsupported", f"{kind}: not supported ({REFUSED_EVENT_TYPES[kind]})", "type")
     if kind not in CLIENT_EVENT_TYPES:
         raise ProtocolError(
             "unknown_event",
@@ -180,14 +156,8 @@ def _event(data: dict) -> ClientEvent:
         return AudioCommit()
     if kind == "input_audio_buffer.clear":
         return AudioClear()
-    if kind == "conversation.item.create":
-        previous = typed_field(data, "previous_item_id", str, kind, "an item id")
-        if previous == "":
-            where = f"{kind}.previous_item_id"
-            raise ProtocolError("invalid_value", f"{where}: expected an item id", where)
-        return _item_create(object_field(data.get("item"), "item"), "item", previous)
-    if kind == "conversation.item.truncate":
-        return _item_truncate(data, kind)
+    if kind in ITEM_EVENT_TYPES:
+        return parse_item_event(data, kind)
     if kind == "response.create":
         return _response_create(optional_object(data, "response", "response"), "response")
     if kind == "conversation.select":
@@ -203,67 +173,6 @@ def _event(data: dict) -> ClientEvent:
         raise ProtocolError("missing_required_parameter", f"{kind}: session is required", "session")
     kind = "transcription" if kind == "transcription_session.update" else None  # (beta's)
     return parse_session_update(object_field(data["session"], "session"), "session", kind)
-
-
-def _item_truncate(data: dict, kind: str) -> ItemTruncate:
-    item_id = typed_field(data, "item_id", str, kind, "an item id")
-    end_ms = typed_field(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
-    if not item_id or end_ms is None or end_ms < 0:
-        raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
-    if typed_field(data, "content_index", int, kind, "an integer") not in (None, 0):
-        raise ProtocolError(
-            "invalid_value",
-            f"{kind}.content_index: an assistant item has one content part, its audio: 0",
-            f"{kind}.content_index",
-        )
-    return ItemTruncate(item_id, end_ms)
-
-
-def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCreate:
-    if item.get("type", "message") != "message":
-        raise ProtocolError(
-            "unsupported",
-            f"{where}.type: only message items are supported, got {item.get('type')!r}"[:200],
-            f"{where}.type",
-        )
-    role = item.get("role")
-    if role not in ("user", "assistant", "system"):
-        raise ProtocolError(
-            "invalid_value", f"{where}.role: expected user, assistant or system, got {role!r}"[:200], f"{where}.role"
-        )
-    content = item.get("content") or []
-    if not isinstance(content, list):
-        raise ProtocolError("invalid_value", f"{where}.content: expected a list of content parts", f"{where}.content")
-    texts, audio = [], None
-    for i, part in enumerate(content):
-        part = object_field(part, f"{where}.content[{i}]")
-        if part.get("type") in ("input_text", "text", "output_text"):
-            text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
-            if text is None or "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
-                raise ProtocolError(
-                    "invalid_value",
-                    f"{where}.content[{i}].text: expected text without NUL characters",
-                    f"{where}.content[{i}].text",
-                )
-            texts.append(text)
-        elif part.get("type") == "input_audio" and role == "user":
-            if audio is not None:
-                raise ProtocolError(
-                    "invalid_value", f"{where}.content: at most one input_audio part", f"{where}.content"
-                )
-            audio = decode_pcm16(part.get("audio"), f"{where}.content[{i}].audio")
-        else:
-            raise ProtocolError(
-                "unsupported",
-                f"{where}.content[{i}].type: {part.get('type')!r} is not supported here"[:200],
-                f"{where}.content[{i}].type",
-            )
-    if not texts and audio is None:
-        raise ProtocolError("invalid_value", f"{where}.content: no text or audio", f"{where}.content")
-    item_id = typed_field(item, "id", str, where, "a string")
-    if item_id == "":
-        raise ProtocolError("invalid_value", f"{where}.id: expected a non-empty string", f"{where}.id")
-    return ItemCreate(role, "\n".join(texts), audio, item_id, previous_item_id)
 
 
 def _response_create(response: dict, where: str) -> ResponseCreate:

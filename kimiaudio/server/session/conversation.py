@@ -6,8 +6,10 @@ leaves nothing behind. The conversation a session talks in is leased to it (stor
 opening one another live session holds, on this instance or another sharing the database, is
 refused with ConversationBusyError; the lease is released when the session moves on or closes.
 The history (what the pipeline's prompts are built from) is loaded
-lazily from the store and kept in step with every turn stored afterwards. The items the client
-was told of form a chain (each event names the previous item): `next_item` keeps its end.
+lazily from the store and kept in step with every turn stored or deleted afterwards, each turn
+under its stored index (indexes only grow, and a deleted turn's is never given again:
+store/turn_by_index.py). The items the client was told of, and their turns, are `items`
+(conversation_items.py); deleting one deletes its turn, from the store and from the prompt.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numpy as np
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.pipeline.turn_request import HistoryTurn
-from kimiaudio.store import ConversationStore
+from kimiaudio.server.session.conversation_items import ConversationItems
+from kimiaudio.store import ConversationStore, StoredTurn, delete_turn, get_turn
 
 
 class Conversation:
@@ -25,10 +28,10 @@ class Conversation:
         self.store = store
         self.id = conversation_id
         self.session_id = session_id  # the lease holder
-        self._history: list[HistoryTurn] | None = None if conversation_id else []
+        self._history: dict[int, HistoryTurn] | None = None if conversation_id else {}  # by stored index
+        self._audio_first: set[int] = set()  # user turns whose text came after their audio
         self._leased: str | None = None  # the conversation whose lease this session holds
-        self.last_item_id: str | None = None  # the newest item the client was told of
-        self._item_ids: set[str] = set()  # every item of it the client was told of
+        self.items = ConversationItems()
 
     @property
     def stored_id(self) -> str:
@@ -37,15 +40,19 @@ class Conversation:
             raise KimiAudioError("no conversation yet: it is created with the first committed turn")
         return self.id
 
-    def next_item(self, item_id: str) -> str | None:
-        """`item_id` is the conversation's newest item now -> the one before it (None: the first)."""
-        previous, self.last_item_id = self.last_item_id, item_id
-        self._item_ids.add(item_id)
-        return previous
+    @property
+    def last_item_id(self) -> str | None:
+        """The newest item the client was told of."""
+        return self.items.last
+
+    def next_item(self, item_id: str, index: int | None = None) -> str | None:
+        """`item_id` (its turn stored at `index`, if it is) is the conversation's newest item now
+        -> the one before it (None: the first)."""
+        return self.items.add(item_id, index)
 
     def has_item(self, item_id: str) -> bool:
         """Whether the client was told of this item of the conversation."""
-        return item_id in self._item_ids
+        return item_id in self.items
 
     async def open(self) -> None:
         """Take the lease of the conversation the session was opened with (ConversationBusyError)."""
@@ -59,7 +66,7 @@ class Conversation:
         created = (await self.store.create_conversation())["id"]
         await self._lease(created)
         self.id = created
-        self._history = []
+        self._history = {}
         return True
 
     async def _lease(self, conversation_id: str) -> None:
@@ -86,38 +93,68 @@ class Conversation:
             await self._lease(conversation_id)
         else:
             await self.release()
-        self.id, self._history = conversation_id, (None if conversation_id else [])
-        self.last_item_id = None
-        self._item_ids = set()
+        self.id, self._history = conversation_id, (None if conversation_id else {})
+        self._audio_first = set()
+        self.items.clear()
         if conversation_id is not None:
             await self.history()
 
-    async def history(self) -> list[HistoryTurn]:
+    async def history(self) -> dict[int, HistoryTurn]:
+        """Every stored turn by its index, oldest first."""
         if self._history is None:
             stored = (await self.store.load_history(self.id) or []) if self.id is not None else []
-            self._history = [
-                HistoryTurn(
+            self._history = {
+                t.index: HistoryTurn(
                     role=t.role, text=t.text, audio_tokens=t.audio_tokens, audio=t.audio if t.role == "user" else None
                 )
                 for t in stored
-            ]
+            }
+            self._audio_first = {t.index for t in stored if t.audio_first}
         return self._history
 
-    async def add_user(self, audio: np.ndarray | None, text: str = "") -> tuple[int, HistoryTurn]:
+    def audio_first(self, index: int) -> bool:
+        """Whether the user turn at `index` had its text after its audio (the client's order)."""
+        return index in self._audio_first
+
+    async def add_user(
+        self, audio: np.ndarray | None, text: str = "", audio_first: bool = False
+    ) -> tuple[int, HistoryTurn]:
         """Store a user turn, spoken or text, before the model starts on it; (its index, history
-        turn)."""
+        turn). audio_first: its text came after its audio."""
         history = await self.history()
         timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
-        index = await self.store.add_turn(self.stored_id, "user", text, audio=audio, timings=timings)
+        index = await self.store.add_turn(
+            self.stored_id, "user", text, audio=audio, timings=timings, audio_first=audio_first
+        )
         turn = HistoryTurn(role="user", text=text, audio=audio)
-        history.append(turn)
+        history[index] = turn
+        if audio_first:
+            self._audio_first.add(index)
         return index, turn
 
     async def last_turn(self) -> tuple[int, HistoryTurn] | None:
-        """(index, turn) of the newest turn; the history mirrors every stored turn, so its
-        position is its stored index."""
+        """(index, turn) of the newest turn (the history mirrors every stored turn)."""
         history = await self.history()
-        return (len(history) - 1, history[-1]) if history else None
+        return next(reversed(history.items()), None)
+
+    async def stored_item(self, item_id: str) -> StoredTurn | None:
+        """The stored turn of an item the client was told of (KeyError: no such item), with
+        its audio; None if nothing of it is stored."""
+        index = self.items.index(item_id)
+        return None if index is None else await get_turn(self.store, self.stored_id, index)
+
+    async def delete_item(self, item_id: str) -> None:
+        """Delete an item the client was told of (KeyError: no such item) and its stored turn:
+        it is in no prompt and no stored conversation from now on."""
+        index, conversation_id = self.items.index(item_id), self.stored_id
+        history, audio_first = self._history, self._audio_first  # this conversation's, if select() moves on meanwhile
+        if index is not None:
+            await delete_turn(self.store, conversation_id, index)
+            if history is not None:
+                history.pop(index, None)
+            audio_first.discard(index)
+        if self.id == conversation_id:
+            self.items.remove(item_id)
 
     async def store_transcript(self, conversation_id: str, index: int, transcript: str) -> None:
         """A spoken user turn's words (its conversation given: the session may have moved on)."""
@@ -141,7 +178,7 @@ class Conversation:
             audio=audio,
         )
         turn = HistoryTurn(role="assistant", text=text, audio_tokens=codes)
-        (await self.history()).append(turn)
+        (await self.history())[index] = turn
         return index, turn
 
     async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str, codes: list[int]) -> None:

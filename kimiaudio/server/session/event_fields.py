@@ -1,13 +1,15 @@
 """The fields client events share, each parsed and checked once: a JSON object, a typed
-field, the output modalities, an output token limit, a pcm16 audio format and metadata. A
-wrong value is a ProtocolError naming the field (`param`), sent back as an `error` event."""
+field, the output modalities, an output token limit, a pcm16 audio format, base64 pcm16 audio
+and metadata. A wrong value is a ProtocolError naming the field (`param`), sent back as an
+`error` event."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kimiaudio.audio import pcm16
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import AudioInputError, KimiAudioError
 from kimiaudio.server.inputs.openai_params import RealtimeSampling, checked
 from kimiaudio.text.output_type import EXPECTED_MODALITIES, EXPECTED_OUTPUT_MODALITIES, output_type_of
 
@@ -91,6 +93,16 @@ def pcm16_rate(fmt: Any, where: str, output: bool = False) -> int | None:
         f"{where}: kimiaudio takes and sends pcm16 (24 kHz{'' if output else ' or 16 kHz'} mono), got {fmt!r}"[:300],
         where,
     )
+
+
+def decode_pcm16(data: Any, where: str) -> bytes:
+    """Base64 audio of a client event: raw 16-bit samples (an even number of bytes)."""
+    if not isinstance(data, str):
+        raise ProtocolError("invalid_value", f"{where}: expected base64 text", where)
+    try:
+        return pcm16.check_samples(pcm16.from_base64(data, where), where)
+    except AudioInputError as exc:
+        raise ProtocolError("invalid_audio", str(exc), where) from None
 
 
 def metadata_field(value: Any, where: str) -> dict[str, str] | None:

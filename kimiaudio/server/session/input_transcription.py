@@ -9,11 +9,13 @@ sent as they are generated, `conversation.item.input_audio_transcription.delta`;
 its text is stored with the turn (turns.transcript, found by search) and sent as OpenAI sends
 it, `conversation.item.input_audio_transcription.completed` (or `.failed`). It runs apart
 from the turn queue: an answer never waits for it, nor it for the answer, and a barge-in does
-not cancel it (the words were said). Closing the session cancels what is still running.
+not cancel it (the words were said); deleting its item does (`forget`: the words would have
+no turn to go to). Closing the session cancels what is still running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
@@ -49,6 +51,7 @@ class InputTranscription:
         self._conversation = conversation
         self._events = events
         self._tasks = tasks
+        self._running: dict[str, asyncio.Task] = {}  # item id -> its transcription, while it runs
 
     def start(self, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
         """Transcribe the user turn stored at `index` of the current conversation, if asked to."""
@@ -62,7 +65,20 @@ class InputTranscription:
             conversation_id, audio, sampling, language=setting.language, prompt=setting.prompt
         )
         seconds = audio.size / SPEECH_INPUT_RATE
-        self._tasks.spawn(self._run(request, item_id, content_index, index, seconds), "input transcription")
+        task = self._tasks.spawn(self._run(request, item_id, content_index, index, seconds), "input transcription")
+        self._running[item_id] = task
+
+        def ended(done: asyncio.Task) -> None:
+            if self._running.get(item_id) is done:  # (not a later item of the same id)
+                del self._running[item_id]
+
+        task.add_done_callback(ended)
+
+    def forget(self, item_id: str) -> None:
+        """The item was deleted: its transcription, if one runs, is cancelled."""
+        task = self._running.pop(item_id, None)
+        if task is not None:
+            task.cancel()
 
     async def _run(self, request: TurnRequest, item_id: str, content_index: int, index: int, seconds: float) -> None:
         pipeline, events = self._pipeline, self._events

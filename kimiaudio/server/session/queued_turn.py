@@ -1,10 +1,11 @@
 """What a Realtime session queues for its turns to take in order (realtime_session.py), and
 the ids of the conversation items it creates.
 
-Three kinds of entry, each its own type, taken by structural match: a user utterance or an
-audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse). Each
-names the client event that queued it (an `error` about it echoes that id), and an item where
-the client placed it. The ids of items and responses are made here too.
+Four kinds of entry, each its own type, taken by structural match: a user utterance or an
+audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse), a
+conversation.item.retrieve or .delete (QueuedEdit: queued so that it sees every item created
+before it). Each names the client event that queued it (an `error` about it echoes that id),
+and an item where the client placed it. The ids of items and responses are made here too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kimiaudio.server.session.client_events import ResponseCreate
+from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve, ResponseCreate
 
 
 def new_item_id() -> str:
@@ -50,9 +51,10 @@ class QueuedAudio:
 
     item_id: str
     audio: np.ndarray  # 16 kHz
-    text: str = ""  # an item's text parts, before its audio
+    text: str = ""  # an item's text parts
     utterance: Utterance | None = None
     origin: ItemOrigin = ItemOrigin()
+    audio_first: bool = False  # the text came after the audio (False: before it)
 
 
 @dataclass(frozen=True)
@@ -75,5 +77,13 @@ class QueuedResponse:
     event_id: str | None = None
 
 
+@dataclass(frozen=True)
+class QueuedEdit:
+    """A conversation.item.retrieve or .delete."""
+
+    request: ItemRetrieve | ItemDelete
+    event_id: str | None = None
+
+
 QueuedItem = QueuedAudio | QueuedText
-QueuedTurn = QueuedAudio | QueuedText | QueuedResponse
+QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit

@@ -16,7 +16,7 @@ The turn, from the mic to the speaker:
   session transcribes input, the user's words (input_transcription.py). A transcription
   session (type "transcription") stores and transcribes its turns and answers none.
 The microphone reader never waits on any of this: it only queues. Text items, explicit
-commits and response.create pass through the same queue, so they keep their order.
+commits, response.create and item retrieve / delete (item_edits.py) share the queue: in order.
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.input_transcription import InputTranscription
+from kimiaudio.server.session.item_edits import ItemEdits
 from kimiaudio.server.session.mic_input import MicInput
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.queued_turn import (
     ItemOrigin,
     QueuedAudio,
+    QueuedEdit,
     QueuedItem,
     QueuedResponse,
     QueuedText,
@@ -90,6 +92,7 @@ class RealtimeSession:
         )
         self.transcription = InputTranscription(pipeline, self.settings, self.conversation, self.events, self.tasks)
         self.items = UserItems(self.settings, self.conversation, self.events, self.responder, self.transcription)
+        self.edits = ItemEdits(self.settings, self.conversation, self.events, self.responder, self.transcription)
         detector = TurnDetector(admitted.vad, self.settings.turn_settings())
         self.mic = MicInput(
             self.settings, detector, context.vad_executor, self.events, self._speech_started, self._utterance
@@ -164,6 +167,8 @@ class RealtimeSession:
                         await self._respond(work)
                     case QueuedAudio() | QueuedText():
                         await self._take_item(work)
+                    case QueuedEdit():
+                        await self.edits.take(work)
             except Exception as exc:  # this turn fails alone; the next one is still taken
                 log.exception("session %s: taking a turn failed", self.id)
                 self.events.error("turn_failed", f"the turn could not be answered ({type(exc).__name__})")
@@ -229,6 +234,8 @@ class RealtimeSession:
                 self._create_item(event, event_id)
             case client_events.ItemTruncate(item_id=item_id, audio_end_ms=end_ms):
                 await self.responder.truncate(item_id, end_ms)
+            case client_events.ItemRetrieve() | client_events.ItemDelete():
+                self._queue.put_nowait(QueuedEdit(event, event_id))
             case client_events.ConversationSelect(conversation_id=conversation_id):
                 await self._select(conversation_id)
             case client_events.SessionUpdate():
@@ -254,7 +261,8 @@ class RealtimeSession:
         origin = ItemOrigin(event_id, event.previous_item_id)
         if event.pcm16 is not None:
             audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, SPEECH_INPUT_RATE)
-            self._queue.put_nowait(QueuedAudio(item_id, audio, text=event.text, origin=origin))
+            work = QueuedAudio(item_id, audio, text=event.text, origin=origin, audio_first=event.audio_first)
+            self._queue.put_nowait(work)
         else:  # a system message is context like a user's text (the prompt has no system role)
             role = "assistant" if event.role == "assistant" else "user"
             self._queue.put_nowait(QueuedText(item_id, event.text, role, origin))

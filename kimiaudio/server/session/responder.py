@@ -75,7 +75,7 @@ class Responder:
         self._on_audio = on_audio
         self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code)
         self.current: ResponseState | None = None
-        self._truncatable = Truncatable()  # what a conversation.item.truncate may name
+        self._truncatable = Truncatable(conversation)  # what a conversation.item.truncate may name
 
     # ----- start -----
     async def start(self, request: ResponseCreate | None, committed_at: float, event_id: str | None = None) -> None:

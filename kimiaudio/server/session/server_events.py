@@ -10,8 +10,9 @@ here once. Client events are parsed in client_events.py; a session's events go o
 its EventSender (event_sender.py).
 
 Events: session.created, session.updated, input_audio_buffer.speech_started / .speech_stopped
-/ .committed / .cleared, conversation.created, conversation.item.added / .done / .truncated,
-conversation.item.input_audio_transcription.delta / .completed / .failed, error.
+/ .committed / .cleared, conversation.created, conversation.item.added / .done / .truncated /
+.retrieved / .deleted, conversation.item.input_audio_transcription.delta / .completed /
+.failed, error.
 """
 
 from __future__ import annotations
@@ -70,14 +71,17 @@ def message_item(
     index: int | None = None,
     interrupted: bool = False,
     status: str = "completed",
+    audio_first: bool = False,
 ) -> dict:
     """A conversation item as OpenAI describes a message, plus kimiaudio's fields (index, text,
     interrupted, has_audio: as GET /api/conversations/{id} lists turns). An assistant item in
-    progress has no content yet."""
+    progress has no content yet; a user item's parts are in the client's order (audio_first:
+    its text came after its audio)."""
     if role == "user":
-        content = ([{"type": "input_text", "text": text}] if text else []) + (
+        parts = ([{"type": "input_text", "text": text}] if text else []) + (
             [{"type": "input_audio", "transcript": None}] if has_audio else []
         )
+        content = parts[::-1] if audio_first else parts
     elif status == "in_progress":
         content = []
     elif has_audio:
@@ -115,6 +119,15 @@ def item_done(conversation_id: str | None, item: dict[str, Any], previous_item_i
 
 def item_truncated(item_id: str, audio_end_ms: int) -> dict:
     return {"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
+
+
+def item_retrieved(item: dict[str, Any]) -> dict:
+    """The item as the server holds it, its audio included (conversation.item.retrieve)."""
+    return {"type": "conversation.item.retrieved", "item": item}
+
+
+def item_deleted(item_id: str) -> dict:
+    return {"type": "conversation.item.deleted", "item_id": item_id}
 
 
 # ----- the user's words -----

@@ -1,13 +1,14 @@
 """The responses a conversation.item.truncate may name: the one in progress, and the newest
 that ended in the conversation the session is in (a client says what it played of an answer
-after its response.done, too). A truncate naming anything else, or past the audio sent, is a
-ProtocolError."""
+after its response.done, too), their items not deleted. A truncate naming anything else, or
+past the audio sent, is a ProtocolError."""
 
 from __future__ import annotations
 
 import math
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.response_state import ResponseState
 
@@ -15,7 +16,8 @@ NUM_TRUNCATABLE = 8  # ended responses a conversation.item.truncate may still na
 
 
 class Truncatable:
-    def __init__(self) -> None:
+    def __init__(self, conversation: Conversation) -> None:
+        self._conversation = conversation  # the session's: which items it has now
         self._ended: dict[str, ResponseState] = {}  # item id -> response, oldest first
 
     def ended(self, response: ResponseState) -> None:
@@ -30,7 +32,7 @@ class Truncatable:
     def named(self, item_id: str, audio_end_ms: int, current: ResponseState | None) -> ResponseState:
         """The response whose item a truncate names (`current`: the one in progress)."""
         response = current if current is not None and current.item_id == item_id else self._ended.get(item_id)
-        if response is None:
+        if response is None or not self._conversation.has_item(item_id):
             raise ProtocolError(
                 "item_not_found",
                 f"conversation.item.truncate: {item_id!r} is not an assistant item of this "

@@ -53,6 +53,7 @@ class UserItems:
         event_id = work.origin.event_id
         audio = work.audio if isinstance(work, QueuedAudio) else None
         utterance = work.utterance if isinstance(work, QueuedAudio) else None
+        audio_first = isinstance(work, QueuedAudio) and work.audio_first  # its text came after its audio
         if audio is not None:
             try:
                 check_speech_input(audio, self._settings.config.audio)
@@ -73,22 +74,24 @@ class UserItems:
             if role == "assistant":
                 index, _ = await conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
             else:
-                index, _ = await conversation.add_user(audio, work.text)
+                index, _ = await conversation.add_user(audio, work.text, audio_first)
         except Exception as exc:
             log_store_failure(log, events.session_id, "storing the user turn", exc)
             text = f"the turn could not be stored, so it was not answered ({exc})"
             events.error("storage_failed", text, event_id=event_id)
             return False
         conversation_id = conversation.stored_id
-        previous = conversation.next_item(work.item_id)
+        previous = conversation.next_item(work.item_id, index)
         if audio is not None and utterance is not None:
             seconds = audio.size / SPEECH_INPUT_RATE
             events.send(server_events.committed(conversation_id, index, seconds, work.item_id, previous))
-        item = server_events.message_item(work.item_id, role, work.text, audio is not None, index)
+        item = server_events.message_item(
+            work.item_id, role, work.text, audio is not None, index, audio_first=audio_first
+        )
         events.send(server_events.item_added(conversation_id, item, previous))
         events.send(server_events.item_done(conversation_id, item, previous))
-        if audio is not None:  # its input_audio part follows an input_text part, if any
-            self._transcription.start(work.item_id, 1 if work.text else 0, index, audio)
+        if audio is not None:  # its input_audio part: after its input_text part, if that came first
+            self._transcription.start(work.item_id, 1 if work.text and not audio_first else 0, index, audio)
         return True
 
     async def _misplaced(self, work: QueuedItem) -> tuple[str, str, str] | None:

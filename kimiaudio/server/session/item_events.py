@@ -1,0 +1,135 @@
+"""The client events about conversation items, parsed and validated: conversation.item.create,
+.truncate, .retrieve and .delete (client_events.py reads the other events and hands these here).
+
+A message item is stored as one turn: one text (its text parts joined) and at most one audio.
+The parts keep the order the client gave them, so an item's text parts all come before its
+input_audio part or all after it (`audio_first`); text on both sides of the audio is refused,
+as a turn cannot hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kimiaudio.server.session.event_fields import ProtocolError, decode_pcm16, object_field, typed_field
+
+
+@dataclass(frozen=True)
+class ItemCreate:
+    role: str  # "user" | "assistant" | "system"
+    text: str = ""
+    pcm16: bytes | None = None  # user audio at the session's input rate
+    item_id: str | None = None
+    previous_item_id: str | None = None  # None: appended at the end; "root": the first item
+    audio_first: bool = False  # its text parts follow its audio (False: they come before it, or there is none)
+
+
+@dataclass(frozen=True)
+class ItemTruncate:
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class ItemRetrieve:
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ItemDelete:
+    item_id: str
+
+
+ItemEvent = ItemCreate | ItemTruncate | ItemRetrieve | ItemDelete
+ITEM_EVENT_TYPES = (
+    "conversation.item.create",
+    "conversation.item.truncate",
+    "conversation.item.retrieve",
+    "conversation.item.delete",
+)
+
+
+def parse_item_event(data: dict, kind: str) -> ItemEvent:
+    """The event `data` of one of ITEM_EVENT_TYPES, `kind`."""
+    if kind == "conversation.item.create":
+        previous = typed_field(data, "previous_item_id", str, kind, "an item id")
+        if previous == "":
+            where = f"{kind}.previous_item_id"
+            raise ProtocolError("invalid_value", f"{where}: expected an item id", where)
+        return _item_create(object_field(data.get("item"), "item"), "item", previous)
+    if kind == "conversation.item.truncate":
+        return _item_truncate(data, kind)
+    item_id = typed_field(data, "item_id", str, kind, "an item id")
+    if not item_id:
+        raise ProtocolError("missing_required_parameter", f"{kind}: item_id is required", "item_id")
+    return ItemRetrieve(item_id) if kind == "conversation.item.retrieve" else ItemDelete(item_id)
+
+
+def _item_truncate(data: dict, kind: str) -> ItemTruncate:
+    item_id = typed_field(data, "item_id", str, kind, "an item id")
+    end_ms = typed_field(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
+    if not item_id or end_ms is None or end_ms < 0:
+        raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
+    if typed_field(data, "content_index", int, kind, "an integer") not in (None, 0):
+        raise ProtocolError(
+            "invalid_value",
+            f"{kind}.content_index: an assistant item has one content part, its audio: 0",
+            f"{kind}.content_index",
+        )
+    return ItemTruncate(item_id, end_ms)
+
+
+def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCreate:
+    if item.get("type", "message") != "message":
+        raise ProtocolError(
+            "unsupported",
+            f"{where}.type: only message items are supported, got {item.get('type')!r}"[:200],
+            f"{where}.type",
+        )
+    role = item.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise ProtocolError(
+            "invalid_value", f"{where}.role: expected user, assistant or system, got {role!r}"[:200], f"{where}.role"
+        )
+    content = item.get("content") or []
+    if not isinstance(content, list):
+        raise ProtocolError("invalid_value", f"{where}.content: expected a list of content parts", f"{where}.content")
+    texts, audio, texts_before_audio = [], None, 0
+    for i, part in enumerate(content):
+        part = object_field(part, f"{where}.content[{i}]")
+        if part.get("type") in ("input_text", "text", "output_text"):
+            text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
+            if text is None or "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
+                raise ProtocolError(
+                    "invalid_value",
+                    f"{where}.content[{i}].text: expected text without NUL characters",
+                    f"{where}.content[{i}].text",
+                )
+            texts.append(text)
+        elif part.get("type") == "input_audio" and role == "user":
+            if audio is not None:
+                raise ProtocolError(
+                    "invalid_value", f"{where}.content: at most one input_audio part", f"{where}.content"
+                )
+            audio = decode_pcm16(part.get("audio"), f"{where}.content[{i}].audio")
+            texts_before_audio = len(texts)
+        else:
+            raise ProtocolError(
+                "unsupported",
+                f"{where}.content[{i}].type: {part.get('type')!r} is not supported here"[:200],
+                f"{where}.content[{i}].type",
+            )
+    if not texts and audio is None:
+        raise ProtocolError("invalid_value", f"{where}.content: no text or audio", f"{where}.content")
+    if audio is not None and 0 < texts_before_audio < len(texts):
+        raise ProtocolError(
+            "unsupported",
+            f"{where}.content: text parts go all before or all after the input_audio part "
+            "(an item is stored as one text and one audio, in that order or the other)",
+            f"{where}.content",
+        )
+    item_id = typed_field(item, "id", str, where, "a string")
+    if item_id == "":
+        raise ProtocolError("invalid_value", f"{where}.id: expected a non-empty string", f"{where}.id")
+    audio_first = audio is not None and bool(texts) and texts_before_audio == 0
+    return ItemCreate(role, "\n".join(texts), audio, item_id, previous_item_id, audio_first)
