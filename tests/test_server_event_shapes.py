@@ -1,7 +1,8 @@
 """The two shapes of the Realtime events (session/event_shape.py): every event the server
 builds, as a GA and as a beta connection gets it, holds under the official SDK's models of that
 shape checked strictly (helpers/openai_strict.py), with the names each shape uses; the session
-objects of both shapes, realtime and transcription; events only WebRTC has."""
+objects of both shapes, realtime and transcription, and a turn_detection object replacing the
+last one whole; events only WebRTC has."""
 
 import json
 
@@ -160,6 +161,51 @@ def test_session_objects_of_both_shapes_and_both_types(api):
     else:
         assert sent[1]["type"] == "transcription_session.updated"
         assert sent[1]["session"]["input_audio_transcription"] == {"language": "de", "prompt": ""}
+
+
+@pytest.mark.parametrize("api", ["ga", "beta"])
+def test_a_turn_detection_object_replaces_the_last_one_whole(api):
+    """OpenAI's turn_detection is one object: the fields an update leaves out take the server's
+    values again, not those of an earlier update (a switch to semantic_vad inherits nothing)."""
+    shape = event_shape(api)
+    server = Config()
+    settings = SessionSettings(server, can_speak=True)
+
+    def turn_detection() -> dict:
+        session = shape.session(settings, "sess_1", None)
+        return session["audio"]["input"]["turn_detection"] if api == "ga" else session["turn_detection"]
+
+    def detect(value: dict) -> None:
+        update(settings, {"audio": {"input": {"turn_detection": value}}} if api == "ga" else {"turn_detection": value})
+
+    custom = {"threshold": 0.9, "silence_duration_ms": 1500, "prefix_padding_ms": 100}
+    detect({"type": "server_vad", **custom, "interrupt_response": False, "create_response": False})
+    assert {key: turn_detection()[key] for key in custom} == custom
+    assert not settings.config.vad.barge_in and not settings.create_response
+    detect({"type": "server_vad", "threshold": 0.3})
+    assert turn_detection() == {
+        "type": "server_vad",
+        "threshold": 0.3,
+        "silence_duration_ms": server.vad.silence_ms,
+        "prefix_padding_ms": server.vad.prefix_padding_ms,
+        "create_response": True,
+        "interrupt_response": server.vad.barge_in,
+    }
+    detect({"type": "server_vad", **custom, "interrupt_response": False, "create_response": False})
+    detect({"type": "semantic_vad"})  # (served by the same VAD: its settings are the server's again)
+    vad = settings.config.vad
+    assert (vad.threshold, vad.silence_ms, vad.prefix_padding_ms, vad.barge_in) == (
+        server.vad.threshold,
+        server.vad.silence_ms,
+        server.vad.prefix_padding_ms,
+        server.vad.barge_in,
+    )
+    assert turn_detection()["interrupt_response"] == server.vad.barge_in and settings.create_response
+    update(settings, {"vad": {"min_speech_ms": 400}})  # kimiaudio's own [vad] keys are no part of it
+    detect({"type": "server_vad"})
+    assert settings.config.vad.min_speech_ms == 400 and turn_detection()["threshold"] == server.vad.threshold
+    for event in session_events(settings, shape):
+        check(event, api)
 
 
 def test_unknown_shape_is_refused():

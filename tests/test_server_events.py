@@ -109,6 +109,7 @@ def test_openai_session_update_beta_and_ga_shapes():
             vad={"threshold": 0.7, "silence_ms": 300, "prefix_padding_ms": 200, "barge_in": True},
             detection="server_vad",
             create_response=False,
+            resets=("threshold", "silence_ms", "prefix_padding_ms", "barge_in"),
         ),
         answers=AnswerUpdate(
             sampling={"max_new_tokens": 200},

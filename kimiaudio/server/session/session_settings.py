@@ -36,6 +36,7 @@ DEFAULT_VOICE = MODEL_VOICE
 class SessionSettings:
     def __init__(self, config: Config, can_speak: bool, voices: VoiceRegistry | None = None):
         self.config = copy.deepcopy(config)  # session.update changes this copy only
+        self._server_vad = self.config.vad  # what a turn_detection object's left-out fields return to
         self.can_speak = can_speak
         self._voices = voices if voices is not None else VoiceRegistry()
         self.output_type = BOTH if can_speak else TEXT
@@ -84,7 +85,9 @@ class SessionSettings:
         turns, answers = update.turns, update.answers
         config = dataclasses.replace(
             self.config,
-            vad=dataclasses.replace(self.config.vad, **turns.vad),
+            vad=dataclasses.replace(
+                self.config.vad, **{key: getattr(self._server_vad, key) for key in turns.resets} | turns.vad
+            ),
             sampling=dataclasses.replace(self.config.sampling, **answers.sampling),
         )
         if answers.output_type == BOTH and not self.can_speak:

@@ -34,6 +34,13 @@ from kimiaudio.text.asr_instruction import check_language
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 SESSION_TYPES = ("realtime", "transcription")
+# turn_detection's fields onto config [vad] keys: (ours, OpenAI's, their JSON types).
+TURN_DETECTION_VAD = (
+    ("threshold", "threshold", (int, float)),
+    ("silence_ms", "silence_duration_ms", int),
+    ("prefix_padding_ms", "prefix_padding_ms", int),
+    ("barge_in", "interrupt_response", bool),
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class TurnUpdate:
     vad: dict[str, Any] = field(default_factory=dict)  # keys of config [vad]
     detection: str | None = None  # "server_vad" | "semantic_vad" (the same VAD) | "none"
     create_response: bool | None = None  # server VAD: a commit starts a response
+    # The [vad] keys a turn_detection object sets: OpenAI replaces the whole object, so those it
+    # leaves out go back to the server's values (its [vad]) instead of keeping earlier ones.
+    resets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,12 +108,14 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     vad = dict(object_field(session.get("vad", {}), f"{where}.vad"))
     sampling = dict(object_field(session.get("sampling", {}), f"{where}.sampling"))
     turn_detection, create_response = None, None
+    resets: tuple[str, ...] = ()
     for key, container, path in (
         ("turn_detection", session, where),
         ("turn_detection", audio_in, f"{where}.audio.input"),
     ):
         if key in container:
             turn_detection, create_response = _turn_detection(container[key], vad, f"{path}.{key}")
+            resets = tuple(ours for ours, _, _ in TURN_DETECTION_VAD) if turn_detection != "none" else ()
     limit = output_limit(session, where)
     if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
@@ -118,7 +130,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     vad, sampling = _checked(vad, "vad", where), _checked(sampling, "sampling", where)
     return SessionUpdate(
-        turns=TurnUpdate(vad, turn_detection, create_response),
+        turns=TurnUpdate(vad, turn_detection, create_response, resets),
         answers=AnswerUpdate(
             sampling,
             output_type,
@@ -191,12 +203,7 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
         raise ProtocolError(
             "invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type"
         )
-    for ours, theirs, kinds in (
-        ("threshold", "threshold", (int, float)),
-        ("silence_ms", "silence_duration_ms", int),
-        ("prefix_padding_ms", "prefix_padding_ms", int),
-        ("barge_in", "interrupt_response", bool),
-    ):
+    for ours, theirs, kinds in TURN_DETECTION_VAD:
         if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
             try:  # checked here, so the error names the client's field, not the config key it sets
                 vad[ours] = check_setting("vad", ours, value[theirs])
@@ -204,4 +211,4 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
                 message = str(exc).replace(f"vad.{ours}", f"{where}.{theirs}", 1)
                 raise ProtocolError("invalid_value", message, f"{where}.{theirs}") from None
     create = typed_field(value, "create_response", bool, where, "true or false")
-    return kind, create
+    return kind, True if create is None else create  # (OpenAI's default, as for the fields above)
