@@ -27,6 +27,24 @@ async def _error(resp, status, code):
     return body["error"]["message"]
 
 
+async def _byte_ranges(http, url: str) -> None:
+    """A media element's Range requests (Safari's <audio> plays only from a server that answers
+    them): one range is 206 with its bytes, one past the end 416, anything else the whole body."""
+    whole = await (await http.get(url)).read()
+    size = len(whole)
+    for header, start, stop in (("bytes=0-1", 0, 2), ("bytes=100-", 100, size), ("bytes=-10", size - 10, size)):
+        resp = await http.get(url, headers={"Range": header})
+        assert resp.status == 206 and resp.headers["Accept-Ranges"] == "bytes", header
+        assert resp.headers["Content-Range"] == f"bytes {start}-{stop - 1}/{size}"
+        assert await resp.read() == whole[start:stop]
+    resp = await http.get(url, headers={"Range": f"bytes={size}-"})
+    await _error(resp, 416, "range_not_satisfiable")
+    assert resp.headers["Content-Range"] == f"bytes */{size}"
+    for header in ("bytes=0-1,5-9", "items=0-1", "bytes=9-2"):  # not one plain byte range: ignored
+        resp = await http.get(url, headers={"Range": header})
+        assert resp.status == 200 and await resp.read() == whole, header
+
+
 async def test_page_static_files_and_status(http):
     resp = await http.get("/")
     assert resp.status == 200 and '<script src="/static/app.js">' in await resp.text()
@@ -100,6 +118,7 @@ async def test_conversation_api(http):
     assert sr == 24000 and np.max(np.abs(pcm - tone)) < 1e-3
     pcm, sr = sf.read(io.BytesIO(await (await http.get(f"/api/conversations/{conv['id']}/turns/0/audio")).read()))
     assert sr == 16000 and pcm.size == 8000
+    await _byte_ranges(http, f"/api/conversations/{conv['id']}/turns/1/audio")
 
     await _error(await http.get(f"/api/conversations/{conv['id']}/turns/5/audio"), 404, "audio_not_found")
     await _error(await http.get(f"/api/conversations/{conv['id']}/turns/x/audio"), 400, "bad_request")

@@ -2,7 +2,7 @@
 
     GET    /api/conversations[?q=words][&limit=N]   newest first; q: those where the words were said
     GET    /api/conversations/{id}                  with its turns (no audio)
-    GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV
+    GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV (or a byte range of it)
     DELETE /api/conversations/{id}                  409 conversation_busy while a live session holds it
 
 Path and query values are checked here before anything uses them: a conversation id that
@@ -20,6 +20,7 @@ from aiohttp import web
 
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
+from kimiaudio.server.routes.byte_range import ranged_response
 from kimiaudio.store import MAX_TURN_INDEX, is_conversation_id
 from kimiaudio.store.search import SearchQueryError
 
@@ -60,9 +61,7 @@ async def turn_audio(request: web.Request) -> web.Response:
     wav = await server_context(request).store.turn_audio_wav(conversation_id, index)
     if wav is None:
         raise ApiError(404, "audio_not_found", f"conversation {conversation_id!r} has no audio for turn {index}")
-    return web.Response(
-        body=wav, content_type="audio/wav", headers={"Content-Disposition": f'inline; filename="turn-{index}.wav"'}
-    )
+    return ranged_response(request, wav, "audio/wav", {"Content-Disposition": f'inline; filename="turn-{index}.wav"'})
 
 
 async def conversation_or_404(request: web.Request, conversation_id: Any) -> dict:
