@@ -108,6 +108,7 @@ async def test_conversation_api(http):
 
     listed = await (await http.get("/api/conversations")).json()
     assert [c["id"] for c in listed["conversations"]] == [conv["id"]]
+    assert listed["has_more"] is False and listed["next_cursor"] is None
     assert listed["conversations"][0]["title"] == "Hi there." and listed["conversations"][0]["num_turns"] == 2
     detail = await (await http.get(f"/api/conversations/{conv['id']}")).json()
     assert [(t["role"], t["interrupted"]) for t in detail["turns"]] == [("user", False), ("assistant", True)]
@@ -125,6 +126,14 @@ async def test_conversation_api(http):
     await _error(await http.get("/api/conversations/unknown"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations/..%2F..%2Fetc"), 404, "conversation_not_found")
     await _error(await http.get("/api/conversations?limit=abc"), 400, "bad_request")
+    await _error(await http.get("/api/conversations?cursor=abc"), 400, "invalid_value")
+    newer = await store.create_conversation()
+    await store.add_turn(newer["id"], "user", "A newer one.")
+    first = await (await http.get("/api/conversations?limit=1")).json()
+    assert [c["id"] for c in first["conversations"]] == [newer["id"]] and first["has_more"] is True
+    rest = await (await http.get("/api/conversations", params={"limit": 1, "cursor": first["next_cursor"]})).json()
+    assert [c["id"] for c in rest["conversations"]] == [conv["id"]] and rest["has_more"] is False
+    assert (await http.delete(f"/api/conversations/{newer['id']}")).status == 200
     await _error(
         await http.get("/api/conversations", params={"q": "a\x00b"}), 400, "invalid_value"
     )  # FTS5 broke on NUL

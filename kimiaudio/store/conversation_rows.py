@@ -16,6 +16,7 @@ import numpy as np
 from kimiaudio.audio.io import decode_audio_bytes, wav_bytes
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.conversation_pages import NEWEST_FIRST, PageEnd, older_than
 from kimiaudio.store.identifiers import new_conversation_id
 from kimiaudio.store.leases import ConversationBusyError, ConversationNotFoundError
 from kimiaudio.store.sql import Sql
@@ -139,12 +140,13 @@ def delete_conversation(db: Sql, conversation_id: str, now: float) -> bool:
     return cursor.rowcount > 0
 
 
-def list_conversations(db: Sql, limit: int) -> list[dict[str, Any]]:
+def list_conversations(db: Sql, limit: int, after: PageEnd | None = None) -> list[dict[str, Any]]:
+    condition, values = older_than(after)
     rows = db.execute(
         "SELECT c.id, c.title, c.created_at, c.updated_at, COUNT(t.id) AS num_turns "
-        "FROM conversations c LEFT JOIN turns t ON t.conversation_id = c.id "
-        "GROUP BY c.id ORDER BY c.updated_at DESC LIMIT ?",
-        [limit],
+        f"FROM conversations c LEFT JOIN turns t ON t.conversation_id = c.id WHERE {condition} "
+        f"GROUP BY c.id {NEWEST_FIRST} LIMIT ?",
+        [*values, limit],
     ).fetchall()
     keys = ("id", "title", "created_at", "updated_at", "num_turns")
     return [dict(zip(keys, row)) for row in rows]

@@ -28,6 +28,7 @@ import numpy as np
 
 from kimiaudio.audio import pcm16
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.conversation_pages import PageEnd
 
 # The queries, run on the writer or reader thread; the methods below of the same names await them.
 from kimiaudio.store.conversation_rows import (
@@ -273,14 +274,13 @@ class ConversationStore:
         return await self._reader.call(integrity_problems)
 
     # ----- reads (reader thread) -----
-    async def list_conversations(self, limit: int = 100, q: str = "") -> list[dict[str, Any]]:
-        """The newest conversations; with `q`, those where every word of it was said (a user's
-        transcript or text, an assistant's text; search.py). Raises SearchQueryError for a
-        query too long to use."""
+    async def list_conversations(self, limit: int = 100, q: str = "", after: PageEnd | None = None) -> list[dict]:
+        """The newest conversations, older than `after` (conversation_pages.py); with `q`, those
+        where every word of it was said in one turn (search.py; SearchQueryError: too long)."""
         words = query_words(q)
         if words:
-            return await self._reader.call(search_conversations, words, limit)
-        return await self._reader.call(list_conversations, limit)
+            return await self._reader.call(search_conversations, words, limit, after)
+        return await self._reader.call(list_conversations, limit, after)
 
     async def get_conversation(self, conversation_id: str) -> dict[str, Any] | None:
         """The conversation with its turns (no audio), or None if there is no such id."""

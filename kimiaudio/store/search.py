@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.conversation_pages import NEWEST_FIRST, PageEnd, older_than
 from kimiaudio.store.sql import Sql
 
 MAX_QUERY_CHARS = 200
@@ -88,7 +89,7 @@ def tsquery_expression(words: list[str]) -> str:
     return " & ".join(f"{token}:*" for token in query_tokens(words))
 
 
-def search_conversations(sql: Sql, words: list[str], limit: int) -> list[dict[str, Any]]:
+def search_conversations(sql: Sql, words: list[str], limit: int, after: PageEnd | None = None) -> list[dict[str, Any]]:
     """The conversations (newest first) with a turn holding every word, in list_conversations' shape."""
     if not query_tokens(words):  # only punctuation: no word can match
         return []
@@ -100,11 +101,12 @@ def search_conversations(sql: Sql, words: list[str], limit: int) -> list[dict[st
         matching = (
             "SELECT t.conversation_id FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid WHERE turns_fts MATCH ?"
         )
+    condition, values = older_than(after)
     rows = sql.execute(
         "SELECT c.id, c.title, c.created_at, c.updated_at, "
         "(SELECT COUNT(*) FROM turns n WHERE n.conversation_id = c.id) AS num_turns "
-        f"FROM conversations c WHERE c.id IN ({matching}) ORDER BY c.updated_at DESC LIMIT ?",
-        [expression, limit],
+        f"FROM conversations c WHERE c.id IN ({matching}) AND {condition} {NEWEST_FIRST} LIMIT ?",
+        [expression, *values, limit],
     ).fetchall()
     keys = ("id", "title", "created_at", "updated_at", "num_turns")
     return [dict(zip(keys, row)) for row in rows]

@@ -1,6 +1,8 @@
 """The stored conversations: list, read, replay, delete.
 
-    GET    /api/conversations[?q=words][&limit=N]   newest first; q: those where the words were said
+    GET    /api/conversations[?q=words][&limit=N][&cursor=C]
+                                                    newest first; q: those where the words were said;
+                                                    has_more, and next_cursor for the next page
     GET    /api/conversations/{id}                  with its turns (no audio)
     GET    /api/conversations/{id}/turns/{i}/audio  the turn's audio as WAV (or a byte range of it)
     DELETE /api/conversations/{id}                  409 conversation_busy while a live session holds it
@@ -22,6 +24,7 @@ from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.routes.byte_range import ranged_response
 from kimiaudio.store import MAX_TURN_INDEX, is_conversation_id
+from kimiaudio.store.conversation_pages import PageCursorError, page_end, read_cursor
 from kimiaudio.store.search import SearchQueryError
 
 _DIGITS = re.compile(r"[0-9]{1,10}")
@@ -33,10 +36,17 @@ routes = web.RouteTableDef()
 async def list_conversations(request: web.Request) -> web.Response:
     limit = _query_int(request, "limit", 100, 1, 1000)
     try:
-        found = await server_context(request).store.list_conversations(limit, request.query.get("q", ""))
+        after = read_cursor(request.query["cursor"]) if "cursor" in request.query else None
+    except PageCursorError as exc:
+        raise ApiError(400, "invalid_value", str(exc), param="cursor") from None
+    try:  # one more than asked for says whether there are more
+        found = await server_context(request).store.list_conversations(limit + 1, request.query.get("q", ""), after)
     except SearchQueryError as exc:
         raise ApiError(400, "invalid_value", str(exc), param="q") from None
-    return web.json_response({"conversations": found})
+    page, more = found[:limit], len(found) > limit
+    return web.json_response(
+        {"conversations": page, "has_more": more, "next_cursor": page_end(page[-1]).cursor() if more else None}
+    )
 
 
 @routes.get("/api/conversations/{id}")
