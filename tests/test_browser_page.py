@@ -1,6 +1,7 @@
 """The demo page in headless Chromium against the real server and pipeline (demo weights):
 connect with a fake microphone playing espeak speech, complete a turn, see the assistant's
-text, the demo banner and the readable errors (server full, microphone denied)."""
+text, the demo banner and the readable errors (server full, microphone denied), the list of
+conversations searched and shown a page at a time."""
 
 import asyncio
 from pathlib import Path
@@ -142,6 +143,33 @@ async def test_page_search_box_filters_the_conversations(server, tmp_path):
 
     found, empty = await asyncio.to_thread(drive)
     assert found == ["About Lisbon."] and empty == "No conversation matches."
+
+
+async def test_page_shows_older_conversations_on_request(server, tmp_path):
+    """The list comes a page (100) at a time: the last item fetches the next page."""
+    store = server.app[SERVER_CONTEXT].store
+    for n in range(101):
+        await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+    url = str(server.make_url("/"))
+    count = "return document.querySelectorAll('#conversations li:not(.more)').length"
+
+    def drive():
+        driver = start_chromium(tmp_path, None)
+        try:
+            driver.get(url)
+            wait_for_script(driver, "return document.querySelector('#conversations li.more') !== null")
+            shown = driver.execute_script(count)
+            driver.find_element("css selector", "#conversations li.more").click()
+            wait_for_script(driver, "return document.querySelector('#conversations li.more') === null")
+            titles = driver.execute_script(
+                "return [...document.querySelectorAll('#conversations li')].map((li) => li.firstChild.textContent)"
+            )
+            return shown, titles, console_errors(driver)
+        finally:
+            driver.quit()
+
+    shown, titles, errors = await asyncio.to_thread(drive)
+    assert shown == 100 and titles == [f"Conversation {n}." for n in reversed(range(101))] and not errors
 
 
 async def test_page_explains_server_full_and_mic_denied(server, tmp_path):

@@ -20,12 +20,56 @@ function addReplay(li, conversationId, index) {
   li.append(audio);
 }
 
+function conversationsUrl(q, cursor) {
+  const params = new URLSearchParams();
+  if (q) params.set("q", q);
+  if (cursor) params.set("cursor", cursor);
+  const query = params.toString();
+  return query ? `/api/conversations?${query}` : "/api/conversations";
+}
+
+function conversationItem(c) {
+  const li = document.createElement("li");
+  li.textContent = c.title || "Untitled conversation";
+  li.classList.toggle("selected", c.id === selectedId);
+  const when = document.createElement("span");
+  when.className = "when";
+  when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${c.num_turns} turns`;
+  li.append(when);
+  li.onclick = () => showConversation(c.id);
+  return li;
+}
+
+// One page of the list, and a "Show older" item that fetches the next one (its cursor) while
+// the list is still the one this request filled.
+function appendConversations(list, body, q, request) {
+  for (const c of body.conversations) list.append(conversationItem(c));
+  if (!body.has_more) return;
+  const more = document.createElement("li");
+  more.className = "more";
+  more.textContent = "Show older conversations";
+  more.onclick = async () => {
+    let next;
+    try {
+      const resp = await apiFetch(conversationsUrl(q, body.next_cursor));
+      if (!resp.ok) { showError(await apiError(resp)); return; }
+      next = await resp.json();
+    } catch (e) {
+      return;
+    }
+    if (request !== listRequests) return;
+    more.remove();
+    appendConversations(list, next, q, request);
+  };
+  list.append(more);
+}
+
 async function refreshConversations() {
   const q = $("search").value.trim();
   const request = ++listRequests;
   let body;
   try {
-    const resp = await apiFetch(q ? `/api/conversations?q=${encodeURIComponent(q)}` : "/api/conversations");
+    const resp = await apiFetch(conversationsUrl(q, null));
     if (!resp.ok) { if (q) showError(await apiError(resp)); return; }
     body = await resp.json();
   } catch (e) {
@@ -34,17 +78,7 @@ async function refreshConversations() {
   if (request !== listRequests) return;
   const list = $("conversations");
   list.replaceChildren();
-  for (const c of body.conversations) {
-    const li = document.createElement("li");
-    li.textContent = c.title || "Untitled conversation";
-    li.classList.toggle("selected", c.id === selectedId);
-    const when = document.createElement("span");
-    when.className = "when";
-    when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${c.num_turns} turns`;
-    li.append(when);
-    li.onclick = () => showConversation(c.id);
-    list.append(li);
-  }
+  appendConversations(list, body, q, request);
   if (!body.conversations.length) {
     list.innerHTML = q ? '<li class="muted">No conversation matches.</li>' : '<li class="muted">No conversations yet.</li>';
   }
