@@ -87,6 +87,12 @@ class DurationLimit(NamedTuple):
     key: str
 
 
+def check_duration(num_samples: int, rate: int, limit: DurationLimit | None, name: str) -> None:
+    """AudioTooLongError once `num_samples` at `rate` Hz last longer than `limit` (None: no limit)."""
+    if limit is not None and num_samples > limit.seconds * rate:
+        raise AudioTooLongError(f"{name}: longer than {limit.seconds:g} s, the limit ({limit.key})")
+
+
 def decode_audio_bytes(
     data: bytes, sr: int = SPEECH_INPUT_RATE, name: str = "audio data", limit: DurationLimit | None = None
 ) -> np.ndarray:
@@ -170,8 +176,7 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
                 rate = frame.sample_rate
                 chunks += [_mono(f) for f in to_float.resample(frame)]
                 num_samples += frame.samples
-                if limit is not None and num_samples > limit.seconds * rate:
-                    raise AudioTooLongError(f"{name}: longer than {limit.seconds:g} s, the limit ({limit.key})")
+                check_duration(num_samples, rate, limit, name)  # frame by frame: the rest is never decoded
             chunks += [_mono(f) for f in to_float.resample(None)]
     except AudioInputError:  # (AudioTooLongError too)
         raise

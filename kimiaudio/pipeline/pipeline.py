@@ -16,7 +16,7 @@ import itertools
 import logging
 import sys
 
-from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.errors import KimiAudioError
@@ -108,6 +108,12 @@ class Pipeline:
     def samples_per_code(self) -> int | None:
         """24 kHz samples per speech code (None without a detokenizer): cuts heard audio to codes."""
         return self.stack.detokenizer.samples_per_token if self.can_speak else None
+
+    @property
+    def speech_positions_per_second(self) -> float:
+        """Prompt positions a second of user speech takes: one per Whisper token (as many as its
+        speech codes), the checkpoint's samples per token at 16 kHz."""
+        return SPEECH_INPUT_RATE / self.stack.whisper.samples_per_token
 
     @property
     def workers_alive(self) -> bool:

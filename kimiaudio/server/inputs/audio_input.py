@@ -5,19 +5,23 @@ is probed from the bytes, a declared format is only checked to be one of those),
 `pcm16` (little-endian 16-bit mono at 24 kHz, what OpenAI's pcm16 means). The result is
 16 kHz float32 mono that passed the same checks as every other input (not empty, not
 silent, not longer than audio.max_input_seconds); every failure is a 400 naming the field.
+A request with several parts decodes each against what its allowances have left
+(audio_allowance.py), and takes what the part held off them.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import DurationLimit, check_speech_input, decode_audio_bytes, resample
+from kimiaudio.audio.io import DurationLimit, check_duration, check_speech_input, decode_audio_bytes, resample
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
-from kimiaudio.errors import AudioInputError
+from kimiaudio.errors import AudioInputError, AudioTooLongError
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.inputs.audio_allowance import AudioAllowance
 
 INPUT_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "webm", "m4a", "mp4", "aac", "mpeg", "mpga", "pcm16")
 
@@ -31,9 +35,17 @@ def decode_base64(data, param: str) -> bytes:
         raise ApiError(400, "invalid_base64", str(exc), param=param) from None
 
 
-def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
-    """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech. It takes a while for
-    a long file: a handler runs it off the event loop (`decoded_speech`)."""
+def speech_from_bytes(
+    raw: bytes,
+    fmt: str | None,
+    audio_config,
+    param: str,
+    name: str = "audio",
+    allowances: Sequence[AudioAllowance] = (),
+) -> np.ndarray:
+    """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech, no longer than what
+    `allowances` have left (decoding stops there: the rest is never read), which it spends.
+    It takes a while for a long file: a handler runs it off the event loop (`decoded_speech`)."""
     if fmt is not None and fmt not in INPUT_FORMATS:
         raise ApiError(
             400,
@@ -41,19 +53,39 @@ def speech_from_bytes(raw: bytes, fmt: str | None, audio_config, param: str, nam
             f"{param}: unsupported audio format {str(fmt)[:40]!r} (supported: {', '.join(INPUT_FORMATS)})",
             param=param,
         )
+    binding = min(allowances, key=lambda allowance: allowance.left, default=None)
+    limit = DurationLimit(audio_config.max_input_seconds, "audio.max_input_seconds")
+    if binding is not None and binding.left <= limit.seconds:
+        limit = DurationLimit(binding.left, binding.why)
+    else:
+        binding = None  # the per-input limit comes first: its own error
     try:
         if fmt == "pcm16":
+            check_duration(len(pcm16.check_samples(raw, name)) // 2, OPENAI_PCM16_RATE, limit, name)
             pcm = resample(pcm16.to_float(raw, name), OPENAI_PCM16_RATE, SPEECH_INPUT_RATE)
         else:
-            pcm = decode_audio_bytes(
-                raw, name=name, limit=DurationLimit(audio_config.max_input_seconds, "audio.max_input_seconds")
-            )
+            pcm = decode_audio_bytes(raw, name=name, limit=limit)
         check_speech_input(pcm, audio_config)
+    except AudioTooLongError as exc:
+        raise binding.spent_error(param) if binding is not None else _invalid(exc, param) from None
     except AudioInputError as exc:
-        raise ApiError(400, "invalid_audio", str(exc), param=param) from None
+        raise _invalid(exc, param) from None
+    for allowance in allowances:
+        allowance.take(pcm.size / SPEECH_INPUT_RATE)
     return pcm
 
 
-async def decoded_speech(raw: bytes, fmt: str | None, audio_config, param: str, name: str = "audio") -> np.ndarray:
+def _invalid(exc: AudioInputError, param: str) -> ApiError:
+    return ApiError(400, "invalid_audio", str(exc), param=param)
+
+
+async def decoded_speech(
+    raw: bytes,
+    fmt: str | None,
+    audio_config,
+    param: str,
+    name: str = "audio",
+    allowances: Sequence[AudioAllowance] = (),
+) -> np.ndarray:
     """speech_from_bytes in a worker thread: the event loop (every session's audio) goes on."""
-    return await asyncio.to_thread(speech_from_bytes, raw, fmt, audio_config, param, name)
+    return await asyncio.to_thread(speech_from_bytes, raw, fmt, audio_config, param, name, allowances)

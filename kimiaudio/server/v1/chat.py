@@ -45,7 +45,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config, pipeline, store = context.config, context.pipeline, context.store
     # bad JSON: 400, too large: 413 (the error middleware says so)
     body = await read_json_body(request, config.server.max_body_bytes)
-    chat = await parse_chat_body(body, config, store, pipeline.can_speak)
+    chat = await parse_chat_body(body, config, store, pipeline.can_speak, pipeline.speech_positions_per_second)
     turn = TurnRequest(
         conversation_id="chat",
         history=chat.history,

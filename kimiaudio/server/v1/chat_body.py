@@ -13,6 +13,9 @@ and `top_logprobs` map onto the sampling settings, each checked against OpenAI's
 (inputs/openai_params.py) and its [sampling] one (the configuration itself is not touched);
 `stop` (a string or up to 4) ends the answer where one begins; `logprobs` asks for the text
 tokens' log-probabilities. Fields the model cannot honour are refused (openai_params.py).
+The audio parts are limited as they are decoded, each message's together to
+audio.max_input_seconds and the whole request's to what engine.max_model_len holds
+(inputs/audio_allowance.py): the first part past a limit is refused by its path.
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from kimiaudio.audio.encode import FORMATS
-from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config, check_setting
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.inputs.audio_allowance import AudioAllowance, message_allowance, request_allowance
 from kimiaudio.server.inputs.audio_input import decode_base64, decoded_speech
 from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatOutput, ChatSampling, Fields, check_model, checked
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
@@ -92,7 +95,9 @@ def _option(body: dict, key: str, kinds, what: str):
         raise _bad(f"{key}: expected {what}", key) from None
 
 
-async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatRequest:
+async def parse_chat_body(
+    body, config: Config, store, can_speak: bool, speech_positions_per_second: float
+) -> ChatRequest:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_json")
     check_model(body.get("model"), config.server.model_aliases)
@@ -119,7 +124,8 @@ async def parse_chat_body(body, config: Config, store, can_speak: bool) -> ChatR
     STREAM_OPTIONS_FIELDS.check(stream_options, "stream_options.")
     if stream_options and not stream:
         raise _bad("stream_options: only allowed when stream is true", "stream_options")
-    history, user_turn = await _messages(body.get("messages"), config, store)
+    request_audio = request_allowance(config, speech_positions_per_second)  # checked as each part is decoded
+    history, user_turn = await _messages(body.get("messages"), config, store, request_audio)
     logprobs = bool(openai_sampling.get("logprobs"))
     if openai_sampling.get("top_logprobs") and not logprobs:
         raise _bad("top_logprobs: needs logprobs: true", "top_logprobs")
@@ -174,7 +180,9 @@ def _stop(stop) -> tuple[str, ...]:
     return tuple(stops)
 
 
-async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn], HistoryTurn]:
+async def _messages(
+    messages, config: Config, store, request_audio: AudioAllowance
+) -> tuple[list[HistoryTurn], HistoryTurn]:
     """(the history, the user's turn to answer: the last message's audio, or its text)."""
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: expected a non-empty list of messages", "messages")
@@ -186,7 +194,7 @@ async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn],
             raise _bad(f"{where}: expected a message object", where)
         role = message.get("role")
         if role in ("system", "developer", "user"):
-            last_turns = await _user_turns(message.get("content"), f"{where}.content", config)
+            last_turns = await _user_turns(message.get("content"), f"{where}.content", config, request_audio)
         elif role == "assistant":
             last_turns = [await _assistant_turn(message, where, store)]
         else:
@@ -205,14 +213,16 @@ async def _messages(messages, config: Config, store) -> tuple[list[HistoryTurn],
     return history[:-1], history[-1]
 
 
-async def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
+async def _user_turns(content, where: str, config: Config, request_audio: AudioAllowance) -> list[HistoryTurn]:
     """One message's turns: its text (joined) as a text turn, then its audio parts (joined) as
-    one spoken turn."""
+    one spoken turn. Each part is decoded against what is left of the message's and the
+    request's audio allowances: the first part past one is refused, and no later one is read."""
     if isinstance(content, str):
         return [HistoryTurn("user", text=content)] if content else []
     if not isinstance(content, list):
         raise _bad(f"{where}: expected text or a list of content parts", where)
     texts, audio = [], []
+    allowances = (message_allowance(config), request_audio)
     for j, part in enumerate(content):
         if not isinstance(part, dict):
             raise _bad(f"{where}[{j}]: expected a content part object", f"{where}[{j}]")
@@ -231,6 +241,7 @@ async def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
                     spec.get("format", "wav"),
                     config.audio,
                     f"{param}.data",
+                    allowances=allowances,
                 )
             )
         else:
@@ -242,15 +253,7 @@ async def _user_turns(content, where: str, config: Config) -> list[HistoryTurn]:
             )
     turns = [HistoryTurn("user", text="\n".join(texts))] if any(texts) else []
     if audio:
-        joined = np.concatenate(audio)
-        if joined.size / SPEECH_INPUT_RATE > config.audio.max_input_seconds:
-            raise _bad(
-                f"{where}: the audio parts last {joined.size / SPEECH_INPUT_RATE:.1f} s together; the limit is "
-                f"{config.audio.max_input_seconds:g} s",
-                where,
-                "invalid_audio",
-            )
-        turns.append(HistoryTurn("user", audio=joined))
+        turns.append(HistoryTurn("user", audio=np.concatenate(audio)))
     return turns
 
 
