@@ -30,6 +30,8 @@ from aiohttp.web_protocol import RequestPayloadError
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.json_input import JsonInputError
+from kimiaudio.server.observe.log_values import log_value
+from kimiaudio.server.observe.request_log import client_closed
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.store import ConversationBusyError, ConversationNotFoundError
 
@@ -90,10 +92,10 @@ async def errors_as_api_errors(request: web.Request, handler: Handler) -> web.St
     except KimiAudioError as exc:
         raise ApiError(400, getattr(exc, "code", None) or "bad_request", str(exc)) from None
     except ConnectionResetError:  # the client went away; there is nobody to answer
-        log.info("client hung up during %s %s", request.method, request.path)
-        raise ApiError(400, "client_closed", "the client closed the connection") from None  # never sent
+        log.info("client hung up during %s %s", request.method, log_value(request.path))
+        raise client_closed() from None
     except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
+        log.exception("unexpected error in %s %s", request.method, log_value(request.path))
         raise ApiError(500, "internal", INTERNAL_MESSAGE) from None
 
 

@@ -7,7 +7,8 @@ its code) and WebRTC's playback gaps through `note_underrun` (a WebSocket client
 plays the audio itself: the server cannot hear it run dry). Every spoken answer's audio is
 counted once by `note_audio`, where it leaves the server's hands: a session's Responder, as it
 pushes the audio to its playback (whichever transport), or a chat completion
-(v1/chat_stream.py `note_audio_out`, streamed or not). The error middleware reports HTTP errors.
+(v1/chat_stream.py `note_audio_out`, streamed or not). The error middleware reports HTTP errors
+(a client that hung up is no error: request_log.py's CLIENT_CLOSED is not counted).
 
 Every sample of `/metrics` carries an `instance` label, so a Prometheus scraping every
 instance of a fleet tells them apart (docs/deploy.md). The registry itself stays unlabelled
@@ -27,6 +28,7 @@ from prometheus_client.metrics_core import Metric
 from kimiaudio.pipeline.metrics import LATENCY_BUCKETS
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.observe.pipeline_collector import PipelineCollector
+from kimiaudio.server.observe.request_log import CLIENT_CLOSED
 
 INSTANCE_LABEL = "instance"
 
@@ -110,7 +112,9 @@ class ServerMetrics:
             self.errors.labels("event", event["error"]["code"]).inc()
 
     def note_http_error(self, code: str | None) -> None:
-        self.errors.labels("http", str(code)).inc()
+        """An HTTP error answered; a client's hang-up is none (nobody was answered)."""
+        if code != CLIENT_CLOSED:
+            self.errors.labels("http", str(code)).inc()
 
     def note_audio(self, seconds: float) -> None:
         self.audio.inc(seconds)

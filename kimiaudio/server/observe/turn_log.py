@@ -13,8 +13,9 @@ whatever the transport.
 
 from __future__ import annotations
 
-import json
 import logging
+
+from kimiaudio.server.observe.log_values import key_values
 
 log = logging.getLogger("kimiaudio.turns")
 
@@ -46,17 +47,6 @@ def turn_fields(session_id: str, conversation_id: str | None, response: dict) ->
     if response.get("error"):
         fields["error"] = response["error"]
     return fields
-
-
-def _value(value) -> str:
-    text = str(value)
-    # Quoted when it could be misread (spaces, quotes, '='): the line stays one key=value list.
-    return json.dumps(text) if not text or any(c in text for c in ' "=\n') else text
-
-
-def key_values(fields: dict) -> str:
-    """`key=value ...` in the fields' order, a value quoted where it could be misread."""
-    return " ".join(f"{key}={_value(value)}" for key, value in fields.items())
 
 
 def log_response(session_id: str, conversation_id: str | None, event: dict) -> None:

@@ -8,8 +8,8 @@ the first audio leaves before the answer is finished; the last audio piece holds
 Then a chunk with finish_reason, a usage chunk if stream_options.include_usage, and [DONE].
 The stream opens at the turn's first event: a turn refused before it (a prompt too long) is an
 HTTP error (turn_guard.once_started), one that fails after is an `error` event in the stream
-(the status line is sent already). A client that goes away ends the stream: its turn is cancelled by the guard and
-nothing more is written.
+(the status line is sent already). A client that goes away ends the stream: its turn is
+cancelled by the guard, nothing more is written, and its log line says `cancelled=client_closed`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
-from kimiaudio.server.observe.request_log import request_record
+from kimiaudio.server.observe.request_log import CLIENT_CLOSED, request_record
 from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, once_started
 from kimiaudio.store.answer_store import new_answer_id, save_answer
@@ -64,6 +64,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
         await chunk({"role": "assistant", "content": None if spoken else ""})
         async for event in events:
             if client_gone(request):
+                record.cancelled = CLIENT_CLOSED
                 return response  # the guard cancels the turn
             if isinstance(event, (TextDelta, AudioChunk)):
                 record.first_byte()

@@ -39,9 +39,9 @@ from kimiaudio.server.context import server_context
 from kimiaudio.server.inputs.audio_input import decoded_speech
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, check_model, checked
-from kimiaudio.server.observe.request_log import request_record
+from kimiaudio.server.observe.request_log import CLIENT_CLOSED, request_record
 from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
-from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn, once_started
+from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, guarded_turn, once_started
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -190,6 +190,9 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
     response = await open_stream(request)
     text, logprobs = "", []
     async for event in events:
+        if client_gone(request):
+            request_record(request).cancelled = CLIENT_CLOSED
+            return response  # the guard cancels the turn
         if isinstance(event, TextDelta) and event.text:
             request_record(request).first_byte()
             text += event.text

@@ -7,9 +7,11 @@ turn cancelled at once, which frees its KV blocks and detokenizer state on the w
 turn is also cancelled if the handler ends any other way before it is done (an error, a
 failed write, a handler cancelled by a shutdown). A turn that did not complete is answered by
 `failed_turn_error`: the client's error when the request was at fault (a prompt too long for
-engine.max_model_len), the server's otherwise. A streamed answer opens its stream at the turn's
-first event (`once_started`), so a turn refused before it starts is answered with that error's
-status, as OpenAI answers it, not with a 200 holding an error event.
+engine.max_model_len), `client_closed` when its client went away (no error of the server's: the
+request log's 499, not counted in the metrics, observe/request_log.py), the server's otherwise.
+A streamed answer opens its stream at the turn's first event (`once_started`), so a turn refused
+before it starts is answered with that error's status, as OpenAI answers it, not with a 200
+holding an error event.
 
 While its turn runs, an answer is counted in the server's AnswersInFlight (context.py), which a
 graceful shutdown waits for (serve.py's drain). One still running when the shutdown grace ends
@@ -32,6 +34,7 @@ from kimiaudio.pipeline.turn_request import TurnRequest
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.middleware.draining import shutting_down
+from kimiaudio.server.observe.request_log import client_closed
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +83,17 @@ async def guarded_turn(request: web.Request, pipeline, turn: TurnRequest):
 
 
 def failed_turn_error(request: web.Request, done: TurnDone | None, code: str, what: str, param: str | None) -> ApiError:
-    """The error of a turn that did not complete: 400 with its TurnDone.error_code when the request
-    was at fault (`param` names the field to change), 503 `shutting_down` once a shutdown's grace
-    has ended (the turn was cut there), else 500 `code`."""
+    """The error of a turn that did not complete: 400 with its TurnDone.error_code when
+    the request was at fault (`param` names the field to change), 503 `shutting_down` once a
+    shutdown's grace has ended (the turn was cut there), `client_closed` (never sent) when it was
+    cancelled because its client went away, else 500 `code`."""
     error = done.error or done.status if done is not None else "the turn ended without a result"
     if done is not None and done.error_code is not None:
         return ApiError(400, done.error_code, f"{what} failed ({error})", param=param)
     if request.get(CUT_BY_SHUTDOWN):
         return shutting_down()
+    if (done is None or done.status == "cancelled") and client_gone(request):
+        return client_closed()
     return ApiError(500, code, f"{what} failed ({error})")
 
 
