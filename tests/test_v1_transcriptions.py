@@ -12,6 +12,7 @@ import subprocess
 
 import aiohttp
 import numpy as np
+import pydantic
 import pytest
 
 from kimiaudio.audio.io import wav_bytes
@@ -85,6 +86,25 @@ async def test_every_response_format(v1_server, speech_files, openai_client):
     events = [e async for e in await client.audio.transcriptions.create(model=MODEL, file=audio, stream=True)]
     assert events[-1].type == "transcript.text.done" and events[-1].text == text
     assert "".join(e.delta for e in events[:-1]).strip() == text
+
+
+async def test_verbose_json_holds_every_field_of_the_sdk_model(v1_server, speech_files, openai_client):
+    """Validated strictly by the SDK's own TranscriptionVerbose (the SDK itself does not check):
+    with no language asked for, and for audio the model writes no text for (one sample)."""
+    from openai.types.audio import TranscriptionVerbose
+
+    one_sample = wav_bytes(np.full(1, 0.9, np.float32), 16000)
+    for audio in (("speech.wav", speech_files["wav"]), ("one.wav", one_sample)):
+        raw = await openai_client.audio.transcriptions.with_raw_response.create(
+            model=MODEL, file=audio, response_format="verbose_json"
+        )
+        verbose = pydantic.TypeAdapter(TranscriptionVerbose).validate_json(raw.text, strict=True)
+        assert verbose.language == "undetermined", verbose  # the model names no language it heard
+        [segment] = verbose.segments
+        if not segment.tokens:  # nothing generated: the neutral mean, no failed decoding
+            assert segment.avg_logprob == 0.0 and verbose.text == "", verbose
+        else:
+            assert segment.avg_logprob <= 0.0, verbose
 
 
 async def test_containers_and_concurrent_requests_batch(v1_server, speech_files, openai_client):

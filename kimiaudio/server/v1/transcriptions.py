@@ -4,16 +4,17 @@ Multipart form as OpenAI's: `file` (any container PyAV reads, at most server.max
 `model`, optional `response_format` (json | text | verbose_json | srt | vtt), `stream`
 (server-sent transcript.text.delta events, then transcript.text.done), `language` (a Whisper
 code: it picks the official instruction, text/asr_instruction.py, and verbose_json reports
-it), `prompt` (prior text: a user text message before the instruction), `temperature`
-(0..1, of the text stream), `include[]=logprobs` (json and streams: each token's
-log-probability) and `timestamp_granularities[]=segment` (verbose_json). The turn is the
-official ASR example's (the instruction as a user text message, then the audio), generated as
-text only: no detokenizer work. verbose_json holds one segment spanning the audio with
-measured values only: the generated text tokens, their mean log-probability, the text's
-compression ratio (as Whisper computes it), the temperature used and no_speech_prob (1 - the
-silero VAD's highest speech probability over the audio). srt/vtt hold one cue spanning the
-audio, as no word timestamps exist (`word` granularity is refused). Fields the model cannot
-honour are refused (inputs/openai_params.py).
+it; "undetermined" when it names none: the model does not say what it heard), `prompt`
+(prior text: a user text message before the instruction), `temperature` (0..1, of the text
+stream), `include[]=logprobs` (json and streams: each token's log-probability) and
+`timestamp_granularities[]=segment` (verbose_json). The turn is the official ASR example's
+(the instruction as a user text message, then the audio), generated as text only: no
+detokenizer work. verbose_json holds one segment spanning the audio with measured values
+only: the generated text tokens, their mean log-probability (0.0 when there are none), the
+text's compression ratio (as Whisper computes it), the temperature used and no_speech_prob
+(1 - the silero VAD's highest speech probability over the audio). srt/vtt hold one cue
+spanning the audio, as no word timestamps exist (`word` granularity is refused). Fields the
+model cannot honour are refused (inputs/openai_params.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, guard
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+UNDETERMINED_LANGUAGE = "undetermined"  # verbose_json's language when the request named none
 LIST_FIELDS = ("timestamp_granularities[]", "include[]", "known_speaker_names[]", "known_speaker_references[]")
 TEXT_FIELDS = (
     "model",
@@ -223,7 +225,8 @@ def _logprobs(entries) -> list[dict]:
 def _verbose(
     text: str, done: TurnDone, seconds: float, language: str | None, temperature: float, speech_probability: float
 ) -> dict:
-    """verbose_json: one segment over the audio, every number measured (or left out)."""
+    """verbose_json: one segment over the audio, every number measured, with every field the
+    SDK's TranscriptionVerbose requires (a value that cannot be measured: its neutral one)."""
     segment = {
         "id": 0,
         "seek": 0,
@@ -234,19 +237,21 @@ def _verbose(
         "temperature": temperature,
         "compression_ratio": compression_ratio(text),
         "no_speech_prob": round(1.0 - speech_probability, 6),
+        # The mean over the sampled text tokens. With none (the text ended at once: the end
+        # token's own log-probability is not kept), 0.0, the log of the empty product: no token
+        # doubted, never under OpenAI's -1 that marks a failed decoding.
+        "avg_logprob": sum(e.logprob for e in done.logprobs) / len(done.logprobs) if done.logprobs else 0.0,
     }
-    if done.logprobs:
-        segment["avg_logprob"] = sum(e.logprob for e in done.logprobs) / len(done.logprobs)
-    out = {
+    return {
         "task": "transcribe",
+        # As OpenAI reports it ("english"). The model names no language it heard: without one
+        # asked for, ISO 639's code for a language not identified ("und"), by its name.
+        "language": WHISPER_LANGUAGES[language] if language is not None else UNDETERMINED_LANGUAGE,
         "duration": round(seconds, 3),
         "text": text,
         "segments": [segment],
         "usage": {"type": "duration", "seconds": math.ceil(seconds)},
     }
-    if language is not None:
-        out["language"] = WHISPER_LANGUAGES[language]  # as OpenAI reports it: "english"
-    return out
 
 
 def compression_ratio(text: str) -> float:
