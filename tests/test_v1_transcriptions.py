@@ -158,6 +158,8 @@ async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_cli
             model=MODEL, file=("a.wav", speech_files["wav"]), prompt="hello world " * 5000
         )
     assert (info.value.body["code"], info.value.body["param"]) == ("context_length_exceeded", "prompt")
+    assert re.search(r"prompt of \d+ positions exceeds engine.max_model_len \(8192\)", info.value.body["message"])
+    assert "turn-" not in info.value.body["message"], info.value.body  # no internal id
     with pytest.raises(openai.BadRequestError) as info:  # streamed: refused before the stream opens
         await client.audio.transcriptions.create(
             model=MODEL, file=("a.wav", speech_files["wav"]), prompt="hello world " * 5000, stream=True

@@ -59,9 +59,8 @@ def new_sequence(
         if any(not 0 <= int(t) < vocab for t in ids):
             raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
     if n > config.max_model_len:
-        raise PromptTooLongError(
-            f"request {rid}: prompt of {n} positions exceeds engine.max_model_len ({config.max_model_len})"
-        )
+        # (No request id: the message is the client's, who knows the request by no such id.)
+        raise PromptTooLongError(f"prompt of {n} positions exceeds engine.max_model_len ({config.max_model_len})")
     mask = [bool(m) for m in prompt.continuous_mask]
     features = _features(rid, prompt.features, sum(mask), model)
     if features is None:
