@@ -4,8 +4,16 @@ Nothing heard is lost: the assistant turn is stored when its first audio is play
 text sent, for a text answer), marked interrupted, and what was heard since is added at least
 every RECORD_INTERVAL_S (`record`, a task beside the response); the final record (everything,
 or the heard part of a cut answer, with the speech codes, which the pipeline reports at the
-end) replaces it when the response ends (`store_final`). The user turn an answer follows gets
-its speech codes as soon as the pipeline has encoded it (`store_user_codes`).
+end) replaces it when the response ends (`store_final`): a spoken answer cut short keeps the
+text of what was heard (heard_text.py), and an answer cut before anything of it was heard (no
+audio played; for a text answer, no text sent) is no turn at all, its progressive record
+deleted: the conversation still ends with the user turn it was to answer, and a
+response.create answers that again, as an OpenAI client retrying a cancelled response expects.
+Its item stays an item the client was told of, with no stored turn (conversation_items.py).
+While the answer plays, its record holds the text generated so far, which runs ahead of the
+audio heard: which positions a piece of text came from is known once the pipeline reports the
+answer's tokens, at its end. The user turn an answer follows gets its speech codes as soon as
+the pipeline has encoded it (`store_user_codes`).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from kimiaudio.pipeline.events import TurnDone
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.heard_text import HeardText
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.store_failure import log_store_failure
@@ -30,13 +39,19 @@ RECORD_INTERVAL_S = 1.0  # a playing answer's heard part is stored at least this
 
 class AnswerStorage:
     def __init__(
-        self, conversation: Conversation, events: EventSender, playback: Playback, samples_per_code: int | None
+        self,
+        conversation: Conversation,
+        events: EventSender,
+        playback: Playback,
+        samples_per_code: int | None,
+        heard_text: HeardText,
     ):
         """samples_per_code: 24 kHz samples per speech code (None: a text-only server)."""
         self._conversation = conversation
         self._events = events
         self._playback = playback
         self._samples_per_code = samples_per_code
+        self._heard_text = heard_text
 
     async def store_user_codes(self, response: ResponseState, codes: list[int]) -> None:
         try:
@@ -45,16 +60,25 @@ class AnswerStorage:
             log_store_failure(log, self._events.session_id, "storing the user turn's codes", exc)
 
     async def store_final(self, response: ResponseState, done: TurnDone) -> None:
-        """The assistant turn's final record: inserted, or the progressive one updated."""
+        """The assistant turn's final record: inserted, or the progressive one updated (or
+        deleted: nothing of it was heard)."""
         pcm, codes = response.heard(done, self._samples_per_code)
-        text, timings = response.text or done.text, response.timings(done)
+        text, text_tokens, timings = response.text or done.text, list(done.text_tokens), response.timings(done)
+        spoken = response.output_type == "both"
+        if spoken and response.played_samples is not None:  # cut short: the text of what was heard
+            text, text_tokens = self._heard_text.cut(text, text_tokens, len(codes))
+        unheard = pcm.size == 0 if spoken else not response.first_heard.is_set()
         try:
-            if response.stored is None:
-                await self._insert(response, text, list(done.text_tokens), codes, timings, response.cancelled, pcm)
+            if response.cancelled and unheard:
+                if response.stored is not None:
+                    await self._conversation.delete_answer(response.item_id, response.stored[0])
+                    response.stored = None
+            elif response.stored is None:
+                await self._insert(response, text, text_tokens, codes, timings, response.cancelled, pcm)
             else:
                 index, turn = response.stored
                 await self._conversation.update_assistant(
-                    index, turn, text, list(done.text_tokens), codes, timings, pcm, response.cancelled
+                    index, turn, text, text_tokens, codes, timings, pcm, response.cancelled
                 )
         except Exception as exc:
             log_store_failure(log, self._events.session_id, "storing the assistant turn", exc)
@@ -67,8 +91,8 @@ class AnswerStorage:
         loop = asyncio.get_running_loop()
         stop = loop.create_task(response.stop_recording.wait())
         first_heard = loop.create_task(response.first_heard.wait())
-        await asyncio.wait([stop, first_heard], return_when=asyncio.FIRST_COMPLETED)
-        try:
+        try:  # (the two waits are cancelled however this ends: a cancel before the first audio too)
+            await asyncio.wait([stop, first_heard], return_when=asyncio.FIRST_COMPLETED)
             while not response.stop_recording.is_set():
                 heard = self._heard_samples(response)
                 pcm = response.pcm_between(response.recorded_samples, heard)

@@ -156,6 +156,14 @@ class Conversation:
         if self.id == conversation_id:
             self.items.remove(item_id)
 
+    async def delete_answer(self, item_id: str, index: int) -> None:
+        """An answer nothing of which was heard: its turn (at `index`) is deleted, from the store
+        and the prompt; its item stays one the client was told of, with no stored turn."""
+        await delete_turn(self.store, self.stored_id, index)
+        if self._history is not None:
+            self._history.pop(index, None)
+        self.items.stored(item_id, None)
+
     async def store_transcript(self, conversation_id: str, index: int, transcript: str) -> None:
         """A spoken user turn's words (its conversation given: the session may have moved on)."""
         await self.store.update_turn(conversation_id, index, transcript=transcript)

@@ -4,10 +4,10 @@ id and the index of its stored turn.
 Each item event names the item before it (previous_item_id): `add` keeps the chain's end, and
 an item deleted leaves the chain (the one before it is the end again, if it was the end). An
 answer's item is told of when its response starts, before anything of it is stored: its index
-is None until its turn is (`stored`), and stays None if the response stored nothing. The turns
-a conversation had before the session took it up (opened with it, or conversation.select)
-were never items of this session: they have no ids here, and an item event naming an id that
-is not here names no item.
+is None until its turn is (`stored`), and stays None if the response stored nothing (or goes
+back to None: nothing of it was heard in the end). The turns a conversation had before the
+session took it up (opened with it, or conversation.select) were never items of this session:
+they have no ids here, and an item event naming an id that is not here names no item.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class ConversationItems:
         self._indexes[item_id] = index
         return previous
 
-    def stored(self, item_id: str, index: int) -> None:
-        """The item's turn is stored at `index`."""
+    def stored(self, item_id: str, index: int | None) -> None:
+        """The item's turn is stored at `index` (None: it has none any more)."""
         if item_id in self._indexes:
             self._indexes[item_id] = index
 

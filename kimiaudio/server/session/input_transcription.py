@@ -10,7 +10,7 @@ its text is stored with the turn (turns.transcript, found by search) and sent as
 it, `conversation.item.input_audio_transcription.completed` (or `.failed`). It runs apart
 from the turn queue: an answer never waits for it, nor it for the answer, and a barge-in does
 not cancel it (the words were said); deleting its item does (`forget`: the words would have
-no turn to go to). Closing the session cancels what is still running.
+no turn to go to). Closing the session cancels what is still running, and starts no more.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class InputTranscription:
     def start(self, item_id: str, content_index: int, index: int, audio: np.ndarray) -> None:
         """Transcribe the user turn stored at `index` of the current conversation, if asked to."""
         conversation_id, setting = self._conversation.id, self._settings.transcription
-        if setting is None or conversation_id is None:
+        if setting is None or conversation_id is None or self._tasks.closing:  # (closing: for nobody)
             return
         # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings
         # (its token limit, say) are not the words' settings.

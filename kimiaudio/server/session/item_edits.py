@@ -8,7 +8,8 @@ They are taken from the session's queue, in order with the items created before 
 Retrieve sends conversation.item.retrieved with the item read from the store: a user item's
 input_audio part carries the audio as stored (16 kHz), resampled to the session's input rate
 as base64 pcm16, and its transcript (null until transcribed); an answer's output_audio part
-carries its transcript and the audio that was heard (24 kHz, the output format). The answer
+carries the transcript and the audio that were heard (24 kHz, the output format); an answer
+nothing of which was heard has no stored turn, and reads back incomplete and empty. The answer
 in progress is sent as it was announced (in progress, no content yet).
 
 Delete removes the item's stored turn (store/turn_by_index.py: no other turn's index changes,
@@ -86,7 +87,7 @@ class ItemEdits:
                 item_id, "assistant", response.text, spoken, index, response.cancelled, "in_progress"
             )
         turn = await self._conversation.stored_item(item_id)
-        if turn is None:  # an answer whose response ended before anything of it was stored
+        if turn is None:  # an answer nothing of which was heard (cut, or failed, before its first audio)
             return {**server_events.message_item(item_id, "assistant", status="incomplete"), "content": []}
         return self._item(item_id, turn)
 

@@ -3,7 +3,9 @@
 Each task started with `spawn` is kept until it ends, so closing can cancel what still runs
 and wait for it (`stop`: over before the close returns, so the app may stop the VAD thread and
 the store next); a task's failure is logged once, naming the owner and what the task was
-(`quiet` exceptions, such as a client hanging up, at INFO: they are how sessions end).
+(`quiet` exceptions, such as a client hanging up, at INFO: they are how sessions end). From
+the moment the owner begins to close, `closing` is True: its parts start no new work then (a
+response or a transcription begun for a client that is gone would only cost the pipeline).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class OwnedTasks:
     def __init__(self, owner: str, quiet: tuple[type[BaseException], ...] = ()):
         self.owner, self.quiet = owner, quiet
         self._tasks: set[asyncio.Task] = set()
+        self.closing = False  # the owner is closing: nothing new is started
 
     def __len__(self) -> int:
         return len(self._tasks)

@@ -17,11 +17,12 @@ The turn, from the mic to the speaker:
   session (type "transcription") stores and transcribes its turns and answers none.
 The microphone reader never waits on any of this: it only queues. Text items, explicit
 commits, response.create and item retrieve / delete (item_edits.py) share the queue: in order.
+Closing starts nothing more: the answer in progress is cut, the entry being taken ends (a user
+item is stored, no response starts: turn_queue.py), what is still queued is dropped.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -33,7 +34,6 @@ from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import TurnDetector
-from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.session import client_events, server_events
@@ -53,13 +53,13 @@ from kimiaudio.server.session.queued_turn import (
     QueuedItem,
     QueuedResponse,
     QueuedText,
-    QueuedTurn,
     Utterance,
     new_item_id,
 )
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.turn_queue import TurnQueue
 from kimiaudio.server.session.user_items import UserItems
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.store import ConversationBusyError, ConversationNotFoundError
@@ -97,15 +97,11 @@ class RealtimeSession:
         self.mic = MicInput(
             self.settings, detector, context.vad_executor, self.events, self._speech_started, self._utterance
         )
-        self._queue: asyncio.Queue[QueuedTurn] = asyncio.Queue()
+        self._queue = TurnQueue()
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
         self._creates_waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
         self.closed = False
-
-    @property
-    def config(self) -> Config:
-        return self.settings.config
 
     @property
     def response(self) -> ResponseState | None:
@@ -136,12 +132,12 @@ class RealtimeSession:
     def _speech_started(self) -> None:
         # Without barge-in (interrupt_response false) the answer goes on, and the speech is
         # the next turn, taken once it has ended.
-        if self.config.vad.barge_in:
+        if self.settings.config.vad.barge_in:
             self._barge_ins += 1
             self.responder.interrupt("turn_detected")
 
     def _utterance(self, audio: np.ndarray, item_id: str) -> None:
-        barge_in = self.config.vad.barge_in
+        barge_in = self.settings.config.vad.barge_in
         self.commit(audio, item_id, Utterance(self._barge_ins, self.settings.answers_commits, barge_in))
 
     def commit(
@@ -159,8 +155,7 @@ class RealtimeSession:
 
     # ----- turns -----
     async def _take_turns(self) -> None:
-        while True:
-            work = await self._queue.get()
+        async for work in self._queue.taken():
             try:
                 match work:
                     case QueuedResponse():
@@ -289,12 +284,13 @@ class RealtimeSession:
 
     # ----- lifetime -----
     async def close(self) -> None:
-        """Cancel the turn in progress (storing what was heard) and stop every task."""
+        """Cut the answer in progress (storing what was heard), stop every task, release the conversation."""
         if self.closed:
             return
-        self.closed = True
+        self.closed = self.tasks.closing = True
         try:
             await self.responder.settle()
-            await self.conversation.release()
+            await self._queue.close()
         finally:
             await self.tasks.stop()
+            await self.conversation.release()

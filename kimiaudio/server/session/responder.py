@@ -9,9 +9,11 @@ message: answer_request.py); its events go out in the order response_events.py l
 deltas (spoken answers) or text deltas (text answers), its audio through the playback.
 Barge-in (speech_started while a response is generating or playing) and response.cancel flush
 the playback at once, cancel the pipeline turn, and store the assistant turn marked
-interrupted and truncated to the audio that was played; conversation.item.truncate (the
-client saying what it played) overrides that estimate, for the response in progress or one of
-the last ones stored. A response.create while a response is in progress is refused with an
+interrupted and truncated to what was played, its audio, codes and text (nothing, if nothing
+of it was heard: answer_storage.py); conversation.item.truncate (the client saying what it
+played) overrides that estimate, for the response in progress or one of the last ones stored.
+A response is not started once the session closes, and one whose task is cancelled (the
+session's tasks stopped) cancels its pipeline turn. A response.create while a response is in progress is refused with an
 error (barge-in, a user turn, replaces it). A response that cannot be generated (the
 conversation does not end with speech, a transcription session, an unknown voice, a turn the
 pipeline refuses) still ends: response.created, then response.done `failed` with its error,
@@ -42,9 +44,11 @@ from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.heard_text import HeardText
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.queued_turn import new_response_id
+from kimiaudio.server.session.response_done import answer_item, send_done
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.truncatable import Truncatable
@@ -73,7 +77,8 @@ class Responder:
         self._playback = playback
         self._tasks = tasks
         self._on_audio = on_audio
-        self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code)
+        heard_text = HeardText(pipeline.stack.tokenizer, pipeline.stack.specials)
+        self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code, heard_text)
         self.current: ResponseState | None = None
         self._truncatable = Truncatable(conversation)  # what a conversation.item.truncate may name
 
@@ -92,6 +97,8 @@ class Responder:
         await self.settle()
         try:
             index, user_turn, turn = await answer_request(self._settings, self._conversation, request)
+            if self._tasks.closing:  # the session closed meanwhile: an answer now would be for nobody
+                return
             handle = self._pipeline.submit(turn)
         except ProtocolError as exc:
             self._fail(request, exc.code, str(exc))
@@ -107,14 +114,9 @@ class Responder:
         spoken = response.output_type == "both"
         if spoken:
             self._playback.begin(response.id, self)
-        voice = (request.voice if request else None) or self._settings.voice
-        limit = turn.sampling.max_new_tokens if turn.sampling is not None else None
-        metadata = request.metadata if request else None
-        response.announced = response_events.response_object(
-            response.id, conversation.id, spoken, voice, limit, metadata
-        )
+        response.announced = self._announced(request, response.id, response.output_type)
         self._events.send(response_events.response_created(response.announced))
-        item = self._item(response, status="in_progress")
+        item = answer_item(response, status="in_progress")
         self._events.send(response_events.output_item_added(response.id, item))
         response.previous_item_id = conversation.next_item(response.item_id)
         self._events.send(server_events.item_added(conversation.id, item, response.previous_item_id))
@@ -125,18 +127,20 @@ class Responder:
     def _fail(self, request: ResponseCreate | None, code: str | None, message: str) -> None:
         """A response that could not be generated: created, and done at once, failed. `code`:
         the request's fault, named (None: the server's)."""
-        spoken = self._settings.answer_type(request.output_type if request else None) == "both"
-        announced = response_events.response_object(
-            new_response_id(), self._conversation.id, spoken, self._settings.voice, None
-        )
+        output_type = self._settings.answer_type(request.output_type if request else None)
+        announced = self._announced(request, new_response_id(), output_type)
         self._events.send(response_events.response_created(announced))
         self._events.send(response_events.response_done(announced, "failed", "", {}, message, error_code=code))
 
-    def _item(self, response: ResponseState, status: str = "completed", index: int | None = None) -> dict:
-        spoken = response.output_type == "both"
-        return server_events.message_item(
-            response.item_id, "assistant", response.text, spoken, index, response.cancelled, status
-        )
+    def _announced(self, request: ResponseCreate | None, response_id: str, output_type: str) -> dict:
+        """The response object response.created sends: the response.create's voice, length
+        limit and metadata (echoed as OpenAI echoes them), or the session's."""
+        max_new_tokens = request.max_new_tokens if request else None
+        limit = self._settings.sampling(output_type, None, max_new_tokens).max_new_tokens
+        voice = (request.voice if request else None) or self._settings.voice
+        metadata = request.metadata if request else None
+        spoken = output_type == "both"
+        return response_events.response_object(response_id, self._conversation.id, spoken, voice, limit, metadata)
 
     # ----- stream -----
     async def _run(self, response: ResponseState) -> None:
@@ -163,7 +167,11 @@ class Responder:
                     case TurnDone():
                         done = event
         except asyncio.CancelledError:
-            pass  # the pipeline did not report in time after a cancel: finish with what we have
+            # The pipeline did not report in time after a cancel, or the session's tasks were
+            # stopped: then the pipeline turn is cancelled now (it would run on for nobody), and
+            # either way the answer ends with what was heard of it.
+            if not response.cancelled:
+                self._cut(response, "client_cancelled")
         except Exception as exc:  # a bug here must still end the response for the client
             log.exception("session %s: response %s failed", self._events.session_id, response.id)
             self._pipeline.cancel(response.handle)
@@ -187,43 +195,10 @@ class Responder:
             await asyncio.wait([response.recorder])  # a write in flight lands before the final one
         if done.status != "failed" or response.cancelled:
             await self._storage.store_final(response, done)  # everything, or what was heard, marked interrupted
-        self._send_done(response, done)
+        send_done(self._events, self._conversation.id, response, done)
         if self.current is response:
             self.current = None
         self._truncatable.ended(response)
-
-    def _send_done(self, response: ResponseState, done: TurnDone) -> None:
-        """The response's last events: its content's end, its item's, response.done, and the
-        end of its playback."""
-        status = "cancelled" if response.cancelled else done.status
-        if status == "completed" and done.finish_reason == "length":  # cut by its length limit
-            status = "incomplete"
-        text = response.text or done.text
-        spoken = response.output_type == "both"
-        for event in response_events.text_done(response.id, response.item_id, text, spoken):
-            self._events.send(event)
-        self._events.send(response_events.content_part_done(response.id, response.item_id, spoken, text))
-        ended = "completed" if status == "completed" else "incomplete"
-        item = self._item(response, ended, response.stored[0] if response.stored else None)
-        self._events.send(response_events.output_item_done(response.id, item))
-        self._events.send(server_events.item_done(self._conversation.id, item, response.previous_item_id))
-        self._events.send(
-            response_events.response_done(
-                response.announced,
-                status,
-                text,
-                response.timings(done),
-                done.error,
-                output=[item],
-                reason=response.cancel_reason,
-                error_code=done.error_code,
-                prefill_tokens_cached=done.prefill_tokens_cached,
-                prefill_tokens_computed=done.prefill_tokens_computed,
-                usage=response_events.response_usage(done),
-            )
-        )
-        if response.first_played_at is not None and not response.playback_cut:
-            self._events.send(response_events.audio_buffer("stopped", response.id))
 
     # ----- interrupt -----
     def interrupt(self, reason: str, played_samples: int | None = None) -> None:
@@ -231,17 +206,21 @@ class Responder:
         response = self.current
         if response is None or response.cancelled:
             return
-        response.cancelled, response.cancel_reason = True, reason
-        flushed = self._flush(response)
-        response.played_samples = flushed if played_samples is None else played_samples
-        self._pipeline.cancel(response.handle)
-        response.playback_done.set()
+        self._cut(response, reason, played_samples)
         task = response.task
         if task is not None:
             # Only the wait for the pipeline's TurnDone is cut short, never the storing.
             asyncio.get_running_loop().call_later(
                 CANCEL_GRACE_S, lambda: None if response.generation_ended else task.cancel()
             )
+
+    def _cut(self, response: ResponseState, reason: str, played_samples: int | None = None) -> None:
+        """Stop the response now: its playback, its pipeline turn; what was heard is what it keeps."""
+        response.cancelled, response.cancel_reason = True, reason
+        flushed = self._flush(response)
+        response.played_samples = flushed if played_samples is None else played_samples
+        self._pipeline.cancel(response.handle)
+        response.playback_done.set()
 
     async def settle(self, interrupt: bool = True) -> None:
         """Wait until the response in progress has ended and is stored: interrupted now, or

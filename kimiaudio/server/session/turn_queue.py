@@ -1,0 +1,46 @@
+"""TurnQueue: what a Realtime session has to take in order (queued_turn.py), taken one entry at a
+time by the session's turn task (realtime_session.py).
+
+Closing the queue (`close`, as the session closes) lets the entry being taken end, then ends the
+taking: what is still queued is dropped. The session's close waits for that entry, so that a user
+item being stored when the client hung up is stored whole, and so that nothing the turn task
+does overlaps the session's tasks being stopped and its conversation released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from kimiaudio.server.session.queued_turn import QueuedTurn
+
+CLOSE_TIMEOUT_S = 5.0  # how long a close waits for the entry being taken (a store write, at most)
+
+
+class TurnQueue:
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[QueuedTurn] = asyncio.Queue()
+        self._idle = asyncio.Event()  # no entry is being taken
+        self._idle.set()
+        self._closed = False
+
+    def put_nowait(self, work: QueuedTurn) -> None:
+        self._queue.put_nowait(work)
+
+    async def taken(self) -> AsyncIterator[QueuedTurn]:
+        """Each entry in order, the next once the last one's taker asks for it; none once closed."""
+        while True:
+            self._idle.set()
+            work = await self._queue.get()
+            if self._closed:
+                return
+            self._idle.clear()
+            yield work
+
+    async def close(self) -> None:
+        """Take nothing more; return once the entry being taken has ended (or CLOSE_TIMEOUT_S)."""
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            pass  # the session's tasks are stopped next, its turn task with them
