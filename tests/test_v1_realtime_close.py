@@ -13,25 +13,13 @@ import pytest
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.demo_server import kv_pool_full_again
-from helpers.realtime_events import Events, say
-from helpers.realtime_sessions import connect, session_update
+from helpers.realtime_events import say
+from helpers.realtime_sessions import connect, open_session, user_text
 from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
-
-
-def user_text(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-async def open_session(conn, **fields) -> Events:
-    events = Events(conn, "ga")
-    await events.wait_for("session.created")
-    await conn.session.update(session=session_update("ga", **fields))
-    await events.wait_for("session.updated")
-    return events
 
 
 def pending_waits() -> list[asyncio.Task]:

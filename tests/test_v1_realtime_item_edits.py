@@ -26,7 +26,7 @@ from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 
 from helpers.realtime_events import Events
-from helpers.realtime_sessions import connect, session_update
+from helpers.realtime_sessions import connect, open_session, user_text
 from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
@@ -34,11 +34,6 @@ pytest.importorskip("websockets", reason="the openai client's Realtime connectio
 pytestmark = pytest.mark.slow
 
 SAME_PCM16 = 3  # int16 steps between audio sent and read back (16-bit WAV storage rounds twice)
-
-
-def user_text(text: str, item_id: str | None = None) -> dict:
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    return item | ({"id": item_id} if item_id else {})
 
 
 def assistant_text(text: str) -> dict:
@@ -52,14 +47,6 @@ def spoken_then_written(audio: bytes, text: str) -> dict:
 
 def samples(b64: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(b64), dtype="<i2").astype(np.int32)
-
-
-async def open_session(conn, api: str = "ga", **fields) -> Events:
-    events = Events(conn, api)
-    await events.wait_for("session.created")
-    await conn.session.update(session=session_update(api, **fields))
-    await events.wait_for("session.updated")
-    return events
 
 
 async def refused(events: Events, count: int, code: str, event_id: str) -> str:

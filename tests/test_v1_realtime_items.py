@@ -25,16 +25,11 @@ from kimiaudio.audio.io import resample
 
 from helpers.audio import silence
 from helpers.realtime_events import Events, conversation, say
-from helpers.realtime_sessions import connect, session_update
+from helpers.realtime_sessions import connect, open_session, session_update, user_text
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
-
-
-def user_text(text: str, item_id: str | None = None) -> dict:
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-    return item | ({"id": item_id} if item_id else {})
 
 
 def added(events: Events, item_id: str):
@@ -44,14 +39,6 @@ def added(events: Events, item_id: str):
 
 def position(events: Events, event) -> int:
     return next(i for i, e in enumerate(events.items) if e is event)
-
-
-async def open_session(conn, **fields) -> Events:
-    events = Events(conn, "ga")
-    await events.wait_for("session.created")
-    await conn.session.update(session=session_update("ga", **fields))
-    await events.wait_for("session.updated")
-    return events
 
 
 async def test_an_item_created_while_a_response_plays_waits_for_it(v1_server, openai_client):

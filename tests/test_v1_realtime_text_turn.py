@@ -12,15 +12,11 @@ import numpy as np
 import pytest
 
 from helpers.realtime_events import Events, conversation
-from helpers.realtime_sessions import APIS, connect, session_update
+from helpers.realtime_sessions import APIS, connect, session_update, user_text
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
-
-
-def user_text(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
 def text_response(api: str) -> dict:

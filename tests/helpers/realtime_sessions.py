@@ -1,13 +1,14 @@
 """Realtime sessions in either shape with the official `openai` client, for tests that run the
 same conversation as a GA client (`client.realtime.connect()`) and as a beta one
 (`client.beta.realtime.connect()`): the connection, and the session settings written and read
-the way each shape's clients write and read them."""
+the way each shape's clients write and read them; a session opened with some settings, and a
+user's text item."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from helpers.realtime_events import MODEL
+from helpers.realtime_events import MODEL, Events
 
 APIS = ("ga", "beta")
 UNSET: Any = object()
@@ -70,3 +71,18 @@ def transcription(session, api: str):
 
 def text_only(session, api: str) -> bool:
     return (session.modalities if api == "beta" else session.output_modalities) == ["text"]
+
+
+async def open_session(conn, api: str = "ga", **fields) -> Events:
+    """The events of `conn` once its session has taken session_update(api, **fields)."""
+    events = Events(conn, api)
+    await events.wait_for("session.created")
+    await conn.session.update(session=session_update(api, **fields))
+    await events.wait_for("session.updated")
+    return events
+
+
+def user_text(text: str, item_id: str | None = None) -> dict:
+    """A user message item of one text part (with the client's id, if given)."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    return item | ({"id": item_id} if item_id else {})
