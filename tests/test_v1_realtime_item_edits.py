@@ -231,6 +231,36 @@ async def test_an_answer_in_progress_is_stored_whole_and_kept_with_its_item_unti
             await client.close()
 
 
+async def test_a_cancelled_answer_and_its_item_are_deleted_without_waiting_for_it(demo_server):
+    """response.cancel makes the answer and the item it answers deletable at once: deletes sent
+    right after it wait for the answer to end instead of being refused."""
+    async with demo_server() as (http, pipeline):
+        pipeline.answers_to_limit = True  # an answer still playing when the cancel comes
+        port = http.server.port
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
+        )
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None)
+                await conn.conversation.item.create(item=assistant_text("Hi."))
+                await conn.conversation.item.create(item=user_text("Tell me a story.", "item_story"))
+                await conn.response.create()
+                conversation_id = (await events.wait_for("response.created")).response.conversation_id
+                answer = (await events.wait_for("response.output_item.added")).item.id
+                await events.wait_for("response.output_audio.delta")
+                await conn.response.cancel()
+                await conn.send({"type": "conversation.item.delete", "item_id": answer})
+                await conn.send({"type": "conversation.item.delete", "item_id": "item_story"})
+                await events.wait_for("conversation.item.deleted", count=2)
+                assert [e.item_id for e in events.of_type("conversation.item.deleted")] == [answer, "item_story"]
+                assert (await events.wait_for("response.done")).response.status == "cancelled"
+                assert not events.of_type("error"), events.of_type("error")
+                assert await turns(http, conversation_id) == [(0, "assistant", "Hi.")]
+        finally:
+            await client.close()
+
+
 async def test_an_items_audio_before_its_text_is_prompted_first(v1_server, speech, openai_client):
     """An item [input_audio, input_text] makes the prompt of two items, its audio then its text:
     asked second, that prompt is served from the prefix cache whole but its last block, which

@@ -149,7 +149,12 @@ class Conversation:
         index, conversation_id = self.items.index(item_id), self.stored_id
         history, audio_first = self._history, self._audio_first  # this conversation's, if select() moves on meanwhile
         if index is not None:
-            await delete_turn(self.store, conversation_id, index)
+            self.items.deleting(item_id)
+            try:
+                await delete_turn(self.store, conversation_id, index)
+            except BaseException:
+                self.items.deleting(item_id, going=False)
+                raise
             if history is not None:
                 history.pop(index, None)
             audio_first.discard(index)

@@ -7,7 +7,9 @@ answer's item is told of when its response starts, before anything of it is stor
 is None until its turn is (`stored`), and stays None if the response stored nothing (or goes
 back to None: nothing of it was heard in the end). The turns a conversation had before the
 session took it up (opened with it, or conversation.select) were never items of this session:
-they have no ids here, and an item event naming an id that is not here names no item.
+they have no ids here, and an item event naming an id that is not here names no item. Nor
+does an item whose turn is being deleted (`deleting`): an event that comes meanwhile (a
+truncate, answered at once) must not write into the turn going away.
 """
 
 from __future__ import annotations
@@ -16,9 +18,17 @@ from __future__ import annotations
 class ConversationItems:
     def __init__(self) -> None:
         self._indexes: dict[str, int | None] = {}  # item id -> its stored turn's index (None: not stored)
+        self._deleting: set[str] = set()
 
     def __contains__(self, item_id: object) -> bool:
-        return item_id in self._indexes
+        return item_id in self._indexes and item_id not in self._deleting
+
+    def deleting(self, item_id: str, going: bool = True) -> None:
+        """The item's turn is being deleted (going False: it was not, after all)."""
+        if going:
+            self._deleting.add(item_id)
+        else:
+            self._deleting.discard(item_id)
 
     @property
     def last(self) -> str | None:
@@ -43,6 +53,8 @@ class ConversationItems:
 
     def remove(self, item_id: str) -> None:
         self._indexes.pop(item_id, None)
+        self._deleting.discard(item_id)
 
     def clear(self) -> None:
         self._indexes.clear()
+        self._deleting.clear()

@@ -109,6 +109,10 @@ class ItemEdits:
         where = "conversation.item.delete"
         self._known(item_id, where)
         response = self._responder.current
+        if response is not None and response.cancelled:  # ending: what it stores decides what is left
+            await self._responder.settle(interrupt=False)
+            self._known(item_id, where)
+            response = self._responder.current
         if response is not None:
             wait = "cancel it (response.cancel) or wait for its response.done, then delete it"
             if response.item_id == item_id:
