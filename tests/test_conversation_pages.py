@@ -3,6 +3,8 @@ SQLite file and a real PostgreSQL server: pages cut by position, so walking them
 cursors gives every conversation once in the list's order, ties of updated_at included, and a
 conversation that moves to the top meanwhile repeats nothing and hides nothing else."""
 
+import base64
+
 import pytest
 
 from kimiaudio.store.conversation_pages import PageCursorError, PageEnd, page_end, read_cursor
@@ -61,7 +63,24 @@ async def test_a_conversation_moving_to_the_top_meanwhile_hides_nothing(store):
     assert ids(await store.list_conversations(1)) == [oldest]
 
 
-@pytest.mark.parametrize("cursor", ["", "nope", "WzEsIDJd", "bnVsbA", "WyJ4IiwgIjEyMyJd", "W05hTiwgImMiXQ"])
+def encoded(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "nope",
+        encoded("[1, 2]"),
+        encoded("null"),
+        encoded('["x", "123"]'),
+        encoded('[NaN, "c"]'),
+        encoded(f'[{"9" * 400}, "c"]'),  # past any float
+        encoded("[" * 3000),  # nested past the parser's stack
+        encoded('[true, "c"]'),
+    ],
+)
 def test_a_cursor_the_server_did_not_give_is_refused(cursor):
     with pytest.raises(PageCursorError, match="cursor"):
         read_cursor(cursor)

@@ -37,12 +37,15 @@ async def _byte_ranges(http, url: str) -> None:
         assert resp.status == 206 and resp.headers["Accept-Ranges"] == "bytes", header
         assert resp.headers["Content-Range"] == f"bytes {start}-{stop - 1}/{size}"
         assert await resp.read() == whole[start:stop]
-    resp = await http.get(url, headers={"Range": f"bytes={size}-"})
-    await _error(resp, 416, "range_not_satisfiable")
-    assert resp.headers["Content-Range"] == f"bytes */{size}"
+    for header in (f"bytes={size}-", "bytes=-0"):  # no byte of the body
+        resp = await http.get(url, headers={"Range": header})
+        await _error(resp, 416, "range_not_satisfiable")
+        assert resp.headers["Content-Range"] == f"bytes */{size}"
     for header in ("bytes=0-1,5-9", "items=0-1", "bytes=9-2"):  # not one plain byte range: ignored
         resp = await http.get(url, headers={"Range": header})
         assert resp.status == 200 and await resp.read() == whole, header
+    resp = await http.get(url, headers={"Range": "bytes=0-1", "If-Range": '"an-etag"'})  # no validator matches
+    assert resp.status == 200 and await resp.read() == whole
 
 
 async def test_page_static_files_and_status(http):

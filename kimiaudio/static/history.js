@@ -48,19 +48,22 @@ function appendConversations(list, body, q, request) {
   const more = document.createElement("li");
   more.className = "more";
   more.textContent = "Show older conversations";
-  more.onclick = async () => {
+  const fetchMore = async () => {
+    more.onclick = null; // one fetch at a time: a double click must not add the page twice
     let next;
     try {
       const resp = await apiFetch(conversationsUrl(q, body.next_cursor));
-      if (!resp.ok) { showError(await apiError(resp)); return; }
+      if (!resp.ok) { more.onclick = fetchMore; showError(await apiError(resp)); return; }
       next = await resp.json();
     } catch (e) {
+      more.onclick = fetchMore;
       return;
     }
     if (request !== listRequests) return;
     more.remove();
     appendConversations(list, next, q, request);
   };
+  more.onclick = fetchMore;
   list.append(more);
 }
 
