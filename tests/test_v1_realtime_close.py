@@ -14,7 +14,7 @@ from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.demo_server import kv_pool_full_again
 from helpers.realtime_events import say
-from helpers.realtime_sessions import connect, open_session, user_text
+from helpers.realtime_sessions import client_of, connect, open_session, user_text
 from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
@@ -31,10 +31,7 @@ def pending_waits() -> list[asyncio.Task]:
 async def test_a_response_queued_behind_the_answer_never_starts_once_the_client_hangs_up(demo_server, speech_16k):
     async with demo_server() as (http, pipeline):
         pipeline.answers_to_limit = True  # the first answer still plays when the client hangs up
-        port = http.server.port
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
-        )
+        client = client_of(http)
         sessions = http.app[SERVER_CONTEXT].sessions
         try:
             async with connect(client, "ga") as conn:

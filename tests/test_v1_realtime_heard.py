@@ -17,18 +17,11 @@ import math
 import pytest
 
 from helpers.realtime_events import say
-from helpers.realtime_sessions import connect, open_session, user_text
+from helpers.realtime_sessions import client_of, connect, open_session, user_text
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
-
-
-def client_of(http):
-    port = http.server.port
-    return openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
-    )
 
 
 async def stored_turns(http, conversation_id: str) -> list[dict]:

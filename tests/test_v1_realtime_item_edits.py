@@ -26,7 +26,7 @@ from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 
 from helpers.realtime_events import Events
-from helpers.realtime_sessions import connect, open_session, user_text
+from helpers.realtime_sessions import client_of, connect, open_session, user_text
 from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
@@ -112,13 +112,7 @@ async def served(request, demo_server):
     """(test client, pipeline, `openai` client) of the server on each backend."""
     storage_url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else ""
     async with demo_server(storage_url=storage_url) as (http, pipeline):
-        port = http.server.port
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1",
-            api_key="unused",
-            max_retries=0,
-            websocket_base_url=f"ws://127.0.0.1:{port}/v1",
-        )
+        client = client_of(http)
         try:
             yield http, pipeline, client
         finally:
@@ -183,10 +177,7 @@ async def test_an_answer_in_progress_is_stored_whole_and_kept_with_its_item_unti
     index; the answer itself and the item it answers are refused deletion until it ends."""
     async with demo_server() as (http, pipeline):
         pipeline.answers_to_limit = True  # an answer still playing when the deletes come
-        port = http.server.port
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
-        )
+        client = client_of(http)
         try:
             async with connect(client, "ga") as conn:
                 events = await open_session(conn, turn_detection=None)
@@ -236,10 +227,7 @@ async def test_a_cancelled_answer_and_its_item_are_deleted_without_waiting_for_i
     right after it wait for the answer to end instead of being refused."""
     async with demo_server() as (http, pipeline):
         pipeline.answers_to_limit = True  # an answer still playing when the cancel comes
-        port = http.server.port
-        client = openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
-        )
+        client = client_of(http)
         try:
             async with connect(client, "ga") as conn:
                 events = await open_session(conn, turn_detection=None)

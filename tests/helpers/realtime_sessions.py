@@ -86,3 +86,17 @@ def user_text(text: str, item_id: str | None = None) -> dict:
     """A user message item of one text part (with the client's id, if given)."""
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     return item | ({"id": item_id} if item_id else {})
+
+
+def client_of(http, api_key: str = "unused"):
+    """The official `openai` async client of a test server (aiohttp's test client `http`), for
+    its HTTP routes and its Realtime WebSocket; the caller closes it."""
+    import openai
+
+    port = http.server.port
+    return openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key=api_key,
+        max_retries=0,
+        websocket_base_url=f"ws://127.0.0.1:{port}/v1",
+    )
