@@ -144,6 +144,24 @@ async def test_truncate_names_items_of_the_conversation_in_use(v1_server, openai
         assert (await conversation(v1_server, first_id))["turns"] == before
 
 
+async def test_a_select_takes_its_place_in_the_order_of_the_items(v1_server, openai_client):
+    """conversation.select is taken in the session's order: an item created just before it is
+    stored in the conversation it leaves, one just after in the one it takes up."""
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None, max_output_tokens=40)
+        await conn.conversation.item.create(item=user_text("First.", "item_first"))
+        await conn.response.create()
+        await events.wait_for("response.output_audio.delta")  # it plays: the next item waits for its end
+        await conn.conversation.item.create(item=user_text("Before the switch.", "item_before"))
+        await conn.send({"type": "conversation.select", "conversation_id": None})
+        await conn.conversation.item.create(item=user_text("After the switch.", "item_after"))
+        await events.until(lambda: added(events, "item_after"))
+        old_id, new_id = [e.conversation.id for e in events.of_type("conversation.created")]
+    said = [t["text"] for t in (await conversation(v1_server, old_id))["turns"]]
+    assert said[0] == "First." and said[2:] == ["Before the switch."], said
+    assert [t["text"] for t in (await conversation(v1_server, new_id))["turns"]] == ["After the switch."]
+
+
 async def test_an_audio_item_is_no_commit_and_a_mode_switch_empties_the_buffer(v1_server, speech, openai_client):
     async with connect(openai_client, "ga") as conn:
         events = await open_session(conn, turn_detection=None, text_only=True)

@@ -85,5 +85,14 @@ class QueuedEdit:
     event_id: str | None = None
 
 
+@dataclass(frozen=True)
+class QueuedSelect:
+    """A conversation.select: queued so that every item created before it is stored in the
+    conversation it leaves, and every one after it in the one it takes up."""
+
+    conversation_id: str | None
+    event_id: str | None = None
+
+
 QueuedItem = QueuedAudio | QueuedText
-QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit
+QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedSelect

@@ -1,11 +1,10 @@
 """One client's conversation, whatever carries it: turn detection, items, responses, events.
 
 A session is built from the server's context (configuration, pipeline, store, VAD thread,
-metrics) and what its transport was admitted with and gives it (WebRTC in transport/rtc_peer.py,
-WebSocket in transport/realtime_socket.py): the session id and its VAD, `send` (one JSON event
-out), a Playback (session/playback.py) for a response's 24 kHz audio, and the event shape its
-client speaks (GA or beta, over WebRTC or not: event_shape.py). The transport sends
-session.created first (`send_created`), then feeds microphone audio in with `push_audio`
+metrics) and what its transport (transport/rtc_peer.py, realtime_socket.py) was admitted with
+and gives it: the session id and its VAD, `send` (one JSON event out), a Playback for a
+response's 24 kHz audio, and the event shape its client speaks (event_shape.py). The transport
+sends session.created first (`send_created`), then feeds microphone audio in with `push_audio`
 (16 kHz) and client events with `handle_message` / `handle_event`.
 
 The turn, from the mic to the speaker:
@@ -15,10 +14,10 @@ The turn, from the mic to the speaker:
   submitted to the pipeline, text and audio streamed out, the answer stored; beside it, if the
   session transcribes input, the user's words (input_transcription.py). A transcription
   session (type "transcription") stores and transcribes its turns and answers none.
-The microphone reader never waits on any of this: it only queues. Text items, explicit
-commits, response.create and item retrieve / delete (item_edits.py) share the queue: in order.
-Closing starts nothing more: the answer in progress is cut, the entry being taken ends (a user
-item is stored, no response starts: turn_queue.py), what is still queued is dropped.
+The microphone reader never waits on any of this: it only queues. Text items, explicit commits,
+response.create, item retrieve / delete (item_edits.py) and conversation.select share the queue:
+in order. Closing starts nothing more: the queue stops, the answer in progress is cut, the entry
+being taken ends (a user item is stored, no response starts: turn_queue.py).
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from kimiaudio.server.session.queued_turn import (
     QueuedEdit,
     QueuedItem,
     QueuedResponse,
+    QueuedSelect,
     QueuedText,
     Utterance,
     new_item_id,
@@ -108,8 +108,7 @@ class RealtimeSession:
         return self.responder.current
 
     @property
-    def is_answering(self) -> bool:
-        """A response is being generated or played (graceful shutdown waits for these)."""
+    def is_answering(self) -> bool:  # a response is being generated or played (a shutdown waits)
         return self.response is not None
 
     def start(self) -> None:
@@ -164,6 +163,8 @@ class RealtimeSession:
                         await self._take_item(work)
                     case QueuedEdit():
                         await self.edits.take(work)
+                    case QueuedSelect():
+                        await self._select(work)
             except Exception as exc:  # this turn fails alone; the next one is still taken
                 log.exception("session %s: taking a turn failed", self.id)
                 self.events.error("turn_failed", f"the turn could not be answered ({type(exc).__name__})")
@@ -232,7 +233,7 @@ class RealtimeSession:
             case client_events.ItemRetrieve() | client_events.ItemDelete():
                 self._queue.put_nowait(QueuedEdit(event, event_id))
             case client_events.ConversationSelect(conversation_id=conversation_id):
-                await self._select(conversation_id)
+                self._queue.put_nowait(QueuedSelect(conversation_id, event_id))
             case client_events.SessionUpdate():
                 self.apply_update(event)
 
@@ -269,16 +270,18 @@ class RealtimeSession:
         if announce:
             self.events.send(server_events.session_updated(self.describe()))
 
-    async def _select(self, conversation_id: str | None) -> None:
+    async def _select(self, work: QueuedSelect) -> None:
+        conversation_id = work.conversation_id
         if conversation_id is not None and not await self.conversation.exists(conversation_id):
-            raise ProtocolError(
-                "conversation_not_found", f"no conversation with id {conversation_id!r}", "conversation_id"
-            )
-        await self.responder.settle()
+            message = f"no conversation with id {conversation_id!r}"
+            self.events.error("conversation_not_found", message, "conversation_id", work.event_id)
+            return
+        await self.responder.settle(whole=True)
         try:
             await self.conversation.select(conversation_id)
         except (ConversationBusyError, ConversationNotFoundError) as exc:  # (deleted meanwhile: not found)
-            raise ProtocolError(exc.code, str(exc), "conversation_id") from None
+            self.events.error(exc.code, str(exc), "conversation_id", work.event_id)
+            return
         self.responder.forget_ended()
         self.events.send(server_events.session_updated(self.describe()))
 
@@ -288,9 +291,10 @@ class RealtimeSession:
         if self.closed:
             return
         self.closed = self.tasks.closing = True
+        self._queue.stop()
         try:
             await self.responder.settle()
-            await self._queue.close()
+            await self._queue.idle()
         finally:
             await self.tasks.stop()
             await self.conversation.release()

@@ -1,10 +1,10 @@
 """TurnQueue: what a Realtime session has to take in order (queued_turn.py), taken one entry at a
 time by the session's turn task (realtime_session.py).
 
-Closing the queue (`close`, as the session closes) lets the entry being taken end, then ends the
-taking: what is still queued is dropped. The session's close waits for that entry, so that a user
-item being stored when the client hung up is stored whole, and so that nothing the turn task
-does overlaps the session's tasks being stopped and its conversation released.
+Stopping the queue (`stop`, as the session closes) ends the taking: the entry being taken ends,
+and what is still queued is dropped. The session's close then waits for that entry (`idle`), so
+that a user item being stored when the client hung up is stored whole, and so that nothing the
+turn task does overlaps the session's tasks being stopped and its conversation released.
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ class TurnQueue:
             self._idle.clear()
             yield work
 
-    async def close(self) -> None:
-        """Take nothing more; return once the entry being taken has ended (or CLOSE_TIMEOUT_S)."""
+    def stop(self) -> None:
+        """Take nothing more from now on."""
         self._closed = True
+
+    async def idle(self) -> None:
+        """Return once the entry being taken has ended (or after CLOSE_TIMEOUT_S)."""
         try:
             await asyncio.wait_for(self._idle.wait(), CLOSE_TIMEOUT_S)
         except TimeoutError:
