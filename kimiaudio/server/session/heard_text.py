@@ -15,11 +15,11 @@ samples_per_code, rounded up, as ResponseState.heard keeps them) keeps the text 
 first audio_delay + n positions, and the text those decode to as the pipeline decodes an
 answer (the ids before the text EOS and below the audio offset; a multi-byte character cut in
 two left out), never more than the text that was sent (a stop string may have ended it
-before). Nothing heard, nothing kept. These are the positions the heard codes take in the next
-prompt's history (text/prompt.py, an "audio-text" message): the answer is prompted as the
-model generated it, both streams, up to the last code heard. The text leads the speech, so a
-word being spoken when the answer was cut is kept, and up to audio_delay positions of text
-(480 ms) after it may be too.
+before). Nothing heard, nothing kept. The next prompt's history holds that text beside the
+heard codes (text/prompt.py, an "audio-text" message: the text encoded again, as any answer's
+is). The text leads the speech, so a word being spoken when the answer was cut is kept, and up
+to audio_delay positions of text (480 ms) after it may be too. A position whose audio token was
+no code (the pipeline drops those) shifts the mapping later: less text is kept, never more.
 
 When the pipeline did not confirm the cut in time (no text tokens reported), the positions are
 unknown and no text is kept; the codes of what was heard still carry it into the next prompt.

@@ -86,7 +86,11 @@ class ItemEdits:
             return server_events.message_item(
                 item_id, "assistant", response.text, spoken, index, response.cancelled, "in_progress"
             )
-        turn = await self._conversation.stored_item(item_id)
+        try:
+            turn = await self._conversation.stored_item(item_id)
+        except Exception as exc:  # (the database away, a stored blob that does not decode)
+            log_store_failure(log, self._events.session_id, "reading an item's turn", exc)
+            raise ProtocolError("storage_failed", f"{where}: {item_id!r} could not be read ({exc})") from None
         if turn is None:  # an answer nothing of which was heard (cut, or failed, before its first audio)
             return {**server_events.message_item(item_id, "assistant", status="incomplete"), "content": []}
         return self._item(item_id, turn)
@@ -127,7 +131,7 @@ class ItemEdits:
                     f"{where}: {item_id!r} is being answered by response {response.id}, in progress; {wait}",
                     "item_id",
                 )
-        self._transcription.forget(item_id)
+        self._transcription.forget(item_id)  # (first: its words must not be written into a turn going away)
         try:
             await self._conversation.delete_item(item_id)
         except Exception as exc:
