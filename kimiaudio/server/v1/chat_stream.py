@@ -105,7 +105,7 @@ async def stream_answer(request: web.Request, handle, chat, completion: dict, st
             )
         await send_done(response)
     except ConnectionResetError:  # the client went away between two writes
-        pass
+        record.cancelled = CLIENT_CLOSED
     return response
 
 

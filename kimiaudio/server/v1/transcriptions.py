@@ -191,24 +191,27 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
     events = await once_started(request, handle, "transcription_failed", "the transcription", "prompt")
     response = await open_stream(request)
     text, logprobs = "", []
-    async for event in events:
-        if client_gone(request):
-            request_record(request).cancelled = CLIENT_CLOSED
-            return response  # the guard cancels the turn
-        if isinstance(event, TextDelta) and event.text:
-            request_record(request).first_byte()
-            text += event.text
-            extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
-            logprobs += extra.get("logprobs", [])
-            await send_event(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
-        elif isinstance(event, TurnDone):
-            if event.status != "completed":  # the status line is sent already: say it in the stream
-                error = failed_turn_error(request, event, "transcription_failed", "the transcription", "prompt")
-                await send_error(request, response, error)
-            else:
-                extra = {"logprobs": logprobs} if with_logprobs else {}
-                await send_event(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
-    await send_done(response)
+    try:
+        async for event in events:
+            if client_gone(request):
+                request_record(request).cancelled = CLIENT_CLOSED
+                return response  # the guard cancels the turn
+            if isinstance(event, TextDelta) and event.text:
+                request_record(request).first_byte()
+                text += event.text
+                extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
+                logprobs += extra.get("logprobs", [])
+                await send_event(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
+            elif isinstance(event, TurnDone):
+                if event.status != "completed":  # the status line is sent already: say it in the stream
+                    error = failed_turn_error(request, event, "transcription_failed", "the transcription", "prompt")
+                    await send_error(request, response, error)
+                else:
+                    extra = {"logprobs": logprobs} if with_logprobs else {}
+                    await send_event(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
+        await send_done(response)
+    except ConnectionResetError:  # the client went away between two writes: its 200 was sent
+        request_record(request).cancelled = CLIENT_CLOSED
     return response
 
 
