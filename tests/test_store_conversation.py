@@ -108,7 +108,8 @@ async def test_a_conversation_a_live_session_holds_is_not_deleted(store):
 
 async def test_the_title_is_the_first_answer_as_stored_now(store):
     """An answer is inserted at its first audio with the text there is by then, and grows as it
-    plays: the title follows it, and later answers do not change it."""
+    plays: the title follows it, and later answers do not change it, unless it is cut to no
+    words."""
     conv = await store.create_conversation()
     await store.add_turn(conv["id"], "user", "hi")
     index = await store.add_turn(conv["id"], "assistant", "", interrupted=True)
@@ -119,6 +120,11 @@ async def test_the_title_is_the_first_answer_as_stored_now(store):
     await store.update_turn(conv["id"], index, text="Hello there, friend.", interrupted=False)
     await store.add_turn(conv["id"], "assistant", "A later answer.")
     assert (await store.get_conversation(conv["id"]))["title"] == "Hello there, friend."
+    # The first answer cut to no words (nothing of it heard): the next answer's words are the title.
+    await store.update_turn(conv["id"], index, text="")
+    assert (await store.get_conversation(conv["id"]))["title"] == "A later answer."
+    await store.update_turn(conv["id"], index + 1, text=" ")
+    assert (await store.get_conversation(conv["id"]))["title"] == ""
 
 
 async def test_a_conversation_gone_is_not_found_and_deleted_once(store):

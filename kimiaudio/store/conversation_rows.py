@@ -113,9 +113,9 @@ def update_turn(db: Sql, conversation_id: str, index: int, fields: dict, audio) 
     with db.atomic():
         turn_id = turn_row_id(db, conversation_id, index)
         db.update("turns", turn_id, fields)
+        role = db.execute("SELECT role FROM turns WHERE id = ?", [turn_id]).fetchone()[0]
         if audio is not None:
             db.execute("DELETE FROM turn_audio_parts WHERE turn_id = ?", [turn_id])  # superseded (heard_audio.py)
-            role = db.execute("SELECT role FROM turns WHERE id = ?", [turn_id]).fetchone()[0]
             record = audio_record(audio, role)
             if record is None:
                 db.execute("DELETE FROM turn_audio WHERE turn_id = ?", [turn_id])
@@ -123,6 +123,8 @@ def update_turn(db: Sql, conversation_id: str, index: int, fields: dict, audio) 
                 db.insert("turn_audio", {"turn_id": turn_id, **record}, upsert_key="turn_id")
         db.update("conversations", conversation_id, {"updated_at": time.time()})
         if "text" in fields:
+            if role == "assistant" and not fields["text"].strip():  # an answer cut to no words: no title
+                db.update("conversations", conversation_id, {"title": ""})
             retitle(db, conversation_id)
 
 
