@@ -24,6 +24,7 @@ import pytest
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
+from kimiaudio.config import Config
 
 from helpers.realtime_events import Events
 from helpers.realtime_sessions import client_of, connect, open_session, user_text
@@ -272,5 +273,5 @@ async def test_an_items_audio_before_its_text_is_prompted_first(v1_server, speec
         assert second.response.status in ("completed", "incomplete"), second.response.status_details
     usage = second.response.usage
     assert usage.input_tokens == first.response.usage.input_tokens
-    block_size = 16  # config [engine] block_size: the cache holds whole blocks
+    block_size = Config().engine.block_size  # (the served one: SERVE_CONFIG leaves it) the cache holds whole blocks
     assert usage.input_token_details.cached_tokens >= usage.input_tokens - block_size, usage
