@@ -270,3 +270,28 @@ async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch
     assert [t["role"] for t in turns] == ["user", "assistant"] * n and turns[-1]["interrupted"]
     assert 0 < turns[-1]["duration_s"] < len(pipeline.handles[n - 1].done.audio_tokens) * SECONDS_PER_CODE
     await client.close()
+
+
+async def test_an_event_larger_than_the_data_channel_takes_is_an_error(server, speech):
+    """A retrieved spoken item carries its audio (about 64 KB of base64 a second at 24 kHz): past
+    what the peer takes in one data channel message (aiortc's 256 KiB), the client gets an `error`
+    naming the event and where the audio is, not silence; a small one still comes."""
+    http, _ = await server()
+    mic = ScriptedMic()
+    client = RtcClient(mic)
+    await client.connect(http, session={"vad": {"silence_ms": 2000}})  # one utterance over the gaps below
+    await client.wait_for("session.created")
+    mic.say(np.concatenate([silence(0.3), *[speech[0], silence(0.2)] * 3, silence(2.5)]))
+    spoken = (await client.wait_for("input_audio_buffer.committed"))["item_id"]
+    await client.wait_for("response.done")
+    text = {"type": "input_text", "text": "Hello."}
+    client.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [text]}})
+    written = (await client.wait_for("conversation.item.added", count=3))["item"]["id"]
+    client.send({"type": "conversation.item.retrieve", "item_id": spoken})
+    error = (await client.wait_for("error"))["error"]
+    assert error["code"] == "event_too_large" and "conversation.item.retrieved" in error["message"], error
+    assert "/api/conversations/" in error["message"]
+    client.send({"type": "conversation.item.retrieve", "item_id": written})
+    assert (await client.wait_for("conversation.item.retrieved"))["item"]["id"] == written
+    assert len(client.of_type("input_audio_buffer.committed")) == 1
+    await client.close()

@@ -50,6 +50,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.sdp_offer import check_offer
+from kimiaudio.server.session import server_events
 from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
@@ -149,8 +150,18 @@ class RtcPeer(ClosesOnce):
     def _send_now(self, event: dict) -> None:
         if self._channel is None:
             return
+        text = json.dumps(event)
         try:
-            self._channel.send(json.dumps(event))
+            self._channel.send(text)
+        except ValueError as exc:  # more than the peer takes in one message (its max-message-size)
+            if event["type"] == "error":
+                return
+            log.warning("session %s: %s of %d bytes not sent: %s", self.id, event["type"], len(text), exc)
+            message = (
+                f"{event['type']} was not sent: {len(text)} bytes is more than this data channel takes ({exc}); "
+                "a stored turn's audio is at GET /api/conversations/{id}/turns/{index}/audio"
+            )
+            self._send_now({"event_id": event.get("event_id"), **server_events.error("event_too_large", message)})
         except Exception as exc:  # the channel went away under us; closing will follow
             log.debug("session %s: could not send %s: %s", self.id, event["type"], exc)
 
