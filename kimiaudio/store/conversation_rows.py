@@ -190,8 +190,12 @@ def load_history(db: Sql, conversation_id: str) -> list[StoredTurn] | None:
         "WHERE t.conversation_id = ? ORDER BY t.turn_index",
         [conversation_id],
     ):
-        d = turn_dict(row)
-        sr = row["sample_rate"]
-        audio = decode_audio_bytes(row["wav"], sr=sr, name=f"turn {d['index']} audio") if sr else None
-        turns.append(StoredTurn(**d, audio=audio, sample_rate=sr))
+        turns.append(stored_turn(row))
     return turns
+
+
+def stored_turn(row: dict) -> StoredTurn:
+    """A turn's row joined with its audio's (wav, sample_rate: None without audio), decoded."""
+    d, sr = turn_dict(row), row["sample_rate"]
+    audio = decode_audio_bytes(row["wav"], sr=sr, name=f"turn {d['index']} audio") if sr else None
+    return StoredTurn(**d, audio=audio, sample_rate=sr)

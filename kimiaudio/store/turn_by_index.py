@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import time
 
-from kimiaudio.audio.io import decode_audio_bytes
-from kimiaudio.store.conversation_rows import StoredTurn, turn_dict
+from kimiaudio.store.conversation_rows import StoredTurn, stored_turn
 from kimiaudio.store.conversation_store import ConversationStore
 from kimiaudio.store.identifiers import is_conversation_id, is_turn_index
 from kimiaudio.store.sql import Sql
@@ -41,11 +40,7 @@ def _select(db: Sql, conversation_id: str, index: int) -> StoredTurn | None:
         "WHERE t.conversation_id = ? AND t.turn_index = ?",
         [conversation_id, index],
     )
-    if not rows:
-        return None
-    row, sample_rate = rows[0], rows[0]["sample_rate"]
-    audio = decode_audio_bytes(row["wav"], sr=sample_rate, name=f"turn {index} audio") if sample_rate else None
-    return StoredTurn(**turn_dict(row), audio=audio, sample_rate=sample_rate)
+    return stored_turn(rows[0]) if rows else None
 
 
 def _delete(db: Sql, conversation_id: str, index: int) -> bool:

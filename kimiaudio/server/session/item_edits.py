@@ -36,6 +36,7 @@ from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.queued_turn import QueuedEdit
 from kimiaudio.server.session.responder import Responder
+from kimiaudio.server.session.response_done import answer_item
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.store_failure import log_store_failure
 from kimiaudio.store import StoredTurn
@@ -82,10 +83,7 @@ class ItemEdits:
         self._known(item_id, where)
         response = self._responder.current
         if response is not None and response.item_id == item_id:
-            spoken, index = response.output_type == "both", response.stored[0] if response.stored else None
-            return server_events.message_item(
-                item_id, "assistant", response.text, spoken, index, response.cancelled, "in_progress"
-            )
+            return answer_item(response, "in_progress", response.stored[0] if response.stored else None)
         try:
             turn = await self._conversation.stored_item(item_id)
         except Exception as exc:  # (the database away, a stored blob that does not decode)
