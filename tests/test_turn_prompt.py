@@ -1,11 +1,12 @@
 """A conversation turn's prompt (pipeline/turn_prompt.py): the answer's room counted from the
-last answer, and truncation "auto" leaving out the fewest oldest history messages, never the
-pinned ones nor the turn. A stand-in prompt builder gives each message as many positions as its
+last answer, and truncation leaving out the fewest oldest history messages ("auto": that fit;
+a retention ratio: that bring it down to that share of the allowance, or of the client's
+limit), never the pinned ones nor the turn. A stand-in prompt builder gives each message as many positions as its
 text has characters (plus one for the generation prefix), so every length is known here."""
 
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import BOTH_MAX_POSITIONS, TEXT_MAX_POSITIONS
-from kimiaudio.pipeline.turn_prompt import answer_params, turn_prompt
+from kimiaudio.pipeline.turn_prompt import Truncation, answer_params, turn_prompt
 from kimiaudio.text.prompt import Message, Prompt
 
 
@@ -43,19 +44,36 @@ def test_truncation_leaves_out_the_fewest_oldest_messages_that_make_it_fit():
     params = SamplingParams(max_new_tokens=100)
     kept = turn_prompt(messages, build, "both", params, 4096)
     assert len(kept.prompt) == 5661 and kept.num_left_out == 0  # None: the whole history, too long or not
-    cut = turn_prompt(messages, build, "both", params, 4096, truncate_after=1)
+    cut = turn_prompt(messages, build, "both", params, 4096, Truncation(pinned=1))
     assert cut.num_left_out == 1 and len(cut.prompt) == 10 + 300 + 200 + 100 + 50 + 1
     assert cut.params.max_new_tokens == 100
-    tight = turn_prompt(messages, build, "both", params, 400, truncate_after=1)  # 10 + 200 + 100 + 50 + 1 + 99 > 400
+    tight = turn_prompt(messages, build, "both", params, 400, Truncation(1))  # 10 + 200 + 100 + 50 + 1 + 99 > 400
     assert tight.num_left_out == 3 and len(tight.prompt) == 10 + 100 + 50 + 1
-    none_fit = turn_prompt(messages, build, "both", params, 100, truncate_after=1)
+    none_fit = turn_prompt(messages, build, "both", params, 100, Truncation(pinned=1))
     assert none_fit.num_left_out == 4 and len(none_fit.prompt) == 10 + 50 + 1  # the least there is
 
 
 def test_the_room_kept_is_at_most_half_the_context():
     fits = [user(2000), assistant(10), user(29)]  # 2,040 positions + 2,047: the room is 7,489, but
-    cut = turn_prompt(fits, build, "text", SamplingParams(), 4096, truncate_after=0)
+    cut = turn_prompt(fits, build, "text", SamplingParams(), 4096, Truncation())
     assert cut.num_left_out == 0 and cut.params.max_new_tokens == TEXT_MAX_POSITIONS - 30
     longer = [user(2000), assistant(10), user(40)]  # 2,051 + 2,047 > 4,096
-    cut = turn_prompt(longer, build, "text", SamplingParams(), 4096, truncate_after=0)
+    cut = turn_prompt(longer, build, "text", SamplingParams(), 4096, Truncation())
     assert cut.num_left_out == 1 and len(cut.prompt) == 10 + 40 + 1
+
+
+def test_a_retention_ratio_leaves_out_more_at_once_and_a_token_limit_cuts_sooner():
+    messages = [user(10), user(300), assistant(300), user(200), assistant(100), user(50)]  # 961 positions
+    params = SamplingParams(max_new_tokens=100)
+    # The allowance after the 10 pinned positions: 1,000 - 100 + 1 - 10 = 891; 951 follow them.
+    auto = turn_prompt(messages, build, "both", params, 1000, Truncation(pinned=1))
+    assert auto.num_left_out == 1 and len(auto.prompt) == 10 + 300 + 200 + 100 + 50 + 1
+    ratio = turn_prompt(messages, build, "both", params, 1000, Truncation(1, retention_ratio=0.5))
+    assert ratio.num_left_out == 2 and len(ratio.prompt) == 10 + 200 + 100 + 50 + 1  # 351 <= 445
+    fits = messages[:1] + messages[3:]  # 351 follow the pinned: within the allowance, nothing cut
+    assert turn_prompt(fits, build, "both", params, 1000, Truncation(1, retention_ratio=0.5)).num_left_out == 0
+    limited = Truncation(1, retention_ratio=0.8, post_instructions=300)  # 351 > 300: cut to 240 or less
+    cut = turn_prompt(fits, build, "both", params, 1000, limited)
+    assert cut.num_left_out == 1 and len(cut.prompt) == 10 + 100 + 50 + 1
+    nothing_kept = turn_prompt(messages, build, "both", params, 1000, Truncation(1, retention_ratio=0.0))
+    assert nothing_kept.num_left_out == 4 and len(nothing_kept.prompt) == 10 + 50 + 1  # the turn stays

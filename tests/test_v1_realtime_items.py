@@ -11,7 +11,8 @@ on the demo checkpoint (GA shape, every event checked against the SDK's models):
 - conversation.item.truncate is checked against the item's audio, and names only items of the
   conversation the session is in;
 - an audio item is no commit of the input buffer, and a switch of turn detection empties it;
-- a conversation longer than the context loses its oldest turns (truncation "auto");
+- a conversation longer than the context loses its oldest turns (truncation "auto"), more of
+  them at once under a retention ratio, none under "disabled" (it is refused);
 - an item's text parts reach the model with its audio.
 The order of events proves each absence: the session takes items and responses from one queue."""
 
@@ -205,6 +206,57 @@ async def test_a_conversation_longer_than_the_context_loses_its_oldest_turns(v1_
         failed = await events.wait_for("response.done", count=2)
         assert failed.response.status == "failed"
         assert failed.response.status_details.error.code == "context_length_exceeded"
+
+
+async def test_truncation_as_the_session_sets_it(v1_server, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None, text_only=True)
+        assert events.of_type("session.updated")[-1].session.truncation == "auto"
+        for index in range(3):
+            await conn.conversation.item.create(item=user_text("hello world " * 30, f"item_{index}"))
+            await conn.response.create(response={"max_output_tokens": 2})
+            await events.wait_for("response.done", count=index + 1)
+        await conn.conversation.item.create(item=user_text("And now?"))
+        await conn.response.create(response={"max_output_tokens": 2})
+        whole = (await events.wait_for("response.done", count=4)).response.usage.input_tokens
+        assert whole > 150  # three turns of 60 words: nothing was left out
+
+        ratio = {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": {"post_instructions": 150}}
+        await conn.session.update(session={"type": "realtime", "truncation": ratio})
+        truncation = (await events.wait_for("session.updated", count=2)).session.truncation
+        assert (truncation.type, truncation.retention_ratio, truncation.token_limits.post_instructions) == (
+            "retention_ratio",
+            0.5,
+            150,
+        )
+        await conn.conversation.item.create(item=user_text("And then?"))
+        await conn.response.create(response={"max_output_tokens": 2})
+        done = await events.wait_for("response.done", count=5)
+        assert done.response.status in ("completed", "incomplete"), done.response.status_details
+        assert done.response.usage.input_tokens <= 75 + 10  # half of the limit, and the prompt's own markers
+
+        await conn.session.update(session={"type": "realtime", "truncation": "disabled"})
+        assert (await events.wait_for("session.updated", count=3)).session.truncation == "disabled"
+        await conn.conversation.item.create(item=user_text("hello world " * 5000))  # past engine.max_model_len
+        await conn.conversation.item.create(item=user_text("Short."))
+        await conn.response.create(response={"max_output_tokens": 2})
+        failed = await events.wait_for("response.done", count=6)
+        assert failed.response.status == "failed"
+        assert failed.response.status_details.error.code == "context_length_exceeded"
+
+        for event_id, value, param in (
+            ("ev_t1", "sometimes", "session.truncation"),
+            ("ev_t2", {"type": "retention_ratio", "retention_ratio": 1.5}, "session.truncation.retention_ratio"),
+            ("ev_t3", {"type": "retention_ratio"}, "session.truncation.retention_ratio"),
+            (
+                "ev_t4",
+                {"type": "retention_ratio", "retention_ratio": 0.5, "token_limits": {"post_instructions": 0}},
+                "session.truncation.token_limits.post_instructions",
+            ),
+        ):
+            await conn.send({"type": "session.update", "session": {"truncation": value}, "event_id": event_id})
+            error = (await events.wait_for("error", count=int(event_id[-1]))).error
+            assert (error.param, error.event_id) == (param, event_id), error
 
 
 async def test_an_answer_cut_by_its_limit_is_incomplete_and_metadata_is_echoed(v1_server, openai_client):

@@ -216,7 +216,7 @@ class LmWorker(Worker):
             output_type,
             request.sampling or SamplingParams.from_config(self.config.sampling),
             self.config.engine.max_model_len,
-            request.truncate_after,
+            request.truncation,
         )
         if left_out:
             log.info("turn %s: the %d oldest history messages left out (truncation)", handle.turn_id, left_out)

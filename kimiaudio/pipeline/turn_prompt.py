@@ -1,6 +1,6 @@
 """The prompt of one turn of a conversation as the LM worker submits it: the room its answer
-gets, and, under truncation "auto", the oldest turns left out when the conversation has
-outgrown engine.max_model_len.
+gets, and, under truncation, the oldest turns left out when the conversation has outgrown
+engine.max_model_len (or a client's own limit).
 
 The room. The official limit (engine/stop_rules.py) is that of one exchange: 1500 positions
 for a spoken answer (120 s of speech), 7500 for a text answer, the prompt included. A
@@ -9,23 +9,37 @@ its first one got, not what 1500 positions leave after the whole history (nothin
 minutes into a talk). A prompt with no answer in it is one exchange: its limit is the
 official one exactly. A request's own max_new_tokens replaces either.
 
-Truncation "auto" (a Realtime session's; OpenAI's: "messages, starting from the oldest, will
-not be included in the model's context"): when the prompt and its answer's room (at most half
-of engine.max_model_len) do not fit engine.max_model_len, the fewest oldest history messages are
-left out that make them fit, never the first `pinned` (the session's instructions) nor the
-turn being answered. Even with all of them left out, the turn may not fit: the engine then
-refuses it as too long (context_length_exceeded), as it refuses any prompt without truncation.
+Truncation (a Realtime session's; OpenAI's: "messages, starting from the oldest, will not be
+included in the model's context"). What follows the first `pinned` messages (the session's
+instructions) may use what the prompt's answer room (at most half of engine.max_model_len)
+leaves of engine.max_model_len, or a client's `post_instructions` limit where that is less.
+Past it, the fewest oldest history messages are left out that bring it down to
+`retention_ratio` of that allowance: 1.0 is OpenAI's "auto" (just fit); less drops more at once,
+so that the next turns fit without dropping again, and keep the prefix cache's hits. Neither the
+pinned messages nor the turn being answered are ever left out. Even with all of the others left
+out, the turn may not fit: the engine then refuses it as too long (context_length_exceeded), as
+it refuses any prompt without truncation ("disabled").
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import official_max_new_tokens
 from kimiaudio.text.prompt import Message, Prompt
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """How a turn's history may be cut (OpenAI's "auto", or "retention_ratio")."""
+
+    pinned: int = 0  # the leading messages never left out (the instructions)
+    retention_ratio: float = 1.0  # of the allowance, kept when cutting (1.0: "auto")
+    post_instructions: int | None = None  # the client's limit on what follows the pinned messages
 
 
 class TurnPrompt(NamedTuple):
@@ -53,32 +67,34 @@ def turn_prompt(
     output_type: str,
     params: SamplingParams,
     max_model_len: int,
-    truncate_after: int | None = None,
+    truncation: Truncation | None = None,
 ) -> TurnPrompt:
-    """The prompt of `messages` (the last one the turn answered) and its params; truncate_after:
-    None, the whole history is kept; else truncation "auto", the history after the first
-    `truncate_after` messages may be left out, oldest first."""
+    """The prompt of `messages` (the last one the turn answered) and its params; truncation None
+    keeps the whole history."""
     prompt = build(messages)
     params = answer_params(prompt, messages, output_type, params)
+    if truncation is None:
+        return TurnPrompt(prompt, params, 0)
     room = official_max_new_tokens(output_type, len(prompt), params.max_new_tokens)
-
-    def fits(candidate: Prompt) -> bool:
-        return len(candidate) + min(room, max_model_len // 2) - 1 <= max_model_len
-
-    left_out = 0
-    if truncate_after is not None and not fits(prompt):
-        pinned, droppable = list(messages[:truncate_after]), len(messages) - 1 - truncate_after
-        # The fewest left out that fit: a prompt only shrinks as more are left out.
-        low, high, best = 1, droppable, None
-        while low <= high:
-            middle = (low + high) // 2
-            candidate = build(pinned + list(messages[truncate_after + middle :]))
-            if fits(candidate):
-                best, high = (middle, candidate), middle - 1
-            else:
-                low = middle + 1
-        if best is None and droppable > 0:  # nothing fits: the least there is
-            best = droppable, build(pinned + list(messages[-1:]))
-        if best is not None:
-            left_out, prompt = best
+    pinned = truncation.pinned
+    pinned_len = prompt.message_starts[pinned] if pinned < len(messages) else len(prompt)
+    allowance = max_model_len - min(room, max_model_len // 2) + 1 - pinned_len
+    if truncation.post_instructions is not None:
+        allowance = min(allowance, truncation.post_instructions)
+    if len(prompt) - pinned_len <= allowance:
+        return TurnPrompt(prompt, params, 0)
+    kept_len = int(allowance * truncation.retention_ratio)
+    kept, droppable = list(messages[:pinned]), len(messages) - 1 - pinned
+    # The fewest left out that bring it down to kept_len: a prompt only shrinks as more are left out.
+    low, high, best = 1, droppable, None
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = build(kept + list(messages[pinned + middle :]))
+        if len(candidate) - pinned_len <= kept_len:
+            best, high = (middle, candidate), middle - 1
+        else:
+            low = middle + 1
+    if best is None and droppable > 0:  # nothing is short enough: the least there is
+        best = droppable, build(kept + list(messages[-1:]))
+    left_out, prompt = best if best is not None else (0, prompt)
     return TurnPrompt(prompt, params, left_out)

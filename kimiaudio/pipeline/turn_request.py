@@ -14,6 +14,7 @@ import numpy as np
 from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.turn_prompt import Truncation
 from kimiaudio.pipeline.voice_registry import Voice
 
 
@@ -44,10 +45,9 @@ class TurnRequest:
     # (the user's words transcribed: pipeline/transcription.py)
     priority: int = ANSWER_PRIORITY
     user_text: str | None = None  # a written turn (user_audio None)
-    # Truncation "auto" (turn_prompt.py): None keeps the whole history (what does not fit is
-    # refused); N: the history after its first N turns (each one a message: not empty) may be
-    # left out, oldest first, to fit.
-    truncate_after: int | None = None
+    # How the history may be cut to fit (turn_prompt.py; its `pinned` count messages: each turn
+    # of the history is one); None keeps the whole history, and what does not fit is refused.
+    truncation: Truncation | None = None
 
     def __post_init__(self) -> None:
         if (self.user_audio is None) == (self.user_text is None):

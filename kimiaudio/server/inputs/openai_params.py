@@ -172,6 +172,7 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
             "sampling",
             "output_type",
             "input_audio_transcription",
+            "truncation",
         }
     ),
     neutral={
@@ -181,13 +182,15 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
         "tracing": (lambda v: False, "null (no traces are kept)"),
         "include": (_empty, "[]"),
         "prompt": (lambda v: False, "nothing"),
-        "truncation": (lambda v: v == "auto", '"auto"'),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
         "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
     },
     # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
     ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
 )
+
+TRUNCATION_FIELDS = Fields(honoured=frozenset({"type", "retention_ratio", "token_limits"}))  # GA session.truncation
+TOKEN_LIMITS_FIELDS = Fields(honoured=frozenset({"post_instructions"}))  # its token_limits
 
 CALL_FIELDS = Fields(honoured=frozenset({"sdp", "session"}))  # POST /v1/realtime/calls' multipart parts
 CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))  # POST /v1/realtime/client_secrets
@@ -281,6 +284,14 @@ class RealtimeSampling:
 
     temperature: float | None = setting(None, Bounds(0.6, 1.2))
     max_output_tokens: int | None = setting(None, OUTPUT_LIMIT)
+
+
+@dataclass(frozen=True)
+class RealtimeTruncation:
+    """A GA session's truncation of type retention_ratio (OpenAI's ranges)."""
+
+    retention_ratio: float | None = setting(None, Bounds(0.0, 1.0))
+    post_instructions: int | None = setting(None, Bounds(1, MAX_NEW_TOKENS.max))
 
 
 def checked(

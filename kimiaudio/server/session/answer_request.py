@@ -9,9 +9,10 @@ gave them: its text, then its speech (the official layout of an instruction and 
 is about, as /v1/chat/completions prompts a message's parts), or its speech, then its text
 (answered as a written turn, its speech the history's last message). The output type, voice
 and sampling are the session's unless the response.create names its own. A conversation that
-outgrows the model's context loses its oldest turns from the prompt, never the instructions
-(truncation "auto", pipeline/turn_prompt.py). What cannot be answered is a ProtocolError
-naming why: the Responder ends that response failed (responder.py).
+outgrows the model's context loses its oldest turns from the prompt, never the instructions,
+as the session's truncation says (pipeline/turn_prompt.py; "disabled": it is refused). What
+cannot be answered is a ProtocolError naming why: the Responder ends that response failed
+(responder.py).
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.turn_prompt import Truncation
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.session_update import SessionTruncation
 
 
 async def answer_request(
@@ -69,9 +72,15 @@ async def answer_request(
         sampling=sampling,
         output_type=output_type,
         voice=voice,
-        truncate_after=1 if instructions else 0,  # the session's truncation "auto", its instructions kept
+        truncation=_truncation(settings.truncation, pinned=1 if instructions else 0),
     )
     return index, user_turn, turn
+
+
+def _truncation(setting: SessionTruncation, pinned: int) -> Truncation | None:
+    if setting.kind == "disabled":
+        return None
+    return Truncation(pinned, setting.retention_ratio, setting.post_instructions)
 
 
 def _prompted(turn: HistoryTurn, audio_first: bool) -> list[HistoryTurn]:

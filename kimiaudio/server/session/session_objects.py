@@ -25,7 +25,7 @@ from typing import Any
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.session.session_settings import SessionSettings
-from kimiaudio.server.session.session_update import Transcription
+from kimiaudio.server.session.session_update import SessionTruncation, Transcription
 from kimiaudio.text.output_type import BOTH, modalities_of
 
 # The transcription models beta's transcription session object allows (a Literal in the SDK).
@@ -63,7 +63,7 @@ def ga_session(settings: SessionSettings, session_id: str, conversation_id: str 
         "tools": [],
         "tool_choice": "auto",
         "tracing": None,
-        "truncation": "auto",
+        "truncation": _truncation(settings.truncation),
         "prompt": None,
         **_extras(settings, conversation_id),
     }
@@ -105,6 +105,13 @@ def beta_session(settings: SessionSettings, session_id: str, conversation_id: st
         "tracing": None,
         **_extras(settings, conversation_id),
     }
+
+
+def _truncation(truncation: SessionTruncation) -> str | dict[str, Any]:
+    if truncation.kind != "retention_ratio":
+        return truncation.kind
+    limits = {"post_instructions": truncation.post_instructions} if truncation.post_instructions else None
+    return {"type": "retention_ratio", "retention_ratio": truncation.retention_ratio, "token_limits": limits}
 
 
 def _pcm(rate: int) -> dict[str, Any]:

@@ -9,7 +9,8 @@ the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech s
 its text stream for a text answer), whether committed user turns are transcribed
 (input_audio_transcription; WebRTC calls by default, `[server] transcribe_input`), and
 the session's type: "realtime" (it answers) or "transcription" (it only transcribes what it
-hears: no responses, the words always). The values of a session.update were checked once, as
+hears: no responses, the words always), and how its conversation is cut when it outgrows the
+context (OpenAI's `truncation`). The values of a session.update were checked once, as
 it was parsed (session_update.py); `apply` adds what needs the session (its speech, its
 voices) and changes nothing unless all of it holds. The `session` object of session.created /
 updated is built from these by the connection's event shape (session_objects.py).
@@ -27,7 +28,7 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voice_registry import MODEL_VOICE, UnknownVoiceError, Voice, VoiceRegistry
 from kimiaudio.server.session.event_fields import ProtocolError
-from kimiaudio.server.session.session_update import SessionUpdate, Transcription
+from kimiaudio.server.session.session_update import SessionTruncation, SessionUpdate, Transcription
 from kimiaudio.text.output_type import BOTH, TEXT
 
 DEFAULT_VOICE = MODEL_VOICE
@@ -49,6 +50,7 @@ class SessionSettings:
         # input_audio_transcription: set while committed user turns are transcribed
         self.transcription: Transcription | None = None
         self.kind = "realtime"  # or "transcription"
+        self.truncation = SessionTruncation()
 
     @property
     def answers_commits(self) -> bool:
@@ -106,6 +108,7 @@ class SessionSettings:
             ("voice", answers.voice),
             ("temperature", answers.temperature),
             ("input_rate", update.input_rate),
+            ("truncation", update.truncation),
         ):
             if value is not None:
                 setattr(self, name, value)

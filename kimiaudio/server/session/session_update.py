@@ -1,5 +1,5 @@
 """A `session.update`, parsed and checked once (both shapes of OpenAI's session object, beta
-and GA, realtime or transcription, plus kimiaudio's `vad`, `sampling` and `output_type`; beta's
+and GA, realtime or transcription, GA's `truncation` too, plus kimiaudio's `vad`, `sampling` and `output_type`; beta's
 `transcription_session.update` too): every value is checked here, against the same declared
 ranges as the configuration, so SessionSettings.apply has only to apply it
 (session_settings.py)."""
@@ -17,8 +17,11 @@ from kimiaudio.server.inputs.openai_params import (
     INPUT_TRANSCRIPTION_FIELDS,
     MODEL_ID,
     SESSION_FIELDS,
+    TOKEN_LIMITS_FIELDS,
+    TRUNCATION_FIELDS,
     TURN_DETECTION_FIELDS,
     RealtimeSampling,
+    RealtimeTruncation,
     checked,
 )
 from kimiaudio.server.session.event_fields import (
@@ -50,6 +53,16 @@ class Transcription:
     model: str = MODEL_ID  # the name the client gave (the words are Kimi-Audio's own ASR)
     language: str | None = None  # a Whisper code: picks the official instruction (asr_instruction.py)
     prompt: str = ""  # prior text, as /v1/audio/transcriptions' prompt
+
+
+@dataclass(frozen=True)
+class SessionTruncation:
+    """How a session's conversation is cut when it outgrows the context (OpenAI's GA
+    `truncation`; what a turn does with it: pipeline/turn_prompt.py)."""
+
+    kind: str = "auto"  # "auto" | "disabled" | "retention_ratio"
+    retention_ratio: float = 1.0  # of the allowance, kept when cutting ("auto": 1.0)
+    post_instructions: int | None = None  # the client's limit on what follows the instructions
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ class SessionUpdate:
     # input_audio_transcription: None = unchanged, False = off
     transcription: Transcription | Literal[False] | None = None
     kind: str | None = None  # the session's type: "realtime" | "transcription" (None: unchanged)
+    truncation: SessionTruncation | None = None
 
 
 def parse_session_update(session: dict, where: str, kind: str | None = None) -> SessionUpdate:
@@ -142,6 +156,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
         input_rate=input_rate,
         transcription=_transcription(session, audio_in, where),
         kind=kind,
+        truncation=_truncation(session.get("truncation"), f"{where}.truncation"),
     )
 
 
@@ -181,6 +196,32 @@ def _transcription(session: dict, audio_in: dict, where: str) -> Transcription |
             typed_field(value, "prompt", str, path, "text") or "",
         )
     return None
+
+
+def _truncation(value: Any, where: str) -> SessionTruncation | None:
+    """ "auto", "disabled", or {"type": "retention_ratio", "retention_ratio": r, "token_limits":
+    {"post_instructions": n}} (r and n in OpenAI's ranges); None where it was left out."""
+    if value is None:
+        return None
+    if value in ("auto", "disabled"):
+        return SessionTruncation(value)
+    if not isinstance(value, dict):
+        raise ProtocolError(
+            "invalid_value", f'{where}: expected "auto", "disabled" or an object, got {value!r}'[:200], where
+        )
+    TRUNCATION_FIELDS.check(value, f"{where}.", ProtocolError)
+    if value.get("type") != "retention_ratio":
+        raise ProtocolError(
+            "invalid_value", f"{where}.type: expected retention_ratio, got {value.get('type')!r}"[:200], f"{where}.type"
+        )
+    if value.get("retention_ratio") is None:
+        param = f"{where}.retention_ratio"
+        raise ProtocolError("missing_required_parameter", f"{param} is required", param)
+    limits = optional_object(value, "token_limits", f"{where}.token_limits")
+    TOKEN_LIMITS_FIELDS.check(limits, f"{where}.token_limits.", ProtocolError)
+    ratio = checked(RealtimeTruncation, {"retention_ratio": value["retention_ratio"]}, f"{where}.", ProtocolError)
+    limit = checked(RealtimeTruncation, limits, f"{where}.token_limits.", ProtocolError)
+    return SessionTruncation("retention_ratio", ratio["retention_ratio"], limit.get("post_instructions"))
 
 
 def _checked(values: dict, section: str, where: str) -> dict[str, Any]:
