@@ -1,5 +1,5 @@
 """README's compatibility table says of every Realtime request field what the code does with it:
-each field that openai_params.py declares for the Realtime session, response.create, the calls
+each field that realtime_params.py declares for the Realtime session, response.create, the calls
 route and the client secrets is in a row of README's table with the status it is declared with
 (honoured, refused unless its value asks for nothing, or ignored)."""
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kimiaudio.server.inputs.openai_params import (
+from kimiaudio.server.inputs.openai_params import Fields
+from kimiaudio.server.inputs.realtime_params import (
     AUDIO_INPUT_FIELDS,
     AUDIO_OUTPUT_FIELDS,
     CALL_FIELDS,
@@ -18,7 +19,6 @@ from kimiaudio.server.inputs.openai_params import (
     RESPONSE_FIELDS,
     SESSION_FIELDS,
     TURN_DETECTION_FIELDS,
-    Fields,
 )
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -28,7 +28,8 @@ from aiohttp import web
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.inputs.openai_params import CLIENT_SECRET_FIELDS, EXPIRES_AFTER_FIELDS, check_model
+from kimiaudio.server.inputs.openai_params import check_model
+from kimiaudio.server.inputs.realtime_params import CLIENT_SECRET_FIELDS, EXPIRES_AFTER_FIELDS
 from kimiaudio.server.middleware.issued_keys import EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, bound_session
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_objects import beta_session, ga_session

@@ -7,7 +7,8 @@ empty `tools` list, `response_format` text, ...: `neutral`), else 400 naming the
 ignored ones are read by nobody. Any other field is refused as OpenAI refuses an argument it
 does not know. A `null` is a field not sent. Ranges of the honoured numbers are declared as
 settings of a dataclass per route (validation.py's one check), OpenAI's ranges where they are
-narrower than the engine's. README's compatibility table lists the same fields.
+narrower than the engine's. README's compatibility table lists the same fields. The Realtime
+API's fields are declared the same way in realtime_params.py.
 
 The server serves one model, `MODEL_ID`. Requests name it as `kimi-audio-7b-instruct` (any case,
 with or without the `moonshotai/` prefix, as Hugging Face spells it) or by one of [server]
@@ -49,7 +50,7 @@ def check_model(model: Any, aliases: tuple[str, ...] | list[str] = (), param: st
     return MODEL_ID
 
 
-def _empty(value: Any) -> bool:
+def empty(value: Any) -> bool:
     return value in ([], {}, "")
 
 
@@ -87,8 +88,8 @@ def _api_error(code: str, message: str, param: str) -> ApiError:
     return ApiError(400, code, message, param=param)
 
 
-_NO_TOOLS = {
-    "tools": (_empty, "[] (kimiaudio has no function calling)"),
+NO_TOOLS = {  # the tool fields of a model that calls none
+    "tools": (empty, "[] (kimiaudio has no function calling)"),
     "tool_choice": (lambda v: v in ("auto", "none"), '"auto" or "none" (with no tools, both call none)'),
 }
 
@@ -115,12 +116,12 @@ CHAT_FIELDS = Fields(
         }
     ),
     neutral={
-        **_NO_TOOLS,
-        "functions": (_empty, "[]"),
+        **NO_TOOLS,
+        "functions": (empty, "[]"),
         "function_call": (lambda v: v == "none", '"none"'),
         "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
         "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
-        "logit_bias": (_empty, "{} (the model's token ids are not OpenAI's)"),
+        "logit_bias": (empty, "{} (the model's token ids are not OpenAI's)"),
         "store": (lambda v: v is False, "false (answers are not kept for evals or distillation)"),
         "service_tier": (lambda v: v in ("auto", "default"), '"auto" or "default"'),
         "prediction": (lambda v: False, "nothing"),
@@ -153,103 +154,6 @@ TRANSCRIPTION_FIELDS = Fields(
     },
 )
 
-SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), transcription_session.update's
-    honoured=frozenset(
-        {
-            "type",
-            "modalities",
-            "output_modalities",
-            "instructions",
-            "voice",
-            "input_audio_format",
-            "output_audio_format",
-            "turn_detection",
-            "temperature",
-            "max_response_output_tokens",
-            "max_output_tokens",
-            "audio",
-            "vad",
-            "sampling",
-            "output_type",
-            "input_audio_transcription",
-            "truncation",
-        }
-    ),
-    neutral={
-        **_NO_TOOLS,
-        "input_audio_noise_reduction": (lambda v: False, "null"),
-        "speed": (lambda v: v == 1.0, "1.0"),
-        "tracing": (lambda v: False, "null (no traces are kept)"),
-        "include": (_empty, "[]"),
-        "prompt": (lambda v: False, "nothing"),
-        "reasoning": (lambda v: False, "nothing: not a reasoning model"),
-        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
-    },
-    # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
-    ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
-)
-
-TRUNCATION_FIELDS = Fields(honoured=frozenset({"type", "retention_ratio", "token_limits"}))  # GA session.truncation
-TOKEN_LIMITS_FIELDS = Fields(honoured=frozenset({"post_instructions"}))  # its token_limits
-
-CALL_FIELDS = Fields(honoured=frozenset({"sdp", "session"}))  # POST /v1/realtime/calls' multipart parts
-CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))  # POST /v1/realtime/client_secrets
-EXPIRES_AFTER_FIELDS = Fields(honoured=frozenset({"anchor", "seconds"}))
-
-AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
-    honoured=frozenset({"format", "turn_detection", "transcription"}),
-    neutral={"noise_reduction": (lambda v: False, "null")},
-)
-
-AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
-    honoured=frozenset({"format", "voice"}),
-    neutral={"speed": (lambda v: v == 1.0, "1.0")},
-)
-
-TURN_DETECTION_FIELDS = Fields(  # beta session.turn_detection, GA session.audio.input.turn_detection
-    honoured=frozenset(
-        {"type", "threshold", "silence_duration_ms", "prefix_padding_ms", "create_response", "interrupt_response"}
-    ),
-    neutral={
-        "idle_timeout_ms": (lambda v: False, "null (no idle timeout)"),
-        "eagerness": (lambda v: v == "auto", '"auto" (the silence duration decides)'),
-    },
-)
-
-INPUT_TRANSCRIPTION_FIELDS = Fields(  # beta input_audio_transcription, GA audio.input.transcription
-    honoured=frozenset({"model", "language", "prompt"}),
-    neutral={
-        "languages": (_empty, "[] (name one `language`)"),
-        "keywords": (_empty, "[] (give them in `prompt`)"),
-        "delay": (lambda v: False, "null"),
-    },
-)
-
-RESPONSE_FIELDS = Fields(  # response.create's response
-    honoured=frozenset(
-        {
-            "modalities",
-            "output_modalities",
-            "instructions",
-            "voice",
-            "temperature",
-            "max_output_tokens",
-            "max_response_output_tokens",
-            "output_audio_format",
-            "audio",
-            "metadata",
-        }
-    ),
-    neutral={
-        **_NO_TOOLS,
-        "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
-        "input": (lambda v: False, "nothing: the response answers the conversation"),
-        "prompt": (lambda v: False, "nothing"),
-        "reasoning": (lambda v: False, "nothing: not a reasoning model"),
-        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
-    },
-)
-
 
 @dataclass(frozen=True)
 class ChatSampling:
@@ -276,22 +180,6 @@ class ChatOutput:
 @dataclass(frozen=True)
 class TranscriptionSampling:
     temperature: float | None = setting(None, Bounds(0.0, 1.0))
-
-
-@dataclass(frozen=True)
-class RealtimeSampling:
-    """session.update's and response.create's sampling fields (OpenAI's temperature range)."""
-
-    temperature: float | None = setting(None, Bounds(0.6, 1.2))
-    max_output_tokens: int | None = setting(None, OUTPUT_LIMIT)
-
-
-@dataclass(frozen=True)
-class RealtimeTruncation:
-    """A GA session's truncation of type retention_ratio (OpenAI's ranges)."""
-
-    retention_ratio: float | None = setting(None, Bounds(0.0, 1.0))
-    post_instructions: int | None = setting(None, Bounds(1, MAX_NEW_TOKENS.max))
 
 
 def checked(

@@ -10,7 +10,7 @@ connection's server events take, plus kimiaudio's own session fields (`vad`, `sa
 `output_type`) and `conversation.select`.
 
 Every field of OpenAI's session and response objects is honoured or refused unless its value
-asks for nothing (inputs/openai_params.py: tools, tracing, noise reduction...), and a wrong
+asks for nothing (inputs/realtime_params.py: tools, tracing, noise reduction...), and a wrong
 value is a ProtocolError whose message names the field, sent back as an `error` event.
 `temperature` (OpenAI's range, 0.6..1.2) is the sampling temperature of the answer's speech
 stream, or of its text stream for a text answer. Every message goes through
@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
-from kimiaudio.server.inputs.openai_params import AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling, checked
+from kimiaudio.server.inputs.openai_params import checked
+from kimiaudio.server.inputs.realtime_params import AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling
 from kimiaudio.server.session.event_fields import (
     ProtocolError,
     decode_pcm16,

@@ -10,7 +10,8 @@ from typing import Any
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError, KimiAudioError
-from kimiaudio.server.inputs.openai_params import RealtimeSampling, checked
+from kimiaudio.server.inputs.openai_params import checked
+from kimiaudio.server.inputs.realtime_params import RealtimeSampling
 from kimiaudio.text.output_type import EXPECTED_MODALITIES, EXPECTED_OUTPUT_MODALITIES, output_type_of
 
 INPUT_RATES = (SPEECH_INPUT_RATE, OPENAI_PCM16_RATE)  # pcm16 input rates a session takes

@@ -11,18 +11,17 @@ from typing import Any, Literal
 
 from kimiaudio.config import check_setting
 from kimiaudio.errors import ConfigError, KimiAudioError
-from kimiaudio.server.inputs.openai_params import (
+from kimiaudio.server.inputs.openai_params import MODEL_ID, checked
+from kimiaudio.server.inputs.realtime_params import (
     AUDIO_INPUT_FIELDS,
     AUDIO_OUTPUT_FIELDS,
     INPUT_TRANSCRIPTION_FIELDS,
-    MODEL_ID,
     SESSION_FIELDS,
     TOKEN_LIMITS_FIELDS,
     TRUNCATION_FIELDS,
     TURN_DETECTION_FIELDS,
     RealtimeSampling,
     RealtimeTruncation,
-    checked,
 )
 from kimiaudio.server.session.event_fields import (
     ProtocolError,

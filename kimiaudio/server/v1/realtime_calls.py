@@ -33,7 +33,8 @@ from kimiaudio.server.context import server_context
 from kimiaudio.server.ephemeral_keys import bound_update, parse_bound
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.multipart_form import read_form
-from kimiaudio.server.inputs.openai_params import CALL_FIELDS, check_model
+from kimiaudio.server.inputs.openai_params import check_model
+from kimiaudio.server.inputs.realtime_params import CALL_FIELDS
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.transport import webrtc

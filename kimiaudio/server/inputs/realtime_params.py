@@ -1,0 +1,128 @@
+"""The request fields of OpenAI's Realtime API and what kimiaudio does with each, declared as
+openai_params.py declares the HTTP routes' (honoured, refused unless the value asks for nothing,
+or ignored): the session object in its beta and GA shapes (session.update, transcription
+sessions, client secrets), response.create's response, and the calls and client-secret routes'
+bodies; with the ranges of the honoured numbers. README's compatibility table lists the same
+fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kimiaudio.config import MAX_NEW_TOKENS
+from kimiaudio.server.inputs.openai_params import NO_TOOLS, OUTPUT_LIMIT, Fields, empty
+from kimiaudio.validation import Bounds, setting
+
+SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), transcription_session.update's
+    honoured=frozenset(
+        {
+            "type",
+            "modalities",
+            "output_modalities",
+            "instructions",
+            "voice",
+            "input_audio_format",
+            "output_audio_format",
+            "turn_detection",
+            "temperature",
+            "max_response_output_tokens",
+            "max_output_tokens",
+            "audio",
+            "vad",
+            "sampling",
+            "output_type",
+            "input_audio_transcription",
+            "truncation",
+        }
+    ),
+    neutral={
+        **NO_TOOLS,
+        "input_audio_noise_reduction": (lambda v: False, "null"),
+        "speed": (lambda v: v == 1.0, "1.0"),
+        "tracing": (lambda v: False, "null (no traces are kept)"),
+        "include": (empty, "[]"),
+        "prompt": (lambda v: False, "nothing"),
+        "reasoning": (lambda v: False, "nothing: not a reasoning model"),
+        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
+    },
+    # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
+    ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
+)
+
+TRUNCATION_FIELDS = Fields(honoured=frozenset({"type", "retention_ratio", "token_limits"}))  # GA session.truncation
+TOKEN_LIMITS_FIELDS = Fields(honoured=frozenset({"post_instructions"}))  # its token_limits
+
+CALL_FIELDS = Fields(honoured=frozenset({"sdp", "session"}))  # POST /v1/realtime/calls' multipart parts
+CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))  # POST /v1/realtime/client_secrets
+EXPIRES_AFTER_FIELDS = Fields(honoured=frozenset({"anchor", "seconds"}))
+
+AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
+    honoured=frozenset({"format", "turn_detection", "transcription"}),
+    neutral={"noise_reduction": (lambda v: False, "null")},
+)
+
+AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
+    honoured=frozenset({"format", "voice"}),
+    neutral={"speed": (lambda v: v == 1.0, "1.0")},
+)
+
+TURN_DETECTION_FIELDS = Fields(  # beta session.turn_detection, GA session.audio.input.turn_detection
+    honoured=frozenset(
+        {"type", "threshold", "silence_duration_ms", "prefix_padding_ms", "create_response", "interrupt_response"}
+    ),
+    neutral={
+        "idle_timeout_ms": (lambda v: False, "null (no idle timeout)"),
+        "eagerness": (lambda v: v == "auto", '"auto" (the silence duration decides)'),
+    },
+)
+
+INPUT_TRANSCRIPTION_FIELDS = Fields(  # beta input_audio_transcription, GA audio.input.transcription
+    honoured=frozenset({"model", "language", "prompt"}),
+    neutral={
+        "languages": (empty, "[] (name one `language`)"),
+        "keywords": (empty, "[] (give them in `prompt`)"),
+        "delay": (lambda v: False, "null"),
+    },
+)
+
+RESPONSE_FIELDS = Fields(  # response.create's response
+    honoured=frozenset(
+        {
+            "modalities",
+            "output_modalities",
+            "instructions",
+            "voice",
+            "temperature",
+            "max_output_tokens",
+            "max_response_output_tokens",
+            "output_audio_format",
+            "audio",
+            "metadata",
+        }
+    ),
+    neutral={
+        **NO_TOOLS,
+        "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
+        "input": (lambda v: False, "nothing: the response answers the conversation"),
+        "prompt": (lambda v: False, "nothing"),
+        "reasoning": (lambda v: False, "nothing: not a reasoning model"),
+        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
+    },
+)
+
+
+@dataclass(frozen=True)
+class RealtimeSampling:
+    """session.update's and response.create's sampling fields (OpenAI's temperature range)."""
+
+    temperature: float | None = setting(None, Bounds(0.6, 1.2))
+    max_output_tokens: int | None = setting(None, OUTPUT_LIMIT)
+
+
+@dataclass(frozen=True)
+class RealtimeTruncation:
+    """A GA session's truncation of type retention_ratio (OpenAI's ranges)."""
+
+    retention_ratio: float | None = setting(None, Bounds(0.0, 1.0))
+    post_instructions: int | None = setting(None, Bounds(1, MAX_NEW_TOKENS.max))
