@@ -287,10 +287,14 @@ async def test_an_event_larger_than_the_data_channel_takes_is_an_error(server, s
     text = {"type": "input_text", "text": "Hello."}
     client.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [text]}})
     written = (await client.wait_for("conversation.item.added", count=3))["item"]["id"]
-    client.send({"type": "conversation.item.retrieve", "item_id": spoken})
+    client.send({"type": "conversation.item.retrieve", "item_id": spoken, "event_id": "retrieve_spoken"})
     error = (await client.wait_for("error"))["error"]
     assert error["code"] == "event_too_large" and "conversation.item.retrieved" in error["message"], error
-    assert "/api/conversations/" in error["message"]
+    assert error["event_id"] == "retrieve_spoken", error
+    committed = client.of_type("input_audio_buffer.committed")[0]
+    path = f"/api/conversations/{committed['conversation_id']}/turns/{committed['item_index']}/audio"
+    assert path in error["message"] and "{id}" not in error["message"], error
+    assert (await (await http.get(path)).read())[:4] == b"RIFF"  # the turn's audio is there
     client.send({"type": "conversation.item.retrieve", "item_id": written})
     assert (await client.wait_for("conversation.item.retrieved"))["item"]["id"] == written
     assert len(client.of_type("input_audio_buffer.committed")) == 1

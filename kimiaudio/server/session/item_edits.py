@@ -10,7 +10,10 @@ input_audio part carries the audio as stored (16 kHz), resampled to the session'
 as base64 pcm16, and its transcript (null until transcribed); an answer's output_audio part
 carries the transcript and the audio that were heard (24 kHz, the output format); an answer
 nothing of which was heard has no stored turn, and reads back incomplete and empty. The answer
-in progress is sent as it was announced (in progress, no content yet).
+in progress is sent as it was announced (in progress, no content yet). The event names the
+conversation (`conversation_id`) and the retrieve's event_id (`client_event_id`): over WebRTC,
+one too large for the data channel is an `error` naming both that event_id and the turn's
+audio path (transport/rtc_peer.py).
 
 Delete removes the item's stored turn (store/turn_by_index.py: no other turn's index changes,
 so an answer being stored meanwhile is stored whole) and the item: no later prompt holds it,
@@ -64,7 +67,9 @@ class ItemEdits:
         try:
             match work.request:
                 case ItemRetrieve(item_id=item_id):
-                    self._events.send(server_events.item_retrieved(await self._retrieved(item_id)))
+                    conversation_id = self._conversation.id  # (the one its turn is read from)
+                    item = await self._retrieved(item_id)
+                    self._events.send(server_events.item_retrieved(item, conversation_id, work.event_id))
                 case ItemDelete(item_id=item_id):
                     await self._delete(item_id, work.event_id)
         except ProtocolError as exc:

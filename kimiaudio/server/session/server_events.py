@@ -121,9 +121,17 @@ def item_truncated(item_id: str, audio_end_ms: int) -> dict:
     return {"type": "conversation.item.truncated", "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
 
 
-def item_retrieved(item: dict[str, Any]) -> dict:
-    """The item as the server holds it, its audio included (conversation.item.retrieve)."""
-    return {"type": "conversation.item.retrieved", "item": item}
+def item_retrieved(item: dict[str, Any], conversation_id: str | None, client_event_id: str | None) -> dict:
+    """The item as the server holds it, its audio included, in conversation `conversation_id`,
+    answering the conversation.item.retrieve whose event_id is `client_event_id` (None: it had
+    none). Over WebRTC, one too large for the data channel becomes an `error` naming that
+    event_id and where the item's audio is (transport/rtc_peer.py)."""
+    return {
+        "type": "conversation.item.retrieved",
+        "conversation_id": conversation_id,
+        "client_event_id": client_event_id,
+        "item": item,
+    }
 
 
 def item_deleted(item_id: str) -> dict:

@@ -157,11 +157,7 @@ class RtcPeer(ClosesOnce):
             if event["type"] == "error":
                 return
             log.warning("session %s: %s of %d bytes not sent: %s", self.id, event["type"], len(text), exc)
-            message = (
-                f"{event['type']} was not sent: {len(text)} bytes is more than this data channel takes ({exc}); "
-                "a stored turn's audio is at GET /api/conversations/{id}/turns/{index}/audio"
-            )
-            self._send_now({"event_id": event.get("event_id"), **server_events.error("event_too_large", message)})
+            self._send_now({"event_id": event.get("event_id"), **too_large_error(event, len(text), str(exc))})
         except Exception as exc:  # the channel went away under us; closing will follow
             log.debug("session %s: could not send %s: %s", self.id, event["type"], exc)
 
@@ -210,6 +206,19 @@ class RtcPeer(ClosesOnce):
             await self.pc.close()
             self._release()
             log.info("session %s closed: %s", self.id, reason)
+
+
+def too_large_error(event: dict, size: int, limit: str) -> dict:
+    """The `error` event_too_large sent instead of `event` (`size` bytes of JSON; `limit`: the
+    channel's refusal, naming its max-message-size). It names the client event that `event`
+    answers (its `client_event_id`, if it has one) and, for a retrieved item with stored audio,
+    where that audio is (its `conversation_id` and the item's `index`)."""
+    message = f"{event['type']} was not sent: {size} bytes is more than this data channel takes ({limit})"
+    if event["type"] == "conversation.item.retrieved":
+        item, conversation_id = event["item"], event.get("conversation_id")
+        if item.get("has_audio") and item.get("index") is not None and conversation_id is not None:
+            message += f"; its audio is at GET /api/conversations/{conversation_id}/turns/{item['index']}/audio"
+    return server_events.error("event_too_large", message, event_id=event.get("client_event_id"))
 
 
 @dataclass(frozen=True)
