@@ -10,6 +10,8 @@ checked against the SDK's models of the connection's shape):
   never had them (usage.input_tokens), and the stored conversation no longer lists them, the
   other turns keeping their indexes, on SQLite and on PostgreSQL;
 - the answer in progress and the item it answers are refused deletion until it ends;
+- a truncate sent after a delete of its item is taken after it, however long the delete waits
+  in the queue: it then names no item;
 - retrieve and delete of an id that is no item of the conversation (unknown, deleted, of the
   conversation the session left) are errors naming the client's event;
 - an item of audio then text is prompted audio first: its prompt is the one two items, the
@@ -246,6 +248,39 @@ async def test_a_cancelled_answer_and_its_item_are_deleted_without_waiting_for_i
                 assert (await events.wait_for("response.done")).response.status == "cancelled"
                 assert not events.of_type("error"), events.of_type("error")
                 assert await turns(http, conversation_id) == [(0, "assistant", "Hi.")]
+        finally:
+            await client.close()
+
+
+async def test_a_truncate_after_a_delete_of_its_item_is_taken_after_it(demo_server):
+    """A truncate is answered at once, except after a delete of its item the client sent first:
+    queued behind an item that waits for the answer playing, the delete comes first anyway."""
+    async with demo_server() as (http, pipeline):
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None)
+                await conn.conversation.item.create(item=user_text("Hello."))
+                await conn.response.create()
+                first = (await events.wait_for("response.done")).response
+                assert first.output[0].content[0].type == "output_audio"  # (so a truncate would cut it)
+                pipeline.answers_to_limit = True  # the next answer still playing when the edits come
+                await conn.conversation.item.create(item=user_text("Tell me a story."))
+                await conn.response.create()
+                playing = (await events.wait_for("response.created", count=2)).response.id
+                await events.until(lambda: events.audio_seconds(playing) > 0 or events.done(playing))
+                assert not events.done(playing), "the answer ended before the edits"
+                await conn.conversation.item.create(item=user_text("Waiting for the answer."))
+                item = first.output[0].id
+                await conn.send({"type": "conversation.item.delete", "item_id": item, "event_id": "ev_delete"})
+                truncate = {"item_id": item, "content_index": 0, "audio_end_ms": 100, "event_id": "ev_truncate"}
+                await conn.send({"type": "conversation.item.truncate", **truncate})
+                await conn.response.cancel()
+                await refused(events, 1, "item_not_found", "ev_truncate")
+                deleted = await events.wait_for("conversation.item.deleted")
+                assert deleted.item_id == item
+                assert events.position(deleted) < events.position(events.of_type("error")[0])
+                assert not events.of_type("conversation.item.truncated")
         finally:
             await client.close()
 

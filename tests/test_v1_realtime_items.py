@@ -38,10 +38,6 @@ def added(events: Events, item_id: str):
     return next((e for e in events.of_type("conversation.item.added") if e.item.id == item_id), None)
 
 
-def position(events: Events, event) -> int:
-    return next(i for i, e in enumerate(events.items) if e is event)
-
-
 async def test_an_item_created_while_a_response_plays_waits_for_it(v1_server, openai_client):
     async with connect(openai_client, "ga") as conn:
         events = await open_session(conn, turn_detection=None)
@@ -52,7 +48,7 @@ async def test_an_item_created_while_a_response_plays_waits_for_it(v1_server, op
         first = await events.wait_for("response.done")
         assert first.response.status in ("completed", "incomplete"), first.response.status_details
         later = await events.until(lambda: added(events, "item_and_then"))
-        assert position(events, later) > position(events, first)
+        assert events.position(later) > events.position(first)
         assert later.previous_item_id == first.response.output[0].id
         await conn.response.create()  # it answers the new item
         second = await events.wait_for("response.done", count=2)
@@ -175,7 +171,7 @@ async def test_an_audio_item_is_no_commit_and_a_mode_switch_empties_the_buffer(v
         await conn.session.update(session=session_update("ga", turn_detection={"type": "server_vad"}))
         updated = await events.wait_for("session.updated", count=2)
         cleared = events.of_type("input_audio_buffer.cleared")
-        assert len(cleared) == 1 and position(events, cleared[0]) < position(events, updated)
+        assert len(cleared) == 1 and events.position(cleared[0]) < events.position(updated)
         await conn.session.update(session=session_update("ga", turn_detection=None))
         await events.wait_for("session.updated", count=3)
         await say(conn, speech[0])

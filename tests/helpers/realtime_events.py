@@ -58,6 +58,10 @@ class Events:
         finally:
             self._changed.set()
 
+    def position(self, event) -> int:
+        """Where `event` came among all the events so far."""
+        return next(i for i, e in enumerate(self.items) if e is event)
+
     def of_type(self, kind: str) -> list:
         """The events named `kind` in GA (their beta name on a beta connection)."""
         kind = named(kind, self.api)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve, ResponseCreate
+from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve, ItemTruncate, ResponseCreate
 
 
 def new_item_id() -> str:
@@ -86,6 +86,15 @@ class QueuedEdit:
 
 
 @dataclass(frozen=True)
+class QueuedTruncate:
+    """A conversation.item.truncate of an item that a queued retrieve or delete names: taken
+    after them, in the order the client sent them (any other truncate is answered at once)."""
+
+    request: ItemTruncate
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
 class QueuedSelect:
     """A conversation.select: queued so that every item created before it is stored in the
     conversation it leaves, and every one after it in the one it takes up."""
@@ -95,4 +104,4 @@ class QueuedSelect:
 
 
 QueuedItem = QueuedAudio | QueuedText
-QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedSelect
+QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedTruncate | QueuedSelect

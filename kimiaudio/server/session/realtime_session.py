@@ -16,14 +16,17 @@ The turn, from the mic to the speaker:
   session (type "transcription") stores and transcribes its turns and answers none.
 The microphone reader never waits on any of this: it only queues. Text items, explicit commits,
 response.create, item retrieve / delete (item_edits.py) and conversation.select share the queue:
-in order. Closing starts nothing more: the queue stops, the answer in progress is cut, the entry
-being taken ends (a user item is stored, no response starts: turn_queue.py).
+in order. A truncate is answered at once (it stops the answer playing), unless it names an item
+that a queued retrieve or delete names: then it is queued behind them. Closing starts nothing
+more: the queue stops, the answer in progress is cut, the entry being taken ends (a user item is
+stored, no response starts: turn_queue.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +56,7 @@ from kimiaudio.server.session.queued_turn import (
     QueuedResponse,
     QueuedSelect,
     QueuedText,
+    QueuedTruncate,
     Utterance,
     new_item_id,
 )
@@ -101,6 +105,7 @@ class RealtimeSession:
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
         self._creates_waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
+        self._edits_waiting: Counter[str] = Counter()  # item ids of queued retrieves and deletes
         self.closed = False
 
     @property
@@ -162,7 +167,10 @@ class RealtimeSession:
                     case QueuedAudio() | QueuedText():
                         await self._take_item(work)
                     case QueuedEdit():
+                        self._edits_waiting[work.request.item_id] -= 1
                         await self.edits.take(work)
+                    case QueuedTruncate():
+                        await self._truncate(work.request, work.event_id)
                     case QueuedSelect():
                         await self._select(work)
             except Exception as exc:  # this turn fails alone; the next one is still taken
@@ -228,9 +236,13 @@ class RealtimeSession:
                 self._queue.put_nowait(QueuedResponse(event, self._cancels, event_id))
             case client_events.ItemCreate():
                 self._create_item(event, event_id)
-            case client_events.ItemTruncate(item_id=item_id, audio_end_ms=end_ms):
-                await self.responder.truncate(item_id, end_ms)
+            case client_events.ItemTruncate(item_id=item_id):
+                if self._edits_waiting[item_id] > 0:
+                    self._queue.put_nowait(QueuedTruncate(event, event_id))
+                else:
+                    await self.responder.truncate(item_id, event.audio_end_ms)
             case client_events.ItemRetrieve() | client_events.ItemDelete():
+                self._edits_waiting[event.item_id] += 1
                 self._queue.put_nowait(QueuedEdit(event, event_id))
             case client_events.ConversationSelect(conversation_id=conversation_id):
                 self._queue.put_nowait(QueuedSelect(conversation_id, event_id))
@@ -251,6 +263,12 @@ class RealtimeSession:
                 f"response.cancel: no response{shown} is in progress",
                 "response_id" if response_id is not None else None,
             )
+
+    async def _truncate(self, event: client_events.ItemTruncate, event_id: str | None) -> None:
+        try:
+            await self.responder.truncate(event.item_id, event.audio_end_ms)
+        except ProtocolError as exc:
+            self.events.error(exc.code, str(exc), exc.param, event_id)
 
     def _create_item(self, event: client_events.ItemCreate, event_id: str | None) -> None:
         item_id = event.item_id or new_item_id()
