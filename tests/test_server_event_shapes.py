@@ -178,7 +178,7 @@ def test_a_turn_detection_object_replaces_the_last_one_whole(api):
     def detect(value: dict) -> None:
         update(settings, {"audio": {"input": {"turn_detection": value}}} if api == "ga" else {"turn_detection": value})
 
-    custom = {"threshold": 0.9, "silence_duration_ms": 1500, "prefix_padding_ms": 100}
+    custom = {"threshold": 0.9, "silence_duration_ms": 1500, "prefix_padding_ms": 100, "idle_timeout_ms": 6000}
     detect({"type": "server_vad", **custom, "interrupt_response": False, "create_response": False})
     assert {key: turn_detection()[key] for key in custom} == custom
     assert not settings.config.vad.barge_in and not settings.create_response
@@ -188,6 +188,7 @@ def test_a_turn_detection_object_replaces_the_last_one_whole(api):
         "threshold": 0.3,
         "silence_duration_ms": server.vad.silence_ms,
         "prefix_padding_ms": server.vad.prefix_padding_ms,
+        "idle_timeout_ms": None,
         "create_response": True,
         "interrupt_response": server.vad.barge_in,
     }

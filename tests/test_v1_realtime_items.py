@@ -13,7 +13,10 @@ on the demo checkpoint (GA shape, every event checked against the SDK's models):
 - an audio item is no commit of the input buffer, and a switch of turn detection empties it;
 - a conversation longer than the context loses its oldest turns (truncation "auto"), more of
   them at once under a retention ratio, none under "disabled" (it is refused);
-- an item's text parts reach the model with its audio.
+- an item's text parts reach the model with its audio;
+- a silence after an answer that lasts turn detection's idle_timeout_ms is committed and
+  answered (input_audio_buffer.timeout_triggered), measured on the input audio's clock from
+  the answer's end, not before any answer.
 The order of events proves each absence: the session takes items and responses from one queue."""
 
 import base64
@@ -276,6 +279,39 @@ async def test_an_answer_cut_by_its_limit_is_incomplete_and_metadata_is_echoed(v
         await conn.send({"type": "response.create", "response": {"metadata": many}, "event_id": "ev_meta"})
         error = (await events.wait_for("error")).error
         assert (error.code, error.param, error.event_id) == ("invalid_value", "response.metadata", "ev_meta")
+
+
+async def test_a_silence_after_an_answer_times_out_into_a_response(v1_server, openai_client):
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(
+            conn, turn_detection={"type": "server_vad", "idle_timeout_ms": 2000}, text_only=True
+        )
+        assert events.of_type("session.updated")[-1].session.audio.input.turn_detection.idle_timeout_ms == 2000
+        await say(conn, silence(3.0))  # before any answer: no timeout
+        await conn.conversation.item.create(item=user_text("Hello."))
+        await conn.response.create(response={"max_output_tokens": 2})
+        await events.wait_for("response.done")
+        await say(conn, silence(2.5))
+        triggered = await events.wait_for("input_audio_buffer.timeout_triggered")
+        assert (
+            triggered.audio_start_ms > 2900
+        )  # from the answer's end: after the 3 s before it (less the resampler's delay)
+        assert 2000 <= triggered.audio_end_ms - triggered.audio_start_ms < 2100  # (the audio comes in 100 ms)
+        committed = await events.wait_for("input_audio_buffer.committed")
+        assert committed.item_id == triggered.item_id
+        answer = (await events.wait_for("response.done", count=2)).response
+        assert answer.status in ("completed", "incomplete"), answer.status_details
+        assert events.position(committed) < events.position(events.of_type("response.created")[-1])
+        assert len(events.of_type("input_audio_buffer.timeout_triggered")) == 1
+
+        for event_id, detection, param in (
+            ("ev_i1", {"type": "server_vad", "idle_timeout_ms": 500}, "idle_timeout_ms"),
+            ("ev_i2", {"type": "semantic_vad", "idle_timeout_ms": 5000}, "idle_timeout_ms"),
+        ):
+            update = session_update("ga", turn_detection=detection)
+            await conn.send({"type": "session.update", "session": update, "event_id": event_id})
+            error = (await events.wait_for("error", count=int(event_id[-1]))).error
+            assert (error.event_id, error.param) == (event_id, f"session.audio.input.turn_detection.{param}"), error
 
 
 async def test_semantic_vad_is_reported_as_asked(v1_server, openai_client):

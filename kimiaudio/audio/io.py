@@ -138,8 +138,9 @@ def peak_level(pcm: np.ndarray) -> float:
     return peak
 
 
-def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE) -> None:
-    """Refuse input the models cannot use: empty, non-finite, out of range, silent or too long."""
+def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE, silence_ok: bool = False) -> None:
+    """Refuse input the models cannot use: empty, non-finite, out of range, too long, or silent
+    (unless `silence_ok`: a silence meant to be answered, as an idle timeout's)."""
     pcm = np.asarray(pcm)
     if pcm.size == 0:
         raise AudioInputError("audio input is empty (0 samples)")
@@ -150,7 +151,7 @@ def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE) 
             f"audio input is {seconds:.1f} s long; the limit is {audio_cfg.max_input_seconds:g} s "
             f"(config key audio.max_input_seconds)"
         )
-    if peak < audio_cfg.silence_peak:
+    if peak < audio_cfg.silence_peak and not silence_ok:
         raise AudioInputError(
             f"audio input is silent (peak {peak:.2g} is below audio.silence_peak = {audio_cfg.silence_peak:g})"
         )

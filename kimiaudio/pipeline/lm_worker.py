@@ -108,7 +108,8 @@ class LmWorker(Worker):
         spoken = request.user_audio
         try:
             if spoken is not None:
-                check_speech_input(spoken, self.config.audio)
+                # Silence is refused where input comes in (unless it is meant: an idle timeout's).
+                check_speech_input(spoken, self.config.audio, silence_ok=True)
         except KimiAudioError as exc:
             deliver_done(handle, TurnDone("failed", error=str(exc)), self.metrics)
             return

@@ -69,10 +69,17 @@ AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
 
 TURN_DETECTION_FIELDS = Fields(  # beta session.turn_detection, GA session.audio.input.turn_detection
     honoured=frozenset(
-        {"type", "threshold", "silence_duration_ms", "prefix_padding_ms", "create_response", "interrupt_response"}
+        {
+            "type",
+            "threshold",
+            "silence_duration_ms",
+            "prefix_padding_ms",
+            "create_response",
+            "interrupt_response",
+            "idle_timeout_ms",
+        }
     ),
     neutral={
-        "idle_timeout_ms": (lambda v: False, "null (no idle timeout)"),
         "eagerness": (lambda v: v == "auto", '"auto" (the silence duration decides)'),
     },
 )
@@ -126,3 +133,11 @@ class RealtimeTruncation:
 
     retention_ratio: float | None = setting(None, Bounds(0.0, 1.0))
     post_instructions: int | None = setting(None, Bounds(1, MAX_NEW_TOKENS.max))
+
+
+@dataclass(frozen=True)
+class RealtimeTurnDetection:
+    """turn_detection's own numbers (the rest are config [vad] keys, checked as the config's)."""
+
+    # At least a second: a response for every few windows of silence would be no idle timeout.
+    idle_timeout_ms: int | None = setting(None, Bounds(1000, 86_400_000))

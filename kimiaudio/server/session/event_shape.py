@@ -12,7 +12,8 @@ the session object comes from the shape as well (`session`, session_objects.py).
   answer itself (on a WebSocket the client buffers and plays the audio deltas it gets).
 - beta: `response.output_text.*` -> `response.text.*`, `response.output_audio.*` ->
   `response.audio.*`, `response.output_audio_transcript.*` -> `response.audio_transcript.*`,
-  `conversation.item.added` -> `conversation.item.created`, no `conversation.item.done`; an
+  `conversation.item.added` -> `conversation.item.created`, no `conversation.item.done` nor
+  `input_audio_buffer.timeout_triggered` (its commit and response come all the same); an
   assistant item's content `output_audio` / `output_text` -> `audio` / `text`; a response's
   `output_modalities` -> `modalities`, its `audio.output` -> `voice` and `output_audio_format`;
   a transcription session's update is `transcription_session.updated`.
@@ -60,7 +61,7 @@ BETA_NAMES = {
     "response.output_audio_transcript.delta": "response.audio_transcript.delta",
     "response.output_audio_transcript.done": "response.audio_transcript.done",
 }
-GA_ONLY = ("conversation.item.done",)
+GA_ONLY = ("conversation.item.done", "input_audio_buffer.timeout_triggered")
 BETA_CONTENT = {"output_audio": "audio", "output_text": "text"}
 
 

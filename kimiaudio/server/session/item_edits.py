@@ -3,7 +3,10 @@ conversation read back as the server holds it, or taken out of the conversation.
 
 Both name an item the client was told of in this session, in the conversation it is in now
 (conversation_items.py); any other id is an `item_not_found` error naming the client's event.
-They are taken from the session's queue, in order with the items created before them.
+They are taken from the session's queue, in order with the items created before them. A
+truncate is answered at once (it stops the answer playing), unless it names an item that a
+queued retrieve or delete names: then it is queued behind them, so that the client's order
+holds (after a delete, it names no item).
 
 Retrieve sends conversation.item.retrieved with the item read from the store: a user item's
 input_audio part carries the audio as stored (16 kHz), resampled to the session's input rate
@@ -27,12 +30,13 @@ its response.done makes both deletable.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.server.session import server_events
-from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve
+from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve, ItemTruncate
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
@@ -61,11 +65,29 @@ class ItemEdits:
         self._events = events
         self._responder = responder
         self._transcription = transcription
+        self._waiting: Counter[str] = Counter()  # the item ids of queued retrieves and deletes
+
+    def queued(self, request: ItemRetrieve | ItemDelete, event_id: str | None) -> QueuedEdit:
+        """The queue's entry for a retrieve or delete."""
+        self._waiting[request.item_id] += 1
+        return QueuedEdit(request, event_id)
+
+    async def truncate(self, request: ItemTruncate, event_id: str | None) -> QueuedEdit | None:
+        """A truncate, answered at once (it stops the answer playing); or, if it names an item
+        that a queued retrieve or delete names, the queue's entry that takes it after them."""
+        if self._waiting[request.item_id] > 0:
+            return QueuedEdit(request, event_id)
+        await self._responder.truncate(request.item_id, request.audio_end_ms)
+        return None
 
     async def take(self, work: QueuedEdit) -> None:
-        """Answer one retrieve or delete: its event, or an `error` naming its event_id."""
+        """Answer one queued edit: its event, or an `error` naming its event_id."""
+        if not isinstance(work.request, ItemTruncate):
+            self._waiting[work.request.item_id] -= 1
         try:
             match work.request:
+                case ItemTruncate(item_id=item_id, audio_end_ms=end_ms):
+                    await self._responder.truncate(item_id, end_ms)
                 case ItemRetrieve(item_id=item_id):
                     conversation_id = self._conversation.id  # (the one its turn is read from)
                     item = await self._retrieved(item_id)

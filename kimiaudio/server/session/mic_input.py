@@ -2,9 +2,11 @@
 detection off, into the input buffer the client commits itself.
 
 The VAD's detector lives in the VAD thread (every call to it goes through `vad_executor`, so a
-settings change lands between two pushes). What it hears goes back to the session through two
-callbacks: `on_speech_started()` (a barge-in, when barge-in is on) and `on_utterance(audio,
-item_id)` (an utterance ended: the next user turn).
+settings change lands between two pushes). What it hears goes back to the session through
+callbacks: `on_speech_started()` (a barge-in, when barge-in is on), `on_utterance(audio,
+item_id)` (an utterance ended: the next user turn) and `on_idle(audio, item_id)` (a silence
+after an answer lasted the session's idle timeout, idle_timer.py, measured while `waiting()`
+says the session waits for its user).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.server.session import server_events
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.idle_timer import IdleTimer
 from kimiaudio.server.session.input_buffer import InputBuffer
 from kimiaudio.server.session.queued_turn import new_item_id
 from kimiaudio.server.session.session_settings import SessionSettings
@@ -34,6 +37,8 @@ class MicInput:
         events: EventSender,
         on_speech_started: Callable[[], None],
         on_utterance: Callable[[np.ndarray, str], None],
+        on_idle: Callable[[np.ndarray, str], None],
+        waiting: Callable[[], bool],
     ):
         self._settings = settings
         self._detector = detector  # used only in the VAD thread
@@ -41,6 +46,9 @@ class MicInput:
         self._events = events
         self._on_speech_started = on_speech_started
         self._on_utterance = on_utterance
+        self._on_idle = on_idle
+        self._waiting = waiting
+        self._idle = IdleTimer()
         self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._mode = settings.turn_detection  # "none": the client commits; else the VAD does
@@ -62,6 +70,13 @@ class MicInput:
                     item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
                     self._events.send(server_events.speech_stopped(end_ms, item_id))
                     self._on_utterance(audio, item_id)
+        waiting = self._speech_item_id is None and self._waiting()
+        max_samples = int(self._settings.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
+        timeout = self._idle.heard(pcm, waiting, self._settings.idle_timeout_ms, max_samples)
+        if timeout is not None:
+            item_id = new_item_id()
+            self._events.send(server_events.idle_timeout(timeout.audio_start_ms, timeout.audio_end_ms, item_id))
+            self._on_idle(timeout.audio, item_id)
 
     def _keep(self, pcm: np.ndarray, event_id: str | None) -> None:
         seconds = self._settings.config.audio.max_input_seconds

@@ -42,6 +42,7 @@ class Utterance:
     barge_ins: int = 0  # the session's barge-in count when it was queued: a later one makes it moot
     respond: bool = False  # answered once stored (server VAD with create_response)
     interrupts: bool = False  # its speech interrupted the response in progress (barge-in)
+    timed_out: bool = False  # the silence of an idle timeout (idle_timer.py): committed however quiet
 
 
 @dataclass(frozen=True)
@@ -79,18 +80,11 @@ class QueuedResponse:
 
 @dataclass(frozen=True)
 class QueuedEdit:
-    """A conversation.item.retrieve or .delete."""
+    """A conversation.item.retrieve or .delete; or a .truncate of an item that a queued retrieve
+    or delete names, taken after them, in the order the client sent them (any other truncate is
+    answered at once: item_edits.py)."""
 
-    request: ItemRetrieve | ItemDelete
-    event_id: str | None = None
-
-
-@dataclass(frozen=True)
-class QueuedTruncate:
-    """A conversation.item.truncate of an item that a queued retrieve or delete names: taken
-    after them, in the order the client sent them (any other truncate is answered at once)."""
-
-    request: ItemTruncate
+    request: ItemRetrieve | ItemDelete | ItemTruncate
     event_id: str | None = None
 
 
@@ -104,4 +98,4 @@ class QueuedSelect:
 
 
 QueuedItem = QueuedAudio | QueuedText
-QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedTruncate | QueuedSelect
+QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedSelect

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -56,11 +55,11 @@ from kimiaudio.server.session.queued_turn import (
     QueuedResponse,
     QueuedSelect,
     QueuedText,
-    QueuedTruncate,
     Utterance,
     new_item_id,
 )
 from kimiaudio.server.session.responder import Responder
+from kimiaudio.server.session.response_requests import ResponseRequests
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.turn_queue import TurnQueue
@@ -99,13 +98,18 @@ class RealtimeSession:
         self.edits = ItemEdits(self.settings, self.conversation, self.events, self.responder, self.transcription)
         detector = TurnDetector(admitted.vad, self.settings.turn_settings())
         self.mic = MicInput(
-            self.settings, detector, context.vad_executor, self.events, self._speech_started, self._utterance
+            self.settings,
+            detector,
+            context.vad_executor,
+            self.events,
+            self._speech_started,
+            self._utterance,
+            self._idle_timeout,
+            self._waiting_for_user,
         )
         self._queue = TurnQueue()
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
-        self._creates_waiting = 0  # response.create events queued or starting, not yet a response
-        self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
-        self._edits_waiting: Counter[str] = Counter()  # item ids of queued retrieves and deletes
+        self.requests = ResponseRequests(self.responder)
         self.closed = False
 
     @property
@@ -144,6 +148,14 @@ class RealtimeSession:
         barge_in = self.settings.config.vad.barge_in
         self.commit(audio, item_id, Utterance(self._barge_ins, self.settings.answers_commits, barge_in))
 
+    def _idle_timeout(self, audio: np.ndarray, item_id: str) -> None:
+        self.commit(audio, item_id, Utterance(self._barge_ins, respond=True, timed_out=True))
+
+    def _waiting_for_user(self) -> bool:
+        """An answer has ended, and nothing is answered or queued since: the idle timeout runs."""
+        idle = self.responder.current is None and not self._queue.busy
+        return idle and self.responder.answered and self.settings.kind == "realtime"
+
     def commit(
         self,
         audio: np.ndarray,
@@ -163,14 +175,11 @@ class RealtimeSession:
             try:
                 match work:
                     case QueuedResponse():
-                        await self._respond(work)
+                        await self.requests.start(work)
                     case QueuedAudio() | QueuedText():
                         await self._take_item(work)
                     case QueuedEdit():
-                        self._edits_waiting[work.request.item_id] -= 1
                         await self.edits.take(work)
-                    case QueuedTruncate():
-                        await self._truncate(work.request, work.event_id)
                     case QueuedSelect():
                         await self._select(work)
             except Exception as exc:  # this turn fails alone; the next one is still taken
@@ -190,16 +199,6 @@ class RealtimeSession:
             and self.settings.kind == "realtime"
         ):
             await self.responder.start(None, committed_at)
-
-    async def _respond(self, work: QueuedResponse) -> None:
-        before = self.responder.current
-        try:
-            await self.responder.start(work.request, time.monotonic(), work.event_id)
-        finally:
-            self._creates_waiting -= 1
-        started = self.responder.current
-        if started is not None and started is not before and work.cancels != self._cancels:
-            self.responder.interrupt("client_cancelled")  # cancelled while it waited: created, then ended
 
     # ----- client events -----
     async def handle_message(
@@ -230,45 +229,21 @@ class RealtimeSession:
             case client_events.AudioClear():
                 self.mic.clear()
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
-                self._cancel(response_id, stop_playback)
+                self.requests.cancel(response_id, stop_playback)
             case client_events.ResponseCreate():
-                self._creates_waiting += 1
-                self._queue.put_nowait(QueuedResponse(event, self._cancels, event_id))
+                self._queue.put_nowait(self.requests.queued(event, event_id))
             case client_events.ItemCreate():
                 self._create_item(event, event_id)
-            case client_events.ItemTruncate(item_id=item_id):
-                if self._edits_waiting[item_id] > 0:
-                    self._queue.put_nowait(QueuedTruncate(event, event_id))
-                else:
-                    await self.responder.truncate(item_id, event.audio_end_ms)
+            case client_events.ItemTruncate():
+                queued = await self.edits.truncate(event, event_id)
+                if queued is not None:
+                    self._queue.put_nowait(queued)
             case client_events.ItemRetrieve() | client_events.ItemDelete():
-                self._edits_waiting[event.item_id] += 1
-                self._queue.put_nowait(QueuedEdit(event, event_id))
+                self._queue.put_nowait(self.edits.queued(event, event_id))
             case client_events.ConversationSelect(conversation_id=conversation_id):
                 self._queue.put_nowait(QueuedSelect(conversation_id, event_id))
             case client_events.SessionUpdate():
                 self.apply_update(event)
-
-    def _cancel(self, response_id: str | None, stop_playback: bool) -> None:
-        response = self.responder.current
-        if response is not None and not response.cancelled and response_id in (None, response.id):
-            self.responder.interrupt("client_cancelled")
-        elif self._creates_waiting and response_id is None:
-            self._cancels += 1
-        elif not stop_playback:
-            # As OpenAI answers it: a client waiting for a response.done it will never get learns so.
-            shown = f" with id {response_id[:80]!r}" if response_id is not None else ""
-            raise ProtocolError(
-                "response_cancel_not_active",
-                f"response.cancel: no response{shown} is in progress",
-                "response_id" if response_id is not None else None,
-            )
-
-    async def _truncate(self, event: client_events.ItemTruncate, event_id: str | None) -> None:
-        try:
-            await self.responder.truncate(event.item_id, event.audio_end_ms)
-        except ProtocolError as exc:
-            self.events.error(exc.code, str(exc), exc.param, event_id)
 
     def _create_item(self, event: client_events.ItemCreate, event_id: str | None) -> None:
         item_id = event.item_id or new_item_id()

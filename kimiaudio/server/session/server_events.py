@@ -41,6 +41,16 @@ def speech_stopped(audio_end_ms: int, item_id: str) -> dict:
     return {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": audio_end_ms, "item_id": item_id}
 
 
+def idle_timeout(audio_start_ms: int, audio_end_ms: int, item_id: str) -> dict:
+    """The silence after an answer lasted idle_timeout_ms: its audio is committed as `item_id`."""
+    return {
+        "type": "input_audio_buffer.timeout_triggered",
+        "audio_start_ms": audio_start_ms,
+        "audio_end_ms": audio_end_ms,
+        "item_id": item_id,
+    }
+
+
 def committed(
     conversation_id: str, item_index: int, duration_s: float, item_id: str, previous_item_id: str | None
 ) -> dict:

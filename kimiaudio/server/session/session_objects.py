@@ -136,6 +136,7 @@ def _turn_detection(settings: SessionSettings) -> dict[str, Any] | None:
         "threshold": vad.threshold,
         "prefix_padding_ms": vad.prefix_padding_ms,
         "silence_duration_ms": vad.silence_ms,
+        "idle_timeout_ms": settings.idle_timeout_ms,
     }
     if settings.turn_detection == "semantic_vad":  # as asked for (the same VAD serves it)
         detection = {"type": "semantic_vad", "eagerness": "auto"}

@@ -2,7 +2,8 @@
 
 The session keeps its own copy of the config ([vad] and [sampling]), the answer's modality
 (output_type: "both" = speech and its transcript, "text"), turn detection (server_vad: the
-silero VAD commits; none: the client commits), whether a VAD commit starts a response,
+silero VAD commits; none: the client commits), whether a VAD commit starts a response, how
+long a silence after an answer prompts one (OpenAI's idle_timeout_ms),
 instructions (a leading user text message of every prompt), the voice (a stored voice's
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
 the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
@@ -43,6 +44,7 @@ class SessionSettings:
         self.output_type = BOTH if can_speak else TEXT
         self.turn_detection = "server_vad"
         self.create_response = True
+        self.idle_timeout_ms: int | None = None  # None: no idle timeout
         self.instructions = ""
         self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_PCM16_RATE
@@ -100,6 +102,8 @@ class SessionSettings:
             except UnknownVoiceError as exc:
                 raise ProtocolError("invalid_value", str(exc), answers.voice_field) from None
         self.config = config
+        if turns.detection is not None:  # a turn_detection object replaces the whole, its idle timeout too
+            self.idle_timeout_ms = turns.idle_timeout_ms
         for name, value in (
             ("turn_detection", turns.detection),
             ("create_response", turns.create_response),

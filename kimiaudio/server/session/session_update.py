@@ -22,6 +22,7 @@ from kimiaudio.server.inputs.realtime_params import (
     TURN_DETECTION_FIELDS,
     RealtimeSampling,
     RealtimeTruncation,
+    RealtimeTurnDetection,
 )
 from kimiaudio.server.session.event_fields import (
     ProtocolError,
@@ -71,6 +72,7 @@ class TurnUpdate:
     vad: dict[str, Any] = field(default_factory=dict)  # keys of config [vad]
     detection: str | None = None  # "server_vad" | "semantic_vad" (the same VAD) | "none"
     create_response: bool | None = None  # server VAD: a commit starts a response
+    idle_timeout_ms: int | None = None  # server VAD: silence after an answer that prompts a response
     # The [vad] keys a turn_detection object sets: OpenAI replaces the whole object, so those it
     # leaves out go back to the server's values (its [vad]) instead of keeping earlier ones.
     resets: tuple[str, ...] = ()
@@ -120,14 +122,14 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     vad = dict(object_field(session.get("vad", {}), f"{where}.vad"))
     sampling = dict(object_field(session.get("sampling", {}), f"{where}.sampling"))
-    turn_detection, create_response = None, None
+    turn_detection, create_response, idle_timeout_ms = None, None, None
     resets: tuple[str, ...] = ()
     for key, container, path in (
         ("turn_detection", session, where),
         ("turn_detection", audio_in, f"{where}.audio.input"),
     ):
         if key in container:
-            turn_detection, create_response = _turn_detection(container[key], vad, f"{path}.{key}")
+            turn_detection, create_response, idle_timeout_ms = _turn_detection(container[key], vad, f"{path}.{key}")
             resets = tuple(ours for ours, _, _ in TURN_DETECTION_VAD) if turn_detection != "none" else ()
     limit = output_limit(session, where)
     if limit is not None:
@@ -143,7 +145,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     vad, sampling = _checked(vad, "vad", where), _checked(sampling, "sampling", where)
     return SessionUpdate(
-        turns=TurnUpdate(vad, turn_detection, create_response, resets),
+        turns=TurnUpdate(vad, turn_detection, create_response, idle_timeout_ms, resets),
         answers=AnswerUpdate(
             sampling,
             output_type,
@@ -232,10 +234,11 @@ def _checked(values: dict, section: str, where: str) -> dict[str, Any]:
         raise ProtocolError("invalid_value", f"{where}.{exc}", f"{where}.{section}") from None
 
 
-def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None]:
-    """OpenAI's turn_detection onto config [vad] keys (filled into `vad`); (mode, create_response)."""
+def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None, int | None]:
+    """OpenAI's turn_detection onto config [vad] keys (filled into `vad`); (mode, create_response,
+    idle_timeout_ms)."""
     if value is None:
-        return "none", None
+        return "none", None, None
     value = object_field(value, where)
     TURN_DETECTION_FIELDS.check(value, f"{where}.", ProtocolError)
     kind = value.get("type", "server_vad")
@@ -251,4 +254,9 @@ def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None
                 message = str(exc).replace(f"vad.{ours}", f"{where}.{theirs}", 1)
                 raise ProtocolError("invalid_value", message, f"{where}.{theirs}") from None
     create = typed_field(value, "create_response", bool, where, "true or false")
-    return kind, True if create is None else create  # (OpenAI's default, as for the fields above)
+    idle = checked(RealtimeTurnDetection, value, f"{where}.", ProtocolError).get("idle_timeout_ms")
+    if idle is not None and kind != "server_vad":  # (OpenAI serves it with server_vad only)
+        raise ProtocolError(
+            "invalid_value", f"{where}.idle_timeout_ms: only server_vad has an idle timeout", f"{where}.idle_timeout_ms"
+        )
+    return kind, True if create is None else create, idle  # (OpenAI's default, as for the fields above)

@@ -37,6 +37,11 @@ class TurnQueue:
             self._idle.clear()
             yield work
 
+    @property
+    def busy(self) -> bool:
+        """An entry is being taken, or waits."""
+        return not self._idle.is_set() or not self._queue.empty()
+
     def stop(self) -> None:
         """Take nothing more from now on."""
         self._closed = True

@@ -56,7 +56,8 @@ class UserItems:
         audio_first = isinstance(work, QueuedAudio) and work.audio_first  # its text came after its audio
         if audio is not None:
             try:
-                check_speech_input(audio, self._settings.config.audio)
+                silence_ok = utterance is not None and utterance.timed_out
+                check_speech_input(audio, self._settings.config.audio, silence_ok=silence_ok)
             except KimiAudioError as exc:
                 events.error("invalid_audio", str(exc), event_id=event_id)
                 return False

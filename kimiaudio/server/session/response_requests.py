@@ -1,0 +1,55 @@
+"""A session's response.create and response.cancel events, and the one case that joins them: a
+cancel that comes while its response has not started yet (queued behind other items, or being
+built), which ends that response as it starts (created, then done, cancelled).
+
+response.create is queued (`queued`), in order with the items, and started when taken
+(`start`). response.cancel is answered at once (`cancel`): the response in progress is cut;
+with none, a response.create still waiting counts it; with neither, it is an error
+(response_cancel_not_active), as OpenAI answers it, unless it only stops the playback.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kimiaudio.server.session.client_events import ResponseCreate
+from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.queued_turn import QueuedResponse
+from kimiaudio.server.session.responder import Responder
+
+
+class ResponseRequests:
+    def __init__(self, responder: Responder):
+        self._responder = responder
+        self._waiting = 0  # response.create events queued or starting, not yet a response
+        self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
+
+    def queued(self, request: ResponseCreate, event_id: str | None) -> QueuedResponse:
+        """The queue's entry for a response.create."""
+        self._waiting += 1
+        return QueuedResponse(request, self._cancels, event_id)
+
+    async def start(self, work: QueuedResponse) -> None:
+        before = self._responder.current
+        try:
+            await self._responder.start(work.request, time.monotonic(), work.event_id)
+        finally:
+            self._waiting -= 1
+        started = self._responder.current
+        if started is not None and started is not before and work.cancels != self._cancels:
+            self._responder.interrupt("client_cancelled")  # cancelled while it waited: created, then ended
+
+    def cancel(self, response_id: str | None, stop_playback: bool) -> None:
+        response = self._responder.current
+        if response is not None and not response.cancelled and response_id in (None, response.id):
+            self._responder.interrupt("client_cancelled")
+        elif self._waiting and response_id is None:
+            self._cancels += 1
+        elif not stop_playback:
+            # As OpenAI answers it: a client waiting for a response.done it will never get learns so.
+            shown = f" with id {response_id[:80]!r}" if response_id is not None else ""
+            raise ProtocolError(
+                "response_cancel_not_active",
+                f"response.cancel: no response{shown} is in progress",
+                "response_id" if response_id is not None else None,
+            )
