@@ -7,6 +7,9 @@ non-seekable stream: mp3 (libmp3lame), opus in Ogg (pages of at most OGG_PAGE_US
 ADTS, FLAC and raw s16le all stream. WAV cannot be both streamed and exact (its header holds
 the length): a streamed WAV starts with a header whose sizes say "unknown" (0xFFFFFFFF, as
 FFmpeg and most players accept), and `encode_audio` (a whole answer) writes an exact one.
+An answer with no audio at all is still a file its format's decoders read: WAV and FLAC are
+their headers alone; MP3 and ADTS have no header without a frame, and Ogg writes none without
+a packet, so they hold one sample of silence (the codec's one frame, a few tens of ms).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class StreamEncoder:
         self.sample_rate = sample_rate
         self.mime_type = FORMATS[fmt][2]
         self._started = False
+        self._encoded = False  # samples went into the codec
         self._sink = _Sink()
         self._muxer: tuple[OutputContainer, AudioStream] | None = None  # None: written here, without PyAV
         container, codec, _ = FORMATS[fmt]
@@ -104,6 +108,7 @@ class StreamEncoder:
             return head + pcm16.to_bytes(pcm)
         if pcm.size:
             self._mux(self._muxer, self._frame(pcm))
+            self._encoded = True
         return head + self._sink.drain()
 
     def finish(self) -> bytes:
@@ -111,6 +116,8 @@ class StreamEncoder:
         head = b"" if self._started else self.push(np.zeros(0, np.float32))
         if self._muxer is None:
             return head
+        if not self._encoded and self.format != "flac":  # (the module docstring: no empty file)
+            self._mux(self._muxer, self._frame(np.zeros(1, np.float32)))
         self._mux(self._muxer, None)
         self._muxer[0].close()
         return head + self._sink.drain()
