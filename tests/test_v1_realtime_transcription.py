@@ -4,9 +4,10 @@ turn is transcribed by the engine beside the answer, sent as OpenAI's
 conversation.item.input_audio_transcription.delta events and .completed, stored with the turn
 and found by GET /api/conversations?q=; without it, nothing of the kind happens. A
 transcription session (GA `?intent=transcription`, beta `transcription_session.update`) hears
-turns with server VAD and transcribes them, answering none. The demo weights' words are random
-tokens, so the transcript is checked against what an ASR request on the same stored audio
-produces (the server's sampling seed is fixed: the same audio, the same words)."""
+turns with server VAD and transcribes them, answering none; with `include` naming
+item.input_audio_transcription.logprobs (GA), its words come with their tokens' logprobs. The
+demo weights' words are random tokens, so the transcript is checked against what an ASR request
+on the same stored audio produces (the server's sampling seed is fixed: the same audio, the same words)."""
 
 import base64
 from urllib.parse import urlencode
@@ -174,6 +175,10 @@ async def test_a_transcription_session_transcribes_and_answers_nothing(v1_server
         created = await events.wait_for("session.created")
         if api == "ga":
             assert created.session.type == "transcription" and created.session.audio.input.transcription.model
+            assert created.session.include == []
+            include = ["item.input_audio_transcription.logprobs"]
+            await conn.session.update(session={"type": "transcription", "include": include})
+            assert (await events.wait_for("session.updated")).session.include == include
         else:
             await conn.transcription_session.update(
                 session={"input_audio_transcription": {"model": "gpt-4o-transcribe", "language": "en"}}
@@ -187,6 +192,11 @@ async def test_a_transcription_session_transcribes_and_answers_nothing(v1_server
         assert completed.item_id == committed.item_id and completed.content_index == 0
         deltas = events.of_type("conversation.item.input_audio_transcription.delta")
         assert "".join(d.delta for d in deltas).strip() == completed.transcript
+        if api == "ga":  # each token once, its logprob beside it, in the deltas as in the completion
+            tokens = [(p.token, p.logprob, p.bytes) for p in completed.logprobs]
+            assert tokens and all(logprob <= 0 for _, logprob, _ in tokens)
+            assert [(p.token, p.logprob, p.bytes) for d in deltas for p in d.logprobs] == tokens
+            assert "".join(token for token, _, _ in tokens).strip() == completed.transcript
         await conn.response.create()
         refused = await events.wait_for("response.done")
         assert (

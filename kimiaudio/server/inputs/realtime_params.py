@@ -34,6 +34,7 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
             "output_type",
             "input_audio_transcription",
             "truncation",
+            "include",
         }
     ),
     neutral={
@@ -41,7 +42,6 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
         "input_audio_noise_reduction": (lambda v: False, "null"),
         "speed": (lambda v: v == 1.0, "1.0"),
         "tracing": (lambda v: False, "null (no traces are kept)"),
-        "include": (empty, "[]"),
         "prompt": (lambda v: False, "nothing"),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
         "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),

@@ -7,7 +7,8 @@ instruction, its `prompt` is prior text): the engine batches it beside the answe
 taking the answer's room, and the LM worker reuses the utterance's encoding. Its words are
 sent as they are generated, `conversation.item.input_audio_transcription.delta`; when it ends
 its text is stored with the turn (turns.transcript, found by search) and sent as OpenAI sends
-it, `conversation.item.input_audio_transcription.completed` (or `.failed`). It runs apart
+it, `conversation.item.input_audio_transcription.completed` (or `.failed`); both carry the
+tokens' logprobs where the session's `include` asks for them. It runs apart
 from the turn queue: an answer never waits for it, nor it for the answer, and a barge-in does
 not cancel it (the words were said); deleting its item does (`forget`: the words would have
 no turn to go to). Closing the session cancels what is still running, and starts no more.
@@ -33,6 +34,7 @@ from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.store_failure import log_store_failure
+from kimiaudio.server.token_logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,9 @@ class InputTranscription:
         # The server's [sampling], as /v1/audio/transcriptions: a session's answer settings
         # (its token limit, say) are not the words' settings.
         sampling = SamplingParams.from_config(self._pipeline.config.sampling)
+        logprobs = self._settings.transcription_logprobs
         request = transcription_request(
-            conversation_id, audio, sampling, language=setting.language, prompt=setting.prompt
+            conversation_id, audio, sampling, language=setting.language, prompt=setting.prompt, logprobs=logprobs
         )
         seconds = audio.size / SPEECH_INPUT_RATE
         task = self._tasks.spawn(self._run(request, item_id, content_index, index, seconds), "input transcription")
@@ -91,7 +94,8 @@ class InputTranscription:
         try:
             async for event in handle:
                 if isinstance(event, TextDelta) and event.text:
-                    events.send(server_events.transcription_delta(item_id, content_index, event.text))
+                    logprobs = token_logprobs(event.logprobs) if request.logprobs else None
+                    events.send(server_events.transcription_delta(item_id, content_index, event.text, logprobs))
             done = handle.done
         finally:
             if handle.done is None:  # the session closed meanwhile
@@ -107,4 +111,5 @@ class InputTranscription:
         except Exception as exc:  # the client still gets the words; the log says why they were not kept
             log_store_failure(log, events.session_id, f"storing the transcript of turn {index}", exc)
             events.error("storage_failed", f"the transcript could not be stored ({exc})")
-        events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds))
+        logprobs = token_logprobs(done.logprobs) if request.logprobs else None
+        events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds, logprobs))

@@ -149,16 +149,20 @@ def item_deleted(item_id: str) -> dict:
 
 
 # ----- the user's words -----
-def transcription_delta(item_id: str, content_index: int, delta: str) -> dict:
+def transcription_delta(item_id: str, content_index: int, delta: str, logprobs: list[dict] | None = None) -> dict:
+    """`logprobs`: its tokens' (token_logprobs.py), where the session's `include` asks for them."""
     return {
         "type": "conversation.item.input_audio_transcription.delta",
         "item_id": item_id,
         "content_index": content_index,
         "delta": delta,
+        **({"logprobs": logprobs} if logprobs is not None else {}),
     }
 
 
-def transcription_completed(item_id: str, content_index: int, transcript: str, seconds: float) -> dict:
+def transcription_completed(
+    item_id: str, content_index: int, transcript: str, seconds: float, logprobs: list[dict] | None = None
+) -> dict:
     """The user's words of a committed audio item (OpenAI's event, with usage by duration)."""
     return {
         "type": "conversation.item.input_audio_transcription.completed",
@@ -166,6 +170,7 @@ def transcription_completed(item_id: str, content_index: int, transcript: str, s
         "content_index": content_index,
         "transcript": transcript,
         "usage": {"type": "duration", "seconds": round(seconds, 3)},
+        **({"logprobs": logprobs} if logprobs is not None else {}),
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_OUTPUT_RATE
 from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.session.session_settings import SessionSettings
-from kimiaudio.server.session.session_update import SessionTruncation, Transcription
+from kimiaudio.server.session.session_update import TRANSCRIPTION_LOGPROBS, SessionTruncation, Transcription
 from kimiaudio.text.output_type import BOTH, modalities_of
 
 # The transcription models beta's transcription session object allows (a Literal in the SDK).
@@ -45,7 +45,7 @@ def ga_session(settings: SessionSettings, session_id: str, conversation_id: str 
             "object": "realtime.transcription_session",
             "id": session_id,
             "audio": {"input": audio_in},
-            "include": [],
+            "include": _include(settings),
             **_extras(settings, conversation_id),
         }
     return {
@@ -64,6 +64,7 @@ def ga_session(settings: SessionSettings, session_id: str, conversation_id: str 
         "tool_choice": "auto",
         "tracing": None,
         "truncation": _truncation(settings.truncation),
+        "include": _include(settings),
         "prompt": None,
         **_extras(settings, conversation_id),
     }
@@ -83,7 +84,7 @@ def beta_session(settings: SessionSettings, session_id: str, conversation_id: st
             "input_audio_transcription": transcription,
             "input_audio_noise_reduction": None,
             "turn_detection": _turn_detection(settings),
-            "include": [],
+            "include": _include(settings),
             **_extras(settings, conversation_id),
         }
     # No `model`: beta's session object allows only OpenAI's model names there.
@@ -105,6 +106,10 @@ def beta_session(settings: SessionSettings, session_id: str, conversation_id: st
         "tracing": None,
         **_extras(settings, conversation_id),
     }
+
+
+def _include(settings: SessionSettings) -> list[str]:
+    return [TRANSCRIPTION_LOGPROBS] if settings.transcription_logprobs else []
 
 
 def _truncation(truncation: SessionTruncation) -> str | dict[str, Any]:

@@ -8,7 +8,8 @@ instructions (a leading user text message of every prompt), the voice (a stored 
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
 the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
 its text stream for a text answer), whether committed user turns are transcribed
-(input_audio_transcription; WebRTC calls by default, `[server] transcribe_input`), and
+(input_audio_transcription; WebRTC calls by default, `[server] transcribe_input`; with their
+logprobs, if `include` asks), and
 the session's type: "realtime" (it answers) or "transcription" (it only transcribes what it
 hears: no responses, the words always), and how its conversation is cut when it outgrows the
 context (OpenAI's `truncation`). The values of a session.update were checked once, as
@@ -51,6 +52,7 @@ class SessionSettings:
         self.temperature: float | None = None  # None: [sampling]'s
         # input_audio_transcription: set while committed user turns are transcribed
         self.transcription: Transcription | None = None
+        self.transcription_logprobs = False  # the words come with their logprobs (OpenAI's `include`)
         self.kind = "realtime"  # or "transcription"
         self.truncation = SessionTruncation()
 
@@ -113,6 +115,7 @@ class SessionSettings:
             ("temperature", answers.temperature),
             ("input_rate", update.input_rate),
             ("truncation", update.truncation),
+            ("transcription_logprobs", update.transcription_logprobs),
         ):
             if value is not None:
                 setattr(self, name, value)

@@ -37,6 +37,7 @@ from kimiaudio.text.asr_instruction import check_language
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 SESSION_TYPES = ("realtime", "transcription")
+TRANSCRIPTION_LOGPROBS = "item.input_audio_transcription.logprobs"  # what `include` may name
 # turn_detection's fields onto config [vad] keys: (ours, OpenAI's, their JSON types).
 TURN_DETECTION_VAD = (
     ("threshold", "threshold", (int, float)),
@@ -101,6 +102,7 @@ class SessionUpdate:
     transcription: Transcription | Literal[False] | None = None
     kind: str | None = None  # the session's type: "realtime" | "transcription" (None: unchanged)
     truncation: SessionTruncation | None = None
+    transcription_logprobs: bool | None = None  # include: "item.input_audio_transcription.logprobs"
 
 
 def parse_session_update(session: dict, where: str, kind: str | None = None) -> SessionUpdate:
@@ -158,6 +160,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
         transcription=_transcription(session, audio_in, where),
         kind=kind,
         truncation=_truncation(session.get("truncation"), f"{where}.truncation"),
+        transcription_logprobs=_include(session.get("include"), f"{where}.include"),
     )
 
 
@@ -197,6 +200,17 @@ def _transcription(session: dict, audio_in: dict, where: str) -> Transcription |
             typed_field(value, "prompt", str, path, "text") or "",
         )
     return None
+
+
+def _include(value: Any, where: str) -> bool | None:
+    """OpenAI's `include` -> whether the user's words come with their logprobs (None: left out)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or any(item != TRANSCRIPTION_LOGPROBS for item in value):
+        raise ProtocolError(
+            "invalid_value", f"{where}: expected [] or [{TRANSCRIPTION_LOGPROBS!r}], got {value!r}"[:200], where
+        )
+    return bool(value)
 
 
 def _truncation(value: Any, where: str) -> SessionTruncation | None:

@@ -32,9 +32,9 @@ from kimiaudio.server.context import server_context
 from kimiaudio.server.inputs.json_input import read_json_body
 from kimiaudio.server.inputs.openai_params import MODEL_ID
 from kimiaudio.server.observe.request_log import request_record
+from kimiaudio.server.token_logprobs import logprobs_object
 from kimiaudio.server.v1.chat_body import ChatRequest, parse_chat_body
 from kimiaudio.server.v1.chat_stream import finish_reason, note_audio_out, stream_answer, usage
-from kimiaudio.server.v1.openai_output import logprobs_object
 from kimiaudio.server.v1.turn_guard import failed_turn_error, guarded_turn
 from kimiaudio.store import ConversationStore
 from kimiaudio.store.answer_store import new_answer_id, save_answer

@@ -26,7 +26,8 @@ from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.observe.request_log import CLIENT_CLOSED, request_record
-from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
+from kimiaudio.server.token_logprobs import logprobs_object
+from kimiaudio.server.v1.openai_output import open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, once_started
 from kimiaudio.store.answer_store import new_answer_id, save_answer
 

@@ -1,24 +1,17 @@
-"""What the /v1 routes send in OpenAI's shapes beyond one JSON answer: server-sent event streams
-and the `logprobs` object.
+"""What the /v1 routes send in OpenAI's shapes beyond one JSON answer: server-sent event
+streams (the `logprobs` objects are token_logprobs.py's).
 
 Server-sent events: `data: {json}` blocks, then `data: [DONE]`, as OpenAI streams them (the
 official clients stop reading at [DONE]); a failure after the status line is sent is an
 `error` event (api_error.py), which the official clients raise.
-
-The logprobs object of a chat choice, from the pipeline's TokenLogprob values:
-{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
-"refusal": null}. `bytes` are the token's exact UTF-8 bytes (a token may hold part of a
-character: its `token` text then shows U+FFFD).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 
 from aiohttp import web
 
-from kimiaudio.pipeline.events import TokenLogprob
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.observe.request_log import request_record
 
@@ -44,17 +37,3 @@ async def send_error(request: web.Request, response: web.StreamResponse, error: 
 async def send_done(response: web.StreamResponse) -> None:
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
-
-
-def _token(token_bytes: bytes, logprob: float) -> dict:
-    return {"token": token_bytes.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(token_bytes)}
-
-
-def logprobs_object(entries: Iterable[TokenLogprob]) -> dict:
-    return {
-        "content": [
-            {**_token(entry.token_bytes, entry.logprob), "top_logprobs": [_token(b, lp) for b, lp in entry.top]}
-            for entry in entries
-        ],
-        "refusal": None,
-    }

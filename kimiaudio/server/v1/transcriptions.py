@@ -41,7 +41,8 @@ from kimiaudio.server.inputs.audio_input import decoded_speech
 from kimiaudio.server.inputs.multipart_form import MAX_TEXT_BYTES, read_form
 from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, TranscriptionSampling, check_model, checked
 from kimiaudio.server.observe.request_log import CLIENT_CLOSED, request_record
-from kimiaudio.server.v1.openai_output import logprobs_object, open_stream, send_done, send_error, send_event
+from kimiaudio.server.token_logprobs import token_logprobs
+from kimiaudio.server.v1.openai_output import open_stream, send_done, send_error, send_event
 from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, guarded_turn, once_started
 from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
 
@@ -199,7 +200,7 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
             if isinstance(event, TextDelta) and event.text:
                 request_record(request).first_byte()
                 text += event.text
-                extra = {"logprobs": _logprobs(event.logprobs)} if with_logprobs else {}
+                extra = {"logprobs": token_logprobs(event.logprobs)} if with_logprobs else {}
                 logprobs += extra.get("logprobs", [])
                 await send_event(response, {"type": "transcript.text.delta", "delta": event.text, **extra})
             elif isinstance(event, TurnDone):
@@ -218,11 +219,6 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
 def _timestamp(seconds: float, separator: str) -> str:
     ms = int(round(seconds * 1000))
     return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
-
-
-def _logprobs(entries) -> list[dict]:
-    """OpenAI's transcription logprobs: [{token, logprob, bytes}]."""
-    return [{k: v for k, v in item.items() if k != "top_logprobs"} for item in logprobs_object(entries)["content"]]
 
 
 def _verbose(
@@ -267,7 +263,7 @@ def _formatted(text: str, response_format: str, seconds: float, logprobs) -> web
     usage = {"type": "duration", "seconds": math.ceil(seconds)}
     if response_format == "json":
         return web.json_response(
-            {"text": text, **({"logprobs": _logprobs(logprobs)} if logprobs is not None else {}), "usage": usage}
+            {"text": text, **({"logprobs": token_logprobs(logprobs)} if logprobs is not None else {}), "usage": usage}
         )
     if response_format == "text":
         return web.Response(text=text, content_type="text/plain")
