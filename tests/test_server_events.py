@@ -242,7 +242,7 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
         ('{"temperature": 0.1}', "session.temperature"),
         ('{"reasoning": {"effort": "low"}}', "session.reasoning"),
-        ('{"turn_detection": {"idle_timeout_ms": 5000}}', "session.turn_detection.idle_timeout_ms"),
+        ('{"turn_detection": {"idle_timeout_ms": 500}}', "session.turn_detection.idle_timeout_ms"),
         (
             '{"audio": {"input": {"turn_detection": {"eagerness": "high"}}}}',
             "session.audio.input.turn_detection.eagerness",
@@ -261,8 +261,10 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         with pytest.raises(ProtocolError, match=re.escape(expected)):  # each shape's own values
             parse_client_event(json.dumps({"type": "response.create", "response": {field: []}}))
     for response, param in (
-        ('{"conversation": "none"}', "response.conversation"),
-        ('{"input": []}', "response.input"),
+        ('{"conversation": "elsewhere"}', "response.conversation"),
+        ('{"input": []}', "response.input"),  # (out-of-band responses only)
+        ('{"conversation": "none", "input": {}}', "response.input"),
+        ('{"conversation": "none", "input": [{"type": "item_reference"}]}', "response.input[0].id"),
         ('{"max_response_output_tokens": 0}', "response.max_response_output_tokens"),
     ):
         with pytest.raises(ProtocolError) as info:

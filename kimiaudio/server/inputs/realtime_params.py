@@ -106,12 +106,12 @@ RESPONSE_FIELDS = Fields(  # response.create's response
             "output_audio_format",
             "audio",
             "metadata",
+            "conversation",
+            "input",
         }
     ),
     neutral={
         **NO_TOOLS,
-        "conversation": (lambda v: v == "auto", '"auto" (out-of-band responses are not supported)'),
-        "input": (lambda v: False, "nothing: the response answers the conversation"),
         "prompt": (lambda v: False, "nothing"),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
         "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),

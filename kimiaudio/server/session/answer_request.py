@@ -48,9 +48,9 @@ async def answer_request(
             "(add a user message item, spoken or text, or commit the input audio buffer first)",
         )
     earlier = list((await conversation.history()).items())[:-1]
-    history = [part for i, turn in earlier for part in _prompted(turn, conversation.audio_first(i))]
+    history = [part for i, turn in earlier for part in prompted(turn, conversation.audio_first(i))]
     # A turn of text and speech is answered as its last part; its first closes the history.
-    *first, answered = _prompted(user_turn, conversation.audio_first(index))
+    *first, answered = prompted(user_turn, conversation.audio_first(index))
     history += first
     instructions = request.instructions if request and request.instructions is not None else settings.instructions
     if instructions:
@@ -83,7 +83,7 @@ def _truncation(setting: SessionTruncation, pinned: int) -> Truncation | None:
     return Truncation(pinned, setting.retention_ratio, setting.post_instructions)
 
 
-def _prompted(turn: HistoryTurn, audio_first: bool) -> list[HistoryTurn]:
+def prompted(turn: HistoryTurn, audio_first: bool) -> list[HistoryTurn]:
     """A stored turn as the prompt's history takes it: a user turn with text and audio as two
     messages, its text message and its speech, in the order the client gave them."""
     if turn.role == "user" and turn.audio is not None and turn.text:

@@ -40,13 +40,16 @@ from kimiaudio.server.session.event_fields import (
 )
 from kimiaudio.server.session.item_events import (
     ITEM_EVENT_TYPES,
+    InputItem,
     ItemCreate,
     ItemDelete,
     ItemRetrieve,
     ItemTruncate,
+    parse_input_items,
     parse_item_event,
 )
 from kimiaudio.server.session.session_update import SessionUpdate, parse_session_update
+from kimiaudio.text.output_type import TEXT
 
 MAX_CLIENT_MESSAGE_BYTES = 64 * 1024  # data-channel messages (no audio travels there)
 
@@ -65,6 +68,8 @@ class ResponseCreate:  # each field: this response only, None = the session's
     temperature: float | None = None
     max_new_tokens: int | None = None
     metadata: dict[str, str] | None = None  # echoed in the response object
+    out_of_band: bool = False  # conversation "none": an answer kept out of the conversation
+    input: tuple[InputItem, ...] | None = None  # an out-of-band answer's own context (None: the conversation)
 
 
 @dataclass(frozen=True)
@@ -187,11 +192,35 @@ def _response_create(response: dict, where: str) -> ResponseCreate:
     voice = typed_field(response, "voice", str, where, "a voice name") or typed_field(
         audio_out, "voice", str, f"{where}.audio.output", "a voice name"
     )
+    output_type = output_type_field(response, where)
+    conversation = response.get("conversation", "auto")
+    if conversation not in ("auto", "none"):
+        raise ProtocolError(
+            "invalid_value",
+            f'{where}.conversation: expected "auto" or "none", got {conversation!r}'[:200],
+            f"{where}.conversation",
+        )
+    out_of_band = conversation == "none"
+    items = response.get("input")
+    if items is not None and not out_of_band:
+        raise ProtocolError(
+            "invalid_value",
+            f'{where}.input: only an out-of-band response (conversation "none") takes input',
+            f"{where}.input",
+        )
+    if out_of_band and output_type not in (None, TEXT):
+        raise ProtocolError(
+            "invalid_value",
+            f'{where}.output_modalities: an out-of-band response answers in text (["text"])',
+            f"{where}.output_modalities",
+        )
     return ResponseCreate(
-        output_type_field(response, where),
+        TEXT if out_of_band else output_type,
         typed_field(response, "instructions", str, where, "text"),
         voice,
         sampling.get("temperature"),
         limit,
         metadata_field(response.get("metadata"), f"{where}.metadata"),
+        out_of_band,
+        parse_input_items(items, f"{where}.input") if items is not None else None,
     )

@@ -1,5 +1,7 @@
 """The client events about conversation items, parsed and validated: conversation.item.create,
-.truncate, .retrieve and .delete (client_events.py reads the other events and hands these here).
+.truncate, .retrieve and .delete (client_events.py reads the other events and hands these here),
+and the items of an out-of-band response.create's `input`: message items as an item.create
+takes them, or references to the conversation's items (`item_reference`).
 
 A message item is stored as one turn: one text (its text parts joined) and at most one audio.
 The parts keep the order the client gave them, so an item's text parts all come before its
@@ -10,6 +12,7 @@ as a turn cannot hold it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kimiaudio.server.session.event_fields import ProtocolError, decode_pcm16, object_field, typed_field
 
@@ -40,7 +43,13 @@ class ItemDelete:
     item_id: str
 
 
+@dataclass(frozen=True)
+class ItemReference:
+    item_id: str  # an item of the conversation, by its id
+
+
 ItemEvent = ItemCreate | ItemTruncate | ItemRetrieve | ItemDelete
+InputItem = ItemCreate | ItemReference
 ITEM_EVENT_TYPES = (
     "conversation.item.create",
     "conversation.item.truncate",
@@ -63,6 +72,23 @@ def parse_item_event(data: dict, kind: str) -> ItemEvent:
     if not item_id:
         raise ProtocolError("missing_required_parameter", f"{kind}: item_id is required", "item_id")
     return ItemRetrieve(item_id) if kind == "conversation.item.retrieve" else ItemDelete(item_id)
+
+
+def parse_input_items(value: Any, where: str) -> tuple[InputItem, ...]:
+    """A response.create's `input`: message items and item references, in order."""
+    if not isinstance(value, list):
+        raise ProtocolError("invalid_value", f"{where}: expected a list of items", where)
+    items: list[InputItem] = []
+    for i, raw in enumerate(value):
+        item = object_field(raw, f"{where}[{i}]")
+        if item.get("type") == "item_reference":
+            item_id = typed_field(item, "id", str, f"{where}[{i}]", "an item id")
+            if not item_id:
+                raise ProtocolError("missing_required_parameter", f"{where}[{i}].id is required", f"{where}[{i}].id")
+            items.append(ItemReference(item_id))
+        else:
+            items.append(_item_create(item, f"{where}[{i}]", None))
+    return tuple(items)
 
 
 def _item_truncate(data: dict, kind: str) -> ItemTruncate:

@@ -45,6 +45,7 @@ from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.item_edits import ItemEdits
 from kimiaudio.server.session.mic_input import MicInput
+from kimiaudio.server.session.out_of_band import OutOfBand
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.playback import Playback
 from kimiaudio.server.session.queued_turn import (
@@ -110,6 +111,7 @@ class RealtimeSession:
         self._queue = TurnQueue()
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
         self.requests = ResponseRequests(self.responder)
+        self.out_of_band = OutOfBand(pipeline, self.settings, self.conversation, self.events, self.tasks)
         self.closed = False
 
     @property
@@ -174,6 +176,8 @@ class RealtimeSession:
         async for work in self._queue.taken():
             try:
                 match work:
+                    case QueuedResponse() if work.request.out_of_band:
+                        await self.out_of_band.start(work.request, work.event_id)
                     case QueuedResponse():
                         await self.requests.start(work)
                     case QueuedAudio() | QueuedText():
@@ -229,7 +233,10 @@ class RealtimeSession:
             case client_events.AudioClear():
                 self.mic.clear()
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
-                self.requests.cancel(response_id, stop_playback)
+                if response_id is None or not self.out_of_band.cancel(response_id):
+                    self.requests.cancel(response_id, stop_playback)
+            case client_events.ResponseCreate(out_of_band=True):
+                self._queue.put_nowait(QueuedResponse(event, 0, event_id))
             case client_events.ResponseCreate():
                 self._queue.put_nowait(self.requests.queued(event, event_id))
             case client_events.ItemCreate():

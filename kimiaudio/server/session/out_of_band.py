@@ -1,0 +1,194 @@
+"""Out-of-band responses: a response.create with `conversation: "none"` (OpenAI's GA Realtime
+API), an answer kept out of the conversation, such as a summary or a classification of what
+was said, asked for while the conversation goes on.
+
+Its context is the conversation as it stands when the request is taken from the session's
+queue (in order with the items before it), or, with `input`, its own items: message items as
+conversation.item.create takes them, and `item_reference`s to the conversation's items (`[]`:
+none). The session's instructions lead it, as they lead every prompt; the response's own
+`instructions` are the task, put after the context as the user's last message, so that the
+model answers them about it (Kimi-Audio has no system role). Without them, the context must end
+with a user item, which is answered. The answer is text (`output_modalities` ["text"]); it runs
+beside the conversation's own response (the engine batches them), is stored nowhere, and its
+events name no conversation: response.created, output_item.added, content_part.added, the
+text deltas, their ends and response.done, `conversation_id` null; no conversation.item.*.
+A response.cancel naming its id cancels it; closing the session cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kimiaudio.audio import pcm16
+from kimiaudio.audio.io import resample
+from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.errors import KimiAudioError
+from kimiaudio.pipeline.events import TextDelta, TurnDone
+from kimiaudio.pipeline.pipeline import Pipeline
+from kimiaudio.pipeline.turn_handle import TurnHandle
+from kimiaudio.pipeline.turn_prompt import Truncation
+from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
+from kimiaudio.server.session import response_events, server_events
+from kimiaudio.server.session.answer_request import prompted
+from kimiaudio.server.session.client_events import ResponseCreate
+from kimiaudio.server.session.conversation import Conversation
+from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.event_sender import EventSender
+from kimiaudio.server.session.item_events import ItemCreate, ItemReference
+from kimiaudio.server.session.owned_tasks import OwnedTasks
+from kimiaudio.server.session.queued_turn import new_item_id, new_response_id
+from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.text.output_type import TEXT
+
+log = logging.getLogger(__name__)
+
+
+class OutOfBand:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        settings: SessionSettings,
+        conversation: Conversation,
+        events: EventSender,
+        tasks: OwnedTasks,
+    ):
+        self._pipeline = pipeline
+        self._settings = settings
+        self._conversation = conversation
+        self._events = events
+        self._tasks = tasks
+        self._running: dict[str, TurnHandle] = {}  # response id -> its pipeline turn
+        self._cancelled: set[str] = set()
+
+    async def start(self, request: ResponseCreate, event_id: str | None = None) -> None:
+        """Start the response (its events follow as it runs); what cannot be answered ends it
+        failed at once, naming why."""
+        response_id = new_response_id()
+        limit = self._settings.sampling(TEXT, None, request.max_new_tokens).max_new_tokens
+        announced = response_events.response_object(response_id, None, False, None, limit, request.metadata)
+        self._events.send(response_events.response_created(announced))
+        try:
+            turn = await self._turn(request)
+            if self._tasks.closing:
+                return
+            handle = self._pipeline.submit(turn)
+        except (ProtocolError, KimiAudioError) as exc:
+            code = exc.code if isinstance(exc, ProtocolError) else None
+            self._events.send(response_events.response_done(announced, "failed", "", {}, str(exc), error_code=code))
+            return
+        self._running[response_id] = handle
+        self._tasks.spawn(self._run(announced, handle), "out-of-band response")
+
+    def cancel(self, response_id: str) -> bool:
+        """response.cancel naming an out-of-band response -> whether one runs by that id."""
+        handle = self._running.get(response_id)
+        if handle is None:
+            return False
+        self._cancelled.add(response_id)
+        self._pipeline.cancel(handle)
+        return True
+
+    async def _turn(self, request: ResponseCreate) -> TurnRequest:
+        if self._settings.kind == "transcription":
+            raise ProtocolError(
+                "transcription_session",
+                'response.create: a transcription session (session.type "transcription") generates no responses',
+            )
+        context = await self._context(request)
+        if request.instructions:
+            context.append(HistoryTurn("user", text=request.instructions))
+        if not context or context[-1].role != "user":
+            raise ProtocolError(
+                "no_user_turn",
+                "response.create: an out-of-band response answers its instructions, or a context that "
+                "ends with a user item; this one has neither",
+            )
+        *history, answered = context
+        instructions = self._settings.instructions
+        if instructions:
+            history.insert(0, HistoryTurn("user", text=instructions))
+        return TurnRequest(
+            conversation_id=self._conversation.id or f"out-of-band {self._events.session_id}",
+            history=history,
+            user_audio=answered.audio,
+            user_text=answered.text if answered.audio is None else None,
+            sampling=self._settings.sampling(TEXT, request.temperature, request.max_new_tokens),
+            output_type=TEXT,
+            truncation=None if self._settings.truncation.kind == "disabled" else Truncation(1 if instructions else 0),
+        )
+
+    async def _context(self, request: ResponseCreate) -> list[HistoryTurn]:
+        """The prompt's messages before the task: the conversation's, or the request's input."""
+        conversation = self._conversation
+        history = await conversation.history()
+        if request.input is None:
+            return [part for index, turn in history.items() for part in prompted(turn, conversation.audio_first(index))]
+        context: list[HistoryTurn] = []
+        for position, item in enumerate(request.input):
+            if isinstance(item, ItemReference):
+                if not conversation.has_item(item.item_id):
+                    raise ProtocolError(
+                        "item_not_found",
+                        f"response.input[{position}]: {item.item_id[:80]!r} is not an item of this conversation",
+                        f"response.input[{position}].id",
+                    )
+                index = conversation.items.index(item.item_id)
+                if index is not None and index in history:  # (an answer nothing of which was heard: none)
+                    context += prompted(history[index], conversation.audio_first(index))
+            else:
+                context += self._message(item)
+        return context
+
+    def _message(self, item: ItemCreate) -> list[HistoryTurn]:
+        role = "assistant" if item.role == "assistant" else "user"  # (a system message is context, as an item)
+        if item.pcm16 is None:
+            return [HistoryTurn(role, text=item.text)]
+        audio = resample(pcm16.to_float(item.pcm16), self._settings.input_rate, SPEECH_INPUT_RATE)
+        return prompted(HistoryTurn("user", text=item.text, audio=audio), item.audio_first)
+
+    async def _run(self, announced: dict, handle: TurnHandle) -> None:
+        response_id, item_id = announced["id"], new_item_id()
+        events, text, done = self._events, "", None
+        events.send(response_events.output_item_added(response_id, _item(item_id, "", "in_progress")))
+        events.send(response_events.content_part_added(response_id, item_id, False))
+        try:
+            async for event in handle:
+                if isinstance(event, TextDelta) and event.text:
+                    text += event.text
+                    events.send(response_events.text_delta(response_id, item_id, event.text))
+                elif isinstance(event, TurnDone):
+                    done = event
+        except asyncio.CancelledError:  # the session closed: the turn would run on for nobody
+            self._pipeline.cancel(handle)
+            raise
+        finally:
+            self._running.pop(response_id, None)
+        cancelled = response_id in self._cancelled
+        self._cancelled.discard(response_id)
+        done = done if done is not None else TurnDone(status="cancelled", text=text)
+        status = "cancelled" if cancelled else done.status
+        if status == "completed" and done.finish_reason == "length":
+            status = "incomplete"
+        for part in response_events.text_done(response_id, item_id, text, False):
+            events.send(part)
+        events.send(response_events.content_part_done(response_id, item_id, False, text))
+        item = _item(item_id, text, "completed" if status == "completed" else "incomplete")
+        events.send(response_events.output_item_done(response_id, item))
+        events.send(
+            response_events.response_done(
+                announced,
+                status,
+                text,
+                {},
+                done.error,
+                output=[item],
+                reason="client_cancelled" if cancelled else None,
+                error_code=done.error_code,
+                usage=response_events.response_usage(done),
+            )
+        )
+
+
+def _item(item_id: str, text: str, status: str) -> dict:
+    return server_events.message_item(item_id, "assistant", text, status=status)
