@@ -104,6 +104,39 @@ async def test_the_beta_api_mints_a_key_with_its_session(server):
     assert opened["output_modalities"] == ["text"]
 
 
+async def test_the_beta_api_mints_a_transcription_sessions_key(server):
+    """POST /v1/realtime/transcription_sessions (client.beta.realtime.transcription_sessions.create):
+    beta's transcription session object with its client_secret, living as client_secret.expires_at
+    says; the key opens a transcription session."""
+    openai = pytest.importorskip("openai")
+    from openai.types.beta.realtime import TranscriptionSession
+
+    api = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key=KEY, max_retries=0)
+    now = server.app[SERVER_CONTEXT].store.clock()
+    try:
+        created = await api.beta.realtime.transcription_sessions.with_raw_response.create(
+            input_audio_transcription={"model": "gpt-4o-transcribe", "language": "en"},
+            include=["item.input_audio_transcription.logprobs"],
+            client_secret={"expires_at": {"anchor": "created_at", "seconds": 300}},
+        )
+        with pytest.raises(openai.BadRequestError) as info:
+            await api.beta.realtime.transcription_sessions.create(client_secret={"expires_at": {"seconds": 5}})
+    finally:
+        await api.close()
+    later = server.app[SERVER_CONTEXT].store.clock()
+    body = created.http_response.json()
+    session = TranscriptionSession.model_validate(body)
+    assert info.value.body["param"] == "client_secret.expires_at.seconds"
+    assert body["object"] == "realtime.transcription_session" and body["include"] == [
+        "item.input_audio_transcription.logprobs"
+    ]
+    assert session.input_audio_transcription.language == "en"
+    assert now + 299 <= session.client_secret.expires_at <= later + 301
+    status, opened = await ws_session(server, session.client_secret.value)
+    assert status == 101 and opened["type"] == "transcription"
+    assert opened["audio"]["input"]["transcription"]["language"] == "en"
+
+
 @pytest.mark.parametrize(
     "session",
     [BOUND, {"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}],

@@ -5,7 +5,9 @@ server's API key) and the page's own POST /api/client_secrets (its sign-in; rout
 `create_beta_session` is the beta API's POST /v1/realtime/sessions
 (`client.beta.realtime.sessions.create`): its body is the session itself (beta shape), its
 answer the beta session object with `client_secret: {value, expires_at}`, the key living
-BETA_TTL_S (OpenAI's beta keys: one minute). For client_secrets:
+BETA_TTL_S (OpenAI's beta keys: one minute); `create_beta_transcription_session`, its POST
+/v1/realtime/transcription_sessions (`client.beta.realtime.transcription_sessions.create`), the
+same for a transcription session, whose key may live as its `client_secret.expires_at` says. For client_secrets:
 the body is OpenAI's `{expires_after?: {anchor: "created_at", seconds: 10..7200}, session?}`
 (600 s when not given, as OpenAI's), the session a GA realtime session object, checked now as
 a session.update is, against this server (its voices, whether it speaks), so that a bad one is
@@ -71,22 +73,37 @@ async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> d
     return {**described, "client_secret": {"value": key, "expires_at": int(record.expires_at)}}
 
 
-def _ttl(expires_after: Any) -> int:
+async def create_beta_transcription_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
+    """Mint an ephemeral key bound to the beta transcription session `body` -> its answer."""
+    secret = body.get("client_secret")
+    if secret is not None and not isinstance(secret, dict):
+        raise _bad("invalid_type", "client_secret: expected {expires_at: {anchor, seconds}}", "client_secret")
+    ttl_s = _ttl((secret or {}).get("expires_at"), "client_secret.expires_at", BETA_TTL_S)
+    session = {**{k: v for k, v in body.items() if k != "client_secret"}, "type": "transcription"}
+    settings = _checked_settings(context, session)
+    key, record = await mint_key(
+        context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session, issuer=context.access.api_key
+    )
+    described = beta_session(settings, f"sess_{secrets.token_hex(8)}", None)
+    return {**described, "client_secret": {"value": key, "expires_at": int(record.expires_at)}}
+
+
+def _ttl(expires_after: Any, where: str = "expires_after", default: int = DEFAULT_TTL_S) -> int:
     if expires_after is None:
-        return DEFAULT_TTL_S
+        return default
     if not isinstance(expires_after, dict):
-        raise _bad("invalid_type", "expires_after: expected {anchor, seconds}", "expires_after")
-    EXPIRES_AFTER_FIELDS.check(expires_after, "expires_after.")
+        raise _bad("invalid_type", f"{where}: expected {{anchor, seconds}}", where)
+    EXPIRES_AFTER_FIELDS.check(expires_after, f"{where}.")
     anchor = expires_after.get("anchor", "created_at")
     if anchor != "created_at":
-        message = f"expires_after.anchor: expected 'created_at', got {anchor!r}"[:200]
-        raise _bad("invalid_value", message, "expires_after.anchor")
-    seconds = expires_after.get("seconds", DEFAULT_TTL_S)
+        message = f"{where}.anchor: expected 'created_at', got {anchor!r}"[:200]
+        raise _bad("invalid_value", message, f"{where}.anchor")
+    seconds = expires_after.get("seconds", default)
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S:
         raise _bad(
             "invalid_value",
-            f"expires_after.seconds: expected an integer from {MIN_TTL_S} to {MAX_TTL_S}, got {seconds!r}"[:200],
-            "expires_after.seconds",
+            f"{where}.seconds: expected an integer from {MIN_TTL_S} to {MAX_TTL_S}, got {seconds!r}"[:200],
+            f"{where}.seconds",
         )
     return seconds
 

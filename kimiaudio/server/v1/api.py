@@ -20,7 +20,7 @@ from kimiaudio.server.inputs.openai_params import MODEL_ID, check_model
 from kimiaudio.server.middleware.error_responses import errors_as_api_errors
 from kimiaudio.server.observe.request_log import request_log_middleware
 from kimiaudio.server.v1.chat import chat_completions
-from kimiaudio.server.v1.client_secrets import beta_sessions, client_secrets
+from kimiaudio.server.v1.client_secrets import beta_sessions, beta_transcription_sessions, client_secrets
 from kimiaudio.server.v1.realtime import realtime
 from kimiaudio.server.v1.realtime_calls import create_call, hangup, sip_only
 from kimiaudio.server.v1.transcriptions import transcriptions
@@ -39,6 +39,7 @@ def create_v1_app(client_max_size: int) -> web.Application:
     app.router.add_post("/realtime/calls/{call_id}/{action:accept|reject|refer}", sip_only)
     app.router.add_post("/realtime/client_secrets", client_secrets)
     app.router.add_post("/realtime/sessions", beta_sessions)
+    app.router.add_post("/realtime/transcription_sessions", beta_transcription_sessions)
     app.router.add_post("/audio/transcriptions", transcriptions)
     app.router.add_post("/chat/completions", chat_completions)
     app.router.add_route("*", "/{tail:.*}", not_found)
