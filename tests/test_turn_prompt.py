@@ -77,3 +77,11 @@ def test_a_retention_ratio_leaves_out_more_at_once_and_a_token_limit_cuts_sooner
     assert cut.num_left_out == 1 and len(cut.prompt) == 10 + 100 + 50 + 1
     nothing_kept = turn_prompt(messages, build, "both", params, 1000, Truncation(1, retention_ratio=0.0))
     assert nothing_kept.num_left_out == 4 and len(nothing_kept.prompt) == 10 + 50 + 1  # the turn stays
+
+
+def test_the_item_answered_is_never_cut_however_many_messages_it_is():
+    # The answered item: its text (1,500) and its speech (20), two messages; the limit: 600.
+    messages = [user(10), user(100), assistant(50), user(1500), user(20)]
+    limited = Truncation(1, retention_ratio=0.5, post_instructions=600, tail=2)
+    cut = turn_prompt(messages, build, "both", SamplingParams(max_new_tokens=100), 4096, limited)
+    assert cut.num_left_out == 2 and len(cut.prompt) == 10 + 1500 + 20 + 1  # too long, but whole

@@ -11,7 +11,8 @@ checked against the SDK's models of the connection's shape):
   other turns keeping their indexes, on SQLite and on PostgreSQL;
 - the answer in progress and the item it answers are refused deletion until it ends;
 - a truncate sent after a delete of its item is taken after it, however long the delete waits
-  in the queue: it then names no item;
+  in the queue: it then names no item; a truncate of the answer playing cuts it at once, even
+  behind a queued retrieve of it;
 - retrieve and delete of an id that is no item of the conversation (unknown, deleted, of the
   conversation the session left) are errors naming the client's event;
 - an item of audio then text is prompted audio first: its prompt is the one two items, the
@@ -281,6 +282,31 @@ async def test_a_truncate_after_a_delete_of_its_item_is_taken_after_it(demo_serv
                 assert deleted.item_id == item
                 assert events.position(deleted) < events.position(events.of_type("error")[0])
                 assert not events.of_type("conversation.item.truncated")
+        finally:
+            await client.close()
+
+
+async def test_a_truncate_of_the_answer_playing_cuts_it_at_once_whatever_waits(demo_server):
+    async with demo_server() as (http, pipeline):
+        pipeline.answers_to_limit = True  # still playing when the edits come
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None)
+                await conn.conversation.item.create(item=user_text("Tell me a story."))
+                await conn.response.create()
+                playing = (await events.wait_for("response.created")).response.id
+                item = (await events.wait_for("response.output_item.added")).item.id
+                await events.until(lambda: events.audio_seconds(playing) > 0.2 or events.done(playing))
+                assert not events.done(playing), "the answer ended before the edits"
+                await conn.conversation.item.create(item=user_text("Waiting for the answer."))
+                await conn.send({"type": "conversation.item.retrieve", "item_id": item})
+                await conn.conversation.item.truncate(item_id=item, content_index=0, audio_end_ms=100)
+                done = (await events.wait_for("response.done")).response
+                retrieved = await events.wait_for("conversation.item.retrieved")
+                assert done.status == "cancelled", done.status_details
+                truncated = events.of_type("conversation.item.truncated")[0]
+                assert events.position(truncated) < events.position(retrieved)
         finally:
             await client.close()
 

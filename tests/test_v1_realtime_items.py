@@ -304,6 +304,15 @@ async def test_a_silence_after_an_answer_times_out_into_a_response(v1_server, op
         assert events.position(committed) < events.position(events.of_type("response.created")[-1])
         assert len(events.of_type("input_audio_buffer.timeout_triggered")) == 1
 
+        # An answer between two pieces of audio starts the silence again, though no audio came meanwhile.
+        await say(conn, silence(1.5))
+        await conn.conversation.item.create(item=user_text("Another."))
+        await conn.response.create(response={"max_output_tokens": 2})
+        await events.wait_for("response.done", count=3)
+        await say(conn, silence(2.5))
+        again = await events.wait_for("input_audio_buffer.timeout_triggered", count=2)
+        assert again.audio_start_ms > triggered.audio_end_ms + 1400  # after the 1.5 s before the answer
+
         for event_id, detection, param in (
             ("ev_i1", {"type": "server_vad", "idle_timeout_ms": 500}, "idle_timeout_ms"),
             ("ev_i2", {"type": "semantic_vad", "idle_timeout_ms": 5000}, "idle_timeout_ms"),

@@ -16,7 +16,8 @@ leaves of engine.max_model_len, or a client's `post_instructions` limit where th
 Past it, the fewest oldest history messages are left out that bring it down to
 `retention_ratio` of that allowance: 1.0 is OpenAI's "auto" (just fit); less drops more at once,
 so that the next turns fit without dropping again, and keep the prefix cache's hits. Neither the
-pinned messages nor the turn being answered are ever left out. Even with all of the others left
+pinned messages nor the turn being answered (its last `tail` messages: a user item of text and
+speech is two) are ever left out. Even with all of the others left
 out, the turn may not fit: the engine then refuses it as too long (context_length_exceeded), as
 it refuses any prompt without truncation ("disabled").
 """
@@ -40,6 +41,7 @@ class Truncation:
     pinned: int = 0  # the leading messages never left out (the instructions)
     retention_ratio: float = 1.0  # of the allowance, kept when cutting (1.0: "auto")
     post_instructions: int | None = None  # the client's limit on what follows the pinned messages
+    tail: int = 1  # the last messages never left out (the turn answered)
 
 
 class TurnPrompt(NamedTuple):
@@ -84,7 +86,7 @@ def turn_prompt(
     if len(prompt) - pinned_len <= allowance:
         return TurnPrompt(prompt, params, 0)
     kept_len = int(allowance * truncation.retention_ratio)
-    kept, droppable = list(messages[:pinned]), len(messages) - 1 - pinned
+    kept, droppable = list(messages[:pinned]), len(messages) - truncation.tail - pinned
     # The fewest left out that bring it down to kept_len: a prompt only shrinks as more are left out.
     low, high, best = 1, droppable, None
     while low <= high:
@@ -95,6 +97,6 @@ def turn_prompt(
         else:
             low = middle + 1
     if best is None and droppable > 0:  # nothing is short enough: the least there is
-        best = droppable, build(kept + list(messages[-1:]))
+        best = droppable, build(kept + list(messages[-truncation.tail :]))
     left_out, prompt = best if best is not None else (0, prompt)
     return TurnPrompt(prompt, params, left_out)

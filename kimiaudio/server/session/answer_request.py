@@ -72,15 +72,17 @@ async def answer_request(
         sampling=sampling,
         output_type=output_type,
         voice=voice,
-        truncation=_truncation(settings.truncation, pinned=1 if instructions else 0),
+        truncation=truncation_of(settings.truncation, 1 if instructions else 0, len(first) + 1),
     )
     return index, user_turn, turn
 
 
-def _truncation(setting: SessionTruncation, pinned: int) -> Truncation | None:
+def truncation_of(setting: SessionTruncation, pinned: int, tail: int) -> Truncation | None:
+    """How a turn's history may be cut under the session's truncation: never its first `pinned`
+    messages (the instructions) nor its last `tail` (the item answered)."""
     if setting.kind == "disabled":
         return None
-    return Truncation(pinned, setting.retention_ratio, setting.post_instructions)
+    return Truncation(pinned, setting.retention_ratio, setting.post_instructions, tail)
 
 
 def prompted(turn: HistoryTurn, audio_first: bool) -> list[HistoryTurn]:

@@ -2,16 +2,20 @@
 long commits its audio as the user's turn and starts a response, so the model takes the turn
 back (a phone call where the caller says nothing).
 
-The silence is measured on the input audio's own clock, the audio the VAD hears, as OpenAI's
+The silence is measured on the input audio's own clock, as OpenAI's
 `input_audio_buffer.timeout_triggered` reports it (`audio_start_ms`, `audio_end_ms`: offsets in
 the audio written so far). It runs only while the session waits for its user: no response in
-progress or queued, no speech being heard; anything else starts it again from zero. A session
-that has not answered yet has no timer: the timeout follows an answer.
+progress or queued, no speech being heard. The session names each such stretch (`stretch`: a
+new name once anything happened, a response that ended, an item taken, even between two pieces
+of audio), and a new name starts the silence again from zero, as does a cleared buffer or turn
+detection switched (`restart`). A session that has not answered yet has no timer: the timeout
+follows an answer.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,23 +32,23 @@ class IdleTimeout:
 
 class IdleTimer:
     def __init__(self) -> None:
-        self._clock = 0  # samples the VAD has heard
+        self._clock = 0  # samples written to the input audio buffer
         self._since: int | None = None  # where the silence began (None: not waiting)
+        self._stretch: Hashable = None  # the name of the stretch it belongs to
         self._audio: deque[np.ndarray] = deque()
         self._kept = 0  # samples in _audio
 
-    def heard(self, pcm: np.ndarray, waiting: bool, timeout_ms: int | None, max_samples: int) -> IdleTimeout | None:
-        """`pcm` (16 kHz) was heard while the session `waiting` for its user (or not) -> the
-        timeout, once the silence has lasted `timeout_ms` (None: no timeout)."""
+    def heard(self, pcm: np.ndarray, stretch: Hashable, timeout_ms: int | None, max_samples: int) -> IdleTimeout | None:
+        """`pcm` (16 kHz) was written during `stretch` (None: the session does not wait for its
+        user) -> the timeout, once the silence has lasted `timeout_ms` (None: no timeout)."""
         start = self._clock
         self._clock += pcm.size
-        if not waiting or timeout_ms is None:
-            self._since = None
-            self._audio.clear()
-            self._kept = 0
+        if stretch is None or timeout_ms is None:
+            self.restart()
             return None
-        if self._since is None:
-            self._since = start
+        if self._since is None or stretch != self._stretch:
+            self.restart()
+            self._since, self._stretch = start, stretch
         self._audio.append(pcm)
         self._kept += pcm.size
         while self._kept - self._audio[0].size >= max_samples:
@@ -53,10 +57,14 @@ class IdleTimer:
             return None
         audio = np.concatenate(self._audio)[-max_samples:]
         timeout = IdleTimeout(_ms(self._since), _ms(self._clock), audio)
+        self.restart()
+        return timeout
+
+    def restart(self) -> None:
+        """No silence is being measured (the next that counts starts from zero)."""
         self._since = None
         self._audio.clear()
         self._kept = 0
-        return timeout
 
 
 def _ms(samples: int) -> int:

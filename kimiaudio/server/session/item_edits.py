@@ -5,8 +5,9 @@ Both name an item the client was told of in this session, in the conversation it
 (conversation_items.py); any other id is an `item_not_found` error naming the client's event.
 They are taken from the session's queue, in order with the items created before them. A
 truncate is answered at once (it stops the answer playing), unless it names an item that a
-queued retrieve or delete names: then it is queued behind them, so that the client's order
-holds (after a delete, it names no item).
+queued retrieve or delete names, other than the answer in progress: then it is queued behind
+them, so that the client's order holds (after a delete, it names no item). The answer in
+progress is cut at once whatever waits: what the client hears must stop now.
 
 Retrieve sends conversation.item.retrieved with the item read from the store: a user item's
 input_audio part carries the audio as stored (16 kHz), resampled to the session's input rate
@@ -73,9 +74,12 @@ class ItemEdits:
         return QueuedEdit(request, event_id)
 
     async def truncate(self, request: ItemTruncate, event_id: str | None) -> QueuedEdit | None:
-        """A truncate, answered at once (it stops the answer playing); or, if it names an item
-        that a queued retrieve or delete names, the queue's entry that takes it after them."""
-        if self._waiting[request.item_id] > 0:
+        """A truncate, answered at once; or, if it names an item other than the answer in
+        progress that a queued retrieve or delete names, the queue's entry that takes it after
+        them."""
+        current = self._responder.current
+        playing = current is not None and current.item_id == request.item_id
+        if self._waiting[request.item_id] > 0 and not playing:
             return QueuedEdit(request, event_id)
         await self._responder.truncate(request.item_id, request.audio_end_ms)
         return None

@@ -5,14 +5,14 @@ The VAD's detector lives in the VAD thread (every call to it goes through `vad_e
 settings change lands between two pushes). What it hears goes back to the session through
 callbacks: `on_speech_started()` (a barge-in, when barge-in is on), `on_utterance(audio,
 item_id)` (an utterance ended: the next user turn) and `on_idle(audio, item_id)` (a silence
-after an answer lasted the session's idle timeout, idle_timer.py, measured while `waiting()`
-says the session waits for its user).
+after an answer lasted the session's idle timeout, idle_timer.py, measured while `stretch()`
+names a stretch of the session waiting for its user).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Executor
 
 import numpy as np
@@ -38,7 +38,7 @@ class MicInput:
         on_speech_started: Callable[[], None],
         on_utterance: Callable[[np.ndarray, str], None],
         on_idle: Callable[[np.ndarray, str], None],
-        waiting: Callable[[], bool],
+        stretch: Callable[[], Hashable],
     ):
         self._settings = settings
         self._detector = detector  # used only in the VAD thread
@@ -47,7 +47,7 @@ class MicInput:
         self._on_speech_started = on_speech_started
         self._on_utterance = on_utterance
         self._on_idle = on_idle
-        self._waiting = waiting
+        self._stretch = stretch
         self._idle = IdleTimer()
         self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
@@ -57,6 +57,7 @@ class MicInput:
         """16 kHz mono float32 (`event_id`: the input_audio_buffer.append's, for an error about
         it). Waits for the VAD only, never for a turn."""
         if self._settings.turn_detection == "none":
+            self._idle.heard(pcm, None, None, 0)  # (the clock counts all the audio written)
             self._keep(pcm, event_id)
             return
         loop = asyncio.get_running_loop()
@@ -70,9 +71,9 @@ class MicInput:
                     item_id, self._speech_item_id = self._speech_item_id or new_item_id(), None
                     self._events.send(server_events.speech_stopped(end_ms, item_id))
                     self._on_utterance(audio, item_id)
-        waiting = self._speech_item_id is None and self._waiting()
+        stretch = self._stretch() if self._speech_item_id is None else None
         max_samples = int(self._settings.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
-        timeout = self._idle.heard(pcm, waiting, self._settings.idle_timeout_ms, max_samples)
+        timeout = self._idle.heard(pcm, stretch, self._settings.idle_timeout_ms, max_samples)
         if timeout is not None:
             item_id = new_item_id()
             self._events.send(server_events.idle_timeout(timeout.audio_start_ms, timeout.audio_end_ms, item_id))
@@ -104,6 +105,7 @@ class MicInput:
     def clear(self) -> None:
         """input_audio_buffer.clear: the buffer, and an utterance in progress, forgotten."""
         self.buffer.clear()
+        self._idle.restart()
         self._vad_executor.submit(self._detector.reset)
         self._events.send(server_events.buffer_cleared())
 
@@ -114,6 +116,7 @@ class MicInput:
         (input_audio_buffer.cleared says so, when there was any)."""
         mode, self._mode = self._mode, self._settings.turn_detection
         if (mode == "none") != (self._mode == "none"):
+            self._idle.restart()
             kept = self.buffer.take() is not None  # (emptied either way)
             held = kept or self._speech_item_id is not None
             self._speech_item_id = None

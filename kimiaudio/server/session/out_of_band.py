@@ -27,10 +27,9 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.pipeline.turn_handle import TurnHandle
-from kimiaudio.pipeline.turn_prompt import Truncation
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.server.session import response_events, server_events
-from kimiaudio.server.session.answer_request import prompted
+from kimiaudio.server.session.answer_request import prompted, truncation_of
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
@@ -95,16 +94,16 @@ class OutOfBand:
                 "transcription_session",
                 'response.create: a transcription session (session.type "transcription") generates no responses',
             )
-        context = await self._context(request)
+        items = await self._context(request)
         if request.instructions:
-            context.append(HistoryTurn("user", text=request.instructions))
-        if not context or context[-1].role != "user":
+            items.append([HistoryTurn("user", text=request.instructions)])
+        if not items or items[-1][-1].role != "user":
             raise ProtocolError(
                 "no_user_turn",
                 "response.create: an out-of-band response answers its instructions, or a context that "
                 "ends with a user item; this one has neither",
             )
-        *history, answered = context
+        *history, answered = [part for item in items for part in item]
         instructions = self._settings.instructions
         if instructions:
             history.insert(0, HistoryTurn("user", text=instructions))
@@ -115,16 +114,17 @@ class OutOfBand:
             user_text=answered.text if answered.audio is None else None,
             sampling=self._settings.sampling(TEXT, request.temperature, request.max_new_tokens),
             output_type=TEXT,
-            truncation=None if self._settings.truncation.kind == "disabled" else Truncation(1 if instructions else 0),
+            truncation=truncation_of(self._settings.truncation, 1 if instructions else 0, len(items[-1])),
         )
 
-    async def _context(self, request: ResponseCreate) -> list[HistoryTurn]:
-        """The prompt's messages before the task: the conversation's, or the request's input."""
+    async def _context(self, request: ResponseCreate) -> list[list[HistoryTurn]]:
+        """The items before the task, each as the prompt's messages: the conversation's, or the
+        request's input."""
         conversation = self._conversation
         history = await conversation.history()
         if request.input is None:
-            return [part for index, turn in history.items() for part in prompted(turn, conversation.audio_first(index))]
-        context: list[HistoryTurn] = []
+            return [prompted(turn, conversation.audio_first(index)) for index, turn in history.items()]
+        context: list[list[HistoryTurn]] = []
         for position, item in enumerate(request.input):
             if isinstance(item, ItemReference):
                 if not conversation.has_item(item.item_id):
@@ -135,9 +135,9 @@ class OutOfBand:
                     )
                 index = conversation.items.index(item.item_id)
                 if index is not None and index in history:  # (an answer nothing of which was heard: none)
-                    context += prompted(history[index], conversation.audio_first(index))
+                    context.append(prompted(history[index], conversation.audio_first(index)))
             else:
-                context += self._message(item)
+                context.append(self._message(item))
         return context
 
     def _message(self, item: ItemCreate) -> list[HistoryTurn]:

@@ -15,11 +15,10 @@ The turn, from the mic to the speaker:
   session transcribes input, the user's words (input_transcription.py). A transcription
   session (type "transcription") stores and transcribes its turns and answers none.
 The microphone reader never waits on any of this: it only queues. Text items, explicit commits,
-response.create, item retrieve / delete (item_edits.py) and conversation.select share the queue:
-in order. A truncate is answered at once (it stops the answer playing), unless it names an item
-that a queued retrieve or delete names: then it is queued behind them. Closing starts nothing
-more: the queue stops, the answer in progress is cut, the entry being taken ends (a user item is
-stored, no response starts: turn_queue.py).
+response.create, item retrieve / delete (a truncate too, at times: item_edits.py) and
+conversation.select share the queue: in order. Closing starts nothing more: the queue stops, the
+answer in progress is cut, the entry being taken ends (a user item is stored, no response
+starts: turn_queue.py).
 """
 
 from __future__ import annotations
@@ -106,12 +105,12 @@ class RealtimeSession:
             self._speech_started,
             self._utterance,
             self._idle_timeout,
-            self._waiting_for_user,
+            self._idle_stretch,
         )
         self._queue = TurnQueue()
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
-        self.requests = ResponseRequests(self.responder)
-        self.out_of_band = OutOfBand(pipeline, self.settings, self.conversation, self.events, self.tasks)
+        out_of_band = OutOfBand(pipeline, self.settings, self.conversation, self.events, self.tasks)
+        self.requests = ResponseRequests(self.responder, out_of_band)
         self.closed = False
 
     @property
@@ -153,10 +152,12 @@ class RealtimeSession:
     def _idle_timeout(self, audio: np.ndarray, item_id: str) -> None:
         self.commit(audio, item_id, Utterance(self._barge_ins, respond=True, timed_out=True))
 
-    def _waiting_for_user(self) -> bool:
-        """An answer has ended, and nothing is answered or queued since: the idle timeout runs."""
-        idle = self.responder.current is None and not self._queue.busy
-        return idle and self.responder.answered and self.settings.kind == "realtime"
+    def _idle_stretch(self) -> tuple[int, int] | None:
+        """The idle timeout's stretch, named by what ended it (None: not waiting for the user)."""
+        responder, queue = self.responder, self._queue
+        if responder.current is not None or queue.busy or not responder.ended or self.settings.kind != "realtime":
+            return None
+        return responder.ended, queue.taken_count
 
     def commit(
         self,
@@ -176,8 +177,6 @@ class RealtimeSession:
         async for work in self._queue.taken():
             try:
                 match work:
-                    case QueuedResponse() if work.request.out_of_band:
-                        await self.out_of_band.start(work.request, work.event_id)
                     case QueuedResponse():
                         await self.requests.start(work)
                     case QueuedAudio() | QueuedText():
@@ -233,10 +232,7 @@ class RealtimeSession:
             case client_events.AudioClear():
                 self.mic.clear()
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
-                if response_id is None or not self.out_of_band.cancel(response_id):
-                    self.requests.cancel(response_id, stop_playback)
-            case client_events.ResponseCreate(out_of_band=True):
-                self._queue.put_nowait(QueuedResponse(event, 0, event_id))
+                self.requests.cancel(response_id, stop_playback)
             case client_events.ResponseCreate():
                 self._queue.put_nowait(self.requests.queued(event, event_id))
             case client_events.ItemCreate():

@@ -80,7 +80,7 @@ class Responder:
         heard_text = HeardText(pipeline.stack.tokenizer, pipeline.stack.specials)
         self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code, heard_text)
         self.current: ResponseState | None = None
-        self.answered = False  # a response has ended (a silence after it may time out: idle_timer.py)
+        self.ended = 0  # responses ended (a silence after one may time out: idle_timer.py)
         self._truncatable = Truncatable(conversation)  # what a conversation.item.truncate may name
 
     # ----- start -----
@@ -199,7 +199,7 @@ class Responder:
         send_done(self._events, self._conversation.id, response, done)
         if self.current is response:
             self.current = None
-        self.answered = True
+        self.ended += 1
         self._truncatable.ended(response)
 
     # ----- interrupt -----

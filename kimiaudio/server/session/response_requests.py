@@ -3,8 +3,10 @@ cancel that comes while its response has not started yet (queued behind other it
 built), which ends that response as it starts (created, then done, cancelled).
 
 response.create is queued (`queued`), in order with the items, and started when taken
-(`start`). response.cancel is answered at once (`cancel`): the response in progress is cut;
-with none, a response.create still waiting counts it; with neither, it is an error
+(`start`): the conversation's own by the Responder, an out-of-band one (conversation "none")
+by OutOfBand. response.cancel is answered at once (`cancel`): one naming an out-of-band
+response cancels it; else the conversation's response in progress is cut; with none, a
+response.create still waiting counts it; with neither, it is an error
 (response_cancel_not_active), as OpenAI answers it, unless it only stops the playback.
 """
 
@@ -14,22 +16,28 @@ import time
 
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.out_of_band import OutOfBand
 from kimiaudio.server.session.queued_turn import QueuedResponse
 from kimiaudio.server.session.responder import Responder
 
 
 class ResponseRequests:
-    def __init__(self, responder: Responder):
+    def __init__(self, responder: Responder, out_of_band: OutOfBand):
         self._responder = responder
+        self._out_of_band = out_of_band
         self._waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
 
     def queued(self, request: ResponseCreate, event_id: str | None) -> QueuedResponse:
         """The queue's entry for a response.create."""
-        self._waiting += 1
+        if not request.out_of_band:  # (nothing cancels it but its id)
+            self._waiting += 1
         return QueuedResponse(request, self._cancels, event_id)
 
     async def start(self, work: QueuedResponse) -> None:
+        if work.request.out_of_band:
+            await self._out_of_band.start(work.request, work.event_id)
+            return
         before = self._responder.current
         try:
             await self._responder.start(work.request, time.monotonic(), work.event_id)
@@ -40,6 +48,8 @@ class ResponseRequests:
             self._responder.interrupt("client_cancelled")  # cancelled while it waited: created, then ended
 
     def cancel(self, response_id: str | None, stop_playback: bool) -> None:
+        if response_id is not None and self._out_of_band.cancel(response_id):
+            return
         response = self._responder.current
         if response is not None and not response.cancelled and response_id in (None, response.id):
             self._responder.interrupt("client_cancelled")

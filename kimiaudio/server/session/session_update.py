@@ -225,13 +225,13 @@ def _truncation(value: Any, where: str) -> SessionTruncation | None:
             "invalid_value", f'{where}: expected "auto", "disabled" or an object, got {value!r}'[:200], where
         )
     TRUNCATION_FIELDS.check(value, f"{where}.", ProtocolError)
+    for key in ("type", "retention_ratio"):
+        if value.get(key) is None:
+            raise ProtocolError("missing_required_parameter", f"{where}.{key} is required", f"{where}.{key}")
     if value.get("type") != "retention_ratio":
         raise ProtocolError(
             "invalid_value", f"{where}.type: expected retention_ratio, got {value.get('type')!r}"[:200], f"{where}.type"
         )
-    if value.get("retention_ratio") is None:
-        param = f"{where}.retention_ratio"
-        raise ProtocolError("missing_required_parameter", f"{param} is required", param)
     limits = optional_object(value, "token_limits", f"{where}.token_limits")
     TOKEN_LIMITS_FIELDS.check(limits, f"{where}.token_limits.", ProtocolError)
     ratio = checked(RealtimeTruncation, {"retention_ratio": value["retention_ratio"]}, f"{where}.", ProtocolError)

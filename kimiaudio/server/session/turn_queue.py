@@ -23,6 +23,7 @@ class TurnQueue:
         self._idle = asyncio.Event()  # no entry is being taken
         self._idle.set()
         self._closed = False
+        self.taken_count = 0  # entries taken so far
 
     def put_nowait(self, work: QueuedTurn) -> None:
         self._queue.put_nowait(work)
@@ -35,6 +36,7 @@ class TurnQueue:
             if self._closed:
                 return
             self._idle.clear()
+            self.taken_count += 1
             yield work
 
     @property
