@@ -3,10 +3,11 @@
 Layers, lowest first (tests/test_layering.py holds every import inside server/ to this order:
 a module imports only from layers below its own, or from its own sub-package):
 
-    api_error, tls → inputs → observe → middleware → session_registry → context → session
+    api_error, tls, token_logprobs → inputs → observe → middleware → session_registry → context → session
         → transport → stored_voices, ephemeral_keys → routes, v1 → app → serve
 
-- api_error.py: the one error type and error object every surface sends; tls.py: HTTPS.
+- api_error.py: the one error type and error object every surface sends; tls.py: HTTPS;
+  token_logprobs.py: token log-probabilities in OpenAI's shapes, for every surface.
 - inputs/: what clients send, checked where it enters (JSON, multipart forms, SDP offers,
   audio, OpenAI's request fields and model names).
 - observe/: metrics (Prometheus), the request and turn log lines, logging setup.
