@@ -135,6 +135,15 @@ async def test_the_beta_api_mints_a_transcription_sessions_key(server):
     status, opened = await ws_session(server, session.client_secret.value)
     assert status == 101 and opened["type"] == "transcription"
     assert opened["audio"]["input"]["transcription"]["language"] == "en"
+    for body, param in (  # the body is the session: errors name its own fields
+        ({"include": ["bad"]}, "include"),
+        ({"instructions": "Hi."}, "instructions"),
+        ({"type": "realtime"}, "type"),
+        ({"client_secret": {"ttl": 5}}, "client_secret.ttl"),
+    ):
+        answer = await server.post("/v1/realtime/transcription_sessions", json=body, headers=bearer(KEY))
+        error = (await answer.json())["error"]
+        assert answer.status == 400 and error["param"] == param and param in error["message"], (body, error)
 
 
 @pytest.mark.parametrize(

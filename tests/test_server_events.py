@@ -265,6 +265,7 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         ('{"input": []}', "response.input"),  # (out-of-band responses only)
         ('{"conversation": "none", "input": {}}', "response.input"),
         ('{"conversation": "none", "input": [{"type": "item_reference"}]}', "response.input[0].id"),
+        ('{"conversation": "none", "modalities": ["audio", "text"]}', "response.modalities"),  # (beta's name)
         ('{"max_response_output_tokens": 0}', "response.max_response_output_tokens"),
     ):
         with pytest.raises(ProtocolError) as info:

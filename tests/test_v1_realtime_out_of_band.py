@@ -7,8 +7,8 @@ the SDK's models):
 - with `input`, its context is its own items (references to the conversation's items and
   new messages), not the whole conversation;
 - what it cannot do is refused naming the field (a conversation other than auto or none,
-  `input` for the conversation's own response, audio out), and a reference to an item that is
-  not in the conversation ends it failed with item_not_found;
+  `input` for the conversation's own response, audio out), as is an input item it cannot take
+  (a reference to an item that is not in the conversation, silent audio): no response starts;
 - it runs while the conversation's answer plays (it does not wait for it), and a
   response.cancel naming it cancels it alone."""
 
@@ -54,18 +54,20 @@ async def test_an_out_of_band_response_answers_beside_the_conversation(v1_server
         assert focused.status in ("completed", "incomplete"), focused.status_details
         assert 0 < focused.usage.input_tokens < whole.usage.input_tokens  # not the spoken answer's codes
 
-        await conn.response.create(response={"conversation": "none", "input": [{"type": "item_reference", "id": "x"}]})
-        missing = (await events.wait_for("response.done", count=4)).response
-        assert missing.status == "failed" and missing.status_details.error.code == "item_not_found"
-
+        silent = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "AAAAAAAA"}]}
+        unknown = {"type": "item_reference", "id": "x"}
         for event_id, response, param in (
             ("ev_o1", {"conversation": "other"}, "response.conversation"),
             ("ev_o2", {"input": []}, "response.input"),
             ("ev_o3", {"conversation": "none", "output_modalities": ["audio"]}, "response.output_modalities"),
+            ("ev_o4", {"conversation": "none", "input": [unknown]}, "response.input[0].id"),
+            ("ev_o5", {"conversation": "none", "input": [user_text("Hi."), silent]}, "response.input[1]"),
         ):
             await conn.send({"type": "response.create", "response": response, "event_id": event_id})
             error = (await events.wait_for("error", count=int(event_id[-1]))).error
             assert (error.event_id, error.param) == (event_id, param), error
+        assert [e.code for e in (e.error for e in events.of_type("error"))][3:] == ["item_not_found", "invalid_audio"]
+        assert len(events.of_type("response.created")) == 3  # none for the refused ones
     turns = (await conversation(v1_server, conversation_id))["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"]  # the out-of-band answers stored nowhere
 

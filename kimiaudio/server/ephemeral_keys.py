@@ -31,7 +31,12 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.openai_params import check_model
-from kimiaudio.server.inputs.realtime_params import CLIENT_SECRET_FIELDS, EXPIRES_AFTER_FIELDS
+from kimiaudio.server.inputs.realtime_params import (
+    BETA_CLIENT_SECRET_FIELDS,
+    BETA_TRANSCRIPTION_SESSION_FIELDS,
+    CLIENT_SECRET_FIELDS,
+    EXPIRES_AFTER_FIELDS,
+)
 from kimiaudio.server.middleware.issued_keys import EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, bound_session
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_objects import beta_session, ga_session
@@ -65,7 +70,7 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
 
 async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """Mint an ephemeral key bound to the beta session `body` -> the beta API's answer."""
-    settings = _checked_settings(context, body)
+    settings = _body_settings(context, body)
     key, record = await mint_key(
         context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, BETA_TTL_S, body, issuer=context.access.api_key
     )
@@ -75,12 +80,14 @@ async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> d
 
 async def create_beta_transcription_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """Mint an ephemeral key bound to the beta transcription session `body` -> its answer."""
+    BETA_TRANSCRIPTION_SESSION_FIELDS.check(body)
     secret = body.get("client_secret")
     if secret is not None and not isinstance(secret, dict):
         raise _bad("invalid_type", "client_secret: expected {expires_at: {anchor, seconds}}", "client_secret")
+    BETA_CLIENT_SECRET_FIELDS.check(secret or {}, "client_secret.")
     ttl_s = _ttl((secret or {}).get("expires_at"), "client_secret.expires_at", BETA_TTL_S)
     session = {**{k: v for k, v in body.items() if k != "client_secret"}, "type": "transcription"}
-    settings = _checked_settings(context, session)
+    settings = _body_settings(context, session)
     key, record = await mint_key(
         context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session, issuer=context.access.api_key
     )
@@ -106,6 +113,19 @@ def _ttl(expires_after: Any, where: str = "expires_after", default: int = DEFAUL
             f"{where}.seconds",
         )
     return seconds
+
+
+def _body_settings(context: ServerContext, body: dict[str, Any]) -> SessionSettings:
+    """_checked_settings of a beta route's body, which is the session itself: an error names the
+    body's field (`include`), not a `session` the request does not have."""
+    try:
+        return _checked_settings(context, body)
+    except ApiError as exc:
+        named = exc.param or ""
+        if not named.startswith("session."):
+            raise
+        param = named.removeprefix("session.")
+        raise ApiError(exc.status_code, exc.code, exc.message.replace(named, param), param=param) from None
 
 
 def _checked_settings(context: ServerContext, session: Any) -> SessionSettings:

@@ -56,6 +56,20 @@ TOKEN_LIMITS_FIELDS = Fields(honoured=frozenset({"post_instructions"}))  # its t
 CALL_FIELDS = Fields(honoured=frozenset({"sdp", "session"}))  # POST /v1/realtime/calls' multipart parts
 CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after", "session"}))  # POST /v1/realtime/client_secrets
 EXPIRES_AFTER_FIELDS = Fields(honoured=frozenset({"anchor", "seconds"}))
+BETA_TRANSCRIPTION_SESSION_FIELDS = Fields(  # POST /v1/realtime/transcription_sessions (beta): the session
+    honoured=frozenset(
+        {
+            "client_secret",
+            "include",
+            "input_audio_format",
+            "input_audio_noise_reduction",
+            "input_audio_transcription",
+            "modalities",
+            "turn_detection",
+        }
+    )
+)
+BETA_CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_at"}))  # its client_secret
 
 AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
     honoured=frozenset({"format", "turn_detection", "transcription"}),

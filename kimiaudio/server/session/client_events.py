@@ -209,10 +209,9 @@ def _response_create(response: dict, where: str) -> ResponseCreate:
             f"{where}.input",
         )
     if out_of_band and output_type not in (None, TEXT):
+        key = "output_modalities" if "output_modalities" in response else "modalities"
         raise ProtocolError(
-            "invalid_value",
-            f'{where}.output_modalities: an out-of-band response answers in text (["text"])',
-            f"{where}.output_modalities",
+            "invalid_value", f'{where}.{key}: an out-of-band response answers in text (["text"])', f"{where}.{key}"
         )
     return ResponseCreate(
         TEXT if out_of_band else output_type,

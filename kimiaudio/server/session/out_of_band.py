@@ -4,11 +4,12 @@ was said, asked for while the conversation goes on.
 
 Its context is the conversation as it stands when the request is taken from the session's
 queue (in order with the items before it), or, with `input`, its own items: message items as
-conversation.item.create takes them, and `item_reference`s to the conversation's items (`[]`:
-none). The session's instructions lead it, as they lead every prompt; the response's own
-`instructions` are the task, put after the context as the user's last message, so that the
-model answers them about it (Kimi-Audio has no system role). Without them, the context must end
-with a user item, which is answered. The answer is text (`output_modalities` ["text"]); it runs
+conversation.item.create takes them (their audio checked as an item's), and `item_reference`s
+to the conversation's items (`[]`: none); an item it cannot take is an `error` naming it. The
+session's instructions lead it, as they lead every prompt; the response's own `instructions`
+are the task, put after the context as the user's last message, so that the model answers them
+about it (Kimi-Audio has no system role). Without them, the context must end with a user item,
+which is answered. The answer is text (`output_modalities` ["text"]); it runs
 beside the conversation's own response (the engine batches them), is stored nowhere, and its
 events name no conversation: response.created, output_item.added, content_part.added, the
 text deltas, their ends and response.done, `conversation_id` null; no conversation.item.*.
@@ -21,7 +22,7 @@ import asyncio
 import logging
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.io import check_speech_input, resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
@@ -61,14 +62,21 @@ class OutOfBand:
         self._cancelled: set[str] = set()
 
     async def start(self, request: ResponseCreate, event_id: str | None = None) -> None:
-        """Start the response (its events follow as it runs); what cannot be answered ends it
-        failed at once, naming why."""
+        """Start the response (its events follow as it runs). An `input` item it cannot take
+        (an id that is no item of the conversation, audio refused as an item's would be) is an
+        `error` naming it and `event_id`, and no response; what cannot be answered ends the
+        response failed at once, naming why, as the conversation's own responses end."""
+        try:
+            items = await self._context(request)
+        except ProtocolError as exc:
+            self._events.error(exc.code, str(exc), exc.param, event_id)
+            return
         response_id = new_response_id()
         limit = self._settings.sampling(TEXT, None, request.max_new_tokens).max_new_tokens
         announced = response_events.response_object(response_id, None, False, None, limit, request.metadata)
         self._events.send(response_events.response_created(announced))
         try:
-            turn = await self._turn(request)
+            turn = self._turn(request, items)
             if self._tasks.closing:
                 return
             handle = self._pipeline.submit(turn)
@@ -88,13 +96,12 @@ class OutOfBand:
         self._pipeline.cancel(handle)
         return True
 
-    async def _turn(self, request: ResponseCreate) -> TurnRequest:
+    def _turn(self, request: ResponseCreate, items: list[list[HistoryTurn]]) -> TurnRequest:
         if self._settings.kind == "transcription":
             raise ProtocolError(
                 "transcription_session",
                 'response.create: a transcription session (session.type "transcription") generates no responses',
             )
-        items = await self._context(request)
         if request.instructions:
             items.append([HistoryTurn("user", text=request.instructions)])
         if not items or items[-1][-1].role != "user":
@@ -137,14 +144,18 @@ class OutOfBand:
                 if index is not None and index in history:  # (an answer nothing of which was heard: none)
                     context.append(prompted(history[index], conversation.audio_first(index)))
             else:
-                context.append(self._message(item))
+                context.append(self._message(item, f"response.input[{position}]"))
         return context
 
-    def _message(self, item: ItemCreate) -> list[HistoryTurn]:
+    def _message(self, item: ItemCreate, where: str) -> list[HistoryTurn]:
         role = "assistant" if item.role == "assistant" else "user"  # (a system message is context, as an item)
         if item.pcm16 is None:
             return [HistoryTurn(role, text=item.text)]
         audio = resample(pcm16.to_float(item.pcm16), self._settings.input_rate, SPEECH_INPUT_RATE)
+        try:  # (as a conversation.item.create's audio is checked: user_items.py)
+            check_speech_input(audio, self._settings.config.audio)
+        except KimiAudioError as exc:
+            raise ProtocolError("invalid_audio", f"{where}: {exc}", where) from None
         return prompted(HistoryTurn("user", text=item.text, audio=audio), item.audio_first)
 
     async def _run(self, announced: dict, handle: TurnHandle) -> None:
