@@ -30,7 +30,7 @@ from kimiaudio.audio.io import resample
 from kimiaudio.config import Config
 
 from helpers.realtime_events import Events
-from helpers.realtime_sessions import client_of, connect, open_session, user_text
+from helpers.realtime_sessions import answer_playing, client_of, connect, open_session, user_text
 from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
@@ -266,11 +266,7 @@ async def test_a_truncate_after_a_delete_of_its_item_is_taken_after_it(demo_serv
                 first = (await events.wait_for("response.done")).response
                 assert first.output[0].content[0].type == "output_audio"  # (so a truncate would cut it)
                 pipeline.answers_to_limit = True  # the next answer still playing when the edits come
-                await conn.conversation.item.create(item=user_text("Tell me a story."))
-                await conn.response.create()
-                playing = (await events.wait_for("response.created", count=2)).response.id
-                await events.until(lambda: events.audio_seconds(playing) > 0 or events.done(playing))
-                assert not events.done(playing), "the answer ended before the edits"
+                await answer_playing(conn, events)
                 await conn.conversation.item.create(item=user_text("Waiting for the answer."))
                 item = first.output[0].id
                 await conn.send({"type": "conversation.item.delete", "item_id": item, "event_id": "ev_delete"})
@@ -293,12 +289,7 @@ async def test_a_truncate_of_the_answer_playing_cuts_it_at_once_whatever_waits(d
         try:
             async with connect(client, "ga") as conn:
                 events = await open_session(conn, turn_detection=None)
-                await conn.conversation.item.create(item=user_text("Tell me a story."))
-                await conn.response.create()
-                playing = (await events.wait_for("response.created")).response.id
-                item = (await events.wait_for("response.output_item.added")).item.id
-                await events.until(lambda: events.audio_seconds(playing) > 0.2 or events.done(playing))
-                assert not events.done(playing), "the answer ended before the edits"
+                _, item = await answer_playing(conn, events)
                 await conn.conversation.item.create(item=user_text("Waiting for the answer."))
                 await conn.send({"type": "conversation.item.retrieve", "item_id": item})
                 await conn.conversation.item.truncate(item_id=item, content_index=0, audio_end_ms=100)

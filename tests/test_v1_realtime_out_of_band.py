@@ -15,7 +15,7 @@ the SDK's models):
 import pytest
 
 from helpers.realtime_events import conversation
-from helpers.realtime_sessions import client_of, connect, open_session, user_text
+from helpers.realtime_sessions import answer_playing, client_of, connect, open_session, user_text
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -79,10 +79,7 @@ async def test_it_runs_while_the_conversations_answer_plays_and_is_cancelled_by_
         try:
             async with connect(client, "ga") as conn:
                 events = await open_session(conn, turn_detection=None)
-                await conn.conversation.item.create(item=user_text("Tell me a story."))
-                await conn.response.create()
-                playing = (await events.wait_for("response.created")).response.id
-                await events.until(lambda: events.audio_seconds(playing) > 0 or events.done(playing))
+                playing, _ = await answer_playing(conn, events)
                 await conn.response.create(response={"conversation": "none", "instructions": "Summarize."})
                 side = (await events.wait_for("response.created", count=2)).response.id
                 await conn.response.cancel(response_id=side)

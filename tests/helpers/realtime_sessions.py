@@ -100,3 +100,17 @@ def client_of(http, api_key: str = "unused"):
         max_retries=0,
         websocket_base_url=f"ws://127.0.0.1:{port}/v1",
     )
+
+
+async def answer_playing(conn, events: Events, text: str = "Tell me a story.") -> tuple[str, str]:
+    """A user text item, then a response whose audio has begun to play -> (its response id, its
+    item id). The demo server's pipeline must answer to its limit (`answers_to_limit`), so that
+    the answer still plays when the test acts on it."""
+    await conn.conversation.item.create(item=user_text(text))
+    await conn.response.create()
+    count = len(events.of_type("response.created")) + 1
+    response_id = (await events.wait_for("response.created", count=count)).response.id
+    item_id = (await events.wait_for("response.output_item.added", count=count)).item.id
+    await events.until(lambda: events.audio_seconds(response_id) > 0.2 or events.done(response_id))
+    assert not events.done(response_id), "the answer ended before the test acted on it"
+    return response_id, item_id
