@@ -173,6 +173,10 @@ class OutOfBand:
         except asyncio.CancelledError:  # the session closed: the turn would run on for nobody
             self._pipeline.cancel(handle)
             raise
+        except Exception as exc:  # a bug here must still end the response for the client
+            log.exception("session %s: out-of-band response %s failed", events.session_id, response_id)
+            self._pipeline.cancel(handle)
+            done = TurnDone(status="failed", text=text, error=f"{type(exc).__name__}: {exc}")
         finally:
             self._running.pop(response_id, None)
         cancelled = response_id in self._cancelled
