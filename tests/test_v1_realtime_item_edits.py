@@ -11,8 +11,8 @@ checked against the SDK's models of the connection's shape):
   other turns keeping their indexes, on SQLite and on PostgreSQL;
 - the answer in progress and the item it answers are refused deletion until it ends;
 - a truncate sent after a delete of its item is taken after it, however long the delete waits
-  in the queue: it then names no item; a truncate of the answer playing cuts it at once, even
-  behind a queued retrieve of it;
+  in the queue or runs: it then names no item; a truncate of the answer playing cuts it at
+  once, even behind a queued retrieve of it;
 - retrieve and delete of an id that is no item of the conversation (unknown, deleted, of the
   conversation the session left) are errors naming the client's event;
 - an item of audio then text is prompted audio first: its prompt is the one two items, the
@@ -280,6 +280,24 @@ async def test_a_truncate_after_a_delete_of_its_item_is_taken_after_it(demo_serv
                 assert not events.of_type("conversation.item.truncated")
         finally:
             await client.close()
+
+
+async def test_a_truncate_right_after_a_delete_of_its_item_is_answered_after_it(v1_server, openai_client):
+    """With nothing queued the delete is taken at once; a truncate that comes while it runs
+    still waits for it (five rounds: the truncate lands at some point of the delete)."""
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None, text_only=True)
+        for attempt in range(1, 6):
+            await conn.conversation.item.create(item=user_text("Hello."))
+            await conn.response.create(response={"max_output_tokens": 2})
+            answer = (await events.wait_for("response.done", count=attempt)).response.output[0].id
+            await conn.send({"type": "conversation.item.delete", "item_id": answer})
+            truncate = {"item_id": answer, "content_index": 0, "audio_end_ms": 0, "event_id": f"ev_{attempt}"}
+            await conn.send({"type": "conversation.item.truncate", **truncate})
+            error = await events.wait_for("error", count=attempt)
+            assert (error.error.code, error.error.event_id) == ("item_not_found", f"ev_{attempt}"), error
+            deleted = events.of_type("conversation.item.deleted")
+            assert len(deleted) == attempt and events.position(deleted[-1]) < events.position(error)
 
 
 async def test_a_truncate_of_the_answer_playing_cuts_it_at_once_whatever_waits(demo_server):

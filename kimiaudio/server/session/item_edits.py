@@ -5,9 +5,9 @@ Both name an item the client was told of in this session, in the conversation it
 (conversation_items.py); any other id is an `item_not_found` error naming the client's event.
 They are taken from the session's queue, in order with the items created before them. A
 truncate is answered at once (it stops the answer playing), unless it names an item that a
-queued retrieve or delete names, other than the answer in progress: then it is queued behind
-them, so that the client's order holds (after a delete, it names no item). The answer in
-progress is cut at once whatever waits: what the client hears must stop now.
+queued (or running) retrieve or delete names, other than the answer in progress: then it is
+queued behind them, so that the client's order holds (after a delete, it names no item). The
+answer playing is cut at once whatever waits: what the client hears must stop now.
 
 Retrieve sends conversation.item.retrieved with the item read from the store: a user item's
 input_audio part carries the audio as stored (16 kHz), resampled to the session's input rate
@@ -77,8 +77,8 @@ class ItemEdits:
         """A truncate, answered at once; or, if it names an item other than the answer in
         progress that a queued retrieve or delete names, the queue's entry that takes it after
         them."""
-        current = self._responder.current
-        playing = current is not None and current.item_id == request.item_id
+        current = self._responder.current  # (one cancelled already is heard no more)
+        playing = current is not None and not current.cancelled and current.item_id == request.item_id
         if self._waiting[request.item_id] > 0 and not playing:
             return QueuedEdit(request, event_id)
         await self._responder.truncate(request.item_id, request.audio_end_ms)
@@ -86,8 +86,6 @@ class ItemEdits:
 
     async def take(self, work: QueuedEdit) -> None:
         """Answer one queued edit: its event, or an `error` naming its event_id."""
-        if not isinstance(work.request, ItemTruncate):
-            self._waiting[work.request.item_id] -= 1
         try:
             match work.request:
                 case ItemTruncate(item_id=item_id, audio_end_ms=end_ms):
@@ -100,6 +98,9 @@ class ItemEdits:
                     await self._delete(item_id, work.event_id)
         except ProtocolError as exc:
             self._events.error(exc.code, str(exc), exc.param, work.event_id)
+        finally:  # (only now: a truncate that comes while it runs still waits for it)
+            if not isinstance(work.request, ItemTruncate):
+                self._waiting[work.request.item_id] -= 1
 
     def _known(self, item_id: str, where: str) -> None:
         if not self._conversation.has_item(item_id):
