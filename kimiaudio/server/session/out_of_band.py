@@ -38,6 +38,7 @@ from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.item_events import ItemCreate, ItemReference
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.queued_turn import new_item_id, new_response_id
+from kimiaudio.server.session.response_done import final_status
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.text.output_type import TEXT
 
@@ -182,9 +183,7 @@ class OutOfBand:
         cancelled = response_id in self._cancelled
         self._cancelled.discard(response_id)
         done = done if done is not None else TurnDone(status="cancelled", text=text)
-        status = "cancelled" if cancelled else done.status
-        if status == "completed" and done.finish_reason == "length":
-            status = "incomplete"
+        status = final_status(cancelled, done)
         for part in response_events.text_done(response_id, item_id, text, False):
             events.send(part)
         events.send(response_events.content_part_done(response_id, item_id, False, text))

@@ -23,11 +23,18 @@ def answer_item(response: ResponseState, status: str = "completed", index: int |
     )
 
 
+def final_status(cancelled: bool, done: TurnDone) -> str:
+    """A response's status in response.done: cancelled, or what the pipeline reported of it
+    (an answer cut by its length limit is incomplete)."""
+    status = "cancelled" if cancelled else done.status
+    if status == "completed" and done.finish_reason == "length":
+        return "incomplete"
+    return status
+
+
 def send_done(events: EventSender, conversation_id: str | None, response: ResponseState, done: TurnDone) -> None:
     """The response's last events, `done` being what the pipeline reported of it."""
-    status = "cancelled" if response.cancelled else done.status
-    if status == "completed" and done.finish_reason == "length":  # cut by its length limit
-        status = "incomplete"
+    status = final_status(response.cancelled, done)
     text = response.text or done.text
     spoken = response.output_type == "both"
     for event in response_events.text_done(response.id, response.item_id, text, spoken):
