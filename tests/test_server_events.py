@@ -228,18 +228,22 @@ def test_bad_client_events_have_clear_errors(message, code, words):
 
 
 def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
-    """What asks for nothing passes (an echo of session.created, no tools, normal speed); what
-    asks for something kimiaudio cannot do is refused naming it; an unknown field too."""
+    """What asks for nothing passes (an echo of session.created, no tools); what asks for
+    something kimiaudio cannot do is refused naming it; an unknown field too."""
     update = parse_client_event(
-        '{"type": "session.update", "session": {"speed": 1.0, "tools": [], '
+        '{"type": "session.update", "session": {"tools": [], '
         '"tool_choice": "auto", "input_audio_noise_reduction": null, "client_secret": {}}}'
     )
     assert update == SessionUpdate()
+    for session, speed in (('{"speed": 0.25}', 0.25), ('{"audio": {"output": {"speed": 1.5}}}', 1.5)):
+        update = parse_client_event('{"type": "session.update", "session": ' + session + "}")
+        assert update == SessionUpdate(answers=AnswerUpdate(speed=speed))  # (both shapes' names)
     for session, param in (
         ('{"tracing": "auto"}', "session.tracing"),
-        ('{"speed": 1.1}', "session.speed"),
+        ('{"speed": 1.6}', "session.speed"),  # (OpenAI's range: 0.25..1.5)
         ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
-        ('{"audio": {"output": {"speed": 1.5}}}', "session.audio.output.speed"),
+        ('{"audio": {"output": {"speed": 0.2}}}', "session.audio.output.speed"),
+        ('{"audio": {"output": {"speed": "fast"}}}', "session.audio.output.speed"),
         ('{"temperature": 0.1}', "session.temperature"),
         ('{"reasoning": {"effort": "low"}}', "session.reasoning"),
         ('{"turn_detection": {"idle_timeout_ms": 500}}', "session.turn_detection.idle_timeout_ms"),
@@ -267,6 +271,7 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         ('{"conversation": "none", "input": [{"type": "item_reference"}]}', "response.input[0].id"),
         ('{"conversation": "none", "modalities": ["audio", "text"]}', "response.modalities"),  # (beta's name)
         ('{"max_response_output_tokens": 0}', "response.max_response_output_tokens"),
+        ('{"audio": {"output": {"speed": 1.2}}}', "response.audio.output.speed"),  # (the session's alone)
     ):
         with pytest.raises(ProtocolError) as info:
             parse_client_event('{"type": "response.create", "response": ' + response + "}")

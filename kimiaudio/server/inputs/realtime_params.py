@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kimiaudio.audio.time_stretch import MAX_SPEED, MIN_SPEED
 from kimiaudio.config import MAX_NEW_TOKENS
 from kimiaudio.server.inputs.openai_params import NO_TOOLS, OUTPUT_LIMIT, Fields, empty
 from kimiaudio.validation import Bounds, setting
@@ -35,12 +36,12 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
             "input_audio_transcription",
             "truncation",
             "include",
+            "speed",
         }
     ),
     neutral={
         **NO_TOOLS,
         "input_audio_noise_reduction": (lambda v: False, "null"),
-        "speed": (lambda v: v == 1.0, "1.0"),
         "tracing": (lambda v: False, "null (no traces are kept)"),
         "prompt": (lambda v: False, "nothing"),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
@@ -76,9 +77,10 @@ AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
     neutral={"noise_reduction": (lambda v: False, "null")},
 )
 
-AUDIO_OUTPUT_FIELDS = Fields(  # GA session.audio.output, response.audio.output
+AUDIO_OUTPUT_FIELDS = Fields(honoured=frozenset({"format", "voice", "speed"}))  # GA session.audio.output
+RESPONSE_AUDIO_OUTPUT_FIELDS = Fields(  # GA response.audio.output: the speed is the session's
     honoured=frozenset({"format", "voice"}),
-    neutral={"speed": (lambda v: v == 1.0, "1.0")},
+    neutral={"speed": (lambda v: v == 1.0, "1.0 (set the session's audio.output.speed)")},
 )
 
 TURN_DETECTION_FIELDS = Fields(  # beta session.turn_detection, GA session.audio.input.turn_detection
@@ -139,6 +141,13 @@ class RealtimeSampling:
 
     temperature: float | None = setting(None, Bounds(0.6, 1.2))
     max_output_tokens: int | None = setting(None, OUTPUT_LIMIT)
+
+
+@dataclass(frozen=True)
+class RealtimeSpeed:
+    """session.update's audio.output.speed (beta: speed), OpenAI's range."""
+
+    speed: float | None = setting(None, Bounds(MIN_SPEED, MAX_SPEED))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ A response answers the newest stored user turn, which must be spoken (the pipeli
 user audio; text items before it are context). It is submitted to the pipeline with the
 conversation before it as history (and the session's instructions as a leading user text
 message: answer_request.py); its events go out in the order response_events.py lists, its text as transcript
-deltas (spoken answers) or text deltas (text answers), its audio through the playback.
+deltas (spoken answers) or text deltas (text answers), its audio through the playback (at the
+session's speed: audio/time_stretch.py; a response keeps the speed it started with).
 Barge-in (speech_started while a response is generating or playing) and response.cancel flush
 the playback at once, cancel the pipeline turn, and store the assistant turn marked
 interrupted and truncated to what was played, its audio, codes and text (nothing, if nothing
@@ -34,6 +35,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.audio.time_stretch import TimeStretch
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.pipeline import Pipeline
@@ -110,7 +112,7 @@ class Responder:
             self._fail(request, None, f"the turn could not be started ({exc})")
             return
         conversation = self._conversation
-        response = ResponseState(turn.output_type, handle, index, user_turn, committed_at)
+        response = ResponseState(turn.output_type, handle, index, user_turn, committed_at, self._settings.speed)
         self.current = response
         spoken = response.output_type == "both"
         if spoken:
@@ -147,6 +149,7 @@ class Responder:
     async def _run(self, response: ResponseState) -> None:
         done: TurnDone | None = None
         spoken = response.output_type == "both"
+        stretch = TimeStretch(response.speed, SPEECH_OUTPUT_RATE)
         delta = response_events.transcript_delta if spoken else response_events.text_delta
         try:
             async for event in response.handle:
@@ -160,11 +163,8 @@ class Responder:
                             if not spoken:
                                 response.first_heard.set()
                     case AudioChunk(pcm=pcm, codes=codes):
-                        response.add_pcm(np.asarray(pcm, dtype=np.float32).reshape(-1))
                         response.codes += codes
-                        if not response.cancelled:
-                            self._playback.push(response.pcm[-1])
-                            self._on_audio(response.pcm[-1].size / SPEECH_OUTPUT_RATE)
+                        self._play(response, stretch.push(pcm))
                     case TurnDone():
                         done = event
         except asyncio.CancelledError:
@@ -180,8 +180,18 @@ class Responder:
         response.generation_ended = True
         response.done = done if done is not None else TurnDone(status="cancelled", text=response.text)
         if not response.cancelled and spoken:
+            self._play(response, stretch.flush())
             self._playback.end()
         await self._finish(response, response.done)
+
+    def _play(self, response: ResponseState, pcm: np.ndarray) -> None:
+        """The next audio of the response, as it plays (stretched to its speed)."""
+        if pcm.size == 0:
+            return
+        response.add_pcm(pcm)
+        if not response.cancelled:
+            self._playback.push(pcm)
+            self._on_audio(pcm.size / SPEECH_OUTPUT_RATE)
 
     async def _finish(self, response: ResponseState, done: TurnDone) -> None:
         if done.status == "failed" and not response.cancelled:

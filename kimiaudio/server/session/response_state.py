@@ -38,12 +38,13 @@ class ResponseState:
     user_index: int  # stored index of the user turn it answers
     user_turn: HistoryTurn  # that turn (a spoken one's VQ codes arrive with UserEncoded)
     committed_at: float  # time.monotonic() of the commit
+    speed: float = 1.0  # its audio is played this much faster than generated (TimeStretch)
     id: str = _state(factory=new_response_id)
     item_id: str = _state(factory=new_item_id)  # the assistant item it makes
     previous_item_id: str | None = _state()  # the item before it in the conversation
     announced: dict[str, Any] = _state(factory=dict)  # its response object, as response.created sent it
     text: str = _state("")
-    pcm: list[np.ndarray] = _state(factory=list)  # 24 kHz chunks as generated (add_pcm)
+    pcm: list[np.ndarray] = _state(factory=list)  # 24 kHz chunks as played (add_pcm), stretched by `speed`
     num_samples: int = _state(0)  # in `pcm`, kept as chunks come: the recorder asks every second
     codes: list[int] = _state(factory=list)  # speech codes of those chunks, as they came
     cancelled: bool = _state(False)
@@ -67,7 +68,13 @@ class ResponseState:
         """The codes of the first `samples` heard, rounded up so the code being spoken is kept."""
         if samples_per_code is None:
             return []
-        return self.codes[: math.ceil(samples / samples_per_code)]
+        return self.codes[: self._codes_in(samples, samples_per_code)]
+
+    def _codes_in(self, samples: int, samples_per_code: int) -> int:
+        """How many codes `samples` of its audio as played span, the code being spoken counted
+        (at a speed other than 1, a code's samples_per_code samples play in samples_per_code /
+        speed)."""
+        return math.ceil(round(samples * self.speed, 6) / samples_per_code)
 
     def add_pcm(self, chunk: np.ndarray) -> None:
         self.pcm.append(chunk)
@@ -100,10 +107,10 @@ class ResponseState:
             return pcm[:0], []
         played = min(self.played_samples or 0, pcm.size)
         # The codes of the audio heard (each code is `samples_per_code` samples, 80 ms of speech
-        # with the official detokenizer), rounded up so the code being spoken when the user cut
-        # in is kept. Not in proportion to the audio generated: at a cut-in, codes generated
-        # but not yet detokenized are in `tokens` but not in `pcm`.
-        keep = min(len(tokens), math.ceil(played / samples_per_code))
+        # with the official detokenizer, before `speed` stretches it), rounded up so the code
+        # being spoken when the user cut in is kept. Not in proportion to the audio generated:
+        # at a cut-in, codes generated but not yet detokenized are in `tokens` but not in `pcm`.
+        keep = min(len(tokens), self._codes_in(played, samples_per_code))
         return pcm[:played], tokens[:keep]
 
     def timings(self, done: TurnDone) -> dict[str, float]:

@@ -57,7 +57,7 @@ def ga_session(settings: SessionSettings, session_id: str, conversation_id: str 
         "instructions": settings.instructions,
         "audio": {
             "input": audio_in,
-            "output": {"format": _pcm(SPEECH_OUTPUT_RATE), "voice": settings.voice, "speed": 1.0},
+            "output": {"format": _pcm(SPEECH_OUTPUT_RATE), "voice": settings.voice, "speed": settings.speed},
         },
         "max_output_tokens": settings.config.sampling.max_new_tokens or "inf",
         "tools": [],
@@ -102,7 +102,7 @@ def beta_session(settings: SessionSettings, session_id: str, conversation_id: st
         "max_response_output_tokens": settings.config.sampling.max_new_tokens or "inf",
         "tools": [],
         "tool_choice": "auto",
-        "speed": 1.0,
+        "speed": settings.speed,
         "tracing": None,
         **_extras(settings, conversation_id),
     }

@@ -6,15 +6,16 @@ silero VAD commits; none: the client commits), whether a VAD commit starts a res
 long a silence after an answer prompts one (OpenAI's idle_timeout_ms),
 instructions (a leading user text message of every prompt), the voice (a stored voice's
 name, checked against the pipeline's VoiceRegistry, or a stock name = the model's own) and
-the sample rate of pcm16 input, OpenAI's `temperature` (of the answer's speech stream, or of
-its text stream for a text answer), whether committed user turns are transcribed
-(input_audio_transcription; WebRTC calls by default, `[server] transcribe_input`; with their
-logprobs, if `include` asks), and
-the session's type: "realtime" (it answers) or "transcription" (it only transcribes what it
-hears: no responses, the words always), and how its conversation is cut when it outgrows the
-context (OpenAI's `truncation`). The values of a session.update were checked once, as
-it was parsed (session_update.py); `apply` adds what needs the session (its speech, its
-voices) and changes nothing unless all of it holds. The `session` object of session.created /
+the sample rate of pcm16 input, how fast the answers' audio plays (OpenAI's `speed`: the
+audio stretched in time at its pitch, from the next response on), OpenAI's `temperature` (of
+the answer's speech stream, or of its text stream for a text answer), whether committed user
+turns are transcribed (input_audio_transcription; WebRTC calls by default,
+`[server] transcribe_input`; with their logprobs, if `include` asks), and the session's type:
+"realtime" (it answers) or "transcription" (it only transcribes what it hears: no responses,
+the words always), and how its conversation is cut when it outgrows the context (OpenAI's
+`truncation`). The values of a session.update were checked once, as it was parsed
+(session_update.py); `apply` adds what needs the session (its speech, its voices) and changes
+nothing unless all of it holds. The `session` object of session.created /
 updated is built from these by the connection's event shape (session_objects.py).
 """
 
@@ -50,6 +51,7 @@ class SessionSettings:
         self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_PCM16_RATE
         self.temperature: float | None = None  # None: [sampling]'s
+        self.speed = 1.0  # of the answers' audio, as it is played (audio/time_stretch.py)
         # input_audio_transcription: set while committed user turns are transcribed
         self.transcription: Transcription | None = None
         self.transcription_logprobs = False  # the words come with their logprobs (OpenAI's `include`)
@@ -113,6 +115,7 @@ class SessionSettings:
             ("instructions", answers.instructions),
             ("voice", answers.voice),
             ("temperature", answers.temperature),
+            ("speed", answers.speed),
             ("input_rate", update.input_rate),
             ("truncation", update.truncation),
             ("transcription_logprobs", update.transcription_logprobs),

@@ -21,6 +21,7 @@ from kimiaudio.server.inputs.realtime_params import (
     TRUNCATION_FIELDS,
     TURN_DETECTION_FIELDS,
     RealtimeSampling,
+    RealtimeSpeed,
     RealtimeTruncation,
     RealtimeTurnDetection,
 )
@@ -89,6 +90,7 @@ class AnswerUpdate:
     voice: str | None = None  # a stored voice, or a stock name
     voice_field: str = "session.voice"  # where the client named it (its error's `param`)
     temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
+    speed: float | None = None  # the answer's audio played this much faster (OpenAI's audio.output.speed)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
     temperature = checked(RealtimeSampling, {"temperature": session.get("temperature")}, f"{where}.", ProtocolError)
+    speed = checked(RealtimeSpeed, {"speed": session.get("speed")}, f"{where}.", ProtocolError).get("speed")
+    ga_speed = checked(RealtimeSpeed, {"speed": audio_out.get("speed")}, f"{where}.audio.output.", ProtocolError)
+    speed = ga_speed.get("speed", speed)
     voice, voice_field = typed_field(session, "voice", str, where, "a voice name"), f"{where}.voice"
     ga_voice = typed_field(audio_out, "voice", str, f"{where}.audio.output", "a voice name")
     if voice is None and ga_voice is not None:
@@ -155,6 +160,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
             voice,
             voice_field,
             temperature.get("temperature"),
+            speed,
         ),
         input_rate=input_rate,
         transcription=_transcription(session, audio_in, where),
