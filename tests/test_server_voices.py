@@ -52,7 +52,7 @@ def float_wav(pcm: np.ndarray, sr: int) -> bytes:
     return buffer.getvalue()
 
 
-async def chat(client, voice: str, question: bytes, seed: int = 3):
+async def chat(client, voice: str | dict, question: bytes, seed: int = 3):
     return await client.chat.completions.create(
         model="kimi-audio-7b-instruct",
         modalities=["text", "audio"],
@@ -105,6 +105,9 @@ async def _speak_in_the_voice(http, pipeline, client, speech_wav, espeak_voice, 
     assert len(wav_a) == len(wav_b) > 1000 and wav_a != wav_b  # ... its speech is not
     assert pipeline.requests[-2].voice.name == "espeak" and pipeline.requests[-1].voice is None
     assert pipeline.stats()["voice_prefixes_built"] == built  # the turn used the kept prefix
+    by_id = await chat(client, {"id": "espeak"}, question)  # OpenAI's custom voice object names it too
+    assert base64.b64decode(by_id.choices[0].message.audio.data) == wav_a
+    assert pipeline.requests[-1].voice.name == "espeak"
 
     with pytest.raises(openai.BadRequestError, match="unknown voice 'nobody'"):
         await chat(client, "nobody", question)
@@ -168,8 +171,9 @@ async def test_bad_uploads(served, case, status, code):
 
 
 async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
-    """session.update `voice` over /v1/realtime: an unknown name is an error event and changes
-    nothing; a stored one is used for the session's next answer."""
+    """session.update `voice` over /v1/realtime: an unknown name (or custom voice id) is an error
+    event and changes nothing; a stored one, by its name or as `{"id": name}`, is used for the
+    session's next answer."""
     from kimiaudio.audio import pcm16
     from kimiaudio.audio.io import resample
 
@@ -188,7 +192,14 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
         bad = await next_of("session.updated")
         assert bad["type"] == "error" and "unknown voice 'nobody'" in bad["error"]["message"]
         assert bad["error"]["param"] == "session.voice"
-        await ws.send_json({"type": "session.update", "session": {"voice": "espeak", "turn_detection": None}})
+        for voice, words in (({"id": "nobody"}, "unknown voice 'nobody'"), ({"id": 5}, 'a voice name or {"id": name}')):
+            await ws.send_json({"type": "session.update", "session": {"audio": {"output": {"voice": voice}}}})
+            bad = await next_of("session.updated")
+            assert bad["type"] == "error" and words in bad["error"]["message"], bad
+            assert bad["error"]["param"] == "session.audio.output.voice"
+        # A custom voice object (OpenAI's GA shape) names a stored voice by its name.
+        update = {"audio": {"output": {"voice": {"id": "espeak"}}}, "turn_detection": None}
+        await ws.send_json({"type": "session.update", "session": update})
         assert (await next_of("session.updated"))["session"]["audio"]["output"]["voice"] == "espeak"
         audio = base64.b64encode(pcm16.to_bytes(resample(speech_16k, 16000, 24000))).decode()
         await ws.send_json({"type": "input_audio_buffer.append", "audio": audio})

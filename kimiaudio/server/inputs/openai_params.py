@@ -50,6 +50,15 @@ def check_model(model: Any, aliases: tuple[str, ...] | list[str] = (), param: st
     return MODEL_ID
 
 
+def voice_name(value: Any) -> Any:
+    """A voice as OpenAI's clients name it: a name, or a custom voice `{"id": name}` (here the
+    name of a stored voice) -> the name; any other value as it is (the voice's check says what
+    was expected)."""
+    if isinstance(value, dict) and value.keys() == {"id"} and isinstance(value["id"], str):
+        return value["id"]
+    return value
+
+
 def empty(value: Any) -> bool:
     return value in ([], {}, "")
 

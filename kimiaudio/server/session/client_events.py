@@ -37,6 +37,7 @@ from kimiaudio.server.session.event_fields import (
     output_type_field,
     pcm16_rate,
     typed_field,
+    voice_field,
 )
 from kimiaudio.server.session.item_events import (
     ITEM_EVENT_TYPES,
@@ -189,9 +190,7 @@ def _response_create(response: dict, where: str) -> ResponseCreate:
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     limit = output_limit(response, where)
     sampling = checked(RealtimeSampling, {"temperature": response.get("temperature")}, f"{where}.", ProtocolError)
-    voice = typed_field(response, "voice", str, where, "a voice name") or typed_field(
-        audio_out, "voice", str, f"{where}.audio.output", "a voice name"
-    )
+    voice = voice_field(response, "voice", where) or voice_field(audio_out, "voice", f"{where}.audio.output")
     output_type = output_type_field(response, where)
     conversation = response.get("conversation", "auto")
     if conversation not in ("auto", "none"):

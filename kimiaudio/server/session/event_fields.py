@@ -10,7 +10,7 @@ from typing import Any
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
 from kimiaudio.errors import AudioInputError, KimiAudioError
-from kimiaudio.server.inputs.openai_params import checked
+from kimiaudio.server.inputs.openai_params import checked, voice_name
 from kimiaudio.server.inputs.realtime_params import RealtimeSampling
 from kimiaudio.text.output_type import EXPECTED_MODALITIES, EXPECTED_OUTPUT_MODALITIES, output_type_of
 
@@ -46,6 +46,11 @@ def typed_field(obj: dict, key: str, kinds: type | tuple, where: str, what: str)
     if value is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
         raise ProtocolError("invalid_value", f"{where}.{key}: expected {what}, got {value!r}"[:300], f"{where}.{key}")
     return value
+
+
+def voice_field(obj: dict, key: str, where: str) -> str | None:
+    """A voice name, given as one or as a custom voice `{"id": name}` (openai_params.voice_name)."""
+    return typed_field({key: voice_name(obj.get(key))}, key, str, where, 'a voice name or {"id": name}')
 
 
 def output_limit(obj: dict, where: str) -> int | None:

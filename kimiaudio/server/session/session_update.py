@@ -33,6 +33,7 @@ from kimiaudio.server.session.event_fields import (
     output_type_field,
     pcm16_rate,
     typed_field,
+    voice_field,
 )
 from kimiaudio.text.asr_instruction import check_language
 from kimiaudio.text.output_type import OUTPUT_TYPES
@@ -142,10 +143,10 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     speed = checked(RealtimeSpeed, {"speed": session.get("speed")}, f"{where}.", ProtocolError).get("speed")
     ga_speed = checked(RealtimeSpeed, {"speed": audio_out.get("speed")}, f"{where}.audio.output.", ProtocolError)
     speed = ga_speed.get("speed", speed)
-    voice, voice_field = typed_field(session, "voice", str, where, "a voice name"), f"{where}.voice"
-    ga_voice = typed_field(audio_out, "voice", str, f"{where}.audio.output", "a voice name")
+    voice, voice_param = voice_field(session, "voice", where), f"{where}.voice"
+    ga_voice = voice_field(audio_out, "voice", f"{where}.audio.output")
     if voice is None and ga_voice is not None:
-        voice, voice_field = ga_voice, f"{where}.audio.output.voice"
+        voice, voice_param = ga_voice, f"{where}.audio.output.voice"
     input_rate = pcm16_rate(session.get("input_audio_format"), f"{where}.input_audio_format")
     input_rate = pcm16_rate(audio_in.get("format"), f"{where}.audio.input.format") or input_rate
     pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", output=True)
@@ -158,7 +159,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
             output_type,
             typed_field(session, "instructions", str, where, "text"),
             voice,
-            voice_field,
+            voice_param,
             temperature.get("temperature"),
             speed,
         ),

@@ -32,7 +32,15 @@ from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.audio_allowance import AudioAllowance, message_allowance, request_allowance
 from kimiaudio.server.inputs.audio_input import decode_base64, decoded_speech
-from kimiaudio.server.inputs.openai_params import CHAT_FIELDS, ChatOutput, ChatSampling, Fields, check_model, checked
+from kimiaudio.server.inputs.openai_params import (
+    CHAT_FIELDS,
+    ChatOutput,
+    ChatSampling,
+    Fields,
+    check_model,
+    checked,
+    voice_name,
+)
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
@@ -113,7 +121,7 @@ async def parse_chat_body(
     if output_type == BOTH:
         if not can_speak:
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
-        requested, voice = audio.get("format"), audio.get("voice")
+        requested, voice = audio.get("format"), voice_name(audio.get("voice"))
         if not isinstance(requested, str) or requested not in FORMATS:
             raise ApiError(
                 400, "unsupported_format", f"audio.format: expected one of {', '.join(FORMATS)}", param="audio.format"
