@@ -231,17 +231,24 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
     """What asks for nothing passes (an echo of session.created, no tools); what asks for
     something kimiaudio cannot do is refused naming it; an unknown field too."""
     update = parse_client_event(
-        '{"type": "session.update", "session": {"tools": [], '
-        '"tool_choice": "auto", "input_audio_noise_reduction": null, "client_secret": {}}}'
+        '{"type": "session.update", "session": {"tools": [], "tool_choice": "auto", "client_secret": {}}}'
     )
     assert update == SessionUpdate()
     for session, speed in (('{"speed": 0.25}', 0.25), ('{"audio": {"output": {"speed": 1.5}}}', 1.5)):
         update = parse_client_event('{"type": "session.update", "session": ' + session + "}")
         assert update == SessionUpdate(answers=AnswerUpdate(speed=speed))  # (both shapes' names)
+    for session, kind in (
+        ('{"input_audio_noise_reduction": {"type": "near_field"}}', "near_field"),
+        ('{"audio": {"input": {"noise_reduction": {"type": "far_field"}}}}', "far_field"),
+        ('{"audio": {"input": {"noise_reduction": null}}}', False),
+    ):
+        update = parse_client_event('{"type": "session.update", "session": ' + session + "}")
+        assert update == SessionUpdate(noise_reduction=kind)
     for session, param in (
         ('{"tracing": "auto"}', "session.tracing"),
         ('{"speed": 1.6}', "session.speed"),  # (OpenAI's range: 0.25..1.5)
-        ('{"input_audio_noise_reduction": {"type": "near_field"}}', "session.input_audio_noise_reduction"),
+        ('{"input_audio_noise_reduction": {"type": "loud"}}', "session.input_audio_noise_reduction.type"),
+        ('{"audio": {"input": {"noise_reduction": {"kind": "x"}}}}', "session.audio.input.noise_reduction.kind"),
         ('{"audio": {"output": {"speed": 0.2}}}', "session.audio.output.speed"),
         ('{"audio": {"output": {"speed": "fast"}}}', "session.audio.output.speed"),
         ('{"temperature": 0.1}', "session.temperature"),

@@ -192,7 +192,7 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
         for session, param in (
             ({"temperature": 5}, "session.temperature"),
             ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
-            ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
+            ({"input_audio_noise_reduction": {"type": "loud"}}, "session.input_audio_noise_reduction.type"),
             ({"max_response_output_tokens": 0}, "session.max_response_output_tokens"),
         ):
             await conn.send({"type": "session.update", "session": session})

@@ -37,11 +37,11 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
             "truncation",
             "include",
             "speed",
+            "input_audio_noise_reduction",
         }
     ),
     neutral={
         **NO_TOOLS,
-        "input_audio_noise_reduction": (lambda v: False, "null"),
         "tracing": (lambda v: False, "null (no traces are kept)"),
         "prompt": (lambda v: False, "nothing"),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
@@ -72,10 +72,8 @@ BETA_TRANSCRIPTION_SESSION_FIELDS = Fields(  # POST /v1/realtime/transcription_s
 )
 BETA_CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_at"}))  # its client_secret
 
-AUDIO_INPUT_FIELDS = Fields(  # GA session.audio.input
-    honoured=frozenset({"format", "turn_detection", "transcription"}),
-    neutral={"noise_reduction": (lambda v: False, "null")},
-)
+AUDIO_INPUT_FIELDS = Fields(honoured=frozenset({"format", "turn_detection", "transcription", "noise_reduction"}))
+NOISE_REDUCTION_FIELDS = Fields(honoured=frozenset({"type"}))  # GA audio.input.noise_reduction, beta's too
 
 AUDIO_OUTPUT_FIELDS = Fields(honoured=frozenset({"format", "voice", "speed"}))  # GA session.audio.output
 RESPONSE_AUDIO_OUTPUT_FIELDS = Fields(  # GA response.audio.output: the speed is the session's

@@ -1,5 +1,7 @@
 """A session's microphone side: audio into the server's VAD (turn detection), or, with turn
-detection off, into the input buffer the client commits itself.
+detection off, into the input buffer the client commits itself; either way through the
+session's noise reduction first, when it asks for one (as OpenAI's filters what is appended
+before its VAD and model hear it).
 
 The VAD's detector lives in the VAD thread (every call to it goes through `vad_executor`, so a
 settings change lands between two pushes). What it hears goes back to the session through
@@ -17,6 +19,7 @@ from concurrent.futures import Executor
 
 import numpy as np
 
+from kimiaudio.audio.noise_reduction import NoiseReduction
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SpeechStarted, SpeechStopped, TurnDetector
 from kimiaudio.server.session import server_events
@@ -52,10 +55,12 @@ class MicInput:
         self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._mode = settings.turn_detection  # "none": the client commits; else the VAD does
+        self._reducer: NoiseReduction | None = None  # the session's noise_reduction, once asked for
 
     async def push(self, pcm: np.ndarray, event_id: str | None = None) -> None:
         """16 kHz mono float32 (`event_id`: the input_audio_buffer.append's, for an error about
         it). Waits for the VAD only, never for a turn."""
+        pcm = self._reduced(pcm)
         if self._settings.turn_detection == "none":
             self._idle.heard(pcm, None, None, 0)  # (the clock counts all the audio written)
             self._keep(pcm, event_id)
@@ -97,6 +102,8 @@ class MicInput:
                 "(session.audio.input.turn_detection; beta: session.turn_detection) to commit yourself",
                 "type",
             )
+        if self._reducer is not None:  # what it still holds of the audio appended is part of the turn
+            self._keep(self._reducer.flush(), None)
         audio = self.buffer.take()
         if audio is None:
             raise ProtocolError("input_audio_buffer_commit_empty", "input_audio_buffer.commit: the buffer is empty")
@@ -105,6 +112,7 @@ class MicInput:
     def clear(self) -> None:
         """input_audio_buffer.clear: the buffer, and an utterance in progress, forgotten."""
         self.buffer.clear()
+        self._reset_reducer()
         self._idle.restart()
         self._vad_executor.submit(self._detector.reset)
         self._events.send(server_events.buffer_cleared())
@@ -118,9 +126,27 @@ class MicInput:
         if (mode == "none") != (self._mode == "none"):
             self._idle.restart()
             kept = self.buffer.take() is not None  # (emptied either way)
+            self._reset_reducer()
             held = kept or self._speech_item_id is not None
             self._speech_item_id = None
             self._vad_executor.submit(self._detector.reset)
             if held:
                 self._events.send(server_events.buffer_cleared())
         self._vad_executor.submit(self._detector.configure, self._settings.turn_settings())
+
+    def _reduced(self, pcm: np.ndarray) -> np.ndarray:
+        """The input with its noise turned down, if the session asks (a change of kind takes
+        effect here: what the old reducer held comes out first, so no audio is lost)."""
+        kind = self._settings.noise_reduction
+        held = np.zeros(0, np.float32)
+        if self._reducer is not None and self._reducer.kind != kind:
+            held, self._reducer = self._reducer.flush(), None
+        if kind is not None and self._reducer is None:
+            self._reducer = NoiseReduction(kind)
+        out = self._reducer.push(pcm) if self._reducer is not None else pcm
+        return np.concatenate([held, out]) if held.size else out
+
+    def _reset_reducer(self) -> None:
+        """The audio it holds was cleared with the rest (its noise estimate is kept)."""
+        if self._reducer is not None:
+            self._reducer.flush()

@@ -36,7 +36,7 @@ def ga_session(settings: SessionSettings, session_id: str, conversation_id: str 
     audio_in = {
         "format": _pcm(settings.input_rate),
         "transcription": _transcription(settings.transcription),
-        "noise_reduction": None,
+        "noise_reduction": _noise_reduction(settings),
         "turn_detection": _turn_detection(settings),
     }
     if settings.kind == "transcription":
@@ -82,7 +82,7 @@ def beta_session(settings: SessionSettings, session_id: str, conversation_id: st
             "modalities": ["text"],
             "input_audio_format": "pcm16",
             "input_audio_transcription": transcription,
-            "input_audio_noise_reduction": None,
+            "input_audio_noise_reduction": _noise_reduction(settings),
             "turn_detection": _turn_detection(settings),
             "include": _include(settings),
             **_extras(settings, conversation_id),
@@ -97,7 +97,7 @@ def beta_session(settings: SessionSettings, session_id: str, conversation_id: st
         "input_audio_format": "pcm16",
         "output_audio_format": "pcm16",
         "input_audio_transcription": transcription,
-        "input_audio_noise_reduction": None,
+        "input_audio_noise_reduction": _noise_reduction(settings),
         "turn_detection": _turn_detection(settings),
         "max_response_output_tokens": settings.config.sampling.max_new_tokens or "inf",
         "tools": [],
@@ -165,3 +165,7 @@ def _extras(settings: SessionSettings, conversation_id: str | None) -> dict[str,
         "output_type": settings.output_type,
         "can_speak": settings.can_speak,
     }
+
+
+def _noise_reduction(settings: SessionSettings) -> dict[str, str] | None:
+    return {"type": settings.noise_reduction} if settings.noise_reduction else None

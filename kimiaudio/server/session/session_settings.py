@@ -10,7 +10,8 @@ the sample rate of pcm16 input, how fast the answers' audio plays (OpenAI's `spe
 audio stretched in time at its pitch, from the next response on), OpenAI's `temperature` (of
 the answer's speech stream, or of its text stream for a text answer), whether committed user
 turns are transcribed (input_audio_transcription; WebRTC calls by default,
-`[server] transcribe_input`; with their logprobs, if `include` asks), and the session's type:
+`[server] transcribe_input`; with their logprobs, if `include` asks), whether the input's
+steady noise is turned down first (OpenAI's `noise_reduction`), and the session's type:
 "realtime" (it answers) or "transcription" (it only transcribes what it hears: no responses,
 the words always), and how its conversation is cut when it outgrows the context (OpenAI's
 `truncation`). The values of a session.update were checked once, as it was parsed
@@ -55,6 +56,7 @@ class SessionSettings:
         # input_audio_transcription: set while committed user turns are transcribed
         self.transcription: Transcription | None = None
         self.transcription_logprobs = False  # the words come with their logprobs (OpenAI's `include`)
+        self.noise_reduction: str | None = None  # "near_field" | "far_field": the input's (audio/noise_reduction.py)
         self.kind = "realtime"  # or "transcription"
         self.truncation = SessionTruncation()
 
@@ -124,6 +126,8 @@ class SessionSettings:
                 setattr(self, name, value)
         if update.transcription is not None:
             self.transcription = update.transcription or None
+        if update.noise_reduction is not None:
+            self.noise_reduction = update.noise_reduction or None
         if update.kind is not None:
             self.kind = update.kind
         if self.kind == "transcription" and self.transcription is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kimiaudio.audio.noise_reduction import NOISE_REDUCTION_KINDS
 from kimiaudio.config import check_setting
 from kimiaudio.errors import ConfigError, KimiAudioError
 from kimiaudio.server.inputs.openai_params import MODEL_ID, checked
@@ -16,6 +17,7 @@ from kimiaudio.server.inputs.realtime_params import (
     AUDIO_INPUT_FIELDS,
     AUDIO_OUTPUT_FIELDS,
     INPUT_TRANSCRIPTION_FIELDS,
+    NOISE_REDUCTION_FIELDS,
     SESSION_FIELDS,
     TOKEN_LIMITS_FIELDS,
     TRUNCATION_FIELDS,
@@ -103,6 +105,7 @@ class SessionUpdate:
     input_rate: int | None = None  # pcm16 sample rate of input_audio_buffer.append
     # input_audio_transcription: None = unchanged, False = off
     transcription: Transcription | Literal[False] | None = None
+    noise_reduction: str | Literal[False] | None = None  # "near_field" | "far_field" (False: off)
     kind: str | None = None  # the session's type: "realtime" | "transcription" (None: unchanged)
     truncation: SessionTruncation | None = None
     transcription_logprobs: bool | None = None  # include: "item.input_audio_transcription.logprobs"
@@ -165,6 +168,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
         ),
         input_rate=input_rate,
         transcription=_transcription(session, audio_in, where),
+        noise_reduction=_noise_reduction(session, audio_in, where),
         kind=kind,
         truncation=_truncation(session.get("truncation"), f"{where}.truncation"),
         transcription_logprobs=_include(session.get("include"), f"{where}.include"),
@@ -206,6 +210,29 @@ def _transcription(session: dict, audio_in: dict, where: str) -> Transcription |
             language,
             typed_field(value, "prompt", str, path, "text") or "",
         )
+    return None
+
+
+def _noise_reduction(session: dict, audio_in: dict, where: str) -> str | Literal[False] | None:
+    """Beta `input_audio_noise_reduction` or GA `audio.input.noise_reduction`: null turns it
+    off, `{"type": "near_field" | "far_field"}` on (audio/noise_reduction.py)."""
+    for container, path in (
+        (session, f"{where}.input_audio_noise_reduction"),
+        (audio_in, f"{where}.audio.input.noise_reduction"),
+    ):
+        key = path.rsplit(".", 1)[1]
+        if key not in container:
+            continue
+        if container[key] is None:
+            return False
+        value = object_field(container[key], path)
+        NOISE_REDUCTION_FIELDS.check(value, f"{path}.", ProtocolError)
+        kind = value.get("type")
+        if kind not in NOISE_REDUCTION_KINDS:
+            expected = " or ".join(repr(k) for k in NOISE_REDUCTION_KINDS)
+            message = f"{path}.type: expected {expected}, got {kind!r}"[:200]
+            raise ProtocolError("invalid_value", message, f"{path}.type")
+        return kind
     return None
 
 
