@@ -230,7 +230,7 @@ async def test_expired_and_unknown_keys_are_refused(server):
         ({"session": {"type": "realtime", "voice": "no-such-voice"}}, "session.voice"),
         ({"session": {"type": "realtime", "audio": {"output": {"voice": "nobody"}}}}, "session.audio.output.voice"),
         ({"session": {"type": "realtime", "turn_detection": {"type": "loud"}}}, "session.turn_detection.type"),
-        ({"session": {"type": "realtime", "tools": [{"type": "function"}]}}, "session.tools"),
+        ({"session": {"type": "realtime", "tool_choice": "required"}}, "session.tool_choice"),
         ({"session": {"type": "realtime", "model": "gpt-5"}}, "session.model"),
         ({"lifetime": 60}, "lifetime"),
     ],

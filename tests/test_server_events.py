@@ -234,6 +234,12 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         '{"type": "session.update", "session": {"tools": [], "tool_choice": "auto", "client_secret": {}}}'
     )
     assert update == SessionUpdate()
+    # What an agent SDK sends with its set-up: tools (never called), tracing (none kept).
+    update = parse_client_event(
+        '{"type": "session.update", "session": {"instructions": "Hi", "tracing": "auto", "parallel_tool_calls": false, '
+        '"tools": [{"type": "function", "name": "f", "parameters": {}}], "tool_choice": "auto"}}'
+    )
+    assert update == SessionUpdate(answers=AnswerUpdate(instructions="Hi"))
     for session, speed in (('{"speed": 0.25}', 0.25), ('{"audio": {"output": {"speed": 1.5}}}', 1.5)):
         update = parse_client_event('{"type": "session.update", "session": ' + session + "}")
         assert update == SessionUpdate(answers=AnswerUpdate(speed=speed))  # (both shapes' names)
@@ -245,7 +251,10 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         update = parse_client_event('{"type": "session.update", "session": ' + session + "}")
         assert update == SessionUpdate(noise_reduction=kind)
     for session, param in (
-        ('{"tracing": "auto"}', "session.tracing"),
+        ('{"tracing": "always"}', "session.tracing"),
+        ('{"tracing": {"workflow": "w"}}', "session.tracing"),
+        ('{"tools": [{"name": "f"}]}', "session.tools"),  # (no type: no tool object)
+        ('{"tool_choice": "required"}', "session.tool_choice"),
         ('{"speed": 1.6}', "session.speed"),  # (OpenAI's range: 0.25..1.5)
         ('{"input_audio_noise_reduction": {"type": "loud"}}', "session.input_audio_noise_reduction.type"),
         ('{"audio": {"input": {"noise_reduction": {"kind": "x"}}}}', "session.audio.input.noise_reduction.kind"),

@@ -191,7 +191,7 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
         await events.wait_for("session.created")
         for session, param in (
             ({"temperature": 5}, "session.temperature"),
-            ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+            ({"tool_choice": {"type": "function", "name": "f"}}, "session.tool_choice"),
             ({"input_audio_noise_reduction": {"type": "loud"}}, "session.input_audio_noise_reduction.type"),
             ({"max_response_output_tokens": 0}, "session.max_response_output_tokens"),
         ):
@@ -206,11 +206,12 @@ async def test_realtime_session_and_response_fields(v1_server, speech, openai_cl
         await say(conn, np.concatenate([speech[0], silence(0.2)]))
         await conn.input_audio_buffer.commit()
         await events.wait_for("input_audio_buffer.committed")
-        await conn.send({"type": "response.create", "response": {"tools": [{"type": "function", "name": "f"}]}})
+        await conn.send({"type": "response.create", "response": {"tool_choice": "required"}})
         error = await events.wait_for("error", count=len(events.of_type("error")) + 1)
-        assert error.error.param == "response.tools"
+        assert error.error.param == "response.tool_choice"
         await conn.response.create(
             response={
+                "tools": [{"type": "function", "name": "f"}],  # (taken, never called)
                 "modalities": ["text"],
                 "instructions": "Be brief.",
                 "temperature": 0.7,

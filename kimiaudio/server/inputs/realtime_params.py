@@ -9,11 +9,31 @@ fields.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kimiaudio.audio.time_stretch import MAX_SPEED, MIN_SPEED
 from kimiaudio.config import MAX_NEW_TOKENS
 from kimiaudio.server.inputs.openai_params import NO_TOOLS, OUTPUT_LIMIT, Fields, empty
 from kimiaudio.validation import Bounds, setting
+
+
+def _tool_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("type"), str) for t in value)
+
+
+def _tracing(value: Any) -> bool:
+    return value == "auto" or (isinstance(value, dict) and value.keys() <= {"workflow_name", "group_id", "metadata"})
+
+
+# A Realtime client declares its tools in the session.update that carries its whole set-up
+# (instructions, voice, transcription), which a refused field would refuse whole; so tools are
+# taken and never called, as a model that answers "auto" without calling any would. A choice
+# that demands a call is refused (NO_TOOLS: chat completions refuse any tool).
+DECLARED_TOOLS = {
+    "tools": (_tool_list, "a list of tool objects (taken, never called: kimiaudio has no function calling)"),
+    "tool_choice": NO_TOOLS["tool_choice"],
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "true or false (no tool is called)"),
+}
 
 SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), transcription_session.update's
     honoured=frozenset(
@@ -41,11 +61,10 @@ SESSION_FIELDS = Fields(  # session.update's session (beta and GA shapes), trans
         }
     ),
     neutral={
-        **NO_TOOLS,
-        "tracing": (lambda v: False, "null (no traces are kept)"),
+        **DECLARED_TOOLS,
+        "tracing": (_tracing, 'null, "auto" or {workflow_name, group_id, metadata} (no traces are kept)'),
         "prompt": (lambda v: False, "nothing"),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
-        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
     },
     # The model is the one connected to (?model=), as OpenAI keeps it; the rest echo session.created.
     ignored=frozenset({"model", "id", "object", "client_secret", "expires_at"}),
@@ -125,10 +144,9 @@ RESPONSE_FIELDS = Fields(  # response.create's response
         }
     ),
     neutral={
-        **NO_TOOLS,
+        **DECLARED_TOOLS,
         "prompt": (lambda v: False, "nothing"),
         "reasoning": (lambda v: False, "nothing: not a reasoning model"),
-        "parallel_tool_calls": (lambda v: False, "nothing: there are no tools"),
     },
 )
 
