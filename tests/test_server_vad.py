@@ -101,3 +101,24 @@ def test_configure_changes_thresholds_live():
     det.reset()
     det.configure(TurnSettings(threshold=0.7, min_speech_ms=32))
     assert det.push(np.zeros(4 * WINDOW, np.float32)) == []
+
+
+def test_an_utterance_ends_when_the_client_commits_it():
+    """end_now (a client's commit with the VAD on): nothing while silent; during speech, the
+    utterance so far with its padding, and the detector is silent again, its clock going on."""
+    probs = iter([0.0] * 4 + [0.9] * 12 + [0.9] * 3)
+    settings = TurnSettings(threshold=0.5, min_speech_ms=96, silence_ms=320, prefix_padding_ms=64)
+    det = TurnDetector(lambda w: next(probs), settings)
+    assert det.push(np.zeros(3 * WINDOW, np.float32)) == [] and det.end_now() is None
+    events = []
+    for i in range(3, 16):
+        events += det.push(np.full(WINDOW, i, dtype=np.float32))
+    det.push(np.full(100, 16, dtype=np.float32))  # (not yet a window: the stream's, not the utterance's)
+    assert [type(e) for e in events] == [SpeechStarted] and det.is_speaking
+    stopped = det.end_now()
+    assert isinstance(stopped, SpeechStopped) and stopped.audio_end_ms == 16 * 32
+    assert stopped.audio.reshape(-1, WINDOW)[:, 0].astype(int).tolist() == [0] + list(range(3, 16))  # 2 padding
+    assert not det.is_speaking and det.end_now() is None
+    # Speech goes on after the commit: a new utterance, timed on the same clock.
+    events = det.push(np.full(3 * WINDOW - 100, 17, dtype=np.float32))
+    assert [type(e) for e in events] == [SpeechStarted] and events[0].audio_start_ms == 16 * 32

@@ -243,6 +243,38 @@ async def test_manual_commit_text_items_and_errors(v1_server, speech, openai_cli
         ]
 
 
+@pytest.mark.parametrize("api", APIS)
+async def test_a_commit_with_the_vad_on_ends_the_utterance_it_hears(v1_server, speech, openai_client, api):
+    """A push-to-talk client may commit while the server's VAD is on (OpenAI lets it): the
+    utterance being heard ends there (speech_stopped, then committed, under the item id its
+    speech_started named), and no response follows (OpenAI's commit creates none); with no
+    speech being heard there is nothing to commit."""
+    async with connect(openai_client, api) as conn:
+        events = Events(conn, api)
+        await events.wait_for("session.created")
+        await conn.send({"type": "input_audio_buffer.commit", "event_id": "ev_early"})
+        early = (await events.wait_for("error")).error
+        assert (early.code, early.event_id) == ("input_audio_buffer_commit_empty", "ev_early")
+
+        await say(conn, np.concatenate([silence(0.3), speech[0]]))  # no silence after it: the VAD has not ended it
+        started = await events.wait_for("input_audio_buffer.speech_started")
+        await conn.input_audio_buffer.commit()
+        committed = await events.wait_for("input_audio_buffer.committed")
+        stopped = events.of_type("input_audio_buffer.speech_stopped")
+        assert [e.item_id for e in stopped] == [started.item_id] == [committed.item_id]
+        assert events.position(stopped[0]) < events.position(committed)
+        assert started.audio_start_ms < stopped[0].audio_end_ms
+
+        await conn.send({"type": "conversation.item.retrieve", "item_id": committed.item_id})
+        item = (await events.wait_for("conversation.item.retrieved")).item
+        assert item.id == committed.item_id and item.role == "user"
+        await say(conn, silence(1.0))  # (the VAD hears no more speech: nothing else is committed)
+        await conn.send({"type": "input_audio_buffer.commit", "event_id": "ev_late"})
+        late = (await events.wait_for("error", count=2)).error
+        assert (late.code, late.event_id) == ("input_audio_buffer_commit_empty", "ev_late")
+        assert not events.of_type("response.created") and len(events.of_type("input_audio_buffer.committed")) == 1
+
+
 async def test_response_create_while_one_runs_and_early_cancels(v1_server, speech, openai_client):
     """A second response.create is refused while a response runs (the running one is not lost); a
     response.cancel right after response.create cancels it though it had not started; one with

@@ -201,6 +201,14 @@ class TurnDetector:
             return self._stop(index)
         return None
 
+    def end_now(self) -> SpeechStopped | None:
+        """The utterance being heard ends here (a client's commit while the VAD is on: OpenAI
+        lets a push-to-talk client end its turn itself); None when none is being heard. It
+        ends with the last full window: the samples after it stay the stream's, unheard."""
+        if self.state == "silence":
+            return None
+        return self._stop(self._num_windows - 1)
+
     def _abandon(self) -> None:
         # Too short to be speech: the windows become padding candidates again.
         windows = self._utterance

@@ -65,6 +65,10 @@ class MicInput:
             self._idle.heard(pcm, None, None, 0)  # (the clock counts all the audio written)
             self._keep(pcm, event_id)
             return
+        await self._detect(pcm)
+
+    async def _detect(self, pcm: np.ndarray) -> None:
+        """The VAD hears `pcm`: its events go out, an utterance it ends becomes a turn."""
         loop = asyncio.get_running_loop()
         for event in await loop.run_in_executor(self._vad_executor, self._detector.push, pcm):
             match event:
@@ -93,15 +97,30 @@ class MicInput:
                 event_id=event_id,
             )
 
-    def take_buffer(self) -> np.ndarray:
-        """input_audio_buffer.commit: the buffered audio (turn detection must be off)."""
-        if self._settings.turn_detection != "none":
+    async def take_commit(self) -> tuple[np.ndarray, str | None]:
+        """input_audio_buffer.commit -> (the audio committed, its item id if already named).
+        With turn detection off: the buffered audio. With the server's VAD: the utterance it is
+        hearing, ended now (speech_stopped, if its speech_started was sent), as OpenAI lets a
+        client commit in VAD mode; no utterance, nothing to commit."""
+        if self._settings.turn_detection == "none":
+            return self._take_buffer(), None
+        if self._reducer is not None:  # what it still holds was heard before the commit
+            await self._detect(self._reducer.flush())
+        loop = asyncio.get_running_loop()
+        stopped = await loop.run_in_executor(self._vad_executor, self._detector.end_now)
+        if stopped is None:
             raise ProtocolError(
-                "invalid_event",
-                "input_audio_buffer.commit: the server's VAD commits turns; set turn detection to null "
-                "(session.audio.input.turn_detection; beta: session.turn_detection) to commit yourself",
-                "type",
+                "input_audio_buffer_commit_empty",
+                "input_audio_buffer.commit: no speech heard since the last turn (the server's VAD commits each "
+                "utterance itself)",
             )
+        item_id, self._speech_item_id = self._speech_item_id, None
+        if item_id is not None:
+            self._events.send(server_events.speech_stopped(stopped.audio_end_ms, item_id))
+        return stopped.audio, item_id
+
+    def _take_buffer(self) -> np.ndarray:
+        """The buffered audio (turn detection off)."""
         if self._reducer is not None:  # what it still holds of the audio appended is part of the turn
             self._keep(self._reducer.flush(), None)
         audio = self.buffer.take()

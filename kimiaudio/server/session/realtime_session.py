@@ -228,7 +228,8 @@ class RealtimeSession:
             case client_events.AudioAppend(pcm16=data):
                 await self.push_audio(self.mic.buffer.to_16k(data, self.settings.input_rate), event_id)
             case client_events.AudioCommit():
-                self.commit(self.mic.take_buffer(), event_id=event_id)
+                audio, item_id = await self.mic.take_commit()
+                self.commit(audio, item_id, event_id=event_id)
             case client_events.AudioClear():
                 self.mic.clear()
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
