@@ -204,8 +204,13 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         (
             '{"type": "conversation.item.create", '
             '"item": {"role": "user", "content": [{"type": "input_text", "text": null}]}}',
-            "invalid_value",
-            "content[0].text",
+            "missing_required_parameter",
+            "content[0].text is required",
+        ),
+        (
+            '{"type": "conversation.item.create", "item": {"role": "user", "content": [{"type": "input_text"}]}}',
+            "missing_required_parameter",
+            "content[0].text is required",
         ),
         (
             '{"type": "conversation.item.create", '

@@ -206,13 +206,25 @@ async def test_an_answer_in_progress_is_stored_whole_and_kept_with_its_item_unti
                 assert "in progress" in await refused(events, 1, busy, "ev_answer")
                 assert "being answered" in await refused(events, 2, busy, "ev_story")
                 retrieved = (await events.wait_for("conversation.item.retrieved")).item
-                assert (retrieved.id, retrieved.status, retrieved.content) == (answer, "in_progress", [])
+                assert (retrieved.id, retrieved.status) == (answer, "in_progress")
                 assert (await events.wait_for("conversation.item.deleted")).item_id == "item_hello"
                 assert not events.of_type("response.done")  # all of it while the answer played
 
                 await conn.response.cancel()
                 done = await events.wait_for("response.done")
                 assert done.response.status == "cancelled", done.response.status_details
+                # Read back in progress: what it had so far, a prefix of all it generated.
+                (part,) = retrieved.content
+                assert part.type == "output_audio" and done.response.output[0].content[0].transcript.startswith(
+                    part.transcript
+                )
+                generated = b"".join(
+                    base64.b64decode(e.delta)
+                    for e in events.of_type("response.output_audio.delta")
+                    if e.response_id == done.response.id
+                )
+                so_far = base64.b64decode(part.audio)
+                assert 0 < len(so_far) <= len(generated) and generated.startswith(so_far)
                 stored = await (await http.get(f"/api/conversations/{conversation_id}")).json()
                 said = stored["turns"][-1]
                 assert [t["index"] for t in stored["turns"]] == [1, 2, 3]
@@ -228,7 +240,8 @@ async def test_an_answer_in_progress_is_stored_whole_and_kept_with_its_item_unti
 
 async def test_a_cancelled_answer_and_its_item_are_deleted_without_waiting_for_it(demo_server):
     """response.cancel makes the answer and the item it answers deletable at once: deletes sent
-    right after it wait for the answer to end instead of being refused."""
+    right after it wait for the answer to end instead of being refused; a retrieve sent right
+    after it reads the answer back as it is kept."""
     async with demo_server() as (http, pipeline):
         pipeline.answers_to_limit = True  # an answer still playing when the cancel comes
         client = client_of(http)
@@ -242,13 +255,22 @@ async def test_a_cancelled_answer_and_its_item_are_deleted_without_waiting_for_i
                 answer = (await events.wait_for("response.output_item.added")).item.id
                 await events.wait_for("response.output_audio.delta")
                 await conn.response.cancel()
+                await conn.send({"type": "conversation.item.retrieve", "item_id": answer})  # (as agents SDKs do)
                 await conn.send({"type": "conversation.item.delete", "item_id": answer})
                 await conn.send({"type": "conversation.item.delete", "item_id": "item_story"})
                 await events.wait_for("conversation.item.deleted", count=2)
                 assert [e.item_id for e in events.of_type("conversation.item.deleted")] == [answer, "item_story"]
-                assert (await events.wait_for("response.done")).response.status == "cancelled"
+                done = (await events.wait_for("response.done")).response
+                assert done.status == "cancelled"
                 assert not events.of_type("error"), events.of_type("error")
                 assert await turns(http, conversation_id) == [(0, "assistant", "Hi.")]
+                # The retrieve waited for the cut answer to be stored: it reads back as kept.
+                read_back = await events.wait_for("conversation.item.retrieved")
+                kept = read_back.item
+                assert (kept.id, kept.status) == (answer, "incomplete")
+                assert events.position(read_back) < events.position(events.of_type("conversation.item.deleted")[0])
+                if kept.content:  # (some of it was heard: its transcript, as response.done's output says)
+                    assert kept.content[0].transcript == done.output[0].content[0].transcript
         finally:
             await client.close()
 

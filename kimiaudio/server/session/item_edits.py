@@ -14,7 +14,8 @@ input_audio part carries the audio as stored (16 kHz), resampled to the session'
 as base64 pcm16, and its transcript (null until transcribed); an answer's output_audio part
 carries the transcript and the audio that were heard (24 kHz, the output format); an answer
 nothing of which was heard has no stored turn, and reads back incomplete and empty. The answer
-in progress is sent as it was announced (in progress, no content yet). The event names the
+in progress reads back in progress, with its text and audio so far; one being cut (a barge-in,
+a cancel, a truncate) is read back once it is stored, as it is kept. The event names the
 conversation (`conversation_id`) and the retrieve's event_id (`client_event_id`): over WebRTC,
 one too large for the data channel is an `error` naming both that event_id and the turn's
 audio path (transport/rtc_peer.py).
@@ -33,6 +34,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
+import numpy as np
+
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
@@ -45,6 +48,7 @@ from kimiaudio.server.session.input_transcription import InputTranscription
 from kimiaudio.server.session.queued_turn import QueuedEdit
 from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.session.response_done import answer_item
+from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.server.session.store_failure import log_store_failure
 from kimiaudio.store import StoredTurn
@@ -114,8 +118,11 @@ class ItemEdits:
         where = "conversation.item.retrieve"
         self._known(item_id, where)
         response = self._responder.current
-        if response is not None and response.item_id == item_id:
-            return answer_item(response, "in_progress", response.stored[0] if response.stored else None)
+        if response is not None and response.item_id == item_id and response.cancelled:
+            await self._responder.settle(interrupt=False)  # cut, being stored: read back what it keeps
+            self._known(item_id, where)
+        elif response is not None and response.item_id == item_id:
+            return self._in_progress(response)
         try:
             turn = await self._conversation.stored_item(item_id)
         except Exception as exc:  # (the database away, a stored blob that does not decode)
@@ -124,6 +131,21 @@ class ItemEdits:
         if turn is None:  # an answer nothing of which was heard (cut, or failed, before its first audio)
             return {**server_events.message_item(item_id, "assistant", status="incomplete"), "content": []}
         return self._item(item_id, turn)
+
+    @staticmethod
+    def _in_progress(response: ResponseState) -> dict:
+        """The answer being generated, with what it has so far: its text, and its audio."""
+        item = answer_item(response, "in_progress", response.stored[0] if response.stored else None)
+        if response.output_type == "both":
+            audio = np.concatenate(response.pcm) if response.pcm else np.zeros(0, np.float32)
+            part = {
+                "type": "output_audio",
+                "transcript": response.text,
+                "audio": pcm16.to_base64(pcm16.to_bytes(audio)),
+            }
+        else:
+            part = {"type": "output_text", "text": response.text}
+        return {**item, "content": [part]}
 
     def _item(self, item_id: str, turn: StoredTurn) -> dict:
         has_audio = turn.audio is not None

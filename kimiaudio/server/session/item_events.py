@@ -125,7 +125,13 @@ def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCr
         part = object_field(part, f"{where}.content[{i}]")
         if part.get("type") in ("input_text", "text", "output_text"):
             text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
-            if text is None or "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
+            if text is None:
+                raise ProtocolError(
+                    "missing_required_parameter",
+                    f"{where}.content[{i}].text is required (a {part['type']} part's text)",
+                    f"{where}.content[{i}].text",
+                )
+            if "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
                 raise ProtocolError(
                     "invalid_value",
                     f"{where}.content[{i}].text: expected text without NUL characters",
