@@ -52,6 +52,7 @@ class NoiseReduction:
         self._smoothed: np.ndarray | None = None
         self._window_min = np.zeros(0)
         self._minima: list[np.ndarray] = []
+        self._past_min: np.ndarray | None = None  # the minimum of `_minima`
         self._in_window = 0
         self._clean = np.zeros(0)
         self._last_gain = np.ones(FRAME // 2 + 1)
@@ -83,17 +84,22 @@ class NoiseReduction:
         return out
 
     def _frames(self, learn: bool = True) -> np.ndarray:
-        out = []
-        while self._input.size >= FRAME:
-            spectrum = np.fft.rfft(self._input[:FRAME] * self._window)
-            gain = self._gain(spectrum) if learn else self._last_gain
-            cleaned = np.fft.irfft(spectrum * gain, FRAME).astype(np.float32) * self._window
-            out.append(self._tail + cleaned[:HOP])
-            self._tail = cleaned[HOP:]
-            self._input = self._input[HOP:]
-        done = np.concatenate(out) if out else np.zeros(0, np.float32)
-        skipped = min(self._skip, done.size)
-        done, self._skip = done[skipped:], self._skip - skipped
+        count = (self._input.size - FRAME) // HOP + 1 if self._input.size >= FRAME else 0
+        if count == 0:
+            return np.zeros(0, np.float32)
+        # Every frame the input holds at once (one FFT call each way); the gains in order.
+        starts = np.arange(count) * HOP
+        frames = self._input[starts[:, None] + np.arange(FRAME)] * self._window
+        spectra = np.fft.rfft(frames, axis=1)
+        gains = np.stack([self._gain(spectrum) if learn else self._last_gain for spectrum in spectra])
+        cleaned = np.fft.irfft(spectra * gains, FRAME, axis=1).astype(np.float32) * self._window
+        out = np.empty(count * HOP, np.float32)
+        out[:HOP] = self._tail + cleaned[0, :HOP]
+        out[HOP:] = (cleaned[:-1, HOP:] + cleaned[1:, :HOP]).reshape(-1)
+        self._tail = cleaned[-1, HOP:].copy()
+        self._input = self._input[count * HOP :]
+        skipped = min(self._skip, out.size)
+        done, self._skip = out[skipped:], self._skip - skipped
         self._emitted += done.size
         return done
 
@@ -106,8 +112,10 @@ class NoiseReduction:
         self._in_window += 1
         if self._in_window == SUB_WINDOW:
             self._minima = [*self._minima[1 - SUB_WINDOWS :], self._window_min]
+            self._past_min = np.minimum.reduce(self._minima)
             self._window_min, self._in_window = self._smoothed.copy(), 0
-        noise = MIN_BIAS * np.minimum.reduce([self._window_min, *self._minima]) + TINY
+        minimum = self._window_min if self._past_min is None else np.minimum(self._window_min, self._past_min)
+        noise = MIN_BIAS * minimum + TINY
         posterior = power / noise
         prior = DECISION_DIRECTED * self._clean / noise + (1.0 - DECISION_DIRECTED) * np.maximum(posterior - 1.0, 0.0)
         gain = np.maximum(prior / (1.0 + prior), self._floor)
