@@ -83,6 +83,7 @@ async def test_a_truncated_answer_keeps_the_text_of_what_was_heard(demo_server, 
                 await events.until(lambda: events.audio_seconds(rid) >= 2 * heard_ms / 1000 or events.done(rid))
                 assert not events.done(rid), "the answer ended before the truncate"
                 await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=heard_ms)
+                await conn.response.cancel()  # (openai-agents' interrupt(): the answer, cut, has not ended yet)
                 done = (await events.wait_for("response.done")).response
                 await conn.send({"type": "conversation.item.retrieve", "item_id": item_id})
                 retrieved = (await events.wait_for("conversation.item.retrieved")).item
@@ -91,6 +92,7 @@ async def test_a_truncated_answer_keeps_the_text_of_what_was_heard(demo_server, 
                 await events.wait_for("response.done", count=2)
         finally:
             await client.close()
+        assert not events.of_type("error"), [e.error for e in events.of_type("error")]
         assert done.status == "cancelled", done.status_details
         generated = pipeline.handles[0].done  # what the pipeline generated before the cut
         sent = "".join(

@@ -5,7 +5,8 @@ built), which ends that response as it starts (created, then done, cancelled).
 response.create is queued (`queued`), in order with the items, and started when taken
 (`start`): the conversation's own by the Responder, an out-of-band one (conversation "none")
 by OutOfBand. response.cancel is answered at once (`cancel`): one naming an out-of-band
-response cancels it; else the conversation's response in progress is cut; with none, a
+response cancels it; else the conversation's response in progress is cut (one already cut,
+by a truncate or a barge-in, is left as it is: it ends with its response.done); with none, a
 response.create still waiting counts it; with neither, it is an error
 (response_cancel_not_active), as OpenAI answers it, unless it only stops the playback.
 """
@@ -51,7 +52,9 @@ class ResponseRequests:
         if response_id is not None and self._out_of_band.cancel(response_id):
             return
         response = self._responder.current
-        if response is not None and not response.cancelled and response_id in (None, response.id):
+        if response is not None and response_id in (None, response.id):
+            # (one cut already, by a truncate or a barge-in, is still in progress until its
+            # response.done: the cancel asks for what is happening)
             self._responder.interrupt("client_cancelled")
         elif self._waiting and response_id is None:
             self._cancels += 1
