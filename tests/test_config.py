@@ -379,3 +379,28 @@ def test_openai_temperature_and_limit_reach_the_answer_sampling():
     settings.apply(_update({"max_output_tokens": "inf"}))
     assert settings.sampling("both").max_new_tokens == 0
     assert ga_session(settings, "s", None)["max_output_tokens"] == "inf"
+
+
+def test_session_objects_report_the_tool_choice_speed_and_noise_reduction_set():
+    """What a session.update set is what session.updated reports, in both shapes: tool_choice as
+    set (no tool is called either way), speed, and the noise reduction (null once off)."""
+    from kimiaudio.server.session.session_objects import beta_session
+
+    settings = SessionSettings(Config(), can_speak=True)
+    settings.apply(
+        _update({"tool_choice": "none", "speed": 1.25, "input_audio_noise_reduction": {"type": "far_field"}})
+    )
+    ga, beta = ga_session(settings, "s", None), beta_session(settings, "s", None)
+    assert (ga["tool_choice"], ga["audio"]["output"]["speed"], ga["audio"]["input"]["noise_reduction"]) == (
+        "none",
+        1.25,
+        {"type": "far_field"},
+    )
+    assert (beta["tool_choice"], beta["speed"], beta["input_audio_noise_reduction"]) == (
+        "none",
+        1.25,
+        {"type": "far_field"},
+    )
+    settings.apply(_update({"audio": {"input": {"noise_reduction": None}}}))
+    assert ga_session(settings, "s", None)["audio"]["input"]["noise_reduction"] is None
+    assert settings.speed == 1.25 and settings.tool_choice == "none"  # (left as they were)

@@ -117,6 +117,7 @@ def test_openai_session_update_beta_and_ga_shapes():
             instructions="Answer briefly.",
             voice="alloy",
             temperature=0.8,
+            tool_choice="auto",
         ),
         input_rate=24000,
         transcription=False,
@@ -236,15 +237,15 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
     """What asks for nothing passes (an echo of session.created, no tools); what asks for
     something kimiaudio cannot do is refused naming it; an unknown field too."""
     update = parse_client_event(
-        '{"type": "session.update", "session": {"tools": [], "tool_choice": "auto", "client_secret": {}}}'
+        '{"type": "session.update", "session": {"tools": [], "tool_choice": "none", "client_secret": {}}}'
     )
-    assert update == SessionUpdate()
+    assert update == SessionUpdate(answers=AnswerUpdate(tool_choice="none"))  # (echoed, as it was set)
     # What an agent SDK sends with its set-up: tools (never called), tracing (none kept).
     update = parse_client_event(
         '{"type": "session.update", "session": {"instructions": "Hi", "tracing": "auto", "parallel_tool_calls": false, '
         '"tools": [{"type": "function", "name": "f", "parameters": {}}], "tool_choice": "auto"}}'
     )
-    assert update == SessionUpdate(answers=AnswerUpdate(instructions="Hi"))
+    assert update == SessionUpdate(answers=AnswerUpdate(instructions="Hi", tool_choice="auto"))
     for session, speed in (('{"speed": 0.25}', 0.25), ('{"audio": {"output": {"speed": 1.5}}}', 1.5)):
         update = parse_client_event('{"type": "session.update", "session": ' + session + "}")
         assert update == SessionUpdate(answers=AnswerUpdate(speed=speed))  # (both shapes' names)

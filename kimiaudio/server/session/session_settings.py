@@ -53,6 +53,7 @@ class SessionSettings:
         self.input_rate = OPENAI_PCM16_RATE
         self.temperature: float | None = None  # None: [sampling]'s
         self.speed = 1.0  # of the answers' audio, as it is played (audio/time_stretch.py)
+        self.tool_choice = "auto"  # as the client set it; no tool is called either way
         # input_audio_transcription: set while committed user turns are transcribed
         self.transcription: Transcription | None = None
         self.transcription_logprobs = False  # the words come with their logprobs (OpenAI's `include`)
@@ -118,6 +119,7 @@ class SessionSettings:
             ("voice", answers.voice),
             ("temperature", answers.temperature),
             ("speed", answers.speed),
+            ("tool_choice", answers.tool_choice),
             ("input_rate", update.input_rate),
             ("truncation", update.truncation),
             ("transcription_logprobs", update.transcription_logprobs),

@@ -94,6 +94,7 @@ class AnswerUpdate:
     voice_field: str = "session.voice"  # where the client named it (its error's `param`)
     temperature: float | None = None  # OpenAI's: of the answer's main stream (see the docstring)
     speed: float | None = None  # the answer's audio played this much faster (OpenAI's audio.output.speed)
+    tool_choice: str | None = None  # "auto" | "none": either way no tool is called (realtime_params.DECLARED_TOOLS)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
             voice_param,
             temperature.get("temperature"),
             speed,
+            session.get("tool_choice"),  # (checked with the fields: "auto" or "none")
         ),
         input_rate=input_rate,
         transcription=_transcription(session, audio_in, where),
