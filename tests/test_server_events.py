@@ -266,6 +266,8 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
         ('{"audio": {"input": {"noise_reduction": {"kind": "x"}}}}', "session.audio.input.noise_reduction.kind"),
         ('{"audio": {"output": {"speed": 0.2}}}', "session.audio.output.speed"),
         ('{"audio": {"output": {"speed": "fast"}}}', "session.audio.output.speed"),
+        ('{"audio": {"output": {"voice": {"id": ""}}}}', "session.audio.output.voice"),
+        ('{"voice": ""}', "session.voice"),
         ('{"temperature": 0.1}', "session.temperature"),
         ('{"reasoning": {"effort": "low"}}', "session.reasoning"),
         ('{"turn_detection": {"idle_timeout_ms": 500}}', "session.turn_detection.idle_timeout_ms"),

@@ -50,7 +50,11 @@ def typed_field(obj: dict, key: str, kinds: type | tuple, where: str, what: str)
 
 def voice_field(obj: dict, key: str, where: str) -> str | None:
     """A voice name, given as one or as a custom voice `{"id": name}` (openai_params.voice_name)."""
-    return typed_field({key: voice_name(obj.get(key))}, key, str, where, 'a voice name or {"id": name}')
+    expected = 'a voice name or {"id": name}'
+    name = typed_field({key: voice_name(obj.get(key))}, key, str, where, expected)
+    if name == "":
+        raise ProtocolError("invalid_value", f"{where}.{key}: expected {expected}, got an empty name", f"{where}.{key}")
+    return name
 
 
 def output_limit(obj: dict, where: str) -> int | None:
