@@ -46,3 +46,13 @@ def test_a_new_stretch_or_a_restart_starts_the_silence_again_and_the_clock_count
     timer.heard(chunk(1.0), "after answer 2", 1500, RATE)
     timeout = timer.heard(chunk(0.5), "after answer 2", 1500, RATE)
     assert (timeout.audio_start_ms, timeout.audio_end_ms) == (4600, 6100)  # 1.2 x 3 + 1.0 written before it
+
+
+def test_a_possible_onset_holds_the_timeout_until_it_is_settled():
+    """While the VAD hears what may be speech (not yet min_speech_ms of it), the silence does not
+    time out; once it was nothing, the timeout comes with the silence measured all along."""
+    timer = IdleTimer()
+    assert timer.heard(chunk(1.4), "waiting", 1500, RATE * 60) is None
+    assert timer.heard(chunk(0.2), "waiting", 1500, RATE * 60, hold=True) is None  # (1.6 s: held)
+    timeout = timer.heard(chunk(0.1), "waiting", 1500, RATE * 60)
+    assert (timeout.audio_start_ms, timeout.audio_end_ms) == (0, 1700)

@@ -323,6 +323,24 @@ async def test_a_silence_after_an_answer_times_out_into_a_response(v1_server, op
             assert (error.event_id, error.param) == (event_id, f"session.audio.input.turn_detection.{param}"), error
 
 
+async def test_speech_that_begins_as_the_silence_times_out_is_heard_not_timed_out(v1_server, speech, openai_client):
+    """Speech that begins just before the idle timeout (the VAD reports speech_started only after
+    min_speech_ms of it) holds the timeout: the utterance is the user's turn, not a timeout."""
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(
+            conn, turn_detection={"type": "server_vad", "idle_timeout_ms": 2000}, text_only=True
+        )
+        await conn.conversation.item.create(item=user_text("Hello."))
+        await conn.response.create(response={"max_output_tokens": 2})
+        await events.wait_for("response.done")
+        await say(conn, np.concatenate([silence(1.85), speech[0], silence(1.0)]))
+        started = await events.wait_for("input_audio_buffer.speech_started")
+        committed = await events.wait_for("input_audio_buffer.committed")
+        await events.wait_for("response.done", count=2)  # (the utterance is answered)
+        assert committed.item_id == started.item_id and 1800 <= started.audio_start_ms < 2000
+        assert not events.of_type("input_audio_buffer.timeout_triggered")
+
+
 async def test_semantic_vad_is_reported_as_asked(v1_server, openai_client):
     async with connect(openai_client, "ga") as conn:
         events = await open_session(conn, turn_detection={"type": "semantic_vad", "eagerness": "auto"})

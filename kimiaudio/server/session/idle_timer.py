@@ -8,8 +8,10 @@ the audio written so far). It runs only while the session waits for its user: no
 progress or queued, no speech being heard. The session names each such stretch (`stretch`: a
 new name once anything happened, a response that ended, an item taken, even between two pieces
 of audio), and a new name starts the silence again from zero, as does a cleared buffer or turn
-detection switched (`restart`). A session that has not answered yet has no timer: the timeout
-follows an answer.
+detection switched (`restart`). While the VAD hears what may be speech but not yet for
+min_speech_ms (it reports speech_started only then), the silence does not time out: it is
+held, and either the speech starts (the stretch ends) or it was none and the silence goes on.
+A session that has not answered yet has no timer: the timeout follows an answer.
 """
 
 from __future__ import annotations
@@ -38,9 +40,13 @@ class IdleTimer:
         self._audio: deque[np.ndarray] = deque()
         self._kept = 0  # samples in _audio
 
-    def heard(self, pcm: np.ndarray, stretch: Hashable, timeout_ms: int | None, max_samples: int) -> IdleTimeout | None:
+    def heard(
+        self, pcm: np.ndarray, stretch: Hashable, timeout_ms: int | None, max_samples: int, hold: bool = False
+    ) -> IdleTimeout | None:
         """`pcm` (16 kHz) was written during `stretch` (None: the session does not wait for its
-        user) -> the timeout, once the silence has lasted `timeout_ms` (None: no timeout)."""
+        user) -> the timeout, once the silence has lasted `timeout_ms` (None: no timeout). `hold`:
+        what may be speech is being heard (not yet long enough to say): the silence goes on being
+        measured, but does not time out until that is settled."""
         start = self._clock
         self._clock += pcm.size
         if stretch is None or timeout_ms is None:
@@ -53,7 +59,7 @@ class IdleTimer:
         self._kept += pcm.size
         while self._kept - self._audio[0].size >= max_samples:
             self._kept -= self._audio.popleft().size
-        if (self._clock - self._since) * 1000 < timeout_ms * SPEECH_INPUT_RATE:
+        if hold or (self._clock - self._since) * 1000 < timeout_ms * SPEECH_INPUT_RATE:
             return None
         audio = np.concatenate(self._audio)[-max_samples:]
         timeout = IdleTimeout(_ms(self._since), _ms(self._clock), audio)

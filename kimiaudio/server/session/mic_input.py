@@ -82,7 +82,8 @@ class MicInput:
                     self._on_utterance(audio, item_id)
         stretch = self._stretch() if self._speech_item_id is None else None
         max_samples = int(self._settings.config.audio.max_input_seconds * SPEECH_INPUT_RATE)
-        timeout = self._idle.heard(pcm, stretch, self._settings.idle_timeout_ms, max_samples)
+        onset = self._detector.state == "pending"  # (read between two of its pushes: this session's)
+        timeout = self._idle.heard(pcm, stretch, self._settings.idle_timeout_ms, max_samples, hold=onset)
         if timeout is not None:
             item_id = new_item_id()
             self._events.send(server_events.idle_timeout(timeout.audio_start_ms, timeout.audio_end_ms, item_id))
