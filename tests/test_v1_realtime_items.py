@@ -29,7 +29,7 @@ from kimiaudio.audio.io import resample
 
 from helpers.audio import silence
 from helpers.realtime_events import Events, conversation, say
-from helpers.realtime_sessions import connect, open_session, session_update, user_text
+from helpers.realtime_sessions import answer_playing, client_of, connect, open_session, session_update, user_text
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -160,6 +160,24 @@ async def test_a_select_takes_its_place_in_the_order_of_the_items(v1_server, ope
     said = [t["text"] for t in (await conversation(v1_server, old_id))["turns"]]
     assert said[0] == "First." and said[2:] == ["Before the switch."], said
     assert [t["text"] for t in (await conversation(v1_server, new_id))["turns"]] == ["After the switch."]
+
+
+async def test_a_select_cuts_the_answer_playing_as_the_clients_cancel(demo_server):
+    """conversation.select while an answer plays cuts it, and its response.done says the client
+    cancelled it (no turn was detected)."""
+    async with demo_server() as (http, pipeline):
+        pipeline.answers_to_limit = True  # still playing when the select comes
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None)
+                response_id, _ = await answer_playing(conn, events)
+                await conn.send({"type": "conversation.select", "conversation_id": None})
+                done = (await events.wait_for("response.done")).response
+                await events.wait_for("session.updated", count=2)
+        finally:
+            await client.close()
+    assert (done.id, done.status, done.status_details.reason) == (response_id, "cancelled", "client_cancelled")
 
 
 async def test_an_audio_item_is_no_commit_and_a_mode_switch_empties_the_buffer(v1_server, speech, openai_client):

@@ -273,7 +273,7 @@ class RealtimeSession:
             message = f"no conversation with id {conversation_id!r}"
             self.events.error("conversation_not_found", message, "conversation_id", work.event_id)
             return
-        await self.responder.settle(whole=True)
+        await self.responder.settle(whole=True, reason="client_cancelled")  # (the client moves on)
         try:
             await self.conversation.select(conversation_id)
         except (ConversationBusyError, ConversationNotFoundError) as exc:  # (deleted meanwhile: not found)

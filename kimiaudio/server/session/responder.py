@@ -234,16 +234,17 @@ class Responder:
         self._pipeline.cancel(response.handle)
         response.playback_done.set()
 
-    async def settle(self, interrupt: bool = True, whole: bool = False) -> None:
-        """Wait until the response in progress has ended and is stored: interrupted now, or
-        (interrupt False) generated and played out. An interrupted one is waited for as long as
-        the pipeline's grace to report its end, unless `whole`: then until its record is written
-        too (before the session moves to another conversation, which its writes must not reach)."""
+    async def settle(self, interrupt: bool = True, whole: bool = False, reason: str = "turn_detected") -> None:
+        """Wait until the response in progress has ended and is stored: interrupted now (for
+        `reason`: a new turn's, or the client's), or (interrupt False) generated and played out.
+        An interrupted one is waited for as long as the pipeline's grace to report its end,
+        unless `whole`: then until its record is written too (before the session moves to another
+        conversation, which its writes must not reach)."""
         response = self.current
         if response is None:
             return
         if interrupt:
-            self.interrupt("turn_detected")
+            self.interrupt(reason)
         if response.task is not None:  # (an interrupted one reports within the grace)
             await asyncio.wait([response.task], timeout=CANCEL_GRACE_S + 1.0 if interrupt and not whole else None)
 
