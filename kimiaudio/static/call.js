@@ -1,6 +1,6 @@
 // kimiaudio demo page: a WebRTC call, made as OpenAI's Realtime browser examples make one.
 // 1. An ephemeral key from the page's backend (POST /api/client_secrets, which mints it as
-//    POST /v1/realtime/client_secrets does), with the session to start with (the voice).
+//    POST /v1/realtime/client_secrets does), with the session to start with (voice and speed).
 // 2. A peer connection with the microphone and a data channel named "oai-events", where the
 //    Realtime events travel as JSON (GA shape) both ways.
 // 3. The SDP offer to POST /v1/realtime/calls (Authorization: Bearer ek_...; Content-Type:
@@ -30,7 +30,8 @@ async function getMicrophone() {
 
 // The ephemeral key for one call, with the session it starts with bound to it.
 async function ephemeralKey() {
-  const body = { expires_after: { anchor: "created_at", seconds: 60 }, session: voiceSession() }; // static/voices.js
+  const output = { ...voiceOutput(), ...speedOutput() }; // voices.js, speed.js
+  const body = { expires_after: { anchor: "created_at", seconds: 60 }, session: { type: "realtime", audio: { output } } };
   let resp;
   try {
     resp = await apiFetch("/api/client_secrets", {

@@ -22,13 +22,13 @@ async function loadVoices() {
   voiceSelect.value = [...voiceSelect.options].some((o) => o.value === current) ? current : MODEL_VOICE;
 }
 
-// A GA session object with the voice chosen here.
-function voiceSession() {
-  return { type: "realtime", audio: { output: { voice: voiceSelect.value || MODEL_VOICE } } };
+// The session's audio.output fields chosen here (GA shape).
+function voiceOutput() {
+  return { voice: voiceSelect.value || MODEL_VOICE };
 }
 
 voiceSelect.addEventListener("focus", loadVoices); // voices added since the page loaded
 voiceSelect.addEventListener("change", () => {
   voiceSelect.dataset.chosen = voiceSelect.value;
-  send({ type: "session.update", session: voiceSession() }); // call.js; a no-op while disconnected
+  send({ type: "session.update", session: { type: "realtime", audio: { output: voiceOutput() } } }); // call.js; a no-op while disconnected
 });
