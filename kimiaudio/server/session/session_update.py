@@ -1,8 +1,8 @@
 """A `session.update`, parsed and checked once (both shapes of OpenAI's session object, beta
-and GA, realtime or transcription, GA's `truncation` too, plus kimiaudio's `vad`, `sampling` and `output_type`; beta's
-`transcription_session.update` too): every value is checked here, against the same declared
-ranges as the configuration, so SessionSettings.apply has only to apply it
-(session_settings.py)."""
+and GA, realtime or transcription, GA's `truncation` too, plus kimiaudio's `vad`, `sampling`
+and `output_type`; beta's `transcription_session.update` too): every value is checked here,
+against the same declared ranges as the configuration, so SessionSettings.apply has only to
+apply it (session_settings.py)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,9 @@ from kimiaudio.server.inputs.realtime_params import (
     SESSION_FIELDS,
     TOKEN_LIMITS_FIELDS,
     TRUNCATION_FIELDS,
-    TURN_DETECTION_FIELDS,
     RealtimeSampling,
     RealtimeSpeed,
     RealtimeTruncation,
-    RealtimeTurnDetection,
 )
 from kimiaudio.server.session.event_fields import (
     ProtocolError,
@@ -37,18 +35,12 @@ from kimiaudio.server.session.event_fields import (
     typed_field,
     voice_field,
 )
+from kimiaudio.server.session.turn_detection_field import TURN_DETECTION_VAD, parse_turn_detection
 from kimiaudio.text.asr_instruction import check_language
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
 SESSION_TYPES = ("realtime", "transcription")
 TRANSCRIPTION_LOGPROBS = "item.input_audio_transcription.logprobs"  # what `include` may name
-# turn_detection's fields onto config [vad] keys: (ours, OpenAI's, their JSON types).
-TURN_DETECTION_VAD = (
-    ("threshold", "threshold", (int, float)),
-    ("silence_ms", "silence_duration_ms", int),
-    ("prefix_padding_ms", "prefix_padding_ms", int),
-    ("barge_in", "interrupt_response", bool),
-)
 
 
 @dataclass(frozen=True)
@@ -138,7 +130,9 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
         ("turn_detection", audio_in, f"{where}.audio.input"),
     ):
         if key in container:
-            turn_detection, create_response, idle_timeout_ms = _turn_detection(container[key], vad, f"{path}.{key}")
+            turn_detection, create_response, idle_timeout_ms = parse_turn_detection(
+                container[key], vad, f"{path}.{key}"
+            )
             resets = tuple(ours for ours, _, _ in TURN_DETECTION_VAD) if turn_detection != "none" else ()
     limit = output_limit(session, where)
     if limit is not None:
@@ -186,56 +180,52 @@ def _session_type(session: dict, where: str) -> str | None:
     return kind
 
 
+def _input_object(
+    session: dict, audio_in: dict, where: str, beta: str, ga: str
+) -> tuple[dict, str] | Literal[False] | None:
+    """Beta's `session[beta]` or GA's `audio.input[ga]`, whichever was given: (the object, its
+    path); False for a null (off); None when neither was given (unchanged)."""
+    for container, key, path in ((session, beta, f"{where}.{beta}"), (audio_in, ga, f"{where}.audio.input.{ga}")):
+        if key in container:
+            return False if container[key] is None else (object_field(container[key], path), path)
+    return None
+
+
 def _transcription(session: dict, audio_in: dict, where: str) -> Transcription | Literal[False] | None:
     """Beta `input_audio_transcription` or GA `audio.input.transcription`: null turns it off,
     an object on (any model name: the words are Kimi-Audio's own ASR); its `language` picks the
     official instruction and its `prompt` is prior text, as /v1/audio/transcriptions takes them."""
-    for container, path in (
-        (session, f"{where}.input_audio_transcription"),
-        (audio_in, f"{where}.audio.input.transcription"),
-    ):
-        key = path.rsplit(".", 1)[1]
-        if key not in container:
-            continue
-        if container[key] is None:
-            return False
-        value = object_field(container[key], path)
-        INPUT_TRANSCRIPTION_FIELDS.check(value, f"{path}.", ProtocolError)
-        language = typed_field(value, "language", str, path, "a language code") or None
-        if language is not None:
-            try:
-                language = check_language(language)
-            except KimiAudioError as exc:
-                raise ProtocolError("invalid_value", f"{path}.{exc}", f"{path}.language") from None
-        return Transcription(
-            typed_field(value, "model", str, path, "a model name") or MODEL_ID,
-            language,
-            typed_field(value, "prompt", str, path, "text") or "",
-        )
-    return None
+    given = _input_object(session, audio_in, where, "input_audio_transcription", "transcription")
+    if not isinstance(given, tuple):
+        return given  # (False or None)
+    value, path = given
+    INPUT_TRANSCRIPTION_FIELDS.check(value, f"{path}.", ProtocolError)
+    language = typed_field(value, "language", str, path, "a language code") or None
+    if language is not None:
+        try:
+            language = check_language(language)
+        except KimiAudioError as exc:
+            raise ProtocolError("invalid_value", f"{path}.{exc}", f"{path}.language") from None
+    return Transcription(
+        typed_field(value, "model", str, path, "a model name") or MODEL_ID,
+        language,
+        typed_field(value, "prompt", str, path, "text") or "",
+    )
 
 
 def _noise_reduction(session: dict, audio_in: dict, where: str) -> str | Literal[False] | None:
     """Beta `input_audio_noise_reduction` or GA `audio.input.noise_reduction`: null turns it
     off, `{"type": "near_field" | "far_field"}` on (audio/noise_reduction.py)."""
-    for container, path in (
-        (session, f"{where}.input_audio_noise_reduction"),
-        (audio_in, f"{where}.audio.input.noise_reduction"),
-    ):
-        key = path.rsplit(".", 1)[1]
-        if key not in container:
-            continue
-        if container[key] is None:
-            return False
-        value = object_field(container[key], path)
-        NOISE_REDUCTION_FIELDS.check(value, f"{path}.", ProtocolError)
-        kind = value.get("type")
-        if kind not in NOISE_REDUCTION_KINDS:
-            expected = " or ".join(repr(k) for k in NOISE_REDUCTION_KINDS)
-            message = f"{path}.type: expected {expected}, got {kind!r}"[:200]
-            raise ProtocolError("invalid_value", message, f"{path}.type")
-        return kind
-    return None
+    given = _input_object(session, audio_in, where, "input_audio_noise_reduction", "noise_reduction")
+    if not isinstance(given, tuple):
+        return given
+    value, path = given
+    NOISE_REDUCTION_FIELDS.check(value, f"{path}.", ProtocolError)
+    kind = value.get("type")
+    if kind not in NOISE_REDUCTION_KINDS:
+        expected = " or ".join(repr(k) for k in NOISE_REDUCTION_KINDS)
+        raise ProtocolError("invalid_value", f"{path}.type: expected {expected}, got {kind!r}"[:200], f"{path}.type")
+    return kind
 
 
 def _include(value: Any, where: str) -> bool | None:
@@ -282,31 +272,3 @@ def _checked(values: dict, section: str, where: str) -> dict[str, Any]:
         return {key: check_setting(section, key, item) for key, item in values.items()}
     except ConfigError as exc:
         raise ProtocolError("invalid_value", f"{where}.{exc}", f"{where}.{section}") from None
-
-
-def _turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None, int | None]:
-    """OpenAI's turn_detection onto config [vad] keys (filled into `vad`); (mode, create_response,
-    idle_timeout_ms)."""
-    if value is None:
-        return "none", None, None
-    value = object_field(value, where)
-    TURN_DETECTION_FIELDS.check(value, f"{where}.", ProtocolError)
-    kind = value.get("type", "server_vad")
-    if kind not in ("server_vad", "semantic_vad", "none"):  # semantic_vad: served by the same silero VAD
-        raise ProtocolError(
-            "invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type"
-        )
-    for ours, theirs, kinds in TURN_DETECTION_VAD:
-        if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
-            try:  # checked here, so the error names the client's field, not the config key it sets
-                vad[ours] = check_setting("vad", ours, value[theirs])
-            except ConfigError as exc:
-                message = str(exc).replace(f"vad.{ours}", f"{where}.{theirs}", 1)
-                raise ProtocolError("invalid_value", message, f"{where}.{theirs}") from None
-    create = typed_field(value, "create_response", bool, where, "true or false")
-    idle = checked(RealtimeTurnDetection, value, f"{where}.", ProtocolError).get("idle_timeout_ms")
-    if idle is not None and kind != "server_vad":  # (OpenAI serves it with server_vad only)
-        raise ProtocolError(
-            "invalid_value", f"{where}.idle_timeout_ms: only server_vad has an idle timeout", f"{where}.idle_timeout_ms"
-        )
-    return kind, True if create is None else create, idle  # (OpenAI's default, as for the fields above)

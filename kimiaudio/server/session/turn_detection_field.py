@@ -1,0 +1,50 @@
+"""OpenAI's turn_detection object (beta `session.turn_detection`, GA
+`session.audio.input.turn_detection`) read onto config [vad] keys, each checked as the
+configuration checks it but named as the client named it, with what is not a [vad] key: the
+mode, whether a commit of the VAD starts a response, and the idle timeout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kimiaudio.config import check_setting
+from kimiaudio.errors import ConfigError
+from kimiaudio.server.inputs.openai_params import checked
+from kimiaudio.server.inputs.realtime_params import TURN_DETECTION_FIELDS, RealtimeTurnDetection
+from kimiaudio.server.session.event_fields import ProtocolError, object_field, typed_field
+
+# turn_detection's fields onto config [vad] keys: (ours, OpenAI's, their JSON types).
+TURN_DETECTION_VAD = (
+    ("threshold", "threshold", (int, float)),
+    ("silence_ms", "silence_duration_ms", int),
+    ("prefix_padding_ms", "prefix_padding_ms", int),
+    ("barge_in", "interrupt_response", bool),
+)
+
+
+def parse_turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool | None, int | None]:
+    """OpenAI's turn_detection onto config [vad] keys (filled into `vad`); (mode, create_response,
+    idle_timeout_ms)."""
+    if value is None:
+        return "none", None, None
+    value = object_field(value, where)
+    TURN_DETECTION_FIELDS.check(value, f"{where}.", ProtocolError)
+    kind = value.get("type", "server_vad")
+    if kind not in ("server_vad", "semantic_vad", "none"):  # semantic_vad: served by the same silero VAD
+        raise ProtocolError(
+            "invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type"
+        )
+    for ours, theirs, kinds in TURN_DETECTION_VAD:
+        if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
+            try:  # checked here, so the error names the client's field, not the config key it sets
+                vad[ours] = check_setting("vad", ours, value[theirs])
+            except ConfigError as exc:
+                message = str(exc).replace(f"vad.{ours}", f"{where}.{theirs}", 1)
+                raise ProtocolError("invalid_value", message, f"{where}.{theirs}") from None
+    create = typed_field(value, "create_response", bool, where, "true or false")
+    idle = checked(RealtimeTurnDetection, value, f"{where}.", ProtocolError).get("idle_timeout_ms")
+    if idle is not None and kind != "server_vad":  # (OpenAI serves it with server_vad only)
+        raise ProtocolError(
+            "invalid_value", f"{where}.idle_timeout_ms: only server_vad has an idle timeout", f"{where}.idle_timeout_ms"
+        )
+    return kind, True if create is None else create, idle  # (OpenAI's default, as for the fields above)
