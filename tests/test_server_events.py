@@ -202,6 +202,8 @@ def test_input_audio_transcription_beta_and_ga_shapes():
         ('{"type": "conversation.item.create", "item": {"type": "function_call"}}', "unsupported", "message"),
         ('{"type": "conversation.item.create", "item": {"role": "user", "content": []}}', "invalid_value", "content"),
         ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),
+        ('{"type": "conversation.item.truncate"}', "missing_required_parameter", "item_id is required"),
+        ('{"type": "conversation.item.truncate", "item_id": "x"}', "missing_required_parameter", "audio_end_ms is"),
         (
             '{"type": "conversation.item.create", '
             '"item": {"role": "user", "content": [{"type": "input_text", "text": null}]}}',
@@ -259,6 +261,7 @@ def test_openai_fields_are_honoured_refused_or_ignored_as_openai_does():
     for session, param in (
         ('{"tracing": "always"}', "session.tracing"),
         ('{"tracing": {"workflow": "w"}}', "session.tracing"),
+        ('{"tracing": {"workflow_name": 5}}', "session.tracing"),
         ('{"tools": [{"name": "f"}]}', "session.tools"),  # (no type: no tool object)
         ('{"tool_choice": "required"}', "session.tool_choice"),
         ('{"speed": 1.6}', "session.speed"),  # (OpenAI's range: 0.25..1.5)

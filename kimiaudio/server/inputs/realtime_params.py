@@ -22,7 +22,11 @@ def _tool_list(value: Any) -> bool:
 
 
 def _tracing(value: Any) -> bool:
-    return value == "auto" or (isinstance(value, dict) and value.keys() <= {"workflow_name", "group_id", "metadata"})
+    """ "auto", or a tracing object as OpenAI types it."""
+    if value == "auto":
+        return True
+    types = {"workflow_name": str, "group_id": str, "metadata": dict}
+    return isinstance(value, dict) and all(key in types and isinstance(v, types[key]) for key, v in value.items())
 
 
 # A Realtime client declares its tools in the session.update that carries its whole set-up
@@ -31,7 +35,7 @@ def _tracing(value: Any) -> bool:
 # that demands a call is refused (NO_TOOLS: chat completions refuse any tool).
 DECLARED_TOOLS = {
     "tools": (_tool_list, "a list of tool objects (taken, never called: kimiaudio has no function calling)"),
-    "tool_choice": NO_TOOLS["tool_choice"],
+    "tool_choice": (NO_TOOLS["tool_choice"][0], '"auto" or "none" (no tool is called either way)'),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "true or false (no tool is called)"),
 }
 

@@ -66,11 +66,11 @@ def parse_item_event(data: dict, kind: str) -> ItemEvent:
             where = f"{kind}.previous_item_id"
             raise ProtocolError("invalid_value", f"{where}: expected an item id", where)
         return _item_create(object_field(data.get("item"), "item"), "item", previous)
-    if kind == "conversation.item.truncate":
-        return _item_truncate(data, kind)
     item_id = typed_field(data, "item_id", str, kind, "an item id")
     if not item_id:
         raise ProtocolError("missing_required_parameter", f"{kind}: item_id is required", "item_id")
+    if kind == "conversation.item.truncate":
+        return _item_truncate(data, kind, item_id)
     return ItemRetrieve(item_id) if kind == "conversation.item.retrieve" else ItemDelete(item_id)
 
 
@@ -91,11 +91,12 @@ def parse_input_items(value: Any, where: str) -> tuple[InputItem, ...]:
     return tuple(items)
 
 
-def _item_truncate(data: dict, kind: str) -> ItemTruncate:
-    item_id = typed_field(data, "item_id", str, kind, "an item id")
+def _item_truncate(data: dict, kind: str, item_id: str) -> ItemTruncate:
     end_ms = typed_field(data, "audio_end_ms", int, kind, "milliseconds (an integer >= 0)")
-    if not item_id or end_ms is None or end_ms < 0:
-        raise ProtocolError("invalid_value", f"{kind}: needs item_id and audio_end_ms >= 0", f"{kind}.audio_end_ms")
+    if end_ms is None:
+        raise ProtocolError("missing_required_parameter", f"{kind}: audio_end_ms is required", "audio_end_ms")
+    if end_ms < 0:
+        raise ProtocolError("invalid_value", f"{kind}.audio_end_ms: expected an integer >= 0", f"{kind}.audio_end_ms")
     if typed_field(data, "content_index", int, kind, "an integer") not in (None, 0):
         raise ProtocolError(
             "invalid_value",
