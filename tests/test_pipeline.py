@@ -13,6 +13,7 @@ import copy
 import numpy as np
 import pytest
 
+from kimiaudio.audio.time_stretch import MAX_INPUT_LAG_S
 from kimiaudio.detok.realtime_guard import chunks_to_run
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.detok_turn import DetokTurn
@@ -167,10 +168,12 @@ def test_detokenizer_serves_the_stream_about_to_run_dry_first():
     loop = asyncio.new_event_loop()
     try:
 
-        def turn(submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0) -> DetokTurn:
+        def turn(
+            submitted_at: float, first_pcm_s: float | None = None, seconds_sent: float = 0.0, speed: float = 1.0
+        ) -> DetokTurn:
             handle = TurnHandle("t", loop)
             handle.submitted_at = submitted_at
-            state = DetokTurn(handle, stream=None)
+            state = DetokTurn(handle, stream=None, playback_speed=speed)
             if first_pcm_s is not None:
                 state.first_pcm_s = first_pcm_s
                 state.samples_sent = int(seconds_sent * 24000)
@@ -192,5 +195,13 @@ def test_detokenizer_serves_the_stream_about_to_run_dry_first():
         assert chunks_to_run(playing, 13.2, True, 0.5, 8) == [dry_soon, buffered]  # its turn came
         # Nothing to wait for when the LLM is idle: every due chunk runs.
         assert chunks_to_run(playing, 9.2, False, 0.5, 8) == [dry_soon, buffered]
+
+        # Played 1.5 times as fast (a Realtime session's speed), the same audio runs out sooner:
+        # 3 s of it, less what the time stretch holds back, in (3 - 0.06) / 1.5 s.
+        fast = turn(5.0, 0.5, 3.0, speed=1.5)
+        assert fast.playback_deadline == pytest.approx(5.5 + (3.0 - MAX_INPUT_LAG_S) / 1.5)
+        slow = turn(5.0, 0.5, 3.0, speed=0.5)
+        assert chunks_to_run([slow, buffered, fast], 7.2, True, 0.5, 8) == [fast]
+        assert chunks_to_run([slow, buffered, fast], 11.2, True, 0.5, 8) == [fast, slow]
     finally:
         loop.close()

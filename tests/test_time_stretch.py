@@ -5,7 +5,7 @@ starting as the input starts, and no longer behind the input than its frames nee
 import numpy as np
 import pytest
 
-from kimiaudio.audio.time_stretch import MAX_SPEED, MIN_SPEED, TimeStretch
+from kimiaudio.audio.time_stretch import MAX_INPUT_LAG_S, MAX_SPEED, MIN_SPEED, TimeStretch
 
 RATE = 24000
 
@@ -55,7 +55,7 @@ def test_the_output_lags_the_input_by_no_more_than_its_frames_need(speed):
     for chunk in np.split(tone(2.0), 50):
         out += stretch.push(chunk).size
         pushed += chunk.size
-        assert pushed - out * speed <= 0.060 * RATE, (pushed, out)
+        assert pushed - out * speed <= MAX_INPUT_LAG_S * RATE, (pushed, out)
 
 
 def test_speed_one_gives_the_input_back_at_once():

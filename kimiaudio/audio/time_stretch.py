@@ -11,7 +11,7 @@ the pitch periods stay whole. Hann windows at half-frame hops add up to one, so 
 Streaming: `push` takes the next chunk and returns the output that no later input can
 change; `flush` (the answer's end) returns the rest. The output is the same however the input
 is cut into chunks. Before a frame can be placed, the input must reach past its search range,
-so the output lags the input by about a frame plus the search (at most 60 ms of input). The
+so the output lags the input by about a frame plus the search (at most MAX_INPUT_LAG_S). The
 first half frame is the input's own start, and the input's end is followed by silence, so the
 answer neither fades in nor loses its last samples; the output is `round(input / speed)`
 samples long.
@@ -24,6 +24,7 @@ import numpy as np
 FRAME_MS = 30.0  # a few pitch periods of the lowest voices
 SEARCH_MS = 12.5  # one period of an 80 Hz voice
 MIN_SPEED, MAX_SPEED = 0.25, 1.5  # OpenAI's range
+MAX_INPUT_LAG_S = 0.060  # the most input the output lags behind (a frame, the search, a hop)
 
 
 class TimeStretch:

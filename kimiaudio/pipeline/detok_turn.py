@@ -10,15 +10,17 @@ from __future__ import annotations
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.audio.time_stretch import MAX_INPUT_LAG_S
 from kimiaudio.detok.streaming import DetokStream
 from kimiaudio.pipeline.events import AudioChunk, TurnDone
 from kimiaudio.pipeline.turn_handle import TurnHandle
 
 
 class DetokTurn:
-    def __init__(self, handle: TurnHandle, stream: DetokStream):
+    def __init__(self, handle: TurnHandle, stream: DetokStream, playback_speed: float = 1.0):
         self.handle = handle
         self.stream = stream
+        self.playback_speed = playback_speed  # its audio plays this much faster than generated
         self.result: TurnDone | None = None  # set when the LM has finished the turn
         self.first_pcm_s: float | None = None  # seconds since submit
         self.samples_sent = 0
@@ -42,8 +44,8 @@ class DetokTurn:
 
     @property
     def next_chunk_s(self) -> float:
-        """Seconds of audio its next chunk releases (the guard's forecast of its margin)."""
-        return self.stream.next_chunk_seconds
+        """Seconds of listening its next chunk releases (the guard's forecast of its margin)."""
+        return self.stream.next_chunk_seconds / self.playback_speed
 
     @property
     def has_chunk_due(self) -> bool:
@@ -52,10 +54,14 @@ class DetokTurn:
     @property
     def playback_deadline(self) -> float:
         """perf_counter time at which the listener's audio runs out if it plays from the first
-        chunk on: before any audio, the submit time (it is waiting already)."""
+        chunk on: before any audio, the submit time (it is waiting already). Audio played at
+        another speed lasts samples / speed, less what the time stretch still holds back."""
         if self.first_pcm_s is None:
             return self.handle.submitted_at
-        return self.handle.submitted_at + self.first_pcm_s + self.samples_sent / SPEECH_OUTPUT_RATE
+        samples = self.samples_sent
+        if self.playback_speed != 1.0:
+            samples = max(0, samples - round(MAX_INPUT_LAG_S * SPEECH_OUTPUT_RATE))
+        return self.handle.submitted_at + self.first_pcm_s + samples / (SPEECH_OUTPUT_RATE * self.playback_speed)
 
     def push(self, codes: list[int]) -> None:
         self.stream.push(codes)

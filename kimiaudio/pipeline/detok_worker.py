@@ -72,8 +72,10 @@ class DetokWorker(Worker):
         )
 
     # ---- any thread (the LM worker) --------------------------------------------------------
-    def open(self, handle: TurnHandle, seed: int | None, voice: Voice | None = None) -> None:
-        self.post(OpenStream(handle, seed, voice))
+    def open(
+        self, handle: TurnHandle, seed: int | None, voice: Voice | None = None, playback_speed: float = 1.0
+    ) -> None:
+        self.post(OpenStream(handle, seed, voice, playback_speed))
 
     def push_codes(self, codes: list[tuple[str, int]]) -> None:
         self.post(PushCodes(codes))
@@ -98,9 +100,10 @@ class DetokWorker(Worker):
     # ---- worker thread -----------------------------------------------------------------------
     def handle(self, message: object) -> None:
         match message:
-            case OpenStream(handle=handle, seed=seed, voice=voice):
+            case OpenStream(handle=handle, seed=seed, voice=voice, playback_speed=speed):
                 prefix = None if voice is None else self.voices.prefix(voice)
-                self._turns[handle.turn_id] = DetokTurn(handle, self.detokenizer.new_stream(seed=seed, voice=prefix))
+                stream = self.detokenizer.new_stream(seed=seed, voice=prefix)
+                self._turns[handle.turn_id] = DetokTurn(handle, stream, speed)
             case PushCodes(codes=step_codes):
                 by_turn: dict[str, list[int]] = {}
                 for turn_id, code in step_codes:

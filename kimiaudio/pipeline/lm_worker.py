@@ -242,7 +242,7 @@ class LmWorker(Worker):
             handle.deliver(encoded)
         self._turns[handle.turn_id] = turn
         if speaks:
-            self.detok.open(handle, params.seed, request.voice)
+            self.detok.open(handle, params.seed, request.voice, request.playback_speed)
 
     def _step(self, encode_stages: int) -> None:
         m = self.metrics

@@ -48,6 +48,9 @@ class TurnRequest:
     # How the history may be cut to fit (turn_prompt.py; its `pinned` count messages: each turn
     # of the history is one); None keeps the whole history, and what does not fit is refused.
     truncation: Truncation | None = None
+    # How much faster than generated its speech is played (a Realtime session's speed): the
+    # detokenizer's deadlines follow the audio as the listener hears it.
+    playback_speed: float = 1.0
 
     def __post_init__(self) -> None:
         if (self.user_audio is None) == (self.user_text is None):

@@ -46,6 +46,7 @@ class OpenStream:
     handle: TurnHandle
     seed: int | None
     voice: Voice | None
+    playback_speed: float = 1.0  # (TurnRequest's)
 
 
 @dataclass(frozen=True)

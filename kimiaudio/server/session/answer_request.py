@@ -73,6 +73,7 @@ async def answer_request(
         output_type=output_type,
         voice=voice,
         truncation=truncation_of(settings.truncation, 1 if instructions else 0, len(first) + 1),
+        playback_speed=settings.speed,
     )
     return index, user_turn, turn
 

@@ -112,7 +112,7 @@ class Responder:
             self._fail(request, None, f"the turn could not be started ({exc})")
             return
         conversation = self._conversation
-        response = ResponseState(turn.output_type, handle, index, user_turn, committed_at, self._settings.speed)
+        response = ResponseState(turn.output_type, handle, index, user_turn, committed_at, turn.playback_speed)
         self.current = response
         spoken = response.output_type == "both"
         if spoken:
