@@ -299,3 +299,15 @@ async def test_an_event_larger_than_the_data_channel_takes_is_an_error(server, s
     assert (await client.wait_for("conversation.item.retrieved"))["item"]["id"] == written
     assert len(client.of_type("input_audio_buffer.committed")) == 1
     await client.close()
+
+
+def test_too_large_names_the_audio_path_only_once_it_is_there():
+    """The audio of an answer in progress is joined into its turn's WAV when it ends: until then
+    the error says so, instead of naming a path that answers 404."""
+    event = {"type": "conversation.item.retrieved", "conversation_id": "c1", "client_event_id": "ev"}
+    item = {"has_audio": True, "index": 1}
+    path = "GET /api/conversations/c1/turns/1/audio"
+    stored = rtc_peer.too_large_error(event | {"item": item | {"status": "incomplete"}}, 300_000, "limit")["error"]
+    playing = rtc_peer.too_large_error(event | {"item": item | {"status": "in_progress"}}, 300_000, "limit")["error"]
+    assert stored["message"].endswith(f"its audio is at {path}") and stored["event_id"] == "ev"
+    assert playing["message"].endswith(f"in progress: its audio will be at {path} once it has ended")
