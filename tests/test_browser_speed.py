@@ -1,5 +1,5 @@
 """The page's speed selector in headless Chromium against the real server and pipeline (demo
-weights): the speed chosen before Connect goes with the call's session, and the answer is heard
+weights): a speed chosen while the call connects reaches the session, and the answer is heard
 (and stored) that much shorter than the audio its codes make."""
 
 import asyncio
@@ -22,9 +22,12 @@ async def test_page_plays_answers_at_the_chosen_speed(tmp_path, speech, demo_ser
             driver = start_chromium(tmp_path, wav)
             try:
                 driver.get(url)
+                driver.find_element("id", "connect").click()
+                # Chosen while the call connects (its session already asked for 1x): the choice
+                # must still reach the session once the data channel opens.
+                wait_for_script(driver, "return session.channel && session.channel.readyState !== 'closed'")
                 driver.execute_script("""const s = document.getElementById('speed');
                     s.value = '1.5'; s.dispatchEvent(new Event('change'));""")
-                driver.find_element("id", "connect").click()
                 wait_for_script(
                     driver, "return document.querySelectorAll('#transcript .turn.assistant[data-status]').length > 0"
                 )

@@ -28,10 +28,14 @@ async function getMicrophone() {
   }
 }
 
+// The session the page's selectors choose (GA shape): voices.js, speed.js.
+function chosenSession() {
+  return { type: "realtime", audio: { output: { ...voiceOutput(), ...speedOutput() } } };
+}
+
 // The ephemeral key for one call, with the session it starts with bound to it.
 async function ephemeralKey() {
-  const output = { ...voiceOutput(), ...speedOutput() }; // voices.js, speed.js
-  const body = { expires_after: { anchor: "created_at", seconds: 60 }, session: { type: "realtime", audio: { output } } };
+  const body = { expires_after: { anchor: "created_at", seconds: 60 }, session: chosenSession() };
   let resp;
   try {
     resp = await apiFetch("/api/client_secrets", {
@@ -61,6 +65,8 @@ async function openSession() {
     disconnect();
   };
   session.channel.onclose = lost; // the server closed the session (or stopped)
+  // A choice made while the call was connecting could not be sent then (send() waits for this).
+  session.channel.onopen = () => send({ type: "session.update", session: chosenSession() });
   pc.onconnectionstatechange = () => {
     if (pc.connectionState === "failed" || pc.connectionState === "closed") lost();
     // "disconnected" may heal by itself; give it a few seconds.
