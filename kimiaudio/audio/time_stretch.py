@@ -4,8 +4,9 @@
 WSOLA (waveform-similarity overlap-add): the output is built of frames FRAME_MS long, each
 half a frame after the one before; frame k is read from the input near k x hop x speed, moved
 by up to SEARCH_MS to where the input looks most like the natural continuation of frame k-1
-(the samples that followed it in the input), so that the overlap adds waveforms in phase and
-the pitch periods stay whole. Hann windows at half-frame hops add up to one, so a stretch of
+(the samples that followed it in the input; the correlation normalised by each candidate's
+energy, so the likeness decides and not the loudness), so that the overlap adds waveforms in
+phase and the pitch periods stay whole. Hann windows at half-frame hops add up to one, so a stretch of
 1.0 would give the input back; `push` passes the input through untouched at 1.0 anyway.
 
 Streaming: `push` takes the next chunk and returns the output that no later input can
@@ -108,7 +109,11 @@ class TimeStretch:
         n = self._fft_size
         spectrum = np.fft.rfft(region, n) * np.conj(np.fft.rfft(template, n))
         correlation = np.fft.irfft(spectrum, n)[: high - low + 1]
-        return low + int(np.argmax(correlation))
+        # Normalised by each candidate's energy: a raw correlation favours the loudest
+        # candidate, which would make the stretched answer louder than the original.
+        energy = np.concatenate([[0.0], np.cumsum(region.astype(np.float64) ** 2)])
+        candidate = energy[self._frame : self._frame + high - low + 1] - energy[: high - low + 1]
+        return low + int(np.argmax(correlation / np.sqrt(candidate + 1e-9)))
 
     def _segment(self, start: int, length: int) -> np.ndarray:
         offset = start - self._input_start
