@@ -155,14 +155,6 @@ async def test_the_official_client_calls_with_an_ephemeral_key_and_hangs_up(no_e
             await mic_client.close()
 
 
-async def test_a_second_connection_to_a_call_is_refused_clearly(http):
-    # OpenAI's sideband (client.realtime.connect(call_id=...)) is not supported: a 400, not a new session.
-    from kimiaudio.bench.realtime_ws_client import RealtimeWsClient
-
-    assert await RealtimeWsClient().connect(http, "/v1/realtime?call_id=rtc_0123") == 400
-    assert await live_sessions(http) == 0
-
-
 async def test_a_call_continues_a_stored_conversation(http):
     store = http.app[SERVER_CONTEXT].store
     conversation = await store.create_conversation()

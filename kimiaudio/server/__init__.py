@@ -17,8 +17,8 @@ a module imports only from layers below its own, or from its own sub-package):
 - context.py: ServerContext, everything a handler or a session is built from, one per app.
 - session/: one client's conversation (RealtimeSession), whatever carries it: its events in
   and out, settings, turns, responses (Responder), what is stored; the Playback protocol.
-- transport/: what carries a session: WebRTC (RtcPeer, its audio tracks) and the Realtime
-  WebSocket (RealtimeSocket, WsPlayback).
+- transport/: what carries a session: WebRTC (RtcPeer, its audio tracks), the Realtime
+  WebSocket (RealtimeSocket, WsPlayback), and a sideband WebSocket on a call (Sideband).
 - stored_voices.py: the stored voices in the pipeline, kept in step between instances.
 - ephemeral_keys.py: minting ephemeral Realtime keys (OpenAI's client secrets) with the
   session configuration bound to them, and reading that configuration back when one is used.

@@ -39,7 +39,9 @@ def is_ephemeral(key: str | None) -> bool:
 
 
 def opens_realtime(request: web.Request) -> bool:
-    return (request.method, request.path.rstrip("/")) in EPHEMERAL_ROUTES
+    """A request an ephemeral key may make: opening a session or a call, not joining a call's
+    session from the side (`?call_id=`: the server's own connection, as OpenAI has it)."""
+    return (request.method, request.path.rstrip("/")) in EPHEMERAL_ROUTES and "call_id" not in request.query
 
 
 def invalid_key(message: str) -> ApiError:

@@ -5,15 +5,13 @@ channel, its events in the shape the client asked for at the upgrade (GA or beta
 `input_audio_buffer.append` carries base64 pcm16 (24 kHz, or 16 kHz when the session says so),
 resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
 `response.output_audio.delta` (beta: `response.audio.delta`) events through a WsPlayback.
-Events go out in order through one writer task; a client that reads too slowly to keep
-MAX_OUTBOX events in flight, or that disconnects, closes the session, which cancels its turn
-(KV and detokenizer state freed) and stores what was heard.
+Events go out in order through one writer task (ws_outbox.py); a client that reads too slowly
+to keep MAX_OUTBOX events in flight, or that disconnects, closes the session, which cancels its
+turn (KV and detokenizer state freed) and stores what was heard.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 
 from aiohttp import WSMsgType, web
@@ -25,12 +23,12 @@ from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.realtime_session import RealtimeSession
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.closes_once import ClosesOnce
+from kimiaudio.server.transport.ws_outbox import WsOutbox
 from kimiaudio.server.transport.ws_playback import WsPlayback
 
 log = logging.getLogger(__name__)
 
 MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # an append of up to ~4 min of base64 pcm16 24 kHz
-MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
 
 
 class RealtimeSocket(ClosesOnce):
@@ -41,11 +39,9 @@ class RealtimeSocket(ClosesOnce):
         self.id = admitted.session_id
         self.ws = ws
         self._release = admitted.release
-        self._outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self._outbox = WsOutbox(ws, f"session {self.id}")
         self.playback = WsPlayback(self._send_audio)
-        self.session = RealtimeSession(context, admitted, self._send, self.playback, shape=shape)
-        self._writer: asyncio.Task | None = None
-        self._dropped = False  # the client is gone or too slow: nothing more is sent
+        self.session = RealtimeSession(context, admitted, self._outbox.send, self.playback, shape=shape)
 
     @property
     def is_answering(self) -> bool:
@@ -53,7 +49,7 @@ class RealtimeSocket(ClosesOnce):
 
     async def run(self) -> None:
         """Serve the connection until the client goes away (the route handler's body)."""
-        self._writer = asyncio.get_running_loop().create_task(self._write())
+        self._outbox.start()
         self.session.start()
         self.session.send_created()
         try:
@@ -64,36 +60,16 @@ class RealtimeSocket(ClosesOnce):
                     self.session.events.error("invalid_event", "send events as JSON text messages")
                 elif message.type == WSMsgType.ERROR:
                     break
-                if self._dropped:
+                if self._outbox.dropped:
                     break
         finally:
             await self.close("the connection ended")
 
     # ----- events out -----
-    def _send(self, event: dict) -> None:
-        if self._dropped:
-            return
-        if self._outbox.qsize() >= MAX_OUTBOX:
-            log.info("session %s: the client reads too slowly, closing", self.id)
-            self._dropped = True
-            self._outbox.put_nowait(None)
-            return
-        self._outbox.put_nowait(json.dumps(event))
-
     def _send_audio(self, response_id: str, raw: bytes) -> None:
         response = self.session.response
         item_id = response.item_id if response is not None and response.id == response_id else ""
         self.session.events.send(response_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
-
-    async def _write(self) -> None:
-        try:
-            while (text := await self._outbox.get()) is not None:
-                await self.ws.send_str(text)
-        except (ConnectionError, RuntimeError) as exc:  # the client went away
-            log.debug("session %s: sending failed: %s", self.id, exc)
-        finally:
-            self._dropped = True
-            await self.ws.close()  # ends the reader loop too, if it is still waiting
 
     # ----- lifetime -----
     async def _close(self, reason: str) -> None:
@@ -102,12 +78,6 @@ class RealtimeSocket(ClosesOnce):
         try:
             await self.session.close()
         finally:
-            self._outbox.put_nowait(None)  # the writer sends what is queued (response.done), then stops
-            if self._writer is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(self._writer), 2.0)
-                except TimeoutError:
-                    self._writer.cancel()
-            await self.ws.close()
+            await self._outbox.finish()  # what is queued (response.done) goes out first
             self._release()
             log.info("session %s closed: %s", self.id, reason)

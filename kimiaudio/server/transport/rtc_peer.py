@@ -15,7 +15,9 @@ session/event_shape.py); the session's responses out through a PlaybackTrack (48
 frames).
 
 A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
-the connection state; closing cancels its turn and tasks and frees its slot.
+the connection state; closing cancels its turn and tasks, closes its sideband connections
+(OpenAI's `GET /v1/realtime?call_id=`: sideband.py, which `watch` the call's events) and frees
+its slot.
 
 Data-channel messages go to `RealtimeSession.handle_message`, which checks them as JSON
 (json_input.parse_json: size, depth, UTF-8, no NaN) and answers whatever fails with an `error`
@@ -39,6 +41,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import av
 from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -71,6 +74,14 @@ FRAME_WAIT_S = 0.002  # recv() took longer: no frame was queued (a queued one re
 HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
 
+class CallWatcher(Protocol):
+    """A second connection to a call's session (sideband.py)."""
+
+    def send(self, event: dict) -> None: ...
+
+    async def close(self, reason: str) -> None: ...
+
+
 class RtcPeer(ClosesOnce):
     """The peer connection of one client and the RealtimeSession it carries (`session`)."""
 
@@ -97,6 +108,7 @@ class RtcPeer(ClosesOnce):
         )
         self._channel: RTCDataChannel | None = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
+        self._watchers: list[CallWatcher] = []  # sideband connections (sideband.py)
         self._tasks = OwnedTasks(f"session {self.id}", quiet=HANG_UPS)
         self._has_audio_track = False
 
@@ -134,8 +146,20 @@ class RtcPeer(ClosesOnce):
         if self.pc.connectionState in ("failed", "closed"):
             self._tasks.spawn(self.close(f"connection {self.pc.connectionState}"), "closing")
 
+    # ----- sideband connections -----
+    def watch(self, watcher: CallWatcher) -> None:
+        """`watcher` gets every event of the call's session from now on, until the call ends
+        (then it is closed) or it is unwatched."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: CallWatcher) -> None:
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+
     # ----- events out -----
     def _send(self, event: dict) -> None:
+        for watcher in list(self._watchers):
+            watcher.send(event)
         if self._channel is None or self._channel.readyState != "open":
             if len(self._outbox) < MAX_OUTBOX:
                 self._outbox.append(event)
@@ -196,11 +220,13 @@ class RtcPeer(ClosesOnce):
         return self.session.is_answering
 
     async def _close(self, reason: str) -> None:
-        """Close the session (storing what was heard), stop every task, close the peer (once:
-        closes_once.py)."""
+        """Close the session (storing what was heard), stop every task, close the peer and its
+        sideband connections (once: closes_once.py)."""
         try:
             await self.session.close()
         finally:
+            for watcher in list(self._watchers):  # (after the session's last events reached them)
+                await watcher.close(f"the call ended: {reason}")
             await self._tasks.stop()
             self.track.stop()
             await self.pc.close()

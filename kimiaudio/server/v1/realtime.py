@@ -15,6 +15,10 @@ as /v1/realtime/calls does. An ephemeral key that opens it brings the session co
 bound to it (ephemeral_keys.py), applied before `?intent=`. Every connection starts a new
 conversation, stored like a WebRTC one (it appears on the demo page); `conversation.select`
 continues a stored one.
+
+`?call_id=rtc_...` joins a live WebRTC call's session instead (OpenAI's sideband connection,
+transport/sideband.py): with the server's API key only (an ephemeral key is the browser's),
+on the instance that holds the call (404 call_not_found elsewhere); it takes no slot.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.session_registry import Admitted
 from kimiaudio.server.transport.realtime_socket import MAX_WS_MESSAGE_BYTES, RealtimeSocket
+from kimiaudio.server.transport.rtc_peer import find_call
+from kimiaudio.server.transport.sideband import Sideband
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connection
@@ -50,14 +56,8 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     context = server_context(request)
     if "model" in request.query:
         check_model(request.query["model"], context.config.server.model_aliases)
-    if "call_id" in request.query:  # OpenAI's sideband connection to a WebRTC or SIP call
-        raise ApiError(
-            400,
-            "unsupported",
-            "call_id: joining a call's session from a second connection is not supported; its events "
-            "travel on the call's oai-events data channel (POST /v1/realtime/calls)",
-            param="call_id",
-        )
+    if "call_id" in request.query:  # OpenAI's sideband connection to a WebRTC call
+        return await _sideband(request, request.query["call_id"])
     intent = request.query.get("intent")
     if intent is not None and intent not in INTENTS:
         raise ApiError(400, "invalid_value", f"intent: expected transcription, got {intent[:40]!r}", param="intent")
@@ -83,4 +83,23 @@ async def realtime(request: web.Request) -> web.StreamResponse:
         await socket.run()
     except Exception:  # the upgrade is done: no HTTP error can be sent any more
         log.exception("session %s failed", socket.id)
+    return ws
+
+
+async def _sideband(request: web.Request, call_id: str) -> web.StreamResponse:
+    """GET /v1/realtime?call_id=: a second connection to a live call's session (sideband.py)."""
+    context = server_context(request)  # (an ephemeral key does not open it: middleware/issued_keys.py)
+    peer = find_call(context.sessions.live(), call_id)
+    if peer is None:
+        message = f"call_id: no live call {call_id[:80]!r} on this server (a call lives where it was answered)"
+        raise ApiError(404, "call_not_found", message, param="call_id")
+    ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S, protocols=SUBPROTOCOLS)
+    if not ws.can_prepare(request).ok:
+        raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
+    await ws.prepare(request)
+    sideband = Sideband(peer, ws)
+    try:
+        await sideband.run()
+    except Exception:  # the upgrade is done: no HTTP error can be sent any more
+        log.exception("call %s: the sideband connection failed", call_id)
     return ws

@@ -1,0 +1,71 @@
+"""WsOutbox: a session's events to one WebSocket, in order, through one writer task.
+
+The session sends from the event loop without waiting (`send`); the writer sends what is
+queued. A client that reads too slowly to keep MAX_OUTBOX events in flight, or whose
+connection fails, is `dropped`: nothing more is queued, and its owner closes it (`on_drop`).
+`finish` sends what is still queued (a session's last events: response.done) for at most a
+moment, then stops the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
+FINISH_S = 2.0  # how long the last events may take to go out
+
+
+class WsOutbox:
+    def __init__(self, ws: web.WebSocketResponse, label: str, on_drop: Callable[[], None] = lambda: None):
+        """label: who it sends to, for the log; on_drop: told once when the client is dropped."""
+        self._ws = ws
+        self._label = label
+        self._on_drop = on_drop
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._writer: asyncio.Task | None = None
+        self.dropped = False  # the client is gone or too slow: nothing more is sent
+
+    def start(self) -> None:
+        self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    def send(self, event: dict) -> None:
+        if self.dropped:
+            return
+        if self._queue.qsize() >= MAX_OUTBOX:
+            log.info("%s: the client reads too slowly, closing", self._label)
+            self._drop()
+            self._queue.put_nowait(None)
+            return
+        self._queue.put_nowait(json.dumps(event))
+
+    async def finish(self) -> None:
+        """Send what is queued, then stop (the writer closes the WebSocket)."""
+        self._queue.put_nowait(None)
+        if self._writer is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writer), FINISH_S)
+            except TimeoutError:
+                self._writer.cancel()
+        await self._ws.close()
+
+    def _drop(self) -> None:
+        if not self.dropped:
+            self.dropped = True
+            self._on_drop()
+
+    async def _write(self) -> None:
+        try:
+            while (text := await self._queue.get()) is not None:
+                await self._ws.send_str(text)
+        except (ConnectionError, RuntimeError) as exc:  # the client went away
+            log.debug("%s: sending failed: %s", self._label, exc)
+        finally:
+            self._drop()
+            await self._ws.close()  # ends the reader loop too, if it is still waiting
