@@ -33,7 +33,7 @@ def backend_of(http):
 
 async def test_a_server_watches_and_steers_a_call_from_the_side(demo_server, monkeypatch):
     monkeypatch.delenv("KIMIAUDIO_API_KEY", raising=False)
-    async with demo_server(api_key=KEY, max_sessions=1) as (http, _):
+    async with demo_server(api_key=KEY, max_sessions=1) as (http, pipeline):
         call = RtcClient(ScriptedMic())
         status, _ = await call.connect(http, key=KEY, session={"type": "realtime", "instructions": "Be brief."})
         assert status == 201
@@ -64,12 +64,20 @@ async def test_a_server_watches_and_steers_a_call_from_the_side(demo_server, mon
             assert (await call.wait_for("conversation.item.added", count=3))["item"]["role"] == "user"
             assert not http.app[SERVER_CONTEXT].sessions.live()[0].closed
 
-            # The call's end closes it; a call that is no more is a 404.
+            # The call's end closes it, the answer it cuts ended as the client's doing; a call that
+            # is no more is a 404.
+            pipeline.answers_to_limit = True  # (still playing at the hang-up)
             async with backend.realtime.connect(call_id=call.call_id) as side:
                 events = Events(side, "ga")
                 await events.wait_for("session.created")
+                await side.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+                await side.conversation.item.create(item=user_text("Tell me a story."))
+                await side.response.create()
+                await events.wait_for("output_audio_buffer.started")  # (the call plays it)
                 await backend.realtime.calls.hangup(call.call_id)
                 await asyncio.wait_for(events.task, 120)  # (the reader ends as the server closes it)
+                cut = events.of_type("response.done")[-1].response
+                assert (cut.status, cut.status_details.reason) == ("cancelled", "client_cancelled")
             resp = await http.get(f"/v1/realtime?call_id={call.call_id}", headers={"Authorization": f"Bearer {KEY}"})
             assert resp.status == 404 and (await resp.json())["error"]["code"] == "call_not_found"
         finally:
@@ -93,4 +101,45 @@ async def test_an_ephemeral_key_cannot_join_a_call(demo_server, monkeypatch):
             assert not http.app[SERVER_CONTEXT].sessions.live()[0].closed  # (the call goes on)
         finally:
             await backend.close()
+            await call.close()
+
+
+async def test_a_sideband_that_joins_before_the_call_opens_gets_one_session_created(demo_server, monkeypatch):
+    """Joined before the call's data channel opened, the sideband gets the call's session.created
+    when it opens, and no session.created of its own before it."""
+    monkeypatch.delenv("KIMIAUDIO_API_KEY", raising=False)
+    async with demo_server(api_key=KEY) as (http, _):
+        call = RtcClient(ScriptedMic())
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/sdp"}
+        resp = await http.post("/v1/realtime/calls", data=await call.offer(), headers=headers)
+        assert resp.status == 201
+        backend = backend_of(http)
+        try:
+            async with backend.realtime.connect(call_id=resp.headers["Location"].rsplit("/", 1)[-1]) as side:
+                events = Events(side, "ga")
+                await call.answered(await resp.text(), resp.headers["Location"])  # the channel opens now
+                created = await events.wait_for("session.created")
+                await side.session.update(session={"type": "realtime", "instructions": "Hi."})
+                await events.wait_for("session.updated")
+                assert len(events.of_type("session.created")) == 1
+                assert created.event_id == (await call.wait_for("session.created"))["event_id"]
+        finally:
+            await backend.close()
+            await call.close()
+
+
+async def test_a_beta_shaped_call_cannot_be_joined(demo_server, monkeypatch):
+    """A call of the deprecated /api/rtc/offer speaks the beta shape; a sideband speaks GA's."""
+    monkeypatch.delenv("KIMIAUDIO_API_KEY", raising=False)
+    async with demo_server(api_key=KEY) as (http, _):
+        call = RtcClient(ScriptedMic())
+        headers = {"Authorization": f"Bearer {KEY}"}
+        resp = await http.post("/api/rtc/offer", json={"sdp": await call.offer(), "type": "offer"}, headers=headers)
+        assert resp.status == 200
+        call_id = (await resp.json())["call_id"]
+        try:
+            resp = await http.get(f"/v1/realtime?call_id={call_id}", headers=headers)
+            body = await resp.json()
+            assert resp.status == 400 and "beta" in body["error"]["message"], body
+        finally:
             await call.close()

@@ -290,7 +290,7 @@ class RealtimeSession:
         self.closed = self.tasks.closing = True
         self._queue.stop()
         try:
-            await self.responder.settle()
+            await self.responder.settle(reason="client_cancelled")  # (the client hung up, or left)
             await self._queue.idle()
         finally:
             await self.tasks.stop()

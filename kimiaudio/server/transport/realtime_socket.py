@@ -12,6 +12,7 @@ turn (KV and detokenizer state freed) and stores what was heard.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import WSMsgType, web
@@ -62,6 +63,7 @@ class RealtimeSocket(ClosesOnce):
                     break
                 if self._outbox.dropped:
                     break
+                await asyncio.sleep(0)  # the writer's turn: a burst of events in must not starve it
         finally:
             await self.close("the connection ended")
 

@@ -109,6 +109,7 @@ class RtcPeer(ClosesOnce):
         self._channel: RTCDataChannel | None = None
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._watchers: list[CallWatcher] = []  # sideband connections (sideband.py)
+        self.announced = False  # session.created went out (on the data channel, when it opened)
         self._tasks = OwnedTasks(f"session {self.id}", quiet=HANG_UPS)
         self._has_audio_track = False
 
@@ -138,6 +139,7 @@ class RtcPeer(ClosesOnce):
         self._channel = channel
         channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
         self.session.send_created()
+        self.announced = True
         outbox, self._outbox = self._outbox, []
         for event in outbox:
             self._send_now(event)

@@ -3,16 +3,20 @@
 server beside the browser that watches the call and steers it.
 
 It gets every event of the call's session from when it joins, the same events the call's data
-channel carries (in the call's shape, with the same event ids), starting with a
-session.created that describes the session as it is now. Its client events are the session's:
-a session.update, a response.create or a conversation.item.create from it act on the call
-(audio too: an input_audio_buffer.append is heard as the microphone is). It takes no session
-slot of its own, and closing it leaves the call going; the call's end closes it. A client too
-slow to read its events is dropped (ws_outbox.py).
+channel carries (GA's shape, with the same event ids; a call of the deprecated beta-shaped
+offer route cannot be joined), starting with a session.created that describes the session as
+it is now (the call's own, if its data channel has not opened yet). Its client events are the
+session's: a session.update, a response.create or a conversation.item.create from it act on
+the call (audio too: an input_audio_buffer.append is heard as the microphone is). The session
+does not tell its connections apart: what answers a client event (an error, a retrieved item)
+goes to the call's channel and to every sideband alike. It takes no session slot of its own,
+and closing it leaves the call going; the call's end closes it. A client too slow to read its
+events is dropped and closed (ws_outbox.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import WSMsgType, web
@@ -37,7 +41,8 @@ class Sideband(ClosesOnce):
         """Serve the connection until it or the call ends (the route handler's body)."""
         self._outbox.start()
         session = self.peer.session
-        self._send_own(server_events.session_created(session.describe()))
+        if self.peer.announced:  # (else the call's own session.created is still to come, to both)
+            self._send_own(server_events.session_created(session.describe()))
         self.peer.watch(self)
         log.info("call %s: a sideband connection joined (session %s)", self.peer.call_id, session.id)
         try:
@@ -50,6 +55,7 @@ class Sideband(ClosesOnce):
                     break
                 if self._outbox.dropped or self.peer.closed:
                     break
+                await asyncio.sleep(0)  # the writer's turn: a burst of events in must not starve it
         finally:
             await self.close("the sideband connection ended")
 

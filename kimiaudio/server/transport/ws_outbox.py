@@ -2,7 +2,8 @@
 
 The session sends from the event loop without waiting (`send`); the writer sends what is
 queued. A client that reads too slowly to keep MAX_OUTBOX events in flight, or whose
-connection fails, is `dropped`: nothing more is queued, and its owner closes it (`on_drop`).
+connection fails, is `dropped`: nothing more is queued, and the WebSocket is closed at once
+(which ends its owner's reader; `on_drop` tells it too).
 `finish` sends what is still queued (a session's last events: response.done) for at most a
 moment, then stops the writer.
 """
@@ -41,7 +42,8 @@ class WsOutbox:
         if self._queue.qsize() >= MAX_OUTBOX:
             log.info("%s: the client reads too slowly, closing", self._label)
             self._drop()
-            self._queue.put_nowait(None)
+            if self._writer is not None:  # (it may be blocked on a client that reads nothing)
+                self._writer.cancel()  # its end closes the WebSocket, which ends the reader too
             return
         self._queue.put_nowait(json.dumps(event))
 

@@ -93,6 +93,9 @@ async def _sideband(request: web.Request, call_id: str) -> web.StreamResponse:
     if peer is None:
         message = f"call_id: no live call {call_id[:80]!r} on this server (a call lives where it was answered)"
         raise ApiError(404, "call_not_found", message, param="call_id")
+    if peer.session.events.shape.api != "ga":  # (a call of the deprecated /api/rtc/offer, asked in beta)
+        message = "call_id: this call speaks the beta shape, and a sideband connection speaks GA's"
+        raise ApiError(400, "unsupported", message, param="call_id")
     ws = web.WebSocketResponse(max_msg_size=MAX_WS_MESSAGE_BYTES, heartbeat=HEARTBEAT_S, protocols=SUBPROTOCOLS)
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
