@@ -35,12 +35,20 @@ MAX_WS_MESSAGE_BYTES = 16 * 1024 * 1024  # an append of up to ~4 min of base64 p
 class RealtimeSocket(ClosesOnce):
     """The WebSocket of one client and the RealtimeSession it carries (`session`)."""
 
-    def __init__(self, context: ServerContext, admitted: Admitted, ws: web.WebSocketResponse, shape: EventShape):
-        """shape: the events' (GA or beta; never WebRTC's: the client plays the audio deltas)."""
+    def __init__(
+        self,
+        context: ServerContext,
+        admitted: Admitted,
+        ws: web.WebSocketResponse,
+        transport: asyncio.Transport | None,
+        shape: EventShape,
+    ):
+        """transport: the WebSocket's connection (its request's); shape: the events' (GA or beta;
+        never WebRTC's: the client plays the audio deltas)."""
         self.id = admitted.session_id
         self.ws = ws
         self._release = admitted.release
-        self._outbox = WsOutbox(ws, f"session {self.id}")
+        self._outbox = WsOutbox(ws, transport, f"session {self.id}")
         self.playback = WsPlayback(self._send_audio)
         self.session = RealtimeSession(context, admitted, self._outbox.send, self.playback, shape=shape)
 

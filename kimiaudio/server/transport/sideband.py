@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 
 
 class Sideband(ClosesOnce):
-    def __init__(self, peer: RtcPeer, ws: web.WebSocketResponse):
+    def __init__(self, peer: RtcPeer, ws: web.WebSocketResponse, transport: asyncio.Transport | None):
+        """transport: the WebSocket's connection (its request's)."""
         self.peer = peer
         self.ws = ws
-        self._outbox = WsOutbox(ws, f"call {peer.call_id}: sideband")
+        self._outbox = WsOutbox(ws, transport, f"call {peer.call_id}: sideband")
         self._own_events = 0  # events sent to this connection alone
 
     async def run(self) -> None:

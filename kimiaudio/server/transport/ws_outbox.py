@@ -11,6 +11,7 @@ moment, then stops the writer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -24,14 +25,23 @@ FINISH_S = 2.0  # how long the last events may take to go out
 
 
 class WsOutbox:
-    def __init__(self, ws: web.WebSocketResponse, label: str, on_drop: Callable[[], None] = lambda: None):
-        """label: who it sends to, for the log; on_drop: told once when the client is dropped."""
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        transport: asyncio.Transport | None,
+        label: str,
+        on_drop: Callable[[], None] = lambda: None,
+    ):
+        """transport: the connection's (its request's), cut when the client is dropped; label: who
+        it sends to, for the log; on_drop: told once when the client is dropped."""
         self._ws = ws
+        self._transport = transport
         self._label = label
         self._on_drop = on_drop
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._writer: asyncio.Task | None = None
         self.dropped = False  # the client is gone or too slow: nothing more is sent
+        self._aborted = False  # its connection was cut: there is nothing left to close
 
     def start(self) -> None:
         self._writer = asyncio.get_running_loop().create_task(self._write())
@@ -42,20 +52,29 @@ class WsOutbox:
         if self._queue.qsize() >= MAX_OUTBOX:
             log.info("%s: the client reads too slowly, closing", self._label)
             self._drop()
-            if self._writer is not None:  # (it may be blocked on a client that reads nothing)
-                self._writer.cancel()  # its end closes the WebSocket, which ends the reader too
+            # A client that reads nothing blocks every write, the close frame's too, and a close
+            # would wait for what is buffered: the connection is cut, buffer and all, which ends
+            # the writer and the owner's reader at once.
+            self._aborted = True
+            if self._transport is not None:
+                self._transport.abort()
+            if self._writer is not None:
+                self._writer.cancel()
             return
         self._queue.put_nowait(json.dumps(event))
 
     async def finish(self) -> None:
         """Send what is queued, then stop (the writer closes the WebSocket)."""
+        if self._aborted:
+            return
         self._queue.put_nowait(None)
         if self._writer is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), FINISH_S)
             except TimeoutError:
                 self._writer.cancel()
-        await self._ws.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ws.close(), FINISH_S)
 
     def _drop(self) -> None:
         if not self.dropped:
@@ -70,4 +89,6 @@ class WsOutbox:
             log.debug("%s: sending failed: %s", self._label, exc)
         finally:
             self._drop()
-            await self._ws.close()  # ends the reader loop too, if it is still waiting
+            if not self._aborted:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ws.close(), FINISH_S)  # ends the reader loop too

@@ -69,7 +69,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     bound = bound_update(context, request)  # an ephemeral key's session configuration
 
     async def make(admitted: Admitted) -> RealtimeSocket:
-        socket = RealtimeSocket(context, admitted, ws, shape)
+        socket = RealtimeSocket(context, admitted, ws, request.transport, shape)
         if bound is not None:
             socket.session.apply_update(bound, announce=False)  # (a 400 still: before the upgrade)
         if intent == "transcription":
@@ -100,7 +100,7 @@ async def _sideband(request: web.Request, call_id: str) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
     await ws.prepare(request)
-    sideband = Sideband(peer, ws)
+    sideband = Sideband(peer, ws, request.transport)
     try:
         await sideband.run()
     except Exception:  # the upgrade is done: no HTTP error can be sent any more
