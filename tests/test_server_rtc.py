@@ -11,6 +11,7 @@ import pytest
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.transport import rtc_peer
+from kimiaudio.server.transport.event_too_large import too_large_error
 
 from helpers.audio import silence
 from helpers.demo_server import LONG_ANSWER, heard_or_done, kv_pool_full_again
@@ -307,7 +308,7 @@ def test_too_large_names_the_audio_path_only_once_it_is_there():
     event = {"type": "conversation.item.retrieved", "conversation_id": "c1", "client_event_id": "ev"}
     item = {"has_audio": True, "index": 1}
     path = "GET /api/conversations/c1/turns/1/audio"
-    stored = rtc_peer.too_large_error(event | {"item": item | {"status": "incomplete"}}, 300_000, "limit")["error"]
-    playing = rtc_peer.too_large_error(event | {"item": item | {"status": "in_progress"}}, 300_000, "limit")["error"]
+    stored = too_large_error(event | {"item": item | {"status": "incomplete"}}, 300_000, "limit")["error"]
+    playing = too_large_error(event | {"item": item | {"status": "in_progress"}}, 300_000, "limit")["error"]
     assert stored["message"].endswith(f"its audio is at {path}") and stored["event_id"] == "ev"
     assert playing["message"].endswith(f"in progress: its audio will be at {path} once it has ended")

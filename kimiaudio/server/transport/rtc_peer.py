@@ -53,7 +53,6 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.inputs.sdp_offer import check_offer
-from kimiaudio.server.session import server_events
 from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.realtime_session import RealtimeSession
@@ -61,6 +60,7 @@ from kimiaudio.server.session.session_update import SessionUpdate, Transcription
 from kimiaudio.server.session_registry import Admitted, Transport
 from kimiaudio.server.transport.audio_track import MeteredPlaybackTrack
 from kimiaudio.server.transport.closes_once import ClosesOnce
+from kimiaudio.server.transport.event_too_large import too_large_error
 from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.input_clock import InputClock
 
@@ -234,24 +234,6 @@ class RtcPeer(ClosesOnce):
             await self.pc.close()
             self._release()
             log.info("session %s closed: %s", self.id, reason)
-
-
-def too_large_error(event: dict, size: int, limit: str) -> dict:
-    """The `error` event_too_large sent instead of `event` (`size` bytes of JSON; `limit`: the
-    channel's refusal, naming its max-message-size). It names the client event that `event`
-    answers (its `client_event_id`, if it has one) and, for a retrieved item with stored audio,
-    where that audio is (its `conversation_id` and the item's `index`): an answer still in
-    progress has its audio there once it has ended."""
-    message = f"{event['type']} was not sent: {size} bytes is more than this data channel takes ({limit})"
-    if event["type"] == "conversation.item.retrieved":
-        item, conversation_id = event["item"], event.get("conversation_id")
-        if item.get("has_audio") and item.get("index") is not None and conversation_id is not None:
-            path = f"GET /api/conversations/{conversation_id}/turns/{item['index']}/audio"
-            if item.get("status") == "in_progress":
-                message += f"; the answer is in progress: its audio will be at {path} once it has ended"
-            else:
-                message += f"; its audio is at {path}"
-    return server_events.error("event_too_large", message, event_id=event.get("client_event_id"))
 
 
 @dataclass(frozen=True)
