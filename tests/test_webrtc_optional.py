@@ -1,6 +1,7 @@
 """A server without aiortc (the GPU machine carries no aiortc wheels, .ci/gpu-wheels) starts and
-serves: the WebRTC offer and calls answer 503 naming what is missing, the other routes serve. Run in a
-subprocess whose imports of aiortc fail, so this process's modules stay as they are."""
+serves: the WebRTC offer, calls and sideband answer 503 naming what is missing, the other routes
+serve. Run in a subprocess whose imports of aiortc fail, so this process's modules stay as they
+are."""
 
 from __future__ import annotations
 
@@ -26,11 +27,13 @@ SCRIPT = textwrap.dedent(
             offer = await client.post("/api/rtc/offer", json={"sdp": "v=0", "type": "offer"})
             call = await client.post("/v1/realtime/calls", data="v=0", headers={"Content-Type": "application/sdp"})
             hangup = await client.post("/v1/realtime/calls/rtc_x/hangup")
+            side = await client.get("/v1/realtime?call_id=rtc_x")
             status = await client.get("/api/status")
             print(json.dumps({
                 "offer": [offer.status, await offer.json()],
                 "call": [call.status, await call.json()],
                 "hangup": hangup.status,
+                "side": side.status,
                 "status": status.status,
             }))
 
@@ -47,6 +50,6 @@ def test_without_aiortc_the_offer_is_503_and_the_rest_serves(tmp_path):
         status, body = got[route]
         assert status == 503 and body["error"]["code"] == "webrtc_unavailable"
         assert "aiortc is not installed" in body["error"]["message"] and "/v1/realtime" in body["error"]["message"]
-    assert got["hangup"] == 503
+    assert got["hangup"] == 503 and got["side"] == 503  # (a sideband joins a WebRTC call)
     assert got["status"] == 200
     assert "WebRTC is off: aiortc is not installed" in done.stderr

@@ -2,8 +2,8 @@
 
 WebRTC needs aiortc (and PyAV). A machine without their wheels (the GPU machine:
 .ci/gpu-wheels) still serves: the app logs one warning at start (`warn_if_missing`), the
-calls routes and the page's offer answer 503 webrtc_unavailable (`require`), and the
-Realtime WebSocket and the HTTP routes serve as always.
+calls routes, the page's offer and a sideband connection to a call answer 503
+webrtc_unavailable (`require`), and the Realtime WebSocket and the HTTP routes serve as always.
 """
 
 from __future__ import annotations
@@ -14,13 +14,24 @@ from kimiaudio.server.api_error import ApiError
 
 try:  # aiortc is imported by these modules' own imports
     from kimiaudio.server.transport.call_directory import call_directory, hang_up, open_call
-    from kimiaudio.server.transport.rtc_peer import RtcOffer
+    from kimiaudio.server.transport.rtc_peer import RtcOffer, find_call
+    from kimiaudio.server.transport.sideband import Sideband
 except ImportError as exc:
     MISSING: str | None = exc.name or "aiortc"
 else:
     MISSING = None
 
-__all__ = ["MISSING", "RtcOffer", "call_directory", "hang_up", "open_call", "require", "warn_if_missing"]
+__all__ = [
+    "MISSING",
+    "RtcOffer",
+    "Sideband",
+    "call_directory",
+    "find_call",
+    "hang_up",
+    "open_call",
+    "require",
+    "warn_if_missing",
+]
 
 log = logging.getLogger(__name__)
 

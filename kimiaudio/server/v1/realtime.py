@@ -34,9 +34,8 @@ from kimiaudio.server.inputs.openai_params import check_model
 from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.session_registry import Admitted
+from kimiaudio.server.transport import webrtc
 from kimiaudio.server.transport.realtime_socket import MAX_WS_MESSAGE_BYTES, RealtimeSocket
-from kimiaudio.server.transport.rtc_peer import find_call
-from kimiaudio.server.transport.sideband import Sideband
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 30.0  # pings find dead peers that never closed their TCP connection
@@ -88,8 +87,9 @@ async def realtime(request: web.Request) -> web.StreamResponse:
 
 async def _sideband(request: web.Request, call_id: str) -> web.StreamResponse:
     """GET /v1/realtime?call_id=: a second connection to a live call's session (sideband.py)."""
+    webrtc.require()
     context = server_context(request)  # (an ephemeral key does not open it: middleware/issued_keys.py)
-    peer = find_call(context.sessions.live(), call_id)
+    peer = webrtc.find_call(context.sessions.live(), call_id)
     if peer is None:
         message = f"call_id: no live call {call_id[:80]!r} on this server (a call lives where it was answered)"
         raise ApiError(404, "call_not_found", message, param="call_id")
@@ -100,7 +100,7 @@ async def _sideband(request: web.Request, call_id: str) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
     await ws.prepare(request)
-    sideband = Sideband(peer, ws, request.transport)
+    sideband = webrtc.Sideband(peer, ws, request.transport)
     try:
         await sideband.run()
     except Exception:  # the upgrade is done: no HTTP error can be sent any more
