@@ -58,6 +58,11 @@ class NoiseReduction:
         self._last_gain = np.ones(FRAME // 2 + 1)
         self._restart()
 
+    def reset(self) -> None:
+        """Drop what it holds, unprocessed (a cleared buffer); the next push starts a new
+        stream, the noise estimate kept."""
+        self._restart()
+
     def _restart(self) -> None:
         # The stream starts with half a frame of silence, so that its first samples lie in two
         # frames as all others do; the output of that silence is dropped (`_skip`).

@@ -34,8 +34,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-import numpy as np
-
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
@@ -137,7 +135,7 @@ class ItemEdits:
         """The answer being generated, with what it has so far: its text, and its audio."""
         item = answer_item(response, "in_progress", response.stored[0] if response.stored else None)
         if response.output_type == "both":
-            audio = np.concatenate(response.pcm) if response.pcm else np.zeros(0, np.float32)
+            audio = response.pcm_between(0, response.num_samples)
             part = {
                 "type": "output_audio",
                 "transcript": response.text,

@@ -169,4 +169,4 @@ class MicInput:
     def _reset_reducer(self) -> None:
         """The audio it holds was cleared with the rest (its noise estimate is kept)."""
         if self._reducer is not None:
-            self._reducer.flush()
+            self._reducer.reset()

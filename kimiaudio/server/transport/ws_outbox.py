@@ -3,7 +3,7 @@
 The session sends from the event loop without waiting (`send`); the writer sends what is
 queued. A client that reads too slowly to keep MAX_OUTBOX events in flight, or whose
 connection fails, is `dropped`: nothing more is queued, and the WebSocket is closed at once
-(which ends its owner's reader; `on_drop` tells it too).
+(which ends its owner's reader).
 `finish` sends what is still queued (a session's last events: response.done) for at most a
 moment, then stops the writer.
 """
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
 
 from aiohttp import web
 
@@ -30,14 +29,12 @@ class WsOutbox:
         ws: web.WebSocketResponse,
         transport: asyncio.Transport | None,
         label: str,
-        on_drop: Callable[[], None] = lambda: None,
     ):
         """transport: the connection's (its request's), cut when the client is dropped; label: who
-        it sends to, for the log; on_drop: told once when the client is dropped."""
+        it sends to, for the log."""
         self._ws = ws
         self._transport = transport
         self._label = label
-        self._on_drop = on_drop
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._writer: asyncio.Task | None = None
         self.dropped = False  # the client is gone or too slow: nothing more is sent
@@ -51,7 +48,7 @@ class WsOutbox:
             return
         if self._queue.qsize() >= MAX_OUTBOX:
             log.info("%s: the client reads too slowly, closing", self._label)
-            self._drop()
+            self.dropped = True
             # A client that reads nothing blocks every write, the close frame's too, and a close
             # would wait for what is buffered: the connection is cut, buffer and all, which ends
             # the writer and the owner's reader at once.
@@ -76,11 +73,6 @@ class WsOutbox:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ws.close(), FINISH_S)
 
-    def _drop(self) -> None:
-        if not self.dropped:
-            self.dropped = True
-            self._on_drop()
-
     async def _write(self) -> None:
         try:
             while (text := await self._queue.get()) is not None:
@@ -88,7 +80,7 @@ class WsOutbox:
         except (ConnectionError, RuntimeError) as exc:  # the client went away
             log.debug("%s: sending failed: %s", self._label, exc)
         finally:
-            self._drop()
+            self.dropped = True
             if not self._aborted:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._ws.close(), FINISH_S)  # ends the reader loop too
