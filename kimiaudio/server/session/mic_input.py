@@ -3,8 +3,9 @@ detection off, into the input buffer the client commits itself; either way throu
 session's noise reduction first, when it asks for one (as OpenAI's filters what is appended
 before its VAD and model hear it).
 
-The VAD's detector lives in the VAD thread (every call to it goes through `vad_executor`, so a
-settings change lands between two pushes). What it hears goes back to the session through
+The VAD's detector and the noise reducer live in the VAD thread: every call to either goes
+through `vad_executor` (one thread, in the order submitted), so a settings change lands between
+two pushes and the reducer's FFTs stay off the event loop. What it hears goes back to the session through
 callbacks: `on_speech_started()` (a barge-in, when barge-in is on), `on_utterance(audio,
 item_id)` (an utterance ended: the next user turn) and `on_idle(audio, item_id)` (a silence
 after an answer lasted the session's idle timeout, idle_timer.py, measured while `stretch()`
@@ -55,22 +56,32 @@ class MicInput:
         self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
         self._mode = settings.turn_detection  # "none": the client commits; else the VAD does
-        self._reducer: NoiseReduction | None = None  # the session's noise_reduction, once asked for
+        self._reducer: NoiseReduction | None = None  # the session's noise_reduction (in the VAD thread)
+        self._reduces = False  # (on the loop) whether a noise_reduction was ever asked for
 
     async def push(self, pcm: np.ndarray, event_id: str | None = None) -> None:
         """16 kHz mono float32 (`event_id`: the input_audio_buffer.append's, for an error about
         it). Waits for the VAD only, never for a turn."""
-        pcm = self._reduced(pcm)
+        loop = asyncio.get_running_loop()
+        kind = self._settings.noise_reduction
+        self._reduces = self._reduces or kind is not None
         if self._settings.turn_detection == "none":
+            if self._reduces:
+                pcm = await loop.run_in_executor(self._vad_executor, self._reduced, pcm, kind)
             self._idle.heard(pcm, None, None, 0)  # (the clock counts all the audio written)
             self._keep(pcm, event_id)
             return
-        await self._detect(pcm)
+        pcm, events = await loop.run_in_executor(self._vad_executor, self._hear, pcm, kind)
+        self._after_vad(pcm, events)
 
-    async def _detect(self, pcm: np.ndarray) -> None:
-        """The VAD hears `pcm`: its events go out, an utterance it ends becomes a turn."""
-        loop = asyncio.get_running_loop()
-        for event in await loop.run_in_executor(self._vad_executor, self._detector.push, pcm):
+    def _hear(self, pcm: np.ndarray, kind: str | None) -> tuple[np.ndarray, list]:
+        """(In the VAD thread) the input reduced as `kind` asks, and what the VAD heard in it."""
+        pcm = self._reduced(pcm, kind)
+        return pcm, self._detector.push(pcm)
+
+    def _after_vad(self, pcm: np.ndarray, events: list) -> None:
+        """The VAD heard `pcm`: its events go out, an utterance it ends becomes a turn."""
+        for event in events:
             match event:
                 case SpeechStarted(audio_start_ms=start_ms):
                     self._speech_item_id = new_item_id()
@@ -104,11 +115,10 @@ class MicInput:
         hearing, ended now (speech_stopped, if its speech_started was sent), as OpenAI lets a
         client commit in VAD mode; no utterance, nothing to commit."""
         if self._settings.turn_detection == "none":
-            return self._take_buffer(), None
-        if self._reducer is not None:  # what it still holds was heard before the commit
-            await self._detect(self._reducer.flush())
-        loop = asyncio.get_running_loop()
-        stopped = await loop.run_in_executor(self._vad_executor, self._detector.end_now)
+            return await self._take_buffer(), None
+        held, events, stopped = await asyncio.get_running_loop().run_in_executor(self._vad_executor, self._end_now)
+        if held.size:
+            self._after_vad(held, events)
         if stopped is None:
             raise ProtocolError(
                 "input_audio_buffer_commit_empty",
@@ -120,10 +130,20 @@ class MicInput:
             self._events.send(server_events.speech_stopped(stopped.audio_end_ms, item_id))
         return stopped.audio, item_id
 
-    def _take_buffer(self) -> np.ndarray:
+    def _end_now(self) -> tuple[np.ndarray, list, SpeechStopped | None]:
+        """(In the VAD thread) a commit: what the reducer still held, and what the VAD heard in
+        it; then the utterance it is hearing, ended."""
+        held = self._flush_reducer()
+        events = self._detector.push(held) if held.size else []
+        return held, events, self._detector.end_now()
+
+    async def _take_buffer(self) -> np.ndarray:
         """The buffered audio (turn detection off)."""
-        if self._reducer is not None:  # what it still holds of the audio appended is part of the turn
-            self._keep(self._reducer.flush(), None)
+        held = np.zeros(0, np.float32)
+        if self._reduces:
+            held = await asyncio.get_running_loop().run_in_executor(self._vad_executor, self._flush_reducer)
+        if held.size:  # what the reducer still held of the audio appended is part of the turn
+            self._keep(held, None)
         audio = self.buffer.take()
         if audio is None:
             raise ProtocolError("input_audio_buffer_commit_empty", "input_audio_buffer.commit: the buffer is empty")
@@ -154,10 +174,9 @@ class MicInput:
                 self._events.send(server_events.buffer_cleared())
         self._vad_executor.submit(self._detector.configure, self._settings.turn_settings())
 
-    def _reduced(self, pcm: np.ndarray) -> np.ndarray:
-        """The input with its noise turned down, if the session asks (a change of kind takes
-        effect here: what the old reducer held comes out first, so no audio is lost)."""
-        kind = self._settings.noise_reduction
+    def _reduced(self, pcm: np.ndarray, kind: str | None) -> np.ndarray:
+        """(In the VAD thread) the input with its noise turned down as `kind` asks (a change of
+        kind takes effect here: what the old reducer held comes out first, so no audio is lost)."""
         held = np.zeros(0, np.float32)
         if self._reducer is not None and self._reducer.kind != kind:
             held, self._reducer = self._reducer.flush(), None
@@ -166,7 +185,15 @@ class MicInput:
         out = self._reducer.push(pcm) if self._reducer is not None else pcm
         return np.concatenate([held, out]) if held.size else out
 
+    def _flush_reducer(self) -> np.ndarray:
+        """(In the VAD thread) the audio the reducer still holds."""
+        return self._reducer.flush() if self._reducer is not None else np.zeros(0, np.float32)
+
     def _reset_reducer(self) -> None:
-        """The audio it holds was cleared with the rest (its noise estimate is kept)."""
+        """The audio the reducer holds was cleared with the rest (its noise estimate is kept)."""
+        if self._reduces:
+            self._vad_executor.submit(self._reset_reducer_now)
+
+    def _reset_reducer_now(self) -> None:
         if self._reducer is not None:
             self._reducer.reset()
