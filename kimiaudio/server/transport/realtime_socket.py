@@ -6,7 +6,7 @@ channel, its events in the shape the client asked for at the upgrade (GA or beta
 resampled to 16 kHz for the VAD and the encoders; the answer's audio goes out as
 `response.output_audio.delta` (beta: `response.audio.delta`) events through a WsPlayback.
 Events go out in order through one writer task (ws_outbox.py); a client that reads too slowly
-to keep MAX_OUTBOX events in flight, or that disconnects, closes the session, which cancels its
+to keep MAX_OUTBOX_BYTES of events in flight, or that disconnects, closes the session, which cancels its
 turn (KV and detokenizer state freed) and stores what was heard.
 """
 

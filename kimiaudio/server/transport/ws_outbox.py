@@ -1,8 +1,8 @@
 """WsOutbox: a session's events to one WebSocket, in order, through one writer task.
 
 The session sends from the event loop without waiting (`send`); the writer sends what is
-queued. A client that reads too slowly to keep MAX_OUTBOX events in flight, or whose
-connection fails, is `dropped`: nothing more is queued, and the WebSocket is closed at once
+queued. A client that reads too slowly to keep MAX_OUTBOX_BYTES of events in flight, or
+whose connection fails, is `dropped`: nothing more is queued, and the WebSocket is closed at once
 (which ends its owner's reader).
 `finish` sends what is still queued (a session's last events: response.done) for at most a
 moment, then stops the writer.
@@ -19,7 +19,10 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-MAX_OUTBOX = 5000  # events waiting for a slow client before it is dropped
+# Events waiting for a slow client before it is dropped, counted in bytes: a few retrieved items
+# of minutes of audio weigh as much as thousands of audio deltas. (About 8 minutes of GA audio
+# deltas; one event larger than this goes out alone.)
+MAX_OUTBOX_BYTES = 32 * 1024 * 1024
 FINISH_S = 2.0  # how long the last events may take to go out
 
 
@@ -36,6 +39,7 @@ class WsOutbox:
         self._transport = transport
         self._label = label
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._queued_bytes = 0  # of the events in _queue (JSON is ASCII: a character is a byte)
         self._writer: asyncio.Task | None = None
         self.dropped = False  # the client is gone or too slow: nothing more is sent
         self._aborted = False  # its connection was cut: there is nothing left to close
@@ -46,7 +50,8 @@ class WsOutbox:
     def send(self, event: dict) -> None:
         if self.dropped:
             return
-        if self._queue.qsize() >= MAX_OUTBOX:
+        text = json.dumps(event)
+        if self._queued_bytes and self._queued_bytes + len(text) > MAX_OUTBOX_BYTES:
             log.info("%s: the client reads too slowly, closing", self._label)
             self.dropped = True
             # A client that reads nothing blocks every write, the close frame's too, and a close
@@ -58,7 +63,8 @@ class WsOutbox:
             if self._writer is not None:
                 self._writer.cancel()
             return
-        self._queue.put_nowait(json.dumps(event))
+        self._queued_bytes += len(text)
+        self._queue.put_nowait(text)
 
     async def finish(self) -> None:
         """Send what is queued, then stop (the writer closes the WebSocket)."""
@@ -76,6 +82,7 @@ class WsOutbox:
     async def _write(self) -> None:
         try:
             while (text := await self._queue.get()) is not None:
+                self._queued_bytes -= len(text)
                 await self._ws.send_str(text)
         except (ConnectionError, RuntimeError) as exc:  # the client went away
             log.debug("%s: sending failed: %s", self._label, exc)
