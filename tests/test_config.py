@@ -333,6 +333,10 @@ def _update(session: dict) -> SessionUpdate:
         ),
         ({"vad": {"silence_ms": 60001}}, "session.vad.silence_ms: expected an integer in [0, 60000], got 60001"),
         ({"sampling": {"nonsense": 1}}, "session.sampling.nonsense: unknown setting"),
+        (  # a turn_detection beside it sets the threshold too, after the client's own is checked
+            {"vad": {"threshold": "junk"}, "turn_detection": {"type": "server_vad", "threshold": 0.5}},
+            "session.vad.threshold: expected a finite number in (0.0, 1.0), got 'junk'",
+        ),
         (  # OpenAI's name for it, not the config key it sets
             {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 7}}}},
             "session.audio.input.turn_detection.threshold: expected a finite number in (0.0, 1.0), got 7",
@@ -345,6 +349,19 @@ def test_a_session_update_is_checked_as_it_is_parsed(session, message):
     assert info.value.code == "invalid_value" and str(info.value).startswith(message)
     if "turn_detection" in message:  # the param too is the client's field
         assert info.value.param == "session.audio.input.turn_detection.threshold"
+
+
+@pytest.mark.parametrize(
+    "event, param",
+    [
+        ({"type": "session.update", "session": {"type": "realtime", "audio": {"bogus": 1}}}, "session.audio.bogus"),
+        ({"type": "response.create", "response": {"audio": {"input": {}}}}, "response.audio.input"),
+    ],
+)
+def test_a_field_the_audio_objects_do_not_have_is_refused(event, param):
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(json.dumps(event))
+    assert (info.value.code, info.value.param) == ("unknown_parameter", param)
 
 
 def test_a_parsed_session_update_applies_to_the_session_only():

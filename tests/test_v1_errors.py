@@ -115,9 +115,36 @@ def cases(wav: str):
         },
         400,
         "invalid_value",
-        "messages[0].content",
+        "messages[0].content[0]",
+    )
+    yield (  # an assistant's parts are text (or refusals), each of them
+        "chat/completions",
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}, {"type": "image_url"}]},
+                *chat(ok)["messages"],
+            ],
+        },
+        400,
+        "invalid_value",
+        "messages[0].content[1]",
+    )
+    yield (
+        "chat/completions",
+        {"model": MODEL, "messages": [{"role": "assistant", "content": [[[]], 5]}, *chat(ok)["messages"]]},
+        400,
+        "invalid_value",
+        "messages[0].content[0]",
     )
     yield "chat/completions", chat(ok, stream_options={"include_usage": True}), 400, "invalid_value", "stream_options"
+    yield (
+        "chat/completions",
+        chat(ok, stream=True, stream_options={"include_usage": "yes"}),
+        400,
+        "invalid_value",
+        "stream_options.include_usage",
+    )
     yield (
         "chat/completions",
         chat(ok, stream=True, stream_options={"include_usage": True, "bogus": 1}),

@@ -95,10 +95,12 @@ BETA_TRANSCRIPTION_SESSION_FIELDS = Fields(  # POST /v1/realtime/transcription_s
 )
 BETA_CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_at"}))  # its client_secret
 
+SESSION_AUDIO_FIELDS = Fields(honoured=frozenset({"input", "output"}))  # GA session.audio
 AUDIO_INPUT_FIELDS = Fields(honoured=frozenset({"format", "turn_detection", "transcription", "noise_reduction"}))
 NOISE_REDUCTION_FIELDS = Fields(honoured=frozenset({"type"}))  # GA audio.input.noise_reduction, beta's too
 
 AUDIO_OUTPUT_FIELDS = Fields(honoured=frozenset({"format", "voice", "speed"}))  # GA session.audio.output
+RESPONSE_AUDIO_FIELDS = Fields(honoured=frozenset({"output"}))  # GA response.audio
 RESPONSE_AUDIO_OUTPUT_FIELDS = Fields(  # GA response.audio.output: the speed is the session's
     honoured=frozenset({"format", "voice"}),
     neutral={"speed": (lambda v: v == 1.0, "1.0 (set the session's audio.output.speed)")},

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 from kimiaudio.server.inputs.json_input import JsonInputError, parse_json
 from kimiaudio.server.inputs.openai_params import checked
-from kimiaudio.server.inputs.realtime_params import RESPONSE_AUDIO_OUTPUT_FIELDS, RESPONSE_FIELDS, RealtimeSampling
+from kimiaudio.server.inputs.realtime_params import (
+    RESPONSE_AUDIO_FIELDS,
+    RESPONSE_AUDIO_OUTPUT_FIELDS,
+    RESPONSE_FIELDS,
+    RealtimeSampling,
+)
 from kimiaudio.server.session.event_fields import (
     ProtocolError,
     decode_pcm16,
@@ -184,7 +189,9 @@ def _event(data: dict) -> ClientEvent:
 
 def _response_create(response: dict, where: str) -> ResponseCreate:
     RESPONSE_FIELDS.check(response, f"{where}.", ProtocolError)
-    audio_out = optional_object(optional_object(response, "audio", f"{where}.audio"), "output", f"{where}.audio.output")
+    audio = optional_object(response, "audio", f"{where}.audio")
+    RESPONSE_AUDIO_FIELDS.check(audio, f"{where}.audio.", ProtocolError)
+    audio_out = optional_object(audio, "output", f"{where}.audio.output")
     RESPONSE_AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
     pcm16_rate(response.get("output_audio_format"), f"{where}.output_audio_format", output=True)
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)

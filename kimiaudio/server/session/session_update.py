@@ -18,6 +18,7 @@ from kimiaudio.server.inputs.realtime_params import (
     AUDIO_OUTPUT_FIELDS,
     INPUT_TRANSCRIPTION_FIELDS,
     NOISE_REDUCTION_FIELDS,
+    SESSION_AUDIO_FIELDS,
     SESSION_FIELDS,
     TOKEN_LIMITS_FIELDS,
     TRUNCATION_FIELDS,
@@ -117,12 +118,15 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
         )
     output_type = output_type_field(session, where) or output_type
     audio = optional_object(session, "audio", f"{where}.audio")  # GA shape
+    SESSION_AUDIO_FIELDS.check(audio, f"{where}.audio.", ProtocolError)
     audio_in = optional_object(audio, "input", f"{where}.audio.input")
     audio_out = optional_object(audio, "output", f"{where}.audio.output")
     AUDIO_INPUT_FIELDS.check(audio_in, f"{where}.audio.input.", ProtocolError)
     AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
-    vad = dict(object_field(session.get("vad", {}), f"{where}.vad"))
-    sampling = dict(object_field(session.get("sampling", {}), f"{where}.sampling"))
+    # The client's own [vad] keys are checked before a turn_detection object (checked itself) sets
+    # some of them.
+    vad = _checked(dict(object_field(session.get("vad", {}), f"{where}.vad")), "vad", where)
+    sampling = _checked(dict(object_field(session.get("sampling", {}), f"{where}.sampling")), "sampling", where)
     turn_detection, create_response, idle_timeout_ms = None, None, None
     resets: tuple[str, ...] = ()
     for key, container, path in (
@@ -149,7 +153,6 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     input_rate = pcm16_rate(audio_in.get("format"), f"{where}.audio.input.format") or input_rate
     pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", output=True)
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
-    vad, sampling = _checked(vad, "vad", where), _checked(sampling, "sampling", where)
     return SessionUpdate(
         turns=TurnUpdate(vad, turn_detection, create_response, idle_timeout_ms, resets),
         answers=AnswerUpdate(

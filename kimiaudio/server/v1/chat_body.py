@@ -132,6 +132,8 @@ async def parse_chat_body(
     STREAM_OPTIONS_FIELDS.check(stream_options, "stream_options.")
     if stream_options and not stream:
         raise _bad("stream_options: only allowed when stream is true", "stream_options")
+    if not isinstance(stream_options.get("include_usage", False), bool):
+        raise _bad("stream_options.include_usage: expected true or false", "stream_options.include_usage")
     request_audio = request_allowance(config, speech_positions_per_second)  # checked as each part is decoded
     history, user_turn = await _messages(body.get("messages"), config, store, request_audio)
     logprobs = bool(openai_sampling.get("logprobs"))
@@ -279,11 +281,17 @@ async def _assistant_turn(message: dict, where: str, store) -> HistoryTurn:
             )
         return HistoryTurn("assistant", text=answer.text, audio_tokens=answer.audio_tokens)
     content = message.get("content")
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        strings = [text for text in texts if isinstance(text, str)]
-        if len(strings) != len(texts):
-            raise _bad(f'{where}.content: expected text parts {{"type": "text", "text": "..."}}', f"{where}.content")
+    if isinstance(content, list):  # text parts, and refusals (what the assistant said, as text)
+        strings = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get(kind) if kind in ("text", "refusal") else None
+            if not isinstance(text, str):
+                raise _bad(
+                    f'{where}.content[{j}]: expected a text part {{"type": "text", "text": "..."}} (or a refusal)',
+                    f"{where}.content[{j}]",
+                )
+            strings.append(text)
         content = "".join(strings)
     if not isinstance(content, str):
         raise _bad(f"{where}.content: expected text (or an audio id)", f"{where}.content")
