@@ -9,6 +9,8 @@ generated; every event checked against the SDK's models):
   unheard transcript: the text tokens of the positions up to the last code heard (the audio
   delay's, then one per code), the text they decode to, in the store, in the item read back
   and in the next prompt; the transcript events already sent are not taken back;
+- while a spoken answer plays, its stored record holds the text of what was heard so far
+  (the same rule), not all the text sent, which runs ahead of the audio;
 - a response that fails still echoes its response.create's metadata and voice.
 """
 
@@ -18,6 +20,7 @@ import pytest
 
 from helpers.realtime_events import say
 from helpers.realtime_sessions import client_of, connect, open_session, user_text
+from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -65,6 +68,45 @@ async def test_a_response_cancelled_before_it_was_heard_is_retried(demo_server):
         ]
 
 
+def heard_text(stack, text_tokens: list[int], codes: int) -> str:
+    """The text of the first `codes` codes heard, as heard_text.py keeps it: the valid ids of the
+    audio delay's positions and one per code (before the text EOS, below the audio offset),
+    decoded, without a character the cut split if the text went on after it."""
+    specials = stack.specials
+    kept = text_tokens[: specials.audio_delay + codes] if codes else []
+    ended = kept.index(specials.text_eos) if specials.text_eos in kept else None
+    heard = stack.tokenizer.decode(t for t in kept[:ended] if t < specials.token_offset)
+    return heard if ended is not None else heard.rstrip("\ufffd")
+
+
+async def test_the_record_of_an_answer_playing_holds_the_text_heard(demo_server, speech_16k):
+    async with demo_server() as (http, pipeline):
+        pipeline.answers_to_limit = True
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                sampling = {"seed": 2, "text_temperature": 1.0, "text_top_k": 50}  # text that goes on
+                events = await open_session(conn, turn_detection=None, max_output_tokens=80, sampling=sampling)
+                await say(conn, speech_16k)
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                created = (await events.wait_for("response.created")).response
+
+                async def recorded():  # the record written while it plays, once something was heard
+                    turns = await stored_turns(http, created.conversation_id)
+                    return len(turns) > 1 and turns[1]["audio_tokens"] and not events.done(created.id) and turns[1]
+
+                playing = await eventually(recorded, "a record of the answer with audio heard")
+                sent = "".join(e.delta for e in events.of_type("response.output_audio_transcript.delta"))
+                await conn.response.cancel()
+                await events.wait_for("response.done")
+        finally:
+            await client.close()
+        generated = pipeline.handles[0].done
+        assert playing["text"] == heard_text(pipeline.stack, list(generated.text_tokens), len(playing["audio_tokens"]))
+        assert sent.startswith(playing["text"])
+
+
 async def test_a_truncated_answer_keeps_the_text_of_what_was_heard(demo_server, speech_16k):
     async with demo_server() as (http, pipeline):
         pipeline.answers_to_limit = True  # still playing when the truncate comes, whatever it says
@@ -78,11 +120,15 @@ async def test_a_truncated_answer_keeps_the_text_of_what_was_heard(demo_server, 
                 await say(conn, speech_16k)
                 await conn.input_audio_buffer.commit()
                 await conn.response.create()
-                rid = (await events.wait_for("response.created")).response.id
+                created = (await events.wait_for("response.created")).response
+                rid = created.id
                 item_id = (await events.wait_for("response.output_item.added")).item.id
                 await events.until(lambda: events.audio_seconds(rid) >= 2 * heard_ms / 1000 or events.done(rid))
                 assert not events.done(rid), "the answer ended before the truncate"
                 await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=heard_ms)
+                await events.wait_for("conversation.item.truncated")
+                # Told of the cut, the client may count on it: a crash now would keep it.
+                stored_when_told = (await stored_turns(http, created.conversation_id))[1:]
                 await conn.response.cancel()  # (openai-agents' interrupt(): the answer, cut, has not ended yet)
                 done = (await events.wait_for("response.done")).response
                 await conn.send({"type": "conversation.item.retrieve", "item_id": item_id})
@@ -104,14 +150,11 @@ async def test_a_truncated_answer_keeps_the_text_of_what_was_heard(demo_server, 
         positions = pipeline.stack.specials.audio_delay + codes
         assert len(generated.text_tokens) > positions  # more was generated than was heard
         said = (await stored_turns(http, done.conversation_id))[1]
+        kept = ("text", "text_tokens", "audio_tokens", "interrupted", "duration_s")
+        assert [{k: t[k] for k in kept} for t in stored_when_told] == [{k: said[k] for k in kept}]
         assert said["interrupted"] and said["audio_tokens"] == list(generated.audio_tokens[:codes])
         assert said["text_tokens"] == list(generated.text_tokens[:positions])
-        # Its text: the valid ids of those positions (before the text EOS, below the audio
-        # offset) decoded, without a character the cut split, if the text went on after it.
-        specials, kept = pipeline.stack.specials, said["text_tokens"]
-        ended = kept.index(specials.text_eos) if specials.text_eos in kept else None
-        heard = pipeline.stack.tokenizer.decode(t for t in kept[:ended] if t < specials.token_offset)
-        heard = heard if ended is not None else heard.rstrip("\ufffd")
+        heard = heard_text(pipeline.stack, list(generated.text_tokens), codes)
         assert said["text"] == heard and sent.startswith(heard)
         assert retrieved.content[0].transcript == heard
         answer = pipeline.requests[1].history[-1]  # the next prompt: the answer as it was heard

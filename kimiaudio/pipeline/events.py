@@ -30,6 +30,10 @@ class TokenLogprob:
 class TextDelta:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens decoded since the last delta, when asked for
+    # The text stream's tokens fed back since the last delta, one per position (blanks and the
+    # text EOS included, as TurnDone's text_tokens): joined over a turn's deltas, the positions
+    # its text so far came from, so what was heard of it can be kept while it plays.
+    text_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class LmTurn:
         self.prompt_len = 0
         self.num_cached = 0  # prompt positions served from the prefix cache
         self.raw_text: list[int] = []  # every text token fed back
+        self._raw_reported = 0  # of raw_text, those the text deltas carried
         self.text_ids: list[int] = []  # the valid ones, for decoding
         self.codes: list[int] = []
         self.emitted_text = ""
@@ -120,7 +121,8 @@ class LmTurn:
             return None
         delta, self.emitted_text = stable[len(self.emitted_text) :], stable
         self.mark("first_text_s")
-        return TextDelta(delta, self._new_logprobs(tokenizer))
+        tokens, self._raw_reported = tuple(self.raw_text[self._raw_reported :]), len(self.raw_text)
+        return TextDelta(delta, self._new_logprobs(tokenizer), tokens)
 
     def _before_stop(self, text: str, ending: bool) -> str:
         """`text` cut where a stop string begins (then `stopped`); while more may come, without

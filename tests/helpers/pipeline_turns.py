@@ -43,6 +43,11 @@ async def run_turn(pipeline: Pipeline, request: TurnRequest) -> dict:
     events = [event async for event in pipeline.submit(request)]
     done = events[-1]
     assert isinstance(done, TurnDone) and sum(isinstance(e, TurnDone) for e in events) == 1
+    # The positions the text came from, streamed with it: a prefix of the turn's text stream
+    # (which a failed turn does not report).
+    streamed = [t for e in events if isinstance(e, TextDelta) for t in e.text_tokens]
+    if done.status != "failed":
+        assert streamed == list(done.text_tokens[: len(streamed)]), "the deltas' text tokens"
     pcm = [e.pcm for e in events if isinstance(e, AudioChunk)]
     return {
         "events": events,

@@ -10,10 +10,11 @@ audio played; for a text answer, no text sent) is no turn at all, its progressiv
 deleted: the conversation still ends with the user turn it was to answer, and a
 response.create answers that again, as an OpenAI client retrying a cancelled response expects.
 Its item stays an item the client was told of, with no stored turn (conversation_items.py).
-While the answer plays, its record holds the text generated so far, which runs ahead of the
-audio heard: which positions a piece of text came from is known once the pipeline reports the
-answer's tokens, at its end. The user turn an answer follows gets its speech codes as soon as
-the pipeline has encoded it (`store_user_codes`).
+While a spoken answer plays, its record holds the text of what was heard so far, cut as at the
+end (heard_text.py) from the text stream's tokens the text deltas carried. A truncate of the
+answer playing stores its cut before the client is told of it (`store_cut`), so that a crash
+after the event keeps no more than was heard. The user turn an answer follows gets its speech
+codes as soon as the pipeline has encoded it (`store_user_codes`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ class AnswerStorage:
         except Exception as exc:  # e.g. the conversation was deleted meanwhile: the answer goes on
             log_store_failure(log, self._events.session_id, "storing the user turn's codes", exc)
 
+    async def store_cut(self, response: ResponseState) -> None:
+        """A cut answer, still being ended by the pipeline: what was heard of it, stored now
+        from what it streamed (its progressive record stopped first, so no write of it lands
+        after); its final record follows when it ends."""
+        response.stop_recording.set()
+        if response.recorder is not None:
+            await asyncio.wait([response.recorder])
+        streamed = TurnDone("cancelled", response.text, list(response.text_tokens), list(response.codes))
+        await self.store_final(response, streamed)
+
     async def store_final(self, response: ResponseState, done: TurnDone) -> None:
         """The assistant turn's final record: inserted, or the progressive one updated (or
         deleted: nothing of it was heard)."""
@@ -97,11 +108,14 @@ class AnswerStorage:
                 heard = self._heard_samples(response)
                 pcm = response.pcm_between(response.recorded_samples, heard)
                 index, turn = response.stored or await self._insert(
-                    response, response.text, [], [], {}, True, np.zeros(0, np.float32)
+                    response, "", [], [], {}, True, np.zeros(0, np.float32)
                 )
                 heard = max(heard, response.recorded_samples)
                 codes = response.codes_heard(heard, self._samples_per_code)
-                await self._conversation.record_heard(index, turn, pcm, response.text, codes)
+                text = response.text
+                if response.output_type == "both":  # the text runs ahead of the audio: what was heard of it
+                    text, _ = self._heard_text.cut(text, response.text_tokens, len(codes))
+                await self._conversation.record_heard(index, turn, pcm, text, codes)
                 response.recorded_samples = heard
                 await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
         except Exception as exc:  # the answer goes on; its final record is attempted at the end

@@ -156,8 +156,9 @@ class Responder:
                 match event:
                     case UserEncoded(audio_tokens=codes):
                         await self._storage.store_user_codes(response, codes)
-                    case TextDelta(text=text) if text:
+                    case TextDelta(text=text, text_tokens=tokens) if text:
                         response.text += text
+                        response.text_tokens += tokens
                         if not response.cancelled:
                             self._events.send(delta(response.id, response.item_id, text))
                             if not spoken:
@@ -251,18 +252,15 @@ class Responder:
     async def truncate(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate: the answer was heard up to audio_end_ms."""
         samples = audio_end_ms * SPEECH_OUTPUT_RATE // 1000
-        current = self.current
-        response = self._truncatable.named(item_id, audio_end_ms, current)
-        if response is current:  # generating or playing: stop it there
-            if response.cancelled:
-                response.played_samples = min(response.played_samples or 0, samples)
-            else:
-                self.interrupt("client_cancelled", samples)
-        else:  # already stored whole (or as an earlier cut): keep what the client heard
-            played = response.played_samples
-            response.played_samples = min(samples, played if played is not None else samples)
-            response.cancelled = True
-            if response.stored is not None and response.done is not None:
+        response = self._truncatable.named(item_id, audio_end_ms, self.current)
+        if response is self.current and not response.cancelled:  # generating or playing: stop it there
+            self.interrupt("client_cancelled", samples)
+        played = response.played_samples
+        if played is None or samples <= played:  # keep what the client heard, stored before it is told
+            response.played_samples, response.cancelled = samples, True
+            if response.done is None:  # still ending: its final record follows
+                await self._storage.store_cut(response)
+            elif response.stored is not None:
                 await self._storage.store_final(response, response.done)
         self._events.send(server_events.item_truncated(item_id, audio_end_ms))
 

@@ -44,6 +44,7 @@ class ResponseState:
     previous_item_id: str | None = _state()  # the item before it in the conversation
     announced: dict[str, Any] = _state(factory=dict)  # its response object, as response.created sent it
     text: str = _state("")
+    text_tokens: list[int] = _state(factory=list)  # the text stream's tokens that `text` came from, so far
     pcm: list[np.ndarray] = _state(factory=list)  # 24 kHz chunks as played (add_pcm), stretched by `speed`
     num_samples: int = _state(0)  # in `pcm`, kept as chunks come: the recorder asks every second
     codes: list[int] = _state(factory=list)  # speech codes of those chunks, as they came
