@@ -1,9 +1,12 @@
 """Graceful shutdown of a real `python -m kimiaudio serve` (demo checkpoint) by SIGTERM while it
 answers: new offers are refused at once (503), the answer in flight is let finish within
-server.shutdown_grace_s (or cut there, keeping what was heard), the process exits 0 and the
-stored conversation has the user turn and the assistant turn with the audio that was played."""
+server.shutdown_grace_s (or cut there, keeping what was heard, its response.done saying the
+server cut it), the session's last event is an `error` `shutting_down`, the process exits 0 and
+the stored conversation has the user turn and the assistant turn with the audio that was
+played."""
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 from pathlib import Path
@@ -37,10 +40,11 @@ def start_with_grace(tmp_path: Path, grace_s: float) -> tuple[subprocess.Popen, 
     return proc, port, proc.output_lines
 
 
-async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | None]:
+async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | None, list[dict]]:
     """Speak until an answer still playing has 5 codes (> 0.32 s) stored as heard (the demo
     weights sometimes stop within a second), SIGTERM then; (committed event, its response.done
-    or {}, status of an offer made once /readyz says the server drains; None if it was gone)."""
+    or {}, status of an offer made once /readyz says the server drains; None if it was gone,
+    the error events after the SIGTERM)."""
     async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
         client = RtcClient(ScriptedMic())
         assert (await client.connect(http))[0] == 201
@@ -52,14 +56,17 @@ async def answer_then_sigterm(proc, port, speech) -> tuple[dict, dict, int | Non
             await client.wait_for("response.done", count=attempt)
         else:
             raise AssertionError("no answer had 5 codes heard before it ended, in 5 attempts")
+        errors_before = len(client.of_type("error"))
         proc.send_signal(signal.SIGTERM)
         late = await offer_while_draining(http)
         try:
             done = await client.wait_for("response.done", count=attempt, timeout=120)
         except AssertionError:
             done = {}
+        with contextlib.suppress(AssertionError):  # (the last event, once the grace has ended)
+            await client.wait_for("error", count=errors_before + 1, timeout=120)
         await client.close()
-    return committed, done, late
+    return committed, done, late, client.of_type("error")[errors_before:]
 
 
 async def offer_while_draining(http) -> int | None:
@@ -68,7 +75,11 @@ async def offer_while_draining(http) -> int | None:
 
     async def draining():
         try:
-            return "draining" if (await http.get("/readyz")).status == 503 else None
+            ready = await http.get("/readyz")
+            if ready.status != 503:
+                return None
+            assert (await ready.json())["problems"] == ["shutting down"]  # (the pipeline still runs)
+            return "draining"
         except aiohttp.ClientConnectionError:
             return "gone"
 
@@ -94,7 +105,7 @@ async def stored_turns(tmp_path: Path, conversation_id: str) -> list[dict]:
 async def test_sigterm_mid_answer_exits_0_with_the_heard_part_stored(tmp_path, speech, grace_s):
     proc, port, lines = start_with_grace(tmp_path, grace_s)
     try:
-        committed, done, late_status = await answer_then_sigterm(proc, port, speech)
+        committed, done, late_status, errors = await answer_then_sigterm(proc, port, speech)
         code = await asyncio.to_thread(proc.wait, 120)
     finally:
         if proc.poll() is None:
@@ -112,6 +123,10 @@ async def test_sigterm_mid_answer_exits_0_with_the_heard_part_stored(tmp_path, s
         assert done["response"]["status"] in ("completed", "incomplete"), (done, output)
         assert not assistant["interrupted"], (done, output)
         assert assistant["duration_s"] == pytest.approx(len(assistant["audio_tokens"]) * 0.08, abs=0.01)
-    else:  # cut at the end of the grace: stored as heard, marked interrupted
+    else:  # cut at the end of the grace: stored as heard, marked interrupted, and said so
         assert assistant["interrupted"], (assistant, output)
         assert assistant["duration_s"] < len(assistant["audio_tokens"]) * 0.08 + 0.1
+        details = done["response"]["status_details"]
+        assert details["type"] == "cancelled" and "reason" not in details, details  # (not the client's doing)
+        assert (details["error"]["type"], details["error"]["code"]) == ("server_error", "shutting_down")
+    assert [e["error"]["code"] for e in errors] == ["shutting_down"], errors  # the session's end, said

@@ -45,7 +45,7 @@ class Transport(Protocol):
     @property
     def is_answering(self) -> bool: ...  # a response is being generated or played
 
-    async def close(self, reason: str = ...) -> None:
+    async def close(self, reason: str = ..., shutdown: bool = ...) -> None:
         """Close the session (storing what was heard) and the connection; later calls wait for
         the first one; calls its Admitted.release."""
 
@@ -131,5 +131,6 @@ class SessionRegistry:
     async def close_all(self) -> None:
         """Shutdown: no slot is given any more; every live session is closed (what was heard is stored)."""
         self.is_draining = True
-        await asyncio.gather(*(t.close() for t in self.live()), return_exceptions=True)
+        closing = (t.close("the server is shutting down", shutdown=True) for t in self.live())
+        await asyncio.gather(*closing, return_exceptions=True)
         self._live.clear()

@@ -37,7 +37,7 @@ async def readyz(request: web.Request) -> web.Response:
     context = server_context(request)
     sessions = context.sessions
     problems = []
-    if not context.ready.is_set():
+    if not context.ready.is_set() and not sessions.is_draining:  # (a stop clears it: said below)
         problems.append("the pipeline is not running")
     elif not context.pipeline.workers_alive:
         problems.append("the model workers stopped (see the server log)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import check_speech_input, resample
@@ -38,6 +39,7 @@ from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.item_events import ItemCreate, ItemReference
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.queued_turn import new_item_id, new_response_id
+from kimiaudio.server.session.responder import SHUTTING_DOWN
 from kimiaudio.server.session.response_done import final_status
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.text.output_type import TEXT
@@ -53,8 +55,11 @@ class OutOfBand:
         conversation: Conversation,
         events: EventSender,
         tasks: OwnedTasks,
+        stopping: Callable[[], bool] = lambda: False,
     ):
+        """stopping: whether the server stops (a response asked for now ends failed, shutting_down)."""
         self._pipeline = pipeline
+        self._stopping = stopping
         self._settings = settings
         self._conversation = conversation
         self._events = events
@@ -98,6 +103,8 @@ class OutOfBand:
         return True
 
     def _turn(self, request: ResponseCreate, items: list[list[HistoryTurn]]) -> TurnRequest:
+        if self._stopping():
+            raise ProtocolError("shutting_down", SHUTTING_DOWN)
         if self._settings.kind == "transcription":
             raise ProtocolError(
                 "transcription_session",

@@ -19,6 +19,11 @@ response.create, item retrieve / delete (a truncate too, at times: item_edits.py
 conversation.select share the queue: in order. Closing starts nothing more: the queue stops, the
 answer in progress is cut, the entry being taken ends (a user item is stored, no response
 starts: turn_queue.py).
+
+While the server stops (SIGTERM), the session counts as answering as long as an answer plays or
+anything waits in its queue, so the answers asked for before the stop may finish in the grace;
+what is queued after it gets no answer (a response ends failed, `shutting_down`). Closed by the
+stop, the session cuts its answer for that reason and says so in a last `error` event.
 """
 
 from __future__ import annotations
@@ -91,7 +96,14 @@ class RealtimeSession:
         self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
         self.responder = Responder(
-            pipeline, self.settings, self.conversation, self.events, playback, self.tasks, context.metrics.note_audio
+            pipeline,
+            self.settings,
+            self.conversation,
+            self.events,
+            playback,
+            self.tasks,
+            context.metrics.note_audio,
+            stopping=self._taking_late,
         )
         self.transcription = InputTranscription(pipeline, self.settings, self.conversation, self.events, self.tasks)
         self.items = UserItems(self.settings, self.conversation, self.events, self.responder, self.transcription)
@@ -107,9 +119,11 @@ class RealtimeSession:
             self._idle_timeout,
             self._idle_stretch,
         )
-        self._queue = TurnQueue()
+        self._queue = TurnQueue(stopping=lambda: context.sessions.is_draining)
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
-        out_of_band = OutOfBand(pipeline, self.settings, self.conversation, self.events, self.tasks)
+        out_of_band = OutOfBand(
+            pipeline, self.settings, self.conversation, self.events, self.tasks, stopping=self._taking_late
+        )
         self.requests = ResponseRequests(self.responder, out_of_band)
         self.closed = False
 
@@ -118,8 +132,14 @@ class RealtimeSession:
         return self.responder.current
 
     @property
-    def is_answering(self) -> bool:  # a response is being generated or played (a shutdown waits)
-        return self.response is not None
+    def is_answering(self) -> bool:
+        """A response is being generated or played, or something waits to be taken that may
+        ask for one (the server's stop waits for it)."""
+        return self.response is not None or self._queue.busy
+
+    def _taking_late(self) -> bool:
+        """What is being taken came once the server was stopping: it starts no answer."""
+        return self._queue.taking_late
 
     def start(self) -> None:
         self.tasks.spawn(self._take_turns(), "turns")
@@ -283,15 +303,18 @@ class RealtimeSession:
         self.events.send(server_events.session_updated(self.describe()))
 
     # ----- lifetime -----
-    async def close(self) -> None:
-        """Cut the answer in progress (storing what was heard), stop every task, release the conversation."""
+    async def close(self, shutdown: bool = False) -> None:
+        """Cut the answer in progress (storing what was heard), stop every task, release the
+        conversation. `shutdown`: the server stops (the client is told so), else the client left."""
         if self.closed:
             return
         self.closed = self.tasks.closing = True
         self._queue.stop()
         try:
-            await self.responder.settle(reason="client_cancelled")  # (the client hung up, or left)
+            await self.responder.settle(reason="shutting_down" if shutdown else "client_cancelled")
             await self._queue.idle()
+            if shutdown:
+                self.events.error("shutting_down", "the server is shutting down: this session ends")
         finally:
             await self.tasks.stop()
             await self.conversation.release()

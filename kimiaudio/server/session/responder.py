@@ -13,12 +13,14 @@ the playback at once, cancel the pipeline turn, and store the assistant turn mar
 interrupted and truncated to what was played, its audio, codes and text (nothing, if nothing
 of it was heard: answer_storage.py); conversation.item.truncate (the client saying what it
 played) overrides that estimate, for the response in progress or one of the last ones stored.
-A response is not started once the session closes, and one whose task is cancelled (the
-session's tasks stopped) cancels its pipeline turn. A response.create while a response is in progress is refused with an
-error (barge-in, a user turn, replaces it). A response that cannot be generated (the
-conversation does not end with speech, a transcription session, an unknown voice, a turn the
-pipeline refuses) still ends: response.created, then response.done `failed` with its error,
-so a client waiting for response.done never waits forever.
+A response is not started once the session closes, nor once the server is stopping (`stopping`:
+the request came after it began to; it ends failed, `shutting_down`), and one whose task is
+cancelled (the session's tasks stopped) cancels its pipeline turn. A response.create while a
+response is in progress is refused with an error (barge-in, a user turn, replaces it). A
+response that cannot be generated (the conversation does not end with speech, a transcription
+session, an unknown voice, a turn the pipeline refuses) still ends: response.created, then
+response.done `failed` with its error, so a client waiting for response.done never waits
+forever.
 
 The Responder holds no session: it is given the parts it works with (the pipeline, the
 session's settings and conversation, its events out, its playback and its tasks), and it is
@@ -57,6 +59,8 @@ from kimiaudio.server.session.truncatable import Truncatable
 
 log = logging.getLogger(__name__)
 
+SHUTTING_DOWN = "the server is shutting down and starts no more answers"
+
 CANCEL_GRACE_S = 3.0  # how long a cancelled pipeline turn may take to report TurnDone
 
 
@@ -70,8 +74,10 @@ class Responder:
         playback: Playback,
         tasks: OwnedTasks,
         on_audio: Callable[[float], None] = lambda seconds: None,
+        stopping: Callable[[], bool] = lambda: False,
     ):
-        """on_audio: the seconds of each piece of answer audio played (kimiaudio_audio_generated_seconds)."""
+        """on_audio: the seconds of each piece of answer audio played (kimiaudio_audio_generated_seconds);
+        stopping: whether the server stops, for what asks for an answer now."""
         self._pipeline = pipeline
         self._settings = settings
         self._conversation = conversation
@@ -79,6 +85,7 @@ class Responder:
         self._playback = playback
         self._tasks = tasks
         self._on_audio = on_audio
+        self._stopping = stopping
         heard_text = HeardText(pipeline.stack.tokenizer, pipeline.stack.specials)
         self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code, heard_text)
         self.current: ResponseState | None = None
@@ -99,6 +106,8 @@ class Responder:
             return
         await self.settle()
         try:
+            if self._stopping():
+                raise ProtocolError("shutting_down", SHUTTING_DOWN)
             index, user_turn, turn = await answer_request(self._settings, self._conversation, request)
             if self._tasks.closing:  # the session closed meanwhile: an answer now would be for nobody
                 return

@@ -32,9 +32,16 @@ def final_status(cancelled: bool, done: TurnDone) -> str:
     return status
 
 
+SHUTDOWN_CUT = "the server is shutting down: the answer was cut (what was heard is stored)"
+
+
 def send_done(events: EventSender, conversation_id: str | None, response: ResponseState, done: TurnDone) -> None:
-    """The response's last events, `done` being what the pipeline reported of it."""
+    """The response's last events, `done` being what the pipeline reported of it (an answer cut
+    by the server's stop is cancelled with no client's reason, and an error saying why)."""
     status = final_status(response.cancelled, done)
+    error, error_code = done.error, done.error_code
+    if response.cancel_reason == "shutting_down":
+        error, error_code = SHUTDOWN_CUT, "shutting_down"
     text = response.text or done.text
     spoken = response.output_type == "both"
     for event in response_events.text_done(response.id, response.item_id, text, spoken):
@@ -50,10 +57,10 @@ def send_done(events: EventSender, conversation_id: str | None, response: Respon
             status,
             text,
             response.timings(done),
-            done.error,
+            error,
             output=[item],
             reason=response.cancel_reason,
-            error_code=done.error_code,
+            error_code=error_code,
             prefill_tokens_cached=done.prefill_tokens_cached,
             prefill_tokens_computed=done.prefill_tokens_computed,
             usage=response_events.response_usage(done),

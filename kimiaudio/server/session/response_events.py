@@ -22,6 +22,7 @@ from typing import Any
 
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE
 from kimiaudio.server import api_error
+from kimiaudio.server.session import server_events
 
 RESPONSE_STATUSES = ("completed", "incomplete", "cancelled", "failed")
 CANCEL_REASONS = ("turn_detected", "client_cancelled")  # OpenAI's reasons for a cancelled response
@@ -151,7 +152,13 @@ def response_done(
 
 
 def _client_fault(code: str | None) -> dict:
-    return {"type": api_error.INVALID_REQUEST, "code": code} if code is not None else {"type": api_error.SERVER_ERROR}
+    """The error's type and code: the request's fault when named, but for the server's own."""
+    if code is None:
+        return {"type": api_error.SERVER_ERROR}
+    return {
+        "type": api_error.SERVER_ERROR if code in server_events.SERVER_FAULTS else api_error.INVALID_REQUEST,
+        "code": code,
+    }
 
 
 def response_usage(done) -> dict:

@@ -184,7 +184,7 @@ def transcription_failed(item_id: str, content_index: int, message: str) -> dict
 
 
 # ----- errors -----
-SERVER_FAULTS = ("turn_failed", "storage_failed", "response_failed", "internal")
+SERVER_FAULTS = ("turn_failed", "storage_failed", "response_failed", "internal", "shutting_down")
 
 
 def error(code: str, message: str, param: str | None = None, event_id: str | None = None) -> dict:

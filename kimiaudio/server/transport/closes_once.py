@@ -12,17 +12,18 @@ import asyncio
 
 
 class ClosesOnce:
-    """Base of a transport: subclasses implement `_close(reason)`; `closed` is True from the
-    first `close()` on."""
+    """Base of a transport: subclasses implement `_close(reason, shutdown)`; `closed` is True from
+    the first `close()` on. `reason`: for the log; `shutdown`: the server stops (the client is
+    told so, and a WebSocket closes as going away)."""
 
     closed = False
     _closing: asyncio.Future | None = None
 
-    async def close(self, reason: str = "closed by the server") -> None:
+    async def close(self, reason: str = "closed by the server", shutdown: bool = False) -> None:
         if self._closing is None:
             self.closed = True
-            self._closing = asyncio.ensure_future(self._close(reason))
+            self._closing = asyncio.ensure_future(self._close(reason, shutdown))
         await asyncio.shield(self._closing)
 
-    async def _close(self, reason: str) -> None:
+    async def _close(self, reason: str, shutdown: bool) -> None:
         raise NotImplementedError

@@ -82,12 +82,12 @@ class RealtimeSocket(ClosesOnce):
         self.session.events.send(response_events.audio_delta(response_id, item_id, pcm16.to_base64(raw)))
 
     # ----- lifetime -----
-    async def _close(self, reason: str) -> None:
+    async def _close(self, reason: str, shutdown: bool) -> None:
         """Cancel the turn in progress (storing what was heard), send the last events, close (once:
         closes_once.py)."""
         try:
-            await self.session.close()
+            await self.session.close(shutdown)
         finally:
-            await self._outbox.finish()  # what is queued (response.done) goes out first
+            await self._outbox.finish(going_away=shutdown)  # what is queued (response.done) goes out first
             self._release()
             log.info("session %s closed: %s", self.id, reason)

@@ -79,7 +79,7 @@ class CallWatcher(Protocol):
 
     def send(self, event: dict) -> None: ...
 
-    async def close(self, reason: str) -> None: ...
+    async def close(self, reason: str, shutdown: bool = False) -> None: ...
 
 
 class RtcPeer(ClosesOnce):
@@ -221,14 +221,14 @@ class RtcPeer(ClosesOnce):
     def is_answering(self) -> bool:
         return self.session.is_answering
 
-    async def _close(self, reason: str) -> None:
+    async def _close(self, reason: str, shutdown: bool) -> None:
         """Close the session (storing what was heard), stop every task, close the peer and its
         sideband connections (once: closes_once.py)."""
         try:
-            await self.session.close()
+            await self.session.close(shutdown)
         finally:
             for watcher in list(self._watchers):  # (after the session's last events reached them)
-                await watcher.close(f"the call ended: {reason}")
+                await watcher.close(f"the call ended: {reason}", shutdown)
             await self._tasks.stop()
             self.track.stop()
             await self.pc.close()

@@ -71,7 +71,7 @@ class Sideband(ClosesOnce):
             self._own_events += 1
             self._outbox.send({"event_id": f"evt_sideband_{self._own_events}", **shaped})
 
-    async def _close(self, reason: str) -> None:
+    async def _close(self, reason: str, shutdown: bool) -> None:
         self.peer.unwatch(self)
-        await self._outbox.finish()
+        await self._outbox.finish(going_away=shutdown)
         log.info("call %s: the sideband connection closed: %s", self.peer.call_id, reason)

@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class WsOutbox:
         self._writer: asyncio.Task | None = None
         self.dropped = False  # the client is gone or too slow: nothing more is sent
         self._aborted = False  # its connection was cut: there is nothing left to close
+        self._going_away = False  # closing because the server stops
 
     def start(self) -> None:
         self._writer = asyncio.get_running_loop().create_task(self._write())
@@ -66,10 +67,11 @@ class WsOutbox:
         self._queued_bytes += len(text)
         self._queue.put_nowait(text)
 
-    async def finish(self) -> None:
-        """Send what is queued, then stop (the writer closes the WebSocket)."""
+    async def finish(self, going_away: bool = False) -> None:
+        """Send what is queued, then close the WebSocket (`going_away`: the server stops, 1001)."""
         if self._aborted:
             return
+        self._going_away = going_away
         self._queue.put_nowait(None)
         if self._writer is not None:
             try:
@@ -77,7 +79,13 @@ class WsOutbox:
             except TimeoutError:
                 self._writer.cancel()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ws.close(), FINISH_S)
+            await asyncio.wait_for(self._close_ws(), FINISH_S)
+
+    async def _close_ws(self) -> None:
+        if self._going_away:
+            await self._ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down")
+        else:
+            await self._ws.close()
 
     async def _write(self) -> None:
         try:
@@ -90,4 +98,4 @@ class WsOutbox:
             self.dropped = True
             if not self._aborted:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ws.close(), FINISH_S)  # ends the reader loop too
+                    await asyncio.wait_for(self._close_ws(), FINISH_S)  # ends the reader loop too
