@@ -17,7 +17,7 @@ async def offer_sdp() -> str:
     from kimiaudio.bench.loopback_client import ScriptedMic
 
     pc = RTCPeerConnection()
-    pc.createDataChannel("events")
+    pc.createDataChannel("oai-events")
     pc.addTrack(ScriptedMic())
     await pc.setLocalDescription(await pc.createOffer())
     sdp = pc.localDescription.sdp

@@ -7,7 +7,8 @@ examples/server convention), kept for clients written before the calls route:
 The body is read and checked (sdp_offer.py; `session` as a session.update), then the client is
 let in as a call is (transport/call_directory.py's `open_call`); `call_id` names it to
 /v1/realtime/calls/{call_id}/hangup. Its events keep the beta shape the page spoke before the
-calls route (session/event_shape.py), with the WebRTC events output_audio_buffer.*. A new
+calls route (session/event_shape.py), with the WebRTC events output_audio_buffer.*, on the
+data channel labelled `oai-events` or `events` (the page's label before the calls route). A new
 conversation is created at its first committed turn (announced by conversation.created), so
 connecting without speaking leaves no empty conversation behind: `conversation_id` is null
 until then. Its answers carry `Deprecation: true` and a Link to the calls route. Without
@@ -29,6 +30,9 @@ from kimiaudio.server.transport import webrtc
 MAX_OFFER_BYTES = MAX_SDP_BYTES + 16 * 1024  # the SDP, JSON-escaped, and the session settings
 
 # Says so to a client that looks (the Deprecation header's draft form; RFC 8288's Link).
+# The labels its events' data channel may have: OpenAI's, and the page's before the calls route.
+CHANNELS = ("oai-events", "events")
+
 DEPRECATED = {"Deprecation": "true", "Link": '</v1/realtime/calls>; rel="successor-version"'}
 
 routes = web.RouteTableDef()
@@ -62,4 +66,4 @@ def _offer(context: ServerContext, body: dict) -> webrtc.RtcOffer:
     if conversation_id is not None and not isinstance(conversation_id, str):
         raise ApiError(404, "conversation_not_found", "no conversation with that id", param="conversation_id")
     updates = (parse_bound(context, body["session"]),) if body.get("session") is not None else ()
-    return webrtc.RtcOffer(sdp, updates, conversation_id, event_shape("beta", webrtc=True))
+    return webrtc.RtcOffer(sdp, updates, conversation_id, event_shape("beta", webrtc=True), CHANNELS)

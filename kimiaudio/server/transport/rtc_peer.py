@@ -8,11 +8,13 @@ before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription return
 gathering is complete), closed when the connection fails or closes.
 
 What it carries: the incoming audio track (any rate/layout, resampled by PyAV to 16 kHz mono
-float) into `RealtimeSession.push_audio`; the data channel's messages into
+float) into `RealtimeSession.push_audio`; the events' data channel's messages into
 `RealtimeSession.handle_message` and the session's events out (queued until the channel
 opens), in the offer's event shape (GA over WebRTC unless the route says otherwise:
 session/event_shape.py); the session's responses out through a PlaybackTrack (48 kHz, 20 ms
-frames).
+frames). The events' data channel is the first the client opens labelled `oai-events`
+(OpenAI's label; the deprecated route takes `events` too: RtcOffer.channels); a channel
+labelled otherwise is left unused (nothing read from it, nothing sent on it).
 
 A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
 the connection state; closing cancels its turn and tasks, closes its sideband connections
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 
 INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
+EVENTS_CHANNEL = "oai-events"  # the label of the events' data channel in OpenAI's protocol
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
 FRAME_WAIT_S = 0.002  # recv() took longer: no frame was queued (a queued one returns at once)
 # What a task of the session may die of when the client goes away: a hang-up, not a bug.
@@ -86,10 +89,16 @@ class RtcPeer(ClosesOnce):
     """The peer connection of one client and the RealtimeSession it carries (`session`)."""
 
     def __init__(
-        self, context: ServerContext, admitted: Admitted, conversation_id: str | None, shape: EventShape | None = None
+        self,
+        context: ServerContext,
+        admitted: Admitted,
+        conversation_id: str | None,
+        shape: EventShape | None = None,
+        channels: tuple[str, ...] = (EVENTS_CHANNEL,),
     ):
         """conversation_id: the stored conversation the client continues (None: a new one);
-        shape: how its events are named and shaped (None: GA over WebRTC)."""
+        shape: how its events are named and shaped (None: GA over WebRTC); channels: the labels
+        its events' data channel may have."""
         self.id = admitted.session_id
         self.call_id = f"rtc_{secrets.token_hex(16)}"
         self._release = admitted.release
@@ -107,6 +116,7 @@ class RtcPeer(ClosesOnce):
             shape=shape if shape is not None else event_shape("ga", webrtc=True),
         )
         self._channel: RTCDataChannel | None = None
+        self._channel_labels = channels
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._watchers: list[CallWatcher] = []  # sideband connections (sideband.py)
         self.announced = False  # session.created went out (on the data channel, when it opened)
@@ -134,7 +144,11 @@ class RtcPeer(ClosesOnce):
         self._tasks.spawn(self._read_audio(track), "reading audio")
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if self._channel is not None:
+        if self._channel is not None or channel.label not in self._channel_labels:
+            labels = " or ".join(map(repr, self._channel_labels))
+            log.info(
+                "session %s: data channel %r left unused (the events' is the first %s)", self.id, channel.label, labels
+            )
             return
         self._channel = channel
         channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
@@ -244,6 +258,7 @@ class RtcOffer:
     updates: tuple[SessionUpdate, ...] = ()  # session settings to start with, applied in order
     conversation_id: str | None = None  # a stored conversation to continue
     shape: EventShape | None = None  # its events' (None: GA over WebRTC)
+    channels: tuple[str, ...] = (EVENTS_CHANNEL,)  # the labels its events' data channel may have
 
 
 async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer, RTCSessionDescription]:
@@ -254,7 +269,7 @@ async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer
     check_offer(offer.sdp)
 
     async def make(admitted: Admitted) -> RtcPeer:
-        return RtcPeer(context, admitted, offer.conversation_id, offer.shape)
+        return RtcPeer(context, admitted, offer.conversation_id, offer.shape, offer.channels)
 
     # The slot is checked and taken in one step, after the body is in: a stalled body holds none.
     async with context.sessions.opened("webrtc", make) as peer:

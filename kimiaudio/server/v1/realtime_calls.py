@@ -11,9 +11,10 @@ is the SDP answer (`application/sdp`, 201) with the call id in `Location`
 (`/v1/realtime/calls/rtc_...`), as OpenAI answers. The session starts with the configuration
 bound to the ephemeral key that opened it, if any, then the call's own `session`
 (ephemeral_keys.py). The call carries the same RealtimeSession as the WebSocket: its events
-travel as JSON on the client's data channel (OpenAI's clients name it `oai-events`), the
-audio both ways on the media tracks (transport/rtc_peer.py). `conversation_id` continues a
-stored conversation, as `conversation.select` does on the channel.
+travel as JSON on the client's data channel named `oai-events` (OpenAI's label; any other
+is left unused), the audio both ways on the media tracks (transport/rtc_peer.py).
+`conversation_id` continues a stored conversation, as `conversation.select` does on the
+channel.
 
 Admission is the WebSocket's and the page's: a full server answers 503 (Retry-After) before
 the body is read, a held conversation 409 conversation_busy; the API key (or an ephemeral
