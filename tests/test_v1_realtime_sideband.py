@@ -1,13 +1,15 @@
 """OpenAI's sideband connection (GET /v1/realtime?call_id=, the official client's
 `realtime.connect(call_id=...)`) against the real server and pipeline on the demo checkpoint,
-beside a real aiortc call: it starts with session.created describing the call's session, then
-gets the call's events as the data channel does (same event ids); its session.update and
+beside a real aiortc call: it starts with a session.created of its own describing the call's
+session, whether or not the call has a data channel, then gets the call's other events as the
+data channel does (same event ids); its session.update and
 response.create act on the call; it takes no session slot and closing it leaves the call going,
 while the call's end closes it; an unknown call is a 404, and an ephemeral key cannot join."""
 
 import asyncio
 
 import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
@@ -105,8 +107,8 @@ async def test_an_ephemeral_key_cannot_join_a_call(demo_server, monkeypatch):
 
 
 async def test_a_sideband_that_joins_before_the_call_opens_gets_one_session_created(demo_server, monkeypatch):
-    """Joined before the call's data channel opened, the sideband gets the call's session.created
-    when it opens, and no session.created of its own before it."""
+    """Joined before the call's data channel opened, the sideband gets its session.created at
+    once, and not the channel's when it opens."""
     monkeypatch.delenv("KIMIAUDIO_API_KEY", raising=False)
     async with demo_server(api_key=KEY) as (http, _):
         call = RtcClient(ScriptedMic())
@@ -117,12 +119,36 @@ async def test_a_sideband_that_joins_before_the_call_opens_gets_one_session_crea
         try:
             async with backend.realtime.connect(call_id=resp.headers["Location"].rsplit("/", 1)[-1]) as side:
                 events = Events(side, "ga")
+                await events.wait_for("session.created")
                 await call.answered(await resp.text(), resp.headers["Location"])  # the channel opens now
-                created = await events.wait_for("session.created")
+                await call.wait_for("session.created")  # (the channel's own)
                 await side.session.update(session={"type": "realtime", "instructions": "Hi."})
                 await events.wait_for("session.updated")
-                assert len(events.of_type("session.created")) == 1
-                assert created.event_id == (await call.wait_for("session.created"))["event_id"]
+                assert [e.type for e in events.items] == ["session.created", "session.updated"]
+        finally:
+            await backend.close()
+            await call.close()
+
+
+async def test_a_sideband_on_a_call_without_a_data_channel_starts_with_session_created(demo_server, monkeypatch):
+    """A call may carry no data channel (an offer of the microphone alone): a sideband on it still
+    gets a session.created first, and one only."""
+    monkeypatch.delenv("KIMIAUDIO_API_KEY", raising=False)
+    async with demo_server(api_key=KEY) as (http, _):
+        call = RTCPeerConnection()
+        call.addTrack(ScriptedMic())
+        backend = backend_of(http)
+        try:
+            await call.setLocalDescription(await call.createOffer())
+            headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/sdp"}
+            resp = await http.post("/v1/realtime/calls", data=call.localDescription.sdp, headers=headers)
+            assert resp.status == 201, await resp.text()
+            await call.setRemoteDescription(RTCSessionDescription(sdp=await resp.text(), type="answer"))
+            async with backend.realtime.connect(call_id=resp.headers["Location"].rsplit("/", 1)[-1]) as side:
+                events = Events(side, "ga")
+                await side.session.update(session={"type": "realtime", "instructions": "Hi."})
+                await events.wait_for("session.updated")
+                assert [e.type for e in events.items] == ["session.created", "session.updated"]
         finally:
             await backend.close()
             await call.close()

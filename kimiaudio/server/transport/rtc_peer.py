@@ -119,7 +119,6 @@ class RtcPeer(ClosesOnce):
         self._channel_labels = channels
         self._outbox: list[dict] = []  # events sent before the data channel opened
         self._watchers: list[CallWatcher] = []  # sideband connections (sideband.py)
-        self.announced = False  # session.created went out (on the data channel, when it opened)
         self._tasks = OwnedTasks(f"session {self.id}", quiet=HANG_UPS)
         self._has_audio_track = False
 
@@ -153,7 +152,6 @@ class RtcPeer(ClosesOnce):
         self._channel = channel
         channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
         self.session.send_created()
-        self.announced = True
         outbox, self._outbox = self._outbox, []
         for event in outbox:
             self._send_now(event)
@@ -164,8 +162,8 @@ class RtcPeer(ClosesOnce):
 
     # ----- sideband connections -----
     def watch(self, watcher: CallWatcher) -> None:
-        """`watcher` gets every event of the call's session from now on, until the call ends
-        (then it is closed) or it is unwatched."""
+        """`watcher` gets every event of the call's session from now on but the data channel's
+        session.created, until the call ends (then it is closed) or it is unwatched."""
         self._watchers.append(watcher)
 
     def unwatch(self, watcher: CallWatcher) -> None:
@@ -174,8 +172,9 @@ class RtcPeer(ClosesOnce):
 
     # ----- events out -----
     def _send(self, event: dict) -> None:
-        for watcher in list(self._watchers):
-            watcher.send(event)
+        if event["type"] != "session.created":  # (each connection's own: a sideband sent its own as it joined)
+            for watcher in list(self._watchers):
+                watcher.send(event)
         if self._channel is None or self._channel.readyState != "open":
             if len(self._outbox) < MAX_OUTBOX:
                 self._outbox.append(event)

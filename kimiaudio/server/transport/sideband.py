@@ -2,10 +2,11 @@
 (`GET /v1/realtime?call_id=rtc_...`, the `openai` client's `realtime.connect(call_id=...)`): a
 server beside the browser that watches the call and steers it.
 
-It gets every event of the call's session from when it joins, the same events the call's data
-channel carries (GA's shape, with the same event ids; a call of the deprecated beta-shaped
-offer route cannot be joined), starting with a session.created that describes the session as
-it is now (the call's own, if its data channel has not opened yet). Its client events are the
+It starts with a session.created of its own that describes the session as it is now, as each
+new connection does, whether or not the call's data channel has opened or ever will (a call
+may have none). Then it gets every other event of the call's session from when it joined, the
+same events the call's data channel carries (GA's shape, with the same event ids; a call of
+the deprecated beta-shaped offer route cannot be joined). Its client events are the
 session's: a session.update, a response.create or a conversation.item.create from it act on
 the call (audio too: an input_audio_buffer.append is heard as the microphone is). The session
 does not tell its connections apart: what answers a client event (an error, a retrieved item)
@@ -42,8 +43,7 @@ class Sideband(ClosesOnce):
         """Serve the connection until it or the call ends (the route handler's body)."""
         self._outbox.start()
         session = self.peer.session
-        if self.peer.announced:  # (else the call's own session.created is still to come, to both)
-            self._send_own(server_events.session_created(session.describe()))
+        self._send_own(server_events.session_created(session.describe()))
         self.peer.watch(self)
         log.info("call %s: a sideband connection joined (session %s)", self.peer.call_id, session.id)
         try:
