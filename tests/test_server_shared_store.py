@@ -1,6 +1,7 @@
 """The server on a shared PostgreSQL database: a conversation another instance holds is 409
 conversation_busy with Retry-After; a database lost while serving makes the requests that need
-it 503 and /readyz 503, and both recover without a restart once it is back."""
+it 503, /readyz 503 and a Realtime session's reads `storage_failed` errors, and they recover
+without a restart once it is back."""
 
 import asyncio
 
@@ -8,7 +9,7 @@ import pytest
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
 
-from helpers.hostile_clients import offer_sdp
+from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp
 from helpers.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ async def _readyz(http) -> tuple[int, dict]:
     return resp.status, await resp.json()
 
 
-async def test_database_lost_then_back_without_a_restart(shared, postgres_server):
+async def test_database_lost_then_back_without_a_restart(shared, postgres_server, caplog):
     http, elsewhere = shared
     conversation = (await elsewhere.create_conversation())["id"]
     assert (await _readyz(http))[0] == 200
@@ -65,6 +66,12 @@ async def test_database_lost_then_back_without_a_restart(shared, postgres_server
         resp = await http.get("/api/conversations")
         assert resp.status == 503 and resp.headers["Retry-After"]
         assert (await resp.json())["error"]["code"] == "database_unavailable"
+        async with http.ws_connect("/v1/realtime") as ws:  # a session reading the store: told, no traceback
+            await ws.send_json({"type": "conversation.select", "conversation_id": conversation})
+            error = (await _event(ws, "error"))["error"]
+        assert (error["code"], error["type"]) == ("storage_failed", "server_error"), error
+        assert not INTERNAL_NAMES.search(error["message"]), error
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     finally:
         postgres_server.start()
 

@@ -39,7 +39,7 @@ from kimiaudio.audio import pcm16
 from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import TurnDetector
-from kimiaudio.errors import KimiAudioError
+from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.session import client_events, server_events
 from kimiaudio.server.session.conversation import Conversation
@@ -67,6 +67,7 @@ from kimiaudio.server.session.responder import Responder
 from kimiaudio.server.session.response_requests import ResponseRequests
 from kimiaudio.server.session.response_state import ResponseState
 from kimiaudio.server.session.session_settings import SessionSettings
+from kimiaudio.server.session.store_failure import log_store_failure
 from kimiaudio.server.session.turn_queue import TurnQueue
 from kimiaudio.server.session.user_items import UserItems
 from kimiaudio.server.session_registry import Admitted
@@ -205,6 +206,9 @@ class RealtimeSession:
                         await self.edits.take(work)
                     case QueuedSelect():
                         await self._select(work)
+            except StoreUnavailableError as exc:  # (a read of the store: the database does not answer)
+                log_store_failure(log, self.id, f"taking a {type(work).__name__}", exc)
+                self.events.error("storage_failed", f"the conversation store does not answer ({exc})")
             except Exception as exc:  # this turn fails alone; the next one is still taken
                 log.exception("session %s: taking a turn failed", self.id)
                 self.events.error("turn_failed", f"the turn could not be answered ({type(exc).__name__})")
