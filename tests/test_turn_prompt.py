@@ -4,6 +4,8 @@ a retention ratio: that bring it down to that share of the allowance, or of the 
 limit), never the pinned ones nor the turn. A stand-in prompt builder gives each message as many positions as its
 text has characters (plus one for the generation prefix), so every length is known here."""
 
+import pytest
+
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import BOTH_MAX_POSITIONS, TEXT_MAX_POSITIONS
 from kimiaudio.pipeline.turn_prompt import Truncation, answer_params, turn_prompt
@@ -85,3 +87,21 @@ def test_the_item_answered_is_never_cut_however_many_messages_it_is():
     limited = Truncation(1, retention_ratio=0.5, post_instructions=600, tail=2)
     cut = turn_prompt(messages, build, "both", SamplingParams(max_new_tokens=100), 4096, limited)
     assert cut.num_left_out == 2 and len(cut.prompt) == 10 + 1500 + 20 + 1  # too long, but whole
+
+
+@pytest.mark.parametrize(("output_type", "limit"), [("text", TEXT_MAX_POSITIONS), ("both", BOTH_MAX_POSITIONS)])
+def test_before_the_first_answer_truncation_leaves_the_answer_room(output_type, limit):
+    # No answer yet: the room is what the official limit leaves of the prompt, so however roomy
+    # the context, a prompt past that limit has none, and each message left out gives it more.
+    size = limit // 3
+    messages = [user(10)] + [user(size) for _ in range(5)]
+    context = 2 * limit
+    assert len(build(messages)) <= context  # it fits the context, but leaves its answer nothing
+    cut = turn_prompt(messages, build, output_type, SamplingParams(), context, Truncation(pinned=1))
+    assert cut.num_left_out == 3 and len(cut.prompt) == len(build(messages[:1] + messages[4:]))
+    assert len(cut.prompt) < limit <= len(build(messages[:1] + messages[3:]))  # one more: no room
+    assert cut.params.max_new_tokens == 0  # the official limit, of the prompt as kept
+    longer = [user(10)] + [user(size) for _ in range(40)]  # past the context as well
+    assert turn_prompt(longer, build, output_type, SamplingParams(), context, Truncation(pinned=1)).num_left_out == 38
+    fits = messages[:1] + messages[4:]
+    assert turn_prompt(fits, build, output_type, SamplingParams(), context, Truncation(pinned=1)).num_left_out == 0

@@ -10,16 +10,19 @@ minutes into a talk). A prompt with no answer in it is one exchange: its limit i
 official one exactly. A request's own max_new_tokens replaces either.
 
 Truncation (a Realtime session's; OpenAI's: "messages, starting from the oldest, will not be
-included in the model's context"). What follows the first `pinned` messages (the session's
-instructions) may use what the prompt's answer room (at most half of engine.max_model_len)
-leaves of engine.max_model_len, or a client's `post_instructions` limit where that is less.
-Past it, the fewest oldest history messages are left out that bring it down to
-`retention_ratio` of that allowance: 1.0 is OpenAI's "auto" (just fit); less drops more at once,
-so that the next turns fit without dropping again, and keep the prefix cache's hits. Neither the
-pinned messages nor the turn being answered (its last `tail` messages: a user item of text and
-speech is two) are ever left out. Even with all of the others left
-out, the turn may not fit: the engine then refuses it as too long (context_length_exceeded), as
-it refuses any prompt without truncation ("disabled").
+included in the model's context"). A prompt is kept only if its answer has room: at least one
+position, counted as above for the prompt as kept (with no answer in it, the official limit
+less the kept prompt, so that each message left out gives the answer more; a prompt past the
+official limit has none). What follows the first `pinned` messages (the session's
+instructions) may then use what that room (at most half of engine.max_model_len) leaves of
+engine.max_model_len, or a client's `post_instructions` limit where that is less. Past it, the
+fewest oldest history messages are left out that bring it down to `retention_ratio` of that
+allowance: 1.0 is OpenAI's "auto" (just fit); less drops more at once, so that the next turns
+fit without dropping again, and keep the prefix cache's hits. Neither the pinned messages nor
+the turn being answered (its last `tail` messages: a user item of text and speech is two) are
+ever left out. Even with all of the others left out, the turn may not fit: the engine then
+refuses it as too long (context_length_exceeded), as it refuses any prompt without truncation
+("disabled"), or its answer ends at once for want of room, as the official code's does.
 """
 
 from __future__ import annotations
@@ -77,26 +80,37 @@ def turn_prompt(
     params = answer_params(prompt, messages, output_type, params)
     if truncation is None:
         return TurnPrompt(prompt, params, 0)
-    room = official_max_new_tokens(output_type, len(prompt), params.max_new_tokens)
     pinned = truncation.pinned
     pinned_len = prompt.message_starts[pinned] if pinned < len(messages) else len(prompt)
-    allowance = max_model_len - min(room, max_model_len // 2) + 1 - pinned_len
-    if truncation.post_instructions is not None:
-        allowance = min(allowance, truncation.post_instructions)
-    if len(prompt) - pinned_len <= allowance:
+
+    def fits(candidate: Prompt, share: float) -> bool:
+        """Whether `candidate` leaves its answer room, and what follows its pinned messages is
+        within `share` of the allowance that room leaves."""
+        # Counted for the candidate: with no answer in it, its room is what the official limit
+        # leaves of it, which leaving out messages raises; past that limit it has none (a room
+        # below zero would widen the allowance, not shrink it).
+        room = official_max_new_tokens(output_type, len(candidate), params.max_new_tokens)
+        if room < 1:
+            return False
+        allowance = max_model_len - min(room, max_model_len // 2) + 1 - pinned_len
+        if truncation.post_instructions is not None:
+            allowance = min(allowance, truncation.post_instructions)
+        return len(candidate) - pinned_len <= int(allowance * share)
+
+    if fits(prompt, 1.0):
         return TurnPrompt(prompt, params, 0)
-    kept_len = int(allowance * truncation.retention_ratio)
     kept, droppable = list(messages[:pinned]), len(messages) - truncation.tail - pinned
-    # The fewest left out that bring it down to kept_len: a prompt only shrinks as more are left out.
+    # The fewest left out that fit: a prompt only shrinks as more are left out, and the allowance
+    # shrinks by less (what its answer's room grows by, at most what the prompt lost).
     low, high, best = 1, droppable, None
     while low <= high:
         middle = (low + high) // 2
         candidate = build(kept + list(messages[pinned + middle :]))
-        if len(candidate) - pinned_len <= kept_len:
+        if fits(candidate, truncation.retention_ratio):
             best, high = (middle, candidate), middle - 1
         else:
             low = middle + 1
-    if best is None and droppable > 0:  # nothing is short enough: the least there is
+    if best is None and droppable > 0:  # nothing fits: the least there is
         best = droppable, build(kept + list(messages[-truncation.tail :]))
     left_out, prompt = best if best is not None else (0, prompt)
     return TurnPrompt(prompt, params, left_out)
