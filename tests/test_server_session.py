@@ -5,6 +5,7 @@ silero VAD, a PlaybackTrack nobody plays, and a list for the events it sends.
   user turn, `push_audio` returns as fast as the VAD does, and later speech is still heard.
 - A text-only server (model.text_only) answers in text and stores the turns, without audio.
 - A failing store ends the turn with an error event instead of leaving it hanging.
+- Speech past audio.max_input_seconds is cut within it: each part is a turn, answered.
 """
 
 from __future__ import annotations
@@ -203,3 +204,34 @@ async def test_a_lost_database_loses_the_transcript_with_a_warning(
         assert completed["item_id"] == "item_words"
     records = [r for r in caplog.records if "storing the transcript" in r.getMessage()]
     assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)]
+
+
+async def test_speech_past_the_input_limit_is_answered_cut_in_turns(demo_checkpoint, tmp_path, speech):
+    """Speech longer than audio.max_input_seconds: the VAD cuts it within the limit, padding
+    included, and that part is committed and answered as any turn; the speech after the cut is
+    the next turn."""
+    a, b = speech
+    spoken = np.concatenate([silence(0.3), a, b])
+    voiced = np.flatnonzero(np.abs(spoken) > 0.02)
+    in_b = voiced[voiced >= spoken.size - b.size]
+    config = demo_config(demo_checkpoint, tmp_path)
+    config.vad.barge_in = False  # the next turn waits for the answer to the first, not cutting it
+    config.vad.silence_ms = 800  # longer than the pause between the two sentences
+    # The limit: from the padding before the voice to the middle of b (a word, not a pause).
+    padding = config.vad.prefix_padding_ms * 16
+    config.audio.max_input_seconds = ((in_b[0] + in_b[-1]) // 2 - voiced[0] + padding) / 16000
+    async with Session(demo_stack(demo_checkpoint), config, tmp_path) as s:
+        await s.say(np.concatenate([spoken, silence(1.5)]))
+        await s.wait_for("input_audio_buffer.speech_stopped", count=2)
+        assert not s.of_type("error"), s.of_type("error")  # (a refusal comes as the first part stops)
+        cut, rest = s.of_type("input_audio_buffer.speech_stopped")[0], s.of_type("input_audio_buffer.speech_started")[1]
+        assert 0 <= rest["audio_start_ms"] - cut["audio_end_ms"] <= 300  # cut mid-speech: it went on at once
+        await s.wait_for("input_audio_buffer.committed", count=2)
+        assert [e["item_id"] for e in s.of_type("input_audio_buffer.committed")] == [
+            e["item_id"] for e in s.of_type("input_audio_buffer.speech_stopped")
+        ]
+        for count in (1, 2):
+            assert (await s.wait_for("response.done", count=count))["response"]["status"] in ("completed", "incomplete")
+        assert not s.of_type("error"), s.of_type("error")
+        turns = (await s.store.get_conversation(s.session.conversation.id))["turns"]
+        assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"]

@@ -122,3 +122,27 @@ def test_an_utterance_ends_when_the_client_commits_it():
     # Speech goes on after the commit: a new utterance, timed on the same clock.
     events = det.push(np.full(3 * WINDOW - 100, 17, dtype=np.float32))
     assert [type(e) for e in events] == [SpeechStarted] and events[0].audio_start_ms == 16 * 32
+
+
+def test_speech_past_the_limit_is_cut_within_it_and_goes_on_as_the_next_utterance(speech):
+    """An utterance cut at max_speech_s is no longer than it, its padding included (the server
+    refuses a longer turn); the speech after the cut is the next utterance."""
+    a, b = speech
+    stream = np.concatenate([silence(1.0), a, b, silence(2.0)])  # one stretch of speech, then silence
+    voiced = np.flatnonzero(np.abs(stream) > 0.02)
+    in_b = voiced[voiced >= 16000 + a.size]
+    padding = int(0.3 * 16000)
+    # The limit: from the padding before the voice to the middle of b (a word, not a pause);
+    # the rest of b and the silence that ends it fit in it.
+    limit = (in_b[0] + in_b[-1]) // 2 - voiced[0] + padding
+    settings = TurnSettings(min_speech_ms=250, silence_ms=800, prefix_padding_ms=300, max_speech_s=limit / 16000)
+    events = _feed(TurnDetector(SileroVad(), settings), stream, np.random.default_rng(3))
+    kinds = [type(e).__name__ for _, e in events]
+    assert kinds == ["SpeechStarted", "SpeechStopped", "SpeechStarted", "SpeechStopped"], kinds
+    _, (_, cut), (_, rest), (_, end) = events
+    assert limit - WINDOW < cut.audio.size <= limit  # filled to the limit, never past it
+    cut_at = cut.audio_end_ms * 16  # the stream's audio up to the cut, the padding included
+    assert np.array_equal(cut.audio, stream[cut_at - cut.audio.size : cut_at])
+    assert 0 <= rest.audio_start_ms - cut.audio_end_ms <= 300  # the speech went on at once
+    assert end.audio_end_ms * 16 >= voiced[-1] + 0.8 * 16000  # the rest ended with the silence
+    assert np.array_equal(end.audio[: voiced[-1] - cut_at], stream[cut_at : voiced[-1]])  # nothing lost between

@@ -7,12 +7,14 @@ so every session owns its own instance. `TurnDetector` is the state machine on t
 
     silence --p>=threshold--> pending --speech for min_speech_ms--> speaking
     pending --silence_ms of silence--> silence (too short: a click, a cough)
-    speaking --silence_ms of silence (or max_speech_s)--> silence, emitting SpeechStopped
+    speaking --silence_ms of silence (or max_speech_s of audio)--> silence, emitting SpeechStopped
 
 It follows silero's own VADIterator hysteresis: a window counts as speech at p >= threshold
 and as silence only below threshold - 0.15; in between it continues whatever it continues.
 SpeechStopped carries the utterance with `prefix_padding_ms` of audio before the onset and at
-most as much of the trailing silence, so word edges are not clipped.
+most as much of the trailing silence, so word edges are not clipped. An utterance is cut when
+that audio, its padding included, reaches max_speech_s (the server's limit on one spoken turn,
+which refuses anything longer): the speech that goes on is the next utterance.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class TurnSettings:
     min_speech_ms: int = 250
     silence_ms: int = 500
     prefix_padding_ms: int = 300
-    max_speech_s: float = 120.0
+    max_speech_s: float = 120.0  # the longest utterance's audio, its padding included
 
 
 def _windows(ms: float) -> int:
@@ -133,7 +135,8 @@ class TurnDetector:
         self._padding_windows = max(0, int(round(settings.prefix_padding_ms * SPEECH_INPUT_RATE / 1000 / WINDOW)))
         self._min_speech_windows = _windows(settings.min_speech_ms)
         self._silence_windows = _windows(settings.silence_ms)
-        self._max_windows = _windows(settings.max_speech_s * 1000)
+        # Rounded down: the utterance cut at the limit must not pass it.
+        self._max_windows = max(1, int(settings.max_speech_s * SPEECH_INPUT_RATE) // WINDOW)
         self._before = deque(self._before, maxlen=self._padding_windows or 1)
 
     def reset(self) -> None:
@@ -197,7 +200,10 @@ class TurnDetector:
             if self._silence_run >= self._silence_windows:
                 self._abandon()
             return None
-        if self._silence_run >= self._silence_windows or len(self._utterance) >= self._max_windows:
+        if (
+            self._silence_run >= self._silence_windows
+            or len(self._padding()) + len(self._utterance) >= self._max_windows
+        ):
             return self._stop(index)
         return None
 
@@ -216,11 +222,14 @@ class TurnDetector:
         if self._padding_windows:
             self._before.extend(windows[-self._padding_windows :])
 
+    def _padding(self) -> list[np.ndarray]:
+        """The windows before the onset that the utterance's audio starts with."""
+        return list(self._before) if self._padding_windows else []
+
     def _stop(self, index: int) -> SpeechStopped:
         keep_tail = min(self._silence_run, self._padding_windows)
         body = self._utterance[: len(self._utterance) - self._silence_run + keep_tail]
-        before = list(self._before) if self._padding_windows else []
-        audio = np.concatenate(before + body).astype(np.float32, copy=False)
+        audio = np.concatenate(self._padding() + body).astype(np.float32, copy=False)
         self.state, self._utterance, self._silence_run = "silence", [], 0
         self._before.clear()
         return SpeechStopped(audio_end_ms=self._ms(index + 1), audio=audio)

@@ -64,7 +64,8 @@ class SamplingConfig:
 @dataclass
 class AudioConfig:
     # One spoken turn's audio (a Realtime turn, a transcription's file, one chat message's parts
-    # together) longer than this is refused with a clear error.
+    # together) longer than this is refused with a clear error; longer speech that the server's
+    # VAD hears is cut into turns of at most this (audio/vad.py).
     max_input_seconds: float = setting(120.0, Bounds(0.0, 3600.0, min_open=True))
     # Audio whose peak stays below this (full scale = 1.0) counts as silence and is refused.
     silence_peak: float = setting(1e-3, Bounds(0.0, 1.0, max_open=True))
