@@ -11,8 +11,11 @@ HAProxy while it is held is 409 with Retry-After; the instance holding a convers
 killed (-9) mid-answer; the client reconnects through HAProxy and resumes the same
 conversation on the other instance once the lease has expired, its history intact with the
 heard part of the cut answer; the database's foreign keys hold and no audio row
-is orphaned. With no instance left up, HAProxy answers 503 itself, in the servers' error shape,
-with Retry-After. One module: the processes are started once and shared by its tests, in order.
+is orphaned. The killed instance restarted, the other is SIGTERMed while it answers: while it
+drains, and before HAProxy's checks see it, new sessions and requests through the front land on
+the instance still ready (its 503 is retried there). With no instance left up, HAProxy answers
+503 itself, in the servers' error shape, with Retry-After. One module: the processes are
+started once and shared by its tests, in order.
 """
 
 from __future__ import annotations
@@ -352,6 +355,68 @@ async def check_database(url: str, conversation_id: str, turns: list[dict]) -> N
             return held[0] == 0
 
         await eventually(released, "the closed session's lease released", interval=0.1)
+
+
+async def test_new_sessions_skip_an_instance_that_drains(fleet, speech, tmp_path_factory):
+    """SIGTERM an instance while it answers: it drains (/readyz 503, new work refused 503
+    shutting_down) for as long as its answer plays, and HAProxy's checks take up to 4 s to see
+    it. Meanwhile leastconn still picks it (it holds fewer connections through the front), and
+    HAProxy retries its 503 on the other instance: a new WebSocket session, a WebRTC offer (a
+    POST with a body) and a request through the front land there at once."""
+    for name, proc in fleet.procs.items():  # the instance killed (-9) before comes back
+        if proc.poll() is not None:
+            config, env = instance_config(name), {"KIMIAUDIO_DATABASE_URL": fleet.database_url}
+            data_dir = tmp_path_factory.mktemp(name)
+            fleet.procs[name] = await asyncio.to_thread(start_serve, data_dir, fleet.ports[name], config, env)
+    await asyncio.to_thread(fleet.front.wait_for_states, {"kimi1": "UP", "kimi2": "UP"})
+    await wait_until_idle(fleet)
+    async with aiohttp.ClientSession(base_url=fleet.front.url) as http:
+        first = RealtimeWsClient()  # through the front: the instance holding it is `other`
+        assert await first.connect(http) == 101
+        await first.wait_for("session.created")
+        active = {name: await sessions_active(fleet, name) for name in INSTANCES}
+        other = next(name for name, n in active.items() if n == 1)
+        draining = next(name for name in INSTANCES if name != other)
+        server = f"kimi{INSTANCES.index(draining) + 1}"
+        async with aiohttp.ClientSession(base_url=fleet.url(draining)) as direct:
+            # Straight to the instance, not through the front: leastconn sees it idle.
+            answering = RealtimeWsClient()
+            assert await answering.connect(direct) == 101
+            await answering.wait_for("session.created")
+            await answering.send({"type": "session.update", "session": {"sampling": LONG_ANSWER}})
+            await answering.wait_for("session.updated")
+            for attempt in range(1, 7):  # until an answer still playing has 9 codes heard: its drain lasts
+                answering.say(speech[0])
+                committed = await answering.wait_for("input_audio_buffer.committed", count=attempt)
+                if await heard_or_done(answering, direct, committed["conversation_id"], attempt, 9):
+                    break
+                await answering.wait_for("response.done", count=attempt)
+            else:
+                raise AssertionError("no answer had 9 codes heard before it ended, in 6 attempts")
+
+            fleet.procs[draining].send_signal(signal.SIGTERM)
+
+            async def not_ready():
+                return (await direct.get("/readyz")).status == 503
+
+            await eventually(not_ready, "the instance draining", interval=0.05)
+            assert fleet.front.states()[server].startswith("UP")  # the checks have not seen it yet
+            probe = RealtimeWsClient()
+            assert await probe.connect(http) == 101  # the old config answered the drain's 503
+            await probe.wait_for("session.created")
+            assert await sessions_active(fleet, other) == 2
+            offer = RtcClient(ScriptedMic())
+            status, answer = await offer.connect(http)
+            assert status == 201, (status, answer)
+            await offer.wait_for("session.created")
+            assert await sessions_active(fleet, other) == 3
+            ready = await http.get("/readyz")  # a plain request: the draining one answers 503 too
+            assert ready.status == 200 and (await ready.json())["instance"] == other
+            assert fleet.procs[draining].poll() is None  # it was draining all along
+            for client in (probe, offer, first, answering):
+                await client.close()
+    assert await asyncio.to_thread(fleet.procs[draining].wait, 60) == 0
+    await wait_until_idle(fleet, [other])
 
 
 async def test_with_no_instance_up_the_front_answers_503_with_retry_after(fleet):
