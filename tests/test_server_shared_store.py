@@ -1,15 +1,19 @@
 """The server on a shared PostgreSQL database: a conversation another instance holds is 409
 conversation_busy with Retry-After; a database lost while serving makes the requests that need
 it 503, /readyz 503 and a Realtime session's reads `storage_failed` errors, and they recover
-without a restart once it is back."""
+without a restart once it is back; a conversation another session took over while this one
+could not renew its lease is lost to it (`conversation_lost`), and none of its later turns are
+stored there."""
 
 import asyncio
+import time
 
 import pytest
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
 
 from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp
+from helpers.realtime_sessions import user_text
 from helpers.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -112,6 +116,38 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
             return False
 
     await eventually(released, "the closed session's lease released", interval=0.25)
+
+
+async def test_a_conversation_taken_over_elsewhere_is_lost_and_stores_no_more_of_the_session(shared, postgres_url):
+    http, elsewhere = shared
+    conversation = (await elsewhere.create_conversation())["id"]
+    # An instance whose clock is an hour ahead: the session's lease expired long ago for it, as
+    # for one that looked once this instance had been cut off from the database that long.
+    later = ConversationStore(postgres_url, lease_seconds=30.0, clock=lambda: time.time() + 3600.0)
+    await later.open()
+    try:
+        async with http.ws_connect("/v1/realtime") as ws:
+            await ws.send_json({"type": "conversation.select", "conversation_id": conversation})
+            assert (await _event(ws, "session.updated"))["session"]["conversation_id"] == conversation
+            await ws.send_json({"type": "conversation.item.create", "item": user_text("before")})
+            await _event(ws, "conversation.item.done")
+
+            await later.acquire_lease(conversation, "sess_later")
+            await later.add_turn(conversation, "user", "elsewhere")
+            error = await _event(ws, "error")  # the next renewal finds it out
+            assert error["error"]["code"] == "conversation_lost"
+            assert "taken by another session" in error["error"]["message"]
+            assert (await _event(ws, "session.updated"))["session"]["conversation_id"] is None
+
+            await ws.send_json({"type": "conversation.item.create", "item": user_text("after")})
+            moved_to = (await _event(ws, "conversation.item.done"))["item"]
+            await ws.send_json({"type": "response.create"})
+            await _event(ws, "response.done")
+        turns = (await elsewhere.get_conversation(conversation))["turns"]
+        assert [t["text"] for t in turns] == ["before", "elsewhere"]
+        assert moved_to["content"][0]["text"] == "after"
+    finally:
+        await later.close()
 
 
 async def test_voices_are_shared_by_instances_on_one_database(tmp_path, postgres_url, espeak_voice, demo_server):

@@ -2,6 +2,7 @@
 instances, voices and spoken answers across instances (store/postgres.py, leases.py,
 schema.py), on the tests' own PostgreSQL server; leases within one instance on both backends."""
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
-from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationStore
+from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationLostError, ConversationStore, delete_turn
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
 from kimiaudio.store.postgres import AWAY_WAIT_S, POOL_WAIT_S, PostgresConnector, check_and_migrate, open_pool
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
@@ -170,6 +171,62 @@ async def test_lease_busy_elsewhere_then_taken_over_with_the_heard_answer(postgr
         with pytest.raises(ConversationBusyError):  # the old holder lost it
             await first.acquire_lease(conversation, "sess_1")
         assert await second.integrity_problems() == []
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_lease_taken_over_refuses_its_old_holders_writes_and_tells_it(postgres_url):
+    clock = Clock()
+    # The first instance's heartbeat never fires within the test (a long lease); the second's
+    # clock is past that lease's expiry: as for an instance that looked once the first had been
+    # cut off from the database for longer than the lease.
+    first = await _store(postgres_url, lease_seconds=30.0, clock=clock)
+    second = await _store(postgres_url, lease_seconds=30.0, clock=lambda: clock.now + 60.0)
+    try:
+        conversation = (await first.create_conversation())["id"]
+        lost: list[str] = []
+        await first.acquire_lease(conversation, "sess_1", on_lost=lost.append)
+        await first.add_turn(conversation, "user", "one", holder="sess_1")
+        await second.acquire_lease(conversation, "sess_2")
+        await second.add_turn(conversation, "user", "two", holder="sess_2")
+
+        with pytest.raises(ConversationLostError, match="taken by another session"):
+            await first.add_turn(conversation, "user", "three", holder="sess_1")
+        with pytest.raises(ConversationLostError):
+            await first.update_turn(conversation, 0, text="changed", holder="sess_1")
+        with pytest.raises(ConversationLostError):
+            await first.append_heard(conversation, 0, np.zeros(240, np.float32), "changed", holder="sess_1")
+        with pytest.raises(ConversationLostError):
+            await delete_turn(first, conversation, 0, "sess_1")
+        assert lost == [conversation] and first.held_leases() == []  # told once, renewed no more
+        turns = (await second.get_conversation(conversation))["turns"]
+        assert [(t["index"], t["text"]) for t in turns] == [(0, "one"), (1, "two")]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_the_heartbeat_tells_the_holder_of_a_lease_taken_over(postgres_url):
+    clock = Clock()
+    first = await _store(postgres_url, lease_seconds=1.0, clock=clock)  # renewed every third of a second
+    second = await _store(postgres_url, lease_seconds=30.0, clock=lambda: clock.now + 60.0)
+    try:
+        kept, taken = [(await first.create_conversation())["id"] for _ in range(2)]
+        lost = asyncio.Event()
+        told: list[str] = []
+
+        def on_lost(conversation_id: str) -> None:
+            told.append(conversation_id)
+            lost.set()
+
+        await first.acquire_lease(kept, "sess_1", on_lost=on_lost)
+        await first.acquire_lease(taken, "sess_1", on_lost=on_lost)
+        await second.acquire_lease(taken, "sess_2")  # expired for the second instance's clock
+        await asyncio.wait_for(lost.wait(), 30)  # catches a hang
+        assert told == [taken] and first.held_leases() == [(kept, "sess_1")]
+        with pytest.raises(ConversationBusyError):  # still the second's: no renewal took it back
+            await first.acquire_lease(taken, "sess_1")
     finally:
         await first.close()
         await second.close()

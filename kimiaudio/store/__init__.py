@@ -3,7 +3,7 @@ the code reaches it only here."""
 
 from kimiaudio.store.conversation_store import ConversationStore, StoredTurn
 from kimiaudio.store.identifiers import MAX_TURN_INDEX, is_conversation_id, is_turn_index
-from kimiaudio.store.leases import ConversationBusyError, ConversationNotFoundError
+from kimiaudio.store.leases import ConversationBusyError, ConversationLostError, ConversationNotFoundError
 from kimiaudio.store.location import DATABASE_URL_ENV, database_location
 from kimiaudio.store.schema import SCHEMA_VERSION, open_database
 from kimiaudio.store.turn_by_index import delete_turn, get_turn
@@ -20,6 +20,7 @@ __all__ = [
     "is_turn_index",
     "ConversationBusyError",
     "ConversationNotFoundError",
+    "ConversationLostError",
     "DATABASE_URL_ENV",
     "database_location",
 ]

@@ -49,7 +49,9 @@ from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
 from kimiaudio.store.leases import (
     ConversationBusyError,
+    ConversationLostError,
     acquire_row,
+    as_holder,
     drop_all_leases,
     heartbeat,
     release_instance,
@@ -85,7 +87,8 @@ class ConversationStore:
         self._threads: tuple[DbThread, DbThread] | None = None  # (writer, reader), from open() on
         self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
         self._heartbeat: asyncio.Task | None = None
-        self._held: dict[tuple[str, str], None] = {}  # (conversation, session) leases the heartbeat renews
+        # (conversation, session) leases the heartbeat renews -> what to call if one is taken over
+        self._held: dict[tuple[str, str], Callable[[str], None] | None] = {}
 
     @property
     def _writer(self) -> DbThread:
@@ -162,15 +165,28 @@ class ConversationStore:
         await (self._probe or self._reader).call(lambda db: db.execute("SELECT 1").fetchone())
 
     # ----- leases (leases.py) -----
-    async def acquire_lease(self, conversation_id: str, session_id: str) -> None:
-        """Hold the conversation for `session_id`; ConversationBusyError if another session does."""
+    async def acquire_lease(
+        self, conversation_id: str, session_id: str, on_lost: Callable[[str], None] | None = None
+    ) -> None:
+        """Hold the conversation for `session_id`; ConversationBusyError if another session does.
+        `on_lost(conversation_id)` is called (once, on the event loop) if another session is
+        found to have taken it over (lose_lease)."""
         now = self.clock()
         wait = await self._writer.call(
             acquire_row, conversation_id, self.instance_id, session_id, now, now + self.lease_seconds
         )
         if wait is not None:
             raise ConversationBusyError(conversation_id, max(1.0, wait))
-        self._held[(conversation_id, session_id)] = None
+        self._held[(conversation_id, session_id)] = on_lost
+
+    def lose_lease(self, conversation_id: str, session_id: str) -> None:
+        """The lease is no longer the session's (a renewal or a write found it taken over):
+        renewed no more, and its holder is told."""
+        key = (conversation_id, session_id)
+        if key in self._held:
+            on_lost = self._held.pop(key)
+            if on_lost is not None:
+                on_lost(conversation_id)
 
     async def release_lease(self, conversation_id: str, session_id: str) -> None:
         self._held.pop((conversation_id, session_id), None)  # renewed no more, even if the delete fails
@@ -180,6 +196,18 @@ class ConversationStore:
         """(conversation, session) of the leases this instance's sessions hold."""
         return list(self._held)
 
+    async def write_turns(self, conversation_id: str, holder: str | None, fn: Callable, *args: Any) -> Any:
+        """Run `fn(sql, conversation_id, *args)`, a write into the conversation's turns, on the
+        writer thread; with `holder`, only while that session of this instance holds the
+        conversation's lease (else ConversationLostError, and the lease is lost: lose_lease)."""
+        if holder is None:
+            return await self.write(fn, conversation_id, *args)
+        try:
+            return await self.write(as_holder, conversation_id, self.instance_id, holder, fn, conversation_id, *args)
+        except ConversationLostError:
+            self.lose_lease(conversation_id, holder)
+            raise
+
     async def append_heard(
         self,
         conversation_id: str,
@@ -188,12 +216,16 @@ class ConversationStore:
         text: str,
         codes: list[int] | None = None,
         timings: dict | None = None,
+        *,
+        holder: str | None = None,
     ) -> None:
         """Append `pcm` (24 kHz float, may be empty) to an answer's heard audio (heard_audio.py);
-        set its text and (if given) the codes heard so far."""
-        await self.write(
-            append_part,
+        set its text and (if given) the codes heard so far. `holder`: the session that must hold
+        the conversation's lease (write_turns)."""
+        await self.write_turns(
             conversation_id,
+            holder,
+            append_part,
             index,
             pcm16.to_bytes(pcm) if np.size(pcm) else b"",
             text,
@@ -217,6 +249,7 @@ class ConversationStore:
         interrupted: bool = False,
         audio: np.ndarray | None = None,
         audio_first: bool = False,  # a user turn's text came after its audio
+        holder: str | None = None,  # the session that must hold the conversation's lease (write_turns)
     ) -> int:
         """Append a turn (and its audio) in one transaction; its index (never a deleted turn's)."""
         if role not in ("user", "assistant"):
@@ -230,7 +263,7 @@ class ConversationStore:
             "interrupted": int(interrupted),
             "audio_first": int(audio_first),
         }
-        return await self._writer.call(add_turn, conversation_id, fields, audio_record(audio, role))
+        return await self.write_turns(conversation_id, holder, add_turn, fields, audio_record(audio, role))
 
     async def update_turn(
         self,
@@ -244,9 +277,11 @@ class ConversationStore:
         interrupted: bool | None = None,
         audio: np.ndarray | None = None,
         transcript: str | None = None,
+        holder: str | None = None,
     ) -> None:
         """Change the given fields of a stored turn (None = leave as it is; audio with no samples
-        removes the turn's audio; transcript: a spoken user turn's words)."""
+        removes the turn's audio; transcript: a spoken user turn's words; holder: the session
+        that must hold the conversation's lease, write_turns)."""
         check_turn(conversation_id, index)
         fields: dict[str, Any] = {}
         if text is not None:
@@ -261,7 +296,7 @@ class ConversationStore:
             fields["interrupted"] = int(interrupted)
         if transcript is not None:
             fields["transcript"] = transcript
-        await self._writer.call(update_turn, conversation_id, index, fields, audio)
+        await self.write_turns(conversation_id, holder, update_turn, index, fields, audio)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """False if there is none; ConversationBusyError while a live session holds it."""

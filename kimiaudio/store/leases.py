@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.heard_audio import join_conversation_parts
@@ -43,6 +45,20 @@ class ConversationNotFoundError(KimiAudioError):
 
     def __init__(self, conversation_id: str):
         super().__init__(f"no conversation with id {conversation_id[:80]!r}")
+
+
+class ConversationLostError(KimiAudioError):
+    """The session's lease was taken over by another session (while this instance could not
+    reach the database to renew it): nothing more of this session is stored in the conversation."""
+
+    code = "conversation_lost"
+
+    def __init__(self, conversation_id: str):
+        super().__init__(
+            f"conversation {conversation_id!r} was taken by another session while this server could not "
+            "reach the database; nothing more is stored in it"
+        )
+        self.conversation_id = conversation_id
 
 
 def acquire_row(
@@ -81,14 +97,34 @@ def release_row(db: Sql, conversation_id: str, instance_id: str, session_id: str
     )
 
 
-def renew(db: Sql, instance_id: str, held: list[tuple[str, str]], expires_at: float) -> None:
-    """Renew the leases `held` ((conversation, session) pairs) that are still this instance's."""
+def renew(db: Sql, instance_id: str, held: list[tuple[str, str]], expires_at: float) -> list[tuple[str, str]]:
+    """Renew the leases `held` ((conversation, session) pairs) -> those no longer held: their row
+    names another session now, or is gone (taken and released meanwhile). A row still naming
+    the session was taken by nobody since, expired or not: renewing it is safe."""
+    lost = []
     with db.atomic():
         for conversation_id, session_id in held:
-            db.execute(
+            renewed = db.execute(
                 "UPDATE leases SET expires_at = ? WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
                 [expires_at, conversation_id, instance_id, session_id],
-            )
+            ).rowcount
+            if not renewed:
+                lost.append((conversation_id, session_id))
+    return lost
+
+
+def as_holder(db: Sql, conversation_id: str, instance_id: str, session_id: str, fn: Callable, *args: Any) -> Any:
+    """`fn(db, *args)`, a write into the conversation, in one transaction with the check that the
+    session still holds its lease (ConversationLostError if not). The row stays locked
+    (PostgreSQL) until the write commits, so a take-over comes wholly before or after it."""
+    with db.atomic():
+        row = db.execute(
+            "SELECT 1 FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?" + db.for_update,
+            [conversation_id, instance_id, session_id],
+        ).fetchone()
+        if row is None:
+            raise ConversationLostError(conversation_id)
+        return fn(db, *args)
 
 
 def release_instance(db: Sql, instance_id: str) -> None:
@@ -101,14 +137,18 @@ def drop_all_leases(db: Sql) -> None:
 
 async def heartbeat(store, interval_s: float) -> None:
     """Renew the instance's leases every `interval_s` until cancelled (a failure is logged
-    once and retried: the database may come back before the leases expire)."""
+    once and retried: the database may come back before the leases expire); the holders of
+    those found taken over are told (store.lose_lease)."""
     failing = False
     while True:
         await asyncio.sleep(interval_s)
         try:
             held = store.held_leases()
             if held:
-                await store.write(renew, store.instance_id, held, store.clock() + store.lease_seconds)
+                lost = await store.write(renew, store.instance_id, held, store.clock() + store.lease_seconds)
+                for conversation_id, session_id in lost:
+                    log.warning("session %s: conversation %s was taken by another session", session_id, conversation_id)
+                    store.lose_lease(conversation_id, session_id)
             if failing:
                 log.info("conversation leases renewed again")
             failing = False

@@ -27,11 +27,12 @@ async def get_turn(store: ConversationStore, conversation_id: str, index: int) -
     return await store.read(_select, conversation_id, index)
 
 
-async def delete_turn(store: ConversationStore, conversation_id: str, index: int) -> bool:
-    """Delete the turn at `index` (and its audio); False if there was none."""
+async def delete_turn(store: ConversationStore, conversation_id: str, index: int, holder: str | None = None) -> bool:
+    """Delete the turn at `index` (and its audio); False if there was none. `holder`: the
+    session that must hold the conversation's lease (ConversationStore.write_turns)."""
     if not (is_conversation_id(conversation_id) and is_turn_index(index)):
         return False
-    return await store.write(_delete, conversation_id, index)
+    return await store.write_turns(conversation_id, holder, _delete, index)
 
 
 def _select(db: Sql, conversation_id: str, index: int) -> StoredTurn | None:

@@ -92,8 +92,8 @@ class AnswerStorage:
                     index, turn, text, text_tokens, codes, timings, pcm, response.cancelled
                 )
         except Exception as exc:
-            log_store_failure(log, self._events.session_id, "storing the assistant turn", exc)
-            self._events.error("storage_failed", f"the answer could not be stored ({exc})")
+            if log_store_failure(log, self._events.session_id, "storing the assistant turn", exc):
+                self._events.error("storage_failed", f"the answer could not be stored ({exc})")
 
     async def record(self, response: ResponseState) -> None:
         """Store the answer from its first audio played (or text sent) on, marked interrupted,
@@ -119,8 +119,8 @@ class AnswerStorage:
                 response.recorded_samples = heard
                 await asyncio.wait([stop], timeout=RECORD_INTERVAL_S)
         except Exception as exc:  # the answer goes on; its final record is attempted at the end
-            log_store_failure(log, self._events.session_id, "storing the answer as it plays", exc)
-            self._events.error("storage_failed", f"the answer could not be stored as it played ({exc})")
+            if log_store_failure(log, self._events.session_id, "storing the answer as it plays", exc):
+                self._events.error("storage_failed", f"the answer could not be stored as it played ({exc})")
         finally:
             stop.cancel()
             first_heard.cancel()

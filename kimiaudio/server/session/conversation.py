@@ -5,6 +5,10 @@ A new conversation is created at its first committed turn, so connecting without
 leaves nothing behind. The conversation a session talks in is leased to it (store/leases.py):
 opening one another live session holds, on this instance or another sharing the database, is
 refused with ConversationBusyError; the lease is released when the session moves on or closes.
+Every write into the conversation it holds is made as its lease holder: should another session
+have taken the lease over (this instance cut off from the database longer than the lease), the
+write is refused (ConversationLostError) and so is every later one into that conversation,
+and `on_lost` is called once, as soon as the store finds it out (a renewal, or such a write).
 The history (what the pipeline's prompts are built from) is loaded
 lazily from the store and kept in step with every turn stored or deleted afterwards, each turn
 under its stored index (indexes only grow, and a deleted turn's is never given again:
@@ -14,23 +18,34 @@ store/turn_by_index.py). The items the client was told of, and their turns, are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.conversation_items import ConversationItems
-from kimiaudio.store import ConversationStore, StoredTurn, delete_turn, get_turn
+from kimiaudio.store import ConversationLostError, ConversationStore, StoredTurn, delete_turn, get_turn
 
 
 class Conversation:
-    def __init__(self, store: ConversationStore, conversation_id: str | None, session_id: str):
+    def __init__(
+        self,
+        store: ConversationStore,
+        conversation_id: str | None,
+        session_id: str,
+        on_lost: Callable[[str], None] | None = None,
+    ):
+        """on_lost(conversation_id): another session took over the conversation this one held."""
         self.store = store
         self.id = conversation_id
         self.session_id = session_id  # the lease holder
         self._history: dict[int, HistoryTurn] | None = None if conversation_id else {}  # by stored index
         self._audio_first: set[int] = set()  # user turns whose text came after their audio
         self._leased: str | None = None  # the conversation whose lease this session holds
+        self.lost: str | None = None  # the conversation another session took over from this one
+        self._on_lost = on_lost
         self.items = ConversationItems()
 
     @property
@@ -69,11 +84,32 @@ class Conversation:
         self._history = {}
         return True
 
+    @property
+    def in_lost(self) -> bool:
+        """The session still talks in the conversation another session took over from it."""
+        return self.id is not None and self.id == self.lost
+
     async def _lease(self, conversation_id: str) -> None:
-        await self.store.acquire_lease(conversation_id, self.session_id)
+        await self.store.acquire_lease(conversation_id, self.session_id, on_lost=self._lease_lost)
         if self._leased is not None and self._leased != conversation_id:
             await self.release()
         self._leased = conversation_id
+        if self.lost == conversation_id:  # taken up again, once its other holder let it go
+            self.lost = None
+
+    def _lease_lost(self, conversation_id: str) -> None:
+        if conversation_id == self._leased:
+            self._leased, self.lost = None, conversation_id
+            if self._on_lost is not None:
+                self._on_lost(conversation_id)
+
+    def _holder(self, conversation_id: str) -> str | None:
+        """The session a write into the conversation must be the lease holder as: this one, for
+        the conversation it holds; none for one it left (a transcript still on its way to a
+        turn of it). One taken over from it gets no write (ConversationLostError)."""
+        if conversation_id == self.lost:
+            raise ConversationLostError(conversation_id)
+        return self.session_id if conversation_id == self._leased else None
 
     async def release(self) -> None:
         if self._leased is not None:
@@ -123,8 +159,15 @@ class Conversation:
         turn). audio_first: its text came after its audio."""
         history = await self.history()
         timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
+        conversation_id = self.stored_id
         index = await self.store.add_turn(
-            self.stored_id, "user", text, audio=audio, timings=timings, audio_first=audio_first
+            conversation_id,
+            "user",
+            text,
+            audio=audio,
+            timings=timings,
+            audio_first=audio_first,
+            holder=self._holder(conversation_id),
         )
         turn = HistoryTurn(role="user", text=text, audio=audio)
         history[index] = turn
@@ -151,7 +194,7 @@ class Conversation:
         if index is not None:
             self.items.deleting(item_id)
             try:
-                await delete_turn(self.store, conversation_id, index)
+                await delete_turn(self.store, conversation_id, index, self._holder(conversation_id))
             except BaseException:
                 self.items.deleting(item_id, going=False)
                 raise
@@ -164,24 +207,29 @@ class Conversation:
     async def delete_answer(self, item_id: str, index: int) -> None:
         """An answer nothing of which was heard: its turn (at `index`) is deleted, from the store
         and the prompt; its item stays one the client was told of, with no stored turn."""
-        await delete_turn(self.store, self.stored_id, index)
+        conversation_id = self.stored_id
+        await delete_turn(self.store, conversation_id, index, self._holder(conversation_id))
         if self._history is not None:
             self._history.pop(index, None)
         self.items.stored(item_id, None)
 
     async def store_transcript(self, conversation_id: str, index: int, transcript: str) -> None:
         """A spoken user turn's words (its conversation given: the session may have moved on)."""
-        await self.store.update_turn(conversation_id, index, transcript=transcript)
+        await self.store.update_turn(
+            conversation_id, index, transcript=transcript, holder=self._holder(conversation_id)
+        )
 
     async def set_user_codes(self, index: int, turn: HistoryTurn, codes: list[int]) -> None:
         turn.audio_tokens = list(codes)
-        await self.store.update_turn(self.stored_id, index, audio_tokens=codes)
+        conversation_id = self.stored_id
+        await self.store.update_turn(conversation_id, index, audio_tokens=codes, holder=self._holder(conversation_id))
 
     async def add_assistant(
         self, text: str, text_tokens: list[int], codes: list[int], timings: dict, interrupted: bool, audio: np.ndarray
     ) -> tuple[int, HistoryTurn]:
+        conversation_id = self.stored_id
         index = await self.store.add_turn(
-            self.stored_id,
+            conversation_id,
             "assistant",
             text,
             text_tokens=text_tokens,
@@ -189,6 +237,7 @@ class Conversation:
             timings=timings,
             interrupted=interrupted,
             audio=audio,
+            holder=self._holder(conversation_id),
         )
         turn = HistoryTurn(role="assistant", text=text, audio_tokens=codes)
         (await self.history())[index] = turn
@@ -197,7 +246,8 @@ class Conversation:
     async def record_heard(self, index: int, turn: HistoryTurn, pcm: np.ndarray, text: str, codes: list[int]) -> None:
         """While an answer plays: append the audio heard since the last call; its text and the
         codes of everything heard so far."""
-        await self.store.append_heard(self.stored_id, index, pcm, text, codes)
+        conversation_id = self.stored_id
+        await self.store.append_heard(conversation_id, index, pcm, text, codes, holder=self._holder(conversation_id))
         turn.text, turn.audio_tokens = text, list(codes)
 
     async def update_assistant(
@@ -213,8 +263,9 @@ class Conversation:
     ) -> None:
         """The answer's final record (after it ended, was cut, or truncated): what was heard,
         interrupted or not."""
+        conversation_id = self.stored_id
         await self.store.update_turn(
-            self.stored_id,
+            conversation_id,
             index,
             text=text,
             text_tokens=text_tokens,
@@ -222,5 +273,6 @@ class Conversation:
             audio_tokens=codes,
             timings=timings,
             audio=audio,
+            holder=self._holder(conversation_id),
         )
         turn.text, turn.audio_tokens = text, list(codes)

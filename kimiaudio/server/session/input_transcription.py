@@ -109,7 +109,7 @@ class InputTranscription:
         try:
             await self._conversation.store_transcript(request.conversation_id, index, transcript)
         except Exception as exc:  # the client still gets the words; the log says why they were not kept
-            log_store_failure(log, events.session_id, f"storing the transcript of turn {index}", exc)
-            events.error("storage_failed", f"the transcript could not be stored ({exc})")
+            if log_store_failure(log, events.session_id, f"storing the transcript of turn {index}", exc):
+                events.error("storage_failed", f"the transcript could not be stored ({exc})")
         logprobs = token_logprobs(done.logprobs) if request.logprobs else None
         events.send(server_events.transcription_completed(item_id, content_index, transcript, seconds, logprobs))

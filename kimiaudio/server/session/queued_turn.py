@@ -1,11 +1,13 @@
 """What a Realtime session queues for its turns to take in order (realtime_session.py), and
 the ids of the conversation items it creates.
 
-Four kinds of entry, each its own type, taken by structural match: a user utterance or an
+Six kinds of entry, each its own type, taken by structural match: a user utterance or an
 audio item (QueuedAudio), a text item (QueuedText), a response.create (QueuedResponse), a
 conversation.item.retrieve or .delete (QueuedEdit: queued so that it sees every item created
-before it). Each names the client event that queued it (an `error` about it echoes that id),
-and an item where the client placed it. The ids of items and responses are made here too.
+before it), a conversation.select (QueuedSelect), and the session's move off a conversation
+another session took over (QueuedLeave). Each of the client's names the client event that
+queued it (an `error` about it echoes that id), and an item where the client placed it. The
+ids of items and responses are made here too.
 """
 
 from __future__ import annotations
@@ -97,5 +99,13 @@ class QueuedSelect:
     event_id: str | None = None
 
 
+@dataclass(frozen=True)
+class QueuedLeave:
+    """Another session took over the conversation: the session leaves it for a new one (and
+    every entry taken from then on, queued before this one too, goes to the new one)."""
+
+    conversation_id: str
+
+
 QueuedItem = QueuedAudio | QueuedText
-QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedSelect
+QueuedTurn = QueuedAudio | QueuedText | QueuedResponse | QueuedEdit | QueuedSelect | QueuedLeave

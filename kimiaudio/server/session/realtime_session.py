@@ -24,6 +24,13 @@ While the server stops (SIGTERM), the session counts as answering as long as an 
 anything waits in its queue, so the answers asked for before the stop may finish in the grace;
 what is queued after it gets no answer (a response ends failed, `shutting_down`). Closed by the
 stop, the session cuts its answer for that reason and says so in a last `error` event.
+
+Should another session take the conversation over (this instance cut off from the database
+for longer than the lease: store/leases.py), the client gets an `error` event,
+`conversation_lost`, as soon as the store finds it out; nothing more is stored in that
+conversation, and the session goes on in a new one (as after `conversation.select` null: the
+answer playing plays out, then session.updated, conversation_id null), which every entry
+taken from then on goes to.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from kimiaudio.server.session.queued_turn import (
     QueuedAudio,
     QueuedEdit,
     QueuedItem,
+    QueuedLeave,
     QueuedResponse,
     QueuedSelect,
     QueuedText,
@@ -71,7 +79,7 @@ from kimiaudio.server.session.store_failure import log_store_failure
 from kimiaudio.server.session.turn_queue import TurnQueue
 from kimiaudio.server.session.user_items import UserItems
 from kimiaudio.server.session_registry import Admitted
-from kimiaudio.store import ConversationBusyError, ConversationNotFoundError
+from kimiaudio.store import ConversationBusyError, ConversationLostError, ConversationNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +101,7 @@ class RealtimeSession:
         self.id = admitted.session_id
         pipeline = context.pipeline
         self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
-        self.conversation = Conversation(context.store, conversation_id, self.id)
+        self.conversation = Conversation(context.store, conversation_id, self.id, self._conversation_lost)
         self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
         self.responder = Responder(
@@ -197,6 +205,8 @@ class RealtimeSession:
     async def _take_turns(self) -> None:
         async for work in self._queue.taken():
             try:
+                if self.conversation.in_lost:
+                    await self._leave_lost()
                 match work:
                     case QueuedResponse():
                         await self.requests.start(work)
@@ -206,6 +216,8 @@ class RealtimeSession:
                         await self.edits.take(work)
                     case QueuedSelect():
                         await self._select(work)
+                    case QueuedLeave():
+                        pass  # left above, before this entry or an earlier one
             except StoreUnavailableError as exc:  # (a read of the store: the database does not answer)
                 log_store_failure(log, self.id, f"taking a {type(work).__name__}", exc)
                 self.events.error("storage_failed", f"the conversation store does not answer ({exc})")
@@ -303,6 +315,19 @@ class RealtimeSession:
         except (ConversationBusyError, ConversationNotFoundError) as exc:  # (deleted meanwhile: not found)
             self.events.error(exc.code, str(exc), "conversation_id", work.event_id)
             return
+        self.responder.forget_ended()
+        self.events.send(server_events.session_updated(self.describe()))
+
+    def _conversation_lost(self, conversation_id: str) -> None:
+        """Another session took over the conversation: the client is told now; the session
+        leaves it in its turn (the queue's order)."""
+        message = f"{ConversationLostError(conversation_id)}: this session goes on in a new conversation"
+        self.events.error(ConversationLostError.code, message)
+        self._queue.put_nowait(QueuedLeave(conversation_id))
+
+    async def _leave_lost(self) -> None:
+        await self.responder.settle(interrupt=False, whole=True)  # it plays out; it is stored no more
+        await self.conversation.select(None)
         self.responder.forget_ended()
         self.events.send(server_events.session_updated(self.describe()))
 
