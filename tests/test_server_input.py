@@ -82,6 +82,7 @@ def _without(sdp: str, prefix: str) -> str:
         (lambda s: re.sub(r"(a=candidate:\S+ \d+ \S+ \d+ \S+ )\d+", r"\g<1>700000", s), "candidate"),
         (lambda s: s.replace("a=rtpmap:", "a=rtpmap:x "), "parsed"),
         (lambda s: s.replace("m=audio", "m=video"), "audio"),
+        (lambda s: s.replace("a=sendrecv", "a=recvonly"), "recvonly"),  # (listening only: no microphone)
         (lambda s: s + "a=x:" + "y" * 70000 + "\r\n", "too large"),
         (lambda s: s.replace("s=-", "s=\x01"), "control"),
         (lambda s: "x" + s, "v=0"),

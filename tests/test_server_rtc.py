@@ -5,6 +5,7 @@ what the pipeline produced, not about particular words."""
 
 import contextlib
 
+import aioice.ice
 import numpy as np
 import pytest
 
@@ -247,15 +248,27 @@ async def test_continue_a_stored_conversation(server, speech, how):
     await kv_pool_full_again(pipeline)
 
 
+def vanish(client: RtcClient) -> None:
+    """The client's machine drops off the network: its ICE sockets close without a word (no DTLS
+    close, no RTCP BYE), so it answers none of the server's consent checks."""
+    for transceiver in client.pc.getTransceivers():
+        connection = transceiver.sender.transport.transport._connection  # (aiortc's ICE transport: aioice's)
+        for protocol in connection._protocols:
+            protocol.transport.close()
+
+
 async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch):
-    # A long answer, still playing when the session notices the silence (after 1 s here).
-    monkeypatch.setattr(rtc_peer, "INPUT_TIMEOUT_S", 1.0)
+    # A long answer, still playing when the session notices the client is gone: by its ICE consent
+    # checks failing (two in a row a tenth of a second apart here; RFC 7675's are seconds apart).
+    monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.1)
+    monkeypatch.setattr(aioice.ice, "CONSENT_FAILURES", 2)
     http, pipeline = await server()
     mic = ScriptedMic()
     client = RtcClient(mic)
     await client.connect(http, session={"sampling": LONG_ANSWER})
     n = await long_answer_playing(client, pipeline, mic, speech[0], 3.0)
     mic.hang()  # the client stops sending anything, without a goodbye
+    vanish(client)
     sessions = http.app[SERVER_CONTEXT].sessions
 
     async def closed():
@@ -270,6 +283,28 @@ async def test_vanished_client_leaves_nothing_behind(server, speech, monkeypatch
     turns = (await http.app[SERVER_CONTEXT].store.get_conversation(conversation_id))["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"] * n and turns[-1]["interrupted"]
     assert 0 < turns[-1]["duration_s"] < len(pipeline.handles[n - 1].done.audio_tokens) * SECONDS_PER_CODE
+    await client.close()
+
+
+async def test_a_microphone_muted_mid_utterance_ends_it_and_the_call_goes_on(server, speech, monkeypatch):
+    """A client that stops sending audio on a live connection (a browser muting with
+    replaceTrack(null)): what it did not send is heard as silence, so the utterance it cut is
+    committed and answered, and the call stays up."""
+    monkeypatch.setattr(rtc_peer, "INPUT_TIMEOUT_S", 1.0)
+    http, _ = await server()
+    mic = ScriptedMic()
+    client = RtcClient(mic)
+    await client.connect(http)
+    await client.wait_for("session.created")
+    mic.say(np.concatenate([silence(0.3), speech[0]]))  # no silence after it: the mic stops there
+    await client.wait_for("input_audio_buffer.speech_started")
+    mic.hang()
+    committed = await client.wait_for("input_audio_buffer.committed")
+    done = await client.wait_for("response.done")
+    assert done["response"]["status"] in ("completed", "incomplete"), done
+    assert committed["item_id"] == client.of_type("input_audio_buffer.speech_stopped")[0]["item_id"]
+    (session,) = http.app[SERVER_CONTEXT].sessions.live()  # the call is still up
+    assert not session.closed
     await client.close()
 
 

@@ -4,9 +4,9 @@ aiortc parses whatever it is given and fails late: a malformed line is an Assert
 ValueError from deep inside setRemoteDescription, and an offer without a DTLS fingerprint is
 accepted and fails later, in the DTLS handshake. Here the offer is parsed once with aiortc's
 own parser (any failure: one plain 400) and what a usable audio session needs is required up
-front: an `m=audio` section, ICE credentials, RTCP mux and a DTLS fingerprint of a known hash
-for every section (a section cut short has none of them), ports and candidates in range, and a
-sane size. What aiortc still refuses later is a 400 too (routes.py).
+front: an `m=audio` section that sends (the microphone), ICE credentials, RTCP mux and a DTLS
+fingerprint of a known hash for every section (a section cut short has none of them), ports
+and candidates in range, and a sane size. What aiortc still refuses later is a 400 too (routes.py).
 """
 
 from __future__ import annotations
@@ -51,8 +51,14 @@ def check_offer(sdp: object) -> SessionDescription:
     except Exception as exc:  # aiortc's parser asserts and indexes its way through untrusted text
         log.info("unparsable SDP offer refused (%s: %s)", type(exc).__name__, exc)
         raise _bad("the SDP offer could not be parsed") from None
-    if not any(media.kind == "audio" for media in parsed.media):
+    audio = [media for media in parsed.media if media.kind == "audio"]
+    if not audio:
         raise _bad("the offer has no audio track: send the microphone with the offer")
+    if not any(media.direction in (None, "sendrecv", "sendonly") for media in audio):  # (no a=: sendrecv)
+        raise _bad(
+            f"the offer's audio is {audio[0].direction}: it sends no microphone (offer it sendrecv, with "
+            "the microphone's track)"
+        )
     for number, media in enumerate(parsed.media, 1):
         _check_media(media, f"media section {number} ({media.kind})")
     return parsed

@@ -16,8 +16,10 @@ frames). The events' data channel is the first the client opens labelled `oai-ev
 (OpenAI's label; the deprecated route takes `events` too: RtcOffer.channels); a channel
 labelled otherwise is left unused (nothing read from it, nothing sent on it).
 
-A client that vanishes is noticed by its audio stopping (no frame for INPUT_TIMEOUT_S) or by
-the connection state; closing cancels its turn and tasks, closes its sideband connections
+A client that vanishes is noticed by the connection state (ICE consent checks fail: about half a
+minute), or by its audio never starting (FIRST_FRAME_TIMEOUT_S) or stopping while the connection
+is no longer up (INPUT_TIMEOUT_S); a microphone that stops on a live connection (muted) is heard
+as silence until it sends again. Closing cancels its turn and tasks, closes its sideband connections
 (OpenAI's `GET /v1/realtime?call_id=`: sideband.py, which `watch` the call's events) and frees
 its slot.
 
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import av
+import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -68,7 +71,7 @@ from kimiaudio.server.transport.input_clock import InputClock
 
 log = logging.getLogger(__name__)
 
-INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: the client is gone
+INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: muted (heard as silence), or gone if the connection is down
 FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 EVENTS_CHANNEL = "oai-events"  # the label of the events' data channel in OpenAI's protocol
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
@@ -215,8 +218,15 @@ class RtcPeer(ClosesOnce):
                     async with asyncio.timeout(timeout):
                         frame = await track.recv()
                 except TimeoutError:
-                    reason = f"no audio for {timeout:.0f} s: the client is gone"
-                    break
+                    if timeout == FIRST_FRAME_TIMEOUT_S or self.pc.connectionState != "connected":
+                        reason = f"no audio for {timeout:.0f} s: the client is gone"
+                        break
+                    # The microphone went quiet on a live connection (muted: its track replaced
+                    # by none, or stopped). What it did not send is heard as silence, so that an
+                    # utterance it cut ends and is answered; a client that is gone is noticed by
+                    # the connection's own checks (ICE consent), which end the call.
+                    await self.session.push_audio(np.zeros(int(timeout * SPEECH_INPUT_RATE), np.float32))
+                    continue
                 except MediaStreamError:
                     break
                 timeout = INPUT_TIMEOUT_S
