@@ -3,7 +3,8 @@ conversation_busy with Retry-After; a database lost while serving makes the requ
 it 503, /readyz 503 and a Realtime session's reads `storage_failed` errors, and they recover
 without a restart once it is back; a conversation another session took over while this one
 could not renew its lease is lost to it (`conversation_lost`), and none of its later turns are
-stored there."""
+stored there; an answer whose final record the lost database missed keeps what was stored of it
+as it played, joined into its turn's audio once the session lets the conversation go."""
 
 import asyncio
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
 
+from helpers.demo_server import LONG_ANSWER
 from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp
 from helpers.realtime_sessions import user_text
 from helpers.waiting import eventually
@@ -85,6 +87,55 @@ async def test_database_lost_then_back_without_a_restart(shared, postgres_server
     await eventually(ready_again, "/readyz 200 once the database is back", interval=0.25)
     listed = await (await http.get("/api/conversations")).json()
     assert conversation in [c["id"] for c in listed["conversations"]]
+
+
+async def test_an_answer_the_lost_database_did_not_finish_storing_is_joined_at_the_close(
+    demo_server, postgres_server, postgres_url
+):
+    parts = "SELECT t.conversation_id FROM turn_audio_parts p JOIN turns t ON t.id = p.turn_id"
+    reader = ConversationStore(postgres_url)
+    await reader.open()
+    try:
+        async with demo_server(storage_url=postgres_url) as (http, pipeline):
+            pipeline.answers_to_limit = True  # still playing when the database goes
+            async with http.ws_connect("/v1/realtime") as ws:
+                await ws.send_json({"type": "session.update", "session": {"sampling": LONG_ANSWER}})
+                await _event(ws, "session.updated")
+                await ws.send_json({"type": "conversation.item.create", "item": user_text("Tell me a story.")})
+                await _event(ws, "conversation.item.done")
+                await ws.send_json({"type": "response.create"})
+
+                async def stored_as_it_plays():
+                    return await reader.read(lambda db: db.execute(parts).fetchone())
+
+                conversation = (await eventually(stored_as_it_plays, "a part of the answer stored", interval=0.1))[0]
+                postgres_server.stop()
+                try:
+                    await ws.send_json({"type": "response.cancel"})  # its final record: now, and failing
+                    while not (await _event(ws, "error"))["error"]["message"].startswith(
+                        "the answer could not be stored ("
+                    ):
+                        pass
+                finally:
+                    postgres_server.start()
+
+                async def ready_again():
+                    return (await _readyz(http))[0] == 200
+
+                await eventually(ready_again, "/readyz 200 once the database is back", interval=0.25)
+                await ws.send_json({"type": "conversation.item.create", "item": user_text("And then?")})
+                await _event(ws, "conversation.item.done")  # the session's writes are stored again
+
+            async def joined():  # by the session's close, which releases the conversation
+                turns = (await reader.get_conversation(conversation))["turns"]
+                return turns if turns[1]["has_audio"] else None
+
+            turns = await eventually(joined, "the answer's parts joined into its audio", interval=0.25)
+            assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+            assert turns[1]["interrupted"] and turns[1]["duration_s"] > 0
+            assert await reader.read(lambda db: db.execute(parts).fetchone()) is None
+    finally:
+        await reader.close()
 
 
 async def _event(ws, kind: str) -> dict:

@@ -5,9 +5,11 @@ since the last write as one part
 (raw 16-bit 24 kHz in turn_audio_parts) together with the answer's text so far, so a write
 costs what was heard in that second, not the whole answer again. When the answer ends, the
 usual update_turn writes the turn_audio WAV and drops the parts in the same transaction.
-After a crash (kill -9) the parts are all there is: they are joined into the turn's WAV, so
-the conversation holds what was heard, when a session takes the conversation over (leases.py)
-and, for every conversation no live session holds, when the store opens (`join_leftover_parts`).
+After a crash (kill -9), or when the final record could not be written (the database away as
+the answer ended) or the answer's turn failed, the parts are all there is: they are joined into
+the turn's WAV, so the conversation holds what was heard, when the session holding the
+conversation lets it go or another takes it over (leases.py) and, for every conversation no
+live session holds, when the store opens (`join_leftover_parts`).
 On a shared database another instance's answer in progress is never touched: its conversation
 is leased.
 """
@@ -64,7 +66,8 @@ def join_parts(db: Sql, turn_id: int) -> None:
 
 
 def join_conversation_parts(db: Sql, conversation_id: str) -> int:
-    """Join the leftover parts of one conversation's turns (its new holder's transaction)."""
+    """Join the leftover parts of one conversation's turns (in the transaction that takes or
+    releases its lease)."""
     turn_ids = [
         r[0]
         for r in db.execute(

@@ -4,10 +4,12 @@ shares the database (table leases: conversation, holding instance and session, e
 A session takes the lease when it opens or starts a conversation; while another session holds
 an unexpired one, opening it is refused with ConversationBusyError (the server's 409
 `conversation_busy`, with the seconds until it expires as Retry-After). The instance renews the
-leases of its live sessions every third of `lease_seconds` (the heartbeat), and a session's
-close releases its own (one it could not release, the database away, is no longer renewed and
-expires). An instance killed with -9 stops renewing: its leases expire, and the next session to
-open such a conversation takes it over, joining in the same transaction the heard parts of the
+leases of its live sessions every third of `lease_seconds` (the heartbeat). A session's close
+(or its move to another conversation) releases its own, joining the heard parts of an answer
+whose final record it could not write, the database away then (heard_audio.py); one it could
+not release, the database still away, is no longer renewed and expires. An instance killed
+with -9 stops renewing: its leases expire, and the next session to open such a conversation
+takes it over, joining in the same transaction the heard parts of the
 answer that was playing (heard_audio.py), so the history it then loads is whole. Times come
 from the store's clock (injectable in tests).
 """
@@ -91,10 +93,17 @@ def acquire_row(
 
 
 def release_row(db: Sql, conversation_id: str, instance_id: str, session_id: str) -> None:
-    db.execute(
-        "DELETE FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
-        [conversation_id, instance_id, session_id],
-    )
+    """Let the conversation go, joining the heard parts its session left (an answer whose final
+    record could not be written, the database away then, or whose turn failed): no later holder
+    may come to join them. A lease taken over meanwhile is not the session's to release, nor
+    are the parts of its new holder's answer its to join."""
+    with db.atomic():
+        released = db.execute(
+            "DELETE FROM leases WHERE conversation_id = ? AND instance_id = ? AND session_id = ?",
+            [conversation_id, instance_id, session_id],
+        ).rowcount
+        if released:
+            join_conversation_parts(db, conversation_id)
 
 
 def renew(db: Sql, instance_id: str, held: list[tuple[str, str]], expires_at: float) -> list[tuple[str, str]]:
