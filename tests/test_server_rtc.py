@@ -11,7 +11,7 @@ import pytest
 
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
-from kimiaudio.server.transport import rtc_peer
+from kimiaudio.server.transport import microphone_in
 from kimiaudio.server.transport.event_too_large import too_large_error
 
 from helpers.audio import silence
@@ -290,7 +290,7 @@ async def test_a_microphone_muted_mid_utterance_ends_it_and_the_call_goes_on(ser
     """A client that stops sending audio on a live connection (a browser muting with
     replaceTrack(null)): what it did not send is heard as silence, so the utterance it cut is
     committed and answered, and the call stays up."""
-    monkeypatch.setattr(rtc_peer, "INPUT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(microphone_in, "INPUT_TIMEOUT_S", 1.0)
     http, _ = await server()
     mic = ScriptedMic()
     client = RtcClient(mic)

@@ -5,22 +5,20 @@ answer_storage.py's).
 A response answers the newest stored user turn, which must be spoken (the pipeline answers
 user audio; text items before it are context). It is submitted to the pipeline with the
 conversation before it as history (and the session's instructions as a leading user text
-message: answer_request.py); its events go out in the order response_events.py lists, its text as transcript
-deltas (spoken answers) or text deltas (text answers), its audio through the playback (at the
-session's speed: audio/time_stretch.py; a response keeps the speed it started with).
+message: answer_request.py); its events go out in the order response_events.py lists, its
+text as transcript deltas (spoken answers) or text deltas (text answers), its audio through
+the playback (at the session's speed, kept from its start: audio/time_stretch.py).
 Barge-in (speech_started while a response is generating or playing) and response.cancel flush
 the playback at once, cancel the pipeline turn, and store the assistant turn marked
 interrupted and truncated to what was played, its audio, codes and text (nothing, if nothing
 of it was heard: answer_storage.py); conversation.item.truncate (the client saying what it
 played) overrides that estimate, for the response in progress or one of the last ones stored.
-A response is not started once the session closes, nor once the server is stopping (`stopping`:
-the request came after it began to; it ends failed, `shutting_down`), and one whose task is
-cancelled (the session's tasks stopped) cancels its pipeline turn. A response.create while a
-response is in progress is refused with an error (barge-in, a user turn, replaces it). A
-response that cannot be generated (the conversation does not end with speech, a transcription
-session, an unknown voice, a turn the pipeline refuses) still ends: response.created, then
-response.done `failed` with its error, so a client waiting for response.done never waits
-forever.
+No response starts once the session closes, nor for a request that came once the server was
+stopping (`stopping`: failed, `shutting_down`); a response whose task is cancelled cancels its
+pipeline turn. A response.create while one is in progress is refused with an error. A
+response that cannot be generated (no spoken user turn last, a transcription session, an
+unknown voice, a turn the pipeline refuses) still ends: response.created, then response.done
+`failed` with its error, so a client waiting for response.done never waits forever.
 
 The Responder holds no session: it is given the parts it works with (the pipeline, the
 session's settings and conversation, its events out, its playback and its tasks), and it is

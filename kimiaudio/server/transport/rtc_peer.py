@@ -7,19 +7,17 @@ Follows aiortc's examples/server: one RTCPeerConnection per client, every handle
 before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription returns once ICE
 gathering is complete), closed when the connection fails or closes.
 
-What it carries: the incoming audio track (any rate/layout, resampled by PyAV to 16 kHz mono
-float) into `RealtimeSession.push_audio`; the events' data channel's messages into
-`RealtimeSession.handle_message` and the session's events out (queued until the channel
-opens), in the offer's event shape (GA over WebRTC unless the route says otherwise:
+What it carries: the incoming audio track into its session (microphone_in.py); the events'
+data channel's messages into `RealtimeSession.handle_message` and the session's events out
+(queued until the channel opens), in the offer's event shape (GA over WebRTC unless the route says otherwise:
 session/event_shape.py); the session's responses out through a PlaybackTrack (48 kHz, 20 ms
 frames). The events' data channel is the first the client opens labelled `oai-events`
 (OpenAI's label; the deprecated route takes `events` too: RtcOffer.channels); a channel
 labelled otherwise is left unused (nothing read from it, nothing sent on it).
 
 A client that vanishes is noticed by the connection state (ICE consent checks fail: about half a
-minute), or by its audio never starting (FIRST_FRAME_TIMEOUT_S) or stopping while the connection
-is no longer up (INPUT_TIMEOUT_S); a microphone that stops on a live connection (muted) is heard
-as silence until it sends again. Closing cancels its turn and tasks, closes its sideband connections
+minute), or by its audio never starting or stopping while the connection is down
+(microphone_in.py). Closing cancels its turn and tasks, closes its sideband connections
 (OpenAI's `GET /v1/realtime?call_id=`: sideband.py, which `watch` the call's events) and frees
 its slot.
 
@@ -39,7 +37,6 @@ closes what was built and frees the slot (session_registry.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
@@ -47,13 +44,10 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import av
-import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
@@ -68,14 +62,12 @@ from kimiaudio.server.transport.closes_once import ClosesOnce
 from kimiaudio.server.transport.event_too_large import too_large_error
 from kimiaudio.server.transport.ice_servers import ice_servers
 from kimiaudio.server.transport.input_clock import InputClock
+from kimiaudio.server.transport.microphone_in import read_microphone
 
 log = logging.getLogger(__name__)
 
-INPUT_TIMEOUT_S = 4.0  # no audio frame for this long: muted (heard as silence), or gone if the connection is down
-FIRST_FRAME_TIMEOUT_S = 20.0  # ICE + DTLS setup may take a while over the internet
 EVENTS_CHANNEL = "oai-events"  # the label of the events' data channel in OpenAI's protocol
 MAX_OUTBOX = 1000  # events kept for a data channel that has not opened yet
-FRAME_WAIT_S = 0.002  # recv() took longer: no frame was queued (a queued one returns at once)
 # What a task of the session may die of when the client goes away: a hang-up, not a bug.
 HANG_UPS = (ConnectionError, MediaStreamError, InvalidStateError)
 
@@ -205,37 +197,11 @@ class RtcPeer(ClosesOnce):
 
     # ----- audio in -----
     async def _read_audio(self, track: MediaStreamTrack) -> None:
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=SPEECH_INPUT_RATE)
-        clock = InputClock(self.id, self._metrics.note_input_dropped)
-        timeout = FIRST_FRAME_TIMEOUT_S
         reason = "the client hung up"
         try:
-            while not self.closed:  # (checked too: a cancel that close() sends may be swallowed)
-                asked = time.monotonic()
-                try:
-                    # asyncio.timeout, not wait_for: no task per frame, so a queued frame comes
-                    # back without a trip through the event loop and `waited` below is exact.
-                    async with asyncio.timeout(timeout):
-                        frame = await track.recv()
-                except TimeoutError:
-                    if timeout == FIRST_FRAME_TIMEOUT_S or self.pc.connectionState != "connected":
-                        reason = f"no audio for {timeout:.0f} s: the client is gone"
-                        break
-                    # The microphone went quiet on a live connection (muted: its track replaced
-                    # by none, or stopped). What it did not send is heard as silence, so that an
-                    # utterance it cut ends and is answered; a client that is gone is noticed by
-                    # the connection's own checks (ICE consent), which end the call.
-                    await self.session.push_audio(np.zeros(int(timeout * SPEECH_INPUT_RATE), np.float32))
-                    continue
-                except MediaStreamError:
-                    break
-                timeout = INPUT_TIMEOUT_S
-                if not isinstance(frame, av.AudioFrame):
-                    continue  # an audio track hands out audio frames; anything else is not its audio
-                if clock.is_behind(frame, waited=time.monotonic() - asked > FRAME_WAIT_S):
-                    continue  # overloaded: this audio is dropped rather than queued without bound
-                for out in resampler.resample(frame):
-                    await self.session.push_audio(out.to_ndarray().reshape(-1))  # [n] float32 16 kHz
+            clock = InputClock(self.id, self._metrics.note_input_dropped)
+            connected = lambda: self.pc.connectionState == "connected"  # noqa: E731
+            reason = await read_microphone(track, self.session, clock, connected, lambda: self.closed)
         finally:
             self._tasks.spawn(self.close(reason), "closing")
 
