@@ -142,11 +142,11 @@ async def test_conversation_api(http):
     )  # FTS5 broke on NUL
     await _error(await http.get("/api/nothing-here"), 404, "not_found")
 
-    await store.acquire_lease(conv["id"], "sess_live")  # a live session holds it: not deleted under it
+    await store.leases.acquire(conv["id"], "sess_live")  # a live session holds it: not deleted under it
     resp = await http.delete(f"/api/conversations/{conv['id']}")
     await _error(resp, 409, "conversation_busy")
     assert int(resp.headers["Retry-After"]) >= 1
-    await store.release_lease(conv["id"], "sess_live")
+    await store.leases.release(conv["id"], "sess_live")
     assert (await http.delete(f"/api/conversations/{conv['id']}")).status == 200
     await _error(await http.delete(f"/api/conversations/{conv['id']}"), 404, "conversation_not_found")
     assert (await (await http.get("/api/conversations")).json())["conversations"] == []

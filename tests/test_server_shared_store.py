@@ -36,7 +36,7 @@ async def shared(postgres_url, demo_server):
 async def test_offer_for_a_conversation_held_elsewhere_is_409_with_retry_after(shared):
     http, elsewhere = shared
     conversation = (await elsewhere.create_conversation())["id"]
-    await elsewhere.acquire_lease(conversation, "sess_elsewhere")
+    await elsewhere.leases.acquire(conversation, "sess_elsewhere")
     listed = await (await http.get("/api/conversations")).json()
     assert conversation in [c["id"] for c in listed["conversations"]]  # the other instance's, listed here
 
@@ -49,11 +49,11 @@ async def test_offer_for_a_conversation_held_elsewhere_is_409_with_retry_after(s
         "active"
     ] == 0  # the refused session's slot is free again
 
-    await elsewhere.release_lease(conversation, "sess_elsewhere")
+    await elsewhere.leases.release(conversation, "sess_elsewhere")
     resp = await http.post("/api/rtc/offer", json=body)
     assert resp.status == 200, await resp.text()
     with pytest.raises(ConversationBusyError):  # now this instance's session holds it
-        await elsewhere.acquire_lease(conversation, "sess_elsewhere")
+        await elsewhere.leases.acquire(conversation, "sess_elsewhere")
 
 
 async def _readyz(http) -> tuple[int, dict]:
@@ -149,7 +149,7 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
     http, elsewhere = shared
     held = (await elsewhere.create_conversation())["id"]
     free = (await elsewhere.create_conversation())["id"]
-    await elsewhere.acquire_lease(held, "sess_elsewhere")
+    await elsewhere.leases.acquire(held, "sess_elsewhere")
     async with http.ws_connect("/v1/realtime") as ws:
         await ws.send_json({"type": "conversation.select", "conversation_id": held})
         error = await _event(ws, "error")
@@ -157,11 +157,11 @@ async def test_realtime_select_of_a_held_conversation_is_an_error_and_close_rele
         await ws.send_json({"type": "conversation.select", "conversation_id": free})
         assert (await _event(ws, "session.updated"))["session"]["conversation_id"] == free
         with pytest.raises(ConversationBusyError):
-            await elsewhere.acquire_lease(free, "sess_elsewhere")
+            await elsewhere.leases.acquire(free, "sess_elsewhere")
 
     async def released():  # the session's close releases its lease
         try:
-            await elsewhere.acquire_lease(free, "sess_elsewhere")
+            await elsewhere.leases.acquire(free, "sess_elsewhere")
             return True
         except ConversationBusyError:
             return False
@@ -183,7 +183,7 @@ async def test_a_conversation_taken_over_elsewhere_is_lost_and_stores_no_more_of
             await ws.send_json({"type": "conversation.item.create", "item": user_text("before")})
             await _event(ws, "conversation.item.done")
 
-            await later.acquire_lease(conversation, "sess_later")
+            await later.leases.acquire(conversation, "sess_later")
             await later.add_turn(conversation, "user", "elsewhere")
             error = await _event(ws, "error")  # the next renewal finds it out
             assert error["error"]["code"] == "conversation_lost"

@@ -97,12 +97,12 @@ async def test_a_conversation_a_live_session_holds_is_not_deleted(store):
     """Deleting it under the session would lose that session's next turn (not found)."""
     conv = await store.create_conversation()
     await store.add_turn(conv["id"], "user", "hi")
-    await store.acquire_lease(conv["id"], "sess_a")
+    await store.leases.acquire(conv["id"], "sess_a")
     with pytest.raises(ConversationBusyError) as info:
         await store.delete_conversation(conv["id"])
     assert info.value.retry_after_s >= 1
     await store.add_turn(conv["id"], "user", "still here")
-    await store.release_lease(conv["id"], "sess_a")
+    await store.leases.release(conv["id"], "sess_a")
     assert await store.delete_conversation(conv["id"]) is True
 
 
@@ -134,7 +134,7 @@ async def test_a_conversation_gone_is_not_found_and_deleted_once(store):
     assert await store.delete_conversation(conv["id"]) is True
     assert await store.delete_conversation(conv["id"]) is False
     with pytest.raises(ConversationNotFoundError) as info:
-        await store.acquire_lease(conv["id"], "sess_a")
+        await store.leases.acquire(conv["id"], "sess_a")
     assert info.value.code == "conversation_not_found"
     with pytest.raises(ConversationNotFoundError):
         await store.add_turn(conv["id"], "user", "hi")

@@ -46,7 +46,7 @@ async def _answer_heard_in_parts(store: ConversationStore, session: str) -> tupl
     """A conversation `session` holds, whose answer was stored as it played (PCM in two parts)
     and got no final record -> (the conversation, the answer's index)."""
     conversation = (await store.create_conversation())["id"]
-    await store.acquire_lease(conversation, session)
+    await store.leases.acquire(conversation, session)
     await store.add_turn(conversation, "user", audio=np.full(16000, 0.1, np.float32), holder=session)
     index = await store.add_turn(conversation, "assistant", "", interrupted=True, holder=session)
     await store.append_heard(conversation, index, PCM[:24000], "Hel", holder=session)
@@ -60,7 +60,7 @@ async def test_the_release_joins_the_parts_of_an_answer_whose_final_record_faile
     conversation, index = await _answer_heard_in_parts(store, "sess_a")
     await store.add_turn(conversation, "user", "and then?", holder="sess_a")
     assert not (await store.get_conversation(conversation))["turns"][index]["has_audio"]
-    await store.release_lease(conversation, "sess_a")
+    await store.leases.release(conversation, "sess_a")
     turn = (await store.get_conversation(conversation))["turns"][index]
     assert turn["interrupted"] and turn["has_audio"] and turn["duration_s"] == 1.5 and turn["text"] == "Hello"
     assert np.allclose((await store.load_history(conversation))[index].audio, PCM, atol=1e-4)
@@ -75,7 +75,7 @@ async def test_the_release_leaves_a_final_record_and_a_new_holders_parts_alone(s
         # The final record written (late, as after a truncate): no stale part may replace it.
         finished, index = await _answer_heard_in_parts(store, "sess_a")
         await store.update_turn(finished, index, interrupted=False, audio=PCM[:12000], holder="sess_a")
-        await store.release_lease(finished, "sess_a")
+        await store.leases.release(finished, "sess_a")
         turn = (await store.get_conversation(finished))["turns"][index]
         assert not turn["interrupted"] and turn["duration_s"] == 0.5
 
@@ -83,10 +83,10 @@ async def test_the_release_leaves_a_final_record_and_a_new_holders_parts_alone(s
         # answer of its own: the first session's release is not its to make.
         taken, _ = await _answer_heard_in_parts(store, "sess_a")
         now[0] += 10.0
-        await store.acquire_lease(taken, "sess_b")
+        await store.leases.acquire(taken, "sess_b")
         playing = await store.add_turn(taken, "assistant", "", interrupted=True, holder="sess_b")
         await store.append_heard(taken, playing, PCM[:2400], "Hi", holder="sess_b")
-        await store.release_lease(taken, "sess_a")
+        await store.leases.release(taken, "sess_a")
         assert not (await store.get_conversation(taken))["turns"][playing]["has_audio"]
         assert await _parts_left(store, taken) == 1
     finally:

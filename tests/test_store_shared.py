@@ -122,17 +122,17 @@ async def test_a_conversation_is_held_by_one_session(store_location):
     store = await _store(store_location, lease_seconds=30.0)
     try:
         conversation = (await store.create_conversation())["id"]
-        await store.acquire_lease(conversation, "sess_a")
-        await store.acquire_lease(conversation, "sess_a")  # its own: renewed
+        await store.leases.acquire(conversation, "sess_a")
+        await store.leases.acquire(conversation, "sess_a")  # its own: renewed
         with pytest.raises(ConversationBusyError) as busy:
-            await store.acquire_lease(conversation, "sess_b")
+            await store.leases.acquire(conversation, "sess_b")
         assert 1.0 <= busy.value.retry_after_s <= 30.0
         with pytest.raises(ConversationBusyError):  # not deleted under its live session either
             await store.delete_conversation(conversation)
-        await store.release_lease(conversation, "sess_a")
-        await store.acquire_lease(conversation, "sess_b")
+        await store.leases.release(conversation, "sess_a")
+        await store.leases.acquire(conversation, "sess_b")
         with pytest.raises(KimiAudioError, match="no conversation with id 'nope'"):
-            await store.acquire_lease("nope", "sess_b")
+            await store.leases.acquire("nope", "sess_b")
     finally:
         await store.close()
 
@@ -145,14 +145,14 @@ async def test_lease_busy_elsewhere_then_taken_over_with_the_heard_answer(postgr
     second = await _store(postgres_url, lease_seconds=5.0, clock=clock)
     try:
         conversation = (await first.create_conversation())["id"]
-        await first.acquire_lease(conversation, "sess_1")
+        await first.leases.acquire(conversation, "sess_1")
         await first.add_turn(conversation, "user", audio=np.full(16000, 0.1, np.float32))
         index = await first.add_turn(conversation, "assistant", "", interrupted=True)
         heard = np.linspace(-0.5, 0.5, 24000, dtype=np.float32)
         await first.append_heard(conversation, index, heard, "Hello")
 
         with pytest.raises(ConversationBusyError) as busy:
-            await second.acquire_lease(conversation, "sess_2")
+            await second.leases.acquire(conversation, "sess_2")
         assert busy.value.retry_after_s == 5.0
         # Another instance starting meanwhile leaves the live answer's parts alone.
         third = await _store(postgres_url, clock=clock)
@@ -161,15 +161,15 @@ async def test_lease_busy_elsewhere_then_taken_over_with_the_heard_answer(postgr
 
         clock.now += 3.0
         with pytest.raises(ConversationBusyError) as busy:
-            await second.acquire_lease(conversation, "sess_2")
+            await second.leases.acquire(conversation, "sess_2")
         assert busy.value.retry_after_s == 2.0
         clock.now += 2.5  # past the expiry: nobody renewed it
-        await second.acquire_lease(conversation, "sess_2")
+        await second.leases.acquire(conversation, "sess_2")
         history = await second.load_history(conversation)
         assert [t.role for t in history] == ["user", "assistant"] and history[index].text == "Hello"
         assert np.allclose(history[index].audio, heard, atol=1e-4)
         with pytest.raises(ConversationBusyError):  # the old holder lost it
-            await first.acquire_lease(conversation, "sess_1")
+            await first.leases.acquire(conversation, "sess_1")
         assert await second.integrity_problems() == []
     finally:
         await first.close()
@@ -186,9 +186,9 @@ async def test_a_lease_taken_over_refuses_its_old_holders_writes_and_tells_it(po
     try:
         conversation = (await first.create_conversation())["id"]
         lost: list[str] = []
-        await first.acquire_lease(conversation, "sess_1", on_lost=lost.append)
+        await first.leases.acquire(conversation, "sess_1", on_lost=lost.append)
         await first.add_turn(conversation, "user", "one", holder="sess_1")
-        await second.acquire_lease(conversation, "sess_2")
+        await second.leases.acquire(conversation, "sess_2")
         await second.add_turn(conversation, "user", "two", holder="sess_2")
 
         with pytest.raises(ConversationLostError, match="taken by another session"):
@@ -199,7 +199,7 @@ async def test_a_lease_taken_over_refuses_its_old_holders_writes_and_tells_it(po
             await first.append_heard(conversation, 0, np.zeros(240, np.float32), "changed", holder="sess_1")
         with pytest.raises(ConversationLostError):
             await delete_turn(first, conversation, 0, "sess_1")
-        assert lost == [conversation] and first.held_leases() == []  # told once, renewed no more
+        assert lost == [conversation] and first.leases.held() == []  # told once, renewed no more
         turns = (await second.get_conversation(conversation))["turns"]
         assert [(t["index"], t["text"]) for t in turns] == [(0, "one"), (1, "two")]
     finally:
@@ -220,13 +220,13 @@ async def test_the_heartbeat_tells_the_holder_of_a_lease_taken_over(postgres_url
             told.append(conversation_id)
             lost.set()
 
-        await first.acquire_lease(kept, "sess_1", on_lost=on_lost)
-        await first.acquire_lease(taken, "sess_1", on_lost=on_lost)
-        await second.acquire_lease(taken, "sess_2")  # expired for the second instance's clock
+        await first.leases.acquire(kept, "sess_1", on_lost=on_lost)
+        await first.leases.acquire(taken, "sess_1", on_lost=on_lost)
+        await second.leases.acquire(taken, "sess_2")  # expired for the second instance's clock
         await asyncio.wait_for(lost.wait(), 30)  # catches a hang
-        assert told == [taken] and first.held_leases() == [(kept, "sess_1")]
+        assert told == [taken] and first.leases.held() == [(kept, "sess_1")]
         with pytest.raises(ConversationBusyError):  # still the second's: no renewal took it back
-            await first.acquire_lease(taken, "sess_1")
+            await first.leases.acquire(taken, "sess_1")
     finally:
         await first.close()
         await second.close()
@@ -258,10 +258,10 @@ async def test_the_heartbeat_renews_live_leases_only(store_location):
     store = await _store(store_location, lease_seconds=1.0, clock=clock)  # renewed every third of a second
     try:
         held, released = [(await store.create_conversation())["id"] for _ in range(2)]
-        await store.acquire_lease(held, "sess_a")
-        await store.acquire_lease(released, "sess_a")
-        await store.release_lease(released, "sess_a")
-        assert store.held_leases() == [(held, "sess_a")]
+        await store.leases.acquire(held, "sess_a")
+        await store.leases.acquire(released, "sess_a")
+        await store.leases.release(released, "sess_a")
+        assert store.leases.held() == [(held, "sess_a")]
         clock.now += 0.9
 
         def expiry(db):
@@ -273,8 +273,8 @@ async def test_the_heartbeat_renews_live_leases_only(store_location):
         await eventually(renewed, "the heartbeat renewing the lease")
         clock.now += 0.5  # past the first expiry: still held, renewed
         with pytest.raises(ConversationBusyError):
-            await store.acquire_lease(held, "sess_b")
-        await store.acquire_lease(released, "sess_b")
+            await store.leases.acquire(held, "sess_b")
+        await store.leases.acquire(released, "sess_b")
     finally:
         await store.close()
 

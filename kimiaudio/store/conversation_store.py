@@ -10,13 +10,13 @@ to be awaited from the event loop. A database that does not answer raises
 StoreUnavailableError.
 
 The queries themselves, and how turns and their audio are laid out in rows, are in
-conversation_rows.py; the threads in db_thread.py; leases in leases.py.
+conversation_rows.py; the threads in db_thread.py; the leases this instance holds, and the
+writes made as a lease's holder, in its lease book (lease_book.py, over leases.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 import time
@@ -47,16 +47,8 @@ from kimiaudio.store.conversation_rows import (
 from kimiaudio.store.db_thread import DbThread, SqliteConnector
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
-from kimiaudio.store.leases import (
-    ConversationBusyError,
-    ConversationLostError,
-    acquire_row,
-    as_holder,
-    drop_all_leases,
-    heartbeat,
-    release_instance,
-    release_row,
-)
+from kimiaudio.store.lease_book import LeaseBook
+from kimiaudio.store.leases import drop_all_leases
 from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
 from kimiaudio.store.search import query_words, search_conversations
@@ -86,9 +78,7 @@ class ConversationStore:
         self._pool: ConnectionPool | None = None  # PostgreSQL's
         self._threads: tuple[DbThread, DbThread] | None = None  # (writer, reader), from open() on
         self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
-        self._heartbeat: asyncio.Task | None = None
-        # (conversation, session) leases the heartbeat renews -> what to call if one is taken over
-        self._held: dict[tuple[str, str], Callable[[str], None] | None] = {}
+        self.leases = LeaseBook(self)  # the leases this instance's sessions hold (lease_book.py)
 
     @property
     def _writer(self) -> DbThread:
@@ -134,17 +124,12 @@ class ConversationStore:
         # Join the audio of answers a crash cut short, of conversations nobody holds (so readers see it whole).
         await self._writer.call(join_leftover_parts, self.clock())
         await self._reader.call(lambda db: None)
-        self._heartbeat = loop.create_task(heartbeat(self, self.lease_seconds / 3))
+        self.leases.start()
 
     async def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+        await self.leases.close()
         if self._threads is not None:
             writer, reader = self._threads
-            with contextlib.suppress(KimiAudioError):  # a database gone: its leases expire by themselves
-                await writer.call(release_instance, self.instance_id)
             await writer.close()
             await reader.close()
         if self._probe is not None:
@@ -164,50 +149,6 @@ class ConversationStore:
         """A cheap query: raises StoreUnavailableError unless the database answers."""
         await (self._probe or self._reader).call(lambda db: db.execute("SELECT 1").fetchone())
 
-    # ----- leases (leases.py) -----
-    async def acquire_lease(
-        self, conversation_id: str, session_id: str, on_lost: Callable[[str], None] | None = None
-    ) -> None:
-        """Hold the conversation for `session_id`; ConversationBusyError if another session does.
-        `on_lost(conversation_id)` is called (once, on the event loop) if another session is
-        found to have taken it over (lose_lease)."""
-        now = self.clock()
-        wait = await self._writer.call(
-            acquire_row, conversation_id, self.instance_id, session_id, now, now + self.lease_seconds
-        )
-        if wait is not None:
-            raise ConversationBusyError(conversation_id, max(1.0, wait))
-        self._held[(conversation_id, session_id)] = on_lost
-
-    def lose_lease(self, conversation_id: str, session_id: str) -> None:
-        """The lease is no longer the session's (a renewal or a write found it taken over):
-        renewed no more, and its holder is told."""
-        key = (conversation_id, session_id)
-        if key in self._held:
-            on_lost = self._held.pop(key)
-            if on_lost is not None:
-                on_lost(conversation_id)
-
-    async def release_lease(self, conversation_id: str, session_id: str) -> None:
-        self._held.pop((conversation_id, session_id), None)  # renewed no more, even if the delete fails
-        await self._writer.call(release_row, conversation_id, self.instance_id, session_id)
-
-    def held_leases(self) -> list[tuple[str, str]]:
-        """(conversation, session) of the leases this instance's sessions hold."""
-        return list(self._held)
-
-    async def write_turns(self, conversation_id: str, holder: str | None, fn: Callable, *args: Any) -> Any:
-        """Run `fn(sql, conversation_id, *args)`, a write into the conversation's turns, on the
-        writer thread; with `holder`, only while that session of this instance holds the
-        conversation's lease (else ConversationLostError, and the lease is lost: lose_lease)."""
-        if holder is None:
-            return await self.write(fn, conversation_id, *args)
-        try:
-            return await self.write(as_holder, conversation_id, self.instance_id, holder, fn, conversation_id, *args)
-        except ConversationLostError:
-            self.lose_lease(conversation_id, holder)
-            raise
-
     async def append_heard(
         self,
         conversation_id: str,
@@ -221,8 +162,8 @@ class ConversationStore:
     ) -> None:
         """Append `pcm` (24 kHz float, may be empty) to an answer's heard audio (heard_audio.py);
         set its text and (if given) the codes heard so far. `holder`: the session that must hold
-        the conversation's lease (write_turns)."""
-        await self.write_turns(
+        the conversation's lease (LeaseBook.write_turns)."""
+        await self.leases.write_turns(
             conversation_id,
             holder,
             append_part,
@@ -249,7 +190,7 @@ class ConversationStore:
         interrupted: bool = False,
         audio: np.ndarray | None = None,
         audio_first: bool = False,  # a user turn's text came after its audio
-        holder: str | None = None,  # the session that must hold the conversation's lease (write_turns)
+        holder: str | None = None,  # the session that must hold the conversation's lease (LeaseBook.write_turns)
     ) -> int:
         """Append a turn (and its audio) in one transaction; its index (never a deleted turn's)."""
         if role not in ("user", "assistant"):
@@ -263,7 +204,7 @@ class ConversationStore:
             "interrupted": int(interrupted),
             "audio_first": int(audio_first),
         }
-        return await self.write_turns(conversation_id, holder, add_turn, fields, audio_record(audio, role))
+        return await self.leases.write_turns(conversation_id, holder, add_turn, fields, audio_record(audio, role))
 
     async def update_turn(
         self,
@@ -281,7 +222,7 @@ class ConversationStore:
     ) -> None:
         """Change the given fields of a stored turn (None = leave as it is; audio with no samples
         removes the turn's audio; transcript: a spoken user turn's words; holder: the session
-        that must hold the conversation's lease, write_turns)."""
+        that must hold the conversation's lease, LeaseBook.write_turns)."""
         check_turn(conversation_id, index)
         fields: dict[str, Any] = {}
         if text is not None:
@@ -296,7 +237,7 @@ class ConversationStore:
             fields["interrupted"] = int(interrupted)
         if transcript is not None:
             fields["transcript"] = transcript
-        await self.write_turns(conversation_id, holder, update_turn, index, fields, audio)
+        await self.leases.write_turns(conversation_id, holder, update_turn, index, fields, audio)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """False if there is none; ConversationBusyError while a live session holds it."""

@@ -12,20 +12,19 @@ with -9 stops renewing: its leases expire, and the next session to open such a c
 takes it over, joining in the same transaction the heard parts of the
 answer that was playing (heard_audio.py), so the history it then loads is whole. Times come
 from the store's clock (injectable in tests).
+
+This module is the lease rows' queries and errors; which leases this instance holds, their
+renewal and the writes made as a lease's holder are the lease book's (lease_book.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.store.heard_audio import join_conversation_parts
 from kimiaudio.store.sql import Sql
-
-log = logging.getLogger(__name__)
 
 
 class ConversationBusyError(KimiAudioError):
@@ -142,26 +141,3 @@ def release_instance(db: Sql, instance_id: str) -> None:
 
 def drop_all_leases(db: Sql) -> None:
     db.execute("DELETE FROM leases")
-
-
-async def heartbeat(store, interval_s: float) -> None:
-    """Renew the instance's leases every `interval_s` until cancelled (a failure is logged
-    once and retried: the database may come back before the leases expire); the holders of
-    those found taken over are told (store.lose_lease)."""
-    failing = False
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            held = store.held_leases()
-            if held:
-                lost = await store.write(renew, store.instance_id, held, store.clock() + store.lease_seconds)
-                for conversation_id, session_id in lost:
-                    log.warning("session %s: conversation %s was taken by another session", session_id, conversation_id)
-                    store.lose_lease(conversation_id, session_id)
-            if failing:
-                log.info("conversation leases renewed again")
-            failing = False
-        except Exception as exc:  # StoreUnavailableError, or a locked SQLite file
-            if not failing:
-                log.warning("cannot renew the conversation leases: %s", exc)
-            failing = True

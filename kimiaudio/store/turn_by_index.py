@@ -29,10 +29,10 @@ async def get_turn(store: ConversationStore, conversation_id: str, index: int) -
 
 async def delete_turn(store: ConversationStore, conversation_id: str, index: int, holder: str | None = None) -> bool:
     """Delete the turn at `index` (and its audio); False if there was none. `holder`: the
-    session that must hold the conversation's lease (ConversationStore.write_turns)."""
+    session that must hold the conversation's lease (LeaseBook.write_turns, lease_book.py)."""
     if not (is_conversation_id(conversation_id) and is_turn_index(index)):
         return False
-    return await store.write_turns(conversation_id, holder, _delete, index)
+    return await store.leases.write_turns(conversation_id, holder, _delete, index)
 
 
 def _select(db: Sql, conversation_id: str, index: int) -> StoredTurn | None:

@@ -90,7 +90,7 @@ class Conversation:
         return self.id is not None and self.id == self.lost
 
     async def _lease(self, conversation_id: str) -> None:
-        await self.store.acquire_lease(conversation_id, self.session_id, on_lost=self._lease_lost)
+        await self.store.leases.acquire(conversation_id, self.session_id, on_lost=self._lease_lost)
         if self._leased is not None and self._leased != conversation_id:
             await self.release()
         self._leased = conversation_id
@@ -115,7 +115,7 @@ class Conversation:
         if self._leased is not None:
             leased, self._leased = self._leased, None
             try:
-                await self.store.release_lease(leased, self.session_id)
+                await self.store.leases.release(leased, self.session_id)
             except StoreUnavailableError:
                 pass  # the database is away: the lease expires by itself, unrenewed once the session is gone
 
