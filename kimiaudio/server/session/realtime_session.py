@@ -5,7 +5,8 @@ metrics) and what its transport (transport/rtc_peer.py, realtime_socket.py) was 
 and gives it: the session id and its VAD, `send` (one JSON event out), a Playback for a
 response's 24 kHz audio, and the event shape its client speaks (event_shape.py). The transport
 sends session.created first (`send_created`), then feeds microphone audio in with `push_audio`
-(16 kHz) and client events with `handle_message` / `handle_event`.
+(16 kHz) and client events with `handle_message` / `handle_event`, which hand each to the
+part that takes it (event_dispatch.py).
 
 The turn, from the mic to the speaker:
   push_audio -> MicInput -> TurnDetector (VAD thread) -> speech_stopped: the utterance is queued
@@ -25,12 +26,9 @@ anything waits in its queue, so the answers asked for before the stop may finish
 what is queued after it gets no answer (a response ends failed, `shutting_down`). Closed by the
 stop, the session cuts its answer for that reason and says so in a last `error` event.
 
-Should another session take the conversation over (this instance cut off from the database
-for longer than the lease: store/leases.py), the client gets an `error` event,
-`conversation_lost`, as soon as the store finds it out; nothing more is stored in that
-conversation, and the session goes on in a new one (as after `conversation.select` null: the
-answer playing plays out, then session.updated, conversation_id null), which every entry
-taken from then on goes to.
+conversation.select, and the move off a conversation another session took over (the client
+told at once, `conversation_lost`; the session leaves it before the next entry is taken), are
+the session's conversation moves (conversation_moves.py).
 """
 
 from __future__ import annotations
@@ -42,15 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
-from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import TurnDetector
-from kimiaudio.errors import KimiAudioError, StoreUnavailableError
+from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.server.context import ServerContext
 from kimiaudio.server.session import client_events, server_events
 from kimiaudio.server.session.conversation import Conversation
-from kimiaudio.server.session.event_fields import ProtocolError
+from kimiaudio.server.session.conversation_moves import ConversationMoves
+from kimiaudio.server.session.event_dispatch import EventDispatch
 from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.event_shape import EventShape
 from kimiaudio.server.session.input_transcription import InputTranscription
@@ -79,7 +75,6 @@ from kimiaudio.server.session.store_failure import log_store_failure
 from kimiaudio.server.session.turn_queue import TurnQueue
 from kimiaudio.server.session.user_items import UserItems
 from kimiaudio.server.session_registry import Admitted
-from kimiaudio.store import ConversationBusyError, ConversationLostError, ConversationNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +96,7 @@ class RealtimeSession:
         self.id = admitted.session_id
         pipeline = context.pipeline
         self.settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
-        self.conversation = Conversation(context.store, conversation_id, self.id, self._conversation_lost)
+        self.conversation = Conversation(context.store, conversation_id, self.id, lambda lost: self.moves.lost(lost))
         self.events = EventSender(self.id, lambda: self.conversation.id, send, context.metrics, shape)
         self.tasks = OwnedTasks(f"session {self.id}")
         self.responder = Responder(
@@ -134,6 +129,10 @@ class RealtimeSession:
             pipeline, self.settings, self.conversation, self.events, self.tasks, stopping=self._taking_late
         )
         self.requests = ResponseRequests(self.responder, out_of_band)
+        self.moves = ConversationMoves(self.conversation, self.responder, self.events, self._queue, self.describe)
+        self._dispatch = EventDispatch(
+            self.settings, self.events, self.mic, self.requests, self.edits, self._queue, self.commit, self.apply_update
+        )
         self.closed = False
 
     @property
@@ -206,7 +205,7 @@ class RealtimeSession:
         async for work in self._queue.taken():
             try:
                 if self.conversation.in_lost:
-                    await self._leave_lost()
+                    await self.moves.leave_lost()
                 match work:
                     case QueuedResponse():
                         await self.requests.start(work)
@@ -215,7 +214,7 @@ class RealtimeSession:
                     case QueuedEdit():
                         await self.edits.take(work)
                     case QueuedSelect():
-                        await self._select(work)
+                        await self.moves.select(work)
                     case QueuedLeave():
                         pass  # left above, before this entry or an earlier one
             except StoreUnavailableError as exc:  # (a read of the store: the database does not answer)
@@ -244,57 +243,12 @@ class RealtimeSession:
         self, message: str | bytes, max_bytes: int = client_events.MAX_CLIENT_MESSAGE_BYTES
     ) -> None:
         """One client event (JSON text); anything wrong with it is answered with an error event."""
-        event_id = None
-        try:
-            event, event_id = client_events.parse_client_message(message, max_bytes)
-            await self.handle_event(event, event_id)
-        except ProtocolError as exc:
-            self.events.error(exc.code, str(exc), exc.param, exc.event_id or event_id)
-        except KimiAudioError as exc:
-            self.events.error("invalid_value", str(exc), event_id=event_id)
-        except Exception:  # a bug: logged once, and the client still hears about it
-            log.exception("session %s: handling a client event failed", self.id)
-            text = "the event could not be handled (the details are in the server log)"
-            self.events.error("internal", text, event_id=event_id)
+        await self._dispatch.handle_message(message, max_bytes)
 
     async def handle_event(self, event: client_events.ClientEvent, event_id: str | None = None) -> None:
         """One parsed client event; `event_id`, the client's id for it, names it in any error
         about it, however much later that comes."""
-        match event:
-            case client_events.AudioAppend(pcm16=data):
-                await self.push_audio(self.mic.buffer.to_16k(data, self.settings.input_rate), event_id)
-            case client_events.AudioCommit():
-                audio, item_id = await self.mic.take_commit()
-                self.commit(audio, item_id, event_id=event_id)
-            case client_events.AudioClear():
-                self.mic.clear()
-            case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
-                self.requests.cancel(response_id, stop_playback)
-            case client_events.ResponseCreate():
-                self._queue.put_nowait(self.requests.queued(event, event_id))
-            case client_events.ItemCreate():
-                self._create_item(event, event_id)
-            case client_events.ItemTruncate():
-                queued = await self.edits.truncate(event, event_id)
-                if queued is not None:
-                    self._queue.put_nowait(queued)
-            case client_events.ItemRetrieve() | client_events.ItemDelete():
-                self._queue.put_nowait(self.edits.queued(event, event_id))
-            case client_events.ConversationSelect(conversation_id=conversation_id):
-                self._queue.put_nowait(QueuedSelect(conversation_id, event_id))
-            case client_events.SessionUpdate():
-                self.apply_update(event)
-
-    def _create_item(self, event: client_events.ItemCreate, event_id: str | None) -> None:
-        item_id = event.item_id or new_item_id()
-        origin = ItemOrigin(event_id, event.previous_item_id)
-        if event.pcm16 is not None:
-            audio = resample(pcm16.to_float(event.pcm16), self.settings.input_rate, SPEECH_INPUT_RATE)
-            work = QueuedAudio(item_id, audio, text=event.text, origin=origin, audio_first=event.audio_first)
-            self._queue.put_nowait(work)
-        else:  # a system message is context like a user's text (the prompt has no system role)
-            role = "assistant" if event.role == "assistant" else "user"
-            self._queue.put_nowait(QueuedText(item_id, event.text, role, origin))
+        await self._dispatch.handle_event(event, event_id)
 
     def apply_update(self, event: client_events.SessionUpdate, announce: bool = True) -> None:
         """session.update: new settings for this session (validated first)."""
@@ -302,34 +256,6 @@ class RealtimeSession:
         self.mic.configure()
         if announce:
             self.events.send(server_events.session_updated(self.describe()))
-
-    async def _select(self, work: QueuedSelect) -> None:
-        conversation_id = work.conversation_id
-        if conversation_id is not None and not await self.conversation.exists(conversation_id):
-            message = f"no conversation with id {conversation_id!r}"
-            self.events.error("conversation_not_found", message, "conversation_id", work.event_id)
-            return
-        await self.responder.settle(whole=True, reason="client_cancelled")  # (the client moves on)
-        try:
-            await self.conversation.select(conversation_id)
-        except (ConversationBusyError, ConversationNotFoundError) as exc:  # (deleted meanwhile: not found)
-            self.events.error(exc.code, str(exc), "conversation_id", work.event_id)
-            return
-        self.responder.forget_ended()
-        self.events.send(server_events.session_updated(self.describe()))
-
-    def _conversation_lost(self, conversation_id: str) -> None:
-        """Another session took over the conversation: the client is told now; the session
-        leaves it in its turn (the queue's order)."""
-        message = f"{ConversationLostError(conversation_id)}: this session goes on in a new conversation"
-        self.events.error(ConversationLostError.code, message)
-        self._queue.put_nowait(QueuedLeave(conversation_id))
-
-    async def _leave_lost(self) -> None:
-        await self.responder.settle(interrupt=False, whole=True)  # it plays out; it is stored no more
-        await self.conversation.select(None)
-        self.responder.forget_ended()
-        self.events.send(server_events.session_updated(self.describe()))
 
     # ----- lifetime -----
     async def close(self, shutdown: bool = False) -> None:
