@@ -1,7 +1,8 @@
 """The demo page in headless Chromium against the real server and pipeline (demo weights):
 connect with a fake microphone playing espeak speech, complete a turn, see the assistant's
 text, the demo banner and the readable errors (server full, microphone denied), the list of
-conversations searched and shown a page at a time."""
+conversations searched and shown a page at a time, who is speaking during a barge-in, and why
+a call ended when the server said why (it shuts down)."""
 
 import asyncio
 from pathlib import Path
@@ -196,7 +197,49 @@ async def test_page_explains_server_full_and_mic_denied(server, tmp_path):
             driver.quit()
 
     full = await asyncio.to_thread(error_after_connect, True)
-    assert "server is full" in full and "Try again in" in full
+    # One sentence, one retry hint: the server's message has its own, the page says Retry-After's.
+    assert "server is full" in full and full.lower().count("try again") == 1 and "Try again in 10 seconds" in full
     denied = await asyncio.to_thread(error_after_connect, False)
     assert "Microphone access was denied" in denied
     await holder.close()
+
+
+async def test_page_state_during_a_barge_in_and_the_reason_a_call_ends(server, tmp_path):
+    """Talking over an answer: the answer's audio is cleared and the response ends while the
+    user still speaks, and the page keeps saying so until the speech stops. A graceful server
+    stop says why it ends the session, and the page keeps that reason as the call ends."""
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    url = str(server.make_url("/"))
+    state = "return document.getElementById('state').textContent"
+    driver = await asyncio.to_thread(start_chromium, tmp_path, wav)
+
+    def barge_in():
+        driver.get(url)
+        driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+        # The server's events of a barge-in, in their order, as the channel delivers them.
+        seen = []
+        for event in (
+            {"type": "output_audio_buffer.started", "response_id": "resp_1"},
+            {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_1"},
+            {"type": "output_audio_buffer.cleared", "response_id": "resp_1"},
+            {"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}},
+            {"type": "output_audio_buffer.stopped", "response_id": "resp_1"},
+            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 900, "item_id": "item_1"},
+        ):
+            driver.execute_script("onEvent(arguments[0])", event)
+            seen.append(driver.execute_script(state))
+        return seen
+
+    def ended():
+        wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+        return driver.find_element("id", "error-banner").text, console_errors(driver)
+
+    try:
+        seen = await asyncio.to_thread(barge_in)
+        await server.app[SERVER_CONTEXT].sessions.close_all()
+        banner, errors = await asyncio.to_thread(ended)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert seen == ["speaking"] + ["you are speaking"] * 4 + ["thinking"]
+    assert banner == "The server is shutting down. Press Connect to start again." and not errors

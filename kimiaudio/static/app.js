@@ -7,6 +7,7 @@
 const $ = (id) => document.getElementById(id);
 const session = {
   pc: null, channel: null, mic: null, meter: null, status: null, callId: null,
+  endReason: null, // why the server ends the live call, when it said so (shutting_down)
   conversationId: null, // conversation of the live call (the server says which: session.*, conversation.created)
   continueId: null, // conversation to continue on the next Connect
   responses: new Map(), // response id -> {li, text, meta}
@@ -168,7 +169,7 @@ function onEvent(event) {
       break;
     case "output_audio_buffer.stopped": // played out, or cut short (barge-in, response.cancel)
     case "output_audio_buffer.cleared":
-      if (session.pc) setState("listening");
+      listening();
       break;
     case "conversation.item.done": { // a stored answer: replay it from the conversation
       const r = session.responses.get(session.items.get(event.item.id));
@@ -187,14 +188,24 @@ function onEvent(event) {
         r.meta.textContent = [status, formatTimings(event.response.timings || {})].filter(Boolean).join(" · ");
         r.li.dataset.status = event.response.status;
       }
-      if (session.pc && document.body.dataset.state !== "speaking") setState("listening");
+      if (document.body.dataset.state !== "speaking") listening();
       refreshConversations();
       break;
     }
     case "error":
+      if (event.error.code === "shutting_down") {
+        // The channel closes next: lost() (call.js) shows this instead of a lost connection.
+        session.endReason = "The server is shutting down. Press Connect to start again.";
+      }
       showError(event.error.message);
       break;
   }
+}
+
+// Back to listening once an answer ends, unless the user is speaking (a barge-in cuts the
+// answer while they talk): "you are speaking" stays until speech_stopped.
+function listening() {
+  if (session.pc && document.body.dataset.state !== "speaking-user") setState("listening");
 }
 
 function noteConversation() {

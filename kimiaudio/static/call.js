@@ -49,6 +49,7 @@ async function ephemeralKey() {
 }
 
 async function openSession() {
+  session.endReason = null;
   session.mic = await getMicrophone();
   const key = await ephemeralKey();
   // RTCIceServer dictionaries (TURN ones with the server's time-limited credentials).
@@ -61,7 +62,8 @@ async function openSession() {
   pc.ontrack = (e) => { $("remote-audio").srcObject = e.streams[0] || new MediaStream([e.track]); };
   const lost = () => {
     if (pc !== session.pc) return; // we hung up ourselves
-    showError("The connection to the server was lost. Press Connect to start again.");
+    // The server's own reason, if it said why it ends the session (an `error` event before).
+    showError(session.endReason || "The connection to the server was lost. Press Connect to start again.");
     disconnect();
   };
   session.channel.onclose = lost; // the server closed the session (or stopped)
@@ -86,15 +88,31 @@ async function openSession() {
   } catch (e) {
     throw new Error(UNREACHABLE);
   }
-  if (resp.status === 503 || resp.status === 409) {
-    const wait = resp.headers.get("Retry-After") || "a few";
-    const what = resp.status === 503 ? "The server is full" : "That conversation is open elsewhere";
-    throw new Error(`${what}: ${await apiError(resp)}. Try again in ${wait} seconds.`);
-  }
+  if (resp.status === 503 || resp.status === 409) throw new Error(await refusal(resp));
   if (resp.status !== 201) throw new Error(`The server refused the call: ${await apiError(resp)}`);
   session.callId = (resp.headers.get("Location") || "").split("/").pop();
   await pc.setRemoteDescription({ type: "answer", sdp: await resp.text() });
   startMeter(session.mic);
+}
+
+// One sentence for a call the server cannot take now; its own message ends with a retry hint of
+// its own, which Retry-After says more exactly, so the page keeps only the first part of it.
+async function refusal(resp) {
+  const after = Number(resp.headers.get("Retry-After"));
+  const retry = after > 0 ? `Try again in ${after} second${after === 1 ? "" : "s"}.` : "Try again in a few seconds.";
+  let code = "", message = `${resp.status} ${resp.statusText}`;
+  try {
+    const body = await resp.json();
+    code = body.error.code || "";
+    message = body.error.message || message;
+  } catch (e) { /* not JSON */ }
+  if (resp.status === 409) {
+    return `That conversation is open in another tab or session: close it there, or ${retry.toLowerCase()}`;
+  }
+  if (code === "server_full") return `The server is full: every session slot is in use. ${retry}`;
+  if (code === "shutting_down") return `The server is shutting down. ${retry}`;
+  const reason = message.replace(/;\s*try again\b.*$/i, "");
+  return `The server cannot take the call now (${reason}). ${retry}`;
 }
 
 function iceGatheringComplete(pc) {
