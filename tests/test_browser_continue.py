@@ -85,3 +85,29 @@ async def test_a_live_call_moves_into_the_conversation_chosen(stored, tmp_path):
 
     before, after, delete = await asyncio.to_thread(drive)
     assert before is None and after == conversation_id and delete == 409
+
+
+async def test_connect_after_disconnect_continues_the_conversation_on_screen(stored, tmp_path, speech):
+    http, _, _ = stored
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.5), speech[0], silence(40.0)])
+    url = str(http.make_url("/"))
+
+    def drive():
+        driver = start_chromium(tmp_path, wav)
+        try:
+            driver.get(url)
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, IN_SAVED)  # the call's first turn made a new conversation
+            first = driver.execute_script("return session.conversationId")
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+            note = driver.find_element("id", "conversation-note").text
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, IN_SAVED)
+            shown = len(driver.find_elements("css selector", "#transcript .turn"))
+            return first, driver.execute_script("return session.conversationId"), note, shown
+        finally:
+            driver.quit()
+
+    first, again, note, shown = await asyncio.to_thread(drive)
+    assert first and again == first and note == "Press Connect to continue this conversation." and shown > 0

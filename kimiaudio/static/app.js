@@ -10,6 +10,7 @@ const session = {
   endReason: null, // why the server ends the live call, when it said so (shutting_down)
   conversationId: null, // conversation of the live call (the server says which: session.*, conversation.created)
   continueId: null, // conversation to continue on the next Connect
+  selecting: null, // conversation the live call asked to move into (conversation.select), until answered
   responses: new Map(), // response id -> {li, text, meta}
   items: new Map(), // assistant item id -> its response id
   userTurns: new Map(), // committed user item id -> {li, text, meta}: its words come later
@@ -108,6 +109,7 @@ function onEvent(event) {
     case "session.created":
     case "session.updated":
       session.conversationId = event.session.conversation_id;
+      selectDone(session.conversationId, false); // history.js
       noteConversation();
       break;
     case "conversation.created":
@@ -197,6 +199,7 @@ function onEvent(event) {
         // The channel closes next: lost() (call.js) shows this instead of a lost connection.
         session.endReason = "The server is shutting down. Press Connect to start again.";
       }
+      if (["conversation_busy", "conversation_not_found"].includes(event.error.code)) selectDone(null, true);
       showError(event.error.message);
       break;
   }

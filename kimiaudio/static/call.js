@@ -134,6 +134,13 @@ function disconnect() {
   session.pc = null;
   session.channel = null;
   session.callId = null;
+  session.selecting = null;
+  // Connect again continues the conversation whose turns stay on screen (as Continue does).
+  if (session.conversationId) {
+    session.continueId = session.conversationId;
+    session.conversationId = null;
+    $("conversation-note").textContent = "Press Connect to continue this conversation.";
+  }
   if (pc) pc.close();
   if (session.mic) session.mic.getTracks().forEach((t) => t.stop());
   session.mic = null;

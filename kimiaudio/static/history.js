@@ -121,10 +121,28 @@ async function showConversation(id) {
 
 function continueSelected() {
   if (!selectedId) return;
+  if (session.pc) {
+    // The server may refuse (conversation_busy: open in another tab): the call and its
+    // transcript stay as they are until session.updated says the call moved (selectDone).
+    session.selecting = selectedId;
+    send({ type: "conversation.select", conversation_id: selectedId });
+    return;
+  }
   session.continueId = selectedId;
-  if (session.pc) send({ type: "conversation.select", conversation_id: selectedId });
-  else $("conversation-note").textContent = "Press Connect to continue the selected conversation.";
+  $("conversation-note").textContent = "Press Connect to continue the selected conversation.";
   $("transcript").replaceChildren();
+}
+
+// The server's answer to the live call's conversation.select (app.js onEvent): moved, or refused.
+function selectDone(movedTo, refused) {
+  if (!session.selecting) return;
+  if (refused) {
+    session.selecting = null;
+  } else if (movedTo === session.selecting) {
+    session.selecting = null;
+    session.continueId = movedTo;
+    $("transcript").replaceChildren();
+  }
 }
 
 async function deleteSelected() {
