@@ -23,10 +23,10 @@ async def test_a_second_close_waits_for_the_first(demo_server):
         real_close = session.session.close
         closing, stored = asyncio.Event(), asyncio.Event()
 
-        async def slow_close():  # storing an interrupted answer takes a while: until `stored`
+        async def slow_close(shutdown: bool = False):  # storing an interrupted answer takes a while: until `stored`
             closing.set()
             await stored.wait()
-            await real_close()
+            await real_close(shutdown)
 
         session.session.close = slow_close
         first = asyncio.ensure_future(session.close("the client hung up"))
