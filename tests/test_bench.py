@@ -415,6 +415,9 @@ def test_bad_arrivals_are_a_one_line_error():
         (["--soak", "--client-processes", "-1"], "--client-processes -1"),
         (["--speech", "/no/such.wav"], "--speech /no/such.wav: no such file"),
         (["--voice", "/no/voice.wav"], "--voice /no/voice.wav: no such file"),
+        (["--webrtc", "--http"], "--webrtc and --http: one bench at a time"),
+        (["--memory-plan", "--soak"], "--soak and --memory-plan: one bench at a time"),
+        (["--sessions", ""], "--sessions ''"),
     ],
 )
 def test_bad_bench_arguments_are_refused_before_a_model_loads(tmp_path, flags, named):

@@ -41,3 +41,9 @@ def test_the_cpu_runs_torch_unless_the_interpreter_is_asked_for(choose):
 def test_cuda_runs_triton_when_it_imports(choose):
     assert choose("auto", None, True, CUDA) and not choose("auto", None, False, CUDA)
     assert choose("triton", None, True, CUDA) and not choose("torch", None, True, CUDA)
+
+
+def test_an_unknown_kernel_mode_is_a_config_error_naming_the_variable(choose):
+    # (a ConfigError is a user's error: one line at start, not an "internal error")
+    with pytest.raises(ConfigError, match="KIMIAUDIO_KERNELS='junk': expected one of auto, torch, triton"):
+        choose("junk", None, True, CPU)

@@ -13,7 +13,8 @@ from kimiaudio.errors import KimiAudioError
 def check_arguments(args) -> Arrivals:
     """Fill in the defaults (a soak is a smaller, longer run than a throughput bench: its own)
     and check the options -> the arrivals asked for; KimiAudioError naming the option."""
-    args.sessions = args.sessions or ("4" if args.soak else "1,4,16,64")
+    if args.sessions is None:
+        args.sessions = "4" if args.soak else "1,4,16,64"
     args.turns = args.turns if args.turns is not None else (3 if args.soak else 1)
     if args.turns < 1 or args.max_new_tokens < 1:
         raise KimiAudioError(f"--turns {args.turns} and --max-new-tokens {args.max_new_tokens} must be positive")
@@ -33,6 +34,9 @@ def check_arguments(args) -> Arrivals:
             "--arrivals poisson:RATE goes with the pipeline bench (not --random-weights 7b, --soak, --webrtc, "
             "--http, --transcribe, --voice or --memory-plan)"
         )
+    modes = [f"--{k.replace('_', '-')}" for k in (*others, "voice") if getattr(args, k, None) not in (None, False)]
+    if len(modes) > 1:
+        raise KimiAudioError(f"{' and '.join(modes)}: one bench at a time")
     if args.url and not args.soak:
         raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
     if getattr(args, "profile", False) and args.random_weights != "7b":

@@ -26,7 +26,7 @@ MODES = ("auto", "torch", "triton")
 def kernel_mode() -> str:
     mode = os.environ.get("KIMIAUDIO_KERNELS", "auto").strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"KIMIAUDIO_KERNELS={mode!r}: expected one of {', '.join(MODES)}")
+        raise ConfigError(f"KIMIAUDIO_KERNELS={mode!r}: expected one of {', '.join(MODES)}")
     return mode
 
 
