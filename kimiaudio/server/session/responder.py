@@ -20,9 +20,8 @@ response that cannot be generated (no spoken user turn last, a transcription ses
 unknown voice, a turn the pipeline refuses) still ends: response.created, then response.done
 `failed` with its error, so a client waiting for response.done never waits forever.
 
-The Responder holds no session: it is given the parts it works with (the pipeline, the
-session's settings and conversation, its events out, its playback and its tasks), and it is
-the playback's listener for the responses it begins.
+The Responder holds no session: it is given the parts it works with (pipeline, settings,
+conversation, events, playback, tasks); it is the playback's listener for its responses.
 """
 
 from __future__ import annotations
@@ -88,6 +87,7 @@ class Responder:
         self._storage = AnswerStorage(conversation, events, playback, pipeline.samples_per_code, heard_text)
         self.current: ResponseState | None = None
         self.ended = 0  # responses ended (a silence after one may time out: idle_timer.py)
+        self.cut_by_truncate = False  # the last response was cut by a truncate (a cancel may follow)
         self._truncatable = Truncatable(conversation)  # what a conversation.item.truncate may name
 
     # ----- start -----
@@ -120,7 +120,7 @@ class Responder:
             return
         conversation = self._conversation
         response = ResponseState(turn.output_type, handle, index, user_turn, committed_at, turn.playback_speed)
-        self.current = response
+        self.current, self.cut_by_truncate = response, False
         spoken = response.output_type == "both"
         if spoken:
             self._playback.begin(response.id, self)
@@ -262,6 +262,7 @@ class Responder:
         response = self._truncatable.named(item_id, audio_end_ms, self.current)
         if response is self.current and not response.cancelled:  # generating or playing: stop it there
             self.interrupt("client_cancelled", samples)
+            self.cut_by_truncate = True
         played = response.played_samples
         if played is None or samples <= played:  # keep what the client heard, stored before it is told
             response.played_samples, response.cancelled = samples, True

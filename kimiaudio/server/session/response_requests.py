@@ -7,7 +7,8 @@ response.create is queued (`queued`), in order with the items, and started when 
 by OutOfBand. response.cancel is answered at once (`cancel`): one naming an out-of-band
 response cancels it; else the conversation's response in progress is cut (one already cut,
 by a truncate or a barge-in, is left as it is: it ends with its response.done); with none, a
-response.create still waiting counts it; with neither, it is an error
+response.create still waiting counts it; after a truncate cut the last one, it asks for what
+is done; with none of these, it is an error
 (response_cancel_not_active), as OpenAI answers it, unless it only stops the playback.
 """
 
@@ -58,6 +59,8 @@ class ResponseRequests:
             self._responder.interrupt("client_cancelled")
         elif self._waiting and response_id is None:
             self._cancels += 1
+        elif response_id is None and self._responder.cut_by_truncate:
+            pass  # (openai-agents' interrupt(): truncate, then cancel; the cut answer may have ended between)
         elif not stop_playback:
             # As OpenAI answers it: a client waiting for a response.done it will never get learns so.
             shown = f" with id {response_id[:80]!r}" if response_id is not None else ""
