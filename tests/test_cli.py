@@ -133,6 +133,13 @@ def test_demo_checkpoint_into_a_file_is_one_line(tmp_path):
     assert_one_line_error(result, str(taken), "cannot be made a directory")
 
 
+@pytest.mark.parametrize("seed", ["-1", str(1 << 64)])
+def test_a_seed_out_of_range_is_one_line_and_writes_nothing(seed, tmp_path):
+    result = kimiaudio("demo-checkpoint", str(tmp_path / "ckpt"), "--seed", seed)
+    assert_one_line_error(result, f"--seed {seed}", "from 0 to 4294967295")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unusable_places_to_write_are_one_line_before_any_answer(demo_checkpoint, speech_wav, tmp_path):
     """Found before the model loads: --out a directory; a data directory that is a file (the
     demo checkpoint is written there)."""

@@ -156,10 +156,28 @@ def test_ensure_writes_once_and_reuses(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("rewrote a complete demo checkpoint")
 
-    monkeypatch.setattr("kimiaudio.random_weights.demo_checkpoint.write_demo_checkpoint", fail)
+    monkeypatch.setattr("kimiaudio.random_weights.demo_checkpoint._write_beside", fail)
     assert ensure_demo_checkpoint(tmp_path) == first
     assert (first / "config.json").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["demo-checkpoint"]  # no temp dirs left
+
+
+def test_a_write_that_fails_midway_leaves_nothing_that_looks_whole(tmp_path, monkeypatch):
+    """A full disk (or an interrupt) after some parts: the directory asked for stays empty and
+    no temporary directory is left beside it, so a later run writes it again."""
+
+    def disk_full(out, seed):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("kimiaudio.random_weights.demo_checkpoint._write_detokenizer", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        write_demo_checkpoint(tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and not any((tmp_path / "out").iterdir())
+    with pytest.raises(OSError, match="No space"):
+        ensure_demo_checkpoint(tmp_path / "data")
+    assert not any((tmp_path / "data").iterdir())
+    monkeypatch.undo()
+    assert find_checkpoint(write_demo_checkpoint(tmp_path / "out")).is_demo
 
 
 def test_ensure_refuses_incomplete_directory(tmp_path):

@@ -36,8 +36,15 @@ GENERATOR_VERSION = 2  # bump when the written weights change: older demo checkp
 DEMO_DIR_NAME = "demo-checkpoint"
 
 
+SEEDS = range(0, 1 << 32)  # every part's generator is seeded with seed * 1009 + part: 64 bits hold it
+
+
 def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = False) -> Path:
-    """Write every file of the demo checkpoint into `out_dir` (created; must be empty)."""
+    """Write every file of the demo checkpoint into `out_dir` (created; must be empty). The
+    files are written beside it and moved in once all are written, so a failure or an
+    interrupt leaves `out_dir` empty, never a checkpoint that looks whole but is not."""
+    if seed not in SEEDS:
+        raise KimiAudioError(f"--seed {seed}: expected an integer from 0 to {SEEDS[-1]}")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -47,15 +54,13 @@ def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = F
         ) from None
     if any(out.iterdir()):
         raise KimiAudioError(f"{out}: not empty; the demo checkpoint is written into an empty directory")
-    steps = [_write_configs, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder, _write_marker]
-    for step in _progress(steps, progress):
-        step(out, seed)
+    _write_beside(out, seed, progress)
     return out
 
 
 def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool = False) -> Path:
-    """`data_dir/demo-checkpoint`, written once (in a temporary directory, then renamed, so a
-    crash never leaves a half-written checkpoint behind) and reused when complete."""
+    """`data_dir/demo-checkpoint`, written once (beside it, then renamed, so a crash never
+    leaves a half-written checkpoint behind) and reused when complete."""
     target = Path(data_dir) / DEMO_DIR_NAME
     if is_current(target):
         return target
@@ -65,25 +70,38 @@ def ensure_demo_checkpoint(data_dir: str | Path, seed: int = 0, progress: bool =
         raise CheckpointError(
             f"{target}: incomplete demo checkpoint (no {DEMO_MARKER}); delete the directory to rewrite it"
         )
+    hint = "; set another data directory (--data-dir, storage.data_dir)"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_DIR_NAME}-", dir=target.parent))
     except OSError as exc:  # a file where the directory goes, no permission, a read-only disk
-        raise CheckpointError(
-            f"{target.parent}: the demo checkpoint cannot be written there ({exc.strerror or exc}); "
-            "set another data directory (--data-dir, storage.data_dir)"
-        ) from None
+        raise CheckpointError(_cannot_write(target, exc) + hint) from None
+    try:
+        _write_beside(target, seed, progress, hint)
+    except OSError:
+        if not _is_complete(target):  # not another process that finished first
+            raise
+    return target
+
+
+def _cannot_write(target: Path, exc: OSError) -> str:
+    return f"{target.parent}: the demo checkpoint cannot be written there ({exc.strerror or exc})"
+
+
+def _write_beside(target: Path, seed: int, progress: bool, hint: str = "") -> None:
+    """Write the checkpoint into a temporary directory next to `target` (absent or empty),
+    then rename it to `target`: one step that either happens whole or not at all."""
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:  # no permission, a read-only disk
+        raise CheckpointError(_cannot_write(target, exc) + hint) from None
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is ordinary data
     try:
-        write_demo_checkpoint(tmp, seed=seed, progress=progress)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target):  # not another process that finished first
-                raise
+        steps = [_write_configs, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder]
+        for step in _progress([*steps, _write_marker], progress):
+            step(tmp, seed)
+        os.replace(tmp, target)  # replaces an empty directory
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def is_current(root: Path) -> bool:
