@@ -192,6 +192,11 @@ def test_a_device_too_small_is_refused_in_one_line(stack, config):
     fixed = dataclasses.replace(config, engine=dataclasses.replace(config.engine, num_kv_blocks=1 << 20))
     with pytest.raises(ConfigError, match=r"engine\.num_kv_blocks = 1,048,576 .* does not fit by"):
         check_plan(plan_memory(stack, fixed, device_bytes, on_gpu=False), "cpu")
+    # On the CPU, a fixed pool larger than the memory the machine has left.
+    cpu_plan = plan_memory(stack, fixed, None, on_gpu=False)
+    with pytest.raises(ConfigError, match=r"^cpu: engine\.num_kv_blocks = 1,048,576 .* does not fit in the 1\.0 MiB"):
+        check_plan(cpu_plan, "cpu", host_available=1 << 20)
+    assert check_plan(cpu_plan, "cpu", host_available=cpu_plan["kv_pool"]) is None
     # Enough for one sequence but not for every session: a warning, and the pipeline starts.
     roomy = plan["reserved_total"] + 2 * one_sequence
     warning = check_plan(plan_memory(stack, config, roomy, on_gpu=False), "cpu")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
 
 import torch
 
@@ -210,14 +211,24 @@ def _kv_pool(stack, config, device_bytes: int | None, reserved_total: int) -> di
     }
 
 
-def check_plan(plan: dict, where: str) -> str | None:
+def check_plan(plan: dict, where: str, host_available: int | None = None) -> str | None:
     """For a plan against a device's capacity: ConfigError (one line) when the KV pool sized
     from what is left cannot hold one sequence of engine.max_model_len, or a fixed
     engine.num_kv_blocks does not fit, saying what does not fit and by how much. Else a warning
     line when the pool is short of server.max_sessions x positions (sessions then share it),
-    or None (also for the CPU budget: no device to fit)."""
+    or None. With no device capacity (the CPU) only a fixed engine.num_kv_blocks is checked,
+    against the memory the machine has available (`host_available`, default: the kernel's
+    MemAvailable)."""
     total = plan["device_total"]
     if total is None:
+        if plan["kv_pool_source"] == "engine.num_kv_blocks":
+            available = host_available_bytes() if host_available is None else host_available
+            if available is not None and plan["kv_pool"] > available:
+                raise ConfigError(
+                    f"{where}: engine.num_kv_blocks = {plan['kv_blocks']:,} ({size(plan['kv_pool'])}) does not fit "
+                    f"in the {size(available)} this machine has available; lower it, or set 0 for the CPU's "
+                    f"pool of {size(CPU_KV_BUDGET)}"
+                )
         return None
     room = max(0, total - plan["reserved_total"])
     what = None
@@ -246,6 +257,22 @@ def check_plan(plan: dict, where: str) -> str | None:
             f"sessions share it (a long conversation may wait for room)"
         )
     return None
+
+
+def host_available_bytes() -> int | None:
+    """The memory this machine can still give the process, as the kernel estimates it
+    (/proc/meminfo's MemAvailable; the free pages elsewhere), or None if it does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def plan_stack(stack, config, device_bytes: int | None = None) -> dict:
