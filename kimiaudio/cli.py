@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--text", action="append", default=[], help="a user text message before the first audio turn (repeatable)"
     )
     p.add_argument(
-        "--out", default="reply.wav", help="WAV file for the last reply (24 kHz); earlier replies go to OUT.turnN.wav"
+        "--out",
+        default="reply.wav",
+        help="file for the last reply (24 kHz; .wav, .mp3, .flac, .ogg/.opus or .aac by its suffix); earlier "
+        "replies go to OUT.turnN.SUFFIX",
     )
     p.add_argument("--json", action="store_true", help="print text, token ids and timings as JSON")
 
@@ -177,7 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PATH_FLAGS = ("config", "model", "glm_tokenizer", "data_dir", "tls_cert", "tls_key")
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
+    for flag in PATH_FLAGS:  # an unset shell variable, say: never the current directory by accident
+        value = getattr(args, flag, None)
+        if value is not None and not value.strip():
+            raise KimiAudioError(f"--{flag.replace('_', '-')}: an empty path; leave the flag out for its default")
     overrides: dict[str, dict] = {"model": {}, "storage": {}, "server": {}}
     for flag, key in (
         ("model", "path"),
@@ -191,7 +201,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "weights", None) is not None:
         overrides["model"]["weights"] = args.weights
         overrides["detok"] = {"weights": args.weights}
-    if getattr(args, "data_dir", None):
+    if getattr(args, "data_dir", None) is not None:
         overrides["storage"]["data_dir"] = args.data_dir
     for flag in ("host", "port", "tls_cert", "tls_key"):
         if getattr(args, flag, None) is not None:

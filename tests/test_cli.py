@@ -140,6 +140,27 @@ def test_a_seed_out_of_range_is_one_line_and_writes_nothing(seed, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("flag", ["--model", "--glm-tokenizer", "--config", "--data-dir"])
+def test_an_empty_path_is_one_line(flag, speech_wav):
+    """`--model "$MODEL"` with the variable unset: not the current directory, not the default."""
+    result = kimiaudio("transcribe", str(speech_wav), flag, "")
+    assert_one_line_error(result, f"{flag}: an empty path")
+
+
+def test_the_reply_is_written_in_the_format_its_name_says(demo_checkpoint, speech_wav, tmp_path):
+    """--out reply.mp3 is an MP3 file (PyAV reads it as one), not a WAV under another name; a
+    suffix no encoder writes is refused before the model loads."""
+    import av
+
+    out = tmp_path / "reply.mp3"
+    result = kimiaudio("chat", str(speech_wav), "--model", str(demo_checkpoint), "--out", str(out), "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    with av.open(str(out)) as container:
+        assert container.format.name == "mp3" and container.streams.audio[0].sample_rate == 24000
+    result = kimiaudio("chat", str(speech_wav), "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r.xyz"))
+    assert_one_line_error(result, f"--out {tmp_path / 'r.xyz'}: .xyz is no audio format")
+
+
 def test_unusable_places_to_write_are_one_line_before_any_answer(demo_checkpoint, speech_wav, tmp_path):
     """Found before the model loads: --out a directory; a data directory that is a file (the
     demo checkpoint is written there)."""

@@ -1,4 +1,4 @@
-"""Audio file and buffer I/O: decode anything to float32 mono, resample, write WAV, validate.
+"""Audio file and buffer I/O: decode anything to float32 mono, resample, write files, validate.
 
 Decoding uses PyAV (FFmpeg), so every common container and codec works (wav, flac, ogg/vorbis,
 opus, mp3, m4a, webm). Channels are mixed to mono by averaging. Resampling uses FFmpeg's
@@ -102,6 +102,43 @@ def decode_audio_bytes(
     if not data:
         raise AudioInputError(f"{name}: empty (0 bytes)")
     return _decode(io.BytesIO(data), name, sr, limit)
+
+
+# A written file's suffix -> its format (audio/encode.py's names); no suffix is WAV.
+SUFFIX_FORMATS = {
+    "": "wav",
+    ".wav": "wav",
+    ".mp3": "mp3",
+    ".flac": "flac",
+    ".ogg": "opus",
+    ".opus": "opus",
+    ".aac": "aac",
+}
+
+
+def file_format(path: str | Path) -> str:
+    """The format a file named `path` is written in, from its suffix; KimiAudioError for a
+    suffix no encoder here writes (a reply is never written in a format its name belies)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in SUFFIX_FORMATS:
+        known = ", ".join(s for s in SUFFIX_FORMATS if s)
+        raise KimiAudioError(f"{path}: {suffix} is no audio format written here; name the file {known}")
+    return SUFFIX_FORMATS[suffix]
+
+
+def write_audio(path: str | Path, pcm: np.ndarray, sr: int) -> None:
+    """Write mono float audio in the format its name says (WAV: 16-bit PCM, clipped to
+    [-1, 1]); KimiAudioError naming the file when it cannot be written."""
+    fmt = file_format(path)
+    if fmt == "wav":
+        write_wav(path, pcm, sr)
+        return
+    from kimiaudio.audio.encode import encode_audio
+
+    try:
+        Path(path).write_bytes(encode_audio(pcm, fmt, sr))
+    except OSError as exc:
+        raise KimiAudioError(f"{path}: cannot be written ({exc.strerror or exc})") from None
 
 
 def write_wav(path: str | Path, pcm: np.ndarray, sr: int) -> None:

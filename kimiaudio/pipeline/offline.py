@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kimiaudio.audio.io import check_speech_input, load_audio, write_wav
+from kimiaudio.audio.io import check_speech_input, file_format, load_audio, write_audio
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.config import Config
 from kimiaudio.engine.reference_loop import generate_reference
@@ -161,6 +161,10 @@ def run_chat_command(config, args) -> int:
         raise KimiAudioError(f"--out {out}: directory {out.parent} does not exist")
     if out.is_dir() or not os.access(out.parent, os.W_OK):  # found now, not after the answers are made
         raise KimiAudioError(f"--out {out}: " + ("a directory" if out.is_dir() else f"{out.parent} is not writable"))
+    try:
+        file_format(out)  # an unknown suffix, found before the model loads
+    except KimiAudioError as exc:
+        raise KimiAudioError(f"--out {exc}") from None
     pcms = _load_inputs(config, args.inputs)
     start = time.perf_counter()
     stack = ModelStack.load(config, progress=True, text_only=False)  # chat always speaks
@@ -176,7 +180,7 @@ def run_chat_command(config, args) -> int:
         path = _reply_path(out, index, len(pcms))
         if turn.audio is None or stack.detokenizer is None:
             raise KimiAudioError("chat: the model stack has no detokenizer, so the answer has no speech")
-        write_wav(path, turn.audio, stack.detokenizer.sample_rate)
+        write_audio(path, turn.audio, stack.detokenizer.sample_rate)
         history.append(turn.history_message(stack.specials.token_offset))
         turns.append({"input": file, "reply_wav": str(path), **_turn_json(turn)})
     _report(args, stack, {"load_s": load_s, **stack.load_seconds}, turns)
