@@ -64,11 +64,16 @@ class AnswerStorage:
         """A cut answer, still being ended by the pipeline: what was heard of it, stored now
         from what it streamed (its progressive record stopped first, so no write of it lands
         after); its final record follows when it ends."""
+        await self.stop_recording(response)
+        streamed = TurnDone("cancelled", response.text, list(response.text_tokens), list(response.codes))
+        await self.store_final(response, streamed)
+
+    async def stop_recording(self, response: ResponseState) -> None:
+        """End the answer's progressive record: a write of it in flight lands before this
+        returns, so none lands after the record that follows."""
         response.stop_recording.set()
         if response.recorder is not None:
             await asyncio.wait([response.recorder])
-        streamed = TurnDone("cancelled", response.text, list(response.text_tokens), list(response.codes))
-        await self.store_final(response, streamed)
 
     async def store_final(self, response: ResponseState, done: TurnDone) -> None:
         """The assistant turn's final record: inserted, or the progressive one updated (or

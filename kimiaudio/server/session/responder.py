@@ -209,9 +209,7 @@ class Responder:
                 await asyncio.wait_for(response.playback_done.wait(), response.audio_seconds + 5.0)
             except TimeoutError:
                 pass
-        response.stop_recording.set()
-        if response.recorder is not None:
-            await asyncio.wait([response.recorder])  # a write in flight lands before the final one
+        await self._storage.stop_recording(response)
         if done.status != "failed" or response.cancelled:
             await self._storage.store_final(response, done)  # everything, or what was heard, marked interrupted
         send_done(self._events, self._conversation.id, response, done)
