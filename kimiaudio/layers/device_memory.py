@@ -4,10 +4,13 @@
 reserve (the card's total times the fraction), while the driver's free-memory figure still
 counts the whole card; a KV pool or a memory plan sized from the driver alone would reach past
 the cap and fail its allocation. A cap is how one GPU is shared by two instances, and how
-`bench --card-gib 24` runs the pipeline on a larger card as if it had 24 GiB.
+`bench --card-gib 24` runs the pipeline on a larger card as if it had 24 GiB. On the CPU, what
+the machine has available bounds a KV pool of a fixed size (`host_available_bytes`).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -62,3 +65,19 @@ def peak_memory(device: torch.device) -> dict:
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
     }
+
+
+def host_available_bytes() -> int | None:
+    """The memory this machine can still give the process, as the kernel estimates it
+    (/proc/meminfo's MemAvailable; the free pages elsewhere), or None if it does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -29,14 +29,13 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import os
 
 import torch
 
 from kimiaudio.engine.kv_pool import KVPool, max_useful_blocks
 from kimiaudio.engine.model_runner import graph_shapes
 from kimiaudio.errors import ConfigError
-from kimiaudio.layers.device_memory import GIB, capacity_bytes, free_bytes
+from kimiaudio.layers.device_memory import GIB, capacity_bytes, free_bytes, host_available_bytes
 from kimiaudio.pipeline.memory_estimates import ESTIMATES, estimate
 
 log = logging.getLogger(__name__)
@@ -257,22 +256,6 @@ def check_plan(plan: dict, where: str, host_available: int | None = None) -> str
             f"sessions share it (a long conversation may wait for room)"
         )
     return None
-
-
-def host_available_bytes() -> int | None:
-    """The memory this machine can still give the process, as the kernel estimates it
-    (/proc/meminfo's MemAvailable; the free pages elsewhere), or None if it does not say."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def plan_stack(stack, config, device_bytes: int | None = None) -> dict:
