@@ -80,7 +80,7 @@ async def errors_as_api_errors(request: web.Request, handler: Handler) -> web.St
         status = 413 if exc.code == "too_large" else 400
         raise ApiError(status, exc.code, str(exc)) from None
     except (RequestPayloadError, PayloadEncodingError) as exc:  # e.g. a body not in its Content-Encoding
-        raise ApiError(400, "invalid_body", f"the request body could not be read: {exc}") from None
+        raise _unreadable_body(request, exc) from None
     except ConversationNotFoundError as exc:  # e.g. deleted while a session was opening it
         raise ApiError(404, exc.code, str(exc)) from None
     except ConversationBusyError as exc:
@@ -97,6 +97,17 @@ async def errors_as_api_errors(request: web.Request, handler: Handler) -> web.St
     except Exception:
         log.exception("unexpected error in %s %s", request.method, log_value(request.path))
         raise ApiError(500, "internal", INTERNAL_MESSAGE) from None
+
+
+def _unreadable_body(request: web.Request, exc: Exception) -> ApiError:
+    """The 400 for a body that cannot be read. Its rest never will be: the connection closes
+    after the answer, and aiohttp is told the body has ended, as it would otherwise read the rest
+    before the next request (its lingering close) and fail the same way again, logged as an
+    unhandled exception with a traceback."""
+    request.content.feed_eof()
+    error = ApiError(400, "invalid_body", f"the request body could not be read: {exc}")
+    error.force_close()
+    return error
 
 
 def _kept_headers(exc: web.HTTPException) -> dict:
