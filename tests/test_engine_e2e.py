@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kimiaudio.engine.reference_loop import generate_reference
-from kimiaudio.engine.request import RequestError
+from kimiaudio.engine.request import PromptTooLongError, RequestError
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.models.kimia_lm import KimiAudioLM
 
@@ -135,11 +135,19 @@ def test_bad_requests_fail_alone(tiny_engine_setup):
     for i, prompt in enumerate(bad):
         with pytest.raises(RequestError):
             engine.add_request(make_request(f"bad{i}", prompt, params, "both", rules))
-    # Prompt + limit - 1 positions: one more than the pool holds.
+    # The pool holds fewer positions than engine.max_model_len: a limit past it (prompt + limit
+    # - 1 positions, one more than the pool) is held to the pool, a prompt longer is too long.
     pool = engine.stats().num_blocks_total * engine.config.block_size
-    too_long = SamplingParams.greedy(max_new_tokens=pool - len(good["audio_ids"]) + 2)
-    with pytest.raises(RequestError, match="do not fit"):
-        engine.add_request(make_request("long", good, too_long, "both", rules))
+    assert engine.max_sequence_len == pool < engine.config.max_model_len
+    too_many = SamplingParams.greedy(max_new_tokens=pool - len(good["audio_ids"]) + 2)
+    seq_id = engine.add_request(make_request("long", good, too_many, "both", rules))
+    assert engine.seqs[seq_id].max_num_tokens == pool
+    engine.abort(seq_id)
+    times = pool // len(good["audio_ids"]) + 1
+    longer = dict(good, audio_ids=good["audio_ids"] * times, text_ids=good["text_ids"] * times)
+    longer.update(continuous_mask=[0] * len(longer["audio_ids"]), features=None)
+    with pytest.raises(PromptTooLongError, match="the KV pool's"):
+        engine.add_request(make_request("longer", longer, params, "both", rules))
     # A step that raises fails the requests it ran (blocks freed), and the engine keeps going.
     engine.add_request(make_request("doomed", good, params, "both", rules))
     run = engine.runner.run

@@ -1,13 +1,15 @@
 """KV exhaustion: a pool far too small for the turns asked of it at once (engine.num_kv_blocks
 tiny) queues them or preempts them by recompute, never crashes: every turn ends completed with
-all its tokens, preemptions happened, and the pool is whole at the end. A turn that could not
-fit even an empty pool is refused with a message; the others go on."""
+all its tokens, preemptions happened, and the pool is whole at the end. A pool smaller than
+one sequence of engine.max_model_len is the most one sequence holds: an answer ends there, a
+prompt longer is refused as too long; the others go on."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 
+import numpy as np
 import pytest
 
 from kimiaudio.engine.sampling_params import SamplingParams
@@ -61,24 +63,35 @@ def test_a_tiny_pool_queues_and_preempts_and_every_turn_ends(stack, speech_16k):
         assert got["done"].audio_tokens == alone_result["done"].audio_tokens
 
 
-def test_a_turn_larger_than_the_pool_is_refused_and_the_rest_served(stack, speech_16k):
-    inputs = voices(speech_16k, 3)
+def test_turns_are_held_to_a_pool_smaller_than_one_sequence(stack, speech_16k):
+    """engine.num_kv_blocks below one sequence of engine.max_model_len: an answer asking for
+    more than the pool holds ends at the pool's length (finish_reason length, as one reaching
+    max_model_len does), a prompt longer than the pool is the client's error
+    (context_length_exceeded), and the turns beside them are served."""
+    num_blocks = 40
+    positions = num_blocks * BLOCK_SIZE
+    inputs = voices(speech_16k, 2)
     params = SamplingParams(seed=1, max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    too_long = SamplingParams(seed=1, max_new_tokens=4000, ignore_eos=True)
+    too_many = SamplingParams(seed=1, max_new_tokens=4000, ignore_eos=True)
+    too_long = np.tile(speech_16k, int(2 * positions / 12.5 * 16000 / len(speech_16k)) + 1)  # 12.5 codes a second
 
     async def body(pipeline):
         results = await asyncio.wait_for(
             asyncio.gather(
                 run_turn(pipeline, TurnRequest("c", [], inputs[0], params)),
-                run_turn(pipeline, TurnRequest("c", [], inputs[1], too_long)),
-                run_turn(pipeline, TurnRequest("c", [], inputs[2], params)),
+                run_turn(pipeline, TurnRequest("c", [], inputs[1], too_many)),
+                run_turn(pipeline, TurnRequest("c", [], too_long, params)),
             ),
             300,
         )
         return results, await settled_stats(pipeline)
 
-    results, stats = with_pipeline(stack, body, tiny_pool_config(stack, 40))
-    statuses = [r["done"].status for r in results]
-    assert statuses == ["completed", "failed", "completed"], [r["done"] for r in results]
-    assert "KV pool" in results[1]["done"].error
-    assert stats["kv_blocks_free"] == 40 and stats["turns"] == 0
+    results, stats = with_pipeline(stack, body, tiny_pool_config(stack, num_blocks))
+    assert stack.config.engine.max_model_len > positions
+    done = [r["done"] for r in results]
+    assert [d.status for d in done] == ["completed", "completed", "failed"], done
+    assert done[1].finish_reason == "length"
+    prompt_positions = done[1].prefill_tokens_computed + done[1].prefill_tokens_cached
+    assert prompt_positions + len(done[1].text_tokens) - 1 == positions  # every position of the pool
+    assert done[2].error_code == "context_length_exceeded" and "KV pool" in done[2].error
+    assert stats["kv_blocks_free"] == num_blocks and stats["turns"] == 0

@@ -37,11 +37,13 @@ def new_sequence(
     request: EngineRequest,
     model: KimiaConfig,
     config: EngineConfig,
+    max_len: int,
     device: torch.device,
     dtype: torch.dtype,
 ) -> Sequence:
     """The engine's Sequence of a request, validated against the model's config and the
-    engine's limits; raises RequestError (PromptTooLongError) naming the request."""
+    engine's limits, `max_len` the positions one sequence may hold; raises RequestError
+    (PromptTooLongError) naming the request."""
     rid, prompt = request.request_id, request.prompt
     n = len(prompt.audio_ids)
     if n == 0:
@@ -58,9 +60,12 @@ def new_sequence(
     for name, ids in (("audio_ids", prompt.audio_ids), ("text_ids", prompt.text_ids)):
         if any(not 0 <= int(t) < vocab for t in ids):
             raise RequestError(f"request {rid}: {name} must lie in [0, {vocab})")
-    if n > config.max_model_len:
+    if n > max_len:
         # (No request id: the message is the client's, who knows the request by no such id.)
-        raise PromptTooLongError(f"prompt of {n} positions exceeds engine.max_model_len ({config.max_model_len})")
+        bound = f"engine.max_model_len ({max_len})"
+        if max_len < config.max_model_len:
+            bound = f"the KV pool's {max_len} positions (fewer than engine.max_model_len, {config.max_model_len})"
+        raise PromptTooLongError(f"prompt of {n} positions exceeds {bound}")
     mask = [bool(m) for m in prompt.continuous_mask]
     features = _features(rid, prompt.features, sum(mask), model)
     if features is None:
@@ -73,7 +78,7 @@ def new_sequence(
     text_ids = [int(t) for t in prompt.text_ids]
     use_text = [sum(text_ids) != 0] * n  # the reference prefill: one decision for the prompt
     limit = official_max_new_tokens(request.output_type, n, request.params.max_new_tokens)
-    limit = min(limit, config.max_model_len - n + 1)  # the last sample's position needs no K/V
+    limit = min(limit, max_len - n + 1)  # the last sample's position needs no K/V
     try:
         tokens = RuleTokens.from_specials(request.specials)
     except (AttributeError, TypeError, ValueError) as exc:

@@ -87,9 +87,18 @@ class LLMEngine:
         self._num_decode = 0
         self._num_steps = 0
 
+    @property
+    def max_sequence_len(self) -> int:
+        """The positions one sequence may hold: engine.max_model_len, or the whole KV pool where
+        that holds fewer (a small engine.num_kv_blocks). Prompts and answers are held to it, so
+        no request fails for want of a pool it could never have."""
+        return min(self.config.max_model_len, self.block_manager.num_blocks * self.config.block_size)
+
     def add_request(self, request: EngineRequest) -> int:
         """Validate and queue a request; raises RequestError (for this request only)."""
-        seq = new_sequence(next(self._seq_ids), request, self.lm.config, self.config, self.device, self.dtype)
+        seq = new_sequence(
+            next(self._seq_ids), request, self.lm.config, self.config, self.max_sequence_len, self.device, self.dtype
+        )
         if seq.rules.is_finished:  # the length limit allows no step at all
             self._pending.append(self._output(seq, None, None, True, seq.rules.finish_reason))
             return seq.seq_id

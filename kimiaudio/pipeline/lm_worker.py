@@ -216,7 +216,7 @@ class LmWorker(Worker):
             lambda messages: build_prompt(messages, output_type, tokenizer, specials),
             output_type,
             request.sampling or SamplingParams.from_config(self.config.sampling),
-            self.config.engine.max_model_len,
+            self.engine.max_sequence_len,
             request.truncation,
         )
         if left_out:
