@@ -20,15 +20,15 @@ def tok(golden_paths):
     return KimiTokenizer.from_checkpoint(golden_paths)
 
 
-def run(tok, text: str, stop=(), logprobs=False):
-    """Feed `text`'s ids one step at a time -> (deltas, the turn)."""
+def run(tok, text: str | list[int], stop=(), logprobs=False):
+    """Feed `text`'s ids (or these ids) one step at a time -> (deltas, the turn)."""
     request = TurnRequest("c", [], np.zeros(16000, np.float32), output_type="text", stop=tuple(stop), logprobs=logprobs)
     loop = asyncio.new_event_loop()  # the handle's; nothing is delivered to it here
     turn = LmTurn(TurnHandle("t", loop), request, {}, 0.0)
     loop.close()
     turn.start(OFFSET, EOS, False)
     deltas = []
-    ids = tok.encode(text)
+    ids = tok.encode(text) if isinstance(text, str) else text
     for i, token in enumerate(ids):
         turn.add_tokens(token, None, -0.5 - i, ((token, -0.5 - i),))
         delta = turn.text_delta(tok, final=i == len(ids) - 1)
@@ -63,3 +63,16 @@ def test_logprobs_follow_the_text_up_to_the_stop(tok):
     assert b"".join(e.token_bytes for e in stopped.logprobs).decode().startswith("hello")
     assert len(stopped.logprobs) < len(entries)
     assert run(tok, "hello")[1].logprobs == []  # not asked for
+
+
+def test_logprobs_after_a_stop_follow_text_of_split_and_invalid_bytes(tok):
+    """Byte tokens: a character split over three tokens is kept whole up to a stop right after
+    it; bytes that are no UTF-8 (one U+FFFD in the text for two bytes) keep exactly their
+    tokens, not the next one."""
+    byte = [tok._encoding.encode_single_token(bytes([b])) for b in range(256)]
+    split = [byte[ord("a")], *(byte[b] for b in "中".encode()), byte[ord(" ")], byte[ord("b")]]
+    _, turn = run(tok, split, stop=[" "], logprobs=True)
+    assert turn.emitted_text == "a中" and [e.token_bytes for e in turn.logprobs] == [b"a", b"\xe4", b"\xb8", b"\xad"]
+    invalid = [byte[ord("a")], byte[0xE4], byte[0xB8], byte[ord("4")], byte[ord("b")]]
+    _, turn = run(tok, invalid, stop=["4"], logprobs=True)
+    assert turn.emitted_text == "a\ufffd" and [e.token_bytes for e in turn.logprobs] == [b"a", b"\xe4", b"\xb8"]

@@ -69,8 +69,12 @@ async def test_chat_sampling_fields_are_honoured(v1_server, question, openai_cli
     # stop: the text ends where the stop string begins, and so does generation (the same seed
     # samples the same tokens up to there).
     stop = next(c for c in hot_text[1:] if c.isascii() and c.isprintable())  # the demo's text is mostly bytes
-    stopped = await ask(temperature=1.8, seed=7, max_tokens=24, stop=[stop, "never-generated"])
+    stopped = await ask(temperature=1.8, seed=7, max_tokens=24, stop=[stop, "never-generated"], logprobs=True)
     assert stopped.choices[0].message.content == hot_text[: hot_text.find(stop)]
+    # Its log-probabilities are those of the text kept, even where the text holds U+FFFD for
+    # bytes that are no UTF-8 (three bytes each, for one or two of the tokens').
+    kept = b"".join(bytes(e.bytes) for e in stopped.choices[0].logprobs.content)
+    assert kept.decode("utf-8", "replace") == stopped.choices[0].message.content
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.usage.completion_tokens < hot[0].usage.completion_tokens
 

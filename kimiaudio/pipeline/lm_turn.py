@@ -16,6 +16,8 @@ asked for them.
 
 from __future__ import annotations
 
+import codecs
+
 import numpy as np
 
 from kimiaudio.pipeline.encode_cache import Encoded, audio_key
@@ -152,14 +154,13 @@ class LmTurn:
                 continue  # forced, or no text (a blank the model chose)
             new.append(TokenLogprob(token, text, logprob, tuple((tokenizer.token_bytes(t), lp) for t, lp in top or ())))
         if self.stopped:  # keep the tokens that begin before the cut
-            emitted = len(self.emitted_text.encode())
-            before = sum(len(t.token_bytes) for t in self.logprobs)
+            data = b"".join(t.token_bytes for t in self.logprobs)
             kept = []
             for entry in new:
-                if before >= emitted:
+                if _char_index(data + entry.token_bytes[:1]) >= len(self.emitted_text):
                     break
                 kept.append(entry)
-                before += len(entry.token_bytes)
+                data += entry.token_bytes
             new = kept
         self.logprobs += new
         return tuple(new)
@@ -191,3 +192,13 @@ def _history_message(turn: HistoryTurn, encoded: dict[bytes, Encoded]) -> Messag
             return Message("user", "audio", audio_tokens=codes, features=features)
         return Message("user", "text", text=turn.text) if turn.text else None
     return Message.assistant_reply(turn.text, turn.audio_tokens) if turn.text or turn.audio_tokens else None
+
+
+def _char_index(data: bytes) -> int:
+    """The index of the character that `data`'s last byte belongs to, in the text `data` and
+    what follows it decode to: counted in characters, not bytes, since bytes that are no UTF-8
+    decode to one U+FFFD however many they are, and a character may span tokens."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chars = len(decoder.decode(data))
+    pending = decoder.getstate()[0]  # a character begun, not yet complete: the last byte's
+    return chars if pending else chars - 1
