@@ -2,9 +2,10 @@
 (`client.realtime.connect()`) and as a beta one (`client.beta.realtime.connect()`), against a
 real `serve` on the demo checkpoint: a user text item (conversation.item.create, input_text)
 then response.create is answered, speech and its transcript (text alone when the response asks
-for text), and stored like any turn; a response.create with no user turn to answer ends
-failed, `no_user_turn`. The demo weights answer with noise: the checks are about what was
-generated, streamed and stored, not about words."""
+for text), with the session's settings as they were when it was sent, and stored like any turn;
+a response.create with no user turn to answer ends failed, `no_user_turn`. The demo weights
+answer with noise: the checks are about what was generated, streamed and stored, not about
+words."""
 
 import base64
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.realtime_events import Events, conversation
-from helpers.realtime_sessions import APIS, connect, session_update, user_text
+from helpers.realtime_sessions import APIS, connect, open_session, session_update, text_only, user_text
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -85,3 +86,27 @@ async def test_a_text_item_is_answered_with_speech_or_text(v1_server, openai_cli
     assert [turns[0]["text"], turns[2]["text"]] == ["Tell me a joke.", "And another one."]
     assert turns[1]["text"] == transcript and turns[1]["duration_s"] == pytest.approx(pcm.size / 24000, abs=0.01)
     assert turns[3]["text"] == text and not turns[3]["audio_tokens"]
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_session_update_sent_after_a_response_create_is_for_the_next_one(v1_server, openai_client, api):
+    """The response.create waits behind its item in the session's queue; a session.update sent
+    after it is applied at once, but the response is answered as the client asked for it then,
+    spoken (OpenAI takes the events in the order they come)."""
+    async with connect(openai_client, api) as conn:
+        events = await open_session(conn, api, turn_detection=None)
+        for text in ("Hello.", "Something funny, please.", "Tell me a joke."):  # (the queue's work)
+            await conn.conversation.item.create(item=user_text(text))
+        await conn.response.create()
+        await conn.session.update(session=session_update(api, text_only=True, instructions="Answer in one word."))
+        updated = await events.wait_for("session.updated", count=2)
+        assert text_only(updated.session, api)
+        first = await events.wait_for("response.done")
+        assert not text_only(first.response, api), first.response
+        assert first.response.output[0].content[0].type in ("audio", "output_audio")
+
+        await conn.conversation.item.create(item=user_text("And another one."))
+        await conn.response.create()
+        second = await events.wait_for("response.done", count=2)
+        assert text_only(second.response, api) and second.response.output[0].content[0].type in ("text", "output_text")
+        assert not events.invalid

@@ -12,7 +12,7 @@ and sampling are the session's unless the response.create names its own. A conve
 outgrows the model's context loses its oldest turns from the prompt, never the instructions,
 as the session's truncation says (pipeline/turn_prompt.py; "disabled": it is refused). What
 cannot be answered is a ProtocolError naming why: the Responder ends that response failed
-(responder.py).
+(responder.py). Here too: the response object its response.created announces.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import dataclasses
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.turn_prompt import Truncation
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
+from kimiaudio.server.session import response_events
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
 from kimiaudio.server.session.event_fields import ProtocolError
@@ -76,6 +77,22 @@ async def answer_request(
         playback_speed=settings.speed,
     )
     return index, user_turn, turn
+
+
+def announced(
+    settings: SessionSettings,
+    conversation_id: str | None,
+    request: ResponseCreate | None,
+    response_id: str,
+    output_type: str,
+) -> dict:
+    """The response object response.created sends: the response.create's voice, length limit
+    and metadata (echoed as OpenAI echoes them), or the session's."""
+    max_new_tokens = request.max_new_tokens if request else None
+    limit = settings.sampling(output_type, None, max_new_tokens).max_new_tokens
+    voice = (request.voice if request else None) or settings.voice
+    metadata = request.metadata if request else None
+    return response_events.response_object(response_id, conversation_id, output_type == "both", voice, limit, metadata)
 
 
 def truncation_of(setting: SessionTruncation, pinned: int, tail: int) -> Truncation | None:

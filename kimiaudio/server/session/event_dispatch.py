@@ -7,9 +7,9 @@ invalid_value); anything else is a bug, logged, and the client still hears of it
 What stops or changes something now is answered at once: audio appended goes to the
 microphone's input as the microphone's does (mic_input.py), input_audio_buffer.clear,
 response.cancel, a truncate (unless it must wait behind a retrieve or delete: item_edits.py),
-session.update. What must keep its order with the items goes through the session's queue
-(queued_turn.py): a commit's audio, conversation.item.create, response.create, item retrieve /
-delete, conversation.select.
+session.update (a response.create queued before it keeps the settings it found). What must
+keep its order with the items goes through the session's queue (queued_turn.py): a commit's
+audio, conversation.item.create, response.create, item retrieve / delete, conversation.select.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class EventDispatch:
             case client_events.ResponseCancel(response_id=response_id, stop_playback=stop_playback):
                 self._requests.cancel(response_id, stop_playback)
             case client_events.ResponseCreate():
-                self._queue.put_nowait(self._requests.queued(event, event_id))
+                self._queue.put_nowait(self._requests.queued(event, self._settings.snapshot(), event_id))
             case client_events.ItemCreate():
                 self._create_item(event, event_id)
             case client_events.ItemTruncate():

@@ -51,7 +51,6 @@ class OutOfBand:
     def __init__(
         self,
         pipeline: Pipeline,
-        settings: SessionSettings,
         conversation: Conversation,
         events: EventSender,
         tasks: OwnedTasks,
@@ -60,29 +59,29 @@ class OutOfBand:
         """stopping: whether the server stops (a response asked for now ends failed, shutting_down)."""
         self._pipeline = pipeline
         self._stopping = stopping
-        self._settings = settings
         self._conversation = conversation
         self._events = events
         self._tasks = tasks
         self._running: dict[str, TurnHandle] = {}  # response id -> its pipeline turn
         self._cancelled: set[str] = set()
 
-    async def start(self, request: ResponseCreate, event_id: str | None = None) -> None:
-        """Start the response (its events follow as it runs). An `input` item it cannot take
-        (an id that is no item of the conversation, audio refused as an item's would be) is an
-        `error` naming it and `event_id`, and no response; what cannot be answered ends the
-        response failed at once, naming why, as the conversation's own responses end."""
+    async def start(self, request: ResponseCreate, settings: SessionSettings, event_id: str | None = None) -> None:
+        """Start the response (its events follow as it runs) with `settings`, the session's as the
+        response.create found them. An `input` item it cannot take (an id that is no item of the
+        conversation, audio refused as an item's would be) is an `error` naming it and
+        `event_id`, and no response; what cannot be answered ends the response failed at once,
+        naming why, as the conversation's own responses end."""
         try:
-            items = await self._context(request)
+            items = await self._context(request, settings)
         except ProtocolError as exc:
             self._events.error(exc.code, str(exc), exc.param, event_id)
             return
         response_id = new_response_id()
-        limit = self._settings.sampling(TEXT, None, request.max_new_tokens).max_new_tokens
+        limit = settings.sampling(TEXT, None, request.max_new_tokens).max_new_tokens
         announced = response_events.response_object(response_id, None, False, None, limit, request.metadata)
         self._events.send(response_events.response_created(announced))
         try:
-            turn = self._turn(request, items)
+            turn = self._turn(request, items, settings)
             if self._tasks.closing:
                 return
             handle = self._pipeline.submit(turn)
@@ -102,10 +101,10 @@ class OutOfBand:
         self._pipeline.cancel(handle)
         return True
 
-    def _turn(self, request: ResponseCreate, items: list[list[HistoryTurn]]) -> TurnRequest:
+    def _turn(self, request: ResponseCreate, items: list[list[HistoryTurn]], settings: SessionSettings) -> TurnRequest:
         if self._stopping():
             raise ProtocolError("shutting_down", SHUTTING_DOWN)
-        if self._settings.kind == "transcription":
+        if settings.kind == "transcription":
             raise ProtocolError(
                 "transcription_session",
                 'response.create: a transcription session (session.type "transcription") generates no responses',
@@ -119,7 +118,7 @@ class OutOfBand:
                 "ends with a user item; this one has neither",
             )
         *history, answered = [part for item in items for part in item]
-        instructions = self._settings.instructions
+        instructions = settings.instructions
         if instructions:
             history.insert(0, HistoryTurn("user", text=instructions))
         return TurnRequest(
@@ -127,12 +126,12 @@ class OutOfBand:
             history=history,
             user_audio=answered.audio,
             user_text=answered.text if answered.audio is None else None,
-            sampling=self._settings.sampling(TEXT, request.temperature, request.max_new_tokens),
+            sampling=settings.sampling(TEXT, request.temperature, request.max_new_tokens),
             output_type=TEXT,
-            truncation=truncation_of(self._settings.truncation, 1 if instructions else 0, len(items[-1])),
+            truncation=truncation_of(settings.truncation, 1 if instructions else 0, len(items[-1])),
         )
 
-    async def _context(self, request: ResponseCreate) -> list[list[HistoryTurn]]:
+    async def _context(self, request: ResponseCreate, settings: SessionSettings) -> list[list[HistoryTurn]]:
         """The items before the task, each as the prompt's messages: the conversation's, or the
         request's input."""
         conversation = self._conversation
@@ -152,19 +151,8 @@ class OutOfBand:
                 if index is not None and index in history:  # (an answer nothing of which was heard: none)
                     context.append(prompted(history[index], conversation.audio_first(index)))
             else:
-                context.append(self._message(item, f"response.input[{position}]"))
+                context.append(_message(item, f"response.input[{position}]", settings))
         return context
-
-    def _message(self, item: ItemCreate, where: str) -> list[HistoryTurn]:
-        role = "assistant" if item.role == "assistant" else "user"  # (a system message is context, as an item)
-        if item.pcm16 is None:
-            return [HistoryTurn(role, text=item.text)]
-        audio = resample(pcm16.to_float(item.pcm16), self._settings.input_rate, SPEECH_INPUT_RATE)
-        try:  # (as a conversation.item.create's audio is checked: user_items.py)
-            check_speech_input(audio, self._settings.config.audio)
-        except KimiAudioError as exc:
-            raise ProtocolError("invalid_audio", f"{where}: {exc}", where) from None
-        return prompted(HistoryTurn("user", text=item.text, audio=audio), item.audio_first)
 
     async def _run(self, announced: dict, handle: TurnHandle) -> None:
         response_id, item_id = announced["id"], new_item_id()
@@ -209,6 +197,18 @@ class OutOfBand:
                 usage=response_events.response_usage(done),
             )
         )
+
+
+def _message(item: ItemCreate, where: str, settings: SessionSettings) -> list[HistoryTurn]:
+    role = "assistant" if item.role == "assistant" else "user"  # (a system message is context, as an item)
+    if item.pcm16 is None:
+        return [HistoryTurn(role, text=item.text)]
+    audio = resample(pcm16.to_float(item.pcm16), settings.input_rate, SPEECH_INPUT_RATE)
+    try:  # (as a conversation.item.create's audio is checked: user_items.py)
+        check_speech_input(audio, settings.config.audio)
+    except KimiAudioError as exc:
+        raise ProtocolError("invalid_audio", f"{where}: {exc}", where) from None
+    return prompted(HistoryTurn("user", text=item.text, audio=audio), item.audio_first)
 
 
 def _item(item_id: str, text: str, status: str) -> dict:

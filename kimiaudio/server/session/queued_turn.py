@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve, ItemTruncate, ResponseCreate
+from kimiaudio.server.session.session_settings import SessionSettings
 
 
 def new_item_id() -> str:
@@ -73,9 +74,10 @@ class QueuedText:
 
 @dataclass(frozen=True)
 class QueuedResponse:
-    """A response.create."""
+    """A response.create, with the session's settings as it found them (answered with those)."""
 
     request: ResponseCreate
+    settings: SessionSettings
     cancels: int  # the session's count of response.cancel events that found no response yet
     event_id: str | None = None
 

@@ -125,9 +125,7 @@ class RealtimeSession:
         )
         self._queue = TurnQueue(stopping=lambda: context.sessions.is_draining)
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
-        out_of_band = OutOfBand(
-            pipeline, self.settings, self.conversation, self.events, self.tasks, stopping=self._taking_late
-        )
+        out_of_band = OutOfBand(pipeline, self.conversation, self.events, self.tasks, stopping=self._taking_late)
         self.requests = ResponseRequests(self.responder, out_of_band)
         self.moves = ConversationMoves(self.conversation, self.responder, self.events, self._queue, self.describe)
         self._dispatch = EventDispatch(

@@ -39,7 +39,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import AudioChunk, TextDelta, TurnDone, UserEncoded
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.session import response_events, server_events
-from kimiaudio.server.session.answer_request import answer_request
+from kimiaudio.server.session.answer_request import announced, answer_request
 from kimiaudio.server.session.answer_storage import AnswerStorage
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.conversation import Conversation
@@ -91,8 +91,15 @@ class Responder:
         self._truncatable = Truncatable(conversation)  # what a conversation.item.truncate may name
 
     # ----- start -----
-    async def start(self, request: ResponseCreate | None, committed_at: float, event_id: str | None = None) -> None:
-        """Answer the newest user turn; errors go to the client (naming `event_id`, the
+    async def start(
+        self,
+        request: ResponseCreate | None,
+        committed_at: float,
+        event_id: str | None = None,
+        settings: SessionSettings | None = None,
+    ) -> None:
+        """Answer the newest user turn with `settings` (a response.create's: the session's as it
+        found them; None: as they are now); errors go to the client (naming `event_id`, the
         response.create's)."""
         if request is not None and self.current is not None and not self.current.cancelled:
             self._events.error(
@@ -103,20 +110,21 @@ class Responder:
             )
             return
         await self.settle()
+        settings = settings or self._settings
         try:
             if self._stopping():
                 raise ProtocolError("shutting_down", SHUTTING_DOWN)
-            index, user_turn, turn = await answer_request(self._settings, self._conversation, request)
+            index, user_turn, turn = await answer_request(settings, self._conversation, request)
             if self._tasks.closing:  # the session closed meanwhile: an answer now would be for nobody
                 return
             handle = self._pipeline.submit(turn)
         except ProtocolError as exc:
-            self._fail(request, exc.code, str(exc))
+            self._fail(request, settings, exc.code, str(exc))
             return
         except Exception as exc:
             if not isinstance(exc, KimiAudioError):
                 log.exception("session %s: submitting the turn failed", self._events.session_id)
-            self._fail(request, None, f"the turn could not be started ({exc})")
+            self._fail(request, settings, None, f"the turn could not be started ({exc})")
             return
         conversation = self._conversation
         response = ResponseState(turn.output_type, handle, index, user_turn, committed_at, turn.playback_speed)
@@ -124,7 +132,7 @@ class Responder:
         spoken = response.output_type == "both"
         if spoken:
             self._playback.begin(response.id, self)
-        response.announced = self._announced(request, response.id, response.output_type)
+        response.announced = announced(settings, self._conversation.id, request, response.id, response.output_type)
         self._events.send(response_events.response_created(response.announced))
         item = answer_item(response, status="in_progress")
         self._events.send(response_events.output_item_added(response.id, item))
@@ -134,23 +142,13 @@ class Responder:
         response.task = self._tasks.spawn(self._run(response), "response")
         response.recorder = self._tasks.spawn(self._storage.record(response), "recording")
 
-    def _fail(self, request: ResponseCreate | None, code: str | None, message: str) -> None:
+    def _fail(self, request: ResponseCreate | None, settings: SessionSettings, code: str | None, message: str) -> None:
         """A response that could not be generated: created, and done at once, failed. `code`:
         the request's fault, named (None: the server's)."""
-        output_type = self._settings.answer_type(request.output_type if request else None)
-        announced = self._announced(request, new_response_id(), output_type)
-        self._events.send(response_events.response_created(announced))
-        self._events.send(response_events.response_done(announced, "failed", "", {}, message, error_code=code))
-
-    def _announced(self, request: ResponseCreate | None, response_id: str, output_type: str) -> dict:
-        """The response object response.created sends: the response.create's voice, length
-        limit and metadata (echoed as OpenAI echoes them), or the session's."""
-        max_new_tokens = request.max_new_tokens if request else None
-        limit = self._settings.sampling(output_type, None, max_new_tokens).max_new_tokens
-        voice = (request.voice if request else None) or self._settings.voice
-        metadata = request.metadata if request else None
-        spoken = output_type == "both"
-        return response_events.response_object(response_id, self._conversation.id, spoken, voice, limit, metadata)
+        output_type = settings.answer_type(request.output_type if request else None)
+        response = announced(settings, self._conversation.id, request, new_response_id(), output_type)
+        self._events.send(response_events.response_created(response))
+        self._events.send(response_events.response_done(response, "failed", "", {}, message, error_code=code))
 
     # ----- stream -----
     async def _run(self, response: ResponseState) -> None:

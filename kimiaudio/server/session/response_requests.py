@@ -2,14 +2,15 @@
 cancel that comes while its response has not started yet (queued behind other items, or being
 built), which ends that response as it starts (created, then done, cancelled).
 
-response.create is queued (`queued`), in order with the items, and started when taken
-(`start`): the conversation's own by the Responder, an out-of-band one (conversation "none")
-by OutOfBand. response.cancel is answered at once (`cancel`): one naming an out-of-band
-response cancels it; else the conversation's response in progress is cut (one already cut,
-by a truncate or a barge-in, is left as it is: it ends with its response.done); with none, a
-response.create still waiting counts it; after a truncate cut the last one, it asks for what
-is done; with none of these, it is an error
-(response_cancel_not_active), as OpenAI answers it, unless it only stops the playback.
+response.create is queued (`queued`), in order with the items, with the session's settings as
+they were when it came (a session.update sent after it is for the responses after it), and
+started when taken (`start`): the conversation's own by the Responder, an out-of-band one
+(conversation "none") by OutOfBand. response.cancel is answered at once (`cancel`): one naming
+an out-of-band response cancels it; else the conversation's response in progress is cut (one
+already cut, by a truncate or a barge-in, is left as it is: it ends with its response.done);
+with none, a response.create still waiting counts it; after a truncate cut the last one, it
+asks for what is done; with none of these, it is an error (response_cancel_not_active), as
+OpenAI answers it, unless it only stops the playback.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.out_of_band import OutOfBand
 from kimiaudio.server.session.queued_turn import QueuedResponse
 from kimiaudio.server.session.responder import Responder
+from kimiaudio.server.session.session_settings import SessionSettings
 
 
 class ResponseRequests:
@@ -30,19 +32,19 @@ class ResponseRequests:
         self._waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
 
-    def queued(self, request: ResponseCreate, event_id: str | None) -> QueuedResponse:
-        """The queue's entry for a response.create."""
+    def queued(self, request: ResponseCreate, settings: SessionSettings, event_id: str | None) -> QueuedResponse:
+        """The queue's entry for a response.create; `settings`: the session's as it came."""
         if not request.out_of_band:  # (nothing cancels it but its id)
             self._waiting += 1
-        return QueuedResponse(request, self._cancels, event_id)
+        return QueuedResponse(request, settings, self._cancels, event_id)
 
     async def start(self, work: QueuedResponse) -> None:
         if work.request.out_of_band:
-            await self._out_of_band.start(work.request, work.event_id)
+            await self._out_of_band.start(work.request, work.settings, work.event_id)
             return
         before = self._responder.current
         try:
-            await self._responder.start(work.request, time.monotonic(), work.event_id)
+            await self._responder.start(work.request, time.monotonic(), work.event_id, work.settings)
         finally:
             self._waiting -= 1
         started = self._responder.current

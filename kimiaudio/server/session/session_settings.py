@@ -135,6 +135,12 @@ class SessionSettings:
         if self.kind == "transcription" and self.transcription is None:
             self.transcription = Transcription()  # what a transcription session is for
 
+    def snapshot(self) -> SessionSettings:
+        """The settings as they are now, for a response asked for now: `apply` replaces values
+        and config sections and changes none in place, so a later session.update leaves this
+        copy as it was (OpenAI takes a session.update sent after a response.create after it)."""
+        return copy.copy(self)
+
     def voice_prompt(self, name: str | None = None) -> Voice | None:
         """The voice this session speaks in now, or the one named (None: the model's own);
         raises UnknownVoiceError for a name that is no voice (or a voice deleted since)."""
