@@ -197,6 +197,12 @@ def test_input_audio_transcription_beta_and_ga_shapes():
             "threshold",
         ),
         ('{"type": "session.update", "session": {"turn_detection": {"type": "magic"}}}', "invalid_value", "server_vad"),
+        # A type of null is no mode: the message names the modes, and how to turn detection off.
+        (
+            '{"type": "session.update", "session": {"turn_detection": {"type": null}}}',
+            "invalid_value",
+            'expected "server_vad" or "semantic_vad" (turn_detection null turns it off), got None',
+        ),
         ('{"type": "input_audio_buffer.append", "audio": "not base64!"}', "invalid_audio", "base64"),
         ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', "invalid_audio", "even"),
         ('{"type": "conversation.item.create", "item": {"type": "function_call"}}', "unsupported", "message"),

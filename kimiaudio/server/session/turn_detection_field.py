@@ -31,9 +31,8 @@ def parse_turn_detection(value: Any, vad: dict, where: str) -> tuple[str, bool |
     TURN_DETECTION_FIELDS.check(value, f"{where}.", ProtocolError)
     kind = value.get("type", "server_vad")
     if kind not in ("server_vad", "semantic_vad", "none"):  # semantic_vad: served by the same silero VAD
-        raise ProtocolError(
-            "invalid_value", f"{where}.type: expected server_vad or null, got {kind!r}"[:200], f"{where}.type"
-        )
+        expected = 'expected "server_vad" or "semantic_vad" (turn_detection null turns it off)'
+        raise ProtocolError("invalid_value", f"{where}.type: {expected}, got {kind!r}"[:200], f"{where}.type")
     for ours, theirs, kinds in TURN_DETECTION_VAD:
         if typed_field(value, theirs, kinds, where, "a " + ("boolean" if kinds is bool else "number")) is not None:
             try:  # checked here, so the error names the client's field, not the config key it sets
