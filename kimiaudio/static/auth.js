@@ -64,16 +64,15 @@ async function signOut() {
   if (session.pc) disconnect();
   await fetch("/api/signout", { method: "POST" }).catch(() => null);
   // Nothing of the signed-out user's conversations stays on screen: the call's transcript
-  // (words and replays) goes with the list.
+  // (words and replays) goes with the list, the search and the conversation shown.
   $("transcript").replaceChildren();
   session.responses.clear();
   session.items.clear();
   session.userTurns.clear();
   session.continueId = session.conversationId = null;
-  selectedId = null;
   noteConversation();
-  $("conversations").replaceChildren();
-  $("conversation-detail").hidden = true;
+  forgetConversations(); // history.js
+  hideError();
   showLogin("Signed out.");
 }
 

@@ -6,6 +6,7 @@
 
 let selectedId = null; // conversation shown in the side panel
 let listRequests = 0; // a slower answer to an older search must not replace a newer one
+let shownRequests = 0; // nor a slower answer for a conversation clicked before the last one
 
 function audioUrl(conversationId, index) {
   // The sign-in cookie goes with the request: no key in the URL.
@@ -88,14 +89,16 @@ async function refreshConversations() {
 }
 
 async function showConversation(id) {
-  let resp;
+  const request = ++shownRequests;
+  let c;
   try {
-    resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`);
+    const resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`);
+    if (!resp.ok) { if (request === shownRequests) showError(await apiError(resp)); return; }
+    c = await resp.json();
   } catch (e) {
     return;
   }
-  if (!resp.ok) { showError(await apiError(resp)); return; }
-  const c = await resp.json();
+  if (request !== shownRequests) return;
   selectedId = id;
   $("detail-title").textContent = c.title || "Untitled conversation";
   const turns = $("detail-turns");
@@ -161,6 +164,18 @@ async function deleteSelected() {
   selectedId = null;
   $("conversation-detail").hidden = true;
   refreshConversations();
+}
+
+// Signed out: nothing of the list, the search or the conversation shown stays, and an answer
+// still on its way for them is dropped (the request counters move on).
+function forgetConversations() {
+  listRequests++;
+  shownRequests++;
+  selectedId = null;
+  $("search").value = "";
+  $("conversations").replaceChildren();
+  $("detail-turns").replaceChildren();
+  $("conversation-detail").hidden = true;
 }
 
 function newConversation() {
