@@ -2,16 +2,19 @@
 pipeline (demo weights): chosen before connecting, the call opens in it (?conversation_id= on
 /v1/realtime/calls) and what is said next is answered with its history and stored in it;
 chosen while connected, conversation.select moves the live call into it. Either way the server
-says which conversation the call is in, and the page shows it."""
+says which conversation the call is in, and the page shows it. One the server refuses (open in
+another session, or deleted meanwhile) is one sentence, and the page stays usable."""
 
 import asyncio
 
 import pytest
 
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+from helpers.waiting import eventually
 
 pytestmark = BROWSER_MARKS
 
@@ -28,11 +31,23 @@ async def stored(demo_server, tmp_path, speech):
         yield http, pipeline, conversation["id"]
 
 
-def continue_stored(driver) -> None:
+def continue_stored_shown(driver) -> None:
+    """Click the stored conversation in the list: its turns are shown."""
     wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length === 1")
     driver.find_element("css selector", "#conversations li").click()
     wait_for_script(driver, "return !document.getElementById('conversation-detail').hidden")
+
+
+def continue_stored(driver) -> None:
+    continue_stored_shown(driver)
     driver.find_element("id", "continue").click()
+
+
+async def lease_free(store, conversation_id: str) -> bool:
+    def held(db):
+        return db.execute("SELECT 1 FROM leases WHERE conversation_id = ?", [conversation_id]).fetchone()
+
+    return await store.read(held) is None
 
 
 async def test_a_call_opens_in_the_conversation_chosen_before_connecting(stored, tmp_path, speech):
@@ -111,3 +126,96 @@ async def test_connect_after_disconnect_continues_the_conversation_on_screen(sto
 
     first, again, note, shown = await asyncio.to_thread(drive)
     assert first and again == first and note == "Press Connect to continue this conversation." and shown > 0
+
+
+REFUSED = """
+    const banner = document.getElementById('error-banner');
+    return !banner.hidden && document.body.dataset.state !== 'connecting' && banner.textContent;"""
+PAGE = """return {
+    state: document.body.dataset.state,
+    note: document.getElementById('conversation-note').textContent,
+    detailShown: !document.getElementById('conversation-detail').hidden,
+    ids: [session.conversationId, session.continueId, selectedId],
+}"""
+
+
+def show_stored_and_continue(driver, connected: bool) -> None:
+    """Continue the stored conversation, from a live call or for the next Connect."""
+    if connected:
+        driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+    driver.find_element("id", "continue").click()
+    if not connected:
+        driver.find_element("id", "connect").click()
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["on-connect", "live-call"])
+async def test_continue_of_a_conversation_open_elsewhere_says_so_and_works_once_it_is_free(stored, tmp_path, connected):
+    http, _, conversation_id = stored
+    store = http.app[SERVER_CONTEXT].store
+    url = str(http.make_url("/"))
+    driver = await asyncio.to_thread(start_chromium, tmp_path, None)
+
+    def refused():
+        show_stored_and_continue(driver, connected)
+        return wait_for_script(driver, REFUSED), driver.execute_script(PAGE)
+
+    def continued():
+        driver.find_element("id", "connect" if not connected else "continue").click()
+        wait_for_script(driver, IN_SAVED)
+        return driver.execute_script("return session.conversationId")
+
+    holder = RtcClient(ScriptedMic())  # another tab, say
+    try:
+        await asyncio.to_thread(lambda: driver.get(url) or continue_stored_shown(driver))
+        assert (await holder.connect(http, conversation_id=conversation_id))[0] == 201
+        banner, page = await asyncio.to_thread(refused)
+        await holder.close()
+        await eventually(lambda: lease_free(store, conversation_id), "the other session's lease released")
+        again = await asyncio.to_thread(continued)
+    finally:
+        await asyncio.to_thread(driver.quit)
+        await holder.close()
+    retry = "try again in a few seconds." if connected else "try again in 10 seconds."
+    assert banner == f"That conversation is open in another tab or session: close it there, or {retry}"
+    if connected:  # the call stays as it was, in a new conversation
+        assert (page["state"], page["ids"]) == ("listening", [None, None, conversation_id])
+    else:  # Connect asks for it again
+        assert (page["state"], page["ids"]) == ("disconnected", [None, conversation_id, conversation_id])
+    assert again == conversation_id
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["on-connect", "live-call"])
+async def test_continue_of_a_deleted_conversation_says_so_and_forgets_it(stored, tmp_path, connected):
+    http, _, conversation_id = stored
+    store = http.app[SERVER_CONTEXT].store
+    url = str(http.make_url("/"))
+    driver = await asyncio.to_thread(start_chromium, tmp_path, None)
+
+    def refused():
+        show_stored_and_continue(driver, connected)
+        banner = wait_for_script(driver, REFUSED)
+        wait_for_script(driver, "return document.querySelector('#conversations li.muted') !== null")
+        return banner, driver.execute_script(PAGE)
+
+    def connect_again():
+        if not connected:
+            driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+        return driver.execute_script("return [session.callId, session.conversationId]")
+
+    try:
+        await asyncio.to_thread(lambda: driver.get(url) or continue_stored_shown(driver))
+        await store.delete_conversation(conversation_id)  # from another tab, say
+        banner, page = await asyncio.to_thread(refused)
+        call_id, in_conversation = await asyncio.to_thread(connect_again)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert banner == "That conversation was deleted."
+    assert page == {
+        "state": "listening" if connected else "disconnected",
+        "note": "A new conversation starts when you speak.",
+        "detailShown": False,
+        "ids": [None, None, None],
+    }
+    assert call_id and in_conversation is None  # the next Connect starts a new conversation

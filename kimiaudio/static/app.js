@@ -199,7 +199,14 @@ function onEvent(event) {
         // The channel closes next: lost() (call.js) shows this instead of a lost connection.
         session.endReason = "The server is shutting down. Press Connect to start again.";
       }
-      if (["conversation_busy", "conversation_not_found"].includes(event.error.code)) selectDone(null, true);
+      if (["conversation_busy", "conversation_not_found"].includes(event.error.code)) {
+        // conversation.select refused (history.js): the call stays in its conversation.
+        const refused = session.selecting;
+        selectDone(null, true);
+        showError(event.error.code === "conversation_busy" ? busyMessage("try again in a few seconds.")
+          : conversationGone(refused));
+        break;
+      }
       showError(event.error.message);
       break;
   }

@@ -88,15 +88,16 @@ async function openSession() {
   } catch (e) {
     throw new Error(UNREACHABLE);
   }
-  if (resp.status === 503 || resp.status === 409) throw new Error(await refusal(resp));
+  if ([404, 409, 503].includes(resp.status)) throw new Error(await refusal(resp));
   if (resp.status !== 201) throw new Error(`The server refused the call: ${await apiError(resp)}`);
   session.callId = (resp.headers.get("Location") || "").split("/").pop();
   await pc.setRemoteDescription({ type: "answer", sdp: await resp.text() });
   startMeter(session.mic);
 }
 
-// One sentence for a call the server cannot take now; its own message ends with a retry hint of
-// its own, which Retry-After says more exactly, so the page keeps only the first part of it.
+// One sentence for a call the server cannot take now (or a conversation it cannot open); its own
+// message ends with a retry hint of its own, which Retry-After says more exactly, so the page
+// keeps only the first part of it.
 async function refusal(resp) {
   const after = Number(resp.headers.get("Retry-After"));
   const retry = after > 0 ? `Try again in ${after} second${after === 1 ? "" : "s"}.` : "Try again in a few seconds.";
@@ -106,11 +107,11 @@ async function refusal(resp) {
     code = body.error.code || "";
     message = body.error.message || message;
   } catch (e) { /* not JSON */ }
-  if (resp.status === 409) {
-    return `That conversation is open in another tab or session: close it there, or ${retry.toLowerCase()}`;
-  }
+  if (code === "conversation_not_found") return conversationGone(session.continueId); // history.js
+  if (resp.status === 409) return busyMessage(retry.toLowerCase());
   if (code === "server_full") return `The server is full: every session slot is in use. ${retry}`;
   if (code === "shutting_down") return `The server is shutting down. ${retry}`;
+  if (resp.status === 404) return `The server refused the call: ${message}`;
   const reason = message.replace(/;\s*try again\b.*$/i, "");
   return `The server cannot take the call now (${reason}). ${retry}`;
 }

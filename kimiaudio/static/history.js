@@ -148,6 +148,26 @@ function selectDone(movedTo, refused) {
   }
 }
 
+// The server would not open a conversation (a call's ?conversation_id=, or conversation.select).
+function busyMessage(retry) {
+  return `That conversation is open in another tab or session: close it there, or ${retry}`;
+}
+
+// ...because it is deleted (from another tab, say): it is forgotten, so that the next Connect
+// starts a new conversation instead of asking for it again.
+function conversationGone(id) {
+  if (session.continueId === id) {
+    session.continueId = null;
+    noteConversation(); // app.js
+  }
+  if (selectedId === id) {
+    selectedId = null;
+    $("conversation-detail").hidden = true;
+  }
+  refreshConversations();
+  return "That conversation was deleted.";
+}
+
 async function deleteSelected() {
   if (!selectedId || !confirm("Delete this conversation and its audio?")) return;
   let resp;
