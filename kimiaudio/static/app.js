@@ -27,6 +27,7 @@ function hideError() { $("error-banner").hidden = true; }
 const STATES = {
   disconnected: "disconnected", connecting: "connecting…", listening: "listening",
   "speaking-user": "you are speaking", thinking: "thinking", speaking: "speaking",
+  interrupted: "connection interrupted…",
 };
 function setState(state) {
   const el = $("state");

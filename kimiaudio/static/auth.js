@@ -6,7 +6,11 @@
 // browser examples do. Plain JavaScript, no build step; loaded before app.js.
 "use strict";
 
-const UNREACHABLE = "Cannot reach the kimiaudio server. Is `python -m kimiaudio serve` still running? Reload the page once it is.";
+// The server does not answer; `then` says what to do once it does.
+function unreachable(then) {
+  return `Cannot reach the kimiaudio server. Is \`python -m kimiaudio serve\` still running? ${then}`;
+}
+const UNREACHABLE = unreachable("Reload the page once it is.");
 
 class Unauthorized extends Error {}
 

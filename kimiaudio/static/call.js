@@ -9,6 +9,9 @@
 // Hanging up closes the peer connection; the server stores what was heard. Loaded before app.js.
 "use strict";
 
+// Connect again continues the conversation on screen; a reload would forget which it is.
+const CALL_UNREACHABLE = unreachable("Press Connect again once it is."); // auth.js
+
 async function getMicrophone() {
   if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia) {
     throw new Error("This browser gives the microphone only to https:// or localhost pages. Open the page through http://localhost or set up https.");
@@ -42,7 +45,7 @@ async function ephemeralKey() {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
   } catch (e) {
-    throw e instanceof Unauthorized ? e : new Error(UNREACHABLE);
+    throw e instanceof Unauthorized ? e : new Error(CALL_UNREACHABLE);
   }
   if (!resp.ok) throw new Error(`The server refused the session: ${await apiError(resp)}`);
   return (await resp.json()).value;
@@ -70,9 +73,14 @@ async function openSession() {
   // A choice made while the call was connecting could not be sent then (send() waits for this).
   session.channel.onopen = () => send({ type: "session.update", session: chosenSession() });
   pc.onconnectionstatechange = () => {
+    if (pc !== session.pc) return;
     if (pc.connectionState === "failed" || pc.connectionState === "closed") lost();
-    // "disconnected" may heal by itself; give it a few seconds.
-    if (pc.connectionState === "disconnected") setTimeout(() => { if (pc.connectionState === "disconnected") lost(); }, 5000);
+    // "disconnected" may heal by itself: the page says so at once, and gives it a few seconds.
+    if (pc.connectionState === "disconnected") {
+      setState("interrupted");
+      setTimeout(() => { if (pc.connectionState === "disconnected") lost(); }, 5000);
+    }
+    if (pc.connectionState === "connected" && document.body.dataset.state === "interrupted") listening(); // app.js
   };
   await pc.setLocalDescription(await pc.createOffer());
   await iceGatheringComplete(pc);
@@ -86,7 +94,7 @@ async function openSession() {
       body: pc.localDescription.sdp,
     });
   } catch (e) {
-    throw new Error(UNREACHABLE);
+    throw new Error(CALL_UNREACHABLE);
   }
   if ([404, 409, 503].includes(resp.status)) throw new Error(await refusal(resp));
   if (resp.status !== 201) throw new Error(`The server refused the call: ${await apiError(resp)}`);
