@@ -219,3 +219,37 @@ async def test_continue_of_a_deleted_conversation_says_so_and_forgets_it(stored,
         "ids": [None, None, None],
     }
     assert call_id and in_conversation is None  # the next Connect starts a new conversation
+
+
+async def test_new_right_after_continue_on_a_live_call_is_what_the_next_connect_opens(stored, tmp_path):
+    """Continue, then New before the server has answered the first: the call ends up in a new
+    conversation, and after a Disconnect, Connect does not take the one given up back."""
+    http, _, conversation_id = stored
+    url = str(http.make_url("/"))
+    moves = f"""return moves.join() === '{conversation_id},'"""
+
+    def drive():
+        driver = start_chromium(tmp_path, None)
+        try:
+            driver.get(url)
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, "return session.channel && session.channel.readyState === 'open'")
+            continue_stored_shown(driver)
+            driver.execute_script(
+                "window.moves = []; session.channel.addEventListener('message', (e) => {"
+                "  const event = JSON.parse(e.data);"
+                "  if (event.type === 'session.updated' && moves.length < 2) moves.push(event.session.conversation_id);"
+                "});"
+                "document.getElementById('continue').click(); document.getElementById('new-conversation').click();"
+            )
+            wait_for_script(driver, moves)  # moved in, then out to a new one
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+            return driver.execute_script(
+                "return [session.continueId, document.getElementById('conversation-note').textContent]"
+            )
+        finally:
+            driver.quit()
+
+    continue_id, note = await asyncio.to_thread(drive)
+    assert continue_id is None and note == "A new conversation starts when you speak."

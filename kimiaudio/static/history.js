@@ -200,6 +200,7 @@ function forgetConversations() {
 
 function newConversation() {
   session.continueId = null;
+  session.selecting = null; // a Continue not answered yet is given up: its move must not count
   if (session.pc) send({ type: "conversation.select", conversation_id: null });
   $("transcript").replaceChildren();
   $("conversation-note").textContent = "A new conversation starts when you speak.";
