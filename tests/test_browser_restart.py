@@ -3,9 +3,11 @@ headless Chromium against a real `serve` process: the page says at once that the
 interrupted, then that it is lost; Connect while the server is down says to press Connect again
 once it is back (a reload would forget which conversation to continue); once it is back, Connect
 continues the same conversation, its turns still on screen: the dead process's lease on it is
-void (no "open in another tab")."""
+void (no "open in another tab"). On a shared PostgreSQL database that lease lasts until it
+expires, and the page says that its own call, cut off, still holds the conversation."""
 
 import os
+import re
 import signal
 
 from helpers.audio import silence, write_clip
@@ -26,6 +28,20 @@ RECORD_STATES = """
         .observe(document.body, { attributes: true, attributeFilter: ['data-state'] });"""
 
 
+def talk_then_kill(driver, proc, port: int) -> str:
+    """Talk one turn on the page, kill the server under it -> the conversation talked in, once
+    the page has given the call up."""
+    driver.get(f"http://127.0.0.1:{port}/")
+    driver.find_element("id", "connect").click()
+    wait_for_script(driver, IN_SAVED)
+    wait_for_script(driver, "return document.querySelector('#transcript .turn.assistant[data-status]') !== null")
+    driver.execute_script(RECORD_STATES)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+    return driver.execute_script("return session.continueId")
+
+
 def test_connect_after_a_kill_and_restart_continues_the_conversation(tmp_path, speech):
     data_dir, port = tmp_path / "data", free_port()
     data_dir.mkdir()
@@ -34,16 +50,7 @@ def test_connect_after_a_kill_and_restart_continues_the_conversation(tmp_path, s
     proc = start_serve(data_dir, port, SERVE_CONFIG)
     driver = start_chromium(tmp_path, wav)
     try:
-        driver.get(f"http://127.0.0.1:{port}/")
-        driver.find_element("id", "connect").click()
-        wait_for_script(driver, IN_SAVED)
-        wait_for_script(driver, "return document.querySelector('#transcript .turn.assistant[data-status]') !== null")
-        first = driver.execute_script("return session.conversationId")
-        driver.execute_script(RECORD_STATES)
-
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+        first = talk_then_kill(driver, proc, port)
         states, lost = driver.execute_script("return states"), driver.execute_script(BANNER)
         driver.find_element("id", "connect").click()  # the server is still down
         down = wait_for_script(driver, f"return document.body.dataset.state === 'disconnected' && {BANNER_TEXT}")
@@ -63,3 +70,28 @@ def test_connect_after_a_kill_and_restart_continues_the_conversation(tmp_path, s
     assert lost == "The connection to the server was lost. Press Connect to start again."
     assert down.endswith("still running? Press Connect again once it is.")
     assert again == first and after is None and errors == []
+
+
+def test_a_restart_on_a_shared_database_says_the_cut_off_call_still_holds_it(tmp_path, speech, postgres_url):
+    data_dir, port = tmp_path / "data", free_port()
+    data_dir.mkdir()
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.5), speech[0], silence(60.0)])
+    # A lease that outlasts the restart: the killed instance's hold is still there after it.
+    config = SERVE_CONFIG + "[storage]\nlease_seconds = 300\n"
+    database = {"KIMIAUDIO_DATABASE_URL": postgres_url}
+    proc = start_serve(data_dir, port, config, env=database)
+    driver = start_chromium(tmp_path, wav)
+    try:
+        first = talk_then_kill(driver, proc, port)
+        proc = start_serve(data_dir, port, config, env=database)
+        driver.find_element("id", "connect").click()
+        refused = wait_for_script(driver, f"return document.body.dataset.state === 'disconnected' && {BANNER_TEXT}")
+        continue_id = driver.execute_script("return session.continueId")
+    finally:
+        driver.quit()
+        if proc.poll() is None:
+            stop_serve(proc)
+    assert re.fullmatch(
+        r"The server still holds this conversation for the call that was cut off\. Try again in \d+ seconds\.", refused
+    )
+    assert continue_id == first  # Connect asks for it again

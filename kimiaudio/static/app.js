@@ -11,6 +11,7 @@ const session = {
   conversationId: null, // conversation of the live call (the server says which: session.*, conversation.created)
   continueId: null, // conversation to continue on the next Connect
   selecting: null, // conversation the live call asked to move into (conversation.select), until answered
+  cutOff: null, // conversation of a call cut off (its connection lost), until a call is answered
   responses: new Map(), // response id -> {li, text, meta}
   items: new Map(), // assistant item id -> its response id
   userTurns: new Map(), // committed user item id -> {li, text, meta}: its words come later

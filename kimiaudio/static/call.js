@@ -99,6 +99,7 @@ async function openSession() {
   if ([404, 409, 503].includes(resp.status)) throw new Error(await refusal(resp));
   if (resp.status !== 201) throw new Error(`The server refused the call: ${await apiError(resp)}`);
   session.callId = (resp.headers.get("Location") || "").split("/").pop();
+  session.cutOff = null;
   await pc.setRemoteDescription({ type: "answer", sdp: await resp.text() });
   startMeter(session.mic);
 }
@@ -116,6 +117,11 @@ async function refusal(resp) {
     message = body.error.message || message;
   } catch (e) { /* not JSON */ }
   if (code === "conversation_not_found") return conversationGone(session.continueId); // history.js
+  if (resp.status === 409 && session.cutOff && session.cutOff === session.continueId) {
+    // Not another tab: this page's own call, whose server went away (killed, or cut off from
+    // the page and the database) before it could let the conversation go; its hold runs out.
+    return `The server still holds this conversation for the call that was cut off. ${retry}`;
+  }
   if (resp.status === 409) return busyMessage(retry.toLowerCase());
   if (code === "server_full") return `The server is full: every session slot is in use. ${retry}`;
   if (code === "shutting_down") return `The server is shutting down. ${retry}`;
@@ -144,6 +150,7 @@ function disconnect() {
   session.channel = null;
   session.callId = null;
   session.selecting = null;
+  if (document.body.dataset.state === "interrupted") session.cutOff = session.conversationId; // (refusal)
   // Connect again continues the conversation whose turns stay on screen (as Continue does).
   if (session.conversationId) {
     session.continueId = session.conversationId;
