@@ -144,6 +144,31 @@ async def test_truncate_names_items_of_the_conversation_in_use(v1_server, openai
         assert (await conversation(v1_server, first_id))["turns"] == before
 
 
+async def test_an_item_truncated_ends_where_it_was_cut(v1_server, openai_client):
+    """After a truncate the item's audio ends there: a later truncate past that point is
+    refused (as OpenAI's audio "already shorter"), naming its event; one before it cuts more."""
+    async with connect(openai_client, "ga") as conn:
+        events = await open_session(conn, turn_detection=None)
+        await conn.conversation.item.create(item=user_text("Say something."))
+        await conn.response.create()
+        done = await events.wait_for("response.done")
+        assert done.response.status in ("completed", "incomplete"), done.response.status_details
+        answer = done.response.output[0].id
+        await conn.conversation.item.truncate(item_id=answer, content_index=0, audio_end_ms=400)
+        await events.wait_for("conversation.item.truncated")
+        past = {"item_id": answer, "content_index": 0, "audio_end_ms": 800, "event_id": "ev_past"}
+        await conn.send({"type": "conversation.item.truncate", **past})
+        error = (await events.wait_for("error")).error
+        assert (error.code, error.param, error.event_id) == ("invalid_value", "audio_end_ms", "ev_past"), error
+        assert "400 ms left by an earlier truncate" in error.message
+        await conn.conversation.item.truncate(item_id=answer, content_index=0, audio_end_ms=200)
+        truncated = await events.wait_for("conversation.item.truncated", count=2)
+        assert truncated.audio_end_ms == 200
+        assert len(events.of_type("conversation.item.truncated")) == 2
+        turns = (await conversation(v1_server, done.response.conversation_id))["turns"]
+    assert turns[1]["duration_s"] == pytest.approx(0.2, abs=0.01)
+
+
 async def test_a_select_takes_its_place_in_the_order_of_the_items(v1_server, openai_client):
     """conversation.select is taken in the session's order: an item created just before it is
     stored in the conversation it leaves, one just after in the one it takes up."""

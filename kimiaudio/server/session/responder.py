@@ -261,7 +261,7 @@ class Responder:
             self.cut_by_truncate = True
         played = response.played_samples
         if played is None or samples <= played:  # keep what the client heard, stored before it is told
-            response.played_samples, response.cancelled = samples, True
+            response.played_samples, response.cancelled, response.truncated_ms = samples, True, audio_end_ms
             if response.done is None:  # still ending: its final record follows
                 await self._storage.store_cut(response)
             elif response.stored is not None:

@@ -51,6 +51,7 @@ class ResponseState:
     cancelled: bool = _state(False)
     generation_ended: bool = _state(False)
     played_samples: int | None = _state()  # samples heard, set when playback was cut short (None: all)
+    truncated_ms: int | None = _state()  # where a conversation.item.truncate cut its item's audio
     playback_cut: bool = _state(False)  # its audio was stopped while it played (output_audio_buffer.cleared)
     cancel_reason: str | None = _state()  # turn_detected (barge-in) | client_cancelled
     done: TurnDone | None = _state()  # the pipeline's, once generation ended

@@ -1,7 +1,8 @@
 """The responses a conversation.item.truncate may name: the one in progress, and the newest
 that ended in the conversation the session is in (a client says what it played of an answer
 after its response.done, too), their items not deleted. A truncate naming anything else, or
-past the audio sent, is a ProtocolError."""
+past the audio sent (or past an earlier truncate's cut: the item's audio ends there, as
+OpenAI's is "already shorter"), is a ProtocolError."""
 
 from __future__ import annotations
 
@@ -39,12 +40,14 @@ class Truncatable:
                 f"conversation's last {NUM_TRUNCATABLE} responses in this session",
                 "item_id",
             )
-        audio_ms = math.ceil(response.num_samples * 1000 / SPEECH_OUTPUT_RATE)  # sent so far
+        audio_ms, what = math.ceil(response.num_samples * 1000 / SPEECH_OUTPUT_RATE), "sent"
+        if response.truncated_ms is not None and response.truncated_ms < audio_ms:
+            audio_ms, what = response.truncated_ms, "left by an earlier truncate"
         if audio_end_ms > audio_ms:
             raise ProtocolError(
                 "invalid_value",
                 f"conversation.item.truncate: audio_end_ms {audio_end_ms} is past the end of "
-                f"{item_id!r}'s audio ({audio_ms} ms sent)",
+                f"{item_id!r}'s audio ({audio_ms} ms {what})",
                 "audio_end_ms",
             )
         return response
