@@ -27,5 +27,5 @@ class AudioTooLongError(AudioInputError):
 
 
 class StoreUnavailableError(KimiAudioError):
-    """The conversation database does not answer (lost connection, server down): the server
-    answers 503 until it is back."""
+    """The conversation database does not answer (lost connection, server down) or its SQLite file
+    cannot be used for now (disk full, read-only, locked): the server answers 503 until it is back."""

@@ -1,11 +1,17 @@
 """One database thread: the store's writer and its reader are each one (the event loop never
 waits on the database). A SQLite thread owns one connection (sqlite3 objects stay in one
-thread); a PostgreSQL thread borrows a pooled connection for each call (postgres.py)."""
+thread); a PostgreSQL thread borrows a pooled connection for each call (postgres.py).
+
+A SQLite file that cannot be used for a while (its disk full, the file read-only, locked by
+another process past the busy timeout, an I/O error) is a StoreUnavailableError, as a
+PostgreSQL server gone away is: the server answers 503 and the session talks on, and once
+the cause is gone the same connection works again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,8 +19,19 @@ from typing import Any
 
 import sqlite_utils
 
+from kimiaudio.errors import StoreUnavailableError
 from kimiaudio.store.schema import open_database
 from kimiaudio.store.sql import SqliteSql
+
+# The primary result codes of a file that cannot be used now (any other error is a bug).
+_UNAVAILABLE = {
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_CANTOPEN,
+}
 
 
 class SqliteConnector:
@@ -28,7 +45,12 @@ class SqliteConnector:
     def session(self) -> Iterator[SqliteSql]:
         if self._db is None:
             self._db = open_database(self._path)
-        yield SqliteSql(self._db)
+        try:
+            yield SqliteSql(self._db)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in _UNAVAILABLE:  # (the extended code's primary part)
+                raise
+            raise StoreUnavailableError(f"the conversation database {self._path} cannot be used: {exc}") from None
 
     def close(self) -> None:
         if self._db is not None:
