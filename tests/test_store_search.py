@@ -6,7 +6,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from kimiaudio.store import schema
+from kimiaudio.store import ConversationStore, schema
 from kimiaudio.store.schema import open_database
 from kimiaudio.store.search import SearchQueryError
 
@@ -112,6 +112,43 @@ async def test_only_punctuation_finds_nothing_and_words_inside_punctuation_are_f
     await store.add_turn(conv["id"], "assistant", "Hello, world! (version 3.5)")
     assert await store.list_conversations(q="?!") == []
     assert ids(await store.list_conversations(q="(hello, WORLD!)")) == [conv["id"]]
+
+
+async def test_the_parts_of_addresses_names_and_numbers_are_words(store):
+    """An e-mail address, a URL, a file name, a version and a decimal number are found by any of
+        their words and as they were said, on both backends (PostgreSQL's parser reads each as one
+        lexeme), and upper-case words and scripts with vowel signs by themselves (Python's
+    lower-casing and idea of a letter are not PostgreSQL's)."""
+    conv = await store.create_conversation()
+    await store.add_turn(
+        conv["id"],
+        "assistant",
+        "Mail ada@example.com the report.pdf from https://docs.example.org/v2/notes: version 1.2.3 costs 21.50, "
+        "ΣΊΣΥΦΟΣ in İSTANBUL, नमस्ते दुनिया, สวัสดีครับ",
+    )
+    for q in ["ada@example.com", "example", "report.pdf", "pdf", "docs.example.org/v2", "notes", "https", "v2"]:
+        assert ids(await store.list_conversations(q=q)) == [conv["id"]], q
+    for q in ["1.2.3", "version 2", "21.50", "50", "ΣΊΣΥΦΟΣ", "İSTANBUL", "İstanbul", "दुनिया", "สวัสดีครับ"]:
+        assert ids(await store.list_conversations(q=q)) == [conv["id"]], q
+    assert await store.list_conversations(q="example.net") == []
+
+
+async def test_the_migration_reindexes_the_turns_already_stored(store_location, monkeypatch):
+    """A database of version 8 is migrated and the words of its turns found as version 9 cuts them."""
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", 8)
+    store = ConversationStore(store_location)
+    await store.open()
+    conv = await store.create_conversation()
+    await store.add_turn(conv["id"], "user", "write to ada@example.com")
+    await store.close()
+    monkeypatch.undo()
+    store = ConversationStore(store_location)
+    await store.open()
+    try:
+        assert ids(await store.list_conversations(q="example")) == [conv["id"]]
+        assert await store.integrity_problems() == []
+    finally:
+        await store.close()
 
 
 async def test_a_query_too_long_is_refused(store):

@@ -36,6 +36,8 @@ Tables:
 - conversations.next_turn_index (version 8): the index its next turn gets, above every index
   it ever had, so that a deleted turn's index is never given again (turn_by_index.py); and
   turns.audio_first: a user turn whose text came after its audio (0: before it, or none).
+- turns.search_doc (version 9, PostgreSQL only): rebuilt over the letters and digits of the
+  text and transcript (search.py).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pathlib import Path
 import sqlite_utils
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.store.search import SEARCH_SCHEMA
+from kimiaudio.store.search import SEARCH_SCHEMA, SEARCH_WORDS_ONLY
 from kimiaudio.store.sql import Sql, SqliteSql
 
 _V1 = """
@@ -149,9 +151,11 @@ UPDATE conversations SET next_turn_index = (
 ALTER TABLE turns ADD COLUMN audio_first INTEGER NOT NULL DEFAULT 0;
 """
 
+_V9 = SEARCH_WORDS_ONLY
+
 Migration = str | dict[str, str]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
-MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

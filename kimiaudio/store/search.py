@@ -7,14 +7,20 @@ cascade delete included), and the migration that creates it indexes the rows alr
 
 On PostgreSQL, a stored generated column `turns.search_doc` (a tsvector of text and
 transcript under the `simple` configuration: no stemming, no stop words, like unicode61)
-with a GIN index plays the same part.
+with a GIN index plays the same part. Its parser would read an e-mail address, a URL, a host
+or file name, a version or a decimal number as one lexeme ("ada@example.com"), which no query
+term ("example") is a prefix of; so the column is made of the text with every character but
+letters and digits turned into a space (`_pg_words`), and a query's terms are cut from it by
+the same expression, so that both agree on what a letter is (Python's idea of one, as in
+query_tokens, is not PostgreSQL's: Devanagari's vowel signs, say).
 
 A client's `q` is never passed to either as syntax: each run of letters and digits in it
-(query_tokens) becomes a prefix term, FTS5's quoted "run"* or tsquery's 'run':*, all of them
+becomes a prefix term, FTS5's quoted "run"* (query_tokens) or tsquery's run:*, all of them
 required anywhere in one turn, so quotes, parentheses, AND/OR/NEAR, `-`, `col:` or a lone `*`
 are matched as text (or, being no letters, not at all), never parsed. Both backends take the
-same terms: "wel-kno" is `wel` and `kno` on each, never a phrase on one only. The two differ
-where the tokenizers do: PostgreSQL keeps diacritics (FTS5 here folds them).
+same terms: "wel-kno" is `wel` and `kno` on each, never a phrase on one only. Each backend
+folds the case of the terms as it folds its documents'. The two differ where the tokenizers
+do: PostgreSQL keeps diacritics (FTS5 here folds them).
 """
 
 from __future__ import annotations
@@ -56,6 +62,27 @@ CREATE INDEX turns_search_doc ON turns USING GIN (search_doc);
 SEARCH_SCHEMA = {"sqlite": _SQLITE_SCHEMA, "postgresql": _POSTGRES_SCHEMA}
 
 
+def _pg_words(text: str) -> str:
+    """PostgreSQL: the SQL text `text` with each run of characters but letters and digits one space."""
+    return f"regexp_replace({text}, '[^[:alnum:]]+', ' ', 'g')"
+
+
+# PostgreSQL's column over letters and digits only (see the module docstring): schema version 9.
+_POSTGRES_WORDS_ONLY = f"""
+ALTER TABLE turns DROP COLUMN search_doc;
+ALTER TABLE turns ADD COLUMN search_doc tsvector GENERATED ALWAYS AS (
+    to_tsvector('simple'::regconfig, {_pg_words("coalesce(text, '') || ' ' || coalesce(transcript, '')")})
+) STORED;
+CREATE INDEX turns_search_doc ON turns USING GIN (search_doc);
+"""
+SEARCH_WORDS_ONLY = {"sqlite": "", "postgresql": _POSTGRES_WORDS_ONLY}
+# The tsquery requiring every word of the query (the parameter) as a prefix; NULL for none.
+_POSTGRES_QUERY = (
+    "SELECT to_tsquery('simple', string_agg(w || ':*', ' & ')) "
+    f"FROM regexp_split_to_table({_pg_words('?')}, ' ') AS w WHERE w <> ''"
+)
+
+
 class SearchQueryError(KimiAudioError):
     """A search query that cannot be used (too long, too many words)."""
 
@@ -73,9 +100,9 @@ def query_words(q: str) -> list[str]:
 
 
 def query_tokens(words: list[str]) -> list[str]:
-    """The runs of letters and digits in the words, lowercased: the only part of a query that
-    reaches either backend (an underscore separates, as both tokenizers have it)."""
-    return [token.lower() for word in words for token in re.findall(r"[^\W_]+", word)]
+    """The runs of letters and digits in the words: all of a query that reaches FTS5 (an
+    underscore separates, as unicode61 has it). Their case is left to FTS5, as its documents' is."""
+    return [token for word in words for token in re.findall(r"[^\W_]+", word)]
 
 
 def match_expression(words: list[str]) -> str:
@@ -83,19 +110,13 @@ def match_expression(words: list[str]) -> str:
     return " ".join(f'"{token}"*' for token in query_tokens(words))
 
 
-def tsquery_expression(words: list[str]) -> str:
-    """PostgreSQL to_tsquery text requiring every token as a prefix (letters and digits only:
-    nothing of the client's reaches tsquery's syntax)."""
-    return " & ".join(f"{token}:*" for token in query_tokens(words))
-
-
 def search_conversations(sql: Sql, words: list[str], limit: int, after: PageEnd | None = None) -> list[dict[str, Any]]:
     """The conversations (newest first) with a turn holding every word, in list_conversations' shape."""
     if not query_tokens(words):  # only punctuation: no word can match
         return []
     if sql.kind == "postgresql":
-        expression = tsquery_expression(words)
-        matching = "SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ to_tsquery('simple', ?)"
+        expression = " ".join(words)  # (only its letters and digits reach the tsquery)
+        matching = f"SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ ({_POSTGRES_QUERY})"
     else:
         expression = match_expression(words)
         matching = (
