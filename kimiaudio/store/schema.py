@@ -38,6 +38,7 @@ Tables:
   turns.audio_first: a user turn whose text came after its audio (0: before it, or none).
 - turns.search_doc (version 9, PostgreSQL only): rebuilt over the letters and digits of the
   text and transcript (search.py).
+- calls (version 10): made where version 7 did not make it.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ CREATE INDEX leases_by_instance ON leases(instance_id);
 
 _V6 = {kind: "ALTER TABLE turns ADD COLUMN transcript TEXT;\n" + schema for kind, schema in SEARCH_SCHEMA.items()}
 
-_V7 = """
+_ACCESS_KEYS = """
 CREATE TABLE access_keys (
     key_hash TEXT PRIMARY KEY,
     scope TEXT NOT NULL,
@@ -134,14 +135,19 @@ CREATE TABLE access_keys (
     session TEXT
 );
 CREATE INDEX access_keys_by_expiry ON access_keys(expires_at);
-CREATE TABLE calls (
+"""
+# Also migration 10: some databases of version 7 have only its access_keys (as kimiaudio 0178c26
+# migrated them), and every call opened on them failed.
+_CALLS = """
+CREATE TABLE IF NOT EXISTS calls (
     call_id TEXT PRIMARY KEY,
     instance_id TEXT NOT NULL,
     expires_at REAL NOT NULL,
     hangup INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX calls_by_instance ON calls(instance_id);
+CREATE INDEX IF NOT EXISTS calls_by_instance ON calls(instance_id);
 """
+_V7 = _ACCESS_KEYS + _CALLS
 
 _V8 = """
 ALTER TABLE conversations ADD COLUMN next_turn_index INTEGER NOT NULL DEFAULT 0;
@@ -153,9 +159,11 @@ ALTER TABLE turns ADD COLUMN audio_first INTEGER NOT NULL DEFAULT 0;
 
 _V9 = SEARCH_WORDS_ONLY
 
+_V10 = _CALLS
+
 Migration = str | dict[str, str]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
-MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9]
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
