@@ -10,7 +10,7 @@ transcript under the `simple` configuration: no stemming, no stop words, like un
 with a GIN index plays the same part. Its parser would read an e-mail address, a URL, a host
 or file name, a version or a decimal number as one lexeme ("ada@example.com"), which no query
 term ("example") is a prefix of; so the column is made of the text with every character but
-letters and digits turned into a space (`_pg_words`), and a query's terms are cut from it by
+letters and digits of ASCII turned into a space (`_pg_words`), and a query's terms are cut from it by
 the same expression, so that both agree on what a letter is (Python's idea of one, as in
 query_tokens, is not PostgreSQL's: Devanagari's vowel signs, say).
 
@@ -63,8 +63,10 @@ SEARCH_SCHEMA = {"sqlite": _SQLITE_SCHEMA, "postgresql": _POSTGRES_SCHEMA}
 
 
 def _pg_words(text: str) -> str:
-    """PostgreSQL: the SQL text `text` with each run of characters but letters and digits one space."""
-    return f"regexp_replace({text}, '[^[:alnum:]]+', ' ', 'g')"
+    """PostgreSQL: the SQL text `text` with each run of ASCII characters but letters and digits
+    one space. Only ASCII: in the C locale a server may have, [:alnum:] knows no other letters,
+    and every word of another script would go; the parser splits those as it always did."""
+    return f"regexp_replace({text}, '[\\x01-\\x2f\\x3a-\\x40\\x5b-\\x60\\x7b-\\x7f]+', ' ', 'g')"
 
 
 # PostgreSQL's column over letters and digits only (see the module docstring): schema version 9.
@@ -115,10 +117,16 @@ def search_conversations(sql: Sql, words: list[str], limit: int, after: PageEnd 
     if not query_tokens(words):  # only punctuation: no word can match
         return []
     if sql.kind == "postgresql":
-        expression = " ".join(words)  # (only its letters and digits reach the tsquery)
-        matching = f"SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ ({_POSTGRES_QUERY})"
+        # The words as given, or lower-cased by Python: a server in the C locale folds the case
+        # of ASCII letters only, so "ZÜRICH" finds "zürich" only in the second form; PostgreSQL's
+        # own folding, in other locales, is what finds Greek's final sigma or Turkish's dotted İ.
+        query = " ".join(words)  # (only its words reach the tsquery, never its syntax)
+        expressions = [query, query.lower()]
+        matching = (
+            f"SELECT t.conversation_id FROM turns t WHERE t.search_doc @@ (({_POSTGRES_QUERY}) || ({_POSTGRES_QUERY}))"
+        )
     else:
-        expression = match_expression(words)
+        expressions = [match_expression(words)]
         matching = (
             "SELECT t.conversation_id FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid WHERE turns_fts MATCH ?"
         )
@@ -127,7 +135,7 @@ def search_conversations(sql: Sql, words: list[str], limit: int, after: PageEnd 
         "SELECT c.id, c.title, c.created_at, c.updated_at, "
         "(SELECT COUNT(*) FROM turns n WHERE n.conversation_id = c.id) AS num_turns "
         f"FROM conversations c WHERE c.id IN ({matching}) AND {condition} {NEWEST_FIRST} LIMIT ?",
-        [expression, *values, limit],
+        [*expressions, *values, limit],
     ).fetchall()
     keys = ("id", "title", "created_at", "updated_at", "num_turns")
     return [dict(zip(keys, row)) for row in rows]

@@ -80,6 +80,9 @@ class PostgresServer:
             f"--pwfile={pwfile}",
             "-E",
             "UTF8",
+            # The C locale, the strictest a server has: its character classes know only ASCII
+            # (search must not lose the words of other scripts there).
+            "--no-locale",
             "--no-sync",
         )
         pwfile.unlink()
