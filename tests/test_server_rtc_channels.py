@@ -1,14 +1,17 @@
 """Which data channel of a WebRTC call carries its events, with real aiortc peers against the real
 server on the demo checkpoint: the one named `oai-events` (OpenAI's), whatever the client opens
 besides it and in whatever order; on the deprecated /api/rtc/offer, also one named `events`
-(the page's before the calls route)."""
+(the page's before the calls route). The events' channel's messages are taken in the order they
+came, as a WebSocket's are."""
 
 import asyncio
+import base64
 import json
 
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from kimiaudio.audio import pcm16
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 
 from helpers.waiting import eventually
@@ -62,3 +65,32 @@ async def test_the_deprecated_offer_route_takes_the_old_pages_events_channel(htt
         assert first["type"] == "session.created"
     finally:
         await pc.close()
+
+
+async def test_a_response_create_sent_behind_a_commit_answers_what_was_committed(http, speech_16k):
+    """Push-to-talk with noise reduction: appends, a commit and a response.create sent at once.
+    The commit waits for the VAD thread (the reducer's audio); the response.create behind it must
+    still be taken after it, and answer the committed turn (not fail with no user turn)."""
+    client = RtcClient(ScriptedMic())
+    try:
+        status, answer = await client.connect(http)
+        assert status == 201, answer
+        await client.wait_for("session.created")
+        audio_in = {"turn_detection": None, "format": {"type": "audio/pcm", "rate": 16000}}
+        audio_in["noise_reduction"] = {"type": "near_field"}
+        client.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": audio_in}}})
+        await client.wait_for("session.updated")
+        data = pcm16.to_bytes(speech_16k)
+        for start in range(0, len(data), 16000):  # (half a second each: a data-channel message is small)
+            client.send(
+                {"type": "input_audio_buffer.append", "audio": base64.b64encode(data[start : start + 16000]).decode()}
+            )
+        client.send({"type": "input_audio_buffer.commit"})
+        client.send({"type": "response.create"})
+        done = await client.wait_for("response.done")
+        assert done["response"]["status"] != "failed", done["response"]
+        committed = await client.wait_for("input_audio_buffer.committed")
+        types = [e["type"] for e in client.events]
+        assert client.events.index(committed) < types.index("response.created")
+    finally:
+        await client.close()

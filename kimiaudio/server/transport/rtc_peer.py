@@ -8,7 +8,9 @@ before setRemoteDescription, no trickle ICE (aiortc's setLocalDescription return
 gathering is complete), closed when the connection fails or closes.
 
 What it carries: the incoming audio track into its session (microphone_in.py); the events'
-data channel's messages into `RealtimeSession.handle_message` and the session's events out
+data channel's messages into `RealtimeSession.handle_message`, one after another in the order
+they came (as a WebSocket's: an event whose handling waits, such as a commit waiting for the
+VAD thread, is not overtaken by the response.create sent after it), and the session's events out
 (queued until the channel opens), in the offer's event shape (GA over WebRTC unless the route says otherwise:
 session/event_shape.py); the session's responses out through a PlaybackTrack (48 kHz, 20 ms
 frames). The events' data channel is the first the client opens labelled `oai-events`
@@ -37,6 +39,7 @@ closes what was built and frees the slot (session_registry.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -113,6 +116,7 @@ class RtcPeer(ClosesOnce):
         self._channel: RTCDataChannel | None = None
         self._channel_labels = channels
         self._outbox: list[dict] = []  # events sent before the data channel opened
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()  # the channel's messages, handled in order
         self._watchers: list[CallWatcher] = []  # sideband connections (sideband.py)
         self._tasks = OwnedTasks(f"session {self.id}", quiet=HANG_UPS)
         self._has_audio_track = False
@@ -145,7 +149,8 @@ class RtcPeer(ClosesOnce):
             )
             return
         self._channel = channel
-        channel.on("message", lambda message: self._tasks.spawn(self.session.handle_message(message), "a client event"))
+        channel.on("message", self._inbox.put_nowait)
+        self._tasks.spawn(self._read_events(), "reading client events")
         self.session.send_created()
         outbox, self._outbox = self._outbox, []
         for event in outbox:
@@ -194,6 +199,10 @@ class RtcPeer(ClosesOnce):
             self._send_now({"event_id": event.get("event_id"), **too_large_error(event, len(text), str(exc))})
         except Exception as exc:  # the channel went away under us; closing will follow
             log.debug("session %s: could not send %s: %s", self.id, event["type"], exc)
+
+    async def _read_events(self) -> None:
+        while True:
+            await self.session.handle_message(await self._inbox.get())
 
     # ----- audio in -----
     async def _read_audio(self, track: MediaStreamTrack) -> None:
