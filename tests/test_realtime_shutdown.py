@@ -2,9 +2,10 @@
 the official `openai` client against the server app on the demo checkpoint: a response.create
 the session took before the stop began is answered in the grace; one that comes after gets
 response.done failed `shutting_down` (its user item is kept); closing the session for the stop
-says so in an `error` event, then the WebSocket closes as going away (1001). And the session's
-queue: what waits in it counts as answering (the stop waits for it), and what came once the
-server was stopping is taken as late."""
+says so in an `error` event, then the WebSocket closes as going away (1001). An out-of-band
+response counts as answering too (the stop waits for it), and one the stop cuts still ends with
+its response.done. And the session's queue: what waits in it counts as answering (the stop waits
+for it), and what came once the server was stopping is taken as late."""
 
 import asyncio
 
@@ -62,6 +63,38 @@ async def test_what_was_asked_before_the_stop_is_answered_and_what_came_after_is
         assert (last_error.error.code, last_error.error.type) == ("shutting_down", "server_error")
         assert events.items[-1] is last_error
         assert close_code == 1001
+
+
+@pytest.mark.parametrize("grace", [True, False])
+async def test_an_out_of_band_response_is_waited_for_and_ends_with_its_response_done(demo_server, grace):
+    """With a grace, the stop waits for the out-of-band answer, which ends as it would have;
+    without one (the app's on_shutdown at once), it is cut: response.done cancelled,
+    `shutting_down`, before the session's last error."""
+    async with demo_server() as (http, pipeline):
+        pipeline.answers_to_limit = True  # (still running when the stop comes)
+        context = http.app[SERVER_CONTEXT]
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None)
+                await conn.conversation.item.create(item=user_text("Hello."))
+                limit = 24 if grace else 4000
+                await conn.response.create(response={"conversation": "none", "max_output_tokens": limit})
+                side = (await events.wait_for("response.created")).response.id
+                if grace:
+                    await asyncio.wait_for(drain(http.app, 120.0, asyncio.Event()), 120)
+                await context.sessions.close_all()  # (the app's on_shutdown)
+                await events.task
+        finally:
+            await client.close()
+        (done,) = events.of_type("response.done")
+        assert done.response.id == side
+        if grace:
+            assert done.response.status == "incomplete", done.response.status_details
+        else:
+            assert done.response.status == "cancelled"
+            assert done.response.status_details.error.code == "shutting_down"
+        assert events.items[-1].type == "error" and events.items[-1].error.code == "shutting_down"
 
 
 async def test_the_queue_says_what_waits_and_what_came_once_the_server_was_stopping():

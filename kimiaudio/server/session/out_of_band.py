@@ -13,7 +13,9 @@ which is answered. The answer is text (`output_modalities` ["text"]); it runs
 beside the conversation's own response (the engine batches them), is stored nowhere, and its
 events name no conversation: response.created, output_item.added, content_part.added, the
 text deltas, their ends and response.done, `conversation_id` null; no conversation.item.*.
-A response.cancel naming its id cancels it; closing the session cancels it.
+A response.cancel naming its id cancels it; closing the session cancels it (`settle`), and it
+still ends with its response.done (when the server stops: cancelled, `shutting_down`). While
+one runs the session counts as answering, so that the server's stop gives it its grace.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from kimiaudio.server.session.event_sender import EventSender
 from kimiaudio.server.session.item_events import ItemCreate, ItemReference
 from kimiaudio.server.session.owned_tasks import OwnedTasks
 from kimiaudio.server.session.queued_turn import new_item_id, new_response_id
-from kimiaudio.server.session.responder import SHUTTING_DOWN
-from kimiaudio.server.session.response_done import final_status
+from kimiaudio.server.session.responder import CANCEL_GRACE_S, SHUTTING_DOWN
+from kimiaudio.server.session.response_done import SHUTDOWN_CUT, final_status
 from kimiaudio.server.session.session_settings import SessionSettings
 from kimiaudio.text.output_type import TEXT
 
@@ -62,8 +64,12 @@ class OutOfBand:
         self._conversation = conversation
         self._events = events
         self._tasks = tasks
-        self._running: dict[str, TurnHandle] = {}  # response id -> its pipeline turn
-        self._cancelled: set[str] = set()
+        self._running: dict[str, tuple[TurnHandle, asyncio.Task]] = {}  # response id -> its pipeline turn, its task
+        self._cancelled: dict[str, str] = {}  # response id -> why it was cancelled
+
+    @property
+    def running(self) -> bool:
+        return bool(self._running)
 
     async def start(self, request: ResponseCreate, settings: SessionSettings, event_id: str | None = None) -> None:
         """Start the response (its events follow as it runs) with `settings`, the session's as the
@@ -89,17 +95,25 @@ class OutOfBand:
             code = exc.code if isinstance(exc, ProtocolError) else None
             self._events.send(response_events.response_done(announced, "failed", "", {}, str(exc), error_code=code))
             return
-        self._running[response_id] = handle
-        self._tasks.spawn(self._run(announced, handle), "out-of-band response")
+        self._running[response_id] = (handle, self._tasks.spawn(self._run(announced, handle), "out-of-band response"))
 
-    def cancel(self, response_id: str) -> bool:
+    def cancel(self, response_id: str, reason: str = "client_cancelled") -> bool:
         """response.cancel naming an out-of-band response -> whether one runs by that id."""
-        handle = self._running.get(response_id)
-        if handle is None:
+        running = self._running.get(response_id)
+        if running is None:
             return False
-        self._cancelled.add(response_id)
-        self._pipeline.cancel(handle)
+        self._cancelled[response_id] = reason
+        self._pipeline.cancel(running[0])
         return True
+
+    async def settle(self, reason: str) -> None:
+        """The session closes: every response running is cancelled for `reason` (client_cancelled,
+        shutting_down), and ends (its response.done sent) within the pipeline's grace."""
+        tasks = [task for _, task in self._running.values()]
+        for response_id in list(self._running):
+            self.cancel(response_id, reason)
+        if tasks:
+            await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
 
     def _turn(self, request: ResponseCreate, items: list[list[HistoryTurn]], settings: SessionSettings) -> TurnRequest:
         if self._stopping():
@@ -156,7 +170,7 @@ class OutOfBand:
 
     async def _run(self, announced: dict, handle: TurnHandle) -> None:
         response_id, item_id = announced["id"], new_item_id()
-        events, text, done = self._events, "", None
+        events, text, done, stopped = self._events, "", None, False
         events.send(response_events.output_item_added(response_id, _item(item_id, "", "in_progress")))
         events.send(response_events.content_part_added(response_id, item_id, False))
         try:
@@ -168,17 +182,19 @@ class OutOfBand:
                     done = event
         except asyncio.CancelledError:  # the session closed: the turn would run on for nobody
             self._pipeline.cancel(handle)
-            raise
+            stopped = True
         except Exception as exc:  # a bug here must still end the response for the client
             log.exception("session %s: out-of-band response %s failed", events.session_id, response_id)
             self._pipeline.cancel(handle)
             done = TurnDone(status="failed", text=text, error=f"{type(exc).__name__}: {exc}")
         finally:
             self._running.pop(response_id, None)
-        cancelled = response_id in self._cancelled
-        self._cancelled.discard(response_id)
+        reason = self._cancelled.pop(response_id, None)
         done = done if done is not None else TurnDone(status="cancelled", text=text)
-        status = final_status(cancelled, done)
+        status = final_status(reason is not None, done)
+        error, error_code = (
+            (SHUTDOWN_CUT, "shutting_down") if reason == "shutting_down" else (done.error, done.error_code)
+        )
         for part in response_events.text_done(response_id, item_id, text, False):
             events.send(part)
         events.send(response_events.content_part_done(response_id, item_id, False, text))
@@ -190,13 +206,15 @@ class OutOfBand:
                 status,
                 text,
                 {},
-                done.error,
+                error,
                 output=[item],
-                reason="client_cancelled" if cancelled else None,
-                error_code=done.error_code,
+                reason=reason,
+                error_code=error_code,
                 usage=response_events.response_usage(done),
             )
         )
+        if stopped:  # (its end told, the task is cancelled as it was asked)
+            raise asyncio.CancelledError
 
 
 def _message(item: ItemCreate, where: str, settings: SessionSettings) -> list[HistoryTurn]:

@@ -125,8 +125,8 @@ class RealtimeSession:
         )
         self._queue = TurnQueue(stopping=lambda: context.sessions.is_draining)
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
-        out_of_band = OutOfBand(pipeline, self.conversation, self.events, self.tasks, stopping=self._taking_late)
-        self.requests = ResponseRequests(self.responder, out_of_band)
+        self._out_of_band = OutOfBand(pipeline, self.conversation, self.events, self.tasks, stopping=self._taking_late)
+        self.requests = ResponseRequests(self.responder, self._out_of_band)
         self.moves = ConversationMoves(self.conversation, self.responder, self.events, self._queue, self.describe)
         self._dispatch = EventDispatch(
             self.settings, self.events, self.mic, self.requests, self.edits, self._queue, self.commit, self.apply_update
@@ -139,9 +139,9 @@ class RealtimeSession:
 
     @property
     def is_answering(self) -> bool:
-        """A response is being generated or played, or something waits to be taken that may
-        ask for one (the server's stop waits for it)."""
-        return self.response is not None or self._queue.busy
+        """A response (the conversation's, or out of band) is being generated or played, or
+        something waits to be taken that may ask for one (the server's stop waits for it)."""
+        return self.response is not None or self._queue.busy or self._out_of_band.running
 
     def _taking_late(self) -> bool:
         """What is being taken came once the server was stopping: it starts no answer."""
@@ -264,8 +264,10 @@ class RealtimeSession:
         self.closed = self.tasks.closing = True
         self._queue.stop()
         try:
-            await self.responder.settle(reason="shutting_down" if shutdown else "client_cancelled")
+            reason = "shutting_down" if shutdown else "client_cancelled"
+            await self.responder.settle(reason=reason)
             await self._queue.idle()
+            await self._out_of_band.settle(reason)  # (after the queue: the entry being taken may start one)
             if shutdown:
                 self.events.error("shutting_down", "the server is shutting down: this session ends")
         finally:
