@@ -82,14 +82,14 @@ class OutOfBand:
         except ProtocolError as exc:
             self._events.error(exc.code, str(exc), exc.param, event_id)
             return
+        if self._tasks.closing:  # closed while the history loaded: no response.created, so no end owed
+            return
         response_id = new_response_id()
         limit = settings.sampling(TEXT, None, request.max_new_tokens).max_new_tokens
         announced = response_events.response_object(response_id, None, False, None, limit, request.metadata)
         self._events.send(response_events.response_created(announced))
         try:
             turn = self._turn(request, items, settings)
-            if self._tasks.closing:
-                return
             handle = self._pipeline.submit(turn)
         except (ProtocolError, KimiAudioError) as exc:
             code = exc.code if isinstance(exc, ProtocolError) else None
