@@ -3,9 +3,11 @@ refuses a wrong one, and with the right one signs in, lists and replays the stor
 conversations and calls the server as OpenAI's browser examples do (an ephemeral key from its
 backend, the SDP offer to /v1/realtime/calls). The key itself is kept nowhere a script or a
 URL could show it: what the browser keeps is an HttpOnly sign-in cookie. Signing out leaves
-nothing of the signed-out user's conversations on the page, even where answers come late."""
+nothing of the signed-out user's conversations on the page, even where answers come late; a
+call still connecting then is given up, and the server does not keep its slot."""
 
 import asyncio
+import logging
 
 import numpy as np
 import pytest
@@ -14,7 +16,8 @@ from kimiaudio.server.context import SERVER_CONTEXT
 from kimiaudio.server.middleware.access import API_KEY_ENV
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, HOLD_CALL_ANSWERS, close_reasons, start_chromium, wait_for_script
+from helpers.waiting import eventually
 
 pytestmark = BROWSER_MARKS
 KEY = "page-test-key-42"
@@ -181,3 +184,41 @@ async def test_sign_out_leaves_a_clean_page_for_the_next_sign_in(server, tmp_pat
     }
     assert refused == 401  # the sign-in cookie is gone
     assert signed_in_again == {**after_sign_out, "listed": 2}
+
+
+async def test_sign_out_while_connecting_gives_the_call_up(server, tmp_path, caplog):
+    """Signed out while the server answers Connect's offer: no error of the call given up is
+    shown, and the call the server let in is hung up at once, not left to time out."""
+    caplog.set_level(logging.INFO, "kimiaudio.server.transport.rtc_peer")
+    sessions = server.app[SERVER_CONTEXT].sessions
+    url = str(server.make_url("/"))
+    driver = await asyncio.to_thread(start_chromium, tmp_path, None)
+
+    def connect_held():
+        driver.get(url)
+        wait_for_script(driver, "return !document.getElementById('login').hidden")
+        driver.find_element("id", "api-key").send_keys(KEY)
+        driver.find_element("css selector", "#login button").click()
+        wait_for_script(driver, "return document.getElementById('login').hidden")
+        driver.execute_script(HOLD_CALL_ANSWERS)
+        driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return held.length === 1")
+
+    def sign_out():
+        driver.find_element("id", "signout").click()
+        wait_for_script(driver, "return !document.getElementById('login').hidden")
+        driver.execute_script("held[0].deliver()")
+
+    try:
+        await asyncio.to_thread(connect_held)
+        assert sessions.num_reserved == 1  # the server has let the call in
+        await asyncio.to_thread(sign_out)
+        await eventually(lambda: asyncio.sleep(0, sessions.num_reserved == 0), "the call's slot freed")
+        page = await asyncio.to_thread(
+            driver.execute_script,
+            "return [document.getElementById('error-banner').hidden, document.body.dataset.state, session.pc]",
+        )
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert page == [True, "disconnected", None]
+    assert close_reasons(caplog.records) == ["the client hung up"]  # not its wait for audio running out

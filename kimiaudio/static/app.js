@@ -7,6 +7,8 @@
 const $ = (id) => document.getElementById(id);
 const session = {
   pc: null, channel: null, mic: null, meter: null, status: null, callId: null,
+  attempt: 0, // number of the latest Connect (call.js: a Connect given up has an older one)
+  answering: null, // peer connection whose offer the server is answering (call.js)
   endReason: null, // why the server ends the live call, when it said so (shutting_down)
   conversationId: null, // conversation of the live call (the server says which: session.*, conversation.created)
   continueId: null, // conversation to continue on the next Connect
@@ -59,17 +61,18 @@ async function loadStatus() {
 // ---------------------------------------------------------------- connect / disconnect
 async function connect() {
   hideError();
-  $("connect").disabled = true;
+  const attempt = ++session.attempt;
+  $("connect").disabled = true; // until the call is up, or given up (disconnect())
   setState("connecting");
   try {
-    await openSession(); // call.js
+    await openSession(attempt); // call.js
     $("connect").textContent = "Disconnect";
+    $("connect").disabled = false;
     setState("listening");
   } catch (e) {
+    if (attempt !== session.attempt) return; // given up meanwhile: its error is no news
     showError(e.message || String(e));
     disconnect();
-  } finally {
-    $("connect").disabled = false;
   }
 }
 

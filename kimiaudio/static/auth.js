@@ -65,7 +65,7 @@ async function login(event) {
 }
 
 async function signOut() {
-  if (session.pc) disconnect();
+  disconnect(); // a call, or a Connect still on its way
   await fetch("/api/signout", { method: "POST" }).catch(() => null);
   // Nothing of the signed-out user's conversations stays on screen: the call's transcript
   // (words and replays) goes with the list, the search and the conversation shown.

@@ -51,18 +51,61 @@ async function ephemeralKey() {
   return (await resp.json()).value;
 }
 
-async function openSession() {
+// Each Connect is numbered (session.attempt); disconnect() moves the number on, which gives up
+// a Connect still on its way (a sign-out): what it was waiting for is then dropped, and no
+// error of it is shown.
+class GivenUp extends Error {}
+function stillWanted(attempt) {
+  if (attempt !== session.attempt) throw new GivenUp();
+}
+
+async function openSession(attempt) {
   session.endReason = null;
-  session.mic = await getMicrophone();
+  const mic = await getMicrophone();
+  if (attempt !== session.attempt) stopTracks(mic);
+  stillWanted(attempt);
+  session.mic = mic;
+  await callServer(attempt, mic);
+  startMeter(mic);
+}
+
+async function callServer(attempt, mic) {
   const key = await ephemeralKey();
+  stillWanted(attempt);
+  const pc = newCall(mic);
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGatheringComplete(pc);
+  stillWanted(attempt);
+  session.answering = pc; // disconnect() leaves it open now: a call the server answers is ended here
+  let call;
+  try {
+    call = await answer(attempt, key, pc.localDescription.sdp);
+    await pc.setRemoteDescription({ type: "answer", sdp: call.sdp });
+  } catch (e) {
+    pc.close();
+    throw e;
+  } finally {
+    if (session.answering === pc) session.answering = null;
+  }
+  if (attempt !== session.attempt) closeOnceConnected(pc);
+  stillWanted(attempt);
+  session.callId = call.id;
+  session.cutOff = null;
+}
+
+// The call's peer connection, the page's session.pc: the microphone's track out, a data channel
+// for the events, the answer's audio in. Its events and audio count while it is session.pc.
+function newCall(mic) {
   // RTCIceServer dictionaries (TURN ones with the server's time-limited credentials).
   const iceServers = (session.status && session.status.ice_servers) || [];
   const pc = new RTCPeerConnection({ iceServers });
   session.pc = pc;
   session.channel = pc.createDataChannel("oai-events");
-  session.channel.onmessage = (e) => onEvent(JSON.parse(e.data));
-  session.mic.getTracks().forEach((track) => pc.addTrack(track, session.mic));
-  pc.ontrack = (e) => { $("remote-audio").srcObject = e.streams[0] || new MediaStream([e.track]); };
+  session.channel.onmessage = (e) => { if (pc === session.pc) onEvent(JSON.parse(e.data)); };
+  mic.getTracks().forEach((track) => pc.addTrack(track, mic));
+  pc.ontrack = (e) => {
+    if (pc === session.pc) $("remote-audio").srcObject = e.streams[0] || new MediaStream([e.track]);
+  };
   const lost = () => {
     if (pc !== session.pc) return; // we hung up ourselves
     // The server's own reason, if it said why it ends the session (an `error` event before).
@@ -82,26 +125,38 @@ async function openSession() {
     }
     if (pc.connectionState === "connected" && document.body.dataset.state === "interrupted") listening(); // app.js
   };
-  await pc.setLocalDescription(await pc.createOffer());
-  await iceGatheringComplete(pc);
+  return pc;
+}
 
+// The SDP offer to the server -> its SDP answer and the call's id.
+async function answer(attempt, key, offer) {
   const query = session.continueId ? `?conversation_id=${encodeURIComponent(session.continueId)}` : "";
   let resp;
   try {
     resp = await fetch(`/v1/realtime/calls${query}`, {
       method: "POST",
       headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/sdp" },
-      body: pc.localDescription.sdp,
+      body: offer,
     });
   } catch (e) {
     throw new Error(CALL_UNREACHABLE);
   }
+  if (resp.status !== 201) stillWanted(attempt); // a refusal of a call given up says nothing
   if ([404, 409, 503].includes(resp.status)) throw new Error(await refusal(resp));
   if (resp.status !== 201) throw new Error(`The server refused the call: ${await apiError(resp)}`);
-  session.callId = (resp.headers.get("Location") || "").split("/").pop();
-  session.cutOff = null;
-  await pc.setRemoteDescription({ type: "answer", sdp: await resp.text() });
-  startMeter(session.mic);
+  return { sdp: await resp.text(), id: (resp.headers.get("Location") || "").split("/").pop() };
+}
+
+// A call given up while the server answered it: the server has let it in and holds a session
+// slot for it. The close of a connected call reaches the server at once, that of one never
+// connected only when the server's wait for its audio runs out; so the call connects (its
+// events and audio ignored: session.pc is another) and closes then.
+function closeOnceConnected(pc) {
+  const close = () => {
+    if (["connected", "failed"].includes(pc.connectionState)) pc.close();
+  };
+  pc.onconnectionstatechange = close;
+  close();
 }
 
 // One sentence for a call the server cannot take now (or a conversation it cannot open); its own
@@ -145,6 +200,7 @@ function iceGatheringComplete(pc) {
 }
 
 function disconnect() {
+  session.attempt++; // a Connect still on its way is given up (openSession)
   const pc = session.pc;
   session.pc = null;
   session.channel = null;
@@ -157,14 +213,19 @@ function disconnect() {
     session.conversationId = null;
     $("conversation-note").textContent = "Press Connect to continue this conversation.";
   }
-  if (pc) pc.close();
-  if (session.mic) session.mic.getTracks().forEach((t) => t.stop());
+  if (pc && pc !== session.answering) pc.close();
+  if (session.mic) stopTracks(session.mic);
   session.mic = null;
   if (session.meter) session.meter.stop();
   session.meter = null;
   $("mic-level").style.width = "0";
   $("connect").textContent = "Connect";
+  $("connect").disabled = false;
   setState("disconnected");
+}
+
+function stopTracks(stream) {
+  stream.getTracks().forEach((t) => t.stop());
 }
 
 function send(event) {

@@ -58,3 +58,26 @@ def wait_for_script(driver, script: str, timeout: float = 120.0):
 def console_errors(driver) -> list[str]:
     """The page's console errors so far (uncaught exceptions, failed loads)."""
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def hold_answers(which: str) -> str:
+    """A script: the page's requests for which the JavaScript expression `which` (of `url` and
+    `options`, fetch's arguments) is true are answered by the server, but their answers held back
+    until `held`'s `deliver` gives them (`realFetch` is the page's own fetch)."""
+    return f"""
+        window.held = [];
+        window.realFetch = fetch;
+        fetch = (url, options) => realFetch(url, options).then((resp) => {{
+            if (!({which})) return resp;
+            return new Promise((deliver) => held.push({{ url: String(url), deliver: () => deliver(resp) }}));
+        }});"""
+
+
+# The call offers (POST /v1/realtime/calls): the server has let the call in, the page waits.
+HOLD_CALL_ANSWERS = hold_answers("String(url).startsWith('/v1/realtime/calls')")
+
+
+def close_reasons(records) -> list[str]:
+    """Why each WebRTC call that the log records (pytest's caplog, at INFO) was closed."""
+    calls = [r.getMessage() for r in records if r.name == "kimiaudio.server.transport.rtc_peer"]
+    return [m.split(" closed: ", 1)[1] for m in calls if " closed: " in m]
