@@ -51,9 +51,14 @@ async function ephemeralKey() {
   return (await resp.json()).value;
 }
 
+// How long Connect waits for the server (the key, then the call's answer) before it says the
+// server does not answer and gives the attempt up; an object, so that a test can shorten it.
+const CALL_LIMITS = { answerMs: 20000 };
+const NO_ANSWER = "The server does not answer. Is it overloaded or stopped? Press Connect to try again.";
+
 // Each Connect is numbered (session.attempt); disconnect() moves the number on, which gives up
-// a Connect still on its way (a sign-out): what it was waiting for is then dropped, and no
-// error of it is shown.
+// a Connect still on its way (a sign-out, no answer in time): what it was waiting for is then
+// dropped, and no error of it is shown.
 class GivenUp extends Error {}
 function stillWanted(attempt) {
   if (attempt !== session.attempt) throw new GivenUp();
@@ -61,12 +66,23 @@ function stillWanted(attempt) {
 
 async function openSession(attempt) {
   session.endReason = null;
-  const mic = await getMicrophone();
+  const mic = await getMicrophone(); // not timed: the user may take a while to allow it
   if (attempt !== session.attempt) stopTracks(mic);
   stillWanted(attempt);
   session.mic = mic;
-  await callServer(attempt, mic);
+  const limit = setTimeout(() => noAnswer(attempt), CALL_LIMITS.answerMs);
+  try {
+    await callServer(attempt, mic);
+  } finally {
+    clearTimeout(limit);
+  }
   startMeter(mic);
+}
+
+function noAnswer(attempt) {
+  if (attempt !== session.attempt) return;
+  showError(NO_ANSWER); // app.js
+  disconnect();
 }
 
 async function callServer(attempt, mic) {
