@@ -168,11 +168,14 @@ function conversationGone(id) {
   return "That conversation was deleted.";
 }
 
+// Deletes the conversation shown when Delete is pressed; one clicked (or continued) before the
+// server answers stays as it is.
 async function deleteSelected() {
-  if (!selectedId || !confirm("Delete this conversation and its audio?")) return;
+  const id = selectedId;
+  if (!id || !confirm("Delete this conversation and its audio?")) return;
   let resp;
   try {
-    resp = await apiFetch(`/api/conversations/${encodeURIComponent(selectedId)}`, { method: "DELETE" });
+    resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`, { method: "DELETE" });
   } catch (e) {
     return;
   }
@@ -180,10 +183,7 @@ async function deleteSelected() {
     showError(await apiError(resp));
     return;
   }
-  if (session.continueId === selectedId) session.continueId = null;
-  selectedId = null;
-  $("conversation-detail").hidden = true;
-  refreshConversations();
+  conversationGone(id);
 }
 
 // Signed out: nothing of the list, the search or the conversation shown stays, and an answer

@@ -1,0 +1,60 @@
+"""Deleting a stored conversation on the demo page, in headless Chromium against the real server
+(demo weights): the conversation deleted is forgotten (the list, the panel, the next Connect),
+and only that one: another clicked and continued before the server answered the delete stays
+shown and is what the next Connect continues."""
+
+import asyncio
+
+from kimiaudio.server.context import SERVER_CONTEXT
+
+from helpers.browser import BROWSER_MARKS, hold_answers, start_chromium, wait_for_script
+
+pytestmark = BROWSER_MARKS
+
+LISTED = "document.querySelectorAll('#conversations li:not(.muted)')"
+PAGE = f"""return {{
+    listed: [...{LISTED}].map((li) => li.firstChild.textContent),
+    shown: document.getElementById('conversation-detail').hidden ? null : $('detail-title').textContent,
+    ids: [session.continueId, selectedId],
+    note: document.getElementById('conversation-note').textContent,
+}}"""
+
+
+def click_conversation(driver, title: str) -> None:
+    driver.find_element("xpath", f"//ul[@id='conversations']/li[contains(., '{title}')]").click()
+    wait_for_script(driver, f"return document.getElementById('detail-title').textContent === '{title}'")
+
+
+async def test_a_conversation_clicked_while_another_is_deleted_stays(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        kept = (await store.create_conversation("Kept"))["id"]
+        deleted = (await store.create_conversation("Deleted"))["id"]
+        url = str(http.make_url("/"))
+
+        def drive():
+            driver = start_chromium(tmp_path, None)
+            try:
+                driver.get(url)
+                driver.execute_script("window.confirm = () => true;")
+                wait_for_script(driver, f"return {LISTED}.length === 2")
+                click_conversation(driver, "Deleted")
+                driver.execute_script(hold_answers("options && options.method === 'DELETE'"))
+                driver.find_element("id", "delete").click()
+                wait_for_script(driver, "return held.length === 1")
+                click_conversation(driver, "Kept")
+                driver.find_element("id", "continue").click()
+                driver.execute_script("held[0].deliver()")
+                wait_for_script(driver, f"return {LISTED}.length === 1")
+                return driver.execute_script(PAGE)
+            finally:
+                driver.quit()
+
+        page = await asyncio.to_thread(drive)
+        assert await store.get_conversation(deleted) is None
+    assert page == {
+        "listed": ["Kept"],
+        "shown": "Kept",
+        "ids": [kept, kept],
+        "note": "Press Connect to continue the selected conversation.",
+    }
