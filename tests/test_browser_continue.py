@@ -253,3 +253,41 @@ async def test_new_right_after_continue_on_a_live_call_is_what_the_next_connect_
 
     continue_id, note = await asyncio.to_thread(drive)
     assert continue_id is None and note == "A new conversation starts when you speak."
+
+
+async def test_a_refused_continue_says_so_until_the_next_choice_succeeds(stored, tmp_path):
+    """On a live call, Continue of a conversation deleted meanwhile is refused; Continue of
+    another then moves the call, and the refusal's banner no longer stands over it."""
+    http, _, conversation_id = stored
+    store = http.app[SERVER_CONTEXT].store
+    gone = (await store.create_conversation("Gone"))["id"]
+    url = str(http.make_url("/"))
+    driver = await asyncio.to_thread(start_chromium, tmp_path, None)
+
+    def show(title, listed):
+        listed_now = f"document.querySelectorAll('#conversations li:not(.muted)').length === {listed}"
+        wait_for_script(driver, f"return {listed_now}")
+        driver.find_element("xpath", f"//ul[@id='conversations']/li[contains(., '{title}')]").click()
+        wait_for_script(driver, f"return document.getElementById('detail-title').textContent === '{title}'")
+
+    def refused():
+        driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+        driver.find_element("id", "continue").click()
+        return wait_for_script(driver, REFUSED)
+
+    def continued():
+        show("Earlier answer.", 1)  # "Gone" has left the list
+        driver.find_element("id", "continue").click()
+        wait_for_script(driver, IN_SAVED)
+        return driver.execute_script("return [session.conversationId, document.getElementById('error-banner').hidden]")
+
+    try:
+        await asyncio.to_thread(lambda: driver.get(url) or show("Gone", 2))
+        await store.delete_conversation(gone)
+        banner = await asyncio.to_thread(refused)
+        moved, banner_hidden = await asyncio.to_thread(continued)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert banner == "That conversation was deleted."
+    assert moved == conversation_id and banner_hidden

@@ -231,9 +231,12 @@ function noteConversation() {
 
 // ---------------------------------------------------------------- wiring
 $("connect").onclick = () => (session.pc ? disconnect() : connect());
-$("continue").onclick = continueSelected;
-$("delete").onclick = deleteSelected;
-$("new-conversation").onclick = newConversation;
+// A new choice of conversation answers the banner about the last one (refused, deleted): the
+// banner goes, and comes back only if this one fails too.
+const acting = (action) => () => { hideError(); action(); };
+$("continue").onclick = acting(continueSelected);
+$("delete").onclick = acting(deleteSelected);
+$("new-conversation").onclick = acting(newConversation);
 let searchTimer = null;
 $("search").oninput = () => { clearTimeout(searchTimer); searchTimer = setTimeout(refreshConversations, 250); };
 $("login").onsubmit = login;
