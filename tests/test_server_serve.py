@@ -1,6 +1,6 @@
 """`python -m kimiaudio serve` as a user runs it: the demo checkpoint is created, the URL and
 the demo-weights notice are printed, the API answers, Ctrl-C stops it cleanly; a busy port
-is a one-line error."""
+and a conversation file another server owns are one-line errors."""
 
 import json
 import os
@@ -38,6 +38,21 @@ def test_serve_prints_url_and_demo_notice_and_stops_on_ctrl_c(tmp_path):
             timeout=120,
         )
         assert busy.returncode != 0 and "--port" in busy.stderr and "Traceback" not in busy.stderr, busy.stderr
+
+        # A second server on another port but the same SQLite file: refused before it loads the
+        # model (it would void the first one's leases), naming the process that owns the file.
+        other = subprocess.run(
+            [sys.executable, "-m", "kimiaudio", "serve", "--data-dir", str(tmp_path), "--port", str(free_port())],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        errors = [line for line in other.stderr.splitlines() if "error" in line]
+        assert other.returncode == 2 and len(errors) == 1, other.stderr
+        assert f"kimiaudio.db: in use by another kimiaudio process (pid {proc.pid})" in errors[0], errors
+        assert "Loading" not in other.stdout and "Creating" not in other.stdout, other.stdout
     finally:
         stop_serve(proc)
     rest = "".join(proc.output_lines)

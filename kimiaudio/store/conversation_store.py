@@ -45,6 +45,7 @@ from kimiaudio.store.conversation_rows import (
     update_turn,
 )
 from kimiaudio.store.db_thread import DbThread, SqliteConnector
+from kimiaudio.store.file_owner import FileOwner
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
 from kimiaudio.store.lease_book import LeaseBook
@@ -78,6 +79,7 @@ class ConversationStore:
         self._pool: ConnectionPool | None = None  # PostgreSQL's
         self._threads: tuple[DbThread, DbThread] | None = None  # (writer, reader), from open() on
         self._probe: DbThread | None = None  # PostgreSQL: the health probe's thread
+        self._owner: FileOwner | None = None  # SQLite: this process's hold on the file
         self.leases = LeaseBook(self)  # the leases this instance's sessions hold (lease_book.py)
 
     @property
@@ -114,6 +116,8 @@ class ConversationStore:
             self._probe = DbThread(connector, "kimiaudio-db-probe")
         else:
             path = Path(self.location)
+            self._owner = FileOwner(path)
+            self._owner.acquire()
             self._threads = (
                 DbThread(SqliteConnector(path), "kimiaudio-db-writer"),
                 DbThread(SqliteConnector(path), "kimiaudio-db-reader"),
@@ -136,6 +140,8 @@ class ConversationStore:
             await self._probe.close()
         if self._pool is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._pool.close)
+        if self._owner is not None:
+            self._owner.release()
 
     async def write(self, fn: Callable, *args: Any) -> Any:
         """Run `fn(sql, *args)` on the writer thread (for the queries of other store modules)."""
