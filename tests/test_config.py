@@ -105,6 +105,11 @@ def test_each_documented_range_takes_its_edges_and_refuses_the_next_value(name):
         ("detok.preset", ["low_latency", "official"], ["fast", "Official"]),
         ("audio.whisper_window", ["official", "speech"], ["30s", "Speech", ""]),
         ("server.ice_servers", [["stun:h:3478", "turns:t.example.org"]], [["http://h"], ["stun:"]]),
+        (
+            "server.allowed_hosts",
+            [[], ["voice.example.org", "kimi.lan:8080", "[::1]", "10.0.0.5", "*"]],
+            [["https://voice.example.org"], ["voice.example.org/"], [""]],
+        ),
         ("server.instance_id", ["", "gpu-node-1:8081", "pod_7.cuda-0", "a" * 128], ["-x", "a b", "a" * 129, "é"]),
         ("server.model_aliases", [[], ["whisper-1", "org/model:v2"]], [["bad name"], [""], "whisper-1", ["-x"]]),
         ("server.openai_voice", ["", "narrator", "v1.2_x"], ["bad name", "-x", "a" * 65]),

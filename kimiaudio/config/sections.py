@@ -171,7 +171,11 @@ class ServerConfig:
     api_key: str = ""
     # Host header values served (a DNS-rebinding page sends its own name); empty = the bound
     # host, localhost, 127.0.0.1 and [::1]; "*" = any (behind a proxy that checks it).
-    allowed_hosts: list[str] = setting(factory=list, bounds=Bounds(pattern=r"\S+", means="a host name"))
+    # A scheme or path would be taken for part of the name and never match a Host header.
+    allowed_hosts: list[str] = setting(
+        factory=list,
+        bounds=Bounds(pattern=r"[^\s/]+", means="a host name without scheme or path, like voice.example.org"),
+    )
     # Origins (scheme://host:port) allowed to POST, DELETE or open a WebSocket besides the
     # server's own page, and to call it cross-origin (CORS); requests without an Origin header
     # (non-browser clients) pass.
