@@ -56,7 +56,7 @@ def error_middleware(metrics: ServerMetrics) -> Middleware:
         try:
             return await errors_as_api_errors(request, handler)
         except ApiError as exc:
-            metrics.note_http_error(exc.code)
+            metrics.note_error("http", exc.code)
             raise
 
     return answer_errors

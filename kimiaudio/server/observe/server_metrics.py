@@ -7,8 +7,9 @@ its code) and WebRTC's playback gaps through `note_underrun` (a WebSocket client
 plays the audio itself: the server cannot hear it run dry). Every spoken answer's audio is
 counted once by `note_audio`, where it leaves the server's hands: a session's Responder, as it
 pushes the audio to its playback (whichever transport), or a chat completion
-(v1/chat_stream.py `note_audio_out`, streamed or not). The error middleware reports HTTP errors
-(a client that hung up is no error: request_log.py's CLIENT_CLOSED is not counted).
+(v1/chat_stream.py `note_audio_out`, streamed or not). The error middleware reports HTTP errors,
+and v1/openai_output.py the `error` events that end a /v1 stream (a client that hung up is no
+error: request_log.py's CLIENT_CLOSED is not counted).
 
 Every sample of `/metrics` carries an `instance` label, so a Prometheus scraping every
 instance of a fleet tells them apart (docs/deploy.md). The registry itself stays unlabelled
@@ -111,10 +112,11 @@ class ServerMetrics:
         elif kind == "error":
             self.errors.labels("event", event["error"]["code"]).inc()
 
-    def note_http_error(self, code: str | None) -> None:
-        """An HTTP error answered; a client's hang-up is none (nobody was answered)."""
+    def note_error(self, source: str, code: str | None) -> None:
+        """An error answered: `source` "http" (an error status) or "stream" (an `error` event ending
+        a /v1 stream whose 200 was sent); a client's hang-up is none (nobody was answered)."""
         if code != CLIENT_CLOSED:
-            self.errors.labels("http", str(code)).inc()
+            self.errors.labels(source, str(code)).inc()
 
     def note_audio(self, seconds: float) -> None:
         self.audio.inc(seconds)
