@@ -153,12 +153,15 @@ async def test_bad_uploads_are_openai_errors(v1_server, speech_files, openai_cli
     with pytest.raises(openai.BadRequestError) as info:
         await client.audio.transcriptions.create(model=MODEL, file=("a.wav", silent))
     assert "silent" in info.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as info:  # a prompt past engine.max_model_len: the client's
+    # A prompt past what one sequence holds (the test server's KV pool, 4,096 positions, fewer
+    # than engine.max_model_len): the client's error.
+    with pytest.raises(openai.BadRequestError) as info:
         await client.audio.transcriptions.create(
             model=MODEL, file=("a.wav", speech_files["wav"]), prompt="hello world " * 5000
         )
     assert (info.value.body["code"], info.value.body["param"]) == ("context_length_exceeded", "prompt")
-    assert re.search(r"prompt of \d+ positions exceeds engine.max_model_len \(8192\)", info.value.body["message"])
+    limit = r"the KV pool's 4096 positions \(fewer than engine.max_model_len, 8192\)"
+    assert re.search(rf"prompt of \d+ positions exceeds {limit}", info.value.body["message"]), info.value.body
     assert "turn-" not in info.value.body["message"], info.value.body  # no internal id
     with pytest.raises(openai.BadRequestError) as info:  # streamed: refused before the stream opens
         await client.audio.transcriptions.create(
