@@ -79,6 +79,7 @@ class QueuedResponse:
     request: ResponseCreate
     settings: SessionSettings
     cancels: int  # the session's count of response.cancel events that found no response yet
+    barge_ins: int  # the session's barge-in count when it came: a later one cuts it as it starts
     event_id: str | None = None
 
 

@@ -126,7 +126,7 @@ class RealtimeSession:
         self._queue = TurnQueue(stopping=lambda: context.sessions.is_draining)
         self._barge_ins = 0  # speech_started events that interrupted: a queued turn older than the last is moot
         self._out_of_band = OutOfBand(pipeline, self.conversation, self.events, self.tasks, stopping=self._taking_late)
-        self.requests = ResponseRequests(self.responder, self._out_of_band)
+        self.requests = ResponseRequests(self.responder, self._out_of_band, lambda: self._barge_ins)
         self.moves = ConversationMoves(self.conversation, self.responder, self.events, self._queue, self.describe)
         self._dispatch = EventDispatch(
             self.settings, self.events, self.mic, self.requests, self.edits, self._queue, self.commit, self.apply_update

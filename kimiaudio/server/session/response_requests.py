@@ -1,6 +1,9 @@
 """A session's response.create and response.cancel events, and the one case that joins them: a
 cancel that comes while its response has not started yet (queued behind other items, or being
-built), which ends that response as it starts (created, then done, cancelled).
+built), which ends that response as it starts (created, then done, cancelled). So does a
+barge-in heard while it waited (`turn_detected`): OpenAI starts a response.create at once, and
+the speech that began after it cuts it in progress (interrupt_response), so it never plays over
+the user.
 
 response.create is queued (`queued`), in order with the items, with the session's settings as
 they were when it came (a session.update sent after it is for the responses after it), and
@@ -16,6 +19,7 @@ OpenAI answers it, unless it only stops the playback.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from kimiaudio.server.session.client_events import ResponseCreate
 from kimiaudio.server.session.event_fields import ProtocolError
@@ -26,8 +30,10 @@ from kimiaudio.server.session.session_settings import SessionSettings
 
 
 class ResponseRequests:
-    def __init__(self, responder: Responder, out_of_band: OutOfBand):
+    def __init__(self, responder: Responder, out_of_band: OutOfBand, barge_ins: Callable[[], int]):
+        """barge_ins: the session's count of speech_started events that interrupted."""
         self._responder = responder
+        self._barge_ins = barge_ins
         self._out_of_band = out_of_band
         self._waiting = 0  # response.create events queued or starting, not yet a response
         self._cancels = 0  # response.cancel events that found only those: such a response ends as it starts
@@ -36,7 +42,7 @@ class ResponseRequests:
         """The queue's entry for a response.create; `settings`: the session's as it came."""
         if not request.out_of_band:  # (nothing cancels it but its id)
             self._waiting += 1
-        return QueuedResponse(request, settings, self._cancels, event_id)
+        return QueuedResponse(request, settings, self._cancels, self._barge_ins(), event_id)
 
     async def start(self, work: QueuedResponse) -> None:
         if work.request.out_of_band:
@@ -48,8 +54,12 @@ class ResponseRequests:
         finally:
             self._waiting -= 1
         started = self._responder.current
-        if started is not None and started is not before and work.cancels != self._cancels:
+        if started is None or started is before:
+            return
+        if work.cancels != self._cancels:
             self._responder.interrupt("client_cancelled")  # cancelled while it waited: created, then ended
+        elif work.barge_ins != self._barge_ins():
+            self._responder.interrupt("turn_detected")  # the user spoke up after asking: it would play over them
 
     def cancel(self, response_id: str | None, stop_playback: bool) -> None:
         if response_id is not None and self._out_of_band.cancel(response_id):
