@@ -10,6 +10,13 @@ callbacks: `on_speech_started()` (a barge-in, when barge-in is on), `on_utteranc
 item_id)` (an utterance ended: the next user turn) and `on_idle(audio, item_id)` (a silence
 after an answer lasted the session's idle timeout, idle_timer.py, measured while `stretch()`
 names a stretch of the session waiting for its user).
+
+A clear of the buffer, or a switch of turn detection, forgets the utterance the VAD was hearing
+(`_forget_utterance`), and with it what the VAD thread is hearing right then: the events of a
+push that was in the VAD thread at that moment are dropped when it comes back, so no speech is
+started or utterance committed by audio that was cleared. A client told of a speech_started
+gets its speech_stopped first (OpenAI's clients expect one after each: the SDK's
+InputAudioBufferSpeechStartedEvent), then input_audio_buffer.cleared says that its audio went.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ class MicInput:
         self._idle = IdleTimer()
         self.buffer = InputBuffer()  # input_audio_buffer: appended audio, and what awaits a commit
         self._speech_item_id: str | None = None  # the item an utterance in progress will become
+        self._vad_heard = 0  # samples the VAD heard: the clock of its events (a speech_stopped at a clear)
+        self._forgets = 0  # clears and switches so far: a push sent to the VAD before one is out of date
         self._mode = settings.turn_detection  # "none": the client commits; else the VAD does
         self._reducer: NoiseReduction | None = None  # the session's noise_reduction (in the VAD thread)
         self._reduces = False  # (on the loop) whether a noise_reduction was ever asked for
@@ -71,8 +80,9 @@ class MicInput:
             self._idle.heard(pcm, None, None, 0)  # (the clock counts all the audio written)
             self._keep(pcm, event_id)
             return
+        forgets = self._forgets
         pcm, events = await loop.run_in_executor(self._vad_executor, self._hear, pcm, kind)
-        self._after_vad(pcm, events)
+        self._after_vad(pcm, events if forgets == self._forgets else [])
 
     def _hear(self, pcm: np.ndarray, kind: str | None) -> tuple[np.ndarray, list]:
         """(In the VAD thread) the input reduced as `kind` asks, and what the VAD heard in it."""
@@ -81,6 +91,7 @@ class MicInput:
 
     def _after_vad(self, pcm: np.ndarray, events: list) -> None:
         """The VAD heard `pcm`: its events go out, an utterance it ends becomes a turn."""
+        self._vad_heard += pcm.size
         for event in events:
             match event:
                 case SpeechStarted(audio_start_ms=start_ms):
@@ -154,7 +165,7 @@ class MicInput:
         self.buffer.clear()
         self._reset_reducer()
         self._idle.restart()
-        self._vad_executor.submit(self._detector.reset)
+        self._forget_utterance()
         self._events.send(server_events.buffer_cleared())
 
     def configure(self) -> None:
@@ -167,12 +178,20 @@ class MicInput:
             self._idle.restart()
             kept = self.buffer.take() is not None  # (emptied either way)
             self._reset_reducer()
-            held = kept or self._speech_item_id is not None
-            self._speech_item_id = None
-            self._vad_executor.submit(self._detector.reset)
-            if held:
+            if self._forget_utterance() or kept:
                 self._events.send(server_events.buffer_cleared())
         self._vad_executor.submit(self._detector.configure, self._settings.turn_settings())
+
+    def _forget_utterance(self) -> bool:
+        """The utterance the VAD is hearing, and what it hears now, forgotten -> whether its
+        speech had started (its speech_stopped is sent here)."""
+        self._forgets += 1
+        self._vad_executor.submit(self._detector.reset)
+        item_id, self._speech_item_id = self._speech_item_id, None
+        if item_id is not None:
+            end_ms = self._vad_heard * 1000 // SPEECH_INPUT_RATE
+            self._events.send(server_events.speech_stopped(end_ms, item_id))
+        return item_id is not None
 
     def _reduced(self, pcm: np.ndarray, kind: str | None) -> np.ndarray:
         """(In the VAD thread) the input with its noise turned down as `kind` asks (a change of
