@@ -8,7 +8,7 @@ import pytest
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.context import SERVER_CONTEXT
-from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches
+from kimiaudio.server.middleware.access import API_KEY_ENV, AccessPolicy, exposure_warning, key_matches, key_warning
 
 from helpers.hostile_clients import fill_template, route_templates
 
@@ -256,6 +256,12 @@ def test_key_compare_and_exposure_warning(monkeypatch):
         assert bool(exposure_warning(config, AccessPolicy.from_config(config))) == warned, host
     config.server.api_key = "k"
     assert exposure_warning(config, AccessPolicy.from_config(config)) is None
+    # A key easy to guess, or one some clients cannot send: a warning at start, naming why.
+    for key, why in (("k", "1 characters long"), ("a+b/c=" * 4, "holds + / =")):
+        config.server.api_key = key
+        assert why in key_warning(AccessPolicy.from_config(config))
+    config.server.api_key = "Kx2_-~.q9" * 3
+    assert key_warning(AccessPolicy.from_config(config)) is None
     for bad in ("with space", "ключ", "tab\t"):
         config.server.api_key = bad
         with pytest.raises(ConfigError, match="server.api_key"):

@@ -30,7 +30,7 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.app import create_app
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
-from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning
+from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning, key_warning
 from kimiaudio.server.tls import ssl_context, validity_warning
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown
@@ -209,6 +209,7 @@ def run_server(config: Config) -> int:
         warning
         for warning in (
             exposure_warning(config, app[SERVER_CONTEXT].access),
+            key_warning(app[SERVER_CONTEXT].access),
             validity_warning(config, datetime.now(UTC)),
         )
         if warning

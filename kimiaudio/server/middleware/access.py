@@ -101,6 +101,33 @@ def exposure_warning(config: Config, policy: AccessPolicy) -> str | None:
     )
 
 
+MIN_KEY_CHARS = 16
+_URL_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def key_warning(policy: AccessPolicy) -> str | None:
+    """What to print about an API key that is easy to guess, or that some clients cannot send:
+    a browser's WebSocket subprotocol takes no `/ = , ;` and a query string reads `+` as a space."""
+    key = policy.api_key
+    if not key:
+        return None
+    problems = []
+    if len(key) < MIN_KEY_CHARS:
+        problems.append(f"it is {len(key)} characters long (nothing stops guessing it; use {MIN_KEY_CHARS} or more)")
+    awkward = sorted(set(key) - _URL_SAFE)
+    if awkward:
+        problems.append(
+            f"it holds {' '.join(awkward)}, which a browser cannot send as a WebSocket subprotocol "
+            "nor, for +, in ?api_key="
+        )
+    if not problems:
+        return None
+    return (
+        f"warning: the API key ({API_KEY_ENV} or server.api_key): {'; '.join(problems)}. "
+        "A key from `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'` has neither problem."
+    )
+
+
 PUBLIC_PATHS = ("/", "/api/auth", "/api/signin", "/api/signout")
 
 
