@@ -239,6 +239,19 @@ async def test_an_allowed_origins_page_calls_cross_origin(monkeypatch, demo_serv
         own = await client.get("/api/auth", headers={"Origin": f"http://127.0.0.1:{client.server.port}"})
         assert own.status == 200 and "Access-Control-Allow-Origin" not in own.headers  # same origin: no need
 
+        # The page's sign-in cookie is the page's own: a browser sends it from any origin of the
+        # same site (another port of 127.0.0.1 here), but an allowed origin acts with a key of its
+        # own, never with the page's authority.
+        cookie = (await client.post("/api/signin", json={"api_key": KEY})).cookies["kimiaudio_signin"].value
+        client.session.cookie_jar.clear()
+        signed = {"Cookie": f"kimiaudio_signin={cookie}"}
+        page = {**signed, "Origin": f"http://127.0.0.1:{client.server.port}"}
+        sibling = {**signed, "Origin": "https://app.example"}
+        assert (await client.post("/api/client_secrets", json={}, headers=page)).status == 200
+        refused = await client.post("/api/client_secrets", json={}, headers=sibling)
+        assert refused.status == 401 and (await refused.json())["error"]["code"] == "unauthorized"
+        assert (await client.get("/api/conversations", headers=signed)).status == 200  # no Origin: the page's GET
+
 
 def test_key_compare_and_exposure_warning(monkeypatch):
     assert key_matches("abc", "abc") and not key_matches("abd", "abc") and not key_matches("ab", "abc")

@@ -11,7 +11,7 @@ One middleware, applied to every route (today's and any added later):
    Realtime browser convention). Compared in constant time; 401 otherwise. Keys the server
    issued grant less (issued_keys.py): an ephemeral `ek_` key opens a Realtime session or
    call only (checked with or without an API key: its session configuration comes with it),
-   the page's sign-in cookie the page's routes under /api/.
+   the page's sign-in cookie the page's routes under /api/, for requests from the page itself.
 3. Origin: a state-changing request (any method but GET/HEAD/OPTIONS, and WebSocket upgrades)
    that carries an Origin header must come from the server's own page or an allowed origin
    (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass. What a
@@ -158,6 +158,15 @@ def _same_origin(request: web.Request, origin: str) -> bool:
     return host is not None and origin == _origin(f"{request.scheme}://{host}")
 
 
+def _from_the_page(request: web.Request) -> bool:
+    """The request may be the page's own: no Origin (a same-origin GET), or the server's. The
+    sign-in cookie is the page's: a browser sends its SameSite=Strict cookie with requests from
+    any origin of the same site too (another port, a sibling subdomain), and an allowed origin's
+    page must not act with the page's authority (it brings a key of its own)."""
+    origin = request.headers.get("Origin")
+    return origin is None or _same_origin(request, _origin(origin))
+
+
 def access_middleware(policy: AccessPolicy, store: issued_keys.Store) -> Middleware:
     """The middleware that holds every request to `policy` (Host, API key, Origin); `store`
     gives the conversation store, where the keys the server issued are."""
@@ -193,8 +202,9 @@ async def _check_key(policy: AccessPolicy, store: issued_keys.Store, request: we
         return
     if issued_keys.is_ephemeral(presented):
         raise issued_keys.out_of_scope()
-    if request.path.startswith("/api/") and await issued_keys.signed_in(store, request, policy.api_key):
-        return
+    if request.path.startswith("/api/") and _from_the_page(request):
+        if await issued_keys.signed_in(store, request, policy.api_key):
+            return
     raise ApiError(
         401,
         "unauthorized",
