@@ -120,6 +120,8 @@ async def _speak_in_the_voice(http, pipeline, client, speech_wav, espeak_voice, 
     assert resp.status == 200 and (await resp.json())["deleted"] == "espeak"
     assert (await (await http.get("/api/voices")).json())["voices"] == []
     await error(await http.delete("/api/voices/espeak"), 404, "not_found")
+    long_name = await error(await http.delete("/api/voices/" + "x" * 5000), 404, "not_found")
+    assert len(long_name) < 300, len(long_name)  # the name as long as a voice's may be, not all of it
     with pytest.raises(openai.BadRequestError, match="unknown voice 'espeak'"):
         await chat(client, "espeak", question)
 

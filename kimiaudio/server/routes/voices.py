@@ -93,7 +93,7 @@ async def remove_voice(request: web.Request) -> web.Response:
     pipeline, name = context.pipeline, request.match_info["name"]
     await sync_voices(context)
     if name not in pipeline.voices:
-        raise ApiError(404, "not_found", f"no voice named {name!r}")
+        raise ApiError(404, "not_found", f"no voice named {name[:MAX_NAME_BYTES]!r}")
     if name == context.config.voices.default:
         raise ApiError(409, "default_voice", f"{name!r} is the default voice (voices.default): change the config first")
     deleted = await delete_voice(context.store, name)
@@ -101,7 +101,7 @@ async def remove_voice(request: web.Request) -> web.Response:
     if voice is not None:  # (a concurrent delete may have taken it meanwhile)
         pipeline.forget_voice(voice)
     if not deleted:  # a concurrent delete took it first
-        raise ApiError(404, "not_found", f"no voice named {name!r}")
+        raise ApiError(404, "not_found", f"no voice named {name[:MAX_NAME_BYTES]!r}")
     return web.json_response({"deleted": name})
 
 
