@@ -31,7 +31,7 @@ from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.json_input import JsonInputError
 from kimiaudio.server.observe.log_values import log_value
-from kimiaudio.server.observe.request_log import client_closed
+from kimiaudio.server.observe.request_log import client_closed, request_record
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.store import ConversationBusyError, ConversationNotFoundError
 
@@ -49,15 +49,20 @@ def _is_page(path: str) -> bool:
 
 def error_middleware(metrics: ServerMetrics) -> Middleware:
     """The outermost middleware: every error leaves as JSON (or the page's plain answer), and
-    each one sent is counted in `metrics`."""
+    each one sent is counted in `metrics`: an error status, or the `error` event that ended a
+    /v1 stream after its 200 (its request record's `failed`)."""
 
     @web.middleware
     async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            return await errors_as_api_errors(request, handler)
+            response = await errors_as_api_errors(request, handler)
         except ApiError as exc:
             metrics.note_error("http", exc.code)
             raise
+        failed = request_record(request).failed
+        if failed is not None:
+            metrics.note_error("stream", failed)
+        return response
 
     return answer_errors
 

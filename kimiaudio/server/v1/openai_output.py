@@ -13,7 +13,6 @@ import json
 from aiohttp import web
 
 from kimiaudio.server.api_error import ApiError
-from kimiaudio.server.context import server_context
 from kimiaudio.server.observe.request_log import request_record
 
 
@@ -31,9 +30,8 @@ async def send_event(response: web.StreamResponse, data: dict) -> None:
 
 async def send_error(request: web.Request, response: web.StreamResponse, error: ApiError) -> None:
     """The `error` event; the request's log line names its code (its status is the 200 sent), and
-    the metrics count it, as they count an error answered with its status."""
+    the metrics count it (error_responses.py), as they count an error answered with its status."""
     request_record(request).failed = error.code
-    server_context(request).metrics.note_error("stream", error.code)
     await send_event(response, error.event())
 
 
