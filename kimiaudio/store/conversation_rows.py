@@ -70,6 +70,16 @@ def audio_record(audio: np.ndarray | None, role: str) -> dict[str, Any] | None:
     return {"sample_rate": sample_rate, "num_samples": int(audio.size), "wav": wav_bytes(audio, sample_rate)}
 
 
+def as_stored(audio: np.ndarray, role: str) -> np.ndarray:
+    """`audio` as the store gives it back: the samples of its 16-bit WAV (the same again if
+    stored again). A session prompts these, so that a later session reopening the conversation
+    prompts the same samples and the prefix cache serves the history the first one computed."""
+    record = audio_record(audio, role)
+    if record is None:
+        return np.asarray(audio, dtype=np.float32).reshape(-1)
+    return decode_audio_bytes(record["wav"], sr=record["sample_rate"], name=f"{role} audio")
+
+
 def create_conversation(db: Sql, title: str) -> dict[str, Any]:
     now = time.time()
     record = {"id": new_conversation_id(), "title": title, "created_at": now, "updated_at": now}

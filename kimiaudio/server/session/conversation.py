@@ -26,7 +26,7 @@ from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.session.conversation_items import ConversationItems
-from kimiaudio.store import ConversationLostError, ConversationStore, StoredTurn, delete_turn, get_turn
+from kimiaudio.store import ConversationLostError, ConversationStore, StoredTurn, as_stored, delete_turn, get_turn
 
 
 class Conversation:
@@ -158,6 +158,8 @@ class Conversation:
         """Store a user turn, spoken or text, before the model starts on it; (its index, history
         turn). audio_first: its text came after its audio."""
         history = await self.history()
+        if audio is not None:  # prompted as a reopened conversation's history will be: as stored
+            audio = as_stored(audio, "user")
         timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
         conversation_id = self.stored_id
         index = await self.store.add_turn(
