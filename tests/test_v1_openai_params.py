@@ -268,3 +268,28 @@ async def test_every_v1_request_leaves_one_log_line(v1_serve, question, openai_c
     fields = dict(pair.split("=") for pair in lines[2].split("status=200 ")[1].split())
     assert float(fields["audio_in_s"]) > 1 and float(fields["audio_out_s"]) > 0
     assert 0 < float(fields["first_byte_s"]) <= float(fields["done_s"])
+
+
+async def test_a_realtime_websockets_log_line_times_its_upgrade(v1_serve, openai_client):
+    """Its first_byte_s is the 101's, not the connection's length (done_s, written as it closes)."""
+    proc, _ = v1_serve
+    before = len(proc.output_lines)
+    async with openai_client.realtime.connect(model=MODEL) as conn:
+        events = Events(conn, "ga")
+        created = await events.wait_for("session.created")
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello?"}]}
+        )
+        await conn.response.create(response={"max_output_tokens": 2, "output_modalities": ["text"]})
+        done = await events.wait_for("response.done")
+    open_s = events.arrived[events.position(done)] - events.arrived[events.position(created)]
+
+    async def websocket_line():  # written as the handler returns, after its session's close
+        lines = proc.output_lines[before:]
+        closed = next((i for i, line in enumerate(lines) if f"session {created.session.id} closed" in line), None)
+        after = [line for line in lines[closed or 0 :] if "GET /v1/realtime status=101" in line]
+        return after[0] if closed is not None and after else None
+
+    fields = dict(pair.split("=") for pair in (await eventually(websocket_line, "its log line")).split()[-2:])
+    # The upgrade left before session.created, and the socket closed after response.done came.
+    assert float(fields["done_s"]) - float(fields["first_byte_s"]) >= open_s - 0.002, (fields, open_s)

@@ -20,8 +20,8 @@ do not count it as an error), and with the status sent when a stream was cut. Th
 written as log_values.py writes any value: quoted and escaped if a client put a newline or
 another control character in it.
 
-A WebSocket (/v1/realtime) is one line when it closes (its answers have their own `turn`
-lines, turn_log.py).
+A WebSocket (/v1/realtime) is one line when it closes, its first byte the upgrade's 101 (its
+answers have their own `turn` lines, turn_log.py).
 """
 
 from __future__ import annotations

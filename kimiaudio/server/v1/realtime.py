@@ -31,6 +31,7 @@ from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import server_context
 from kimiaudio.server.ephemeral_keys import bound_update
 from kimiaudio.server.inputs.openai_params import check_model
+from kimiaudio.server.observe.request_log import request_record
 from kimiaudio.server.session.event_shape import event_shape
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.session_registry import Admitted
@@ -78,6 +79,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
 
     async with context.sessions.opened("websocket", make) as socket:
         pass  # the upgrade is all the setup there is
+    request_record(request).first_byte()  # the 101 has left (the line is written when the socket closes)
     try:
         await socket.run()
     except Exception:  # the upgrade is done: no HTTP error can be sent any more
@@ -100,6 +102,7 @@ async def _sideband(request: web.Request, call_id: str) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: connect with a WebSocket client")
     await ws.prepare(request)
+    request_record(request).first_byte()
     sideband = webrtc.Sideband(peer, ws, request.transport)
     try:
         await sideband.run()
