@@ -5,16 +5,21 @@ void), so a second process on the same file would take the live sessions' conver
 the first, and both would write into one conversation. An exclusive advisory lock on a file
 beside the database (`<database>.owner`, which holds the owner's pid) marks the owner; the
 kernel releases it when the process ends, however it ends. Several instances share
-conversations through PostgreSQL instead ([storage] url).
+conversations through PostgreSQL instead ([storage] url). Where the platform has no flock
+(Windows), nothing is locked.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 
 from kimiaudio.errors import KimiAudioError
+
+try:
+    import fcntl
+except ImportError:  # (Windows)
+    fcntl = None  # type: ignore[assignment]
 
 
 class FileOwner:
@@ -25,6 +30,8 @@ class FileOwner:
 
     def acquire(self) -> None:
         """Own the database now, or KimiAudioError (one line) naming the process that does."""
+        if fcntl is None:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
