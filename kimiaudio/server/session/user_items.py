@@ -75,7 +75,8 @@ class UserItems:
             if role == "assistant":
                 index, _ = await conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
             else:
-                index, _ = await conversation.add_user(audio, work.text, audio_first)
+                index, user_turn = await conversation.add_user(audio, work.text, audio_first)
+                audio = user_turn.audio  # as stored: what the answer is prompted with, encoded once for both
         except Exception as exc:
             log_store_failure(log, events.session_id, "storing the user turn", exc)
             text = f"the turn could not be stored, so it was not answered ({exc})"
