@@ -18,6 +18,7 @@ store/turn_by_index.py). The items the client was told of, and their turns, are 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import numpy as np
@@ -159,7 +160,7 @@ class Conversation:
         turn). audio_first: its text came after its audio."""
         history = await self.history()
         if audio is not None:  # prompted as a reopened conversation's history will be: as stored
-            audio = as_stored(audio, "user")
+            audio = await asyncio.to_thread(as_stored, audio, "user")  # (an encode and a decode: off the loop)
         timings = {"speech_s": audio.size / SPEECH_INPUT_RATE} if audio is not None else {}
         conversation_id = self.stored_id
         index = await self.store.add_turn(
