@@ -181,3 +181,11 @@ def test_serve_with_an_expired_certificate_starts_and_says_so(tmp_path):
         assert warnings and all(str(cert) in line for line in warnings), proc.output_lines
     finally:
         stop_serve(proc)
+
+
+def test_the_server_imports_without_cryptography():
+    """Only a server with a certificate reads one: an install without cryptography (the GPU
+    machine's trimmed one) still serves plain HTTP."""
+    blocked = "import sys; sys.modules['cryptography'] = None; import kimiaudio.server.serve, kimiaudio.server.tls"
+    done = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -15,8 +15,6 @@ import ssl
 from datetime import datetime
 from pathlib import Path
 
-from cryptography import x509
-
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 
@@ -80,6 +78,10 @@ def validity_warning(config: Config, now: datetime) -> str | None:
     """A line naming the certificate if `now` (aware) is outside its validity period, else None."""
     if not config.server.tls_cert:
         return None
+    # Imported here: only a server with a certificate needs it (a declared dependency, but one a
+    # trimmed install, such as the GPU machine's, may lack).
+    from cryptography import x509
+
     cert = config.resolve(config.server.tls_cert)
     try:
         parsed = x509.load_pem_x509_certificate(cert.read_bytes())
