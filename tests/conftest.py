@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from kimiaudio.layers.device_memory import prefer_expandable_segments
+
 from helpers.golden_data import GOLDEN_DIRS, GOLDEN_FILES
 
 # Without a GPU the Triton kernels' tests run them in Triton's interpreter (the product's CPU
@@ -23,6 +25,9 @@ from helpers.golden_data import GOLDEN_DIRS, GOLDEN_FILES
 # that imports the engine first would otherwise define them compiled.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The GPU tests measure memory under the allocator settings `serve` and `bench` run with.
+prefer_expandable_segments()
 
 # Under pytest-xdist, the workers share the cores: torch threads (and those of the processes the
 # tests start) are divided among them, not every worker running one per core against the others.

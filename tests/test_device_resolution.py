@@ -4,6 +4,8 @@ calls that refuse an index-less device (torch.cuda.get_per_process_memory_fracti
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch.cuda._utils import _get_device_index
@@ -63,3 +65,21 @@ def test_no_cuda_is_a_one_line_error_and_auto_is_the_cpu(monkeypatch):
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(CheckpointError, match="no CUDA device is available"):
         resolve_device("cuda")
+
+
+@pytest.mark.parametrize("configured", [None, "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
+def test_expandable_segments_unless_the_allocator_is_configured(monkeypatch, configured):
+    """serve, bench and the tests ask for expandable segments; a user's own allocator settings,
+    under either of torch's names, are left as they are."""
+    from kimiaudio.layers.device_memory import prefer_expandable_segments
+
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    if configured:
+        monkeypatch.setenv(configured, "max_split_size_mb:128")
+    prefer_expandable_segments()
+    if configured:
+        assert os.environ[configured] == "max_split_size_mb:128"
+        assert sum(name in os.environ for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")) == 1
+    else:
+        assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
