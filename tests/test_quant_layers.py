@@ -78,6 +78,17 @@ def test_fp8_layer_is_the_product_of_its_quantized_operands():
     assert (x_scale[1:] < x_scale[0] / 10).all()
 
 
+def test_fp8_row_scales_are_a_multiply_by_the_reciprocal():
+    """A row's scale is amax x fp32(1/448), not amax / 448: torch on CUDA divides by a Python
+    number that way, so the rule gives the same bits on the CPU, on CUDA and in the Triton
+    kernel (a division differs from it in the last bit for some rows)."""
+    x = torch.randn(4096, 8, generator=torch.Generator().manual_seed(0)) * 100
+    _, scale = fp8.quantize_rows(x)
+    amax = x.abs().amax(dim=-1)
+    assert torch.equal(scale, amax * torch.tensor(1 / 448, dtype=torch.float32))
+    assert not torch.equal(scale, amax / 448)  # the two rules do part on these rows
+
+
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_fp8_scaled_mm_call_equals_the_exact_product(rows):
     """The call the GPU path makes (layout, scale shapes, output dtype), run by torch's CPU

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from kimiaudio.errors import ConfigError
-from kimiaudio.layers.e4m3 import FP8, FP8_MAX, MIN_SCALE
+from kimiaudio.layers.e4m3 import FP8, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 from kimiaudio.layers.triton_support import use_triton
 
 
@@ -72,7 +72,7 @@ def quantize_activations(x: torch.Tensor) -> Fp8Rows:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, C] -> (e4m3 [R, C], fp32 scale [R]) with x ~ q * scale[:, None]: each row scaled so
     that its largest magnitude maps to 448."""
-    scale = (x.abs().amax(dim=-1).float() / FP8_MAX).clamp_min(MIN_SCALE)
+    scale = (x.abs().amax(dim=-1).float() * INV_FP8_MAX).clamp_min(MIN_SCALE)
     q = (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 

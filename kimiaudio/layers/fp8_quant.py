@@ -3,8 +3,8 @@
 triton_ops.silu_and_mul) quantize their output with, so that a prefill's fp8 GEMM reads the
 activations once, already in 8 bits.
 
-The values are fp8.quantize_rows's exactly: scale = max(amax / 448, 1e-12) and q = e4m3 of
-clamp(x / scale, +-448), both divisions rounded to nearest (div_rn, as torch's), the cast to
+The values are fp8.quantize_rows's exactly: scale = max(amax * fp32(1/448), 1e-12) and q = e4m3
+of clamp(x / scale, +-448), the division rounded to nearest (div_rn, as torch's), the cast to
 e4m3 rounded to nearest even.
 """
 
@@ -18,13 +18,14 @@ from kimiaudio.layers import e4m3
 from kimiaudio.layers.triton_support import interpreting
 
 _MAX = tl.constexpr(e4m3.FP8_MAX)
+_INV_MAX = tl.constexpr(e4m3.INV_FP8_MAX)
 _MIN_SCALE = tl.constexpr(e4m3.MIN_SCALE)
 
 
 @triton.jit
 def fp8_scale(amax):
     """The row scale of a row whose largest magnitude is `amax` (fp32)."""
-    return tl.maximum(tl.math.div_rn(amax, _MAX), _MIN_SCALE)
+    return tl.maximum(amax * _INV_MAX, _MIN_SCALE)
 
 
 @triton.jit
