@@ -26,8 +26,11 @@ PROFILE_STEPS = 10
 WARMUP_STEPS = 3
 TOP_KERNELS = 12
 # First match wins; case-insensitive, over CUDA kernel names and (on the CPU) aten operators.
+# cuBLAS names its GEMMs in several ways: nvjet_* are its own kernels from CUDA 12.8 on Hopper
+# (most of bf16 decode's linears on an H200 with CUDA 13), xmma/cutlass older ones.
 KERNEL_GROUPS = {
-    "gemm": r"skinny_gemm|gemm|gemv|xmma|cutlass|cublas|splitkreduce|scaled_mm|int8pack|aten::(mm|addmm|linear|matmul)",
+    "gemm": r"skinny_gemm|gemm|gemv|nvjet|xmma|cutlass|cublas|splitkreduce|scaled_mm|int8pack"
+    r"|aten::(mm|addmm|linear|matmul)",
     "attention": r"decode_partition|merge_partitions|store_kv|rotary_store|attention|fmha|flash",
     "norm": r"rms_norm|layer_norm",
     "rotary_silu_quant": r"rotary|silu|quantize",
