@@ -195,4 +195,7 @@ def test_static_mixed_batch_through_the_kernel_equals_the_torch_path(heads):
         pools.append(pool)
     torch.testing.assert_close(outs[1], outs[0], **TOL[torch.float32])
     assert torch.equal(outs[1][8:], torch.zeros_like(outs[1][8:]))  # the padding's rows
-    assert torch.equal(pools[0].kv, pools[1].kv)
+    # The usable blocks alike; the scratch block (the last) takes every padding row's K/V, and
+    # on CUDA which of those writes lands last is the hardware's choice on either path.
+    usable = slice(0, pools[0].scratch_block)
+    assert torch.equal(pools[0].kv[:, :, usable], pools[1].kv[:, :, usable])
