@@ -101,7 +101,7 @@ def test_memory_plan_of_a_24_gib_card(capsys):
         # The detokenizer as served to 8 sessions: 8-row buckets, state for 8 sessions.
         assert plan["sessions"] == 8 and plan["detok_batch_rows"] == 8
         assert plan["reserved"]["detok_state"] == 8 * plan["detok_state_per_session"]
-        assert plan["reserved"]["detok_graph_pool"] > 0.5 * GIB and plan["reserved"]["lm_graph_pool"] > 0.2 * GIB
+        assert plan["reserved"]["detok_graph_pool"] > 0.5 * GIB and plan["reserved"]["lm_graph_pool"] > 0.1 * GIB
         assert plan["reserved"]["lm_mixed_graph_pool"] > 0.2 * GIB
         assert plan["kv_pool_tokens"] == plan["kv_blocks"] * 16
         if plan["kv_blocks"]:
@@ -134,9 +134,11 @@ def test_estimated_parts_grow_with_what_they_stand_for(stack, config):
     )
     no_mixed = dataclasses.replace(config, engine=dataclasses.replace(config.engine, mixed_cuda_graphs=False))
     assert "lm_mixed_graph_pool" not in plan_memory(stack, no_mixed, 2 * GIB, on_gpu=True)["reserved"]
-    base = activation_bytes(stack, config)
-    longer = dataclasses.replace(config, audio=dataclasses.replace(config.audio, max_input_seconds=240.0))
-    big_prefill = dataclasses.replace(config, engine=dataclasses.replace(config.engine, max_num_batched_tokens=1 << 20))
+    # Utterances of one window each (4 windows, under the encoders' batch limit), then of two.
+    short = dataclasses.replace(config, audio=dataclasses.replace(config.audio, max_input_seconds=30.0))
+    base = activation_bytes(stack, short)
+    longer = dataclasses.replace(config, audio=dataclasses.replace(config.audio, max_input_seconds=60.0))
+    big_prefill = dataclasses.replace(short, engine=dataclasses.replace(config.engine, max_num_batched_tokens=1 << 20))
     assert activation_bytes(stack, longer) > base and activation_bytes(stack, big_prefill) > base
     cfg = stack.lm.config
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim

@@ -32,7 +32,9 @@ from kimiaudio.errors import AudioInputError
 class Glm4SpeechTokenizer:
     """Owns the WhisperVQEncoder (float32, as official) and its mel front end."""
 
-    def __init__(self, model: WhisperVQEncoder, mel: MelSettings, device: torch.device, max_batch_segments: int = 32):
+    # max_batch_segments: 8 windows of 30 s keep a GPU busy; in float32 with its [B, 1, T, T]
+    # mask, 16 of them peaked at 1.42 GB on an H200, activations the memory plan reserves.
+    def __init__(self, model: WhisperVQEncoder, mel: MelSettings, device: torch.device, max_batch_segments: int = 8):
         self.model = model
         self.mel = mel
         self.filters = mel.filters().to(device)  # [n_mels, n_fft // 2 + 1]

@@ -36,8 +36,10 @@ FRAMES_PER_TOKEN = 4
 class WhisperFeatureEncoder:
     """Owns the Whisper encoder and its mel front end; turns 16 kHz audio into LM features."""
 
+    # max_batch_segments: 8 windows of 30 s (12,000 positions) keep a GPU busy; more would only
+    # grow the activations the memory plan reserves beside the KV pool.
     def __init__(
-        self, encoder, mel: MelSettings, device: torch.device, dtype: torch.dtype, max_batch_segments: int = 16
+        self, encoder, mel: MelSettings, device: torch.device, dtype: torch.dtype, max_batch_segments: int = 8
     ):
         self.encoder = encoder
         self.mel = mel

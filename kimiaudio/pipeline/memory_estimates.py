@@ -7,11 +7,10 @@ measuring on a GPU, so it comes from this table: each entry is a measured ratio 
 times (1 + margin). `python -m kimiaudio bench --memory-estimates` measures every entry on a GPU
 and prints the values to put here (.ci/gpu-check's `estimates` step writes them to its report).
 
-Seeded from the one full-size GPU run so far (one H200, torch 2.11 + CUDA 13, main at a55b0f3,
-2026-11-26; benchmarks/results/h200-2026-11-26/): the detokenizer's graph pool was 1.2-1.8 GB
-beside 2.58 GB of static buffers (16-row buckets), the LM's decode graphs' pool 0.2-0.3 GB
-(64-row batches, whose logits are 0.199 GB). The entries marked "not measured" are typical
-figures, with a wider margin, until the `estimates` step measures them.
+Measured on one H200 (torch 2.11 + CUDA 13, 2026-11-27, `bench --memory-estimates --sessions
+16` at 77b6375; benchmarks/results/h200-2026-11-27/): the random full-size stack, 16-row
+detokenizer buckets, decode graphs for batches of 1..64. Each margin covers what the one
+measurement cannot: another card's or driver's allocator rounding and kernels' workspaces.
 """
 
 from __future__ import annotations
@@ -38,46 +37,46 @@ ESTIMATES: dict[str, Estimate] = {
     # graph's, reused by the others) and every vocoder graph's output wav. Both grow with the
     # bucket rows and frames, as the static buffers do, so it is a ratio to those.
     "detok_graph_pool": Estimate(
-        measured=0.70,
+        measured=0.7148,
         margin=0.10,
         per="byte of the detokenizer's static buffers",
-        source="H200 at a55b0f3: at most 1.8 GB beside 2.58 GB of buffers (16-row buckets)",
+        source="H200, 2026-11-27: 1.85 GB beside 2.58 GB of static buffers (16-row buckets)",
     ),
     # The decode graphs' pool: every captured batch size keeps its logits (both heads), and the
     # largest batch's activations are reused by the smaller ones.
     "lm_graph_pool": Estimate(
-        measured=1.51,
+        measured=0.6963,
         margin=0.10,
         per="byte of the decode graphs' logits",
-        source="H200 at a55b0f3: at most 0.3 GB for batch sizes 1..64, whose logits are 0.199 GB",
+        source="H200, 2026-11-27: 0.138 GB for batch sizes 1..64, whose logits are 0.199 GB",
     ),
     # The mixed-step graphs (prefill chunks beside decodes, one graph per token bucket): every
     # bucket's logits, a row per sequence of the static batch, and the largest bucket's live
     # tensors, counted; the measured ratio of the decode graphs (allocator rounding of their
     # small outputs) does not carry over to these large ones.
     "lm_mixed_graph_pool": Estimate(
-        measured=1.0,
+        measured=1.0338,
         margin=0.10,
         per="byte of the mixed-step graphs' logits and largest bucket (memory_plan.mixed_graph_bytes)",
-        source="not measured: counted (the mixed-step graphs came after the H200 run)",
+        source="H200, 2026-11-27: 0.354 GB against 0.343 GB counted (token buckets 16..320)",
     ),
     # Tensors alive at once in the largest eager forward (a prefill of max_num_batched_tokens
     # positions, or the speech encoders' largest batch; memory_plan.activation_bytes counts
     # them tensor by tensor in one layer): kernels' temporaries come on top (the allocator's
     # rounding and fragmentation are allocator_slack's).
     "activations": Estimate(
-        measured=1.0,
+        measured=1.1388,
         margin=0.10,
         per="byte of the largest forward's live tensors (memory_plan.activation_bytes)",
-        source="not measured: the counted tensors, with a margin for kernels' temporaries",
+        source="H200, 2026-11-27: the encoders' batch peaked at 1.42 GB against 1.25 GB counted",
     ),
     # Device memory outside torch's allocator: the CUDA context, cuBLAS/cuDNN handles and
     # workspaces, loaded kernel modules (Triton's included).
     "cuda_context": Estimate(
-        measured=0.6 * GIB,
-        margin=0.25,
+        measured=1_317_863_424,
+        margin=0.10,
         per="bytes",
-        source="not measured: typical of torch 2.x + CUDA 12/13 on Hopper with lazy module loading",
+        source="H200, 2026-11-27: 1.32 GB outside the allocator (driver 580, lazy module loading)",
     ),
     # What the caching allocator reserves beyond what is allocated (segment rounding, blocks
     # split and left over between transient tensors of different sizes).
