@@ -58,11 +58,14 @@ class StepGraphs:
         for size in sizes:
             self.forward(size)  # warm-up
             if size == sizes[0]:
-                # What the allocator holds once the largest warm-up's activations are cached (the
-                # smaller warm-ups reuse them): the captures add their private pool on top. The
-                # driver's free memory is no measure of it: it does not move while the
-                # allocator has cached segments to hand out.
+                # What the allocator holds before the captures add their private pool. Each
+                # capture begins by emptying the allocator's cache (torch.cuda.graph does), so
+                # the baseline is taken with it emptied too: otherwise the cached warm-up
+                # activations, and whatever else was cached, are subtracted from the pool's
+                # size, which can come out negative. The driver's free memory is no measure
+                # of it either: it does not move while the allocator has cached segments.
                 torch.cuda.synchronize(self.device)
+                torch.cuda.empty_cache()
                 before = torch.cuda.memory_reserved(self.device)
             graph = torch.cuda.CUDAGraph()
             # thread_local: another thread's CUDA calls (a server's other worker) may go on

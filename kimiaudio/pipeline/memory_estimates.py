@@ -9,8 +9,11 @@ and prints the values to put here (.ci/gpu-check's `estimates` step writes them 
 
 Measured on one H200 (torch 2.11 + CUDA 13, 2026-11-27, `bench --memory-estimates --sessions
 16` at 77b6375; benchmarks/results/h200-2026-11-27/): the random full-size stack, 16-row
-detokenizer buckets, decode graphs for batches of 1..64. Each margin covers what the one
-measurement cannot: another card's or driver's allocator rounding and kernels' workspaces.
+detokenizer buckets, decode graphs for batches of 1..64. The two LM graph pools are the largest
+any run there logged: their measure then subtracted whatever the captures emptied from the
+allocator's cache, so each figure is at most the pool's size (engine/step_graphs.py now
+measures from an emptied cache). Each margin covers what the one measurement cannot: another
+card's or driver's allocator rounding and kernels' workspaces.
 """
 
 from __future__ import annotations
@@ -45,20 +48,20 @@ ESTIMATES: dict[str, Estimate] = {
     # The decode graphs' pool: every captured batch size keeps its logits (both heads), and the
     # largest batch's activations are reused by the smaller ones.
     "lm_graph_pool": Estimate(
-        measured=0.6963,
+        measured=1.134,
         margin=0.10,
         per="byte of the decode graphs' logits",
-        source="H200, 2026-11-27: 0.138 GB for batch sizes 1..64, whose logits are 0.199 GB",
+        source="H200, 2026-11-27: 0.21 GiB for batch sizes 1..64, whose logits are 0.199 GB",
     ),
     # The mixed-step graphs (prefill chunks beside decodes, one graph per token bucket): every
     # bucket's logits, a row per sequence of the static batch, and the largest bucket's live
     # tensors, counted; the measured ratio of the decode graphs (allocator rounding of their
     # small outputs) does not carry over to these large ones.
     "lm_mixed_graph_pool": Estimate(
-        measured=1.0338,
+        measured=1.128,
         margin=0.10,
         per="byte of the mixed-step graphs' logits and largest bucket (memory_plan.mixed_graph_bytes)",
-        source="H200, 2026-11-27: 0.354 GB against 0.343 GB counted (token buckets 16..320)",
+        source="H200, 2026-11-27: 0.36 GiB against 0.343 GB counted (token buckets 16..320)",
     ),
     # Tensors alive at once in the largest eager forward (a prefill of max_num_batched_tokens
     # positions, or the speech encoders' largest batch; memory_plan.activation_bytes counts
