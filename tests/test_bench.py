@@ -135,6 +135,11 @@ def test_bench_reports_every_figure(demo_checkpoint):
         assert 0 < row["kv_blocks_used_peak"] <= row["kv_blocks_total"]
         assert row["prefix_cache_hit_rate"] > 0  # second turns reuse their history's KV
         assert 0 < row["lm_step_ms_p50"] <= row["lm_step_ms_p95"] and row["detok_ms_p50"] > 0
+        # What the detokenizer's streams held between chunks (12-code answers: a chunk or two),
+        # within the plan's worst case for the sessions that spoke at once; no voice was asked
+        # for, so the voice cache stayed empty.
+        assert 0 <= row["detok_state_peak_bytes"] <= plan["reserved"]["detok_state"] * n // plan["sessions"]
+        assert row["voice_cache_peak_bytes"] == 0
         check_playback_figures(row)
     assert timed < elapsed, (timed, elapsed)
 
@@ -192,6 +197,30 @@ def test_step_profile_summary_counts_overlapping_kernels_once():
     report = summarize(events, steps=1, wall_s=0.002, weight_bytes=int(1.8e9))
     assert report["groups_ms_per_step"]["gemm"] == pytest.approx(1.2) and report["groups_ms_per_step"]["norm"] == 0.2
     assert report["gemm_gb_s"] == pytest.approx(1500) and report["gemm_weight_gb"] == 1.8
+
+
+def test_the_memory_check_predicts_the_run_from_what_it_filled():
+    """The plan reserves the detokenizer's state and the voice cache at their worst case; the
+    check's prediction for a run takes them at what its rows filled, the rest as planned."""
+    from types import SimpleNamespace
+
+    from kimiaudio.bench.command import memory_check
+
+    plan = {
+        "device_total": 1000,
+        "reserved": {"weights": 400, "detok_state": 100, "voice_cache": 50, "cuda_context": 40},
+        "reserved_total": 590,
+        "kv_pool": 300,
+    }
+    rows = [SimpleNamespace(detok_state_peak_bytes=d, voice_cache_peak_bytes=v) for d, v in ((30, 0), (60, 20))]
+    check = memory_check(plan, 800, rows)
+    assert check["worst_case_peak_reserved_bytes"] == 850  # all but the context, the pool included
+    assert (check["detok_state_filled_bytes"], check["voice_cache_filled_bytes"]) == (60, 20)
+    assert check["predicted_peak_reserved_bytes"] == 850 - 40 - 30
+    assert check["peak_vs_predicted"] == round(800 / 780 - 1, 4) and check["peak_within_device"]
+    # A part filled past its reservation (a voice prefix kept alone over the budget) takes nothing off.
+    over = memory_check(plan, 800, [SimpleNamespace(detok_state_peak_bytes=100, voice_cache_peak_bytes=70)])
+    assert over["predicted_peak_reserved_bytes"] == 850
 
 
 def test_profile_needs_the_decode_bench():
@@ -461,3 +490,19 @@ def test_slow_steps_are_counted_by_what_they_carried():
     assert "4/10 LM steps > 13.0 ms" in format_slow_steps(report)
     empty = slow_step_report([])
     assert empty["steps"] == 0 and empty["slowest"] == [] and set(empty["by_tag"]) == set(report["by_tag"])
+
+
+def test_a_pipeline_row_reports_what_the_detokenizer_held(demo_checkpoint):
+    """Answers of several chunks: the streams held their prefix K/V and overlap between chunks,
+    at most the plan's worst case for the sessions; the voice cache, with no voice asked for,
+    held nothing."""
+    import asyncio
+
+    from kimiaudio.bench.pipeline_bench import bench_pipeline
+    from kimiaudio.pipeline.model_stack import ModelStack
+
+    stack = ModelStack.load(load_config(None, {"model": {"path": str(demo_checkpoint), "device": "cpu"}}))
+    inputs, params = bench_inputs(stack.config, 2, 1, 48, None)
+    row = asyncio.run(bench_pipeline(stack, stack.config, 2, inputs, params))
+    assert 0 < row.detok_state_peak_bytes <= 2 * stack.detokenizer.state_bytes_per_stream()
+    assert row.voice_cache_peak_bytes == 0

@@ -123,6 +123,24 @@ def test_streaming_stream_equals_offline(fast):
     assert not stream.ready(True)  # the final chunk reset the stream
 
 
+def test_a_stream_holds_its_prefix_and_overlap_between_chunks(fast):
+    """held_bytes (what the pipeline's metrics add up against the memory plan's detokenizer
+    state): the prefix K/V and the mel and wav carried to the next chunk, within the plan's
+    figure for one stream; nothing once the final chunk has reset the stream."""
+    detok = fast
+    tokens = random_tokens(detok, 45, torch.Generator().manual_seed(5))
+    stream = detok.new_stream(seed=9)
+    held = []
+    for i in range(0, 42, 7):
+        detok.step_batch([(stream, tokens[i : i + 7], False)])
+        parts = [stream.kv, stream.pre_mel, stream.pre_wav, stream._mel]
+        assert stream.held_bytes() == sum(t.numel() * t.element_size() for t in parts if t is not None)
+        held.append(stream.held_bytes())
+    assert 0 < max(held) <= detok.state_bytes_per_stream() and stream.kv is not None
+    detok.step_batch([(stream, tokens[42:], True)])
+    assert stream.held_bytes() == 0
+
+
 def test_bad_inputs(detok):
     with pytest.raises(KimiAudioError, match="out of range"):
         detok.new_stream(0).push([detok.dit.cfg.semantic_vocab_size])

@@ -163,7 +163,7 @@ def run_bench_command(config, args) -> int:
     )
     if stack.device.type == "cuda":
         info.update(peak_memory(stack.device))
-        info["memory_check"] = memory_check(memory, info["peak_reserved_bytes"])
+        info["memory_check"] = memory_check(memory, info["peak_reserved_bytes"], rows)
     if args.json:
         print(json.dumps({**info, "rows": [asdict(r) for r in rows]}, indent=1))
     else:
@@ -202,17 +202,30 @@ def _cap_gpu(config, gib: float) -> None:
     cap_process(device, gib)
 
 
-def memory_check(plan: dict, peak_reserved: int) -> dict:
-    """The allocator's reserved peak against the plan: every planned part but the CUDA context
-    (outside the allocator) and the KV pool are what the plan says the allocator may hold at
-    most; under a cap (--card-gib) the allocator may hold no more than the cap."""
-    predicted = plan["reserved_total"] - plan["reserved"].get("cuda_context", 0) + plan["kv_pool"]
+def memory_check(plan: dict, peak_reserved: int, rows: list) -> dict:
+    """The allocator's reserved peak against the plan. Every planned part but the CUDA context
+    (outside the allocator), and the KV pool, is what the plan says the allocator may hold at
+    most; under a cap (--card-gib) the allocator may hold no more than the cap. Two parts are
+    reserved for their worst case and fill only as a run uses them: the detokenizer's state (each
+    session's prefix K/V at its cap) and the voice cache. The prediction for this run takes those
+    two at what its rows filled (their peaks), so it checks every other part against the device."""
+    worst = plan["reserved_total"] - plan["reserved"].get("cuda_context", 0) + plan["kv_pool"]
+    filled = {
+        "detok_state": max((r.detok_state_peak_bytes for r in rows), default=0),
+        "voice_cache": max((r.voice_cache_peak_bytes for r in rows), default=0),
+    }
+    unfilled = sum(max(plan["reserved"].get(part, 0) - used, 0) for part, used in filled.items())
+    predicted = worst - unfilled
     return {
         "device_total_bytes": plan["device_total"],
+        "worst_case_peak_reserved_bytes": worst,
+        "detok_state_filled_bytes": filled["detok_state"],
+        "voice_cache_filled_bytes": filled["voice_cache"],
         "predicted_peak_reserved_bytes": predicted,
         "peak_reserved_bytes": peak_reserved,
         "peak_within_device": peak_reserved <= plan["device_total"],
         "peak_vs_predicted": round(peak_reserved / predicted - 1, 4),
+        "peak_vs_worst_case": round(peak_reserved / worst - 1, 4),
     }
 
 

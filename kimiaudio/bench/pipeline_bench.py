@@ -60,6 +60,10 @@ class BenchRow:
     kv_blocks_used_peak: int
     kv_blocks_total: int
     prefix_cache_hit_rate: float
+    # The most the detokenizer's streams and its voice cache held (bytes): the run's share of
+    # the two parts the memory plan reserves at their worst case.
+    detok_state_peak_bytes: int
+    voice_cache_peak_bytes: int
     reference_tokens_per_s: float | None = None  # offline path: encode, reference loop, detokenize
     reference_generated_tokens: int | None = None  # equal to generated_tokens when both sides agree
     speedup_vs_reference: float | None = None
@@ -139,6 +143,8 @@ async def bench_pipeline(
         - (m.min_free_blocks if m.min_free_blocks is not None else s["kv_blocks_total"]),
         kv_blocks_total=s["kv_blocks_total"],
         prefix_cache_hit_rate=cached / max(cached + computed, 1),
+        detok_state_peak_bytes=m.detok_state_peak_bytes,
+        voice_cache_peak_bytes=m.voice_cache_peak_bytes,
     )
 
 

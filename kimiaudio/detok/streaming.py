@@ -86,6 +86,14 @@ class DetokStream:
         self._final = False
         self._mel: Tensor | None = None
 
+    def held_bytes(self) -> int:
+        """The memory this stream holds between chunks: its prefix K/V (a voice's own prefix,
+        which the voice cache holds, not counted) and the mel and wav it carries over."""
+        held = [self.pre_mel, self.pre_wav, self._mel]
+        if self.kv is not None and (self.voice is None or self.kv is not self.voice.kv):
+            held.append(self.kv)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
     @property
     def next_chunk_tokens(self) -> int:
         return self.params.schedule.tokens(self.num_chunks)

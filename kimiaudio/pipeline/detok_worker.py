@@ -190,6 +190,7 @@ class DetokWorker(Worker):
         finally:
             self.metrics.detok_batches_ended += 1
         self.metrics.detok_batch_s.observe(time.perf_counter() - start)
+        self.metrics.note_detok_memory(sum(t.stream.held_bytes() for t in self._turns.values()), self.voices.nbytes)
         ran = sum(1 for w in wavs if w.numel())
         self.metrics.detok_chunks += ran
         self.metrics.note_batch("detok", ran)

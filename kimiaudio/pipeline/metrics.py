@@ -105,10 +105,18 @@ class PipelineMetrics:
         self.background_turns: Counter[str] = Counter()
         self.min_free_blocks: int | None = None  # KV pool low-water mark since the last reset
         self.max_batch: Counter[str] = Counter()  # largest batch seen per stage: encode, llm, detok
+        # The most the detokenizer's streams and its voice cache held at once, after a batch:
+        # what a run filled of the two parts the memory plan reserves for their worst case.
+        self.detok_state_peak_bytes = 0
+        self.voice_cache_peak_bytes = 0
 
     def note_batch(self, stage: str, size: int) -> None:
         if size > self.max_batch[stage]:
             self.max_batch[stage] = size
+
+    def note_detok_memory(self, state_bytes: int, voice_cache_bytes: int) -> None:
+        self.detok_state_peak_bytes = max(self.detok_state_peak_bytes, state_bytes)
+        self.voice_cache_peak_bytes = max(self.voice_cache_peak_bytes, voice_cache_bytes)
 
     def detok_batches(self) -> tuple[int, int]:
         """(begun, ended) detokenizer batches so far."""
