@@ -35,3 +35,19 @@ def test_bf16_and_the_cpu_leave_tf32_alone(tf32_on):
 def test_float32_on_cuda_turns_tf32_off(tf32_on):
     assert exact_float32(torch.device("cuda", 0), torch.float32)
     assert flags() == (False, False, "highest")
+
+
+def test_a_cuda_stack_takes_cudnn_out_of_every_sdpa_call():
+    """layers/attention.py pin_sdpa_backends: cuDNN's attention builds a plan for every new shape,
+    so a CUDA process turns it off for all of its SDPA calls; a CPU one leaves the flag alone."""
+    from kimiaudio.layers.attention import pin_sdpa_backends
+
+    saved = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        pin_sdpa_backends(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        pin_sdpa_backends(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(saved)

@@ -23,6 +23,7 @@ import torch
 from kimiaudio.checkpoint.paths import find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config, served_detok
 from kimiaudio.detok.detokenizer import Detokenizer
+from kimiaudio.layers.attention import pin_sdpa_backends
 from kimiaudio.layers.fp8 import require_fp8
 from kimiaudio.layers.precision import exact_float32
 from kimiaudio.models.quantize import quantize_dit
@@ -42,6 +43,7 @@ def build_random_stack(config: Config, shape: str = "full", seed: int = 0):
     device = resolve_device(config.model.device)
     dtype = resolve_dtype(config.model.dtype, device)
     exact_float32(device, dtype)
+    pin_sdpa_backends(device)
     paths = find_checkpoint(ensure_demo_checkpoint(config.data_dir))  # its tokenizer and special tokens
     tokenizer = KimiTokenizer.from_checkpoint(paths)
     parts = RandomParts(sizes, device, dtype, seed)

@@ -57,6 +57,16 @@ SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 HAS_ENABLE_GQA = torch.__version__ >= "2.5"
 
 
+def pin_sdpa_backends(device: torch.device) -> None:
+    """Take cuDNN's kernel out of every SDPA call of the process, not only `sdpa`'s: the speech
+    encoders' batches vary in shape as the engine's steps do (one to eight 30 s windows), and
+    the DiT's and the encoders' attention go through transformers' or torch's SDPA directly.
+    Process-wide, once, by the stack's loaders: sdpa_kernel's context sets and restores the
+    process's flags, which the LM and detokenizer threads would otherwise race on."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def sdpa(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -24,6 +24,7 @@ from kimiaudio.audio.staged_work import Stages
 from kimiaudio.checkpoint.files import read_json
 from kimiaudio.checkpoint.paths import CheckpointPaths, find_checkpoint, resolve_device, resolve_dtype
 from kimiaudio.config import Config, served_detok
+from kimiaudio.layers.attention import pin_sdpa_backends
 from kimiaudio.layers.precision import exact_float32
 from kimiaudio.pipeline.encode_cache import Encoded
 
@@ -96,6 +97,7 @@ class ModelStack:
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
         exact_float32(device, dtype)
+        pin_sdpa_backends(device)
         if paths.is_demo:
             log.warning(DEMO_NOTICE)
         from kimiaudio.pipeline.weights_choice import resolve_weights
