@@ -17,7 +17,20 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "gpu-check"
-STEPS = ["smoke", "7b", "full", "capped", "tests", "poisson", "estimates", "int8-capped", "7b-int8", "demo", "voice"]
+STEPS = [
+    "smoke",
+    "7b",
+    "full",
+    "capped",
+    "tests",
+    "poisson",
+    "estimates",
+    "int8-capped",
+    "bf16-capped",
+    "7b-int8",
+    "demo",
+    "voice",
+]
 
 
 def gpu_check(*args: str, out: Path | None = None, **env: str) -> subprocess.CompletedProcess:
