@@ -124,11 +124,13 @@ class Detokenizer:
         the detokenizer worker thread with its CUDA stream current (graphs replay there);
         shapes not planned (e.g. final chunks' vocoder lengths) are captured when first met.
         Without CUDA graphs (the CPU, or detok.cuda_graphs = false) it does nothing.
-        Returns what it captured, how long it took and the device memory it added."""
+        Returns the graphs it holds, how many of them this call captured (the others an
+        earlier call's), how long it took and the device memory it added."""
         info = dict(
             cuda_graphs=self.uses_graphs,
             dit_graphs=0,
             vocoder_graphs=0,
+            new_graphs=0,
             seconds=0.0,
             added_bytes=0,
             static_buffer_bytes=self.flow.arena.nbytes,
@@ -141,6 +143,7 @@ class Detokenizer:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # as each capture does first: the baseline without a cache
         start, before = time.perf_counter(), torch.cuda.memory_reserved(self.device) if on_cuda else 0
+        held = len(dit_graphs.cache) + len(vocoder_graphs.cache)
         stream = rehearse(self._params(self.schedule))
         for shape in self.buckets.serving_shapes([(c.frames, c.prefix) for c in stream]):
             batch = self.flow.batch(shape)
@@ -159,6 +162,7 @@ class Detokenizer:
         info.update(
             dit_graphs=len(dit_graphs.cache),
             vocoder_graphs=len(vocoder_graphs.cache),
+            new_graphs=len(dit_graphs.cache) + len(vocoder_graphs.cache) - held,
             seconds=time.perf_counter() - start,
             static_buffer_bytes=self.flow.arena.nbytes,
         )

@@ -62,8 +62,14 @@ class Pipeline:
         self.detok_graphs: dict = {}
         if detokenizer is not None:
             self.detok_graphs = detokenizer.prepare_for_serving()
-            if self.detok_graphs["cuda_graphs"]:
-                g = self.detok_graphs
+            g = self.detok_graphs
+            if g["cuda_graphs"] and not g["new_graphs"]:
+                log.info(
+                    "detokenizer: its %d DiT and %d vocoder CUDA graphs were captured before (the stack's)",
+                    g["dit_graphs"],
+                    g["vocoder_graphs"],
+                )
+            elif g["cuda_graphs"]:
                 log.info(
                     "detokenizer: captured %d DiT and %d vocoder CUDA graphs in %.1f s, %.2f GiB (planned %.2f GiB)",
                     g["dit_graphs"],
@@ -76,9 +82,9 @@ class Pipeline:
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, num_blocks=num_blocks)
         if self.engine.runner.graphs is not None:
             log.info(
-                "LM decode graphs: %.2f GiB (planned %.2f GiB); KV pool %d blocks",
+                "LM graphs (decode and mixed steps): %.2f GiB (planned %.2f GiB); KV pool %d blocks",
                 self.engine.runner.graph_memory_bytes / 2**30,
-                self.memory["reserved"].get("lm_graph_pool", 0) / 2**30,
+                sum(self.memory["reserved"].get(part, 0) for part in ("lm_graph_pool", "lm_mixed_graph_pool")) / 2**30,
                 num_blocks,
             )
         self._detok = None
