@@ -10,10 +10,10 @@ and prints the values to put here (.ci/gpu-check's `estimates` step writes them 
 Measured on one H200 (torch 2.11 + CUDA 13, 2026-11-27, `bench --memory-estimates --sessions
 16` at 77b6375; benchmarks/results/h200-2026-11-27/): the random full-size stack, 16-row
 detokenizer buckets, decode graphs for batches of 1..64. The two LM graph pools are the largest
-any run there logged: their measure then subtracted whatever the captures emptied from the
-allocator's cache, so each figure is at most the pool's size (engine/step_graphs.py now
-measures from an emptied cache). Each margin covers what the one measurement cannot: another
-card's or driver's allocator rounding and kernels' workspaces.
+any run there logged, measured from a baseline that held the allocator's cache the captures
+emptied: each figure is at most the pool's size (engine/step_graphs.py measures from an emptied
+cache). Each margin covers what the one measurement cannot: another card's or driver's
+allocator rounding and kernels' workspaces.
 """
 
 from __future__ import annotations
