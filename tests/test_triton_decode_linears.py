@@ -110,3 +110,20 @@ def test_fp8_prefill_rows_keep_the_quantized_product(kernels):
     layer = QuantLinear.from_linear(torch.nn.Linear(96, 70).to(DEVICE), "fp8")
     x = torch.randn(100, 96, device=DEVICE)
     assert torch.equal(layer(x), fp8.fp8_linear(x, layer.qweight, layer.scale, layer.bias))
+
+
+def test_fp8_decode_rows_may_take_the_quantized_product(kernels):
+    """From 5 rows the tuner also times `_scaled_mm` for fp8 (CANDIDATES); a layer that keeps it
+    takes its activations quantized (takes_fp8_rows) and multiplies them as prefill rows do."""
+    from kimiaudio.layers.gemm_tiles import CANDIDATES
+
+    assert [TORCH in bucket for bucket in CANDIDATES["fp8"]] == [False, False, True, True, True]
+    assert [TORCH in bucket for bucket in CANDIDATES["int8"]] == [False] * (LARGE + 1)
+    torch.manual_seed(4)
+    layer = QuantLinear.from_linear(torch.nn.Linear(96, 70).to(DEVICE), "fp8")
+    x = torch.randn(24, 96, device=DEVICE)
+    skinny = layer(x)
+    layer.tiles.chosen[bucket_of(24)] = TORCH
+    assert torch.equal(layer(x), fp8.fp8_linear(x, layer.qweight, layer.scale, layer.bias))
+    assert layer.takes_fp8_rows(24) == fp8.hardware_product(x.device, layer.qweight)
+    torch.testing.assert_close(layer(x), skinny, atol=0.1, rtol=0.1)  # both near the same product
