@@ -42,12 +42,14 @@ def _memory(report: dict) -> str:
     if not check:
         return ""
     worst = check.get("worst_case_peak_reserved_bytes")
+    expandable = {True: "expandable", False: "FIXED segments"}.get(report.get("expandable_segments"), "")
     return (
         f"; peak reserved {check['peak_reserved_bytes'] / GIB:.2f} GiB of {check['device_total_bytes'] / GIB:.2f} "
         f"({'within' if check['peak_within_device'] else 'OVER'}; plan for this run "
         f"{check['predicted_peak_reserved_bytes'] / GIB:.2f}, {100 * check['peak_vs_predicted']:+.1f}%"
         + (f"; worst case {worst / GIB:.2f}" if worst else "")
         + f"); KV {plan.get('kv_pool_tokens', 0):,} tokens, {plan.get('tokens_per_session', 0):,} a session"
+        + (f"; {expandable}" if expandable else "")
     )
 
 

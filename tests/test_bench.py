@@ -43,6 +43,7 @@ REPORT_KEYS = {
     "card_gib",
     "peak_allocated_bytes",
     "peak_reserved_bytes",
+    "expandable_segments",
     "memory_plan",
     "memory_check",
     "rows",

@@ -158,6 +158,7 @@ def run_bench_command(config, args) -> int:
         card_gib=args.card_gib,
         peak_allocated_bytes=None,
         peak_reserved_bytes=None,
+        expandable_segments=None,
         memory_plan=memory,
         memory_check=None,
     )

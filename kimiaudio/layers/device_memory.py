@@ -74,10 +74,14 @@ def cap_process(device: torch.device, gib: float, what: str = "--card-gib") -> N
 
 
 def peak_memory(device: torch.device) -> dict:
-    """The most this process's allocator held on `device` so far, for a bench report."""
+    """The most this process's allocator held on `device` so far, for a bench report, and
+    whether its segments are expandable (prefer_expandable_segments asked; the allocator
+    decides, and says so per segment)."""
+    segments = [s for s in torch.cuda.memory_snapshot() if s.get("device") == device.index]
     return {
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+        "expandable_segments": any(s.get("is_expandable", False) for s in segments),
     }
 
 
