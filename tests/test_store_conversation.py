@@ -106,6 +106,42 @@ async def test_a_conversation_a_live_session_holds_is_not_deleted(store):
     assert await store.delete_conversation(conv["id"]) is True
 
 
+async def test_a_closing_session_is_waited_for_not_refused(store, monkeypatch):
+    """A session holding the conversation is refused to another at once; once it is closing
+    (its client gone, what was heard still being stored), the other waits for its release and
+    takes the conversation then (a client reconnecting at once); one that never lets it go
+    within the wait leaves the other refused, as before."""
+    from kimiaudio.store.leases import acquire_row
+
+    conv = await store.create_conversation()
+    await store.leases.acquire(conv["id"], "sess_a")
+    with pytest.raises(ConversationBusyError):
+        await store.leases.acquire(conv["id"], "sess_b")
+    store.leases.closing(conv["id"], "sess_a")
+    refused = asyncio.Event()
+    write = store.write
+
+    async def noting_refusals(fn, *args):
+        result = await write(fn, *args)
+        if fn is acquire_row and result is not None:
+            refused.set()
+        return result
+
+    monkeypatch.setattr(store, "write", noting_refusals)
+    opening = asyncio.create_task(store.leases.acquire(conv["id"], "sess_b"))
+    await refused.wait()  # the database said the conversation is held ...
+    assert not opening.done()  # ... and sess_b waits for sess_a instead of failing
+    await store.leases.release(conv["id"], "sess_a")
+    await opening
+    assert (conv["id"], "sess_b") in store.leases.held()
+    # sess_b closing, never released within the wait: sess_c is refused after it.
+    store.leases.closing(conv["id"], "sess_b")
+    store.leases.closing_wait_s = 0.01
+    with pytest.raises(ConversationBusyError):
+        await store.leases.acquire(conv["id"], "sess_c")
+    await store.leases.release(conv["id"], "sess_b")
+
+
 async def test_the_title_is_the_first_answer_as_stored_now(store):
     """An answer is inserted at its first audio with the text there is by then, and grows as it
     plays: the title follows it, and later answers do not change it, unless it is cut to no

@@ -6,6 +6,11 @@ tell when one is taken over, and renews them every third of the store's `lease_s
 heartbeat, from the store's open() to its close()). Writes into a conversation's turns on a
 session's behalf go through `write_turns`, which refuses them once the lease is no longer the
 session's. The store's `instance_id`, `clock` and `lease_seconds` are read at each use.
+
+A session of this instance that is closing (its client gone, what was heard of its answer still
+being stored) is marked so (`closing`): another session opening the same conversation then
+waits for that release, up to CLOSING_WAIT_S, instead of being refused while the old one
+finishes (a client reconnecting at once, as the OpenAI clients and the page do).
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from kimiaudio.store.leases import (
 
 log = logging.getLogger(__name__)
 
+# How long an acquire waits for a closing session of this instance to let the conversation go:
+# its close settles the answer in progress (the pipeline's grace to report its end) and stores
+# what was heard. Longer, and the caller gets conversation_busy as before.
+CLOSING_WAIT_S = 5.0
+
 
 class LeaseStore(Protocol):
     """What the book needs of its store (ConversationStore)."""
@@ -47,7 +57,10 @@ class LeaseBook:
         self._store = store
         # (conversation, session) leases the heartbeat renews -> what to call if one is taken over
         self._held: dict[tuple[str, str], Callable[[str], None] | None] = {}
+        # (conversation, session) leases whose sessions are closing -> set once released
+        self._closing: dict[tuple[str, str], asyncio.Event] = {}
         self._heartbeat: asyncio.Task | None = None
+        self.closing_wait_s = CLOSING_WAIT_S
 
     async def acquire(
         self, conversation_id: str, session_id: str, on_lost: Callable[[str], None] | None = None
@@ -55,19 +68,40 @@ class LeaseBook:
         """Hold the conversation for `session_id`; ConversationBusyError if another session does.
         `on_lost(conversation_id)` is called (once, on the event loop) if another session is
         found to have taken it over (lose)."""
-        store = self._store
-        now = store.clock()
-        wait = await store.write(
-            acquire_row, conversation_id, store.instance_id, session_id, now, now + store.lease_seconds
-        )
+        wait = await self._acquire_row(conversation_id, session_id)
+        released = [event for (held, _), event in self._closing.items() if held == conversation_id]
+        if wait is not None and released:  # a closing session of ours holds it: let it finish
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(released[0].wait(), self.closing_wait_s)
+            wait = await self._acquire_row(conversation_id, session_id)
         if wait is not None:
             raise ConversationBusyError(conversation_id, max(1.0, wait))
         self._held[(conversation_id, session_id)] = on_lost
+
+    async def _acquire_row(self, conversation_id: str, session_id: str) -> float | None:
+        store = self._store
+        now = store.clock()
+        return await store.write(
+            acquire_row, conversation_id, store.instance_id, session_id, now, now + store.lease_seconds
+        )
+
+    def closing(self, conversation_id: str, session_id: str) -> None:
+        """The session holding the conversation is closing: an acquire of it waits for the
+        release (see module docstring)."""
+        if (conversation_id, session_id) in self._held:
+            self._closing.setdefault((conversation_id, session_id), asyncio.Event())
+
+    def _let_go(self, key: tuple[str, str]) -> None:
+        """The lease is no longer the session's: whoever waits for it to close tries now."""
+        event = self._closing.pop(key, None)
+        if event is not None:
+            event.set()
 
     def lose(self, conversation_id: str, session_id: str) -> None:
         """The lease is no longer the session's (a renewal or a write found it taken over):
         renewed no more, and its holder is told."""
         key = (conversation_id, session_id)
+        self._let_go(key)
         if key in self._held:
             on_lost = self._held.pop(key)
             if on_lost is not None:
@@ -75,7 +109,10 @@ class LeaseBook:
 
     async def release(self, conversation_id: str, session_id: str) -> None:
         self._held.pop((conversation_id, session_id), None)  # renewed no more, even if the delete fails
-        await self._store.write(release_row, conversation_id, self._store.instance_id, session_id)
+        try:
+            await self._store.write(release_row, conversation_id, self._store.instance_id, session_id)
+        finally:
+            self._let_go((conversation_id, session_id))
 
     def held(self) -> list[tuple[str, str]]:
         """(conversation, session) of the leases this instance's sessions hold."""

@@ -112,6 +112,12 @@ class Conversation:
             raise ConversationLostError(conversation_id)
         return self.session_id if conversation_id == self._leased else None
 
+    def closing(self) -> None:
+        """The session is closing: another session opening its conversation waits for the
+        release instead of being refused (lease_book.py)."""
+        if self._leased is not None:
+            self.store.leases.closing(self._leased, self.session_id)
+
     async def release(self) -> None:
         if self._leased is not None:
             leased, self._leased = self._leased, None

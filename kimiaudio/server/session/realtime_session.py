@@ -262,6 +262,7 @@ class RealtimeSession:
         if self.closed:
             return
         self.closed = self.tasks.closing = True
+        self.conversation.closing()
         self._queue.stop()
         try:
             reason = "shutting_down" if shutdown else "client_cancelled"
