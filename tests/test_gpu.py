@@ -290,9 +290,9 @@ def test_a_second_pipeline_gets_the_planned_pool_too(demo_checkpoint):
         pipeline = Pipeline(stack, stack.config)
         assert pipeline.memory["kv_pool_source"] == "what is left" and pipeline.memory["on_gpu"]
         pools.append(pipeline.engine.runner.num_blocks)
-        # At most the plan's: in a test process the kernels every earlier test loaded sit
-        # outside the allocator, beyond the plan's CUDA context (2 GiB more on an H200), and
-        # the pool is bounded by what the device has free.
+        # At most the plan's: a test process holds more outside the allocator than the plan's
+        # CUDA context (2 GiB more on an H200, after the earlier tests' kernels and libraries
+        # were loaded), and the pool is bounded by what the device has free.
         assert 0 < pools[-1] <= pipeline.memory["kv_blocks"]
         asyncio.run(_start_and_stop(pipeline))
     # Within 1%: the first pipeline gave its pool back before the second sized its own.

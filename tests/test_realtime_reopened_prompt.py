@@ -4,27 +4,17 @@ the server app on the demo checkpoint: its spoken history comes back from the st
 sample, so the prefix cache serves the history the first session computed (usage's
 cached_tokens) instead of the pipeline encoding and prefilling all of it again."""
 
-import base64
-
 import pytest
 
-from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
 from kimiaudio.config import Config
 from kimiaudio.server.context import SERVER_CONTEXT
 
-from helpers.realtime_sessions import client_of, connect, open_session, user_text
+from helpers.realtime_sessions import client_of, connect, open_session, user_audio, user_text
 from helpers.waiting import eventually
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
-
-
-def spoken(pcm_16k) -> dict:
-    """A user message item of one input_audio part (pcm16 at the session's 24 kHz)."""
-    audio = base64.b64encode(pcm16.to_bytes(resample(pcm_16k, 16000, 24000))).decode()
-    return {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
 
 
 async def test_a_reopened_conversation_is_served_from_the_prefix_cache(demo_server, speech_16k):
@@ -35,7 +25,7 @@ async def test_a_reopened_conversation_is_served_from_the_prefix_cache(demo_serv
             async with connect(client, "ga") as conn:
                 events = await open_session(conn, turn_detection=None, text_only=True)
                 (first_session,) = sessions.live()
-                await conn.conversation.item.create(item=spoken(speech_16k))
+                await conn.conversation.item.create(item=user_audio(speech_16k))
                 await conn.response.create(response={"max_output_tokens": 1})
                 first = await events.wait_for("response.done")
             assert first.response.status in ("completed", "incomplete"), first.response.status_details

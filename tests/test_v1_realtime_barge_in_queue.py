@@ -4,26 +4,18 @@ real server on the demo checkpoint: a response.create queued before the user beg
 once, would be cut in progress (interrupt_response), instead of playing over the user."""
 
 import asyncio
-import base64
 import threading
 
 import pytest
 
-from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.realtime_events import say
-from helpers.realtime_sessions import client_of, connect, open_session
+from helpers.realtime_sessions import client_of, connect, open_session, user_audio
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
 pytestmark = pytest.mark.slow
-
-
-def audio_item(pcm16k) -> dict:
-    audio = base64.b64encode(pcm16.to_bytes(resample(pcm16k, 16000, 24000))).decode()
-    return {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
 
 
 async def test_a_response_queued_before_a_barge_in_is_cut_as_it_starts(demo_server, speech):
@@ -42,7 +34,7 @@ async def test_a_response_queued_before_a_barge_in_is_cut_as_it_starts(demo_serv
                 writer = asyncio.ensure_future(store.write(hold))
                 try:
                     await asyncio.to_thread(entered.wait, 300)
-                    await conn.conversation.item.create(item=audio_item(speech[0]))
+                    await conn.conversation.item.create(item=user_audio(speech[0]))
                     await conn.response.create()
                     await say(conn, speech[1])  # (no silence after it: the user is still speaking)
                     await events.wait_for("input_audio_buffer.speech_started")

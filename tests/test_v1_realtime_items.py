@@ -29,7 +29,15 @@ from kimiaudio.audio.io import resample
 
 from helpers.audio import silence
 from helpers.realtime_events import Events, conversation, say
-from helpers.realtime_sessions import answer_playing, client_of, connect, open_session, session_update, user_text
+from helpers.realtime_sessions import (
+    answer_playing,
+    client_of,
+    connect,
+    open_session,
+    session_update,
+    user_audio,
+    user_text,
+)
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -208,9 +216,7 @@ async def test_a_select_cuts_the_answer_playing_as_the_clients_cancel(demo_serve
 async def test_an_audio_item_is_no_commit_and_a_mode_switch_empties_the_buffer(v1_server, speech, openai_client):
     async with connect(openai_client, "ga") as conn:
         events = await open_session(conn, turn_detection=None, text_only=True)
-        audio = base64.b64encode(pcm16.to_bytes(resample(speech[0], 16000, 24000))).decode()
-        item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
-        await conn.conversation.item.create(item=item | {"id": "item_spoken"})
+        await conn.conversation.item.create(item=user_audio(speech[0]) | {"id": "item_spoken"})
         await events.until(lambda: added(events, "item_spoken"))
 
         await say(conn, speech[1])  # kept for a commit that never comes

@@ -2,11 +2,15 @@
 same conversation as a GA client (`client.realtime.connect()`) and as a beta one
 (`client.beta.realtime.connect()`): the connection, and the session settings written and read
 the way each shape's clients write and read them; a session opened with some settings, and a
-user's text item."""
+user's text or spoken item."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
+
+from kimiaudio.audio import pcm16
+from kimiaudio.audio.io import resample
 
 from helpers.realtime_events import MODEL, Events
 
@@ -86,6 +90,12 @@ def user_text(text: str, item_id: str | None = None) -> dict:
     """A user message item of one text part (with the client's id, if given)."""
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     return item | ({"id": item_id} if item_id else {})
+
+
+def user_audio(pcm_16k) -> dict:
+    """A user message item of one input_audio part: 16 kHz audio as pcm16 at the session's 24 kHz."""
+    audio = base64.b64encode(pcm16.to_bytes(resample(pcm_16k, 16000, 24000))).decode()
+    return {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
 
 
 def client_of(http, api_key: str = "unused"):
