@@ -11,9 +11,12 @@ generated; every event checked against the SDK's models):
   and in the next prompt; the transcript events already sent are not taken back;
 - while a spoken answer plays, its stored record holds the text of what was heard so far
   (the same rule), not all the text sent, which runs ahead of the audio;
+- an answer played out whole and only being stored when a response.cancel (or a barge-in)
+  comes is complete: nothing of it is cut, and the cancel is no error;
 - a response that fails still echoes its response.create's metadata and voice.
 """
 
+import asyncio
 import math
 
 import pytest
@@ -21,6 +24,7 @@ import pytest
 from helpers.realtime_events import say
 from helpers.realtime_sessions import client_of, connect, open_session, user_text
 from helpers.waiting import eventually
+from kimiaudio.server.session.conversation import Conversation
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")
@@ -66,6 +70,43 @@ async def test_a_response_cancelled_before_it_was_heard_is_retried(demo_server):
             ("user", "Tell me a story."),
             ("assistant", retried.output[0].content[0].transcript),
         ]
+
+
+async def test_a_cancel_after_the_answer_played_out_leaves_it_complete(demo_server, speech_16k, monkeypatch):
+    storing, release = asyncio.Event(), asyncio.Event()
+    update_assistant = Conversation.update_assistant
+
+    async def held(self, *args, **kwargs):  # the final record of an answer heard whole, held back
+        storing.set()
+        await release.wait()
+        return await update_assistant(self, *args, **kwargs)
+
+    monkeypatch.setattr(Conversation, "update_assistant", held)
+    async with demo_server() as (http, pipeline):
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None)
+                await say(conn, speech_16k)
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                created = (await events.wait_for("response.created")).response
+                await storing.wait()  # played out (the WebSocket's clock passed its end), being stored
+                assert events.audio_seconds(created.id) > 0 and not events.done(created.id)
+                await conn.response.cancel()
+                await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
+                await events.wait_for("session.updated", count=2)  # the cancel was handled before it
+                release.set()
+                done = (await events.wait_for("response.done")).response
+        finally:
+            await client.close()
+        assert not events.of_type("error"), [e.error for e in events.of_type("error")]
+        assert not events.of_type("output_audio_buffer.cleared")
+        assert done.status in ("completed", "incomplete"), done.status_details  # (the demo may run to its limit)
+        said = (await stored_turns(http, done.conversation_id))[1]
+        generated = pipeline.handles[0].done
+        assert not said["interrupted"] and said["audio_tokens"] == list(generated.audio_tokens)
+        assert said["text"] == done.output[0].content[0].transcript
 
 
 def heard_text(stack, text_tokens: list[int], codes: int) -> str:

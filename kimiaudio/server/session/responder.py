@@ -9,7 +9,8 @@ message: answer_request.py); its events go out in the order response_events.py l
 text as transcript deltas (spoken answers) or text deltas (text answers), its audio through
 the playback (at the session's speed, kept from its start: audio/time_stretch.py).
 Barge-in (speech_started while a response is generating or playing) and response.cancel flush
-the playback at once, cancel the pipeline turn, and store the assistant turn marked
+the playback at once (once it has played out, while it is being stored before its
+response.done, there is nothing left to cut: it ends completed), cancel the pipeline turn, and store the assistant turn marked
 interrupted and truncated to what was played, its audio, codes and text (nothing, if nothing
 of it was heard: answer_storage.py); conversation.item.truncate (the client saying what it
 played) overrides that estimate, for the response in progress or one of the last ones stored.
@@ -207,6 +208,7 @@ class Responder:
                 await asyncio.wait_for(response.playback_done.wait(), response.audio_seconds + 5.0)
             except TimeoutError:
                 pass
+        response.delivered = not response.cancelled
         await self._storage.stop_recording(response)
         if done.status != "failed" or response.cancelled:
             await self._storage.store_final(response, done)  # everything, or what was heard, marked interrupted
@@ -220,7 +222,7 @@ class Responder:
     def interrupt(self, reason: str, played_samples: int | None = None) -> None:
         """Barge-in / response.cancel / truncate: silence now, cancel generation, keep what was heard."""
         response = self.current
-        if response is None or response.cancelled:
+        if response is None or response.cancelled or response.delivered:
             return
         self._cut(response, reason, played_samples)
         task = response.task

@@ -50,6 +50,9 @@ class ResponseState:
     codes: list[int] = _state(factory=list)  # speech codes of those chunks, as they came
     cancelled: bool = _state(False)
     generation_ended: bool = _state(False)
+    # Generated and heard whole (played out; a text answer: all its text sent) and now only
+    # being stored and told: a barge-in or cancel from here on has nothing left to cut.
+    delivered: bool = _state(False)
     played_samples: int | None = _state()  # samples heard, set when playback was cut short (None: all)
     truncated_ms: int | None = _state()  # where a conversation.item.truncate cut its item's audio
     playback_cut: bool = _state(False)  # its audio was stopped while it played (output_audio_buffer.cleared)
