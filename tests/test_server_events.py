@@ -204,7 +204,12 @@ def test_input_audio_transcription_beta_and_ga_shapes():
             'expected "server_vad" or "semantic_vad" (turn_detection null turns it off), got None',
         ),
         ('{"type": "input_audio_buffer.append", "audio": "not base64!"}', "invalid_audio", "base64"),
-        ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', "invalid_audio", "even"),
+        (
+            '{"type": "conversation.item.create", "item": {"role": "user", '
+            '"content": [{"type": "input_audio", "audio": "AAAA"}]}}',
+            "invalid_audio",
+            "even",
+        ),
         ('{"type": "conversation.item.create", "item": {"type": "function_call"}}', "unsupported", "message"),
         ('{"type": "conversation.item.create", "item": {"role": "user", "content": []}}', "invalid_value", "content"),
         ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),

@@ -11,6 +11,8 @@ on the demo checkpoint (GA shape, every event checked against the SDK's models):
 - conversation.item.truncate is checked against the item's audio, and names only items of the
   conversation the session is in;
 - an audio item is no commit of the input buffer, and a switch of turn detection empties it;
+- appends are one byte stream: one ending inside a sample leaves its byte for the next, and a
+  clear drops it;
 - a conversation longer than the context loses its oldest turns (truncation "auto"), more of
   them at once under a retention ratio, none under "disabled" (it is refused);
 - an item's text parts reach the model with its audio;
@@ -233,6 +235,42 @@ async def test_an_audio_item_is_no_commit_and_a_mode_switch_empties_the_buffer(v
         assert committed["duration_s"] == pytest.approx(speech[0].size / 16000, abs=0.05)
         assert committed["previous_item_id"] == "item_spoken"
         assert len(events.of_type("input_audio_buffer.committed")) == 1
+
+
+def odd_pieces(raw: bytes) -> list[bytes]:
+    """`raw` cut into pieces of odd lengths, as a client cutting a byte stream anywhere would."""
+    pieces, start = [], 0
+    for size in (1, 4801, 3, 999, 7):
+        pieces.append(raw[start : start + size])
+        start += size
+    return [*pieces, raw[start:]]
+
+
+async def test_appends_cut_inside_samples_join_into_the_same_audio(demo_server, speech):
+    raw = pcm16.to_bytes(speech[0])  # at the session's 16 kHz: nothing is resampled
+    assert len(raw) > 6000 and len(raw) % 2 == 0
+    async with demo_server() as (http, pipeline):
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None, text_only=True, input_rate=16000)
+                stray = [raw[:1]]  # half a sample, cleared before the audio
+                for turn, (cleared, pieces) in enumerate([([], [raw]), ([], odd_pieces(raw)), (stray, [raw])]):
+                    for piece in cleared:
+                        await conn.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+                    if cleared:
+                        await conn.input_audio_buffer.clear()
+                    for piece in pieces:
+                        await conn.input_audio_buffer.append(audio=base64.b64encode(piece).decode())
+                    await conn.input_audio_buffer.commit()
+                    await conn.response.create(response={"max_output_tokens": 1})
+                    await events.wait_for("response.done", count=turn + 1)
+        finally:
+            await client.close()
+    assert not events.of_type("error"), [e.error for e in events.of_type("error")]
+    heard = [request.user_audio for request in pipeline.requests]
+    assert len(heard) == 3
+    assert all(np.array_equal(audio, pcm16.to_float(raw)) for audio in heard)
 
 
 async def test_a_conversation_longer_than_the_context_loses_its_oldest_turns(v1_server, openai_client):

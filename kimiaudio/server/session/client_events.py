@@ -85,7 +85,7 @@ class ConversationSelect:
 
 @dataclass(frozen=True)
 class AudioAppend:
-    pcm16: bytes  # little-endian 16-bit mono at the session's input rate
+    pcm16: bytes  # little-endian 16-bit mono at the session's input rate (may end inside a sample)
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def _event(data: dict) -> ClientEvent:
             typed_field(data, "response_id", str, kind, "a string"), kind == "output_audio_buffer.clear"
         )
     if kind == "input_audio_buffer.append":
-        return AudioAppend(decode_pcm16(data.get("audio"), f"{kind}.audio"))
+        return AudioAppend(decode_pcm16(data.get("audio"), f"{kind}.audio", whole_samples=False))
     if kind == "input_audio_buffer.commit":
         return AudioCommit()
     if kind == "input_audio_buffer.clear":

@@ -105,12 +105,14 @@ def pcm16_rate(fmt: Any, where: str, output: bool = False) -> int | None:
     )
 
 
-def decode_pcm16(data: Any, where: str) -> bytes:
-    """Base64 audio of a client event: raw 16-bit samples (an even number of bytes)."""
+def decode_pcm16(data: Any, where: str, whole_samples: bool = True) -> bytes:
+    """Base64 audio of a client event: raw 16-bit samples (an even number of bytes, unless not
+    `whole_samples`: a piece of a byte stream, input_audio_buffer.append's)."""
     if not isinstance(data, str):
         raise ProtocolError("invalid_value", f"{where}: expected base64 text", where)
     try:
-        return pcm16.check_samples(pcm16.from_base64(data, where), where)
+        raw = pcm16.from_base64(data, where)
+        return pcm16.check_samples(raw, where) if whole_samples else raw
     except AudioInputError as exc:
         raise ProtocolError("invalid_audio", str(exc), where) from None
 

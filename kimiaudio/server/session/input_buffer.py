@@ -1,8 +1,10 @@
 """A session's input audio buffer (OpenAI's `input_audio_buffer`): the audio a client appends,
 at 16 kHz, and what it holds for an explicit commit while turn detection is off.
 
-Appended pcm16 at the session's input rate is resampled by one stream resampler, so the edges
-of the chunks are seamless (`to_16k`). With the server's VAD the audio goes straight to the
+Appended pcm16 at the session's input rate is one byte stream: an append may end inside a
+sample (a client cutting its base64 chunks from a byte stream anywhere), and that byte waits
+for the next append to complete it, until input_audio_buffer.clear drops it. The stream is
+resampled by one stream resampler, so the edges of the chunks are seamless (`to_16k`). With the server's VAD the audio goes straight to the
 VAD; with turn detection off it is kept here (up to `audio.max_input_seconds`) until the
 client commits (`take`) or clears it.
 """
@@ -20,9 +22,13 @@ class InputBuffer:
     def __init__(self) -> None:
         self._chunks: list[np.ndarray] = []  # 16 kHz, awaiting a commit
         self._resampler: StreamResampler | None = None
+        self._split: bytes = b""  # the first byte of a sample the last append ended inside
 
     def to_16k(self, raw: bytes, rate: int) -> np.ndarray:
         """pcm16 bytes at `rate` -> 16 kHz float32, continuing the stream appended so far."""
+        raw = self._split + raw
+        whole = len(raw) - len(raw) % 2
+        raw, self._split = raw[:whole], raw[whole:]
         pcm = pcm16.to_float(raw)
         if rate == SPEECH_INPUT_RATE:
             return pcm
@@ -46,4 +52,4 @@ class InputBuffer:
         return audio
 
     def clear(self) -> None:
-        self._chunks = []
+        self._chunks, self._split = [], b""
