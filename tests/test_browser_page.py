@@ -243,3 +243,40 @@ async def test_page_state_during_a_barge_in_and_the_reason_a_call_ends(server, t
         await asyncio.to_thread(driver.quit)
     assert seen == ["speaking"] + ["you are speaking"] * 4 + ["thinking"]
     assert banner == "The server is shutting down. Press Connect to start again." and not errors
+
+
+async def test_a_server_error_stays_shown_until_a_later_answer_ends_well(server, tmp_path):
+    """A server `error` event's banner outlives the answer it came with (a storage error comes
+    before that answer's response.done) and one that fails; the first later answer that ends
+    well takes it down."""
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    url = str(server.make_url("/"))
+    shown = "return !document.getElementById('error-banner').hidden"
+    driver = await asyncio.to_thread(start_chromium, tmp_path, wav)
+
+    def response(rid: str, kind: str, status: str = "") -> dict:
+        return {"type": f"response.{kind}", "response": {"id": rid, "status": status or "in_progress"}}
+
+    def events():
+        driver.get(url)
+        driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+        seen = []
+        for event in (
+            response("resp_1", "created"),
+            {"type": "error", "error": {"code": "storage_failed", "message": "the answer could not be stored"}},
+            response("resp_1", "done", "completed"),
+            response("resp_2", "created"),
+            response("resp_2", "done", "failed"),
+            response("resp_3", "created"),
+            response("resp_3", "done", "completed"),
+        ):
+            driver.execute_script("onEvent(arguments[0])", event)
+            seen.append(driver.execute_script(shown))
+        return seen, console_errors(driver)
+
+    try:
+        seen, errors = await asyncio.to_thread(events)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert seen == [False] + [True] * 5 + [False] and not errors

@@ -17,6 +17,9 @@ const session = {
   responses: new Map(), // response id -> {li, text, meta}
   items: new Map(), // assistant item id -> its response id
   userTurns: new Map(), // committed user item id -> {li, text, meta}: its words come later
+  // A server `error` event's banner stays up until an answer started after it ends well: the
+  // first such response's id (one of its own, a storage error say, must not clear it).
+  serverError: false, clearsError: null,
 };
 
 // ---------------------------------------------------------------- messages and state
@@ -25,7 +28,16 @@ function showError(message) {
   banner.textContent = message;
   banner.hidden = false;
 }
-function hideError() { $("error-banner").hidden = true; }
+function hideError() {
+  $("error-banner").hidden = true;
+  session.serverError = false;
+  session.clearsError = null;
+}
+function showServerError(message) {
+  showError(message);
+  session.serverError = true;
+  session.clearsError = null;
+}
 
 const STATES = {
   disconnected: "disconnected", connecting: "connecting…", listening: "listening",
@@ -160,6 +172,7 @@ function onEvent(event) {
     }
     case "response.created":
       session.responses.set(event.response.id, addTurn("assistant", ""));
+      if (session.serverError && !session.clearsError) session.clearsError = event.response.id;
       setState("thinking");
       break;
     case "response.output_item.added":
@@ -195,6 +208,10 @@ function onEvent(event) {
         r.meta.textContent = [status, formatTimings(event.response.timings || {})].filter(Boolean).join(" · ");
         r.li.dataset.status = event.response.status;
       }
+      if (event.response.id === session.clearsError) {
+        if (["completed", "incomplete"].includes(event.response.status)) hideError();
+        else session.clearsError = null; // the next answer may clear it
+      }
       if (document.body.dataset.state !== "speaking") listening();
       refreshConversations();
       break;
@@ -208,11 +225,11 @@ function onEvent(event) {
         // conversation.select refused (history.js): the call stays in its conversation.
         const refused = session.selecting;
         selectDone(null, true);
-        showError(event.error.code === "conversation_busy" ? busyMessage("try again in a few seconds.")
+        showServerError(event.error.code === "conversation_busy" ? busyMessage("try again in a few seconds.")
           : conversationGone(refused));
         break;
       }
-      showError(event.error.message);
+      showServerError(event.error.message);
       break;
   }
 }
