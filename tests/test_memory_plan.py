@@ -118,6 +118,15 @@ def test_memory_plan_of_a_24_gib_card(capsys):
     assert plans["fp8"]["lm_kv_per_token"] == 34 * 2 * 4 * 128 * 2
 
 
+@pytest.mark.parametrize(("sessions", "named"), [(1, "1 session "), (2, "2 sessions ")])
+def test_the_printed_plan_names_its_sessions(capsys, sessions, named):
+    args = ["--weights", "fp8", "--card-gib", "24", "--sessions", str(sessions)]
+    assert main(["bench", "--memory-plan", "--random-weights", "full", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"memory plan for {named}on a 24.00 GiB GPU")
+    assert any(line.strip().startswith(f"fits: {named}x 4,096 positions") for line in lines)
+
+
 def test_estimated_parts_grow_with_what_they_stand_for(stack, config):
     """The graph pools come from counted bases (the graphs' logits, the detokenizer's buffers);
     the activations from the largest forward: an LM prefill of max_num_batched_tokens

@@ -24,7 +24,8 @@ def format_memory_plan(plan: dict) -> str:
     choice = ", ".join(f"{k} {v}" for k, v in plan.get("weights_choice", {}).items())
     total = plan["device_total"]
     on = f"a {total / GIB:.2f} GiB {'GPU' if plan['on_gpu'] else 'device'}" if total is not None else "the CPU"
-    lines = [f"memory plan for {plan['sessions']} sessions on {on} (weights: {choice}):"]
+    sessions = f"{plan['sessions']} session{'s' if plan['sessions'] != 1 else ''}"
+    lines = [f"memory plan for {sessions} on {on} (weights: {choice}):"]
     for name, size in plan["weights"].items():
         lines.append(f"  weights {name:<19} {size / GIB:8.2f} GiB")
     for name, size in plan["reserved"].items():
@@ -47,7 +48,7 @@ def format_memory_plan(plan: dict) -> str:
         lines.append(f"  short: the reserved parts exceed the device by {-left / GIB:.2f} GiB")
     need = plan["sessions"] * plan["positions_per_session"]
     lines.append(
-        f"  {'fits' if plan['fits'] else 'does NOT fit'}: {plan['sessions']} sessions x "
+        f"  {'fits' if plan['fits'] else 'does NOT fit'}: {sessions} x "
         f"{plan['positions_per_session']:,} positions = {need:,} tokens"
     )
     lines.append("  (estimated parts: pipeline/memory_estimates.py, measured by bench --memory-estimates)")
