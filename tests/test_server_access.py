@@ -3,6 +3,7 @@ but the page, the page's sign-in (a cookie for the page's routes, never the key 
 browser), the Host allow-list (DNS rebinding), the Origin check for state-changing requests,
 and the warning for a server exposed without a key. Ephemeral keys: test_server_ephemeral_keys.py."""
 
+import aiohttp
 import pytest
 
 from kimiaudio.config import Config
@@ -15,6 +16,11 @@ from helpers.hostile_clients import fill_template, route_templates
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 KEY = "s3cret-K3y_0123456789"
 PUBLIC = {("GET", "/"), ("GET", "/api/auth"), ("POST", "/api/signin"), ("POST", "/api/signout")}
+
+
+def signin_cookie(client) -> str:
+    """The name of the sign-in cookie of the server `client` (aiohttp's test client) talks to."""
+    return f"kimiaudio_signin_{client.server.port}"
 
 
 def _routes(app) -> list[tuple[str, str]]:
@@ -58,13 +64,14 @@ async def test_the_page_signs_in_once_and_keeps_a_cookie_not_the_key(server):
     assert "Set-Cookie" not in refused.headers
     resp = await server.post("/api/signin", json={"api_key": KEY})
     assert resp.status == 200
-    cookie = resp.cookies["kimiaudio_signin"]
+    name = signin_cookie(server)
+    cookie = resp.cookies[name]
     assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/"
     assert KEY not in cookie.value and int(cookie["max-age"]) == 12 * 3600 and not cookie["secure"]
     behind_tls = await server.post("/api/signin", json={"api_key": KEY}, headers={"X-Forwarded-Proto": "https"})
-    assert behind_tls.cookies["kimiaudio_signin"]["secure"]  # a front that ends TLS (deploy/haproxy.cfg)
+    assert behind_tls.cookies[name]["secure"]  # a front that ends TLS (deploy/haproxy.cfg)
     server.session.cookie_jar.clear()  # the cookie goes only where it is sent below
-    signed = {"Cookie": f"kimiaudio_signin={cookie.value}"}
+    signed = {"Cookie": f"{name}={cookie.value}"}
     assert (await (await server.get("/api/auth", headers=signed)).json()) == {"required": True, "signed_in": True}
     # The cookie opens the page's routes, and mints the page's ephemeral keys...
     assert (await server.get("/api/conversations", headers=signed)).status == 200
@@ -74,10 +81,34 @@ async def test_the_page_signs_in_once_and_keeps_a_cookie_not_the_key(server):
     # ...and nothing outside /api/: /v1 (minting included) and operations need the key itself.
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/realtime/client_secrets"), ("GET", "/metrics")):
         assert (await server.request(method, path, headers=signed)).status == 401, path
-    assert (await server.get("/api/conversations", headers={"Cookie": "kimiaudio_signin=forged"})).status == 401
+    assert (await server.get("/api/conversations", headers={"Cookie": f"{name}=forged"})).status == 401
     out = await server.post("/api/signout", headers=signed)
-    assert out.status == 200 and out.cookies["kimiaudio_signin"].value == ""
+    assert out.status == 200 and out.cookies[name].value == ""
     assert (await server.get("/api/conversations", headers=signed)).status == 401  # gone from the store too
+
+
+async def test_two_servers_on_one_host_keep_their_sign_ins_apart(monkeypatch, demo_server, tmp_path):
+    """A browser sends a host's cookies to every port of it: one browser (one cookie jar)
+    signed in to two servers on 127.0.0.1 and signing out of one stays signed in to the other."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    browser = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))  # unsafe: cookies for an IP
+    try:
+        async with (
+            demo_server(tmp_path / "a", api_key=KEY) as (first, _),
+            demo_server(tmp_path / "b", api_key=KEY) as (second, _),
+        ):
+            urls = [str(client.make_url("")) for client in (first, second)]
+
+            async def signed_in() -> list[bool]:
+                return [(await (await browser.get(f"{url}/api/auth")).json())["signed_in"] for url in urls]
+
+            for url in urls:
+                assert (await browser.post(f"{url}/api/signin", json={"api_key": KEY})).status == 200
+            assert await signed_in() == [True, True]
+            assert (await browser.post(f"{urls[1]}/api/signout", headers={"Origin": urls[1]})).status == 200
+            assert await signed_in() == [True, False]
+    finally:
+        await browser.close()
 
 
 async def test_a_new_api_key_voids_the_sign_ins_and_ephemeral_keys_of_the_old(monkeypatch, demo_server, tmp_path):
@@ -87,11 +118,11 @@ async def test_a_new_api_key_voids_the_sign_ins_and_ephemeral_keys_of_the_old(mo
     monkeypatch.delenv(API_KEY_ENV, raising=False)
 
     async def issue(client, key: str) -> tuple[dict, dict]:
-        cookie = (await client.post("/api/signin", json={"api_key": key})).cookies["kimiaudio_signin"].value
+        cookie = (await client.post("/api/signin", json={"api_key": key})).cookies[signin_cookie(client)].value
         client.session.cookie_jar.clear()
         minted = await client.post("/v1/realtime/client_secrets", json={}, headers={"Authorization": f"Bearer {key}"})
         ephemeral = (await minted.json())["value"]
-        return {"Cookie": f"kimiaudio_signin={cookie}"}, {"Authorization": f"Bearer {ephemeral}"}
+        return {"Cookie": f"{signin_cookie(client)}={cookie}"}, {"Authorization": f"Bearer {ephemeral}"}
 
     async def granted(client, signed: dict, ephemeral: dict) -> tuple[int, int]:
         page = await client.get("/api/conversations", headers=signed)
@@ -242,9 +273,9 @@ async def test_an_allowed_origins_page_calls_cross_origin(monkeypatch, demo_serv
         # The page's sign-in cookie is the page's own: a browser sends it from any origin of the
         # same site (another port of 127.0.0.1 here), but an allowed origin acts with a key of its
         # own, never with the page's authority.
-        cookie = (await client.post("/api/signin", json={"api_key": KEY})).cookies["kimiaudio_signin"].value
+        cookie = (await client.post("/api/signin", json={"api_key": KEY})).cookies[signin_cookie(client)].value
         client.session.cookie_jar.clear()
-        signed = {"Cookie": f"kimiaudio_signin={cookie}"}
+        signed = {"Cookie": f"{signin_cookie(client)}={cookie}"}
         page = {**signed, "Origin": f"http://127.0.0.1:{client.server.port}"}
         sibling = {**signed, "Origin": "https://app.example"}
         assert (await client.post("/api/client_secrets", json={}, headers=page)).status == 200

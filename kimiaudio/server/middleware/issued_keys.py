@@ -6,8 +6,11 @@
   it is put on the request (`BOUND_SESSION`) for the route to apply before the client's own.
   An unknown or expired one is 401 `invalid_api_key`, even on a server without an API key
   (a client then learns its key expired instead of getting a session without its settings).
-- The page's sign-in (the cookie SIGNIN_COOKIE, set by POST /api/signin for the API key typed
-  once): the page's own routes under /api/, so that the page never keeps the API key.
+- The page's sign-in (the cookie `signin_cookie` names, set by POST /api/signin for the API key
+  typed once): the page's own routes under /api/, so that the page never keeps the API key.
+  Browsers send a host's cookies to every port of it, so the name carries the port the browser
+  addressed: two servers on one host keep their sign-ins apart, and the instances of a fleet
+  behind one front (one address, one port) share theirs.
 A session a key opened may outlive the key, as OpenAI's do. Both kinds are minted under the
 server's API key (store/access_keys.py: `issuer`): a new API key voids them.
 """
@@ -26,7 +29,7 @@ from kimiaudio.store.access_keys import find_key
 EPHEMERAL_PREFIX = "ek_"
 EPHEMERAL_SCOPE = "realtime"
 PAGE_SCOPE = "page"
-SIGNIN_COOKIE = "kimiaudio_signin"
+SIGNIN_COOKIE = "kimiaudio_signin"  # signin_cookie adds the port
 # Where an ephemeral key is accepted: (method, path) of opening a Realtime session or call.
 EPHEMERAL_ROUTES = (("GET", "/v1/realtime"), ("POST", "/v1/realtime/calls"))
 BOUND_SESSION = web.RequestKey("bound_session", dict)  # the session configuration of the key used
@@ -67,10 +70,20 @@ def out_of_scope() -> ApiError:
     )
 
 
+def signin_cookie(request: web.Request) -> str:
+    """The name of the page's sign-in cookie for the server the browser addressed (its Host's
+    port, or the scheme's)."""
+    try:
+        port = request.url.port
+    except ValueError:  # a Host header yarl cannot read: no port to tell servers apart by
+        port = None
+    return SIGNIN_COOKIE if port is None else f"{SIGNIN_COOKIE}_{port}"
+
+
 async def signed_in(store: Store, request: web.Request, issuer: str) -> bool:
     """The request carries the cookie of an unexpired page sign-in, made with `issuer` (the
     server's API key now)."""
-    key = request.cookies.get(SIGNIN_COOKIE)
+    key = request.cookies.get(signin_cookie(request))
     if not key:
         return False
     record = await find_key(store(), key, issuer)

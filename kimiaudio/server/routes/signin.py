@@ -24,7 +24,7 @@ from kimiaudio.server.context import server_context
 from kimiaudio.server.ephemeral_keys import MAX_BODY_BYTES, create_client_secret
 from kimiaudio.server.inputs.json_input import read_json_object
 from kimiaudio.server.middleware.access import key_matches
-from kimiaudio.server.middleware.issued_keys import PAGE_SCOPE, SIGNIN_COOKIE, invalid_key
+from kimiaudio.server.middleware.issued_keys import PAGE_SCOPE, invalid_key, signin_cookie
 from kimiaudio.store.access_keys import delete_key, mint_key
 
 SIGNIN_S = 12 * 3600
@@ -46,18 +46,19 @@ async def signin(request: web.Request) -> web.Response:
     # Secure over TLS, also where a front ends it (deploy/haproxy.cfg sets X-Forwarded-Proto). The
     # header is the client's to forge, but all it can do is keep its own cookie off plain HTTP.
     secure = request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
-    response.set_cookie(SIGNIN_COOKIE, key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=secure)
+    response.set_cookie(signin_cookie(request), key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=secure)
     return response
 
 
 @routes.post("/api/signout")
 async def signout(request: web.Request) -> web.Response:
-    key = request.cookies.get(SIGNIN_COOKIE)
+    name = signin_cookie(request)
+    key = request.cookies.get(name)
     if key:
         context = server_context(request)
         await delete_key(context.store, key, context.access.api_key)
     response = web.json_response({"signed_out": True})
-    response.del_cookie(SIGNIN_COOKIE, path="/")
+    response.del_cookie(name, path="/")
     return response
 
 
