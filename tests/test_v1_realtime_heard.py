@@ -21,10 +21,11 @@ import math
 
 import pytest
 
+from kimiaudio.server.session.conversation import Conversation
+
 from helpers.realtime_events import say
 from helpers.realtime_sessions import client_of, connect, open_session, user_text
 from helpers.waiting import eventually
-from kimiaudio.server.session.conversation import Conversation
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("websockets", reason="the openai client's Realtime connection needs openai[realtime]")

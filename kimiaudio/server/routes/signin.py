@@ -46,7 +46,8 @@ async def signin(request: web.Request) -> web.Response:
     # Secure over TLS, also where a front ends it (deploy/haproxy.cfg sets X-Forwarded-Proto). The
     # header is the client's to forge, but all it can do is keep its own cookie off plain HTTP.
     secure = request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
-    response.set_cookie(signin_cookie(request), key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=secure)
+    name = signin_cookie(request)
+    response.set_cookie(name, key, max_age=SIGNIN_S, path="/", httponly=True, samesite="Strict", secure=secure)
     return response
 
 

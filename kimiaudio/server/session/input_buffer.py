@@ -4,9 +4,9 @@ at 16 kHz, and what it holds for an explicit commit while turn detection is off.
 Appended pcm16 at the session's input rate is one byte stream: an append may end inside a
 sample (a client cutting its base64 chunks from a byte stream anywhere), and that byte waits
 for the next append to complete it, until input_audio_buffer.clear drops it. The stream is
-resampled by one stream resampler, so the edges of the chunks are seamless (`to_16k`). With the server's VAD the audio goes straight to the
-VAD; with turn detection off it is kept here (up to `audio.max_input_seconds`) until the
-client commits (`take`) or clears it.
+resampled by one stream resampler, so the edges of the chunks are seamless (`to_16k`). With
+the server's VAD the audio goes straight to the VAD; with turn detection off it is kept here
+(up to `audio.max_input_seconds`) until the client commits (`take`) or clears it.
 """
 
 from __future__ import annotations

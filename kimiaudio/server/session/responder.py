@@ -9,11 +9,12 @@ message: answer_request.py); its events go out in the order response_events.py l
 text as transcript deltas (spoken answers) or text deltas (text answers), its audio through
 the playback (at the session's speed, kept from its start: audio/time_stretch.py).
 Barge-in (speech_started while a response is generating or playing) and response.cancel flush
-the playback at once (once it has played out, while it is being stored before its
-response.done, there is nothing left to cut: it ends completed), cancel the pipeline turn, and store the assistant turn marked
+the playback at once, cancel the pipeline turn, and store the assistant turn marked
 interrupted and truncated to what was played, its audio, codes and text (nothing, if nothing
 of it was heard: answer_storage.py); conversation.item.truncate (the client saying what it
 played) overrides that estimate, for the response in progress or one of the last ones stored.
+Once an answer has played out, while it is being stored before its response.done, there is
+nothing left to cut: a barge-in or cancel then leaves it complete.
 No response starts once the session closes, nor for a request that came once the server was
 stopping (`stopping`: failed, `shutting_down`); a response whose task is cancelled cancels its
 pipeline turn. A response.create while one is in progress is refused with an error. A
