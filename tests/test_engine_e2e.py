@@ -41,6 +41,7 @@ def test_engine_matches_reference_with_chunking_preemption_and_abort(tiny_engine
     stats = engine.stats()
     assert stats.num_preemptions > 0  # the tiny pool forced recompute
     assert stats.num_blocks_free == stats.num_blocks_total == 12  # nothing leaked
+    assert stats.read_wait_s > 0  # steps launched and read later: the reads were timed
     assert outputs["abort-waiting"] == []
     # ignore_eos runs to the length limit, on both sides, past the stop where the same prompt
     # ended if it did (on golden a it does: test_lm_golden checks where).

@@ -1,8 +1,10 @@
 """Why LM steps were slow: the steps of a bench row above SLOW_RATIO x their p50, counted by
 what they carried (pipeline/step_record.py: a prefill chunk, encoder stages before them or an
 encoder batch running beside them, a detokenizer batch beside them, a shape met for the first
-time), and the slowest few in full. The same keys on every device (on the CPU nothing runs
-beside a step on the device, so `encode` there means stages run just before it)."""
+time), and the slowest few in full; and the share of the slow steps' time the host spent
+blocked on the device's samples (near 1: slow on the device, work beside them on the GPU; near
+0: slow on the host). The same keys on every device (on the CPU nothing runs beside a step on
+the device, so `encode` there means stages run just before it)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,14 @@ NUM_SLOWEST = 5
 def slow_step_report(records: Sequence[LmStepRecord]) -> dict:
     """{threshold_ms, steps, slow, by_tag: tag -> slow steps carrying it ("none": nothing), slowest}."""
     if not records:
-        return {"threshold_ms": None, "steps": 0, "slow": 0, "by_tag": dict.fromkeys((*TAGS, "none"), 0), "slowest": []}
+        return {
+            "threshold_ms": None,
+            "steps": 0,
+            "slow": 0,
+            "by_tag": dict.fromkeys((*TAGS, "none"), 0),
+            "slow_device_wait_share": None,
+            "slowest": [],
+        }
     threshold = SLOW_RATIO * percentile([r.seconds for r in records], 50, empty=0.0)
     slow = [r for r in records if r.seconds > threshold]
     by_tag = dict.fromkeys((*TAGS, "none"), 0)
@@ -27,14 +36,17 @@ def slow_step_report(records: Sequence[LmStepRecord]) -> dict:
         for tag in record.tags or ["none"]:
             by_tag[tag] += 1
     slowest = sorted(slow, key=lambda r: -r.seconds)[:NUM_SLOWEST]
+    slow_s = sum(r.seconds for r in slow)
     return {
         "threshold_ms": round(1000 * threshold, 3),
         "steps": len(records),
         "slow": len(slow),
         "by_tag": by_tag,
+        "slow_device_wait_share": round(sum(r.device_wait_s for r in slow) / slow_s, 3) if slow_s > 0 else None,
         "slowest": [
             {
                 "ms": round(1000 * r.seconds, 3),
+                "device_wait_ms": round(1000 * r.device_wait_s, 3),
                 "decoding": r.num_decoding,
                 "prefill_tokens": r.prefill_tokens,
                 "encode_stages": r.encode_stages,
@@ -53,7 +65,9 @@ def format_slow_steps(report: dict) -> str:
     if not report["steps"]:
         return "no LM steps"
     tags = ", ".join(f"{tag} {count}" for tag, count in report["by_tag"].items() if count)
+    share = report["slow_device_wait_share"]
+    waited = f"; {100 * share:.0f}% of their time waiting on the device" if share is not None else ""
     return (
         f"{report['slow']}/{report['steps']} LM steps > {report['threshold_ms']:.1f} ms "
-        f"({SLOW_RATIO:g}x p50){': ' + tags if tags else ''}"
+        f"({SLOW_RATIO:g}x p50){': ' + tags if tags else ''}{waited}"
     )

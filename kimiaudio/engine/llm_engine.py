@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,6 +56,9 @@ class EngineStats:
     num_decode_tokens: int
     num_preemptions: int
     num_steps: int
+    # Seconds the host spent blocked reading launched steps' samples: where a step's time is the
+    # device's beyond the host's own work (a slow step that waited long was slow on the device).
+    read_wait_s: float = 0.0
 
 
 class LLMEngine:
@@ -86,6 +90,7 @@ class LLMEngine:
         self._num_prefill_computed = 0
         self._num_decode = 0
         self._num_steps = 0
+        self._read_wait_s = 0.0
 
     @property
     def max_sequence_len(self) -> int:
@@ -192,10 +197,13 @@ class LLMEngine:
     def _read(self, in_flight: InFlight) -> list[StepOutput]:
         """The launched step's outputs, for the sequences still live."""
         launched = in_flight.launched
+        start = time.perf_counter()
         try:
             samples = launched.read()
         except Exception as exc:
             return self._fail_step([seq for seq in launched.seqs if self._is_live(seq)], exc)
+        finally:
+            self._read_wait_s += time.perf_counter() - start
         return [
             self._apply(seq, sampled, in_flight.step)
             for seq, sampled in zip(launched.seqs, samples)
@@ -235,6 +243,7 @@ class LLMEngine:
             num_decode_tokens=self._num_decode,
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self._num_steps,
+            read_wait_s=self._read_wait_s,
         )
 
     def _fail(self, seq: Sequence, error: str) -> StepOutput:

@@ -7,7 +7,10 @@ encoder batch was still running on the device (CUDA) during it, whether a detoke
 ran beside it (the two workers share the GPU), and whether it was the first step of its shape
 (decoding sequences, prefill positions): a shape met for the first time may build kernels or
 plans. Everything is read from public counters: the engine's stats, the detokenizer worker's
-batch counts in the shared metrics.
+batch counts in the shared metrics. It also says how much of the step the host spent blocked
+on the device's samples (`device_wait_s`): a slow step that waited most of its time was slow on
+the device (work beside it on the GPU), one that did not was slow on the host (the
+interpreter's lock, host work).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class LmStepRecord:
     encode_on_device: bool  # an encoder batch was running on the device (CUDA: its own stream)
     detok_overlap: bool  # a detokenizer batch ran during the step
     new_shape: bool  # the first step with these (num_decoding, prefill_tokens)
+    device_wait_s: float = 0.0  # of `seconds`, blocked reading the device's samples
 
     @property
     def tags(self) -> list[str]:
@@ -70,6 +74,7 @@ class StepRecorder:
             encode_on_device=encode_on_device,
             detok_overlap=started > ended or detok_started > started,
             new_shape=self._is_new((decoding, prefill)),
+            device_wait_s=stats.read_wait_s - before.read_wait_s,
         )
 
     def _is_new(self, shape: tuple[int, int]) -> bool:
