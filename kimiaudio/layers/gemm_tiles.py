@@ -110,6 +110,14 @@ def _candidates(fmt: str, bucket: int) -> list[Tile | str]:
         ]
         if bucket == 1:  # 2-4 rows: the GEMV holding each row's sums apart
             tiles += [Tile(2, 128, 32 * wide, dot=False, waves=8), Tile(4, 64, 32 * wide, dot=False, waves=8)]
+        if bucket == 3:
+            # Every output tile reads all the rows' activations again (from L2): at 64 rows and
+            # 64 outputs a tile that is twice the 8-bit weights' bytes, about what an H200's
+            # fp8 tiles ran at (3.5x the bytes' floor). Wider tiles read them fewer times.
+            tiles += [
+                Tile(block_m, 128, 128 * wide, dot=True, num_warps=8),
+                Tile(block_m, 256, 64 * wide, dot=True, num_warps=8),
+            ]
     elif fmt == "int8":
         tiles = [_COMPUTE, Tile(64, 128, 64, dot=True, num_warps=8, waves=1)]
     else:  # cuBLAS / _scaled_mm alone
