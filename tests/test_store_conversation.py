@@ -8,7 +8,7 @@ import pytest
 import soundfile as sf
 
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.store import ConversationBusyError, ConversationNotFoundError, ConversationStore
+from kimiaudio.store import ConversationBusyError, ConversationNotFoundError, ConversationStore, get_turn
 
 
 def _tone(seconds, sr, freq=220.0):
@@ -82,7 +82,20 @@ async def test_unknown_conversation(store):
         await store.add_turn("nope", "user")
     conv = await store.create_conversation()
     with pytest.raises(KimiAudioError, match="role"):
-        await store.add_turn(conv["id"], "system")
+        await store.add_turn(conv["id"], "narrator")
+    with pytest.raises(KimiAudioError, match="system turn is text only"):
+        await store.add_turn(conv["id"], "system", "Be brief.", audio=np.zeros(160, np.float32))
+
+
+async def test_a_system_turn_reads_back_as_system(store):
+    conv = await store.create_conversation()
+    turns = [("system", "Be brief."), ("user", "Hi."), ("assistant", "Hello.")]
+    for role, text in turns:
+        await store.add_turn(conv["id"], role, text)
+    listed = (await store.get_conversation(conv["id"]))["turns"]
+    assert [(t["role"], t["text"]) for t in listed] == turns
+    assert [t.role for t in await store.load_history(conv["id"])] == ["system", "user", "assistant"]
+    assert (await get_turn(store, conv["id"], 0)).role == "system"
 
 
 async def test_concurrent_writes_get_distinct_indices(store):

@@ -107,6 +107,8 @@ async def test_the_migration_keeps_the_next_index_of_the_turns_already_stored(st
     try:
         assert await delete_turn(store, "c1", 2) is True
         assert [await store.add_turn("c1", "user", "y"), await store.add_turn("c1", "assistant", "z")] == [3, 4]
-        assert [turn.audio_first for turn in await store.load_history("c1")] == [False] * 4
+        history = await store.load_history("c1")
+        assert [turn.audio_first for turn in history] == [False] * 4
+        assert [turn.role for turn in history] == ["user", "user", "user", "assistant"]  # old turns: no system one
     finally:
         await store.close()

@@ -13,6 +13,9 @@ on the demo checkpoint (GA shape, every event checked against the SDK's models):
 - an audio item is no commit of the input buffer, and a switch of turn detection empties it;
 - appends are one byte stream: one ending inside a sample leaves its byte for the next, and a
   clear drops it;
+- a system item is a system item to the client (echoed, retrieved, listed), and the model,
+  which has no system role, is prompted with it as a user's text, in this session and in the
+  next one that continues the conversation;
 - a conversation longer than the context loses its oldest turns (truncation "auto"), more of
   them at once under a retention ratio, none under "disabled" (it is refused);
 - an item's text parts reach the model with its audio;
@@ -271,6 +274,39 @@ async def test_appends_cut_inside_samples_join_into_the_same_audio(demo_server, 
     heard = [request.user_audio for request in pipeline.requests]
     assert len(heard) == 3
     assert all(np.array_equal(audio, pcm16.to_float(raw)) for audio in heard)
+
+
+async def test_a_system_item_stays_a_system_item(demo_server):
+    system = {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Be brief."}]}
+    async with demo_server() as (http, pipeline):
+        client = client_of(http)
+        try:
+            async with connect(client, "ga") as conn:
+                events = await open_session(conn, turn_detection=None, text_only=True)
+                await conn.conversation.item.create(item=system | {"id": "item_sys"})
+                await conn.conversation.item.create(item=user_text("Hi."))
+                await conn.response.create(response={"max_output_tokens": 1})
+                await events.wait_for("response.done")
+                await conn.send({"type": "conversation.item.retrieve", "item_id": "item_sys"})
+                retrieved = (await events.wait_for("conversation.item.retrieved")).item
+            added = next(e.item for e in events.of_type("conversation.item.added") if e.item.id == "item_sys")
+            conversation_id = events.of_type("conversation.created")[0].conversation.id
+            async with connect(client, "ga") as conn:  # the conversation continued: stored, then prompted
+                events = await open_session(conn, turn_detection=None, text_only=True)
+                await conn.send({"type": "conversation.select", "conversation_id": conversation_id})
+                await events.wait_for("session.updated", count=2)
+                await conn.conversation.item.create(item=user_text("And?"))
+                await conn.response.create(response={"max_output_tokens": 1})
+                await events.wait_for("response.done")
+            stored = await (await http.get(f"/api/conversations/{conversation_id}")).json()
+        finally:
+            await client.close()
+    assert (added.role, [(p.type, p.text) for p in added.content]) == ("system", [("input_text", "Be brief.")])
+    assert (retrieved.role, [(p.type, p.text) for p in retrieved.content]) == ("system", [("input_text", "Be brief.")])
+    assert [(t["role"], t["text"]) for t in stored["turns"]][:2] == [("system", "Be brief."), ("user", "Hi.")]
+    for request in pipeline.requests:  # no system role in the model's prompt: a user's text
+        assert (request.history[0].role, request.history[0].text) == ("user", "Be brief.")
+    assert len(pipeline.requests) == 2
 
 
 async def test_a_conversation_longer_than_the_context_loses_its_oldest_turns(v1_server, openai_client):

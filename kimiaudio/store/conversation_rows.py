@@ -28,7 +28,7 @@ class StoredTurn:
     """One turn as the pipeline's history needs it (audio decoded, tokens parsed)."""
 
     index: int
-    role: str
+    role: str  # "user" | "assistant" | "system" (a system message: text, prompted as a user's)
     text: str
     text_tokens: list[int] | None
     audio_tokens: list[int] | None
@@ -44,7 +44,7 @@ class StoredTurn:
 def turn_dict(row: dict) -> dict[str, Any]:
     return {
         "index": row["turn_index"],
-        "role": row["role"],
+        "role": "system" if row["from_system"] else row["role"],
         "text": row["text"],
         "text_tokens": json.loads(row["text_tokens"]) if row["text_tokens"] else None,
         "audio_tokens": json.loads(row["audio_tokens"]) if row["audio_tokens"] else None,

@@ -198,11 +198,14 @@ class ConversationStore:
         audio_first: bool = False,  # a user turn's text came after its audio
         holder: str | None = None,  # the session that must hold the conversation's lease (LeaseBook.write_turns)
     ) -> int:
-        """Append a turn (and its audio) in one transaction; its index (never a deleted turn's)."""
-        if role not in ("user", "assistant"):
-            raise KimiAudioError(f"turn role must be 'user' or 'assistant', got {role!r}")
+        """Append a turn (and its audio) in one transaction; its index (never a deleted turn's).
+        role "system": a system message, text only, kept as a user turn marked from_system."""
+        if role not in ("user", "assistant", "system"):
+            raise KimiAudioError(f"turn role must be 'user', 'assistant' or 'system', got {role!r}")
+        if role == "system" and audio is not None:
+            raise KimiAudioError("a system turn is text only")
         fields = {
-            "role": role,
+            "role": "user" if role == "system" else role,
             "text": text,
             "text_tokens": json_or_none(text_tokens),
             "audio_tokens": json_or_none(audio_tokens),
@@ -210,6 +213,8 @@ class ConversationStore:
             "interrupted": int(interrupted),
             "audio_first": int(audio_first),
         }
+        if role == "system":  # (the column's default says the others)
+            fields["from_system"] = 1
         return await self.leases.write_turns(conversation_id, holder, add_turn, fields, audio_record(audio, role))
 
     async def update_turn(

@@ -39,6 +39,8 @@ Tables:
 - turns.search_doc (version 9, PostgreSQL only): rebuilt over the letters and digits of the
   text and transcript (search.py).
 - calls (version 10): made where version 7 did not make it.
+- turns.from_system (version 11): a system message (a Realtime system item), stored as a user
+  turn of text (the model has no system role) and read back as role "system" (conversation_rows.py).
 """
 
 from __future__ import annotations
@@ -161,9 +163,12 @@ _V9 = SEARCH_WORDS_ONLY
 
 _V10 = _CALLS
 
+# (A flag beside role, not a wider CHECK on it: SQLite cannot alter a CHECK short of rebuilding turns.)
+_V11 = "ALTER TABLE turns ADD COLUMN from_system INTEGER NOT NULL DEFAULT 0;"
+
 Migration = str | dict[str, str]  # one script, or one per Sql.kind
 # MIGRATIONS[i] migrates from version i to i + 1.
-MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10]
+MIGRATIONS: list[Migration] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -146,9 +146,12 @@ class Conversation:
         """Every stored turn by its index, oldest first."""
         if self._history is None:
             stored = (await self.store.load_history(self.id) or []) if self.id is not None else []
-            self._history = {
+            self._history = {  # (a system message is prompted as a user's text)
                 t.index: HistoryTurn(
-                    role=t.role, text=t.text, audio_tokens=t.audio_tokens, audio=t.audio if t.role == "user" else None
+                    role="assistant" if t.role == "assistant" else "user",
+                    text=t.text,
+                    audio_tokens=t.audio_tokens,
+                    audio=t.audio if t.role == "user" else None,
                 )
                 for t in stored
             }
@@ -160,10 +163,11 @@ class Conversation:
         return index in self._audio_first
 
     async def add_user(
-        self, audio: np.ndarray | None, text: str = "", audio_first: bool = False
+        self, audio: np.ndarray | None, text: str = "", audio_first: bool = False, system: bool = False
     ) -> tuple[int, HistoryTurn]:
         """Store a user turn, spoken or text, before the model starts on it; (its index, history
-        turn). audio_first: its text came after its audio."""
+        turn). audio_first: its text came after its audio; system: a system message (text), which
+        the model, having no system role, is prompted with as a user's text."""
         history = await self.history()
         if audio is not None:  # prompted as a reopened conversation's history will be: as stored
             audio = await asyncio.to_thread(as_stored, audio, "user")  # (an encode and a decode: off the loop)
@@ -171,7 +175,7 @@ class Conversation:
         conversation_id = self.stored_id
         index = await self.store.add_turn(
             conversation_id,
-            "user",
+            "system" if system else "user",
             text,
             audio=audio,
             timings=timings,

@@ -113,6 +113,5 @@ class EventDispatch:
             audio = resample(pcm16.to_float(event.pcm16), self._settings.input_rate, SPEECH_INPUT_RATE)
             work = QueuedAudio(item_id, audio, text=event.text, origin=origin, audio_first=event.audio_first)
             self._queue.put_nowait(work)
-        else:  # a system message is context like a user's text (the prompt has no system role)
-            role = "assistant" if event.role == "assistant" else "user"
-            self._queue.put_nowait(QueuedText(item_id, event.text, role, origin))
+        else:
+            self._queue.put_nowait(QueuedText(item_id, event.text, event.role, origin))

@@ -68,7 +68,7 @@ class QueuedText:
 
     item_id: str
     text: str
-    role: str  # "user" | "assistant" (a system message is context like a user's text)
+    role: str  # "user" | "assistant" | "system" (a system message: prompted as a user's text)
     origin: ItemOrigin = ItemOrigin()
 
 

@@ -87,7 +87,7 @@ def message_item(
     interrupted, has_audio: as GET /api/conversations/{id} lists turns). An assistant item in
     progress has no content yet; a user item's parts are in the client's order (audio_first:
     its text came after its audio)."""
-    if role == "user":
+    if role in ("user", "system"):
         parts = ([{"type": "input_text", "text": text}] if text else []) + (
             [{"type": "input_audio", "transcript": None}] if has_audio else []
         )

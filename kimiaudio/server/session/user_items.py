@@ -75,7 +75,7 @@ class UserItems:
             if role == "assistant":
                 index, _ = await conversation.add_assistant(work.text, [], [], {}, False, np.zeros(0, np.float32))
             else:
-                index, user_turn = await conversation.add_user(audio, work.text, audio_first)
+                index, user_turn = await conversation.add_user(audio, work.text, audio_first, system=role == "system")
                 audio = user_turn.audio  # as stored: what the answer is prompted with, encoded once for both
         except Exception as exc:
             log_store_failure(log, events.session_id, "storing the user turn", exc)
