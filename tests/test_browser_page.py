@@ -15,7 +15,7 @@ from kimiaudio.server.app import create_app
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, console_errors, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, console_errors, page_after_events, start_chromium, wait_for_script
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
@@ -213,30 +213,22 @@ async def test_page_state_during_a_barge_in_and_the_reason_a_call_ends(server, t
     state = "return document.getElementById('state').textContent"
     driver = await asyncio.to_thread(start_chromium, tmp_path, wav)
 
-    def barge_in():
-        driver.get(url)
-        driver.find_element("id", "connect").click()
-        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
-        # The server's events of a barge-in, in their order, as the channel delivers them.
-        seen = []
-        for event in (
-            {"type": "output_audio_buffer.started", "response_id": "resp_1"},
-            {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_1"},
-            {"type": "output_audio_buffer.cleared", "response_id": "resp_1"},
-            {"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}},
-            {"type": "output_audio_buffer.stopped", "response_id": "resp_1"},
-            {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 900, "item_id": "item_1"},
-        ):
-            driver.execute_script("onEvent(arguments[0])", event)
-            seen.append(driver.execute_script(state))
-        return seen
+    # The server's events of a barge-in, in their order, as the channel delivers them.
+    barge_in = (
+        {"type": "output_audio_buffer.started", "response_id": "resp_1"},
+        {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_1"},
+        {"type": "output_audio_buffer.cleared", "response_id": "resp_1"},
+        {"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}},
+        {"type": "output_audio_buffer.stopped", "response_id": "resp_1"},
+        {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 900, "item_id": "item_1"},
+    )
 
     def ended():
         wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
         return driver.find_element("id", "error-banner").text, console_errors(driver)
 
     try:
-        seen = await asyncio.to_thread(barge_in)
+        seen = await asyncio.to_thread(page_after_events, driver, url, barge_in, state)
         await server.app[SERVER_CONTEXT].sessions.close_all()
         banner, errors = await asyncio.to_thread(ended)
     finally:
@@ -257,26 +249,21 @@ async def test_a_server_error_stays_shown_until_a_later_answer_ends_well(server,
     def response(rid: str, kind: str, status: str = "") -> dict:
         return {"type": f"response.{kind}", "response": {"id": rid, "status": status or "in_progress"}}
 
-    def events():
-        driver.get(url)
-        driver.find_element("id", "connect").click()
-        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
-        seen = []
-        for event in (
-            response("resp_1", "created"),
-            {"type": "error", "error": {"code": "storage_failed", "message": "the answer could not be stored"}},
-            response("resp_1", "done", "completed"),
-            response("resp_2", "created"),
-            response("resp_2", "done", "failed"),
-            response("resp_3", "created"),
-            response("resp_3", "done", "completed"),
-        ):
-            driver.execute_script("onEvent(arguments[0])", event)
-            seen.append(driver.execute_script(shown))
-        return seen, console_errors(driver)
+    events = (
+        response("resp_1", "created"),
+        {"type": "error", "error": {"code": "storage_failed", "message": "the answer could not be stored"}},
+        response("resp_1", "done", "completed"),
+        response("resp_2", "created"),
+        response("resp_2", "done", "failed"),
+        response("resp_3", "created"),
+        response("resp_3", "done", "completed"),
+    )
+
+    def shown_after_each():
+        return page_after_events(driver, url, events, shown), console_errors(driver)
 
     try:
-        seen, errors = await asyncio.to_thread(events)
+        seen, errors = await asyncio.to_thread(shown_after_each)
     finally:
         await asyncio.to_thread(driver.quit)
     assert seen == [False] + [True] * 5 + [False] and not errors

@@ -55,6 +55,19 @@ def wait_for_script(driver, script: str, timeout: float = 120.0):
     return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
 
 
+def page_after_events(driver, url: str, events, probe: str) -> list:
+    """Open the page at `url`, connect, then hand the page's event handler each of `events` as
+    the call's channel would deliver it; -> what the script `probe` returns after each."""
+    driver.get(url)
+    driver.find_element("id", "connect").click()
+    wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+    seen = []
+    for event in events:
+        driver.execute_script("onEvent(arguments[0])", event)
+        seen.append(driver.execute_script(probe))
+    return seen
+
+
 def console_errors(driver) -> list[str]:
     """The page's console errors so far (uncaught exceptions, failed loads)."""
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
