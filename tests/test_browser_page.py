@@ -16,6 +16,7 @@ from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, console_errors, page_after_events, start_chromium, wait_for_script
+from helpers.waiting import eventually
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
@@ -267,3 +268,35 @@ async def test_a_server_error_stays_shown_until_a_later_answer_ends_well(server,
     finally:
         await asyncio.to_thread(driver.quit)
     assert seen == [False] + [True] * 5 + [False] and not errors
+
+
+async def test_leaving_the_page_hangs_up_at_once(server, tmp_path, monkeypatch):
+    """Reloading or closing the page ends its call then, so its session slot (the server's only
+    one here) is free for the page that comes next. The server's other way to learn a client
+    is gone, its ICE consent checks failing after about half a minute, is switched off here."""
+    import aioice.ice
+
+    monkeypatch.setattr(aioice.ice, "CONSENT_FAILURES", 10**9)
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    url = str(server.make_url("/"))
+    sessions = server.app[SERVER_CONTEXT].sessions
+    driver = await asyncio.to_thread(start_chromium, tmp_path, wav)
+
+    def call():
+        driver.get(url)
+        driver.find_element("id", "connect").click()
+        wait_for_script(driver, "return document.body.dataset.state === 'listening'")
+
+    async def slot_free() -> bool:
+        return sessions.num_reserved == 0
+
+    try:
+        await asyncio.to_thread(call)
+        assert sessions.num_reserved == 1
+        await asyncio.to_thread(driver.get, "about:blank")  # the tab leaves the page
+        await eventually(slot_free, "the call of the page left ended")
+        await asyncio.to_thread(call)  # the next page gets the slot
+        errors = await asyncio.to_thread(console_errors, driver)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert not errors

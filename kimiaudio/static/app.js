@@ -248,6 +248,7 @@ function noteConversation() {
 
 // ---------------------------------------------------------------- wiring
 $("connect").onclick = () => (session.pc ? disconnect() : connect());
+window.addEventListener("pagehide", leavePage); // call.js
 // A new choice of conversation answers the banner about the last one (refused, deleted): the
 // banner goes, and comes back only if this one fails too.
 const acting = (action) => () => { hideError(); action(); };

@@ -215,6 +215,16 @@ function iceGatheringComplete(pc) {
   });
 }
 
+// Leaving the page (closing the tab, reloading, navigating away) hangs up. Closing the peer
+// connection reaches the server at once; a page that just goes would hold its session slot
+// (and its conversation) until the server's ICE consent checks fail, about half a minute: a
+// reload would then find the server full, or its conversation busy.
+function leavePage() {
+  const answering = session.answering; // (disconnect() leaves a call being answered open)
+  if (session.pc || answering) disconnect();
+  if (answering) answering.close();
+}
+
 function disconnect() {
   session.attempt++; // a Connect still on its way is given up (openSession)
   const pc = session.pc;
