@@ -65,6 +65,8 @@ def client_books(plan: list[list[str]], logs: list[SessionLog], kinds: list[str]
         },
         "responses_by_status": {s: statuses.count(s) for s in ("completed", "incomplete", "cancelled", "failed")},
         "abandoned_by_hang_up": sum(len(log.abandoned) for log in logs),
+        # Reconnects that found their conversation still held by the session they hung up.
+        "busy_waits": sum(log.busy_waits for log in logs),
         "planned_commits": sum(planned_utterances),
         "planned_faults": planned_faults,
         "faults": happened,
@@ -103,7 +105,8 @@ def print_report(report: dict) -> None:
         f"clients in {report['client_processes']} worker "
         f"processes); {report['commits']} user turns committed, "
         f"{report['responses']} responses {report['responses_by_status']}, {report['abandoned_by_hang_up']} cut by "
-        f"hang-ups; faults {report['faults']}" + (f"; preemptions {report['preemptions']}" if target == "" else "")
+        f"hang-ups, {report['busy_waits']} reconnects waited for their conversation; faults {report['faults']}"
+        + (f"; preemptions {report['preemptions']}" if target == "" else "")
     )
     latency = (
         f"commit -> first audio p50 {report['commit_to_first_audio_ms_p50']} ms, "

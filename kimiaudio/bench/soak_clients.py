@@ -42,7 +42,9 @@ class Transport:
     """How the soak talks through one kind of client (RtcClient or RealtimeWsClient)."""
 
     name: str
-    connect: Callable[[str | None], Awaitable[Any]]  # conversation id to continue -> client, or None if refused
+    # (conversation id to continue, the session's log) -> client, or None if refused; each wait
+    # for a conversation still held (conversation_busy) counts in log.busy_waits
+    connect: Callable[[str | None, SessionLog], Awaitable[Any]]
     say: Callable[[Any, np.ndarray], None]  # speak 16 kHz audio (then silence) into the client, in real time
     send_raw: Callable[[Any, str], Awaitable[None]]  # one raw text message on its event channel
     is_connected: Callable[[Any], bool]  # False once the server (or the network) has closed the connection
@@ -57,6 +59,7 @@ class SessionLog:
     faults: Counter = field(default_factory=Counter)
     first_audio_s: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # client-side: timeouts, refused connections
+    busy_waits: int = 0  # reconnects that found their conversation still held (conversation_busy) and waited
 
     def collect(self, client) -> None:
         """Take what one connection saw (a session may use several: it reconnects)."""
@@ -127,7 +130,7 @@ async def run_session(
     rng: random.Random,
 ) -> None:
     """Drive one session through `faults` (one per turn) until done or `deadline`."""
-    client = await transport.connect(None)
+    client = await transport.connect(None, log)
     if client is None:
         log.problems.append("could not connect")
         return
@@ -144,7 +147,7 @@ async def run_session(
                 log.abandoned |= _open_responses(client)
                 log.collect(client)
                 await client.close()
-                client = await transport.connect(_last_conversation(client))
+                client = await transport.connect(_last_conversation(client), log)
             if client is None:
                 log.problems.append("could not reconnect")
                 return
@@ -184,7 +187,7 @@ async def _turn(transport: Transport, client, clips, fault: str, log: SessionLog
         log.collect(client)
         await client.close()
         log.faults["disconnect"] += 1
-        return await transport.connect(conversation_id)
+        return await transport.connect(conversation_id, log)
     if fault == "barge_in":
         log.faults["barge_in"] += 1
         transport.say(client, clips[rng.randrange(len(clips))])

@@ -55,7 +55,7 @@ def _transports(http) -> dict[str, Transport]:
 
     silence = np.zeros(int(SILENCE_S * SPEECH_INPUT_RATE), np.float32)
 
-    async def rtc_connect(conversation_id):
+    async def rtc_connect(conversation_id, log):
         for _ in range(BUSY_RETRIES):
             client = RtcClient(ScriptedMic())
             status, _ = await client.connect(http, conversation_id=conversation_id)
@@ -70,13 +70,14 @@ def _transports(http) -> dict[str, Transport]:
                 return None
             # conversation_busy: the session it hung up is still closing (behind a router,
             # possibly on another instance); a client waits as Retry-After says.
+            log.busy_waits += 1
             await asyncio.sleep(min(float(client.response_headers.get("Retry-After", 1)), BUSY_WAIT_MAX_S))
         return None
 
     async def rtc_raw(client, text):
         client.channel.send(text)
 
-    async def ws_connect(conversation_id):
+    async def ws_connect(conversation_id, log):
         client = RealtimeWsClient()
         if await client.connect(http) != 101:
             return None
@@ -87,6 +88,7 @@ def _transports(http) -> dict[str, Transport]:
             for _ in range(BUSY_RETRIES):  # a reconnect continues its conversation, as WebRTC's offer does
                 if await _select(client, conversation_id):
                     return client
+                log.busy_waits += 1
                 await asyncio.sleep(1.0)
         except AssertionError:
             pass
