@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kimiaudio.config import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "gpu-check"
 STEPS = [
@@ -30,6 +32,7 @@ STEPS = [
     "7b-int8",
     "demo",
     "voice",
+    "full-detok4",
 ]
 
 
@@ -47,6 +50,10 @@ def test_the_plan_lists_the_steps_in_priority_order_under_one_deadline():
     assert lines[0].startswith("deadline 540s")
     assert [line.split()[0] for line in lines[1:]] == STEPS
     assert "gpu_smoke.py" in lines[1] and "--weights fp8 --card-gib 24 --sessions 8" in lines[4]
+    assert lines[-1].rstrip().endswith("--config .ci/gpu-detok4.toml")  # (a file the step needs, committed)
+    experiment = load_config(ROOT / ".ci/gpu-detok4.toml")
+    assert experiment.detok.max_batch_sessions == 4
+    assert experiment.data_dir == ROOT / "data"  # the ignored data dir, not a new one under .ci/
     chosen = gpu_check("--dry-run", "--deadline", "300", "capped", "smoke")
     assert chosen.stdout.splitlines()[0].startswith("deadline 300s")
     assert [line.split()[0] for line in chosen.stdout.splitlines()[1:]] == ["capped", "smoke"]
