@@ -135,11 +135,11 @@ def kernels(dt: str):
 
 def skinny_kernels(dt: str):
     """The skinny GEMM with each default tile of its weight format (fp8 needs sm_89+: the H100
-    has it), gated (the down projection) where it may be, and, for fp8 in bf16, every candidate
-    the tuner may choose."""
+    has it), gated (the down projection) where it may be, and, in bf16 (serving), every
+    candidate the tuner may choose for each format."""
     for fmt, w in (("fp8", "fp8e4nv"), ("int8", "i8"), ("bf16", dt)):
         tiles = {t for t in DEFAULTS[fmt] if isinstance(t, Tile)}
-        if dt == "bf16" and fmt == "fp8":
+        if dt == "bf16":
             tiles |= {t for bucket in CANDIDATES[fmt] for t in bucket if isinstance(t, Tile)}
         for tile in sorted(tiles, key=str):
             types = dict(x_ptr=f"*{dt}", w_ptr=f"*{w}", scale_ptr="*fp32", bias_ptr=f"*{dt}", out_ptr=f"*{dt}")
