@@ -13,6 +13,7 @@ follow the ranges (`_validate`; the detokenizer's in chunk_schedule.py).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import tomllib
 from dataclasses import dataclass, field
@@ -168,6 +169,13 @@ def _validate(config: Config) -> None:
     # The chunk schedule's own rules (e.g. a first chunk longer than its look-ahead), within the
     # official DiT position limit; a checkpoint allowing fewer positions is checked at its load.
     ChunkSchedule.from_config(config.detok, MAX_POSITION)
+    for entry in config.server.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"server.trusted_proxies: expected IP addresses or networks (like 10.0.0.0/8), got {entry!r}"
+            ) from None
     if config.voices.min_seconds > config.voices.max_seconds:
         raise ConfigError(
             f"voices.min_seconds = {config.voices.min_seconds}: expected at most voices.max_seconds "

@@ -182,6 +182,13 @@ class ServerConfig:
     allowed_origins: list[str] = setting(
         factory=list, bounds=Bounds(pattern=r"https?://\S+", means="an origin like https://example.org:8443")
     )
+    # Proxies (addresses or networks) whose X-Forwarded-For header names the client, where the
+    # server counts wrong API keys per client (server/middleware/key_guesses.py); by default this
+    # machine, where a front like deploy/haproxy.cfg runs beside the instances.
+    trusted_proxies: list[str] = setting(
+        factory=lambda: ["127.0.0.1", "::1"],
+        bounds=Bounds(pattern=r"[0-9A-Fa-f.:]+(/[0-9]+)?", means="an IP address or network, like 10.0.0.0/8"),
+    )
     # Largest request body (34 MB: OpenAI's 25 MB of audio, base64-encoded in a chat request),
     # and how long it may take to arrive.
     max_body_bytes: int = setting(34 * 1024 * 1024, Bounds(1024, 2**31))

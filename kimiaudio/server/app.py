@@ -56,7 +56,7 @@ def create_app(config: Config, stack: ModelStack | None, pipeline: Pipeline | No
         [
             cors_middleware(context.access),
             error_middleware(context.metrics),
-            access_middleware(context.access, lambda: context.store),
+            access_middleware(context.access, lambda: context.store, context.key_guesses),
             draining_middleware(lambda: context.sessions.is_draining),
             body_limits_middleware(server.max_body_bytes, server.body_timeout_s),
         ]

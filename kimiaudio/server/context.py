@@ -23,6 +23,7 @@ from kimiaudio.config import Config
 from kimiaudio.pipeline.model_stack import ModelStack
 from kimiaudio.pipeline.pipeline import Pipeline
 from kimiaudio.server.middleware.access import AccessPolicy
+from kimiaudio.server.middleware.key_guesses import KeyGuesses
 from kimiaudio.server.observe.server_metrics import ServerMetrics
 from kimiaudio.server.session_registry import SessionRegistry
 from kimiaudio.store import ConversationStore
@@ -76,6 +77,7 @@ class ServerContext:
     vad_executor: Executor  # the one thread running VAD inference
     ready: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     answers: AnswersInFlight = field(default_factory=AnswersInFlight, init=False)  # the /v1 answers running
+    key_guesses: KeyGuesses = field(default_factory=KeyGuesses, init=False)  # wrong API keys by client
     _store: ConversationStore | None = field(default=None, init=False, repr=False)
     _pipeline: Pipeline | None = field(default=None, init=False, repr=False)
 

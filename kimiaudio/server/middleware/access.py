@@ -16,6 +16,7 @@ One middleware, applied to every route (today's and any added later):
    that carries an Origin header must come from the server's own page or an allowed origin
    (`server.allowed_origins`): 403 otherwise. Scripts and curl send no Origin and pass. What a
    browser on an allowed origin may read of the answers: cors.py.
+A client that presents too many wrong keys has every key refused for a while (key_guesses.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from yarl import URL
 from kimiaudio.config import Config
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
+from kimiaudio.server.inputs.client_address import Network, client_address, trusted_networks
 from kimiaudio.server.middleware import issued_keys
+from kimiaudio.server.middleware.key_guesses import KeyGuesses
 
 API_KEY_ENV = "KIMIAUDIO_API_KEY"
 WS_KEY_PREFIX = "openai-insecure-api-key."
@@ -45,6 +48,7 @@ class AccessPolicy:
     api_key: str  # "" = none
     allowed_hosts: frozenset[str] | None  # lower-case host names; None = any
     allowed_origins: frozenset[str]  # normalised scheme://host:port
+    trusted_proxies: tuple[Network, ...] = ()  # whose X-Forwarded-For names the client
 
     @classmethod
     def from_config(cls, config: Config) -> AccessPolicy:
@@ -58,7 +62,7 @@ class AccessPolicy:
                 f"{API_KEY_ENV if os.environ.get(API_KEY_ENV) else 'server.api_key'}: expected printable "
                 "ASCII without spaces (it travels in an HTTP header)"
             )
-        return cls(api_key, allowed_hosts, origins)
+        return cls(api_key, allowed_hosts, origins, trusted_networks(server.trusted_proxies))
 
     def allows_origin(self, origin: str) -> bool:
         """`origin` (an Origin header) is one of `server.allowed_origins`."""
@@ -167,14 +171,15 @@ def _from_the_page(request: web.Request) -> bool:
     return origin is None or _same_origin(request, _origin(origin))
 
 
-def access_middleware(policy: AccessPolicy, store: issued_keys.Store) -> Middleware:
+def access_middleware(policy: AccessPolicy, store: issued_keys.Store, guesses: KeyGuesses) -> Middleware:
     """The middleware that holds every request to `policy` (Host, API key, Origin); `store`
-    gives the conversation store, where the keys the server issued are."""
+    gives the conversation store, where the keys the server issued are; `guesses` counts the
+    wrong keys."""
 
     @web.middleware
     async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
         _check_host(policy, request)
-        await _check_key(policy, store, request)
+        await _check_key(policy, store, guesses, request)
         _check_origin(policy, request)
         return await handler(request)
 
@@ -191,12 +196,19 @@ def _check_host(policy: AccessPolicy, request: web.Request) -> None:
         )
 
 
-async def _check_key(policy: AccessPolicy, store: issued_keys.Store, request: web.Request) -> None:
+async def _check_key(policy: AccessPolicy, store: issued_keys.Store, guesses: KeyGuesses, request: web.Request) -> None:
     presented = _presented_key(request)
+    client = client_address(request, policy.trusted_proxies)
+    if presented is not None:
+        guesses.check(client)
     if policy.api_key and key_matches(presented, policy.api_key):
         return
     if issued_keys.is_ephemeral(presented) and issued_keys.opens_realtime(request):
-        await issued_keys.check_ephemeral(store, request, presented or "", policy.api_key)
+        try:
+            await issued_keys.check_ephemeral(store, request, presented or "", policy.api_key)
+        except issued_keys.UnknownKey:
+            guesses.wrong(client)
+            raise
         return
     if not policy.api_key or _is_public(request.path):
         return
@@ -205,6 +217,8 @@ async def _check_key(policy: AccessPolicy, store: issued_keys.Store, request: we
     if request.path.startswith("/api/") and _from_the_page(request):
         if await issued_keys.signed_in(store, request, policy.api_key):
             return
+    if presented is not None:
+        guesses.wrong(client)
     raise ApiError(
         401,
         "unauthorized",

@@ -51,12 +51,26 @@ def invalid_key(message: str) -> ApiError:
     return ApiError(401, "invalid_api_key", message, headers={"WWW-Authenticate": "Bearer"})
 
 
+class UnknownKey(ApiError):
+    """An ephemeral key this server never issued (under its API key now): a guess, where an
+    expired one is not (key_guesses.py)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            401,
+            "invalid_api_key",
+            "this ephemeral key is not valid (mint one with POST /v1/realtime/client_secrets)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
 async def check_ephemeral(store: Store, request: web.Request, key: str, issuer: str) -> None:
     """An ephemeral key presented to open a session or call: valid (minted under `issuer`, the
-    server's API key now), or 401; its bound session goes on the request."""
+    server's API key now), or 401 (UnknownKey for one never issued); its bound session goes on
+    the request."""
     record = await find_key(store(), key, issuer)
     if record is None or record.scope != EPHEMERAL_SCOPE:
-        raise invalid_key("this ephemeral key is not valid (mint one with POST /v1/realtime/client_secrets)")
+        raise UnknownKey()
     if record.expired(store().clock()):
         raise invalid_key("this ephemeral key has expired (mint a new one with POST /v1/realtime/client_secrets)")
     if record.session is not None:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from kimiaudio.server.context import server_context
 from kimiaudio.server.ephemeral_keys import MAX_BODY_BYTES, create_client_secret
+from kimiaudio.server.inputs.client_address import client_address
 from kimiaudio.server.inputs.json_input import read_json_object
 from kimiaudio.server.middleware.access import key_matches
 from kimiaudio.server.middleware.issued_keys import PAGE_SCOPE, invalid_key, signin_cookie
@@ -39,7 +40,11 @@ async def signin(request: web.Request) -> web.Response:
     if not context.access.api_key:
         return web.json_response({"required": False})
     typed = body.get("api_key")
+    client = client_address(request, context.access.trusted_proxies)
+    context.key_guesses.check(client)
     if not key_matches(typed if isinstance(typed, str) else None, context.access.api_key):
+        if typed:  # an empty form is no guess
+            context.key_guesses.wrong(client)
         raise invalid_key("that is not this server's API key")
     key, record = await mint_key(context.store, "", PAGE_SCOPE, SIGNIN_S, issuer=context.access.api_key)
     response = web.json_response({"required": True, "expires_at": int(record.expires_at)})
