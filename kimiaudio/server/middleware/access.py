@@ -117,7 +117,9 @@ def key_warning(policy: AccessPolicy) -> str | None:
         return None
     problems = []
     if len(key) < MIN_KEY_CHARS:
-        problems.append(f"it is {len(key)} characters long (nothing stops guessing it; use {MIN_KEY_CHARS} or more)")
+        problems.append(
+            f"it is {len(key)} characters long (guesses from many addresses may find it; use {MIN_KEY_CHARS} or more)"
+        )
     awkward = sorted(set(key) - _URL_SAFE)
     if awkward:
         problems.append(
