@@ -175,6 +175,11 @@ def peak_level(pcm: np.ndarray) -> float:
     return peak
 
 
+def is_silent(pcm: np.ndarray, audio_cfg) -> bool:
+    """Nothing said: the clip's peak stays under audio.silence_peak (an empty clip too)."""
+    return np.size(pcm) == 0 or peak_level(pcm) < audio_cfg.silence_peak
+
+
 def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE, silence_ok: bool = False) -> None:
     """Refuse input the models cannot use: empty, non-finite, out of range, too long, or silent
     (unless `silence_ok`: a silence meant to be answered, as an idle timeout's)."""
@@ -188,7 +193,7 @@ def check_speech_input(pcm: np.ndarray, audio_cfg, sr: int = SPEECH_INPUT_RATE, 
             f"audio input is {seconds:.1f} s long; the limit is {audio_cfg.max_input_seconds:g} s "
             f"(config key audio.max_input_seconds)"
         )
-    if peak < audio_cfg.silence_peak and not silence_ok:
+    if not silence_ok and peak < audio_cfg.silence_peak:
         raise AudioInputError(
             f"audio input is silent (peak {peak:.2g} is below audio.silence_peak = {audio_cfg.silence_peak:g})"
         )

@@ -42,9 +42,11 @@ def speech_from_bytes(
     param: str,
     name: str = "audio",
     allowances: Sequence[AudioAllowance] = (),
+    silence_ok: bool = False,
 ) -> np.ndarray:
     """Decode `raw` (format `fmt`, None = probe) to checked 16 kHz speech, no longer than what
-    `allowances` have left (decoding stops there: the rest is never read), which it spends.
+    `allowances` have left (decoding stops there: the rest is never read), which it spends;
+    `silence_ok`: a silent clip passes (the caller answers it itself).
     It takes a while for a long file: a handler runs it off the event loop (`decoded_speech`)."""
     if fmt is not None and fmt not in INPUT_FORMATS:
         raise ApiError(
@@ -65,7 +67,7 @@ def speech_from_bytes(
             pcm = resample(pcm16.to_float(raw, name), OPENAI_PCM16_RATE, SPEECH_INPUT_RATE)
         else:
             pcm = decode_audio_bytes(raw, name=name, limit=limit)
-        check_speech_input(pcm, audio_config)
+        check_speech_input(pcm, audio_config, silence_ok=silence_ok)
     except AudioTooLongError as exc:
         raise binding.spent_error(param) if binding is not None else _invalid(exc, param) from None
     except AudioInputError as exc:
@@ -86,6 +88,7 @@ async def decoded_speech(
     param: str,
     name: str = "audio",
     allowances: Sequence[AudioAllowance] = (),
+    silence_ok: bool = False,
 ) -> np.ndarray:
     """speech_from_bytes in a worker thread: the event loop (every session's audio) goes on."""
-    return await asyncio.to_thread(speech_from_bytes, raw, fmt, audio_config, param, name, allowances)
+    return await asyncio.to_thread(speech_from_bytes, raw, fmt, audio_config, param, name, allowances, silence_ok)

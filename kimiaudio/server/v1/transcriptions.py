@@ -9,24 +9,25 @@ it; "undetermined" when it names none: the model does not say what it heard), `p
 stream), `include[]=logprobs` (json and streams: each token's log-probability) and
 `timestamp_granularities[]=segment` (verbose_json). The turn is the official ASR example's
 (the instruction as a user text message, then the audio), generated as text only: no
-detokenizer work. verbose_json holds one segment spanning the audio with measured values
-only: the generated text tokens, their mean log-probability (0.0 when there are none), the
-text's compression ratio (as Whisper computes it), the temperature used and no_speech_prob
-(1 - the silero VAD's highest speech probability over the audio). srt/vtt hold one cue
-spanning the audio, as no word timestamps exist (`word` granularity is refused). Fields the
-model cannot honour are refused (inputs/openai_params.py).
+detokenizer work. Audio with nothing said (its peak under audio.silence_peak) is answered
+with an empty transcript without running the model, as OpenAI answers it, where a spoken turn
+refuses it. verbose_json's segment holds measured values only: the generated text tokens,
+their mean log-probability (0.0 when there are none), the text's compression ratio (as Whisper
+computes it), the temperature used and no_speech_prob (1 - the silero VAD's highest speech
+probability over the audio); the answer's shapes: transcription_output.py. `word` granularity
+is refused (no word timestamps exist). Fields the model cannot honour are refused
+(inputs/openai_params.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import zlib
 from functools import cache
 from typing import Any
 
 from aiohttp import web
 
+from kimiaudio.audio.io import is_silent
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
 from kimiaudio.audio.vad import SileroVad
 from kimiaudio.config import check_setting
@@ -43,11 +44,11 @@ from kimiaudio.server.inputs.openai_params import TRANSCRIPTION_FIELDS, Transcri
 from kimiaudio.server.observe.request_log import CLIENT_CLOSED, request_record
 from kimiaudio.server.token_logprobs import token_logprobs
 from kimiaudio.server.v1.openai_output import open_stream, send_done, send_error, send_event
+from kimiaudio.server.v1.transcription_output import formatted, segment, stream_usage, verbose
 from kimiaudio.server.v1.turn_guard import client_gone, failed_turn_error, guarded_turn, once_started
-from kimiaudio.text.asr_instruction import WHISPER_LANGUAGES, check_language
+from kimiaudio.text.asr_instruction import check_language
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
-UNDETERMINED_LANGUAGE = "undetermined"  # verbose_json's language when the request named none
 LIST_FIELDS = ("timestamp_granularities[]", "include[]", "known_speaker_names[]", "known_speaker_references[]")
 TEXT_FIELDS = (
     "model",
@@ -147,7 +148,11 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         except KimiAudioError as exc:
             raise ApiError(400, "invalid_value", str(exc), param="language") from None
     temperature = check_setting("sampling", "text_temperature", _temperature(fields.get("temperature"), config))
-    pcm = await decoded_speech(data, None, config.audio, "file", name)
+    pcm = await decoded_speech(data, None, config.audio, "file", name, silence_ok=True)
+    seconds = pcm.size / SPEECH_INPUT_RATE
+    request_record(request).audio_in_s = seconds
+    if is_silent(pcm, config.audio):
+        return await _nothing_said(request, response_format, stream, seconds, language, with_logprobs)
     sampling = SamplingParams.from_config(config.sampling, text_temperature=temperature)
     turn = transcription_request(
         "transcription",
@@ -158,8 +163,6 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         priority=ANSWER_PRIORITY,
         logprobs=True,
     )  # a client waits for it
-    seconds = pcm.size / SPEECH_INPUT_RATE
-    request_record(request).audio_in_s = seconds
     speech: asyncio.Future[float] | None = None
     if response_format == "verbose_json" and not stream:  # the VAD runs while the model transcribes
         speech = asyncio.get_running_loop().run_in_executor(context.vad_executor, _max_speech_probability, pcm)
@@ -172,8 +175,9 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
             raise failed_turn_error(request, done, "transcription_failed", "the transcription", "prompt")
         text = done.text.strip()
         if speech is not None:  # verbose_json
-            return web.json_response(_verbose(text, done, seconds, language, temperature, await speech))
-        return _formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
+            segments = [segment(text, done, seconds, temperature, await speech)]
+            return web.json_response(verbose(text, seconds, language, segments))
+        return formatted(text, response_format, seconds, done.logprobs if with_logprobs else None)
     finally:
         if speech is not None and not speech.done():  # the turn failed: its VAD pass is not wanted
             speech.cancel()
@@ -209,69 +213,26 @@ async def _stream(request: web.Request, handle, with_logprobs: bool) -> web.Stre
                     await send_error(request, response, error)
                 else:
                     extra = {"logprobs": logprobs} if with_logprobs else {}
-                    await send_event(response, {"type": "transcript.text.done", "text": text.strip(), **extra})
+                    await send_event(response, _done_event(text.strip(), extra, event))
         await send_done(response)
     except ConnectionResetError:  # the client went away between two writes: its 200 was sent
         request_record(request).cancelled = CLIENT_CLOSED
     return response
 
 
-def _timestamp(seconds: float, separator: str) -> str:
-    ms = int(round(seconds * 1000))
-    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{separator}{ms % 1000:03d}"
+async def _nothing_said(
+    request: web.Request, response_format: str, stream: bool, seconds: float, language: str | None, logprobs: bool
+) -> web.StreamResponse:
+    """The empty transcript of audio with nothing said, in the form asked for."""
+    if stream:
+        response = await open_stream(request)
+        await send_event(response, _done_event("", {"logprobs": []} if logprobs else {}, None))
+        await send_done(response)
+        return response
+    if response_format == "verbose_json":
+        return web.json_response(verbose("", seconds, language, []))
+    return formatted("", response_format, seconds, [] if logprobs else None)
 
 
-def _verbose(
-    text: str, done: TurnDone, seconds: float, language: str | None, temperature: float, speech_probability: float
-) -> dict:
-    """verbose_json: one segment over the audio, every number measured, with every field the
-    SDK's TranscriptionVerbose requires (a value that cannot be measured: its neutral one)."""
-    segment = {
-        "id": 0,
-        "seek": 0,
-        "start": 0.0,
-        "end": round(seconds, 3),
-        "text": text,
-        "tokens": [e.token_id for e in done.logprobs],
-        "temperature": temperature,
-        "compression_ratio": compression_ratio(text),
-        "no_speech_prob": round(1.0 - speech_probability, 6),
-        # The mean over the sampled text tokens. With none (the text ended at once: the end
-        # token's own log-probability is not kept), 0.0, the log of the empty product: no token
-        # doubted, never under OpenAI's -1 that marks a failed decoding.
-        "avg_logprob": sum(e.logprob for e in done.logprobs) / len(done.logprobs) if done.logprobs else 0.0,
-    }
-    return {
-        "task": "transcribe",
-        # As OpenAI reports it ("english"). The model names no language it heard: without one
-        # asked for, ISO 639's code for a language not identified ("und"), by its name.
-        "language": WHISPER_LANGUAGES[language] if language is not None else UNDETERMINED_LANGUAGE,
-        "duration": round(seconds, 3),
-        "text": text,
-        "segments": [segment],
-        "usage": {"type": "duration", "seconds": math.ceil(seconds)},
-    }
-
-
-def compression_ratio(text: str) -> float:
-    """Whisper's: UTF-8 bytes over their zlib-compressed bytes (repetitive text compresses well)."""
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data))
-
-
-def _formatted(text: str, response_format: str, seconds: float, logprobs) -> web.Response:
-    usage = {"type": "duration", "seconds": math.ceil(seconds)}
-    if response_format == "json":
-        return web.json_response(
-            {"text": text, **({"logprobs": token_logprobs(logprobs)} if logprobs is not None else {}), "usage": usage}
-        )
-    if response_format == "text":
-        return web.Response(text=text, content_type="text/plain")
-    if response_format == "srt":
-        return web.Response(
-            text=f"1\n{_timestamp(0, ',')} --> {_timestamp(seconds, ',')}\n{text}\n\n",
-            content_type="application/x-subrip",
-        )
-    return web.Response(
-        text=f"WEBVTT\n\n{_timestamp(0, '.')} --> {_timestamp(seconds, '.')}\n{text}\n\n", content_type="text/vtt"
-    )
+def _done_event(text: str, extra: dict, done: TurnDone | None) -> dict:
+    return {"type": "transcript.text.done", "text": text, **extra, "usage": stream_usage(done)}
