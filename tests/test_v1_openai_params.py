@@ -65,6 +65,11 @@ async def test_chat_sampling_fields_are_honoured(v1_server, question, openai_cli
     assert hot_text == hot[1].choices[0].message.content != text
     nucleus = await ask(temperature=1.8, seed=7, max_tokens=24, top_p=1e-6)
     assert nucleus.choices[0].message.content == text
+    # OpenAI's ranges reach past the engine's: top_p 0 (the likeliest token alone) and an
+    # int64 seed, a negative one being its 64 bits read unsigned.
+    assert (await ask(temperature=1.8, seed=7, max_tokens=24, top_p=0)).choices[0].message.content == text
+    negative = [await ask(temperature=1.8, seed=seed, max_tokens=24) for seed in (-7, 2**64 - 7)]
+    assert negative[0].choices[0].message.content == negative[1].choices[0].message.content
 
     # stop: the text ends where the stop string begins, and so does generation (the same seed
     # samples the same tokens up to there).
@@ -99,7 +104,8 @@ async def test_chat_sampling_fields_are_honoured(v1_server, question, openai_cli
         (dict(logit_bias={"15": 3}), "logit_bias"),
         (dict(top_logprobs=2), "top_logprobs"),  # without logprobs
         (dict(temperature=5), "temperature"),
-        (dict(top_p=0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(seed=-(2**63) - 1), "seed"),
         (dict(presence_penalty=3), "presence_penalty"),
         (dict(frequency_penalty=-2.5), "frequency_penalty"),
         (dict(top_logprobs=21, logprobs=True), "top_logprobs"),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kimiaudio.config import MAX_NEW_TOKENS, PRESENCE_FREQUENCY_PENALTY, SEED, TOP_LOGPROBS, TOP_P
+from kimiaudio.config import MAX_NEW_TOKENS, PRESENCE_FREQUENCY_PENALTY, SEED, TOP_LOGPROBS
 from kimiaudio.errors import ConfigError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.validation import Bounds, check_value, declared, setting
@@ -166,13 +166,14 @@ TRANSCRIPTION_FIELDS = Fields(
 
 @dataclass(frozen=True)
 class ChatSampling:
-    """The chat fields that set sampling, in OpenAI's ranges."""
+    """The chat fields that set sampling, in OpenAI's ranges (v1/chat_sampling.py maps the values
+    the engine says otherwise: top_p 0, a negative seed)."""
 
     temperature: float | None = setting(None, Bounds(0.0, 2.0))
-    top_p: float | None = setting(None, TOP_P)
+    top_p: float | None = setting(None, Bounds(0.0, 1.0))
     presence_penalty: float | None = setting(None, PRESENCE_FREQUENCY_PENALTY)
     frequency_penalty: float | None = setting(None, PRESENCE_FREQUENCY_PENALTY)
-    seed: int | None = setting(None, SEED)
+    seed: int | None = setting(None, Bounds(-(2**63), SEED.max))  # OpenAI's int64, and the engine's uint64
 
 
 @dataclass(frozen=True)

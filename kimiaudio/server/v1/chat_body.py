@@ -10,9 +10,9 @@ from the answer store) as a spoken answer. `modalities` ["text"] (the default) o
 ["text", "audio"] with `audio: {"voice", "format"}`; `max_tokens` / `max_completion_tokens`,
 `temperature`, `top_p`, `presence_penalty` and `frequency_penalty` (of the text stream), `seed`
 and `top_logprobs` map onto the sampling settings, each checked against OpenAI's range
-(inputs/openai_params.py) and its [sampling] one (the configuration itself is not touched);
-`stop` (a string or up to 4) ends the answer where one begins; `logprobs` asks for the text
-tokens' log-probabilities. Fields the model cannot honour are refused (openai_params.py).
+(inputs/openai_params.py) and its [sampling] one (chat_sampling.py; the configuration itself
+is not touched); `stop` (a string or up to 4) ends the answer where one begins; `logprobs` asks
+for the text tokens' log-probabilities. Fields the model cannot honour are refused (openai_params.py).
 The audio parts are limited as they are decoded, each message's together to
 audio.max_input_seconds and the whole request's to what engine.max_model_len holds
 (inputs/audio_allowance.py): the first part past a limit is refused by its path.
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kimiaudio.audio.encode import FORMATS
-from kimiaudio.config import Config, check_setting
+from kimiaudio.config import Config
 from kimiaudio.engine.sampling_params import SamplingParams
-from kimiaudio.errors import ConfigError
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.audio_allowance import AudioAllowance, message_allowance, request_allowance
@@ -42,6 +41,7 @@ from kimiaudio.server.inputs.openai_params import (
     voice_name,
 )
 from kimiaudio.server.session.event_fields import ProtocolError, typed_field
+from kimiaudio.server.v1.chat_sampling import chat_sampling
 from kimiaudio.store.answer_store import load_answer
 from kimiaudio.text.output_type import BOTH, EXPECTED_MODALITIES, TEXT, output_type_of
 
@@ -144,36 +144,9 @@ async def parse_chat_body(
         user_turn,
         ChatAnswerForm(output_type, audio_format, voice, logprobs),
         ChatStreaming(stream, bool(stream_options.get("include_usage"))),
-        _sampling(openai_sampling, config),
+        chat_sampling(openai_sampling, config),
         _stop(body.get("stop")),
     )
-
-
-# OpenAI's chat fields -> the engine's sampling settings of the text stream.
-_SAMPLING_KEYS = (
-    ("max_tokens", "max_new_tokens"),
-    ("max_completion_tokens", "max_new_tokens"),
-    ("temperature", "text_temperature"),
-    ("top_p", "text_top_p"),
-    ("presence_penalty", "text_presence_penalty"),
-    ("frequency_penalty", "text_frequency_penalty"),
-    ("seed", "seed"),
-)
-
-
-def _sampling(values: dict, config: Config) -> SamplingParams:
-    """The configured sampling with the body's overrides (already in OpenAI's ranges), each
-    held to its [sampling] range too."""
-    overrides = {}
-    for key, ours in _SAMPLING_KEYS:  # max_completion_tokens after max_tokens: it wins
-        if values.get(key) is None:
-            continue
-        try:
-            overrides[ours] = check_setting("sampling", ours, values[key])
-        except ConfigError as exc:
-            expected = str(exc).partition(": expected ")[2]  # "<what>, got <value>"
-            raise _bad(f"{key}: expected {expected}"[:300], key) from None
-    return SamplingParams.from_config(config.sampling, text_top_logprobs=values.get("top_logprobs") or 0, **overrides)
 
 
 def _stop(stop) -> tuple[str, ...]:
