@@ -180,6 +180,22 @@ def cases(wav: str):
         "invalid_value",
         "messages[1].content",
     )
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for content in (None, "Calling f."):  # a call is refused, not dropped beside the text
+        yield (
+            "chat/completions",
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": content, "tool_calls": [call]},
+                    {"role": "user", "content": "Go on"},
+                ],
+            },
+            400,
+            "unsupported_content",
+            "messages[1].tool_calls",
+        )
     yield (
         "chat/completions",
         {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},

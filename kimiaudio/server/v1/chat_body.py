@@ -241,6 +241,14 @@ async def _user_turns(content, where: str, config: Config, request_audio: AudioA
 
 
 async def _assistant_turn(message: dict, where: str, store) -> HistoryTurn:
+    for calls in ("tool_calls", "function_call"):  # another model's history: this one calls none
+        if message.get(calls):
+            raise ApiError(
+                400,
+                "unsupported_content",
+                f"{where}.{calls}: kimiaudio has no function calling, so no history of calls",
+                param=f"{where}.{calls}",
+            )
     audio = message.get("audio")
     if audio is not None:
         if not isinstance(audio, dict) or not isinstance(audio.get("id"), str):
