@@ -16,6 +16,7 @@ on the demo checkpoint (GA shape, every event checked against the SDK's models):
 - a system item is a system item to the client (echoed, retrieved, listed), and the model,
   which has no system role, is prompted with it as a user's text, in this session and in the
   next one that continues the conversation;
+- an assistant's audio item, replayed by a client, is its transcript to the model;
 - a conversation longer than the context loses its oldest turns (truncation "auto"), more of
   them at once under a retention ratio, none under "disabled" (it is refused);
 - an item's text parts reach the model with its audio;
@@ -307,6 +308,32 @@ async def test_a_system_item_stays_a_system_item(demo_server):
     for request in pipeline.requests:  # no system role in the model's prompt: a user's text
         assert (request.history[0].role, request.history[0].text) == ("user", "Be brief.")
     assert len(pipeline.requests) == 2
+
+
+@pytest.mark.parametrize("api", ["ga", "beta"])
+async def test_an_assistant_audio_item_replayed_is_its_transcript(demo_server, api):
+    """A client replaying an earlier conversation sends the answers as it got them: an audio
+    part with its transcript (GA output_audio, beta audio), which the model is prompted with."""
+    part = "output_audio" if api == "ga" else "audio"
+    said = {"type": "message", "role": "assistant", "content": [{"type": part, "transcript": "It is noon."}]}
+    async with demo_server() as (http, pipeline):
+        client = client_of(http)
+        try:
+            async with connect(client, api) as conn:
+                events = await open_session(conn, api, turn_detection=None, text_only=True)
+                await conn.conversation.item.create(item=user_text("What time is it?"))
+                await conn.conversation.item.create(item=said)
+                await conn.conversation.item.create(item=user_text("Thanks."))
+                await conn.send({"type": "conversation.item.create", "item": said | {"content": [{"type": part}]}})
+                missing = await events.wait_for("error")
+                await conn.response.create(response={"max_output_tokens": 1})
+                await events.wait_for("response.done")
+        finally:
+            await client.close()
+    assert missing.error.param == "item.content[0].transcript", missing
+    [request] = pipeline.requests
+    assert [(t.role, t.text) for t in request.history] == [("user", "What time is it?"), ("assistant", "It is noon.")]
+    assert request.user_text == "Thanks."
 
 
 async def test_a_conversation_longer_than_the_context_loses_its_oldest_turns(v1_server, openai_client):

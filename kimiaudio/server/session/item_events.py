@@ -6,7 +6,8 @@ takes them, or references to the conversation's items (`item_reference`).
 A message item is stored as one turn: one text (its text parts joined) and at most one audio.
 The parts keep the order the client gave them, so an item's text parts all come before its
 input_audio part or all after it (`audio_first`); text on both sides of the audio is refused,
-as a turn cannot hold it.
+as a turn cannot hold it. An assistant's audio part (GA output_audio, beta audio) is its
+transcript: an answer is prompted as text.
 """
 
 from __future__ import annotations
@@ -125,20 +126,11 @@ def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCr
     for i, part in enumerate(content):
         part = object_field(part, f"{where}.content[{i}]")
         if part.get("type") in ("input_text", "text", "output_text"):
-            text = typed_field(part, "text", str, f"{where}.content[{i}]", "text")
-            if text is None:
-                raise ProtocolError(
-                    "missing_required_parameter",
-                    f"{where}.content[{i}].text is required (a {part['type']} part's text)",
-                    f"{where}.content[{i}].text",
-                )
-            if "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
-                raise ProtocolError(
-                    "invalid_value",
-                    f"{where}.content[{i}].text: expected text without NUL characters",
-                    f"{where}.content[{i}].text",
-                )
-            texts.append(text)
+            texts.append(_text(part, "text", f"{where}.content[{i}]"))
+        elif part.get("type") in ("output_audio", "audio") and role == "assistant":
+            # What the assistant said, as a client replaying a conversation sends it: its words
+            # (the audio it may carry beside them is not kept: an answer is prompted as text).
+            texts.append(_text(part, "transcript", f"{where}.content[{i}]"))
         elif part.get("type") == "input_audio" and role == "user":
             if audio is not None:
                 raise ProtocolError(
@@ -166,3 +158,15 @@ def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCr
         raise ProtocolError("invalid_value", f"{where}.id: expected a non-empty string", f"{where}.id")
     audio_first = audio is not None and bool(texts) and texts_before_audio == 0
     return ItemCreate(role, "\n".join(texts), audio, item_id, previous_item_id, audio_first)
+
+
+def _text(part: dict, key: str, where: str) -> str:
+    """A content part's text (`key`: text, or an assistant audio part's transcript)."""
+    text = typed_field(part, key, str, where, "text")
+    if text is None:
+        raise ProtocolError(
+            "missing_required_parameter", f"{where}.{key} is required (a {part['type']} part's {key})", f"{where}.{key}"
+        )
+    if "\x00" in text:  # (PostgreSQL stores no NUL: the turn would be lost)
+        raise ProtocolError("invalid_value", f"{where}.{key}: expected text without NUL characters", f"{where}.{key}")
+    return text
