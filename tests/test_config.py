@@ -383,6 +383,32 @@ def test_a_parsed_session_update_applies_to_the_session_only():
     assert settings.config.vad.threshold == 0.6 and settings.output_type == "text"
 
 
+def test_semantic_vads_eagerness_is_the_silence_it_waits():
+    """semantic_vad's eagerness sets the silence that ends a turn, from the server's silence_ms;
+    a silence_duration_ms named beside it wins; server_vad brings the server's back."""
+    server = Config()
+    settings = SessionSettings(server, can_speak=True)
+    cases = [
+        ({"type": "semantic_vad", "eagerness": "high"}, server.vad.silence_ms // 2, "high"),
+        ({"type": "semantic_vad", "eagerness": "low"}, server.vad.silence_ms * 3, "low"),
+        ({"type": "semantic_vad"}, server.vad.silence_ms, "auto"),
+        ({"type": "semantic_vad", "eagerness": "low", "silence_duration_ms": 700}, 700, "low"),
+    ]
+    for detection, silence_ms, eagerness in cases:
+        settings.apply(_update({"audio": {"input": {"turn_detection": detection}}}))
+        reported = ga_session(settings, "s", None)["audio"]["input"]["turn_detection"]
+        assert (settings.config.vad.silence_ms, reported["eagerness"]) == (silence_ms, eagerness), detection
+    settings.apply(_update({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}}))
+    assert settings.config.vad.silence_ms == server.vad.silence_ms
+    for detection, param in (
+        ({"type": "semantic_vad", "eagerness": "eager"}, "eagerness"),
+        ({"type": "server_vad", "eagerness": "high"}, "eagerness"),
+    ):
+        with pytest.raises(ProtocolError) as info:
+            _update({"audio": {"input": {"turn_detection": detection}}})
+        assert info.value.param == f"session.audio.input.turn_detection.{param}", detection
+
+
 def test_openai_temperature_and_limit_reach_the_answer_sampling():
     """session.temperature samples the answer's main stream (speech, or the text of a text
     answer); a response.create's temperature and limit win for that response."""

@@ -493,9 +493,9 @@ async def test_speech_that_begins_as_the_silence_times_out_is_heard_not_timed_ou
 
 async def test_semantic_vad_is_reported_as_asked(v1_server, openai_client):
     async with connect(openai_client, "ga") as conn:
-        events = await open_session(conn, turn_detection={"type": "semantic_vad", "eagerness": "auto"})
+        events = await open_session(conn, turn_detection={"type": "semantic_vad", "eagerness": "low"})
         detection = events.of_type("session.updated")[-1].session.audio.input.turn_detection
-        assert (detection.type, detection.eagerness, detection.interrupt_response) == ("semantic_vad", "auto", True)
+        assert (detection.type, detection.eagerness, detection.interrupt_response) == ("semantic_vad", "low", True)
 
 
 async def test_an_items_text_reaches_the_model_with_its_audio(v1_server, speech, openai_client):

@@ -116,11 +116,9 @@ TURN_DETECTION_FIELDS = Fields(  # beta session.turn_detection, GA session.audio
             "create_response",
             "interrupt_response",
             "idle_timeout_ms",
+            "eagerness",
         }
     ),
-    neutral={
-        "eagerness": (lambda v: v == "auto", '"auto" (the silence duration decides)'),
-    },
 )
 
 INPUT_TRANSCRIPTION_FIELDS = Fields(  # beta input_audio_transcription, GA audio.input.transcription

@@ -144,7 +144,7 @@ def _turn_detection(settings: SessionSettings) -> dict[str, Any] | None:
         "idle_timeout_ms": settings.idle_timeout_ms,
     }
     if settings.turn_detection == "semantic_vad":  # as asked for (the same VAD serves it)
-        detection = {"type": "semantic_vad", "eagerness": "auto"}
+        detection = {"type": "semantic_vad", "eagerness": settings.eagerness}
     if settings.kind == "realtime":
         detection |= {"create_response": settings.create_response, "interrupt_response": vad.barge_in}
     return detection

@@ -33,6 +33,7 @@ from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.voice_registry import MODEL_VOICE, UnknownVoiceError, Voice, VoiceRegistry
 from kimiaudio.server.session.event_fields import ProtocolError
 from kimiaudio.server.session.session_update import SessionTruncation, SessionUpdate, Transcription
+from kimiaudio.server.session.turn_detection_field import eager_silence_ms
 from kimiaudio.text.output_type import BOTH, TEXT
 
 DEFAULT_VOICE = MODEL_VOICE
@@ -48,6 +49,7 @@ class SessionSettings:
         self.turn_detection = "server_vad"
         self.create_response = True
         self.idle_timeout_ms: int | None = None  # None: no idle timeout
+        self.eagerness = "auto"  # semantic_vad's, as the client named it (the silence it waits sets [vad])
         self.instructions = ""
         self.voice = config.voices.default or DEFAULT_VOICE
         self.input_rate = OPENAI_PCM16_RATE
@@ -94,11 +96,12 @@ class SessionSettings:
         key) and changes nothing when the session cannot take it."""
         # New section objects: the old ones may still be read by a response in flight.
         turns, answers = update.turns, update.answers
+        vad = {key: getattr(self._server_vad, key) for key in turns.resets} | turns.vad
+        if turns.eagerness is not None and "silence_ms" not in turns.vad:
+            vad["silence_ms"] = eager_silence_ms(self._server_vad.silence_ms, turns.eagerness)
         config = dataclasses.replace(
             self.config,
-            vad=dataclasses.replace(
-                self.config.vad, **{key: getattr(self._server_vad, key) for key in turns.resets} | turns.vad
-            ),
+            vad=dataclasses.replace(self.config.vad, **vad),
             sampling=dataclasses.replace(self.config.sampling, **answers.sampling),
         )
         if answers.output_type == BOTH and not self.can_speak:
@@ -111,6 +114,7 @@ class SessionSettings:
         self.config = config
         if turns.detection is not None:  # a turn_detection object replaces the whole, its idle timeout too
             self.idle_timeout_ms = turns.idle_timeout_ms
+            self.eagerness = turns.eagerness or "auto"
         for name, value in (
             ("turn_detection", turns.detection),
             ("create_response", turns.create_response),

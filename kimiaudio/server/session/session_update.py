@@ -36,7 +36,7 @@ from kimiaudio.server.session.event_fields import (
     typed_field,
     voice_field,
 )
-from kimiaudio.server.session.turn_detection_field import TURN_DETECTION_VAD, parse_turn_detection
+from kimiaudio.server.session.turn_detection_field import TURN_DETECTION_VAD, Detection, parse_turn_detection
 from kimiaudio.text.asr_instruction import check_language
 from kimiaudio.text.output_type import OUTPUT_TYPES
 
@@ -71,6 +71,7 @@ class TurnUpdate:
     detection: str | None = None  # "server_vad" | "semantic_vad" (the same VAD) | "none"
     create_response: bool | None = None  # server VAD: a commit starts a response
     idle_timeout_ms: int | None = None  # server VAD: silence after an answer that prompts a response
+    eagerness: str | None = None  # semantic_vad's (turn_detection_field.py)
     # The [vad] keys a turn_detection object sets: OpenAI replaces the whole object, so those it
     # leaves out go back to the server's values (its [vad]) instead of keeping earlier ones.
     resets: tuple[str, ...] = ()
@@ -127,17 +128,15 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     # some of them.
     vad = _checked(dict(object_field(session.get("vad", {}), f"{where}.vad")), "vad", where)
     sampling = _checked(dict(object_field(session.get("sampling", {}), f"{where}.sampling")), "sampling", where)
-    turn_detection, create_response, idle_timeout_ms = None, None, None
+    detection: Detection | None = None
     resets: tuple[str, ...] = ()
     for key, container, path in (
         ("turn_detection", session, where),
         ("turn_detection", audio_in, f"{where}.audio.input"),
     ):
         if key in container:
-            turn_detection, create_response, idle_timeout_ms = parse_turn_detection(
-                container[key], vad, f"{path}.{key}"
-            )
-            resets = tuple(ours for ours, _, _ in TURN_DETECTION_VAD) if turn_detection != "none" else ()
+            detection = parse_turn_detection(container[key], vad, f"{path}.{key}")
+            resets = tuple(ours for ours, _, _ in TURN_DETECTION_VAD) if detection.kind != "none" else ()
     limit = output_limit(session, where)
     if limit is not None:
         sampling.setdefault("max_new_tokens", limit)
@@ -154,7 +153,7 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", output=True)
     pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
     return SessionUpdate(
-        turns=TurnUpdate(vad, turn_detection, create_response, idle_timeout_ms, resets),
+        turns=_turn_update(vad, detection, resets),
         answers=AnswerUpdate(
             sampling,
             output_type,
@@ -275,3 +274,11 @@ def _checked(values: dict, section: str, where: str) -> dict[str, Any]:
         return {key: check_setting(section, key, item) for key, item in values.items()}
     except ConfigError as exc:
         raise ProtocolError("invalid_value", f"{where}.{exc}", f"{where}.{section}") from None
+
+
+def _turn_update(vad: dict[str, Any], detection: Detection | None, resets: tuple[str, ...]) -> TurnUpdate:
+    if detection is None:
+        return TurnUpdate(vad, resets=resets)
+    return TurnUpdate(
+        vad, detection.kind, detection.create_response, detection.idle_timeout_ms, detection.eagerness, resets
+    )
