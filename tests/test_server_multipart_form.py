@@ -56,7 +56,9 @@ async def test_each_fault_is_its_error(aiohttp_client):
     assert endless["code"] == "invalid_multipart"
     large = await error(await http.post("/", data=form(("name", "a"), ("file", b"x" * 65, "f"))), 413)
     assert large["code"] == "too_large" and "`file`" in large["message"] and "64 bytes" in large["message"]
-    missing = await error(await http.post("/", data=form(("name", "a"), ("file", b"", "f"))), 400)
+    missing = await error(await http.post("/", data=form(("name", "a"))), 400)
     assert (missing["code"], missing["param"]) == ("missing_required_parameter", "file")
+    empty = await error(await http.post("/", data=form(("name", "a"), ("file", b"", "f"))), 400)
+    assert (empty["code"], empty["param"]) == ("invalid_value", "file") and "`file` is empty" in empty["message"]
     not_text = await error(await http.post("/", data=form(("name", b"\xff\xfe", "n"), ("file", b"x", "f"))), 400)
     assert (not_text["code"], not_text["param"]) == ("invalid_value", "name")

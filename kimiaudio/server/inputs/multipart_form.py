@@ -86,7 +86,7 @@ async def read_form(
     # body with no boundary in its first 512 KiB)
     except (ValueError, AssertionError, UnicodeDecodeError, HttpProcessingError) as exc:
         raise ApiError(400, "invalid_multipart", f"the multipart form could not be read ({exc})") from None
-    missing = [name for name in required if name not in fields or not fields[name].data]
+    missing = [name for name in required if name not in fields]
     if missing:
         raise ApiError(
             400,
@@ -94,4 +94,7 @@ async def read_form(
             f"missing form field(s): {', '.join(missing)} (expected {expected})",
             param=missing[0],
         )
+    for name in required:
+        if not fields[name].data:  # (a file chosen and sent, with nothing in it)
+            raise ApiError(400, "invalid_value", f"form field `{name}` is empty (expected {expected})", param=name)
     return fields
