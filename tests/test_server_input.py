@@ -86,6 +86,8 @@ def _without(sdp: str, prefix: str) -> str:
         (lambda s: s + "a=x:" + "y" * 70000 + "\r\n", "too large"),
         (lambda s: s.replace("s=-", "s=\x01"), "control"),
         (lambda s: "x" + s, "v=0"),
+        (lambda s: _without(s, "a=mid:0"), "a=mid"),  # (aiortc pairs the transports by it)
+        (lambda s: s.replace("a=mid:1", "a=mid:0"), "a=mid"),
     ],
 )
 async def test_bad_sdp_is_refused_before_aiortc(http, sdp, change, words):

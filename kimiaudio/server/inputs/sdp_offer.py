@@ -4,9 +4,10 @@ aiortc parses whatever it is given and fails late: a malformed line is an Assert
 ValueError from deep inside setRemoteDescription, and an offer without a DTLS fingerprint is
 accepted and fails later, in the DTLS handshake. Here the offer is parsed once with aiortc's
 own parser (any failure: one plain 400) and what a usable audio session needs is required up
-front: an `m=audio` section that sends (the microphone), ICE credentials, RTCP mux and a DTLS
-fingerprint of a known hash for every section (a section cut short has none of them), ports
-and candidates in range, and a sane size. What aiortc still refuses later is a 400 too (routes.py).
+front: an `m=audio` section that sends (the microphone), ICE credentials, RTCP mux, a DTLS
+fingerprint of a known hash and an `a=mid` of its own for every section (a section cut short
+has none of them), ports and candidates in range, and a sane size. What aiortc still refuses
+later is a 400 too (transport/rtc_peer.py).
 """
 
 from __future__ import annotations
@@ -61,12 +62,17 @@ def check_offer(sdp: object) -> SessionDescription:
         )
     for number, media in enumerate(parsed.media, 1):
         _check_media(media, f"media section {number} ({media.kind})")
+    mids = [media.rtp.muxId for media in parsed.media]
+    if len(set(mids)) != len(mids):
+        raise _bad(f"the offer's media sections must each have an a=mid of its own (got {', '.join(mids)})")
     return parsed
 
 
 def _check_media(media, where: str) -> None:
     if not 0 <= media.port <= 65535:
         raise _bad(f"{where}: port {media.port} is out of range")
+    if not media.rtp.muxId:  # (aiortc pairs the answer's transports by it: without one, it fails half-built)
+        raise _bad(f"{where}: a=mid is required")
     # A section that lost its attributes (a cut offer) has no ice / dtls object at all.
     if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
         raise _bad(f"{where}: a=ice-ufrag and a=ice-pwd are required")
