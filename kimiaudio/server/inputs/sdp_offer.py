@@ -6,8 +6,8 @@ accepted and fails later, in the DTLS handshake. Here the offer is parsed once w
 own parser (any failure: one plain 400) and what a usable audio session needs is required up
 front: an `m=audio` section that sends (the microphone), ICE credentials, RTCP mux, a DTLS
 fingerprint of a known hash and an `a=mid` of its own for every section (a section cut short
-has none of them), ports and candidates in range, and a sane size. What aiortc still refuses
-later is a 400 too (transport/rtc_peer.py).
+has none of them), ports, candidates and the data channels' SCTP port and message size in
+range, and a sane size. What aiortc still refuses later is a 400 too (transport/rtc_peer.py).
 """
 
 from __future__ import annotations
@@ -87,6 +87,21 @@ def _check_media(media, where: str) -> None:
                 f"{where}: a=fingerprint must be one of {', '.join(_FINGERPRINT_HASHES)} "
                 "followed by colon-separated hex bytes"
             )
+    if media.kind == "application":
+        _check_sctp(media, where)
     for candidate in media.ice_candidates:
         if not 0 <= candidate.port <= 65535 or not 0 <= candidate.priority < 2**32 or not 1 <= candidate.component <= 2:
             raise _bad(f"{where}: an a=candidate line has an out-of-range port, priority or component")
+
+
+def _check_sctp(media, where: str) -> None:
+    """The data channels' SCTP port and message size, which aiortc packs and compares unchecked
+    once the call is up (out of range: a traceback in the log and a channel that never opens)."""
+    legacy = media.profile == "DTLS/SCTP"  # the old form, `m=application 9 DTLS/SCTP 5000`, names the port there
+    port = media.fmt[0] if legacy else media.sctp_port
+    if not (isinstance(port, int) or (isinstance(port, str) and port.isascii() and port.isdigit())):
+        raise _bad(f"{where}: a=sctp-port (the data channels' SCTP port) is required")
+    if not 1 <= int(port) <= 65535:
+        raise _bad(f"{where}: SCTP port {port} is out of range (1 to 65535)")
+    if media.sctpCapabilities is not None and media.sctpCapabilities.maxMessageSize < 0:
+        raise _bad(f"{where}: a=max-message-size must be a number of bytes (0: no limit)")
