@@ -88,6 +88,7 @@ def _without(sdp: str, prefix: str) -> str:
         (lambda s: "x" + s, "v=0"),
         (lambda s: _without(s, "a=mid:0"), "a=mid"),  # (aiortc pairs the transports by it)
         (lambda s: s.replace("a=mid:1", "a=mid:0"), "a=mid"),
+        (lambda s: s.replace("a=extmap:1 ", "a=extmap:99999 "), "extmap"),  # (packed into every RTP packet)
         (lambda s: re.sub(r"a=sctp-port:\d+", "a=sctp-port:99999", s), "SCTP port"),  # (the data channel's)
         (lambda s: _without(s, "a=sctp-port"), "sctp-port"),
         (lambda s: s.replace("UDP/DTLS/SCTP webrtc-datachannel", "DTLS/SCTP 99999"), "SCTP port"),

@@ -6,8 +6,9 @@ accepted and fails later, in the DTLS handshake. Here the offer is parsed once w
 own parser (any failure: one plain 400) and what a usable audio session needs is required up
 front: an `m=audio` section that sends (the microphone), ICE credentials, RTCP mux, a DTLS
 fingerprint of a known hash and an `a=mid` of its own for every section (a section cut short
-has none of them), ports, candidates and the data channels' SCTP port and message size in
-range, and a sane size. What aiortc still refuses later is a 400 too (transport/rtc_peer.py).
+has none of them), ports, candidates, RTP header extension ids and the data channels' SCTP
+port and message size in range, and a sane size. What aiortc still refuses later is a 400 too
+(transport/rtc_peer.py).
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def _check_media(media, where: str) -> None:
                 f"{where}: a=fingerprint must be one of {', '.join(_FINGERPRINT_HASHES)} "
                 "followed by colon-separated hex bytes"
             )
+    for extension in media.rtp.headerExtensions:  # (packed into every RTP packet sent: 1 to 255 fit)
+        if not 1 <= extension.id <= 255:
+            raise _bad(f"{where}: a=extmap id {extension.id} is out of range (1 to 255)")
     if media.kind == "application":
         _check_sctp(media, where)
     for candidate in media.ice_candidates:
