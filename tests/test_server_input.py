@@ -93,6 +93,7 @@ def _without(sdp: str, prefix: str) -> str:
         (lambda s: _without(s, "a=sctp-port"), "sctp-port"),
         (lambda s: s.replace("UDP/DTLS/SCTP webrtc-datachannel", "DTLS/SCTP 99999"), "SCTP port"),
         (lambda s: re.sub(r"a=max-message-size:\d+", "a=max-message-size:-5", s), "max-message-size"),
+        (lambda s: re.sub(r"a=max-message-size:\d+", "a=max-message-size:100", s), "too small"),
     ],
 )
 async def test_bad_sdp_is_refused_before_aiortc(http, sdp, change, words):

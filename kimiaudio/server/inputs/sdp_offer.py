@@ -7,7 +7,7 @@ own parser (any failure: one plain 400) and what a usable audio session needs is
 front: an `m=audio` section that sends (the microphone), ICE credentials, RTCP mux, a DTLS
 fingerprint of a known hash and an `a=mid` of its own for every section (a section cut short
 has none of them), ports, candidates, RTP header extension ids and the data channels' SCTP
-port and message size in range, and a sane size. What aiortc still refuses later is a 400 too
+port and message size (16 KiB at least) in range, and a sane size. What aiortc still refuses later is a 400 too
 (transport/rtc_peer.py).
 """
 
@@ -98,6 +98,12 @@ def _check_media(media, where: str) -> None:
             raise _bad(f"{where}: an a=candidate line has an out-of-range port, priority or component")
 
 
+# The least a data channel must carry in one message: a session.created or response.done event
+# runs to a few KiB (one larger than the peer takes is answered with an error event instead:
+# transport/event_too_large.py).
+MIN_MESSAGE_BYTES = 16384
+
+
 def _check_sctp(media, where: str) -> None:
     """The data channels' SCTP port and message size, which aiortc packs and compares unchecked
     once the call is up (out of range: a traceback in the log and a channel that never opens)."""
@@ -107,5 +113,11 @@ def _check_sctp(media, where: str) -> None:
         raise _bad(f"{where}: a=sctp-port (the data channels' SCTP port) is required")
     if not 1 <= int(port) <= 65535:
         raise _bad(f"{where}: SCTP port {port} is out of range (1 to 65535)")
-    if media.sctpCapabilities is not None and media.sctpCapabilities.maxMessageSize < 0:
+    size = media.sctpCapabilities.maxMessageSize if media.sctpCapabilities is not None else 0
+    if size < 0:
         raise _bad(f"{where}: a=max-message-size must be a number of bytes (0: no limit)")
+    if 0 < size < MIN_MESSAGE_BYTES:  # (browsers take 256 KiB or more)
+        raise _bad(
+            f"{where}: a=max-message-size {size} is too small for the session's events "
+            f"(at least {MIN_MESSAGE_BYTES} bytes, or 0: no limit)"
+        )
