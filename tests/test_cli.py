@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +204,30 @@ def test_an_address_serve_cannot_listen_on_is_one_line_before_the_model_loads(tm
     result = kimiaudio("serve", "--host", "999.1.1.1", *nowhere)
     assert_one_line_error(result, "cannot listen on 999.1.1.1:8080")
     assert "another server" not in result.stderr
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """`path` made read-only for this process: by its mode, or for root (whom modes do not stop)
+    by the immutable flag."""
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        yield
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode != 0:
+        pytest.skip("root, and this file system takes no immutable flag")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_database_file_serve_may_not_write_is_one_line_before_the_model_loads(tmp_path):
+    """(The model named does not exist: an error about it would mean it was loaded first.)"""
+    from kimiaudio.store.schema import open_database
+
+    database = tmp_path / "data" / "kimiaudio.db"
+    open_database(database).close()
+    with read_only(database):
+        result = kimiaudio("serve", "--model", str(tmp_path / "nowhere"), "--data-dir", str(database.parent))
+    assert_one_line_error(result, f"{database}: the conversation database cannot be written")
