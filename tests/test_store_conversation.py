@@ -155,6 +155,37 @@ async def test_a_closing_session_is_waited_for_not_refused(store, monkeypatch):
     await store.leases.release(conv["id"], "sess_b")
 
 
+async def test_a_delete_waits_for_a_closing_session_not_refused(store, monkeypatch):
+    """A user deleting the conversation they just hung up: the session closing (what was heard
+    still being stored) still holds it; the delete waits for its release and deletes it then,
+    as an opening does, instead of a 409 telling to retry in the lease's seconds."""
+    from kimiaudio.store import conversation_store
+
+    conv = await store.create_conversation()
+    await store.add_turn(conv["id"], "user", "hi")
+    await store.leases.acquire(conv["id"], "sess_a")
+    store.leases.closing(conv["id"], "sess_a")
+    refused, loop = asyncio.Event(), asyncio.get_running_loop()
+    delete = conversation_store.delete_conversation
+
+    def noting_refusals(db, *args):  # (on the store's writer thread)
+        try:
+            return delete(db, *args)
+        except ConversationBusyError:
+            loop.call_soon_threadsafe(refused.set)
+            raise
+
+    monkeypatch.setattr(conversation_store, "delete_conversation", noting_refusals)
+    deleting = asyncio.create_task(store.delete_conversation(conv["id"]))
+    await refused.wait()  # the database said the conversation is held ...
+    assert not deleting.done()  # ... and the delete waits for sess_a instead of failing
+    await store.add_turn(conv["id"], "assistant", "what was heard")  # (sess_a storing its answer)
+    await store.leases.release(conv["id"], "sess_a")
+    assert await deleting is True
+    with pytest.raises(ConversationNotFoundError):
+        await store.add_turn(conv["id"], "user", "gone")
+
+
 async def test_the_title_is_the_first_answer_as_stored_now(store):
     """An answer is inserted at its first audio with the text there is by then, and grows as it
     plays: the title follows it, and later answers do not change it, unless it is cut to no

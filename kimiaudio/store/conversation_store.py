@@ -49,7 +49,7 @@ from kimiaudio.store.file_owner import FileOwner
 from kimiaudio.store.heard_audio import append_part, join_leftover_parts
 from kimiaudio.store.identifiers import check_turn, is_conversation_id, is_turn_index
 from kimiaudio.store.lease_book import LeaseBook
-from kimiaudio.store.leases import drop_all_leases
+from kimiaudio.store.leases import ConversationBusyError, drop_all_leases
 from kimiaudio.store.location import is_postgres_url, shown
 from kimiaudio.store.schema import integrity_problems
 from kimiaudio.store.search import query_words, search_conversations
@@ -251,10 +251,16 @@ class ConversationStore:
         await self.leases.write_turns(conversation_id, holder, update_turn, index, fields, audio)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
-        """False if there is none; ConversationBusyError while a live session holds it."""
+        """False if there is none; ConversationBusyError while a live session holds it (one of
+        this instance that is closing is waited for: lease_book.py)."""
         if not is_conversation_id(conversation_id):
             return False
-        return await self._writer.call(delete_conversation, conversation_id, self.clock())
+        try:
+            return await self._writer.call(delete_conversation, conversation_id, self.clock())
+        except ConversationBusyError:
+            if not await self.leases.closed(conversation_id):
+                raise
+            return await self._writer.call(delete_conversation, conversation_id, self.clock())
 
     async def integrity_problems(self) -> list[str]:
         """What the database's integrity checks find wrong (empty: all is well; schema.py)."""

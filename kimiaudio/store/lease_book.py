@@ -8,9 +8,10 @@ session's behalf go through `write_turns`, which refuses them once the lease is 
 session's. The store's `instance_id`, `clock` and `lease_seconds` are read at each use.
 
 A session of this instance that is closing (its client gone, what was heard of its answer still
-being stored) is marked so (`closing`): another session opening the same conversation then
-waits for that release, up to CLOSING_WAIT_S, instead of being refused while the old one
-finishes (a client reconnecting at once, as the OpenAI clients and the page do).
+being stored) is marked so (`closing`): another session opening the same conversation, or a
+delete of it, then waits for that release, up to CLOSING_WAIT_S, instead of being refused while
+the old one finishes (a client reconnecting at once, as the OpenAI clients and the page do, or
+a user deleting the conversation just hung up).
 """
 
 from __future__ import annotations
@@ -69,10 +70,7 @@ class LeaseBook:
         `on_lost(conversation_id)` is called (once, on the event loop) if another session is
         found to have taken it over (lose)."""
         wait = await self._acquire_row(conversation_id, session_id)
-        released = [event for (held, _), event in self._closing.items() if held == conversation_id]
-        if wait is not None and released:  # a closing session of ours holds it: let it finish
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(released[0].wait(), self.closing_wait_s)
+        if wait is not None and await self.closed(conversation_id):
             wait = await self._acquire_row(conversation_id, session_id)
         if wait is not None:
             raise ConversationBusyError(conversation_id, max(1.0, wait))
@@ -84,6 +82,16 @@ class LeaseBook:
         return await store.write(
             acquire_row, conversation_id, store.instance_id, session_id, now, now + store.lease_seconds
         )
+
+    async def closed(self, conversation_id: str) -> bool:
+        """Wait, up to `closing_wait_s`, for a closing session of this instance that holds the
+        conversation to let it go; False if none does (nothing to wait for)."""
+        released = [event for (held, _), event in self._closing.items() if held == conversation_id]
+        if not released:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(released[0].wait(), self.closing_wait_s)
+        return True
 
     def closing(self, conversation_id: str, session_id: str) -> None:
         """The session holding the conversation is closing: an acquire of it waits for the
