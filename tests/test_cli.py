@@ -137,6 +137,16 @@ def test_demo_checkpoint_into_a_file_is_one_line(tmp_path):
     assert_one_line_error(result, str(taken), "cannot be made a directory")
 
 
+@pytest.mark.parametrize("where", [".", ""])
+def test_demo_checkpoint_into_the_current_directory_is_one_line_and_writes_nothing(where, tmp_path):
+    """`demo-checkpoint .` or `demo-checkpoint "$DIR"` with the variable unset, in an empty
+    directory: the checkpoint, written beside its directory, cannot be moved onto the one in use."""
+    result = kimiaudio("demo-checkpoint", where, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr  # a user's error (2), not an internal one (1)
+    assert_one_line_error(result, f"{where!r}: the current directory")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("seed", ["-1", str(1 << 64)])
 def test_a_seed_out_of_range_is_one_line_and_writes_nothing(seed, tmp_path):
     result = kimiaudio("demo-checkpoint", str(tmp_path / "ckpt"), "--seed", seed)

@@ -46,6 +46,11 @@ def write_demo_checkpoint(out_dir: str | Path, seed: int = 0, progress: bool = F
     if seed not in SEEDS:
         raise KimiAudioError(f"--seed {seed}: expected an integer from 0 to {SEEDS[-1]}")
     out = Path(out_dir)
+    if out.resolve() == Path.cwd().resolve():  # `.`, or "$DIR" with the variable unset
+        raise KimiAudioError(
+            f"{str(out_dir)!r}: the current directory; the demo checkpoint is moved into its directory "
+            "once written, so name one of its own (e.g. ckpt)"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file in the way, no permission
