@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 
 import av
 import numpy as np
@@ -213,3 +214,19 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
         done = await next_of("response.done")
         assert done["type"] == "response.done", done
     assert pipeline.requests[-1].voice.name == "espeak"
+
+
+async def test_an_openai_voice_setting_naming_no_stored_voice_is_said_at_start(demo_server, espeak_voice, caplog):
+    """`[server] openai_voice` names the voice every request naming alloy, echo... speaks in: a
+    typo there fails all of them, so the start says so, as it does for `[voices] default`;
+    once the voice is stored, the next start says nothing."""
+    with caplog.at_level(logging.ERROR, logger="kimiaudio.server.stored_voices"):
+        async with demo_server(openai_voice="narrator") as (http, _):
+            assert (await http.post("/api/voices", data=form("narrator", espeak_voice.read_bytes()))).status == 201
+        said = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        async with demo_server(openai_voice="narrator"):
+            pass
+    assert len(said) == 1 and "server.openai_voice = 'narrator' is not a stored voice" in said[0], said
+    assert "OpenAI voice" in said[0]
+    assert [r.getMessage() for r in caplog.records] == []

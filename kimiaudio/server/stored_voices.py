@@ -45,12 +45,17 @@ async def registered_voices(app: web.Application) -> AsyncIterator[None]:
                 await pipeline.prepare_voice(voice)
             except KimiAudioError as exc:
                 log.error("voices.default = %r cannot be used: %s", default, exc)
-        elif default and default not in STOCK_VOICES:
-            log.error(
-                "voices.default = %r is not a stored voice: answers that name no voice will fail "
-                "until it is added (POST /api/voices)",
-                default,
-            )
+        for setting, name, answers in (
+            ("voices.default", default, "answers that name no voice"),
+            ("server.openai_voice", context.config.server.openai_voice, "answers that name an OpenAI voice (alloy...)"),
+        ):
+            if name and name not in STOCK_VOICES and name not in pipeline.voices:
+                log.error(
+                    "%s = %r is not a stored voice: %s will fail until it is added (POST /api/voices)",
+                    setting,
+                    name,
+                    answers,
+                )
     yield
 
 
