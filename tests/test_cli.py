@@ -241,3 +241,16 @@ def test_a_database_file_serve_may_not_write_is_one_line_before_the_model_loads(
     with read_only(database):
         result = kimiaudio("serve", "--model", str(tmp_path / "nowhere"), "--data-dir", str(database.parent))
     assert_one_line_error(result, f"{database}: the conversation database cannot be written")
+
+
+def test_an_api_key_no_client_can_send_is_one_line_before_the_model_loads(tmp_path, monkeypatch):
+    """(The model named does not exist: an error about it would mean it was loaded first.)"""
+    nowhere = ["--model", str(tmp_path / "nowhere"), "--data-dir", str(tmp_path / "data")]
+    monkeypatch.setenv("KIMIAUDIO_API_KEY", "two words")
+    result = kimiaudio("serve", *nowhere)
+    assert_one_line_error(result, "KIMIAUDIO_API_KEY: expected printable ASCII without spaces")
+    monkeypatch.delenv("KIMIAUDIO_API_KEY")
+    config = tmp_path / "key.toml"
+    config.write_text('[server]\napi_key = "two words"\n')
+    result = kimiaudio("serve", "--config", str(config), *nowhere)
+    assert_one_line_error(result, "server.api_key: expected printable ASCII without spaces")

@@ -30,7 +30,7 @@ from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.app import create_app
 from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
-from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, exposure_warning, key_warning
+from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, AccessPolicy, exposure_warning, key_warning
 from kimiaudio.server.tls import ssl_context, validity_warning
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown
@@ -191,10 +191,11 @@ def run_server(config: Config) -> int:
         )
     from kimiaudio.store.startup_check import check_database
 
-    # Before the model, and in this order: bad certificate files stop the start before anything
-    # is written (the SQLite file's directory included); then an address it cannot listen on and
-    # a database problem are said at once.
+    # Before the model, and in this order: bad certificate files and an API key no client can
+    # send stop the start before anything is written (the SQLite file's directory included);
+    # then an address it cannot listen on and a database problem are said at once.
     tls = ssl_context(config)
+    AccessPolicy.from_config(config)
     check_listen_address(config)
     check_database(config)
     print(loading_message(config), flush=True)
