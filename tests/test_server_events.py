@@ -187,6 +187,7 @@ def test_input_audio_transcription_beta_and_ga_shapes():
             "all before or all after",
         ),
         ('{"type": "conversation.select", "conversation_id": 5}', "invalid_event", "conversation_id"),
+        ('{"type": "conversation.select"}', "missing_required_parameter", "null starts a new conversation"),
         ('{"type": "session.update", "session": {"vad": "fast"}}', "invalid_event", "session.vad"),
         ('{"type": "session.update", "session": {"output_type": "audio"}}', "invalid_event", "output_type"),
         ('{"type": "session.update", "session": {"modalities": ["video"]}}', "invalid_value", "modalities"),

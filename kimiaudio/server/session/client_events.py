@@ -173,7 +173,13 @@ def _event(data: dict) -> ClientEvent:
     if kind == "response.create":
         return _response_create(optional_object(data, "response", "response"), "response")
     if kind == "conversation.select":
-        conversation_id = data.get("conversation_id")
+        if "conversation_id" not in data:  # (null is a choice: a new conversation; no field is none)
+            raise ProtocolError(
+                "missing_required_parameter",
+                f"{kind}: conversation_id is required (null starts a new conversation)",
+                f"{kind}.conversation_id",
+            )
+        conversation_id = data["conversation_id"]
         if conversation_id is not None and (not isinstance(conversation_id, str) or not conversation_id):
             raise ProtocolError(
                 "invalid_event",
