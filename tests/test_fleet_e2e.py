@@ -296,10 +296,12 @@ async def test_a_conversation_resumes_on_the_other_instance_after_kill_9(fleet, 
             return after if len(after) == len(turns) + 2 else None
 
         after = await eventually(both_turns, "the resumed turn and its answer stored", interval=0.1)
-        user_turn = after[-2]
         assert [t["role"] for t in after] == ["user", "assistant"] * (attempt + 1), after
         assert after[len(turns) - 1]["duration_s"] == heard["duration_s"]
-        assert done["response"]["prefill_tokens_computed"] > 2 * len(user_turn["audio_tokens"])
+        # The history is in the prompt: its positions (computed here, or served by this instance's
+        # prefix cache where another test spoke the same clip to it) hold every turn's speech.
+        prompt = done["response"]["prefill_tokens_computed"] + done["response"]["prefill_tokens_cached"]
+        assert prompt > sum(len(t["audio_tokens"]) for t in after[:-1]), (prompt, after)
         await client.close()
     await wait_until_idle(fleet, [other])
     await check_database(fleet.database_url, conversation_id, after)
