@@ -272,6 +272,24 @@ def postgres_server():
         yield server
 
 
+@pytest.fixture(scope="session")
+def haproxy_front():
+    """Makes an HaproxyFront (tests/helpers/haproxy_front.py, not started) before the given
+    instance addresses; skips where haproxy is not installed, as the PostgreSQL fixture does
+    (CI installs both and must run these tests)."""
+    from helpers.haproxy_front import HaproxyFront, HaproxyUnavailable
+
+    def make(instances: list[str]) -> HaproxyFront:
+        try:
+            return HaproxyFront(instances)
+        except HaproxyUnavailable as exc:
+            if REQUIRE_POSTGRES:
+                pytest.fail(str(exc))
+            pytest.skip(str(exc))
+
+    return make
+
+
 @pytest.fixture
 def postgres_url(postgres_server) -> str:
     """The URL of a new empty database on the tests' PostgreSQL server."""

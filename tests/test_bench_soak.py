@@ -134,3 +134,26 @@ def test_every_malformed_soak_event_is_refused(event):
     server accepts, e.g. with an extra field it ignores, would count as a lost error event)."""
     with pytest.raises(client_events.ProtocolError):
         client_events.parse_client_event(event)
+
+
+def test_soak_url_of_a_front_with_no_instance_ready_says_so(haproxy_front, tmp_path):
+    """A fleet's front with every instance down answers /healthz 503 itself: the soak stops in
+    one line with that reason, not a hint about the API key (the 401's)."""
+    from helpers.serve_process import free_port
+
+    with haproxy_front([f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]) as front:
+        front.wait_for_states({"kimi1": "DOWN", "kimi2": "DOWN"})
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("KIMIAUDIO_API_KEY", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "kimiaudio", "bench", "--soak", "--url", front.url, "--sessions", "1"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "/healthz answered 503: no kimiaudio instance is ready" in lines[0], lines[0]
+    assert "API key" not in lines[0], lines[0]

@@ -73,21 +73,12 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(postgres_server, tmp_path_factory):
-    from helpers.haproxy_front import HaproxyFront, HaproxyUnavailable
-
+def fleet(postgres_server, haproxy_front, tmp_path_factory):
     if not postgres_server.running:
         postgres_server.start()
     database_url = postgres_server.create_database()
     ports = {name: free_port() for name in INSTANCES}
-
-    try:
-        front = HaproxyFront([f"127.0.0.1:{ports[name]}" for name in INSTANCES])
-    except HaproxyUnavailable as exc:
-        # As the PostgreSQL fixture does: CI installs both and must run this, elsewhere it skips.
-        if os.environ.get("KIMIAUDIO_REQUIRE_POSTGRES") == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    front = haproxy_front([f"127.0.0.1:{ports[name]}" for name in INSTANCES])
 
     def start(name):
         data_dir = tmp_path_factory.mktemp(name)

@@ -40,6 +40,18 @@ class _StoredOverHttp:
         return await resp.json() if resp.status == 200 else None
 
 
+async def _why(resp) -> str:
+    """What a refused /healthz says: its error's message (a front with no instance ready, a host
+    not allowed), and where the API key goes when that is what is missing."""
+    try:
+        message = str((await resp.json(content_type=None))["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = (await resp.text())[:200].strip() or resp.reason or "no reason given"
+    if resp.status == 401:
+        message += " (an API key goes in KIMIAUDIO_API_KEY)"
+    return message
+
+
 async def _ready_again(http, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
@@ -72,9 +84,7 @@ async def _soak_remote(
         except aiohttp.ClientError as exc:
             raise KimiAudioError(f"--url {url}: cannot connect ({exc})") from None
         if reachable.status != 200:
-            raise KimiAudioError(
-                f"--url {url}: /healthz answered {reachable.status} (an API key goes in KIMIAUDIO_API_KEY)"
-            )
+            raise KimiAudioError(f"--url {url}: /healthz answered {reachable.status}: {await _why(reachable)}")
         plan = plan_faults(sessions, turns, fault_rate, random.Random(seed))
         kinds = ["webrtc", "websocket"]
         jobs = [SessionJob(i, kinds[i % len(kinds)], plan[i], seed + 1 + i) for i in range(sessions)]
