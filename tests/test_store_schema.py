@@ -38,8 +38,9 @@ def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
     conn = sqlite3.connect(tmp_path / "k.db")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
     conn.close()
-    with pytest.raises(KimiAudioError, match="newer than this kimiaudio"):
+    with pytest.raises(KimiAudioError, match="newer than this kimiaudio") as refused:
         open_database(tmp_path / "k.db")
+    assert str(refused.value).startswith(f"{tmp_path / 'k.db'}: database schema version")
 
 
 def test_failed_migration_rolls_back_entirely(tmp_path, monkeypatch):

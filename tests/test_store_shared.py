@@ -17,6 +17,7 @@ import pytest
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
 from kimiaudio.store import SCHEMA_VERSION, ConversationBusyError, ConversationLostError, ConversationStore, delete_turn
 from kimiaudio.store.answer_store import load_answer, new_answer_id, save_answer
+from kimiaudio.store.location import shown
 from kimiaudio.store.postgres import AWAY_WAIT_S, POOL_WAIT_S, PostgresConnector, check_and_migrate, open_pool
 from kimiaudio.store.voice_store import delete_voice, load_voices, save_voice, voice_names
 
@@ -80,7 +81,12 @@ def test_serve_refuses_a_bad_database_with_one_line(postgres_server, postgres_ur
     cases = [
         (postgres_server.url(dbname, password="wrong"), "password authentication failed"),
         ("https://example.org/db", "KIMIAUDIO_DATABASE_URL: expected empty"),
-        (postgres_url, f"schema version {SCHEMA_VERSION + 3} is newer than this kimiaudio"),
+        # Which database, and the variable that named it (it wins over storage.url).
+        (
+            postgres_url,
+            f"{shown(postgres_url)}: database schema version {SCHEMA_VERSION + 3} is newer than this kimiaudio",
+        ),
+        (postgres_url, "point KIMIAUDIO_DATABASE_URL, storage.url or storage.data_dir at another database"),
     ]
     for url, problem in cases:  # each is a start of serve: the few that differ on its path
         proc = _serve(url, tmp_path)

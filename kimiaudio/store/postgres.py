@@ -62,7 +62,7 @@ def check_and_migrate(url: str) -> int:
         raise KimiAudioError(f"cannot connect to the PostgreSQL database {shown(url)}: {_one_line(exc)}") from None
     with conn:
         try:
-            return migrate(PostgresSql(conn))
+            return migrate(PostgresSql(conn), shown(url))
         except psycopg.Error as exc:
             raise KimiAudioError(
                 f"PostgreSQL database {shown(url)}: cannot migrate its schema ({_one_line(exc)})"

@@ -51,6 +51,7 @@ from pathlib import Path
 import sqlite_utils
 
 from kimiaudio.errors import KimiAudioError
+from kimiaudio.store.location import DATABASE_URL_ENV
 from kimiaudio.store.search import SEARCH_SCHEMA, SEARCH_WORDS_ONLY
 from kimiaudio.store.sql import Sql, SqliteSql
 
@@ -187,19 +188,21 @@ def _statements(migration: Migration, sql: Sql) -> list[str]:
     return [sql.ddl(s.strip().rstrip(";")) for s in statements if s.strip()]
 
 
-def newer_schema_message(found: int) -> str:
+def newer_schema_message(where: str, found: int) -> str:
+    """`where`: the database as logs show it (no password). The URL may come from the
+    environment, which wins over storage.url, so the hint names both."""
     return (
-        f"database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
-        "upgrade kimiaudio or point storage.url / storage.data_dir at another database"
+        f"{where}: database schema version {found} is newer than this kimiaudio knows ({SCHEMA_VERSION}); "
+        f"upgrade kimiaudio or point {DATABASE_URL_ENV}, storage.url or storage.data_dir at another database"
     )
 
 
-def migrate(sql: Sql) -> int:
-    """Bring the schema to SCHEMA_VERSION; returns the version found before."""
+def migrate(sql: Sql, where: str) -> int:
+    """Bring the schema to SCHEMA_VERSION (of the database `where` names); returns the version found before."""
     with sql.migration_lock():
         found = sql.schema_version()
         if found > SCHEMA_VERSION:
-            raise KimiAudioError(newer_schema_message(found))
+            raise KimiAudioError(newer_schema_message(where, found))
         for version in range(found, SCHEMA_VERSION):
             with sql.atomic():
                 for statement in _statements(MIGRATIONS[version], sql):
@@ -223,7 +226,7 @@ def open_database(path: str | Path) -> sqlite_utils.Database:
         # lose the last transactions), and much cheaper than FULL.
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
-        migrate(SqliteSql(sqlite_utils.Database(conn)))
+        migrate(SqliteSql(sqlite_utils.Database(conn)), str(path))
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise KimiAudioError(f"{path}: not a usable conversation database ({exc})") from None
