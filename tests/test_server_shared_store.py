@@ -9,13 +9,15 @@ as it played, joined into its turn's audio once the session lets the conversatio
 import asyncio
 import time
 
+import aiohttp
 import pytest
 
 from kimiaudio.store import ConversationBusyError, ConversationStore
 
 from helpers.demo_server import LONG_ANSWER
 from helpers.hostile_clients import INTERNAL_NAMES, offer_sdp
-from helpers.realtime_sessions import user_text
+from helpers.realtime_sessions import client_of, user_text
+from helpers.voice_upload import form
 from helpers.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -202,8 +204,6 @@ async def test_a_conversation_taken_over_elsewhere_is_lost_and_stores_no_more_of
 
 
 async def test_voices_are_shared_by_instances_on_one_database(tmp_path, postgres_url, espeak_voice, demo_server):
-    import aiohttp
-
     async with (
         demo_server(tmp_path / "a", storage_url=postgres_url) as (a, pa),
         demo_server(tmp_path / "b", storage_url=postgres_url) as (b, pb),
@@ -224,3 +224,66 @@ async def test_voices_are_shared_by_instances_on_one_database(tmp_path, postgres
 
         await eventually(dropped, "instance a dropped the voice deleted through instance b", interval=0.25)
         assert (await (await a.get("/api/voices")).json())["voices"] == []
+
+
+async def test_a_voice_added_through_one_instance_is_usable_through_another_at_once(
+    tmp_path, postgres_url, espeak_voice, demo_server, monkeypatch
+):
+    """Behind a router, a client that adds a voice (one instance) and then uses it (another) must
+    not be told it is unknown: the request naming it looks for it in the database. The
+    background sync is kept from running, so only that look decides; each way of naming a voice
+    gets one of its own."""
+    from kimiaudio.server import stored_voices
+
+    monkeypatch.setattr(stored_voices, "SYNC_INTERVAL_S", 3600.0)
+    async with (
+        demo_server(tmp_path / "a", storage_url=postgres_url) as (a, pa),
+        demo_server(tmp_path / "b", storage_url=postgres_url) as (b, _),
+    ):
+        for name in ("for-update", "for-key", "for-chat", "for-call"):
+            assert (await b.post("/api/voices", data=form(name, espeak_voice.read_bytes()))).status == 201
+        assert not pa.voices.list()  # instance a has not synced
+
+        async with a.ws_connect("/v1/realtime") as ws:
+            await ws.send_json({"type": "session.update", "session": {"voice": "for-update"}})
+            event = await _event_or_error(ws, "session.updated")
+            assert event["type"] == "session.updated", event
+            assert event["session"]["audio"]["output"]["voice"] == "for-update"
+        assert "for-key" in pa.voices  # (that look registered every voice stored since)
+        for name in ("for-key", "for-chat", "for-call"):  # forgotten again: each request below must look too
+            pa.voices.remove(name)
+
+        async with client_of(a) as openai:
+            secret = await openai.realtime.client_secrets.create(
+                session={"type": "realtime", "audio": {"output": {"voice": "for-key"}}}
+            )
+            assert secret.session.audio.output.voice == "for-key"
+            pa.voices.remove("for-chat")
+            completion = await openai.chat.completions.create(
+                model="kimi-audio-7b-instruct",
+                modalities=["text", "audio"],
+                audio={"voice": "for-chat", "format": "wav"},
+                messages=[{"role": "user", "content": "Hello."}],
+                max_tokens=4,
+            )
+            assert completion.choices[0].message.audio is not None
+
+        pa.voices.remove("for-call")
+        call = aiohttp.FormData()
+        call.add_field("sdp", await offer_sdp(), content_type="application/sdp")
+        call.add_field("session", '{"type": "realtime", "audio": {"output": {"voice": "for-call"}}}')
+        resp = await a.post("/v1/realtime/calls", data=call)
+        assert resp.status == 201, await resp.text()
+        assert (await a.post(resp.headers["Location"] + "/hangup")).status == 200
+
+        async with a.ws_connect("/v1/realtime") as ws:  # a name stored nowhere is still refused
+            await ws.send_json({"type": "session.update", "session": {"voice": "nowhere"}})
+            event = await _event_or_error(ws, "session.updated")
+            assert event["type"] == "error" and "unknown voice 'nowhere'" in event["error"]["message"], event
+
+
+async def _event_or_error(ws, kind: str) -> dict:
+    while True:
+        event = await asyncio.wait_for(ws.receive_json(), 120)  # catches a hang
+        if event["type"] in (kind, "error"):
+            return event

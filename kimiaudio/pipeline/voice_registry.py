@@ -6,13 +6,16 @@ deleted and added again under the same name is never confused with the old one o
 The VoiceRegistry (event loop only) maps names to voices; the server fills it from the store.
 Names that are not stored but are OpenAI's stock voices (alloy, echo, ...) mean the voice of
 [server] openai_voice (by default the model's own), so OpenAI's examples run unchanged; "kimi"
-is the model's own voice. Any other unknown name is an error.
+is the model's own voice. Any other unknown name is an error, once `fetch` has asked the
+server for voices stored since it last looked (`refresh`: another instance on a shared database
+may have added it a moment ago).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,6 +93,17 @@ class VoiceRegistry:
         self.default = default  # config voices.default: the voice of requests that name none
         self.openai_voice = openai_voice  # config server.openai_voice: what OpenAI's names speak in
         self._voices: dict[str, Voice] = {}
+        # Registers what was stored since the server last synced (it sets this on a database
+        # shared with other instances; server/stored_voices.py).
+        self.refresh: Callable[[], Awaitable[None]] | None = None
+
+    async def fetch(self, name: object) -> None:
+        """Before `resolve` of a name a client sent: a name this registry lacks may be a voice
+        just stored through another instance, so `refresh` (if set) runs first."""
+        if self.refresh is None or not isinstance(name, str) or not name:
+            return
+        if name not in self._voices and name not in STOCK_VOICES:
+            await self.refresh()
 
     def __contains__(self, name: str) -> bool:
         return name in self._voices

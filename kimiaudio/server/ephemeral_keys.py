@@ -59,7 +59,7 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
     CLIENT_SECRET_FIELDS.check(body)
     ttl_s = _ttl(body.get("expires_after"))
     session = body.get("session")
-    settings = _checked_settings(context, session)
+    settings = await _checked_settings(context, session)
     key, record = await mint_key(
         context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session, issuer=context.access.api_key
     )
@@ -70,7 +70,7 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
 
 async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """Mint an ephemeral key bound to the beta session `body` -> the beta API's answer."""
-    settings = _body_settings(context, body)
+    settings = await _body_settings(context, body)
     key, record = await mint_key(
         context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, BETA_TTL_S, body, issuer=context.access.api_key
     )
@@ -87,7 +87,7 @@ async def create_beta_transcription_session(context: ServerContext, body: dict[s
     BETA_CLIENT_SECRET_FIELDS.check(secret or {}, "client_secret.")
     ttl_s = _ttl((secret or {}).get("expires_at"), "client_secret.expires_at", BETA_TTL_S)
     session = {**{k: v for k, v in body.items() if k != "client_secret"}, "type": "transcription"}
-    settings = _body_settings(context, session)
+    settings = await _body_settings(context, session)
     key, record = await mint_key(
         context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session, issuer=context.access.api_key
     )
@@ -115,11 +115,11 @@ def _ttl(expires_after: Any, where: str = "expires_after", default: int = DEFAUL
     return seconds
 
 
-def _body_settings(context: ServerContext, body: dict[str, Any]) -> SessionSettings:
+async def _body_settings(context: ServerContext, body: dict[str, Any]) -> SessionSettings:
     """_checked_settings of a beta route's body, which is the session itself: an error names the
     body's field (`include`), not a `session` the request does not have."""
     try:
-        return _checked_settings(context, body)
+        return await _checked_settings(context, body)
     except ApiError as exc:
         named = exc.param or ""
         if not named.startswith("session."):
@@ -128,12 +128,13 @@ def _body_settings(context: ServerContext, body: dict[str, Any]) -> SessionSetti
         raise ApiError(exc.status_code, exc.code, exc.message.replace(named, param), param=param) from None
 
 
-def _checked_settings(context: ServerContext, session: Any) -> SessionSettings:
+async def _checked_settings(context: ServerContext, session: Any) -> SessionSettings:
     """The settings a session opened with this configuration starts with (ApiError 400 if it
     cannot be used here)."""
     update = parse_bound(context, session) if session is not None else SessionUpdate()
     pipeline = context.pipeline
     settings = SessionSettings(context.config, pipeline.can_speak, pipeline.voices)
+    await settings.fetch_voices(update)
     try:
         settings.apply(update)
     except ProtocolError as exc:

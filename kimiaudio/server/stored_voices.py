@@ -9,13 +9,17 @@ Instances sharing a database notice what another added or deleted (`voice_sync`)
 SYNC_INTERVAL_S an instance reads the stored names and creation times (no audio): a voice it
 does not know, or knows with another creation time (deleted and added again), is loaded and
 registered; one no longer stored is unregistered and its device copy dropped. The voices routes
-sync before they answer, so a list fetched from any instance is current. On the SQLite file
-this process is the only writer, so there is nothing to sync and nothing runs.
+sync before they answer, so a list fetched from any instance is current, and so does a request
+naming a voice this instance lacks (the registry's `refresh`), so a voice added through one
+instance can be used through another at once. On the SQLite file this process is the only
+writer, so there is nothing to sync and nothing runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -37,6 +41,8 @@ async def registered_voices(app: web.Application) -> AsyncIterator[None]:
     context = app[SERVER_CONTEXT]
     pipeline, default = context.pipeline, context.config.voices.default
     if pipeline.can_speak:
+        if context.store.is_shared:
+            pipeline.voices.refresh = functools.partial(_refresh, context)
         for stored in await load_voices(context.store):
             pipeline.voices.add(Voice.create(stored.name, stored.pcm, stored.codes, stored.created_at))
         voice = pipeline.voices.resolve(default) if default and default in pipeline.voices else None
@@ -57,6 +63,7 @@ async def registered_voices(app: web.Application) -> AsyncIterator[None]:
                     answers,
                 )
     yield
+    pipeline.voices.refresh = None  # (the store closes with this app)
 
 
 async def sync_voices(context: ServerContext) -> None:
@@ -75,6 +82,11 @@ async def sync_voices(context: ServerContext) -> None:
         for row in await load_voices(store):
             if row.name not in pipeline.voices:
                 pipeline.voices.add(Voice.create(row.name, row.pcm, row.codes, row.created_at))
+
+
+async def _refresh(context: ServerContext) -> None:
+    with contextlib.suppress(KimiAudioError):  # the database away: the name is refused as unknown
+        await sync_voices(context)
 
 
 async def voice_sync(app: web.Application) -> AsyncIterator[None]:

@@ -58,6 +58,8 @@ async def answer_request(
         history.insert(0, HistoryTurn("user", text=instructions))
     output_type = settings.answer_type(request.output_type if request else None)
     named = request.voice if request else None
+    if output_type == "both":
+        await settings.fetch_voice(named)
     try:
         voice = settings.voice_prompt(named) if output_type == "both" else None
     except KimiAudioError as exc:  # an unknown name, or its voice was deleted meanwhile

@@ -104,6 +104,7 @@ class EventDispatch:
             case client_events.ConversationSelect(conversation_id=conversation_id):
                 self._queue.put_nowait(QueuedSelect(conversation_id, event_id))
             case client_events.SessionUpdate():
+                await self._settings.fetch_voices(event)
                 self._apply_update(event)
 
     def _create_item(self, event: client_events.ItemCreate, event_id: str | None) -> None:

@@ -91,6 +91,10 @@ class SessionSettings:
         output_type = requested or self.output_type
         return output_type if self.can_speak else TEXT
 
+    async def fetch_voices(self, update: SessionUpdate) -> None:
+        """Before `apply`: the voice it names, if just stored through another instance."""
+        await self._voices.fetch(update.answers.voice)
+
     def apply(self, update: SessionUpdate) -> None:
         """Apply a session.update (its values already checked); raises KimiAudioError (naming the
         key) and changes nothing when the session cannot take it."""
@@ -145,7 +149,11 @@ class SessionSettings:
         copy as it was (OpenAI takes a session.update sent after a response.create after it)."""
         return copy.copy(self)
 
+    async def fetch_voice(self, name: str | None) -> None:
+        """Before `voice_prompt`: the voice named, if just stored through another instance."""
+        await self._voices.fetch(name)
+
     def voice_prompt(self, name: str | None = None) -> Voice | None:
         """The voice this session speaks in now, or the one named (None: the model's own);
-        raises UnknownVoiceError for a name that is no voice (or a voice deleted since)."""
+        raises UnknownVoiceError for a name that is no voice (or a voice deleted since); `fetch_voice` first."""
         return self._voices.resolve(name or self.voice)

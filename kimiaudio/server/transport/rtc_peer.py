@@ -259,6 +259,7 @@ async def answer_offer(context: ServerContext, offer: RtcOffer) -> tuple[RtcPeer
     async with context.sessions.opened("webrtc", make) as peer:
         await peer.session.conversation.open()  # its lease: 409 conversation_busy if held elsewhere
         for update in (*_call_defaults(context), *offer.updates):
+            await peer.session.settings.fetch_voices(update)
             try:
                 peer.session.apply_update(update, announce=False)
             except KimiAudioError as exc:

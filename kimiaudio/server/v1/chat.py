@@ -53,7 +53,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         user_text=chat.user_text,
         sampling=chat.sampling,
         output_type=chat.answer.output_type,
-        voice=_voice(pipeline, chat),
+        voice=await _voice(pipeline, chat),
         stop=chat.stop,
         logprobs=chat.answer.logprobs,
     )
@@ -89,10 +89,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _voice(pipeline: Pipeline, chat: ChatRequest) -> Voice | None:
+async def _voice(pipeline: Pipeline, chat: ChatRequest) -> Voice | None:
     """The stored voice `audio.voice` names (stock names and none: the model's own)."""
     if chat.answer.output_type != "both":
         return None
+    await pipeline.voices.fetch(chat.answer.voice)
     try:
         return pipeline.voices.resolve(chat.answer.voice)
     except UnknownVoiceError as exc:

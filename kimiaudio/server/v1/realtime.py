@@ -71,6 +71,7 @@ async def realtime(request: web.Request) -> web.StreamResponse:
     async def make(admitted: Admitted) -> RealtimeSocket:
         socket = RealtimeSocket(context, admitted, ws, request.transport, shape)
         if bound is not None:
+            await socket.session.settings.fetch_voices(bound)
             socket.session.apply_update(bound, announce=False)  # (a 400 still: before the upgrade)
         if intent == "transcription":
             socket.session.apply_update(SessionUpdate(kind="transcription"), announce=False)
