@@ -110,6 +110,28 @@ def test_unusable_urls_are_one_line_each(postgres_server):
         assert problem in message and "\n" not in message and "secret" not in message and "***" in message
 
 
+async def test_a_role_that_only_reads_and_writes_rows_serves_a_current_schema(postgres_server, postgres_url):
+    """An operator may run the instances as a role with rights on the rows only (the schema
+    migrated by its owner): with nothing to migrate, it is no reason to refuse it."""
+    import secrets
+
+    check_and_migrate(postgres_url)
+    role, password = f"rows_{secrets.token_hex(4)}", secrets.token_hex(8)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.execute(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    url = postgres_url.replace(f"kimiaudio:{postgres_server.password}@", f"{role}:{password}@", 1)
+    assert check_and_migrate(url) == SCHEMA_VERSION
+    store = await _store(url)
+    try:
+        conversation = (await store.create_conversation())["id"]
+        await store.add_turn(conversation, "user", "hello")
+        assert [t["text"] for t in (await store.get_conversation(conversation))["turns"]] == ["hello"]
+    finally:
+        await store.close()
+
+
 def test_newer_schema_is_refused_by_the_store(postgres_url):
     check_and_migrate(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as conn:

@@ -139,7 +139,10 @@ class PostgresSql(Sql):
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
     def schema_version(self) -> int:
-        self.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} (version INTEGER NOT NULL)")
+        # Created only where missing: CREATE TABLE IF NOT EXISTS needs the right to create even
+        # when the table exists, which a role that only reads and writes the rows lacks.
+        if self.execute("SELECT to_regclass(?)", [SCHEMA_TABLE]).fetchone()[0] is None:
+            self.execute(f"CREATE TABLE {SCHEMA_TABLE} (version INTEGER NOT NULL)")
         row = self.execute(f"SELECT version FROM {SCHEMA_TABLE}").fetchone()
         return 0 if row is None else row[0]
 
