@@ -68,24 +68,36 @@ function appendConversations(list, body, q, request) {
   list.append(more);
 }
 
+// A search the server refuses (too long, say) says why in the list, in place of the last
+// search's results, until the search is changed.
 async function refreshConversations() {
   const q = $("search").value.trim();
   const request = ++listRequests;
-  let body;
+  let body, refused = null;
   try {
     const resp = await apiFetch(conversationsUrl(q, null));
-    if (!resp.ok) { if (q) showError(await apiError(resp)); return; }
-    body = await resp.json();
+    if (!resp.ok && !q) return;
+    if (resp.ok) body = await resp.json();
+    else refused = `This search cannot be run (${await apiError(resp)}).`;
   } catch (e) {
     return;
   }
   if (request !== listRequests) return;
   const list = $("conversations");
   list.replaceChildren();
-  appendConversations(list, body, q, request);
-  if (!body.conversations.length) {
-    list.innerHTML = q ? '<li class="muted">No conversation matches.</li>' : '<li class="muted">No conversations yet.</li>';
+  if (refused !== null) {
+    list.append(mutedItem(refused));
+    return;
   }
+  appendConversations(list, body, q, request);
+  if (!body.conversations.length) list.append(mutedItem(q ? "No conversation matches." : "No conversations yet."));
+}
+
+function mutedItem(text) {
+  const li = document.createElement("li");
+  li.className = "muted";
+  li.textContent = text;
+  return li;
 }
 
 async function showConversation(id) {

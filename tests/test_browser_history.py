@@ -1,0 +1,61 @@
+"""The list of stored conversations on the demo page, in headless Chromium against the real
+server (demo weights), where the server refuses what the page asked: a search it cannot run
+says why in the list, in place of the last search's results, and the next search answers it."""
+
+import asyncio
+
+from kimiaudio.server.context import SERVER_CONTEXT
+
+from helpers.browser import BROWSER_MARKS, console_errors, start_chromium, wait_for_script
+
+pytestmark = BROWSER_MARKS
+
+LISTED = "document.querySelectorAll('#conversations li:not(.muted)')"
+PAGE = f"""return {{
+    listed: [...{LISTED}].map((li) => li.firstChild.textContent),
+    note: [...document.querySelectorAll('#conversations li.muted')].map((li) => li.textContent),
+    banner: document.getElementById('error-banner').hidden ? null : $('error-banner').textContent,
+    shown: document.getElementById('conversation-detail').hidden ? null : $('detail-title').textContent,
+}}"""
+
+
+def search(driver, words: str) -> None:
+    driver.execute_script("$('search').value = arguments[0]; $('search').dispatchEvent(new Event('input'))", words)
+
+
+async def test_a_search_the_server_refuses_says_why_until_the_next_search(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for topic in ("Lisbon", "bread"):  # (a conversation's title is its first words)
+            conversation = await store.create_conversation()
+            await store.add_turn(conversation["id"], "assistant", f"About {topic}.")
+        url = str(http.make_url("/"))
+
+        def drive():
+            driver = start_chromium(tmp_path, None)
+            try:
+                driver.get(url)
+                wait_for_script(driver, f"return {LISTED}.length === 2")
+                search(driver, "lisbon")
+                wait_for_script(driver, f"return {LISTED}.length === 1")
+                search(driver, "lisbon " + "x" * 300)  # over the server's 200 characters
+                # (the server's 400 reaches the page either in the list or in the banner)
+                wait_for_script(
+                    driver,
+                    "return document.querySelector('#conversations li.muted') !== null"
+                    " || !document.getElementById('error-banner').hidden",
+                )
+                refused = driver.execute_script(PAGE)
+                search(driver, "bread")
+                bread = "[...LISTED].map((li) => li.firstChild.textContent).join() === 'About bread.'"
+                wait_for_script(driver, "return " + bread.replace("LISTED", LISTED))
+                return refused, driver.execute_script(PAGE), console_errors(driver)
+            finally:
+                driver.quit()
+
+        refused, after, errors = await asyncio.to_thread(drive)
+    # The refusal stands where the results were: none of the last search's stay listed.
+    assert refused["listed"] == [] and refused["banner"] is None
+    assert refused["note"] == ["This search cannot be run (q: at most 200 characters, got 307)."]
+    assert after == {"listed": ["About bread."], "note": [], "banner": None, "shown": None}
+    assert all("/api/conversations?q=" in e for e in errors)  # only the refused request's own 400
