@@ -1,6 +1,8 @@
 """The list of stored conversations on the demo page, in headless Chromium against the real
 server (demo weights), where the server refuses what the page asked: a search it cannot run
-says why in the list, in place of the last search's results, and the next search answers it."""
+says why in the list, in place of the last search's results, and the next search answers it;
+a conversation deleted elsewhere (another tab) and then clicked is said to be deleted and
+leaves the list, and opening another one answers that."""
 
 import asyncio
 
@@ -59,3 +61,39 @@ async def test_a_search_the_server_refuses_says_why_until_the_next_search(demo_s
     assert refused["note"] == ["This search cannot be run (q: at most 200 characters, got 307)."]
     assert after == {"listed": ["About bread."], "note": [], "banner": None, "shown": None}
     assert all("/api/conversations?q=" in e for e in errors)  # only the refused request's own 400
+
+
+async def test_a_conversation_deleted_in_another_tab_is_said_gone_when_clicked(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        await store.create_conversation("Kept")
+        gone = (await store.create_conversation("Gone"))["id"]
+        url = str(http.make_url("/"))
+
+        def drive():
+            driver = start_chromium(tmp_path, None)
+            try:
+                driver.get(url)
+                wait_for_script(driver, f"return {LISTED}.length === 2")
+                # Another tab deletes it: the list here still shows it.
+                status = driver.execute_async_script(
+                    "fetch(`/api/conversations/${arguments[0]}`, { method: 'DELETE' })"
+                    ".then((r) => arguments[1](r.status))",
+                    gone,
+                )
+                driver.find_element("xpath", "//ul[@id='conversations']/li[contains(., 'Gone')]").click()
+                wait_for_script(driver, "return !document.getElementById('error-banner').hidden")
+                said = driver.find_element("id", "error-banner").text
+                if said == "That conversation was deleted.":  # (else the list is not refreshed)
+                    wait_for_script(driver, f"return {LISTED}.length === 1")
+                clicked = driver.execute_script(PAGE)
+                driver.find_element("xpath", "//ul[@id='conversations']/li[contains(., 'Kept')]").click()
+                wait_for_script(driver, "return $('detail-title').textContent === 'Kept'")
+                return status, clicked, driver.execute_script(PAGE)
+            finally:
+                driver.quit()
+
+        status, clicked, other = await asyncio.to_thread(drive)
+    assert status == 200
+    assert clicked == {"listed": ["Kept"], "note": [], "banner": "That conversation was deleted.", "shown": None}
+    assert other == {"listed": ["Kept"], "note": [], "banner": None, "shown": "Kept"}

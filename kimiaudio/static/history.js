@@ -37,7 +37,8 @@ function conversationItem(c) {
   when.className = "when";
   when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${c.num_turns} turns`;
   li.append(when);
-  li.onclick = () => showConversation(c.id);
+  // A new choice of conversation, as Continue, Delete and New are (app.js: acting).
+  li.onclick = () => { hideError(); showConversation(c.id); };
   return li;
 }
 
@@ -105,7 +106,11 @@ async function showConversation(id) {
   let c;
   try {
     const resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`);
-    if (!resp.ok) { if (request === shownRequests) showError(await apiError(resp)); return; }
+    if (!resp.ok) {
+      if (request !== shownRequests) return;
+      showError(resp.status === 404 ? conversationGone(id) : await apiError(resp));
+      return;
+    }
     c = await resp.json();
   } catch (e) {
     return;
