@@ -1,12 +1,15 @@
 """Deleting a stored conversation on the demo page, in headless Chromium against the real server
 (demo weights): the conversation deleted is forgotten (the list, the panel, the next Connect),
 and only that one: another clicked and continued before the server answered the delete stays
-shown and is what the next Connect continues."""
+shown and is what the next Connect continues. The conversation of the page's own live call
+is not deleted: the page says to hang up first (the server would refuse it as held by a
+session, as if another tab had it open)."""
 
 import asyncio
 
 from kimiaudio.server.context import SERVER_CONTEXT
 
+from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, hold_answers, start_chromium, wait_for_script
 
 pytestmark = BROWSER_MARKS
@@ -58,3 +61,32 @@ async def test_a_conversation_clicked_while_another_is_deleted_stays(demo_server
         "ids": [kept, kept],
         "note": "Press Connect to continue the selected conversation.",
     }
+
+
+async def test_delete_of_the_live_calls_conversation_says_to_hang_up_first(demo_server, tmp_path):
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        live = (await store.create_conversation("Live"))["id"]
+        url = str(http.make_url("/"))
+
+        def drive():
+            driver = start_chromium(tmp_path, wav)
+            try:
+                driver.get(url)
+                driver.execute_script("window.confirm = () => true;")
+                wait_for_script(driver, f"return {LISTED}.length === 1")
+                click_conversation(driver, "Live")
+                driver.find_element("id", "continue").click()
+                driver.find_element("id", "connect").click()
+                wait_for_script(driver, f"return session.pc && session.conversationId === '{live}'")
+                driver.find_element("id", "delete").click()
+                wait_for_script(driver, "return !document.getElementById('error-banner').hidden")
+                return driver.find_element("id", "error-banner").text, driver.execute_script(PAGE)
+            finally:
+                driver.quit()
+
+        said, page = await asyncio.to_thread(drive)
+        assert await store.get_conversation(live) is not None
+    assert said == "This conversation is in the call on this page: press Disconnect, then Delete."
+    assert page["listed"] == ["Live"] and page["shown"] == "Live"

@@ -186,17 +186,23 @@ function conversationGone(id) {
 }
 
 // Deletes the conversation shown when Delete is pressed; one clicked (or continued) before the
-// server answers stays as it is.
+// server answers stays as it is. The server refuses one a live session holds (409): that of
+// this page's own call is not asked for, the page says to hang up first.
 async function deleteSelected() {
   const id = selectedId;
-  if (!id || !confirm("Delete this conversation and its audio?")) return;
+  if (!id) return;
+  if (session.pc && id === session.conversationId) {
+    showError("This conversation is in the call on this page: press Disconnect, then Delete.");
+    return;
+  }
+  if (!confirm("Delete this conversation and its audio?")) return;
   let resp;
   try {
     resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`, { method: "DELETE" });
   } catch (e) {
     return;
   }
-  if (!resp.ok) {  // e.g. 409: a live session holds it; it is still there
+  if (!resp.ok) { // e.g. 409: another tab's call holds it; it is still there
     showError(await apiError(resp));
     return;
   }
