@@ -14,6 +14,7 @@ from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+from helpers.demo_server import lease_free
 from helpers.waiting import eventually
 
 pytestmark = BROWSER_MARKS
@@ -41,13 +42,6 @@ def continue_stored_shown(driver) -> None:
 def continue_stored(driver) -> None:
     continue_stored_shown(driver)
     driver.find_element("id", "continue").click()
-
-
-async def lease_free(store, conversation_id: str) -> bool:
-    def held(db):
-        return db.execute("SELECT 1 FROM leases WHERE conversation_id = ?", [conversation_id]).fetchone()
-
-    return await store.read(held) is None
 
 
 async def test_a_call_opens_in_the_conversation_chosen_before_connecting(stored, tmp_path, speech):

@@ -1,9 +1,9 @@
 """Deleting a stored conversation on the demo page, in headless Chromium against the real server
-(demo weights): the conversation deleted is forgotten (the list, the panel, the next Connect),
-and only that one: another clicked and continued before the server answered the delete stays
-shown and is what the next Connect continues. The conversation of the page's own live call
-is not deleted: the page says to hang up first (the server would refuse it as held by a
-session, as if another tab had it open)."""
+(demo weights): the conversation deleted is forgotten (the list, the panel, the next Connect,
+the turns of its last call still on screen), and only that one: another clicked and continued
+before the server answered the delete stays shown and is what the next Connect continues. The
+conversation of the page's own live call is not deleted: the page says to hang up first (the
+server would refuse it as held by a session, as if another tab had it open)."""
 
 import asyncio
 
@@ -11,6 +11,8 @@ from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, hold_answers, start_chromium, wait_for_script
+from helpers.demo_server import lease_free
+from helpers.waiting import eventually
 
 pytestmark = BROWSER_MARKS
 
@@ -90,3 +92,42 @@ async def test_delete_of_the_live_calls_conversation_says_to_hang_up_first(demo_
         assert await store.get_conversation(live) is not None
     assert said == "This conversation is in the call on this page: press Disconnect, then Delete."
     assert page["listed"] == ["Live"] and page["shown"] == "Live"
+
+
+async def test_deleting_the_conversation_on_screen_clears_its_turns(demo_server, tmp_path, speech):
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.0), speech[0], silence(60.0)])
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        url = str(http.make_url("/"))
+        loop = asyncio.get_running_loop()
+
+        def drive():
+            driver = start_chromium(tmp_path, wav)
+            try:
+                driver.get(url)
+                driver.execute_script("window.confirm = () => true;")
+                driver.find_element("id", "connect").click()
+                wait_for_script(driver, "return document.querySelector('#transcript .turn.user') !== null")
+                wait_for_script(driver, f"return session.conversationId && {LISTED}.length === 1")
+                call = driver.execute_script("return session.conversationId")
+                driver.find_element("id", "connect").click()  # hang up: the server lets it go
+                asyncio.run_coroutine_threadsafe(
+                    eventually(lambda: lease_free(store, call), "the call's conversation let go"), loop
+                ).result()
+                driver.find_element("css selector", "#conversations li").click()
+                wait_for_script(driver, "return !document.getElementById('conversation-detail').hidden")
+                turns_before = len(driver.find_elements("css selector", "#transcript .turn"))
+                driver.find_element("id", "delete").click()
+                wait_for_script(driver, f"return {LISTED}.length === 0 && session.continueId === null")
+                return (
+                    turns_before,
+                    len(driver.find_elements("css selector", "#transcript .turn")),
+                    driver.execute_script(PAGE),
+                )
+            finally:
+                driver.quit()
+
+        before, after, page = await asyncio.to_thread(drive)
+        assert await store.list_conversations() == []
+    assert before > 0 and after == 0
+    assert page["note"] == "A new conversation starts when you speak." and page["shown"] is None

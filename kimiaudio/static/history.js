@@ -171,10 +171,12 @@ function busyMessage(retry) {
 }
 
 // ...because it is deleted (from another tab, say): it is forgotten, so that the next Connect
-// starts a new conversation instead of asking for it again.
+// starts a new conversation instead of asking for it again; the turns on screen, of the last
+// call in it, go with it (their replays are gone).
 function conversationGone(id) {
   if (session.continueId === id) {
     session.continueId = null;
+    $("transcript").replaceChildren();
     noteConversation(); // app.js
   }
   if (selectedId === id) {

@@ -132,3 +132,12 @@ async def heard_or_done(client, http, conversation_id: str, attempt: int, codes:
 
 
 # ------------------------------------------------------------- hostile clients
+
+
+async def lease_free(store, conversation_id: str) -> bool:
+    """No session holds `conversation_id` (a SQLite store): its call's close has let it go."""
+
+    def held(db):
+        return db.execute("SELECT 1 FROM leases WHERE conversation_id = ?", [conversation_id]).fetchone()
+
+    return await store.read(held) is None
