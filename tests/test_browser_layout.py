@@ -1,12 +1,14 @@
 """The demo page at a phone's width, in headless Chromium against the real server (demo
 weights): nothing makes it scroll sideways, neither the model's path in the header (a long
 directory name, here the test's own) nor an unbroken run of characters in a stored turn and
-the conversation's title (its first words)."""
+the conversation's title (its first words); and where the note on the call says its
+conversation is listed, it is (below the call, not beside it)."""
 
 import asyncio
 
 from kimiaudio.server.context import SERVER_CONTEXT
 
+from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, console_errors, start_chromium, wait_for_script
 
 pytestmark = BROWSER_MARKS
@@ -45,3 +47,34 @@ async def test_the_page_fits_a_phone_wide_window(demo_server, tmp_path):
         (scroll_width, width), wider, errors = await asyncio.to_thread(drive)
     assert wider == [] and scroll_width == width <= 375
     assert errors == []
+
+
+async def test_the_note_on_a_saved_conversation_points_to_the_list_where_it_is(demo_server, tmp_path):
+    # At a phone's width the list is below the call, not beside it.
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        saved = (await store.create_conversation("Saved"))["id"]
+        url = str(http.make_url("/"))
+
+        def drive():
+            driver = start_chromium(tmp_path, wav)
+            try:
+                driver.set_window_size(375, 800)
+                driver.get(url)
+                wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length")
+                driver.find_element("css selector", "#conversations li").click()
+                wait_for_script(driver, "return !document.getElementById('conversation-detail').hidden")
+                driver.find_element("id", "continue").click()
+                driver.find_element("id", "connect").click()
+                wait_for_script(driver, f"return session.conversationId === '{saved}'")
+                talk, history = (
+                    driver.find_element("id", part).rect for part in ("conversation-note", "conversations")
+                )
+                return driver.find_element("id", "conversation-note").text, talk["y"] < history["y"]
+            finally:
+                driver.quit()
+
+        note, list_below = await asyncio.to_thread(drive)
+    assert list_below
+    assert note == "Talking in a saved conversation; it is in the Conversations list."

@@ -242,7 +242,7 @@ function listening() {
 
 function noteConversation() {
   $("conversation-note").textContent = session.conversationId
-    ? "Talking in a saved conversation; it is listed on the right."
+    ? "Talking in a saved conversation; it is in the Conversations list."
     : "A new conversation starts when you speak.";
 }
 
