@@ -3,10 +3,12 @@
 the turns of its last call still on screen), and only that one: another clicked and continued
 before the server answered the delete stays shown and is what the next Connect continues. The
 conversation of the page's own live call is not deleted: the page says to hang up first (the
-server would refuse it as held by a session, as if another tab had it open)."""
+server would refuse it as held by a session, as if another tab had it open); for one another
+tab's call holds, it says to close it there."""
 
 import asyncio
 
+from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
@@ -131,3 +133,31 @@ async def test_deleting_the_conversation_on_screen_clears_its_turns(demo_server,
         assert await store.list_conversations() == []
     assert before > 0 and after == 0
     assert page["note"] == "A new conversation starts when you speak." and page["shown"] is None
+
+
+async def test_delete_of_a_conversation_open_elsewhere_says_to_close_it_there(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        held = (await store.create_conversation("Held"))["id"]
+        url = str(http.make_url("/"))
+        driver = await asyncio.to_thread(start_chromium, tmp_path, None)
+
+        def delete():
+            driver.find_element("id", "delete").click()
+            wait_for_script(driver, "return !document.getElementById('error-banner').hidden")
+            return driver.find_element("id", "error-banner").text, driver.execute_script(PAGE)
+
+        holder = RtcClient(ScriptedMic())  # another tab's call, say
+        try:
+            await asyncio.to_thread(lambda: driver.get(url) or driver.execute_script("window.confirm = () => true;"))
+            await asyncio.to_thread(lambda: wait_for_script(driver, f"return {LISTED}.length === 1"))
+            await asyncio.to_thread(click_conversation, driver, "Held")
+            assert (await holder.connect(http, conversation_id=held))[0] == 201
+            said, page = await asyncio.to_thread(delete)
+        finally:
+            await asyncio.to_thread(driver.quit)
+            await holder.close()
+        assert await store.get_conversation(held) is not None
+    # Not the server's "try again in N s": its hold is renewed for as long as that call lasts.
+    assert said == "That conversation is open in another tab or session: close it there, then delete it."
+    assert page["listed"] == ["Held"] and page["shown"] == "Held"

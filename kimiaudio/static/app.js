@@ -225,7 +225,7 @@ function onEvent(event) {
         // conversation.select refused (history.js): the call stays in its conversation.
         const refused = session.selecting;
         selectDone(null, true);
-        showServerError(event.error.code === "conversation_busy" ? busyMessage("try again in a few seconds.")
+        showServerError(event.error.code === "conversation_busy" ? busyMessage("or try again in a few seconds.")
           : conversationGone(refused));
         break;
       }

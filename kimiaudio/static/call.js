@@ -193,7 +193,7 @@ async function refusal(resp) {
     // the page and the database) before it could let the conversation go; its hold runs out.
     return `The server still holds this conversation for the call that was cut off. ${retry}`;
   }
-  if (resp.status === 409) return busyMessage(retry.toLowerCase());
+  if (resp.status === 409) return busyMessage(`or ${retry.toLowerCase()}`);
   if (code === "server_full") return `The server is full: every session slot is in use. ${retry}`;
   if (code === "shutting_down") return `The server is shutting down. ${retry}`;
   if (resp.status === 404) return `The server refused the call: ${message}`;

@@ -165,9 +165,10 @@ function selectDone(movedTo, refused) {
   }
 }
 
-// The server would not open a conversation (a call's ?conversation_id=, or conversation.select).
-function busyMessage(retry) {
-  return `That conversation is open in another tab or session: close it there, or ${retry}`;
+// The server would not open (a call's ?conversation_id=, conversation.select) or delete a
+// conversation another session holds; `then`: what to do once it is closed there.
+function busyMessage(then) {
+  return `That conversation is open in another tab or session: close it there, ${then}`;
 }
 
 // ...because it is deleted (from another tab, say): it is forgotten, so that the next Connect
@@ -204,8 +205,10 @@ async function deleteSelected() {
   } catch (e) {
     return;
   }
-  if (!resp.ok) { // e.g. 409: another tab's call holds it; it is still there
-    showError(await apiError(resp));
+  if (!resp.ok) { // it is still there
+    // (The server's 409 says to try again in the seconds its hold has left; it is renewed
+    // for as long as that call lasts.)
+    showError(resp.status === 409 ? busyMessage("then delete it.") : await apiError(resp));
     return;
   }
   conversationGone(id);
