@@ -2,7 +2,8 @@
 server (demo weights), where the server refuses what the page asked: a search it cannot run
 says why in the list, in place of the last search's results, and the next search answers it;
 a conversation deleted elsewhere (another tab) and then clicked is said to be deleted and
-leaves the list, and opening another one answers that."""
+leaves the list, and opening another one answers that. Each listed conversation says how
+many turns it has."""
 
 import asyncio
 
@@ -97,3 +98,27 @@ async def test_a_conversation_deleted_in_another_tab_is_said_gone_when_clicked(d
     assert status == 200
     assert clicked == {"listed": ["Kept"], "note": [], "banner": "That conversation was deleted.", "shown": None}
     assert other == {"listed": ["Kept"], "note": [], "banner": None, "shown": "Kept"}
+
+
+async def test_the_list_counts_each_conversations_turns(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for count in (1, 2):
+            conversation = await store.create_conversation(f"{count} said")
+            for _ in range(count):
+                await store.add_turn(conversation["id"], "assistant", "Said.")
+        url = str(http.make_url("/"))
+
+        def drive():
+            driver = start_chromium(tmp_path, None)
+            try:
+                driver.get(url)
+                wait_for_script(driver, f"return {LISTED}.length === 2")
+                return driver.execute_script(
+                    f"return [...{LISTED}].map((li) => li.querySelector('.when').textContent.split(' · ')[1])"
+                )
+            finally:
+                driver.quit()
+
+        counts = await asyncio.to_thread(drive)
+    assert sorted(counts) == ["1 turn", "2 turns"]

@@ -35,7 +35,8 @@ function conversationItem(c) {
   li.classList.toggle("selected", c.id === selectedId);
   const when = document.createElement("span");
   when.className = "when";
-  when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${c.num_turns} turns`;
+  const turns = `${c.num_turns} turn${c.num_turns === 1 ? "" : "s"}`;
+  when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${turns}`;
   li.append(when);
   // A new choice of conversation, as Continue, Delete and New are (app.js: acting).
   li.onclick = () => { hideError(); showConversation(c.id); };
