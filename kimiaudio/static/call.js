@@ -47,8 +47,24 @@ async function ephemeralKey() {
   } catch (e) {
     throw e instanceof Unauthorized ? e : new Error(CALL_UNREACHABLE);
   }
-  if (!resp.ok) throw new Error(`The server refused the session: ${await apiError(resp)}`);
+  if (!resp.ok) {
+    const message = `The server refused the session: ${await apiError(resp.clone())}`;
+    if (await refusedVoice(resp)) {
+      // Deleted since the picker was filled: the picker is filled again, without it.
+      await loadVoices(); // voices.js
+      throw new Error(`${message}. The voices are updated: choose one and press Connect again.`);
+    }
+    throw new Error(message);
+  }
   return (await resp.json()).value;
+}
+
+async function refusedVoice(resp) {
+  try {
+    return (await resp.json()).error.param === "session.audio.output.voice";
+  } catch (e) {
+    return false; // not JSON
+  }
 }
 
 // How long Connect waits for the server (the key, then the call's answer) before it says the
