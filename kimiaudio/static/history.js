@@ -21,6 +21,12 @@ function addReplay(li, conversationId, index) {
   li.append(audio);
 }
 
+// What the person asked of the list (open one, delete one, show older ones) did not reach the
+// server: that is said (a sign-in asked for already says why).
+function notReached(e) {
+  if (!(e instanceof Unauthorized)) showError(unreachable("Try again once it is.")); // auth.js
+}
+
 function conversationsUrl(q, cursor) {
   const params = new URLSearchParams();
   if (q) params.set("q", q);
@@ -60,6 +66,7 @@ function appendConversations(list, body, q, request) {
       next = await resp.json();
     } catch (e) {
       more.onclick = fetchMore;
+      notReached(e);
       return;
     }
     if (request !== listRequests) return;
@@ -114,6 +121,7 @@ async function showConversation(id) {
     }
     c = await resp.json();
   } catch (e) {
+    if (request === shownRequests) notReached(e);
     return;
   }
   if (request !== shownRequests) return;
@@ -204,6 +212,7 @@ async function deleteSelected() {
   try {
     resp = await apiFetch(`/api/conversations/${encodeURIComponent(id)}`, { method: "DELETE" });
   } catch (e) {
+    notReached(e);
     return;
   }
   if (!resp.ok) { // it is still there
