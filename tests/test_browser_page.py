@@ -270,6 +270,34 @@ async def test_a_server_error_stays_shown_until_a_later_answer_ends_well(server,
     assert seen == [False] + [True] * 5 + [False] and not errors
 
 
+async def test_a_turn_that_gets_no_answer_leaves_thinking(server, tmp_path):
+    """A committed turn the server could not store or answer gets an `error` and no response:
+    the page goes back to listening. The same error beside an answer being generated leaves
+    the page thinking until that answer's response.done."""
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    url = str(server.make_url("/"))
+    state = "return document.body.dataset.state"
+    driver = await asyncio.to_thread(start_chromium, tmp_path, wav)
+    stopped = {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 900, "item_id": "item_1"}
+    events = (
+        stopped,
+        {"type": "error", "error": {"code": "turn_failed", "message": "the turn could not be answered"}},
+        stopped,
+        {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}},
+        {"type": "error", "error": {"code": "storage_failed", "message": "the answer could not be stored"}},
+        {"type": "response.done", "response": {"id": "resp_1", "status": "completed"}},
+        stopped,
+        {"type": "error", "error": {"code": "storage_failed", "message": "the turn could not be stored"}},
+    )
+    try:
+        seen = await asyncio.to_thread(page_after_events, driver, url, events, state)
+        errors = await asyncio.to_thread(console_errors, driver)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert seen == ["thinking", "listening", "thinking", "thinking", "thinking", "listening", "thinking", "listening"]
+    assert not errors
+
+
 async def test_leaving_the_page_hangs_up_at_once(server, tmp_path, monkeypatch):
     """Reloading or closing the page ends its call then, so its session slot (the server's only
     one here) is free for the page that comes next. The server's other way to learn a client

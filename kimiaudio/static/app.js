@@ -15,6 +15,7 @@ const session = {
   selecting: null, // conversation the live call asked to move into (conversation.select), until answered
   cutOff: null, // conversation of a call cut off (its connection lost), until a call is answered
   responses: new Map(), // response id -> {li, text, meta}
+  generating: null, // the response created and not yet done
   items: new Map(), // assistant item id -> its response id
   userTurns: new Map(), // committed user item id -> {li, text, meta}: its words come later
   // A server `error` event's banner stays up until an answer started after it ends well: the
@@ -171,6 +172,7 @@ function onEvent(event) {
       break;
     }
     case "response.created":
+      session.generating = event.response.id;
       session.responses.set(event.response.id, addTurn("assistant", ""));
       if (session.serverError && !session.clearsError) session.clearsError = event.response.id;
       setState("thinking");
@@ -198,6 +200,7 @@ function onEvent(event) {
       break;
     }
     case "response.done": {
+      if (session.generating === event.response.id) session.generating = null;
       const r = session.responses.get(event.response.id);
       if (r) {
         if (!r.text.textContent) r.text.textContent = event.response.text || "(no text)";
@@ -230,6 +233,10 @@ function onEvent(event) {
         break;
       }
       showServerError(event.error.message);
+      // A committed turn that gets no answer (it could not be stored or answered): nothing
+      // follows to end "thinking". One that comes beside an answer leaves it to its response.done.
+      if (["turn_failed", "storage_failed"].includes(event.error.code) && !session.generating &&
+          document.body.dataset.state === "thinking") listening();
       break;
   }
 }

@@ -248,6 +248,7 @@ function disconnect() {
   session.channel = null;
   session.callId = null;
   session.selecting = null;
+  session.generating = null;
   if (document.body.dataset.state === "interrupted") session.cutOff = session.conversationId; // (refusal)
   // Connect again continues the conversation whose turns stay on screen (as Continue does).
   if (session.conversationId) {
