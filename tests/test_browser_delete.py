@@ -12,7 +12,7 @@ from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, hold_answers, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, hold_answers, page_in_chromium, start_chromium, wait_for_script
 from helpers.demo_server import lease_free
 from helpers.waiting import eventually
 
@@ -40,9 +40,7 @@ async def test_a_conversation_clicked_while_another_is_deleted_stays(demo_server
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, None)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url) as driver:
                 driver.execute_script("window.confirm = () => true;")
                 wait_for_script(driver, f"return {LISTED}.length === 2")
                 click_conversation(driver, "Deleted")
@@ -54,8 +52,6 @@ async def test_a_conversation_clicked_while_another_is_deleted_stays(demo_server
                 driver.execute_script("held[0].deliver()")
                 wait_for_script(driver, f"return {LISTED}.length === 1")
                 return driver.execute_script(PAGE)
-            finally:
-                driver.quit()
 
         page = await asyncio.to_thread(drive)
         assert await store.get_conversation(deleted) is None
@@ -75,9 +71,7 @@ async def test_delete_of_the_live_calls_conversation_says_to_hang_up_first(demo_
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, wav)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url, wav) as driver:
                 driver.execute_script("window.confirm = () => true;")
                 wait_for_script(driver, f"return {LISTED}.length === 1")
                 click_conversation(driver, "Live")
@@ -87,8 +81,6 @@ async def test_delete_of_the_live_calls_conversation_says_to_hang_up_first(demo_
                 driver.find_element("id", "delete").click()
                 wait_for_script(driver, "return !document.getElementById('error-banner').hidden")
                 return driver.find_element("id", "error-banner").text, driver.execute_script(PAGE)
-            finally:
-                driver.quit()
 
         said, page = await asyncio.to_thread(drive)
         assert await store.get_conversation(live) is not None
@@ -104,9 +96,7 @@ async def test_deleting_the_conversation_on_screen_clears_its_turns(demo_server,
         loop = asyncio.get_running_loop()
 
         def drive():
-            driver = start_chromium(tmp_path, wav)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url, wav) as driver:
                 driver.execute_script("window.confirm = () => true;")
                 driver.find_element("id", "connect").click()
                 wait_for_script(driver, "return document.querySelector('#transcript .turn.user') !== null")
@@ -126,8 +116,6 @@ async def test_deleting_the_conversation_on_screen_clears_its_turns(demo_server,
                     len(driver.find_elements("css selector", "#transcript .turn")),
                     driver.execute_script(PAGE),
                 )
-            finally:
-                driver.quit()
 
         before, after, page = await asyncio.to_thread(drive)
         assert await store.list_conversations() == []

@@ -9,7 +9,7 @@ import asyncio
 
 from kimiaudio.server.context import SERVER_CONTEXT
 
-from helpers.browser import BROWSER_MARKS, console_errors, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, console_errors, page_in_chromium, wait_for_script
 
 pytestmark = BROWSER_MARKS
 
@@ -35,9 +35,7 @@ async def test_a_search_the_server_refuses_says_why_until_the_next_search(demo_s
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, None)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url) as driver:
                 wait_for_script(driver, f"return {LISTED}.length === 2")
                 search(driver, "lisbon")
                 wait_for_script(driver, f"return {LISTED}.length === 1")
@@ -53,8 +51,6 @@ async def test_a_search_the_server_refuses_says_why_until_the_next_search(demo_s
                 bread = "[...LISTED].map((li) => li.firstChild.textContent).join() === 'About bread.'"
                 wait_for_script(driver, "return " + bread.replace("LISTED", LISTED))
                 return refused, driver.execute_script(PAGE), console_errors(driver)
-            finally:
-                driver.quit()
 
         refused, after, errors = await asyncio.to_thread(drive)
     # The refusal stands where the results were: none of the last search's stay listed.
@@ -72,9 +68,7 @@ async def test_a_conversation_deleted_in_another_tab_is_said_gone_when_clicked(d
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, None)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url) as driver:
                 wait_for_script(driver, f"return {LISTED}.length === 2")
                 # Another tab deletes it: the list here still shows it.
                 status = driver.execute_async_script(
@@ -91,8 +85,6 @@ async def test_a_conversation_deleted_in_another_tab_is_said_gone_when_clicked(d
                 driver.find_element("xpath", "//ul[@id='conversations']/li[contains(., 'Kept')]").click()
                 wait_for_script(driver, "return $('detail-title').textContent === 'Kept'")
                 return status, clicked, driver.execute_script(PAGE)
-            finally:
-                driver.quit()
 
         status, clicked, other = await asyncio.to_thread(drive)
     assert status == 200
@@ -110,15 +102,11 @@ async def test_the_list_counts_each_conversations_turns(demo_server, tmp_path):
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, None)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url) as driver:
                 wait_for_script(driver, f"return {LISTED}.length === 2")
                 return driver.execute_script(
                     f"return [...{LISTED}].map((li) => li.querySelector('.when').textContent.split(' · ')[1])"
                 )
-            finally:
-                driver.quit()
 
         counts = await asyncio.to_thread(drive)
     assert sorted(counts) == ["1 turn", "2 turns"]

@@ -9,7 +9,7 @@ import asyncio
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, console_errors, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, console_errors, page_in_chromium, wait_for_script
 
 pytestmark = BROWSER_MARKS
 
@@ -29,10 +29,7 @@ async def test_the_page_fits_a_phone_wide_window(demo_server, tmp_path):
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, None)
-            try:
-                driver.set_window_size(375, 800)
-                driver.get(url)
+            with page_in_chromium(tmp_path, url, width=375) as driver:
                 wait_for_script(driver, "return document.getElementById('model-info').textContent !== ''")
                 wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length")
                 driver.find_element("css selector", "#conversations li").click()
@@ -41,8 +38,6 @@ async def test_the_page_fits_a_phone_wide_window(demo_server, tmp_path):
                     "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
                 )
                 return sizes, driver.execute_script(WIDER), console_errors(driver)
-            finally:
-                driver.quit()
 
         (scroll_width, width), wider, errors = await asyncio.to_thread(drive)
     assert wider == [] and scroll_width == width <= 375
@@ -58,10 +53,7 @@ async def test_the_note_on_a_saved_conversation_points_to_the_list_where_it_is(d
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, wav)
-            try:
-                driver.set_window_size(375, 800)
-                driver.get(url)
+            with page_in_chromium(tmp_path, url, wav, width=375) as driver:
                 wait_for_script(driver, "return document.querySelectorAll('#conversations li:not(.muted)').length")
                 driver.find_element("css selector", "#conversations li").click()
                 wait_for_script(driver, "return !document.getElementById('conversation-detail').hidden")
@@ -72,8 +64,6 @@ async def test_the_note_on_a_saved_conversation_points_to_the_list_where_it_is(d
                     driver.find_element("id", part).rect for part in ("conversation-note", "conversations")
                 )
                 return driver.find_element("id", "conversation-note").text, talk["y"] < history["y"]
-            finally:
-                driver.quit()
 
         note, list_below = await asyncio.to_thread(drive)
     assert list_below

@@ -6,7 +6,7 @@ it, and the next Connect works."""
 import asyncio
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, page_in_chromium, wait_for_script
 from helpers.voice_upload import form
 
 pytestmark = BROWSER_MARKS
@@ -21,9 +21,7 @@ async def test_page_speaks_in_the_chosen_voice(tmp_path, speech, espeak_voice, d
         url = str(http.make_url("/"))
 
         def drive():
-            driver = start_chromium(tmp_path, wav)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url, wav) as driver:
                 wait_for_script(
                     driver, "return [...document.getElementById('voice').options].some((o) => o.value === 'espeak')"
                 )
@@ -37,8 +35,6 @@ async def test_page_speaks_in_the_chosen_voice(tmp_path, speech, espeak_voice, d
                     driver, "return document.querySelectorAll('#transcript .turn.assistant[data-status]').length > 0"
                 )
                 return options
-            finally:
-                driver.quit()
 
         options = await asyncio.to_thread(drive)
         assert options == ["kimi", "espeak"]
@@ -55,9 +51,7 @@ async def test_a_chosen_voice_deleted_meanwhile_leaves_the_picker_and_connect_wo
         loop = asyncio.get_running_loop()
 
         def drive():
-            driver = start_chromium(tmp_path, wav)
-            try:
-                driver.get(url)
+            with page_in_chromium(tmp_path, url, wav) as driver:
                 wait_for_script(driver, f"return {OPTIONS}.includes('espeak')")
                 driver.execute_script("""const s = document.getElementById('voice');
                     s.value = 'espeak'; s.dispatchEvent(new Event('change'));""")
@@ -71,8 +65,6 @@ async def test_a_chosen_voice_deleted_meanwhile_leaves_the_picker_and_connect_wo
                 driver.find_element("id", "connect").click()
                 wait_for_script(driver, "return session.callId !== null")
                 return deleted.status, refused, driver.execute_script("return document.getElementById('voice').value")
-            finally:
-                driver.quit()
 
         status, (banner, options), voice = await asyncio.to_thread(drive)
     assert status == 200

@@ -1,6 +1,8 @@
 """Headless Chromium for the page tests (selenium), and waiting on the page's state."""
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,20 @@ def start_chromium(tmp_path: Path, fake_audio: Path | None, allow_mic: bool = Tr
     options.add_argument("--use-fake-ui-for-media-stream" if allow_mic else "--deny-permission-prompts")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for console_errors()
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@contextlib.contextmanager
+def page_in_chromium(tmp_path: Path, url: str, fake_audio: Path | None = None, width: int | None = None) -> Iterator:
+    """Chromium (its microphone playing `fake_audio`, if given) on the page at `url`, in a
+    window `width` pixels wide (a phone's: 375) if given; it quits when the block ends."""
+    driver = start_chromium(tmp_path, fake_audio)
+    try:
+        if width is not None:
+            driver.set_window_size(width, 800)
+        driver.get(url)
+        yield driver
+    finally:
+        driver.quit()
 
 
 def wait_for_script(driver, script: str, timeout: float = 120.0):
