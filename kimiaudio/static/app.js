@@ -53,14 +53,14 @@ function setState(state) {
 }
 
 // ---------------------------------------------------------------- status and demo banner
-async function loadStatus() {
+async function loadStatus() { // -> whether it loaded
   try {
     const resp = await apiFetch("/api/status");
     if (!resp.ok) throw new Error(await apiError(resp));
     session.status = await resp.json();
   } catch (e) {
     if (!(e instanceof Unauthorized)) showError(UNREACHABLE);
-    return;
+    return false;
   }
   const s = session.status;
   $("model-info").textContent = s.model && s.model.path ? `model: ${s.model.path}` : "";
@@ -69,6 +69,7 @@ async function loadStatus() {
       "The server runs random demo weights: speech is noise. Start it with --model DIR for real answers.";
     $("demo-banner").hidden = false;
   }
+  return true;
 }
 
 // ---------------------------------------------------------------- connect / disconnect
@@ -78,6 +79,11 @@ async function connect() {
   $("connect").disabled = true; // until the call is up, or given up (disconnect())
   setState("connecting");
   try {
+    // The server was away when the page loaded: what it shows (and the call's ICE servers) first.
+    if (!session.status && (await loadStatus())) {
+      refreshConversations();
+      loadVoices(); // voices.js
+    }
     await openSession(attempt); // call.js
     $("connect").textContent = "Disconnect";
     $("connect").disabled = false;
