@@ -200,7 +200,8 @@ def _check_host(policy: AccessPolicy, request: web.Request) -> None:
 
 async def _check_key(policy: AccessPolicy, store: issued_keys.Store, guesses: KeyGuesses, request: web.Request) -> None:
     presented = _presented_key(request)
-    client = client_address(request, policy.trusted_proxies)
+    # Who sent it matters only for a key (most requests of the page carry none: no lookup).
+    client = client_address(request, policy.trusted_proxies) if presented is not None else None
     if presented is not None:
         guesses.check(client)
     if policy.api_key and key_matches(presented, policy.api_key):
