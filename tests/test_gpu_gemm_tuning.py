@@ -1,5 +1,5 @@
-"""The skinny GEMM's tile tuner (layers/gemm_tuning.py): it times candidate tiles with CUDA
-events, so it runs only on a GPU (skipped without one)."""
+"""The skinny GEMM's tile tuner (layers/gemm_tuning.py): it times candidate tiles in captured
+CUDA graphs, so it runs only on a GPU (skipped without one)."""
 
 from __future__ import annotations
 

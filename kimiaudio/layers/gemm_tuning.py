@@ -7,7 +7,11 @@ of one shape and format, and every bucket of rows those sizes reach, each candid
 cuBLAS, for 16-bit weights) runs the group's products at the bucket's largest size, and the
 fastest is kept by every layer of the group (LayerTiles.chosen). A pass runs every layer of the
 group once, so the weights stream from memory as in a decode step (one layer's weights alone
-would sit in L2). The graphs then capture the chosen tiles. CUDA only; the CPU keeps the table.
+would sit in L2). Each candidate's pass is captured in a CUDA graph and its replays are timed,
+as the decode graphs will run it: launched one by one from Python, a Triton kernel's launch
+takes longer than a decode-sized product runs, so eager timings would measure the host (on an
+H200 they put 114 us on a product the captured step ran in about 37). The graphs then capture
+the chosen tiles. CUDA only; the CPU keeps the table.
 """
 
 from __future__ import annotations
@@ -97,34 +101,56 @@ def _group_key(layer: SkinnyLayer, dtype: torch.dtype) -> tuple | None:
 def _time_candidates(
     layers: list[SkinnyLayer], fmt: str, bucket: int, rows: int, k: int, dtype: torch.dtype
 ) -> dict[Tile | str, float]:
-    """Microseconds a layer for each candidate that runs (one that fails to compile or launch
-    on this GPU, e.g. out of shared memory, is left out)."""
+    """Microseconds a layer for each candidate that runs (one that fails to compile, launch or be
+    captured on this GPU, e.g. out of shared memory, is left out)."""
     device = next(layers[0].parameters()).device
     x = torch.randn(rows, k, device=device).to(dtype)
+    stream = torch.cuda.Stream(device)
+    pool = torch.cuda.graph_pool_handle()  # every candidate's pass reuses the same memory
     times: dict[Tile | str, float] = {}
     low, high = BUCKETS[bucket]
     for candidate in CANDIDATES[fmt][bucket]:
         for layer in layers:
             layer.tiles.chosen[bucket] = candidate
         try:
-            for layer in layers:  # compiles, and warms up
-                layer(x)
-            torch.cuda.synchronize(device)
+            graph = _captured_pass(layers, x, stream, pool)
         except Exception as error:  # a tile this GPU cannot run (shared memory, registers) is no candidate
             log.warning("skinny GEMM: %s for %d-%d rows of %s does not run here: %s", candidate, low, high, fmt, error)
             continue
+        graph.replay()
         passes = []
         for _ in range(PASSES):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            for layer in layers:
-                layer(x)
+            graph.replay()
             end.record()
             end.synchronize()
             passes.append(begin.elapsed_time(end) * 1e3 / len(layers))
         times[candidate] = statistics.median(passes)
+        del graph
     for layer in layers:
         layer.tiles.chosen.pop(bucket, None)
     if not times:
         raise RuntimeError(f"skinny GEMM: no tile runs {fmt} products of {rows} rows on this GPU")
     return times
+
+
+def _captured_pass(layers: list[SkinnyLayer], x: torch.Tensor, stream: torch.cuda.Stream, pool) -> torch.cuda.CUDAGraph:
+    """One pass of `layers` over `x`, run once on `stream` (compiles, and makes what a stream
+    needs on first use, such as cuBLAS's workspace), then captured there. (Not torch.cuda.graph,
+    which collects garbage and empties the allocator's cache before each of the tuner's many
+    captures.)"""
+    graph = torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(stream):
+        for layer in layers:
+            layer(x)
+        stream.synchronize()
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            for layer in layers:
+                layer(x)
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream(x.device).wait_stream(stream)
+    return graph
