@@ -17,6 +17,7 @@ import torch
 
 from kimiaudio.audio.device_result import DeviceResult, HostCopy
 from kimiaudio.engine.sequence import Sequence
+from kimiaudio.layers.triton_support import use_triton
 
 
 class StepSample(NamedTuple):
@@ -68,7 +69,13 @@ def take_sampled(ids: torch.Tensor, sources: torch.Tensor, samples: torch.Tensor
     """Rows of a step's inputs take their ids from the previous launched step's samples, on
     the device: ids [3, N] long (audio id, text id, use_text; written in place), sources
     [2, N] long (the row of `samples` to take the text id, then the audio id from; -1: keep),
-    samples float64 [2, 2 * Bp] (tokens: text rows, then audio rows; log-probabilities)."""
+    samples float64 [2, 2 * Bp] (tokens: text rows, then audio rows; log-probabilities).
+    One Triton launch where the kernels run (engine/triton_take_sampled.py), else torch."""
+    if use_triton(samples.device):
+        from kimiaudio.engine.triton_take_sampled import take_sampled_triton
+
+        take_sampled_triton(ids, sources, samples)
+        return
     tokens = samples[0]
     previous_padded = tokens.shape[0] // 2
     for row, source, offset in ((1, sources[0], 0), (0, sources[1], previous_padded)):
