@@ -31,10 +31,13 @@ from kimiaudio.pipeline.voice_registry import Voice, VoiceRegistry
 
 log = logging.getLogger(__name__)
 
-# Two model threads share the interpreter: a thread running Python between torch calls keeps
-# the other waiting for the GIL up to this long (CPython's default is 5 ms, a whole LM step
-# on the demo model). Process-wide; the server has no other busy threads.
-GIL_SWITCH_INTERVAL_S = 0.0005
+# The model threads and the event loop share the interpreter: every torch call a thread makes
+# hands the GIL over, and taking it back waits up to this long while another thread runs
+# Python (CPython's default is 5 ms, a whole LM step). A decode step makes about ten such calls
+# on its host side, so the wait scales with this interval: beside one thread running Python,
+# ten calls took 7.5 ms at 0.5 ms and 2.7 ms at 0.1 ms, the other thread's pace unchanged.
+# Process-wide.
+GIL_SWITCH_INTERVAL_S = 0.0001
 STOP_TIMEOUT_S = 30.0
 
 
