@@ -110,6 +110,10 @@ class ModelRunner:
         sizes = decode_sizes if use_graphs else None
         # The decode GEMMs' tiles, measured for the batch sizes served (before any capture).
         self.gemm_tiles = tune_linears(lm, decode_sizes, dtype) if use_triton(self.device) else []
+        if engine_config.overlap_steps and use_triton(self.device):
+            from kimiaudio.engine.triton_take_sampled import warm_up
+
+            warm_up(self.device)  # compiled now, not in the first launched step that needs it
         with torch.inference_mode():
             self.decode_inputs = DecodeInputs(
                 self.pool, max_batch, engine_config.max_model_len, dtype, self.use_kernels, sizes

@@ -17,7 +17,9 @@ import triton.language as tl
 BLOCK = 1024  # columns a program
 
 
-@triton.jit
+# One compiled kernel serves every batch: no argument is specialized on its value (Triton
+# would compile again for a width of 1, or one divisible by 16, in the middle of serving).
+@triton.jit(do_not_specialize=["stride_ids_row", "stride_src_row", "previous_padded", "n"])
 def _take_sampled_kernel(
     ids_ptr,
     sources_ptr,
@@ -64,5 +66,13 @@ def take_sampled_triton(ids: torch.Tensor, sources: torch.Tensor, samples: torch
         tokens.stride(0),
         tokens.shape[0] // 2,
         n,
-        BLOCK=min(BLOCK, triton.next_power_of_2(max(n, 1))),
+        BLOCK=BLOCK,
     )
+
+
+def warm_up(device: torch.device) -> None:
+    """Compile the kernel now (a no-op launch: no row takes an id), not in the first step
+    that takes sampled ids."""
+    ids = torch.zeros(3, 2, dtype=torch.long, device=device)
+    sources = torch.full((2, 2), -1, dtype=torch.long, device=device)
+    take_sampled_triton(ids, sources, torch.zeros(2, 2, dtype=torch.float64, device=device))
