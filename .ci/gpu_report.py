@@ -29,8 +29,10 @@ def _rows(report: dict) -> str:
             plain, voiced = r["no_voice"]["first_audio_ms_p50"], r["voice"]["first_audio_ms_p50"]
             parts.append(f"N={r['sessions']} 1st-audio p50 {plain:.0f}ms, with a voice {voiced:.0f}ms")
         elif "first_audio_ms_p50" in r:
-            first, rate = r["first_audio_ms_p50"], r["tokens_per_s"]
-            parts.append(f"N={r['sessions']} 1st-audio p50 {first:.0f}ms {rate:.0f} tok/s")
+            first, p95, rate = r["first_audio_ms_p50"], r["first_audio_ms_p95"], r["tokens_per_s"]
+            blocked = (r.get("slow_lm_steps") or {}).get("slow_blocked_share")
+            slow = "" if blocked is None else f", slow LM steps {100 * blocked:.0f}% blocked"
+            parts.append(f"N={r['sessions']} 1st-audio p50 {first:.0f}ms p95 {p95:.0f}ms {rate:.0f} tok/s{slow}")
         elif "step_ms_p50" in r and r.get("graphs", True):
             kind = r["weights"] if r.get("overlap", True) else f"{r['weights']} no-overlap"
             parts.append(f"{kind} B={r['batch']} {r['step_ms_p50']:.2f}ms ({r['ratio_to_floor']:.2f}x floor)")

@@ -71,7 +71,8 @@ def check_playback_figures(row: dict) -> None:
 def check_slow_steps(report: dict) -> None:
     """The slow-step report's shape, the same on every device: steps above the threshold,
     each counted under every tag it carries (or "none"), the slowest first."""
-    assert set(report) == {"threshold_ms", "steps", "slow", "by_tag", "slow_device_wait_share", "slowest"}
+    shares = ("slow_device_wait_share", "slow_cpu_share", "slow_blocked_share")
+    assert set(report) == {"threshold_ms", "steps", "slow", "by_tag", *shares, "slowest"}
     assert set(report["by_tag"]) == {"prefill", "encode", "detok", "new_shape", "none"}
     assert report["steps"] > 0 and 0 <= report["slow"] <= report["steps"]
     assert sum(report["by_tag"].values()) >= report["slow"] >= report["by_tag"]["none"]
@@ -79,8 +80,13 @@ def check_slow_steps(report: dict) -> None:
     assert len(times) == min(5, report["slow"]) and times == sorted(times, reverse=True)
     assert all(t > report["threshold_ms"] for t in times)
     assert all(0 <= step["device_wait_ms"] <= step["ms"] for step in report["slowest"])
-    share = report["slow_device_wait_share"]
-    assert (share is None) == (report["slow"] == 0) and (share is None or 0 <= share <= 1)
+    # A step's thread ran on a CPU for part of it (its own CPU time) and was blocked for the rest
+    # less the device wait; at most the step's wall time either way.
+    assert all(0 < step["cpu_ms"] and 0 <= step["blocked_ms"] <= step["ms"] for step in report["slowest"])
+    assert all(step["blocked_ms"] <= step["ms"] - step["cpu_ms"] + 1e-3 for step in report["slowest"])
+    for name in shares:
+        share = report[name]
+        assert (share is None) == (report["slow"] == 0) and (share is None or 0 <= share <= 1), name
 
 
 def test_bench_reports_every_figure(demo_checkpoint):
@@ -477,14 +483,14 @@ def test_poisson_arrivals_through_the_pipeline(demo_checkpoint):
 
 
 def test_slow_steps_are_counted_by_what_they_carried():
-    def step(ms, prefill=0, stages=0, on_device=False, detok=False, new=False, waited_ms=0.0):
-        return LmStepRecord(ms / 1000, 4, prefill, stages, on_device, detok, new, waited_ms / 1000)
+    def step(ms, prefill=0, stages=0, on_device=False, detok=False, new=False, waited_ms=0.0, cpu_ms=0.0):
+        return LmStepRecord(ms / 1000, 4, prefill, stages, on_device, detok, new, waited_ms / 1000, cpu_ms / 1000)
 
-    records = [step(10, waited_ms=9)] * 6 + [
-        step(40, prefill=256, detok=True, waited_ms=36),
-        step(30, stages=3, waited_ms=3),
-        step(20, on_device=True, new=True, waited_ms=12),
-        step(14, waited_ms=1),  # slow, carrying nothing known
+    records = [step(10, waited_ms=9, cpu_ms=1)] * 6 + [
+        step(40, prefill=256, detok=True, waited_ms=36, cpu_ms=2),
+        step(30, stages=3, waited_ms=3, cpu_ms=7),  # 20 ms neither running nor waiting on the device
+        step(20, on_device=True, new=True, waited_ms=12, cpu_ms=8),
+        step(14, waited_ms=1, cpu_ms=3),  # slow, carrying nothing known
     ]
     report = slow_step_report(records)
     assert report["threshold_ms"] == 13.0 and report["steps"] == 10 and report["slow"] == 4
@@ -492,11 +498,16 @@ def test_slow_steps_are_counted_by_what_they_carried():
     assert [s["ms"] for s in report["slowest"]] == [40.0, 30.0, 20.0, 14.0]
     assert report["slowest"][0]["tags"] == ["prefill", "detok"] and report["slowest"][0]["prefill_tokens"] == 256
     assert report["slowest"][0]["device_wait_ms"] == 36.0
+    assert report["slowest"][1]["cpu_ms"] == 7.0 and report["slowest"][1]["blocked_ms"] == 20.0
     assert report["slow_device_wait_share"] == round(52 / 104, 3)  # of the slow steps only
+    assert report["slow_cpu_share"] == round(20 / 104, 3)
+    assert report["slow_blocked_share"] == round((2 + 20 + 0 + 10) / 104, 3)
     assert "4/10 LM steps > 13.0 ms" in format_slow_steps(report)
-    assert format_slow_steps(report).endswith("; 50% of their time waiting on the device")
+    assert format_slow_steps(report).endswith(
+        "; of their time 50% waiting on the device, 19% running on the host, 31% blocked (the interpreter's lock)"
+    )
     empty = slow_step_report([])
-    assert empty["slow_device_wait_share"] is None
+    assert empty["slow_device_wait_share"] is None and empty["slow_blocked_share"] is None
     assert empty["steps"] == 0 and empty["slowest"] == [] and set(empty["by_tag"]) == set(report["by_tag"])
 
 

@@ -59,6 +59,7 @@ ENCODE_POLL_S = 0.0005
 class LmWorker(Worker):
     # Times engine steps, and so the encoding slices' budget (a test may swap in a fake clock).
     clock = staticmethod(time.perf_counter)
+    cpu_clock = staticmethod(time.thread_time)  # this thread's CPU time
 
     def __init__(self, stack, config, engine: LLMEngine, detok, metrics: PipelineMetrics):
         # The urgent stream: every session's next token waits on a decode step, while a
@@ -247,11 +248,12 @@ class LmWorker(Worker):
     def _step(self, encode_stages: int) -> None:
         m = self.metrics
         self._steps.begin(self.engine.stats(), m.detok_batches(), encode_stages, self._encoding.on_device)
-        start = self.clock()
+        start, cpu_start = self.clock(), self.cpu_clock()
         outputs = self.engine.step()
+        cpu_s = self.cpu_clock() - cpu_start  # read inside the wall-clock span: at most its length
         self._step_s = self.clock() - start
         stats = self.engine.stats()
-        record = self._steps.end(self._step_s, stats, m.detok_batches()[0])
+        record = self._steps.end(self._step_s, stats, m.detok_batches()[0], cpu_s)
         if outputs:
             m.lm_step_s.observe(self._step_s)
             m.lm_batch.observe(len(outputs))

@@ -9,8 +9,10 @@ ran beside it (the two workers share the GPU), and whether it was the first step
 plans. Everything is read from public counters: the engine's stats, the detokenizer worker's
 batch counts in the shared metrics. It also says how much of the step the host spent blocked
 on the device's samples (`device_wait_s`): a slow step that waited most of its time was slow on
-the device (work beside it on the GPU), one that did not was slow on the host (the
-interpreter's lock, host work).
+the device (work beside it on the GPU), one that did not was slow on the host; and how much of
+it the LM worker's thread ran on a CPU (`cpu_s`, its thread CPU time): the rest of a host-slow
+step (`blocked_s`) it waited for the interpreter's lock while other threads ran Python (or for a
+core).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ class LmStepRecord:
     detok_overlap: bool  # a detokenizer batch ran during the step
     new_shape: bool  # the first step with these (num_decoding, prefill_tokens)
     device_wait_s: float = 0.0  # of `seconds`, blocked reading the device's samples
+    cpu_s: float = 0.0  # of `seconds`, the LM worker's thread running on a CPU (its CPU time)
+
+    @property
+    def blocked_s(self) -> float:
+        """Of `seconds`, neither running nor waiting for the device: waiting for the
+        interpreter's lock (or a core). A lower bound where the device wait spins on a core
+        (CUDA's default with spare cores), since that wait is then CPU time too."""
+        return max(0.0, self.seconds - self.cpu_s - self.device_wait_s)
 
     @property
     def tags(self) -> list[str]:
@@ -59,8 +69,9 @@ class StepRecorder:
         """Before the step: the engine's stats, the detokenizer's (started, ended) batch counts."""
         self._begun = (stats, detok_batches, encode_stages, encode_on_device)
 
-    def end(self, seconds: float, stats, detok_started: int) -> LmStepRecord:
-        """After the step: its time, the engine's stats, the detokenizer batches started by now."""
+    def end(self, seconds: float, stats, detok_started: int, cpu_s: float = 0.0) -> LmStepRecord:
+        """After the step: its time, the engine's stats, the detokenizer batches started by now,
+        the CPU time the worker's thread spent in it."""
         if self._begun is None:
             raise KimiAudioError("StepRecorder.end: the step was not begun")
         before, (started, ended), encode_stages, encode_on_device = self._begun
@@ -75,6 +86,7 @@ class StepRecorder:
             detok_overlap=started > ended or detok_started > started,
             new_shape=self._is_new((decoding, prefill)),
             device_wait_s=stats.read_wait_s - before.read_wait_s,
+            cpu_s=min(cpu_s, seconds),  # the two clocks' granularities differ
         )
 
     def _is_new(self, shape: tuple[int, int]) -> bool:
