@@ -32,6 +32,9 @@ def _rows(report: dict) -> str:
             first, p95, rate = r["first_audio_ms_p50"], r["first_audio_ms_p95"], r["tokens_per_s"]
             blocked = (r.get("slow_lm_steps") or {}).get("slow_blocked_share")
             slow = "" if blocked is None else f", slow LM steps {100 * blocked:.0f}% blocked"
+            trace = r.get("trace")  # bench --trace: the row's first seconds under the profiler
+            if trace:
+                slow += f", the GPU busy {100 * trace['busy_share']:.0f}% of its first {trace['seconds']:.1f}s"
             parts.append(f"N={r['sessions']} 1st-audio p50 {first:.0f}ms p95 {p95:.0f}ms {rate:.0f} tok/s{slow}")
         elif "step_ms_p50" in r and r.get("graphs", True):
             kind = r["weights"] if r.get("overlap", True) else f"{r['weights']} no-overlap"

@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         "time a step, kernels a step, the top kernels)",
     )
     p.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="the pipeline bench: each row's first seconds under torch.profiler, written to "
+        "DIR/trace-<sessions>.json.gz (a Chrome trace), with per-stream GPU busy time in the row's JSON",
+    )
+    p.add_argument(
         "--arrivals",
         default="burst",
         help="when sessions speak their first turn: burst (all at once, the default) or poisson:RATE "

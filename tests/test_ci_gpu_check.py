@@ -26,6 +26,7 @@ STEPS = [
     "capped",
     "tests",
     "poisson",
+    "trace",
     "estimates",
     "int8-capped",
     "bf16-capped",

@@ -41,7 +41,25 @@ def check_arguments(args) -> Arrivals:
         raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
     if getattr(args, "profile", False) and args.random_weights != "7b":
         raise KimiAudioError("--profile goes with --random-weights 7b (the decode steps it profiles)")
+    if getattr(args, "trace", None) is not None:
+        if elsewhere or any(getattr(args, k, False) for k in others):
+            raise KimiAudioError(
+                "--trace goes with the pipeline bench (not --random-weights 7b, --soak, --webrtc, --http, "
+                "--transcribe, --voice or --memory-plan)"
+            )
+        _writable_directory("--trace", Path(args.trace))
     return arrivals
+
+
+def _writable_directory(flag: str, path: Path) -> None:
+    """Create `path` if needed; KimiAudioError naming the flag unless files can be written there."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".kimiaudio-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise KimiAudioError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 def session_counts(args) -> list[int]:

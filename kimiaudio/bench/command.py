@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.bench.bench_arguments import check_arguments, session_counts
@@ -140,6 +141,7 @@ def run_bench_command(config, args) -> int:
         progress=not args.json,
         fixed_length=not args.natural_lengths,
         arrivals=arrivals,
+        trace_dir=Path(args.trace) if args.trace else None,
     )
     info = {
         "device": str(stack.device),

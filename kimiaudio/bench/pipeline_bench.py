@@ -18,12 +18,14 @@ import asyncio
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.bench.lm_bench import bench_lm, bench_reference
+from kimiaudio.bench.pipeline_trace import RowTrace
 from kimiaudio.bench.session_run import STAGES, run_session
 from kimiaudio.bench.slow_steps import slow_step_report
 from kimiaudio.bench.speech import synthetic_speech
@@ -72,6 +74,7 @@ class BenchRow:
     lm_generated_tokens: int | None = None  # by the engine ...
     lm_reference_generated_tokens: int | None = None  # ... and by the reference loop
     lm_speedup: float | None = None
+    trace: dict | None = None  # with --trace: the row's first seconds under the profiler (pipeline_trace.py)
 
 
 BURST = Arrivals()
@@ -89,22 +92,34 @@ async def bench_pipeline(
     params: list[SamplingParams],
     voice_audio: tuple[np.ndarray, np.ndarray] | None = None,
     arrivals: Arrivals = BURST,
+    trace_dir: Path | None = None,
 ) -> BenchRow:
     """`voice_audio` (16 kHz, 24 kHz): every turn speaks in a voice made from it, added (its
     prefix computed) before the clock starts, as a server adds a voice before it is used.
-    `arrivals`: when each session speaks its first turn."""
+    `arrivals`: when each session speaks its first turn. `trace_dir`: profile the row's first
+    seconds into a trace file there (pipeline_trace.py)."""
     pipeline = Pipeline(stack, config)
     await pipeline.start()
+    trace = None if trace_dir is None else RowTrace(trace_dir, n, stack.device.type == "cuda")
     try:
         voice = await pipeline.make_voice("bench", *voice_audio) if voice_audio is not None else None
         sr_out, offsets = stack.detokenizer.sample_rate, arrivals.offsets(n)
+        window_end = None
+        if trace is not None:
+            trace.start()
+            window_end = asyncio.get_running_loop().call_later(trace.seconds, trace.stop)
         start = time.perf_counter()
         results = await asyncio.gather(
             *[run_session(pipeline, inputs[i], params[i], sr_out, voice, offsets[i]) for i in range(n)]
         )
         wall = time.perf_counter() - start
+        if trace is not None and window_end is not None:
+            window_end.cancel()
+            trace.stop()
         s = pipeline.stats()
     finally:
+        if trace is not None:
+            trace.stop()
         await pipeline.stop()
     tokens = sum(r["tokens"] for r in results)
     first = [x for r in results for x in r["first_audio"]]
@@ -145,6 +160,7 @@ async def bench_pipeline(
         prefix_cache_hit_rate=cached / max(cached + computed, 1),
         detok_state_peak_bytes=m.detok_state_peak_bytes,
         voice_cache_peak_bytes=m.voice_cache_peak_bytes,
+        trace=None if trace is None else trace.finish(),
     )
 
 
@@ -209,6 +225,7 @@ def run_bench(
     progress: bool = True,
     fixed_length: bool = True,
     arrivals: Arrivals = BURST,
+    trace_dir: Path | None = None,
 ) -> list[BenchRow]:
     rows = []
     bar = None
@@ -219,7 +236,7 @@ def run_bench(
     warm_up(stack, config, reference)
     for n in sessions:
         inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech, fixed_length)
-        row = asyncio.run(bench_pipeline(stack, config, n, inputs, params, arrivals=arrivals))
+        row = asyncio.run(bench_pipeline(stack, config, n, inputs, params, arrivals=arrivals, trace_dir=trace_dir))
         if bar:
             bar.update()
         if reference:
