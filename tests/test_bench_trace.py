@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from kimiaudio.bench.pipeline_trace import TRACE_SECONDS, summarize
+from kimiaudio.bench.pipeline_trace import TRACE_SECONDS, summarize, write_gzipped
 
 from helpers.cli import assert_one_line_error, kimiaudio
 
@@ -29,7 +29,19 @@ def test_a_traced_row_writes_its_trace_and_a_summary(demo_checkpoint, tmp_path):
     names = {top["name"] for place in trace["places"] for top in place["top"]}
     assert len(trace["places"]) >= 2 and "aten::conv_transpose1d" in names, trace
     assert all(0 < p["busy_ms"] and 0 < p["busy_share"] <= 1 and p["kernels"] > 0 for p in trace["places"])
-    assert 0 < trace["busy_share"] <= 1
+    assert 0 < trace["busy_share"] <= 1 and trace["cpu_operators_written"] is True
+
+
+def test_a_trace_too_large_keeps_the_device_events_only(tmp_path):
+    events = [{"cat": "cpu_op", "name": f"aten::op{i}", "ts": i, "dur": 1} for i in range(2000)]
+    events += [{"cat": "kernel", "name": "gemm", "ts": 5, "dur": 3}, {"cat": "cuda_runtime", "name": "cudaLaunch"}]
+    trace = json.dumps({"traceEvents": events}).encode()
+    path = tmp_path / "t.json.gz"
+    assert write_gzipped(trace, path) is False
+    assert len(json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]) == 2002
+    assert write_gzipped(trace, path, limit=len(gzip.compress(trace)) - 1) is True
+    kept = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    assert [e["cat"] for e in kept] == ["kernel", "cuda_runtime"]
 
 
 def test_the_summary_counts_overlapping_kernels_once():

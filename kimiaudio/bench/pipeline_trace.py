@@ -5,17 +5,21 @@ prompt prefilled, its first chunk detokenized, beside the answers already genera
 profiler records them (CPU operators of every thread; on a GPU the CUDA kernels of every stream
 and the runtime calls that launched them) for at most TRACE_SECONDS from the row's start, and
 writes them as a gzipped Chrome trace, `DIR/trace-<sessions>.json.gz` (chrome://tracing or
-Perfetto open it), for reading offline. The row's JSON gets a summary: how long was traced,
-and per CUDA stream (each worker launches on its own: the LM, its encoders, the detokenizer)
-the kernels' busy time (the union of their intervals), its share of the window, the kernel
-count and the longest-running kernels; with every stream together, the share of the window the
-GPU ran anything. On the CPU the same keys, of the CPU operators per thread.
+Perfetto open it), for reading offline. A trace past MAX_TRACE_BYTES gzipped (a machine that
+lends a GPU may send back files of at most 16 MiB) keeps the device's events and the runtime
+calls that launched them and leaves the CPU operators out, and says so.
+
+The row's JSON gets a summary: how long was traced, and per CUDA stream (each worker launches
+on its own: the LM, its encoders, the detokenizer) the kernels' busy time (the union of their
+intervals), its share of the window, the kernel count and the longest-running kernels; with
+every stream together, the share of the window the GPU ran anything. On the CPU the same keys,
+of the CPU operators per thread.
 """
 
 from __future__ import annotations
 
 import gzip
-import shutil
+import json
 import tempfile
 import time
 from collections import defaultdict
@@ -25,6 +29,7 @@ from kimiaudio.bench.step_profile import busy_us
 
 TRACE_SECONDS = 2.0
 TOP_KERNELS = 5
+MAX_TRACE_BYTES = 12 * 2**20
 
 
 class RowTrace:
@@ -58,9 +63,10 @@ class RowTrace:
         with tempfile.TemporaryDirectory() as scratch:
             plain = Path(scratch) / "trace.json"
             self._profile.export_chrome_trace(str(plain))
-            with plain.open("rb") as source, gzip.open(self.path, "wb", compresslevel=6) as target:
-                shutil.copyfileobj(source, target)
-        return summarize(self._events(), self._window_s, self.on_gpu, str(self.path))
+            trimmed = write_gzipped(plain.read_bytes(), self.path)
+        summary = summarize(self._events(), self._window_s, self.on_gpu, str(self.path))
+        summary["cpu_operators_written"] = not trimmed
+        return summary
 
     def _events(self) -> list[tuple[int, str, float, float]]:
         """(stream or thread, name, start us, duration us) of every kernel (GPU) or outermost
@@ -75,6 +81,19 @@ class RowTrace:
             chosen = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
             where = [e.thread for e in chosen]
         return [(w, e.name, e.time_range.start, e.time_range.elapsed_us()) for w, e in zip(where, chosen)]
+
+
+def write_gzipped(trace: bytes, path: Path, limit: int = MAX_TRACE_BYTES) -> bool:
+    """Write the Chrome trace `trace` gzipped to `path`, without its CPU operators if it would
+    be larger than `limit` bytes. -> whether they were left out."""
+    data = gzip.compress(trace, compresslevel=6)
+    trimmed = len(data) > limit
+    if trimmed:
+        whole = json.loads(trace)
+        whole["traceEvents"] = [e for e in whole.get("traceEvents", []) if e.get("cat") != "cpu_op"]
+        data = gzip.compress(json.dumps(whole).encode(), compresslevel=6)
+    path.write_bytes(data)
+    return trimmed
 
 
 def _every_thread():
