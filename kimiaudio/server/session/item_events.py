@@ -144,7 +144,10 @@ def _item_create(item: dict, where: str, previous_item_id: str | None) -> ItemCr
                 f"{where}.content[{i}].type: {part.get('type')!r} is not supported here"[:200],
                 f"{where}.content[{i}].type",
             )
-    if not texts and audio is None:
+    # A user or system item of empty text would be a turn with nothing to answer: the next
+    # response.create would fail (no_user_turn) over an item the client was told was added.
+    # An assistant's may be empty (a replayed answer cut before any of it was said).
+    if audio is None and (not texts or (role != "assistant" and not "".join(texts))):
         raise ProtocolError("invalid_value", f"{where}.content: no text or audio", f"{where}.content")
     if audio is not None and 0 < texts_before_audio < len(texts):
         raise ProtocolError(
