@@ -104,6 +104,28 @@ async def test_the_beta_api_mints_a_key_with_its_session(server):
     assert opened["output_modalities"] == ["text"]
 
 
+async def test_the_beta_api_key_lives_as_its_client_secret_says(server):
+    """POST /v1/realtime/sessions' `client_secret.expires_after` (the SDK's SessionCreateParams):
+    the key lives that long, and a lifetime out of OpenAI's range is a 400 naming it."""
+    openai = pytest.importorskip("openai")
+    api = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key=KEY, max_retries=0)
+    now = server.app[SERVER_CONTEXT].store.clock()
+    try:
+        session = await api.beta.realtime.sessions.create(
+            instructions="Speak like a pirate.",
+            client_secret={"expires_after": {"anchor": "created_at", "seconds": 900}},
+        )
+        with pytest.raises(openai.BadRequestError) as info:
+            await api.beta.realtime.sessions.create(client_secret={"expires_after": {"seconds": 5}})
+    finally:
+        await api.close()
+    later = server.app[SERVER_CONTEXT].store.clock()
+    assert now + 899 <= session.client_secret.expires_at <= later + 901
+    assert info.value.body["param"] == "client_secret.expires_after.seconds"
+    status, opened = await ws_session(server, session.client_secret.value)
+    assert status == 101 and opened["instructions"] == "Speak like a pirate."
+
+
 async def test_the_beta_api_mints_a_transcription_sessions_key(server):
     """POST /v1/realtime/transcription_sessions (client.beta.realtime.transcription_sessions.create):
     beta's transcription session object with its client_secret, living as client_secret.expires_at

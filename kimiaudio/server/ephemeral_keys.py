@@ -5,9 +5,10 @@ server's API key) and the page's own POST /api/client_secrets (its sign-in; rout
 `create_beta_session` is the beta API's POST /v1/realtime/sessions
 (`client.beta.realtime.sessions.create`): its body is the session itself (beta shape), its
 answer the beta session object with `client_secret: {value, expires_at}`, the key living
-BETA_TTL_S (OpenAI's beta keys: one minute); `create_beta_transcription_session`, its POST
-/v1/realtime/transcription_sessions (`client.beta.realtime.transcription_sessions.create`), the
-same for a transcription session, whose key may live as its `client_secret.expires_at` says. For client_secrets:
+as its `client_secret.expires_after` says, else BETA_TTL_S (OpenAI's beta keys: one minute);
+`create_beta_transcription_session`, its POST /v1/realtime/transcription_sessions
+(`client.beta.realtime.transcription_sessions.create`), the same for a transcription session,
+whose key lives as its `client_secret.expires_at` says (the SDK's name there). For client_secrets:
 the body is OpenAI's `{expires_after?: {anchor: "created_at", seconds: 10..7200}, session?}`
 (600 s when not given, as OpenAI's), the session a GA realtime session object, checked now as
 a session.update is, against this server (its voices, whether it speaks), so that a bad one is
@@ -30,9 +31,10 @@ from aiohttp import web
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.context import ServerContext
-from kimiaudio.server.inputs.openai_params import check_model
+from kimiaudio.server.inputs.openai_params import Fields, check_model
 from kimiaudio.server.inputs.realtime_params import (
     BETA_CLIENT_SECRET_FIELDS,
+    BETA_SESSION_CLIENT_SECRET_FIELDS,
     BETA_TRANSCRIPTION_SESSION_FIELDS,
     CLIENT_SECRET_FIELDS,
     EXPIRES_AFTER_FIELDS,
@@ -70,9 +72,11 @@ async def create_client_secret(context: ServerContext, body: dict[str, Any]) -> 
 
 async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """Mint an ephemeral key bound to the beta session `body` -> the beta API's answer."""
-    settings = await _body_settings(context, body)
+    ttl_s = _beta_ttl(body, BETA_SESSION_CLIENT_SECRET_FIELDS, "expires_after")
+    session = {k: v for k, v in body.items() if k != "client_secret"}
+    settings = await _body_settings(context, session)
     key, record = await mint_key(
-        context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, BETA_TTL_S, body, issuer=context.access.api_key
+        context.store, EPHEMERAL_PREFIX, EPHEMERAL_SCOPE, ttl_s, session, issuer=context.access.api_key
     )
     described = beta_session(settings, f"sess_{secrets.token_hex(8)}", None)
     return {**described, "client_secret": {"value": key, "expires_at": int(record.expires_at)}}
@@ -81,11 +85,7 @@ async def create_beta_session(context: ServerContext, body: dict[str, Any]) -> d
 async def create_beta_transcription_session(context: ServerContext, body: dict[str, Any]) -> dict[str, Any]:
     """Mint an ephemeral key bound to the beta transcription session `body` -> its answer."""
     BETA_TRANSCRIPTION_SESSION_FIELDS.check(body)
-    secret = body.get("client_secret")
-    if secret is not None and not isinstance(secret, dict):
-        raise _bad("invalid_type", "client_secret: expected {expires_at: {anchor, seconds}}", "client_secret")
-    BETA_CLIENT_SECRET_FIELDS.check(secret or {}, "client_secret.")
-    ttl_s = _ttl((secret or {}).get("expires_at"), "client_secret.expires_at", BETA_TTL_S)
+    ttl_s = _beta_ttl(body, BETA_CLIENT_SECRET_FIELDS, "expires_at")
     session = {**{k: v for k, v in body.items() if k != "client_secret"}, "type": "transcription"}
     settings = await _body_settings(context, session)
     key, record = await mint_key(
@@ -93,6 +93,16 @@ async def create_beta_transcription_session(context: ServerContext, body: dict[s
     )
     described = beta_session(settings, f"sess_{secrets.token_hex(8)}", None)
     return {**described, "client_secret": {"value": key, "expires_at": int(record.expires_at)}}
+
+
+def _beta_ttl(body: dict[str, Any], fields: Fields, name: str) -> int:
+    """A beta route's key lifetime: its body's `client_secret: {<name>: {anchor, seconds}}`
+    (`fields` says what the client_secret may hold), else BETA_TTL_S."""
+    secret = body.get("client_secret")
+    if secret is not None and not isinstance(secret, dict):
+        raise _bad("invalid_type", f"client_secret: expected {{{name}: {{anchor, seconds}}}}", "client_secret")
+    fields.check(secret or {}, "client_secret.")
+    return _ttl((secret or {}).get(name), f"client_secret.{name}", BETA_TTL_S)
 
 
 def _ttl(expires_after: Any, where: str = "expires_after", default: int = DEFAULT_TTL_S) -> int:

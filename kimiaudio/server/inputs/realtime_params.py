@@ -94,6 +94,7 @@ BETA_TRANSCRIPTION_SESSION_FIELDS = Fields(  # POST /v1/realtime/transcription_s
     )
 )
 BETA_CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_at"}))  # its client_secret
+BETA_SESSION_CLIENT_SECRET_FIELDS = Fields(honoured=frozenset({"expires_after"}))  # POST /v1/realtime/sessions'
 
 SESSION_AUDIO_FIELDS = Fields(honoured=frozenset({"input", "output"}))  # GA session.audio
 AUDIO_INPUT_FIELDS = Fields(honoured=frozenset({"format", "turn_detection", "transcription", "noise_reduction"}))
