@@ -254,3 +254,14 @@ def test_an_api_key_no_client_can_send_is_one_line_before_the_model_loads(tmp_pa
     config.write_text('[server]\napi_key = "two words"\n')
     result = kimiaudio("serve", "--config", str(config), *nowhere)
     assert_one_line_error(result, "server.api_key: expected printable ASCII without spaces")
+
+
+@pytest.mark.parametrize("command", ["chat", "transcribe"])
+def test_sampling_flags_out_of_range_are_one_line_before_the_model_loads(command, speech_wav, tmp_path):
+    """--seed and --max-new-tokens are held to their [sampling] ranges and named as the flags
+    they are. (The model named does not exist: an error about it would mean it was loaded first.)"""
+    nowhere = ["--model", str(tmp_path / "nowhere"), "--data-dir", str(tmp_path / "data")]
+    result = kimiaudio(command, str(speech_wav), *nowhere, "--seed", "-1")
+    assert_one_line_error(result, "--seed: expected an integer in [0, 18446744073709551615], got -1")
+    result = kimiaudio(command, str(speech_wav), *nowhere, "--max-new-tokens", "-5")
+    assert_one_line_error(result, "--max-new-tokens: expected an integer in [0, ")

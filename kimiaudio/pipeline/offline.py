@@ -18,11 +18,11 @@ import numpy as np
 
 from kimiaudio.audio.io import check_speech_input, file_format, load_audio, write_audio
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
-from kimiaudio.config import Config
+from kimiaudio.config import Config, check_setting
 from kimiaudio.engine.reference_loop import generate_reference
 from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.engine.stop_rules import official_codes, official_max_new_tokens, official_text_ids
-from kimiaudio.errors import AudioInputError, KimiAudioError
+from kimiaudio.errors import AudioInputError, ConfigError, KimiAudioError
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE, ModelStack
 from kimiaudio.pipeline.turn_prompt import answer_params
 from kimiaudio.text.prompt import ASR_INSTRUCTION, Message, build_prompt
@@ -127,15 +127,22 @@ def _within_positions(stack: ModelStack, prompt_len: int, params: SamplingParams
     return params
 
 
-def _params(stack: ModelStack, args) -> SamplingParams:
+def _params(config: Config, args) -> SamplingParams:
+    """The sampling of the command's flags over [sampling]; built before the model loads, so that
+    a flag out of its setting's range is refused at once, by its name."""
     overrides = {}
-    if getattr(args, "seed", None) is not None:
-        overrides["seed"] = args.seed
-    if getattr(args, "max_new_tokens", None) is not None:
-        overrides["max_new_tokens"] = args.max_new_tokens
+    for key in ("seed", "max_new_tokens"):
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        try:
+            overrides[key] = check_setting("sampling", key, value)
+        except ConfigError as exc:
+            expected = str(exc).partition(": expected ")[2]  # "<what>, got <value>"
+            raise KimiAudioError(f"--{key.replace('_', '-')}: expected {expected}") from None
     if getattr(args, "greedy", False):
         return SamplingParams.greedy(**overrides)
-    return SamplingParams.from_config(stack.config.sampling, **overrides)
+    return SamplingParams.from_config(config.sampling, **overrides)
 
 
 def _load_inputs(config: Config, files: list[str]) -> list[np.ndarray]:
@@ -166,10 +173,10 @@ def run_chat_command(config, args) -> int:
     except KimiAudioError as exc:
         raise KimiAudioError(f"--out {exc}") from None
     pcms = _load_inputs(config, args.inputs)
+    params = _params(config, args)
     start = time.perf_counter()
     stack = ModelStack.load(config, progress=True, text_only=False)  # chat always speaks
     load_s = time.perf_counter() - start
-    params = _params(stack, args)
     history: list[Message] = [Message("user", "text", text=t) for t in args.text]
     turns = []
     for index, (file, pcm) in enumerate(zip(args.inputs, pcms)):
@@ -189,12 +196,13 @@ def run_chat_command(config, args) -> int:
 
 def run_transcribe_command(config, args) -> int:
     pcm = _load_inputs(config, [args.input])[0]
+    params = _params(config, args)
     start = time.perf_counter()
     stack = ModelStack.load(config, progress=True, text_only=True)
     load_s = time.perf_counter() - start
     message, encode_timings = user_audio_message(stack, pcm)
     messages = [Message("user", "text", text=ASR_INSTRUCTION), message]
-    turn = answer(stack, messages, _params(stack, args), "text")
+    turn = answer(stack, messages, params, "text")
     turn.timings.update(encode_timings, input_audio_s=len(pcm) / SPEECH_INPUT_RATE)
     if args.json:
         _report(args, stack, {"load_s": load_s, **stack.load_seconds}, [{"input": args.input, **_turn_json(turn)}])
