@@ -89,7 +89,7 @@ def cases(wav: str):
         chat({"data": wav, "format": "midi"}),
         400,
         "unsupported_format",
-        "messages[0].content[0].input_audio.data",
+        "messages[0].content[0].input_audio.format",
     )
     yield (
         "chat/completions",

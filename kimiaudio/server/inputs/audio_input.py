@@ -35,6 +35,17 @@ def decode_base64(data, param: str) -> bytes:
         raise ApiError(400, "invalid_base64", str(exc), param=param) from None
 
 
+def check_input_format(fmt, param: str) -> None:
+    """A declared audio format is one of INPUT_FORMATS, else a 400 naming `param`."""
+    if fmt not in INPUT_FORMATS:
+        raise ApiError(
+            400,
+            "unsupported_format",
+            f"{param}: unsupported audio format {str(fmt)[:40]!r} (supported: {', '.join(INPUT_FORMATS)})",
+            param=param,
+        )
+
+
 def speech_from_bytes(
     raw: bytes,
     fmt: str | None,
@@ -48,13 +59,8 @@ def speech_from_bytes(
     `allowances` have left (decoding stops there: the rest is never read), which it spends;
     `silence_ok`: a silent clip passes (the caller answers it itself).
     It takes a while for a long file: a handler runs it off the event loop (`decoded_speech`)."""
-    if fmt is not None and fmt not in INPUT_FORMATS:
-        raise ApiError(
-            400,
-            "unsupported_format",
-            f"{param}: unsupported audio format {str(fmt)[:40]!r} (supported: {', '.join(INPUT_FORMATS)})",
-            param=param,
-        )
+    if fmt is not None:
+        check_input_format(fmt, param)
     binding = min(allowances, key=lambda allowance: allowance.left, default=None)
     limit = DurationLimit(audio_config.max_input_seconds, "audio.max_input_seconds")
     if binding is not None and binding.left <= limit.seconds:

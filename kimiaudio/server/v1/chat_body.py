@@ -30,7 +30,7 @@ from kimiaudio.engine.sampling_params import SamplingParams
 from kimiaudio.pipeline.turn_request import HistoryTurn
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.audio_allowance import AudioAllowance, message_allowance, request_allowance
-from kimiaudio.server.inputs.audio_input import decode_base64, decoded_speech
+from kimiaudio.server.inputs.audio_input import check_input_format, decode_base64, decoded_speech
 from kimiaudio.server.inputs.openai_params import (
     CHAT_FIELDS,
     ChatOutput,
@@ -218,10 +218,12 @@ async def _user_turns(content, where: str, config: Config, request_audio: AudioA
             if not isinstance(spec, dict):
                 raise _bad(f'{where}[{j}].input_audio: expected {{"data", "format"}}', f"{where}[{j}].input_audio")
             param = f"{where}[{j}].input_audio"
+            audio_format = spec.get("format", "wav")
+            check_input_format(audio_format, f"{param}.format")  # before its data is decoded
             audio.append(
                 await decoded_speech(
                     decode_base64(spec.get("data"), f"{param}.data"),
-                    spec.get("format", "wav"),
+                    audio_format,
                     config.audio,
                     f"{param}.data",
                     allowances=allowances,
