@@ -109,7 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--positions",
         type=int,
-        default=4096,
         help="--memory-plan: positions each session must hold for the plan to fit (default 4096)",
     )
     p.add_argument(

@@ -242,6 +242,10 @@ def test_bad_memory_plan_arguments_are_one_line(capsys):
         assert main(["bench", "--memory-plan", "--random-weights", "full", *args]) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1, err
+    # Without --memory-plan, --positions would be ignored by the bench it runs: refused.
+    assert main(["bench", "--random-weights", "full", "--positions", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "--positions goes with --memory-plan" in err and err.count("\n") == 1, err
 
 
 def test_card_gib_on_a_bench_run_needs_a_gpu(capsys):

@@ -41,6 +41,8 @@ def check_arguments(args) -> Arrivals:
         raise KimiAudioError("--url goes with --soak (the other benches run their own server)")
     if getattr(args, "profile", False) and args.random_weights != "7b":
         raise KimiAudioError("--profile goes with --random-weights 7b (the decode steps it profiles)")
+    if getattr(args, "positions", None) is not None and not getattr(args, "memory_plan", False):
+        raise KimiAudioError("--positions goes with --memory-plan (the positions a plan must hold)")
     if getattr(args, "trace", None) is not None:
         if elsewhere or any(getattr(args, k, False) for k in others):
             raise KimiAudioError(

@@ -13,6 +13,8 @@ from kimiaudio.bench.session_run import STAGES
 from kimiaudio.bench.slow_steps import format_slow_steps
 from kimiaudio.errors import KimiAudioError
 
+PLAN_POSITIONS = 4096  # --memory-plan: what each session must hold, unless --positions says
+
 
 def format_rows(rows: list[BenchRow]) -> str:
     head = (
@@ -261,8 +263,9 @@ def _memory_plan_command(config, args) -> int:
         raise KimiAudioError("--memory-plan plans a whole stack: use --random-weights full or a checkpoint")
     if args.card_gib is not None and not 0 < args.card_gib <= 1 << 20:
         raise KimiAudioError(f"--card-gib {args.card_gib}: expected a positive size in GiB")
-    if args.positions < 1:
-        raise KimiAudioError(f"--positions {args.positions}: expected a positive number of positions")
+    positions = PLAN_POSITIONS if args.positions is None else args.positions
+    if positions < 1:
+        raise KimiAudioError(f"--positions {positions}: expected a positive number of positions")
     if args.card_gib is None:
         if not torch.cuda.is_available():
             raise KimiAudioError("--memory-plan needs --card-gib N without a GPU (e.g. --card-gib 24)")
@@ -275,13 +278,13 @@ def _memory_plan_command(config, args) -> int:
     if args.random_weights == "full":
 
         def plan_of(lm, dit):
-            return plan_for_shape("full", config, lm, None if text_only else dit, card, args.positions, dtype)
+            return plan_for_shape("full", config, lm, None if text_only else dit, card, positions, dtype)
     else:
         paths = resolve_checkpoint(config, text_only)
 
         def plan_of(lm, dit):
             stack = meta_stack(paths, dtype, config, lm, None if text_only else dit)
-            return plan_memory(stack, config, card, on_gpu=True, positions=args.positions)
+            return plan_memory(stack, config, card, on_gpu=True, positions=positions)
 
     plan = choose_weights(config.model.weights, config.detok.weights, True, plan_of)[2]
     print(json.dumps(plan, indent=1) if args.json else format_memory_plan(plan))
