@@ -5,7 +5,8 @@ call's session configuration applied, the user's words transcribed (a transcript
 answering nothing), a stored conversation continued, the deprecated /api/rtc/offer alias, hang-up (on the instance
 holding the call or another one sharing its database), the SIP-only routes refused, every bad
 request a 4xx in OpenAI's error shape; and the whole flow as OpenAI's clients run it, with an
-ephemeral key, espeak speech, the answer's audio, barge-in and hang-up."""
+ephemeral key, espeak speech, the answer's audio, barge-in and hang-up; and the beta API's flow,
+its offer POSTed to /v1/realtime with a beta session's key."""
 
 import json
 
@@ -322,6 +323,47 @@ async def test_the_openai_webrtc_flow_end_to_end(no_env_key, demo_server, speech
             assert await live_sessions(http) == 0
             for event in client.events:
                 check(event, "ga")
+        finally:
+            await backend.close()
+            await client.close()
+        await kv_pool_full_again(pipeline)
+
+
+async def test_the_beta_webrtc_flow_posts_its_offer_to_the_realtime_route(no_env_key, demo_server, speech):
+    """The beta API's browser flow: a key from client.beta.realtime.sessions.create, the SDP offer
+    POSTed to /v1/realtime?model=... with it, events in the beta shape on `oai-events` (as the
+    SDK's beta models hold them), a spoken turn answered, the call hung up with the API key."""
+    openai = pytest.importorskip("openai")
+    async with demo_server(api_key=KEY) as (http, pipeline):
+        backend = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key=KEY, max_retries=0)
+        mic = ScriptedMic()
+        client = RtcClient(mic)
+        try:
+            session = await backend.beta.realtime.sessions.create(
+                model="gpt-4o-realtime-preview", instructions="Answer in one word."
+            )
+            offer = await client.offer()
+            resp = await http.post(
+                "/v1/realtime",
+                params={"model": "gpt-4o-realtime-preview"},
+                data=offer,
+                headers={"Authorization": f"Bearer {session.client_secret.value}", "Content-Type": "application/sdp"},
+            )
+            assert resp.status == 201, await resp.text()
+            assert resp.headers["Content-Type"].startswith("application/sdp")
+            await client.answered(await resp.text(), resp.headers["Location"])
+            created = await client.wait_for("session.created")
+            assert created["session"]["instructions"] == "Answer in one word."
+            assert "modalities" in created["session"]  # the beta session object, not the GA one
+
+            mic.say(np.concatenate([silence(0.3), speech[0], silence(1.0)]))
+            done = await client.wait_for("response.done")
+            assert done["response"]["status"] in ("completed", "incomplete")  # the demo model may run to its limit
+            assert any(e["type"] == "response.audio_transcript.done" for e in client.events)  # beta's name
+            assert await backend.realtime.calls.hangup(client.call_id) is None
+            assert await live_sessions(http) == 0
+            for event in client.events:
+                check(event, "beta")
         finally:
             await backend.close()
             await client.close()

@@ -31,7 +31,7 @@ EPHEMERAL_SCOPE = "realtime"
 PAGE_SCOPE = "page"
 SIGNIN_COOKIE = "kimiaudio_signin"  # signin_cookie adds the port
 # Where an ephemeral key is accepted: (method, path) of opening a Realtime session or call.
-EPHEMERAL_ROUTES = (("GET", "/v1/realtime"), ("POST", "/v1/realtime/calls"))
+EPHEMERAL_ROUTES = (("GET", "/v1/realtime"), ("POST", "/v1/realtime"), ("POST", "/v1/realtime/calls"))
 BOUND_SESSION = web.RequestKey("bound_session", dict)  # the session configuration of the key used
 
 Store = Callable[[], ConversationStore]

@@ -22,7 +22,7 @@ from kimiaudio.server.observe.request_log import request_log_middleware
 from kimiaudio.server.v1.chat import chat_completions
 from kimiaudio.server.v1.client_secrets import beta_sessions, beta_transcription_sessions, client_secrets
 from kimiaudio.server.v1.realtime import realtime
-from kimiaudio.server.v1.realtime_calls import create_call, hangup, sip_only
+from kimiaudio.server.v1.realtime_calls import create_beta_call, create_call, hangup, sip_only
 from kimiaudio.server.v1.transcriptions import transcriptions
 
 _CREATED = int(time.time())
@@ -34,6 +34,7 @@ def create_v1_app(client_max_size: int) -> web.Application:
     app.router.add_get("/models", list_models)
     app.router.add_get("/models/{model:.+}", retrieve_model)
     app.router.add_get("/realtime", realtime)
+    app.router.add_post("/realtime", create_beta_call)
     app.router.add_post("/realtime/calls", create_call)
     app.router.add_post("/realtime/calls/{call_id}/hangup", hangup)
     app.router.add_post("/realtime/calls/{call_id}/{action:accept|reject|refer}", sip_only)

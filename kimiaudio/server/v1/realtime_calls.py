@@ -3,6 +3,7 @@
     POST /v1/realtime/calls[?conversation_id=ID]   the SDP offer -> 201, the SDP answer
     POST /v1/realtime/calls/{call_id}/hangup       end the call -> 200
     POST /v1/realtime/calls/{call_id}/accept | reject | refer   SIP only: 400
+    POST /v1/realtime?model=M[&conversation_id=ID]  the beta API's call: the same, beta events
 
 The offer comes as the raw SDP (`Content-Type: application/sdp`, what a browser with an
 ephemeral key sends) or as `multipart/form-data` with the parts `sdp` and `session` (a GA
@@ -14,7 +15,9 @@ bound to the ephemeral key that opened it, if any, then the call's own `session`
 travel as JSON on the client's data channel named `oai-events` (OpenAI's label; any other
 is left unused), the audio both ways on the media tracks (transport/rtc_peer.py).
 `conversation_id` continues a stored conversation, as `conversation.select` does on the
-channel.
+channel. The beta API's browser flow (a key from POST /v1/realtime/sessions, the SDP offer
+POSTed to /v1/realtime itself) is the same call whose events take the beta shape
+(session/event_shape.py).
 
 Admission is the WebSocket's and the page's: a full server answers 503 (Retry-After) before
 the body is read, a held conversation 409 conversation_busy; the API key (or an ephemeral
@@ -37,6 +40,7 @@ from kimiaudio.server.inputs.multipart_form import read_form
 from kimiaudio.server.inputs.openai_params import check_model
 from kimiaudio.server.inputs.realtime_params import CALL_FIELDS
 from kimiaudio.server.inputs.sdp_offer import MAX_SDP_BYTES
+from kimiaudio.server.session.event_shape import EventShape, event_shape
 from kimiaudio.server.session.session_update import SessionUpdate
 from kimiaudio.server.transport import webrtc
 
@@ -47,6 +51,16 @@ EXPECTED = f"the SDP offer as {SDP}, or {FORM} with the parts sdp and session (J
 
 
 async def create_call(request: web.Request) -> web.Response:
+    return await _call(request, None)
+
+
+async def create_beta_call(request: web.Request) -> web.Response:
+    """The beta API's WebRTC call (POST /v1/realtime?model=...): its events in the beta shape."""
+    return await _call(request, event_shape("beta", webrtc=True))
+
+
+async def _call(request: web.Request, shape: EventShape | None) -> web.Response:
+    """Open a call from the request's offer; `shape`: its events' (None: GA)."""
     webrtc.require()
     context = server_context(request)
     if "model" in request.query:
@@ -58,7 +72,7 @@ async def create_call(request: web.Request) -> web.Response:
         updates.append(bound)
     if session is not None:
         updates.append(parse_bound(context, _session_json(session)))
-    offer = webrtc.RtcOffer(sdp, tuple(updates), request.query.get("conversation_id") or None)
+    offer = webrtc.RtcOffer(sdp, tuple(updates), request.query.get("conversation_id") or None, shape)
     peer, answer = await webrtc.open_call(context, offer)
     return web.Response(
         status=201,
