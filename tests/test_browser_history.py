@@ -3,7 +3,8 @@ server (demo weights), where the server refuses what the page asked: a search it
 says why in the list, in place of the last search's results, and the next search answers it;
 a conversation deleted elsewhere (another tab) and then clicked is said to be deleted and
 leaves the list, and opening another one answers that. Each listed conversation says how
-many turns it has."""
+many turns it has, and a keyboard alone opens one: Tab reaches it, Enter or Space opens it,
+and the list filled anew keeps the focus on it."""
 
 import asyncio
 
@@ -110,3 +111,39 @@ async def test_the_list_counts_each_conversations_turns(demo_server, tmp_path):
 
         counts = await asyncio.to_thread(drive)
     assert sorted(counts) == ["1 turn", "2 turns"]
+
+
+async def test_the_keyboard_alone_opens_the_conversations_listed(demo_server, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for said in ("Older.", "Newer."):  # (a conversation's title is its first words)
+            await store.add_turn((await store.create_conversation())["id"], "assistant", said)
+        url = str(http.make_url("/"))
+        focused = "return document.activeElement.firstChild && document.activeElement.firstChild.textContent"
+
+        def drive():
+            with page_in_chromium(tmp_path, url) as driver:
+                wait_for_script(driver, f"return {LISTED}.length === 2")
+                driver.find_element("id", "search").click()
+                keys = ActionChains(driver)
+                keys.send_keys(Keys.TAB).perform()  # from the search box to the newest conversation
+                reached = driver.execute_script(focused)
+                driver.execute_script(f"{LISTED}.forEach((li) => {{ li.dataset.before = 'yes'; }})")
+                keys.send_keys(Keys.ENTER).perform()
+                wait_for_script(driver, "return $('detail-title').textContent === 'Newer.'")
+                # Opening it fills the list anew: the focus stays on it.
+                wait_for_script(
+                    driver,
+                    f"return ![...{LISTED}].some((li) => li.dataset.before) && "
+                    "document.activeElement.closest('#conversations')",
+                )
+                on_it = driver.execute_script(focused)
+                keys.send_keys(Keys.TAB, " ").perform()  # the next Tab goes on to the next one
+                wait_for_script(driver, "return $('detail-title').textContent === 'Older.'")
+                return reached, on_it, driver.execute_script(focused), console_errors(driver)
+
+        reached, on_it, last, errors = await asyncio.to_thread(drive)
+    assert reached == on_it == "Newer." and last == "Older." and errors == []

@@ -35,9 +35,23 @@ function conversationsUrl(q, cursor) {
   return query ? `/api/conversations?${query}` : "/api/conversations";
 }
 
+// A list item that acts as a button: reached with Tab, pressed with Enter or Space (a click
+// through its onclick of the moment, none while it has none).
+function pressable(li) {
+  li.tabIndex = 0;
+  li.setAttribute("role", "button");
+  li.onkeydown = (e) => {
+    if (e.key !== "Enter" && e.key !== " ") return;
+    e.preventDefault(); // (Space would scroll the list)
+    li.click();
+  };
+  return li;
+}
+
 function conversationItem(c) {
-  const li = document.createElement("li");
+  const li = pressable(document.createElement("li"));
   li.textContent = c.title || "Untitled conversation";
+  li.dataset.id = c.id;
   li.classList.toggle("selected", c.id === selectedId);
   const when = document.createElement("span");
   when.className = "when";
@@ -54,7 +68,7 @@ function conversationItem(c) {
 function appendConversations(list, body, q, request) {
   for (const c of body.conversations) list.append(conversationItem(c));
   if (!body.has_more) return;
-  const more = document.createElement("li");
+  const more = pressable(document.createElement("li"));
   more.className = "more";
   more.textContent = "Show older conversations";
   const fetchMore = async () => {
@@ -93,12 +107,17 @@ async function refreshConversations() {
   }
   if (request !== listRequests) return;
   const list = $("conversations");
+  // The list is filled anew after each answer and each conversation opened: the one a keyboard
+  // user is on keeps the focus.
+  const focused = list.contains(document.activeElement) ? document.activeElement.dataset.id : undefined;
   list.replaceChildren();
   if (refused !== null) {
     list.append(mutedItem(refused));
     return;
   }
   appendConversations(list, body, q, request);
+  const again = [...list.children].find((li) => focused && li.dataset.id === focused);
+  if (again) again.focus();
   if (!body.conversations.length) list.append(mutedItem(q ? "No conversation matches." : "No conversations yet."));
 }
 
