@@ -122,6 +122,38 @@ async def test_connect_after_disconnect_continues_the_conversation_on_screen(sto
     assert first and again == first and note == "Press Connect to continue this conversation." and shown > 0
 
 
+async def test_continue_of_the_conversation_already_on_screen_keeps_its_turns(stored, tmp_path, speech):
+    http, _, conversation_id = stored
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.5), speech[0], silence(40.0)])
+    url = str(http.make_url("/"))
+    turns = "return document.querySelectorAll('#transcript .turn').length"
+
+    def drive():
+        driver = start_chromium(tmp_path, wav)
+        try:
+            driver.get(url)
+            continue_stored(driver)
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, "return document.querySelector('#transcript .turn.assistant[data-status]')")
+            # What the page sends the live call from now on.
+            driver.execute_script("""window.sent = [];
+                const channel = session.channel, send = channel.send.bind(channel);
+                channel.send = (data) => { sent.push(JSON.parse(data).type); send(data); };""")
+            shown = driver.execute_script(turns)
+            driver.find_element("id", "continue").click()  # (the conversation is still the one shown)
+            live = driver.execute_script("return [sent, session.selecting]"), driver.execute_script(turns)
+            driver.find_element("id", "connect").click()
+            wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+            driver.find_element("id", "continue").click()  # the one the next Connect continues
+            return shown, live, driver.execute_script(turns), driver.execute_script("return session.continueId")
+        finally:
+            driver.quit()
+
+    shown, ((sent, selecting), live_turns), after_turns, next_id = await asyncio.to_thread(drive)
+    assert shown >= 2 and sent == [] and selecting is None and live_turns == after_turns == shown
+    assert next_id == conversation_id
+
+
 REFUSED = """
     const banner = document.getElementById('error-banner');
     return !banner.hidden && document.body.dataset.state !== 'connecting' && banner.textContent;"""

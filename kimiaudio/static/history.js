@@ -169,6 +169,11 @@ async function showConversation(id) {
 
 function continueSelected() {
   if (!selectedId) return;
+  // The conversation on screen already (the live call's, or the next Connect's, its last
+  // call's turns shown): nothing moves. Asking the server again would cut the answer playing
+  // and clear the call's turns from the screen.
+  const current = session.pc ? !session.selecting && session.conversationId : session.continueId;
+  if (selectedId === current) return;
   if (session.pc) {
     // The server may refuse (conversation_busy: open in another tab): the call and its
     // transcript stay as they are until session.updated says the call moved (selectDone).
