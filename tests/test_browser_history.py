@@ -4,7 +4,8 @@ says why in the list, in place of the last search's results, and the next search
 a conversation deleted elsewhere (another tab) and then clicked is said to be deleted and
 leaves the list, and opening another one answers that. Each listed conversation says how
 many turns it has, and a keyboard alone opens one: Tab reaches it, Enter or Space opens it,
-and the list filled anew keeps the focus on it."""
+and the list filled anew keeps the focus on it. A conversation opened from the older ones
+shown stays listed, marked as the one shown."""
 
 import asyncio
 
@@ -131,10 +132,11 @@ async def test_the_keyboard_alone_opens_the_conversations_listed(demo_server, tm
                 keys = ActionChains(driver)
                 keys.send_keys(Keys.TAB).perform()  # from the search box to the newest conversation
                 reached = driver.execute_script(focused)
-                driver.execute_script(f"{LISTED}.forEach((li) => {{ li.dataset.before = 'yes'; }})")
                 keys.send_keys(Keys.ENTER).perform()
                 wait_for_script(driver, "return $('detail-title').textContent === 'Newer.'")
-                # Opening it fills the list anew: the focus stays on it.
+                # The list filled anew (as after each answer of a call): the focus stays on it.
+                driver.execute_script(f"{LISTED}.forEach((li) => {{ li.dataset.before = 'yes'; }})")
+                driver.execute_script("refreshConversations()")
                 wait_for_script(
                     driver,
                     f"return ![...{LISTED}].some((li) => li.dataset.before) && "
@@ -147,3 +149,31 @@ async def test_the_keyboard_alone_opens_the_conversations_listed(demo_server, tm
 
         reached, on_it, last, errors = await asyncio.to_thread(drive)
     assert reached == on_it == "Newer." and last == "Older." and errors == []
+
+
+async def test_a_conversation_opened_from_the_older_ones_stays_listed(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for n in range(101):  # (the list comes 100 at a time)
+            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        url = str(http.make_url("/"))
+
+        def drive():
+            with page_in_chromium(tmp_path, url) as driver:
+                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
+                driver.find_element("css selector", "#conversations li.more").click()
+                wait_for_script(driver, f"return {LISTED}.length === 101")
+                driver.execute_script(f"[...{LISTED}].pop().click()")  # the oldest, on the second page
+                wait_for_script(
+                    driver,
+                    "return $('detail-title').textContent === 'Conversation 0.' && "
+                    "document.querySelector('#conversations li.selected')",
+                )
+                selected = driver.execute_script(
+                    "return [...document.querySelectorAll('#conversations li.selected')]"
+                    ".map((li) => li.firstChild.textContent)"
+                )
+                return selected, driver.execute_script(f"return {LISTED}.length"), console_errors(driver)
+
+        selected, listed, errors = await asyncio.to_thread(drive)
+    assert selected == ["Conversation 0."] and listed == 101 and errors == []

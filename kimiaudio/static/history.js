@@ -107,8 +107,8 @@ async function refreshConversations() {
   }
   if (request !== listRequests) return;
   const list = $("conversations");
-  // The list is filled anew after each answer and each conversation opened: the one a keyboard
-  // user is on keeps the focus.
+  // The list is filled anew after each turn and answer: the one a keyboard user is on keeps
+  // the focus.
   const focused = list.contains(document.activeElement) ? document.activeElement.dataset.id : undefined;
   list.replaceChildren();
   if (refused !== null) {
@@ -164,7 +164,9 @@ async function showConversation(id) {
     turns.append(li);
   }
   $("conversation-detail").hidden = false;
-  refreshConversations();
+  // Marked where it is listed: filling the list anew would drop the older pages shown, the
+  // one just opened among them.
+  for (const li of $("conversations").children) li.classList.toggle("selected", li.dataset.id === id);
 }
 
 function continueSelected() {
