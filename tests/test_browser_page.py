@@ -328,3 +328,31 @@ async def test_leaving_the_page_hangs_up_at_once(server, tmp_path, monkeypatch):
     finally:
         await asyncio.to_thread(driver.quit)
     assert not errors
+
+
+async def test_an_answer_cut_off_by_disconnect_is_marked_so(server, tmp_path):
+    """Disconnect while an answer is still being generated: no response.done will come for it,
+    so the page marks its line as cut short instead of leaving a partial text looking whole."""
+    wav = write_clip(tmp_path / "mic.wav", [silence(60.0)])
+    url = str(server.make_url("/"))
+    events = (
+        {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}},
+        {"type": "response.output_audio_transcript.delta", "response_id": "resp_1", "delta": "Half an"},
+    )
+    line = "document.querySelector('.turn.assistant')"
+    probe = f"return [{line}.classList.contains('interrupted'), {line}.dataset.status || '', {line}.textContent]"
+    driver = await asyncio.to_thread(start_chromium, tmp_path, wav)
+
+    def cut_off():
+        before = page_after_events(driver, url, events, probe)[-1]
+        driver.find_element("id", "connect").click()  # Disconnect
+        wait_for_script(driver, "return document.body.dataset.state === 'disconnected'")
+        return before, driver.execute_script(probe), console_errors(driver)
+
+    try:
+        before, after, errors = await asyncio.to_thread(cut_off)
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert before[:2] == [False, ""] and "Half an" in before[2]
+    assert after[:2] == [True, "cancelled"] and "Half an" in after[2] and "cut short" in after[2]
+    assert not errors

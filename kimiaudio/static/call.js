@@ -248,6 +248,7 @@ function disconnect() {
   session.channel = null;
   session.callId = null;
   session.selecting = null;
+  markCutOff(session.responses.get(session.generating));
   session.generating = null;
   if (document.body.dataset.state === "interrupted") session.cutOff = session.conversationId; // (refusal)
   // Connect again continues the conversation whose turns stay on screen (as Continue does).
@@ -265,6 +266,16 @@ function disconnect() {
   $("connect").textContent = "Connect";
   $("connect").disabled = false;
   setState("disconnected");
+}
+
+// An answer still being generated when the call ends gets no response.done: it is marked as one
+// that was cut short (the server keeps what was heard of it), not left looking complete.
+function markCutOff(r) {
+  if (!r) return;
+  if (!r.text.textContent) r.text.textContent = "(no text)";
+  r.li.classList.add("interrupted");
+  r.li.dataset.status = "cancelled";
+  r.meta.textContent = "cut short: the call ended";
 }
 
 function stopTracks(stream) {
