@@ -243,6 +243,32 @@ def test_a_database_file_serve_may_not_write_is_one_line_before_the_model_loads(
     assert_one_line_error(result, f"{database}: the conversation database cannot be written")
 
 
+def test_a_disk_with_no_room_for_the_database_is_one_line_before_the_model_loads(tmp_path):
+    """A file size limit of 0 fails every write to a file as a full disk does (EFBIG instead
+    of ENOSPC); the first is the owner's pid beside the database. (The model named does not
+    exist: an error about it would mean it was loaded first.)"""
+    import resource
+    import signal
+    import sys
+
+    from helpers.serve_process import ROOT as REPOSITORY
+
+    def no_room() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (a write past the limit fails instead of killing)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    data = tmp_path / "data"
+    result = subprocess.run(
+        [sys.executable, "-m", "kimiaudio", "serve", "--model", str(tmp_path / "nowhere"), "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPOSITORY), "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=no_room,
+        timeout=300,
+    )
+    assert_one_line_error(result, f"{data / 'kimiaudio.db'}: cannot write kimiaudio.db.owner beside it")
+
+
 def test_an_api_key_no_client_can_send_is_one_line_before_the_model_loads(tmp_path, monkeypatch):
     """(The model named does not exist: an error about it would mean it was loaded first.)"""
     nowhere = ["--model", str(tmp_path / "nowhere"), "--data-dir", str(tmp_path / "data")]

@@ -47,8 +47,12 @@ class FileOwner:
                 "one its own data directory (--data-dir), or share conversations through PostgreSQL "
                 "([storage] url)"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:  # (a full disk, a quota, a file size limit)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)  # (the lock goes with it)
+            raise KimiAudioError(f"{self.database}: cannot write {self.path.name} beside it ({exc})") from None
         self._fd = fd
 
     def release(self) -> None:
