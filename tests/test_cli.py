@@ -243,30 +243,60 @@ def test_a_database_file_serve_may_not_write_is_one_line_before_the_model_loads(
     assert_one_line_error(result, f"{database}: the conversation database cannot be written")
 
 
-def test_a_disk_with_no_room_for_the_database_is_one_line_before_the_model_loads(tmp_path):
-    """A file size limit of 0 fails every write to a file as a full disk does (EFBIG instead
-    of ENOSPC); the first is the owner's pid beside the database. (The model named does not
-    exist: an error about it would mean it was loaded first.)"""
+def serve_with_files_up_to(size: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`serve` on tmp_path/data under a file size limit: a write past `size` bytes fails as on
+    a full disk (EFBIG instead of ENOSPC). (The model named does not exist: an error about it
+    would mean it was loaded first.)"""
     import resource
     import signal
     import sys
 
     from helpers.serve_process import ROOT as REPOSITORY
 
-    def no_room() -> None:
+    def limited() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (a write past the limit fails instead of killing)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
-    data = tmp_path / "data"
-    result = subprocess.run(
-        [sys.executable, "-m", "kimiaudio", "serve", "--model", str(tmp_path / "nowhere"), "--data-dir", str(data)],
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimiaudio",
+            "serve",
+            "--model",
+            str(tmp_path / "nowhere"),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPOSITORY), "PYTHONDONTWRITEBYTECODE": "1"},
-        preexec_fn=no_room,
+        preexec_fn=limited,
         timeout=300,
     )
-    assert_one_line_error(result, f"{data / 'kimiaudio.db'}: cannot write kimiaudio.db.owner beside it")
+
+
+def test_a_disk_with_no_room_for_the_owners_pid_is_one_line_before_the_model_loads(tmp_path):
+    result = serve_with_files_up_to(0, tmp_path)
+    database = tmp_path / "data" / "kimiaudio.db"
+    assert_one_line_error(result, f"{database}: cannot write kimiaudio.db.owner beside it")
+
+
+def test_a_database_whose_disk_is_full_is_not_called_unusable(tmp_path):
+    """The file is whole, but its WAL index (-shm, 32 KiB) cannot be made: the line says what
+    cannot be written, not that the file is no database, and the file keeps its conversations."""
+    from kimiaudio.store.schema import open_database
+
+    database = tmp_path / "data" / "kimiaudio.db"
+    db = open_database(database)
+    db.execute("INSERT INTO conversations (id, title, created_at, updated_at) VALUES ('c', 'kept', 0, 0)")
+    db.close()
+    result = serve_with_files_up_to(64, tmp_path)  # (room for the owner's pid, not for the -shm)
+    assert_one_line_error(result, f"{database}: the conversation database", "cannot be written", "disk full?")
+    assert "not a usable" not in result.stderr
+    db = open_database(database)
+    assert db.execute("SELECT title FROM conversations").fetchall() == [("kept",)]
+    db.close()
 
 
 def test_an_api_key_no_client_can_send_is_one_line_before_the_model_loads(tmp_path, monkeypatch):

@@ -211,6 +211,11 @@ def migrate(sql: Sql, where: str) -> int:
     return found
 
 
+# The primary result codes of a file that opens but cannot be written (a full disk makes the WAL
+# index, the -shm file, fail to grow: SQLITE_IOERR_SHMSIZE): the disk, not the file's content.
+_CANNOT_WRITE = {sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY}
+
+
 def open_database(path: str | Path) -> sqlite_utils.Database:
     """Open (creating if needed) and migrate the store database at `path`."""
     path = Path(path)
@@ -229,6 +234,11 @@ def open_database(path: str | Path) -> sqlite_utils.Database:
         migrate(SqliteSql(sqlite_utils.Database(conn)), str(path))
     except sqlite3.DatabaseError as exc:
         conn.close()
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _CANNOT_WRITE:
+            raise KimiAudioError(
+                f"{path}: the conversation database (or its -wal or -shm file beside it) cannot be "
+                f"written ({exc}); is its disk full?"
+            ) from None
         raise KimiAudioError(f"{path}: not a usable conversation database ({exc})") from None
     except BaseException:
         conn.close()
