@@ -230,3 +230,21 @@ async def test_an_openai_voice_setting_naming_no_stored_voice_is_said_at_start(d
     assert len(said) == 1 and "server.openai_voice = 'narrator' is not a stored voice" in said[0], said
     assert "OpenAI voice" in said[0]
     assert [r.getMessage() for r in caplog.records] == []
+
+
+async def test_the_voice_openai_voice_names_is_not_deleted(demo_server, espeak_voice, speech_wav):
+    """Deleting the voice `[server] openai_voice` names would fail every request naming alloy,
+    echo... from then on (with an error naming a voice the client never asked for): refused,
+    as for `[voices] default`, and such requests go on speaking in it."""
+    async with demo_server(openai_voice="narrator") as (http, pipeline):
+        assert (await http.post("/api/voices", data=form("narrator", espeak_voice.read_bytes()))).status == 201
+        message = await error(await http.delete("/api/voices/narrator"), 409, "default_voice")
+        assert "server.openai_voice" in message
+        assert [v["name"] for v in (await (await http.get("/api/voices")).json())["voices"]] == ["narrator"]
+        client = openai.AsyncOpenAI(base_url=str(http.make_url("/v1")), api_key="unused", max_retries=0)
+        try:
+            spoken = await chat(client, "alloy", speech_wav.read_bytes())
+        finally:
+            await client.close()
+        assert base64.b64decode(spoken.choices[0].message.audio.data)
+        assert pipeline.requests[-1].voice.name == "narrator"

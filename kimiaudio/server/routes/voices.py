@@ -94,8 +94,13 @@ async def remove_voice(request: web.Request) -> web.Response:
     await sync_voices(context)
     if name not in pipeline.voices:
         raise ApiError(404, "not_found", f"no voice named {name[:MAX_NAME_BYTES]!r}")
-    if name == context.config.voices.default:
-        raise ApiError(409, "default_voice", f"{name!r} is the default voice (voices.default): change the config first")
+    # A voice the config names would fail every answer that comes to it (as the start warns).
+    for setting, configured, what in (
+        ("voices.default", context.config.voices.default, "the default voice"),
+        ("server.openai_voice", context.config.server.openai_voice, "the voice OpenAI's voice names speak in"),
+    ):
+        if name == configured:
+            raise ApiError(409, "default_voice", f"{name!r} is {what} ({setting}): change the config first")
     deleted = await delete_voice(context.store, name)
     voice = pipeline.voices.remove(name)
     if voice is not None:  # (a concurrent delete may have taken it meanwhile)
