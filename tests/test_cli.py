@@ -244,36 +244,10 @@ def test_a_database_file_serve_may_not_write_is_one_line_before_the_model_loads(
 
 
 def serve_with_files_up_to(size: int, tmp_path: Path) -> subprocess.CompletedProcess:
-    """`serve` on tmp_path/data under a file size limit: a write past `size` bytes fails as on
-    a full disk (EFBIG instead of ENOSPC). (The model named does not exist: an error about it
-    would mean it was loaded first.)"""
-    import resource
-    import signal
-    import sys
-
-    from helpers.serve_process import ROOT as REPOSITORY
-
-    def limited() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (a write past the limit fails instead of killing)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kimiaudio",
-            "serve",
-            "--model",
-            str(tmp_path / "nowhere"),
-            "--data-dir",
-            str(tmp_path / "data"),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPOSITORY), "PYTHONDONTWRITEBYTECODE": "1"},
-        preexec_fn=limited,
-        timeout=300,
-    )
+    """`serve` on tmp_path/data, its files up to `size` bytes (a full disk, helpers/cli.py).
+    (The model named does not exist: an error about it would mean it was loaded first.)"""
+    nowhere = ["--model", str(tmp_path / "nowhere"), "--data-dir", str(tmp_path / "data")]
+    return kimiaudio("serve", *nowhere, files_up_to=size)
 
 
 def test_a_disk_with_no_room_for_the_owners_pid_is_one_line_before_the_model_loads(tmp_path):

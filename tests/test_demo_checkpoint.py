@@ -170,14 +170,27 @@ def test_a_write_that_fails_midway_leaves_nothing_that_looks_whole(tmp_path, mon
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("kimiaudio.random_weights.demo_checkpoint._write_detokenizer", disk_full)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointError, match=f"{tmp_path}: the demo checkpoint cannot be written there .No space"):
         write_demo_checkpoint(tmp_path / "out")
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and not any((tmp_path / "out").iterdir())
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointError, match="No space"):
         ensure_demo_checkpoint(tmp_path / "data")
     assert not any((tmp_path / "data").iterdir())
     monkeypatch.undo()
     assert find_checkpoint(write_demo_checkpoint(tmp_path / "out")).is_demo
+
+
+def test_serve_on_a_disk_too_full_for_the_demo_checkpoint_is_one_line(tmp_path):
+    """Room for the database, not for the demo's weights (files up to 2 MiB, a full disk's
+    failure): one line naming the data directory, nothing half-written left in it."""
+    from helpers.cli import assert_one_line_error, kimiaudio
+    from helpers.serve_process import free_port
+
+    data = tmp_path / "data"
+    result = kimiaudio("serve", "--data-dir", str(data), "--port", str(free_port()), files_up_to=2 * 2**20)
+    assert_one_line_error(result, f"{data}: the demo checkpoint cannot be written there", "model.safetensors")
+    assert "internal error" not in result.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["kimiaudio.db", "kimiaudio.db.owner"]
 
 
 def test_ensure_refuses_incomplete_directory(tmp_path):

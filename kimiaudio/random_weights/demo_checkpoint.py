@@ -102,8 +102,11 @@ def _write_beside(target: Path, seed: int, progress: bool, hint: str = "") -> No
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the checkpoint is ordinary data
     try:
         steps = [_write_configs, _write_lm, _write_whisper, _write_glm, _write_detokenizer, _write_vocoder]
-        for step in _progress([*steps, _write_marker], progress):
-            step(tmp, seed)
+        try:
+            for step in _progress([*steps, _write_marker], progress):
+                step(tmp, seed)
+        except OSError as exc:  # a full disk, a quota
+            raise CheckpointError(_cannot_write(target, exc) + hint) from None
         os.replace(tmp, target)  # replaces an empty directory
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -188,14 +191,23 @@ def _write_marker(out: Path, seed: int) -> None:
     write_json(out / DEMO_MARKER, marker)
 
 
+# The writers' own exceptions for a file they could not write (a full disk): an OSError naming
+# the file, as a failed write of the other files is.
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:  # ("Error while serializing: I/O error: No space left on device")
+        raise OSError(f"{path.name}: {exc}") from None
 
 
 def _save_torch(obj: dict, path: Path) -> None:
-    torch.save(obj, str(path))
+    try:
+        torch.save(obj, str(path))
+    except RuntimeError as exc:  # (its writer's "file write failed", or where the write stopped)
+        raise OSError(f"{path.name}: {exc}") from None
 
 
 def _progress(steps: list, enabled: bool):
