@@ -167,7 +167,8 @@ async def test_a_call_continues_a_stored_conversation(http):
     other = RtcClient(ScriptedMic())
     status, body = await other.connect(http, conversation_id=conversation["id"])
     assert status == 409 and body["error"]["code"] == "conversation_busy"
-    assert int(other.response_headers["Retry-After"]) >= 1
+    retry = int(other.response_headers["Retry-After"])
+    assert retry >= 1 and f"try again in {retry} s" in body["error"]["message"]  # one figure, both places
     await other.close()
     await client.hang_up(http)
     await client.close()

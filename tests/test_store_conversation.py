@@ -287,3 +287,9 @@ asyncio.run(main())
 
     history = asyncio.run(check())
     assert len(history) == 1 and np.allclose(history[0].audio, 0.25, atol=1e-4)
+
+
+def test_a_busy_conversation_says_the_wait_its_retry_after_gives():
+    # The 409's Retry-After rounds the wait up to whole seconds; the message says the same.
+    error = ConversationBusyError("c1", 9.2)
+    assert "try again in 10 s" in str(error) and error.retry_after_s == 9.2

@@ -19,6 +19,7 @@ renewal and the writes made as a lease's holder are the lease book's (lease_book
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +35,8 @@ class ConversationBusyError(KimiAudioError):
 
     def __init__(self, conversation_id: str, retry_after_s: float):
         super().__init__(
-            f"conversation {conversation_id!r} is open in another session; try again in {retry_after_s:.0f} s"
+            f"conversation {conversation_id!r} is open in another session; "
+            f"try again in {math.ceil(retry_after_s)} s"  # as the 409's Retry-After rounds it
         )
         self.retry_after_s = retry_after_s
 
