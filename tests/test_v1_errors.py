@@ -165,6 +165,7 @@ def cases(wav: str):
         "audio.speed",
     )
     yield "chat/completions", chat(ok, modalities=["video"]), 400, "invalid_value", "modalities"
+    yield "chat/completions", chat(ok, modalities=["text", "audio"]), 400, "missing_required_parameter", "audio"
     yield "chat/completions", chat(ok, max_tokens="many"), 400, "invalid_value", "max_tokens"
     yield (
         "chat/completions",

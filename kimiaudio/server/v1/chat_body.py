@@ -121,6 +121,9 @@ async def parse_chat_body(
     if output_type == BOTH:
         if not can_speak:
             raise _bad("modalities: this server answers in text only (model.text_only = true)", "modalities")
+        if body.get("audio") is None:  # OpenAI's: a spoken answer names its voice and format
+            needed = 'audio: required when modalities has "audio" ({"voice", "format"})'
+            raise _bad(needed, "audio", "missing_required_parameter")
         requested, voice = audio.get("format"), voice_name(audio.get("voice"))
         if not isinstance(requested, str) or requested not in FORMATS:
             raise ApiError(
