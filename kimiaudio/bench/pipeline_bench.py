@@ -101,10 +101,10 @@ async def bench_pipeline(
     pipeline = Pipeline(stack, config)
     await pipeline.start()
     trace = None if trace_dir is None else RowTrace(trace_dir, n, stack.device.type == "cuda")
+    window_end = None
     try:
         voice = await pipeline.make_voice("bench", *voice_audio) if voice_audio is not None else None
         sr_out, offsets = stack.detokenizer.sample_rate, arrivals.offsets(n)
-        window_end = None
         if trace is not None:
             trace.start()
             window_end = asyncio.get_running_loop().call_later(trace.seconds, trace.stop)
@@ -113,13 +113,12 @@ async def bench_pipeline(
             *[run_session(pipeline, inputs[i], params[i], sr_out, voice, offsets[i]) for i in range(n)]
         )
         wall = time.perf_counter() - start
-        if trace is not None and window_end is not None:
-            window_end.cancel()
-            trace.stop()
         s = pipeline.stats()
     finally:
+        if window_end is not None:
+            window_end.cancel()
         if trace is not None:
-            trace.stop()
+            trace.stop()  # the row ended within the window (or failed)
         await pipeline.stop()
     tokens = sum(r["tokens"] for r in results)
     first = [x for r in results for x in r["first_audio"]]

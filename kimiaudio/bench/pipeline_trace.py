@@ -52,11 +52,12 @@ class RowTrace:
         self._started = time.perf_counter()
 
     def stop(self) -> None:
-        """End the window (once; a second call does nothing)."""
+        """End the window (once; a second call does nothing). Its length is read before the
+        profiler stops: stopping processes the events recorded, which takes a while."""
         if self._started is None or self._window_s:
             return
-        self._profile.stop()
         self._window_s = time.perf_counter() - self._started
+        self._profile.stop()
 
     def finish(self) -> dict:
         self.stop()
