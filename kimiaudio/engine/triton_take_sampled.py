@@ -1,8 +1,9 @@
 """The Triton kernel of launched_step.take_sampled: a launched step's rows take the ids the
 previous step sampled, on the device, in one launch.
 
-Its torch reference (launched_step.py) runs about 16 small ops a step. Each torch call hands
-the interpreter's lock to the other threads and waits to take it back, and while the
+Its torch reference (launched_step.py) makes about thirty torch calls from Python a step
+(indexing included). Each torch call may hand the interpreter's lock to the other threads and
+wait to take it back, and while the
 detokenizer's worker and the event loop run Python a decode step's host part waits at every
 handover (an H200's slow steps at 32 sessions spent 60-80% of their time on the host); one
 launch hands it over once. Imported only when the kernel is used (layers/triton_support.py).

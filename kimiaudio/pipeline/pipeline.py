@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 
 # The model threads and the event loop share the interpreter: every torch call a thread makes
 # hands the GIL over, and taking it back waits up to this long while another thread runs
-# Python (CPython's default is 5 ms, a whole LM step). A decode step makes about ten such calls
+# Python (CPython's default is 5 ms, a whole LM step). A decode step makes tens of such calls
 # on its host side, so the wait scales with this interval: beside one thread running Python,
-# ten calls took 7.5 ms at 0.5 ms and 2.7 ms at 0.1 ms, the other thread's pace unchanged.
+# ten calls took 7.5 ms at 0.5 ms and 2.7 ms at 0.1 ms (a 2-core CPU), the other thread's pace
+# unchanged.
 # Process-wide.
 GIL_SWITCH_INTERVAL_S = 0.0001
 STOP_TIMEOUT_S = 30.0

@@ -6,8 +6,9 @@ A SQLite file that cannot be used for a while (its disk full, the file read-only
 another process past the busy timeout, an I/O error) is a StoreUnavailableError, as a
 PostgreSQL server gone away is: the server answers 503 and the session talks on, and once
 the cause is gone the same connection works again. A file found damaged (a page that does not
-read as SQLite's) is one too, with what to do about it in its message, logged once: it is not
-a bug of the server, and the rest of the file may still serve."""
+read as SQLite's) is one too, with what to do about it in its message, logged once by each
+connection that meets it (the writer's, the reader's): it is not a bug of the server, and the
+rest of the file may still serve."""
 
 from __future__ import annotations
 
