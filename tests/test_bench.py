@@ -66,14 +66,18 @@ def check_playback_figures(row: dict) -> None:
     p95 = row["stages_ms_p95"]
     assert set(p95) == set(stages) and all(stages[s] <= p95[s] <= row["first_audio_ms_p95"] for s in stages), row
     check_slow_steps(row["slow_lm_steps"])
+    gc = row["gc_pauses"]
+    assert set(gc) == {"count", "full", "total_ms", "max_ms"} and 0 <= gc["full"] <= gc["count"], gc
+    assert (gc["count"] == 0) == (gc["total_ms"] == 0) and gc["max_ms"] <= gc["total_ms"], gc
+    assert row["detok_graph_captures"] == 0  # no CUDA graphs where these rows run (the CPU)
 
 
 def check_slow_steps(report: dict) -> None:
     """The slow-step report's shape, the same on every device: steps above the threshold,
     each counted under every tag it carries (or "none"), the slowest first."""
-    shares = ("slow_device_wait_share", "slow_cpu_share", "slow_blocked_share")
+    shares = ("slow_device_wait_share", "slow_cpu_share", "slow_blocked_share", "slow_gc_share")
     assert set(report) == {"threshold_ms", "steps", "slow", "by_tag", *shares, "slowest"}
-    assert set(report["by_tag"]) == {"prefill", "encode", "detok", "new_shape", "none"}
+    assert set(report["by_tag"]) == {"prefill", "encode", "detok", "capture", "gc", "new_shape", "none"}
     assert report["steps"] > 0 and 0 <= report["slow"] <= report["steps"]
     assert sum(report["by_tag"].values()) >= report["slow"] >= report["by_tag"]["none"]
     times = [step["ms"] for step in report["slowest"]]
@@ -84,6 +88,7 @@ def check_slow_steps(report: dict) -> None:
     # less the device wait; at most the step's wall time either way.
     assert all(0 < step["cpu_ms"] and 0 <= step["blocked_ms"] <= step["ms"] for step in report["slowest"])
     assert all(step["blocked_ms"] <= step["ms"] - step["cpu_ms"] + 1e-3 for step in report["slowest"])
+    assert all((step["gc_ms"] > 0) == ("gc" in step["tags"]) for step in report["slowest"])
     for name in shares:
         share = report[name]
         assert (share is None) == (report["slow"] == 0) and (share is None or 0 <= share <= 1), name
@@ -483,18 +488,31 @@ def test_poisson_arrivals_through_the_pipeline(demo_checkpoint):
 
 
 def test_slow_steps_are_counted_by_what_they_carried():
-    def step(ms, prefill=0, stages=0, on_device=False, detok=False, new=False, waited_ms=0.0, cpu_ms=0.0):
-        return LmStepRecord(ms / 1000, 4, prefill, stages, on_device, detok, new, waited_ms / 1000, cpu_ms / 1000)
+    def step(ms, prefill=0, stages=0, on_device=False, detok=False, new=False, waited_ms=0.0, cpu_ms=0.0, **beside):
+        return LmStepRecord(
+            ms / 1000, 4, prefill, stages, on_device, detok, new, waited_ms / 1000, cpu_ms / 1000, **beside
+        )
 
     records = [step(10, waited_ms=9, cpu_ms=1)] * 6 + [
         step(40, prefill=256, detok=True, waited_ms=36, cpu_ms=2),
-        step(30, stages=3, waited_ms=3, cpu_ms=7),  # 20 ms neither running nor waiting on the device
-        step(20, on_device=True, new=True, waited_ms=12, cpu_ms=8),
+        step(30, stages=3, waited_ms=3, cpu_ms=7, gc_s=0.013),  # 20 ms neither running nor waiting on the device
+        step(20, on_device=True, new=True, waited_ms=12, cpu_ms=8, graph_capture=True),
         step(14, waited_ms=1, cpu_ms=3),  # slow, carrying nothing known
     ]
     report = slow_step_report(records)
     assert report["threshold_ms"] == 13.0 and report["steps"] == 10 and report["slow"] == 4
-    assert report["by_tag"] == {"prefill": 1, "encode": 2, "detok": 1, "new_shape": 1, "none": 1}
+    assert report["by_tag"] == {
+        "prefill": 1,
+        "encode": 2,
+        "detok": 1,
+        "capture": 1,
+        "gc": 1,
+        "new_shape": 1,
+        "none": 1,
+    }
+    assert report["slowest"][1]["tags"] == ["encode", "gc"] and report["slowest"][1]["gc_ms"] == 13.0
+    assert report["slowest"][2]["tags"] == ["encode", "capture", "new_shape"]
+    assert report["slow_gc_share"] == round(13 / 104, 3)
     assert [s["ms"] for s in report["slowest"]] == [40.0, 30.0, 20.0, 14.0]
     assert report["slowest"][0]["tags"] == ["prefill", "detok"] and report["slowest"][0]["prefill_tokens"] == 256
     assert report["slowest"][0]["device_wait_ms"] == 36.0
@@ -505,6 +523,7 @@ def test_slow_steps_are_counted_by_what_they_carried():
     assert "4/10 LM steps > 13.0 ms" in format_slow_steps(report)
     assert format_slow_steps(report).endswith(
         "; of their time 50% waiting on the device, 19% running on the host, 31% blocked (the interpreter's lock)"
+        "; 12% in garbage collection"
     )
     empty = slow_step_report([])
     assert empty["slow_device_wait_share"] is None and empty["slow_blocked_share"] is None

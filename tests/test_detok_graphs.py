@@ -77,10 +77,14 @@ def test_cpu_prepare_for_serving_does_nothing(detoks):
 @torch.inference_mode()
 def test_graph_path_equals_eager(detoks, golden_checkpoint):
     eager, graphed, capture = detoks
+    announced = []
+    graphed.graph_capture.on_capture = lambda: announced.append(capture.captured)  # told before each capture
     info = graphed.prepare_for_serving()
     assert info["cuda_graphs"] and info["dit_graphs"] == capture.captured - info["vocoder_graphs"]
     assert info["dit_graphs"] == len(graphed.dit_graphs.cache) > 0
     planned = capture.captured
+    assert announced == list(range(planned))
+    announced.clear()
     g = torch.Generator().manual_seed(4)
     vocab = eager.dit.cfg.semantic_vocab_size
     streams = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (23, 9, 31)]
@@ -103,5 +107,7 @@ def test_graph_path_equals_eager(detoks, golden_checkpoint):
         wa, wb = torch.cat(a), torch.cat(b)
         assert wa.numel() == streamed_samples(golden_checkpoint, detok_stream.trace)
         torch.testing.assert_close(wb, wa, **TOL)
-    # final chunks' vocoder lengths were not planned: captured when first met
+    # final chunks' vocoder lengths were not planned: captured when first met, each announced
     assert capture.captured > planned
+    assert announced == list(range(planned, capture.captured))
+    graphed.graph_capture.on_capture = None

@@ -79,6 +79,6 @@ def test_a_first_chunk_runs_ahead_of_a_playing_answer_s_flush(config, detokenize
     assert batches[1] == [("new", False)]
     later = batches[2:]
     assert len(later) >= 2 and all(batch == [("flush", True)] for batch in later), batches
-    assert worker.num_turns == 1 and metrics.detok_batches() == (len(batches), len(batches))  # the flush ended
+    assert worker.num_turns == 1 and metrics.beside()[:2] == (len(batches), len(batches))  # the flush ended
     # Batched one chunk at a time or all at once, the audio is the offline detokenizer's.
     np.testing.assert_allclose(np.concatenate(pcm["flush"]), expected, atol=1e-4, rtol=1e-4)

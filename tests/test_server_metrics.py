@@ -71,6 +71,7 @@ async def test_metrics_after_a_turn(server, speech, caplog):
     assert m["kimiaudio_kv_blocks{state=free}"] + m["kimiaudio_kv_blocks{state=used}"] == 256
     assert m["kimiaudio_errors_total{kind=invalid_json,source=http}"] == 1
     assert "kimiaudio_playback_underruns_total" in m and "kimiaudio_preemptions_total" in m
+    assert "kimiaudio_gc_pause_seconds_count" in m and m["kimiaudio_detok_graph_captures_total"] == 0  # no graphs
 
     lines = [r.getMessage() for r in caplog.records if r.name == "kimiaudio.turns"]
     assert len(lines) == 1, lines

@@ -48,7 +48,12 @@ def format_stages(rows: list[BenchRow]) -> str:
     lines = [f"{'N':>4} stages p50 / p95 ms: " + ", ".join(STAGES)]
     for r in rows:
         stages = ", ".join(f"{r.stages_ms_p50[s]:.0f}/{r.stages_ms_p95[s]:.0f}" for s in STAGES)
-        lines.append(f"{r.sessions:>4} {stages}; {format_slow_steps(r.slow_lm_steps)}")
+        gc = r.gc_pauses
+        lines.append(
+            f"{r.sessions:>4} {stages}; {format_slow_steps(r.slow_lm_steps)}; garbage collections "
+            f"{gc['count']} ({gc['full']} full), {gc['total_ms']:.0f} ms, the longest {gc['max_ms']:.1f} ms; "
+            f"detokenizer graphs captured while serving {r.detok_graph_captures}"
+        )
     return "\n".join(lines)
 
 

@@ -57,6 +57,8 @@ class BenchRow:
     stages_ms_p50: dict
     stages_ms_p95: dict
     slow_lm_steps: dict  # steps above 1.3x the p50, by what they carried (bench/slow_steps.py)
+    gc_pauses: dict  # the interpreter's collections during the row (each stops every thread)
+    detok_graph_captures: int  # detokenizer CUDA graphs captured during the row (shapes not planned)
     arrivals: str  # burst, or poisson:RATE (sessions a second)
     device_memory_gb: float | None  # in use on the GPU at the end of the run (None on the CPU)
     kv_blocks_used_peak: int
@@ -100,6 +102,7 @@ async def bench_pipeline(
     seconds into a trace file there (pipeline_trace.py)."""
     pipeline = Pipeline(stack, config)
     await pipeline.start()
+    m = pipeline.metrics
     trace = None if trace_dir is None else RowTrace(trace_dir, n, stack.device.type == "cuda")
     window_end = None
     try:
@@ -124,7 +127,13 @@ async def bench_pipeline(
     first = [x for r in results for x in r["first_audio"]]
     rtf = [x for r in results for x in r["rtf"]]
     stalls = [x for r in results for x in r["stall"]]
-    m = pipeline.metrics
+    pauses = m.gc_pause_s.recent_values()
+    gc_pauses = {
+        "count": len(pauses),
+        "full": m.gc_full_pauses,
+        "total_ms": round(1000 * sum(pauses), 3),
+        "max_ms": round(1000 * max(pauses, default=0.0), 3),
+    }
     per_stage = {stage: [x for r in results for x in r["stages"][stage]] for stage in STAGES}
     stages = {q: {stage: round(1000 * _percentile(v, q), 2) for stage, v in per_stage.items()} for q in (50, 95)}
     memory = None
@@ -151,6 +160,8 @@ async def bench_pipeline(
         stages_ms_p50=stages[50],
         stages_ms_p95=stages[95],
         slow_lm_steps=slow_step_report(m.recent_steps()),
+        gc_pauses=gc_pauses,
+        detok_graph_captures=m.detok_graph_captures,
         arrivals=arrivals.name,
         device_memory_gb=memory,
         kv_blocks_used_peak=s["kv_blocks_total"]

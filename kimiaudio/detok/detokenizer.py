@@ -29,7 +29,7 @@ from kimiaudio.config import DetokConfig
 from kimiaudio.config.chunk_schedule import MAX_POSITION, UPSAMPLE, ChunkSchedule
 from kimiaudio.detok.buckets import Buckets
 from kimiaudio.detok.chunk_shapes import rehearse
-from kimiaudio.detok.dit_vocoder_graphs import DiTStepGraphs, VocoderGraphs, capture
+from kimiaudio.detok.dit_vocoder_graphs import AnnouncedCapture, DiTStepGraphs, VocoderGraphs, capture
 from kimiaudio.detok.flow_matching import FlowMatcher
 from kimiaudio.detok.mel import VocoderMel
 from kimiaudio.detok.realtime_guard import CostEstimate, GuardSettings
@@ -69,10 +69,11 @@ class Detokenizer:
         self.buckets = Buckets.for_schedule(self.schedule, cfg.max_batch_sessions, exact=not bucketed)
         self.dit_graphs: DiTStepGraphs | None = None
         self.vocoder_graphs: VocoderGraphs | None = None
+        self.graph_capture = AnnouncedCapture(capture_fn or capture)  # on_capture: told as each begins
         if self.uses_graphs:  # one pool and one capture stream for every graph of this detokenizer
             pool = torch.cuda.graph_pool_handle() if on_cuda else None
             stream = torch.cuda.Stream(self.device) if on_cuda else None
-            graph_capture = capture_fn or capture
+            graph_capture = self.graph_capture
             self.dit_graphs = DiTStepGraphs(pool, stream, capture_fn=graph_capture)
             self.vocoder_graphs = VocoderGraphs(vocoder, pool, stream, capture_fn=graph_capture)
         self.flow = FlowMatcher(dit, self.buckets, self.dit_graphs)

@@ -6,7 +6,8 @@ graphs share one memory pool (only one replays at a time, on the detokenizer wor
 and each result is copied out before the next replay). Capture runs in thread-local mode with
 its own side stream, so the LM worker's CUDA work on other threads goes on meanwhile.
 GraphCache is the bookkeeping (lazy capture, least recently used dropped beyond a bound) and
-runs anywhere; the capture itself needs CUDA (tests on the CPU pass a stand-in `capture_fn`
+runs anywhere; `AnnouncedCapture` says when a capture begins (the pipeline counts those met
+while serving); the capture itself needs CUDA (tests on the CPU pass a stand-in `capture_fn`
 that runs the warm-up and replays by calling the body again).
 """
 
@@ -64,6 +65,19 @@ def capture(body: Callable[[], None], pool, stream: torch.cuda.Stream, warmup: i
     with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
         body()
     return graph
+
+
+class AnnouncedCapture:
+    """A capture function that first tells `on_capture` (when set) that a capture begins."""
+
+    def __init__(self, capture_fn: Callable[..., torch.cuda.CUDAGraph]):
+        self.capture_fn = capture_fn
+        self.on_capture: Callable[[], None] | None = None
+
+    def __call__(self, body: Callable[[], None], pool, stream) -> torch.cuda.CUDAGraph:
+        if self.on_capture is not None:
+            self.on_capture()
+        return self.capture_fn(body, pool, stream)
 
 
 class DiTStepGraphs:

@@ -15,8 +15,8 @@ Each iteration it
    detokenizer worker (one message per step), the end of a turn to the detokenizer worker
    (which flushes its audio and ends it) or, for a turn without speech, straight to the
    handle. Each step is recorded with what it carried (pipeline/step_record.py: a prefill
-   chunk, encoder stages before it, a detokenizer batch beside it, a new shape), so a bench
-   can say why a step was slow.
+   chunk, encoder stages before it, a detokenizer batch or graph capture beside it, a garbage
+   collection, a new shape), so a bench can say why a step was slow.
 Any failure handling one turn fails that turn alone: its KV blocks are freed, its TurnDone
 says why. The event loop only posts here (submit, cancel); it never waits on this thread.
 """
@@ -247,13 +247,13 @@ class LmWorker(Worker):
 
     def _step(self, encode_stages: int) -> None:
         m = self.metrics
-        self._steps.begin(self.engine.stats(), m.detok_batches(), encode_stages, self._encoding.on_device)
+        self._steps.begin(self.engine.stats(), m.beside(), encode_stages, self._encoding.on_device)
         start, cpu_start = self.clock(), self.cpu_clock()
         outputs = self.engine.step()
         cpu_s = self.cpu_clock() - cpu_start  # read inside the wall-clock span: at most its length
         self._step_s = self.clock() - start
         stats = self.engine.stats()
-        record = self._steps.end(self._step_s, stats, m.detok_batches()[0], cpu_s)
+        record = self._steps.end(self._step_s, stats, m.beside(), cpu_s)
         if outputs:
             m.lm_step_s.observe(self._step_s)
             m.lm_batch.observe(len(outputs))

@@ -13,7 +13,7 @@ import bisect
 import threading
 from collections import Counter, deque
 
-from kimiaudio.pipeline.step_record import LmStepRecord
+from kimiaudio.pipeline.step_record import Beside, LmStepRecord
 
 # Seconds: from a fraction of a GPU decode step to a stalled multi-second turn.
 LATENCY_BUCKETS = (
@@ -92,6 +92,12 @@ class PipelineMetrics:
         # answers are generated its stages are spread between engine steps).
         self.encode_batch_s = Timing()
         self.detok_batch_s = Timing()  # one detokenizer batch (the chunks run in it)
+        # The interpreter's garbage collections (pipeline/gc_pauses.py): each stops every thread.
+        self.gc_pause_s = Timing()
+        self.gc_paused_s = 0.0  # their running total: a step record's share is its difference
+        self.gc_full_pauses = 0  # of them, full (generation 2) collections
+        # Detokenizer CUDA graphs captured since start-up: a shape not planned met while serving.
+        self.detok_graph_captures = 0
         self.lm_steps: deque[LmStepRecord] = deque(maxlen=RECENT)  # what recent steps carried
         # Detokenizer batches begun and ended (its worker counts, the LM worker reads: a step
         # during which a batch ran shares the GPU with it).
@@ -118,9 +124,17 @@ class PipelineMetrics:
         self.detok_state_peak_bytes = max(self.detok_state_peak_bytes, state_bytes)
         self.voice_cache_peak_bytes = max(self.voice_cache_peak_bytes, voice_cache_bytes)
 
-    def detok_batches(self) -> tuple[int, int]:
-        """(begun, ended) detokenizer batches so far."""
-        return self.detok_batches_started, self.detok_batches_ended
+    def note_gc_pause(self, seconds: float, full: bool) -> None:
+        self.gc_pause_s.observe(seconds)
+        self.gc_paused_s += seconds
+        self.gc_full_pauses += full
+
+    def note_graph_capture(self) -> None:
+        self.detok_graph_captures += 1
+
+    def beside(self) -> Beside:
+        """What the other threads have counted so far (read around each LM step)."""
+        return Beside(self.detok_batches_started, self.detok_batches_ended, self.detok_graph_captures, self.gc_paused_s)
 
     def note_step(self, record: LmStepRecord) -> None:
         self.lm_steps.append(record)
@@ -149,6 +163,7 @@ class PipelineMetrics:
             self.lm_batch,
             self.encode_batch_s,
             self.detok_batch_s,
+            self.gc_pause_s,
             *self.turn_stage_s.values(),
         ):
             timing.reset_recent()

@@ -21,6 +21,7 @@ from kimiaudio.engine.llm_engine import LLMEngine
 from kimiaudio.engine.request import ANSWER_PRIORITY
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.detok_worker import DetokWorker
+from kimiaudio.pipeline.gc_pauses import GcPauses
 from kimiaudio.pipeline.lm_worker import LmWorker
 from kimiaudio.pipeline.memory_plan import check_plan, kv_blocks_on_device, plan_stack
 from kimiaudio.pipeline.memory_report import format_memory_plan
@@ -65,6 +66,7 @@ class Pipeline:
         # the plan leaves after every other part, this config's sessions included.
         self.detok_graphs: dict = {}
         if detokenizer is not None:
+            detokenizer.graph_capture.on_capture = None  # (an earlier pipeline's, on the same stack)
             self.detok_graphs = detokenizer.prepare_for_serving()
             g = self.detok_graphs
             if g["cuda_graphs"] and not g["new_graphs"]:
@@ -82,6 +84,8 @@ class Pipeline:
                     g["added_bytes"] / 2**30,
                     self.memory["reserved"].get("detok_graph_pool", 0) / 2**30,
                 )
+            # Shapes captured from here on were not planned: met while serving (the bench counts them).
+            detokenizer.graph_capture.on_capture = self.metrics.note_graph_capture
         num_blocks = kv_blocks_on_device(self.memory, stack.device)
         self.engine = LLMEngine(stack.lm, config.engine, stack.device, stack.dtype, num_blocks=num_blocks)
         if self.engine.runner.graphs is not None:
@@ -103,6 +107,7 @@ class Pipeline:
             )
         self._lm = LmWorker(stack, config, self.engine, self._detok, self.metrics)
         self._ids = itertools.count()
+        self._gc = GcPauses(self.metrics)  # collections while serving, timed into the metrics
         self._running = False
         self.voices = VoiceRegistry(
             config.voices.default, config.server.openai_voice
@@ -146,6 +151,7 @@ class Pipeline:
                 for other in workers:
                     await loop.run_in_executor(None, other.stop, STOP_TIMEOUT_S)
                 raise KimiAudioError(f"the {worker.name} worker could not start ({type(exc).__name__}: {exc})") from exc
+        self._gc.install()
         self._running = True
 
     async def stop(self) -> None:
@@ -154,6 +160,7 @@ class Pipeline:
         if not self._running:
             return
         self._running = False
+        self._gc.remove()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._lm.stop, STOP_TIMEOUT_S)  # its turns' ends reach the detok worker
         if self._detok is not None:

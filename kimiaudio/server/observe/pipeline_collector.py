@@ -54,6 +54,9 @@ class PipelineCollector(Collector):
         yield _histogram(
             "kimiaudio_detok_batch_seconds", "One detokenizer batch (DiT + vocoder, every chunk due)", m.detok_batch_s
         )
+        yield _histogram(
+            "kimiaudio_gc_pause_seconds", "One garbage collection of the interpreter (every thread waits)", m.gc_pause_s
+        )
         stages = HistogramMetricFamily(
             "kimiaudio_turn_stage_seconds", "Seconds from submit until a turn reached the stage", labels=["stage"]
         )
@@ -79,6 +82,11 @@ class PipelineCollector(Collector):
             "kimiaudio_detok_guard_actions",
             "Chunks whose ODE steps the real-time guard lowered",
             value=m.detok_guard_actions,
+        )
+        yield CounterMetricFamily(
+            "kimiaudio_detok_graph_captures",
+            "Detokenizer CUDA graphs captured while serving (shapes not captured at start-up)",
+            value=m.detok_graph_captures,
         )
         yield from self._engine(stats)
 
