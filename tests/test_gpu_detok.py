@@ -226,6 +226,24 @@ def test_graphs_on_a_worker_thread_with_its_own_stream(golden_models):
         torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.skipif(not ON_CUDA, reason="the caching allocator is CUDA's")
+def test_a_capture_while_serving_keeps_the_allocators_caches():
+    """A shape met while serving is captured without emptying the allocator's caches (memory
+    the other workers' next steps would allocate again) and replays what it captured."""
+    from kimiaudio.detok.dit_vocoder_graphs import capture
+
+    block = torch.empty(64 << 20, dtype=torch.uint8, device=DEVICE)
+    del block  # its 64 MiB stay cached by the allocator
+    reserved = torch.cuda.memory_reserved(DEVICE)
+    x, out = torch.arange(1024.0, device=DEVICE), []
+    graph = capture(lambda: out.__setitem__(slice(None), [x * 2]), torch.cuda.graph_pool_handle(), torch.cuda.Stream())
+    assert torch.cuda.memory_reserved(DEVICE) >= reserved
+    x.fill_(3.0)
+    graph.replay()
+    torch.cuda.synchronize(DEVICE)
+    assert torch.equal(out[0], torch.full_like(x, 6.0))
+
+
 class _nothing:
     def __enter__(self):
         return None

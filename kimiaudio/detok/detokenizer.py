@@ -142,7 +142,7 @@ class Detokenizer:
         on_cuda = self.device.type == "cuda"
         if on_cuda:  # the buffers were zeroed on the loading thread's stream: let that finish first
             torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()  # as each capture does first: the baseline without a cache
+            torch.cuda.empty_cache()  # the baseline without a cache
         start, before = time.perf_counter(), torch.cuda.memory_reserved(self.device) if on_cuda else 0
         held = len(dit_graphs.cache) + len(vocoder_graphs.cache)
         stream = rehearse(self._params(self.schedule))
@@ -159,6 +159,7 @@ class Detokenizer:
                 vocoder_graphs.capture((rows, self.dit.cfg.input_size, length))
         if on_cuda:
             torch.cuda.current_stream(self.device).synchronize()
+            torch.cuda.empty_cache()  # the warm-up calls' memory, cached for the capture stream
             info.update(added_bytes=torch.cuda.memory_reserved(self.device) - before)
         info.update(
             dit_graphs=len(dit_graphs.cache),

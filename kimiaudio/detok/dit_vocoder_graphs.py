@@ -5,6 +5,11 @@ static buffers (detok/dit_batch.py) and a static mel input per vocoder (rows, le
 graphs share one memory pool (only one replays at a time, on the detokenizer worker's stream,
 and each result is copied out before the next replay). Capture runs in thread-local mode with
 its own side stream, so the LM worker's CUDA work on other threads goes on meanwhile.
+A shape not planned (a final chunk's vocoder length) is captured when first met, while serving:
+so a capture touches nothing beyond its own stream and pool. `torch.cuda.graph` would first
+synchronize the whole device and empty the caching allocator's device and pinned host caches
+(memory the other threads' next steps then allocate again, each device free synchronizing);
+`capture` calls the graph's capture_begin / capture_end itself instead.
 GraphCache is the bookkeeping (lazy capture, least recently used dropped beyond a bound) and
 runs anywhere; `AnnouncedCapture` says when a capture begins (the pipeline counts those met
 while serving); the capture itself needs CUDA (tests on the CPU pass a stand-in `capture_fn`
@@ -55,15 +60,19 @@ class GraphCache(Generic[V]):
 
 
 def capture(body: Callable[[], None], pool, stream: torch.cuda.Stream, warmup: int = 2) -> torch.cuda.CUDAGraph:
-    """Run `body` `warmup` times on `stream` (lazy inits, cuBLAS workspaces), then capture it."""
+    """Run `body` `warmup` times on `stream` (lazy inits, cuBLAS workspaces), then capture it
+    there, into `pool`; the caller's stream waits for both."""
     stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             body()
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            body()
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-        body()
     return graph
 
 
