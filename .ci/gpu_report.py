@@ -32,6 +32,11 @@ def _rows(report: dict) -> str:
             first, p95, rate = r["first_audio_ms_p50"], r["first_audio_ms_p95"], r["tokens_per_s"]
             blocked = (r.get("slow_lm_steps") or {}).get("slow_blocked_share")
             slow = "" if blocked is None else f", slow LM steps {100 * blocked:.0f}% blocked"
+            gc, captures = r.get("gc_pauses"), r.get("detok_graph_captures")
+            if gc:
+                slow += f", gc {gc['count']} ({gc['full']} full) longest {gc['max_ms']:.0f}ms"
+            if captures:
+                slow += f", {captures} detok captures"
             trace = r.get("trace")  # bench --trace: the row's first seconds under the profiler
             if trace:
                 slow += f", the GPU busy {100 * trace['busy_share']:.0f}% of its first {trace['seconds']:.1f}s"

@@ -94,7 +94,7 @@ def check_slow_steps(report: dict) -> None:
         assert (share is None) == (report["slow"] == 0) and (share is None or 0 <= share <= 1), name
 
 
-def test_bench_reports_every_figure(demo_checkpoint):
+def test_bench_reports_every_figure(demo_checkpoint, tmp_path):
     started = time.monotonic()
     result = kimiaudio(
         "bench",
@@ -157,6 +157,23 @@ def test_bench_reports_every_figure(demo_checkpoint):
         assert row["voice_cache_peak_bytes"] == 0
         check_playback_figures(row)
     assert timed < elapsed, (timed, elapsed)
+    # .ci/gpu-check's summary line of a pipeline step: each row's first audio, slow steps, collections.
+    summary = _gpu_summary(tmp_path, "full", result.stdout)
+    gc = rows[1]["gc_pauses"]
+    assert f"N=1 1st-audio p50 {rows[1]['first_audio_ms_p50']:.0f}ms" in summary, summary
+    assert f"gc {gc['count']} ({gc['full']} full)" in summary and "detok captures" not in summary, summary
+
+
+def _gpu_summary(tmp_path: Path, step: str, stdout: str) -> str:
+    """The line .ci/gpu_report.py writes for a gpu-check step whose command printed `stdout`."""
+    (tmp_path / "out").write_text(stdout)
+    (tmp_path / "err").write_text("")
+    args = [step, "0", "1", "120", "bench", *(str(tmp_path / n) for n in ("out", "err", "records"))]
+    summary = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "gpu_report.py"), *args], capture_output=True, text=True
+    )
+    assert summary.returncode == 0, summary.stderr
+    return summary.stdout.strip()
 
 
 def test_bench_turns_end_at_their_stop_tokens_only_with_natural_lengths():
@@ -370,14 +387,9 @@ def test_voice_bench_compares_first_audio_at_the_same_load(demo_checkpoint, spee
     for r in (plain, voiced):
         assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p95"] and r["detok_ms_p50"] > 0
     # .ci/gpu-check's summary line of this step names both.
-    (tmp_path / "out").write_text(result.stdout)
-    (tmp_path / "err").write_text("")
-    args = ["voice", "0", "1", "120", "bench --voice", *(str(tmp_path / n) for n in ("out", "err", "records"))]
-    summary = subprocess.run(
-        [sys.executable, str(ROOT / ".ci" / "gpu_report.py"), *args], capture_output=True, text=True
-    )
+    summary = _gpu_summary(tmp_path, "voice", result.stdout)
     first, with_voice = plain["first_audio_ms_p50"], voiced["first_audio_ms_p50"]
-    assert summary.stdout.strip() == f"N=2 1st-audio p50 {first:.0f}ms, with a voice {with_voice:.0f}ms", summary
+    assert summary == f"N=2 1st-audio p50 {first:.0f}ms, with a voice {with_voice:.0f}ms", summary
 
 
 def test_voice_bench_without_a_file_makes_one(demo_checkpoint):
