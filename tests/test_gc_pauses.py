@@ -58,3 +58,21 @@ def test_a_step_is_tagged_with_the_collections_and_captures_during_it():
     assert quiet.gc_s == 0 and "gc" not in quiet.tags and not quiet.graph_capture
     assert collected.gc_s == metrics.gc_paused_s > 0 and "gc" in collected.tags
     assert captured.graph_capture and captured.tags == ["capture"] and metrics.detok_graph_captures == 1
+
+
+def test_a_collection_inside_a_readers_locked_section_is_timed_without_waiting_for_itself():
+    """Any allocation may start a collection, also one inside a Timing's locked section (a
+    scrape's snapshot): its callback observes in that same thread, so the lock must let it in."""
+    metrics = PipelineMetrics()
+    pauses = GcPauses(metrics)
+    enabled = gc.isenabled()
+    gc.disable()
+    pauses.install()
+    try:
+        with metrics.gc_pause_s._lock:  # a reader in this thread, mid-snapshot
+            gc.collect()
+    finally:
+        pauses.remove()
+        if enabled:
+            gc.enable()
+    assert metrics.gc_pause_s.count == 1

@@ -60,7 +60,9 @@ class Timing:
         self.count = 0
         self.sum = 0.0
         self.recent: deque[float] = deque(maxlen=RECENT)
-        self._lock = threading.Lock()
+        # Re-entrant: a garbage collection can start inside a reader's locked section (any
+        # allocation may start one), and its callback observes in that same thread (gc_pauses.py).
+        self._lock = threading.RLock()
 
     def observe(self, value: float) -> None:
         with self._lock:
