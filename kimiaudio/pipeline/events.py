@@ -61,6 +61,14 @@ class TurnDone:
     finish_reason: str | None = None
     prefill_tokens_computed: int = 0
     prefill_tokens_cached: int = 0
+    # Of the prompt's positions, those holding a speech code (the user's audio, earlier spoken
+    # answers) and those holding a text token: the two streams run side by side, so a spoken
+    # answer in the history counts in both, and the markers in neither.
+    prompt_audio_tokens: int = 0
+    prompt_text_tokens: int = 0
+    # The text tokens of the answer (before the text EOS, no blanks); its speech codes are
+    # audio_tokens.
+    generated_text_tokens: int = 0
     # The text tokens of `text` (up to a stop string) with their log-probabilities, when asked for.
     logprobs: list[TokenLogprob] = field(default_factory=list)
     # Engine steps run from the LM worker taking the turn to its first speech code (None: no

@@ -42,6 +42,9 @@ class LmTurn:
         self.seq_id: int | None = None
         self.prompt_len = 0
         self.num_cached = 0  # prompt positions served from the prefix cache
+        self.prompt_audio = 0  # prompt positions holding a speech code
+        self.prompt_text = 0  # prompt positions holding a text token
+        self.text_blank = -1
         self.raw_text: list[int] = []  # every text token fed back
         self._raw_reported = 0  # of raw_text, those the text deltas carried
         self.text_ids: list[int] = []  # the valid ones, for decoding
@@ -78,11 +81,17 @@ class LmTurn:
         messages.append(Message("user", "audio", audio_tokens=codes, features=features))
         return messages
 
-    def start(self, token_offset: int, text_eos: int, speaks: bool) -> None:
+    def start(self, token_offset: int, text_eos: int, speaks: bool, text_blank: int = -1) -> None:
         """Its prompt is built: generation begins. The utterances and their encodings are let go
         (the engine request holds what the prompt needs)."""
         self.token_offset, self.text_eos, self.speaks = token_offset, text_eos, speaks
+        self.text_blank = text_blank
         self.audio, self.encoded = {}, {}
+
+    def count_prompt(self, audio_ids: list[int], text_ids: list[int]) -> None:
+        """Its prompt's speech-code positions and text-token positions (after `start`)."""
+        self.prompt_audio = sum(1 for token in audio_ids if token >= self.token_offset)
+        self.prompt_text = sum(1 for token in text_ids if token != self.text_blank)
 
     def mark(self, name: str) -> None:
         if name not in self.timings:
@@ -180,6 +189,9 @@ class LmTurn:
             finish_reason=finish_reason,
             prefill_tokens_computed=max(self.prompt_len - self.num_cached, 0),
             prefill_tokens_cached=self.num_cached,
+            prompt_audio_tokens=self.prompt_audio,
+            prompt_text_tokens=self.prompt_text,
+            generated_text_tokens=sum(1 for t in self.text_ids if t != self.text_blank),
             logprobs=list(self.logprobs),
             first_audio_steps=self.first_audio_steps,
         )

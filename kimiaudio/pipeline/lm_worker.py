@@ -226,7 +226,8 @@ class LmWorker(Worker):
         encoded = None
         if spoken is not None:
             encoded = UserEncoded(list(turn.encoded[audio_key(spoken)][0]), len(spoken) / SPEECH_INPUT_RATE)
-        turn.start(specials.token_offset, specials.text_eos, speaks)
+        turn.start(specials.token_offset, specials.text_eos, speaks, specials.text_blank)
+        turn.count_prompt(prompt.audio_ids, prompt.text_ids)
         turn.timings["queued_s"] = turn.queued_s
         turn.mark("encoded_s")
         turn.seq_id = self.engine.add_request(

@@ -128,12 +128,25 @@ def finish_reason(done: TurnDone) -> str:
 
 
 def usage(done: TurnDone) -> dict:
-    """Prompt positions (computed + served from the prefix cache) and generated positions."""
+    """Prompt positions (computed + served from the prefix cache) and generated positions, with
+    OpenAI's details: the prompt's speech-code positions, the answer's speech codes and text
+    tokens (the model speaks and writes at the same positions, so these two may add up to more
+    than the positions), and no reasoning or predicted-output tokens, the model having none."""
     prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
     completion = len(done.text_tokens)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": done.prefill_tokens_cached},
+        "prompt_tokens_details": {
+            "cached_tokens": done.prefill_tokens_cached,
+            "audio_tokens": done.prompt_audio_tokens,
+        },
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": len(done.audio_tokens),
+            "text_tokens": done.generated_text_tokens,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
     }

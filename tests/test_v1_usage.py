@@ -1,0 +1,84 @@
+"""OpenAI's token usage details, read with the official `openai` client from a real `serve` on
+the demo checkpoint: chat's prompt_tokens_details and completion_tokens_details (streamed with
+stream_options.include_usage too) count what the turn held, the question's speech codes and
+the answer's speech codes and text tokens, and the model's reasoning and predicted outputs,
+which it has none of, as 0."""
+
+import base64
+import wave
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.slow
+
+MODEL = "kimi-audio-7b-instruct"
+SEED = 3  # the demo weights speak to the test sentence with this seed
+TEXT_SEED = 8  # the demo weights write text (sampled at temperature 1.5) to the text-only question
+SAMPLES_PER_CODE = 24000 * 2 // 25  # a speech code is 80 ms of 24 kHz audio
+CODES_PER_SECOND = 12.5
+
+
+def seconds(path) -> float:
+    with wave.open(str(path)) as wav:
+        return wav.getnframes() / wav.getframerate()
+
+
+def spoken_question(path) -> list[dict]:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]
+
+
+def check_spoken(usage, pcm_bytes: int, transcript: str, question_s: float) -> None:
+    prompt, completion = usage.prompt_tokens_details, usage.completion_tokens_details
+    # The question's codes, one per 80 ms (the encoder may round at either end).
+    assert abs(prompt.audio_tokens - question_s * CODES_PER_SECOND) <= 2, (prompt, question_s)
+    assert prompt.audio_tokens < usage.prompt_tokens and prompt.cached_tokens is not None
+    assert completion.audio_tokens * SAMPLES_PER_CODE * 2 == pcm_bytes, (completion, pcm_bytes)
+    assert (completion.text_tokens > 0) == bool(transcript), (completion, transcript)
+    assert completion.text_tokens <= usage.completion_tokens
+    assert completion.reasoning_tokens == completion.accepted_prediction_tokens == 0
+    assert completion.rejected_prediction_tokens == 0
+
+
+async def test_a_spoken_answer_counts_its_codes_and_text(v1_server, speech_wav, openai_client):
+    completion = await openai_client.chat.completions.create(
+        model=MODEL,
+        messages=spoken_question(speech_wav),
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        seed=SEED,
+    )
+    audio = completion.choices[0].message.audio
+    check_spoken(completion.usage, len(base64.b64decode(audio.data)), audio.transcript, seconds(speech_wav))
+
+
+async def test_a_streamed_answer_counts_them_in_its_usage_chunk(v1_server, speech_wav, openai_client):
+    stream = await openai_client.chat.completions.create(
+        model=MODEL,
+        messages=spoken_question(speech_wav),
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        seed=SEED,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    pieces = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio]
+    pcm_bytes = sum(len(base64.b64decode(p.data)) for p in pieces if p.data)
+    transcript = "".join(p.transcript or "" for p in pieces)
+    check_spoken(chunks[-1].usage, pcm_bytes, transcript, seconds(speech_wav))
+
+
+async def test_a_written_answer_has_no_audio_tokens(v1_server, openai_client):
+    completion = await openai_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a joke."}],
+        max_tokens=20,
+        temperature=1.5,
+        seed=TEXT_SEED,
+    )
+    usage = completion.usage
+    assert completion.choices[0].message.content
+    assert usage.prompt_tokens_details.audio_tokens == usage.completion_tokens_details.audio_tokens == 0
+    assert 0 < usage.completion_tokens_details.text_tokens <= usage.completion_tokens
