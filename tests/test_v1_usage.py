@@ -2,12 +2,15 @@
 the demo checkpoint: chat's prompt_tokens_details and completion_tokens_details (streamed with
 stream_options.include_usage too) count what the turn held, the question's speech codes and
 the answer's speech codes and text tokens, and the model's reasoning and predicted outputs,
-which it has none of, as 0."""
+which it has none of, as 0; a Realtime response.done's input_token_details and
+output_token_details count the same, in both shapes."""
 
 import base64
 import wave
 
 import pytest
+
+from helpers.realtime_sessions import APIS, connect, open_session, user_audio
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -82,3 +85,20 @@ async def test_a_written_answer_has_no_audio_tokens(v1_server, openai_client):
     assert completion.choices[0].message.content
     assert usage.prompt_tokens_details.audio_tokens == usage.completion_tokens_details.audio_tokens == 0
     assert 0 < usage.completion_tokens_details.text_tokens <= usage.completion_tokens
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_a_realtime_answer_counts_its_codes_and_text(v1_server, speech_16k, openai_client, api):
+    async with connect(openai_client, api) as conn:
+        events = await open_session(conn, api, turn_detection=None, instructions="Answer briefly.")
+        await conn.conversation.item.create(item=user_audio(speech_16k))
+        await conn.response.create()
+        done = await events.wait_for("response.done")
+        usage = done.response.usage
+        audio_s = events.audio_seconds(done.response.id)
+    assert done.response.status in ("completed", "incomplete"), done
+    given, made = usage.input_token_details, usage.output_token_details
+    assert abs(given.audio_tokens - speech_16k.size / 16000 * CODES_PER_SECOND) <= 2, given
+    assert 0 < given.text_tokens < usage.input_tokens and given.cached_tokens is not None
+    assert made.audio_tokens == round(audio_s * CODES_PER_SECOND) > 0, (made, audio_s)
+    assert 0 <= made.text_tokens <= usage.output_tokens

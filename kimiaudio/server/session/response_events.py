@@ -162,11 +162,19 @@ def _client_fault(code: str | None) -> dict:
 
 
 def response_usage(done) -> dict:
-    """OpenAI's response usage of a TurnDone: prompt positions in, generated positions out."""
+    """OpenAI's response usage of a TurnDone: prompt positions in, generated positions out, with
+    the prompt's speech-code and text positions and the answer's speech codes and text tokens
+    (the model speaks and writes at the same positions: the two may add up to more or less than
+    the positions)."""
     prompt = done.prefill_tokens_computed + done.prefill_tokens_cached
     return {
         "total_tokens": prompt + len(done.text_tokens),
         "input_tokens": prompt,
         "output_tokens": len(done.text_tokens),
-        "input_token_details": {"cached_tokens": done.prefill_tokens_cached},
+        "input_token_details": {
+            "cached_tokens": done.prefill_tokens_cached,
+            "text_tokens": done.prompt_text_tokens,
+            "audio_tokens": done.prompt_audio_tokens,
+        },
+        "output_token_details": {"text_tokens": done.generated_text_tokens, "audio_tokens": len(done.audio_tokens)},
     }
