@@ -154,15 +154,15 @@ async def _checked_settings(context: ServerContext, session: Any) -> SessionSett
     return settings
 
 
-def parse_bound(context: ServerContext, session: Any, where: str = "session") -> SessionUpdate:
-    """A session object (bound to a key, or a call's `session` part) as a session.update
-    (ApiError 400 naming the field; 404 for a model this server does not serve)."""
+def parse_bound(context: ServerContext, session: Any, where: str = "session", webrtc: bool = False) -> SessionUpdate:
+    """A session object (bound to a key, or a call's `session` part: `webrtc`) as a
+    session.update (ApiError 400 naming the field; 404 for a model this server does not serve)."""
     if not isinstance(session, dict):
         raise _bad("invalid_type", f"{where}: expected a JSON object (a realtime session)", where)
     if session.get("model") is not None:
         check_model(session["model"], context.config.server.model_aliases, f"{where}.model")
     try:
-        return parse_session_update(session, where)
+        return parse_session_update(session, where, webrtc=webrtc)
     except ProtocolError as exc:
         raise _bad(exc.code, str(exc), exc.param) from None
 

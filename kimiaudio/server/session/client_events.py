@@ -131,10 +131,11 @@ def parse_client_event(message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE
 
 
 def parse_client_message(
-    message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES
+    message: str | bytes, max_bytes: int = MAX_CLIENT_MESSAGE_BYTES, webrtc: bool = False
 ) -> tuple[ClientEvent, str | None]:
     """(the event, the client's `event_id` for it); a ProtocolError names that id too, so the
-    `error` answering it can (OpenAI's `error.event_id`)."""
+    `error` answering it can (OpenAI's `error.event_id`). `webrtc`: it came on a call's data
+    channel, where audio formats name the media's (event_fields.pcm16_rate)."""
     try:
         data = parse_json(message, max_bytes)
     except JsonInputError as exc:
@@ -144,13 +145,13 @@ def parse_client_message(
     if event_id is not None and not isinstance(event_id, str):
         raise ProtocolError("invalid_value", f"event_id: expected a string, got {event_id!r}"[:200], "event_id")
     try:
-        return _event(data), event_id
+        return _event(data, webrtc), event_id
     except ProtocolError as exc:
         exc.event_id = event_id
         raise
 
 
-def _event(data: dict) -> ClientEvent:
+def _event(data: dict, webrtc: bool) -> ClientEvent:
     kind = data.get("type")
     if kind not in CLIENT_EVENT_TYPES:
         raise ProtocolError(
@@ -171,7 +172,7 @@ def _event(data: dict) -> ClientEvent:
     if kind in ITEM_EVENT_TYPES:
         return parse_item_event(data, kind)
     if kind == "response.create":
-        return _response_create(optional_object(data, "response", "response"), "response")
+        return _response_create(optional_object(data, "response", "response"), "response", webrtc)
     if kind == "conversation.select":
         if "conversation_id" not in data:  # (null is a choice: a new conversation; no field is none)
             raise ProtocolError(
@@ -190,17 +191,17 @@ def _event(data: dict) -> ClientEvent:
     if "session" not in data:
         raise ProtocolError("missing_required_parameter", f"{kind}: session is required", "session")
     kind = "transcription" if kind == "transcription_session.update" else None  # (beta's)
-    return parse_session_update(object_field(data["session"], "session"), "session", kind)
+    return parse_session_update(object_field(data["session"], "session"), "session", kind, webrtc)
 
 
-def _response_create(response: dict, where: str) -> ResponseCreate:
+def _response_create(response: dict, where: str, webrtc: bool) -> ResponseCreate:
     RESPONSE_FIELDS.check(response, f"{where}.", ProtocolError)
     audio = optional_object(response, "audio", f"{where}.audio")
     RESPONSE_AUDIO_FIELDS.check(audio, f"{where}.audio.", ProtocolError)
     audio_out = optional_object(audio, "output", f"{where}.audio.output")
     RESPONSE_AUDIO_OUTPUT_FIELDS.check(audio_out, f"{where}.audio.output.", ProtocolError)
-    pcm16_rate(response.get("output_audio_format"), f"{where}.output_audio_format", output=True)
-    pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
+    pcm16_rate(response.get("output_audio_format"), f"{where}.output_audio_format", True, webrtc)
+    pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", True, webrtc)
     limit = output_limit(response, where)
     sampling = checked(RealtimeSampling, {"temperature": response.get("temperature")}, f"{where}.", ProtocolError)
     voice = voice_field(response, "voice", where) or voice_field(audio_out, "voice", f"{where}.audio.output")

@@ -69,7 +69,7 @@ class EventDispatch:
     async def handle_message(self, message: str | bytes, max_bytes: int) -> None:
         event_id = None
         try:
-            event, event_id = client_events.parse_client_message(message, max_bytes)
+            event, event_id = client_events.parse_client_message(message, max_bytes, self._events.shape.webrtc)
             await self.handle_event(event, event_id)
         except ProtocolError as exc:
             self._events.error(exc.code, str(exc), exc.param, exc.event_id or event_id)

@@ -15,6 +15,10 @@ from kimiaudio.server.inputs.realtime_params import RealtimeSampling
 from kimiaudio.text.output_type import EXPECTED_MODALITIES, EXPECTED_OUTPUT_MODALITIES, output_type_of
 
 INPUT_RATES = (SPEECH_INPUT_RATE, OPENAI_PCM16_RATE)  # pcm16 input rates a session takes
+# OpenAI's G.711 formats, beta's names and GA's types: on a WebRTC call the media is the call's
+# codec whatever the session names, so there they are taken and change nothing.
+G711_FORMATS = ("g711_ulaw", "g711_alaw")
+G711_TYPES = ("audio/pcmu", "audio/pcma")
 
 
 class ProtocolError(KimiAudioError):
@@ -90,10 +94,14 @@ def output_type_field(obj: dict, where: str) -> str | None:
     return output_type
 
 
-def pcm16_rate(fmt: Any, where: str, output: bool = False) -> int | None:
-    """pcm16 (beta: 24 kHz) or GA {"type": "audio/pcm", "rate": 24000 | 16000 (input only)}."""
+def pcm16_rate(fmt: Any, where: str, output: bool = False, webrtc: bool = False) -> int | None:
+    """pcm16 (beta: 24 kHz) or GA {"type": "audio/pcm", "rate": 24000 | 16000 (input only)};
+    on a WebRTC call (`webrtc`) G.711 too, as None (unchanged): the call's media carries the
+    audio in its own codec, and the data channel's audio stays pcm16, as the session says."""
     if fmt is None or fmt == "pcm16":
         return None if fmt is None else OPENAI_PCM16_RATE
+    if webrtc and (fmt in G711_FORMATS or (isinstance(fmt, dict) and fmt.get("type") in G711_TYPES)):
+        return None
     if isinstance(fmt, dict) and fmt.get("type") == "audio/pcm":
         rate = fmt.get("rate", OPENAI_PCM16_RATE)
         if rate in (INPUT_RATES if not output else (OPENAI_PCM16_RATE,)):

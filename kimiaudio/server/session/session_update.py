@@ -106,8 +106,9 @@ class SessionUpdate:
     transcription_logprobs: bool | None = None  # include: "item.input_audio_transcription.logprobs"
 
 
-def parse_session_update(session: dict, where: str, kind: str | None = None) -> SessionUpdate:
-    """`kind`: the session type the event implies (beta's transcription_session.update)."""
+def parse_session_update(session: dict, where: str, kind: str | None = None, webrtc: bool = False) -> SessionUpdate:
+    """`kind`: the session type the event implies (beta's transcription_session.update);
+    `webrtc`: the session is a WebRTC call's (its audio formats: event_fields.pcm16_rate)."""
     SESSION_FIELDS.check(session, f"{where}.", ProtocolError)
     kind = _session_type(session, where) or kind
     output_type = session.get("output_type")
@@ -148,10 +149,10 @@ def parse_session_update(session: dict, where: str, kind: str | None = None) -> 
     ga_voice = voice_field(audio_out, "voice", f"{where}.audio.output")
     if voice is None and ga_voice is not None:
         voice, voice_param = ga_voice, f"{where}.audio.output.voice"
-    input_rate = pcm16_rate(session.get("input_audio_format"), f"{where}.input_audio_format")
-    input_rate = pcm16_rate(audio_in.get("format"), f"{where}.audio.input.format") or input_rate
-    pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", output=True)
-    pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", output=True)
+    input_rate = pcm16_rate(session.get("input_audio_format"), f"{where}.input_audio_format", webrtc=webrtc)
+    input_rate = pcm16_rate(audio_in.get("format"), f"{where}.audio.input.format", webrtc=webrtc) or input_rate
+    pcm16_rate(session.get("output_audio_format"), f"{where}.output_audio_format", True, webrtc)
+    pcm16_rate(audio_out.get("format"), f"{where}.audio.output.format", True, webrtc)
     return SessionUpdate(
         turns=_turn_update(vad, detection, resets),
         answers=AnswerUpdate(

@@ -71,7 +71,7 @@ async def _call(request: web.Request, shape: EventShape | None) -> web.Response:
     if (bound := bound_update(context, request)) is not None:
         updates.append(bound)
     if session is not None:
-        updates.append(parse_bound(context, _session_json(session)))
+        updates.append(parse_bound(context, _session_json(session), webrtc=True))
     offer = webrtc.RtcOffer(sdp, tuple(updates), request.query.get("conversation_id") or None, shape)
     peer, answer = await webrtc.open_call(context, offer)
     return web.Response(
