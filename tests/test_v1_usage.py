@@ -3,7 +3,8 @@ the demo checkpoint: chat's prompt_tokens_details and completion_tokens_details 
 stream_options.include_usage too) count what the turn held, the question's speech codes and
 the answer's speech codes and text tokens, and the model's reasoning and predicted outputs,
 which it has none of, as 0; a Realtime response.done's input_token_details and
-output_token_details count the same, in both shapes."""
+output_token_details count the same, in both shapes; a streamed transcription's
+transcript.text.done counts its instruction's and its audio's tokens apart."""
 
 import base64
 import wave
@@ -102,3 +103,14 @@ async def test_a_realtime_answer_counts_its_codes_and_text(v1_server, speech_16k
     assert 0 < given.text_tokens < usage.input_tokens and given.cached_tokens is not None
     assert made.audio_tokens == round(audio_s * CODES_PER_SECOND) > 0, (made, audio_s)
     assert 0 <= made.text_tokens <= usage.output_tokens
+
+
+async def test_a_streamed_transcription_counts_its_audio_and_text(v1_server, speech_wav, openai_client):
+    stream = await openai_client.audio.transcriptions.create(
+        model="gpt-4o-transcribe", file=speech_wav.open("rb"), stream=True
+    )
+    done = [event async for event in stream][-1]
+    assert done.type == "transcript.text.done"
+    given = done.usage.input_token_details
+    assert abs(given.audio_tokens - seconds(speech_wav) * CODES_PER_SECOND) <= 2, given
+    assert 0 < given.text_tokens and given.audio_tokens + given.text_tokens <= done.usage.input_tokens

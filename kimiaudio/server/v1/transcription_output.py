@@ -70,10 +70,21 @@ def segment(text: str, done: TurnDone, seconds: float, temperature: float, speec
 
 def stream_usage(done: TurnDone | None) -> dict:
     """`transcript.text.done`'s usage: the prompt's positions (the instruction and the audio's
-    tokens) and the text tokens generated; none for a turn that did not run."""
+    tokens, counted apart in input_token_details) and the text tokens generated; none for a turn
+    that did not run."""
     prompt = done.prefill_tokens_computed + done.prefill_tokens_cached if done is not None else 0
     output = len(done.text_tokens) if done is not None else 0
-    return {"type": "tokens", "input_tokens": prompt, "output_tokens": output, "total_tokens": prompt + output}
+    details = {
+        "text_tokens": done.prompt_text_tokens if done is not None else 0,
+        "audio_tokens": done.prompt_audio_tokens if done is not None else 0,
+    }
+    return {
+        "type": "tokens",
+        "input_tokens": prompt,
+        "input_token_details": details,
+        "output_tokens": output,
+        "total_tokens": prompt + output,
+    }
 
 
 def compression_ratio(text: str) -> float:
