@@ -24,7 +24,7 @@ from kimiaudio.pipeline.turn_handle import TurnHandle
 from kimiaudio.pipeline.turn_request import HistoryTurn, TurnRequest
 from kimiaudio.text.prompt import Message
 
-from helpers.pipeline_turns import load_demo_stack, run_turn, settled_stats, voices, with_pipeline
+from helpers.pipeline_turns import lm_worker_held, load_demo_stack, run_turn, settled_stats, voices, with_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,11 @@ def test_concurrent_turns_equal_offline_reference(stack, speech_16k, detok_batch
     config.detok.max_batch_sessions, config.detok.run_ahead_s = detok_batch, run_ahead
 
     async def body(pipeline):
-        results = await asyncio.gather(
-            *[run_turn(pipeline, TurnRequest("c", [], x, p)) for x, p in zip(inputs, params)]
-        )
+        async with lm_worker_held(pipeline):  # committed together
+            turns = [
+                asyncio.ensure_future(run_turn(pipeline, TurnRequest("c", [], x, p))) for x, p in zip(inputs, params)
+            ]
+        results = await asyncio.gather(*turns)
         return results, await settled_stats(pipeline)
 
     results, stats = with_pipeline(stack, body, config)

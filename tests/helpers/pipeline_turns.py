@@ -4,6 +4,8 @@ pipeline for a test's body, its stats once it has settled."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from contextlib import asynccontextmanager
 
 import numpy as np
 
@@ -70,6 +72,21 @@ def with_pipeline(stack, body, config=None):
             await pipeline.stop()
 
     return asyncio.run(main())
+
+
+@asynccontextmanager
+async def lm_worker_held(pipeline: Pipeline):
+    """The LM worker waits, between two iterations, until the block ends: turns submitted in it
+    reach the worker together, as a burst committed at once (the loop thread posting them would
+    otherwise race the worker taking the first)."""
+    gate = threading.Event()
+    held = pipeline._lm.call(gate.wait)  # noqa: SLF001 - a test's hold on the worker's loop
+    try:
+        yield
+        await asyncio.sleep(0)  # tasks made in the block take their first step: they submit
+    finally:
+        gate.set()
+    await asyncio.wrap_future(held)
 
 
 async def settled_stats(pipeline: Pipeline, timeout: float = 120.0) -> dict:
