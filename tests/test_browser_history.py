@@ -5,12 +5,15 @@ a conversation deleted elsewhere (another tab) and then clicked is said to be de
 leaves the list, and opening another one answers that. Each listed conversation says how
 many turns it has, and a keyboard alone opens one: Tab reaches it, Enter or Space opens it,
 and the list filled anew keeps the focus on it. A conversation opened from the older ones
-shown stays listed, marked as the one shown."""
+shown stays listed, marked as the one shown, and an answer in it moves it to the top while the
+older ones loaded stay listed and the list stays scrolled where it was; they stay after a
+delete too."""
 
 import asyncio
 
 from kimiaudio.server.context import SERVER_CONTEXT
 
+from helpers.audio import silence, write_clip
 from helpers.browser import BROWSER_MARKS, console_errors, page_in_chromium, wait_for_script
 
 pytestmark = BROWSER_MARKS
@@ -177,3 +180,67 @@ async def test_a_conversation_opened_from_the_older_ones_stays_listed(demo_serve
 
         selected, listed, errors = await asyncio.to_thread(drive)
     assert selected == ["Conversation 0."] and listed == 101 and errors == []
+
+
+async def test_an_answer_keeps_the_older_conversations_loaded_and_the_scroll(demo_server, tmp_path, speech):
+    wav = write_clip(tmp_path / "mic.wav", [silence(1.5), speech[0], silence(30.0)])
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for n in range(101):  # (the list comes 100 at a time)
+            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        url = str(http.make_url("/"))
+
+        def drive():
+            with page_in_chromium(tmp_path, url, wav) as driver:
+                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
+                driver.find_element("css selector", "#conversations li.more").click()
+                wait_for_script(driver, f"return {LISTED}.length === 101")
+                # The oldest, on the second page, continued: its answer moves it to the top.
+                driver.execute_script(f"[...{LISTED}].pop().click()")
+                wait_for_script(driver, "return $('detail-title').textContent === 'Conversation 0.'")
+                driver.find_element("id", "continue").click()
+                driver.execute_script("$('conversations').scrollTop = 2000")
+                scrolled = driver.execute_script("return $('conversations').scrollTop")
+                driver.find_element("id", "connect").click()
+                wait_for_script(driver, "return document.querySelector('#transcript .turn.assistant[data-status]')")
+                # The list filled after the answer: the conversation continued is on top, with its turns.
+                wait_for_script(
+                    driver,
+                    f"const top = {LISTED}[0];"
+                    "return top.firstChild.textContent === 'Conversation 0.' && top.textContent.includes('3 turns')",
+                )
+                return (
+                    scrolled,
+                    driver.execute_script(f"return [...{LISTED}].map((li) => li.firstChild.textContent)"),
+                    driver.execute_script("return $('conversations').scrollTop"),
+                    console_errors(driver),
+                )
+
+        scrolled, listed, scroll, errors = await asyncio.to_thread(drive)
+    assert listed == ["Conversation 0."] + [f"Conversation {n}." for n in range(100, 0, -1)]
+    assert scrolled > 0 and scroll == scrolled and errors == []
+
+
+async def test_a_delete_keeps_the_older_conversations_loaded(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for n in range(102):  # (the list comes 100 at a time)
+            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        url = str(http.make_url("/"))
+
+        def drive():
+            with page_in_chromium(tmp_path, url) as driver:
+                driver.execute_script("window.confirm = () => true;")
+                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
+                driver.find_element("css selector", "#conversations li.more").click()
+                wait_for_script(driver, f"return {LISTED}.length === 102")
+                driver.execute_script(f"[...{LISTED}].pop().click()")  # the oldest, on the second page
+                wait_for_script(driver, "return $('detail-title').textContent === 'Conversation 0.'")
+                driver.execute_script(f"{LISTED}.forEach((li) => {{ li.dataset.before = 'yes'; }})")
+                driver.find_element("id", "delete").click()
+                wait_for_script(driver, f"return !{LISTED}[0].dataset.before")  # the list filled anew
+                listed = driver.execute_script(f"return [...{LISTED}].map((li) => li.firstChild.textContent)")
+                return listed, console_errors(driver)
+
+        listed, errors = await asyncio.to_thread(drive)
+    assert listed == [f"Conversation {n}." for n in range(101, 0, -1)] and errors == []

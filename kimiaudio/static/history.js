@@ -1,11 +1,10 @@
-// kimiaudio demo page: the stored conversations (GET /api/conversations...): the list and its
-// search box, one conversation's turns with their audio, continuing one (the next call's
-// ?conversation_id=, or conversation.select on the live call's channel), deleting one.
+// kimiaudio demo page: one stored conversation (GET /api/conversations/{id}): its turns with
+// their audio, continuing it (the next call's ?conversation_id=, or conversation.select on the
+// live call's channel), deleting it. The list they are chosen from: conversation_list.js.
 // Loaded before app.js.
 "use strict";
 
 let selectedId = null; // conversation shown in the side panel
-let listRequests = 0; // a slower answer to an older search must not replace a newer one
 let shownRequests = 0; // nor a slower answer for a conversation clicked before the last one
 
 function audioUrl(conversationId, index) {
@@ -25,107 +24,6 @@ function addReplay(li, conversationId, index) {
 // server: that is said (a sign-in asked for already says why).
 function notReached(e) {
   if (!(e instanceof Unauthorized)) showError(unreachable("Try again once it is.")); // auth.js
-}
-
-function conversationsUrl(q, cursor) {
-  const params = new URLSearchParams();
-  if (q) params.set("q", q);
-  if (cursor) params.set("cursor", cursor);
-  const query = params.toString();
-  return query ? `/api/conversations?${query}` : "/api/conversations";
-}
-
-// A list item that acts as a button: reached with Tab, pressed with Enter or Space (a click
-// through its onclick of the moment, none while it has none).
-function pressable(li) {
-  li.tabIndex = 0;
-  li.setAttribute("role", "button");
-  li.onkeydown = (e) => {
-    if (e.key !== "Enter" && e.key !== " ") return;
-    e.preventDefault(); // (Space would scroll the list)
-    li.click();
-  };
-  return li;
-}
-
-function conversationItem(c) {
-  const li = pressable(document.createElement("li"));
-  li.textContent = c.title || "Untitled conversation";
-  li.dataset.id = c.id;
-  li.classList.toggle("selected", c.id === selectedId);
-  const when = document.createElement("span");
-  when.className = "when";
-  const turns = `${c.num_turns} turn${c.num_turns === 1 ? "" : "s"}`;
-  when.textContent = `${new Date(c.updated_at * 1000).toLocaleString()} · ${turns}`;
-  li.append(when);
-  // A new choice of conversation, as Continue, Delete and New are (app.js: acting).
-  li.onclick = () => { hideError(); showConversation(c.id); };
-  return li;
-}
-
-// One page of the list, and a "Show older" item that fetches the next one (its cursor) while
-// the list is still the one this request filled.
-function appendConversations(list, body, q, request) {
-  for (const c of body.conversations) list.append(conversationItem(c));
-  if (!body.has_more) return;
-  const more = pressable(document.createElement("li"));
-  more.className = "more";
-  more.textContent = "Show older conversations";
-  const fetchMore = async () => {
-    more.onclick = null; // one fetch at a time: a double click must not add the page twice
-    let next;
-    try {
-      const resp = await apiFetch(conversationsUrl(q, body.next_cursor));
-      if (!resp.ok) { more.onclick = fetchMore; showError(await apiError(resp)); return; }
-      next = await resp.json();
-    } catch (e) {
-      more.onclick = fetchMore;
-      notReached(e);
-      return;
-    }
-    if (request !== listRequests) return;
-    more.remove();
-    appendConversations(list, next, q, request);
-  };
-  more.onclick = fetchMore;
-  list.append(more);
-}
-
-// A search the server refuses (too long, say) says why in the list, in place of the last
-// search's results, until the search is changed.
-async function refreshConversations() {
-  const q = $("search").value.trim();
-  const request = ++listRequests;
-  let body, refused = null;
-  try {
-    const resp = await apiFetch(conversationsUrl(q, null));
-    if (!resp.ok && !q) return;
-    if (resp.ok) body = await resp.json();
-    else refused = `This search cannot be run (${await apiError(resp)}).`;
-  } catch (e) {
-    return;
-  }
-  if (request !== listRequests) return;
-  const list = $("conversations");
-  // The list is filled anew after each turn and answer: the one a keyboard user is on keeps
-  // the focus.
-  const focused = list.contains(document.activeElement) ? document.activeElement.dataset.id : undefined;
-  list.replaceChildren();
-  if (refused !== null) {
-    list.append(mutedItem(refused));
-    return;
-  }
-  appendConversations(list, body, q, request);
-  const again = [...list.children].find((li) => focused && li.dataset.id === focused);
-  if (again) again.focus();
-  if (!body.conversations.length) list.append(mutedItem(q ? "No conversation matches." : "No conversations yet."));
-}
-
-function mutedItem(text) {
-  const li = document.createElement("li");
-  li.className = "muted";
-  li.textContent = text;
-  return li;
 }
 
 async function showConversation(id) {
@@ -164,8 +62,7 @@ async function showConversation(id) {
     turns.append(li);
   }
   $("conversation-detail").hidden = false;
-  // Marked where it is listed: filling the list anew would drop the older pages shown, the
-  // one just opened among them.
+  // Marked where it is listed (the list itself is as it was).
   for (const li of $("conversations").children) li.classList.toggle("selected", li.dataset.id === id);
 }
 
@@ -219,6 +116,7 @@ function conversationGone(id) {
     selectedId = null;
     $("conversation-detail").hidden = true;
   }
+  unlist(id); // (the first page asked again says nothing of the older ones loaded)
   refreshConversations();
   return "That conversation was deleted.";
 }
@@ -254,6 +152,7 @@ async function deleteSelected() {
 // still on its way for them is dropped (the request counters move on).
 function forgetConversations() {
   listRequests++;
+  listedQuery = null;
   shownRequests++;
   selectedId = null;
   $("search").value = "";
