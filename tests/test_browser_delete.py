@@ -4,7 +4,9 @@ the turns of its last call still on screen), and only that one: another clicked 
 before the server answered the delete stays shown and is what the next Connect continues. The
 conversation of the page's own live call is not deleted: the page says to hang up first (the
 server would refuse it as held by a session, as if another tab had it open); for one another
-tab's call holds, it says to close it there."""
+tab's call holds, it says to close it there. Once one is deleted, the focus on the Delete
+control goes to the conversation listed after it (before it, when it was the last), or to New
+when none is left."""
 
 import asyncio
 
@@ -149,3 +151,39 @@ async def test_delete_of_a_conversation_open_elsewhere_says_to_close_it_there(de
     # Not the server's "try again in N s": its hold is renewed for as long as that call lasts.
     assert said == "That conversation is open in another tab or session: close it there, then delete it."
     assert page["listed"] == ["Held"] and page["shown"] == "Held"
+
+
+async def test_the_focus_moves_to_a_conversation_listed_once_one_is_deleted(demo_server, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for said in ("Oldest.", "Middle.", "Newest."):  # (a conversation's title is its first words)
+            await store.add_turn((await store.create_conversation())["id"], "assistant", said)
+        url = str(http.make_url("/"))
+        focused = "const f = document.activeElement; return f.dataset.id ? f.firstChild.textContent : f.id || f.tagName"
+
+        def delete_by_keyboard(driver, left: int) -> str:
+            """Delete (confirmed) pressed with Enter; -> where the focus is once the list is filled anew."""
+            driver.execute_script(f"{LISTED}.forEach((li) => {{ li.dataset.before = 'yes'; }})")
+            driver.execute_script("$('delete').focus()")
+            ActionChains(driver).send_keys(Keys.ENTER).perform()
+            refilled = f"![...{LISTED}].some((li) => li.dataset.before)"
+            wait_for_script(driver, f"return {LISTED}.length === {left} && {refilled} && $('conversations').firstChild")
+            return driver.execute_script(focused)
+
+        def drive():
+            with page_in_chromium(tmp_path, url) as driver:
+                driver.execute_script("window.confirm = () => true;")
+                wait_for_script(driver, f"return {LISTED}.length === 3")
+                click_conversation(driver, "Middle.")
+                after_middle = delete_by_keyboard(driver, 2)  # the one listed after it
+                click_conversation(driver, "Oldest.")
+                after_last = delete_by_keyboard(driver, 1)  # the last listed: the one before it
+                click_conversation(driver, "Newest.")
+                after_all = delete_by_keyboard(driver, 0)  # none left
+                return after_middle, after_last, after_all
+
+        where = await asyncio.to_thread(drive)
+    assert where == ("Oldest.", "Newest.", "new-conversation")

@@ -131,6 +131,15 @@ async function refreshConversations() {
   if (again) again.focus({ preventScroll: true });
 }
 
+// The conversation listed after `id`, or before it when it is the last listed (the first listed
+// when it is not listed at all); null when the list holds no other.
+function listNeighbour(id) {
+  const items = [...$("conversations").children].filter((li) => li.dataset.id);
+  const at = items.findIndex((li) => li.dataset.id === id);
+  if (at < 0) return items[0] || null;
+  return items[at + 1] || items[at - 1] || null;
+}
+
 function unlist(id) {
   for (const li of $("conversations").querySelectorAll("li")) if (li.dataset.id === id) li.remove();
 }

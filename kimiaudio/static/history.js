@@ -145,7 +145,12 @@ async function deleteSelected() {
     showError(resp.status === 409 ? busyMessage("then delete it.") : await apiError(resp));
     return;
   }
+  // The Delete control goes with the panel: the focus on it (or lost meanwhile) moves on to a
+  // neighbour in the list, or to New when none is left, not back to the top of the page.
+  const refocus = selectedId === id && [$("delete"), document.body].includes(document.activeElement);
+  const neighbour = listNeighbour(id);
   conversationGone(id);
+  if (refocus) (neighbour || $("new-conversation")).focus();
 }
 
 // Signed out: nothing of the list, the search or the conversation shown stays, and an answer
