@@ -4,7 +4,8 @@ says why in the list, in place of the last search's results, and the next search
 a conversation deleted elsewhere (another tab) and then clicked is said to be deleted and
 leaves the list, and opening another one answers that. Each listed conversation says how
 many turns it has, and a keyboard alone opens one: Tab reaches it, Enter or Space opens it,
-and the list filled anew keeps the focus on it. A conversation opened from the older ones
+and the list filled anew keeps the focus on it; "Show older" pressed leaves it on the first
+of the older ones shown. A conversation opened from the older ones
 shown stays listed, marked as the one shown, and an answer in it moves it to the top while the
 older ones loaded stay listed and the list stays scrolled where it was; they stay after a
 delete too."""
@@ -244,3 +245,27 @@ async def test_a_delete_keeps_the_older_conversations_loaded(demo_server, tmp_pa
 
         listed, errors = await asyncio.to_thread(drive)
     assert listed == [f"Conversation {n}." for n in range(101, 0, -1)] and errors == []
+
+
+async def test_show_older_pressed_with_the_keyboard_leaves_the_focus_in_the_list(demo_server, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for n in range(101):  # (the list comes 100 at a time)
+            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        url = str(http.make_url("/"))
+
+        def drive():
+            with page_in_chromium(tmp_path, url) as driver:
+                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
+                driver.execute_script("document.querySelector('#conversations li.more').focus()")
+                ActionChains(driver).send_keys(Keys.ENTER).perform()
+                wait_for_script(driver, f"return {LISTED}.length === 101")
+                return driver.execute_script(
+                    "const f = document.activeElement; return f.dataset.id ? f.firstChild.textContent : f.tagName"
+                )
+
+        focused = await asyncio.to_thread(drive)
+    assert focused == "Conversation 0."  # the first of the page shown

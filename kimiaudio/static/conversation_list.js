@@ -64,11 +64,15 @@ function appendConversations(list, body, q) {
       return;
     }
     if (!more.isConnected) return;
+    const pressed = document.activeElement === more;
     more.remove();
+    const before = list.lastElementChild;
     // One that moved to the top since this page was asked for is listed there already.
     const listed = new Set([...list.children].map((li) => li.dataset.id));
     next.conversations = next.conversations.filter((c) => !listed.has(c.id));
     appendConversations(list, next, q);
+    // The item pressed is gone: a keyboard user goes on from the first of the page shown.
+    if (pressed) (before.nextElementSibling || before).focus({ preventScroll: true });
   };
   more.onclick = fetchMore;
   list.append(more);
