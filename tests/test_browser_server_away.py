@@ -1,6 +1,6 @@
 """The demo page while its server is away, in headless Chromium (the real server, demo
 weights, stopped under the page): what the person asks of the conversation list (open one,
-delete one) says the server cannot be reached, instead of doing nothing; a page that loaded
+delete one, search it) says the server cannot be reached, instead of doing nothing; a page that loaded
 while the server was away shows what it serves once Connect reaches it."""
 
 import asyncio
@@ -8,7 +8,7 @@ import asyncio
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, start_chromium, wait_for_script
+from helpers.browser import BROWSER_MARKS, page_in_chromium, start_chromium, wait_for_script
 
 pytestmark = BROWSER_MARKS
 
@@ -89,3 +89,27 @@ async def test_a_page_loaded_while_the_server_was_away_shows_it_once_connect_rea
         await asyncio.to_thread(driver.quit)
     assert banner.startswith("Cannot reach the kimiaudio server") and before == ["", 0]
     assert after[0].startswith("model: ") and after[1] == 1
+
+
+async def test_a_search_while_the_server_is_away_says_so(demo_server, tmp_path):
+    async with demo_server(tmp_path / "data") as (http, _):
+        store = http.app[SERVER_CONTEXT].store
+        for title in ("First", "Second"):
+            await store.create_conversation(title)
+        url = str(http.make_url("/"))
+
+        def drive():
+            with page_in_chromium(tmp_path, url) as driver:
+                wait_for_script(driver, f"return {LISTED}.length === 2")
+                # The server goes away; the requests refused are counted as they fail.
+                driver.execute_script(
+                    AWAY + "window.refused = 0; const away = window.fetch;"
+                    "window.fetch = (url, options) => away(url, options).catch((e) => { refused++; throw e; });"
+                )
+                driver.execute_script("$('search').value = 'Second'; $('search').dispatchEvent(new Event('input'))")
+                wait_for_script(driver, "return window.refused === 1")
+                return driver.execute_script(BANNER)
+
+        banner = await asyncio.to_thread(drive)
+    # Not the last results (both conversations) under a search they do not answer, and no word.
+    assert banner == UNREACHABLE

@@ -269,7 +269,7 @@ $("continue").onclick = acting(continueSelected);
 $("delete").onclick = acting(deleteSelected);
 $("new-conversation").onclick = acting(newConversation);
 let searchTimer = null;
-$("search").oninput = () => { clearTimeout(searchTimer); searchTimer = setTimeout(refreshConversations, 250); };
+$("search").oninput = () => { clearTimeout(searchTimer); searchTimer = setTimeout(() => refreshConversations(true), 250); };
 $("login").onsubmit = login;
 $("signout").onclick = signOut;
 setState("disconnected");

@@ -97,8 +97,9 @@ function loadedBeyond(list, body) {
 // one (after each turn and answer of a call, after a delete) puts the first page in place of what
 // it covers and keeps the older pages the person loaded, the focus and where the list was
 // scrolled to. A search the server refuses (too long, say) says why in the list, in place of the
-// last search's results, until the search is changed.
-async function refreshConversations() {
+// last search's results, until the search is changed. One typed (`searched`) that does not reach
+// the server says so, instead of leaving the last results listed as its own.
+async function refreshConversations(searched = false) {
   const q = $("search").value.trim();
   const request = ++listRequests;
   let body, refused = null;
@@ -108,6 +109,7 @@ async function refreshConversations() {
     if (resp.ok) body = await resp.json();
     else refused = `This search cannot be run (${await apiError(resp)}).`;
   } catch (e) {
+    if (searched && request === listRequests) notReached(e); // history.js
     return;
   }
   if (request !== listRequests) return;
