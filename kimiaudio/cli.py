@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--arrivals",
         default="burst",
         help="when sessions speak their first turn: burst (all at once, the default) or poisson:RATE "
-        "(a Poisson process of RATE sessions a second, fixed seed)",
+        "(a Poisson process of RATE sessions a second, fixed seed); poisson:RATE,RATE,... runs a row for each",
     )
     p.add_argument("--no-reference", action="store_true", help="skip the offline reference-loop baseline")
     p.add_argument(

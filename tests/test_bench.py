@@ -15,7 +15,8 @@ import pytest
 
 from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.bench.decode_7b import run_random_7b
-from kimiaudio.bench.pipeline_bench import bench_inputs
+from kimiaudio.bench.pipeline_bench import BenchRow, bench_inputs
+from kimiaudio.bench.row_tables import format_rows, format_stages
 from kimiaudio.bench.session_run import PlaybackClock
 from kimiaudio.bench.slow_steps import format_slow_steps, slow_step_report
 from kimiaudio.bench.stats import ms_p50_p95, percentile
@@ -458,6 +459,14 @@ def test_arrivals_are_a_burst_or_a_seeded_poisson_process():
     for bad in ("poisson:0", "poisson:-1", "poisson:x", "poisson:inf", "poisson", "burst:2", "uniform", ""):
         with pytest.raises(KimiAudioError, match="--arrivals"):
             Arrivals.parse(bad)
+        with pytest.raises(KimiAudioError, match="--arrivals"):
+            Arrivals.parse_all(bad)
+    # Several rates: a row each.
+    assert [a.name for a in Arrivals.parse_all("poisson:2,4.5,8")] == ["poisson:2", "poisson:4.5", "poisson:8"]
+    assert Arrivals.parse_all("burst") == [Arrivals()] and Arrivals.parse_all("poisson:3") == [Arrivals(3.0)]
+    for bad in ("poisson:2,2", "poisson:2,", "poisson:2,x", "poisson:,2", "burst,poisson:2", "poisson:2,0"):
+        with pytest.raises(KimiAudioError, match=f"--arrivals '{bad}'"):
+            Arrivals.parse_all(bad)
 
 
 def test_bad_arrivals_are_a_one_line_error():
@@ -487,16 +496,26 @@ def test_bad_bench_arguments_are_refused_before_a_model_loads(tmp_path, flags, n
 
 
 def test_poisson_arrivals_through_the_pipeline(demo_checkpoint):
-    options = "--sessions 3 --max-new-tokens 10 --no-reference --arrivals poisson:20 --json".split()
+    options = "--sessions 3 --max-new-tokens 10 --arrivals poisson:20,5 --json".split()
     result = kimiaudio("bench", "--model", str(demo_checkpoint), *options)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    (row,) = report["rows"]
-    assert set(report) == REPORT_KEYS and report["arrivals"] == row["arrivals"] == "poisson:20"
-    assert row["generated_tokens"] == 3 * 10
-    # The last session arrived after the first: the row lasts at least that gap.
-    assert row["wall_s"] > Arrivals.parse("poisson:20").offsets(3)[-1]
-    check_playback_figures(row)
+    assert set(report) == REPORT_KEYS and report["arrivals"] == "poisson:20, poisson:5"
+    assert [row["arrivals"] for row in report["rows"]] == ["poisson:20", "poisson:5"]
+    for row in report["rows"]:
+        assert row["sessions"] == 3 and row["generated_tokens"] == 3 * 10
+        # The last session arrived after the first: the row lasts at least that gap.
+        assert row["wall_s"] > Arrivals.parse(row["arrivals"]).offsets(3)[-1]
+        check_playback_figures(row)
+    # One baseline for the session count's rows (the same inputs), each row's speedup its own.
+    fast, slow = report["rows"]
+    assert fast["reference_tokens_per_s"] == slow["reference_tokens_per_s"] > 0
+    assert fast["speedup_vs_reference"] == fast["tokens_per_s"] / fast["reference_tokens_per_s"]
+    # The printed tables name each row's arrivals where the rows differ in them.
+    rows = [BenchRow(**row) for row in report["rows"]]
+    for table in (format_rows(rows), format_stages(rows)):
+        lines = table.splitlines()
+        assert lines[1].lstrip().startswith("3 poisson:20 ") and lines[2].lstrip().startswith("3 poisson:5 "), table
 
 
 def test_slow_steps_are_counted_by_what_they_carried():

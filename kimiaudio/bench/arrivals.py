@@ -4,7 +4,9 @@
 hardest case for first audio (all their encodes and prefills at once). `--arrivals
 poisson:RATE`: sessions arrive as a Poisson process of RATE sessions a second (exponential
 gaps, drawn from a fixed seed so that runs compare alike), the first at the start; each
-session's later turns follow its previous answer, as in a burst.
+session's later turns follow its previous answer, as in a burst. `poisson:RATE,RATE,...`: a row
+for each rate, in one process: the highest rate a GPU sustains in real time (no underruns) found
+in one run, the model loaded once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,24 @@ class Arrivals:
         raise KimiAudioError(
             f"--arrivals {text!r}: expected burst or poisson:RATE with RATE > 0 sessions a second, e.g. poisson:4"
         )
+
+    @classmethod
+    def parse_all(cls, text: str) -> list[Arrivals]:
+        """`burst`, or `poisson:` one or more rates, comma-separated (a row for each); a clear
+        error naming the whole option otherwise."""
+        kind, _, rates = text.strip().partition(":")
+        try:
+            if kind == "poisson" and "," in rates:
+                parsed = [cls.parse(f"poisson:{rate}") for rate in rates.split(",")]
+                if len({a.rate for a in parsed}) < len(parsed):
+                    raise KimiAudioError("a rate twice")
+                return parsed
+            return [cls.parse(text)]
+        except KimiAudioError:
+            raise KimiAudioError(
+                f"--arrivals {text!r}: expected burst or poisson:RATE[,RATE...] with each RATE > 0 sessions a "
+                "second and no rate twice, e.g. poisson:4 or poisson:2,4,8"
+            ) from None
 
     @property
     def name(self) -> str:

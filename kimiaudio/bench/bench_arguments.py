@@ -10,9 +10,10 @@ from kimiaudio.bench.arrivals import Arrivals
 from kimiaudio.errors import KimiAudioError
 
 
-def check_arguments(args) -> Arrivals:
+def check_arguments(args) -> list[Arrivals]:
     """Fill in the defaults (a soak is a smaller, longer run than a throughput bench: its own)
-    and check the options -> the arrivals asked for; KimiAudioError naming the option."""
+    and check the options -> the arrivals asked for (a row each per session count);
+    KimiAudioError naming the option."""
     if args.sessions is None:
         args.sessions = "4" if args.soak else "1,4,16,64"
     args.turns = args.turns if args.turns is not None else (3 if args.soak else 1)
@@ -26,10 +27,10 @@ def check_arguments(args) -> Arrivals:
     for flag, path in files:
         if not Path(path).is_file():
             raise KimiAudioError(f"{flag} {path}: no such file")
-    arrivals = Arrivals.parse(getattr(args, "arrivals", None) or "burst")
+    arrivals = Arrivals.parse_all(getattr(args, "arrivals", None) or "burst")
     others = ("soak", "webrtc", "http", "transcribe", "memory_plan")
     elsewhere = args.random_weights == "7b" or getattr(args, "voice", None) is not None
-    if arrivals.rate is not None and (elsewhere or any(getattr(args, k, False) for k in others)):
+    if any(a.rate is not None for a in arrivals) and (elsewhere or any(getattr(args, k, False) for k in others)):
         raise KimiAudioError(
             "--arrivals poisson:RATE goes with the pipeline bench (not --random-weights 7b, --soak, --webrtc, "
             "--http, --transcribe, --voice or --memory-plan)"

@@ -8,53 +8,11 @@ from pathlib import Path
 
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
 from kimiaudio.bench.bench_arguments import check_arguments, session_counts
-from kimiaudio.bench.pipeline_bench import BenchRow, run_bench
-from kimiaudio.bench.session_run import STAGES
-from kimiaudio.bench.slow_steps import format_slow_steps
+from kimiaudio.bench.pipeline_bench import run_bench
+from kimiaudio.bench.row_tables import format_rows, format_stages
 from kimiaudio.errors import KimiAudioError
 
 PLAN_POSITIONS = 4096  # --memory-plan: what each session must hold, unless --positions says
-
-
-def format_rows(rows: list[BenchRow]) -> str:
-    head = (
-        f"{'N':>4} {'tok/s':>8} {'tok/s/ses':>9} {'LM step p50':>11} {'p95':>8} {'detok p50':>9} {'1st audio p50':>13} "
-        f"{'p95':>8} {'RTF p50':>8} {'stall p95':>9} {'underruns':>9} {'guard':>6} {'KV used':>9} {'hit rate':>8} "
-        f"{'ref tok/s':>9} {'speedup':>8} "
-        f"{'LM tok/s':>9} {'LM ref':>8} {'LM speedup':>10}"
-    )
-    lines = [head]
-    for r in rows:
-        ref = (
-            (
-                f"{r.reference_tokens_per_s:9.1f} {r.speedup_vs_reference:7.1f}x {r.lm_tokens_per_s:9.1f} "
-                f"{r.lm_reference_tokens_per_s:8.1f} {r.lm_speedup:9.1f}x"
-            )
-            if r.reference_tokens_per_s
-            else ""
-        )
-        lines.append(
-            f"{r.sessions:>4} {r.tokens_per_s:8.1f} {r.tokens_per_s_per_session:9.1f} {r.lm_step_ms_p50:9.1f}ms "
-            f"{r.lm_step_ms_p95:6.1f}ms {r.detok_ms_p50:7.1f}ms {r.first_audio_ms_p50:11.0f}ms "
-            f"{r.first_audio_ms_p95:6.0f}ms {r.rtf_p50:8.2f} "
-            f"{r.stall_ms_p95:7.0f}ms {r.underruns:>9} {r.guard_actions:>6} "
-            f"{r.kv_blocks_used_peak:>4}/{r.kv_blocks_total:<4} {r.prefix_cache_hit_rate:8.2f} {ref}"
-        )
-    return "\n".join(lines)
-
-
-def format_stages(rows: list[BenchRow]) -> str:
-    """Per row: each stage of a turn's wait for its first audio (p50 / p95, ms), and why LM steps were slow."""
-    lines = [f"{'N':>4} stages p50 / p95 ms: " + ", ".join(STAGES)]
-    for r in rows:
-        stages = ", ".join(f"{r.stages_ms_p50[s]:.0f}/{r.stages_ms_p95[s]:.0f}" for s in STAGES)
-        gc = r.gc_pauses
-        lines.append(
-            f"{r.sessions:>4} {stages}; {format_slow_steps(r.slow_lm_steps)}; garbage collections "
-            f"{gc['count']} ({gc['full']} full), {gc['total_ms']:.0f} ms, the longest {gc['max_ms']:.1f} ms; "
-            f"detokenizer graphs captured while serving {r.detok_graph_captures}"
-        )
-    return "\n".join(lines)
 
 
 def run_bench_command(config, args) -> int:
@@ -158,7 +116,7 @@ def run_bench_command(config, args) -> int:
         "max_new_tokens": args.max_new_tokens,
         "turns": args.turns,
         "turn_lengths": "natural" if args.natural_lengths else "fixed",
-        "arrivals": arrivals.name,
+        "arrivals": ", ".join(a.name for a in arrivals),
         "encode_batch_size": config.audio.encode_batch_size,
         "whisper_window": config.audio.whisper_window,
     }
@@ -187,7 +145,7 @@ def run_bench_command(config, args) -> int:
         length = "at most" if args.natural_lengths else "exactly"
         print(
             f"device {info['device']} dtype {info['dtype']}, {length} {args.max_new_tokens} new positions per turn, "
-            f"{args.turns} turn(s) per session, arrivals {arrivals.name}; reference = the same sessions through "
+            f"{args.turns} turn(s) per session, arrivals {info['arrivals']}; reference = the same sessions through "
             "the batch-1 loop, one by one"
         )
         print(format_rows(rows))

@@ -103,7 +103,7 @@ async def bench_pipeline(
     pipeline = Pipeline(stack, config)
     await pipeline.start()
     m = pipeline.metrics
-    trace = None if trace_dir is None else RowTrace(trace_dir, n, stack.device.type == "cuda")
+    trace = None if trace_dir is None else RowTrace(trace_dir, n, stack.device.type == "cuda", rate=arrivals.rate)
     window_end = None
     try:
         voice = await pipeline.make_voice("bench", *voice_audio) if voice_audio is not None else None
@@ -234,36 +234,45 @@ def run_bench(
     reference: bool = True,
     progress: bool = True,
     fixed_length: bool = True,
-    arrivals: Arrivals = BURST,
+    arrivals: list[Arrivals] | None = None,
     trace_dir: Path | None = None,
 ) -> list[BenchRow]:
+    """A row for each session count, and for each of `arrivals` (default: a burst) at it."""
+    arrivals = arrivals or [BURST]
     rows = []
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(sessions) * (2 if reference else 1), desc="bench", unit="run")
+        bar = tqdm(total=len(sessions) * (len(arrivals) + (1 if reference else 0)), desc="bench", unit="run")
     warm_up(stack, config, reference)
     for n in sessions:
         inputs, params = bench_inputs(config, n, turns, max_new_tokens, speech, fixed_length)
-        row = asyncio.run(bench_pipeline(stack, config, n, inputs, params, arrivals=arrivals, trace_dir=trace_dir))
-        if bar:
-            bar.update()
+        rows_n = []
+        for a in arrivals:
+            timed = bench_pipeline(stack, config, n, inputs, params, arrivals=a, trace_dir=trace_dir)
+            rows_n.append(asyncio.run(timed))
+            if bar:
+                bar.update()
         if reference:
             # Every session, not a sample: replies differ in how much speech each position carries.
+            # The same inputs whatever their arrivals: one baseline for the session count's rows.
             with _torch_threads(stack.device, config.engine.cpu_threads):
-                row.reference_generated_tokens, row.reference_tokens_per_s = bench_reference(stack, inputs, params)
+                reference_tokens, reference_rate = bench_reference(stack, inputs, params)
+                lm = bench_lm(stack, config, inputs, params)
+            for row in rows_n:
+                row.reference_generated_tokens, row.reference_tokens_per_s = reference_tokens, reference_rate
                 (
                     row.lm_generated_tokens,
                     row.lm_tokens_per_s,
                     row.lm_reference_generated_tokens,
                     row.lm_reference_tokens_per_s,
-                ) = bench_lm(stack, config, inputs, params)
-            row.speedup_vs_reference = row.tokens_per_s / row.reference_tokens_per_s
-            row.lm_speedup = row.lm_tokens_per_s / row.lm_reference_tokens_per_s
+                ) = lm
+                row.speedup_vs_reference = row.tokens_per_s / row.reference_tokens_per_s
+                row.lm_speedup = row.lm_tokens_per_s / row.lm_reference_tokens_per_s
             if bar:
                 bar.update()
-        rows.append(row)
+        rows += rows_n
     if bar:
         bar.close()
     return rows

@@ -36,10 +36,14 @@ class RowTrace:
     """The profiler over one row: `start` as the row starts, `stop` when the window ends or the
     row does (whichever is first), then `finish` writes the trace and returns the summary."""
 
-    def __init__(self, directory: Path, sessions: int, on_gpu: bool, seconds: float = TRACE_SECONDS):
+    def __init__(
+        self, directory: Path, sessions: int, on_gpu: bool, seconds: float = TRACE_SECONDS, rate: float | None = None
+    ):
+        """`rate`: the row's Poisson arrivals (sessions a second), named in the file's name."""
         from torch.profiler import ProfilerActivity, profile
 
-        self.path = directory / f"trace-{sessions}.json.gz"
+        name = f"trace-{sessions}" if rate is None else f"trace-{sessions}-poisson-{rate:g}"
+        self.path = directory / f"{name}.json.gz"
         self.seconds = seconds
         self.on_gpu = on_gpu
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
