@@ -235,6 +235,10 @@ class RealtimeSession:
             and self.settings.kind == "realtime"
         ):
             await self.responder.start(None, committed_at)
+            # Speech that began while it started (behind the answer that speech cut, still
+            # being stored) found nothing to cut: the response would play over the user.
+            if utterance.barge_ins != self._barge_ins:
+                self.responder.interrupt("turn_detected")
 
     # ----- client events -----
     async def handle_message(
