@@ -15,7 +15,13 @@ import asyncio
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, console_errors, page_in_chromium, wait_for_script
+from helpers.browser import (
+    BROWSER_MARKS,
+    console_errors,
+    page_in_chromium,
+    store_numbered_conversations,
+    wait_for_script,
+)
 
 pytestmark = BROWSER_MARKS
 
@@ -30,6 +36,16 @@ PAGE = f"""return {{
 
 def search(driver, words: str) -> None:
     driver.execute_script("$('search').value = arguments[0]; $('search').dispatchEvent(new Event('input'))", words)
+
+
+def open_the_oldest(driver, listed: int) -> None:
+    """Show the older conversations (the list then holds `listed`) and open the oldest, on the
+    second page: "Conversation 0." (store_numbered_conversations)."""
+    wait_for_script(driver, "return document.querySelector('#conversations li.more')")
+    driver.find_element("css selector", "#conversations li.more").click()
+    wait_for_script(driver, f"return {LISTED}.length === {listed}")
+    driver.execute_script(f"[...{LISTED}].pop().click()")
+    wait_for_script(driver, "return $('detail-title').textContent === 'Conversation 0.'")
 
 
 async def test_a_search_the_server_refuses_says_why_until_the_next_search(demo_server, tmp_path):
@@ -158,21 +174,13 @@ async def test_the_keyboard_alone_opens_the_conversations_listed(demo_server, tm
 async def test_a_conversation_opened_from_the_older_ones_stays_listed(demo_server, tmp_path):
     async with demo_server(tmp_path / "data") as (http, _):
         store = http.app[SERVER_CONTEXT].store
-        for n in range(101):  # (the list comes 100 at a time)
-            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        await store_numbered_conversations(store, 101)
         url = str(http.make_url("/"))
 
         def drive():
             with page_in_chromium(tmp_path, url) as driver:
-                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
-                driver.find_element("css selector", "#conversations li.more").click()
-                wait_for_script(driver, f"return {LISTED}.length === 101")
-                driver.execute_script(f"[...{LISTED}].pop().click()")  # the oldest, on the second page
-                wait_for_script(
-                    driver,
-                    "return $('detail-title').textContent === 'Conversation 0.' && "
-                    "document.querySelector('#conversations li.selected')",
-                )
+                open_the_oldest(driver, 101)
+                wait_for_script(driver, "return document.querySelector('#conversations li.selected')")
                 selected = driver.execute_script(
                     "return [...document.querySelectorAll('#conversations li.selected')]"
                     ".map((li) => li.firstChild.textContent)"
@@ -187,18 +195,12 @@ async def test_an_answer_keeps_the_older_conversations_loaded_and_the_scroll(dem
     wav = write_clip(tmp_path / "mic.wav", [silence(1.5), speech[0], silence(30.0)])
     async with demo_server(tmp_path / "data") as (http, _):
         store = http.app[SERVER_CONTEXT].store
-        for n in range(101):  # (the list comes 100 at a time)
-            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        await store_numbered_conversations(store, 101)
         url = str(http.make_url("/"))
 
         def drive():
             with page_in_chromium(tmp_path, url, wav) as driver:
-                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
-                driver.find_element("css selector", "#conversations li.more").click()
-                wait_for_script(driver, f"return {LISTED}.length === 101")
-                # The oldest, on the second page, continued: its answer moves it to the top.
-                driver.execute_script(f"[...{LISTED}].pop().click()")
-                wait_for_script(driver, "return $('detail-title').textContent === 'Conversation 0.'")
+                open_the_oldest(driver, 101)  # continued: its answer moves it to the top
                 driver.find_element("id", "continue").click()
                 driver.execute_script("$('conversations').scrollTop = 2000")
                 scrolled = driver.execute_script("return $('conversations').scrollTop")
@@ -225,18 +227,13 @@ async def test_an_answer_keeps_the_older_conversations_loaded_and_the_scroll(dem
 async def test_a_delete_keeps_the_older_conversations_loaded(demo_server, tmp_path):
     async with demo_server(tmp_path / "data") as (http, _):
         store = http.app[SERVER_CONTEXT].store
-        for n in range(102):  # (the list comes 100 at a time)
-            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        await store_numbered_conversations(store, 102)
         url = str(http.make_url("/"))
 
         def drive():
             with page_in_chromium(tmp_path, url) as driver:
                 driver.execute_script("window.confirm = () => true;")
-                wait_for_script(driver, "return document.querySelector('#conversations li.more')")
-                driver.find_element("css selector", "#conversations li.more").click()
-                wait_for_script(driver, f"return {LISTED}.length === 102")
-                driver.execute_script(f"[...{LISTED}].pop().click()")  # the oldest, on the second page
-                wait_for_script(driver, "return $('detail-title').textContent === 'Conversation 0.'")
+                open_the_oldest(driver, 102)
                 driver.execute_script(f"{LISTED}.forEach((li) => {{ li.dataset.before = 'yes'; }})")
                 driver.find_element("id", "delete").click()
                 wait_for_script(driver, f"return !{LISTED}[0].dataset.before")  # the list filled anew
@@ -253,8 +250,7 @@ async def test_show_older_pressed_with_the_keyboard_leaves_the_focus_in_the_list
 
     async with demo_server(tmp_path / "data") as (http, _):
         store = http.app[SERVER_CONTEXT].store
-        for n in range(101):  # (the list comes 100 at a time)
-            await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+        await store_numbered_conversations(store, 101)
         url = str(http.make_url("/"))
 
         def drive():

@@ -15,7 +15,14 @@ from kimiaudio.server.app import create_app
 from kimiaudio.server.context import SERVER_CONTEXT
 
 from helpers.audio import silence, write_clip
-from helpers.browser import BROWSER_MARKS, console_errors, page_after_events, start_chromium, wait_for_script
+from helpers.browser import (
+    BROWSER_MARKS,
+    console_errors,
+    page_after_events,
+    start_chromium,
+    store_numbered_conversations,
+    wait_for_script,
+)
 from helpers.waiting import eventually
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -150,8 +157,7 @@ async def test_page_search_box_filters_the_conversations(server, tmp_path):
 async def test_page_shows_older_conversations_on_request(server, tmp_path):
     """The list comes a page (100) at a time: the last item fetches the next page, once."""
     store = server.app[SERVER_CONTEXT].store
-    for n in range(101):
-        await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
+    await store_numbered_conversations(store, 101)
     url = str(server.make_url("/"))
     count = "return document.querySelectorAll('#conversations li:not(.more)').length"
 

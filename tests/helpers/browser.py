@@ -110,3 +110,10 @@ def close_reasons(records) -> list[str]:
     """Why each WebRTC call that the log records (pytest's caplog, at INFO) was closed."""
     calls = [r.getMessage() for r in records if r.name == "kimiaudio.server.transport.rtc_peer"]
     return [m.split(" closed: ", 1)[1] for m in calls if " closed: " in m]
+
+
+async def store_numbered_conversations(store, count: int) -> None:
+    """`count` conversations of one answer each, "Conversation 0." the oldest: past 100, the
+    page lists them a page at a time ("Show older")."""
+    for n in range(count):
+        await store.add_turn((await store.create_conversation())["id"], "assistant", f"Conversation {n}.")
