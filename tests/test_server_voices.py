@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import subprocess
 
 import av
 import numpy as np
@@ -248,3 +249,35 @@ async def test_the_voice_openai_voice_names_is_not_deleted(demo_server, espeak_v
             await client.close()
         assert base64.b64decode(spoken.choices[0].message.audio.data)
         assert pipeline.requests[-1].voice.name == "narrator"
+
+
+def mp3(pcm: np.ndarray, sr: int) -> bytes:
+    """An MP3 file as FFmpeg writes one (an ID3v2 tag, then the frames)."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp3") as out:
+        stream = out.add_stream("libmp3lame", rate=sr, layout="mono")
+        frame = av.AudioFrame.from_ndarray(pcm[None].astype(np.float32), format="flt", layout="mono")
+        frame.sample_rate = sr
+        resampler = av.AudioResampler(format=stream.format.name, layout="mono", rate=sr)
+        for packet in [p for f in resampler.resample(frame) for p in stream.encode(f)] + stream.encode(None):
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("damage", ["cut_short", "joined"])
+async def test_a_recording_with_a_damaged_packet_is_a_voice(served, espeak_voice, tmp_path, damage):
+    """A recording players play, though a packet of it does not decode: a FLAC file cut short
+    (its recorder stopped mid-write), or two MP3 files joined end to end (`cat`: the second's
+    tag lies mid-stream). The packets that decode make the voice."""
+    http, _ = served
+    whole = soundfile.info(str(espeak_voice)).duration
+    if damage == "cut_short":
+        path = tmp_path / "voice.flac"
+        subprocess.run(["sox", str(espeak_voice), str(path)], check=True)
+        damaged, most, filename = path.read_bytes()[:-700], whole, "voice.flac"
+    else:
+        one = mp3(load_audio(espeak_voice, 22050), 22050)
+        damaged, most, filename = one + one, 2 * whole + 0.2, "voice.mp3"
+    resp = await http.post("/api/voices", data=form("damaged", damaged, filename))
+    assert resp.status == 201, await resp.text()
+    assert whole - 1 < (await resp.json())["seconds"] <= most

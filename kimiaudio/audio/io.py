@@ -212,8 +212,11 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
             # to_ndarray: a segfault, which took the server down.)
             to_float = av.AudioResampler(format="flt")
             chunks: list[np.ndarray] = []
-            rate, num_samples = None, 0
-            for frame in container.decode(stream):
+            rate, num_samples, damaged = None, 0, 0
+            for frame in _frames(container, stream):
+                if frame is None:
+                    damaged += 1
+                    continue
                 if rate is not None and frame.sample_rate != rate:
                     raise AudioInputError(f"{name}: the sample rate changes inside the stream")
                 rate = frame.sample_rate
@@ -221,6 +224,8 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
                 num_samples += frame.samples
                 check_duration(num_samples, rate, limit, name)  # frame by frame: the rest is never decoded
             chunks += [_mono(f) for f in to_float.resample(None)]
+            if damaged and rate is None:
+                raise AudioInputError(f"{name}: not a readable audio file (none of its {damaged} packets decodes)")
     except AudioInputError:  # (AudioTooLongError too)
         raise
     except (av.FFmpegError, OSError, ValueError, EOFError, RuntimeError) as exc:
@@ -239,6 +244,21 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
     if pcm.size and not resampled.size:  # (said here: "empty" alone would blame the file's samples)
         raise AudioInputError(f"{name}: {pcm.size} samples at {rate} Hz are less than one sample at {sr} Hz")
     return resampled
+
+
+def _frames(container, stream):
+    """The stream's decoded frames, and None for each packet that does not decode. Players skip
+    such a packet (the last one of a file cut short, the tag of a second file joined to the
+    first) and play the rest, and so does this decoding."""
+    import av
+
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.InvalidDataError:
+            yield None
+            continue
+        yield from frames
 
 
 def _mono(frame) -> np.ndarray:
