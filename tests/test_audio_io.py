@@ -64,6 +64,19 @@ def test_stereo_flac_44k_is_mixed_to_mono_16k(tmp_path):
     assert abs(np.max(np.abs(pcm[1000:-1000])) - 0.4) < 0.01
 
 
+def test_files_joined_with_other_channels_are_mixed_to_mono(tmp_path):
+    """A mono FLAC and a stereo one joined end to end (`cat`): both halves, each mixed to mono."""
+    mono, stereo = tmp_path / "mono.flac", tmp_path / "stereo.flac"
+    soundfile.write(str(mono), sine(440, 16000, 1.0, 0.5), 16000, format="FLAC")
+    soundfile.write(str(stereo), np.stack([sine(440, 16000, 1.0, 0.2)] * 2, axis=1), 16000, format="FLAC")
+    joined = tmp_path / "joined.flac"
+    joined.write_bytes(mono.read_bytes() + stereo.read_bytes())
+    pcm = load_audio(joined)
+    assert 32000 - 4096 <= len(pcm) <= 32000  # (the second file's first block, 4096, may go at the seam)
+    first, second = np.abs(pcm[1000:15000]).max(), np.abs(pcm[-10000:-1000]).max()
+    assert abs(first - 0.5) < 0.01 and abs(second - 0.2) < 0.01, (first, second)
+
+
 @pytest.mark.parametrize("channels", [8, 16])
 def test_many_channels_are_mixed_to_mono(tmp_path, channels):
     """(PyAV's planar frames of 8 or more channels crashed the process when read.)"""

@@ -212,7 +212,7 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
             # to_ndarray: a segfault, which took the server down.)
             to_float = av.AudioResampler(format="flt")
             chunks: list[np.ndarray] = []
-            rate, num_samples, damaged = None, 0, 0
+            rate, num_samples, damaged, kind = None, 0, 0, None
             for frame in _frames(container, stream):
                 if frame is None:
                     damaged += 1
@@ -220,6 +220,12 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
                 if rate is not None and frame.sample_rate != rate:
                     raise AudioInputError(f"{name}: the sample rate changes inside the stream")
                 rate = frame.sample_rate
+                if kind is not None and (frame.layout.name, frame.format.name) != kind:
+                    # Files joined end to end (mono then stereo, say): players remix the rest, and
+                    # so does this decoding, through a converter set up for it.
+                    chunks += [_mono(f) for f in to_float.resample(None)]
+                    to_float = av.AudioResampler(format="flt")
+                kind = (frame.layout.name, frame.format.name)
                 chunks += [_mono(f) for f in to_float.resample(frame)]
                 num_samples += frame.samples
                 check_duration(num_samples, rate, limit, name)  # frame by frame: the rest is never decoded
