@@ -128,16 +128,19 @@ def file_format(path: str | Path) -> str:
 
 def write_audio(path: str | Path, pcm: np.ndarray, sr: int) -> None:
     """Write mono float audio in the format its name says (WAV: 16-bit PCM, clipped to
-    [-1, 1]); KimiAudioError naming the file when it cannot be written."""
-    fmt = file_format(path)
-    if fmt == "wav":
-        write_wav(path, pcm, sr)
-        return
+    [-1, 1]); KimiAudioError naming the file when it cannot be written. The file is written
+    beside `path` and renamed onto it once whole, so a failed write (a full disk) leaves no
+    truncated file, and a file already there stays as it was."""
     from kimiaudio.audio.encode import encode_audio
 
+    data = encode_audio(pcm, file_format(path), sr)
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial")
     try:
-        Path(path).write_bytes(encode_audio(pcm, fmt, sr))
+        partial.write_bytes(data)
+        partial.replace(path)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise KimiAudioError(f"{path}: cannot be written ({exc.strerror or exc})") from None
 
 
