@@ -231,13 +231,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from kimiaudio.layers.device_memory import prefer_expandable_segments
-    from kimiaudio.server.observe.log_setup import configure_logging
-
-    prefer_expandable_segments()  # before anything allocates on a GPU
-
-    configure_logging(getattr(args, "log_level", "INFO"))
     try:
+        # Inside the try: these imports load torch (seconds), and a Ctrl-C then is an interrupt too.
+        from kimiaudio.layers.device_memory import prefer_expandable_segments
+        from kimiaudio.server.observe.log_setup import configure_logging
+
+        prefer_expandable_segments()  # before anything allocates on a GPU
+        configure_logging(getattr(args, "log_level", "INFO"))
         if args.command == "demo-checkpoint":
             from kimiaudio.random_weights.demo_checkpoint import write_demo_checkpoint
 
