@@ -179,6 +179,10 @@ def check_listen_address(config: Config) -> None:
                 raise _cannot_listen(config, exc) from None
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run_server(config: Config) -> int:
     """Load the model and serve until SIGTERM/SIGINT; returns the exit code."""
     from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
@@ -198,6 +202,9 @@ def run_server(config: Config) -> int:
     AccessPolicy.from_config(config)
     check_listen_address(config)
     check_database(config)
+    # Until the server's own handlers take over, SIGTERM stops the start as Ctrl-C does, so
+    # what is being written (the demo checkpoint, beside its place) is cleaned up.
+    signal.signal(signal.SIGTERM, _interrupt)
     print(loading_message(config), flush=True)
     try:
         stack = ModelStack.load(config, progress=True)
