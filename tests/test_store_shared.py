@@ -81,6 +81,7 @@ def test_serve_refuses_a_bad_database_with_one_line(postgres_server, postgres_ur
     cases = [
         (postgres_server.url(dbname, password="wrong"), "password authentication failed"),
         ("https://example.org/db", "KIMIAUDIO_DATABASE_URL: expected empty"),
+        ("postgresql://kimiaudio:x@[::1/x", "KIMIAUDIO_DATABASE_URL postgresql://kimiaudio:***@[::1/x: not a usable"),
         # Which database, and the variable that named it (it wins over storage.url).
         (
             postgres_url,

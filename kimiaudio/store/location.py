@@ -37,5 +37,10 @@ def database_location(config: Config) -> str | Path:
     return url if url else config.data_dir / config.storage.database
 
 
+def url_setting() -> str:
+    """The setting the database URL in use comes from, as errors about it name it."""
+    return DATABASE_URL_ENV if os.environ.get(DATABASE_URL_ENV) else "storage.url"
+
+
 def shown(location: str | Path) -> str:
     return _PASSWORD.sub(r"\1***@", str(location))

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from kimiaudio.errors import KimiAudioError, StoreUnavailableError
-from kimiaudio.store.location import shown
+from kimiaudio.store.location import shown, url_setting
 from kimiaudio.store.schema import migrate
 from kimiaudio.store.sql import PostgresSql
 
@@ -57,7 +57,7 @@ def check_and_migrate(url: str) -> int:
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.ProgrammingError as exc:  # the URL itself does not parse
-        raise KimiAudioError(f"storage.url {shown(url)}: not a usable PostgreSQL URL ({_one_line(exc)})") from None
+        raise KimiAudioError(f"{url_setting()} {shown(url)}: not a usable PostgreSQL URL ({_one_line(exc)})") from None
     except psycopg.OperationalError as exc:
         raise KimiAudioError(f"cannot connect to the PostgreSQL database {shown(url)}: {_one_line(exc)}") from None
     with conn:
