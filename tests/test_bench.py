@@ -488,6 +488,7 @@ def test_bad_arrivals_are_a_one_line_error():
         (["--webrtc", "--http"], "--webrtc and --http: one bench at a time"),
         (["--memory-plan", "--soak"], "--soak and --memory-plan: one bench at a time"),
         (["--sessions", ""], "--sessions ''"),
+        (["--sessions", "1,,2"], "--sessions '1,,2'"),
     ],
 )
 def test_bad_bench_arguments_are_refused_before_a_model_loads(tmp_path, flags, named):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -207,8 +208,7 @@ def run_transcribe_command(config, args) -> int:
     if args.json:
         _report(args, stack, {"load_s": load_s, **stack.load_seconds}, [{"input": args.input, **_turn_json(turn)}])
     else:
-        if stack.is_demo:
-            print(DEMO_NOTICE, flush=True)
+        _demo_notice(stack)
         print(turn.text)
     return 0
 
@@ -236,7 +236,12 @@ def _report(args, stack: ModelStack, load_timings: dict, turns: list[dict]) -> N
             )
         )
         return
-    if stack.is_demo:
-        print(DEMO_NOTICE)
+    _demo_notice(stack)
     for turn in turns:
         print(f"{turn['input']} -> {turn.get('reply_wav', '')}: {turn['text']!r}")
+
+
+def _demo_notice(stack: ModelStack) -> None:
+    """The demo weights said on stderr: stdout carries only the answer, for a script to read."""
+    if stack.is_demo:
+        print(DEMO_NOTICE, file=sys.stderr, flush=True)
