@@ -27,16 +27,20 @@ runpy.run_module("kimiaudio", run_name="__main__", alter_sys=True)
 """
 
 
-def test_ctrl_c_while_torch_loads_is_one_line_and_130(tmp_path):
-    data = ["--data-dir", str(tmp_path / "data"), "--port", "1"]  # (never reached)
-    result = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_AT_TORCH, "serve", *data],
+def run_serve(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`script` run as `python -c script serve ARGS` from the repository."""
+    return subprocess.run(
+        [sys.executable, "-c", script, "serve", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         timeout=300,
     )
+
+
+def test_ctrl_c_while_torch_loads_is_one_line_and_130(tmp_path):
+    result = run_serve(INTERRUPTED_AT_TORCH, "--data-dir", str(tmp_path / "data"), "--port", "1")  # (never reached)
     assert result.returncode == 130, result.stderr
     assert result.stderr.strip() == "kimiaudio: interrupted"
 
@@ -59,23 +63,7 @@ runpy.run_module("kimiaudio", run_name="__main__", alter_sys=True)
 
 def test_sigterm_while_the_demo_checkpoint_is_written_leaves_nothing_half_written(tmp_path):
     data = tmp_path / "data"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            TERMINATED_WRITING_THE_DEMO,
-            "serve",
-            "--data-dir",
-            str(data),
-            "--port",
-            str(free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
+    result = run_serve(TERMINATED_WRITING_THE_DEMO, "--data-dir", str(data), "--port", str(free_port()))
     assert result.returncode == 130, result.stderr
     assert "Traceback" not in result.stderr
     assert not [p.name for p in data.iterdir() if "demo-checkpoint" in p.name]
