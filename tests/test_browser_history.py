@@ -25,7 +25,8 @@ from helpers.browser import (
 
 pytestmark = BROWSER_MARKS
 
-LISTED = "document.querySelectorAll('#conversations li:not(.muted)')"
+# The conversations listed (not a note, nor the "Show older" item).
+LISTED = "document.querySelectorAll('#conversations li:not(.muted):not(.more)')"
 PAGE = f"""return {{
     listed: [...{LISTED}].map((li) => li.firstChild.textContent),
     note: [...document.querySelectorAll('#conversations li.muted')].map((li) => li.textContent),

@@ -66,9 +66,31 @@ def page_in_chromium(tmp_path: Path, url: str, fake_audio: Path | None = None, w
 
 def wait_for_script(driver, script: str, timeout: float = 120.0):
     """Until `script` returns something truthy; the limit catches a hang, not a slow machine."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+    except TimeoutException:  # what the page showed then says more than "timed out"
+        raise AssertionError(f"the page never got to {script.strip()!r}; it shows {page_state(driver)}") from None
+
+
+PAGE_STATE = """return {
+    state: document.body.dataset.state,
+    banner: document.getElementById('error-banner').hidden ? null : document.getElementById('error-banner').textContent,
+    note: document.getElementById('conversation-note').textContent,
+    title: document.getElementById('conversation-detail').hidden ? null
+        : document.getElementById('detail-title').textContent,
+    listed: document.querySelectorAll('#conversations li').length,
+}"""
+
+
+def page_state(driver) -> str:
+    """The page's state, banner, note, conversation shown, list length and console errors."""
+    try:
+        return f"{driver.execute_script(PAGE_STATE)}, console errors {console_errors(driver)}"
+    except Exception as exc:  # (the page itself gone: say that instead)
+        return f"nothing readable ({type(exc).__name__}: {exc})"
 
 
 def page_after_events(driver, url: str, events, probe: str) -> list:
