@@ -232,8 +232,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        # Inside the try: these imports load torch (seconds), and a Ctrl-C then is an interrupt too.
-        from kimiaudio.layers.device_memory import prefer_expandable_segments
+        # Inside the try: the commands' imports load torch (seconds), and a Ctrl-C then is an interrupt too.
+        from kimiaudio.layers.cuda_allocator_settings import prefer_expandable_segments
         from kimiaudio.server.observe.log_setup import configure_logging
 
         prefer_expandable_segments()  # before anything allocates on a GPU

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kimiaudio.layers.device_memory import prefer_expandable_segments
+from kimiaudio.layers.cuda_allocator_settings import prefer_expandable_segments
 
 from helpers.golden_data import GOLDEN_DIRS, GOLDEN_FILES
 

@@ -71,7 +71,7 @@ def test_no_cuda_is_a_one_line_error_and_auto_is_the_cpu(monkeypatch):
 def test_expandable_segments_unless_the_allocator_is_configured(monkeypatch, configured):
     """serve, bench and the tests ask for expandable segments; a user's own allocator settings,
     under either of torch's names, are left as they are."""
-    from kimiaudio.layers.device_memory import prefer_expandable_segments
+    from kimiaudio.layers.cuda_allocator_settings import prefer_expandable_segments
 
     for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
         monkeypatch.delenv(name, raising=False)

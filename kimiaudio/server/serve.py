@@ -11,6 +11,10 @@ Stopping, in order:
    what was heard (app.py's on_shutdown), peers are closed; the requests still open (none of
    them an answer by now) are given HTTP_SHUTDOWN_TIMEOUT_S, then cancelled;
 5. stop the pipeline and the store (cleanup contexts) and exit 0.
+
+What stops a start (certificate files, an API key, the address, the database) is checked before
+the model and the server's own modules (torch, transformers: seconds) are imported: a refused
+start says why at once. So this module imports them where they are first needed.
 """
 
 from __future__ import annotations
@@ -23,17 +27,19 @@ import signal
 import socket
 import ssl
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
-from kimiaudio.server.app import create_app
-from kimiaudio.server.context import SERVER_CONTEXT, ServerContext
 from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, AccessPolicy, exposure_warning, key_warning
 from kimiaudio.server.tls import ssl_context, validity_warning
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown
+
+if TYPE_CHECKING:
+    from kimiaudio.server.context import ServerContext
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +111,8 @@ async def _all_answered(context: ServerContext) -> None:
 async def drain(app: web.Application, grace_s: float, cut_short: asyncio.Event) -> None:
     """Refuse new work, wait (at most `grace_s`, or until `cut_short` is set) until no answer is in
     flight, then cut the /v1 answers left."""
+    from kimiaudio.server.context import SERVER_CONTEXT
+
     context = app[SERVER_CONTEXT]
     context.sessions.is_draining = True
     context.ready.clear()
@@ -185,14 +193,6 @@ def _interrupt(signum, frame) -> None:
 
 def run_server(config: Config) -> int:
     """Load the model and serve until SIGTERM/SIGINT; returns the exit code."""
-    from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
-    from kimiaudio.server.routes.page import STATIC_DIR
-
-    if not (STATIC_DIR / "index.html").is_file():
-        raise KimiAudioError(
-            f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
-            "without its data files (reinstall with `pip install .`)"
-        )
     from kimiaudio.store.startup_check import check_database
 
     # Before the model, and in this order: bad certificate files and an API key no client can
@@ -202,11 +202,22 @@ def run_server(config: Config) -> int:
     AccessPolicy.from_config(config)
     check_listen_address(config)
     check_database(config)
+    from kimiaudio.server.routes.page import STATIC_DIR
+
+    if not (STATIC_DIR / "index.html").is_file():
+        raise KimiAudioError(
+            f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
+            "without its data files (reinstall with `pip install .`)"
+        )
     # Until the server's own handlers take over, SIGTERM stops the start as Ctrl-C does, so
     # what is being written (the demo checkpoint, beside its place) is cleaned up.
     signal.signal(signal.SIGTERM, _interrupt)
     print(loading_message(config), flush=True)
     try:
+        from kimiaudio.pipeline.model_stack import ModelStack, freeze_loaded_objects
+        from kimiaudio.server.app import create_app
+        from kimiaudio.server.context import SERVER_CONTEXT
+
         stack = ModelStack.load(config, progress=True)
     except KeyboardInterrupt:
         print("\nInterrupted while loading the model.")
