@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             from kimiaudio.bench.command import run_bench_command
 
             return run_bench_command(config, args)
-        from kimiaudio.pipeline.offline import run_chat_command, run_transcribe_command
+        from kimiaudio.pipeline.offline_commands import run_chat_command, run_transcribe_command
 
         if args.command == "chat":
             return run_chat_command(config, args)
