@@ -105,17 +105,26 @@ async def test_two_turns_with_server_vad_barge_in_and_truncate(v1_server, speech
         # the server's clock (played = min(sent, elapsed since the first delta)) then reads
         # > 0.5 s. Every utterance is answered once (interrupted or not), so answer n is the
         # n-th response.created; one that ends before the barge-in lands is retried.
+        # The answer to the barge-in is kept short: a session.update applies to the responses
+        # created after it, the one playing keeps its limit.
         limit = "max_output_tokens" if api == "ga" else "max_response_output_tokens"
-        await conn.session.update(session=session_update(api, sampling={"audio_top_k": 1}, **{limit: 400}))
-        await events.wait_for("session.updated", count=2)
+
+        async def answers_up_to(tokens: int) -> None:
+            updates = len(events.of_type("session.updated")) + 1
+            await conn.session.update(session=session_update(api, sampling={"audio_top_k": 1}, **{limit: tokens}))
+            await events.wait_for("session.updated", count=updates)
+
+        await answers_up_to(400)
         await speak(conn, speech[1], spoken)
         for _ in range(8):
             rid = (await events.wait_for("response.created", count=len(spoken))).response.id
             await events.until(lambda: events.audio_seconds(rid) >= 1.0 or events.done(rid))
             if events.done(rid):  # too short: ask again
+                await answers_up_to(400)
                 await speak(conn, speech[1], spoken)
                 continue
             await asyncio.sleep(0.5)
+            await answers_up_to(24)
             barge_at = len(events.items)
             await speak(conn, speech[0], spoken)  # barge in
             cut = await events.until(lambda: events.done(rid))
