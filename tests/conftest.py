@@ -65,7 +65,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_configure(config):
-    # README's command runs the files on two workers (--dist loadfile) in the order that
+    # README's command runs the files on four workers (--dist loadfile) in the order that
     # pytest_collection_modifyitems below gives, not in xdist's (the files with most tests first).
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
