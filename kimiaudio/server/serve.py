@@ -34,6 +34,7 @@ from aiohttp import web
 from kimiaudio.config import Config
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.middleware.access import LOOPBACK_HOSTS, AccessPolicy, exposure_warning, key_warning
+from kimiaudio.server.routes.page_files import check_page_files
 from kimiaudio.server.tls import ssl_context, validity_warning
 from kimiaudio.store import database_location
 from kimiaudio.store.location import shown
@@ -195,20 +196,15 @@ def run_server(config: Config) -> int:
     """Load the model and serve until SIGTERM/SIGINT; returns the exit code."""
     from kimiaudio.store.startup_check import check_database
 
-    # Before the model, and in this order: bad certificate files and an API key no client can
-    # send stop the start before anything is written (the SQLite file's directory included);
-    # then an address it cannot listen on and a database problem are said at once.
+    # Before the model, and in this order: a package without its page, bad certificate files
+    # and an API key no client can send stop the start before anything is written (the SQLite
+    # file's directory included); then an address it cannot listen on and a database problem
+    # are said at once.
+    check_page_files()
     tls = ssl_context(config)
     AccessPolicy.from_config(config)
     check_listen_address(config)
     check_database(config)
-    from kimiaudio.server.routes.page import STATIC_DIR
-
-    if not (STATIC_DIR / "index.html").is_file():
-        raise KimiAudioError(
-            f"{STATIC_DIR / 'index.html'}: demo page not found; the package was installed "
-            "without its data files (reinstall with `pip install .`)"
-        )
     # Until the server's own handlers take over, SIGTERM stops the start as Ctrl-C does, so
     # what is being written (the demo checkpoint, beside its place) is cleaned up.
     signal.signal(signal.SIGTERM, _interrupt)

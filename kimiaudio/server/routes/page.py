@@ -10,7 +10,6 @@ GET    /api/status      model, demo flag, ICE servers, sessions, pipeline stats
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from aiohttp import web
 
@@ -18,10 +17,8 @@ from kimiaudio import __version__
 from kimiaudio.pipeline.model_stack import DEMO_NOTICE
 from kimiaudio.server.context import server_context
 from kimiaudio.server.middleware.issued_keys import signed_in
+from kimiaudio.server.routes.page_files import STATIC_DIR
 from kimiaudio.server.transport.ice_servers import ice_servers
-
-# The demo page ships inside the package (package data), so any install serves it.
-STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 
 routes = web.RouteTableDef()
 routes.static("/static", STATIC_DIR)
