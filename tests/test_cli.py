@@ -217,6 +217,26 @@ def test_an_address_serve_cannot_listen_on_is_one_line_before_the_model_loads(tm
     assert "another server" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["serve", "--tls-cert", "missing.pem", "--tls-key", "missing.key"],
+        ["chat", "missing.wav", "--out", "reply.wav"],
+        ["transcribe", "SPEECH", "--max-new-tokens", "-3"],
+    ],
+    ids=["serve", "chat", "transcribe"],
+)
+def test_a_refused_command_says_why_before_importing_torch(command, tmp_path, speech_wav):
+    """What stops a command before its model loads is said before torch (seconds) is imported."""
+    command = [str(speech_wav) if arg == "SPEECH" else arg for arg in command]
+    result = kimiaudio(*command, cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    lines = result.stderr.splitlines()
+    imported = [line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")]
+    said = [line for line in lines if not line.startswith("import time:")]
+    assert result.returncode == 2 and len(said) == 1 and said[0].startswith("kimiaudio: error: "), said
+    assert "kimiaudio.cli" in imported and "torch" not in imported
+
+
 @contextlib.contextmanager
 def read_only(path: Path):
     """`path` made read-only for this process: by its mode, or for root (whom modes do not stop)

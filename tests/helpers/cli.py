@@ -13,10 +13,18 @@ from pathlib import Path
 from helpers.serve_process import ROOT
 
 
-def kimiaudio(*args: str, cwd: Path | None = None, files_up_to: int | None = None) -> subprocess.CompletedProcess:
-    """`python -m kimiaudio ARGS`; with `files_up_to`, under a file size limit of that many
-    bytes: a write past it fails as on a full disk (EFBIG instead of ENOSPC)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+def kimiaudio(
+    *args: str, cwd: Path | None = None, files_up_to: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m kimiaudio ARGS` (`env`: variables added to this process's); with
+    `files_up_to`, under a file size limit of that many bytes: a write past it fails as on a full
+    disk (EFBIG instead of ENOSPC)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+        **(env or {}),
+    }
     return subprocess.run(
         [sys.executable, "-m", "kimiaudio", *args],
         capture_output=True,
