@@ -202,9 +202,21 @@ def test_missing_file_is_named(tmp_path):
 
 def test_a_rate_too_high_to_leave_a_sample_says_so(tmp_path):
     path = tmp_path / "fast.wav"
-    soundfile.write(str(path), np.full(1000, 0.5, np.float32), 1 << 30)
-    with pytest.raises(AudioInputError, match=f"1000 samples at {1 << 30} Hz are less than one sample at 16000 Hz"):
+    soundfile.write(str(path), np.full(2, 0.5, np.float32), 768_000)
+    with pytest.raises(AudioInputError, match="2 samples at 768000 Hz are less than one sample at 16000 Hz"):
         load_audio(path)
+
+
+@pytest.mark.parametrize("rate", [768_001, 1 << 30])
+def test_a_rate_above_what_is_taken_is_refused_before_decoding(tmp_path, rate):
+    """A header may claim any rate: one far above real audio's would set FFmpeg's resampler up
+    for seconds, and let hours of samples under a duration limit counted at that rate."""
+    path = tmp_path / "fast.wav"
+    soundfile.write(str(path), np.full(1000, 0.5, np.float32), rate)
+    with pytest.raises(AudioInputError, match=rf"fast.wav: its sample rate \({rate} Hz\) is above 768000 Hz"):
+        load_audio(path)
+    with pytest.raises(AudioInputError, match=rf"upload.wav: its sample rate \({rate} Hz\) is above 768000 Hz"):
+        decode_audio_bytes(path.read_bytes(), name="upload.wav", limit=DurationLimit(1.0, "audio.max_input_seconds"))
 
 
 def test_file_without_audio_stream(tmp_path):
@@ -215,7 +227,7 @@ def test_file_without_audio_stream(tmp_path):
 
 
 def test_absurd_header_sample_rate_is_an_input_error():
-    """A WAV header may claim any rate; one FFmpeg cannot convert is the upload's fault, named."""
+    """A WAV header may claim any rate; one far above real audio's is the upload's fault, named."""
     wav = bytearray(wav_bytes(np.full(1600, 0.1, np.float32), 16000))
     wav[24:28] = (2**31 - 1).to_bytes(4, "little")  # the fmt chunk's sample rate
     with pytest.raises(AudioInputError, match=r"upload.wav: its sample rate \(2147483647 Hz\)"):

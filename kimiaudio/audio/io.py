@@ -24,6 +24,11 @@ from kimiaudio.errors import AudioInputError, AudioTooLongError, KimiAudioError
 # The largest sample magnitude taken: float files may overshoot full scale a little; far past
 # it the input is broken, not loud.
 MAX_SAMPLE_PEAK = 64.0
+# The highest input rate taken: that of the common PCM formats. A header may claim any rate, and
+# FFmpeg's resampler sets up a filter that grows with the ratio of the rates (from 2**30 Hz to
+# 16 kHz it computed for 12 s, for a file of 1,000 samples); an absurd rate would also let hours
+# of samples under the duration limit, which counts seconds at the claimed rate.
+MAX_INPUT_RATE = 768_000
 
 
 class StreamResampler:
@@ -223,6 +228,8 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
                 if rate is not None and frame.sample_rate != rate:
                     raise AudioInputError(f"{name}: the sample rate changes inside the stream")
                 rate = frame.sample_rate
+                if rate > MAX_INPUT_RATE:  # (before its samples count against the duration limit)
+                    raise AudioInputError(f"{name}: its sample rate ({rate} Hz) is above {MAX_INPUT_RATE} Hz")
                 if kind is not None and (frame.layout.name, frame.format.name) != kind:
                     # Files joined end to end (mono then stereo, say): players remix the rest, and
                     # so does this decoding, through a converter set up for it.
@@ -244,13 +251,15 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
     pcm = np.concatenate(chunks).astype(np.float32, copy=False)
     if rate is None or rate == sr:  # (None: no frame, and so no samples)
         return pcm
+    if pcm.size * sr < rate:  # (said here: "empty" alone would blame the file's samples)
+        raise AudioInputError(f"{name}: {pcm.size} samples at {rate} Hz are less than one sample at {sr} Hz")
     try:
         resampled = resample(pcm, rate, sr)
-    except av.FFmpegError as exc:  # a header's absurd rate (2**31 - 1 Hz) that FFmpeg cannot convert
+    except av.FFmpegError as exc:  # a rate FFmpeg cannot convert from (none of the usual ones)
         raise AudioInputError(
             f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz ({type(exc).__name__}: {exc})"
         ) from None
-    if pcm.size and not resampled.size:  # (said here: "empty" alone would blame the file's samples)
+    if pcm.size and not resampled.size:  # (the resampler's delay kept the one sample there was)
         raise AudioInputError(f"{name}: {pcm.size} samples at {rate} Hz are less than one sample at {sr} Hz")
     return resampled
 
