@@ -9,16 +9,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from kimiaudio.audio.io import (
-    DurationLimit,
-    StreamResampler,
-    check_speech_input,
-    decode_audio_bytes,
-    load_audio,
-    resample,
-    wav_bytes,
-    write_wav,
-)
+from kimiaudio.audio.io import DurationLimit, check_speech_input, decode_audio_bytes, load_audio, wav_bytes, write_wav
+from kimiaudio.audio.resampling import StreamResampler, resample
 from kimiaudio.config import AudioConfig
 from kimiaudio.errors import AudioInputError, AudioTooLongError
 

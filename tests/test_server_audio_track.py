@@ -5,7 +5,7 @@ and the count of what was actually played."""
 import numpy as np
 import pytest
 
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 from kimiaudio.server.transport.audio_track import FRAME_SAMPLES, PlaybackTrack
 
 from helpers.playback import ListenerLog

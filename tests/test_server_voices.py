@@ -182,7 +182,7 @@ async def test_realtime_session_picks_a_voice(served, espeak_voice, speech_16k):
     event and changes nothing; a stored one, by its name or as `{"id": name}`, is used for the
     session's next answer."""
     from kimiaudio.audio import pcm16
-    from kimiaudio.audio.io import resample
+    from kimiaudio.audio.resampling import resample
 
     http, pipeline = served
     assert (await http.post("/api/voices", data=form("espeak", espeak_voice.read_bytes()))).status == 201

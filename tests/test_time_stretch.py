@@ -5,7 +5,7 @@ starting as the input starts, and no longer behind the input than its frames nee
 import numpy as np
 import pytest
 
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 from kimiaudio.audio.time_stretch import MAX_INPUT_LAG_S, MAX_SPEED, MIN_SPEED, TimeStretch
 
 RATE = 24000

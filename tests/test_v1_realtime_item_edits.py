@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 from kimiaudio.config import Config
 
 from helpers.realtime_events import Events

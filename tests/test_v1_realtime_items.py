@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 
 from helpers.audio import silence
 from helpers.realtime_events import Events, conversation, say

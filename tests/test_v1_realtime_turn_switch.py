@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 from kimiaudio.bench.loopback_client import RtcClient, ScriptedMic
 from kimiaudio.server.context import SERVER_CONTEXT
 

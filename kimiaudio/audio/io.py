@@ -1,10 +1,8 @@
-"""Audio file and buffer I/O: decode anything to float32 mono, resample, write files, validate.
+"""Audio file and buffer I/O: decode anything to float32 mono at the rate asked, write files,
+validate.
 
 Decoding uses PyAV (FFmpeg), so every common container and codec works (wav, flac, ogg/vorbis,
-opus, mp3, m4a, webm). Channels are mixed to mono by averaging. Resampling uses FFmpeg's
-libswresample through `av.AudioResampler`, both one-shot (`resample`) and for streams of
-chunks (`StreamResampler`, e.g. 48 kHz WebRTC frames -> 16 kHz, 24 kHz speech -> 48 kHz),
-where chunk boundaries are seamless because one resampler keeps its filter state.
+opus, mp3, m4a, webm). Channels are mixed to mono by averaging, then resampled (resampling.py).
 The official Kimi code loads audio with librosa (soxr); the resampler differs in the last
 bits, which the models do not notice. Every failure is an AudioInputError naming the input.
 """
@@ -12,13 +10,13 @@ bits, which the models do not notice. Every failure is an AudioInputError naming
 from __future__ import annotations
 
 import io
-from fractions import Fraction
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import as_mono_float32, resample
 from kimiaudio.errors import AudioInputError, AudioTooLongError, KimiAudioError
 
 # The largest sample magnitude taken: float files may overshoot full scale a little; far past
@@ -29,50 +27,6 @@ MAX_SAMPLE_PEAK = 64.0
 # 16 kHz it computed for 12 s, for a file of 1,000 samples); an absurd rate would also let hours
 # of samples under the duration limit, which counts seconds at the claimed rate.
 MAX_INPUT_RATE = 768_000
-
-
-class StreamResampler:
-    """Resample a stream of mono float32 chunks; `push` returns what is ready (delay ~16 samples).
-
-    The concatenation of every `push` output and the final `flush` equals the one-shot
-    `resample` of the whole signal.
-    """
-
-    def __init__(self, from_sr: int, to_sr: int):
-        import av
-
-        if from_sr <= 0 or to_sr <= 0:
-            raise AudioInputError(f"sample rates must be positive (got {from_sr} -> {to_sr})")
-        self.from_sr = int(from_sr)
-        self.to_sr = int(to_sr)
-        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=self.to_sr)
-        self._num_samples_in = 0  # running pts of the input, in input samples
-
-    def push(self, pcm: np.ndarray) -> np.ndarray:
-        import av
-
-        pcm = _as_mono_float32(pcm)
-        if pcm.size == 0:
-            return np.zeros(0, dtype=np.float32)
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm[None, :]), format="flt", layout="mono")
-        frame.sample_rate = self.from_sr
-        frame.time_base = Fraction(1, self.from_sr)
-        frame.pts = self._num_samples_in
-        self._num_samples_in += pcm.size
-        return _frames_to_pcm(self._resampler.resample(frame))
-
-    def flush(self) -> np.ndarray:
-        """The samples still held in the filter; the resampler cannot be used afterwards."""
-        return _frames_to_pcm(self._resampler.resample(None))
-
-
-def resample(pcm: np.ndarray, from_sr: int, to_sr: int) -> np.ndarray:
-    """One-shot resampling of a mono float32 signal (a copy when the rates are equal)."""
-    pcm = _as_mono_float32(pcm)
-    if from_sr == to_sr:
-        return pcm.copy()
-    stream = StreamResampler(from_sr, to_sr)
-    return np.concatenate([stream.push(pcm), stream.flush()])
 
 
 def load_audio(path: str | Path, sr: int = SPEECH_INPUT_RATE) -> np.ndarray:
@@ -284,18 +238,5 @@ def _mono(frame) -> np.ndarray:
     return frame.to_ndarray().reshape(-1, len(frame.layout.channels)).mean(axis=1)
 
 
-def _frames_to_pcm(frames) -> np.ndarray:
-    if not frames:
-        return np.zeros(0, dtype=np.float32)
-    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32, copy=False)
-
-
-def _as_mono_float32(pcm: np.ndarray) -> np.ndarray:
-    pcm = np.asarray(pcm, dtype=np.float32)
-    if pcm.ndim != 1:
-        raise AudioInputError(f"expected mono audio as a 1-D array, got shape {pcm.shape}")
-    return pcm
-
-
 def _to_pcm16_range(pcm: np.ndarray) -> np.ndarray:
-    return np.clip(_as_mono_float32(pcm), -1.0, 1.0)
+    return np.clip(as_mono_float32(pcm), -1.0, 1.0)

@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import resample
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.inputs.openai_params import MODEL_ID
 

@@ -11,7 +11,7 @@ import aiohttp
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 
 from helpers.openai_strict import check, named
 

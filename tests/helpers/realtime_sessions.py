@@ -10,7 +10,7 @@ import base64
 from typing import Any
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
+from kimiaudio.audio.resampling import resample
 
 from helpers.realtime_events import MODEL, Events
 

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import DurationLimit, check_duration, check_speech_input, decode_audio_bytes, resample
+from kimiaudio.audio.io import DurationLimit, check_duration, check_speech_input, decode_audio_bytes
 from kimiaudio.audio.rates import OPENAI_PCM16_RATE, SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import resample
 from kimiaudio.errors import AudioInputError, AudioTooLongError
 from kimiaudio.server.api_error import ApiError
 from kimiaudio.server.inputs.audio_allowance import AudioAllowance

@@ -22,8 +22,9 @@ import logging
 import numpy as np
 from aiohttp import web
 
-from kimiaudio.audio.io import DurationLimit, decode_audio_bytes, peak_level, resample
+from kimiaudio.audio.io import DurationLimit, decode_audio_bytes, peak_level
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE, SPEECH_OUTPUT_RATE
+from kimiaudio.audio.resampling import resample
 from kimiaudio.config import Config
 from kimiaudio.errors import AudioInputError, AudioTooLongError, KimiAudioError
 from kimiaudio.pipeline.voice_registry import STOCK_VOICES, check_voice_name

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import resample
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.server.session import client_events
 from kimiaudio.server.session.event_fields import ProtocolError

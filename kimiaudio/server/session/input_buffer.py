@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import StreamResampler
 
 
 class InputBuffer:

@@ -35,8 +35,8 @@ import logging
 from collections import Counter
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import resample
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import resample
 from kimiaudio.server.session import server_events
 from kimiaudio.server.session.client_events import ItemDelete, ItemRetrieve, ItemTruncate
 from kimiaudio.server.session.conversation import Conversation

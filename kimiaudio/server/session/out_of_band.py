@@ -25,8 +25,9 @@ import logging
 from collections.abc import Callable
 
 from kimiaudio.audio import pcm16
-from kimiaudio.audio.io import check_speech_input, resample
+from kimiaudio.audio.io import check_speech_input
 from kimiaudio.audio.rates import SPEECH_INPUT_RATE
+from kimiaudio.audio.resampling import resample
 from kimiaudio.errors import KimiAudioError
 from kimiaudio.pipeline.events import TextDelta, TurnDone
 from kimiaudio.pipeline.pipeline import Pipeline

@@ -31,8 +31,8 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from kimiaudio.audio.io import StreamResampler
 from kimiaudio.audio.rates import SPEECH_OUTPUT_RATE
+from kimiaudio.audio.resampling import StreamResampler
 from kimiaudio.server.session.playback import PlaybackListener
 
 SAMPLE_RATE = 48000
