@@ -205,8 +205,8 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
     pcm = np.concatenate(chunks).astype(np.float32, copy=False)
     if rate is None or rate == sr:  # (None: no frame, and so no samples)
         return pcm
-    if pcm.size * sr < rate:  # (said here: "empty" alone would blame the file's samples)
-        raise AudioInputError(f"{name}: {pcm.size} samples at {rate} Hz are less than one sample at {sr} Hz")
+    if pcm.size * sr < rate:
+        raise _too_short(name, pcm.size, rate, sr)
     try:
         resampled = resample(pcm, rate, sr)
     except av.FFmpegError as exc:  # a rate FFmpeg cannot convert from (none of the usual ones)
@@ -214,7 +214,7 @@ def _decode(source, name: str, sr: int, limit: DurationLimit | None = None) -> n
             f"{name}: its sample rate ({rate} Hz) cannot be converted to {sr} Hz ({type(exc).__name__}: {exc})"
         ) from None
     if pcm.size and not resampled.size:  # (the resampler's delay kept the one sample there was)
-        raise AudioInputError(f"{name}: {pcm.size} samples at {rate} Hz are less than one sample at {sr} Hz")
+        raise _too_short(name, pcm.size, rate, sr)
     return resampled
 
 
@@ -231,6 +231,11 @@ def _frames(container, stream):
             yield None
             continue
         yield from frames
+
+
+def _too_short(name: str, samples: int, rate: int, sr: int) -> AudioInputError:
+    """Said of a file too short for one sample at `sr`: "empty" alone would blame its samples."""
+    return AudioInputError(f"{name}: {samples} samples at {rate} Hz are less than one sample at {sr} Hz")
 
 
 def _mono(frame) -> np.ndarray:
