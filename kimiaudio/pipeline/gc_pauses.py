@@ -37,10 +37,16 @@ class GcPauses:
     def _callback(self, phase: str, info: dict) -> None:
         # Runs in whichever thread the collection runs in, holding the interpreter's lock: no
         # other collection can start between a start and its stop.
-        if phase == "start":
-            self._started = self.clock()
-            return
-        if self._started is None:  # installed during a collection
-            return
-        seconds, self._started = self.clock() - self._started, None
-        self.metrics.note_gc_pause(seconds, full=info.get("generation") == 2)
+        # A collection may start at the recursion limit (deeply nested input being parsed, say):
+        # the frames this needs are then refused, and the pause goes uncounted rather than
+        # raising inside the collector (an unraisable error) in the middle of that work.
+        try:
+            if phase == "start":
+                self._started = self.clock()
+                return
+            if self._started is None:  # installed during a collection
+                return
+            seconds, self._started = self.clock() - self._started, None
+            self.metrics.note_gc_pause(seconds, full=info.get("generation") == 2)
+        except RecursionError:
+            self._started = None
